@@ -1,0 +1,74 @@
+"""Policy registry: one lazy ``name -> class`` map per kind, plus ``module:Class`` names.
+
+Adding a policy is one file in this folder and one line in the map below; the contract
+tests are parametrized over the map, so a new policy is tested for free. Importing this
+package imports no policy module (and never torch).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from .base import NO_NEXT_USE, AdmissionPolicy, EvictionPolicy, Hints, PrefetchPolicy
+
+__all__ = [
+    "EVICTION",
+    "ADMISSION",
+    "PolicyError",
+    "get_eviction",
+    "get_admission",
+    "make_eviction",
+    "make_admission",
+    "Hints",
+    "EvictionPolicy",
+    "AdmissionPolicy",
+    "PrefetchPolicy",
+    "NO_NEXT_USE",
+]
+
+EVICTION: dict[str, str] = {
+    "lru": "tiercache.policies.lru:LRU",
+    "fifo": "tiercache.policies.fifo:FIFO",
+}
+
+ADMISSION: dict[str, str] = {
+    "always": "tiercache.policies.admission_always:AlwaysAdmit",
+}
+
+
+class PolicyError(ValueError):
+    """Unknown or unloadable policy name; the message lists the known names."""
+
+
+def _load(name: str, table: dict[str, str], kind: str) -> type:
+    key = name.strip()
+    target = table.get(key.lower())
+    if target is None and ":" in key:
+        target = key
+    if target is None:
+        raise PolicyError(f"unknown {kind} policy {name!r}; known: {', '.join(sorted(table))} (or module:Class)")
+    module_name, _, class_name = target.partition(":")
+    try:
+        return getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError) as exc:
+        raise PolicyError(f"cannot load {kind} policy {name!r} from {target!r}: {exc}") from None
+
+
+def get_eviction(name: str) -> type[EvictionPolicy]:
+    """Returns the eviction policy class for a registry name or ``module:Class``."""
+    return _load(name, EVICTION, "eviction")
+
+
+def get_admission(name: str) -> type[AdmissionPolicy]:
+    """Returns the admission policy class for a registry name or ``module:Class``."""
+    return _load(name, ADMISSION, "admission")
+
+
+def make_eviction(name: str, capacity: int) -> EvictionPolicy:
+    """Instantiates an eviction policy for a tier of ``capacity`` blocks."""
+    return get_eviction(name)(capacity)
+
+
+def make_admission(name: str) -> AdmissionPolicy:
+    """Instantiates an admission policy."""
+    return get_admission(name)()

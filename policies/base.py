@@ -1,0 +1,111 @@
+"""Policy contracts: eviction, admission, prefetch.
+
+Policies are metadata only: they see integer block ids (in access order), logical time and
+optional hints, never tensors or storage objects. The same instance type runs unchanged in
+the simulator (``tiercache replay``) and in the live store.
+
+Eviction contract (checked for every registered policy by ``tests/test_policy_contract.py``):
+
+* ``on_insert(ids)`` starts tracking ids that are not tracked; ``on_access(ids)`` records
+  hits on tracked ids; ``on_remove(ids)`` stops tracking tracked ids. Ids within one call
+  are distinct and in access order.
+* ``victims(n, protected)`` returns exactly ``n`` distinct tracked ids, none in
+  ``protected``, in the order the policy would evict them, or ``None`` when fewer than ``n``
+  unprotected ids are tracked. It never changes the set of tracked ids (the caller removes
+  victims with ``on_remove``), and when it returns ``None`` it changes nothing at all. It may
+  reorganise internal order while choosing (S3-FIFO promotions, SIEVE bit clearing), as the
+  algorithms do.
+* Misuse (inserting a tracked id, touching or removing an untracked id) raises ``KeyError``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Collection, Sequence
+
+__all__ = ["Hints", "EvictionPolicy", "AdmissionPolicy", "PrefetchPolicy", "NO_NEXT_USE"]
+
+#: ``next_use`` value for a block that is never accessed again (sorts after every time).
+NO_NEXT_USE = 1 << 62
+
+
+@dataclass(frozen=True)
+class Hints:
+    """Optional per-batch information, each sequence aligned with the batch's ids.
+
+    Attributes:
+        time: logical time (index of the batch's first access in the trace).
+        next_use: logical time of each id's next access (``NO_NEXT_USE`` if none); given
+            only to offline policies such as Belady, computed from the trace.
+        parents: each id's parent block id in the prefix tree (``-1`` never appears: roots
+            carry ``None``), for prefix-aware policies.
+    """
+
+    time: int = 0
+    next_use: Sequence[int] | None = None
+    parents: Sequence[int | None] | None = None
+
+
+class EvictionPolicy:
+    """Base of eviction policies; see the module docstring for the contract.
+
+    Class attributes:
+        name: registry name.
+        needs_future: True for offline policies that need ``Hints.next_use``.
+        batch_insert_safe: True when evicting ``k`` victims before inserting a run of new ids
+            leaves the same state as interleaving one eviction per insert (true for policies
+            whose newest entries are always evicted last, such as LRU and FIFO). The manager
+            batches a run of misses only for such policies and interleaves otherwise.
+    """
+
+    name: ClassVar[str] = "base"
+    needs_future: ClassVar[bool] = False
+    batch_insert_safe: ClassVar[bool] = False
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError(f"{type(self).__name__}: capacity must be >= 1, got {capacity}")
+        self.capacity = capacity
+
+    def on_insert(self, ids: Sequence[int], hints: Hints | None = None) -> None:
+        raise NotImplementedError
+
+    def on_access(self, ids: Sequence[int], hints: Hints | None = None) -> None:
+        raise NotImplementedError
+
+    def on_remove(self, ids: Sequence[int]) -> None:
+        raise NotImplementedError
+
+    def victims(self, n: int, protected: Collection[int] = ()) -> list[int] | None:
+        raise NotImplementedError
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def __contains__(self, block_id: int) -> bool:
+        raise NotImplementedError
+
+    def check_invariants(self) -> None:
+        """Raises AssertionError when internal structures disagree."""
+
+
+class AdmissionPolicy:
+    """Decides whether a block may be placed in a tier.
+
+    ``admit(ids)`` returns one bool per id, in order, and records the sighting. A refused block
+    is not stored in that tier (a demotion that is refused drops the block, counted).
+    """
+
+    name: ClassVar[str] = "base"
+
+    def admit(self, ids: Sequence[int]) -> list[bool]:
+        raise NotImplementedError
+
+
+class PrefetchPolicy:
+    """Proposes blocks to bring up before they are needed; ``plan`` has no side effects."""
+
+    name: ClassVar[str] = "base"
+
+    def plan(self, step_info: dict) -> list[int]:
+        raise NotImplementedError

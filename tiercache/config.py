@@ -1,0 +1,253 @@
+"""Frozen, validated configuration: KV layout, tiers, model presets.
+
+Everything here is metadata-plane: plain Python and numpy, never torch. Sizes may be
+given as integers (bytes) or human strings such as ``"8GiB"`` / ``"512MB"``; capacities
+may be given in blocks (``4096``) or as sizes, which need a layout to turn into blocks.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+__all__ = [
+    "ConfigError",
+    "DTYPE_BYTES",
+    "KVLayout",
+    "TierConfig",
+    "CacheConfig",
+    "MODEL_PRESETS",
+    "layout_preset",
+    "parse_size",
+    "parse_capacity",
+    "parse_tiers",
+    "TIER_NAMES",
+]
+
+TIER_NAMES = ("hbm", "dram", "nvme")
+
+DTYPE_BYTES = {
+    "float16": 2,
+    "bfloat16": 2,
+    "float32": 4,
+    "float64": 8,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+    "int8": 1,
+    "uint8": 1,
+}
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "t": 1000**4,
+    "tb": 1000**4,
+    "kib": 1024,
+    "mib": 1024**2,
+    "gib": 1024**3,
+    "tib": 1024**4,
+}
+_SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the field and the value."""
+
+
+def parse_size(value: int | str, what: str = "size") -> int:
+    """Parses a byte size: an int, ``"8GiB"``, ``"1.5GB"``, ``"4k"``.
+
+    Raises:
+        ConfigError: the value is not a positive size; the message names ``what``.
+    """
+    if isinstance(value, bool):
+        raise ConfigError(f"{what}: expected a size, got {value!r}")
+    if isinstance(value, int):
+        number, unit = value, ""
+    else:
+        match = _SIZE_RE.match(str(value))
+        if not match or match.group(2).lower() not in _UNITS:
+            raise ConfigError(f"{what}: cannot parse size {value!r} (examples: 4096, 8GiB, 512MB)")
+        number, unit = float(match.group(1)), match.group(2).lower()
+    size = int(number * _UNITS[unit])
+    if size <= 0:
+        raise ConfigError(f"{what}: must be positive, got {value!r}")
+    return size
+
+
+def parse_capacity(value: int | str, layout: "KVLayout | None", what: str = "capacity") -> int:
+    """Turns a capacity into blocks.
+
+    A plain integer (or digit string, optionally with a ``k``/``M`` suffix and no byte unit)
+    counts blocks; a size with a byte unit (``"8GiB"``) is divided by ``layout.block_bytes``.
+
+    Raises:
+        ConfigError: not positive, unparsable, a byte size without a layout, or under one block.
+    """
+    text = str(value).strip()
+    match = _SIZE_RE.match(text)
+    if isinstance(value, bool) or not match:
+        raise ConfigError(f"{what}: cannot parse capacity {value!r} (blocks such as 4096 or 4k, or a size such as 8GiB)")
+    unit = match.group(2).lower()
+    if unit in ("", "k", "m", "g"):
+        blocks = int(float(match.group(1)) * _UNITS[unit])
+        if blocks <= 0:
+            raise ConfigError(f"{what}: must be at least one block, got {value!r}")
+        return blocks
+    if layout is None:
+        raise ConfigError(f"{what}: {value!r} is a byte size; give --model or --layout to turn it into blocks")
+    blocks = parse_size(text, what) // layout.block_bytes
+    if blocks < 1:
+        raise ConfigError(f"{what}: {value!r} is less than one block of {layout.block_bytes} bytes")
+    return blocks
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """Shape of the KV cache and of one block.
+
+    Invariants: every field positive; ``dtype`` is one of ``DTYPE_BYTES``. A block holds
+    ``block_tokens`` tokens of one sequence across all ``layers`` when ``per_layer`` is False,
+    or of one layer when it is True (the unit that allows layer-ahead prefetch).
+    """
+
+    layers: int
+    kv_heads: int
+    head_dim: int
+    dtype: str = "bfloat16"
+    block_tokens: int = 256
+    per_layer: bool = False
+    name: str = "custom"
+
+    def __post_init__(self) -> None:
+        for attr in ("layers", "kv_heads", "head_dim", "block_tokens"):
+            value = getattr(self, attr)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ConfigError(f"KVLayout.{attr}: must be a positive integer, got {value!r}")
+        if self.dtype not in DTYPE_BYTES:
+            raise ConfigError(f"KVLayout.dtype: unknown dtype {self.dtype!r}; known: {', '.join(DTYPE_BYTES)}")
+
+    @property
+    def dtype_bytes(self) -> int:
+        """Bytes of one element."""
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def bytes_per_token(self) -> int:
+        """K and V bytes of one token over all layers."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * self.dtype_bytes
+
+    @property
+    def block_layers(self) -> int:
+        """Layers held by one block (1 when per_layer)."""
+        return 1 if self.per_layer else self.layers
+
+    @property
+    def block_shape(self) -> tuple[int, ...]:
+        """Shape of one block's tensor: ``[layers, 2, kv_heads, block_tokens, head_dim]``."""
+        return (self.block_layers, 2, self.kv_heads, self.block_tokens, self.head_dim)
+
+    @property
+    def block_bytes(self) -> int:
+        """Bytes of one block."""
+        return 2 * self.block_layers * self.kv_heads * self.block_tokens * self.head_dim * self.dtype_bytes
+
+    def with_block_tokens(self, block_tokens: int) -> "KVLayout":
+        """The same layout with another block size."""
+        return KVLayout(self.layers, self.kv_heads, self.head_dim, self.dtype, block_tokens, self.per_layer, self.name)
+
+
+MODEL_PRESETS: dict[str, KVLayout] = {
+    "llama-3-8b": KVLayout(layers=32, kv_heads=8, head_dim=128, name="llama-3-8b"),
+    "llama-3-70b": KVLayout(layers=80, kv_heads=8, head_dim=128, name="llama-3-70b"),
+    "llama-3.1-8b": KVLayout(layers=32, kv_heads=8, head_dim=128, name="llama-3.1-8b"),
+    "qwen2.5-7b": KVLayout(layers=28, kv_heads=4, head_dim=128, name="qwen2.5-7b"),
+    "qwen2.5-72b": KVLayout(layers=80, kv_heads=8, head_dim=128, name="qwen2.5-72b"),
+    "mistral-7b": KVLayout(layers=32, kv_heads=8, head_dim=128, name="mistral-7b"),
+}
+
+
+def layout_preset(name: str, block_tokens: int | None = None) -> KVLayout:
+    """Returns the layout of a model preset, optionally with another block size.
+
+    Raises:
+        ConfigError: unknown preset; the message lists the known ones.
+    """
+    key = name.strip().lower()
+    if key not in MODEL_PRESETS:
+        raise ConfigError(f"unknown model preset {name!r}; known: {', '.join(sorted(MODEL_PRESETS))}")
+    layout = MODEL_PRESETS[key]
+    return layout if block_tokens is None else layout.with_block_tokens(block_tokens)
+
+
+@dataclass(frozen=True)
+class TierConfig:
+    """One tier: its name, capacity in blocks, and the policies that run it.
+
+    Invariants: ``name`` in ``TIER_NAMES``; ``capacity_blocks >= 1``.
+    """
+
+    name: str
+    capacity_blocks: int
+    eviction: str = "lru"
+    admission: str = "always"
+
+    def __post_init__(self) -> None:
+        if self.name not in TIER_NAMES:
+            raise ConfigError(f"tier name {self.name!r}: must be one of {', '.join(TIER_NAMES)}")
+        if isinstance(self.capacity_blocks, bool) or not isinstance(self.capacity_blocks, int) or self.capacity_blocks < 1:
+            raise ConfigError(f"tier {self.name}: capacity must be at least one block, got {self.capacity_blocks!r}")
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """A whole hierarchy: tiers ordered fastest first, and the inclusion mode.
+
+    Invariants: at least one tier; names unique and in the order hbm, dram, nvme.
+    ``write_through`` False is the exclusive hierarchy (a block lives in exactly one tier);
+    True keeps a copy in every lower tier it was written to (inclusive).
+    """
+
+    tiers: tuple[TierConfig, ...]
+    write_through: bool = False
+    layout: KVLayout | None = None
+
+    def __post_init__(self) -> None:
+        if not self.tiers:
+            raise ConfigError("CacheConfig: at least one tier is needed")
+        names = [t.name for t in self.tiers]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"CacheConfig: tier names repeat: {names}")
+        order = [TIER_NAMES.index(n) for n in names]
+        if order != sorted(order):
+            raise ConfigError(f"CacheConfig: tiers must be ordered fastest first (hbm, dram, nvme), got {names}")
+
+    @property
+    def capacity_blocks(self) -> int:
+        """Total capacity over all tiers."""
+        return sum(t.capacity_blocks for t in self.tiers)
+
+
+def parse_tiers(spec: str, layout: KVLayout | None, eviction: str = "lru", admission: str = "always") -> tuple[TierConfig, ...]:
+    """Parses ``"hbm=4096,dram=16GiB,nvme=1TiB"`` into tier configs.
+
+    Raises:
+        ConfigError: empty spec, unknown tier, missing ``=``, or a bad capacity (named).
+    """
+    tiers = []
+    for part in [p for p in spec.split(",") if p.strip()]:
+        if "=" not in part:
+            raise ConfigError(f"--tiers: {part!r} should look like name=capacity (e.g. hbm=4096)")
+        name, cap = (s.strip() for s in part.split("=", 1))
+        if name not in TIER_NAMES:
+            raise ConfigError(f"--tiers: unknown tier {name!r}; known: {', '.join(TIER_NAMES)}")
+        tiers.append(TierConfig(name, parse_capacity(cap, layout, f"--tiers {name}"), eviction, admission))
+    if not tiers:
+        raise ConfigError("--tiers: no tier given (e.g. hbm=4096,dram=16384)")
+    return tuple(tiers)
