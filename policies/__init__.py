@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import importlib
 
+from tiercache.errors import UserError
+
 from .base import NO_NEXT_USE, AdmissionPolicy, EvictionPolicy, Hints, PrefetchPolicy
 
 __all__ = [
@@ -36,7 +38,7 @@ ADMISSION: dict[str, str] = {
 }
 
 
-class PolicyError(ValueError):
+class PolicyError(UserError):
     """Unknown or unloadable policy name; the message lists the known names."""
 
 

@@ -8,6 +8,8 @@ may be given in blocks (``4096``) or as sizes, which need a layout to turn into 
 from __future__ import annotations
 
 import re
+
+from .errors import UserError
 from dataclasses import dataclass
 
 __all__ = [
@@ -56,7 +58,7 @@ _UNITS = {
 _SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError):
     """A configuration value is invalid; the message names the field and the value."""
 
 

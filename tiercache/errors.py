@@ -1,0 +1,19 @@
+"""User-facing errors. The CLI prints their message (no traceback) and exits non-zero."""
+
+from __future__ import annotations
+
+__all__ = ["UserError", "TraceError"]
+
+
+class UserError(ValueError):
+    """Bad input from the user: an option, a file, a value. The message says what and where."""
+
+
+class TraceError(UserError):
+    """A trace file is malformed; the message names the file and the 1-based line."""
+
+    def __init__(self, path: str, line: int | None, message: str) -> None:
+        where = f"{path}:{line}" if line is not None else str(path)
+        super().__init__(f"{where}: {message}")
+        self.path = path
+        self.line = line
