@@ -1,0 +1,410 @@
+"""The tier manager: residency, ownership and movement of blocks across a hierarchy.
+
+Metadata plane only. The same manager runs live (with a data-plane engine) and in the
+simulator (with ``SimEngine``); only the injected engine differs.
+
+Hierarchy: tiers ordered fastest first. Exclusive (default): a block lives in at most one
+tier; a victim of tier ``t`` is demoted to ``t + 1`` (if that tier admits it) and a victim of
+the last tier leaves the hierarchy; a hit below the top is promoted to the top. Write-through
+(inclusive): a new block is copied to every lower tier that admits it; victims are dropped
+from their tier only; a hit below the top is copied up.
+
+Ordering: ``access`` is exactly equivalent to handling its ids one at a time, in order; it
+batches runs of hits and, for policies whose ``batch_insert_safe`` is True, runs of misses.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from tiercache.policies.base import NO_NEXT_USE, AdmissionPolicy, EvictionPolicy, Hints
+
+from .directory import CountError, TierDirectory
+from .engine import ImmediateEngine, TransferEngine
+from .plans import Ev, EventLog, JobResult, TransferPlan
+
+__all__ = ["TierManager", "CountError"]
+
+
+class _Guard:
+    """Ids that may not be victims: pinned in the tier, referenced, or explicitly protected."""
+
+    __slots__ = ("pins", "refs", "extra")
+
+    def __init__(self, pins: dict, refs: dict, extra) -> None:
+        self.pins, self.refs, self.extra = pins, refs, extra
+
+    def __contains__(self, block_id: int) -> bool:
+        return block_id in self.pins or block_id in self.refs or block_id in self.extra
+
+
+def _slice(hints: Hints | None, a: int, b: int) -> Hints | None:
+    """The hints of ids[a:b] (hints are aligned with the ids they came with)."""
+    if hints is None or (hints.next_use is None and hints.parents is None):
+        return hints
+    next_use = None if hints.next_use is None else hints.next_use[a:b]
+    parents = None if hints.parents is None else hints.parents[a:b]
+    return Hints(hints.time + a, next_use, parents)
+
+
+class TierManager:
+    """Blocks, tiers, policies and two-phase transfers.
+
+    Invariants (``check_invariants``): each tier's directory is consistent and holds exactly
+    the ids its eviction policy tracks; in exclusive mode no id is in two tiers; reference
+    counts are positive and only on resident ids; every in-flight plan's sources are pinned.
+    """
+
+    def __init__(
+        self,
+        tiers: Sequence[tuple[str, int]],
+        evictions: Sequence[EvictionPolicy],
+        admissions: Sequence[AdmissionPolicy],
+        engine: TransferEngine | None = None,
+        events: EventLog | None = None,
+        write_through: bool = False,
+    ) -> None:
+        if not (len(tiers) == len(evictions) == len(admissions)) or not tiers:
+            raise ValueError("one eviction and one admission policy per tier, at least one tier")
+        self.dirs = [TierDirectory(name, cap) for name, cap in tiers]
+        self.policies = list(evictions)
+        self.admissions = list(admissions)
+        self.engine = engine if engine is not None else ImmediateEngine()
+        self.events = events if events is not None else EventLog()
+        self.write_through = write_through
+        self.refs: dict[int, int] = {}
+        self.inflight: dict[int, TransferPlan] = {}
+        self._plan_hints: dict[int, Hints | None] = {}
+        self._next_job = 0
+        self._no_extra: frozenset = frozenset()
+        # Next-use times seen in hints, kept only when an offline policy needs them, so a
+        # block demoted or promoted carries its future into the other tier's policy.
+        self._future: dict[int, int] | None = {} if any(p.needs_future for p in evictions) else None
+
+    # -- queries -------------------------------------------------------------------------
+    @property
+    def n_tiers(self) -> int:
+        """Number of tiers."""
+        return len(self.dirs)
+
+    def locate(self, block_id: int) -> int | None:
+        """Index of the fastest tier holding ``block_id``, or None."""
+        for index, directory in enumerate(self.dirs):
+            if block_id in directory.slot_of:
+                return index
+        return None
+
+    def prefix_length(self, ids: Sequence[int]) -> int:
+        """Number of leading ids resident in some tier (the longest cached prefix)."""
+        maps = [d.slot_of for d in self.dirs]
+        for position, block_id in enumerate(ids):
+            if not any(block_id in m for m in maps):
+                return position
+        return len(ids)
+
+    # -- reader references ---------------------------------------------------------------
+    def ref(self, ids: Sequence[int]) -> None:
+        """Counts one more reader of each resident id; referenced ids are never victims."""
+        for block_id in ids:
+            if self.locate(block_id) is None:
+                raise KeyError(f"ref of block {block_id}, which is not resident")
+        refs = self.refs
+        for block_id in ids:
+            refs[block_id] = refs.get(block_id, 0) + 1
+
+    def unref(self, ids: Sequence[int]) -> None:
+        """Undoes ``ref``; raises CountError below zero (never clamps)."""
+        refs = self.refs
+        for block_id in ids:
+            count = refs.get(block_id, 0)
+            if count <= 0:
+                raise CountError(f"unref of block {block_id}, which has no reader")
+            if count == 1:
+                del refs[block_id]
+            else:
+                refs[block_id] = count - 1
+
+    # -- the access path -----------------------------------------------------------------
+    def access(self, ids: Sequence[int], hints: Hints | None = None, count_hits: bool = True) -> None:
+        """Reads ``ids`` in order: hits are touched (and promoted), misses computed and stored.
+
+        With ``count_hits`` False (prefix semantics after the first miss) every id counts as a
+        miss; resident ones are refreshed like hits and also counted as recomputed.
+        """
+        if self._future is not None and hints is not None and hints.next_use is not None:
+            self._future.update(zip(ids, hints.next_use))
+        top = self.dirs[0].slot_of
+        n, i = len(ids), 0
+        while i < n:
+            j = i
+            while j < n and ids[j] in top:
+                j += 1
+            if j > i:
+                self._touch_top(ids[i:j], _slice(hints, i, j), count_hits)
+                if j == n:
+                    return
+            k = j + 1
+            while k < n and ids[k] not in top:
+                k += 1
+            k = j + _distinct_prefix(ids, j, k)
+            self._bring_up(ids[j:k], _slice(hints, j, k), count_hits)
+            i = k
+
+    def insert(self, ids: Sequence[int], hints: Hints | None = None) -> None:
+        """Stores newly computed blocks, absent from every tier, in the top tier."""
+        for block_id in ids:
+            if self.locate(block_id) is not None:
+                raise KeyError(f"insert of block {block_id}, which is already resident")
+        self._insert_new(list(ids), hints)
+
+    def _touch_top(self, run: Sequence[int], hints: Hints | None, count_hits: bool) -> None:
+        self.policies[0].on_access(run, hints)
+        self._count_found(0, len(run), count_hits)
+
+    def _count_found(self, tier: int, count: int, count_hits: bool) -> None:
+        if count_hits:
+            self.events.emit(Ev.HIT, tier, count)
+        else:
+            self.events.emit(Ev.MISS, tier, count)
+            self.events.emit(Ev.RECOMPUTE, tier, count)
+
+    def _bring_up(self, run: Sequence[int], hints: Hints | None, count_hits: bool) -> None:
+        """Handles a run of distinct ids absent from the top tier, in order."""
+        if len(self.dirs) == 1:
+            self.events.emit(Ev.MISS, 0, len(run))
+            self._insert_new(run, hints)
+            return
+        position = 0
+        while position < len(run):
+            tier = self.locate(run[position])
+            end = position + 1
+            while end < len(run) and self.locate(run[end]) == tier:
+                end += 1
+            segment, seg_hints = run[position:end], _slice(hints, position, end)
+            if tier is None:
+                self.events.emit(Ev.MISS, 0, len(segment))
+                self._insert_new(segment, seg_hints)
+            else:
+                self._count_found(tier, len(segment), count_hits)
+                self._promote(segment, tier, seg_hints)
+            position = end
+
+    # -- placement -----------------------------------------------------------------------
+    def _insert_new(self, ids: Sequence[int], hints: Hints | None) -> None:
+        """Places new blocks in the top tier (admission permitting), making room first."""
+        admitted = self.admissions[0].admit(ids)
+        if not all(admitted):
+            self.events.emit(Ev.REFUSED, 0, admitted.count(False))
+            keep = [p for p, ok in enumerate(admitted) if ok]
+            ids = [ids[p] for p in keep]
+            hints = None if hints is None else _pick(hints, keep)
+        for a, b in self._insert_chunks(0, len(ids)):
+            chunk = ids[a:b]
+            if not self._make_room(0, len(chunk), self._no_extra):
+                self.events.emit(Ev.REFUSED, 0, len(chunk))  # everything pinned: not stored
+                continue
+            self.dirs[0].insert(chunk)
+            self.policies[0].on_insert(chunk, _slice(hints, a, b))
+            self.events.emit(Ev.INSERT, 0, len(chunk))
+            if self.write_through:
+                self._copy_down(chunk, _slice(hints, a, b))
+
+    def _insert_chunks(self, tier: int, n: int) -> list[tuple[int, int]]:
+        """Splits n inserts so that batching them equals inserting one at a time.
+
+        Batch-safe policies take chunks up to the tier's capacity; others take what fits in
+        free slots, then one id at a time (one eviction per insert, as sequential code does).
+        """
+        if n == 0:
+            return []
+        directory = self.dirs[tier]
+        step = directory.capacity if self.policies[tier].batch_insert_safe else 1
+        first = max(min(n, directory.n_free), min(n, step))
+        bounds = [(0, first)]
+        bounds.extend((a, min(a + step, n)) for a in range(first, n, step))
+        return bounds
+
+    def make_room(self, tier: int, n: int, protected=frozenset()) -> bool:
+        """Ensures ``n`` free slots in ``tier`` by displacing victims; False changes nothing.
+
+        Victims of an exclusive tier are demoted (cascading down); victims of the last tier,
+        or of any tier in write-through mode, leave that tier.
+        """
+        return self._make_room(tier, n, protected)
+
+    def _make_room(self, tier: int, n: int, protected) -> bool:
+        directory = self.dirs[tier]
+        need = n - directory.n_free
+        if need <= 0:
+            return True
+        if need > directory.capacity:
+            return False
+        guard = _Guard(directory.pins, self.refs, protected)
+        victims = self.policies[tier].victims(need, guard)
+        if victims is None:
+            return False
+        if self.write_through or tier + 1 == len(self.dirs):
+            self._drop(tier, victims)
+        else:
+            self._demote(tier, victims, protected)
+        return True
+
+    def _drop(self, tier: int, ids: Sequence[int]) -> None:
+        self.policies[tier].on_remove(ids)
+        self.dirs[tier].remove(ids)
+        self.events.emit(Ev.EVICT, tier, len(ids))
+        if self._future is not None:  # forget the future of blocks that left the hierarchy
+            for block_id in ids:
+                if self.locate(block_id) is None:
+                    self._future.pop(block_id, None)
+
+    def _demote(self, tier: int, victims: list[int], protected) -> None:
+        """Moves victims one tier down; refused or unplaceable ones leave the hierarchy."""
+        below = tier + 1
+        admitted = self.admissions[below].admit(victims)
+        moving = [v for v, ok in zip(victims, admitted) if ok]
+        refused = [v for v, ok in zip(victims, admitted) if not ok]
+        if refused:
+            self.events.emit(Ev.REFUSED, below, len(refused))
+            self._drop(tier, refused)
+        if not moving:
+            return
+        if not self._make_room(below, len(moving), protected) or not self._transfer(moving, tier, below, False, None):
+            self._drop(tier, moving)
+
+    def _promote(self, ids: Sequence[int], tier: int, hints: Hints | None) -> None:
+        """Brings hits up to the top tier; if no room can be made they stay (counted)."""
+        self.policies[tier].on_access(ids, hints)
+        guard_ids = frozenset(ids)
+        moved = self._make_room(0, len(ids), guard_ids) and self._transfer(ids, tier, 0, self.write_through, hints)
+        if not moved:
+            self.events.emit(Ev.PROMOTE_SKIPPED, tier, len(ids))
+
+    def _copy_down(self, ids: Sequence[int], hints: Hints | None) -> None:
+        """Write-through: copies new top-tier blocks into every lower tier that admits them."""
+        for tier in range(1, len(self.dirs)):
+            admitted = self.admissions[tier].admit(ids)
+            wanted = [b for b, ok in zip(ids, admitted) if ok and b not in self.dirs[tier].slot_of]
+            self.events.emit(Ev.REFUSED, tier, admitted.count(False))
+            if wanted and self._make_room(tier, len(wanted), frozenset(wanted)):
+                self._transfer(wanted, 0, tier, keep_source=True, hints=hints if len(wanted) == len(ids) else None)
+
+    # -- two-phase transfers -------------------------------------------------------------
+    def prepare_move(self, ids: Sequence[int], src: int, dst: int, keep_source: bool = False) -> TransferPlan | None:
+        """Pins sources in ``src`` and reserves free slots in ``dst``; None changes nothing.
+
+        None when an id is absent from ``src``, already in ``dst``, pinned by another move,
+        repeated, or when ``dst`` has fewer free slots than ids (call ``make_room`` first).
+        """
+        src_dir, dst_dir = self.dirs[src], self.dirs[dst]
+        if src == dst or not ids or len(set(ids)) != len(ids) or dst_dir.n_free < len(ids):
+            return None
+        for block_id in ids:
+            if block_id not in src_dir.slot_of or block_id in dst_dir.slot_of:
+                return None
+            if not keep_source and block_id in src_dir.pins:
+                return None
+        src_dir.pin(ids)
+        plan = TransferPlan(self._next_job, tuple(ids), src, src_dir.slots(ids), dst, dst_dir.reserve(len(ids)), keep_source)
+        self._next_job += 1
+        self.inflight[plan.job_id] = plan
+        return plan
+
+    def complete(self, result: JobResult) -> TransferPlan:
+        """Applies a finished job: publishes the destination, or undoes the reservation."""
+        plan = self.inflight.pop(result.job_id)
+        hints = self._plan_hints.pop(plan.job_id, None)
+        src_dir, dst_dir = self.dirs[plan.src_tier], self.dirs[plan.dst_tier]
+        src_dir.unpin(plan.ids)
+        if not result.ok:
+            dst_dir.release(plan.dst_slots)
+            self.events.emit(Ev.TRANSFER_FAILED, plan.src_tier, plan.n_blocks, plan.dst_tier)
+            return plan
+        if not plan.keep_source:
+            self.policies[plan.src_tier].on_remove(plan.ids)
+            src_dir.remove(plan.ids)
+        dst_dir.publish(plan.ids, plan.dst_slots)
+        self.policies[plan.dst_tier].on_insert(plan.ids, hints)
+        self.events.emit(_move_kind(plan), plan.src_tier, plan.n_blocks, plan.dst_tier)
+        return plan
+
+    def poll(self) -> list[TransferPlan]:
+        """Applies every job the engine has finished; returns their plans."""
+        return [self.complete(result) for result in self.engine.poll()]
+
+    def _transfer(self, ids: Sequence[int], src: int, dst: int, keep_source: bool, hints: Hints | None) -> bool:
+        """Runs one plan to completion (prepare, submit, wait, complete); True on success."""
+        plan = self.prepare_move(ids, src, dst, keep_source)
+        if plan is None:
+            return False
+        self._plan_hints[plan.job_id] = hints if hints is not None else self._future_hints(ids)
+        self.engine.submit(plan)
+        result = self.engine.wait(plan.job_id)
+        self.complete(result)
+        return result.ok
+
+    def _future_hints(self, ids: Sequence[int]) -> Hints | None:
+        """Hints for blocks moved between tiers: their known next use, when tracked."""
+        if self._future is None:
+            return None
+        future = self._future
+        return Hints(0, [future.get(b, NO_NEXT_USE) for b in ids], None)
+
+    # -- explicit removal ----------------------------------------------------------------
+    def evict(self, ids: Sequence[int]) -> None:
+        """Drops resident, unreferenced, unpinned ids from every tier holding them."""
+        for block_id in ids:
+            if block_id in self.refs:
+                raise CountError(f"evict of block {block_id}, which has readers")
+        for tier, directory in enumerate(self.dirs):
+            present = [b for b in ids if b in directory.slot_of]
+            if present:
+                self._drop(tier, present)
+
+    # -- checks --------------------------------------------------------------------------
+    def check_invariants(self) -> None:
+        """Asserts every structure is consistent (see the class docstring)."""
+        for directory, policy in zip(self.dirs, self.policies):
+            directory.check_invariants()
+            policy.check_invariants()
+            assert len(policy) == len(directory), f"{directory.name}: policy tracks {len(policy)}, tier holds {len(directory)}"
+            assert all(b in policy for b in directory.slot_of), f"{directory.name}: policy misses a resident block"
+        if not self.write_through:
+            seen: set[int] = set()
+            for directory in self.dirs:
+                assert seen.isdisjoint(directory.slot_of), "exclusive mode: a block is in two tiers"
+                seen.update(directory.slot_of)
+        for block_id, count in self.refs.items():
+            assert count > 0 and self.locate(block_id) is not None, f"bad reference on {block_id}"
+        for plan in self.inflight.values():
+            assert all(b in self.dirs[plan.src_tier].pins for b in plan.ids), "in-flight source not pinned"
+
+
+def _distinct_prefix(ids: Sequence[int], a: int, b: int) -> int:
+    """Length of the longest prefix of ids[a:b] without a repeated id.
+
+    A repeated id inside a run of misses would be a hit the second time; cutting the run
+    there keeps batching exactly equal to one-at-a-time handling.
+    """
+    run = ids[a:b]
+    if len(set(run)) == len(run):
+        return len(run)
+    seen: set[int] = set()
+    for offset, block_id in enumerate(run):
+        if block_id in seen:
+            return offset
+        seen.add(block_id)
+    return len(run)
+
+
+def _pick(hints: Hints, positions: list[int]) -> Hints:
+    """Hints of the ids at ``positions``."""
+    next_use = None if hints.next_use is None else [hints.next_use[p] for p in positions]
+    parents = None if hints.parents is None else [hints.parents[p] for p in positions]
+    return Hints(hints.time, next_use, parents)
+
+
+def _move_kind(plan: TransferPlan) -> Ev:
+    if plan.keep_source and plan.dst_tier > plan.src_tier:
+        return Ev.COPY
+    return Ev.PROMOTE if plan.dst_tier < plan.src_tier else Ev.DEMOTE
