@@ -253,3 +253,33 @@ def parse_tiers(spec: str, layout: KVLayout | None, eviction: str = "lru", admis
     if not tiers:
         raise ConfigError("--tiers: no tier given (e.g. hbm=4096,dram=16384)")
     return tuple(tiers)
+
+
+_LAYOUT_FIELDS = {"layers": int, "kv_heads": int, "head_dim": int, "dtype": str, "block_tokens": int}
+
+
+def parse_layout(spec: str, block_tokens: int | None = None) -> KVLayout:
+    """Parses ``"layers=32,kv_heads=8,head_dim=128[,dtype=bfloat16][,block_tokens=256]"``.
+
+    A model preset name is accepted too. ``block_tokens``, when given, overrides the spec's.
+
+    Raises:
+        ConfigError: unknown key, missing key, or a non-integer where one is needed.
+    """
+    if "=" not in spec:
+        return layout_preset(spec, block_tokens)
+    values: dict = {}
+    for part in [p for p in spec.split(",") if p.strip()]:
+        key, _, raw = (s.strip() for s in part.partition("="))
+        if key not in _LAYOUT_FIELDS:
+            raise ConfigError(f"--layout: unknown key {key!r}; known: {', '.join(_LAYOUT_FIELDS)}")
+        try:
+            values[key] = _LAYOUT_FIELDS[key](raw)
+        except ValueError:
+            raise ConfigError(f"--layout: {key}={raw!r} is not an integer") from None
+    missing = [k for k in ("layers", "kv_heads", "head_dim") if k not in values]
+    if missing:
+        raise ConfigError(f"--layout: missing {', '.join(missing)}")
+    if block_tokens is not None:
+        values["block_tokens"] = block_tokens
+    return KVLayout(**values)

@@ -1,0 +1,100 @@
+"""``tiercache replay``: replay a trace through the manager and print/save per-policy results."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+
+from tiercache.config import parse_capacity
+from tiercache.errors import UserError
+
+__all__ = ["add_parser", "parse_list", "parse_capacities", "format_table"]
+
+
+def parse_list(text: str, option: str) -> list[str]:
+    """Splits a comma list, rejecting an empty one."""
+    items = [item.strip() for item in text.split(",") if item.strip()]
+    if not items:
+        raise UserError(f"{option}: empty list")
+    return items
+
+
+def parse_capacities(text: str) -> list[int]:
+    """``"1000,4k,16000"`` -> block counts; each must be a positive number of blocks."""
+    return [parse_capacity(item, None, f"--capacity {item!r}") for item in parse_list(text, "--capacity")]
+
+
+def add_common_options(parser: argparse.ArgumentParser) -> None:
+    """Options shared by ``replay`` and ``compare`` (the sweep definition)."""
+    parser.add_argument("trace", help="Mooncake request trace (JSONL) or decode step trace")
+    parser.add_argument("--policy", default="lru", help="comma list of eviction policies (default: lru)")
+    parser.add_argument("--capacity", default="4000", help="comma list of single-tier capacities in blocks (default: 4000)")
+    parser.add_argument("--tiers", help="run a hierarchy instead, e.g. hbm=4096,dram=16384,nvme=65536 (sizes need --model)")
+    parser.add_argument("--semantics", default="object", help="object, prefix, or both as a comma list (default: object)")
+    parser.add_argument("--admission", default="always", help="admission policy of the lower tiers (default: always)")
+    parser.add_argument("--write-through", action="store_true", help="inclusive hierarchy (default: exclusive)")
+    parser.add_argument("--model", help="model preset turning blocks into bytes, e.g. llama-3-8b")
+    parser.add_argument("--hardware", help="hardware preset or profile JSON for modeled seconds, e.g. h200-pcie5-nvme4")
+    parser.add_argument("--workers", type=int, default=0, help="worker processes (default: one per core)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def add_parser(subparsers) -> None:
+    """Registers ``tiercache replay``."""
+    parser = subparsers.add_parser("replay", help="replay a trace through the tier manager", description=__doc__)
+    add_common_options(parser)
+    parser.add_argument("--out", help="write results JSON here")
+    parser.set_defaults(func=run)
+
+
+def sweep_from_args(args: argparse.Namespace) -> dict:
+    """Runs the sweep the options describe; returns the results document."""
+    from .sweep import run_sweep
+
+    if args.hardware and not args.model:
+        raise UserError("--hardware needs --model (bytes per block) to model seconds")
+    if args.workers < 0:
+        raise UserError(f"--workers: must be >= 0, got {args.workers}")
+    return run_sweep(
+        args.trace,
+        parse_list(args.policy, "--policy"),
+        parse_capacities(args.capacity) if not args.tiers else [],
+        parse_list(args.semantics, "--semantics"),
+        tiers=args.tiers,
+        model=args.model,
+        hardware=args.hardware,
+        workers=args.workers or os.cpu_count() or 1,
+        progress=not args.no_progress,
+        admission=args.admission,
+        write_through=args.write_through,
+        command=" ".join(["tiercache", *map(shlex.quote, sys.argv[1:])]),
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """``tiercache replay`` body."""
+    results = sweep_from_args(args)
+    print(format_table(results))
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as handle:
+            json.dump(results, handle, indent=1)
+        print(f"results written to {args.out}")
+    return 0
+
+
+def format_table(results: dict) -> str:
+    """A short fixed-width table of the runs."""
+    trace = results["trace"]
+    lines = [f"{trace['name']}: {trace['requests']} requests, {trace['accesses']} block accesses, {trace['unique_blocks']} unique blocks"]
+    header = f"{'policy':<10} {'semantics':<9} {'capacity':>9} {'hits':>9} {'misses':>9} {'miss ratio':>10}  per-tier hits"
+    lines += [header, "-" * len(header)]
+    for run in results["runs"]:
+        tiers = " ".join(f"{t['name']}={t['hits']}" for t in run["tiers"])
+        lines.append(
+            f"{run['policy']:<10} {run['semantics']:<9} {run['capacity_blocks']:>9} {run['hits']:>9} "
+            f"{run['misses']:>9} {run['miss_ratio']:>10.4f}  {tiers}"
+        )
+    return "\n".join(lines)
