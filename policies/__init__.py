@@ -31,6 +31,7 @@ __all__ = [
 EVICTION: dict[str, str] = {
     "lru": "tiercache.policies.lru:LRU",
     "fifo": "tiercache.policies.fifo:FIFO",
+    "lfu": "tiercache.policies.lfu:LFU",
 }
 
 ADMISSION: dict[str, str] = {

@@ -2,55 +2,18 @@
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from typing import Collection, Sequence
-
-from .base import EvictionPolicy, Hints
+from .priority import PriorityPolicy
 
 
-class LRU(EvictionPolicy):
-    """Least recently used.
+class LRU(PriorityPolicy):
+    """Least recently used: one bucket, a hit moves the block to its back.
 
-    Invariant: ``_order`` holds every tracked id once, least recent first.
+    Same eviction order as libCacheSim's LRU (exact miss-ratio match, see
+    ``tests/test_policy_libcachesim.py``).
     """
 
     name = "lru"
-    batch_insert_safe = True
+    batch_insert_safe = True  # new blocks are the most recent, so they are evicted last
 
-    def __init__(self, capacity: int) -> None:
-        super().__init__(capacity)
-        self._order: OrderedDict[int, None] = OrderedDict()
-
-    def on_insert(self, ids: Sequence[int], hints: Hints | None = None) -> None:
-        order = self._order
-        for block_id in ids:
-            if block_id in order:
-                raise KeyError(f"lru: block {block_id} inserted twice")
-            order[block_id] = None
-
-    def on_access(self, ids: Sequence[int], hints: Hints | None = None) -> None:
-        move = self._order.move_to_end
-        for block_id in ids:
-            move(block_id)
-
-    def on_remove(self, ids: Sequence[int]) -> None:
-        order = self._order
-        for block_id in ids:
-            del order[block_id]
-
-    def victims(self, n: int, protected: Collection[int] = ()) -> list[int] | None:
-        if n <= 0:
-            return []
-        chosen = []
-        for block_id in self._order:
-            if block_id not in protected:
-                chosen.append(block_id)
-                if len(chosen) == n:
-                    return chosen
-        return None
-
-    def __len__(self) -> int:
-        return len(self._order)
-
-    def __contains__(self, block_id: int) -> bool:
-        return block_id in self._order
+    def priority_after_hit(self, priority: int) -> int:
+        return priority
