@@ -32,6 +32,8 @@ EVICTION: dict[str, str] = {
     "lru": "tiercache.policies.lru:LRU",
     "fifo": "tiercache.policies.fifo:FIFO",
     "lfu": "tiercache.policies.lfu:LFU",
+    "sieve": "tiercache.policies.sieve:Sieve",
+    "belady": "tiercache.policies.belady:Belady",
 }
 
 ADMISSION: dict[str, str] = {
