@@ -1,0 +1,127 @@
+"""Chained content keys of token blocks.
+
+A block's key is ``blake2b-128(domain, namespace, parent key, token ids)``: it names the
+block *and everything before it*, so two sequences share a block key only when they share
+the whole prefix up to and including that block (the prefix-tree property that prefix
+caches such as vLLM's and SGLang's rely on).
+
+Invariants:
+
+* Stable across processes, Python versions and platforms: token ids are hashed as
+  little-endian int64 bytes, never through Python's ``hash()`` (salted per process).
+* The byte string fed to the hash is an injective encoding of ``(namespace, parent,
+  tokens)`` (length-prefixed namespace, tagged parent), so two different inputs, in
+  particular two namespaces, can only give equal keys through a blake2b collision.
+* A key is a *lookup* hint, not a proof: a 128-bit digest can collide, so a cache hit must
+  still be confirmed by comparing the stored block's token ids (and namespace) with the
+  request's before its KV is used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Sequence
+
+import numpy as np
+
+__all__ = ["KEY_BYTES", "block_key", "prefix_keys", "key_to_int"]
+
+#: Length of every key, in bytes.
+KEY_BYTES = 16
+
+# Versioned domain tag: changing the encoding must change every key, never alias old ones.
+_DOMAIN = b"tiercache.block.v1\x00"
+_NO_PARENT = b"\x00"
+_HAS_PARENT = b"\x01"
+_MASK63 = (1 << 63) - 1
+
+
+def _namespace_bytes(namespace: bytes | str) -> bytes:
+    """Length-prefixed namespace, so ``("ab", tokens)`` never encodes like ``("a", ...)``."""
+    if isinstance(namespace, str):
+        namespace = namespace.encode("utf-8")
+    elif not isinstance(namespace, (bytes, bytearray)):
+        raise TypeError(f"namespace must be bytes or str, got {type(namespace).__name__}")
+    return len(namespace).to_bytes(8, "little") + bytes(namespace)
+
+
+def _parent_bytes(parent: bytes | None) -> bytes:
+    """Tagged parent key: a root block and a child can never encode alike."""
+    if parent is None:
+        return _NO_PARENT
+    if not isinstance(parent, (bytes, bytearray)) or len(parent) != KEY_BYTES:
+        raise ValueError(f"parent must be None or a {KEY_BYTES}-byte key, got {parent!r}")
+    return _HAS_PARENT + bytes(parent)
+
+
+def _token_array(token_ids: Sequence[int] | np.ndarray) -> np.ndarray:
+    """Token ids as a contiguous little-endian int64 array.
+
+    Raises:
+        TypeError: the ids are not integers (floats would hash a silently rounded value).
+    """
+    arr = np.asarray(token_ids)
+    if arr.size == 0:
+        return np.zeros(0, dtype="<i8")
+    if arr.ndim != 1 or arr.dtype.kind not in "iu":
+        raise TypeError(f"token_ids must be a 1-D sequence of integers, got dtype {arr.dtype} shape {arr.shape}")
+    if arr.dtype == np.uint64 and arr.max() > np.iinfo(np.int64).max:
+        raise ValueError("token_ids: a token id does not fit in int64")
+    return np.ascontiguousarray(arr, dtype="<i8")
+
+
+def _digest(ns: bytes, parent: bytes, tokens: bytes | memoryview) -> bytes:
+    h = hashlib.blake2b(_DOMAIN, digest_size=KEY_BYTES)
+    h.update(ns)
+    h.update(parent)
+    h.update(tokens)
+    return h.digest()
+
+
+def block_key(parent: bytes | None, token_ids: Sequence[int] | np.ndarray, namespace: bytes | str = b"") -> bytes:
+    """Key of one block given its parent's key.
+
+    Args:
+        parent: key of the previous block of the sequence, or ``None`` for the first block.
+        token_ids: the block's token ids (integers that fit in int64).
+        namespace: tenant / model salt; blocks of different namespaces never share keys.
+
+    Returns:
+        A 16-byte digest. A hit found by this key must be confirmed by comparing token ids.
+    """
+    tokens = _token_array(token_ids)
+    return _digest(_namespace_bytes(namespace), _parent_bytes(parent), tokens.tobytes())
+
+
+def prefix_keys(token_ids: Sequence[int] | np.ndarray, block_tokens: int, namespace: bytes | str = "") -> list[bytes]:
+    """Chained keys of every *full* block of a sequence (a partial tail block has none).
+
+    ``prefix_keys(t, n)[i] == block_key(prefix_keys(t, n)[i - 1], t[i*n:(i+1)*n])``, the
+    first block having parent ``None``. Keys of a prefix are a prefix of the keys.
+
+    Raises:
+        ValueError: ``block_tokens`` is not a positive integer.
+    """
+    if isinstance(block_tokens, bool) or not isinstance(block_tokens, int) or block_tokens <= 0:
+        raise ValueError(f"block_tokens must be a positive integer, got {block_tokens!r}")
+    raw = memoryview(_token_array(token_ids).tobytes())  # one conversion, then zero-copy slices
+    ns = _namespace_bytes(namespace)
+    step = 8 * block_tokens
+    keys: list[bytes] = []
+    parent = _NO_PARENT
+    for start in range(0, len(raw) - step + 1, step):
+        key = _digest(ns, parent, raw[start : start + step])
+        keys.append(key)
+        parent = _HAS_PARENT + key
+    return keys
+
+
+def key_to_int(key: bytes) -> int:
+    """Stable non-negative 63-bit id of a key, for int-keyed metadata tables.
+
+    Two keys may map to the same int (63 bits of a 128-bit digest); tables keyed by it
+    must keep the full key (or the token ids) to confirm a match.
+    """
+    if not isinstance(key, (bytes, bytearray)) or len(key) != KEY_BYTES:
+        raise ValueError(f"key must be {KEY_BYTES} bytes, got {key!r}")
+    return int.from_bytes(key[:8], "little") & _MASK63
