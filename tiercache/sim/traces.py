@@ -1,0 +1,326 @@
+"""Mooncake request traces: a streaming, validating reader, flat arrays for replay, a writer.
+
+Format (JSONL, one request per line, as published by the Mooncake project)::
+
+    {"timestamp": 0, "input_length": 40160, "output_length": 6, "hash_ids": [0, 1, 2, ...]}
+
+``timestamp`` is the arrival time in milliseconds, ``input_length``/``output_length`` are
+token counts, and ``hash_ids`` holds one id per 512-token block of the prompt. Ids form a
+prefix tree: an id names the whole prefix that ends with its block, so two requests share
+id ``x`` at position ``i`` only when they share the first ``i + 1`` blocks. Other fields
+are ignored; blank lines are skipped.
+
+Every reader streams the file line by line (never loads it whole) and reports bad input as
+``TraceError(path, line, message)`` with the 1-based line number.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import itertools
+import json
+import os
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator
+
+import numpy as np
+
+from tiercache.errors import TraceError, UserError
+from tiercache.policies.base import NO_NEXT_USE
+
+__all__ = [
+    "MOONCAKE_BLOCK_TOKENS",
+    "Request",
+    "FlatTrace",
+    "iter_requests",
+    "load_flat",
+    "flat_ids",
+    "request_offsets",
+    "next_use",
+    "trace_fingerprint",
+    "write_requests",
+    "request_json",
+    "TraceKind",
+    "detect_kind",
+    "iter_json_objects",
+    "int_field",
+    "id_list_field",
+]
+
+#: Tokens per ``hash_ids`` block in Mooncake traces.
+MOONCAKE_BLOCK_TOKENS = 512
+
+_INT64_MAX = (1 << 63) - 1
+_REQUEST_FIELDS = ("timestamp", "input_length", "output_length")
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One request of a Mooncake trace.
+
+    Invariants: every integer is non-negative; ``hash_ids`` holds ints below 2**63;
+    ``line`` is the 1-based line of the request in its file (0 for synthesized requests
+    that were never read from a file).
+    """
+
+    timestamp: int
+    input_length: int
+    output_length: int
+    hash_ids: tuple[int, ...]
+    line: int = 0
+
+
+@dataclass(frozen=True)
+class FlatTrace:
+    """A whole request trace as arrays (struct of arrays), for the replay hot path.
+
+    Invariants: ``ids`` holds every block access in trace order; request ``r`` owns
+    ``ids[offsets[r]:offsets[r + 1]]`` (the last one runs to ``len(ids)``); ``offsets``
+    is non-decreasing and starts at 0; the per-request arrays all have one entry per request.
+    """
+
+    ids: np.ndarray
+    offsets: np.ndarray
+    timestamps: np.ndarray
+    input_lengths: np.ndarray
+    output_lengths: np.ndarray
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.offsets)
+
+
+# ----------------------------------------------------------------------------- parsing helpers
+
+
+def iter_json_objects(path: str | os.PathLike) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Yields ``(line, object)`` for each non-blank line of a JSONL file, streamed.
+
+    Raises:
+        TraceError: the file cannot be opened (missing, a directory, unreadable), a line is
+            not valid JSON (or not UTF-8), or a line holds something other than an object.
+    """
+    name = os.fspath(path)
+    try:
+        handle = open(name, "rb")  # bytes: json.loads decodes UTF-8 itself, faster than text mode
+    except OSError as exc:
+        raise TraceError(name, None, f"cannot open trace: {exc.strerror or exc}") from None
+    with handle:
+        for line, raw in enumerate(_read_lines(handle, name), start=1):
+            if raw.strip():
+                yield line, _parse_object(name, line, raw)
+
+
+def _read_lines(handle, name: str) -> Iterator[bytes]:
+    """Lines of an open file; an I/O error mid-file becomes a TraceError."""
+    try:
+        yield from handle
+    except OSError as exc:
+        raise TraceError(name, None, f"cannot read trace: {exc.strerror or exc}") from None
+
+
+def _parse_object(name: str, line: int, raw: bytes) -> dict[str, Any]:
+    try:
+        obj = json.loads(raw)
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError are both ValueErrors
+        raise TraceError(name, line, f"malformed JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise TraceError(name, line, f"expected a JSON object, got {type(obj).__name__}")
+    return obj
+
+
+def int_field(name: str, line: int, obj: dict[str, Any], field: str) -> int:
+    """A required non-negative integer field (``bool`` is rejected: JSON true is not a count).
+
+    Raises:
+        TraceError: missing, not an integer, or negative.
+    """
+    if field not in obj:
+        raise TraceError(name, line, f"missing field {field!r}")
+    value = obj[field]
+    if type(value) is not int:
+        raise TraceError(name, line, f"field {field!r} must be a non-negative integer, got {value!r}")
+    if value < 0:
+        raise TraceError(name, line, f"field {field!r} must be non-negative, got {value}")
+    return value
+
+
+def id_list_field(name: str, line: int, obj: dict[str, Any], field: str) -> list[int]:
+    """A required list of block ids: integers in ``[0, 2**63)``, bools rejected.
+
+    Raises:
+        TraceError: missing, not a list, or an element that is not such an integer (the
+            message gives its position and value).
+    """
+    if field not in obj:
+        raise TraceError(name, line, f"missing field {field!r}")
+    ids = obj[field]
+    if type(ids) is not list:
+        raise TraceError(name, line, f"field {field!r} must be a list of block ids, got {type(ids).__name__}")
+    # One C-level pass over the types; the slow search below runs only on bad input.
+    if ids and (set(map(type, ids)) != {int} or min(ids) < 0 or max(ids) > _INT64_MAX):
+        _raise_bad_id(name, line, field, ids)
+    return ids
+
+
+def _raise_bad_id(name: str, line: int, field: str, ids: list[Any]) -> None:
+    for pos, value in enumerate(ids):
+        if type(value) is not int:
+            raise TraceError(name, line, f"{field}[{pos}] must be an integer block id, got {value!r}")
+        if not 0 <= value <= _INT64_MAX:
+            raise TraceError(name, line, f"{field}[{pos}] must be in [0, 2**63), got {value}")
+
+
+# ----------------------------------------------------------------------------- requests
+
+
+def iter_requests(path: str | os.PathLike) -> Iterator[Request]:
+    """Streams the requests of a Mooncake trace, validated, in file order.
+
+    Raises:
+        TraceError: unreadable file, malformed line, missing or invalid field, or a file
+            without any request (raised after the last line, since the reader streams).
+    """
+    name = os.fspath(path)
+    count = 0
+    for line, obj in iter_json_objects(name):
+        ints = [int_field(name, line, obj, f) for f in _REQUEST_FIELDS]
+        ids = id_list_field(name, line, obj, "hash_ids")
+        count += 1
+        yield Request(ints[0], ints[1], ints[2], tuple(ids), line)
+    if count == 0:
+        raise TraceError(name, None, "no requests: the trace is empty")
+
+
+def load_flat(path: str | os.PathLike) -> FlatTrace:
+    """Reads a Mooncake trace once into flat arrays (object semantics: every id an access).
+
+    Raises:
+        TraceError: as ``iter_requests``.
+    """
+    id_lists: list[list[int]] = []
+    meta: list[tuple[int, int, int]] = []
+    name = os.fspath(path)
+    # Parse without building Request objects: this runs on every replay.
+    for line, obj in iter_json_objects(name):
+        meta.append(tuple(int_field(name, line, obj, f) for f in _REQUEST_FIELDS))
+        id_lists.append(id_list_field(name, line, obj, "hash_ids"))
+    if not meta:
+        raise TraceError(name, None, "no requests: the trace is empty")
+    lengths = np.fromiter(map(len, id_lists), dtype=np.int64, count=len(id_lists))
+    total = int(lengths.sum())
+    ids = np.fromiter(itertools.chain.from_iterable(id_lists), dtype=np.int64, count=total)
+    offsets = np.zeros(len(meta), dtype=np.int64)
+    np.cumsum(lengths[:-1], out=offsets[1:])
+    cols = np.array(meta, dtype=np.int64).reshape(len(meta), 3)
+    return FlatTrace(ids, offsets, cols[:, 0].copy(), cols[:, 1].copy(), cols[:, 2].copy())
+
+
+def flat_ids(path: str | os.PathLike) -> np.ndarray:
+    """All ``hash_ids`` of a Mooncake trace in order, as one int64 array (object semantics)."""
+    return load_flat(path).ids
+
+
+def request_offsets(path: str | os.PathLike) -> np.ndarray:
+    """Start index, in ``flat_ids(path)``, of each request (int64, one entry per request).
+
+    Use ``load_flat`` to get ids and offsets from a single parse.
+    """
+    return load_flat(path).offsets
+
+
+def next_use(ids: np.ndarray) -> np.ndarray:
+    """Index of each access's next access to the same id, ``NO_NEXT_USE`` where none.
+
+    Vectorized: one stable argsort groups equal ids with their accesses in time order, so
+    each access's successor within its group is its next use. O(n log n), no Python loop.
+
+    Invariants of the result ``nu``: ``nu[i] > i``; ``ids[nu[i]] == ids[i]`` where
+    ``nu[i] != NO_NEXT_USE``; no access of ``ids[i]`` lies strictly between ``i`` and ``nu[i]``.
+    """
+    ids = np.asarray(ids)
+    if ids.ndim != 1:
+        raise ValueError(f"next_use: ids must be 1-D, got shape {ids.shape}")
+    result = np.full(len(ids), NO_NEXT_USE, dtype=np.int64)
+    if len(ids) < 2:
+        return result
+    order = np.argsort(ids, kind="stable")
+    same = ids[order[1:]] == ids[order[:-1]]
+    result[order[:-1][same]] = order[1:][same]
+    return result
+
+
+def trace_fingerprint(path: str | os.PathLike) -> str:
+    """Hex blake2b-128 digest of the file's bytes, streamed in 1 MiB chunks.
+
+    Identifies the exact trace a result came from (reports record it next to results).
+
+    Raises:
+        TraceError: the file cannot be read.
+    """
+    name = os.fspath(path)
+    digest = hashlib.blake2b(digest_size=16)
+    try:
+        with open(name, "rb") as handle:
+            for chunk in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(chunk)
+    except OSError as exc:
+        raise TraceError(name, None, f"cannot read trace: {exc.strerror or exc}") from None
+    return digest.hexdigest()
+
+
+# ----------------------------------------------------------------------------- writer
+
+
+def request_json(request: Request) -> str:
+    """One Mooncake JSONL line (without newline) for a request; fields in Mooncake's order."""
+    ids = ", ".join(map(str, request.hash_ids))
+    return (
+        f'{{"timestamp": {request.timestamp}, "input_length": {request.input_length}, '
+        f'"output_length": {request.output_length}, "hash_ids": [{ids}]}}'
+    )
+
+
+def write_requests(path: str | os.PathLike, requests: Iterable[Request]) -> int:
+    """Writes requests as a Mooncake JSONL trace; returns the number written.
+
+    Raises:
+        UserError: the file cannot be written (the message names it).
+    """
+    name = os.fspath(path)
+    count = 0
+    try:
+        with open(name, "w", encoding="utf-8") as handle:
+            for request in requests:
+                handle.write(request_json(request) + "\n")
+                count += 1
+    except OSError as exc:
+        raise UserError(f"{name}: cannot write trace: {exc.strerror or exc}") from None
+    return count
+
+
+# ----------------------------------------------------------------------------- kind detection
+
+
+class TraceKind(enum.Enum):
+    """The two JSONL trace formats tiercache reads."""
+
+    REQUESTS = "requests"  # Mooncake request trace (this module)
+    STEPS = "steps"  # step trace (tiercache.sim.steptrace)
+
+
+def detect_kind(path: str | os.PathLike) -> TraceKind:
+    """Tells a request trace from a step trace by the first record's fields.
+
+    Raises:
+        TraceError: unreadable or empty file, or a first record that is neither kind.
+    """
+    name = os.fspath(path)
+    for line, obj in iter_json_objects(name):
+        if "hash_ids" in obj:
+            return TraceKind.REQUESTS
+        if "step" in obj:
+            return TraceKind.STEPS
+        raise TraceError(name, line, "not a known trace: expected a Mooncake request (with 'hash_ids') or a step record (with 'step')")
+    raise TraceError(name, None, "no records: the trace is empty")
