@@ -1,0 +1,164 @@
+"""Step traces: which KV blocks each decode step reads and writes, per layer.
+
+A step trace records the block traffic of one long sequence being decoded (recorded from a
+live run, or synthesized by ``tiercache.sim.synth``). It is JSONL, one record per line::
+
+    {"step": 0, "layer": 0, "read": [], "write": [0, 1, 2, 3]}
+    {"step": 1, "layer": 0, "read": [0, 1, 2, 3], "write": []}
+    {"step": 1, "layer": 1, "read": [0, 1, 2, 3], "write": []}
+
+Fields (all required; other fields are ignored, for forward compatibility):
+
+* ``step``: decode step, a non-negative integer. Steps are non-decreasing through the file;
+  one step may span several records (one per layer, or several per layer).
+* ``layer``: layer index, a non-negative integer. Records of one step need not be sorted
+  by layer; the file order is the order the accesses happened.
+* ``read``: ids of the blocks the step's attention reads at this layer, in read order.
+* ``write``: ids of the blocks the step stores at this layer (a block that just filled,
+  or a prefill's blocks), in write order. Writes happen after the record's reads.
+
+Block ids are integers in ``[0, 2**63)`` naming stored blocks. Ids are not interpreted:
+when blocks are per layer, every layer's copy of a block must have its own id (the
+synthesizers use ``block * layers + layer``). Within one list ids are distinct (the
+reader rejects repeats, since policies take each id at most once per batch).
+
+As a flat object stream (for ``inspect``, libCacheSim export and object-semantics replay)
+each record contributes its reads then its writes, in list order.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Iterable, Iterator
+
+import numpy as np
+
+from tiercache.errors import TraceError, UserError
+from tiercache.sim.traces import id_list_field, int_field, iter_json_objects
+
+__all__ = ["StepRecord", "FlatSteps", "iter_steps", "load_flat_steps", "write_steps", "step_json"]
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """One (step, layer) record.
+
+    Invariants: ``step``, ``layer`` non-negative; ids in ``[0, 2**63)``, distinct within
+    ``read`` and within ``write``; ``line`` is the 1-based line read from (0 if synthesized).
+    """
+
+    step: int
+    layer: int
+    read: tuple[int, ...]
+    write: tuple[int, ...]
+    line: int = 0
+
+
+@dataclass(frozen=True)
+class FlatSteps:
+    """A step trace as arrays, in the flat object order (reads, then writes, per record).
+
+    Invariants: record ``r`` owns ``ids[offsets[r]:offsets[r + 1]]`` (the last one runs to
+    ``len(ids)``); ``is_write`` is aligned with ``ids``; ``steps`` and ``layers`` hold one
+    entry per record and ``steps`` is non-decreasing.
+    """
+
+    ids: np.ndarray
+    is_write: np.ndarray
+    offsets: np.ndarray
+    steps: np.ndarray
+    layers: np.ndarray
+
+    @property
+    def num_records(self) -> int:
+        return len(self.offsets)
+
+
+def _distinct(name: str, line: int, field: str, ids: list[int]) -> list[int]:
+    """Rejects a repeated id within one list (the message names it)."""
+    if len(set(ids)) != len(ids):
+        seen: set[int] = set()
+        for value in ids:
+            if value in seen:
+                raise TraceError(name, line, f"{field} lists block {value} more than once")
+            seen.add(value)
+    return ids
+
+
+def _record(name: str, line: int, obj: dict, last_step: int) -> StepRecord:
+    step = int_field(name, line, obj, "step")
+    if step < last_step:
+        raise TraceError(name, line, f"step {step} is before the previous record's step {last_step} (steps must not decrease)")
+    layer = int_field(name, line, obj, "layer")
+    read = _distinct(name, line, "read", id_list_field(name, line, obj, "read"))
+    write = _distinct(name, line, "write", id_list_field(name, line, obj, "write"))
+    return StepRecord(step, layer, tuple(read), tuple(write), line)
+
+
+def iter_steps(path: str | os.PathLike) -> Iterator[StepRecord]:
+    """Streams and validates the records of a step trace, in file order.
+
+    Raises:
+        TraceError: unreadable file, malformed line, missing or invalid field, a repeated
+            id within a list, a decreasing step, or a file without any record.
+    """
+    name = os.fspath(path)
+    last_step = 0
+    count = 0
+    for line, obj in iter_json_objects(name):
+        record = _record(name, line, obj, last_step)
+        last_step = record.step
+        count += 1
+        yield record
+    if count == 0:
+        raise TraceError(name, None, "no step records: the trace is empty")
+
+
+def load_flat_steps(path: str | os.PathLike) -> FlatSteps:
+    """Reads a step trace once into flat arrays (reads then writes of each record).
+
+    Raises:
+        TraceError: as ``iter_steps``.
+    """
+    chunks: list[tuple[int, ...]] = []
+    meta: list[tuple[int, int, int, int]] = []
+    for rec in iter_steps(path):
+        meta.append((rec.step, rec.layer, len(rec.read), len(rec.write)))
+        chunks.extend((rec.read, rec.write))
+    cols = np.array(meta, dtype=np.int64).reshape(len(meta), 4)
+    counts = cols[:, 2:].ravel()  # read count, write count, read count, ... (chunk order)
+    ids = np.fromiter((i for chunk in chunks for i in chunk), dtype=np.int64, count=int(counts.sum()))
+    is_write = np.repeat(np.tile(np.array([False, True]), len(meta)), counts)
+    per_record = cols[:, 2] + cols[:, 3]
+    offsets = np.zeros(len(meta), dtype=np.int64)
+    np.cumsum(per_record[:-1], out=offsets[1:])
+    return FlatSteps(ids, is_write, offsets, cols[:, 0].copy(), cols[:, 1].copy())
+
+
+def step_json(record: StepRecord) -> str:
+    """One step-trace JSONL line (without newline)."""
+    read = ", ".join(map(str, record.read))
+    write = ", ".join(map(str, record.write))
+    return f'{{"step": {record.step}, "layer": {record.layer}, "read": [{read}], "write": [{write}]}}'
+
+
+def write_steps(path: str | os.PathLike, records: Iterable[StepRecord]) -> int:
+    """Writes records as a step trace; returns the number written.
+
+    The records are written as given; they should satisfy the reader's rules (steps
+    non-decreasing, distinct ids per list), which ``iter_steps`` checks on the way back.
+
+    Raises:
+        UserError: the file cannot be written (the message names it).
+    """
+    name = os.fspath(path)
+    count = 0
+    try:
+        with open(name, "w", encoding="utf-8") as handle:
+            for record in records:
+                handle.write(step_json(record) + "\n")
+                count += 1
+    except OSError as exc:
+        raise UserError(f"{name}: cannot write step trace: {exc.strerror or exc}") from None
+    return count
