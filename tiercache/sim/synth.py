@@ -1,0 +1,207 @@
+"""Seeded synthetic traces: full-attention scan, sparse top-k with locality, document QA.
+
+Every generator is a pure function of its spec: the same spec (seed included) gives the same
+trace on every run and platform (numpy's ``Generator`` with PCG64 is stable across
+platforms for the draws used here). Specs are frozen, validated dataclasses.
+
+Block ids of the step generators: block ``b`` (0-based position in the sequence) at layer
+``l`` of ``layers`` has id ``b * layers + l``, so per-layer copies are distinct objects and
+``layers == 1`` gives ``id == b``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Iterator
+
+import numpy as np
+
+from tiercache.errors import UserError
+from tiercache.sim.steptrace import StepRecord
+from tiercache.sim.traces import MOONCAKE_BLOCK_TOKENS, Request
+
+__all__ = ["ScanSpec", "SparseSpec", "DocsSpec", "scan_trace", "sparse_trace", "docs_trace"]
+
+
+def _check(spec: object, minimums: dict[str, float]) -> None:
+    """Raises UserError naming the first field of the wrong type or below its minimum."""
+    for f in fields(spec):
+        if f.name not in minimums:
+            continue
+        value = getattr(spec, f.name)
+        kind = (int,) if f.type == "int" else (int, float)  # annotations are strings here
+        if isinstance(value, bool) or not isinstance(value, kind) or value < minimums[f.name]:
+            what = "an integer" if f.type == "int" else "a number"
+            raise UserError(f"{type(spec).__name__}.{f.name}: must be {what} >= {minimums[f.name]}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class ScanSpec:
+    """A sequence decoded with full attention.
+
+    Step 0 prefills ``prompt_blocks`` blocks (writes them; no record when 0). Decode step
+    ``t`` (1..steps) appends token ``t``: it reads every *full* block so far and, when the
+    token fills a block (``t % block_tokens == 0``), writes that block. The partial tail
+    block stays in the working buffer and is never a stored block.
+    """
+
+    steps: int
+    prompt_blocks: int = 0
+    block_tokens: int = 16
+    layers: int = 1
+
+    def __post_init__(self) -> None:
+        _check(self, {"steps": 1, "prompt_blocks": 0, "block_tokens": 1, "layers": 1})
+
+
+@dataclass(frozen=True)
+class SparseSpec:
+    """A sequence decoded with sparse top-k attention (Quest/InfLLM-like access pattern).
+
+    Each decode step reads, per layer: the first ``sink`` blocks, the last ``window`` full
+    blocks, and ``k`` blocks of the middle. Of the previous step's middle choices each is
+    kept with probability ``locality`` (temporal locality: top-k sets drift slowly); the
+    rest are drawn uniformly from the unchosen middle blocks. When the middle holds at most
+    ``k`` blocks all are read. Prefill and writes are as in ``ScanSpec``.
+    """
+
+    steps: int
+    prompt_blocks: int = 64
+    k: int = 8
+    sink: int = 1
+    window: int = 4
+    locality: float = 0.9
+    block_tokens: int = 16
+    layers: int = 1
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        minimums = {"steps": 1, "prompt_blocks": 0, "k": 0, "sink": 0, "window": 0, "locality": 0.0}
+        _check(self, {**minimums, "block_tokens": 1, "layers": 1, "seed": 0})
+        if self.locality > 1:
+            raise UserError(f"SparseSpec.locality: must be in [0, 1], got {self.locality!r}")
+
+
+@dataclass(frozen=True)
+class DocsSpec:
+    """Many documents queried repeatedly, as a Mooncake-format request trace.
+
+    Each request is ``system_blocks`` shared system-prompt blocks, then the blocks of one
+    document chosen by a Zipf law over ranks (``P(d) ~ 1 / (d + 1) ** zipf``; 0 is
+    uniform), then ``question_blocks`` blocks unique to the request. Ids form a prefix
+    tree: system ids ``0..S-1``, document ``d`` owns ``S + d*L .. S + (d+1)*L - 1``, and
+    question ids count up from ``S + docs*L``. Arrivals are Poisson at ``rate_per_s``.
+    """
+
+    docs: int
+    doc_blocks: int
+    requests: int
+    system_blocks: int = 2
+    question_blocks: int = 1
+    zipf: float = 1.0
+    rate_per_s: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        minimums = {"docs": 1, "doc_blocks": 1, "requests": 1, "system_blocks": 0, "question_blocks": 0}
+        _check(self, {**minimums, "zipf": 0.0, "rate_per_s": 1e-9, "seed": 0})
+
+
+# ----------------------------------------------------------------------------- step traces
+
+
+def _layer_ids(blocks: np.ndarray | range, layers: int, layer: int) -> tuple[int, ...]:
+    return tuple((np.asarray(blocks, dtype=np.int64) * layers + layer).tolist())
+
+
+def _prefill(prompt_blocks: int, layers: int) -> Iterator[StepRecord]:
+    if prompt_blocks:
+        for layer in range(layers):
+            yield StepRecord(0, layer, (), _layer_ids(range(prompt_blocks), layers, layer))
+
+
+def _full_blocks(prompt_blocks: int, block_tokens: int, step: int) -> int:
+    """Full blocks before decode step ``step`` (1-based) appends its token."""
+    return prompt_blocks + (step - 1) // block_tokens
+
+
+def _written(prompt_blocks: int, block_tokens: int, step: int, layers: int, layer: int) -> tuple[int, ...]:
+    """The block that decode step ``step`` fills, if any."""
+    if step % block_tokens:
+        return ()
+    return _layer_ids([_full_blocks(prompt_blocks, block_tokens, step)], layers, layer)
+
+
+def scan_trace(spec: ScanSpec) -> Iterator[StepRecord]:
+    """Step records of a full-attention decode (see ``ScanSpec``)."""
+    yield from _prefill(spec.prompt_blocks, spec.layers)
+    for step in range(1, spec.steps + 1):
+        full = _full_blocks(spec.prompt_blocks, spec.block_tokens, step)
+        for layer in range(spec.layers):
+            read = _layer_ids(range(full), spec.layers, layer)
+            yield StepRecord(step, layer, read, _written(spec.prompt_blocks, spec.block_tokens, step, spec.layers, layer))
+
+
+def _choose_middle(rng: np.random.Generator, previous: np.ndarray, lo: int, hi: int, spec: SparseSpec) -> np.ndarray:
+    """Top-k stand-in: keeps previous middle choices with prob ``locality``, refills uniformly."""
+    if hi - lo <= spec.k:
+        return np.arange(lo, hi, dtype=np.int64)
+    in_range = previous[(previous >= lo) & (previous < hi)]
+    kept = in_range[rng.random(len(in_range)) < spec.locality][: spec.k]
+    candidates = np.setdiff1d(np.arange(lo, hi, dtype=np.int64), kept, assume_unique=True)
+    fresh = rng.choice(candidates, size=spec.k - len(kept), replace=False)
+    return np.sort(np.concatenate([kept, fresh]))
+
+
+def _sparse_blocks(rng: np.random.Generator, previous: np.ndarray, full: int, spec: SparseSpec) -> tuple[np.ndarray, np.ndarray]:
+    """(blocks read, new middle choice) for one layer of one step; read blocks sorted, distinct."""
+    sink_end = min(spec.sink, full)
+    window_start = max(sink_end, full - spec.window)
+    middle = _choose_middle(rng, previous, sink_end, window_start, spec)
+    read = np.concatenate([np.arange(sink_end), middle, np.arange(window_start, full)])
+    return read, middle
+
+
+def sparse_trace(spec: SparseSpec) -> Iterator[StepRecord]:
+    """Step records of a sparse top-k decode with temporal locality (see ``SparseSpec``)."""
+    rng = np.random.default_rng(spec.seed)
+    chosen = [np.zeros(0, dtype=np.int64) for _ in range(spec.layers)]  # each layer has its own top-k
+    yield from _prefill(spec.prompt_blocks, spec.layers)
+    for step in range(1, spec.steps + 1):
+        full = _full_blocks(spec.prompt_blocks, spec.block_tokens, step)
+        for layer in range(spec.layers):
+            read, chosen[layer] = _sparse_blocks(rng, chosen[layer], full, spec)
+            written = _written(spec.prompt_blocks, spec.block_tokens, step, spec.layers, layer)
+            yield StepRecord(step, layer, _layer_ids(read, spec.layers, layer), written)
+
+
+# ----------------------------------------------------------------------------- request traces
+
+
+def _zipf_probabilities(n: int, exponent: float) -> np.ndarray:
+    weights = 1.0 / np.arange(1, n + 1, dtype=np.float64) ** exponent
+    return weights / weights.sum()
+
+
+def docs_trace(spec: DocsSpec) -> Iterator[Request]:
+    """Requests of a many-documents QA workload (see ``DocsSpec``), in arrival order.
+
+    ``input_length`` is consistent with the blocks: ``len(hash_ids) == ceil(input_length / 512)``.
+    """
+    rng = np.random.default_rng(spec.seed)
+    n = spec.requests
+    # All draws up front, in a fixed order, so the trace does not depend on iteration.
+    doc = rng.choice(spec.docs, size=n, p=_zipf_probabilities(spec.docs, spec.zipf))
+    times = np.rint(np.cumsum(rng.exponential(1000.0 / spec.rate_per_s, size=n))).astype(np.int64)
+    tails = rng.integers(1, MOONCAKE_BLOCK_TOKENS + 1, size=n)
+    outputs = rng.integers(1, 1024, size=n)
+    system = list(range(spec.system_blocks))
+    next_question = spec.system_blocks + spec.docs * spec.doc_blocks
+    blocks = spec.system_blocks + spec.doc_blocks + spec.question_blocks
+    for i in range(n):
+        start = spec.system_blocks + int(doc[i]) * spec.doc_blocks
+        questions = list(range(next_question, next_question + spec.question_blocks))
+        next_question += spec.question_blocks
+        ids = tuple(system + list(range(start, start + spec.doc_blocks)) + questions)
+        length = (blocks - 1) * MOONCAKE_BLOCK_TOKENS + int(tails[i])
+        yield Request(int(times[i]), length, int(outputs[i]), ids, 0)
