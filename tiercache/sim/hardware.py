@@ -1,0 +1,194 @@
+"""Link and cost model of a machine: how long moving KV bytes between tiers takes.
+
+A transfer of ``n`` bytes in ``k`` separate transfers over a link costs
+``k * latency_s + n / bandwidth_Bps`` seconds: the latency is paid per transfer (per DMA
+submission or per I/O request), the bandwidth per byte. The simulated transfer engine
+completes jobs after this time, so the numbers here decide what a replay reports.
+
+Directed links are named ``"src->dst"`` over the tiers hbm, dram, nvme. A profile must
+define ``dram->hbm``, ``hbm->dram``, ``nvme->dram`` and ``dram->nvme``; ``nvme->hbm`` and
+``hbm->nvme``, unless given explicitly (GPUDirect Storage), are staged through DRAM and
+cost the sum of both hops (no overlap between the hops of one transfer is assumed).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Mapping
+
+from tiercache.errors import UserError
+
+__all__ = ["Link", "HardwareProfile", "PRESETS", "REQUIRED_LINKS", "load_profile", "save_profile"]
+
+#: Links every profile defines.
+REQUIRED_LINKS = ("dram->hbm", "hbm->dram", "nvme->dram", "dram->nvme")
+#: Links that may be given explicitly and otherwise are staged through DRAM.
+STAGED_LINKS = {"nvme->hbm": ("nvme->dram", "dram->hbm"), "hbm->nvme": ("hbm->dram", "dram->nvme")}
+
+
+def _positive_number(value: Any, what: str, allow_zero: bool = False) -> float:
+    """A finite float > 0 (or >= 0); bools and strings are rejected."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or value < 0 or (value == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise UserError(f"{what}: must be a finite number {bound}, got {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class Link:
+    """One directed link. Invariants: ``bandwidth_Bps > 0``, ``latency_s >= 0``, both finite."""
+
+    bandwidth_Bps: float
+    latency_s: float
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "bandwidth_Bps", _positive_number(self.bandwidth_Bps, "Link.bandwidth_Bps"))
+        object.__setattr__(self, "latency_s", _positive_number(self.latency_s, "Link.latency_s", allow_zero=True))
+
+    def seconds(self, nbytes: int | float, ntransfers: int = 1) -> float:
+        """Time to move ``nbytes`` in ``ntransfers`` transfers: latency per transfer + bytes / bandwidth."""
+        if nbytes < 0 or ntransfers < 0:
+            raise ValueError(f"Link.seconds: nbytes and ntransfers must be >= 0, got {nbytes}, {ntransfers}")
+        return ntransfers * self.latency_s + nbytes / self.bandwidth_Bps
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    """A named machine: its links and prefill throughput.
+
+    Invariants: ``links`` holds every name in ``REQUIRED_LINKS`` and only names of the form
+    ``"src->dst"`` over hbm/dram/nvme; it is read-only. ``prefill_tokens_per_s > 0`` is the
+    rate at which recomputing a missed prefix costs time (tokens of the reference model).
+    """
+
+    name: str
+    links: Mapping[str, Link] = field(hash=False)
+    prefill_tokens_per_s: float
+
+    def __post_init__(self) -> None:
+        missing = [n for n in REQUIRED_LINKS if n not in self.links]
+        unknown = [n for n in self.links if n not in REQUIRED_LINKS and n not in STAGED_LINKS]
+        if missing or unknown:
+            raise UserError(f"hardware profile {self.name!r}: missing links {missing}, unknown links {unknown}")
+        object.__setattr__(self, "links", MappingProxyType(dict(self.links)))
+        rate = _positive_number(self.prefill_tokens_per_s, f"hardware profile {self.name!r}: prefill_tokens_per_s")
+        object.__setattr__(self, "prefill_tokens_per_s", rate)
+
+    def link(self, name: str) -> Link:
+        """The link of that name; a staged path (``nvme->hbm``) only if given explicitly."""
+        if name not in self.links:
+            raise KeyError(f"hardware profile {self.name!r} has no link {name!r}; known: {', '.join(self.links)}")
+        return self.links[name]
+
+    def seconds(self, path: str, nbytes: int | float, ntransfers: int = 1) -> float:
+        """Transfer time over ``path``; a staged path not given explicitly sums its two hops."""
+        if path in self.links:
+            return self.links[path].seconds(nbytes, ntransfers)
+        if path in STAGED_LINKS:
+            return sum(self.links[hop].seconds(nbytes, ntransfers) for hop in STAGED_LINKS[path])
+        raise KeyError(f"hardware profile {self.name!r} has no link {path!r}")
+
+    def prefill_seconds(self, tokens: int) -> float:
+        """Time to recompute ``tokens`` tokens of prefill."""
+        return tokens / self.prefill_tokens_per_s
+
+
+def _profile(name: str, h2d: float, d2h: float, pcie_lat: float, nvme_r: float, nvme_w: float, nvme_lat: float, prefill: float) -> HardwareProfile:
+    links = {
+        "dram->hbm": Link(h2d, pcie_lat),
+        "hbm->dram": Link(d2h, pcie_lat),
+        "nvme->dram": Link(nvme_r, nvme_lat),
+        "dram->nvme": Link(nvme_w, nvme_lat),
+    }
+    return HardwareProfile(name, links, prefill)
+
+
+GB = 1e9
+US = 1e-6
+
+# Sources and assumptions (order-of-magnitude planning numbers, not measurements of one box):
+# * PCIe Gen5 x16 is 64 GB/s raw per direction; pinned cudaMemcpyAsync reaches ~50-56 GB/s,
+#   so 55 GB/s. Gen4 x16 is 32 GB/s raw, ~25 GB/s effective. Per-transfer cost (driver
+#   submission + DMA setup) ~10 us.
+# * NVLink-C2C (GH200) is 900 GB/s total, 450 GB/s per direction; latency to LPDDR5X a few us.
+# * NVMe: one Gen4 x4 enterprise drive ~7 GB/s sequential read / ~5 GB/s write; Gen5 x4
+#   ~14 GB/s read / ~10 GB/s write. ~80 us per I/O for Gen4 (QD1 4K read latency of TLC
+#   drives), ~60 us for Gen5. A RAID of drives is a custom JSON profile.
+# * Prefill throughput of the reference model (Llama-3-8B class, ~16 GFLOP per token with
+#   2 * params FLOPs) at ~45 % MFU of the dense bf16 peak: H100/H200/GH200 989 TFLOPS ->
+#   ~28k tokens/s (H100 a little lower: less HBM bandwidth for attention); A100 312 TFLOPS
+#   -> ~9k tokens/s. Attention FLOPs of very long prompts make real prefill slower.
+PRESETS: dict[str, HardwareProfile] = {
+    "h200-pcie5-nvme4": _profile("h200-pcie5-nvme4", 55 * GB, 55 * GB, 10 * US, 7 * GB, 5 * GB, 80 * US, 28_000),
+    "h100-pcie5-nvme4": _profile("h100-pcie5-nvme4", 55 * GB, 55 * GB, 10 * US, 7 * GB, 5 * GB, 80 * US, 25_000),
+    "gh200-c2c-nvme5": _profile("gh200-c2c-nvme5", 450 * GB, 450 * GB, 3 * US, 14 * GB, 10 * GB, 60 * US, 28_000),
+    "a100-pcie4-nvme4": _profile("a100-pcie4-nvme4", 25 * GB, 25 * GB, 10 * US, 7 * GB, 5 * GB, 80 * US, 9_000),
+}
+
+
+def load_profile(name_or_path: str | os.PathLike) -> HardwareProfile:
+    """A preset by name, or a profile from a JSON file (see ``save_profile`` for the schema).
+
+    Raises:
+        UserError: neither a preset nor an existing file (the message lists the presets), or
+            a malformed file (the message names the file and the field).
+    """
+    text = os.fspath(name_or_path)
+    if text in PRESETS:
+        return PRESETS[text]
+    if not os.path.exists(text):
+        raise UserError(f"unknown hardware profile {text!r}: not a preset (known: {', '.join(PRESETS)}) nor a JSON file")
+    try:
+        with open(text, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{text}: cannot read hardware profile: {exc}") from None
+    return _profile_from_json(text, data)
+
+
+def _profile_from_json(path: str, data: Any) -> HardwareProfile:
+    """Builds a profile from parsed JSON; errors are prefixed with the file's path."""
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: a hardware profile must be a JSON object, got {type(data).__name__}")
+    for key in ("name", "links", "prefill_tokens_per_s"):
+        if key not in data:
+            raise UserError(f"{path}: missing field {key!r}")
+    if not isinstance(data["name"], str) or not isinstance(data["links"], dict):
+        raise UserError(f"{path}: 'name' must be a string and 'links' an object")
+    try:
+        links = {name: _link_from_json(name, spec) for name, spec in data["links"].items()}
+        return HardwareProfile(data["name"], links, data["prefill_tokens_per_s"])
+    except UserError as exc:
+        raise UserError(f"{path}: {exc}") from None
+
+
+def _link_from_json(name: str, spec: Any) -> Link:
+    if not isinstance(spec, dict) or set(spec) != {"bandwidth_Bps", "latency_s"}:
+        raise UserError(f"links[{name!r}]: must be an object with exactly 'bandwidth_Bps' and 'latency_s', got {spec!r}")
+    bandwidth = _positive_number(spec["bandwidth_Bps"], f"links[{name!r}].bandwidth_Bps")
+    latency = _positive_number(spec["latency_s"], f"links[{name!r}].latency_s", allow_zero=True)
+    return Link(bandwidth, latency)
+
+
+def save_profile(profile: HardwareProfile, path: str | os.PathLike) -> None:
+    """Writes a profile as JSON: ``{"name", "links": {name: {"bandwidth_Bps", "latency_s"}}, "prefill_tokens_per_s"}``.
+
+    Raises:
+        UserError: the file cannot be written.
+    """
+    data = {
+        "name": profile.name,
+        "links": {n: {"bandwidth_Bps": l.bandwidth_Bps, "latency_s": l.latency_s} for n, l in profile.links.items()},
+        "prefill_tokens_per_s": profile.prefill_tokens_per_s,
+    }
+    try:
+        with open(os.fspath(path), "w", encoding="utf-8") as handle:
+            json.dump(data, handle, indent=2)
+            handle.write("\n")
+    except OSError as exc:
+        raise UserError(f"{os.fspath(path)}: cannot write hardware profile: {exc.strerror or exc}") from None
