@@ -34,6 +34,7 @@ EVICTION: dict[str, str] = {
     "lfu": "tiercache.policies.lfu:LFU",
     "sieve": "tiercache.policies.sieve:Sieve",
     "belady": "tiercache.policies.belady:Belady",
+    "arc": "tiercache.policies.arc:ARC",
 }
 
 ADMISSION: dict[str, str] = {
