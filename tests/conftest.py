@@ -1,0 +1,27 @@
+"""Shared fixtures: the bundled sample trace and small managers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+DATA = Path(__file__).parent / "data"
+SAMPLE_TRACE = DATA / "mooncake_synthetic_trace.jsonl"
+
+
+def sample_requests(path: Path = SAMPLE_TRACE) -> list[list[int]]:
+    """The ``hash_ids`` of every request of a Mooncake trace, in order."""
+    with open(path, encoding="utf-8") as handle:
+        return [json.loads(line)["hash_ids"] for line in handle if line.strip()]
+
+
+@pytest.fixture(scope="session")
+def sample_trace() -> Path:
+    return SAMPLE_TRACE
+
+
+@pytest.fixture(scope="session")
+def requests_sample() -> list[list[int]]:
+    return sample_requests()
