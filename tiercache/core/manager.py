@@ -9,8 +9,18 @@ the last tier leaves the hierarchy; a hit below the top is promoted to the top. 
 (inclusive): a new block is copied to every lower tier that admits it; victims are dropped
 from their tier only; a hit below the top is copied up.
 
-Ordering: ``access`` is exactly equivalent to handling its ids one at a time, in order; it
-batches runs of hits and, for policies whose ``batch_insert_safe`` is True, runs of misses.
+Ordering: with one tier, ``access`` is exactly equivalent to handling its ids one at a time,
+in order (it batches runs of hits and, for policies whose ``batch_insert_safe`` is True, runs
+of misses), which is what makes LRU/FIFO/Belady agree with libCacheSim. In a hierarchy, a run
+of consecutive ids found in the same lower tier is promoted as one plan (one copy per request
+segment, as a serving engine fetches a prefix), so the blocks of that run never displace each
+other; one id per call is exactly the one-at-a-time semantics (tested against a plain model).
+
+Room in the top tier is made before a promoted block leaves its tier: when every tier is
+full, a promotion from tier ``i`` can push one block out of the last tier even though the
+promoted block then frees a slot in tier ``i`` (a hole the next demotion fills without a
+drop). The bytes never need a staging buffer this way; on the sample trace the total miss
+count equals a single LRU of the hierarchy's total size.
 """
 
 from __future__ import annotations
@@ -36,6 +46,17 @@ class _Guard:
 
     def __contains__(self, block_id: int) -> bool:
         return block_id in self.pins or block_id in self.refs or block_id in self.extra
+
+    def _union(self) -> set[int]:
+        return set(self.pins).union(self.refs, self.extra)
+
+    def __iter__(self):
+        # Policies count protected ids they track; all three sets are small (in-flight,
+        # referenced, the current run), so materialising the union is cheap.
+        return iter(self._union())
+
+    def __len__(self) -> int:
+        return len(self._union())
 
 
 def _slice(hints: Hints | None, a: int, b: int) -> Hints | None:

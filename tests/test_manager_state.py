@@ -1,0 +1,137 @@
+"""Hypothesis state machine: random operations on a multi-tier manager, invariants after each."""
+
+from __future__ import annotations
+
+import hypothesis.strategies as st
+import pytest
+from hypothesis import settings
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from tiercache.core.directory import CountError
+from tiercache.core.engine import ImmediateEngine
+from tiercache.core.manager import TierManager
+from tiercache.core.plans import JobResult
+from tiercache.policies import EVICTION, make_admission, make_eviction
+
+IDS = st.integers(min_value=0, max_value=40)
+POLICIES = sorted(p for p in EVICTION if p != "belady")
+
+
+class _DeferredEngine(ImmediateEngine):
+    """Holds submitted jobs until the test completes them, in any order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.held: list[int] = []
+
+    def submit(self, plan) -> None:
+        self.held.append(plan.job_id)
+
+
+class ManagerMachine(RuleBasedStateMachine):
+    """Drives insert/access/ref/unref/evict/make_room/transfer/complete in random order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.engine = _DeferredEngine()
+        self.manager: TierManager | None = None
+        self.refs: dict[int, int] = {}
+
+    @rule(policy=st.sampled_from(POLICIES), caps=st.lists(st.integers(1, 6), min_size=1, max_size=3), wt=st.booleans())
+    @precondition(lambda self: self.manager is None)
+    def build(self, policy, caps, wt):
+        names = ("hbm", "dram", "nvme")[: len(caps)]
+        self.manager = TierManager(
+            list(zip(names, caps)),
+            [make_eviction(policy, c) for c in caps],
+            [make_admission("always") for _ in caps],
+            engine=ImmediateEngine(),
+            write_through=wt,
+        )
+
+    def _ready(self) -> bool:
+        return self.manager is not None
+
+    @precondition(_ready)
+    @rule(ids=st.lists(IDS, min_size=1, max_size=8))
+    def access(self, ids):
+        self.manager.access(ids)
+        total = sum(len(d) for d in self.manager.dirs)
+        assert total <= sum(d.capacity for d in self.manager.dirs)
+
+    @precondition(_ready)
+    @rule(ids=st.lists(IDS, min_size=1, max_size=4, unique=True))
+    def access_recompute(self, ids):
+        self.manager.access(ids, count_hits=False)
+
+    @precondition(_ready)
+    @rule(block=IDS)
+    def ref(self, block):
+        if self.manager.locate(block) is None:
+            with pytest.raises(KeyError):
+                self.manager.ref([block])
+        else:
+            self.manager.ref([block])
+            self.refs[block] = self.refs.get(block, 0) + 1
+
+    @precondition(_ready)
+    @rule(block=IDS)
+    def unref(self, block):
+        if self.refs.get(block, 0) == 0:
+            with pytest.raises(CountError):
+                self.manager.unref([block])
+            return
+        self.manager.unref([block])
+        self.refs[block] -= 1
+        if not self.refs[block]:
+            del self.refs[block]
+
+    @precondition(_ready)
+    @rule(block=IDS)
+    def evict(self, block):
+        if block in self.refs:
+            with pytest.raises(CountError):
+                self.manager.evict([block])
+        elif not any(block in d.pins for d in self.manager.dirs):
+            self.manager.evict([block])
+            assert self.manager.locate(block) is None
+
+    @precondition(_ready)
+    @rule(tier=st.integers(0, 2), n=st.integers(1, 3))
+    def make_room(self, tier, n):
+        if tier < self.manager.n_tiers:
+            before = [len(d) for d in self.manager.dirs]
+            if not self.manager.make_room(tier, n):
+                assert [len(d) for d in self.manager.dirs] == before
+
+    @precondition(_ready)
+    @rule(ids=st.lists(IDS, min_size=1, max_size=3, unique=True), src=st.integers(0, 2), dst=st.integers(0, 2), keep=st.booleans())
+    def transfer(self, ids, src, dst, keep):
+        m = self.manager
+        if max(src, dst) >= m.n_tiers:
+            return
+        snapshot = [dict(d.slot_of) for d in m.dirs]
+        plan = m.prepare_move(ids, src, dst, keep_source=keep or m.write_through)
+        if plan is None:
+            assert [dict(d.slot_of) for d in m.dirs] == snapshot
+            return
+        self.engine.held.append(plan.job_id)
+
+    @precondition(lambda self: self.manager is not None and self.engine.held)
+    @rule(index=st.integers(0, 10), ok=st.booleans())
+    def complete(self, index, ok):
+        job_id = self.engine.held.pop(index % len(self.engine.held))
+        plan = self.manager.inflight[job_id]
+        self.manager.complete(JobResult(job_id, None if ok else "injected"))
+        where = plan.dst_tier if ok else plan.src_tier
+        assert all(b in self.manager.dirs[where].slot_of for b in plan.ids)
+
+    @invariant()
+    def consistent(self):
+        if self.manager is not None:
+            self.manager.check_invariants()
+            assert self.manager.refs == self.refs
+
+
+TestManagerMachine = ManagerMachine.TestCase
+TestManagerMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
