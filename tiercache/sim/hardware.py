@@ -108,9 +108,6 @@ def _profile(name: str, h2d: float, d2h: float, pcie_lat: float, nvme_r: float, 
     return HardwareProfile(name, links, prefill)
 
 
-GB = 1e9
-US = 1e-6
-
 # Sources and assumptions (order-of-magnitude planning numbers, not measurements of one box):
 # * PCIe Gen5 x16 is 64 GB/s raw per direction; pinned cudaMemcpyAsync reaches ~50-56 GB/s,
 #   so 55 GB/s. Gen4 x16 is 32 GB/s raw, ~25 GB/s effective. Per-transfer cost (driver
@@ -124,10 +121,12 @@ US = 1e-6
 #   ~28k tokens/s (H100 a little lower: less HBM bandwidth for attention); A100 312 TFLOPS
 #   -> ~9k tokens/s. Attention FLOPs of very long prompts make real prefill slower.
 PRESETS: dict[str, HardwareProfile] = {
-    "h200-pcie5-nvme4": _profile("h200-pcie5-nvme4", 55 * GB, 55 * GB, 10 * US, 7 * GB, 5 * GB, 80 * US, 28_000),
-    "h100-pcie5-nvme4": _profile("h100-pcie5-nvme4", 55 * GB, 55 * GB, 10 * US, 7 * GB, 5 * GB, 80 * US, 25_000),
-    "gh200-c2c-nvme5": _profile("gh200-c2c-nvme5", 450 * GB, 450 * GB, 3 * US, 14 * GB, 10 * GB, 60 * US, 28_000),
-    "a100-pcie4-nvme4": _profile("a100-pcie4-nvme4", 25 * GB, 25 * GB, 10 * US, 7 * GB, 5 * GB, 80 * US, 9_000),
+    # Arguments: H2D, D2H B/s, PCIe/C2C latency s, NVMe read, write B/s, NVMe latency s, prefill tok/s.
+    # Literals rather than products (10 * 1e-6 != 10e-6) so saved JSON shows the round numbers.
+    "h200-pcie5-nvme4": _profile("h200-pcie5-nvme4", 55e9, 55e9, 10e-6, 7e9, 5e9, 80e-6, 28_000),
+    "h100-pcie5-nvme4": _profile("h100-pcie5-nvme4", 55e9, 55e9, 10e-6, 7e9, 5e9, 80e-6, 25_000),
+    "gh200-c2c-nvme5": _profile("gh200-c2c-nvme5", 450e9, 450e9, 3e-6, 14e9, 10e9, 60e-6, 28_000),
+    "a100-pcie4-nvme4": _profile("a100-pcie4-nvme4", 25e9, 25e9, 10e-6, 7e9, 5e9, 80e-6, 9_000),
 }
 
 
