@@ -35,6 +35,7 @@ EVICTION: dict[str, str] = {
     "sieve": "tiercache.policies.sieve:Sieve",
     "belady": "tiercache.policies.belady:Belady",
     "arc": "tiercache.policies.arc:ARC",
+    "s3fifo": "tiercache.policies.s3fifo:S3FIFO",
 }
 
 ADMISSION: dict[str, str] = {
