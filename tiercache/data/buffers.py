@@ -1,0 +1,131 @@
+"""Host buffers shared by the pools and the NVMe store: dtypes, aligned memory, byte views.
+
+Everything here is data plane (imports torch). Buffers are allocated once, off the hot path;
+the hot path only takes views of them.
+"""
+
+from __future__ import annotations
+
+import mmap
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from ..config import KVLayout
+from ..errors import UserError
+
+__all__ = [
+    "PAGE",
+    "torch_dtype",
+    "round_up",
+    "aligned_tensor",
+    "byte_array",
+    "is_aligned",
+    "check_blocks",
+    "block_list",
+]
+
+# Alignment that satisfies O_DIRECT on every Linux filesystem we target (logical block
+# sizes are 512 or 4096 bytes) and is the page size on x86-64 and most arm64 kernels.
+PAGE = 4096
+
+_TORCH_DTYPES = {
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "float8_e4m3fn": torch.float8_e4m3fn,
+    "float8_e5m2": torch.float8_e5m2,
+    "int8": torch.int8,
+    "uint8": torch.uint8,
+}
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype of a layout dtype name such as ``"bfloat16"``.
+
+    Raises:
+        UserError: the name is not a known KV dtype.
+    """
+    try:
+        return _TORCH_DTYPES[name]
+    except KeyError:
+        raise UserError(f"unknown dtype {name!r}; known: {', '.join(_TORCH_DTYPES)}") from None
+
+
+def round_up(n: int, align: int = PAGE) -> int:
+    """``n`` rounded up to a multiple of ``align``."""
+    return (n + align - 1) // align * align
+
+
+def aligned_tensor(shape: Sequence[int], dtype: torch.dtype) -> tuple[torch.Tensor, mmap.mmap]:
+    """A zeroed, page-aligned CPU tensor backed by an anonymous mmap.
+
+    Page alignment lets O_DIRECT read straight into the tensor. The pages are touched here
+    (``zero_``) so that the first use on the hot path does not pay page faults.
+
+    Returns:
+        The tensor and the mmap that owns its memory; keep the mmap alive with the tensor.
+    """
+    nbytes = int(np.prod(shape)) * torch.empty((), dtype=dtype).element_size()
+    buf = mmap.mmap(-1, max(round_up(nbytes), PAGE))
+    flat = torch.frombuffer(buf, dtype=torch.uint8, count=nbytes)
+    tensor = flat.view(dtype).view(*shape)
+    tensor.view(torch.uint8).zero_()
+    return tensor, buf
+
+
+def byte_array(tensor: torch.Tensor) -> np.ndarray:
+    """A flat uint8 numpy view (no copy) of a contiguous CPU tensor's memory.
+
+    numpy arrays are used rather than memoryviews because they are accepted both by
+    ``os.preadv``/``os.writev`` and by the crc32c extension.
+    """
+    return tensor.reshape(-1).view(torch.uint8).numpy()
+
+
+def is_aligned(tensor: torch.Tensor, align: int = PAGE) -> bool:
+    """True when the tensor's first byte sits on an ``align`` boundary."""
+    return tensor.data_ptr() % align == 0
+
+
+def _shape_text(shape: Sequence[int]) -> str:
+    return "[" + ", ".join(str(int(s)) for s in shape) + "]"
+
+
+def check_blocks(blocks: torch.Tensor, layout: KVLayout, count: int, what: str) -> None:
+    """Validates a batch tensor ``[count, *layout.block_shape]`` of the layout's dtype.
+
+    Raises:
+        UserError: not a tensor, wrong dtype, or wrong shape; the message gives expected
+            and actual values.
+    """
+    if not isinstance(blocks, torch.Tensor):
+        raise UserError(f"{what}: expected a torch.Tensor, got {type(blocks).__name__}")
+    expected_dtype = torch_dtype(layout.dtype)
+    if blocks.dtype != expected_dtype:
+        raise UserError(f"{what}: expected dtype {layout.dtype}, got {str(blocks.dtype).replace('torch.', '')}")
+    expected = (count, *layout.block_shape)
+    if tuple(blocks.shape) != expected:
+        raise UserError(f"{what}: expected shape {_shape_text(expected)}, got {_shape_text(blocks.shape)}")
+
+
+def block_list(
+    blocks: torch.Tensor | Sequence[torch.Tensor], layout: KVLayout, count: int, what: str
+) -> list[torch.Tensor]:
+    """Normalizes a batch (one tensor or a sequence of per-block tensors) to per-block views.
+
+    Raises:
+        UserError: wrong count, dtype or shape of any block.
+    """
+    if isinstance(blocks, torch.Tensor):
+        check_blocks(blocks, layout, count, what)
+        return list(blocks.unbind(0))
+    if not isinstance(blocks, (list, tuple)):
+        raise UserError(f"{what}: expected a tensor or a list of tensors, got {type(blocks).__name__}")
+    if len(blocks) != count:
+        raise UserError(f"{what}: expected {count} blocks, got {len(blocks)}")
+    for i, block in enumerate(blocks):
+        check_blocks(block.unsqueeze(0) if isinstance(block, torch.Tensor) else block, layout, 1, f"{what}[{i}]")
+    return list(blocks)

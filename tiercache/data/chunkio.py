@@ -1,0 +1,280 @@
+"""The NVMe store's on-disk format: a zarr v3 array with one chunk per block.
+
+The store is a plain zarr v3 array ``[capacity, *block_shape]`` with chunks of exactly one
+block, ``.``-separated chunk keys (``c.<slot>.0.0.0.0.0``, all files in one directory) and
+the codec chain ``bytes(little) [-> blosc lz4 byte-shuffle] -> crc32c``. Any zarr tool
+reads it. The hot path bypasses zarr's Python API (far too slow per chunk, see DESIGN.md
+section 8) and reads and writes the chunk files itself in exactly the bytes zarr would:
+the (compressed) payload followed by its crc32c as 4 little-endian bytes. Tests check both
+directions against ``zarr.open_array``.
+
+Layout dtypes zarr cannot express (bfloat16, float8) are stored as unsigned integers of
+the same width; the true dtype is in the array attributes.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+from dataclasses import dataclass
+
+import google_crc32c
+import numcodecs
+import numpy as np
+
+from ..config import KVLayout
+from ..errors import UserError
+
+__all__ = [
+    "FORMAT_VERSION",
+    "STORAGE_DTYPES",
+    "ChunkCodec",
+    "create_array",
+    "read_attributes",
+    "chunk_name",
+    "parse_chunk_slot",
+    "write_chunk_file",
+    "read_chunk_file",
+    "open_for_read",
+    "fsync_dir",
+    "drop_file_cache",
+    "crc32c",
+]
+
+FORMAT_VERSION = 1
+ATTR_KEY = "tiercache"
+COMPRESSIONS = (None, "lz4")
+STORAGE_DTYPES = {
+    "float16": "float16",
+    "float32": "float32",
+    "float64": "float64",
+    "int8": "int8",
+    "uint8": "uint8",
+    "bfloat16": "uint16",
+    "float8_e4m3fn": "uint8",
+    "float8_e5m2": "uint8",
+}
+
+
+def crc32c(data: np.ndarray) -> int:
+    """crc32c of a uint8 numpy array (no copy; the extension releases the GIL above 1 MB)."""
+    return google_crc32c.value(data)
+
+
+def layout_attributes(layout: KVLayout, compression: str | None) -> dict:
+    """What the store records about itself in the zarr attributes (compared on reopen)."""
+    return {
+        "format_version": FORMAT_VERSION,
+        "layout": {
+            "layers": layout.layers,
+            "kv_heads": layout.kv_heads,
+            "head_dim": layout.head_dim,
+            "dtype": layout.dtype,
+            "block_tokens": layout.block_tokens,
+            "per_layer": layout.per_layer,
+        },
+        "compression": compression,
+    }
+
+
+def create_array(path: str, layout: KVLayout, capacity: int, compression: str | None) -> None:
+    """Creates the zarr v3 array (its ``zarr.json``) at ``path``; writes no chunk.
+
+    Called once per store, off the hot path, so importing zarr here costs nothing later.
+    """
+    import zarr
+    from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec
+
+    dtype = STORAGE_DTYPES[layout.dtype]
+    compressors = [Crc32cCodec()]
+    if compression == "lz4":
+        typesize = np.dtype(dtype).itemsize
+        compressors.insert(0, BloscCodec(cname="lz4", clevel=5, shuffle="shuffle", typesize=typesize))
+    zarr.create_array(
+        store=path,
+        shape=(capacity, *layout.block_shape),
+        chunks=(1, *layout.block_shape),
+        dtype=dtype,
+        fill_value=0,
+        serializer=BytesCodec(endian="little"),
+        compressors=compressors,
+        filters=None,
+        chunk_key_encoding={"name": "default", "separator": "."},
+        attributes={ATTR_KEY: layout_attributes(layout, compression)},
+    )
+
+
+def read_attributes(path: str) -> tuple[tuple[int, ...], dict]:
+    """Reads an existing store's array shape and tiercache attributes from ``zarr.json``.
+
+    Raises:
+        UserError: no readable ``zarr.json``, or not an array written by tiercache.
+    """
+    meta_path = os.path.join(path, "zarr.json")
+    try:
+        with open(meta_path, encoding="utf-8") as f:
+            meta = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{path}: not a readable zarr store ({exc})") from None
+    attrs = meta.get("attributes", {}).get(ATTR_KEY)
+    if meta.get("node_type") != "array" or not isinstance(attrs, dict):
+        raise UserError(f"{path}: a zarr store, but not one written by tiercache (no '{ATTR_KEY}' attributes)")
+    return tuple(meta.get("shape", ())), attrs
+
+
+def chunk_name(slot: int, ndim: int) -> str:
+    """File name of the chunk holding ``slot`` (zarr default encoding, ``.`` separator)."""
+    return "c." + str(slot) + ".0" * (ndim - 1)
+
+
+def parse_chunk_slot(name: str, ndim: int) -> int | None:
+    """The slot of a chunk file name, or None when the name is not a chunk of this array."""
+    parts = name.split(".")
+    if len(parts) != ndim + 1 or parts[0] != "c" or any(p != "0" for p in parts[2:]):
+        return None
+    return int(parts[1]) if parts[1].isdigit() else None
+
+
+@dataclass(frozen=True)
+class ChunkCodec:
+    """Encodes and checks chunk bytes exactly as zarr's codec chain does.
+
+    Invariant: ``encode`` output followed by ``decode`` gives back the block bytes; the
+    last 4 bytes of every chunk are the crc32c (little endian) of the bytes before them.
+    """
+
+    block_bytes: int
+    compression: str | None
+    typesize: int
+
+    @property
+    def max_chunk_bytes(self) -> int:
+        """Upper bound of an encoded chunk (blosc adds at most 16 bytes of header)."""
+        extra = numcodecs.blosc.MAX_OVERHEAD if self.compression else 0
+        return self.block_bytes + extra + 4
+
+    def _blosc(self) -> numcodecs.Blosc:
+        return numcodecs.Blosc(cname="lz4", clevel=5, shuffle=numcodecs.Blosc.SHUFFLE, blocksize=0)
+
+    def encode(self, payload: np.ndarray) -> tuple[np.ndarray, int]:
+        """Returns ``(bytes to write before the checksum, crc32c of them)``."""
+        if self.compression == "lz4":
+            payload = np.frombuffer(self._blosc().encode(payload), dtype=np.uint8)
+        return payload, crc32c(payload)
+
+    def check(self, chunk: np.ndarray) -> int | None:
+        """The crc of a whole chunk (payload + trailer) if it verifies, else None."""
+        if chunk.size < 4:
+            return None
+        stored = int(chunk[-4:].view("<u4")[0])
+        return stored if crc32c(chunk[:-4]) == stored else None
+
+    def decode_into(self, chunk: np.ndarray, dest: np.ndarray) -> bool:
+        """Decompresses a verified chunk's payload into ``dest``; False if it does not fit."""
+        payload = chunk[:-4]
+        if self.compression is None:
+            if payload.size != dest.size:
+                return False
+            dest[:] = payload
+            return True
+        try:
+            self._blosc().decode(payload, out=dest)
+        except (RuntimeError, ValueError):
+            return False
+        return True
+
+
+def _write_all(fd: int, buffers: list) -> int:
+    """writev until every byte is written (a regular file may write short on a signal)."""
+    total = sum(memoryview(b).nbytes for b in buffers)
+    done = os.writev(fd, buffers)
+    while done < total:
+        flat = np.concatenate([np.frombuffer(memoryview(b).cast("B"), dtype=np.uint8) for b in buffers])
+        done += os.write(fd, flat[done:])
+    return total
+
+
+def write_chunk_file(tmp_path: str, final_path: str, buffers: list) -> int:
+    """Writes a chunk durably and atomically: temp file, fdatasync, rename over the chunk.
+
+    The rename itself is made durable later by ``fsync_dir`` (batched at index flush);
+    the page cache copy is dropped because the DRAM tier, not the kernel, caches blocks.
+    On any OSError the temp file is removed and the error re-raised; the chunk path then
+    still holds whatever it held before.
+
+    Returns:
+        Bytes written.
+    """
+    fd = os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        try:
+            written = _write_all(fd, buffers)
+            os.fdatasync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+        os.replace(tmp_path, final_path)
+    except OSError:
+        _unlink_quietly(tmp_path)
+        raise
+    return written
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass  # already gone, or the disk is failing: reopen sweeps leftovers
+
+
+def open_for_read(path: str, direct: bool) -> tuple[int, bool]:
+    """Opens a file for reading, with O_DIRECT when asked and the filesystem allows it.
+
+    Returns:
+        ``(fd, direct)`` where ``direct`` says whether O_DIRECT is in effect.
+    """
+    if direct and hasattr(os, "O_DIRECT"):
+        try:
+            return os.open(path, os.O_RDONLY | os.O_DIRECT | os.O_CLOEXEC), True
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:  # EINVAL: the filesystem refuses O_DIRECT (tmpfs)
+                raise
+    return os.open(path, os.O_RDONLY | os.O_CLOEXEC), False
+
+
+def read_chunk_file(path: str, buffers: list, direct: bool) -> tuple[int, bool]:
+    """Reads a chunk file into ``buffers`` with one preadv from offset 0.
+
+    With O_DIRECT every buffer must be page aligned in address and length; a chunk file is
+    shorter than the buffers, and the read simply stops at end of file.
+
+    Returns:
+        ``(bytes read, whether O_DIRECT was used)``.
+    """
+    fd, used_direct = open_for_read(path, direct)
+    try:
+        return os.preadv(fd, buffers, 0), used_direct
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(path: str) -> None:
+    """Makes renames and unlinks inside directory ``path`` durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def drop_file_cache(path: str) -> None:
+    """Evicts one file's clean pages from the page cache (never the system-wide cache)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)

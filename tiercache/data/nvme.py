@@ -1,0 +1,493 @@
+"""The NVMe tier: a durable block store in zarr v3 format, read and written from I/O threads.
+
+``NVMeStore`` keeps blocks in a zarr v3 array (one chunk per block, see ``chunkio``) and an
+index key -> slot (see ``nvme_index``). It decides nothing: the manager chooses what to
+store and evicts before the store is full; the store picks free slots, moves bytes and
+keeps its index consistent across crashes.
+
+Durability and ordering, per block: chunk bytes go to a temp file, are fdatasync'ed and
+renamed over the slot's chunk file; the block is then visible to ``get`` in this process.
+``flush`` fsyncs the directory (making the renames durable) and only then appends the new
+index entries to the journal: a block counts as stored across a crash only once its index
+entry is durable, and an index entry never names a chunk that is not durable. Slots freed
+by ``delete`` are reused only after their deletion is durable. On reopen, chunk files
+without an index entry are garbage and removed.
+
+Reads verify the chunk's length and crc32c against the index entry, so torn, stale or
+flipped bytes are reported as misses (``stats["corrupt_reads"]``), never as data.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+from ..config import KVLayout, parse_capacity
+from ..errors import UserError
+from . import chunkio
+from .buffers import PAGE, aligned_tensor, block_list, byte_array, is_aligned, round_up, torch_dtype
+from .nvme_index import Entry, IndexFiles, SlotTable
+
+__all__ = ["NVMeStore", "PutResult", "StoreFullError"]
+
+_TMP_PREFIX = ".tc-tmp."
+_STAT_NAMES = (
+    "puts", "failed_writes", "gets", "hits", "misses", "corrupt_reads", "read_errors", "deletes",
+    "flushes", "failed_flushes", "bytes_written", "bytes_read", "garbage_removed", "recovered_dropped",
+)
+
+
+class StoreFullError(UserError):
+    """A put asked for more free slots than the store has; the manager evicts first."""
+
+
+@dataclass(frozen=True)
+class PutResult:
+    """Outcome of writing one block: its slot, or the OSError that kept it out of the store."""
+
+    key: bytes
+    slot: int | None
+    error: OSError | None = None
+
+    @property
+    def ok(self) -> bool:
+        """True when the block was written and published."""
+        return self.error is None
+
+
+def _gather(futures: list[Future], finish: Callable[[list], object]) -> Future:
+    """One future that resolves to ``finish(results)`` once every future in ``futures`` is done."""
+    combined: Future = Future()
+    remaining = [len(futures)]
+    lock = threading.Lock()
+
+    def on_done(_: Future) -> None:
+        with lock:
+            remaining[0] -= 1
+            if remaining[0]:
+                return
+        try:
+            combined.set_result(finish([f.result() for f in futures]))
+        except BaseException as exc:  # a bug in a worker: hand it to whoever waits
+            combined.set_exception(exc)
+
+    if not futures:
+        combined.set_result(finish([]))
+    for future in futures:
+        future.add_done_callback(on_done)
+    return combined
+
+
+class NVMeStore:
+    """A crash-consistent block store on local disk, in zarr v3 format.
+
+    Invariants: never holds more than ``capacity`` blocks (a put that does not fit raises
+    ``StoreFullError`` and writes nothing); a key is served only from the chunk its index
+    entry names, verified by length and crc32c; every method is thread safe (one lock
+    guards the index, I/O runs outside it). Callers of ``submit_put``/``submit_get`` keep
+    the source/destination tensors alive and untouched until the future is done.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        layout: KVLayout,
+        capacity_blocks: int | str | None = None,
+        compression: str | None = None,
+        create: bool = True,
+        io_threads: int = 4,
+        direct_io: bool = True,
+    ) -> None:
+        """Opens the store at ``path``, creating it when absent and ``create`` is set.
+
+        Args:
+            path: directory of the zarr array (created if missing).
+            layout: block layout; must match the layout stored in an existing store.
+            capacity_blocks: slots (``4096``) or a size (``"64GiB"``); None reopens with the
+                stored capacity. Must match an existing store's capacity.
+            compression: None (default) or ``"lz4"`` (Blosc lz4, byte shuffle).
+            create: create a missing store; False makes a missing store an error.
+            io_threads: I/O worker threads.
+            direct_io: read with O_DIRECT where the filesystem allows it.
+
+        Raises:
+            UserError: path is a file or a non-store directory, layout/capacity/compression
+                differ from the stored ones, capacity below one block, bad arguments.
+        """
+        if not isinstance(layout, KVLayout):
+            raise UserError(f"NVMeStore: layout must be a KVLayout, got {type(layout).__name__}")
+        if compression not in chunkio.COMPRESSIONS:
+            raise UserError(f"NVMeStore: compression must be None or 'lz4', got {compression!r}")
+        if isinstance(io_threads, bool) or not isinstance(io_threads, int) or io_threads < 1:
+            raise UserError(f"NVMeStore: io_threads must be a positive integer, got {io_threads!r}")
+        self.path = os.fspath(path)
+        self.layout = layout
+        self.compression = compression
+        self.stats = dict.fromkeys(_STAT_NAMES, 0)
+        self._ndim = 1 + len(layout.block_shape)
+        self._lock = threading.Lock()
+        self._flush_lock = threading.Lock()
+        self._closed = False
+        self.capacity = self._open(capacity_blocks, create)
+        self._codec = chunkio.ChunkCodec(layout.block_bytes, compression, layout.dtype_bytes)
+        self.direct_io = direct_io and self._probe_direct()
+        self._local = threading.local()
+        self._executor = ThreadPoolExecutor(io_threads, "tiercache-nvme", initializer=self._init_thread)
+
+    # ----- opening -------------------------------------------------------------------
+
+    def _open(self, capacity_blocks: int | str | None, create: bool) -> int:
+        """Creates or reopens the store; returns its capacity in blocks."""
+        if os.path.exists(self.path) and not os.path.isdir(self.path):
+            raise UserError(f"{self.path}: is a file, not a store directory")
+        if os.path.exists(os.path.join(self.path, "zarr.json")):
+            return self._reopen(capacity_blocks)
+        if not create:
+            raise UserError(f"{self.path}: no store there (create=False)")
+        if os.path.isdir(self.path) and os.listdir(self.path):
+            raise UserError(f"{self.path}: directory is not empty and holds no tiercache store")
+        if capacity_blocks is None:
+            raise UserError(f"{self.path}: capacity_blocks is needed to create a store")
+        capacity = parse_capacity(capacity_blocks, self.layout, "NVMeStore capacity")
+        os.makedirs(self.path, exist_ok=True)
+        chunkio.create_array(self.path, self.layout, capacity, self.compression)
+        self._table, self._files = SlotTable(capacity), IndexFiles(self.path)
+        self._files.create()
+        self._table.finish_load()
+        return capacity
+
+    def _reopen(self, capacity_blocks: int | str | None) -> int:
+        """Checks the stored layout, capacity and compression, loads the index, sweeps garbage."""
+        shape, attrs = chunkio.read_attributes(self.path)
+        wanted = chunkio.layout_attributes(self.layout, self.compression)
+        if attrs.get("format_version") != chunkio.FORMAT_VERSION:
+            raise UserError(f"{self.path}: store format {attrs.get('format_version')!r}, this tiercache reads {chunkio.FORMAT_VERSION}")
+        if attrs.get("layout") != wanted["layout"]:
+            raise UserError(f"{self.path}: store holds layout {attrs.get('layout')}, asked for {wanted['layout']}")
+        if attrs.get("compression") != self.compression:
+            raise UserError(f"{self.path}: store compression is {attrs.get('compression')!r}, asked for {self.compression!r}")
+        capacity = int(shape[0])
+        if capacity_blocks is not None and parse_capacity(capacity_blocks, self.layout, "NVMeStore capacity") != capacity:
+            raise UserError(f"{self.path}: store capacity is {capacity} blocks, asked for {capacity_blocks!r}")
+        self._table, self._files = SlotTable(capacity), IndexFiles(self.path)
+        self._files.load(self._table)
+        self._sweep()
+        return capacity
+
+    def _sweep(self) -> None:
+        """Removes temp files and chunks without a (matching) index entry; forgets index
+        entries whose chunk is missing. Runs at open, before any I/O thread exists."""
+        live = self._table.live_slots()
+        present = set()
+        for entry in os.scandir(self.path):
+            slot = chunkio.parse_chunk_slot(entry.name, self._ndim)
+            if slot is not None and live.get(slot) == entry.stat().st_size:
+                present.add(slot)
+            elif slot is not None or entry.name.startswith(_TMP_PREFIX):
+                os.unlink(entry.path)  # a write that never reached the index: garbage
+                self.stats["garbage_removed"] += 1
+        for slot in live.keys() - present:
+            self._table.drop_slot(slot)
+            self.stats["recovered_dropped"] += 1
+        if self.stats["garbage_removed"] or self.stats["recovered_dropped"]:
+            self.flush()
+
+    def _probe_direct(self) -> bool:
+        """True when this filesystem accepts O_DIRECT opens (tmpfs does not)."""
+        fd, direct = chunkio.open_for_read(os.path.join(self.path, "zarr.json"), True)
+        os.close(fd)
+        return direct
+
+    def _init_thread(self) -> None:
+        """Allocates one I/O thread's staging buffers, once, so the hot path allocates nothing."""
+        local = self._local
+        chunk_tensor, local.chunk_owner = aligned_tensor((round_up(self._codec.max_chunk_bytes),), torch.uint8)
+        local.chunk = chunk_tensor.numpy()
+        trailer, local.trailer_owner = aligned_tensor((PAGE,), torch.uint8)
+        local.trailer = trailer.numpy()
+        local.block, local.block_owner = aligned_tensor(self.layout.block_shape, torch_dtype(self.layout.dtype))
+
+    # ----- validation ----------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise UserError(f"{self.path}: store is closed")
+
+    @staticmethod
+    def _check_key(key: object, what: str) -> bytes:
+        if type(key) is not bytes:
+            raise UserError(f"{what}: keys must be bytes, got {type(key).__name__}")
+        if not 0 < len(key) <= 0xFFFF:
+            raise UserError(f"{what}: key length must be 1..65535 bytes, got {len(key)}")
+        return key
+
+    def _check_keys(self, keys: Sequence[bytes], what: str) -> list[bytes]:
+        """Validates a batch of keys before anything is written."""
+        if not isinstance(keys, (list, tuple)):
+            raise UserError(f"{what}: keys must be a list of bytes, got {type(keys).__name__}")
+        return [self._check_key(k, what) for k in keys]
+
+    # ----- writes --------------------------------------------------------------------
+
+    def submit_put(self, keys: Sequence[bytes], blocks: torch.Tensor | Sequence[torch.Tensor]) -> Future:
+        """Starts writing ``blocks[i]`` under ``keys[i]``; returns a future of ``list[PutResult]``.
+
+        Slots are reserved before returning, so capacity errors are raised here. A put of a
+        key already stored replaces it (the old slot is retired). Visible to ``get`` when
+        the future is done; durable across a crash after the next ``flush``.
+
+        Raises:
+            UserError: keys not bytes or repeated, blocks of wrong dtype/shape/count.
+            StoreFullError: fewer free slots than blocks; nothing is written.
+        """
+        self._check_open()
+        keys = self._check_keys(keys, "NVMeStore.put")
+        if len(set(keys)) != len(keys):
+            raise UserError("NVMeStore.put: a key appears twice in one batch")
+        views = block_list(blocks, self.layout, len(keys), "NVMeStore.put blocks")
+        with self._lock:
+            reserved = self._table.reserve(len(keys))
+            if reserved is None:
+                raise StoreFullError(self._full_message(len(keys)))
+        jobs = [self._executor.submit(self._write_one, k, s, g, v) for k, (s, g), v in zip(keys, reserved, views)]
+        return _gather(jobs, list)
+
+    def put(self, keys: Sequence[bytes], blocks: torch.Tensor | Sequence[torch.Tensor]) -> list[PutResult]:
+        """Blocking ``submit_put``: writes the blocks and returns one ``PutResult`` per key."""
+        return self.submit_put(keys, blocks).result()
+
+    def _full_message(self, wanted: int) -> str:
+        table = self._table
+        return (f"{self.path}: store full: {wanted} blocks to put, {table.free_count} of {self.capacity} slots free"
+                f" ({table.retired_count} more after the next flush); evict before putting")
+
+    def _write_one(self, key: bytes, slot: int, gen: int, block: torch.Tensor) -> PutResult:
+        """I/O thread: writes one chunk and publishes it; an OSError becomes the result."""
+        name = chunkio.chunk_name(slot, self._ndim)
+        tmp = os.path.join(self.path, f"{_TMP_PREFIX}{slot}.{gen}")
+        try:
+            payload, crc = self._codec.encode(self._source_bytes(block))
+            length = chunkio.write_chunk_file(tmp, os.path.join(self.path, name), [payload, crc.to_bytes(4, "little")])
+        except OSError as exc:
+            with self._lock:
+                self._table.abandon(slot)
+                self.stats["failed_writes"] += 1
+            return PutResult(key, None, exc)
+        except BaseException:
+            with self._lock:
+                self._table.abandon(slot)
+            raise
+        with self._lock:
+            self._table.publish(key, slot, gen, length, crc)
+            self.stats["puts"] += 1
+            self.stats["bytes_written"] += length
+        return PutResult(key, slot)
+
+    def _source_bytes(self, block: torch.Tensor) -> np.ndarray:
+        """The block's bytes without a copy when it is contiguous host memory, else staged."""
+        if block.device.type == "cpu" and block.is_contiguous():
+            return byte_array(block)
+        self._local.block.copy_(block)
+        return byte_array(self._local.block)
+
+    # ----- reads ---------------------------------------------------------------------
+
+    def submit_get(self, keys: Sequence[bytes], out: torch.Tensor | Sequence[torch.Tensor]) -> Future:
+        """Starts reading the blocks of ``keys`` into ``out``; returns a future of a bool array.
+
+        ``out`` is a tensor ``[len(keys), *block_shape]`` or a list of per-block tensors
+        (e.g. DRAM pool views). ``hits[i]`` False means absent, corrupt, or deleted while
+        being read: ``out[i]`` then holds no block (zeroed if bytes were read).
+
+        Raises:
+            UserError: keys not bytes, ``out`` of wrong dtype/shape/count.
+        """
+        self._check_open()
+        keys = self._check_keys(keys, "NVMeStore.get")
+        dests = block_list(out, self.layout, len(keys), "NVMeStore.get out")
+        with self._lock:
+            entries = [self._table.lookup(k) for k in keys]
+            self.stats["gets"] += len(keys)
+            self.stats["misses"] += sum(e is None for e in entries)
+        found = [i for i, e in enumerate(entries) if e is not None]
+        jobs = [self._executor.submit(self._read_one, keys[i], entries[i], dests[i]) for i in found]
+
+        def finish(results: list[bool]) -> np.ndarray:
+            hits = np.zeros(len(keys), dtype=bool)
+            hits[found] = results
+            return hits
+
+        return _gather(jobs, finish)
+
+    def get(self, keys: Sequence[bytes], out: torch.Tensor | Sequence[torch.Tensor]) -> np.ndarray:
+        """Blocking ``submit_get``: returns the hit mask (bool array, one per key)."""
+        return self.submit_get(keys, out).result()
+
+    def _read_one(self, key: bytes, entry: Entry, dest: torch.Tensor) -> bool:
+        """I/O thread: reads and verifies one chunk into ``dest``; True only for a good block."""
+        try:
+            good = self._read_verified(entry, dest)
+        except FileNotFoundError:
+            good = False  # deleted and unlinked while we read, or lost on disk
+        except OSError:
+            with self._lock:
+                self.stats["read_errors"] += 1
+            good = False
+        return self._finish_read(key, entry, dest, good)
+
+    def _finish_read(self, key: bytes, entry: Entry, dest: torch.Tensor, good: bool) -> bool:
+        """Counts the read; a bad chunk still named by the index is corrupt and forgotten."""
+        with self._lock:
+            current = self._table.is_current(entry)
+            if good and current:
+                self.stats["hits"] += 1
+                self.stats["bytes_read"] += entry.length
+                return True
+            self.stats["misses"] += 1
+            if current:  # the index still names these bytes, so they are damaged on disk
+                self.stats["corrupt_reads"] += 1
+                self._table.delete(key)
+        dest.zero_()  # never leave bytes that look like a block in a miss
+        return False
+
+    def _read_verified(self, entry: Entry, dest: torch.Tensor) -> bool:
+        """Reads the chunk of ``entry`` and checks length and crc32c; decodes into ``dest``."""
+        path = os.path.join(self.path, chunkio.chunk_name(entry.slot, self._ndim))
+        local = self._local
+        if self._can_read_in_place(dest):
+            data = byte_array(dest)
+            n, _ = chunkio.read_chunk_file(path, [data, local.trailer], self.direct_io)
+            stored = int(local.trailer[:4].view("<u4")[0])
+            return n == entry.length and stored == entry.crc and chunkio.crc32c(data) == entry.crc
+        n, _ = chunkio.read_chunk_file(path, [local.chunk], self.direct_io)
+        chunk = local.chunk[:n]
+        if n != entry.length or self._codec.check(chunk) != entry.crc:
+            return False
+        if dest.device.type == "cpu" and dest.is_contiguous():
+            return self._codec.decode_into(chunk, byte_array(dest))
+        if not self._codec.decode_into(chunk, byte_array(local.block)):
+            return False
+        dest.copy_(local.block)
+        return True
+
+    def _can_read_in_place(self, dest: torch.Tensor) -> bool:
+        """O_DIRECT straight into the destination needs uncompressed chunks and a
+        page-aligned, contiguous host destination of a whole number of pages."""
+        return (self.compression is None and dest.device.type == "cpu" and dest.is_contiguous()
+                and is_aligned(dest) and self.layout.block_bytes % PAGE == 0)
+
+    # ----- index -----------------------------------------------------------------------
+
+    def contains(self, key: bytes) -> bool:
+        """True when ``key`` is stored (visible in this process; durable only after flush)."""
+        key = self._check_key(key, "NVMeStore.contains")
+        with self._lock:
+            return self._table.lookup(key) is not None
+
+    def slot_of(self, key: bytes) -> int | None:
+        """The slot holding ``key``, or None."""
+        key = self._check_key(key, "NVMeStore.slot_of")
+        with self._lock:
+            entry = self._table.lookup(key)
+        return None if entry is None else entry.slot
+
+    def delete(self, keys: Sequence[bytes]) -> int:
+        """Removes keys (absent ones are ignored); returns how many were stored.
+
+        Their slots become free after the next ``flush`` makes the deletion durable.
+        """
+        self._check_open()
+        keys = self._check_keys(keys, "NVMeStore.delete")
+        with self._lock:
+            removed = sum(self._table.delete(k) for k in keys)
+            self.stats["deletes"] += removed
+        return removed
+
+    def flush(self) -> None:
+        """Makes every completed put and delete durable.
+
+        Order: directory fsync (chunk renames durable), then one journal batch (or a new
+        snapshot when the journal has grown past it), then retired slots are unlinked and
+        freed. On OSError nothing is lost: the batch stays pending for the next flush, the
+        error is counted (``failed_flushes``) and re-raised.
+        """
+        with self._flush_lock:
+            with self._lock:
+                ops, retired = self._table.take_pending()
+                compact = self._files.wants_snapshot()
+                snapshot = self._table.live_ops() if compact else None
+            if not ops and not retired and not compact:
+                return
+            try:
+                chunkio.fsync_dir(self.path)
+                if compact:
+                    self._files.snapshot(snapshot)
+                else:
+                    self._files.append(ops)
+            except OSError:
+                with self._lock:
+                    self._table.restore_pending(ops, retired)
+                    self.stats["failed_flushes"] += 1
+                raise
+            self._release(retired)
+
+    def _release(self, retired: list[int]) -> None:
+        """Unlinks retired chunks (so zarr readers see them empty) and frees their slots."""
+        for slot in retired:
+            try:
+                os.unlink(os.path.join(self.path, chunkio.chunk_name(slot, self._ndim)))
+            except OSError:
+                pass  # already absent; a later write renames over it anyway
+        with self._lock:
+            self._table.release(retired)
+            self.stats["flushes"] += 1
+
+    # ----- housekeeping ----------------------------------------------------------------
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._table)
+
+    @property
+    def free_blocks(self) -> int:
+        """Slots a put can take now (retired slots join after the next flush)."""
+        with self._lock:
+            return self._table.free_count
+
+    def check_invariants(self) -> None:
+        """Raises AssertionError unless the index's slot states partition the slots."""
+        with self._lock:
+            self._table.check_invariants()
+
+    def drop_cache(self) -> None:
+        """Evicts this store's files from the page cache, for cold-read measurements."""
+        with self._lock:
+            slots = list(self._table.live_slots())
+        for slot in slots:
+            chunkio.drop_file_cache(os.path.join(self.path, chunkio.chunk_name(slot, self._ndim)))
+
+    def close(self) -> None:
+        """Waits for I/O in flight, flushes, and releases threads and files (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True  # new submissions now fail; the ones in flight still finish
+        self._executor.shutdown(wait=True)
+        try:
+            self.flush()
+        finally:
+            self._files.close()
+
+    def __enter__(self) -> "NVMeStore":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"NVMeStore({self.path!r}, {len(self)}/{self.capacity} blocks, compression={self.compression!r})"

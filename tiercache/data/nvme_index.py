@@ -1,0 +1,392 @@
+"""The NVMe store's index: key -> slot, made durable by a journal and atomic snapshots.
+
+In memory, :class:`SlotTable` maps keys to slots and keeps per slot the generation, the
+encoded chunk length and its crc32c, so that a chunk is only served when it is exactly
+the one the index published. On disk, :class:`IndexFiles` keeps
+
+* ``tiercache.index``: a snapshot of every live entry, replaced atomically (temp file,
+  fdatasync, ``os.replace``, directory fsync);
+* ``tiercache.journal``: batches of operations appended since that snapshot, each with
+  a sequence number, length and crc32c, so a torn tail is detected and ignored.
+
+A flush appends one batch for all blocks published since the last flush (never one index
+write per block); when the journal outgrows the snapshot, the flush writes a new snapshot
+instead and empties the journal. Batches whose sequence number is not above the
+snapshot's are stale and skipped on replay.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import UserError
+from .chunkio import crc32c, fsync_dir
+
+__all__ = ["OP_PUT", "OP_DEL", "Entry", "SlotTable", "IndexFiles", "encode_ops", "decode_ops"]
+
+OP_PUT = 1
+OP_DEL = 2
+_OP = struct.Struct("<BQQIIH")  # op, slot, generation, chunk length, chunk crc, key length
+_JOURNAL_HEADER = struct.Struct("<4sQII")  # magic, sequence, payload length, payload crc
+_SNAPSHOT_HEADER = struct.Struct("<4sQQI")  # magic, sequence, entry count, body crc
+_JOURNAL_MAGIC = b"TCJ1"
+_SNAPSHOT_MAGIC = b"TCS1"
+SNAPSHOT_NAME = "tiercache.index"
+JOURNAL_NAME = "tiercache.journal"
+_JOURNAL_MIN_BYTES = 4 << 20
+
+# An operation: (op, key, slot, generation, length, crc). Plain tuples: one per block.
+Op = tuple
+
+
+@dataclass(frozen=True)
+class Entry:
+    """Where a key's block lives and what its chunk must look like to be served."""
+
+    slot: int
+    generation: int
+    length: int
+    crc: int
+
+
+def encode_ops(ops: list[Op]) -> bytes:
+    """Serializes operations (see ``_OP``) followed by each key's bytes."""
+    parts = []
+    for op, key, slot, gen, length, crc in ops:
+        parts.append(_OP.pack(op, slot, gen, length, crc, len(key)))
+        parts.append(key)
+    return b"".join(parts)
+
+
+def decode_ops(payload: bytes) -> list[Op]:
+    """Parses ``encode_ops`` output.
+
+    Raises:
+        ValueError: truncated or unknown operation.
+    """
+    ops, pos = [], 0
+    while pos < len(payload):
+        if pos + _OP.size > len(payload):
+            raise ValueError("truncated operation")
+        op, slot, gen, length, crc, key_len = _OP.unpack_from(payload, pos)
+        pos += _OP.size
+        if op not in (OP_PUT, OP_DEL) or pos + key_len > len(payload):
+            raise ValueError("bad operation")
+        ops.append((op, payload[pos : pos + key_len], slot, gen, length, crc))
+        pos += key_len
+    return ops
+
+
+class SlotTable:
+    """The in-memory index. Not thread safe: the store holds its lock around every call.
+
+    Every slot is in exactly one state: free, reserved (a write in flight), live (a key
+    maps to it), or retired (its key was deleted or replaced, and that fact is not yet
+    durable). A retired slot becomes free only after a flush made the retirement durable,
+    so a crash can never leave the durable index naming a slot that holds newer bytes.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._key_to_slot: dict[bytes, int] = {}
+        self._slot_key: list[bytes | None] = [None] * capacity
+        self._gen = np.zeros(capacity, dtype=np.uint64)  # 0: no live block
+        self._length = np.zeros(capacity, dtype=np.uint32)
+        self._crc = np.zeros(capacity, dtype=np.uint32)
+        self._free: list[int] = []
+        self._reserved: set[int] = set()
+        self._retired: list[int] = []
+        self._pending: list[Op] = []
+        self._next_gen = 1
+
+    def __len__(self) -> int:
+        return len(self._key_to_slot)
+
+    @property
+    def free_count(self) -> int:
+        """Slots a put can take now."""
+        return len(self._free)
+
+    @property
+    def retired_count(self) -> int:
+        """Slots that become free at the next successful flush."""
+        return len(self._retired)
+
+    def apply(self, op: Op) -> None:
+        """Replays one durable operation while loading (free list rebuilt by ``finish_load``)."""
+        kind, key, slot, gen, length, crc = op
+        if slot >= self.capacity:
+            raise ValueError(f"slot {slot} beyond capacity {self.capacity}")
+        if kind == OP_DEL:
+            if self._key_to_slot.get(key) == slot:
+                self._unlink(key, slot)
+            return
+        self._evict_key(key)
+        if self._slot_key[slot] is not None:
+            self._unlink(self._slot_key[slot], slot)
+        self._link(key, slot, gen, length, crc)
+        self._next_gen = max(self._next_gen, gen + 1)
+
+    def finish_load(self) -> None:
+        """After replay: every slot without a live key is free (lowest slots handed out first)."""
+        self._free = [s for s in range(self.capacity - 1, -1, -1) if self._slot_key[s] is None]
+
+    def _link(self, key: bytes, slot: int, gen: int, length: int, crc: int) -> None:
+        self._key_to_slot[key] = slot
+        self._slot_key[slot] = key
+        self._gen[slot], self._length[slot], self._crc[slot] = gen, length, crc
+
+    def _unlink(self, key: bytes, slot: int) -> None:
+        del self._key_to_slot[key]
+        self._slot_key[slot] = None
+        self._gen[slot] = 0
+
+    def _evict_key(self, key: bytes) -> int | None:
+        """Unlinks ``key`` if live; returns its old slot."""
+        old = self._key_to_slot.get(key)
+        if old is not None:
+            self._unlink(key, old)
+        return old
+
+    def reserve(self, n: int) -> list[tuple[int, int]] | None:
+        """Takes ``n`` free slots for writes in flight; None (and no change) if too few."""
+        if n > len(self._free):
+            return None
+        taken = [self._free.pop() for _ in range(n)]
+        self._reserved.update(taken)
+        gens = range(self._next_gen, self._next_gen + n)
+        self._next_gen += n
+        return list(zip(taken, gens))
+
+    def publish(self, key: bytes, slot: int, gen: int, length: int, crc: int) -> None:
+        """A reserved slot's chunk is in place: map ``key`` to it (retiring any older slot)."""
+        self._reserved.remove(slot)
+        old = self._evict_key(key)
+        if old is not None:
+            self._retired.append(old)
+        self._link(key, slot, gen, length, crc)
+        self._pending.append((OP_PUT, key, slot, gen, length, crc))
+
+    def abandon(self, slot: int) -> None:
+        """A reserved slot's write failed: it was never published, so it is free at once."""
+        self._reserved.remove(slot)
+        self._free.append(slot)
+
+    def delete(self, key: bytes) -> bool:
+        """Unmaps ``key``; its slot is retired until the deletion is durable."""
+        old = self._evict_key(key)
+        if old is None:
+            return False
+        self._retired.append(old)
+        self._pending.append((OP_DEL, key, old, 0, 0, 0))
+        return True
+
+    def lookup(self, key: bytes) -> Entry | None:
+        """The live entry of ``key``, or None."""
+        slot = self._key_to_slot.get(key)
+        if slot is None:
+            return None
+        return Entry(slot, int(self._gen[slot]), int(self._length[slot]), int(self._crc[slot]))
+
+    def is_current(self, entry: Entry) -> bool:
+        """True while ``entry``'s slot still holds the same generation (not deleted or reused)."""
+        return int(self._gen[entry.slot]) == entry.generation
+
+    def take_pending(self) -> tuple[list[Op], list[int]]:
+        """Hands the unflushed operations and retired slots to a flush."""
+        ops, retired = self._pending, self._retired
+        self._pending, self._retired = [], []
+        return ops, retired
+
+    def restore_pending(self, ops: list[Op], retired: list[int]) -> None:
+        """A flush failed: its operations go back in front of newer ones, in order."""
+        self._pending = ops + self._pending
+        self._retired = retired + self._retired
+
+    def release(self, retired: list[int]) -> None:
+        """A flush made these retirements durable: the slots may be reused."""
+        self._free.extend(retired)
+
+    def live_ops(self) -> list[Op]:
+        """One put operation per live entry (the content of a snapshot)."""
+        return [
+            (OP_PUT, key, slot, int(self._gen[slot]), int(self._length[slot]), int(self._crc[slot]))
+            for key, slot in self._key_to_slot.items()
+        ]
+
+    def live_slots(self) -> dict[int, int]:
+        """``slot -> chunk length`` of every live entry."""
+        return {slot: int(self._length[slot]) for slot in self._key_to_slot.values()}
+
+    def drop_slot(self, slot: int) -> None:
+        """Forgets a live slot whose chunk is missing on disk (found at open)."""
+        key = self._slot_key[slot]
+        if key is not None:
+            self._unlink(key, slot)
+            self._retired.append(slot)
+            self._pending.append((OP_DEL, key, slot, 0, 0, 0))
+
+    def check_invariants(self) -> None:
+        """Raises AssertionError unless free, reserved, live and retired partition the slots."""
+        live = set(self._key_to_slot.values())
+        free, retired = set(self._free), set(self._retired)
+        assert len(free) == len(self._free), "a slot is free twice"
+        assert len(retired) == len(self._retired), "a slot is retired twice"
+        groups = (free, self._reserved, live, retired)
+        assert sum(len(g) for g in groups) == self.capacity, "slots lost or shared between states"
+        assert set().union(*groups) == set(range(self.capacity)), "slot states do not partition the slots"
+        for key, slot in self._key_to_slot.items():
+            assert self._slot_key[slot] == key and self._gen[slot] > 0, f"slot {slot} disagrees with key"
+
+
+class IndexFiles:
+    """The durable side of the index: snapshot plus journal in the store directory.
+
+    Invariant: the snapshot followed by the journal's valid batches with a higher sequence
+    number is exactly the state at the last successful ``append``/``snapshot``.
+    """
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.snapshot_path = os.path.join(root, SNAPSHOT_NAME)
+        self.journal_path = os.path.join(root, JOURNAL_NAME)
+        self.seq = 0
+        self.snapshot_bytes = 0
+        self.journal_bytes = 0
+        self.need_snapshot = False  # set when a failed append may have left a torn tail
+        self._journal_fd: int | None = None
+
+    def create(self) -> None:
+        """Writes an empty snapshot and journal for a new store."""
+        self.snapshot([])
+
+    def load(self, table: SlotTable) -> None:
+        """Replays snapshot then journal into ``table``; cuts a torn journal tail.
+
+        Raises:
+            UserError: the snapshot is missing or damaged (written atomically, so this is
+                disk damage or a foreign file; never silently treated as empty).
+        """
+        ops = self._read_snapshot()
+        try:
+            for op in ops:
+                table.apply(op)
+            end = self._replay_journal(table)
+        except ValueError as exc:  # a checksummed record names an impossible slot
+            raise UserError(f"{self.root}: index damaged ({exc})") from None
+        self._journal_fd = os.open(self.journal_path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        if end != os.fstat(self._journal_fd).st_size:
+            os.ftruncate(self._journal_fd, end)  # drop the torn tail so new batches follow valid ones
+            os.fsync(self._journal_fd)
+        self.journal_bytes = end
+        table.finish_load()
+
+    def _read_snapshot(self) -> list[Op]:
+        try:
+            with open(self.snapshot_path, "rb") as f:
+                data = f.read()
+        except OSError as exc:
+            raise UserError(f"{self.root}: index snapshot unreadable ({exc})") from None
+        try:
+            magic, seq, count, body_crc = _SNAPSHOT_HEADER.unpack_from(data, 0)
+            body = data[_SNAPSHOT_HEADER.size :]
+            if magic != _SNAPSHOT_MAGIC or crc32c(np.frombuffer(body, np.uint8)) != body_crc:
+                raise ValueError("bad magic or checksum")
+            ops = decode_ops(body)
+            if len(ops) != count:
+                raise ValueError("entry count mismatch")
+        except (struct.error, ValueError) as exc:
+            raise UserError(f"{self.snapshot_path}: index snapshot damaged ({exc})") from None
+        self.seq, self.snapshot_bytes = seq, len(data)
+        return ops
+
+    def _replay_journal(self, table: SlotTable) -> int:
+        """Applies valid newer batches; returns the offset just after the last valid batch."""
+        try:
+            with open(self.journal_path, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            return 0
+        pos = 0
+        while pos + _JOURNAL_HEADER.size <= len(data):
+            magic, seq, length, crc = _JOURNAL_HEADER.unpack_from(data, pos)
+            body = data[pos + _JOURNAL_HEADER.size : pos + _JOURNAL_HEADER.size + length]
+            if magic != _JOURNAL_MAGIC or len(body) != length or crc32c(np.frombuffer(body, np.uint8)) != crc:
+                break  # torn or garbage tail: everything after it was never acknowledged
+            if seq > self.seq:
+                for op in decode_ops(body):
+                    table.apply(op)
+                self.seq = seq
+            pos += _JOURNAL_HEADER.size + length
+        return pos
+
+    def wants_snapshot(self) -> bool:
+        """True when the next flush should rewrite the snapshot instead of appending."""
+        return self.need_snapshot or self.journal_bytes > max(_JOURNAL_MIN_BYTES, self.snapshot_bytes)
+
+    def append(self, ops: list[Op]) -> None:
+        """Appends one batch and makes it durable (fdatasync). On OSError the journal may
+        hold a torn tail, so ``need_snapshot`` is set and the error re-raised."""
+        body = encode_ops(ops)
+        header = _JOURNAL_HEADER.pack(_JOURNAL_MAGIC, self.seq + 1, len(body), crc32c(np.frombuffer(body, np.uint8)))
+        try:
+            written = os.pwrite(self._journal_fd, header + body, self.journal_bytes)
+            if written != len(header) + len(body):
+                raise OSError(f"short journal write ({written} bytes)")
+            os.fdatasync(self._journal_fd)
+        except OSError:
+            self.need_snapshot = True
+            raise
+        self.seq += 1
+        self.journal_bytes += written
+
+    def snapshot(self, ops: list[Op]) -> None:
+        """Atomically replaces the snapshot with ``ops`` (all live entries), then empties
+        the journal. Crash between the two: the old batches carry sequence numbers at or
+        below the new snapshot's and are skipped on replay."""
+        body = encode_ops(ops)
+        header = _SNAPSHOT_HEADER.pack(_SNAPSHOT_MAGIC, self.seq + 1, len(ops), crc32c(np.frombuffer(body, np.uint8)))
+        tmp = self.snapshot_path + ".tmp"
+        try:
+            _write_file_durably(tmp, header + body)
+            os.replace(tmp, self.snapshot_path)
+            fsync_dir(self.root)
+        except OSError:
+            self.need_snapshot = True
+            raise
+        self.seq += 1
+        self.snapshot_bytes = len(header) + len(body)
+        self._reset_journal()
+
+    def _reset_journal(self) -> None:
+        if self._journal_fd is None:
+            self._journal_fd = os.open(self.journal_path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            os.ftruncate(self._journal_fd, 0)
+            os.fsync(self._journal_fd)
+        except OSError:
+            self.need_snapshot = True  # stale batches are harmless, but appends must not follow them
+            raise
+        self.journal_bytes = 0
+        self.need_snapshot = False
+
+    def close(self) -> None:
+        """Closes the journal file descriptor (idempotent)."""
+        if self._journal_fd is not None:
+            os.close(self._journal_fd)
+            self._journal_fd = None
+
+
+def _write_file_durably(path: str, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,189 @@
+"""Preallocated block pools for the HBM and DRAM tiers.
+
+A pool is one tensor ``[slots, *layout.block_shape]`` allocated once. The metadata plane
+hands down slot numbers; the pool only copies bytes between slots and never decides
+which slot is used. Nothing on the hot path allocates block-sized memory: copies go
+straight between slots, ``read`` gathers into a caller-given ``out``.
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from ..config import KVLayout
+from ..errors import UserError
+from .buffers import aligned_tensor, check_blocks, torch_dtype
+
+__all__ = ["BlockPool", "dram_pool", "hbm_pool", "copy_runs", "cuda_available"]
+
+log = logging.getLogger(__name__)
+_pin_fallback_logged = False
+
+
+def cuda_available() -> bool:
+    """True when torch sees a CUDA device."""
+    return torch.cuda.is_available()
+
+
+def _allocate(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, pin: bool):
+    """Allocates the pool tensor; returns ``(tensor, owner, pinned)``.
+
+    CPU memory comes from an anonymous mmap (page aligned, so O_DIRECT reads can land in a
+    slot directly) unless it is pinned, in which case CUDA's host allocator owns it.
+    """
+    global _pin_fallback_logged
+    if device.type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device), None, False
+    if pin:
+        try:
+            return torch.zeros(shape, dtype=dtype, pin_memory=True), None, True
+        except RuntimeError as exc:  # no CUDA driver: pinning is impossible, not an error
+            if not _pin_fallback_logged:
+                log.info("pinned host memory unavailable (%s); DRAM pools use ordinary memory", str(exc).splitlines()[0])
+                _pin_fallback_logged = True
+    tensor, owner = aligned_tensor(shape, dtype)
+    return tensor, owner, False
+
+
+def _as_slots(slots: Sequence[int] | np.ndarray | torch.Tensor, capacity: int, what: str) -> np.ndarray:
+    """Slot numbers as an int64 array, each in ``[0, capacity)``.
+
+    Raises:
+        UserError: a slot out of range or not an integer.
+    """
+    if isinstance(slots, torch.Tensor):
+        slots = slots.cpu().numpy()
+    array = np.asarray(slots)
+    if array.ndim != 1 or (array.size and array.dtype.kind not in "iu"):
+        raise UserError(f"{what}: expected a 1-D sequence of integer slots, got {array.dtype} of shape {array.shape}")
+    array = array.astype(np.int64, copy=False)
+    if array.size and (array.min() < 0 or array.max() >= capacity):
+        raise UserError(f"{what}: slots must lie in [0, {capacity}), got min {array.min()} max {array.max()}")
+    return array
+
+
+def copy_runs(src_slots: np.ndarray, dst_slots: np.ndarray) -> list[tuple[int, int, int]]:
+    """Coalesces a slot-to-slot copy into runs ``(src_start, dst_start, length)``.
+
+    A run is a maximal stretch where both source and destination slots advance by one,
+    so contiguous slots become one copy call instead of one per block.
+    """
+    if src_slots.size == 0:
+        return []
+    breaks = np.flatnonzero((np.diff(src_slots) != 1) | (np.diff(dst_slots) != 1)) + 1
+    starts = np.concatenate(([0], breaks))
+    ends = np.concatenate((breaks, [src_slots.size]))
+    return [(int(src_slots[s]), int(dst_slots[s]), int(e - s)) for s, e in zip(starts, ends)]
+
+
+class BlockPool:
+    """A preallocated pool of KV blocks on one device.
+
+    Invariants: ``tensor`` has shape ``[capacity, *layout.block_shape]`` and the layout's
+    dtype, is allocated once in ``__init__`` and never reallocated; every slot argument is
+    checked against ``[0, capacity)``. Copies to or from CUDA run on the current stream and
+    are asynchronous when ``non_blocking`` is set: the caller records an event after them
+    and waits on it before reusing the source or reading the destination.
+    """
+
+    def __init__(self, layout: KVLayout, capacity_blocks: int, device: str | torch.device = "cpu", pin_memory: bool = False):
+        """Allocates the pool.
+
+        Args:
+            layout: block layout; the pool holds ``capacity_blocks`` blocks of it.
+            capacity_blocks: number of slots, at least one.
+            device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``...
+            pin_memory: page-lock host memory (only meaningful on the CPU device); falls
+                back to ordinary memory, logged once, when pinning is unavailable.
+
+        Raises:
+            UserError: capacity below one block.
+        """
+        if isinstance(capacity_blocks, bool) or not isinstance(capacity_blocks, int) or capacity_blocks < 1:
+            raise UserError(f"BlockPool: capacity must be at least one block, got {capacity_blocks!r}")
+        self.layout = layout
+        self.capacity = capacity_blocks
+        self.dtype = torch_dtype(layout.dtype)
+        shape = (capacity_blocks, *layout.block_shape)
+        self.tensor, self._owner, self.pinned = _allocate(shape, self.dtype, torch.device(device), pin_memory)
+        self.device = self.tensor.device
+
+    @property
+    def block_bytes(self) -> int:
+        """Bytes of one slot."""
+        return self.layout.block_bytes
+
+    def view(self, slot: int) -> torch.Tensor:
+        """The block in ``slot`` as a view (no copy): shape ``layout.block_shape``."""
+        if not 0 <= slot < self.capacity:
+            raise UserError(f"BlockPool.view: slot must lie in [0, {self.capacity}), got {slot}")
+        return self.tensor[slot]
+
+    def write(self, slots: Sequence[int] | np.ndarray, blocks: torch.Tensor, non_blocking: bool = False) -> None:
+        """Copies ``blocks[i]`` into slot ``slots[i]``.
+
+        ``blocks`` may live on another device (pinned host to CUDA and back); each run of
+        consecutive slots is one copy.
+
+        Raises:
+            UserError: wrong dtype or shape of ``blocks``, or a slot out of range.
+        """
+        dst = _as_slots(slots, self.capacity, "BlockPool.write slots")
+        check_blocks(blocks, self.layout, dst.size, "BlockPool.write blocks")
+        for src0, dst0, n in copy_runs(np.arange(dst.size), dst):
+            self.tensor[dst0 : dst0 + n].copy_(blocks[src0 : src0 + n], non_blocking=non_blocking)
+
+    def read(self, slots: Sequence[int] | np.ndarray, out: torch.Tensor | None = None, non_blocking: bool = False) -> torch.Tensor:
+        """Gathers the blocks in ``slots`` into ``out`` (``[len(slots), *block_shape]``).
+
+        Without ``out`` a new tensor is allocated on this pool's device: convenient, but
+        the hot path passes a preallocated ``out`` (which may be on another device).
+
+        Raises:
+            UserError: wrong dtype or shape of ``out``, or a slot out of range.
+        """
+        src = _as_slots(slots, self.capacity, "BlockPool.read slots")
+        if out is None:
+            out = torch.empty((src.size, *self.layout.block_shape), dtype=self.dtype, device=self.device)
+        check_blocks(out, self.layout, src.size, "BlockPool.read out")
+        for src0, dst0, n in copy_runs(src, np.arange(src.size)):
+            out[dst0 : dst0 + n].copy_(self.tensor[src0 : src0 + n], non_blocking=non_blocking)
+        return out
+
+    def copy_to(self, dst: "BlockPool", src_slots: Sequence[int] | np.ndarray, dst_slots: Sequence[int] | np.ndarray, non_blocking: bool = True) -> None:
+        """Copies blocks slot to slot from this pool into ``dst`` (e.g. DRAM to HBM).
+
+        No staging: each run of consecutive slots on both sides is one ``copy_``. From a
+        pinned pool to CUDA the copies are asynchronous on the current stream.
+
+        Raises:
+            UserError: layouts differ, lengths differ, or a slot out of range.
+        """
+        if dst.layout.block_shape != self.layout.block_shape or dst.dtype != self.dtype:
+            raise UserError(f"BlockPool.copy_to: layouts differ: {self.layout.block_shape}/{self.layout.dtype} vs {dst.layout.block_shape}/{dst.layout.dtype}")
+        src = _as_slots(src_slots, self.capacity, "BlockPool.copy_to src_slots")
+        dst_array = _as_slots(dst_slots, dst.capacity, "BlockPool.copy_to dst_slots")
+        if src.size != dst_array.size:
+            raise UserError(f"BlockPool.copy_to: {src.size} source slots but {dst_array.size} destination slots")
+        for src0, dst0, n in copy_runs(src, dst_array):
+            dst.tensor[dst0 : dst0 + n].copy_(self.tensor[src0 : src0 + n], non_blocking=non_blocking)
+
+    def __repr__(self) -> str:
+        return f"BlockPool({self.capacity} x {list(self.layout.block_shape)} {self.layout.dtype} on {self.device}, pinned={self.pinned})"
+
+
+def dram_pool(layout: KVLayout, capacity_blocks: int) -> BlockPool:
+    """The DRAM tier: host memory, pinned when CUDA is available (else ordinary, logged once)."""
+    return BlockPool(layout, capacity_blocks, "cpu", pin_memory=True)
+
+
+def hbm_pool(layout: KVLayout, capacity_blocks: int, device: str | torch.device | None = None) -> BlockPool:
+    """The HBM tier: on ``device``, default the current CUDA device, or the CPU without CUDA."""
+    if device is None:
+        device = "cuda" if cuda_available() else "cpu"
+    return BlockPool(layout, capacity_blocks, device)
