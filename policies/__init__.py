@@ -36,6 +36,7 @@ EVICTION: dict[str, str] = {
     "belady": "tiercache.policies.belady:Belady",
     "arc": "tiercache.policies.arc:ARC",
     "s3fifo": "tiercache.policies.s3fifo:S3FIFO",
+    "leaf_lru": "tiercache.policies.leaf_lru:LeafLRU",
 }
 
 ADMISSION: dict[str, str] = {

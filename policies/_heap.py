@@ -9,6 +9,7 @@ amortized.
 from __future__ import annotations
 
 import heapq
+from typing import KeysView
 
 #: One heap entry: (key, seq, id); seq is unique, so ties on key pop in push order.
 Entry = tuple[int, int, int]
@@ -65,6 +66,10 @@ class LazyHeap:
 
     def key(self, block_id: int) -> int:
         return self._key[block_id]
+
+    def ids(self) -> KeysView[int]:
+        """The ids with a live entry."""
+        return self._key.keys()
 
     def __contains__(self, block_id: int) -> bool:
         return block_id in self._live
