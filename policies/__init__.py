@@ -41,6 +41,7 @@ EVICTION: dict[str, str] = {
 
 ADMISSION: dict[str, str] = {
     "always": "tiercache.policies.admission_always:AlwaysAdmit",
+    "second_hit": "tiercache.policies.admission_second_hit:SecondHitAdmit",
 }
 
 

@@ -101,6 +101,9 @@ class AdmissionPolicy:
     def admit(self, ids: Sequence[int]) -> list[bool]:
         raise NotImplementedError
 
+    def check_invariants(self) -> None:
+        """Raises AssertionError when internal structures disagree (stateless: nothing)."""
+
 
 class PrefetchPolicy:
     """Proposes blocks to bring up before they are needed; ``plan`` has no side effects."""
