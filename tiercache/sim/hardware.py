@@ -98,7 +98,9 @@ class HardwareProfile:
         return tokens / self.prefill_tokens_per_s
 
 
-def _profile(name: str, h2d: float, d2h: float, pcie_lat: float, nvme_r: float, nvme_w: float, nvme_lat: float, prefill: float) -> HardwareProfile:
+def _profile(
+    name: str, h2d: float, d2h: float, pcie_lat: float, nvme_r: float, nvme_w: float, nvme_lat: float, prefill: float
+) -> HardwareProfile:
     links = {
         "dram->hbm": Link(h2d, pcie_lat),
         "hbm->dram": Link(d2h, pcie_lat),

@@ -28,6 +28,7 @@ each record contributes its reads then its writes, in list order.
 
 from __future__ import annotations
 
+import itertools
 import os
 from dataclasses import dataclass
 from typing import Iterable, Iterator
@@ -128,7 +129,7 @@ def load_flat_steps(path: str | os.PathLike) -> FlatSteps:
         chunks.extend((rec.read, rec.write))
     cols = np.array(meta, dtype=np.int64).reshape(len(meta), 4)
     counts = cols[:, 2:].ravel()  # read count, write count, read count, ... (chunk order)
-    ids = np.fromiter((i for chunk in chunks for i in chunk), dtype=np.int64, count=int(counts.sum()))
+    ids = np.fromiter(itertools.chain.from_iterable(chunks), dtype=np.int64, count=int(counts.sum()))
     is_write = np.repeat(np.tile(np.array([False, True]), len(meta)), counts)
     per_record = cols[:, 2] + cols[:, 3]
     offsets = np.zeros(len(meta), dtype=np.int64)

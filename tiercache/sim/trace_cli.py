@@ -144,14 +144,15 @@ def format_stats(stats: TraceStats) -> str:
         ("accesses", f"{stats.accesses:,}" + (f" ({stats.writes:,} writes)" if stats.writes else "")),
         ("unique blocks", f"{stats.unique_blocks:,}"),
         ("compulsory miss ratio", f"{stats.compulsory_miss_ratio:.5f}"),
-        ("inf. prefix-cache hit ratio", "-" if stats.prefix_hit_ratio_inf is None else f"{stats.prefix_hit_ratio_inf:.5f}"),
+        ("inf. prefix-cache hit ratio", None if stats.prefix_hit_ratio_inf is None else f"{stats.prefix_hit_ratio_inf:.5f}"),
         ("blocks accessed once", f"{stats.blocks_accessed_once:.3f}"),
         ("accesses per block", f"mean={stats.accesses_per_block_mean:.3f}  max={stats.accesses_per_block_max}"),
         ("reuse time (accesses)", _format_pct(stats.reuse_time_pct)),
         (f"blocks per {unit.split()[-1][:-1]}", _format_pct(stats.record_blocks_pct)),
-        ("input tokens per request", _format_pct(stats.input_tokens_pct)),
+        ("input tokens per request", None if stats.input_tokens_pct is None else _format_pct(stats.input_tokens_pct)),
         ("time span", stats.time_span),
     ]
+    rows = [(name, value) for name, value in rows if value is not None]  # rows of the other trace kind
     width = max(len(name) for name, _ in rows)
     return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
 
@@ -177,7 +178,8 @@ def _export_layout(args: argparse.Namespace) -> KVLayout | None:
 
 def _cmd_export(args: argparse.Namespace) -> int:
     result = export_oracle_general(args.trace, args.output, _export_layout(args))
-    print(f"wrote {result.records:,} records ({result.unique_blocks:,} unique blocks, size {result.obj_size} each) to {args.output}")
+    blocks = f"{result.unique_blocks:,} unique blocks, size {result.obj_size} each"
+    print(f"wrote {result.records:,} records ({blocks}) to {args.output}")
     return 0
 
 
@@ -228,7 +230,9 @@ def _add_synth(subparsers: argparse._SubParsersAction) -> None:
     sparse.add_argument("--k", type=int, default=8, help="middle blocks read per step (default 8)")
     sparse.add_argument("--sink", type=int, default=1, help="leading blocks always read (default 1)")
     sparse.add_argument("--window", type=int, default=4, help="most recent full blocks always read (default 4)")
-    sparse.add_argument("--locality", type=float, default=0.9, help="probability a chosen block stays chosen next step (default 0.9)")
+    sparse.add_argument(
+        "--locality", type=float, default=0.9, help="probability a chosen block stays chosen next step (default 0.9)"
+    )
     sparse.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     sparse.set_defaults(func=_cmd_sparse)
     docs = kinds.add_parser("docs", help="Mooncake-format requests: many documents queried repeatedly")
@@ -255,7 +259,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     inspect.set_defaults(func=_cmd_inspect)
     export = actions.add_parser("export", help="convert a trace for other simulators")
     export.add_argument("trace", help="trace file (JSONL; the kind is detected)")
-    export.add_argument("--format", choices=["oracleGeneral"], default="oracleGeneral", help="output format (libCacheSim oracleGeneral)")
+    formats = ["oracleGeneral"]
+    export.add_argument("--format", choices=formats, default=formats[0], help="output format (libCacheSim oracleGeneral)")
     export.add_argument("-o", "--output", required=True, help="output file")
     export.add_argument("--model", help="model preset whose block bytes become the record size (default: size 1)")
     export.add_argument("--block-tokens", type=int, help="tokens per block of step traces (request traces always use 512)")

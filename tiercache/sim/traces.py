@@ -322,5 +322,6 @@ def detect_kind(path: str | os.PathLike) -> TraceKind:
             return TraceKind.REQUESTS
         if "step" in obj:
             return TraceKind.STEPS
-        raise TraceError(name, line, "not a known trace: expected a Mooncake request (with 'hash_ids') or a step record (with 'step')")
+        expected = "expected a Mooncake request (with 'hash_ids') or a step record (with 'step')"
+        raise TraceError(name, line, f"not a known trace: {expected}")
     raise TraceError(name, None, "no records: the trace is empty")
