@@ -7,7 +7,7 @@ from typing import Sequence
 
 from .base import AdmissionPolicy
 
-#: Default number of distinct ids remembered (about 8 MiB of Python dict at most).
+#: Default number of distinct ids remembered (a few MiB of Python dict at most).
 DEFAULT_HISTORY = 1 << 16
 
 
