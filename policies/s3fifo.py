@@ -117,6 +117,12 @@ class S3FIFO(EvictionPolicy):
         _put_back(self._main, sel.held_main)
         return chosen
 
+    def in_main(self, block_id: int) -> bool:
+        """Whether a tracked block sits in the main queue (False: the small one)."""
+        if block_id not in self._freq:
+            raise KeyError(f"{self.name}: block {block_id} is not tracked")
+        return block_id in self._main
+
     def __len__(self) -> int:
         return len(self._freq)
 
