@@ -11,7 +11,7 @@ import pytest
 
 from tiercache.sim.mrc import _earlier_greater, lru_miss_ratio_curve, previous_access, reuse_histogram, stack_distances
 
-SAMPLE_TRACE = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"
+SAMPLE_TRACE = Path(__file__).parent / "data" / "mooncake_synthetic_trace.jsonl"
 
 
 def lru_misses(ids, capacity: int) -> int:

@@ -1,0 +1,96 @@
+"""``tiercache compare`` (run a sweep, write a report) and ``tiercache report`` (from results files).
+
+Both write the same report folder: ``index.html`` (self-contained), ``report.md`` with its
+PNG plots, and ``results.csv``. ``compare`` also saves the sweep as ``results.json`` there,
+so reports of sweeps run elsewhere can be merged later with ``tiercache report``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import time
+
+from ..errors import UserError
+from ..sim.replay_cli import add_common_options, sweep_from_args
+from ..sim.traces import trace_fingerprint
+from .content import build_document
+from .model import ReportData, from_documents, load_results
+from .tables import results_csv
+from .writer import check_output_dir, write_report
+
+__all__ = ["add_parser"]
+
+
+def add_parser(subparsers) -> None:
+    """Registers ``tiercache compare`` and ``tiercache report``."""
+    compare = subparsers.add_parser(
+        "compare", help="replay policies × capacities and write a comparison report",
+        description="Replays a trace for every policy, capacity and semantics asked (in worker processes), "
+                    "then writes a report folder: index.html, report.md with PNG plots, results.csv, results.json.",
+    )
+    add_common_options(compare)
+    compare.add_argument("-o", "--out", default="report", help="report folder (default: report)")
+    compare.set_defaults(func=run_compare)
+    report = subparsers.add_parser(
+        "report", help="build a comparison report from saved results.json files",
+        description="Merges results files of one trace (from tiercache replay --out or compare) into a report folder.",
+    )
+    report.add_argument("results", nargs="+", help="results JSON files, all from the same trace")
+    report.add_argument("-o", "--out", default="report", help="report folder (default: report)")
+    report.add_argument("--trace", help="the trace file, if it is no longer at the path the results record "
+                                        "(needed only for the dense one-pass LRU curve)")
+    report.set_defaults(func=run_report)
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    """``tiercache compare``: sweep, then report. The output folder is checked before the sweep."""
+    check_output_dir(args.out)
+    started = time.perf_counter()
+    results = sweep_from_args(args)
+    command = _compare_command(args)
+    results["command"] = command  # the reproducible form, not whatever argv the caller had
+    data = from_documents([results], [f"{args.out}/results.json"])
+    _write(args.out, data, args.trace, command, results)
+    print(f"{len(data.runs)} runs in {time.perf_counter() - started:.1f} s")
+    return 0
+
+
+def run_report(args: argparse.Namespace) -> int:
+    """``tiercache report``: merge results files into a report."""
+    check_output_dir(args.out)
+    data = load_results(args.results)
+    if args.trace:
+        _check_trace(args.trace, data)
+    command = shlex.join(["tiercache", "report", *args.results, "-o", args.out] + (["--trace", args.trace] if args.trace else []))
+    _write(args.out, data, args.trace, command, None)
+    return 0
+
+
+def _write(out: str, data: ReportData, trace_path: str | None, command: str, results: dict | None) -> None:
+    document = build_document(data, trace_path, command)
+    names = write_report(out, document, results_csv(data), results, data.version)
+    plots = sum(name.endswith(".png") for name in names)
+    others = ", ".join(n for n in names if not n.endswith(".png"))
+    print(f"report written to {out}/: {others} and {plots} plots (open {out}/index.html)")
+
+
+def _check_trace(path: str, data: ReportData) -> None:
+    """An explicit ``--trace`` must be the trace the results came from."""
+    if trace_fingerprint(path) != data.trace.fingerprint:
+        raise UserError(f"--trace {path}: not the trace of these results (fingerprint differs from {data.trace.fingerprint})")
+
+
+def _compare_command(args: argparse.Namespace) -> str:
+    """The command line that reruns this sweep (options that change no result are left out)."""
+    words = ["tiercache", "compare", args.trace, "--policy", args.policy]
+    words += ["--tiers", args.tiers] if args.tiers else ["--capacity", args.capacity]
+    words += ["--semantics", args.semantics]
+    if args.admission != "always":
+        words += ["--admission", args.admission]
+    if args.write_through:
+        words.append("--write-through")
+    for option, value in (("--model", args.model), ("--hardware", args.hardware)):
+        if value:
+            words += [option, value]
+    return shlex.join(words + ["-o", args.out])

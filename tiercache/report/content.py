@@ -1,0 +1,194 @@
+"""What the report says: one ``Document`` built from the merged runs.
+
+Written for a reader who has never seen tiercache: the summary explains the terms before
+the figures use them, every plot has a sentence saying what to look at, and the last
+section gives the command that rebuilds the report.
+"""
+
+from __future__ import annotations
+
+import re
+
+from . import fmt, plots
+from .document import Bullets, Code, Document, Image, Paragraph, Section
+from .lru_curve import LRUCurve, dense_lru_curve
+from .model import ReportData, Run
+from .summary import BASELINE, BELADY, CapacityBest, best_per_capacity, by_group, policy_labels
+from .tables import best_table, runs_table, trace_table
+
+__all__ = ["build_document"]
+
+_SEMANTICS = {
+    "object": "object semantics: every block access is an independent lookup (comparable one-to-one with libCacheSim)",
+    "prefix": "prefix semantics: a request reuses only the longest cached prefix of its blocks; everything after "
+              "the first miss is recomputed and stored again, as a serving engine's prefix cache does",
+}
+_MODES = {
+    "single": "one tier",
+    "exclusive": "exclusive hierarchy (a block lives in one tier; victims move down HBM → DRAM → NVMe)",
+    "write_through": "write-through hierarchy (lower tiers keep copies)",
+}
+
+
+def build_document(data: ReportData, trace_path: str | None, command: str) -> Document:
+    """The whole report.
+
+    Args:
+        data: the merged runs.
+        trace_path: the trace file, for the dense LRU curve; None uses the recorded path.
+        command: the command line that rebuilds this report.
+    """
+    colors = plots.policy_colors(data.runs)
+    sections = [
+        _summary(data),
+        _curves(data, colors, trace_path),
+        _tiers(data),
+        _movement(data),
+        _prefix(data, colors),
+        Section("All runs", (runs_table(data),)),
+        _reproduce(data, command),
+    ]
+    labels = policy_labels(data.runs)
+    subtitle = f"{len(data.runs)} replay runs of {len(labels)} policies ({', '.join(labels)}) on one trace"
+    return Document(f"Cache policy comparison: {data.trace.name}", subtitle, tuple(s for s in sections if s.blocks))
+
+
+def _slug(*parts: str) -> str:
+    return "_".join(re.sub(r"[^a-z0-9_]+", "-", p.lower()).strip("-") for p in parts)
+
+
+def _group_title(semantics: str, mode: str) -> str:
+    return f"{semantics} semantics, {_MODES.get(mode, mode).split(' (')[0]}"
+
+
+def _summary(data: ReportData) -> Section:
+    intro = (
+        f"This report replays the request trace {data.trace.name} through a KV cache of several sizes, once per "
+        "eviction policy, and counts how many block accesses miss. A KV block holds the attention keys and values "
+        "of a run of prompt tokens; a hit means that block need not be recomputed (prefill) or fetched from a slower "
+        "tier. Lower miss ratios are better."
+    )
+    bound = (
+        f"{BELADY} (MIN) evicts the block needed furthest in the future. It must know the future, so no serving "
+        f"system can run it, but no policy can miss less: it is the bound. {BASELINE} is the usual baseline. "
+        f"'Gap closed' is (miss {BASELINE} − miss policy) / (miss {BASELINE} − miss {BELADY}): 0% is no better "
+        f"than {BASELINE}, 100% is as good as {BELADY}. The compulsory-miss floor counts first accesses, which "
+        "miss at any capacity."
+    )
+    semantics = sorted({r.semantics for r in data.runs})
+    blocks: list = [Paragraph(intro), Paragraph(bound)]
+    blocks.append(Bullets(tuple(f"{_SEMANTICS.get(s, s + ' semantics')}." for s in semantics)))
+    best = best_per_capacity(data.runs)
+    if best:
+        blocks += [Paragraph("Key findings:"), Bullets(tuple(_finding(b) for b in best))]
+    blocks += [Paragraph("The trace and the presets:"), trace_table(data)]
+    if best:
+        blocks += [Paragraph("The best online policy at each capacity:"), best_table(best)]
+    return Section("Summary", tuple(blocks))
+
+
+def _finding(best: CapacityBest) -> str:
+    where = f"At {fmt.integer(best.capacity_blocks)} blocks ({_group_title(best.semantics, best.mode)})"
+    text = f"{where}, {best.best.label} misses {fmt.percent(best.best.miss_ratio)} of accesses"
+    refs = [f"{run.label} {fmt.percent(run.miss_ratio)}" for run in (best.lru, best.belady)
+            if run is not None and run is not best.best]
+    if refs:
+        text += f" (vs {', '.join(refs)})"
+    if best.gap_closed is not None:
+        text += f", closing {fmt.percent(best.gap_closed)} of the {BASELINE}–{BELADY} gap"
+    return text + "."
+
+
+def _curves(data: ReportData, colors: dict[str, str], trace_path: str | None) -> Section:
+    blocks: list = [Paragraph(
+        "Miss ratio against cache capacity, one line per policy (log-scale capacity axis; the top axis gives the "
+        "same capacity in GiB when a model layout is known). Lines nearer the bottom are better; the dashed black "
+        f"line ({BELADY}) is the best any policy could do, the dotted grey line the compulsory floor."
+    )]
+    block_bytes = int(data.layout["block_bytes"]) if data.layout and data.layout.get("block_bytes") else None
+    for (semantics, mode), runs in by_group(data.runs).items():
+        dense = _dense_for(data, runs, semantics, mode, trace_path)
+        floor = data.trace.compulsory_miss_ratio if semantics == "object" else None
+        title = f"Miss-ratio curves: {_group_title(semantics, mode)}"
+        png = plots.miss_ratio_curves(runs, colors, title, floor, dense.curve if dense else None, block_bytes)
+        blocks.append(Image(f"{_slug('miss_ratio', semantics, mode)}.png", png, title, _curve_caption(runs)))
+        if dense is not None:
+            blocks.append(Paragraph(dense.note))
+    return Section("Miss-ratio curves", tuple(blocks))
+
+
+def _dense_for(data: ReportData, runs: list[Run], semantics: str, mode: str, trace_path: str | None) -> LRUCurve | None:
+    """The one-pass curve applies to object semantics in a single LRU tier only."""
+    if semantics != "object" or mode != "single" or any(r.is_hierarchy for r in runs):
+        return None
+    return dense_lru_curve(data.trace, trace_path, runs)
+
+
+def _curve_caption(runs: list[Run]) -> str:
+    capacities = sorted({r.capacity_blocks for r in runs})
+    return f"{len(runs)} runs at {len(capacities)} capacities: {', '.join(fmt.integer(c) for c in capacities)} blocks."
+
+
+def _ordered(runs: list[Run]) -> list[Run]:
+    order = {label: i for i, label in enumerate(policy_labels(runs))}
+    return sorted(runs, key=lambda r: (r.capacity_blocks, order[r.label]))
+
+
+def _tiers(data: ReportData) -> Section:
+    blocks: list = []
+    for (semantics, mode), runs in by_group([r for r in data.runs if r.is_hierarchy]).items():
+        title = f"Where accesses are served: {_group_title(semantics, mode)}"
+        png = plots.tier_breakdown(_ordered(runs), title)
+        blocks.append(Image(f"{_slug('tiers', semantics, mode)}.png", png, title,
+                            "Each bar is one run: the share of block accesses that hit in each tier, and the share that missed."))
+    if blocks:
+        blocks.insert(0, Paragraph(f"Runs over a hierarchy of tiers. {_MODES['exclusive'].capitalize()}; "
+                                   f"{_MODES['write_through']}. A hit in a slower tier still costs a transfer."))
+    return Section("Per-tier hits", tuple(blocks))
+
+
+def _movement(data: ReportData) -> Section:
+    costed = [r for r in data.runs if r.bytes_moved or r.modeled_seconds]
+    if not costed:
+        return Section("Data movement and modeled time", ())
+    model = data.layout.get("name", "custom") if data.layout else "none"
+    hardware = data.hardware or "none"
+    blocks: list = [Paragraph(
+        f"Bytes each run moves over each link between tiers, and the time the link/cost model assigns to them "
+        f"(transfers at the link's bandwidth plus latency; misses recomputed at the modeled prefill speed). Model "
+        f"preset: {model}; hardware preset: {hardware}. These are modeled figures, not measurements."
+    )]
+    moving = [r for r in costed if any(r.bytes_moved.values())]
+    for (semantics, mode), group in by_group(moving).items():
+        title = f"Data movement: {_group_title(semantics, mode)} ({model} on {hardware})"
+        png = plots.data_movement(_ordered(group), title)
+        blocks.append(Image(f"{_slug('movement', semantics, mode)}.png", png, title,
+                            "Left: GiB moved per link. Right: modeled seconds per component (grey: recompute of misses)."))
+    if len(moving) < len(costed):
+        blocks.append(Paragraph("Single-tier runs move nothing between tiers: their modeled time is the recompute "
+                                "time of their misses, listed as 'modeled time' in the table of all runs."))
+    return Section("Data movement and modeled time", tuple(blocks))
+
+
+def _prefix(data: ReportData, colors: dict[str, str]) -> Section:
+    runs = [r for r in data.runs if r.semantics == "prefix" and r.prefill_tokens_saved is not None]
+    blocks: list = []
+    for (_, mode), group in by_group(runs).items():
+        title = f"Prefix reuse against no cache: {_group_title('prefix', mode)}"
+        blocks.append(Image(f"{_slug('prefix_savings', mode)}.png", plots.prefix_savings(group, colors, title), title,
+                            "Left: prompt tokens that need no prefill because their KV was found in the cache. Right: "
+                            "modeled time-to-first-token saved, summed over all requests: prefill time of the saved "
+                            "tokens minus the modeled time of every transfer the cache made. Below zero, moving "
+                            "blocks between tiers costs more than the prefill it saves."))
+    if blocks:
+        blocks.insert(0, Paragraph("What prefix caching buys a serving engine: prefill work and latency saved, "
+                                   "compared with running the same requests without any KV cache."))
+    return Section("Prefill and time-to-first-token saved", tuple(blocks))
+
+
+def _reproduce(data: ReportData, command: str) -> Section:
+    blocks: list = [Paragraph("This report was built by:"), Code(command)]
+    if data.commands and data.commands != (command,):
+        blocks += [Paragraph("from results produced by:"), Code("\n".join(data.commands))]
+    blocks.append(Paragraph(f"Trace fingerprint {data.trace.fingerprint}; results files: {', '.join(data.sources)}."))
+    return Section("Reproduce", tuple(blocks))

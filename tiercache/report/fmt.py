@@ -1,0 +1,46 @@
+"""Number formatting shared by the tables and the plots, so both show the same figures."""
+
+from __future__ import annotations
+
+__all__ = ["integer", "ratio", "percent", "size", "seconds", "optional"]
+
+_BINARY_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+
+
+def integer(value: int) -> str:
+    """``121877`` -> ``121,877``."""
+    return f"{value:,}"
+
+
+def ratio(value: float) -> str:
+    """A miss or hit ratio with six decimals, enough to tell apart one miss in 10^6."""
+    return f"{value:.6f}"
+
+
+def percent(value: float, digits: int = 1) -> str:
+    """``0.4213`` -> ``42.1%``."""
+    return f"{100 * value:.{digits}f}%"
+
+
+def size(num_bytes: float) -> str:
+    """Bytes in binary units: ``1.5 GiB``."""
+    value = float(num_bytes)
+    for unit in _BINARY_UNITS:
+        if abs(value) < 1024 or unit == _BINARY_UNITS[-1]:
+            return f"{value:,.0f} {unit}" if unit == "B" else f"{value:,.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def seconds(value: float) -> str:
+    """Seconds with precision suited to the magnitude: ``1,234 s``, ``12.34 s``, ``0.0453 s``."""
+    if abs(value) >= 100:
+        return f"{value:,.0f} s"
+    if abs(value) >= 1:
+        return f"{value:.2f} s"
+    return f"{value:.3g} s"
+
+
+def optional(value, formatter) -> str:
+    """``formatter(value)``, or an en dash where the value does not apply."""
+    return "–" if value is None else formatter(value)

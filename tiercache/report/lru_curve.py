@@ -1,0 +1,95 @@
+"""The dense LRU miss-ratio curve of a report, from one stack-distance pass over the trace.
+
+Replays give a handful of points per policy; the one-pass curve (``tiercache.sim.mrc``)
+shows LRU at hundreds of capacities for the cost of one replay. It needs the trace itself,
+so it is drawn only when the trace file is found and is byte-identical (same fingerprint)
+to the one the results came from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import UserError
+from ..sim.mrc import ReuseHistogram, reuse_histogram
+from ..sim.traces import flat_ids, trace_fingerprint
+from . import fmt
+from .model import Run, TraceInfo
+from .plots import Curve
+
+__all__ = ["LRUCurve", "dense_lru_curve", "DENSE_POINTS"]
+
+#: Capacities on the dense curve (log-spaced over the plotted range).
+DENSE_POINTS = 200
+
+
+@dataclass(frozen=True)
+class LRUCurve:
+    """The dense curve, its histogram, and a sentence for the reader.
+
+    ``curve`` and ``histogram`` are None when the trace was not available; ``note`` then
+    says why.
+    """
+
+    curve: Curve | None
+    histogram: ReuseHistogram | None
+    note: str
+
+
+def dense_lru_curve(trace: TraceInfo, trace_path: str | None, runs: list[Run]) -> LRUCurve:
+    """Computes the curve over the capacities of ``runs`` (object semantics, one tier).
+
+    Args:
+        trace: the trace the results describe.
+        trace_path: where to read it; None means ``trace.path`` as recorded.
+        runs: the object-semantics single-tier runs the curve is drawn with.
+    """
+    path = trace_path or trace.path
+    missing = _why_unusable(trace, path)
+    if missing:
+        return LRUCurve(None, None, missing)
+    histogram = reuse_histogram(flat_ids(path))
+    capacities = _dense_capacities([r.capacity_blocks for r in runs])
+    curve = Curve(capacities, histogram.miss_ratios(capacities), f"lru, one-pass curve ({len(capacities)} capacities)")
+    return LRUCurve(curve, histogram, _agreement_note(histogram, runs, len(capacities)))
+
+
+def _why_unusable(trace: TraceInfo, path: str) -> str:
+    """Empty when the trace at ``path`` is the results' trace; otherwise the reason."""
+    if not path or not Path(path).is_file():
+        return f"The dense one-pass LRU curve is left out: the trace file {path or '(not recorded)'} was not found (give --trace)."
+    try:
+        fingerprint = trace_fingerprint(path)
+    except UserError as exc:
+        return f"The dense one-pass LRU curve is left out: {exc}."
+    if fingerprint != trace.fingerprint:
+        return f"The dense one-pass LRU curve is left out: {path} is not the trace these results came from (fingerprint differs)."
+    return ""
+
+
+def _dense_capacities(capacities: list[int]) -> np.ndarray:
+    """Log-spaced capacities over the plotted range, including every replayed capacity."""
+    lo, hi = max(1.0, min(capacities) / 1.6), max(capacities) * 1.6
+    dense = np.geomspace(lo, hi, DENSE_POINTS).round().astype(np.int64)
+    return np.unique(np.concatenate((dense, np.asarray(capacities, dtype=np.int64))))
+
+
+def _agreement_note(histogram: ReuseHistogram, runs: list[Run], points: int) -> str:
+    """Says whether the curve reproduces the replayed LRU points (it must, exactly)."""
+    lru = [r for r in runs if r.label == "lru"]
+    head = (
+        f"The wide pale line is LRU at {points} capacities, computed in one pass from reuse (stack) distances "
+        f"instead of one replay per capacity. LRU reaches the compulsory floor from "
+        f"{fmt.integer(histogram.max_useful_capacity)} blocks on."
+    )
+    if not lru:
+        return head
+    expected = histogram.misses([r.capacity_blocks for r in lru])
+    wrong = [r for r, m in zip(lru, expected) if int(m) != r.misses]
+    if not wrong:
+        return f"{head} It matches the replayed LRU misses exactly at all {len(lru)} replayed capacities."
+    listed = ", ".join(fmt.integer(r.capacity_blocks) for r in wrong)
+    return f"{head} Warning: it disagrees with the replayed LRU misses at {listed} blocks."

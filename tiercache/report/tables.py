@@ -1,0 +1,157 @@
+"""Tables of a report (formatted for reading) and the rows of ``results.csv`` (exact values).
+
+Columns appear only when some run has the data (tier hits for hierarchies, bytes and time
+with a layout, prefill savings for prefix semantics), so a plain sweep stays narrow.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from dataclasses import dataclass
+from typing import Callable
+
+from ..config import TIER_NAMES
+from . import fmt
+from .document import Table
+from .model import ReportData, Run
+from .summary import BASELINE, BELADY, CapacityBest, gaps_for
+
+__all__ = ["runs_table", "best_table", "trace_table", "results_csv"]
+
+
+@dataclass(frozen=True)
+class _Column:
+    header: str
+    numeric: bool
+    cell: Callable[[Run, float | None], str]
+
+
+def _tiers_text(run: Run) -> str:
+    return " + ".join(f"{t.name.upper()} {fmt.integer(t.capacity_blocks)}" for t in run.tiers) or "–"
+
+
+def _base_columns() -> list[_Column]:
+    return [
+        _Column("policy", False, lambda r, g: r.label),
+        _Column("semantics", False, lambda r, g: r.semantics),
+        _Column("hierarchy", False, lambda r, g: r.mode),
+        _Column("capacity (blocks)", True, lambda r, g: fmt.integer(r.capacity_blocks)),
+        _Column("tiers (blocks)", False, lambda r, g: _tiers_text(r)),
+        _Column("accesses", True, lambda r, g: fmt.integer(r.accesses)),
+        _Column("hits", True, lambda r, g: fmt.integer(r.hits)),
+        _Column("misses", True, lambda r, g: fmt.integer(r.misses)),
+        _Column("miss ratio", True, lambda r, g: fmt.ratio(r.miss_ratio)),
+        _Column("gap closed", True, lambda r, g: fmt.optional(g, fmt.percent)),
+    ]
+
+
+def _tier_columns(runs: tuple[Run, ...]) -> list[_Column]:
+    if not any(r.is_hierarchy for r in runs):
+        return []
+    present = [n for n in TIER_NAMES if any(t.name == n for r in runs for t in r.tiers)]
+    return [_Column(f"{n.upper()} hits", True, lambda r, g, n=n: fmt.integer(sum(t.hits for t in r.tiers if t.name == n)))
+            for n in present]
+
+
+def _cost_columns(runs: tuple[Run, ...]) -> list[_Column]:
+    columns = []
+    if any(r.bytes_moved for r in runs):
+        columns.append(_Column("bytes moved", True, lambda r, g: fmt.size(sum(r.bytes_moved.values()))))
+    if any(r.modeled_seconds for r in runs):
+        columns.append(_Column("modeled time", True, lambda r, g: fmt.optional(r.modeled_seconds.get("total"), fmt.seconds)))
+    if any(r.prefill_tokens_saved is not None for r in runs):
+        columns.append(_Column("prefill tokens saved", True, lambda r, g: fmt.optional(r.prefill_tokens_saved, fmt.integer)))
+    if any(r.ttft_saved_s is not None for r in runs):
+        columns.append(_Column("TTFT saved", True, lambda r, g: fmt.optional(r.ttft_saved_s, fmt.seconds)))
+    columns.append(_Column("replay wall time", True, lambda r, g: fmt.optional(r.wall_seconds, fmt.seconds)))
+    return columns
+
+
+def runs_table(data: ReportData) -> Table:
+    """Every run with its exact counts (the CSV has the same numbers unrounded)."""
+    columns = _base_columns() + _tier_columns(data.runs) + _cost_columns(data.runs)
+    gaps = gaps_for(list(data.runs))
+    rows = tuple(tuple(c.cell(run, gaps[run.key]) for c in columns) for run in data.runs)
+    return Table(tuple(c.header for c in columns), rows, tuple(c.numeric for c in columns),
+                 caption="All runs. Gap closed = (miss LRU − miss policy) / (miss LRU − miss Belady) at the same capacity.")
+
+
+def best_table(best: list[CapacityBest]) -> Table:
+    """The best online policy at each capacity, against LRU and Belady."""
+    header = ("semantics", "hierarchy", "capacity (blocks)", "best online policy", "its miss ratio",
+              f"{BASELINE} miss ratio", f"{BELADY} miss ratio", "gap closed")
+    rows = tuple(
+        (b.semantics, b.mode, fmt.integer(b.capacity_blocks), b.best.label, fmt.percent(b.best.miss_ratio, 2),
+         fmt.optional(b.lru and b.lru.miss_ratio, lambda v: fmt.percent(v, 2)),
+         fmt.optional(b.belady and b.belady.miss_ratio, lambda v: fmt.percent(v, 2)),
+         fmt.optional(b.gap_closed, fmt.percent))
+        for b in best
+    )
+    return Table(header, rows, (False, False, True, False, True, True, True, True))
+
+
+def trace_table(data: ReportData) -> Table:
+    """The trace's statistics and the presets the costs were modeled with."""
+    trace = data.trace
+    rows = [
+        ("trace", trace.name),
+        ("requests", fmt.integer(trace.requests)),
+        ("block accesses", fmt.integer(trace.accesses)),
+        ("distinct blocks", fmt.integer(trace.unique_blocks)),
+        ("compulsory-miss floor", f"{fmt.percent(trace.compulsory_miss_ratio, 2)} (distinct blocks / accesses)"),
+        ("fingerprint (blake2b)", trace.fingerprint),
+    ]
+    rows += _preset_rows(data)
+    return Table(("", ""), tuple(rows), (False, False))
+
+
+def _preset_rows(data: ReportData) -> list[tuple[str, str]]:
+    layout, rows = data.layout, []
+    if layout:
+        block = f"{fmt.integer(int(layout.get('block_tokens', 0)))} tokens = {fmt.size(int(layout.get('block_bytes', 0)))} of KV"
+        rows += [("model (KV layout)", str(layout.get("name", "custom"))), ("one block", block)]
+    rows.append(("hardware (link model)", data.hardware or "none given: no bytes or times modeled"))
+    return rows
+
+
+def _csv_header(data: ReportData) -> list[str]:
+    tiers = [n for n in TIER_NAMES if any(t.name == n for r in data.runs for t in r.tiers)]
+    links = sorted({k for r in data.runs for k in r.bytes_moved})
+    parts = sorted({k for r in data.runs for k in r.modeled_seconds})
+    header = ["policy", "admission", "semantics", "mode", "capacity_blocks", "accesses", "hits", "misses",
+              "miss_ratio", "hit_ratio", "gap_closed"]
+    header += [f"{n}_{field}" for n in tiers for field in ("capacity_blocks", "hits", "evictions", "demotions", "promotions")]
+    header += [f"bytes_{link}" for link in links] + [f"seconds_{part}" for part in parts]
+    return header + ["prefill_tokens", "prefill_tokens_saved", "ttft_saved_s", "wall_seconds"]
+
+
+def _csv_row(run: Run, gap: float | None) -> dict[str, object]:
+    row: dict[str, object] = {
+        "policy": run.policy, "admission": run.admission, "semantics": run.semantics, "mode": run.mode,
+        "capacity_blocks": run.capacity_blocks, "accesses": run.accesses, "hits": run.hits, "misses": run.misses,
+        "miss_ratio": run.miss_ratio, "hit_ratio": run.hit_ratio, "gap_closed": gap,
+        "prefill_tokens": run.prefill_tokens, "prefill_tokens_saved": run.prefill_tokens_saved,
+        "ttft_saved_s": run.ttft_saved_s, "wall_seconds": run.wall_seconds,
+    }
+    for tier in run.tiers:
+        for field in ("capacity_blocks", "hits", "evictions", "demotions", "promotions"):
+            row[f"{tier.name}_{field}"] = getattr(tier, field)
+    row |= {f"bytes_{k}": v for k, v in run.bytes_moved.items()}
+    return row | {f"seconds_{k}": v for k, v in run.modeled_seconds.items()}
+
+
+def results_csv(data: ReportData) -> str:
+    """``results.csv``: one row per run, values exactly as in the results documents.
+
+    Floats are written with ``repr`` precision (Python's shortest round-trip form), so
+    reading the CSV back gives the same numbers as ``tiercache replay``; an absent value
+    is an empty cell.
+    """
+    gaps = gaps_for(list(data.runs))
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=_csv_header(data), restval="", lineterminator="\n")
+    writer.writeheader()
+    for run in data.runs:
+        writer.writerow({k: ("" if v is None else v) for k, v in _csv_row(run, gaps[run.key]).items()})
+    return out.getvalue()

@@ -1,0 +1,96 @@
+"""Writing a report folder all at once, or not at all.
+
+Files are written into a temporary folder beside the target and renamed into place, so an
+error (or Ctrl-C) never leaves half a report behind. A report folder carries a marker file;
+only a folder with the marker (or an empty one) is ever replaced, so ``-o`` pointed at the
+wrong folder cannot delete someone's files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from ..errors import UserError
+from .document import Document
+from .html import render_html
+from .markdown import render_markdown
+
+__all__ = ["MARKER", "check_output_dir", "write_report"]
+
+#: Marks a folder as written by ``tiercache compare/report`` (safe to replace).
+MARKER = ".tiercache-report"
+
+
+def check_output_dir(out: str) -> Path:
+    """Checks that ``out`` may receive a report, before any work is done.
+
+    Raises:
+        UserError: ``out`` is a file, or a non-empty folder that is not a previous report.
+    """
+    target = Path(out)
+    if target.is_symlink() or (target.exists() and not target.is_dir()):
+        raise UserError(f"-o {out}: exists and is not a folder; give a new folder name")
+    if target.is_dir() and not (target / MARKER).is_file() and any(target.iterdir()):
+        raise UserError(
+            f"-o {out}: the folder exists and is not a tiercache report (no {MARKER} file); "
+            "give a new or empty folder, or a previous report's folder to replace it"
+        )
+    return target
+
+
+def write_report(out: str, document: Document, csv_text: str, results: dict | None, version: str) -> list[str]:
+    """Writes ``index.html``, ``report.md``, the PNGs, ``results.csv`` (and ``results.json``).
+
+    Args:
+        out: the report folder; replaced if it holds a previous report.
+        document: the report's content.
+        csv_text: the contents of ``results.csv``.
+        results: a results document to save as ``results.json`` (None: not written).
+        version: tiercache version recorded in the marker.
+
+    Returns:
+        The names of the files written, sorted.
+    """
+    target = check_output_dir(out)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    try:
+        _write_files(staging, document, csv_text, results, version)
+        names = sorted(p.name for p in staging.iterdir() if p.name != MARKER)
+        os.chmod(staging, 0o755)  # mkdtemp makes it private; a report is meant to be shared
+        _swap_in(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return names
+
+
+def _write_files(folder: Path, document: Document, csv_text: str, results: dict | None, version: str) -> None:
+    for image in document.images():
+        (folder / image.filename).write_bytes(image.png)
+    (folder / "index.html").write_text(render_html(document), encoding="utf-8")
+    (folder / "report.md").write_text(render_markdown(document), encoding="utf-8")
+    (folder / "results.csv").write_text(csv_text, encoding="utf-8")
+    if results is not None:
+        (folder / "results.json").write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+    (folder / MARKER).write_text(json.dumps({"tiercache_report": 1, "version": version}) + "\n", encoding="utf-8")
+
+
+def _swap_in(staging: Path, target: Path) -> None:
+    """Renames ``staging`` to ``target``; a previous report is moved aside first, then deleted."""
+    if not target.exists():
+        staging.rename(target)
+        return
+    aside = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
+    aside.rmdir()  # only the unique name is wanted: rename needs a free path
+    target.rename(aside)
+    try:
+        staging.rename(target)
+    except BaseException:
+        aside.rename(target)  # put the previous report back
+        raise
+    shutil.rmtree(aside, ignore_errors=True)
