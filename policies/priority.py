@@ -54,26 +54,28 @@ class PriorityPolicy(EvictionPolicy):
             bucket[block_id] = None
 
     def on_access(self, ids: Sequence[int], hints: Hints | None = None) -> None:
-        priority = self._priority
+        priority, buckets = self._priority, self._buckets
         require_tracked(self.name, ids, priority)
         after_hit = self.priority_after_hit
         for block_id in ids:
             old = priority[block_id]
             new = after_hit(old)
-            if new is None:
-                continue
             if new == old:
-                self._buckets[old].move_to_end(block_id)
-            else:
+                buckets[old].move_to_end(block_id)
+            elif new is not None:
                 self._leave(block_id, old)
                 priority[block_id] = new
                 self._bucket(new)[block_id] = None
 
     def on_remove(self, ids: Sequence[int]) -> None:
-        priority = self._priority
+        priority, buckets = self._priority, self._buckets
         require_tracked(self.name, ids, priority, distinct=True)
         for block_id in ids:
-            self._leave(block_id, priority.pop(block_id))
+            key = priority.pop(block_id)
+            bucket = buckets[key]
+            del bucket[block_id]
+            if not bucket:
+                self._drop_bucket(key)
 
     def victims(self, n: int, protected: Collection[int] = ()) -> list[int] | None:
         if n <= 0:
@@ -106,8 +108,11 @@ class PriorityPolicy(EvictionPolicy):
         bucket = self._buckets[key]
         del bucket[block_id]
         if not bucket:
-            del self._buckets[key]
-            del self._keys[bisect_left(self._keys, key)]
+            self._drop_bucket(key)
+
+    def _drop_bucket(self, key: int) -> None:
+        del self._buckets[key]
+        del self._keys[bisect_left(self._keys, key)]
 
     def check_invariants(self) -> None:
         assert self._keys == sorted(self._buckets), "bucket keys out of order"

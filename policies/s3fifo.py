@@ -6,7 +6,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Collection, Sequence
 
-from ._checks import count_unprotected, require_new, require_tracked
+from ._checks import enough_unprotected, require_new, require_tracked
 from .base import EvictionPolicy, Hints
 
 #: Hit counts saturate here (a 2-bit counter, as in the paper and libCacheSim).
@@ -108,7 +108,7 @@ class S3FIFO(EvictionPolicy):
     def victims(self, n: int, protected: Collection[int] = ()) -> list[int] | None:
         if n <= 0:
             return []
-        if count_unprotected(self._freq, protected) < n:
+        if not enough_unprotected(self._freq, protected, n):
             return None  # checked first: choosing promotes and decrements
         self._has_evicted = True
         sel = _Selection(protected)

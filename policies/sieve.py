@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Collection, Sequence
 
-from ._checks import count_unprotected, require_new, require_tracked
+from ._checks import enough_unprotected, require_new, require_tracked
 from .base import EvictionPolicy, Hints
 
 
@@ -66,7 +66,7 @@ class Sieve(EvictionPolicy):
     def victims(self, n: int, protected: Collection[int] = ()) -> list[int] | None:
         if n <= 0:
             return []
-        if count_unprotected(self._visited, protected) < n:
+        if not enough_unprotected(self._visited, protected, n):
             return None  # checked first: the sweep below clears bits
         visited, newer = self._visited, self._newer
         chosen: list[int] = []
