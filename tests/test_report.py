@@ -220,6 +220,7 @@ def test_merging_files_of_one_trace(tmp_path):
         ("[]", "not a results document"),
         (json.dumps(make_document(runs=[])), "no runs"),
         (json.dumps(make_document(runs=[{"policy": "lru"}])), "missing"),
+        (json.dumps(make_document() | {"layout": "llama"}), "malformed 'layout'"),
     ],
 )
 def test_bad_results_files_fail_with_a_message(tmp_path, capsys, contents, message):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import shlex
 import time
+from pathlib import Path
 
 from ..errors import UserError
 from ..sim.replay_cli import add_common_options, sweep_from_args
@@ -72,7 +73,8 @@ def _write(out: str, data: ReportData, trace_path: str | None, command: str, res
     names = write_report(out, document, results_csv(data), results, data.version)
     plots = sum(name.endswith(".png") for name in names)
     others = ", ".join(n for n in names if not n.endswith(".png"))
-    print(f"report written to {out}/: {others} and {plots} plots (open {out}/index.html)")
+    folder = Path(out)
+    print(f"report written to {folder}: {others} and {plots} plots (open {folder / 'index.html'})")
 
 
 def _check_trace(path: str, data: ReportData) -> None:

@@ -22,11 +22,13 @@ _SEMANTICS = {
     "object": "object semantics: every block access is an independent lookup (comparable one-to-one with libCacheSim)",
     "prefix": "prefix semantics: a request reuses only the longest cached prefix of its blocks; everything after "
               "the first miss is recomputed and stored again, as a serving engine's prefix cache does",
+    "decode": "decode semantics: a long-sequence decode step trace; each step's reads are accesses and its "
+              "writes are newly computed blocks",
 }
 _MODES = {
     "single": "one tier",
-    "exclusive": "exclusive hierarchy (a block lives in one tier; victims move down HBM → DRAM → NVMe)",
-    "write_through": "write-through hierarchy (lower tiers keep copies)",
+    "exclusive": "exclusive hierarchy",
+    "write_through": "write-through hierarchy",
 }
 
 
@@ -58,7 +60,7 @@ def _slug(*parts: str) -> str:
 
 
 def _group_title(semantics: str, mode: str) -> str:
-    return f"{semantics} semantics, {_MODES.get(mode, mode).split(' (')[0]}"
+    return f"{semantics} semantics, {_MODES.get(mode, mode)}"
 
 
 def _summary(data: ReportData) -> Section:
@@ -69,8 +71,9 @@ def _summary(data: ReportData) -> Section:
         "tier. Lower miss ratios are better."
     )
     bound = (
-        f"{BELADY} (MIN) evicts the block needed furthest in the future. It must know the future, so no serving "
-        f"system can run it, but no policy can miss less: it is the bound. {BASELINE} is the usual baseline. "
+        f"The policy {BELADY} (Belady's MIN) evicts the block needed furthest in the future. It must know the "
+        "future, so no serving system can run it, but no policy can miss less: it is the bound. The policy "
+        f"{BASELINE} (least recently used) is the usual baseline. "
         f"'Gap closed' is (miss {BASELINE} − miss policy) / (miss {BASELINE} − miss {BELADY}): 0% is no better "
         f"than {BASELINE}, 100% is as good as {BELADY}. The compulsory-miss floor counts first accesses, which "
         "miss at any capacity."
@@ -94,18 +97,21 @@ def _finding(best: CapacityBest) -> str:
             if run is not None and run is not best.best]
     if refs:
         text += f" (vs {', '.join(refs)})"
+    if best.best.label == BASELINE:
+        return text + f"; no other online policy beats {BASELINE} here."
     if best.gap_closed is not None:
         text += f", closing {fmt.percent(best.gap_closed)} of the {BASELINE}–{BELADY} gap"
     return text + "."
 
 
 def _curves(data: ReportData, colors: dict[str, str], trace_path: str | None) -> Section:
-    blocks: list = [Paragraph(
-        "Miss ratio against cache capacity, one line per policy (log-scale capacity axis; the top axis gives the "
-        "same capacity in GiB when a model layout is known). Lines nearer the bottom are better; the dashed black "
-        f"line ({BELADY}) is the best any policy could do, the dotted grey line the compulsory floor."
-    )]
     block_bytes = int(data.layout["block_bytes"]) if data.layout and data.layout.get("block_bytes") else None
+    top_axis = " (the top axis gives the same capacities in bytes of KV cache)" if block_bytes else ""
+    blocks: list = [Paragraph(
+        f"Miss ratio against cache capacity, one line per policy; capacity on a log scale{top_axis}. Lower is "
+        f"better. The dashed black line ({BELADY}) is the best any policy could do; the dotted grey line is the "
+        "compulsory-miss floor."
+    )]
     for (semantics, mode), runs in by_group(data.runs).items():
         dense = _dense_for(data, runs, semantics, mode, trace_path)
         floor = data.trace.compulsory_miss_ratio if semantics == "object" else None
@@ -142,8 +148,10 @@ def _tiers(data: ReportData) -> Section:
         blocks.append(Image(f"{_slug('tiers', semantics, mode)}.png", png, title,
                             "Each bar is one run: the share of block accesses that hit in each tier, and the share that missed."))
     if blocks:
-        blocks.insert(0, Paragraph(f"Runs over a hierarchy of tiers. {_MODES['exclusive'].capitalize()}; "
-                                   f"{_MODES['write_through']}. A hit in a slower tier still costs a transfer."))
+        blocks.insert(0, Paragraph(
+            "Runs over a hierarchy of tiers, fastest first. In an exclusive hierarchy a block lives in exactly one "
+            "tier and victims move down HBM → DRAM → NVMe; in a write-through hierarchy lower tiers keep copies. "
+            "A hit in a slower tier avoids recomputation but still costs a transfer to HBM."))
     return Section("Per-tier hits", tuple(blocks))
 
 
@@ -175,15 +183,23 @@ def _prefix(data: ReportData, colors: dict[str, str]) -> Section:
     blocks: list = []
     for (_, mode), group in by_group(runs).items():
         title = f"Prefix reuse against no cache: {_group_title('prefix', mode)}"
-        blocks.append(Image(f"{_slug('prefix_savings', mode)}.png", plots.prefix_savings(group, colors, title), title,
-                            "Left: prompt tokens that need no prefill because their KV was found in the cache. Right: "
-                            "modeled time-to-first-token saved, summed over all requests: prefill time of the saved "
-                            "tokens minus the modeled time of every transfer the cache made. Below zero, moving "
-                            "blocks between tiers costs more than the prefill it saves."))
+        png = plots.prefix_savings(group, colors, title)
+        blocks.append(Image(f"{_slug('prefix_savings', mode)}.png", png, title, _savings_caption(group)))
     if blocks:
         blocks.insert(0, Paragraph("What prefix caching buys a serving engine: prefill work and latency saved, "
                                    "compared with running the same requests without any KV cache."))
     return Section("Prefill and time-to-first-token saved", tuple(blocks))
+
+
+def _savings_caption(runs: list[Run]) -> str:
+    tokens = "Prompt tokens that need no prefill because their KV was found in the cache."
+    if all(r.ttft_saved_s is None for r in runs):
+        return tokens + " No hardware preset was given, so no time-to-first-token is modeled."
+    return (
+        f"Left: {tokens[0].lower()}{tokens[1:]} Right: modeled time-to-first-token saved, summed over all requests: "
+        "prefill time of the saved tokens minus the modeled time of every transfer the cache made. Below zero, "
+        "moving blocks between tiers costs more than the prefill it saves."
+    )
 
 
 def _reproduce(data: ReportData, command: str) -> Section:

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
-__all__ = ["integer", "ratio", "percent", "size", "seconds", "optional"]
+__all__ = ["integer", "ratio", "percent", "size", "seconds", "optional", "tier"]
 
 _BINARY_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+_TIER_NAMES = {"hbm": "HBM", "dram": "DRAM", "nvme": "NVMe"}
+
+
+def tier(name: str) -> str:
+    """A tier as people write it: ``nvme`` -> ``NVMe``."""
+    return _TIER_NAMES.get(name, name)
 
 
 def integer(value: int) -> str:

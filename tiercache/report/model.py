@@ -133,6 +133,8 @@ def from_documents(documents: list[dict], sources: list[str]) -> ReportData:
         UserError: as ``load_results``.
     """
     traces = [_parse_trace(doc, src) for doc, src in zip(documents, sources)]
+    for doc, src in zip(documents, sources):
+        _check_presets(doc, src)
     for doc, trace, src in zip(documents[1:], traces[1:], sources[1:]):
         _check_same_setup(documents[0], traces[0], sources[0], doc, trace, src)
     runs = _merge_runs([_parse_runs(doc, src) for doc, src in zip(documents, sources)], sources)
@@ -179,6 +181,14 @@ def _parse_trace(document: dict, source: str) -> TraceInfo:
         )
     except (TypeError, ValueError) as exc:
         raise UserError(f"{source}: malformed 'trace' entry ({exc})") from None
+
+
+def _check_presets(document: dict, source: str) -> None:
+    layout, hardware = document.get("layout"), document.get("hardware")
+    if layout is not None and not (isinstance(layout, dict) and isinstance(layout.get("block_bytes", 0), int)):
+        raise UserError(f"{source}: malformed 'layout' (expected null or an object with an integer block_bytes)")
+    if hardware is not None and not isinstance(hardware, str):
+        raise UserError(f"{source}: malformed 'hardware' (expected null or a preset name)")
 
 
 def _check_same_setup(first: dict, first_trace: TraceInfo, first_src: str, doc: dict, trace: TraceInfo, src: str) -> None:

@@ -161,10 +161,10 @@ def _bar_width(runs: list[Run], per_bar: float, minimum: float) -> float:
 def tier_breakdown(runs: list[Run], title: str) -> bytes:
     """Stacked bars per hierarchy run: share of accesses served by each tier, and missed."""
     tier_names = [n for n in _TIER_COLORS if n != "miss" and any(t.name == n for r in runs for t in r.tiers)]
-    stacks = {f"{name.upper()} hit": [_tier_hits(r, name) / r.accesses if r.accesses else 0.0 for r in runs]
+    stacks = {f"{fmt.tier(name)} hit": [_tier_hits(r, name) / r.accesses if r.accesses else 0.0 for r in runs]
               for name in tier_names}
     stacks["miss"] = [r.miss_ratio for r in runs]
-    colors = {f"{n.upper()} hit": _TIER_COLORS[n] for n in tier_names} | {"miss": _TIER_COLORS["miss"]}
+    colors = {f"{fmt.tier(n)} hit": _TIER_COLORS[n] for n in tier_names} | {"miss": _TIER_COLORS["miss"]}
     fig = Figure(figsize=(_bar_width(runs, 0.55, 7.0), 4.8), layout="constrained")
     ax = fig.add_subplot()
     _stacked_bars(ax, _bar_labels(runs), stacks, colors)

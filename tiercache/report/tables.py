@@ -28,7 +28,7 @@ class _Column:
 
 
 def _tiers_text(run: Run) -> str:
-    return " + ".join(f"{t.name.upper()} {fmt.integer(t.capacity_blocks)}" for t in run.tiers) or "–"
+    return " + ".join(f"{fmt.tier(t.name)} {fmt.integer(t.capacity_blocks)}" for t in run.tiers) or "–"
 
 
 def _base_columns() -> list[_Column]:
@@ -50,7 +50,7 @@ def _tier_columns(runs: tuple[Run, ...]) -> list[_Column]:
     if not any(r.is_hierarchy for r in runs):
         return []
     present = [n for n in TIER_NAMES if any(t.name == n for r in runs for t in r.tiers)]
-    return [_Column(f"{n.upper()} hits", True, lambda r, g, n=n: fmt.integer(sum(t.hits for t in r.tiers if t.name == n)))
+    return [_Column(f"{fmt.tier(n)} hits", True, lambda r, g, n=n: fmt.integer(sum(t.hits for t in r.tiers if t.name == n)))
             for n in present]
 
 
@@ -111,6 +111,8 @@ def _preset_rows(data: ReportData) -> list[tuple[str, str]]:
     if layout:
         block = f"{fmt.integer(int(layout.get('block_tokens', 0)))} tokens = {fmt.size(int(layout.get('block_bytes', 0)))} of KV"
         rows += [("model (KV layout)", str(layout.get("name", "custom"))), ("one block", block)]
+    else:
+        rows.append(("model (KV layout)", "none given: capacities in blocks only, no bytes"))
     rows.append(("hardware (link model)", data.hardware or "none given: no bytes or times modeled"))
     return rows
 
