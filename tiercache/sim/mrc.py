@@ -23,6 +23,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tiercache.policies.base import NO_NEXT_USE
+
+from .traces import next_use
+
 __all__ = ["ReuseHistogram", "previous_access", "stack_distances", "reuse_histogram", "lru_miss_ratio_curve"]
 
 
@@ -75,11 +79,10 @@ def previous_access(ids: np.ndarray) -> np.ndarray:
     every value a non-negative integer for the bitwise counting below.
     """
     ids = np.asarray(ids, dtype=np.int64)
-    order = np.argsort(ids, kind="stable")  # positions grouped by id, ascending inside a group
-    same_as_before = np.zeros(ids.size, dtype=bool)
-    same_as_before[1:] = ids[order[1:]] == ids[order[:-1]]
+    following = next_use(ids)
+    reused = np.flatnonzero(following != NO_NEXT_USE)
     prev_plus_one = np.zeros(ids.size, dtype=np.int64)
-    prev_plus_one[order[same_as_before]] = order[np.flatnonzero(same_as_before) - 1] + 1
+    prev_plus_one[following[reused]] = reused + 1  # i is the previous access of next_use[i]
     return prev_plus_one
 
 
