@@ -307,3 +307,11 @@ def test_text_is_escaped_in_html_and_markdown(tmp_path):
 def test_dense_curve_note_when_trace_is_missing(tmp_path):
     out = build(tmp_path, make_document())
     assert "was not found" in (out / "report.md").read_text()
+
+
+def test_number_formats():
+    from tiercache.report import fmt
+
+    assert [fmt.size(b) for b in (512, 1536, 64 << 20, 1000 * (64 << 20))] == ["512 B", "1.5 KiB", "64 MiB", "62.5 GiB"]
+    assert [fmt.seconds(s) for s in (1234.5, 12.345, 0.04531)] == ["1,234 s", "12.35 s", "0.0453 s"]
+    assert (fmt.integer(121877), fmt.ratio(0.5), fmt.percent(0.4213), fmt.tier("nvme")) == ("121,877", "0.500000", "42.1%", "NVMe")

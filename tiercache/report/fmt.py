@@ -29,11 +29,12 @@ def percent(value: float, digits: int = 1) -> str:
 
 
 def size(num_bytes: float) -> str:
-    """Bytes in binary units: ``1.5 GiB``."""
+    """Bytes in binary units with at most one decimal: ``1.5 GiB``, ``64 MiB``."""
     value = float(num_bytes)
     for unit in _BINARY_UNITS:
         if abs(value) < 1024 or unit == _BINARY_UNITS[-1]:
-            return f"{value:,.0f} {unit}" if unit == "B" else f"{value:,.1f} {unit}"
+            text = f"{value:,.0f}" if unit == "B" else f"{value:,.1f}".removesuffix(".0")
+            return f"{text} {unit}"
         value /= 1024
     raise AssertionError("unreachable")
 
