@@ -18,9 +18,6 @@ import numpy as np
 
 __all__ = ["TierDirectory", "CountError"]
 
-_FREE, _RESERVED, _PUBLISHED = 0, 1, 2
-
-
 class CountError(RuntimeError):
     """A reference or pin count would go below zero, or a slot state is misused."""
 
@@ -28,8 +25,10 @@ class CountError(RuntimeError):
 class TierDirectory:
     """Slots of one tier.
 
-    Invariants (``check_invariants``): ``len(slot_of) + reserved + free == capacity``; every
-    published slot maps back to its block; pins only on published blocks and all positive.
+    Invariants (``check_invariants``): ``len(slot_of) + len(reserved) + n_free == capacity``;
+    every published slot maps back to its block through ``slot_block``; pins only on
+    published blocks and all positive. Per-block bookkeeping is plain dict/list work (a few
+    hundred nanoseconds per block); ``slot_block`` is the numpy table the data plane reads.
     """
 
     def __init__(self, name: str, capacity: int) -> None:
@@ -39,17 +38,16 @@ class TierDirectory:
         self.capacity = capacity
         self.slot_of: dict[int, int] = {}
         self.slot_block = np.zeros(capacity, dtype=np.int64)
-        self.state = np.zeros(capacity, dtype=np.int8)
+        self.reserved: set[int] = set()
         # Free stack: lowest slots handed out first, so small runs use a dense prefix.
-        self._free = np.arange(capacity - 1, -1, -1, dtype=np.int64)
-        self._n_free = capacity
+        self._free: list[int] = list(range(capacity - 1, -1, -1))
         self.pins: dict[int, int] = {}
 
     # -- queries -------------------------------------------------------------------------
     @property
     def n_free(self) -> int:
         """Slots neither published nor reserved."""
-        return self._n_free
+        return len(self._free)
 
     def __len__(self) -> int:
         return len(self.slot_of)
@@ -63,54 +61,55 @@ class TierDirectory:
         return np.fromiter((slot_of[i] for i in ids), dtype=np.int64, count=len(ids))
 
     # -- slot lifecycle ------------------------------------------------------------------
-    def reserve(self, n: int) -> np.ndarray:
+    def reserve(self, n: int) -> list[int]:
         """Takes ``n`` free slots (reserved, invisible to lookups); raises if too few."""
-        if n > self._n_free:
-            raise CountError(f"tier {self.name}: {n} slots asked, {self._n_free} free")
-        top = self._n_free
-        taken = self._free[top - n : top][::-1].copy()
-        self._n_free = top - n
-        self.state[taken] = _RESERVED
+        free = self._free
+        if n > len(free):
+            raise CountError(f"tier {self.name}: {n} slots asked, {len(free)} free")
+        taken = free[len(free) - n :][::-1]
+        del free[len(free) - n :]
+        self.reserved.update(taken)
         return taken
 
-    def publish(self, ids: Sequence[int], slots: np.ndarray) -> None:
+    def publish(self, ids: Sequence[int], slots: Sequence[int]) -> None:
         """Makes reserved ``slots`` hold ``ids``; each id must be absent from this tier."""
         if len(ids) != len(slots):
             raise ValueError(f"tier {self.name}: {len(ids)} ids for {len(slots)} slots")
-        if not np.all(self.state[slots] == _RESERVED):
-            raise CountError(f"tier {self.name}: publishing slots that are not reserved")
-        slot_of = self.slot_of
-        for block_id, slot in zip(ids, slots.tolist()):
+        slot_of, reserved, table = self.slot_of, self.reserved, self.slot_block
+        for block_id, slot in zip(ids, _as_list(slots)):
+            if slot not in reserved:
+                raise CountError(f"tier {self.name}: publishing slot {slot}, which is not reserved")
             if block_id in slot_of:
                 raise KeyError(f"tier {self.name}: block {block_id} is already present")
+            reserved.discard(slot)
             slot_of[block_id] = slot
-        self.slot_block[slots] = ids
-        self.state[slots] = _PUBLISHED
+            table[slot] = block_id
 
-    def insert(self, ids: Sequence[int]) -> np.ndarray:
+    def insert(self, ids: Sequence[int]) -> list[int]:
         """Reserves and publishes slots for new ids at once; returns their slots."""
         slots = self.reserve(len(ids))
         self.publish(ids, slots)
         return slots
 
-    def remove(self, ids: Sequence[int]) -> np.ndarray:
+    def remove(self, ids: Sequence[int]) -> list[int]:
         """Unpublishes unpinned ids and frees their slots; returns the freed slots."""
         slot_of, pins = self.slot_of, self.pins
         for block_id in ids:
             if block_id in pins:
                 raise CountError(f"tier {self.name}: block {block_id} is pinned by a transfer")
-        slots = np.fromiter((slot_of.pop(i) for i in ids), dtype=np.int64, count=len(ids))
-        self.release(slots, _PUBLISHED)
+            if block_id not in slot_of:
+                raise KeyError(f"tier {self.name}: block {block_id} is not present")
+        slots = [slot_of.pop(block_id) for block_id in ids]
+        self._free.extend(slots)
         return slots
 
-    def release(self, slots: np.ndarray, expected_state: int = _RESERVED) -> None:
-        """Returns slots in ``expected_state`` (reserved by default) to the free stack."""
-        if not np.all(self.state[slots] == expected_state):
-            raise CountError(f"tier {self.name}: releasing slots in the wrong state")
-        n = len(slots)
-        self.state[slots] = _FREE
-        self._free[self._n_free : self._n_free + n] = slots
-        self._n_free += n
+    def release(self, slots: Sequence[int]) -> None:
+        """Returns reserved slots (of a failed or abandoned transfer) to the free stack."""
+        slots = _as_list(slots)
+        if not self.reserved.issuperset(slots):
+            raise CountError(f"tier {self.name}: releasing slots that are not reserved")
+        self.reserved.difference_update(slots)
+        self._free.extend(slots)
 
     # -- pins ----------------------------------------------------------------------------
     def pin(self, ids: Iterable[int]) -> None:
@@ -136,14 +135,18 @@ class TierDirectory:
     # -- checks --------------------------------------------------------------------------
     def check_invariants(self) -> None:
         """Asserts the slot states, maps and counts agree."""
-        published = np.flatnonzero(self.state == _PUBLISHED)
-        reserved = int(np.count_nonzero(self.state == _RESERVED))
-        assert len(published) == len(self.slot_of), f"{self.name}: published slots != map size"
-        assert len(published) + reserved + self._n_free == self.capacity, f"{self.name}: slot count leak"
-        free = self._free[: self._n_free]
-        assert len(np.unique(free)) == len(free), f"{self.name}: slot freed twice"
-        assert np.all(self.state[free] == _FREE), f"{self.name}: free stack holds a used slot"
+        free = self._free
+        used = set(self.slot_of.values())
+        assert len(used) == len(self.slot_of), f"{self.name}: two blocks share a slot"
+        assert len(used) + len(self.reserved) + len(free) == self.capacity, f"{self.name}: slot count leak"
+        assert len(set(free)) == len(free), f"{self.name}: slot freed twice"
+        assert used.isdisjoint(free) and used.isdisjoint(self.reserved), f"{self.name}: slot in two states"
+        assert self.reserved.isdisjoint(free), f"{self.name}: reserved slot on the free stack"
         for block_id, slot in self.slot_of.items():
             assert self.slot_block[slot] == block_id, f"{self.name}: slot {slot} does not map back to {block_id}"
         for block_id, count in self.pins.items():
             assert count > 0 and block_id in self.slot_of, f"{self.name}: bad pin on {block_id}"
+
+
+def _as_list(slots: Sequence[int]) -> list[int]:
+    return slots.tolist() if isinstance(slots, np.ndarray) else list(slots)

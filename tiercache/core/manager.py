@@ -27,6 +27,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
+
 from tiercache.policies.base import NO_NEXT_USE, AdmissionPolicy, EvictionPolicy, Hints
 
 from .directory import CountError, TierDirectory
@@ -326,7 +328,8 @@ class TierManager:
             if not keep_source and block_id in src_dir.pins:
                 return None
         src_dir.pin(ids)
-        plan = TransferPlan(self._next_job, tuple(ids), src, src_dir.slots(ids), dst, dst_dir.reserve(len(ids)), keep_source)
+        dst_slots = np.asarray(dst_dir.reserve(len(ids)), dtype=np.int64)
+        plan = TransferPlan(self._next_job, tuple(ids), src, src_dir.slots(ids), dst, dst_slots, keep_source)
         self._next_job += 1
         self.inflight[plan.job_id] = plan
         return plan

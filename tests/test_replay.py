@@ -1,0 +1,157 @@
+"""`tiercache replay`: golden numbers against libCacheSim, Belady bound, results contract."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import DATA, SAMPLE_TRACE
+from tiercache.cli import main
+from tiercache.sim.sweep import run_sweep
+
+CAPACITIES = [1000, 4000, 16000]
+GOLDEN = DATA / "golden_libcachesim.json"
+EXACT = ["lru", "fifo", "belady"]
+CLOSE = ["arc", "s3fifo", "sieve"]
+
+
+@pytest.fixture(scope="module")
+def object_sweep() -> dict:
+    return run_sweep(str(SAMPLE_TRACE), EXACT + CLOSE + ["lfu"], CAPACITIES, ["object"], workers=2, progress=False)
+
+
+def _golden() -> dict:
+    if not GOLDEN.exists():
+        pytest.skip("golden libCacheSim numbers not generated yet")
+    return json.loads(GOLDEN.read_text())["miss_ratio"]
+
+
+def _ratios(results: dict, semantics: str = "object") -> dict[tuple[str, int], float]:
+    return {(r["policy"], r["capacity_blocks"]): r["miss_ratio"] for r in results["runs"] if r["semantics"] == semantics}
+
+
+@pytest.mark.parametrize("policy", EXACT)
+def test_exact_policies_equal_libcachesim_through_the_manager(object_sweep, policy):
+    golden, ours = _golden(), _ratios(object_sweep)
+    for cap in CAPACITIES:
+        assert round(ours[(policy, cap)], 4) == round(golden[policy][str(cap)], 4), (policy, cap)
+
+
+@pytest.mark.parametrize("policy", CLOSE)
+def test_adaptive_policies_within_a_hundredth_of_libcachesim(object_sweep, policy):
+    golden, ours = _golden(), _ratios(object_sweep)
+    for cap in CAPACITIES:
+        assert abs(ours[(policy, cap)] - golden[policy][str(cap)]) <= 0.01, (policy, cap)
+
+
+def test_live_libcachesim_agrees_with_the_manager_for_lru(object_sweep, tmp_path):
+    lcs = pytest.importorskip("libcachesim")
+    from tiercache.sim.oracle import export_oracle_general
+
+    path = tmp_path / "trace.oracleGeneral"
+    export_oracle_general(str(SAMPLE_TRACE), str(path))
+    ours = _ratios(object_sweep)
+    for cap in CAPACITIES:
+        reader = lcs.TraceReader(str(path), lcs.TraceType.ORACLE_GENERAL_TRACE)
+        theirs, _ = lcs.LRU(cache_size=cap).process_trace(reader)
+        assert round(theirs, 4) == round(ours[("lru", cap)], 4)
+
+
+@pytest.mark.parametrize("semantics", ["object", "prefix"])
+def test_belady_is_a_lower_bound(semantics, object_sweep):
+    if semantics == "object":
+        results = object_sweep
+    else:
+        results = run_sweep(str(SAMPLE_TRACE), EXACT + CLOSE + ["lfu"], CAPACITIES, ["prefix"], workers=2, progress=False)
+    ratios = _ratios(results, semantics)
+    for cap in CAPACITIES:
+        bound = ratios[("belady", cap)]
+        assert all(v >= bound - 1e-12 for (p, c), v in ratios.items() if c == cap), cap
+
+
+def test_results_document_contract(tmp_path, capsys):
+    out = tmp_path / "results.json"
+    code = main([
+        "replay", str(DATA / "mooncake_head.jsonl"), "--policy", "lru,fifo", "--capacity", "100,400",
+        "--semantics", "object,prefix", "--model", "llama-3-8b", "--hardware", "h200-pcie5-nvme4",
+        "--out", str(out), "--no-progress", "--workers", "1",
+    ])
+    assert code == 0
+    doc = json.loads(out.read_text())
+    assert doc["trace"]["fingerprint"] and doc["layout"]["block_bytes"] == 512 * 128 * 1024
+    assert len(doc["runs"]) == 8
+    for run in doc["runs"]:
+        for key in ("policy", "semantics", "capacity_blocks", "accesses", "hits", "misses", "miss_ratio", "tiers"):
+            assert key in run
+        assert run["hits"] + run["misses"] == run["accesses"]
+        assert run["tiers"][0]["name"] == "hbm" and run["tiers"][0]["hits"] == run["hits"]
+        assert "modeled_seconds" in run and "bytes_moved" in run
+    prefix = [r for r in doc["runs"] if r["semantics"] == "prefix"]
+    assert all(r["prefill_tokens_saved"] > 0 and "ttft_saved_s" in r for r in prefix)
+    assert "miss ratio" in capsys.readouterr().out
+
+
+def test_hierarchy_run_reports_every_tier_and_link_bytes(tmp_path):
+    doc = run_sweep(str(DATA / "mooncake_head.jsonl"), ["lru"], [], ["object"], tiers="hbm=50,dram=200,nvme=800",
+                    model="llama-3-8b", hardware="h200-pcie5-nvme4", workers=1, progress=False)
+    (run,) = doc["runs"]
+    assert [t["name"] for t in run["tiers"]] == ["hbm", "dram", "nvme"]
+    assert sum(t["hits"] for t in run["tiers"]) == run["hits"]
+    assert run["bytes_moved"]["hbm->dram"] > 0 and run["modeled_seconds"]["total"] > 0
+    assert run["capacity_blocks"] == 1050 and run["mode"] == "exclusive"
+
+
+def _error(argv, capsys) -> str:
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "Traceback" not in err
+    return err
+
+
+@pytest.mark.parametrize(
+    "extra, needle",
+    [
+        (["--capacity", "0"], "--capacity"),
+        (["--capacity", "-5"], "--capacity"),
+        (["--capacity", "abc"], "--capacity"),
+        (["--policy", "nope"], "unknown eviction policy 'nope'"),
+        (["--model", "gpt-17"], "unknown model preset"),
+        (["--model", "llama-3-8b", "--hardware", "warp-drive"], "warp-drive"),
+        (["--semantics", "sideways"], "--semantics"),
+        (["--tiers", "hbm=0"], "--tiers hbm"),
+        (["--tiers", "l4=10"], "unknown tier"),
+    ],
+)
+def test_bad_options_exit_cleanly(extra, needle, capsys):
+    err = _error(["replay", str(DATA / "mooncake_head.jsonl"), "--no-progress", *extra], capsys)
+    assert needle in err
+
+
+@pytest.mark.parametrize(
+    "content, needle",
+    [
+        ("", "empty"),
+        ('{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [1, 2]}\n{not json\n', ":2"),
+        ('{"timestamp": 0, "input_length": 5, "output_length": 1}\n', "hash_ids"),
+        ('{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [1, "x"]}\n', ":1"),
+    ],
+)
+def test_bad_traces_name_file_and_line(tmp_path, content, needle, capsys):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(content)
+    err = _error(["replay", str(path), "--no-progress"], capsys)
+    assert "bad.jsonl" in err and needle in err
+
+
+def test_missing_trace_file(tmp_path, capsys):
+    err = _error(["replay", str(tmp_path / "nope.jsonl"), "--no-progress"], capsys)
+    assert "nope.jsonl" in err
+
+
+def test_bundled_example_is_a_slice_of_the_sample(sample_trace):
+    head = Path(DATA / "mooncake_head.jsonl").read_text().splitlines()
+    full = Path(sample_trace).read_text().splitlines()
+    assert head == full[: len(head)]
