@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ._checks import require_tracked
 from .priority import PriorityPolicy
 
 
@@ -16,3 +17,7 @@ class FIFO(PriorityPolicy):
 
     def priority_after_hit(self, priority: int) -> None:
         return None
+
+    def on_access(self, ids, hints=None) -> None:
+        """Hits leave FIFO order unchanged; only the ids are checked."""
+        require_tracked(self.name, ids, self._priority)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ._checks import require_tracked
 from .priority import PriorityPolicy
 
 
@@ -17,3 +18,12 @@ class LRU(PriorityPolicy):
 
     def priority_after_hit(self, priority: int) -> int:
         return priority
+
+    def on_access(self, ids, hints=None) -> None:
+        """Moves each id to the back of the single bucket (the generic walk, without the
+        per-id ``priority_after_hit`` call: this is the replay's hottest loop)."""
+        require_tracked(self.name, ids, self._priority)
+        if ids:
+            move = self._buckets[self.initial_priority].move_to_end
+            for block_id in ids:
+                move(block_id)

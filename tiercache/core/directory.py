@@ -75,15 +75,16 @@ class TierDirectory:
         """Makes reserved ``slots`` hold ``ids``; each id must be absent from this tier."""
         if len(ids) != len(slots):
             raise ValueError(f"tier {self.name}: {len(ids)} ids for {len(slots)} slots")
-        slot_of, reserved, table = self.slot_of, self.reserved, self.slot_block
-        for block_id, slot in zip(ids, _as_list(slots)):
-            if slot not in reserved:
-                raise CountError(f"tier {self.name}: publishing slot {slot}, which is not reserved")
+        slot_of, reserved = self.slot_of, self.reserved
+        slots = _as_list(slots)
+        if not reserved.issuperset(slots):
+            raise CountError(f"tier {self.name}: publishing slots that are not reserved")
+        for block_id in ids:
             if block_id in slot_of:
                 raise KeyError(f"tier {self.name}: block {block_id} is already present")
-            reserved.discard(slot)
-            slot_of[block_id] = slot
-            table[slot] = block_id
+        reserved.difference_update(slots)
+        slot_of.update(zip(ids, slots))
+        self.slot_block[slots] = ids
 
     def insert(self, ids: Sequence[int]) -> list[int]:
         """Reserves and publishes slots for new ids at once; returns their slots."""

@@ -37,6 +37,8 @@ from .plans import Ev, EventLog, JobResult, TransferPlan
 
 __all__ = ["TierManager", "CountError"]
 
+_NOTHING: frozenset = frozenset()
+
 
 class _Guard:
     """Ids that may not be victims: pinned in the tier, referenced, or explicitly protected."""
@@ -262,7 +264,9 @@ class TierManager:
             return True
         if need > directory.capacity:
             return False
-        guard = _Guard(directory.pins, self.refs, protected)
+        # The common case has nothing protected: a plain empty set keeps the policy's
+        # membership test in C instead of a Python __contains__ per candidate.
+        guard = _Guard(directory.pins, self.refs, protected) if (directory.pins or self.refs or protected) else _NOTHING
         victims = self.policies[tier].victims(need, guard)
         if victims is None:
             return False
