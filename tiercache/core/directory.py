@@ -92,6 +92,18 @@ class TierDirectory:
         self.publish(ids, slots)
         return slots
 
+    def claim(self, ids: Sequence[int], slots: Sequence[int]) -> None:
+        """Publishes ``ids`` in the given free ``slots`` (adopting stored blocks on reopen).
+
+        Costs a pass over the free stack: meant for start-up, not the hot path.
+        """
+        wanted = set(_as_list(slots))
+        if len(wanted) != len(slots) or not wanted.issubset(self._free):
+            raise CountError(f"tier {self.name}: claimed slots are repeated or not free")
+        self._free = [slot for slot in self._free if slot not in wanted]
+        self.reserved.update(wanted)
+        self.publish(ids, slots)
+
     def remove(self, ids: Sequence[int]) -> list[int]:
         """Unpublishes unpinned ids and frees their slots; returns the freed slots."""
         slot_of, pins = self.slot_of, self.pins

@@ -7,7 +7,7 @@ applies results on its own thread; engines never touch metadata.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, Sequence
 
 from .plans import JobResult, TransferPlan
 
@@ -25,6 +25,15 @@ class TransferEngine(Protocol):
 
     def wait(self, job_id: int) -> JobResult:
         """Blocks until ``job_id`` has finished and returns its result (not returned by poll)."""
+
+    def fill(self, tier: int, ids: Sequence[int], slots: Sequence[int]) -> None:
+        """Writes the bytes of newly computed blocks ``ids`` into ``slots`` of ``tier``.
+
+        Called as soon as the manager places new blocks, before anything can move them.
+        """
+
+    def discard(self, tier: int, ids: Sequence[int], slots: Sequence[int]) -> None:
+        """Forgets the stored bytes of ``ids`` (left ``tier``); a durable tier deletes them."""
 
 
 class ImmediateEngine:
@@ -52,3 +61,9 @@ class ImmediateEngine:
 
     def wait(self, job_id: int) -> JobResult:
         return self._done.pop(job_id)
+
+    def fill(self, tier: int, ids: Sequence[int], slots: Sequence[int]) -> None:
+        """No bytes to write."""
+
+    def discard(self, tier: int, ids: Sequence[int], slots: Sequence[int]) -> None:
+        """No bytes to forget."""

@@ -182,6 +182,18 @@ class TierManager:
                 raise KeyError(f"insert of block {block_id}, which is already resident")
         self._insert_new(list(ids), hints)
 
+    def restore(self, tier: int, ids: Sequence[int], slots: Sequence[int]) -> None:
+        """Adopts blocks already stored in ``slots`` of ``tier`` (reopening a durable store).
+
+        The slots must be free and the ids absent from every tier; nothing is moved.
+        """
+        for block_id in ids:
+            if self.locate(block_id) is not None:
+                raise KeyError(f"restore of block {block_id}, which is already resident")
+        self.dirs[tier].claim(ids, slots)
+        self.policies[tier].on_insert(list(ids), self._future_hints(ids))
+        self.events.emit(Ev.INSERT, tier, len(ids))
+
     def _touch_top(self, run: Sequence[int], hints: Hints | None, count_hits: bool) -> None:
         self.policies[0].on_access(run, hints)
         self._count_found(0, len(run), count_hits)
@@ -228,7 +240,7 @@ class TierManager:
             if not self._make_room(0, len(chunk), self._no_extra):
                 self.events.emit(Ev.REFUSED, 0, len(chunk))  # everything pinned: not stored
                 continue
-            self.dirs[0].insert(chunk)
+            self.engine.fill(0, chunk, self.dirs[0].insert(chunk))
             self.policies[0].on_insert(chunk, _slice(hints, a, b))
             self.events.emit(Ev.INSERT, 0, len(chunk))
             if self.write_through:
@@ -278,7 +290,7 @@ class TierManager:
 
     def _drop(self, tier: int, ids: Sequence[int]) -> None:
         self.policies[tier].on_remove(ids)
-        self.dirs[tier].remove(ids)
+        self.engine.discard(tier, ids, self.dirs[tier].remove(ids))
         self.events.emit(Ev.EVICT, tier, len(ids))
         if self._future is not None:  # forget the future of blocks that left the hierarchy
             for block_id in ids:
@@ -350,7 +362,7 @@ class TierManager:
             return plan
         if not plan.keep_source:
             self.policies[plan.src_tier].on_remove(plan.ids)
-            src_dir.remove(plan.ids)
+            self.engine.discard(plan.src_tier, plan.ids, src_dir.remove(plan.ids))
         dst_dir.publish(plan.ids, plan.dst_slots)
         self.policies[plan.dst_tier].on_insert(plan.ids, hints)
         self.events.emit(_move_kind(plan), plan.src_tier, plan.n_blocks, plan.dst_tier)

@@ -95,6 +95,12 @@ class SimEngine:
                 return JobResult(job_id)
         raise KeyError(f"job {job_id} was not submitted or was already returned")
 
+    def fill(self, tier: int, ids, slots) -> None:
+        """Computed blocks cost recompute time, accounted by the replay, not a link."""
+
+    def discard(self, tier: int, ids, slots) -> None:
+        """Nothing stored, nothing to forget."""
+
     def total_seconds(self) -> float:
         """Busy seconds summed over links (an upper bound on the makespan)."""
         return sum(u.seconds for u in self.usage.values())
