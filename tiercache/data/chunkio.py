@@ -14,7 +14,10 @@ the same width; the true dtype is in the array attributes.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import errno
+import glob
 import json
 import os
 from dataclasses import dataclass
@@ -32,6 +35,7 @@ __all__ = [
     "ChunkCodec",
     "create_array",
     "read_attributes",
+    "check_store",
     "chunk_name",
     "parse_chunk_slot",
     "write_chunk_file",
@@ -57,8 +61,35 @@ STORAGE_DTYPES = {
 }
 
 
+def _load_crc32c_library():
+    """The C function ``crc32c_value`` of the library google_crc32c bundles, or None.
+
+    Called through ctypes, it runs without the GIL: the extension module releases the GIL
+    only for ``bytes`` arguments, so on numpy views of blocks it would serialize every I/O
+    thread behind each checksum (~50 us per MiB).
+    """
+    libs = os.path.join(os.path.dirname(os.path.dirname(google_crc32c.__file__)), "google_crc32c.libs")
+    candidates = sorted(glob.glob(os.path.join(libs, "libcrc32c*"))) + [ctypes.util.find_library("crc32c")]
+    for path in filter(None, candidates):
+        try:
+            function = ctypes.CDLL(path).crc32c_value
+        except (OSError, AttributeError):
+            continue
+        function.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        function.restype = ctypes.c_uint32
+        return function
+    return None
+
+
+_crc32c_value = _load_crc32c_library()
+_GIL_FREE_MIN = 64 << 10  # below this the ctypes call costs more than it saves
+
+
 def crc32c(data: np.ndarray) -> int:
-    """crc32c of a uint8 numpy array (no copy; the extension releases the GIL above 1 MB)."""
+    """crc32c of a contiguous uint8 numpy array, without a copy; large arrays are
+    checksummed without holding the GIL."""
+    if _crc32c_value is not None and data.size >= _GIL_FREE_MIN and data.flags.c_contiguous:
+        return _crc32c_value(data.__array_interface__["data"][0], data.size)
     return google_crc32c.value(data)
 
 
@@ -121,6 +152,27 @@ def read_attributes(path: str) -> tuple[tuple[int, ...], dict]:
     if meta.get("node_type") != "array" or not isinstance(attrs, dict):
         raise UserError(f"{path}: a zarr store, but not one written by tiercache (no '{ATTR_KEY}' attributes)")
     return tuple(meta.get("shape", ())), attrs
+
+
+def check_store(path: str, layout: KVLayout, compression: str | None, capacity: int | None) -> int:
+    """Checks an existing store against what the caller asks for; returns its capacity.
+
+    Raises:
+        UserError: another format version, layout, compression or capacity (the message
+            gives stored and asked values).
+    """
+    shape, attrs = read_attributes(path)
+    wanted = layout_attributes(layout, compression)
+    if attrs.get("format_version") != FORMAT_VERSION:
+        raise UserError(f"{path}: store format {attrs.get('format_version')!r}, this tiercache reads {FORMAT_VERSION}")
+    if attrs.get("layout") != wanted["layout"]:
+        raise UserError(f"{path}: store holds layout {attrs.get('layout')}, asked for {wanted['layout']}")
+    if attrs.get("compression") != compression:
+        raise UserError(f"{path}: store compression is {attrs.get('compression')!r}, asked for {compression!r}")
+    stored = int(shape[0])
+    if capacity is not None and capacity != stored:
+        raise UserError(f"{path}: store capacity is {stored} blocks, asked for {capacity}")
+    return stored
 
 
 def chunk_name(slot: int, ndim: int) -> str:
@@ -198,8 +250,7 @@ def _write_all(fd: int, buffers: list) -> int:
 def write_chunk_file(tmp_path: str, final_path: str, buffers: list) -> int:
     """Writes a chunk durably and atomically: temp file, fdatasync, rename over the chunk.
 
-    The rename itself is made durable later by ``fsync_dir`` (batched at index flush);
-    the page cache copy is dropped because the DRAM tier, not the kernel, caches blocks.
+    The rename itself is made durable later by ``fsync_dir`` (batched at index flush).
     On any OSError the temp file is removed and the error re-raised; the chunk path then
     still holds whatever it held before.
 
@@ -211,7 +262,6 @@ def write_chunk_file(tmp_path: str, final_path: str, buffers: list) -> int:
         try:
             written = _write_all(fd, buffers)
             os.fdatasync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)
         os.replace(tmp_path, final_path)
@@ -219,6 +269,34 @@ def write_chunk_file(tmp_path: str, final_path: str, buffers: list) -> int:
         _unlink_quietly(tmp_path)
         raise
     return written
+
+
+def overwrite_chunk_file(path: str, buffers: list, length: int) -> bool:
+    """Overwrites an existing chunk file of exactly ``length`` bytes in place, durably.
+
+    Same-size overwrite needs no block allocation or size change, so fdatasync flushes
+    data only (no filesystem journal commit): on ext4 this is the difference between
+    the raw disk's overwrite speed and its much slower allocate-and-commit speed. Crash
+    safety comes from the index: the slot is not published (or its durable entry carries
+    the old crc) until this returns, and reads verify length and crc against the index.
+
+    Returns:
+        False (nothing written) when the file is absent or has another length.
+    """
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    try:
+        if os.fstat(fd).st_size != length:
+            return False
+        done = os.pwritev(fd, buffers, 0)
+        if done != length:
+            raise OSError(errno.EIO, f"short write to {path} ({done} of {length} bytes)")
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
+    return True
 
 
 def _unlink_quietly(path: str) -> None:

@@ -7,6 +7,13 @@ keeps its index consistent across crashes.
 
 Durability and ordering, per block: chunk bytes go to a temp file, are fdatasync'ed and
 renamed over the slot's chunk file; the block is then visible to ``get`` in this process.
+A reused slot whose chunk file already has the new chunk's exact length is instead
+overwritten in place and fdatasync'ed (``overwrite_in_place``, default on): allocating new
+space costs a filesystem journal commit per block, which on ext4 halves durable write
+throughput, and the index makes the rename unnecessary for safety. No durable index entry
+names a free slot (slots are reused only after their retirement is durable); where one
+still names a slot being rewritten (a put that names a live slot), its crc no longer
+matches and the bytes are reported as a miss, never served.
 ``flush`` fsyncs the directory (making the renames durable) and only then appends the new
 index entries to the journal: a block counts as stored across a crash only once its index
 entry is durable, and an index entry never names a chunk that is not durable. Slots freed
@@ -23,7 +30,7 @@ import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -32,7 +39,8 @@ from ..config import KVLayout, parse_capacity
 from ..errors import UserError
 from . import chunkio
 from .buffers import PAGE, aligned_tensor, block_list, byte_array, is_aligned, round_up, torch_dtype
-from .nvme_index import Entry, IndexFiles, SlotTable
+from .iojobs import run_batch
+from .nvme_index import Entry, IndexFiles, SlotTable, sweep_directory
 
 __all__ = ["NVMeStore", "PutResult", "StoreFullError"]
 
@@ -61,29 +69,6 @@ class PutResult:
         return self.error is None
 
 
-def _gather(futures: list[Future], finish: Callable[[list], object]) -> Future:
-    """One future that resolves to ``finish(results)`` once every future in ``futures`` is done."""
-    combined: Future = Future()
-    remaining = [len(futures)]
-    lock = threading.Lock()
-
-    def on_done(_: Future) -> None:
-        with lock:
-            remaining[0] -= 1
-            if remaining[0]:
-                return
-        try:
-            combined.set_result(finish([f.result() for f in futures]))
-        except BaseException as exc:  # a bug in a worker: hand it to whoever waits
-            combined.set_exception(exc)
-
-    if not futures:
-        combined.set_result(finish([]))
-    for future in futures:
-        future.add_done_callback(on_done)
-    return combined
-
-
 class NVMeStore:
     """A crash-consistent block store on local disk, in zarr v3 format.
 
@@ -103,6 +88,7 @@ class NVMeStore:
         create: bool = True,
         io_threads: int = 4,
         direct_io: bool = True,
+        overwrite_in_place: bool = True,
     ) -> None:
         """Opens the store at ``path``, creating it when absent and ``create`` is set.
 
@@ -115,6 +101,9 @@ class NVMeStore:
             create: create a missing store; False makes a missing store an error.
             io_threads: I/O worker threads.
             direct_io: read with O_DIRECT where the filesystem allows it.
+            overwrite_in_place: rewrite a reused slot's same-size chunk file in place
+                instead of temp file + rename (zarr readers running concurrently with a
+                crash may then see a torn chunk of a slot that no index entry names).
 
         Raises:
             UserError: path is a file or a non-store directory, layout/capacity/compression
@@ -129,8 +118,13 @@ class NVMeStore:
         self.path = os.fspath(path)
         self.layout = layout
         self.compression = compression
+        self.overwrite_in_place = bool(overwrite_in_place)
         self.stats = dict.fromkeys(_STAT_NAMES, 0)
         self._ndim = 1 + len(layout.block_shape)
+        self._chunk_prefix = os.path.join(self.path, "c.")
+        self._chunk_suffix = ".0" * len(layout.block_shape)
+        self._in_place_layout = compression is None and layout.block_bytes % PAGE == 0
+        self._dir_dirty = False  # a chunk was renamed into place since the last directory fsync
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()
         self._closed = False
@@ -138,6 +132,7 @@ class NVMeStore:
         self._codec = chunkio.ChunkCodec(layout.block_bytes, compression, layout.dtype_bytes)
         self.direct_io = direct_io and self._probe_direct()
         self._local = threading.local()
+        self._io_threads = io_threads
         self._executor = ThreadPoolExecutor(io_threads, "tiercache-nvme", initializer=self._init_thread)
 
     # ----- opening -------------------------------------------------------------------
@@ -164,39 +159,15 @@ class NVMeStore:
 
     def _reopen(self, capacity_blocks: int | str | None) -> int:
         """Checks the stored layout, capacity and compression, loads the index, sweeps garbage."""
-        shape, attrs = chunkio.read_attributes(self.path)
-        wanted = chunkio.layout_attributes(self.layout, self.compression)
-        if attrs.get("format_version") != chunkio.FORMAT_VERSION:
-            raise UserError(f"{self.path}: store format {attrs.get('format_version')!r}, this tiercache reads {chunkio.FORMAT_VERSION}")
-        if attrs.get("layout") != wanted["layout"]:
-            raise UserError(f"{self.path}: store holds layout {attrs.get('layout')}, asked for {wanted['layout']}")
-        if attrs.get("compression") != self.compression:
-            raise UserError(f"{self.path}: store compression is {attrs.get('compression')!r}, asked for {self.compression!r}")
-        capacity = int(shape[0])
-        if capacity_blocks is not None and parse_capacity(capacity_blocks, self.layout, "NVMeStore capacity") != capacity:
-            raise UserError(f"{self.path}: store capacity is {capacity} blocks, asked for {capacity_blocks!r}")
+        wanted = None if capacity_blocks is None else parse_capacity(capacity_blocks, self.layout, "NVMeStore capacity")
+        capacity = chunkio.check_store(self.path, self.layout, self.compression, wanted)
         self._table, self._files = SlotTable(capacity), IndexFiles(self.path)
         self._files.load(self._table)
-        self._sweep()
-        return capacity
-
-    def _sweep(self) -> None:
-        """Removes temp files and chunks without a (matching) index entry; forgets index
-        entries whose chunk is missing. Runs at open, before any I/O thread exists."""
-        live = self._table.live_slots()
-        present = set()
-        for entry in os.scandir(self.path):
-            slot = chunkio.parse_chunk_slot(entry.name, self._ndim)
-            if slot is not None and live.get(slot) == entry.stat().st_size:
-                present.add(slot)
-            elif slot is not None or entry.name.startswith(_TMP_PREFIX):
-                os.unlink(entry.path)  # a write that never reached the index: garbage
-                self.stats["garbage_removed"] += 1
-        for slot in live.keys() - present:
-            self._table.drop_slot(slot)
-            self.stats["recovered_dropped"] += 1
-        if self.stats["garbage_removed"] or self.stats["recovered_dropped"]:
+        removed, dropped = sweep_directory(self.path, self._ndim, self._table, _TMP_PREFIX)
+        self.stats["garbage_removed"], self.stats["recovered_dropped"] = removed, dropped
+        if removed or dropped:
             self.flush()
+        return capacity
 
     def _probe_direct(self) -> bool:
         """True when this filesystem accepts O_DIRECT opens (tmpfs does not)."""
@@ -235,15 +206,25 @@ class NVMeStore:
 
     # ----- writes --------------------------------------------------------------------
 
-    def submit_put(self, keys: Sequence[bytes], blocks: torch.Tensor | Sequence[torch.Tensor]) -> Future:
+    def submit_put(
+        self, keys: Sequence[bytes], blocks: torch.Tensor | Sequence[torch.Tensor], slots: Sequence[int] | None = None
+    ) -> Future:
         """Starts writing ``blocks[i]`` under ``keys[i]``; returns a future of ``list[PutResult]``.
 
         Slots are reserved before returning, so capacity errors are raised here. A put of a
         key already stored replaces it (the old slot is retired). Visible to ``get`` when
         the future is done; durable across a crash after the next ``flush``.
 
+        Args:
+            keys: one distinct ``bytes`` key per block.
+            blocks: a tensor ``[n, *block_shape]`` or a list of per-block tensors.
+            slots: the slots to write (a manager that tracks NVMe slots itself, e.g. from a
+                ``TransferPlan``); a slot holding another key drops that key. None: the
+                store picks free slots.
+
         Raises:
-            UserError: keys not bytes or repeated, blocks of wrong dtype/shape/count.
+            UserError: keys not bytes or repeated, blocks of wrong dtype/shape/count, a
+                named slot out of range, repeated or already being written.
             StoreFullError: fewer free slots than blocks; nothing is written.
         """
         self._check_open()
@@ -251,16 +232,29 @@ class NVMeStore:
         if len(set(keys)) != len(keys):
             raise UserError("NVMeStore.put: a key appears twice in one batch")
         views = block_list(blocks, self.layout, len(keys), "NVMeStore.put blocks")
-        with self._lock:
-            reserved = self._table.reserve(len(keys))
-            if reserved is None:
-                raise StoreFullError(self._full_message(len(keys)))
-        jobs = [self._executor.submit(self._write_one, k, s, g, v) for k, (s, g), v in zip(keys, reserved, views)]
-        return _gather(jobs, list)
+        reserved = self._reserve(len(keys), slots)
+        return run_batch(self._executor, self._io_threads, len(keys),
+                         lambda i: self._write_one(keys[i], *reserved[i], views[i]), list)
 
-    def put(self, keys: Sequence[bytes], blocks: torch.Tensor | Sequence[torch.Tensor]) -> list[PutResult]:
+    def put(
+        self, keys: Sequence[bytes], blocks: torch.Tensor | Sequence[torch.Tensor], slots: Sequence[int] | None = None
+    ) -> list[PutResult]:
         """Blocking ``submit_put``: writes the blocks and returns one ``PutResult`` per key."""
-        return self.submit_put(keys, blocks).result()
+        return self.submit_put(keys, blocks, slots).result()
+
+    def _reserve(self, n: int, slots: Sequence[int] | None) -> list[tuple[int, int]]:
+        """Reserves ``n`` slots (the given ones, or free ones) and their generations."""
+        if slots is not None:
+            slots = [int(s) for s in slots]
+            if len(slots) != n:
+                raise UserError(f"NVMeStore.put: {n} keys but {len(slots)} slots")
+        with self._lock:
+            if slots is not None:
+                return self._table.reserve_at(slots)
+            reserved = self._table.reserve(n)
+        if reserved is None:
+            raise StoreFullError(self._full_message(n))
+        return reserved
 
     def _full_message(self, wanted: int) -> str:
         table = self._table
@@ -269,11 +263,10 @@ class NVMeStore:
 
     def _write_one(self, key: bytes, slot: int, gen: int, block: torch.Tensor) -> PutResult:
         """I/O thread: writes one chunk and publishes it; an OSError becomes the result."""
-        name = chunkio.chunk_name(slot, self._ndim)
         tmp = os.path.join(self.path, f"{_TMP_PREFIX}{slot}.{gen}")
         try:
             payload, crc = self._codec.encode(self._source_bytes(block))
-            length = chunkio.write_chunk_file(tmp, os.path.join(self.path, name), [payload, crc.to_bytes(4, "little")])
+            length, renamed = self._write_chunk(tmp, self.chunk_path(slot), [payload, crc.to_bytes(4, "little")], payload.size + 4)
         except OSError as exc:
             with self._lock:
                 self._table.abandon(slot)
@@ -285,9 +278,17 @@ class NVMeStore:
             raise
         with self._lock:
             self._table.publish(key, slot, gen, length, crc)
+            self._dir_dirty = self._dir_dirty or renamed
             self.stats["puts"] += 1
             self.stats["bytes_written"] += length
         return PutResult(key, slot)
+
+    def _write_chunk(self, tmp: str, final: str, buffers: list, length: int) -> tuple[int, bool]:
+        """Durably writes one chunk: in place over a same-size chunk file when allowed,
+        else temp file + rename. Returns (bytes written, whether a rename happened)."""
+        if self.overwrite_in_place and chunkio.overwrite_chunk_file(final, buffers, length):
+            return length, False
+        return chunkio.write_chunk_file(tmp, final, buffers), True
 
     def _source_bytes(self, block: torch.Tensor) -> np.ndarray:
         """The block's bytes without a copy when it is contiguous host memory, else staged."""
@@ -316,14 +317,14 @@ class NVMeStore:
             self.stats["gets"] += len(keys)
             self.stats["misses"] += sum(e is None for e in entries)
         found = [i for i, e in enumerate(entries) if e is not None]
-        jobs = [self._executor.submit(self._read_one, keys[i], entries[i], dests[i]) for i in found]
 
         def finish(results: list[bool]) -> np.ndarray:
             hits = np.zeros(len(keys), dtype=bool)
             hits[found] = results
             return hits
 
-        return _gather(jobs, finish)
+        return run_batch(self._executor, self._io_threads, len(found),
+                         lambda j: self._read_one(keys[found[j]], entries[found[j]], dests[found[j]]), finish)
 
     def get(self, keys: Sequence[bytes], out: torch.Tensor | Sequence[torch.Tensor]) -> np.ndarray:
         """Blocking ``submit_get``: returns the hit mask (bool array, one per key)."""
@@ -358,7 +359,7 @@ class NVMeStore:
 
     def _read_verified(self, entry: Entry, dest: torch.Tensor) -> bool:
         """Reads the chunk of ``entry`` and checks length and crc32c; decodes into ``dest``."""
-        path = os.path.join(self.path, chunkio.chunk_name(entry.slot, self._ndim))
+        path = self.chunk_path(entry.slot)
         local = self._local
         if self._can_read_in_place(dest):
             data = byte_array(dest)
@@ -379,10 +380,13 @@ class NVMeStore:
     def _can_read_in_place(self, dest: torch.Tensor) -> bool:
         """O_DIRECT straight into the destination needs uncompressed chunks and a
         page-aligned, contiguous host destination of a whole number of pages."""
-        return (self.compression is None and dest.device.type == "cpu" and dest.is_contiguous()
-                and is_aligned(dest) and self.layout.block_bytes % PAGE == 0)
+        return self._in_place_layout and dest.is_cpu and dest.is_contiguous() and is_aligned(dest)
 
     # ----- index -----------------------------------------------------------------------
+
+    def chunk_path(self, slot: int) -> str:
+        """The chunk file of ``slot`` (for tools and benchmarks; the index says if it is live)."""
+        return self._chunk_prefix + str(slot) + self._chunk_suffix
 
     def contains(self, key: bytes) -> bool:
         """True when ``key`` is stored (visible in this process; durable only after flush)."""
@@ -412,9 +416,9 @@ class NVMeStore:
     def flush(self) -> None:
         """Makes every completed put and delete durable.
 
-        Order: directory fsync (chunk renames durable), then one journal batch (or a new
-        snapshot when the journal has grown past it), then retired slots are unlinked and
-        freed. On OSError nothing is lost: the batch stays pending for the next flush, the
+        Order: directory fsync if a chunk was renamed into place since the last flush
+        (renames durable before the index names them), then one journal batch (or a new
+        snapshot when the journal has grown past it), then retired slots are freed. On OSError nothing is lost: the batch stays pending for the next flush, the
         error is counted (``failed_flushes``) and re-raised.
         """
         with self._flush_lock:
@@ -422,10 +426,12 @@ class NVMeStore:
                 ops, retired = self._table.take_pending()
                 compact = self._files.wants_snapshot()
                 snapshot = self._table.live_ops() if compact else None
+                dir_dirty, self._dir_dirty = self._dir_dirty, False
             if not ops and not retired and not compact:
                 return
             try:
-                chunkio.fsync_dir(self.path)
+                if dir_dirty:  # in-place overwrites change no directory entry
+                    chunkio.fsync_dir(self.path)
                 if compact:
                     self._files.snapshot(snapshot)
                 else:
@@ -433,17 +439,14 @@ class NVMeStore:
             except OSError:
                 with self._lock:
                     self._table.restore_pending(ops, retired)
+                    self._dir_dirty = self._dir_dirty or dir_dirty
                     self.stats["failed_flushes"] += 1
                 raise
             self._release(retired)
 
     def _release(self, retired: list[int]) -> None:
-        """Unlinks retired chunks (so zarr readers see them empty) and frees their slots."""
-        for slot in retired:
-            try:
-                os.unlink(os.path.join(self.path, chunkio.chunk_name(slot, self._ndim)))
-            except OSError:
-                pass  # already absent; a later write renames over it anyway
+        """Frees retired slots. Their chunk files stay until a write renames over them or
+        reopen sweeps them: unlinking here could race with a put that names the slot."""
         with self._lock:
             self._table.release(retired)
             self.stats["flushes"] += 1

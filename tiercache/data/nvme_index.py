@@ -24,9 +24,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import UserError
-from .chunkio import crc32c, fsync_dir
+from .chunkio import crc32c, fsync_dir, parse_chunk_slot
 
-__all__ = ["OP_PUT", "OP_DEL", "Entry", "SlotTable", "IndexFiles", "encode_ops", "decode_ops"]
+__all__ = ["OP_PUT", "OP_DEL", "Entry", "SlotTable", "IndexFiles", "encode_ops", "decode_ops", "sweep_directory"]
 
 OP_PUT = 1
 OP_DEL = 2
@@ -85,8 +85,8 @@ class SlotTable:
     """The in-memory index. Not thread safe: the store holds its lock around every call.
 
     Every slot is in exactly one state: free, reserved (a write in flight), live (a key
-    maps to it), or retired (its key was deleted or replaced, and that fact is not yet
-    durable). A retired slot becomes free only after a flush made the retirement durable,
+    maps to it), retired (its key was deleted or replaced, and that fact is not yet
+    durable) or releasing (retired, in a flush in progress). A retired slot becomes free only after a flush made the retirement durable,
     so a crash can never leave the durable index naming a slot that holds newer bytes.
     """
 
@@ -97,9 +97,12 @@ class SlotTable:
         self._gen = np.zeros(capacity, dtype=np.uint64)  # 0: no live block
         self._length = np.zeros(capacity, dtype=np.uint32)
         self._crc = np.zeros(capacity, dtype=np.uint32)
-        self._free: list[int] = []
+        # Ordered dicts used as ordered sets: O(1) pop of the newest and O(1) removal of
+        # a given slot (the manager may name the slots it wants).
+        self._free: dict[int, None] = {}
         self._reserved: set[int] = set()
-        self._retired: list[int] = []
+        self._retired: dict[int, None] = {}
+        self._releasing: set[int] = set()  # retired slots a flush in progress will free
         self._pending: list[Op] = []
         self._next_gen = 1
 
@@ -133,7 +136,7 @@ class SlotTable:
 
     def finish_load(self) -> None:
         """After replay: every slot without a live key is free (lowest slots handed out first)."""
-        self._free = [s for s in range(self.capacity - 1, -1, -1) if self._slot_key[s] is None]
+        self._free = dict.fromkeys(s for s in range(self.capacity - 1, -1, -1) if self._slot_key[s] is None)
 
     def _link(self, key: bytes, slot: int, gen: int, length: int, crc: int) -> None:
         self._key_to_slot[key] = slot
@@ -156,32 +159,68 @@ class SlotTable:
         """Takes ``n`` free slots for writes in flight; None (and no change) if too few."""
         if n > len(self._free):
             return None
-        taken = [self._free.pop() for _ in range(n)]
-        self._reserved.update(taken)
-        gens = range(self._next_gen, self._next_gen + n)
-        self._next_gen += n
-        return list(zip(taken, gens))
+        return self._take([self._free.popitem()[0] for _ in range(n)])
+
+    def reserve_at(self, slots: list[int]) -> list[tuple[int, int]]:
+        """Takes the given slots for writes in flight, whatever they hold.
+
+        A live slot's key is dropped (a pending delete); a retired slot is taken back. Safe
+        before the drop is durable because reads check the chunk's crc against the index
+        entry: an old durable entry never serves the newer bytes.
+
+        Raises:
+            UserError: a slot out of range, repeated, or already being written.
+        """
+        if len(set(slots)) != len(slots):
+            raise UserError("NVMeStore.put: a slot appears twice in one batch")
+        for slot in slots:
+            if not 0 <= slot < self.capacity or slot in self._reserved:
+                state = "being written" if slot in self._reserved else f"outside [0, {self.capacity})"
+                raise UserError(f"NVMeStore.put: slot {slot} is {state}")
+        for slot in slots:
+            self._take_back(slot)
+        return self._take(slots)
+
+    def _take_back(self, slot: int) -> None:
+        """Removes ``slot`` from whichever state it is in (free, retired, releasing, live)."""
+        if slot in self._free:
+            del self._free[slot]
+        elif slot in self._retired:
+            del self._retired[slot]
+        elif slot in self._releasing:
+            self._releasing.discard(slot)  # the flush in progress will not free it
+        else:
+            key = self._slot_key[slot]
+            self._unlink(key, slot)
+            self._pending.append((OP_DEL, key, slot, 0, 0, 0))
+
+    def _take(self, slots: list[int]) -> list[tuple[int, int]]:
+        """Marks slots reserved and gives each a fresh generation."""
+        self._reserved.update(slots)
+        gens = range(self._next_gen, self._next_gen + len(slots))
+        self._next_gen += len(slots)
+        return list(zip(slots, gens))
 
     def publish(self, key: bytes, slot: int, gen: int, length: int, crc: int) -> None:
         """A reserved slot's chunk is in place: map ``key`` to it (retiring any older slot)."""
         self._reserved.remove(slot)
         old = self._evict_key(key)
         if old is not None:
-            self._retired.append(old)
+            self._retired[old] = None
         self._link(key, slot, gen, length, crc)
         self._pending.append((OP_PUT, key, slot, gen, length, crc))
 
     def abandon(self, slot: int) -> None:
         """A reserved slot's write failed: it was never published, so it is free at once."""
         self._reserved.remove(slot)
-        self._free.append(slot)
+        self._free[slot] = None
 
     def delete(self, key: bytes) -> bool:
         """Unmaps ``key``; its slot is retired until the deletion is durable."""
         old = self._evict_key(key)
         if old is None:
             return False
-        self._retired.append(old)
+        self._retired[old] = None
         self._pending.append((OP_DEL, key, old, 0, 0, 0))
         return True
 
@@ -198,18 +237,25 @@ class SlotTable:
 
     def take_pending(self) -> tuple[list[Op], list[int]]:
         """Hands the unflushed operations and retired slots to a flush."""
-        ops, retired = self._pending, self._retired
-        self._pending, self._retired = [], []
+        ops, retired = self._pending, list(self._retired)
+        self._pending, self._retired = [], {}
+        self._releasing.update(retired)
         return ops, retired
 
     def restore_pending(self, ops: list[Op], retired: list[int]) -> None:
         """A flush failed: its operations go back in front of newer ones, in order."""
         self._pending = ops + self._pending
-        self._retired = retired + self._retired
+        newer = self._retired
+        self._retired = dict.fromkeys(s for s in retired if s in self._releasing)
+        self._retired.update(newer)
+        self._releasing.difference_update(retired)
 
     def release(self, retired: list[int]) -> None:
         """A flush made these retirements durable: the slots may be reused."""
-        self._free.extend(retired)
+        for slot in retired:
+            if slot in self._releasing:  # else a put naming this slot took it back meanwhile
+                self._releasing.discard(slot)
+                self._free[slot] = None
 
     def live_ops(self) -> list[Op]:
         """One put operation per live entry (the content of a snapshot)."""
@@ -227,16 +273,13 @@ class SlotTable:
         key = self._slot_key[slot]
         if key is not None:
             self._unlink(key, slot)
-            self._retired.append(slot)
+            self._retired[slot] = None
             self._pending.append((OP_DEL, key, slot, 0, 0, 0))
 
     def check_invariants(self) -> None:
-        """Raises AssertionError unless free, reserved, live and retired partition the slots."""
+        """Raises AssertionError unless the slot states partition the slots."""
         live = set(self._key_to_slot.values())
-        free, retired = set(self._free), set(self._retired)
-        assert len(free) == len(self._free), "a slot is free twice"
-        assert len(retired) == len(self._retired), "a slot is retired twice"
-        groups = (free, self._reserved, live, retired)
+        groups = (set(self._free), self._reserved, live, set(self._retired), self._releasing)
         assert sum(len(g) for g in groups) == self.capacity, "slots lost or shared between states"
         assert set().union(*groups) == set(range(self.capacity)), "slot states do not partition the slots"
         for key, slot in self._key_to_slot.items():
@@ -379,6 +422,31 @@ class IndexFiles:
         if self._journal_fd is not None:
             os.close(self._journal_fd)
             self._journal_fd = None
+
+
+def sweep_directory(root: str, ndim: int, table: SlotTable, tmp_prefix: str) -> tuple[int, int]:
+    """Reconciles a store directory with its freshly loaded index (at open, before any I/O).
+
+    Removes temp files and chunk files whose slot has no index entry or another length
+    (writes that never reached the index: garbage); forgets index entries whose chunk file
+    is missing (a pending delete, persisted by the caller's next flush).
+
+    Returns:
+        ``(files removed, index entries dropped)``.
+    """
+    live = table.live_slots()
+    present, removed = set(), 0
+    for entry in os.scandir(root):
+        slot = parse_chunk_slot(entry.name, ndim)
+        if slot is not None and live.get(slot) == entry.stat().st_size:
+            present.add(slot)
+        elif slot is not None or entry.name.startswith(tmp_prefix):
+            os.unlink(entry.path)
+            removed += 1
+    missing = live.keys() - present
+    for slot in missing:
+        table.drop_slot(slot)
+    return removed, len(missing)
 
 
 def _write_file_durably(path: str, data: bytes) -> None:

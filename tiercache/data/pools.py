@@ -8,8 +8,9 @@ straight between slots, ``read`` gathers into a caller-given ``out``.
 
 from __future__ import annotations
 
+import ctypes
 import logging
-import mmap
+from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
 import numpy as np
@@ -23,6 +24,10 @@ __all__ = ["BlockPool", "dram_pool", "hbm_pool", "copy_runs", "cuda_available"]
 
 log = logging.getLogger(__name__)
 _pin_fallback_logged = False
+# Host-to-host copies: pieces of at most this size are dealt to the copy threads, and a
+# batch under twice this size is copied inline (thread hand-off would cost more).
+_HOST_PIECE = 4 << 20
+_host_copier: ThreadPoolExecutor | None = None
 
 
 def cuda_available() -> bool:
@@ -81,6 +86,52 @@ def copy_runs(src_slots: np.ndarray, dst_slots: np.ndarray) -> list[tuple[int, i
     return [(int(src_slots[s]), int(dst_slots[s]), int(e - s)) for s, e in zip(starts, ends)]
 
 
+def _memmove_all(jobs: list[tuple[int, int, int]]) -> None:
+    for dst, src, nbytes in jobs:
+        ctypes.memmove(dst, src, nbytes)  # releases the GIL, so copy threads run in parallel
+
+
+def _split(jobs: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+    """Cuts copies longer than ``_HOST_PIECE`` so threads share long runs too."""
+    pieces = []
+    for dst, src, nbytes in jobs:
+        for offset in range(0, nbytes, _HOST_PIECE):
+            pieces.append((dst + offset, src + offset, min(_HOST_PIECE, nbytes - offset)))
+    return pieces
+
+
+def _host_copy(dst: torch.Tensor, src: torch.Tensor, runs: list[tuple[int, int, int]], block_bytes: int) -> None:
+    """Host to host copy of slot runs ``(src_start, dst_start, length)`` between contiguous
+    CPU tensors of one dtype (bounds checked by the caller).
+
+    Plain memmove on as many threads as torch uses: per-block ``copy_`` calls pay torch's
+    intra-op thread fork/join each, which costs a fifth of a 1 MiB copy and collapses when
+    other processes share the cores.
+    """
+    global _host_copier
+    base_dst, base_src = dst.data_ptr(), src.data_ptr()
+    jobs = _split([(base_dst + d * block_bytes, base_src + s * block_bytes, n * block_bytes) for s, d, n in runs])
+    workers = min(torch.get_num_threads(), len(jobs))
+    if workers < 2 or sum(j[2] for j in jobs) < 2 * _HOST_PIECE:
+        _memmove_all(jobs)
+        return
+    if _host_copier is None:
+        _host_copier = ThreadPoolExecutor(torch.get_num_threads() - 1, "tiercache-copy")
+    futures = [_host_copier.submit(_memmove_all, jobs[i::workers]) for i in range(1, workers)]
+    _memmove_all(jobs[0::workers])
+    for future in futures:
+        future.result()
+
+
+def _copy(dst: torch.Tensor, src: torch.Tensor, runs: list[tuple[int, int, int]], block_bytes: int, non_blocking: bool) -> None:
+    """Copies slot runs from ``src`` to ``dst`` (both ``[slots, *block_shape]``, same dtype)."""
+    if dst.device.type == src.device.type == "cpu" and dst.is_contiguous() and src.is_contiguous():
+        _host_copy(dst, src, runs, block_bytes)
+        return
+    for src0, dst0, n in runs:
+        dst[dst0 : dst0 + n].copy_(src[src0 : src0 + n], non_blocking=non_blocking)
+
+
 class BlockPool:
     """A preallocated pool of KV blocks on one device.
 
@@ -135,8 +186,7 @@ class BlockPool:
         """
         dst = _as_slots(slots, self.capacity, "BlockPool.write slots")
         check_blocks(blocks, self.layout, dst.size, "BlockPool.write blocks")
-        for src0, dst0, n in copy_runs(np.arange(dst.size), dst):
-            self.tensor[dst0 : dst0 + n].copy_(blocks[src0 : src0 + n], non_blocking=non_blocking)
+        _copy(self.tensor, blocks, copy_runs(np.arange(dst.size), dst), self.block_bytes, non_blocking)
 
     def read(self, slots: Sequence[int] | np.ndarray, out: torch.Tensor | None = None, non_blocking: bool = False) -> torch.Tensor:
         """Gathers the blocks in ``slots`` into ``out`` (``[len(slots), *block_shape]``).
@@ -151,15 +201,15 @@ class BlockPool:
         if out is None:
             out = torch.empty((src.size, *self.layout.block_shape), dtype=self.dtype, device=self.device)
         check_blocks(out, self.layout, src.size, "BlockPool.read out")
-        for src0, dst0, n in copy_runs(src, np.arange(src.size)):
-            out[dst0 : dst0 + n].copy_(self.tensor[src0 : src0 + n], non_blocking=non_blocking)
+        _copy(out, self.tensor, copy_runs(src, np.arange(src.size)), self.block_bytes, non_blocking)
         return out
 
     def copy_to(self, dst: "BlockPool", src_slots: Sequence[int] | np.ndarray, dst_slots: Sequence[int] | np.ndarray, non_blocking: bool = True) -> None:
         """Copies blocks slot to slot from this pool into ``dst`` (e.g. DRAM to HBM).
 
-        No staging: each run of consecutive slots on both sides is one ``copy_``. From a
-        pinned pool to CUDA the copies are asynchronous on the current stream.
+        No staging: each run of consecutive slots on both sides is one copy (memmove on
+        host threads between CPU pools; ``copy_`` otherwise). From a pinned pool to CUDA
+        the copies are asynchronous on the current stream.
 
         Raises:
             UserError: layouts differ, lengths differ, or a slot out of range.
@@ -170,8 +220,7 @@ class BlockPool:
         dst_array = _as_slots(dst_slots, dst.capacity, "BlockPool.copy_to dst_slots")
         if src.size != dst_array.size:
             raise UserError(f"BlockPool.copy_to: {src.size} source slots but {dst_array.size} destination slots")
-        for src0, dst0, n in copy_runs(src, dst_array):
-            dst.tensor[dst0 : dst0 + n].copy_(self.tensor[src0 : src0 + n], non_blocking=non_blocking)
+        _copy(dst.tensor, self.tensor, copy_runs(src, dst_array), self.block_bytes, non_blocking)
 
     def __repr__(self) -> str:
         return f"BlockPool({self.capacity} x {list(self.layout.block_shape)} {self.layout.dtype} on {self.device}, pinned={self.pinned})"

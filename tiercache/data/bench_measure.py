@@ -1,0 +1,288 @@
+"""The measurements behind ``tiercache bench`` (see ``bench_cli`` for what and why).
+
+Every timed region covers the work only: buffers, pools, key lists and view lists are
+built before the clock starts; deleting the previous repetition's blocks and dropping the
+page cache happen outside it.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from typing import Callable
+
+import numpy as np
+import psutil
+import torch
+
+from . import chunkio, rawio
+from .buffers import byte_array
+from .nvme import NVMeStore
+from .pools import BlockPool, dram_pool, hbm_pool
+
+__all__ = ["Bench", "COMPARISONS"]
+
+COMPARISONS = ("host_to_device", "device_to_host", "disk_write", "disk_read_cold")
+# Disk comparisons alternate tiercache and raw slice by slice: the virtio disk's speed
+# swings several-fold within seconds, and fine interleaving makes both sides see the same
+# swings. Copies are short, so each repetition alternates a few whole rounds instead.
+_SLICES = 8
+_COPY_ROUNDS = 4
+_READ_SIDES = ("tiercache", "raw", "raw_file")
+
+
+class Bench:
+    """Pools, a store and a raw file in the benchmark directory, and the timed operations.
+
+    Invariant: after ``_disk_writes`` the store holds exactly ``self._keys`` (one block per
+    DRAM slot), which ``_disk_reads`` reads back.
+    """
+
+    def __init__(self, cfg) -> None:
+        self.cfg = cfg
+        self.cuda = torch.cuda.is_available()
+        n = cfg.blocks
+        self.dram = dram_pool(cfg.layout, n)
+        self.hbm = hbm_pool(cfg.layout, n)
+        self.dram.tensor.view(torch.int16).random_(generator=torch.Generator().manual_seed(cfg.seed))
+        self.store = NVMeStore(os.path.join(cfg.directory, "store"), cfg.layout, n, io_threads=cfg.threads)
+        per_file = -(-n // cfg.threads)
+        self.raw = rawio.RawBlockFiles(os.path.join(cfg.directory, "raw"), cfg.layout.block_bytes, cfg.threads, per_file, cfg.seed)
+        self.raw_fresh = rawio.RawBlockFiles(os.path.join(cfg.directory, "fresh"), cfg.layout.block_bytes, cfg.threads, per_file, cfg.seed)
+        self._buffers = rawio.read_buffers(cfg.layout.block_bytes, cfg.threads)
+        self._tails = rawio.read_buffers(rawio.PAGE, cfg.threads)
+        self.rng = np.random.default_rng(cfg.seed)
+        self._keys: list[bytes] = []
+        self._rep = 0
+        self._warm_up()
+
+    def close(self) -> None:
+        """Closes the store (files are removed by the caller with the directory)."""
+        self.store.close()
+
+    # ----- timing helpers -------------------------------------------------------------
+
+    def _timed(self, work: Callable[[], object], device_work: bool) -> float:
+        """Seconds ``work`` takes; CUDA events time device copies, perf_counter the rest."""
+        if device_work and self.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            work()
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end) / 1e3
+        start_s = time.perf_counter()
+        work()
+        return time.perf_counter() - start_s
+
+    def _gbps(self, seconds: float, rounds: int = 1) -> float:
+        return rounds * self.cfg.total_bytes / seconds / 1e9
+
+    # ----- the compared operations ----------------------------------------------------
+
+    def _copies(self, src: BlockPool, dst: BlockPool) -> tuple[float, float]:
+        """(a): random slots to random slots through ``BlockPool.copy_to`` vs one raw
+        ``copy_`` of the same bytes, alternating over ``_COPY_ROUNDS`` rounds."""
+        n, seconds = self.cfg.blocks, {"tiercache": 0.0, "raw": 0.0}
+        for i in range(_COPY_ROUNDS):
+            src_slots, dst_slots = self.rng.permutation(n), self.rng.permutation(n)
+            ops = {"tiercache": lambda: src.copy_to(dst, src_slots, dst_slots, non_blocking=True),
+                   "raw": lambda: dst.tensor.copy_(src.tensor, non_blocking=True)}
+            for side in self._order(i):
+                seconds[side] += self._timed(ops[side], True)
+        return self._gbps(seconds["tiercache"], _COPY_ROUNDS), self._gbps(seconds["raw"], _COPY_ROUNDS)
+
+    def _order(self, i: int) -> tuple[str, str]:
+        """Which side goes first in round ``i`` of this repetition (alternates both ways)."""
+        return ("tiercache", "raw") if (i + self._rep) % 2 == 0 else ("raw", "tiercache")
+
+    def _slices(self) -> list[np.ndarray]:
+        """A random order of all blocks cut into slices that tiercache and raw alternate on."""
+        return np.array_split(self.rng.permutation(self.cfg.blocks), min(_SLICES, self.cfg.blocks))
+
+    def _disk_writes(self, raw: rawio.RawBlockFiles, tag: bytes) -> tuple[float, float]:
+        """(b): store put + flush vs raw durable pwrite, slice by slice.
+
+        In steady state both sides overwrite space written before: the store reuses the
+        slots the previous repetition's blocks held, the raw files were laid out.
+        """
+        if self._keys:
+            self.store.delete(self._keys)
+            self.store.flush()  # frees the previous repetition's slots
+        keys = [b"%s-%d-%d" % (tag, self._rep, i) for i in range(self.cfg.blocks)]
+        views = [self.dram.view(i) for i in range(self.cfg.blocks)]
+        seconds = {"tiercache": 0.0, "raw": 0.0}
+        for i, part in enumerate(self._slices()):
+            ops = {"tiercache": lambda: self._put([keys[b] for b in part], [views[b] for b in part]),
+                   "raw": lambda: raw.write(len(part))}
+            for side in self._order(i):
+                seconds[side] += self._timed(ops[side], False)
+        self._keys = keys
+        return self._gbps(seconds["tiercache"]), self._gbps(seconds["raw"])
+
+    def first_fill(self) -> dict[str, float]:
+        """Writes into never-used space on both sides (store: new chunk files, temp +
+        rename; raw: new files), once, then leaves both laid out for the steady state."""
+        self.raw_fresh.reset()
+        tiercache_gbps, raw_gbps = self._disk_writes(self.raw_fresh, b"fill")
+        self.raw_fresh.reset()
+        self.raw.lay_out()
+        return {"tiercache": tiercache_gbps, "raw": raw_gbps, "ratio": tiercache_gbps / raw_gbps}
+
+    def _put(self, keys: list[bytes], blocks: list[torch.Tensor]) -> None:
+        results = self.store.put(keys, blocks)
+        self.store.flush()
+        failed = [r for r in results if not r.ok]
+        if failed:
+            raise OSError(f"bench: {len(failed)} store writes failed, first: {failed[0].error}")
+
+    def _disk_reads(self) -> dict[str, float]:
+        """(c): cold reads, slice by slice, rotating which side goes first: ``tiercache``
+        (store get) and ``raw`` (O_DIRECT preadv of the store's chunk files, bypassing the
+        store) split each slice's blocks, so both read bytes of the same age and layout;
+        ``raw_file`` reads as many blocks from the raw files (one big file per thread).
+
+        Returns:
+            GB/s per side.
+        """
+        self.store.drop_cache()
+        self.raw.drop_cache()
+        outs = [self.dram.view(i) for i in range(self.cfg.blocks)]
+        chunk_paths = [self.store.chunk_path(self.store.slot_of(k)) for k in self._keys]
+        file_slots = self.rng.permutation(self.raw.capacity)
+        seconds, moved, missed = dict.fromkeys(_READ_SIDES, 0.0), dict.fromkeys(_READ_SIDES, 0), []
+        for i, part in enumerate(self._slices()):
+            mine, theirs = (part[0::2], part[1::2]) if (i + self._rep) % 2 == 0 else (part[1::2], part[0::2])
+            ops = {"tiercache": (lambda: missed.append(self._get(mine, outs)), mine.size),
+                   "raw": (lambda: self._read_chunks([chunk_paths[b] for b in theirs]), theirs.size),
+                   "raw_file": (lambda: self.raw.read(file_slots[theirs], self._buffers), theirs.size)}
+            rotation = (i + self._rep) % len(_READ_SIDES)
+            for side in _READ_SIDES[rotation:] + _READ_SIDES[:rotation]:
+                seconds[side] += self._timed(ops[side][0], False)
+                moved[side] += ops[side][1] * self.cfg.layout.block_bytes
+        if sum(missed):
+            raise OSError(f"bench: {sum(missed)} stored blocks missed on read")
+        return {side: moved[side] / seconds[side] / 1e9 for side in _READ_SIDES}
+
+    def _read_chunks(self, paths: list[str]) -> None:
+        _, direct = rawio.read_files(paths, self._buffers, self._tails)
+        self.raw.direct = self.raw.direct and direct
+
+    def _get(self, part: np.ndarray, outs: list[torch.Tensor]) -> int:
+        """Reads the blocks ``part`` into their DRAM slots; returns the number of misses."""
+        hits = self.store.get([self._keys[b] for b in part], [outs[b] for b in part])
+        return int((~hits).sum())
+
+    def repeat(self) -> dict[str, dict[str, list[float]]]:
+        """Runs every comparison ``reps`` times; each returns (tiercache, raw) GB/s."""
+        samples = {"tiercache": {n: [] for n in COMPARISONS}, "raw": {n: [] for n in COMPARISONS},
+                   "raw_file": {"disk_read_cold": []}}
+        for rep in range(self.cfg.reps):
+            self._rep = rep
+            measured = {
+                "host_to_device": self._copies(self.dram, self.hbm),
+                "device_to_host": self._copies(self.hbm, self.dram),
+                "disk_write": self._disk_writes(self.raw, b"bench"),
+            }
+            for name, (tiercache_gbps, raw_gbps) in measured.items():
+                samples["tiercache"][name].append(tiercache_gbps)
+                samples["raw"][name].append(raw_gbps)
+            reads = self._disk_reads()  # reads what _disk_writes just wrote
+            samples["tiercache"]["disk_read_cold"].append(reads["tiercache"])
+            samples["raw"]["disk_read_cold"].append(reads["raw"])
+            samples["raw_file"]["disk_read_cold"].append(reads["raw_file"])
+        return samples
+
+    def _warm_up(self) -> None:
+        """One small pass of every path: thread pools, staging buffers and first-touch costs
+        must not land in the first timed repetition."""
+        k = min(self.cfg.blocks, self.cfg.threads)
+        keys = [b"warm-%d" % i for i in range(k)]
+        self.store.put(keys, [self.dram.view(i) for i in range(k)])
+        self.store.get(keys, [self.hbm.view(i) for i in range(k)])
+        self.store.delete(keys)
+        self.store.flush()
+        self.raw_fresh.write(k)
+        self.raw_fresh.read(np.arange(k), self._buffers)
+        self.dram.copy_to(self.hbm, np.arange(k), np.arange(k))
+        self.hbm.copy_to(self.dram, np.arange(k), np.arange(k))
+        self.hbm.tensor.copy_(self.dram.tensor)
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    # ----- latencies, zarr reference, machine ------------------------------------------
+
+    def _copy_latency(self, src: BlockPool, dst: BlockPool) -> float:
+        """Median time of the smallest transfer on the path (one element)."""
+        a, b = src.tensor.view(-1)[:1], dst.tensor.view(-1)[:1]
+        return float(np.median([self._timed(lambda: b.copy_(a, non_blocking=True), True) for _ in range(32)]))
+
+    def latencies(self) -> dict[str, float]:
+        """Per-transfer latency of each link: tiny copies, raw 4 KiB disk I/O."""
+        cfg = self.cfg
+        return {
+            "host_to_device": self._copy_latency(self.dram, self.hbm),
+            "device_to_host": self._copy_latency(self.hbm, self.dram),
+            "disk_read_cold": rawio.read_latency(self.raw),
+            "disk_write": rawio.write_latency(os.path.join(cfg.directory, "latency.bin")),
+        }
+
+    def zarr_api(self) -> dict[str, float]:
+        """zarr's own API on the same blocks: per-chunk assignment, then cold per-chunk reads."""
+        import zarr
+
+        cfg = self.cfg
+        path = os.path.join(cfg.directory, "zarr_api")
+        chunkio.create_array(path, cfg.layout, cfg.blocks, None)
+        array = zarr.open_array(path, mode="r+")
+        dtype = np.dtype(chunkio.STORAGE_DTYPES[cfg.layout.dtype])
+        shape = (1, *cfg.layout.block_shape)
+        blocks = [byte_array(self.dram.view(i)).view(dtype).reshape(shape) for i in range(cfg.blocks)]
+
+        def write() -> None:
+            for i, block in enumerate(blocks):
+                array[i : i + 1] = block
+
+        write_s = self._timed(write, False)
+        for name in os.listdir(path):
+            chunkio.drop_file_cache(os.path.join(path, name))
+        order = self.rng.permutation(cfg.blocks)
+        read_s = self._timed(lambda: [array[int(i) : int(i) + 1] for i in order], False)
+        return {"write": self._gbps(write_s), "read_cold": self._gbps(read_s), "method": "per-chunk assignment and reads, zarr " + zarr.__version__}
+
+    def machine(self) -> dict:
+        """Where this ran: host, device, filesystem, and what each raw baseline is."""
+        threads = self.cfg.threads
+        read_kind = "O_DIRECT preadv" if self.raw.direct else "buffered preadv (filesystem refused O_DIRECT)"
+        copy_kind = "pinned->device copy_(non_blocking), CUDA events" if self.cuda else "torch copy_ (host memory; no CUDA)"
+        return {
+            "hostname": platform.node(),
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "memory_bytes": psutil.virtual_memory().total,
+            "torch": torch.__version__,
+            "device": torch.cuda.get_device_name() if self.cuda else "cpu (no CUDA)",
+            "dram_pinned": self.dram.pinned,
+            "filesystem": _filesystem(self.cfg.directory),
+            "store_direct_io": self.store.direct_io,
+            "raw_direct_io": self.raw.direct,
+            "sync_policy": rawio.SYNC_POLICY + " (store chunks and raw pwrite alike); store flush adds a directory fsync and one journal append",
+            "baselines": {
+                "host_to_device": f"one {copy_kind} of the same bytes",
+                "device_to_host": f"one {copy_kind} of the same bytes",
+                "disk_write": f"pwrite loop, {rawio.SYNC_POLICY}, {threads} threads/files",
+                "disk_read_cold": f"{read_kind} of the store's own chunk files, {threads} threads",
+            },
+        }
+
+
+def _filesystem(directory: str) -> str:
+    """Filesystem type and device of the mount holding ``directory``."""
+    path = os.path.realpath(directory)
+    best = None
+    for part in psutil.disk_partitions(all=True):
+        if path == part.mountpoint or path.startswith(part.mountpoint.rstrip("/") + "/"):
+            if best is None or len(part.mountpoint) > len(best.mountpoint):
+                best = part
+    return f"{best.fstype} on {best.device} at {best.mountpoint}" if best else "unknown"

@@ -1,0 +1,66 @@
+"""Running a batch of per-block I/O on a thread pool, as one future.
+
+A batch of n blocks becomes at most ``threads`` pool tasks that each take the next block
+from one shared queue until it is empty: one task hand-off per thread instead of per
+block (a hand-off costs tens of microseconds of GIL time, a tenth of a 1 MiB disk read
+on two cores), and no thread idles while another has a backlog.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Executor, Future
+from typing import Callable
+
+__all__ = ["run_batch", "gather"]
+
+
+def gather(futures: list[Future], finish: Callable[[list], object]) -> Future:
+    """One future that resolves to ``finish(results)`` once every future in ``futures`` is
+    done; if ``finish`` or a future raises, the combined future holds that exception."""
+    combined: Future = Future()
+    remaining = [len(futures)]
+    lock = threading.Lock()
+
+    def on_done(_: Future) -> None:
+        with lock:
+            remaining[0] -= 1
+            if remaining[0]:
+                return
+        try:
+            combined.set_result(finish([f.result() for f in futures]))
+        except BaseException as exc:  # a bug in a worker: hand it to whoever waits
+            combined.set_exception(exc)
+
+    if not futures:
+        combined.set_result(finish([]))
+    for future in futures:
+        future.add_done_callback(on_done)
+    return combined
+
+
+def run_batch(executor: Executor, threads: int, count: int, work: Callable[[int], object], finish: Callable[[list], object]) -> Future:
+    """Runs ``work(i)`` for ``i in range(count)`` on up to ``threads`` pool tasks.
+
+    Every index is processed even if some ``work`` call raises (so per-block cleanup in
+    ``work`` always runs); the future then holds the first exception, else
+    ``finish(results)`` with ``results[i] = work(i)``.
+    """
+    results: list = [None] * count
+    errors: list[BaseException] = []
+    tickets = iter(range(count))  # shared: next() on it is atomic under the GIL
+
+    def drain() -> None:
+        for i in tickets:
+            try:
+                results[i] = work(i)
+            except BaseException as exc:  # keep draining; reported once all are done
+                errors.append(exc)
+
+    def done(_: list) -> object:
+        if errors:
+            raise errors[0]
+        return finish(results)
+
+    tasks = [executor.submit(drain) for _ in range(min(threads, count))]
+    return gather(tasks, done)
