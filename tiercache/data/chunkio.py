@@ -41,6 +41,7 @@ __all__ = [
     "write_chunk_file",
     "read_chunk_file",
     "open_for_read",
+    "supports_direct",
     "fsync_dir",
     "drop_file_cache",
     "crc32c",
@@ -319,6 +320,13 @@ def open_for_read(path: str, direct: bool) -> tuple[int, bool]:
             if exc.errno != errno.EINVAL:  # EINVAL: the filesystem refuses O_DIRECT (tmpfs)
                 raise
     return os.open(path, os.O_RDONLY | os.O_CLOEXEC), False
+
+
+def supports_direct(path: str) -> bool:
+    """True when the filesystem holding ``path`` (an existing file) accepts O_DIRECT."""
+    fd, direct = open_for_read(path, True)
+    os.close(fd)
+    return direct
 
 
 def read_chunk_file(path: str, buffers: list, direct: bool) -> tuple[int, bool]:

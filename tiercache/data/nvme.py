@@ -130,7 +130,7 @@ class NVMeStore:
         self._closed = False
         self.capacity = self._open(capacity_blocks, create)
         self._codec = chunkio.ChunkCodec(layout.block_bytes, compression, layout.dtype_bytes)
-        self.direct_io = direct_io and self._probe_direct()
+        self.direct_io = direct_io and chunkio.supports_direct(os.path.join(self.path, "zarr.json"))
         self._local = threading.local()
         self._io_threads = io_threads
         self._executor = ThreadPoolExecutor(io_threads, "tiercache-nvme", initializer=self._init_thread)
@@ -168,12 +168,6 @@ class NVMeStore:
         if removed or dropped:
             self.flush()
         return capacity
-
-    def _probe_direct(self) -> bool:
-        """True when this filesystem accepts O_DIRECT opens (tmpfs does not)."""
-        fd, direct = chunkio.open_for_read(os.path.join(self.path, "zarr.json"), True)
-        os.close(fd)
-        return direct
 
     def _init_thread(self) -> None:
         """Allocates one I/O thread's staging buffers, once, so the hot path allocates nothing."""
@@ -400,6 +394,11 @@ class NVMeStore:
         with self._lock:
             entry = self._table.lookup(key)
         return None if entry is None else entry.slot
+
+    def items(self) -> list[tuple[bytes, int]]:
+        """``(key, slot)`` of every stored block: what a manager adopts on reopen."""
+        with self._lock:
+            return self._table.items()
 
     def delete(self, keys: Sequence[bytes]) -> int:
         """Removes keys (absent ones are ignored); returns how many were stored.

@@ -264,6 +264,10 @@ class SlotTable:
             for key, slot in self._key_to_slot.items()
         ]
 
+    def items(self) -> list[tuple[bytes, int]]:
+        """``(key, slot)`` of every live entry."""
+        return list(self._key_to_slot.items())
+
     def live_slots(self) -> dict[int, int]:
         """``slot -> chunk length`` of every live entry."""
         return {slot: int(self._length[slot]) for slot in self._key_to_slot.values()}
