@@ -359,14 +359,27 @@ class TierManager:
         if not result.ok:
             dst_dir.release(plan.dst_slots)
             self.events.emit(Ev.TRANSFER_FAILED, plan.src_tier, plan.n_blocks, plan.dst_tier)
+            self._drop_lost(plan.src_tier, [b for b in result.lost if b in src_dir.slot_of and b not in src_dir.pins])
             return plan
         if not plan.keep_source:
             self.policies[plan.src_tier].on_remove(plan.ids)
-            self.engine.discard(plan.src_tier, plan.ids, src_dir.remove(plan.ids))
+            freed = src_dir.remove(plan.ids)
         dst_dir.publish(plan.ids, plan.dst_slots)
         self.policies[plan.dst_tier].on_insert(plan.ids, hints)
+        if not plan.keep_source:  # after publishing: the engine may ask where blocks now live
+            self.engine.discard(plan.src_tier, plan.ids, freed)
         self.events.emit(_move_kind(plan), plan.src_tier, plan.n_blocks, plan.dst_tier)
         return plan
+
+    def _drop_lost(self, tier: int, ids: list[int]) -> None:
+        """Drops blocks whose stored bytes proved unreadable; references on them end too."""
+        if not ids:
+            return
+        for block_id in ids:
+            self.refs.pop(block_id, None)
+        self.policies[tier].on_remove(ids)
+        self.engine.discard(tier, ids, self.dirs[tier].remove(ids))
+        self.events.emit(Ev.LOST, tier, len(ids))
 
     def poll(self) -> list[TransferPlan]:
         """Applies every job the engine has finished; returns their plans."""

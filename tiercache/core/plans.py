@@ -40,10 +40,15 @@ class TransferPlan:
 
 @dataclass(frozen=True)
 class JobResult:
-    """Outcome of one submitted plan; ``error`` is None on success."""
+    """Outcome of one submitted plan; ``error`` is None on success.
+
+    ``lost`` names source blocks found unreadable (a corrupt or missing NVMe chunk): the
+    manager drops them instead of leaving them resident, so they are never served.
+    """
 
     job_id: int
     error: str | None = None
+    lost: tuple[int, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -68,6 +73,7 @@ class Ev(enum.IntEnum):
     TRANSFER_FAILED = 8  # a job failed; its blocks stayed where they were
     RECOMPUTE = 9  # prefix semantics: a resident block after the first miss was recomputed
     PROMOTE_SKIPPED = 10  # a hit stayed in its tier because no room could be made above
+    LOST = 11  # a stored copy was unreadable (checksum or I/O) and was dropped
 
 
 class EventLog:

@@ -25,6 +25,7 @@ class TierCounters:
     refused: int = 0
     failed_transfers: int = 0
     promote_skipped: int = 0
+    lost: int = 0
 
     def as_dict(self) -> dict:
         """Plain dict for JSON."""
@@ -94,4 +95,5 @@ _PLACEMENT_FIELDS = {
     Ev.REFUSED: "refused",
     Ev.TRANSFER_FAILED: "failed_transfers",
     Ev.PROMOTE_SKIPPED: "promote_skipped",
+    Ev.LOST: "lost",
 }

@@ -1,0 +1,212 @@
+"""TieredKVStore: round trips through every tier, reopening, live == replay, faults, threads."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import DATA, sample_requests
+from tiercache.config import KVLayout, TierConfig
+from tiercache.data.store import TieredKVStore
+from tiercache.errors import UserError
+from tiercache.sim.sweep import run_sweep
+
+LAYOUT = KVLayout(layers=2, kv_heads=2, head_dim=8, dtype="float16", block_tokens=4)
+
+
+def tiers(hbm=2, dram=3, nvme=40):
+    return [TierConfig("hbm", hbm), TierConfig("dram", dram), TierConfig("nvme", nvme)]
+
+
+def key(i: int) -> bytes:
+    return i.to_bytes(16, "little")
+
+
+def blocks(n: int, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn((n, *LAYOUT.block_shape), generator=gen).to(torch.float16)
+
+
+def test_round_trip_from_every_tier_is_bit_identical(tmp_path):
+    data = blocks(12, 0)
+    with TieredKVStore(LAYOUT, tiers(), path=tmp_path / "nvme") as store:
+        assert store.put([key(i) for i in range(12)], data) == 12
+        _, where = store.lookup([key(i) for i in range(12)])
+        assert set(where) == {"hbm", "dram", "nvme"}  # tiny HBM/DRAM: blocks spread down
+        for i in range(12):
+            assert torch.equal(store.get([key(i)])[0], data[i]), i
+        store.check_invariants()
+        assert store.stats()["tiers"][2]["hits"] > 0
+
+
+def test_reopen_in_a_new_process_serves_nvme_blocks(tmp_path):
+    data = blocks(10, 1)
+    path = tmp_path / "nvme"
+    with TieredKVStore(LAYOUT, tiers(hbm=1, dram=1), path=path) as store:
+        store.put([key(i) for i in range(10)], data)
+        in_nvme = [i for i, t in enumerate(store.lookup([key(i) for i in range(10)])[1]) if t == "nvme"]
+    torch.save(data, tmp_path / "data.pt")
+    script = textwrap.dedent(
+        f"""
+        import torch
+        from tiercache.config import KVLayout, TierConfig
+        from tiercache.data.store import TieredKVStore
+        layout = KVLayout(layers=2, kv_heads=2, head_dim=8, dtype="float16", block_tokens=4)
+        data = torch.load({str(tmp_path / "data.pt")!r})
+        tiers = [TierConfig("hbm", 1), TierConfig("dram", 1), TierConfig("nvme", 40)]
+        with TieredKVStore(layout, tiers, path={str(path)!r}) as store:
+            for i in {in_nvme!r}:
+                got = store.get([i.to_bytes(16, "little")])[0]
+                assert torch.equal(got, data[i]), i
+            store.check_invariants()
+        print("ok", len({in_nvme!r}))
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[0] == "ok" and int(done.stdout.split()[1]) == len(in_nvme) >= 8
+
+
+def test_match_prefix_counts_whole_stored_blocks():
+    from tiercache.keys import prefix_keys
+
+    tokens = list(range(40))
+    keys = prefix_keys(tokens, LAYOUT.block_tokens, "tenant-a")
+    with TieredKVStore(LAYOUT, [TierConfig("hbm", 16)]) as store:
+        store.put(keys[:6], blocks(6, 2))
+        assert store.match_prefix(tokens, "tenant-a") == 24
+        assert store.match_prefix(tokens, "tenant-b") == 0  # namespaces never share blocks
+        assert store.match_prefix(tokens[:3], "tenant-a") == 0
+
+
+def test_pinned_blocks_stay_in_hbm():
+    with TieredKVStore(LAYOUT, [TierConfig("hbm", 2), TierConfig("dram", 8)]) as store:
+        store.put([key(0), key(1)], blocks(2, 3))
+        store.pin([key(0)])
+        store.put([key(2), key(3)], blocks(2, 4))
+        assert store.lookup([key(0)])[1] == ["hbm"]
+        store.release([key(0)])
+        with pytest.raises(Exception):
+            store.release([key(0)])
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        lambda s: s.put([key(0)], torch.zeros((1, *LAYOUT.block_shape), dtype=torch.float32)),
+        lambda s: s.put([key(0)], torch.zeros((1, 3, 3), dtype=torch.float16)),
+        lambda s: s.put(["not-bytes"], blocks(1, 0)),
+        lambda s: s.put([key(0), key(0)], blocks(2, 0)),
+    ],
+)
+def test_bad_puts_raise_clearly_and_write_nothing(bad):
+    with TieredKVStore(LAYOUT, [TierConfig("hbm", 4)]) as store:
+        with pytest.raises(UserError):
+            bad(store)
+        assert store.lookup([key(0)])[0] == 0
+        store.check_invariants()
+
+
+def test_bad_configurations(tmp_path):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(UserError, match="is a file"):
+        TieredKVStore(LAYOUT, tiers(), path=tmp_path / "file")
+    with pytest.raises(UserError, match="needs path"):
+        TieredKVStore(LAYOUT, tiers())
+    with pytest.raises(UserError, match="order"):
+        TieredKVStore(LAYOUT, [TierConfig("dram", 4)])
+    TieredKVStore(LAYOUT, tiers(), path=tmp_path / "s").close()
+    other = KVLayout(layers=4, kv_heads=2, head_dim=8, dtype="float16", block_tokens=4)
+    with pytest.raises(UserError):
+        TieredKVStore(other, tiers(), path=tmp_path / "s")
+
+
+def test_corrupt_nvme_chunk_is_a_counted_miss_never_data(tmp_path):
+    data = blocks(8, 5)
+    with TieredKVStore(LAYOUT, tiers(hbm=1, dram=1), path=tmp_path / "nvme") as store:
+        store.put([key(i) for i in range(8)], data)
+        store.flush()
+        victim = next(i for i, t in enumerate(store.lookup([key(i) for i in range(8)])[1]) if t == "nvme")
+        medium = store._media[2]
+        chunk = medium.chunk_path(medium.slot_of(key(victim)))
+        raw = bytearray(open(chunk, "rb").read())
+        raw[10] ^= 0xFF
+        open(chunk, "wb").write(bytes(raw))
+        with pytest.raises(KeyError):
+            store.get([key(victim)])
+        assert store.lookup([key(victim)])[1] == [None]
+        stats = store.stats()
+        assert stats["nvme"]["corrupt_reads"] >= 1 and stats["tiers"][2]["lost"] == 1
+        store.check_invariants()
+        others = [i for i in range(8) if i != victim]
+        for i in others:
+            assert torch.equal(store.get([key(i)])[0], data[i])
+
+
+def test_failed_nvme_write_drops_the_block_cleanly(tmp_path, monkeypatch):
+    import tiercache.data.chunkio as chunkio
+
+    with TieredKVStore(LAYOUT, tiers(hbm=1, dram=1), path=tmp_path / "nvme") as store:
+        store.put([key(0), key(1)], blocks(2, 6))
+
+        def full(*args, **kwargs):
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr(chunkio, "write_chunk_file", full)
+        monkeypatch.setattr(chunkio, "overwrite_chunk_file", full)
+        store.put([key(2)], blocks(1, 7))  # demotes 0 dram -> nvme: the write fails
+        assert store.lookup([key(0)])[1] == [None]
+        assert store.stats()["tiers"][1]["failed_transfers"] == 1
+        store.check_invariants()
+
+
+def test_live_store_and_replay_agree_on_per_tier_hits(tmp_path):
+    requests = sample_requests(DATA / "mooncake_head.jsonl")
+    caps = {"hbm": 40, "dram": 120, "nvme": 400}
+    spec = ",".join(f"{k}={v}" for k, v in caps.items())
+    replayed = run_sweep(str(DATA / "mooncake_head.jsonl"), ["lru"], [], ["object"], tiers=spec, workers=1, progress=False)
+    run = replayed["runs"][0]
+    live_tiers = [TierConfig(name, cap, eviction="lru") for name, cap in caps.items()]
+    tiny = KVLayout(layers=1, kv_heads=1, head_dim=4, dtype="float16", block_tokens=2)
+    with TieredKVStore(tiny, live_tiers, path=tmp_path / "nvme") as store:
+        for request in requests:
+            keys = [key(i) for i in request]
+            store.access(keys, torch.zeros((len(keys), *tiny.block_shape), dtype=torch.float16))
+        stats = store.stats()
+        store.check_invariants()
+    assert [t["hits"] for t in stats["tiers"]] == [t["hits"] for t in run["tiers"]]
+    assert stats["misses"] == run["misses"]
+
+
+def test_threads_putting_and_getting_shared_and_distinct_keys(tmp_path):
+    errors: list[BaseException] = []
+    data = blocks(64, 8)
+    with TieredKVStore(LAYOUT, tiers(hbm=4, dram=8, nvme=128), path=tmp_path / "nvme") as store:
+
+        def worker(offset: int) -> None:
+            rng = np.random.default_rng(offset)
+            try:
+                for _ in range(150):
+                    i = int(rng.integers(0, 32)) + (offset * 8 if rng.random() < 0.5 else 0)
+                    i %= 64
+                    store.put([key(i)], data[i : i + 1])
+                    assert torch.equal(store.get([key(i)])[0], data[i])
+            except BaseException as exc:  # noqa: BLE001 - collected for the main thread
+                errors.append(exc)
+
+        threads = [threading.Thread(target=worker, args=(n,)) for n in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+        assert not any(t.is_alive() for t in threads), "deadlock"
+        assert not errors, errors[0]
+        store.check_invariants()
+        stored = [i for i in range(64) if store.lookup([key(i)])[0]]
+        assert len(stored) == 64 or len(stored) <= 4 + 8 + 128
