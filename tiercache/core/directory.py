@@ -16,11 +16,9 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from .counts import CountError, decrement, increment
+
 __all__ = ["TierDirectory", "CountError"]
-
-class CountError(RuntimeError):
-    """A reference or pin count would go below zero, or a slot state is misused."""
-
 
 class TierDirectory:
     """Slots of one tier.
@@ -127,23 +125,15 @@ class TierDirectory:
     # -- pins ----------------------------------------------------------------------------
     def pin(self, ids: Iterable[int]) -> None:
         """Counts one more in-flight transfer reading each published id."""
-        pins, slot_of = self.pins, self.slot_of
+        ids = list(ids)
         for block_id in ids:
-            if block_id not in slot_of:
+            if block_id not in self.slot_of:
                 raise KeyError(f"tier {self.name}: cannot pin absent block {block_id}")
-            pins[block_id] = pins.get(block_id, 0) + 1
+        increment(self.pins, ids)
 
     def unpin(self, ids: Iterable[int]) -> None:
         """Undoes ``pin``; raises CountError below zero (never clamps)."""
-        pins = self.pins
-        for block_id in ids:
-            count = pins.get(block_id, 0)
-            if count <= 0:
-                raise CountError(f"tier {self.name}: unpin of block {block_id} that is not pinned")
-            if count == 1:
-                del pins[block_id]
-            else:
-                pins[block_id] = count - 1
+        decrement(self.pins, ids, f"tier {self.name} unpin")
 
     # -- checks --------------------------------------------------------------------------
     def check_invariants(self) -> None:

@@ -31,7 +31,8 @@ import numpy as np
 
 from tiercache.policies.base import NO_NEXT_USE, AdmissionPolicy, EvictionPolicy, Hints
 
-from .directory import CountError, TierDirectory
+from .counts import CountError, decrement, increment
+from .directory import TierDirectory
 from .engine import ImmediateEngine, TransferEngine
 from .plans import Ev, EventLog, JobResult, TransferPlan
 
@@ -133,21 +134,11 @@ class TierManager:
         for block_id in ids:
             if self.locate(block_id) is None:
                 raise KeyError(f"ref of block {block_id}, which is not resident")
-        refs = self.refs
-        for block_id in ids:
-            refs[block_id] = refs.get(block_id, 0) + 1
+        increment(self.refs, ids)
 
     def unref(self, ids: Sequence[int]) -> None:
         """Undoes ``ref``; raises CountError below zero (never clamps)."""
-        refs = self.refs
-        for block_id in ids:
-            count = refs.get(block_id, 0)
-            if count <= 0:
-                raise CountError(f"unref of block {block_id}, which has no reader")
-            if count == 1:
-                del refs[block_id]
-            else:
-                refs[block_id] = count - 1
+        decrement(self.refs, ids, "unref")
 
     # -- the access path -----------------------------------------------------------------
     def access(self, ids: Sequence[int], hints: Hints | None = None, count_hits: bool = True) -> None:

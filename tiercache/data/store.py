@@ -17,7 +17,6 @@ import os
 import threading
 from typing import Sequence
 
-import numpy as np
 import torch
 
 from tiercache.config import KVLayout, TierConfig

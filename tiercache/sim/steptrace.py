@@ -35,8 +35,8 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from tiercache.errors import TraceError, UserError
-from tiercache.sim.traces import id_list_field, int_field, iter_json_objects
+from tiercache.errors import TraceError
+from tiercache.sim.traces import id_list_field, int_field, iter_json_objects, write_jsonl
 
 __all__ = ["StepRecord", "FlatSteps", "iter_steps", "load_flat_steps", "write_steps", "step_json"]
 
@@ -153,13 +153,4 @@ def write_steps(path: str | os.PathLike, records: Iterable[StepRecord]) -> int:
     Raises:
         UserError: the file cannot be written (the message names it).
     """
-    name = os.fspath(path)
-    count = 0
-    try:
-        with open(name, "w", encoding="utf-8") as handle:
-            for record in records:
-                handle.write(step_json(record) + "\n")
-                count += 1
-    except OSError as exc:
-        raise UserError(f"{name}: cannot write step trace: {exc.strerror or exc}") from None
-    return count
+    return write_jsonl(path, map(step_json, records), "step trace")

@@ -288,15 +288,24 @@ def write_requests(path: str | os.PathLike, requests: Iterable[Request]) -> int:
     Raises:
         UserError: the file cannot be written (the message names it).
     """
+    return write_jsonl(path, map(request_json, requests), "trace")
+
+
+def write_jsonl(path: str | os.PathLike, lines: Iterable[str], what: str) -> int:
+    """Writes one JSON text per line; returns the number written.
+
+    Raises:
+        UserError: the file cannot be written (the message names it and ``what`` it is).
+    """
     name = os.fspath(path)
     count = 0
     try:
         with open(name, "w", encoding="utf-8") as handle:
-            for request in requests:
-                handle.write(request_json(request) + "\n")
+            for line in lines:
+                handle.write(line + "\n")
                 count += 1
     except OSError as exc:
-        raise UserError(f"{name}: cannot write trace: {exc.strerror or exc}") from None
+        raise UserError(f"{name}: cannot write {what}: {exc.strerror or exc}") from None
     return count
 
 
