@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from collections import OrderedDict
+from itertools import islice
 from typing import ClassVar, Collection, Sequence
 
 from ._checks import require_new, require_tracked
@@ -80,6 +81,9 @@ class PriorityPolicy(EvictionPolicy):
     def victims(self, n: int, protected: Collection[int] = ()) -> list[int] | None:
         if n <= 0:
             return []
+        if not protected and self._keys and len(self._buckets[self._keys[0]]) >= n:
+            # Nothing protected and the lowest bucket suffices: take its n oldest in C.
+            return list(islice(self._buckets[self._keys[0]], n))
         chosen: list[int] = []
         for key in self._keys:
             for block_id in self._buckets[key]:

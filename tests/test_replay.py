@@ -19,7 +19,7 @@ CLOSE = ["arc", "s3fifo", "sieve"]
 
 @pytest.fixture(scope="module")
 def object_sweep() -> dict:
-    return run_sweep(str(SAMPLE_TRACE), EXACT + CLOSE + ["lfu"], CAPACITIES, ["object"], workers=2, progress=False)
+    return run_sweep(str(SAMPLE_TRACE), EXACT + CLOSE + ["lfu", "leaf_lru"], CAPACITIES, ["object"], workers=2, progress=False)
 
 
 def _golden() -> dict:
@@ -64,7 +64,7 @@ def test_belady_is_a_lower_bound(semantics, object_sweep):
     if semantics == "object":
         results = object_sweep
     else:
-        results = run_sweep(str(SAMPLE_TRACE), EXACT + CLOSE + ["lfu"], CAPACITIES, ["prefix"], workers=2, progress=False)
+        results = run_sweep(str(SAMPLE_TRACE), EXACT + CLOSE + ["lfu", "leaf_lru"], CAPACITIES, ["prefix"], workers=2, progress=False)
     ratios = _ratios(results, semantics)
     for cap in CAPACITIES:
         bound = ratios[("belady", cap)]

@@ -108,9 +108,11 @@ def replay(spec: RunSpec, data: ReplayData, on_progress: Callable[[int], None] |
     saved_tokens = 0
     for batch in range(data.n_batches):
         saved_tokens += step(batch, needs_future)
-        stats.consume(manager.events.drain())
-        if on_progress is not None and batch % 256 == 255:
-            on_progress(256)
+        if batch % 256 == 255:  # events are counts: draining in chunks changes no total
+            stats.consume(manager.events.drain())
+            if on_progress is not None:
+                on_progress(256)
+    stats.consume(manager.events.drain())
     if on_progress is not None:
         on_progress(data.n_batches % 256)
     wall = time.perf_counter() - started
