@@ -325,16 +325,19 @@ class NVMeStore:
         return self.submit_get(keys, out).result()
 
     def _read_one(self, key: bytes, entry: Entry, dest: torch.Tensor) -> bool:
-        """I/O thread: reads and verifies one chunk into ``dest``; True only for a good block."""
+        """I/O thread: reads and verifies one chunk into ``dest``; True only for a good block.
+
+        A missing file or failed read says nothing about the bytes: a miss, not corruption.
+        """
         try:
-            good = self._read_verified(entry, dest)
-        except FileNotFoundError:
-            good = False  # deleted and unlinked while we read, or lost on disk
-        except OSError:
+            return self._finish_read(key, entry, dest, self._read_verified(entry, dest))
+        except OSError as exc:
             with self._lock:
-                self.stats["read_errors"] += 1
-            good = False
-        return self._finish_read(key, entry, dest, good)
+                self.stats["misses"] += 1
+                # FileNotFoundError: the chunk went away with a concurrent delete
+                self.stats["read_errors"] += not isinstance(exc, FileNotFoundError)
+            dest.zero_()
+            return False
 
     def _finish_read(self, key: bytes, entry: Entry, dest: torch.Tensor, good: bool) -> bool:
         """Counts the read; a bad chunk still named by the index is corrupt and forgotten."""

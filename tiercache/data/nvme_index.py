@@ -31,8 +31,10 @@ __all__ = ["OP_PUT", "OP_DEL", "Entry", "SlotTable", "IndexFiles", "encode_ops",
 OP_PUT = 1
 OP_DEL = 2
 _OP = struct.Struct("<BQQIIH")  # op, slot, generation, chunk length, chunk crc, key length
-_JOURNAL_HEADER = struct.Struct("<4sQII")  # magic, sequence, payload length, payload crc
-_SNAPSHOT_HEADER = struct.Struct("<4sQQI")  # magic, sequence, entry count, body crc
+# Headers end with a crc32c over the header fields before it and the body, so a flipped
+# sequence number or count is caught like a flipped entry.
+_JOURNAL_HEADER = struct.Struct("<4sQII")  # magic, sequence, payload length, crc
+_SNAPSHOT_HEADER = struct.Struct("<4sQQI")  # magic, sequence, entry count, crc
 _JOURNAL_MAGIC = b"TCJ1"
 _SNAPSHOT_MAGIC = b"TCS1"
 SNAPSHOT_NAME = "tiercache.index"
@@ -339,9 +341,9 @@ class IndexFiles:
         except OSError as exc:
             raise UserError(f"{self.root}: index snapshot unreadable ({exc})") from None
         try:
-            magic, seq, count, body_crc = _SNAPSHOT_HEADER.unpack_from(data, 0)
+            magic, seq, count, crc = _SNAPSHOT_HEADER.unpack_from(data, 0)
             body = data[_SNAPSHOT_HEADER.size :]
-            if magic != _SNAPSHOT_MAGIC or crc32c(np.frombuffer(body, np.uint8)) != body_crc:
+            if magic != _SNAPSHOT_MAGIC or _sealed_crc(data[: _SNAPSHOT_HEADER.size - 4], body) != crc:
                 raise ValueError("bad magic or checksum")
             ops = decode_ops(body)
             if len(ops) != count:
@@ -361,8 +363,9 @@ class IndexFiles:
         pos = 0
         while pos + _JOURNAL_HEADER.size <= len(data):
             magic, seq, length, crc = _JOURNAL_HEADER.unpack_from(data, pos)
+            head = data[pos : pos + _JOURNAL_HEADER.size - 4]
             body = data[pos + _JOURNAL_HEADER.size : pos + _JOURNAL_HEADER.size + length]
-            if magic != _JOURNAL_MAGIC or len(body) != length or crc32c(np.frombuffer(body, np.uint8)) != crc:
+            if magic != _JOURNAL_MAGIC or len(body) != length or _sealed_crc(head, body) != crc:
                 break  # torn or garbage tail: everything after it was never acknowledged
             if seq > self.seq:
                 for op in decode_ops(body):
@@ -379,7 +382,7 @@ class IndexFiles:
         """Appends one batch and makes it durable (fdatasync). On OSError the journal may
         hold a torn tail, so ``need_snapshot`` is set and the error re-raised."""
         body = encode_ops(ops)
-        header = _JOURNAL_HEADER.pack(_JOURNAL_MAGIC, self.seq + 1, len(body), crc32c(np.frombuffer(body, np.uint8)))
+        header = _seal(_JOURNAL_HEADER, _JOURNAL_MAGIC, self.seq + 1, len(body), body)
         try:
             written = os.pwrite(self._journal_fd, header + body, self.journal_bytes)
             if written != len(header) + len(body):
@@ -396,7 +399,7 @@ class IndexFiles:
         the journal. Crash between the two: the old batches carry sequence numbers at or
         below the new snapshot's and are skipped on replay."""
         body = encode_ops(ops)
-        header = _SNAPSHOT_HEADER.pack(_SNAPSHOT_MAGIC, self.seq + 1, len(ops), crc32c(np.frombuffer(body, np.uint8)))
+        header = _seal(_SNAPSHOT_HEADER, _SNAPSHOT_MAGIC, self.seq + 1, len(ops), body)
         tmp = self.snapshot_path + ".tmp"
         try:
             _write_file_durably(tmp, header + body)
@@ -451,6 +454,17 @@ def sweep_directory(root: str, ndim: int, table: SlotTable, tmp_prefix: str) -> 
     for slot in missing:
         table.drop_slot(slot)
     return removed, len(missing)
+
+
+def _sealed_crc(head: bytes, body: bytes) -> int:
+    """crc32c of header fields then body."""
+    return crc32c(np.frombuffer(head + body, np.uint8))
+
+
+def _seal(header: struct.Struct, magic: bytes, seq: int, field: int, body: bytes) -> bytes:
+    """Packs a header whose last field is the crc of the fields before it and the body."""
+    head = header.pack(magic, seq, field, 0)[:-4]
+    return head + _sealed_crc(head, body).to_bytes(4, "little")
 
 
 def _write_file_durably(path: str, data: bytes) -> None:
