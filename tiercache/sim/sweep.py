@@ -99,9 +99,12 @@ def _run_in_worker(spec: RunSpec) -> dict:
 def _execute(runs: list[RunSpec], data: ReplayData, workers: int, progress: bool) -> list[dict]:
     """Runs every replay, in worker processes when asked, with a progress bar over runs."""
     global _WORKER_DATA
+    if len(runs) == 1:  # one long replay: show progress over its requests instead
+        with tqdm(total=data.n_batches, desc="replay", unit="req", disable=not progress, delay=2) as bar:
+            return [replay(runs[0], data, on_progress=bar.update)]
     bar = tqdm(total=len(runs), desc="replays", unit="run", disable=not progress, delay=2)
     try:
-        if workers <= 1 or len(runs) == 1:
+        if workers <= 1:
             return [_with_bar(bar, replay(spec, data)) for spec in runs]
         _WORKER_DATA = data
         context = multiprocessing.get_context("fork")
