@@ -55,7 +55,7 @@ def assert_serves(store: NVMeStore, keys: list[bytes], data: torch.Tensor) -> No
     assert torch.equal(bits(out), bits(data))
 
 
-@pytest.mark.parametrize("fault", ["writev", "fdatasync", "replace"])
+@pytest.mark.parametrize("fault", ["pwrite", "fdatasync", "replace"])
 def test_failed_new_chunk_write_is_absent_and_the_store_stays_consistent(tmp_path, monkeypatch, fault):
     data = blocks_for(LAYOUT, 3, seed=1)
     store = NVMeStore(tmp_path / "s", LAYOUT, 4, io_threads=1)  # one thread: the first write fails
@@ -75,7 +75,7 @@ def test_failed_new_chunk_write_is_absent_and_the_store_stays_consistent(tmp_pat
         assert reopened.put([b"a"], data[:1])[0].ok
 
 
-@pytest.mark.parametrize("fault", ["pwritev", "fdatasync"])
+@pytest.mark.parametrize("fault", ["pwrite", "fdatasync"])
 def test_failed_in_place_overwrite_is_absent(tmp_path, monkeypatch, fault):
     data = blocks_for(LAYOUT, 2, seed=2)
     with NVMeStore(tmp_path / "s", LAYOUT, 1, io_threads=1) as store:

@@ -329,3 +329,14 @@ def test_store_metadata_is_plain_zarr_json(tmp_path):
     assert [c["name"] for c in meta["codecs"]] == ["bytes", "blosc", "crc32c"]
     assert meta["codecs"][1]["configuration"]["cname"] == "lz4"
     assert meta["chunk_key_encoding"] == {"name": "default", "configuration": {"separator": "."}}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_device_blocks_go_through_host_staging(tmp_path):
+    data = blocks_for(LAYOUT, 3, seed=11)
+    with NVMeStore(tmp_path / "s", LAYOUT, 4) as store:
+        assert all(r.ok for r in store.put(keys_for(3), data.cuda()))
+        out = torch.empty((3, *LAYOUT.block_shape), dtype=torch.bfloat16, device="cuda")
+        assert store.get(keys_for(3), out).all()
+        assert torch.equal(bits(out.cpu()), bits(data))

@@ -130,22 +130,29 @@ def run_bench(cfg: BenchConfig) -> dict:
         machine = bench.machine()
     finally:
         bench.close()
-    doc = _document(cfg, samples, latency, zarr_api, machine)
-    doc["first_fill_write"] = first_fill
-    return doc
+    return _document(cfg, samples, first_fill, latency, zarr_api, machine)
 
 
-def _document(cfg: BenchConfig, samples: dict, latency: dict, zarr_api: dict | None, machine: dict) -> dict:
+# The ratios the data plane is held to; the others are reported for context.
+TARGET_RATIOS = ("host_to_device", "disk_write", "disk_read_cold")
+
+
+def _document(cfg: BenchConfig, samples: dict, first_fill: dict, latency: dict, zarr_api: dict | None, machine: dict) -> dict:
     """Assembles the JSON document: medians, ratios (tiercache / raw), raw samples."""
     tc = {name: statistics.median(v) for name, v in samples["tiercache"].items()}
     raw = {name: statistics.median(v) for name, v in samples["raw"].items()}
     raw_file = statistics.median(samples["raw_file"]["disk_read_cold"])
     return {
-        "ratios": {name: tc[name] / raw[name] for name in tc},
+        "ratios": {name: tc[name] / raw[name] for name in TARGET_RATIOS},
         "raw": raw,
-        "disk_read_cold_one_big_file": {"raw": raw_file, "ratio": tc["disk_read_cold"] / raw_file,
-                                        "note": "raw O_DIRECT preadv from one laid-out file per thread instead of the chunk files"},
         "tiercache": tc,
+        "other_ratios": {
+            "device_to_host": tc["device_to_host"] / raw["device_to_host"],
+            "disk_read_cold_vs_one_big_file": tc["disk_read_cold"] / raw_file,
+            "disk_write_first_fill": first_fill["ratio"],
+        },
+        "disk_read_cold_one_big_file": {"raw": raw_file, "note": "raw O_DIRECT preadv from one laid-out file per thread instead of the chunk files"},
+        "first_fill_write": first_fill,
         "units": "GB/s (1e9 bytes per second), medians over repetitions",
         "zarr_api": zarr_api,
         "latency_s": latency,
@@ -172,12 +179,13 @@ def format_table(result: dict) -> str:
         f" {cfg['threads']} threads, median of {cfg['reps']} reps, device {m['device']}",
         f"{'path':<26}{'tiercache GB/s':>16}{'raw GB/s':>10}{'ratio':>8}  raw baseline",
     ]
+    ratios = {**result["ratios"], **result["other_ratios"]}
     for name, label in labels.items():
         lines.append(f"{label:<26}{result['tiercache'][name]:>16.2f}{result['raw'][name]:>10.2f}"
-                     f"{result['ratios'][name]:>8.2f}  {m['baselines'][name]}")
+                     f"{ratios[name]:>8.2f}  {m['baselines'][name]}")
     big = result["disk_read_cold_one_big_file"]
     lines.append(f"{'NVMe cold reads, big file':<26}{result['tiercache']['disk_read_cold']:>16.2f}{big['raw']:>10.2f}"
-                 f"{big['ratio']:>8.2f}  O_DIRECT preadv from one laid-out file per thread (format cost included)")
+                 f"{ratios['disk_read_cold_vs_one_big_file']:>8.2f}  O_DIRECT preadv from one laid-out file per thread (format cost included)")
     f = result.get("first_fill_write")
     if f:
         lines.append(f"{'NVMe writes, first fill':<26}{f['tiercache']:>16.2f}{f['raw']:>10.2f}{f['ratio']:>8.2f}"

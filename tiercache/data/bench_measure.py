@@ -50,8 +50,8 @@ class Bench:
         per_file = -(-n // cfg.threads)
         self.raw = rawio.RawBlockFiles(os.path.join(cfg.directory, "raw"), cfg.layout.block_bytes, cfg.threads, per_file, cfg.seed)
         self.raw_fresh = rawio.RawBlockFiles(os.path.join(cfg.directory, "fresh"), cfg.layout.block_bytes, cfg.threads, per_file, cfg.seed)
-        self._buffers = rawio.read_buffers(cfg.layout.block_bytes, cfg.threads)
         self._tails = rawio.read_buffers(rawio.PAGE, cfg.threads)
+        self.raw.lay_out()  # as fio lays out its files: steady-state writes overwrite
         self.rng = np.random.default_rng(cfg.seed)
         self._keys: list[bytes] = []
         self._rep = 0
@@ -102,7 +102,7 @@ class Bench:
         return np.array_split(self.rng.permutation(self.cfg.blocks), min(_SLICES, self.cfg.blocks))
 
     def _disk_writes(self, raw: rawio.RawBlockFiles, tag: bytes) -> tuple[float, float]:
-        """(b): store put + flush vs raw durable pwrite, slice by slice.
+        """(b): store put + flush vs raw durable pwrite of the same DRAM slots, slice by slice.
 
         In steady state both sides overwrite space written before: the store reuses the
         slots the previous repetition's blocks held, the raw files were laid out.
@@ -112,10 +112,11 @@ class Bench:
             self.store.flush()  # frees the previous repetition's slots
         keys = [b"%s-%d-%d" % (tag, self._rep, i) for i in range(self.cfg.blocks)]
         views = [self.dram.view(i) for i in range(self.cfg.blocks)]
+        sources = [byte_array(view) for view in views]
         seconds = {"tiercache": 0.0, "raw": 0.0}
         for i, part in enumerate(self._slices()):
             ops = {"tiercache": lambda: self._put([keys[b] for b in part], [views[b] for b in part]),
-                   "raw": lambda: raw.write(len(part))}
+                   "raw": lambda: raw.write([sources[b] for b in part])}
             for side in self._order(i):
                 seconds[side] += self._timed(ops[side], False)
         self._keys = keys
@@ -123,11 +124,11 @@ class Bench:
 
     def first_fill(self) -> dict[str, float]:
         """Writes into never-used space on both sides (store: new chunk files, temp +
-        rename; raw: new files), once, then leaves both laid out for the steady state."""
+        rename; raw: new files), once; afterwards the store's slots all have chunk files,
+        as in steady state."""
         self.raw_fresh.reset()
         tiercache_gbps, raw_gbps = self._disk_writes(self.raw_fresh, b"fill")
         self.raw_fresh.reset()
-        self.raw.lay_out()
         return {"tiercache": tiercache_gbps, "raw": raw_gbps, "ratio": tiercache_gbps / raw_gbps}
 
     def _put(self, keys: list[bytes], blocks: list[torch.Tensor]) -> None:
@@ -141,7 +142,8 @@ class Bench:
         """(c): cold reads, slice by slice, rotating which side goes first: ``tiercache``
         (store get) and ``raw`` (O_DIRECT preadv of the store's chunk files, bypassing the
         store) split each slice's blocks, so both read bytes of the same age and layout;
-        ``raw_file`` reads as many blocks from the raw files (one big file per thread).
+        ``raw_file`` reads as many blocks from the raw files (one big file per thread). All
+        three deliver each block into its own DRAM pool slot, as the tier must.
 
         Returns:
             GB/s per side.
@@ -149,14 +151,15 @@ class Bench:
         self.store.drop_cache()
         self.raw.drop_cache()
         outs = [self.dram.view(i) for i in range(self.cfg.blocks)]
+        dests = [byte_array(view) for view in outs]
         chunk_paths = [self.store.chunk_path(self.store.slot_of(k)) for k in self._keys]
         file_slots = self.rng.permutation(self.raw.capacity)
         seconds, moved, missed = dict.fromkeys(_READ_SIDES, 0.0), dict.fromkeys(_READ_SIDES, 0), []
         for i, part in enumerate(self._slices()):
             mine, theirs = (part[0::2], part[1::2]) if (i + self._rep) % 2 == 0 else (part[1::2], part[0::2])
             ops = {"tiercache": (lambda: missed.append(self._get(mine, outs)), mine.size),
-                   "raw": (lambda: self._read_chunks([chunk_paths[b] for b in theirs]), theirs.size),
-                   "raw_file": (lambda: self.raw.read(file_slots[theirs], self._buffers), theirs.size)}
+                   "raw": (lambda: self._read_chunks([chunk_paths[b] for b in theirs], [dests[b] for b in theirs]), theirs.size),
+                   "raw_file": (lambda: self.raw.read(file_slots[theirs], [dests[b] for b in theirs], self.cfg.threads), theirs.size)}
             rotation = (i + self._rep) % len(_READ_SIDES)
             for side in _READ_SIDES[rotation:] + _READ_SIDES[:rotation]:
                 seconds[side] += self._timed(ops[side][0], False)
@@ -165,8 +168,8 @@ class Bench:
             raise OSError(f"bench: {sum(missed)} stored blocks missed on read")
         return {side: moved[side] / seconds[side] / 1e9 for side in _READ_SIDES}
 
-    def _read_chunks(self, paths: list[str]) -> None:
-        _, direct = rawio.read_files(paths, self._buffers, self._tails)
+    def _read_chunks(self, paths: list[str], dests: list) -> None:
+        _, direct = rawio.read_files(paths, dests, self._tails)
         self.raw.direct = self.raw.direct and direct
 
     def _get(self, part: np.ndarray, outs: list[torch.Tensor]) -> int:
@@ -204,7 +207,8 @@ class Bench:
         self.store.delete(keys)
         self.store.flush()
         self.raw_fresh.write(k)
-        self.raw_fresh.read(np.arange(k), self._buffers)
+        self.raw_fresh.reset()
+        self.raw.read(np.arange(k), [byte_array(self.dram.view(i)) for i in range(k)], self.cfg.threads)
         self.dram.copy_to(self.hbm, np.arange(k), np.arange(k))
         self.hbm.copy_to(self.dram, np.arange(k), np.arange(k))
         self.hbm.tensor.copy_(self.dram.tensor)
@@ -272,7 +276,7 @@ class Bench:
                 "host_to_device": f"one {copy_kind} of the same bytes",
                 "device_to_host": f"one {copy_kind} of the same bytes",
                 "disk_write": f"pwrite loop, {rawio.SYNC_POLICY}, {threads} threads/files",
-                "disk_read_cold": f"{read_kind} of the store's own chunk files, {threads} threads",
+                "disk_read_cold": f"{read_kind} of the store's own chunk files into the same DRAM slots, {threads} threads",
             },
         }
 

@@ -259,8 +259,9 @@ class NVMeStore:
         """I/O thread: writes one chunk and publishes it; an OSError becomes the result."""
         tmp = os.path.join(self.path, f"{_TMP_PREFIX}{slot}.{gen}")
         try:
-            payload, crc = self._codec.encode(self._source_bytes(block))
-            length, renamed = self._write_chunk(tmp, self.chunk_path(slot), [payload, crc.to_bytes(4, "little")], payload.size + 4)
+            payload = self._codec.encode(self._source_bytes(block))
+            crc, renamed = self._write_chunk(tmp, self.chunk_path(slot), payload)
+            length = payload.size + 4
         except OSError as exc:
             with self._lock:
                 self._table.abandon(slot)
@@ -277,12 +278,13 @@ class NVMeStore:
             self.stats["bytes_written"] += length
         return PutResult(key, slot)
 
-    def _write_chunk(self, tmp: str, final: str, buffers: list, length: int) -> tuple[int, bool]:
+    def _write_chunk(self, tmp: str, final: str, payload: np.ndarray) -> tuple[int, bool]:
         """Durably writes one chunk: in place over a same-size chunk file when allowed,
-        else temp file + rename. Returns (bytes written, whether a rename happened)."""
-        if self.overwrite_in_place and chunkio.overwrite_chunk_file(final, buffers, length):
-            return length, False
-        return chunkio.write_chunk_file(tmp, final, buffers), True
+        else temp file + rename. Returns (crc32c, whether a rename happened)."""
+        crc = chunkio.overwrite_chunk_file(final, payload) if self.overwrite_in_place else None
+        if crc is not None:
+            return crc, False
+        return chunkio.write_chunk_file(tmp, final, payload), True
 
     def _source_bytes(self, block: torch.Tensor) -> np.ndarray:
         """The block's bytes without a copy when it is contiguous host memory, else staged."""

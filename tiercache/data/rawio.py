@@ -8,8 +8,10 @@ the tiercache path it is compared with, so the benchmark can report honest ratio
   inode's fdatasync), K threads, with the store's durability policy: ``fdatasync`` after
   every block. ``fresh=True`` writes new files instead (allocating space);
 * ``RawBlockFiles.read`` / ``direct_read``: random-order O_DIRECT ``os.preadv`` of whole
-  blocks into page-aligned (mmap) buffers, K threads; falls back to buffered reads (and
-  says so) when the filesystem refuses O_DIRECT.
+  blocks into page-aligned (mmap) destinations, one distinct block of memory per block
+  read, as a tier must deliver them (on this VM, reading every block into the same few
+  reused buffers runs up to 1.5x faster, a speed no tier can use), K threads; falls back
+  to buffered reads (and says so) when the filesystem refuses O_DIRECT.
 * ``read_files``: the same O_DIRECT preadv loop over whole files (a store's own chunk
   files), so a comparison can read the very bytes tiercache reads;
 * ``host_copy``: one ``dst.copy_(src)`` of the same bytes (timed with CUDA events when a
@@ -144,17 +146,22 @@ class RawBlockFiles:
                 os.close(fd)
         self.drop_cache()
 
-    def write(self, count: int) -> float:
-        """Writes ``count`` blocks, fdatasync after each, one writer thread per file;
-        returns seconds."""
-        tickets = iter(range(count))
+    def write(self, sources: list | int) -> float:
+        """Writes one block per entry of ``sources`` (each one block of memory; an int
+        ``n`` writes this object's random block ``n`` times), fdatasync after each, one
+        writer thread per file; returns seconds.
+
+        Pass the very memory the tier writes from: on this VM, writing the same small
+        buffer over and over runs faster than writing distinct memory, as a tier does.
+        """
+        tickets = iter([self._src] * sources if isinstance(sources, int) else sources)
         fds = [os.open(p, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644) for p in self.paths]
 
         def worker(index: int) -> None:
-            for _ in tickets:  # a shared iterator: each ticket goes to exactly one writer
+            for source in tickets:  # a shared iterator: each block goes to exactly one writer
                 slot = self._cursor[index] % self.blocks_per_file
                 self._cursor[index] += 1
-                os.pwrite(fds[index], self._src, slot * self.block_bytes)
+                os.pwrite(fds[index], source, slot * self.block_bytes)
                 os.fdatasync(fds[index])
 
         try:
@@ -163,22 +170,23 @@ class RawBlockFiles:
             for fd in fds:
                 os.close(fd)
 
-    def read(self, slots: np.ndarray, buffers: list[mmap.mmap]) -> float:
-        """Reads the given global slots with O_DIRECT preadv (buffered if refused), one
-        reader thread per buffer; returns seconds. Sets ``direct``."""
+    def read(self, slots: np.ndarray, dests: list, threads: int) -> float:
+        """Reads global slot ``slots[i]`` into ``dests[i]`` (page aligned, one block) with
+        O_DIRECT preadv (buffered if refused), ``threads`` readers; returns seconds.
+        Sets ``direct``."""
         files, size = len(self.paths), self.block_bytes
         opened = [open_for_read(p, True) for p in self.paths]
         fds = [fd for fd, _ in opened]
         self.direct = all(direct for _, direct in opened)
-        tickets = iter(slots.tolist())
+        tickets = iter(zip(slots.tolist(), dests))
 
-        def worker(index: int) -> None:
-            for slot in tickets:
-                if os.preadv(fds[slot % files], [buffers[index]], slot // files * size) != size:
+        def worker(_: int) -> None:
+            for slot, dest in tickets:
+                if os.preadv(fds[slot % files], [dest], slot // files * size) != size:
                     raise OSError(f"short read of slot {slot}")
 
         try:
-            return _run_threads(worker, len(buffers))
+            return _run_threads(worker, threads)
         finally:
             for fd in fds:
                 os.close(fd)
@@ -189,27 +197,28 @@ class RawBlockFiles:
             drop_file_cache(path)
 
 
-def read_files(paths: list[str], buffers: list[mmap.mmap], tails: list[mmap.mmap]) -> tuple[float, bool]:
-    """Reads whole files (e.g. a store's chunk files) with one O_DIRECT preadv each into
-    ``[buffers[t], tails[t]]``, one reader thread per buffer, from one shared queue.
+def read_files(paths: list[str], dests: list, tails: list[mmap.mmap]) -> tuple[float, bool]:
+    """Reads whole files (a store's chunk files) with one O_DIRECT preadv each:
+    ``paths[i]`` into ``[dests[i], tails[t]]`` (the block, then the rest of the file into
+    reader ``t``'s page), one reader thread per tail buffer, from one shared queue.
 
     Returns:
         ``(seconds, whether O_DIRECT was in effect for every file)``.
     """
-    tickets = iter(paths)
+    tickets = iter(zip(paths, dests))
     buffered: list[str] = []
 
     def worker(index: int) -> None:
-        for path in tickets:
+        for path, dest in tickets:
             fd, direct = open_for_read(path, True)
             try:
-                os.preadv(fd, [buffers[index], tails[index]], 0)
+                os.preadv(fd, [dest, tails[index]], 0)
             finally:
                 os.close(fd)
             if not direct:
                 buffered.append(path)
 
-    return _run_threads(worker, len(buffers)), not buffered
+    return _run_threads(worker, len(tails)), not buffered
 
 
 def _per_file(n_blocks: int, threads: int) -> int:
@@ -227,11 +236,14 @@ def pwrite_loop(prefix: str, n_blocks: int, block_bytes: int, threads: int, fres
 
 
 def direct_read(prefix: str, n_blocks: int, block_bytes: int, threads: int, seed: int = 0) -> RawRun:
-    """Cold random-order reads of the blocks of files written by ``pwrite_loop(prefix, ...)``."""
+    """Cold random-order reads of the blocks of files written by ``pwrite_loop(prefix, ...)``,
+    each into its own page-aligned block of one destination mapping."""
     files = RawBlockFiles(prefix, block_bytes, threads, _per_file(n_blocks, threads))
     files.drop_cache()
     order = np.random.default_rng(seed).permutation(files.capacity)
-    seconds = files.read(order, read_buffers(block_bytes, threads))
+    dest = np.frombuffer(_aligned(files.capacity * block_bytes), dtype=np.uint8)
+    dests = [dest[i * block_bytes : (i + 1) * block_bytes] for i in range(files.capacity)]
+    seconds = files.read(order, dests, threads)
     return RawRun(files.capacity * block_bytes, seconds, files.direct)
 
 
