@@ -32,6 +32,31 @@ _COPY_ROUNDS = 4
 _READ_SIDES = ("tiercache", "raw", "raw_file")
 
 
+class _Tally:
+    """Time and bytes per side over the rounds of one comparison, and every round's ratio
+    of tiercache throughput to each other side's (measured right next to each other)."""
+
+    def __init__(self, sides: tuple[str, ...]) -> None:
+        self.sides = sides
+        self.seconds = dict.fromkeys(sides, 0.0)
+        self.nbytes = dict.fromkeys(sides, 0)
+        self.ratios: dict[str, list[float]] = {side: [] for side in sides if side != "tiercache"}
+
+    def add(self, seconds: dict[str, float], nbytes: dict[str, int]) -> None:
+        for side in self.sides:
+            self.seconds[side] += seconds[side]
+            self.nbytes[side] += nbytes[side]
+        mine = nbytes["tiercache"] / seconds["tiercache"]
+        for side, ratios in self.ratios.items():
+            ratios.append(mine / (nbytes[side] / seconds[side]))
+
+    def gbps(self, side: str) -> float:
+        return self.nbytes[side] / self.seconds[side] / 1e9
+
+    def median_ratio(self, side: str) -> float:
+        return float(np.median(self.ratios[side]))
+
+
 class Bench:
     """Pools, a store and a raw file in the benchmark directory, and the timed operations.
 
@@ -81,27 +106,29 @@ class Bench:
 
     # ----- the compared operations ----------------------------------------------------
 
-    def _copies(self, src: BlockPool, dst: BlockPool) -> tuple[float, float]:
+    def _round(self, tally: "_Tally", ops: dict[str, tuple[Callable[[], object], int]], i: int, device: bool) -> None:
+        """Runs one round: every side once, in an order that rotates with ``i`` and the
+        repetition, and adds each side's time and bytes to ``tally``."""
+        sides = list(ops)
+        rotation = (i + self._rep) % len(sides)
+        seconds = {side: self._timed(ops[side][0], device) for side in sides[rotation:] + sides[:rotation]}
+        tally.add(seconds, {side: ops[side][1] for side in sides})
+
+    def _copies(self, src: BlockPool, dst: BlockPool) -> "_Tally":
         """(a): random slots to random slots through ``BlockPool.copy_to`` vs one raw
-        ``copy_`` of the same bytes, alternating over ``_COPY_ROUNDS`` rounds."""
-        n, seconds = self.cfg.blocks, {"tiercache": 0.0, "raw": 0.0}
+        ``copy_`` of the same bytes, over ``_COPY_ROUNDS`` rounds."""
+        n, tally = self.cfg.blocks, _Tally(("tiercache", "raw"))
         for i in range(_COPY_ROUNDS):
             src_slots, dst_slots = self.rng.permutation(n), self.rng.permutation(n)
-            ops = {"tiercache": lambda: src.copy_to(dst, src_slots, dst_slots, non_blocking=True),
-                   "raw": lambda: dst.tensor.copy_(src.tensor, non_blocking=True)}
-            for side in self._order(i):
-                seconds[side] += self._timed(ops[side], True)
-        return self._gbps(seconds["tiercache"], _COPY_ROUNDS), self._gbps(seconds["raw"], _COPY_ROUNDS)
-
-    def _order(self, i: int) -> tuple[str, str]:
-        """Which side goes first in round ``i`` of this repetition (alternates both ways)."""
-        return ("tiercache", "raw") if (i + self._rep) % 2 == 0 else ("raw", "tiercache")
+            self._round(tally, {"tiercache": (lambda: src.copy_to(dst, src_slots, dst_slots, non_blocking=True), self.cfg.total_bytes),
+                                "raw": (lambda: dst.tensor.copy_(src.tensor, non_blocking=True), self.cfg.total_bytes)}, i, True)
+        return tally
 
     def _slices(self) -> list[np.ndarray]:
-        """A random order of all blocks cut into slices that tiercache and raw alternate on."""
+        """A random order of all blocks cut into slices that the sides alternate on."""
         return np.array_split(self.rng.permutation(self.cfg.blocks), min(_SLICES, self.cfg.blocks))
 
-    def _disk_writes(self, raw: rawio.RawBlockFiles, tag: bytes) -> tuple[float, float]:
+    def _disk_writes(self, raw: rawio.RawBlockFiles, tag: bytes) -> "_Tally":
         """(b): store put + flush vs raw durable pwrite of the same DRAM slots, slice by slice.
 
         In steady state both sides overwrite space written before: the store reuses the
@@ -113,23 +140,21 @@ class Bench:
         keys = [b"%s-%d-%d" % (tag, self._rep, i) for i in range(self.cfg.blocks)]
         views = [self.dram.view(i) for i in range(self.cfg.blocks)]
         sources = [byte_array(view) for view in views]
-        seconds = {"tiercache": 0.0, "raw": 0.0}
+        tally, size = _Tally(("tiercache", "raw")), self.cfg.layout.block_bytes
         for i, part in enumerate(self._slices()):
-            ops = {"tiercache": lambda: self._put([keys[b] for b in part], [views[b] for b in part]),
-                   "raw": lambda: raw.write([sources[b] for b in part])}
-            for side in self._order(i):
-                seconds[side] += self._timed(ops[side], False)
+            self._round(tally, {"tiercache": (lambda: self._put([keys[b] for b in part], [views[b] for b in part]), part.size * size),
+                                "raw": (lambda: raw.write([sources[b] for b in part]), part.size * size)}, i, False)
         self._keys = keys
-        return self._gbps(seconds["tiercache"]), self._gbps(seconds["raw"])
+        return tally
 
     def first_fill(self) -> dict[str, float]:
         """Writes into never-used space on both sides (store: new chunk files, temp +
         rename; raw: new files), once; afterwards the store's slots all have chunk files,
         as in steady state."""
         self.raw_fresh.reset()
-        tiercache_gbps, raw_gbps = self._disk_writes(self.raw_fresh, b"fill")
+        tally = self._disk_writes(self.raw_fresh, b"fill")
         self.raw_fresh.reset()
-        return {"tiercache": tiercache_gbps, "raw": raw_gbps, "ratio": tiercache_gbps / raw_gbps}
+        return {"tiercache": tally.gbps("tiercache"), "raw": tally.gbps("raw"), "ratio": tally.median_ratio("raw")}
 
     def _put(self, keys: list[bytes], blocks: list[torch.Tensor]) -> None:
         results = self.store.put(keys, blocks)
@@ -138,15 +163,12 @@ class Bench:
         if failed:
             raise OSError(f"bench: {len(failed)} store writes failed, first: {failed[0].error}")
 
-    def _disk_reads(self) -> dict[str, float]:
+    def _disk_reads(self) -> "_Tally":
         """(c): cold reads, slice by slice, rotating which side goes first: ``tiercache``
         (store get) and ``raw`` (O_DIRECT preadv of the store's chunk files, bypassing the
         store) split each slice's blocks, so both read bytes of the same age and layout;
         ``raw_file`` reads as many blocks from the raw files (one big file per thread). All
         three deliver each block into its own DRAM pool slot, as the tier must.
-
-        Returns:
-            GB/s per side.
         """
         self.store.drop_cache()
         self.raw.drop_cache()
@@ -154,19 +176,17 @@ class Bench:
         dests = [byte_array(view) for view in outs]
         chunk_paths = [self.store.chunk_path(self.store.slot_of(k)) for k in self._keys]
         file_slots = self.rng.permutation(self.raw.capacity)
-        seconds, moved, missed = dict.fromkeys(_READ_SIDES, 0.0), dict.fromkeys(_READ_SIDES, 0), []
+        tally, size, missed = _Tally(_READ_SIDES), self.cfg.layout.block_bytes, []
         for i, part in enumerate(self._slices()):
             mine, theirs = (part[0::2], part[1::2]) if (i + self._rep) % 2 == 0 else (part[1::2], part[0::2])
-            ops = {"tiercache": (lambda: missed.append(self._get(mine, outs)), mine.size),
-                   "raw": (lambda: self._read_chunks([chunk_paths[b] for b in theirs], [dests[b] for b in theirs]), theirs.size),
-                   "raw_file": (lambda: self.raw.read(file_slots[theirs], [dests[b] for b in theirs], self.cfg.threads), theirs.size)}
-            rotation = (i + self._rep) % len(_READ_SIDES)
-            for side in _READ_SIDES[rotation:] + _READ_SIDES[:rotation]:
-                seconds[side] += self._timed(ops[side][0], False)
-                moved[side] += ops[side][1] * self.cfg.layout.block_bytes
+            self._round(tally, {
+                "tiercache": (lambda: missed.append(self._get(mine, outs)), mine.size * size),
+                "raw": (lambda: self._read_chunks([chunk_paths[b] for b in theirs], [dests[b] for b in theirs]), theirs.size * size),
+                "raw_file": (lambda: self.raw.read(file_slots[theirs], [dests[b] for b in theirs], self.cfg.threads), theirs.size * size),
+            }, i, False)
         if sum(missed):
             raise OSError(f"bench: {sum(missed)} stored blocks missed on read")
-        return {side: moved[side] / seconds[side] / 1e9 for side in _READ_SIDES}
+        return tally
 
     def _read_chunks(self, paths: list[str], dests: list) -> None:
         _, direct = rawio.read_files(paths, dests, self._tails)
@@ -178,23 +198,27 @@ class Bench:
         return int((~hits).sum())
 
     def repeat(self) -> dict[str, dict[str, list[float]]]:
-        """Runs every comparison ``reps`` times; each returns (tiercache, raw) GB/s."""
-        samples = {"tiercache": {n: [] for n in COMPARISONS}, "raw": {n: [] for n in COMPARISONS},
-                   "raw_file": {"disk_read_cold": []}}
+        """Runs every comparison ``reps`` times.
+
+        Returns:
+            ``{"tiercache"|"raw"|"raw_file": {comparison: [GB/s per repetition]},
+            "paired"|"paired_file": {comparison: [tiercache/raw ratio per round]}}``.
+        """
+        samples: dict = {key: {} for key in ("tiercache", "raw", "raw_file", "paired", "paired_file")}
         for rep in range(self.cfg.reps):
             self._rep = rep
-            measured = {
+            tallies = {
                 "host_to_device": self._copies(self.dram, self.hbm),
                 "device_to_host": self._copies(self.hbm, self.dram),
                 "disk_write": self._disk_writes(self.raw, b"bench"),
+                "disk_read_cold": self._disk_reads(),  # reads what _disk_writes just wrote
             }
-            for name, (tiercache_gbps, raw_gbps) in measured.items():
-                samples["tiercache"][name].append(tiercache_gbps)
-                samples["raw"][name].append(raw_gbps)
-            reads = self._disk_reads()  # reads what _disk_writes just wrote
-            samples["tiercache"]["disk_read_cold"].append(reads["tiercache"])
-            samples["raw"]["disk_read_cold"].append(reads["raw"])
-            samples["raw_file"]["disk_read_cold"].append(reads["raw_file"])
+            for name, tally in tallies.items():
+                for side in tally.sides:
+                    samples[side].setdefault(name, []).append(tally.gbps(side))
+                samples["paired"].setdefault(name, []).extend(tally.ratios["raw"])
+                if "raw_file" in tally.ratios:
+                    samples["paired_file"].setdefault(name, []).extend(tally.ratios["raw_file"])
         return samples
 
     def _warm_up(self) -> None:
@@ -271,11 +295,11 @@ class Bench:
             "filesystem": _filesystem(self.cfg.directory),
             "store_direct_io": self.store.direct_io,
             "raw_direct_io": self.raw.direct,
-            "sync_policy": rawio.SYNC_POLICY + " (store chunks and raw pwrite alike); store flush adds a directory fsync and one journal append",
+            "sync_policy": rawio.SYNC_POLICY + " (store chunks and raw pwrite alike); each store flush (one per slice of blocks) adds one journal append + fdatasync, and a directory fsync after renames",
             "baselines": {
                 "host_to_device": f"one {copy_kind} of the same bytes",
                 "device_to_host": f"one {copy_kind} of the same bytes",
-                "disk_write": f"pwrite loop, {rawio.SYNC_POLICY}, {threads} threads/files",
+                "disk_write": f"pwrite loop over laid-out files from the same DRAM slots, {rawio.SYNC_POLICY}, {threads} threads",
                 "disk_read_cold": f"{read_kind} of the store's own chunk files into the same DRAM slots, {threads} threads",
             },
         }

@@ -2,26 +2,23 @@
 
 ``NVMeStore`` keeps blocks in a zarr v3 array (one chunk per block, see ``chunkio``) and an
 index key -> slot (see ``nvme_index``). It decides nothing: the manager chooses what to
-store and evicts before the store is full; the store picks free slots, moves bytes and
-keeps its index consistent across crashes.
+store and evicts before the store is full; the store moves bytes and keeps its index
+consistent across crashes.
 
-Durability and ordering, per block: chunk bytes go to a temp file, are fdatasync'ed and
-renamed over the slot's chunk file; the block is then visible to ``get`` in this process.
-A reused slot whose chunk file already has the new chunk's exact length is instead
-overwritten in place and fdatasync'ed (``overwrite_in_place``, default on): allocating new
-space costs a filesystem journal commit per block, which on ext4 halves durable write
-throughput, and the index makes the rename unnecessary for safety. No durable index entry
-names a free slot (slots are reused only after their retirement is durable); where one
-still names a slot being rewritten (a put that names a live slot), its crc no longer
-matches and the bytes are reported as a miss, never served.
-``flush`` fsyncs the directory (making the renames durable) and only then appends the new
-index entries to the journal: a block counts as stored across a crash only once its index
-entry is durable, and an index entry never names a chunk that is not durable. Slots freed
-by ``delete`` are reused only after their deletion is durable. On reopen, chunk files
-without an index entry are garbage and removed.
+Writes: a new chunk goes to a temp file, is fdatasync'ed and renamed over the slot's chunk
+file; a reused slot whose chunk file has the same length is overwritten in place and
+fdatasync'ed (``overwrite_in_place``, default on: allocating new space costs a journal
+commit per block, which halves durable write throughput on ext4). The block is then
+visible to ``get`` in this process. ``flush`` fsyncs the directory if anything was renamed,
+then appends the new index entries to the journal: a block is stored across a crash only
+once its entry is durable, and no durable entry names a chunk that is not. Slots freed by
+``delete`` are reused only after the deletion is durable; on reopen, chunk files without
+an index entry are garbage and removed.
 
 Reads verify the chunk's length and crc32c against the index entry, so torn, stale or
-flipped bytes are reported as misses (``stats["corrupt_reads"]``), never as data.
+flipped bytes are reported as misses (``stats["corrupt_reads"]``), never as data. That
+check also covers a put that names a live slot: the old entry, durable until the next
+flush, no longer matches the rewritten chunk.
 """
 
 from __future__ import annotations
@@ -38,7 +35,7 @@ import torch
 from ..config import KVLayout, parse_capacity
 from ..errors import UserError
 from . import chunkio
-from .buffers import PAGE, aligned_tensor, block_list, byte_array, is_aligned, round_up, torch_dtype
+from .buffers import PAGE, HostBytes, aligned_tensor, block_list, byte_array, is_aligned, round_up, torch_dtype
 from .iojobs import run_batch
 from .nvme_index import Entry, IndexFiles, SlotTable, sweep_directory
 
@@ -124,6 +121,7 @@ class NVMeStore:
         self._chunk_prefix = os.path.join(self.path, "c.")
         self._chunk_suffix = ".0" * len(layout.block_shape)
         self._in_place_layout = compression is None and layout.block_bytes % PAGE == 0
+        self._host_bytes = HostBytes(layout.block_bytes)
         self._dir_dirty = False  # a chunk was renamed into place since the last directory fsync
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()
@@ -212,9 +210,8 @@ class NVMeStore:
         Args:
             keys: one distinct ``bytes`` key per block.
             blocks: a tensor ``[n, *block_shape]`` or a list of per-block tensors.
-            slots: the slots to write (a manager that tracks NVMe slots itself, e.g. from a
-                ``TransferPlan``); a slot holding another key drops that key. None: the
-                store picks free slots.
+            slots: slots to write (a manager tracking NVMe slots itself, e.g. from a
+                ``TransferPlan``; a slot's previous key is dropped), or None: free slots.
 
         Raises:
             UserError: keys not bytes or repeated, blocks of wrong dtype/shape/count, a
@@ -257,10 +254,9 @@ class NVMeStore:
 
     def _write_one(self, key: bytes, slot: int, gen: int, block: torch.Tensor) -> PutResult:
         """I/O thread: writes one chunk and publishes it; an OSError becomes the result."""
-        tmp = os.path.join(self.path, f"{_TMP_PREFIX}{slot}.{gen}")
         try:
             payload = self._codec.encode(self._source_bytes(block))
-            crc, renamed = self._write_chunk(tmp, self.chunk_path(slot), payload)
+            crc, renamed = self._write_chunk(slot, gen, payload)
             length = payload.size + 4
         except OSError as exc:
             with self._lock:
@@ -278,18 +274,21 @@ class NVMeStore:
             self.stats["bytes_written"] += length
         return PutResult(key, slot)
 
-    def _write_chunk(self, tmp: str, final: str, payload: np.ndarray) -> tuple[int, bool]:
+    def _write_chunk(self, slot: int, gen: int, payload: np.ndarray) -> tuple[int, bool]:
         """Durably writes one chunk: in place over a same-size chunk file when allowed,
         else temp file + rename. Returns (crc32c, whether a rename happened)."""
+        final = self.chunk_path(slot)
         crc = chunkio.overwrite_chunk_file(final, payload) if self.overwrite_in_place else None
         if crc is not None:
             return crc, False
+        tmp = os.path.join(self.path, f"{_TMP_PREFIX}{slot}.{gen}")
         return chunkio.write_chunk_file(tmp, final, payload), True
 
     def _source_bytes(self, block: torch.Tensor) -> np.ndarray:
         """The block's bytes without a copy when it is contiguous host memory, else staged."""
-        if block.device.type == "cpu" and block.is_contiguous():
-            return byte_array(block)
+        view = self._host_bytes(block)
+        if view is not None:
+            return view
         self._local.block.copy_(block)
         return byte_array(self._local.block)
 
@@ -361,7 +360,7 @@ class NVMeStore:
         path = self.chunk_path(entry.slot)
         local = self._local
         if self._can_read_in_place(dest):
-            data = byte_array(dest)
+            data = self._host_bytes(dest)
             n, _ = chunkio.read_chunk_file(path, [data, local.trailer], self.direct_io)
             stored = int(local.trailer[:4].view("<u4")[0])
             return n == entry.length and stored == entry.crc and chunkio.crc32c(data) == entry.crc
