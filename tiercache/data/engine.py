@@ -60,7 +60,10 @@ class LocalEngine:
         self._jobs: OrderedDict[int, _Job] = OrderedDict()
         self._staged: dict[int, torch.Tensor] = {}
         gpu = [t for t in self.tiers if isinstance(t, BlockPool) and t.device.type == "cuda"]
-        self._stream = torch.cuda.Stream(device=gpu[0].device) if gpu else None
+        # One copy stream per direction, so host-to-device fetches never queue behind
+        # device-to-host write-backs (PCIe is full duplex).
+        self._stream = torch.cuda.Stream(device=gpu[0].device) if gpu else None  # H2D
+        self._d2h_stream = torch.cuda.Stream(device=gpu[0].device) if gpu else None
         layout = self.tiers[0].layout
         self._staging = BlockPool(layout, staging_blocks, "cpu", pin_memory=True) if gpu else None
 
@@ -121,14 +124,21 @@ class LocalEngine:
         if self._stream is None:
             src.copy_to(dst, plan.src_slots, plan.dst_slots, non_blocking=False)
             return _Job(plan, result=JobResult(plan.job_id))
+        stream = self._stream if dst.device.type == "cuda" else self._d2h_stream
         # The copy stream must see every write the compute stream queued into the source
         # slots (a fill or a kernel); without this wait it could copy stale bytes.
-        self._stream.wait_stream(torch.cuda.current_stream(self._stream.device))
-        with torch.cuda.stream(self._stream):
+        stream.wait_stream(torch.cuda.current_stream(stream.device))
+        with torch.cuda.stream(stream):
             src.copy_to(dst, plan.src_slots, plan.dst_slots, non_blocking=True)
             event = torch.cuda.Event()
-            event.record(self._stream)
+            event.record(stream)
         return _Job(plan, event=event)
+
+    def event_of(self, job_id: int):
+        """The CUDA event of an in-flight pool copy (None on the CPU or once settled), so a
+        compute stream can ``wait_event`` on exactly the layer it needs instead of syncing."""
+        job = self._jobs.get(job_id)
+        return None if job is None else job.event
 
     # -- pool <-> NVMe -------------------------------------------------------------------
     def _to_store(self, plan: TransferPlan, src: BlockPool, store: NVMeStore) -> _Job:
