@@ -1,18 +1,21 @@
 """``tiercache bench``: the data plane against the raw hardware, side by side in one run.
 
-Three comparisons, each repeated and reported as medians (DESIGN.md section 8):
+Three comparisons, each over several repetitions (DESIGN.md section 8):
 
 (a) DRAM -> HBM block copies through ``BlockPool.copy_to`` (random slots) vs one raw
     ``copy_`` of the same bytes (host copies without CUDA; pinned -> device with CUDA,
     timed with CUDA events);
 (b) NVMe block writes through ``NVMeStore.put`` + ``flush`` vs a raw pwrite loop of the
-    same block size and concurrency and the same sync policy;
+    same blocks (from the same DRAM slots), block size, concurrency and sync policy;
 (c) cold NVMe block reads through ``NVMeStore.get`` (after dropping the store's own files
-    from the page cache) vs a raw O_DIRECT preadv loop.
+    from the page cache) vs a raw O_DIRECT preadv loop over the same chunk files into the
+    same DRAM slots (and, for context, over one big laid-out file per thread).
 
-The order of tiercache and raw alternates between repetitions so drift favours neither.
-zarr's own Python API is measured once on the same blocks for reference. Torch is
-imported only when the command runs: the CLI's other commands must not pay for it.
+Tiercache and raw alternate round by round (disk: slice by slice of the blocks), the side
+that goes first rotating. GB/s figures are medians over repetitions; each ratio is the
+median over all rounds of the ratio of two neighbouring measurements, which cancels the
+disk's regime switches. zarr's own Python API is measured once on the same blocks for
+reference. Torch is imported only when the command runs.
 """
 
 from __future__ import annotations
@@ -61,7 +64,7 @@ class BenchConfig:
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """Registers ``tiercache bench``."""
     p = subparsers.add_parser("bench", help="measure the HBM/DRAM/NVMe data plane against raw copies and raw disk I/O",
-                              description=__doc__.split("\n\n")[0])
+                              description="Measure the data plane against the raw hardware, side by side in one run.")
     p.add_argument("--model", default="llama-3-8b", help="layout preset (default llama-3-8b)")
     p.add_argument("--block-tokens", type=int, default=256, help="tokens per block (default 256)")
     p.add_argument("--all-layers", action="store_true", help="blocks hold every layer (default: one layer per block, 1 MiB for llama-3-8b)")
