@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
@@ -28,6 +29,7 @@ _pin_fallback_logged = False
 # batch under twice this size is copied inline (thread hand-off would cost more).
 _HOST_PIECE = 4 << 20
 _host_copier: ThreadPoolExecutor | None = None
+_host_copier_lock = threading.Lock()
 
 
 def cuda_available() -> bool:
@@ -115,8 +117,9 @@ def _host_copy(dst: torch.Tensor, src: torch.Tensor, runs: list[tuple[int, int, 
     if workers < 2 or sum(j[2] for j in jobs) < 2 * _HOST_PIECE:
         _memmove_all(jobs)
         return
-    if _host_copier is None:
-        _host_copier = ThreadPoolExecutor(torch.get_num_threads() - 1, "tiercache-copy")
+    with _host_copier_lock:  # pools are used from several engine threads
+        if _host_copier is None:
+            _host_copier = ThreadPoolExecutor(torch.get_num_threads() - 1, "tiercache-copy")
     futures = [_host_copier.submit(_memmove_all, jobs[i::workers]) for i in range(1, workers)]
     _memmove_all(jobs[0::workers])
     for future in futures:
