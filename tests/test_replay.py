@@ -9,6 +9,7 @@ import pytest
 
 from conftest import DATA, SAMPLE_TRACE
 from tiercache.cli import main
+from tiercache.policies import EVICTION
 from tiercache.sim.sweep import run_sweep
 
 CAPACITIES = [1000, 4000, 16000]
@@ -155,3 +156,22 @@ def test_bundled_example_is_a_slice_of_the_sample(sample_trace):
     head = Path(DATA / "mooncake_head.jsonl").read_text().splitlines()
     full = Path(sample_trace).read_text().splitlines()
     assert head == full[: len(head)]
+
+
+@pytest.fixture(scope="module")
+def step_trace(tmp_path_factory) -> Path:
+    from tiercache.sim.steptrace import write_steps
+    from tiercache.sim.synth import ScanSpec, scan_trace
+
+    path = tmp_path_factory.mktemp("steps") / "scan.jsonl"
+    write_steps(path, scan_trace(ScanSpec(steps=120, prompt_blocks=4, block_tokens=8, layers=2)))
+    return path
+
+
+@pytest.mark.parametrize("policy", sorted(EVICTION))
+def test_step_trace_replays_with_every_eviction_policy(step_trace, policy, capsys):
+    for tiers in (["--capacity", "6"], ["--tiers", "hbm=4,dram=4"]):
+        code = main(["replay", str(step_trace), "--policy", policy, *tiers, "--no-progress", "--workers", "1"])
+        captured = capsys.readouterr()
+        assert code == 0 and "Traceback" not in captured.err, captured.err
+        assert "decode" in captured.out

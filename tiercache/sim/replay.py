@@ -147,9 +147,10 @@ def _step_function(spec: RunSpec, data: ReplayData, manager: TierManager) -> Cal
         a, b = data.bounds(batch)
         writes = data.is_write[a:b]
         reads = [i for i, w in zip(ids[a:b], writes) if not w]
-        new = [i for i, w in zip(ids[a:b], writes) if w and manager.locate(i) is None]
         manager.access(reads, _hints_for(data, a, b, writes, False, needs_future))
-        manager.insert(new, None)
+        fresh = [k for k in range(a, b) if writes[k - a] and manager.locate(ids[k]) is None]
+        future = [data.next_use[k] for k in fresh] if needs_future else None
+        manager.insert([ids[k] for k in fresh], Hints(a, future, None) if needs_future else None)
         return 0
 
     if data.is_write is not None:
