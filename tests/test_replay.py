@@ -175,3 +175,20 @@ def test_step_trace_replays_with_every_eviction_policy(step_trace, policy, capsy
         captured = capsys.readouterr()
         assert code == 0 and "Traceback" not in captured.err, captured.err
         assert "decode" in captured.out
+
+
+@pytest.mark.parametrize("where", ["missing/r.json", "folder"])
+def test_replay_out_is_checked_before_the_sweep(tmp_path, where, capsys, monkeypatch):
+    (tmp_path / "folder").mkdir()
+    out = tmp_path / where
+    monkeypatch.setattr("tiercache.sim.replay_cli.sweep_from_args", lambda args: pytest.fail("the sweep ran"))
+    err = _error(["replay", str(DATA / "mooncake_head.jsonl"), "--no-progress", "--out", str(out)], capsys)
+    assert f"--out {out}" in err
+
+
+def test_compare_out_under_a_file_is_checked_before_the_sweep(tmp_path, capsys, monkeypatch):
+    (tmp_path / "file").write_text("x")
+    out = tmp_path / "file" / "report"
+    monkeypatch.setattr("tiercache.report.cli.sweep_from_args", lambda args: pytest.fail("the sweep ran"))
+    err = _error(["compare", str(DATA / "mooncake_head.jsonl"), "--no-progress", "-o", str(out)], capsys)
+    assert f"-o {out}" in err

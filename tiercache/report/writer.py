@@ -29,11 +29,17 @@ def check_output_dir(out: str) -> Path:
     """Checks that ``out`` may receive a report, before any work is done.
 
     Raises:
-        UserError: ``out`` is a file, or a non-empty folder that is not a previous report.
+        UserError: ``out`` is a file, a non-empty folder that is not a previous report, or
+            cannot be created (its nearest existing ancestor is a file or not writable).
     """
     target = Path(out)
     if target.is_symlink() or (target.exists() and not target.is_dir()):
         raise UserError(f"-o {out}: exists and is not a folder; give a new folder name")
+    ancestor = target.absolute().parent
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
+        raise UserError(f"-o {out}: cannot create a folder under {ancestor} (not a writable folder)")
     if target.is_dir() and not (target / MARKER).is_file() and any(target.iterdir()):
         raise UserError(
             f"-o {out}: the folder exists and is not a tiercache report (no {MARKER} file); "
@@ -56,8 +62,11 @@ def write_report(out: str, document: Document, csv_text: str, results: dict | No
         The names of the files written, sorted.
     """
     target = check_output_dir(out)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    except OSError as exc:
+        raise UserError(f"-o {out}: cannot create the report folder: {exc.strerror or exc}") from None
     try:
         _write_files(staging, document, csv_text, results, version)
         names = sorted(p.name for p in staging.iterdir() if p.name != MARKER)

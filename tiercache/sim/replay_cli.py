@@ -74,13 +74,42 @@ def sweep_from_args(args: argparse.Namespace) -> dict:
     )
 
 
+def check_output_file(path: str, option: str) -> None:
+    """Checks, before any work, that ``path`` can receive a file.
+
+    Raises:
+        UserError: ``path`` is a folder, its folder is missing or not writable (named).
+    """
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise UserError(f"{option} {path}: is a folder; give a file name")
+    if not os.path.isdir(folder):
+        raise UserError(f"{option} {path}: folder {folder} does not exist")
+    if not os.access(folder, os.W_OK | os.X_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise UserError(f"{option} {path}: not writable")
+
+
+def write_results(path: str, results: dict, option: str) -> None:
+    """Writes the results document as JSON.
+
+    Raises:
+        UserError: the file cannot be written (the message names it).
+    """
+    try:
+        with open(path, "w", encoding="utf-8") as handle:
+            json.dump(results, handle, indent=1)
+    except OSError as exc:
+        raise UserError(f"{option} {path}: cannot write: {exc.strerror or exc}") from None
+
+
 def run(args: argparse.Namespace) -> int:
-    """``tiercache replay`` body."""
+    """``tiercache replay`` body. The output path is checked before the sweep."""
+    if args.out:
+        check_output_file(args.out, "--out")
     results = sweep_from_args(args)
     print(format_table(results))
     if args.out:
-        with open(args.out, "w", encoding="utf-8") as handle:
-            json.dump(results, handle, indent=1)
+        write_results(args.out, results, "--out")
         print(f"results written to {args.out}")
     return 0
 
