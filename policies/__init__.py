@@ -49,7 +49,12 @@ class PolicyError(UserError):
     """Unknown or unloadable policy name; the message lists the known names."""
 
 
-def _load(name: str, table: dict[str, str], kind: str) -> type:
+def _load(name: str, table: dict[str, str], kind: str, base: type) -> type:
+    """The class ``name`` maps to, checked to be a subclass of ``base``.
+
+    Raises:
+        PolicyError: unknown name, unloadable target, or a target that is not a ``base`` class.
+    """
     key = name.strip()
     target = table.get(key.lower())
     if target is None and ":" in key:
@@ -58,19 +63,22 @@ def _load(name: str, table: dict[str, str], kind: str) -> type:
         raise PolicyError(f"unknown {kind} policy {name!r}; known: {', '.join(sorted(table))} (or module:Class)")
     module_name, _, class_name = target.partition(":")
     try:
-        return getattr(importlib.import_module(module_name), class_name)
-    except (ImportError, AttributeError) as exc:
+        loaded = getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError, ValueError) as exc:
         raise PolicyError(f"cannot load {kind} policy {name!r} from {target!r}: {exc}") from None
+    if not isinstance(loaded, type) or not issubclass(loaded, base):
+        raise PolicyError(f"{kind} policy {name!r}: {target!r} is not a subclass of {base.__name__}")
+    return loaded
 
 
 def get_eviction(name: str) -> type[EvictionPolicy]:
     """Returns the eviction policy class for a registry name or ``module:Class``."""
-    return _load(name, EVICTION, "eviction")
+    return _load(name, EVICTION, "eviction", EvictionPolicy)
 
 
 def get_admission(name: str) -> type[AdmissionPolicy]:
     """Returns the admission policy class for a registry name or ``module:Class``."""
-    return _load(name, ADMISSION, "admission")
+    return _load(name, ADMISSION, "admission", AdmissionPolicy)
 
 
 def make_eviction(name: str, capacity: int) -> EvictionPolicy:
