@@ -11,21 +11,11 @@ from tiercache.core.directory import CountError
 from tiercache.core.engine import ImmediateEngine
 from tiercache.core.manager import TierManager
 from tiercache.core.plans import JobResult
+from tiercache.core.stats import HierarchyStats
 from tiercache.policies import EVICTION, make_admission, make_eviction
 
-IDS = st.integers(min_value=0, max_value=40)
+IDS = st.integers(min_value=0, max_value=14)
 POLICIES = sorted(p for p in EVICTION if p != "belady")
-
-
-class _DeferredEngine(ImmediateEngine):
-    """Holds submitted jobs until the test completes them, in any order."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.held: list[int] = []
-
-    def submit(self, plan) -> None:
-        self.held.append(plan.job_id)
 
 
 class ManagerMachine(RuleBasedStateMachine):
@@ -33,9 +23,10 @@ class ManagerMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.engine = _DeferredEngine()
+        self.held: list[int] = []  # jobs prepared by the test, completed later in any order
         self.manager: TierManager | None = None
         self.refs: dict[int, int] = {}
+        self.stats: HierarchyStats | None = None
 
     @rule(policy=st.sampled_from(POLICIES), caps=st.lists(st.integers(1, 6), min_size=1, max_size=3), wt=st.booleans())
     @precondition(lambda self: self.manager is None)
@@ -48,6 +39,7 @@ class ManagerMachine(RuleBasedStateMachine):
             engine=ImmediateEngine(),
             write_through=wt,
         )
+        self.stats = HierarchyStats.for_tiers(zip(names, caps))
 
     def _ready(self) -> bool:
         return self.manager is not None
@@ -105,22 +97,30 @@ class ManagerMachine(RuleBasedStateMachine):
                 assert [len(d) for d in self.manager.dirs] == before
 
     @precondition(_ready)
-    @rule(ids=st.lists(IDS, min_size=1, max_size=3, unique=True), src=st.integers(0, 2), dst=st.integers(0, 2), keep=st.booleans())
-    def transfer(self, ids, src, dst, keep):
+    @rule(data=st.data(), src=st.integers(0, 2), dst=st.integers(0, 2), keep=st.booleans())
+    def transfer(self, data, src, dst, keep):
         m = self.manager
         if max(src, dst) >= m.n_tiers:
             return
-        snapshot = [dict(d.slot_of) for d in m.dirs]
-        plan = m.prepare_move(ids, src, dst, keep_source=keep or m.write_through)
-        if plan is None:
-            assert [dict(d.slot_of) for d in m.dirs] == snapshot
+        resident = sorted(m.dirs[src].slot_of)
+        if not resident:
             return
-        self.engine.held.append(plan.job_id)
+        ids = data.draw(st.lists(st.sampled_from(resident), min_size=1, max_size=3, unique=True))
+        if data.draw(st.booleans()):
+            m.make_room(dst, len(ids), frozenset(ids))
+        snapshot = [dict(d.slot_of) for d in m.dirs]
+        pins = [dict(d.pins) for d in m.dirs]
+        plan = m.prepare_move(ids, src, dst, keep_source=keep)
+        if plan is None:
+            assert [dict(d.slot_of) for d in m.dirs] == snapshot and [dict(d.pins) for d in m.dirs] == pins
+            return
+        assert src != dst and (m.write_through or not keep)
+        self.held.append(plan.job_id)
 
-    @precondition(lambda self: self.manager is not None and self.engine.held)
+    @precondition(lambda self: self.manager is not None and self.held)
     @rule(index=st.integers(0, 10), ok=st.booleans())
     def complete(self, index, ok):
-        job_id = self.engine.held.pop(index % len(self.engine.held))
+        job_id = self.held.pop(index % len(self.held))
         plan = self.manager.inflight[job_id]
         self.manager.complete(JobResult(job_id, None if ok else "injected"))
         where = plan.dst_tier if ok else plan.src_tier
@@ -128,9 +128,19 @@ class ManagerMachine(RuleBasedStateMachine):
 
     @invariant()
     def consistent(self):
-        if self.manager is not None:
-            self.manager.check_invariants()
-            assert self.manager.refs == self.refs
+        if self.manager is None:
+            return
+        m = self.manager
+        m.check_invariants()
+        assert m.refs == self.refs
+        assert all(len(d) <= d.capacity for d in m.dirs), "capacity exceeded"
+        self.stats.consume(m.events.drain())
+        if not m.write_through:
+            # Exclusive: blocks enter only by insertion and leave only by a counted policy
+            # decision (eviction, refusal on demotion counts as eviction too) or a loss.
+            inserted = sum(t.inserts for t in self.stats.tiers)
+            left = sum(t.evictions + t.lost for t in self.stats.tiers)
+            assert sum(len(d) for d in m.dirs) == inserted - left, "a block vanished uncounted"
 
 
 TestManagerMachine = ManagerMachine.TestCase

@@ -23,10 +23,14 @@ def decrement(counts: dict[int, int], ids: Iterable[int], what: str) -> None:
     Raises:
         CountError: an id's count is already zero; ``what`` names the counter in the message.
     """
-    for block_id in ids:
-        count = counts.get(block_id, 0)
-        if count <= 0:
+    ids = list(ids)
+    needed: dict[int, int] = {}
+    for block_id in ids:  # check the whole batch first: a failed call changes nothing
+        needed[block_id] = needed.get(block_id, 0) + 1
+        if needed[block_id] > counts.get(block_id, 0):
             raise CountError(f"{what}: block {block_id} has no count to release")
+    for block_id in ids:
+        count = counts[block_id]
         if count == 1:
             del counts[block_id]
         else:

@@ -99,6 +99,8 @@ class TierManager:
         self.events = events if events is not None else EventLog()
         self.write_through = write_through
         self.refs: dict[int, int] = {}
+        # References held on blocks that were lost (unreadable) while referenced.
+        self.orphan_refs: dict[int, int] = {}
         self.inflight: dict[int, TransferPlan] = {}
         self._plan_hints: dict[int, Hints | None] = {}
         self._next_job = 0
@@ -137,15 +139,25 @@ class TierManager:
         increment(self.refs, ids)
 
     def unref(self, ids: Sequence[int]) -> None:
-        """Undoes ``ref``; raises CountError below zero (never clamps)."""
-        decrement(self.refs, ids, "unref")
+        """Undoes ``ref``; raises CountError below zero (never clamps).
+
+        A reference on a block that was lost while referenced is released from
+        ``orphan_refs``, so readers' counts stay balanced.
+        """
+        live = [block_id for block_id in ids if block_id not in self.orphan_refs]
+        orphans = [block_id for block_id in ids if block_id in self.orphan_refs]
+        decrement(self.refs, live, "unref")
+        decrement(self.orphan_refs, orphans, "unref")
 
     # -- the access path -----------------------------------------------------------------
-    def access(self, ids: Sequence[int], hints: Hints | None = None, count_hits: bool = True) -> None:
+    def access(self, ids: Sequence[int], hints: Hints | None = None, count_hits: bool = True, store_misses: bool = True) -> None:
         """Reads ``ids`` in order: hits are touched (and promoted), misses computed and stored.
 
         With ``count_hits`` False (prefix semantics after the first miss) every id counts as a
-        miss; resident ones are refreshed like hits and also counted as recomputed.
+        miss; resident ones are refreshed like hits and also counted as recomputed. With
+        ``store_misses`` False misses are counted but not stored (a reader that has no bytes
+        for them, such as the live store's ``get``). A hit whose stored copy proves unreadable
+        on promotion is dropped and counted as a miss.
         """
         if self._future is not None and hints is not None and hints.next_use is not None:
             self._future.update(zip(ids, hints.next_use))
@@ -163,7 +175,7 @@ class TierManager:
             while k < n and ids[k] not in top:
                 k += 1
             k = j + _distinct_prefix(ids, j, k)
-            self._bring_up(ids[j:k], _slice(hints, j, k), count_hits)
+            self._bring_up(ids[j:k], _slice(hints, j, k), count_hits, store_misses)
             i = k
 
     def insert(self, ids: Sequence[int], hints: Hints | None = None) -> None:
@@ -196,11 +208,10 @@ class TierManager:
             self.events.emit(Ev.MISS, tier, count)
             self.events.emit(Ev.RECOMPUTE, tier, count)
 
-    def _bring_up(self, run: Sequence[int], hints: Hints | None, count_hits: bool) -> None:
+    def _bring_up(self, run: Sequence[int], hints: Hints | None, count_hits: bool, store_misses: bool) -> None:
         """Handles a run of distinct ids absent from the top tier, in order."""
         if len(self.dirs) == 1:
-            self.events.emit(Ev.MISS, 0, len(run))
-            self._insert_new(run, hints)
+            self._miss(run, hints, store_misses)
             return
         position = 0
         while position < len(run):
@@ -210,12 +221,23 @@ class TierManager:
                 end += 1
             segment, seg_hints = run[position:end], _slice(hints, position, end)
             if tier is None:
-                self.events.emit(Ev.MISS, 0, len(segment))
-                self._insert_new(segment, seg_hints)
+                self._miss(segment, seg_hints, store_misses)
             else:
-                self._count_found(tier, len(segment), count_hits)
-                self._promote(segment, tier, seg_hints)
+                self._found_below(segment, tier, seg_hints, count_hits, store_misses)
             position = end
+
+    def _miss(self, ids: Sequence[int], hints: Hints | None, store_misses: bool) -> None:
+        self.events.emit(Ev.MISS, 0, len(ids))
+        if store_misses:
+            self._insert_new(ids, hints)
+
+    def _found_below(self, ids: Sequence[int], tier: int, hints: Hints | None, count_hits: bool, store_misses: bool) -> None:
+        """Promotes ids found in a lower tier; ids whose copy proved unreadable are misses."""
+        lost = self._promote(ids, tier, hints)
+        self._count_found(tier, len(ids) - len(lost), count_hits)
+        if lost:
+            positions = [p for p, block_id in enumerate(ids) if block_id in set(lost)]
+            self._miss(lost, None if hints is None else _pick(hints, positions), store_misses)
 
     # -- placement -----------------------------------------------------------------------
     def _insert_new(self, ids: Sequence[int], hints: Hints | None) -> None:
@@ -302,13 +324,18 @@ class TierManager:
         if not self._make_room(below, len(moving), protected) or not self._transfer(moving, tier, below, False, None):
             self._drop(tier, moving)
 
-    def _promote(self, ids: Sequence[int], tier: int, hints: Hints | None) -> None:
-        """Brings hits up to the top tier; if no room can be made they stay (counted)."""
+    def _promote(self, ids: Sequence[int], tier: int, hints: Hints | None) -> list[int]:
+        """Brings hits up to the top tier; if no room can be made they stay (counted).
+
+        Returns the ids that left the hierarchy because their stored copy was unreadable.
+        """
         self.policies[tier].on_access(ids, hints)
         guard_ids = frozenset(ids)
         moved = self._make_room(0, len(ids), guard_ids) and self._transfer(ids, tier, 0, self.write_through, hints)
-        if not moved:
-            self.events.emit(Ev.PROMOTE_SKIPPED, tier, len(ids))
+        if moved:
+            return []
+        self.events.emit(Ev.PROMOTE_SKIPPED, tier, len(ids))
+        return [block_id for block_id in ids if self.locate(block_id) is None]
 
     def _copy_down(self, ids: Sequence[int], hints: Hints | None) -> None:
         """Write-through: copies new top-tier blocks into every lower tier that admits them."""
@@ -327,6 +354,8 @@ class TierManager:
         repeated, or when ``dst`` has fewer free slots than ids (call ``make_room`` first).
         """
         src_dir, dst_dir = self.dirs[src], self.dirs[dst]
+        if keep_source and not self.write_through:
+            return None  # an exclusive hierarchy never holds two copies of a block
         if src == dst or not ids or len(set(ids)) != len(ids) or dst_dir.n_free < len(ids):
             return None
         for block_id in ids:
@@ -367,7 +396,8 @@ class TierManager:
         if not ids:
             return
         for block_id in ids:
-            self.refs.pop(block_id, None)
+            if block_id in self.refs:  # readers keep their counts: unref still balances
+                self.orphan_refs[block_id] = self.refs.pop(block_id)
         self.policies[tier].on_remove(ids)
         self.engine.discard(tier, ids, self.dirs[tier].remove(ids))
         self.events.emit(Ev.LOST, tier, len(ids))
@@ -382,8 +412,11 @@ class TierManager:
         if plan is None:
             return False
         self._plan_hints[plan.job_id] = hints if hints is not None else self._future_hints(ids)
-        self.engine.submit(plan)
-        result = self.engine.wait(plan.job_id)
+        try:
+            self.engine.submit(plan)
+            result = self.engine.wait(plan.job_id)
+        except Exception as exc:  # noqa: BLE001 - a failed submit must not leave the plan pinned
+            result = JobResult(plan.job_id, f"engine failed: {type(exc).__name__}: {exc}")
         self.complete(result)
         return result.ok
 
@@ -420,6 +453,8 @@ class TierManager:
                 seen.update(directory.slot_of)
         for block_id, count in self.refs.items():
             assert count > 0 and self.locate(block_id) is not None, f"bad reference on {block_id}"
+        for block_id, count in self.orphan_refs.items():
+            assert count > 0 and self.locate(block_id) is None, f"bad orphan reference on {block_id}"
         for plan in self.inflight.values():
             assert all(b in self.dirs[plan.src_tier].pins for b in plan.ids), "in-flight source not pinned"
 

@@ -38,7 +38,6 @@ class _Job:
     future: Future | None = None
     event: object | None = None
     result: JobResult | None = None
-    finish: Callable[[], None] | None = None  # runs once the bytes have landed (staging -> GPU)
 
 
 class LocalEngine:
@@ -58,6 +57,7 @@ class LocalEngine:
         self._on_discard = on_discard
         self._max_inflight = max_inflight
         self._jobs: OrderedDict[int, _Job] = OrderedDict()
+        self._done: dict[int, JobResult] = {}  # settled early (to bound work), not yet returned
         self._staged: dict[int, torch.Tensor] = {}
         gpu = [t for t in self.tiers if isinstance(t, BlockPool) and t.device.type == "cuda"]
         # One copy stream per direction, so host-to-device fetches never queue behind
@@ -80,7 +80,9 @@ class LocalEngine:
 
     def fill(self, tier: int, ids: Sequence[int], slots: Sequence[int]) -> None:
         """Writes staged bytes of ``ids`` into ``slots`` of a pool tier."""
-        blocks = torch.stack([self._staged.pop(block_id) for block_id in ids])
+        # Read, not pop: an id can be placed twice in one access (evicted, then missed again);
+        # the caller's unstage clears the bytes once the access is over.
+        blocks = torch.stack([self._staged[block_id] for block_id in ids])
         self.tiers[tier].write(np.asarray(slots, dtype=np.int64), blocks)
 
     def discard(self, tier: int, ids: Sequence[int], slots: Sequence[int]) -> None:
@@ -95,7 +97,7 @@ class LocalEngine:
     def submit(self, plan: TransferPlan) -> None:
         """Starts ``plan``; returns once it is queued (waits only to bound in-flight jobs)."""
         while len(self._jobs) >= self._max_inflight:
-            self._settle(next(iter(self._jobs)))
+            self._settle_early(next(iter(self._jobs)))
         src, dst = self.tiers[plan.src_tier], self.tiers[plan.dst_tier]
         if isinstance(src, BlockPool) and isinstance(dst, BlockPool):
             job = self._pool_copy(plan, src, dst)
@@ -108,16 +110,20 @@ class LocalEngine:
     def poll(self) -> list[JobResult]:
         """Results of finished jobs, in submission order; never blocks."""
         done = [job_id for job_id, job in self._jobs.items() if self._finished(job)]
-        return [self._settle(job_id) for job_id in done]
+        results = [self._settle(job_id) for job_id in done]
+        early, self._done = list(self._done.values()), {}
+        return early + results
 
     def wait(self, job_id: int) -> JobResult:
         """Blocks until ``job_id`` is done and returns its result."""
+        if job_id in self._done:
+            return self._done.pop(job_id)
         return self._settle(job_id)
 
     @property
     def inflight(self) -> int:
         """Jobs submitted and not yet returned (the queue depth)."""
-        return len(self._jobs)
+        return len(self._jobs) + len(self._done)
 
     # -- pool <-> pool -------------------------------------------------------------------
     def _pool_copy(self, plan: TransferPlan, src: BlockPool, dst: BlockPool) -> _Job:
@@ -143,37 +149,52 @@ class LocalEngine:
     # -- pool <-> NVMe -------------------------------------------------------------------
     def _to_store(self, plan: TransferPlan, src: BlockPool, store: NVMeStore) -> _Job:
         keys = [self._key_of(block_id) for block_id in plan.ids]
-        views = self._host_views(src, plan.src_slots)
+        if src.device.type != "cpu":
+            return _Job(plan, result=self._staged_put(plan, keys, src, store))
+        views = [src.view(int(slot)) for slot in plan.src_slots]
         return _Job(plan, future=store.submit_put(keys, views, slots=plan.dst_slots.tolist()))
 
     def _from_store(self, plan: TransferPlan, store: NVMeStore, dst: BlockPool) -> _Job:
         keys = [self._key_of(block_id) for block_id in plan.ids]
-        if dst.device.type == "cpu":
-            views = [dst.view(int(slot)) for slot in plan.dst_slots]
-            return _Job(plan, future=store.submit_get(keys, views))
-        staging = self._staging_slots(plan.n_blocks)
-        future = store.submit_get(keys, [self._staging.view(s) for s in staging])
+        if dst.device.type != "cpu":
+            return _Job(plan, result=self._staged_get(plan, keys, store, dst))
+        views = [dst.view(int(slot)) for slot in plan.dst_slots]
+        return _Job(plan, future=store.submit_get(keys, views))
 
-        def finish() -> None:
-            self._staging.copy_to(dst, staging, plan.dst_slots, non_blocking=False)
+    def _pieces(self, n: int) -> list[tuple[int, int]]:
+        """Staging-sized ``(start, count)`` pieces of an n-block GPU<->NVMe job.
 
-        return _Job(plan, future=future, finish=finish)
-
-    def _host_views(self, pool: BlockPool, slots: np.ndarray) -> list[torch.Tensor]:
-        """Per-block host tensors of ``slots``: the pool's own memory, or staged from a GPU."""
-        if pool.device.type == "cpu":
-            return [pool.view(int(slot)) for slot in slots]
-        staging = self._staging_slots(len(slots))
-        pool.copy_to(self._staging, slots, staging, non_blocking=False)
-        return [self._staging.view(s) for s in staging]
-
-    def _staging_slots(self, n: int) -> np.ndarray:
-        if n > self._staging.capacity:
-            raise ValueError(f"a GPU<->NVMe job of {n} blocks exceeds {self._staging.capacity} staging blocks")
-        # Staging is reused job by job: settle every in-flight job first so none still reads it.
+        Staging is reused piece by piece: every in-flight job is settled first, so none
+        still reads it.
+        """
         for job_id in list(self._jobs):
-            self._settle(job_id)
-        return np.arange(n, dtype=np.int64)
+            self._settle_early(job_id)
+        step = self._staging.capacity
+        return [(a, min(step, n - a)) for a in range(0, n, step)]
+
+    def _staged_put(self, plan: TransferPlan, keys: list[bytes], src: BlockPool, store: NVMeStore) -> JobResult:
+        """GPU -> NVMe through the pinned staging pool, one staging-sized piece at a time."""
+        for a, n in self._pieces(len(keys)):
+            src.copy_to(self._staging, plan.src_slots[a : a + n], np.arange(n), non_blocking=False)
+            views = [self._staging.view(i) for i in range(n)]
+            results = store.put(keys[a : a + n], views, slots=plan.dst_slots[a : a + n].tolist())
+            failed = [r for r in results if not r.ok]
+            if failed:  # the plan fails whole: take back what landed
+                store.delete(keys[:a] + [r.key for r in results if r.ok])
+                return JobResult(plan.job_id, f"write failed: {failed[0].error}")
+        return JobResult(plan.job_id)
+
+    def _staged_get(self, plan: TransferPlan, keys: list[bytes], store: NVMeStore, dst: BlockPool) -> JobResult:
+        """NVMe -> GPU through the pinned staging pool; unreadable blocks are reported lost."""
+        lost: list[int] = []
+        for a, n in self._pieces(len(keys)):
+            hits = store.get(keys[a : a + n], [self._staging.view(i) for i in range(n)])
+            lost.extend(b for b, ok in zip(plan.ids[a : a + n], hits.tolist()) if not ok)
+            if not lost:
+                self._staging.copy_to(dst, np.arange(n), plan.dst_slots[a : a + n], non_blocking=False)
+        if lost:
+            return JobResult(plan.job_id, f"{len(lost)} block(s) unreadable (corrupt or missing)", tuple(lost))
+        return JobResult(plan.job_id)
 
     # -- completion ----------------------------------------------------------------------
     @staticmethod
@@ -183,6 +204,10 @@ class LocalEngine:
         if job.future is not None:
             return job.future.done()
         return job.event.query()
+
+    def _settle_early(self, job_id: int) -> None:
+        """Finishes a job before its owner asks; its result waits in ``_done`` for poll/wait."""
+        self._done[job_id] = self._settle(job_id)
 
     def _settle(self, job_id: int) -> JobResult:
         job = self._jobs.pop(job_id)
@@ -203,8 +228,6 @@ class LocalEngine:
             lost = tuple(b for b, ok in zip(job.plan.ids, outcome.tolist()) if not ok)
             if lost:
                 return JobResult(job.plan.job_id, f"{len(lost)} block(s) unreadable (corrupt or missing)", lost)
-            if job.finish is not None:
-                job.finish()
             return JobResult(job.plan.job_id)
         failed = [r for r in outcome if not r.ok]
         if failed:

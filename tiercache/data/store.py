@@ -43,7 +43,7 @@ class TieredKVStore:
         tiers: ``TierConfig`` per tier, fastest first (``hbm``, optional ``dram``, optional
             ``nvme``); capacities in blocks.
         eviction: eviction policy name for every tier (overrides the TierConfigs' own).
-        admission: admission policy of the lower tiers.
+        admission: admission policy of the lower tiers (overrides the TierConfigs' own).
         path: directory of the NVMe store (required with an ``nvme`` tier).
         device: device of the HBM tier (default: CUDA when available, else the CPU).
         write_through: inclusive hierarchy instead of the default exclusive one.
@@ -52,9 +52,10 @@ class TieredKVStore:
     equal the store's slots; ``check_invariants`` verifies both plus the manager's.
     """
 
-    def __init__(self, layout: KVLayout, tiers: Sequence[TierConfig], eviction: str | None = None, admission: str = "always",
+    def __init__(self, layout: KVLayout, tiers: Sequence[TierConfig], eviction: str | None = None, admission: str | None = None,
                  path: str | os.PathLike | None = None, device: str | None = None, write_through: bool = False) -> None:
         _check_tiers(tiers, path)
+        _check_online(eviction, tiers)
         self.layout = layout
         self._lock = threading.RLock()
         self._keys: dict[int, bytes] = {}
@@ -64,11 +65,12 @@ class TieredKVStore:
         self.manager = TierManager(
             [(t.name, t.capacity_blocks) for t in tiers],
             [make_eviction(eviction or t.eviction, t.capacity_blocks) for t in tiers],
-            [make_admission("always")] + [make_admission(admission) for _ in tiers[1:]],
+            [make_admission("always")] + [make_admission(admission or t.admission) for t in tiers[1:]],
             engine=self.engine, events=self.events, write_through=write_through,
         )
         self._stats = HierarchyStats.for_tiers((t.name, t.capacity_blocks) for t in tiers)
         self.collisions = 0
+        self._prefetching: set[int] = set()
         self._closed = False
         self._adopt_stored_blocks()
 
@@ -162,9 +164,45 @@ class TieredKVStore:
             missing = [k for k, i in zip(keys, ids) if i is None or self.manager.locate(i) is None]
             if missing:
                 raise KeyError(f"{len(missing)} of {len(keys)} keys are not stored (first: {missing[0].hex()})")
-            self.manager.access(ids)
+            self._settle_prefetches()
+            self.manager.access(ids, store_misses=False)  # no bytes here for a lost block
             self._consume()
             return self._gather(keys, ids)
+
+    def prefetch(self, keys: Sequence[bytes]) -> int:
+        """Starts bringing stored blocks up to HBM without waiting; returns blocks in flight.
+
+        Room in HBM is made at once (victims demoted as usual); the copies run in the
+        background (NVMe I/O threads, or the CUDA copy stream) and are published by ``poll``
+        or by the next ``get``. Until then lookups still find the blocks where they were.
+        """
+        with self._lock:
+            self._check_open()
+            ids = [i for i in self._ids(keys, register=False) if i is not None]
+            started = 0
+            for tier in range(1, self.manager.n_tiers):
+                below = [i for i in ids if self.manager.locate(i) == tier and i not in self.manager.dirs[tier].pins]
+                if below and self.manager.make_room(0, len(below), frozenset(below)):
+                    plan = self.manager.prepare_move(below, tier, 0, keep_source=self.manager.write_through)
+                    if plan is not None:
+                        self.engine.submit(plan)
+                        self._prefetching.add(plan.job_id)
+                        started += plan.n_blocks
+            return started
+
+    def poll(self) -> int:
+        """Publishes finished background copies; returns how many jobs finished."""
+        with self._lock:
+            finished = self.manager.poll()
+            self._prefetching.difference_update(p.job_id for p in finished)
+            self._stats.consume(self.events.drain())
+            return len(finished)
+
+    def _settle_prefetches(self) -> None:
+        """Waits for every background copy, so the manager's view is final before a read."""
+        for job_id in sorted(self._prefetching):
+            self.manager.complete(self.engine.wait(job_id))
+        self._prefetching.clear()
 
     def pin(self, keys: Sequence[bytes]) -> None:
         """Marks blocks as read by a live sequence: never evicted until ``release``."""
@@ -194,17 +232,43 @@ class TieredKVStore:
                 if isinstance(medium, NVMeStore):
                     medium.flush()
 
-    def close(self) -> None:
-        """Finishes in-flight work, makes the NVMe tier durable and closes it. Idempotent."""
+    def close(self, persist: bool = True) -> int:
+        """Finishes in-flight work, makes the NVMe tier durable and closes it; idempotent.
+
+        With ``persist`` (default), blocks held only in DRAM and HBM are first moved to free
+        NVMe slots (DRAM first, then HBM; nothing already on NVMe is evicted for them), so a
+        reopened store holds as much as fits. Returns the number of blocks persisted.
+        """
         with self._lock:
             if self._closed:
-                return
+                return 0
+            self._settle_prefetches()
             self.manager.poll()
+            persisted = self._persist_upper_tiers() if persist else 0
             self.flush()
             for medium in self._media:
                 if isinstance(medium, NVMeStore):
                     medium.close()
             self._closed = True
+            return persisted
+
+    def _persist_upper_tiers(self) -> int:
+        """Moves unpinned DRAM, then HBM, blocks into free NVMe slots; returns how many."""
+        names = [d.name for d in self.manager.dirs]
+        if "nvme" not in names or self.manager.write_through:
+            return 0
+        nvme, moved = names.index("nvme"), 0
+        for tier in reversed(range(nvme)):
+            directory = self.manager.dirs[tier]
+            ids = [i for i in directory.slot_of if i not in directory.pins][: self.manager.dirs[nvme].n_free]
+            plan = self.manager.prepare_move(ids, tier, nvme) if ids else None
+            if plan is not None:
+                self.engine.submit(plan)
+                result = self.engine.wait(plan.job_id)
+                self.manager.complete(result)
+                moved += plan.n_blocks if result.ok else 0
+        self.events.drain()  # shutting down is not traffic
+        return moved
 
     def __enter__(self) -> "TieredKVStore":
         return self
@@ -288,6 +352,15 @@ def _check_tiers(tiers: Sequence[TierConfig], path) -> None:
         raise UserError("TieredKVStore: an nvme tier needs path= (the store directory)")
     if path is not None and os.path.isfile(path):
         raise UserError(f"TieredKVStore: store path {os.fspath(path)!r} is a file")
+
+
+def _check_online(eviction: str | None, tiers: Sequence[TierConfig]) -> None:
+    """A live store cannot know the future: offline policies (Belady) are refused."""
+    from tiercache.policies import get_eviction
+
+    for name in {eviction} if eviction else {t.eviction for t in tiers}:
+        if get_eviction(name).needs_future:
+            raise UserError(f"TieredKVStore: eviction policy {name!r} needs the future (offline only); use it in tiercache replay")
 
 
 def _open_medium(tier: TierConfig, layout: KVLayout, path, device) -> BlockPool | NVMeStore:
