@@ -127,6 +127,13 @@ def _error(argv, capsys) -> str:
         (["--semantics", "sideways"], "--semantics"),
         (["--tiers", "hbm=0"], "--tiers hbm"),
         (["--tiers", "l4=10"], "unknown tier"),
+        (["--tiers", "hbm=10,hbm=5"], "--tiers"),
+        (["--tiers", "dram=5,hbm=10"], "fastest first"),
+        (["--tiers", "hbm=10", "--capacity", "5"], "--capacity and --tiers are exclusive"),
+        (["--tiers", "hbm=10", "--capacity", "4000"], "--capacity and --tiers are exclusive"),
+        (["--model", "llama-3-8b", "--layout", "layers=2,kv_heads=1,head_dim=8"], "exclusive"),
+        (["--layout", "layers=2,kv_heads=1"], "--layout"),
+        (["--hardware", "h200-pcie5-nvme4"], "--hardware needs"),
     ],
 )
 def test_bad_options_exit_cleanly(extra, needle, capsys):
@@ -195,3 +202,25 @@ def test_compare_out_under_a_file_is_checked_before_the_sweep(tmp_path, capsys, 
     monkeypatch.setattr("tiercache.report.cli.sweep_from_args", lambda args: pytest.fail("the sweep ran"))
     err = _error(["compare", str(DATA / "mooncake_head.jsonl"), "--no-progress", "-o", str(out)], capsys)
     assert f"-o {out}" in err
+
+
+def test_custom_layout_equals_its_preset():
+    trace, spec = str(DATA / "mooncake_head.jsonl"), "layers=32,kv_heads=8,head_dim=128,dtype=bfloat16"
+    preset = run_sweep(trace, ["lru"], [], ["prefix"], tiers="hbm=2GiB,dram=8GiB", model="llama-3-8b",
+                       hardware="h200-pcie5-nvme4", workers=1, progress=False)
+    custom = run_sweep(trace, ["lru"], [], ["prefix"], tiers="hbm=2GiB,dram=8GiB", layout=spec,
+                       hardware="h200-pcie5-nvme4", workers=1, progress=False)
+    assert custom["layout"]["block_bytes"] == preset["layout"]["block_bytes"] == 512 * 128 * 1024
+    drop = ("wall_seconds",)
+    assert [{k: v for k, v in r.items() if k not in drop} for r in custom["runs"]] == \
+           [{k: v for k, v in r.items() if k not in drop} for r in preset["runs"]]
+    assert custom["runs"][0]["capacity_blocks"] == 32 + 128
+
+
+def test_layout_option_on_the_command_line(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    argv = ["replay", str(DATA / "mooncake_head.jsonl"), "--layout", "layers=2,kv_heads=1,head_dim=8",
+            "--tiers", "hbm=64KiB", "--no-progress", "--workers", "1", "--out", str(out)]
+    assert main(argv) == 0, capsys.readouterr().err
+    doc = json.loads(out.read_text())
+    assert doc["layout"]["block_bytes"] == 2 * 2 * 1 * 8 * 512 * 2 and doc["runs"][0]["capacity_blocks"] == 2

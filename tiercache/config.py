@@ -23,6 +23,7 @@ __all__ = [
     "parse_size",
     "parse_capacity",
     "parse_tiers",
+    "parse_layout",
     "TIER_NAMES",
 ]
 
@@ -239,8 +240,12 @@ class CacheConfig:
 def parse_tiers(spec: str, layout: KVLayout | None, eviction: str = "lru", admission: str = "always") -> tuple[TierConfig, ...]:
     """Parses ``"hbm=4096,dram=16GiB,nvme=1TiB"`` into tier configs.
 
+    The tiers are validated as a ``CacheConfig`` would be: names unique and ordered fastest
+    first (hbm, dram, nvme).
+
     Raises:
-        ConfigError: empty spec, unknown tier, missing ``=``, or a bad capacity (named).
+        ConfigError: empty spec, unknown or repeated tier, wrong order, missing ``=``, or a
+            bad capacity; the message names ``--tiers``.
     """
     tiers = []
     for part in [p for p in spec.split(",") if p.strip()]:
@@ -252,6 +257,10 @@ def parse_tiers(spec: str, layout: KVLayout | None, eviction: str = "lru", admis
         tiers.append(TierConfig(name, parse_capacity(cap, layout, f"--tiers {name}"), eviction, admission))
     if not tiers:
         raise ConfigError("--tiers: no tier given (e.g. hbm=4096,dram=16384)")
+    try:
+        CacheConfig(tuple(tiers))
+    except ConfigError as exc:
+        raise ConfigError(f"--tiers {spec!r}: {str(exc).removeprefix('CacheConfig: ')}") from None
     return tuple(tiers)
 
 

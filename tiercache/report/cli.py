@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from ..errors import UserError
-from ..sim.replay_cli import add_common_options, sweep_from_args
+from ..sim.replay_cli import add_common_options, capacity_text, sweep_from_args
 from ..sim.traces import trace_fingerprint
 from .content import build_document
 from .model import ReportData, from_documents, load_results
@@ -86,13 +86,13 @@ def _check_trace(path: str, data: ReportData) -> None:
 def _compare_command(args: argparse.Namespace) -> str:
     """The command line that reruns this sweep (options that change no result are left out)."""
     words = ["tiercache", "compare", args.trace, "--policy", args.policy]
-    words += ["--tiers", args.tiers] if args.tiers else ["--capacity", args.capacity]
+    words += ["--tiers", args.tiers] if args.tiers else ["--capacity", capacity_text(args)]
     words += ["--semantics", args.semantics]
     if args.admission != "always":
         words += ["--admission", args.admission]
     if args.write_through:
         words.append("--write-through")
-    for option, value in (("--model", args.model), ("--hardware", args.hardware)):
+    for option, value in (("--model", args.model), ("--layout", args.layout), ("--hardware", args.hardware)):
         if value:
             words += [option, value]
     return shlex.join(words + ["-o", args.out])

@@ -11,7 +11,10 @@ import sys
 from tiercache.config import parse_capacity
 from tiercache.errors import UserError
 
-__all__ = ["add_parser", "parse_list", "parse_capacities", "format_table"]
+__all__ = ["add_parser", "parse_list", "parse_capacities", "capacity_text", "format_table", "DEFAULT_CAPACITY"]
+
+#: ``--capacity`` when neither it nor ``--tiers`` is given.
+DEFAULT_CAPACITY = "4000"
 
 
 def parse_list(text: str, option: str) -> list[str]:
@@ -27,16 +30,32 @@ def parse_capacities(text: str) -> list[int]:
     return [parse_capacity(item, None, f"--capacity {item!r}") for item in parse_list(text, "--capacity")]
 
 
+def capacity_text(args: argparse.Namespace) -> str | None:
+    """The ``--capacity`` list in effect: the option, the default without ``--tiers``, or None.
+
+    Raises:
+        UserError: both ``--capacity`` and ``--tiers`` were given.
+    """
+    if args.tiers:
+        if args.capacity is not None:
+            raise UserError("--capacity and --tiers are exclusive; give one")
+        return None
+    return DEFAULT_CAPACITY if args.capacity is None else args.capacity
+
+
 def add_common_options(parser: argparse.ArgumentParser) -> None:
     """Options shared by ``replay`` and ``compare`` (the sweep definition)."""
     parser.add_argument("trace", help="Mooncake request trace (JSONL) or decode step trace")
     parser.add_argument("--policy", default="lru", help="comma list of eviction policies (default: lru)")
-    parser.add_argument("--capacity", default="4000", help="comma list of single-tier capacities in blocks (default: 4000)")
-    parser.add_argument("--tiers", help="run a hierarchy instead, e.g. hbm=4096,dram=16384,nvme=65536 (sizes need --model)")
+    parser.add_argument("--capacity", help=f"comma list of single-tier capacities in blocks (default: {DEFAULT_CAPACITY})")
+    parser.add_argument("--tiers", help="run a hierarchy instead, e.g. hbm=4096,dram=16384,nvme=65536 "
+                                        "(sizes need --model or --layout; exclusive with --capacity)")
     parser.add_argument("--semantics", default="object", help="object, prefix, or both as a comma list (default: object)")
     parser.add_argument("--admission", default="always", help="admission policy of the lower tiers (default: always)")
     parser.add_argument("--write-through", action="store_true", help="inclusive hierarchy (default: exclusive)")
     parser.add_argument("--model", help="model preset turning blocks into bytes, e.g. llama-3-8b")
+    parser.add_argument("--layout", help="custom KV layout instead of --model, "
+                                         "e.g. layers=32,kv_heads=8,head_dim=128,dtype=bfloat16")
     parser.add_argument("--hardware", help="hardware preset or profile JSON for modeled seconds, e.g. h200-pcie5-nvme4")
     parser.add_argument("--workers", type=int, default=0, help="worker processes (default: one per core)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -54,17 +73,21 @@ def sweep_from_args(args: argparse.Namespace) -> dict:
     """Runs the sweep the options describe; returns the results document."""
     from .sweep import run_sweep
 
-    if args.hardware and not args.model:
-        raise UserError("--hardware needs --model (bytes per block) to model seconds")
+    if args.model and args.layout:
+        raise UserError("--model and --layout are exclusive; give one")
+    if args.hardware and not (args.model or args.layout):
+        raise UserError("--hardware needs --model or --layout (bytes per block) to model seconds")
     if args.workers < 0:
         raise UserError(f"--workers: must be >= 0, got {args.workers}")
+    capacities = capacity_text(args)
     return run_sweep(
         args.trace,
         parse_list(args.policy, "--policy"),
-        parse_capacities(args.capacity) if not args.tiers else [],
+        parse_capacities(capacities) if capacities is not None else [],
         parse_list(args.semantics, "--semantics"),
         tiers=args.tiers,
         model=args.model,
+        layout=args.layout,
         hardware=args.hardware,
         workers=args.workers or os.cpu_count() or 1,
         progress=not args.no_progress,

@@ -14,7 +14,7 @@ import numpy as np
 from tqdm import tqdm
 
 import tiercache
-from tiercache.config import KVLayout, TierConfig, layout_preset, parse_tiers
+from tiercache.config import KVLayout, TierConfig, layout_preset, parse_layout, parse_tiers
 from tiercache.errors import UserError
 from tiercache.policies import get_admission, get_eviction
 
@@ -127,6 +127,7 @@ def run_sweep(
     semantics: list[str],
     tiers: str | None = None,
     model: str | None = None,
+    layout: str | None = None,
     hardware: str | None = None,
     workers: int = 1,
     progress: bool = True,
@@ -138,24 +139,48 @@ def run_sweep(
 
     With ``tiers`` (``"hbm=4096,dram=16GiB"``), each policy runs once per semantics on that
     hierarchy and ``capacities`` is ignored. ``model`` names a layout preset (blocks of 512
-    tokens, the Mooncake block size) so that runs report bytes; ``hardware`` a preset or
-    profile file for modeled seconds.
+    tokens, the Mooncake block size) so that runs report bytes; ``layout`` is a custom one
+    instead (``"layers=32,kv_heads=8,head_dim=128,dtype=bfloat16"``, see ``parse_layout``;
+    exclusive with ``model``); ``hardware`` a preset or profile file for modeled seconds.
+
+    Raises:
+        UserError: a bad option, policy or trace (the message names it).
     """
-    layout = layout_preset(model, MOONCAKE_BLOCK_TOKENS) if model else None
+    kv_layout = _resolve_layout(model, layout, trace_path)
     profile = _load_profile(hardware) if hardware else None
-    tier_configs = parse_tiers(tiers, layout) if tiers else None
+    tier_configs = parse_tiers(tiers, kv_layout) if tiers else None
     spec = SweepSpec(tuple(policies), tuple(capacities), tuple(semantics), tier_configs, admission, write_through)
     runs = plan_runs(spec)
-    data, summary = load_replay_data(trace_path, layout, profile)
+    data, summary = load_replay_data(trace_path, kv_layout, profile)
     records = _execute(runs, data, workers, progress)
     return {
         "tiercache_version": tiercache.__version__,
         "command": command or "",
         "trace": summary,
-        "layout": _layout_dict(layout),
+        "layout": _layout_dict(kv_layout),
         "hardware": getattr(profile, "name", None),
         "runs": records,
     }
+
+
+def _resolve_layout(model: str | None, layout: str | None, trace_path: str) -> KVLayout | None:
+    """The KV layout of ``--model`` or ``--layout`` (exclusive), or None.
+
+    A preset always gets blocks of 512 tokens. A custom layout does too on a request trace
+    (a Mooncake ``hash_ids`` entry is 512 tokens); on a step trace it keeps its own
+    ``block_tokens`` (256 unless the spec says otherwise).
+
+    Raises:
+        UserError: both given, or the spec is invalid.
+    """
+    if model and layout:
+        raise UserError("--model and --layout are exclusive; give one")
+    if model:
+        return layout_preset(model, MOONCAKE_BLOCK_TOKENS)
+    if layout:
+        block_tokens = MOONCAKE_BLOCK_TOKENS if trace_kind(trace_path) == "request" else None
+        return parse_layout(layout, block_tokens)
+    return None
 
 
 def _load_profile(hardware: str) -> object:
