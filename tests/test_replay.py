@@ -224,3 +224,19 @@ def test_layout_option_on_the_command_line(tmp_path, capsys):
     assert main(argv) == 0, capsys.readouterr().err
     doc = json.loads(out.read_text())
     assert doc["layout"]["block_bytes"] == 2 * 2 * 1 * 8 * 512 * 2 and doc["runs"][0]["capacity_blocks"] == 2
+
+
+def test_ttft_saved_counts_only_loads_not_write_backs():
+    doc = run_sweep(str(DATA / "mooncake_head.jsonl"), ["lru"], [], ["prefix"], tiers="hbm=100,dram=200",
+                    model="llama-3-8b", hardware="h200-pcie5-nvme4", workers=1, progress=False)
+    (run,) = doc["runs"]
+    assert run["tiers"][0]["demotions"] > 0 and run["modeled_seconds"]["hbm->dram"] > 0
+    assert run["ttft_saved_s"] > 0
+    rate = run["prefill_tokens_saved"] / (run["ttft_saved_s"] + run["modeled_seconds"]["dram->hbm"])
+    assert rate == pytest.approx(doc_rate(doc), rel=1e-4)
+
+
+def doc_rate(doc: dict) -> float:
+    from tiercache.sim.hardware import load_profile
+
+    return load_profile(doc["hardware"]).prefill_tokens_per_s
