@@ -240,3 +240,17 @@ def doc_rate(doc: dict) -> float:
     from tiercache.sim.hardware import load_profile
 
     return load_profile(doc["hardware"]).prefill_tokens_per_s
+
+
+def test_semantics_is_an_enum_and_results_keep_the_plain_string():
+    from tiercache.errors import UserError
+    from tiercache.sim.replay import Semantics
+    from tiercache.sim.sweep import SweepSpec, plan_runs
+
+    runs = plan_runs(SweepSpec(("lru",), (10,), ("object", "prefix")))
+    assert [r.semantics for r in runs] == [Semantics.OBJECT, Semantics.PREFIX]
+    with pytest.raises(UserError, match="known: object, prefix"):
+        plan_runs(SweepSpec(("lru",), (10,), ("sideways",)))
+    doc = run_sweep(str(DATA / "mooncake_head.jsonl"), ["lru"], [50], ["prefix"], workers=1, progress=False)
+    assert type(doc["runs"][0]["semantics"]) is str and doc["runs"][0]["semantics"] == "prefix"
+    assert json.loads(json.dumps(doc))["runs"][0]["prefill_tokens_saved"] > 0

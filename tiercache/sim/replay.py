@@ -13,6 +13,7 @@ Step traces (long-sequence decode) replay their ``read`` ids as accesses and the
 
 from __future__ import annotations
 
+import enum
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -22,27 +23,54 @@ import numpy as np
 from tiercache.config import TIER_NAMES, KVLayout, TierConfig
 from tiercache.core.manager import TierManager
 from tiercache.core.stats import HierarchyStats
+from tiercache.errors import UserError
 from tiercache.policies import Hints, get_eviction, make_admission, make_eviction
 
 from .engine import SimEngine
 
-__all__ = ["RunSpec", "ReplayData", "replay", "SEMANTICS"]
+__all__ = ["RunSpec", "ReplayData", "replay", "Semantics", "SEMANTICS"]
 
-SEMANTICS = ("object", "prefix")
+
+class Semantics(enum.Enum):
+    """How a request trace is replayed (see the module docstring)."""
+
+    OBJECT = "object"
+    PREFIX = "prefix"
+
+    @classmethod
+    def parse(cls, text: str, option: str = "--semantics") -> "Semantics":
+        """The member named by ``text`` (``"object"`` or ``"prefix"``).
+
+        Raises:
+            UserError: unknown name; the message lists the known ones.
+        """
+        try:
+            return cls(text.strip().lower())
+        except ValueError:
+            raise UserError(f"{option}: unknown {text!r}; known: {', '.join(SEMANTICS)}") from None
+
+
+#: The names of ``Semantics``, as the CLI and results files spell them.
+SEMANTICS = tuple(s.value for s in Semantics)
 
 
 @dataclass(frozen=True)
 class RunSpec:
     """One replay: a policy on a hierarchy under a semantics.
 
-    Invariants: ``semantics`` in ``SEMANTICS``; ``tiers`` non-empty, fastest first.
+    Invariants: ``semantics`` is a ``Semantics`` (a name given as a string is parsed);
+    ``tiers`` non-empty, fastest first.
     """
 
     policy: str
-    semantics: str
+    semantics: Semantics
     tiers: tuple[TierConfig, ...]
     admission: str = "always"
     write_through: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.semantics, Semantics):
+            object.__setattr__(self, "semantics", Semantics.parse(str(self.semantics)))
 
     @property
     def mode(self) -> str:
@@ -155,7 +183,7 @@ def _step_function(spec: RunSpec, data: ReplayData, manager: TierManager) -> Cal
 
     if data.is_write is not None:
         return decode_step
-    return prefix_step if spec.semantics == "prefix" else object_step
+    return prefix_step if spec.semantics is Semantics.PREFIX else object_step
 
 
 def _cut(hints: Hints, a: int, b: int) -> Hints:
@@ -175,7 +203,7 @@ def run_record(spec: RunSpec, data: ReplayData, stats: HierarchyStats, engine: S
     record = {
         "policy": spec.policy,
         "admission": spec.admission,
-        "semantics": spec.semantics if data.is_write is None else "decode",
+        "semantics": spec.semantics.value if data.is_write is None else "decode",
         "mode": spec.mode,
         "capacity_blocks": sum(t.capacity_blocks for t in spec.tiers),
         "accesses": accesses,
@@ -190,7 +218,7 @@ def run_record(spec: RunSpec, data: ReplayData, stats: HierarchyStats, engine: S
         record["bytes_moved"] = {link: u.bytes for link, u in sorted(engine.usage.items())}
     if data.profile is not None and data.layout is not None:
         record["modeled_seconds"] = _modeled_seconds(stats, engine, data)
-    if spec.semantics == "prefix" and data.input_lengths is not None:
+    if spec.semantics is Semantics.PREFIX and data.input_lengths is not None:
         record.update(_prefix_figures(stats, engine, data, saved_tokens))
     return record
 

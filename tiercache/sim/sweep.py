@@ -18,7 +18,7 @@ from tiercache.config import KVLayout, TierConfig, layout_preset, parse_layout, 
 from tiercache.errors import UserError
 from tiercache.policies import get_admission, get_eviction
 
-from .replay import SEMANTICS, ReplayData, RunSpec, replay
+from .replay import ReplayData, RunSpec, Semantics, replay
 from .traces import iter_json_objects, load_flat, next_use, trace_fingerprint
 
 __all__ = ["load_replay_data", "plan_runs", "run_sweep", "MOONCAKE_BLOCK_TOKENS"]
@@ -72,18 +72,20 @@ def load_replay_data(path: str, layout: KVLayout | None, profile: object | None)
 
 
 def plan_runs(spec: SweepSpec) -> list[RunSpec]:
-    """Every run of the sweep, validated (unknown policies fail before anything runs)."""
+    """Every run of the sweep, validated (unknown policies fail before anything runs).
+
+    Raises:
+        UserError: an unknown eviction or admission policy, or semantics name.
+    """
     for name in spec.policies:
         get_eviction(name)
     get_admission(spec.admission)
-    for semantics in spec.semantics:
-        if semantics not in SEMANTICS:
-            raise UserError(f"--semantics: unknown {semantics!r}; known: {', '.join(SEMANTICS)}")
+    semantics = [Semantics.parse(text) for text in spec.semantics]
     if spec.tiers is not None:
-        return [RunSpec(p, s, spec.tiers, spec.admission, spec.write_through) for s in spec.semantics for p in spec.policies]
+        return [RunSpec(p, s, spec.tiers, spec.admission, spec.write_through) for s in semantics for p in spec.policies]
     return [
         RunSpec(p, s, (TierConfig("hbm", c),), spec.admission)
-        for s in spec.semantics
+        for s in semantics
         for c in spec.capacities
         for p in spec.policies
     ]
