@@ -258,3 +258,17 @@ def test_prefetch_runs_in_the_background_until_polled(tmp_path):
 def test_offline_policies_are_refused_by_the_live_store():
     with pytest.raises(UserError, match="future"):
         TieredKVStore(LAYOUT, [TierConfig("hbm", 4)], eviction="belady")
+
+
+def test_get_into_a_reused_buffer_and_zero_copy_slots(tmp_path):
+    data = blocks(6, 10)
+    with TieredKVStore(LAYOUT, tiers(hbm=3, dram=3), path=tmp_path / "nvme") as store:
+        store.put([key(i) for i in range(6)], data)
+        out = torch.empty((2, *LAYOUT.block_shape), dtype=torch.float16)
+        assert store.get([key(0), key(5)], out=out) is out
+        assert torch.equal(out, data[[0, 5]])
+        slots = store.get_slots([key(1), key(2)])
+        assert torch.equal(store.hbm_tensor[slots], data[[1, 2]])
+        with pytest.raises(UserError):
+            store.get([key(0)], out=torch.empty((2, *LAYOUT.block_shape), dtype=torch.float16))
+        store.check_invariants()

@@ -151,10 +151,15 @@ class TieredKVStore:
         keys = prefix_keys(token_ids, self.layout.block_tokens, namespace)
         return self.lookup(keys)[0] * self.layout.block_tokens
 
-    def get(self, keys: Sequence[bytes]) -> torch.Tensor:
+    def get(self, keys: Sequence[bytes], out: torch.Tensor | None = None) -> torch.Tensor:
         """The blocks of ``keys`` as one tensor on the HBM tier's device, promoting them.
 
+        ``out`` (``[len(keys), *block_shape]`` on the HBM device), when given, receives the
+        blocks: a serving loop reuses one buffer instead of allocating (and first-touching)
+        a new tensor per call. ``get_slots`` gives the zero-copy alternative.
+
         Raises:
+            UserError: ``out`` of the wrong dtype or shape.
             KeyError: a key is not stored, or its stored copy proved unreadable (corrupt
                 NVMe chunk: dropped and counted, never returned as data).
         """
@@ -164,10 +169,34 @@ class TieredKVStore:
             missing = [k for k, i in zip(keys, ids) if i is None or self.manager.locate(i) is None]
             if missing:
                 raise KeyError(f"{len(missing)} of {len(keys)} keys are not stored (first: {missing[0].hex()})")
+            if out is not None:
+                check_blocks(out, self.layout, len(keys), "TieredKVStore.get out")
             self._settle_prefetches()
             self.manager.access(ids, store_misses=False)  # no bytes here for a lost block
             self._consume()
-            return self._gather(keys, ids)
+            return self._gather(keys, ids, out)
+
+    def get_slots(self, keys: Sequence[bytes]) -> list[int]:
+        """Promotes the blocks of ``keys`` and returns their HBM slots (zero copy).
+
+        The slots index ``hbm_tensor``; pin the keys first if the blocks must stay there
+        while a kernel reads them. A block that could not be promoted raises KeyError.
+        """
+        with self._lock:
+            self._check_open()
+            ids = self._present_ids(keys)
+            self._settle_prefetches()
+            self.manager.access(ids, store_misses=False)
+            self._consume()
+            top = self.manager.dirs[0].slot_of
+            if any(i not in top for i in ids):
+                raise KeyError("a block could not be brought to HBM (no room, or unreadable)")
+            return [top[i] for i in ids]
+
+    @property
+    def hbm_tensor(self) -> torch.Tensor:
+        """The HBM pool: ``[slots, *block_shape]`` (read it at slots from ``get_slots``)."""
+        return self._media[0].tensor
 
     def prefetch(self, keys: Sequence[bytes]) -> int:
         """Starts bringing stored blocks up to HBM without waiting; returns blocks in flight.
@@ -294,10 +323,15 @@ class TieredKVStore:
             raise KeyError("a key is not stored")
         return ids
 
-    def _gather(self, keys: Sequence[bytes], ids: list[int]) -> torch.Tensor:
+    def _gather(self, keys: Sequence[bytes], ids: list[int], out: torch.Tensor | None) -> torch.Tensor:
         """Reads blocks from wherever they now are into one tensor on the HBM device."""
         top = self._media[0]
-        out = torch.empty((len(ids), *self.layout.block_shape), dtype=top.dtype, device=top.device)
+        if out is None:
+            out = torch.empty((len(ids), *self.layout.block_shape), dtype=top.dtype, device=top.device)
+        slot_of = self.manager.dirs[0].slot_of
+        if all(i in slot_of for i in ids):  # the common case: one gather from the HBM pool
+            index = torch.tensor([slot_of[i] for i in ids], dtype=torch.long, device=top.device)
+            return torch.index_select(top.tensor, 0, index, out=out)
         for index, block_id in enumerate(ids):
             tier = self.manager.locate(block_id)
             if tier is None:
