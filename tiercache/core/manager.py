@@ -236,7 +236,8 @@ class TierManager:
         lost = self._promote(ids, tier, hints)
         self._count_found(tier, len(ids) - len(lost), count_hits)
         if lost:
-            positions = [p for p, block_id in enumerate(ids) if block_id in set(lost)]
+            gone = set(lost)
+            positions = [p for p, block_id in enumerate(ids) if block_id in gone]
             self._miss(lost, None if hints is None else _pick(hints, positions), store_misses)
 
     # -- placement -----------------------------------------------------------------------
