@@ -140,7 +140,11 @@ def run(args: argparse.Namespace) -> int:
 def format_table(results: dict) -> str:
     """A short fixed-width table of the runs."""
     trace = results["trace"]
-    lines = [f"{trace['name']}: {trace['requests']} requests, {trace['accesses']} block accesses, {trace['unique_blocks']} unique blocks"]
+    if trace.get("kind") == "step":  # reads are the accesses; writes store new blocks
+        summary = f"{trace['requests']} step records, {trace['accesses']} block reads and writes"
+    else:
+        summary = f"{trace['requests']} requests, {trace['accesses']} block accesses"
+    lines = [f"{trace['name']}: {summary}, {trace['unique_blocks']} unique blocks"]
     header = f"{'policy':<10} {'semantics':<9} {'capacity':>9} {'hits':>9} {'misses':>9} {'miss ratio':>10}  per-tier hits"
     lines += [header, "-" * len(header)]
     for run in results["runs"]:
