@@ -52,6 +52,8 @@ class EvictionPolicy:
     Class attributes:
         name: registry name.
         needs_future: True for offline policies that need ``Hints.next_use``.
+        needs_parents: True for policies that read ``Hints.parents`` (callers may skip
+            building them otherwise).
         batch_insert_safe: True when evicting ``k`` victims before inserting a run of new ids
             leaves the same state as interleaving one eviction per insert (true for policies
             whose newest entries are always evicted last, such as LRU and FIFO). The manager
@@ -60,6 +62,7 @@ class EvictionPolicy:
 
     name: ClassVar[str] = "base"
     needs_future: ClassVar[bool] = False
+    needs_parents: ClassVar[bool] = False
     batch_insert_safe: ClassVar[bool] = False
 
     def __init__(self, capacity: int) -> None:

@@ -37,6 +37,7 @@ class LeafLRU(EvictionPolicy):
     """
 
     name = "leaf_lru"
+    needs_parents = True
 
     def __init__(self, capacity: int) -> None:
         super().__init__(capacity)

@@ -130,8 +130,10 @@ def replay(spec: RunSpec, data: ReplayData, on_progress: Callable[[int], None] |
     """
     manager, engine = build_manager(spec, data)
     stats = HierarchyStats.for_tiers((t.name, t.capacity_blocks) for t in spec.tiers)
-    step = _step_function(spec, data, manager)
-    needs_future = get_eviction(spec.policy).needs_future
+    policy = get_eviction(spec.policy)
+    # Hints cost a list per request: build only what the policy reads.
+    step = _step_function(spec, data, manager, policy.needs_parents)
+    needs_future = policy.needs_future
     started = time.perf_counter()
     saved_tokens = 0
     for batch in range(data.n_batches):
@@ -148,24 +150,23 @@ def replay(spec: RunSpec, data: ReplayData, on_progress: Callable[[int], None] |
     return run_record(spec, data, stats, engine, saved_tokens, wall)
 
 
-def _hints(data: ReplayData, a: int, b: int, needs_future: bool) -> Hints:
-    ids = data.ids
-    parents = [None, *ids[a : b - 1]] if b > a else []
+def _hints(data: ReplayData, a: int, b: int, needs_future: bool, needs_parents: bool) -> Hints:
+    parents = [None, *data.ids[a : b - 1]] if needs_parents and b > a else None
     return Hints(a, data.next_use[a:b] if needs_future else None, parents)
 
 
-def _step_function(spec: RunSpec, data: ReplayData, manager: TierManager) -> Callable[[int, bool], int]:
+def _step_function(spec: RunSpec, data: ReplayData, manager: TierManager, needs_parents: bool) -> Callable[[int, bool], int]:
     """The per-batch handler for the trace kind and semantics; returns tokens saved."""
     ids = data.ids
 
     def object_step(batch: int, needs_future: bool) -> int:
         a, b = data.bounds(batch)
-        manager.access(ids[a:b], _hints(data, a, b, needs_future))
+        manager.access(ids[a:b], _hints(data, a, b, needs_future, needs_parents))
         return 0
 
     def prefix_step(batch: int, needs_future: bool) -> int:
         a, b = data.bounds(batch)
-        run, hints = ids[a:b], _hints(data, a, b, needs_future)
+        run, hints = ids[a:b], _hints(data, a, b, needs_future, needs_parents)
         hit = manager.prefix_length(run)
         manager.access(run[:hit], _cut(hints, 0, hit))
         manager.access(run[hit:], _cut(hints, hit, b - a), count_hits=False)
@@ -188,7 +189,8 @@ def _step_function(spec: RunSpec, data: ReplayData, manager: TierManager) -> Cal
 
 def _cut(hints: Hints, a: int, b: int) -> Hints:
     next_use = None if hints.next_use is None else hints.next_use[a:b]
-    return Hints(hints.time + a, next_use, hints.parents[a:b])
+    parents = None if hints.parents is None else hints.parents[a:b]
+    return Hints(hints.time + a, next_use, parents)
 
 
 def _hints_for(data: ReplayData, a: int, b: int, writes: np.ndarray, want: bool, needs_future: bool) -> Hints | None:
