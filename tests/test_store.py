@@ -272,3 +272,17 @@ def test_get_into_a_reused_buffer_and_zero_copy_slots(tmp_path):
         with pytest.raises(UserError):
             store.get([key(0)], out=torch.empty((2, *LAYOUT.block_shape), dtype=torch.float16))
         store.check_invariants()
+
+
+def test_match_prefix_confirms_hits_by_token_ids():
+    tokens = list(range(100, 124))
+    with TieredKVStore(LAYOUT, [TierConfig("hbm", 16)]) as store:
+        assert store.put_tokens(tokens, blocks(6, 11), "ns") == 6
+        assert store.match_prefix(tokens, "ns") == 24
+        # Simulate a hash collision: the stored tokens of block 2 differ from the prompt's.
+        from tiercache.keys import key_to_int, prefix_keys
+
+        third = key_to_int(prefix_keys(tokens, LAYOUT.block_tokens, "ns")[2])
+        store._tokens[third] = store._tokens[third] + 1
+        assert store.match_prefix(tokens, "ns") == 8
+        assert store.stats()["token_mismatches"] == 1

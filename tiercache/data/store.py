@@ -17,6 +17,7 @@ import os
 import threading
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from tiercache.config import KVLayout, TierConfig
@@ -70,6 +71,8 @@ class TieredKVStore:
         )
         self._stats = HierarchyStats.for_tiers((t.name, t.capacity_blocks) for t in tiers)
         self.collisions = 0
+        self.token_mismatches = 0
+        self._tokens: dict[int, np.ndarray] = {}  # token ids of blocks put with put_tokens
         self._prefetching: set[int] = set()
         self._closed = False
         self._adopt_stored_blocks()
@@ -146,10 +149,39 @@ class TieredKVStore:
             prefix = next((n for n, name in enumerate(names) if name is None), len(names))
             return prefix, names
 
+    def put_tokens(self, token_ids: Sequence[int], kv_blocks: torch.Tensor, namespace: bytes | str = b"") -> int:
+        """Stores the KV of a prompt's full blocks under their chained keys; returns how many
+        were new. The blocks' token ids are kept, so ``match_prefix`` confirms hits by
+        comparing tokens, not by trusting the hash alone."""
+        block_tokens = self.layout.block_tokens
+        keys = prefix_keys(token_ids, block_tokens, namespace)
+        tokens = np.asarray(token_ids, dtype=np.int64)
+        with self._lock:
+            new = self.put(keys, kv_blocks)
+            for index, block_id in enumerate(self._ids(keys, register=False)):
+                if block_id is not None and self.manager.locate(block_id) is not None:
+                    self._tokens[block_id] = tokens[index * block_tokens : (index + 1) * block_tokens].copy()
+            return new
+
     def match_prefix(self, token_ids: Sequence[int], namespace: bytes | str = b"") -> int:
-        """How many leading tokens of this prompt are stored (whole blocks only)."""
-        keys = prefix_keys(token_ids, self.layout.block_tokens, namespace)
-        return self.lookup(keys)[0] * self.layout.block_tokens
+        """How many leading tokens of this prompt are stored (whole blocks only).
+
+        A block put with ``put_tokens`` counts only if its stored token ids equal the
+        prompt's (a mismatch under an equal key is counted in ``stats()["token_mismatches"]``);
+        blocks put by key alone, or adopted from NVMe on reopen, are confirmed by their full
+        16-byte key.
+        """
+        block_tokens = self.layout.block_tokens
+        keys = prefix_keys(token_ids, block_tokens, namespace)
+        tokens = np.asarray(token_ids, dtype=np.int64)
+        with self._lock:
+            found, _ = self.lookup(keys)
+            for index, block_id in enumerate(self._ids(keys[:found], register=False)):
+                stored = self._tokens.get(block_id)
+                if stored is not None and not np.array_equal(stored, tokens[index * block_tokens : (index + 1) * block_tokens]):
+                    self.token_mismatches += 1
+                    return index * block_tokens
+            return found * block_tokens
 
     def get(self, keys: Sequence[bytes], out: torch.Tensor | None = None) -> torch.Tensor:
         """The blocks of ``keys`` as one tensor on the HBM tier's device, promoting them.
@@ -252,7 +284,8 @@ class TieredKVStore:
                      for (s, d), n in self._stats.blocks_moved().items()}
             nvme = next((m.stats.copy() for m in self._media if isinstance(m, NVMeStore)), None)
             return {"tiers": [t.as_dict() for t in self._stats.tiers], "hits": self._stats.hits, "misses": self._stats.misses,
-                    "bytes_moved": moved, "queue_depth": self.engine.inflight, "key_collisions": self.collisions, "nvme": nvme}
+                    "bytes_moved": moved, "queue_depth": self.engine.inflight, "key_collisions": self.collisions,
+                    "token_mismatches": self.token_mismatches, "nvme": nvme}
 
     def flush(self) -> None:
         """Makes every NVMe block written so far durable."""
@@ -357,6 +390,7 @@ class TieredKVStore:
         for block_id in ids:
             if self.manager.locate(block_id) is None:
                 self._keys.pop(block_id, None)
+                self._tokens.pop(block_id, None)
 
     def _consume(self) -> None:
         self.manager.poll()
