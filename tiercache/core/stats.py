@@ -12,7 +12,14 @@ __all__ = ["TierCounters", "HierarchyStats"]
 
 @dataclass
 class TierCounters:
-    """Counters of one tier; all non-negative."""
+    """Counters of one tier; all non-negative.
+
+    ``hits``: accesses served from this tier. ``inserts``: new blocks placed here.
+    ``evictions``: blocks that left the hierarchy from here (victims of the last tier, or
+    refused by the tier below). ``demotions`` / ``promotions``: blocks this tier sent down /
+    up. ``copies``: write-through copies sent from here. ``refused``: placements this tier's
+    admission refused. ``lost``: stored copies found unreadable and dropped.
+    """
 
     name: str
     capacity_blocks: int
