@@ -31,11 +31,11 @@ SWEEP_CAPACITIES = [1000, 4000, 16000]
 def time_tiercache(trace: str, capacity: int, repeats: int) -> tuple[list[float], dict]:
     """Seconds per replay through the manager (trace loaded once, outside the timing)."""
     from tiercache.config import TierConfig
-    from tiercache.sim.replay import RunSpec, replay
+    from tiercache.sim.replay import RunSpec, Semantics, replay
     from tiercache.sim.sweep import load_replay_data
 
     data, _ = load_replay_data(trace, None, None)
-    spec = RunSpec("lru", "object", (TierConfig("hbm", capacity),))
+    spec = RunSpec("lru", Semantics.OBJECT, (TierConfig("hbm", capacity),))
     times, record = [], {}
     for _ in range(repeats):
         started = time.perf_counter()
