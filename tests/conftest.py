@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import pytest
@@ -25,3 +26,14 @@ def sample_trace() -> Path:
 @pytest.fixture(scope="session")
 def requests_sample() -> list[list[int]]:
     return sample_requests()
+
+
+def run_threads(worker, count: int, timeout: float) -> None:
+    """Runs ``worker(index)`` on ``count`` threads and fails if any is still alive after
+    ``timeout`` seconds (a deadlock)."""
+    threads = [threading.Thread(target=worker, args=(index,)) for index in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=timeout)
+    assert not any(t.is_alive() for t in threads), "deadlock"

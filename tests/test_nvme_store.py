@@ -7,11 +7,12 @@ import os
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 
 import numpy as np
 import pytest
+
+from conftest import run_threads
 import torch
 import zarr
 
@@ -305,12 +306,7 @@ def test_concurrent_puts_gets_and_deletes_stay_consistent(tmp_path):
             except StoreFullError:
                 store.flush()  # retired slots come back after a flush
 
-    threads = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=30)
-    assert not any(t.is_alive() for t in threads), "deadlock"
+    run_threads(worker, 4, timeout=30)
     assert not errors, errors[:3]
     store.check_invariants()
     live = [k for k in shared if store.contains(k)]

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import DATA, sample_requests
+from conftest import DATA, sample_requests, run_threads
 from tiercache.config import KVLayout, TierConfig
 from tiercache.data.store import TieredKVStore
 from tiercache.core.counts import CountError
@@ -213,12 +213,7 @@ def test_threads_putting_and_getting_shared_and_distinct_keys(tmp_path):
             except BaseException as exc:  # noqa: BLE001 - collected for the main thread
                 errors.append(exc)
 
-        threads = [threading.Thread(target=worker, args=(n,)) for n in range(4)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(timeout=60)
-        assert not any(t.is_alive() for t in threads), "deadlock"
+        run_threads(worker, 4, timeout=60)
         assert not errors, errors[0]
         store.check_invariants()
         # 140 slots for 64 keys: nothing may have been evicted, so every block put is stored.

@@ -407,6 +407,11 @@ class TierManager:
         """Applies every job the engine has finished; returns their plans."""
         return [self.complete(result) for result in self.engine.poll()]
 
+    def move(self, ids: Sequence[int], src: int, dst: int) -> bool:
+        """Moves (exclusive) or copies (write-through) ``ids`` from ``src`` to free slots of
+        ``dst`` and waits for it; False when the plan could not be made or failed."""
+        return self._transfer(ids, src, dst, self.write_through, None)
+
     def _transfer(self, ids: Sequence[int], src: int, dst: int, keep_source: bool, hints: Hints | None) -> bool:
         """Runs one plan to completion (prepare, submit, wait, complete); True on success."""
         plan = self.prepare_move(ids, src, dst, keep_source)

@@ -145,7 +145,8 @@ class TieredKVStore:
         with self._lock:
             self._check_open()
             ids = self._ids(keys, register=False)
-            names = [None if i is None or self.manager.locate(i) is None else self.manager.dirs[self.manager.locate(i)].name for i in ids]
+            tiers = [None if i is None else self.manager.locate(i) for i in ids]
+            names = [None if t is None else self.manager.dirs[t].name for t in tiers]
             prefix = next((n for n, name in enumerate(names) if name is None), len(names))
             return prefix, names
 
@@ -323,12 +324,8 @@ class TieredKVStore:
         for tier in reversed(range(nvme)):
             directory = self.manager.dirs[tier]
             ids = [i for i in directory.slot_of if i not in directory.pins][: self.manager.dirs[nvme].n_free]
-            plan = self.manager.prepare_move(ids, tier, nvme) if ids else None
-            if plan is not None:
-                self.engine.submit(plan)
-                result = self.engine.wait(plan.job_id)
-                self.manager.complete(result)
-                moved += plan.n_blocks if result.ok else 0
+            if ids and self.manager.move(ids, tier, nvme):
+                moved += len(ids)
         self.events.drain()  # shutting down is not traffic
         return moved
 
