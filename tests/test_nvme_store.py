@@ -11,9 +11,9 @@ import time
 
 import numpy as np
 import pytest
+import torch
 
 from conftest import run_threads
-import torch
 import zarr
 
 from tiercache.config import KVLayout
