@@ -12,10 +12,9 @@ import time
 import numpy as np
 import pytest
 import torch
-
-from conftest import run_threads
 import zarr
 
+from conftest import run_threads
 from tiercache.config import KVLayout
 from tiercache.data import chunkio, nvme_index
 from tiercache.data.buffers import torch_dtype
