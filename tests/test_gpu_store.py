@@ -23,12 +23,12 @@ def _key(i: int) -> bytes:
 
 
 def test_gpu_round_trip_through_every_tier(tmp_path):
-    from tiercache.data.store import TieredKVStore
+    from tiercache.live.store import TieredKVStore
 
     data = torch.randn((24, *LAYOUT.block_shape), dtype=torch.bfloat16, device="cuda")
     tiers = [TierConfig("hbm", 4), TierConfig("dram", 6), TierConfig("nvme", 64)]
     with TieredKVStore(LAYOUT, tiers, path=tmp_path / "nvme") as store:
-        assert store.engine._stream is not None  # the CUDA engine, not the CPU fallback
+        assert store.engine.cuda  # the CUDA engine, not the CPU fallback
         store.put([_key(i) for i in range(24)], data)
         assert set(store.lookup([_key(i) for i in range(24)])[1]) == {"hbm", "dram", "nvme"}
         for i in range(24):

@@ -13,7 +13,7 @@ import torch
 
 from conftest import DATA, sample_requests, run_threads
 from tiercache.config import KVLayout, TierConfig
-from tiercache.data.store import TieredKVStore
+from tiercache.live.store import TieredKVStore
 from tiercache.core.counts import CountError
 from tiercache.errors import UserError
 from tiercache.sim.sweep import run_sweep
@@ -59,7 +59,7 @@ def test_reopen_in_a_new_process_serves_every_block(tmp_path):
         f"""
         import torch
         from tiercache.config import KVLayout, TierConfig
-        from tiercache.data.store import TieredKVStore
+        from tiercache.live.store import TieredKVStore
         layout = KVLayout(layers=2, kv_heads=2, head_dim=8, dtype="float16", block_tokens=4)
         data = torch.load({str(tmp_path / "data.pt")!r})
         tiers = [TierConfig("hbm", 1), TierConfig("dram", 1), TierConfig("nvme", 40)]
@@ -236,7 +236,7 @@ def test_prefetch_runs_in_the_background_until_polled(tmp_path):
 
         medium._read_one = delayed
         assert store.lookup([key(0)])[1] == ["nvme"]
-        assert store.prefetch([key(0), key(1)]) == 2
+        assert store.prefetch([key(0), key(1)]).blocks == 2
         assert store.poll() == 0 and store.lookup([key(0), key(1)])[1] == ["nvme", "nvme"]
         assert store.stats()["queue_depth"] == 1
         store.check_invariants()
@@ -278,6 +278,6 @@ def test_match_prefix_confirms_hits_by_token_ids():
         from tiercache.keys import key_to_int, prefix_keys
 
         third = key_to_int(prefix_keys(tokens, LAYOUT.block_tokens, "ns")[2])
-        store._tokens[third] = store._tokens[third] + 1
+        store._map.tokens[third] = store._map.tokens[third] + 1
         assert store.match_prefix(tokens, "ns") == 8
         assert store.stats()["token_mismatches"] == 1

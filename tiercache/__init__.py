@@ -13,7 +13,7 @@ __version__ = "0.1.0"
 
 # Public data-plane names -> the module that defines them; imported on first attribute access.
 _LAZY = {
-    "TieredKVStore": "tiercache.data.store",
+    "TieredKVStore": "tiercache.live.store",
     "BlockPool": "tiercache.data.pools",
     "NVMeStore": "tiercache.data.nvme",
 }

@@ -29,7 +29,8 @@ class TransferEngine(Protocol):
     def fill(self, tier: int, ids: Sequence[int], slots: Sequence[int]) -> None:
         """Writes the bytes of newly computed blocks ``ids`` into ``slots`` of ``tier``.
 
-        Called as soon as the manager places new blocks, before anything can move them.
+        The slots are reserved, not yet published: the manager publishes the blocks only
+        after ``fill`` returns, and releases the slots if it raises (nothing is placed).
         """
 
     def discard(self, tier: int, ids: Sequence[int], slots: Sequence[int]) -> None:

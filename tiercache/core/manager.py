@@ -29,12 +29,13 @@ from typing import Sequence
 
 import numpy as np
 
-from tiercache.policies.base import NO_NEXT_USE, AdmissionPolicy, EvictionPolicy, Hints
+from tiercache.policies.base import AdmissionPolicy, EvictionPolicy, Hints
 
 from .counts import CountError, decrement, increment
 from .directory import TierDirectory
 from .engine import ImmediateEngine, TransferEngine
-from .plans import Ev, EventLog, JobResult, TransferPlan
+from .plans import Ev, EventLog, TransferPlan
+from .transfers import TransferMixin
 
 __all__ = ["TierManager", "CountError"]
 
@@ -73,8 +74,8 @@ def _slice(hints: Hints | None, a: int, b: int) -> Hints | None:
     return Hints(hints.time + a, next_use, parents)
 
 
-class TierManager:
-    """Blocks, tiers, policies and two-phase transfers.
+class TierManager(TransferMixin):
+    """Blocks, tiers, policies and two-phase transfers (``TransferMixin``).
 
     Invariants (``check_invariants``): each tier's directory is consistent and holds exactly
     the ids its eviction policy tracks; in exclusive mode no id is in two tiers; reference
@@ -150,8 +151,16 @@ class TierManager:
         decrement(self.orphan_refs, orphans, "unref")
 
     # -- the access path -----------------------------------------------------------------
-    def access(self, ids: Sequence[int], hints: Hints | None = None, count_hits: bool = True, store_misses: bool = True) -> None:
+    def access(self, ids: Sequence[int], hints: Hints | None = None, count_hits: bool = True, store_misses: bool = True,
+               wait: bool = True) -> list[TransferPlan]:
         """Reads ``ids`` in order: hits are touched (and promoted), misses computed and stored.
+
+        With ``wait`` (default) every promotion completes before the call returns, and the
+        result is exactly the one-at-a-time semantics described in the module docstring.
+        With ``wait`` False promotions are started and left in flight: the returned plans are
+        the handles (``wait(plan.job_id)``, or ``poll``); until they complete, their blocks
+        are found in the tier they came from and their unreadable copies (if any) are
+        counted as lost, not as misses. Demotions that make room always complete first.
 
         With ``count_hits`` False (prefix semantics after the first miss) every id counts as a
         miss; resident ones are refreshed like hits and also counted as recomputed. With
@@ -161,6 +170,7 @@ class TierManager:
         """
         if self._future is not None and hints is not None and hints.next_use is not None:
             self._future.update(zip(ids, hints.next_use))
+        started: list[TransferPlan] | None = None if wait else []
         top = self.dirs[0].slot_of
         n, i = len(ids), 0
         while i < n:
@@ -170,13 +180,14 @@ class TierManager:
             if j > i:
                 self._touch_top(ids[i:j], _slice(hints, i, j), count_hits)
                 if j == n:
-                    return
+                    break
             k = j + 1
             while k < n and ids[k] not in top:
                 k += 1
             k = j + _distinct_prefix(ids, j, k)
-            self._bring_up(ids[j:k], _slice(hints, j, k), count_hits, store_misses)
+            self._bring_up(ids[j:k], _slice(hints, j, k), count_hits, store_misses, started)
             i = k
+        return started or []
 
     def insert(self, ids: Sequence[int], hints: Hints | None = None) -> None:
         """Stores newly computed blocks, absent from every tier, in the top tier."""
@@ -208,7 +219,8 @@ class TierManager:
             self.events.emit(Ev.MISS, tier, count)
             self.events.emit(Ev.RECOMPUTE, tier, count)
 
-    def _bring_up(self, run: Sequence[int], hints: Hints | None, count_hits: bool, store_misses: bool) -> None:
+    def _bring_up(self, run: Sequence[int], hints: Hints | None, count_hits: bool, store_misses: bool,
+                  started: list | None) -> None:
         """Handles a run of distinct ids absent from the top tier, in order."""
         if len(self.dirs) == 1:
             self._miss(run, hints, store_misses)
@@ -223,7 +235,7 @@ class TierManager:
             if tier is None:
                 self._miss(segment, seg_hints, store_misses)
             else:
-                self._found_below(segment, tier, seg_hints, count_hits, store_misses)
+                self._found_below(segment, tier, seg_hints, count_hits, store_misses, started)
             position = end
 
     def _miss(self, ids: Sequence[int], hints: Hints | None, store_misses: bool) -> None:
@@ -231,9 +243,10 @@ class TierManager:
         if store_misses:
             self._insert_new(ids, hints)
 
-    def _found_below(self, ids: Sequence[int], tier: int, hints: Hints | None, count_hits: bool, store_misses: bool) -> None:
+    def _found_below(self, ids: Sequence[int], tier: int, hints: Hints | None, count_hits: bool, store_misses: bool,
+                     started: list | None) -> None:
         """Promotes ids found in a lower tier; ids whose copy proved unreadable are misses."""
-        lost = self._promote(ids, tier, hints)
+        lost = self._promote(ids, tier, hints, started)
         self._count_found(tier, len(ids) - len(lost), count_hits)
         if lost:
             gone = set(lost)
@@ -254,11 +267,27 @@ class TierManager:
             if not self._make_room(0, len(chunk), self._no_extra):
                 self.events.emit(Ev.REFUSED, 0, len(chunk))  # everything pinned: not stored
                 continue
-            self.engine.fill(0, chunk, self.dirs[0].insert(chunk))
-            self.policies[0].on_insert(chunk, _slice(hints, a, b))
-            self.events.emit(Ev.INSERT, 0, len(chunk))
+            self._fill_and_publish(chunk, _slice(hints, a, b))
             if self.write_through:
                 self._copy_down(chunk, _slice(hints, a, b))
+
+    def _fill_and_publish(self, ids: Sequence[int], hints: Hints | None) -> None:
+        """Writes new blocks into reserved top-tier slots, then publishes them.
+
+        Publish only what has landed: the slots stay reserved (invisible) while the engine
+        writes the bytes, and any exception from the engine (KeyboardInterrupt included)
+        returns them to the free stack and propagates, leaving no trace of the blocks.
+        """
+        directory = self.dirs[0]
+        slots = directory.reserve(len(ids))
+        try:
+            self.engine.fill(0, ids, slots)
+        except BaseException:
+            directory.release(slots)
+            raise
+        directory.publish(ids, slots)
+        self.policies[0].on_insert(ids, hints)
+        self.events.emit(Ev.INSERT, 0, len(ids))
 
     def _insert_chunks(self, tier: int, n: int) -> list[tuple[int, int]]:
         """Splits n inserts so that batching them equals inserting one at a time.
@@ -306,6 +335,7 @@ class TierManager:
         self.policies[tier].on_remove(ids)
         self.engine.discard(tier, ids, self.dirs[tier].remove(ids))
         self.events.emit(Ev.EVICT, tier, len(ids))
+        self._report_departed(ids)
         if self._future is not None:  # forget the future of blocks that left the hierarchy
             for block_id in ids:
                 if self.locate(block_id) is None:
@@ -325,14 +355,15 @@ class TierManager:
         if not self._make_room(below, len(moving), protected) or not self._transfer(moving, tier, below, False, None):
             self._drop(tier, moving)
 
-    def _promote(self, ids: Sequence[int], tier: int, hints: Hints | None) -> list[int]:
+    def _promote(self, ids: Sequence[int], tier: int, hints: Hints | None, started: list | None) -> list[int]:
         """Brings hits up to the top tier; if no room can be made they stay (counted).
 
         Returns the ids that left the hierarchy because their stored copy was unreadable.
+        With ``started`` (a list) the move is left in flight and its plan appended there.
         """
         self.policies[tier].on_access(ids, hints)
         guard_ids = frozenset(ids)
-        moved = self._make_room(0, len(ids), guard_ids) and self._transfer(ids, tier, 0, self.write_through, hints)
+        moved = self._make_room(0, len(ids), guard_ids) and self._transfer(ids, tier, 0, self.write_through, hints, started)
         if moved:
             return []
         self.events.emit(Ev.PROMOTE_SKIPPED, tier, len(ids))
@@ -346,92 +377,6 @@ class TierManager:
             self.events.emit(Ev.REFUSED, tier, admitted.count(False))
             if wanted and self._make_room(tier, len(wanted), frozenset(wanted)):
                 self._transfer(wanted, 0, tier, keep_source=True, hints=hints if len(wanted) == len(ids) else None)
-
-    # -- two-phase transfers -------------------------------------------------------------
-    def prepare_move(self, ids: Sequence[int], src: int, dst: int, keep_source: bool = False) -> TransferPlan | None:
-        """Pins sources in ``src`` and reserves free slots in ``dst``; None changes nothing.
-
-        None when an id is absent from ``src``, already in ``dst``, pinned by another move,
-        repeated, or when ``dst`` has fewer free slots than ids (call ``make_room`` first).
-        """
-        src_dir, dst_dir = self.dirs[src], self.dirs[dst]
-        if keep_source and not self.write_through:
-            return None  # an exclusive hierarchy never holds two copies of a block
-        if src == dst or not ids or len(set(ids)) != len(ids) or dst_dir.n_free < len(ids):
-            return None
-        for block_id in ids:
-            if block_id not in src_dir.slot_of or block_id in dst_dir.slot_of:
-                return None
-            if not keep_source and block_id in src_dir.pins:
-                return None
-        src_dir.pin(ids)
-        dst_slots = np.asarray(dst_dir.reserve(len(ids)), dtype=np.int64)
-        plan = TransferPlan(self._next_job, tuple(ids), src, src_dir.slots(ids), dst, dst_slots, keep_source)
-        self._next_job += 1
-        self.inflight[plan.job_id] = plan
-        return plan
-
-    def complete(self, result: JobResult) -> TransferPlan:
-        """Applies a finished job: publishes the destination, or undoes the reservation."""
-        plan = self.inflight.pop(result.job_id)
-        hints = self._plan_hints.pop(plan.job_id, None)
-        src_dir, dst_dir = self.dirs[plan.src_tier], self.dirs[plan.dst_tier]
-        src_dir.unpin(plan.ids)
-        if not result.ok:
-            dst_dir.release(plan.dst_slots)
-            self.events.emit(Ev.TRANSFER_FAILED, plan.src_tier, plan.n_blocks, plan.dst_tier)
-            self._drop_lost(plan.src_tier, [b for b in result.lost if b in src_dir.slot_of and b not in src_dir.pins])
-            return plan
-        if not plan.keep_source:
-            self.policies[plan.src_tier].on_remove(plan.ids)
-            freed = src_dir.remove(plan.ids)
-        dst_dir.publish(plan.ids, plan.dst_slots)
-        self.policies[plan.dst_tier].on_insert(plan.ids, hints)
-        if not plan.keep_source:  # after publishing: the engine may ask where blocks now live
-            self.engine.discard(plan.src_tier, plan.ids, freed)
-        self.events.emit(_move_kind(plan), plan.src_tier, plan.n_blocks, plan.dst_tier)
-        return plan
-
-    def _drop_lost(self, tier: int, ids: list[int]) -> None:
-        """Drops blocks whose stored bytes proved unreadable; references on them end too."""
-        if not ids:
-            return
-        for block_id in ids:
-            if block_id in self.refs:  # readers keep their counts: unref still balances
-                self.orphan_refs[block_id] = self.refs.pop(block_id)
-        self.policies[tier].on_remove(ids)
-        self.engine.discard(tier, ids, self.dirs[tier].remove(ids))
-        self.events.emit(Ev.LOST, tier, len(ids))
-
-    def poll(self) -> list[TransferPlan]:
-        """Applies every job the engine has finished; returns their plans."""
-        return [self.complete(result) for result in self.engine.poll()]
-
-    def move(self, ids: Sequence[int], src: int, dst: int) -> bool:
-        """Moves (exclusive) or copies (write-through) ``ids`` from ``src`` to free slots of
-        ``dst`` and waits for it; False when the plan could not be made or failed."""
-        return self._transfer(ids, src, dst, self.write_through, None)
-
-    def _transfer(self, ids: Sequence[int], src: int, dst: int, keep_source: bool, hints: Hints | None) -> bool:
-        """Runs one plan to completion (prepare, submit, wait, complete); True on success."""
-        plan = self.prepare_move(ids, src, dst, keep_source)
-        if plan is None:
-            return False
-        self._plan_hints[plan.job_id] = hints if hints is not None else self._future_hints(ids)
-        try:
-            self.engine.submit(plan)
-            result = self.engine.wait(plan.job_id)
-        except Exception as exc:  # noqa: BLE001 - a failed submit must not leave the plan pinned
-            result = JobResult(plan.job_id, f"engine failed: {type(exc).__name__}: {exc}")
-        self.complete(result)
-        return result.ok
-
-    def _future_hints(self, ids: Sequence[int]) -> Hints | None:
-        """Hints for blocks moved between tiers: their known next use, when tracked."""
-        if self._future is None:
-            return None
-        future = self._future
-        return Hints(0, [future.get(b, NO_NEXT_USE) for b in ids], None)
 
     # -- explicit removal ----------------------------------------------------------------
     def evict(self, ids: Sequence[int]) -> None:
@@ -487,9 +432,3 @@ def _pick(hints: Hints, positions: list[int]) -> Hints:
     next_use = None if hints.next_use is None else [hints.next_use[p] for p in positions]
     parents = None if hints.parents is None else [hints.parents[p] for p in positions]
     return Hints(hints.time, next_use, parents)
-
-
-def _move_kind(plan: TransferPlan) -> Ev:
-    if plan.keep_source and plan.dst_tier > plan.src_tier:
-        return Ev.COPY
-    return Ev.PROMOTE if plan.dst_tier < plan.src_tier else Ev.DEMOTE

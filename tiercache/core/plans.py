@@ -77,19 +77,46 @@ class Ev(enum.IntEnum):
 
 
 class EventLog:
-    """Append-only event buffer that callers drain; injected, never a global singleton."""
+    """Append-only event buffer that callers drain; injected, never a global singleton.
 
-    __slots__ = ("_events",)
+    With ``record_departures`` the log also collects the ids of blocks that left the
+    hierarchy (dropped from their last tier, or lost); a composition root that keeps
+    per-block state beside the manager (the live store's key map) drains them instead of
+    being called back from inside the manager. Off by default: a replay never reads them.
+    """
 
-    def __init__(self) -> None:
+    __slots__ = ("_events", "_departed")
+
+    def __init__(self, record_departures: bool = False) -> None:
         self._events: list[tuple[int, int, int, int]] = []
+        self._departed: list[int] | None = [] if record_departures else None
+
+    @property
+    def records_departures(self) -> bool:
+        """True when departed ids are collected."""
+        return self._departed is not None
 
     def emit(self, kind: Ev, tier: int, count: int, aux: int = 0) -> None:
         """Records ``count`` occurrences of ``kind`` in ``tier`` (no-op for count 0)."""
         if count:
             self._events.append((kind, tier, count, aux))
 
+    def departed(self, ids: list[int]) -> None:
+        """Records ids that no tier holds any more (ignored unless recording)."""
+        if self._departed is not None:
+            self._departed.extend(ids)
+
     def drain(self) -> list[tuple[int, int, int, int]]:
         """Returns and forgets the events recorded since the last drain."""
         events, self._events = self._events, []
         return events
+
+    def drain_departed(self) -> list[int]:
+        """Returns and forgets the departed ids recorded since the last drain, in order.
+
+        An id may since have come back (stored again): check residency before acting.
+        """
+        if self._departed is None:
+            return []
+        departed, self._departed = self._departed, []
+        return departed

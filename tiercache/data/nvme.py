@@ -404,6 +404,31 @@ class NVMeStore:
         with self._lock:
             return self._table.items()
 
+    # ----- the medium interface (shared with the pools) ---------------------------------
+
+    #: Blocks are named by content key: the engine passes keys to ``forget``.
+    keyed = True
+
+    def forget(self, keys: Sequence[bytes]) -> None:
+        """Deletes the blocks of ``keys`` (they left this tier)."""
+        self.delete(list(keys))
+
+    def read_block(self, slot: int, key: bytes, dest: torch.Tensor) -> None:
+        """Reads the block stored under ``key`` into ``dest`` (any device).
+
+        Raises:
+            KeyError: the block is absent or its chunk proved unreadable (never served).
+        """
+        host = dest if dest.device.type == "cpu" else torch.empty_like(dest, device="cpu")
+        if not self.get([key], [host])[0]:
+            raise KeyError(f"key {key.hex()} is stored but unreadable (corrupt chunk)")
+        if host is not dest:
+            dest.copy_(host)
+
+    def durable_items(self) -> list[tuple[bytes, int]]:
+        """``(key, slot)`` of every complete block: what a reopened store adopts."""
+        return self.items()
+
     def delete(self, keys: Sequence[bytes]) -> int:
         """Removes keys (absent ones are ignored); returns how many were stored.
 

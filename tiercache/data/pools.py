@@ -225,6 +225,27 @@ class BlockPool:
             raise UserError(f"BlockPool.copy_to: {src.size} source slots but {dst_array.size} destination slots")
         _copy(dst.tensor, self.tensor, copy_runs(src, dst_array), self.block_bytes, non_blocking)
 
+    # -- the medium interface (what the engine and the live store ask of every tier) ------
+    #: A pool names nothing: the manager's directory says which block a slot holds.
+    keyed = False
+
+    def forget(self, keys: Sequence[bytes]) -> None:
+        """Nothing to delete: a freed slot is simply reused."""
+
+    def read_block(self, slot: int, key: bytes, dest: torch.Tensor) -> None:
+        """Copies the block in ``slot`` into ``dest`` (any device)."""
+        dest.copy_(self.view(slot))
+
+    def durable_items(self) -> list[tuple[bytes, int]]:
+        """Blocks that survive a restart: none (pools are volatile)."""
+        return []
+
+    def flush(self) -> None:
+        """Nothing to make durable."""
+
+    def close(self) -> None:
+        """Nothing to release early: the tensor is freed with the pool."""
+
     def __repr__(self) -> str:
         return f"BlockPool({self.capacity} x {list(self.layout.block_shape)} {self.layout.dtype} on {self.device}, pinned={self.pinned})"
 

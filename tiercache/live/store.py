@@ -1,10 +1,15 @@
 """``TieredKVStore``: the live KV store over real HBM, DRAM and NVMe tiers.
 
-The same ``TierManager`` that ``tiercache replay`` drives with ``SimEngine`` runs here with
-``LocalEngine``: identical policies, identical decisions, real bytes. Blocks are named by
-content keys (``tiercache.keys``: chained hashes of token blocks with a namespace); the
-manager sees the key's stable 63-bit id, and the full 16-byte key is compared on every lookup,
-so two keys sharing an id are never confused (the second is refused, counted).
+A composition root: it wires a ``KeyMap`` (content keys), the ``TierManager`` (every
+decision), a ``LocalEngine`` (bytes, through one copy handler per medium pair) and the media.
+The same manager that ``tiercache replay`` drives with ``SimEngine`` runs here: identical
+policies, identical decisions, real bytes. The manager sees each key's stable 63-bit id; the
+full 16-byte key is compared on every lookup, so two keys sharing an id are never confused.
+
+Asynchrony: ``prefetch`` and ``access(wait=False)`` return a ``Pending`` handle with the moves
+still in flight; ``wait(pending)``, ``poll`` or any later read completes them, always through
+the manager (there is no plan lifecycle outside it). A block is visible in a tier only once
+its bytes landed there.
 
 Thread safety: one lock serialises every public method; the NVMe store's I/O threads touch
 only bytes. Durability: the NVMe tier is an ``NVMeStore``; ``flush``/``close`` make its index
@@ -15,6 +20,7 @@ from __future__ import annotations
 
 import os
 import threading
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -22,18 +28,34 @@ import torch
 
 from tiercache.config import KVLayout, TierConfig
 from tiercache.core.manager import TierManager
-from tiercache.core.plans import EventLog
+from tiercache.core.plans import EventLog, TransferPlan
 from tiercache.core.stats import HierarchyStats
+from tiercache.data.buffers import check_blocks
+from tiercache.data.engine import LocalEngine
 from tiercache.errors import UserError
 from tiercache.keys import key_to_int, prefix_keys
 from tiercache.policies import make_admission, make_eviction
 
-from .buffers import check_blocks
-from .engine import LocalEngine
-from .nvme import NVMeStore
-from .pools import BlockPool, dram_pool, hbm_pool
+from .keymap import KeyMap
+from .media import check_online, check_tiers, open_medium
 
-__all__ = ["TieredKVStore"]
+__all__ = ["TieredKVStore", "Pending"]
+
+
+@dataclass(frozen=True)
+class Pending:
+    """Moves a call left in flight; pass it to ``TieredKVStore.wait``.
+
+    ``events`` holds, per job, the CUDA event a compute stream can ``wait_event`` on (None
+    for a job that is not a CUDA copy, or already finished when the handle was made).
+    """
+
+    job_ids: tuple[int, ...] = ()
+    blocks: int = 0
+    events: tuple = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.job_ids)
 
 
 class TieredKVStore:
@@ -49,20 +71,20 @@ class TieredKVStore:
         device: device of the HBM tier (default: CUDA when available, else the CPU).
         write_through: inclusive hierarchy instead of the default exclusive one.
 
-    Invariants: every resident block's key is in ``_keys``; the NVMe tier's directory slots
-    equal the store's slots; ``check_invariants`` verifies both plus the manager's.
+    Invariants (``check_invariants``): the key map holds exactly the resident blocks; the
+    NVMe tier's directory slots equal the NVMe store's slots; the manager's own invariants.
     """
 
     def __init__(self, layout: KVLayout, tiers: Sequence[TierConfig], eviction: str | None = None, admission: str | None = None,
                  path: str | os.PathLike | None = None, device: str | None = None, write_through: bool = False) -> None:
-        _check_tiers(tiers, path)
-        _check_online(eviction, tiers)
+        check_tiers(tiers, path)
+        check_online(eviction, tiers)
         self.layout = layout
         self._lock = threading.RLock()
-        self._keys: dict[int, bytes] = {}
-        self._media = [_open_medium(t, layout, path, device) for t in tiers]
-        self.engine = LocalEngine(self._media, self._keys.__getitem__, on_discard=self._forget_absent)
-        self.events = EventLog()
+        self._map = KeyMap()
+        self._media = [open_medium(t, layout, path, device) for t in tiers]
+        self.engine = LocalEngine(self._media, self._map.key_of)
+        self.events = EventLog(record_departures=True)
         self.manager = TierManager(
             [(t.name, t.capacity_blocks) for t in tiers],
             [make_eviction(eviction or t.eviction, t.capacity_blocks) for t in tiers],
@@ -70,35 +92,22 @@ class TieredKVStore:
             engine=self.engine, events=self.events, write_through=write_through,
         )
         self._stats = HierarchyStats.for_tiers((t.name, t.capacity_blocks) for t in tiers)
-        self.collisions = 0
         self.token_mismatches = 0
-        self._tokens: dict[int, np.ndarray] = {}  # token ids of blocks put with put_tokens
-        self._prefetching: set[int] = set()
         self._closed = False
         self._adopt_stored_blocks()
 
-    # -- identity ------------------------------------------------------------------------
-    def _ids(self, keys: Sequence[bytes], register: bool) -> list[int | None]:
-        """Manager ids of ``keys``; None for a key whose id belongs to another key."""
-        ids: list[int | None] = []
-        for key in keys:
-            if not isinstance(key, bytes):
-                raise UserError(f"TieredKVStore: keys must be bytes, got {type(key).__name__}")
-            block_id = key_to_int(key)
-            known = self._keys.get(block_id)
-            if known is None and register:
-                self._keys[block_id] = key
-            elif known is not None and known != key:
-                self.collisions += 1
-                block_id = None
-            ids.append(block_id)
-        return ids
+    @property
+    def collisions(self) -> int:
+        """Keys refused because their 63-bit id belongs to another stored key."""
+        return self._map.collisions
 
-    # -- the API -------------------------------------------------------------------------
+    # -- storing -------------------------------------------------------------------------
     def put(self, keys: Sequence[bytes], kv_blocks: torch.Tensor) -> int:
         """Stores blocks ``kv_blocks[i]`` under ``keys[i]``; returns how many were new.
 
         Keys already stored are refreshed (touched), not rewritten: a key names its content.
+        If the copy of new bytes fails, nothing of the failed blocks is kept and the error
+        propagates; blocks placed before it stay stored.
 
         Raises:
             UserError: keys not bytes or repeated; blocks of the wrong dtype or shape.
@@ -108,47 +117,44 @@ class TieredKVStore:
             raise UserError("TieredKVStore.put: a key appears twice in one call")
         with self._lock:
             self._check_open()
-            ids = self._ids(keys, register=True)
+            ids = self._map.ids(keys, register=True)
             fresh = [i for i, block_id in enumerate(ids) if block_id is not None and self.manager.locate(block_id) is None]
             new_ids = [ids[i] for i in fresh]
             placed = set(new_ids)
             old = [block_id for block_id in ids if block_id is not None and block_id not in placed]
-            self.engine.stage(new_ids, kv_blocks[fresh] if fresh else kv_blocks[:0])
-            self.manager.insert(new_ids)
-            self.engine.unstage(new_ids)  # refused by admission: nothing was placed
+            self._store_new(new_ids, kv_blocks[fresh] if fresh else kv_blocks[:0], lambda: self.manager.insert(new_ids))
             self.manager.access(old)
-            self._forget_absent(new_ids)
             self._consume()
             return len(new_ids)
 
-    def access(self, keys: Sequence[bytes], kv_blocks: torch.Tensor) -> None:
+    def access(self, keys: Sequence[bytes], kv_blocks: torch.Tensor, wait: bool = True) -> Pending:
         """Reads ``keys`` in order exactly as ``tiercache replay`` does (object semantics).
 
         Hits are touched and promoted; misses are stored from ``kv_blocks`` (aligned with
         ``keys``; a replay knows every block's bytes). This is what makes a trace replayed
-        through the live store give the same per-tier hits as the simulator.
+        through the live store give the same per-tier hits as the simulator. With ``wait``
+        False promotions are left in flight and returned as a handle.
         """
         check_blocks(kv_blocks, self.layout, len(keys), "TieredKVStore.access kv_blocks")
         with self._lock:
             self._check_open()
-            ids = self._ids(keys, register=True)
+            ids = self._map.ids(keys, register=True)
             if any(i is None for i in ids):
                 raise UserError("TieredKVStore.access: a key collides with another key's id")
-            self.engine.stage(ids, kv_blocks)
-            self.manager.access(ids)
-            self.engine.unstage(ids)
-            self._forget_absent(ids)
+            plans: list[TransferPlan] = []
+            self._store_new(ids, kv_blocks, lambda: plans.extend(self.manager.access(ids, wait=wait)))
             self._consume()
+            return self._pending(plans)
 
-    def lookup(self, keys: Sequence[bytes]) -> tuple[int, list[str | None]]:
-        """Length of the stored prefix of ``keys``, and the tier holding each key (or None)."""
-        with self._lock:
-            self._check_open()
-            ids = self._ids(keys, register=False)
-            tiers = [None if i is None else self.manager.locate(i) for i in ids]
-            names = [None if t is None else self.manager.dirs[t].name for t in tiers]
-            prefix = next((n for n, name in enumerate(names) if name is None), len(names))
-            return prefix, names
+    def _store_new(self, ids: list[int], kv_blocks: torch.Tensor, run) -> None:
+        """Runs a manager call that may place ``ids`` with their bytes staged; whatever it
+        did not place (refused, failed, interrupted) leaves no key behind."""
+        self.engine.stage(ids, kv_blocks)
+        try:
+            run()
+        finally:
+            self.engine.unstage(ids)
+            self._map.forget_absent(ids, self.manager.locate)
 
     def put_tokens(self, token_ids: Sequence[int], kv_blocks: torch.Tensor, namespace: bytes | str = b"") -> int:
         """Stores the KV of a prompt's full blocks under their chained keys; returns how many
@@ -159,10 +165,21 @@ class TieredKVStore:
         tokens = np.asarray(token_ids, dtype=np.int64)
         with self._lock:
             new = self.put(keys, kv_blocks)
-            for index, block_id in enumerate(self._ids(keys, register=False)):
+            for index, block_id in enumerate(self._map.ids(keys, register=False)):
                 if block_id is not None and self.manager.locate(block_id) is not None:
-                    self._tokens[block_id] = tokens[index * block_tokens : (index + 1) * block_tokens].copy()
+                    self._map.tokens[block_id] = tokens[index * block_tokens : (index + 1) * block_tokens].copy()
             return new
+
+    # -- finding -------------------------------------------------------------------------
+    def lookup(self, keys: Sequence[bytes]) -> tuple[int, list[str | None]]:
+        """Length of the stored prefix of ``keys``, and the tier holding each key (or None)."""
+        with self._lock:
+            self._check_open()
+            ids = self._map.ids(keys, register=False)
+            tiers = [None if i is None else self.manager.locate(i) for i in ids]
+            names = [None if t is None else self.manager.dirs[t].name for t in tiers]
+            prefix = next((n for n, name in enumerate(names) if name is None), len(names))
+            return prefix, names
 
     def match_prefix(self, token_ids: Sequence[int], namespace: bytes | str = b"") -> int:
         """How many leading tokens of this prompt are stored (whole blocks only).
@@ -177,19 +194,21 @@ class TieredKVStore:
         tokens = np.asarray(token_ids, dtype=np.int64)
         with self._lock:
             found, _ = self.lookup(keys)
-            for index, block_id in enumerate(self._ids(keys[:found], register=False)):
-                stored = self._tokens.get(block_id)
+            for index, block_id in enumerate(self._map.ids(keys[:found], register=False)):
+                stored = self._map.tokens.get(block_id)
                 if stored is not None and not np.array_equal(stored, tokens[index * block_tokens : (index + 1) * block_tokens]):
                     self.token_mismatches += 1
                     return index * block_tokens
             return found * block_tokens
 
+    # -- reading -------------------------------------------------------------------------
     def get(self, keys: Sequence[bytes], out: torch.Tensor | None = None) -> torch.Tensor:
         """The blocks of ``keys`` as one tensor on the HBM tier's device, promoting them.
 
         ``out`` (``[len(keys), *block_shape]`` on the HBM device), when given, receives the
         blocks: a serving loop reuses one buffer instead of allocating (and first-touching)
-        a new tensor per call. ``get_slots`` gives the zero-copy alternative.
+        a new tensor per call. ``get_slots`` gives the zero-copy alternative. Moves still in
+        flight (prefetches) are completed first, so the read sees the final placement.
 
         Raises:
             UserError: ``out`` of the wrong dtype or shape.
@@ -198,13 +217,13 @@ class TieredKVStore:
         """
         with self._lock:
             self._check_open()
-            ids = self._ids(keys, register=False)
+            ids = self._map.ids(keys, register=False)
             missing = [k for k, i in zip(keys, ids) if i is None or self.manager.locate(i) is None]
             if missing:
                 raise KeyError(f"{len(missing)} of {len(keys)} keys are not stored (first: {missing[0].hex()})")
             if out is not None:
                 check_blocks(out, self.layout, len(keys), "TieredKVStore.get out")
-            self._settle_prefetches()
+            self.manager.wait_all()
             self.manager.access(ids, store_misses=False)  # no bytes here for a lost block
             self._consume()
             return self._gather(keys, ids, out)
@@ -218,7 +237,7 @@ class TieredKVStore:
         with self._lock:
             self._check_open()
             ids = self._present_ids(keys)
-            self._settle_prefetches()
+            self.manager.wait_all()
             self.manager.access(ids, store_misses=False)
             self._consume()
             top = self.manager.dirs[0].slot_of
@@ -231,41 +250,48 @@ class TieredKVStore:
         """The HBM pool: ``[slots, *block_shape]`` (read it at slots from ``get_slots``)."""
         return self._media[0].tensor
 
-    def prefetch(self, keys: Sequence[bytes]) -> int:
-        """Starts bringing stored blocks up to HBM without waiting; returns blocks in flight.
+    # -- asynchronous moves --------------------------------------------------------------
+    def prefetch(self, keys: Sequence[bytes]) -> Pending:
+        """Starts bringing stored blocks up to HBM without waiting; returns the handle.
 
         Room in HBM is made at once (victims demoted as usual); the copies run in the
-        background (NVMe I/O threads, or the CUDA copy stream) and are published by ``poll``
-        or by the next ``get``. Until then lookups still find the blocks where they were.
+        background (NVMe I/O threads, or the CUDA copy stream) and are published by
+        ``wait``, ``poll`` or the next read. Until then lookups find the blocks where they
+        were. Unknown keys and blocks already in HBM are skipped.
         """
         with self._lock:
             self._check_open()
-            ids = [i for i in self._ids(keys, register=False) if i is not None]
-            started = 0
-            for tier in range(1, self.manager.n_tiers):
-                below = [i for i in ids if self.manager.locate(i) == tier and i not in self.manager.dirs[tier].pins]
-                if below and self.manager.make_room(0, len(below), frozenset(below)):
-                    plan = self.manager.prepare_move(below, tier, 0, keep_source=self.manager.write_through)
-                    if plan is not None:
-                        self.engine.submit(plan)
-                        self._prefetching.add(plan.job_id)
-                        started += plan.n_blocks
-            return started
+            ids = [i for i in self._map.ids(keys, register=False) if i is not None]
+            plans = self.manager.prefetch(ids)
+            self._stats.consume(self.events.drain())
+            self._forget_departed()
+            return self._pending(plans)
+
+    def wait(self, pending: Pending | None = None) -> None:
+        """Completes the moves of ``pending`` (every move in flight when None).
+
+        Moves already completed (by ``poll`` or a read) are skipped: a handle never dangles.
+        """
+        with self._lock:
+            if pending is None:
+                self.manager.wait_all()
+            else:
+                for job_id in pending.job_ids:
+                    self.manager.wait(job_id)
+            self._consume()
 
     def poll(self) -> int:
         """Publishes finished background copies; returns how many jobs finished."""
         with self._lock:
             finished = self.manager.poll()
-            self._prefetching.difference_update(p.job_id for p in finished)
-            self._stats.consume(self.events.drain())
+            self._consume()
             return len(finished)
 
-    def _settle_prefetches(self) -> None:
-        """Waits for every background copy, so the manager's view is final before a read."""
-        for job_id in sorted(self._prefetching):
-            self.manager.complete(self.engine.wait(job_id))
-        self._prefetching.clear()
+    def _pending(self, plans: list[TransferPlan]) -> Pending:
+        return Pending(tuple(p.job_id for p in plans), sum(p.n_blocks for p in plans),
+                       tuple(self.engine.event_of(p.job_id) for p in plans))
 
+    # -- readers -------------------------------------------------------------------------
     def pin(self, keys: Sequence[bytes]) -> None:
         """Marks blocks as read by a live sequence: never evicted until ``release``."""
         with self._lock:
@@ -276,6 +302,7 @@ class TieredKVStore:
         with self._lock:
             self.manager.unref(self._present_ids(keys))
 
+    # -- reporting and lifetime ----------------------------------------------------------
     def stats(self) -> dict:
         """Per-tier hits, inserts, evictions, demotions, promotions, bytes; queue depth; NVMe stats."""
         with self._lock:
@@ -283,7 +310,7 @@ class TieredKVStore:
             block_bytes = self.layout.block_bytes
             moved = {f"{self._stats.tiers[s].name}->{self._stats.tiers[d].name}": n * block_bytes
                      for (s, d), n in self._stats.blocks_moved().items()}
-            nvme = next((m.stats.copy() for m in self._media if isinstance(m, NVMeStore)), None)
+            nvme = next((m.stats.copy() for m in self._media if m.keyed), None)
             return {"tiers": [t.as_dict() for t in self._stats.tiers], "hits": self._stats.hits, "misses": self._stats.misses,
                     "bytes_moved": moved, "queue_depth": self.engine.inflight, "key_collisions": self.collisions,
                     "token_mismatches": self.token_mismatches, "nvme": nvme}
@@ -292,30 +319,44 @@ class TieredKVStore:
         """Makes every NVMe block written so far durable."""
         with self._lock:
             for medium in self._media:
-                if isinstance(medium, NVMeStore):
-                    medium.flush()
+                medium.flush()
 
     def close(self, persist: bool = True) -> int:
         """Finishes in-flight work, makes the NVMe tier durable and closes it; idempotent.
 
         With ``persist`` (default), blocks held only in DRAM and HBM are first moved to free
         NVMe slots (DRAM first, then HBM; nothing already on NVMe is evicted for them), so a
-        reopened store holds as much as fits. Returns the number of blocks persisted.
+        reopened store holds as much as fits. Every step runs even if an earlier one failed
+        (what can be flushed is flushed); the first error is raised at the end. Returns the
+        number of blocks persisted.
         """
         with self._lock:
             if self._closed:
                 return 0
-            self._settle_prefetches()
-            self.manager.poll()
-            persisted = self._persist_upper_tiers() if persist else 0
-            self.flush()
-            for medium in self._media:
-                if isinstance(medium, NVMeStore):
-                    medium.close()
             self._closed = True
+            errors: list[Exception] = []
+
+            def attempt(step):
+                try:
+                    return step()
+                except Exception as exc:  # noqa: BLE001 - keep closing; the first error is raised below
+                    errors.append(exc)
+                    return None
+
+            attempt(self.manager.wait_all)
+            attempt(self._consume)
+            persisted = (attempt(self._persist) or 0) if persist else 0
+            attempt(self.flush)
+            attempt(self._close_media)
+            if errors:
+                raise errors[0]
             return persisted
 
-    def _persist_upper_tiers(self) -> int:
+    def _close_media(self) -> None:
+        for medium in self._media:
+            medium.close()
+
+    def _persist(self) -> int:
         """Moves unpinned DRAM, then HBM, blocks into free NVMe slots; returns how many."""
         names = [d.name for d in self.manager.dirs]
         if "nvme" not in names or self.manager.write_through:
@@ -339,16 +380,15 @@ class TieredKVStore:
         """Asserts the manager, the key map and the NVMe tier agree."""
         with self._lock:
             self.manager.check_invariants()
+            self._map.check({b for d in self.manager.dirs for b in d.slot_of})
             for tier, medium in enumerate(self._media):
-                directory = self.manager.dirs[tier]
-                assert all(i in self._keys for i in directory.slot_of), f"{directory.name}: block without a key"
-                if isinstance(medium, NVMeStore):
-                    for block_id, slot in directory.slot_of.items():
-                        assert medium.slot_of(self._keys[block_id]) == slot, f"nvme: block {block_id} not at slot {slot}"
+                if medium.keyed:
+                    for block_id, slot in self.manager.dirs[tier].slot_of.items():
+                        assert medium.slot_of(self._map.keys[block_id]) == slot, f"nvme: block {block_id} not at slot {slot}"
 
     # -- internals -----------------------------------------------------------------------
     def _present_ids(self, keys: Sequence[bytes]) -> list[int]:
-        ids = self._ids(keys, register=False)
+        ids = self._map.ids(keys, register=False)
         if any(i is None for i in ids):
             raise KeyError("a key is not stored")
         return ids
@@ -366,71 +406,28 @@ class TieredKVStore:
             tier = self.manager.locate(block_id)
             if tier is None:
                 raise KeyError(f"key {keys[index].hex()} proved unreadable and was dropped")
-            slot = self.manager.dirs[tier].slot_of[block_id]
-            self._read_one(tier, slot, keys[index], out[index])
+            self._media[tier].read_block(self.manager.dirs[tier].slot_of[block_id], keys[index], out[index])
         return out
 
-    def _read_one(self, tier: int, slot: int, key: bytes, dest: torch.Tensor) -> None:
-        medium = self._media[tier]
-        if isinstance(medium, BlockPool):
-            dest.copy_(medium.view(slot))
-            return
-        host = dest if dest.device.type == "cpu" else torch.empty_like(dest, device="cpu")
-        if not medium.get([key], [host])[0]:
-            raise KeyError(f"key {key.hex()} is stored but unreadable (corrupt chunk)")
-        if host is not dest:
-            dest.copy_(host)
-
-    def _forget_absent(self, ids: Sequence[int]) -> None:
-        """Drops key-map entries of blocks no tier holds (refused, or left the hierarchy),
-        so the map holds exactly the resident blocks."""
-        for block_id in ids:
-            if self.manager.locate(block_id) is None:
-                self._keys.pop(block_id, None)
-                self._tokens.pop(block_id, None)
-
     def _consume(self) -> None:
+        """Applies finished moves, counts the events, forgets blocks that left."""
         self.manager.poll()
         self._stats.consume(self.events.drain())
+        self._forget_departed()
+
+    def _forget_departed(self) -> None:
+        self._map.forget_absent(self.events.drain_departed(), self.manager.locate)
 
     def _adopt_stored_blocks(self) -> None:
-        """Reopening: every complete block of the NVMe store joins the NVMe tier."""
+        """Reopening: every complete block of a durable medium joins its tier."""
         for tier, medium in enumerate(self._media):
-            if isinstance(medium, NVMeStore):
-                entries = medium.items()
-                ids = [key_to_int(key) for key, _ in entries]
-                self._keys.update(zip(ids, (key for key, _ in entries)))
-                if ids:
-                    self.manager.restore(tier, ids, [slot for _, slot in entries])
-                self.events.drain()  # adoption is not traffic
+            entries = medium.durable_items()
+            ids = [key_to_int(key) for key, _ in entries]
+            self._map.adopt(ids, [key for key, _ in entries])
+            if ids:
+                self.manager.restore(tier, ids, [slot for _, slot in entries])
+        self.events.drain()  # adoption is not traffic
 
     def _check_open(self) -> None:
         if self._closed:
             raise UserError("TieredKVStore: the store is closed")
-
-
-def _check_tiers(tiers: Sequence[TierConfig], path) -> None:
-    names = [t.name for t in tiers]
-    if not tiers or names[0] != "hbm" or names != sorted(names, key=("hbm", "dram", "nvme").index) or len(set(names)) != len(names):
-        raise UserError(f"TieredKVStore: tiers must be hbm[, dram][, nvme] in that order, got {names}")
-    if "nvme" in names and path is None:
-        raise UserError("TieredKVStore: an nvme tier needs path= (the store directory)")
-    if path is not None and os.path.isfile(path):
-        raise UserError(f"TieredKVStore: store path {os.fspath(path)!r} is a file")
-
-
-def _check_online(eviction: str | None, tiers: Sequence[TierConfig]) -> None:
-    """A live store cannot know the future: offline policies (Belady) are refused."""
-    from tiercache.policies import get_eviction
-
-    for name in {eviction} if eviction else {t.eviction for t in tiers}:
-        if get_eviction(name).needs_future:
-            raise UserError(f"TieredKVStore: eviction policy {name!r} needs the future (offline only); use it in tiercache replay")
-
-
-def _open_medium(tier: TierConfig, layout: KVLayout, path, device) -> BlockPool | NVMeStore:
-    if tier.name == "hbm":
-        return hbm_pool(layout, tier.capacity_blocks, device)
-    if tier.name == "dram":
-        return dram_pool(layout, tier.capacity_blocks)
-    return NVMeStore(path, layout, tier.capacity_blocks)

@@ -1,0 +1,195 @@
+"""The manager's two-phase transfer API: blocking and non-blocking moves between tiers.
+
+Every byte movement the manager decides (promotions, prefetches, demotions, write-through
+copies, write-backs) goes through one lifecycle, and nothing outside the manager runs it:
+
+1. ``prepare_move`` pins the sources and reserves destination slots (or returns None and
+   changes nothing);
+2. ``start_move`` submits the plan to the injected engine and returns at once with the plan
+   (its ``job_id`` is the handle: ``wait(job_id)``; a live engine maps it to a CUDA event);
+3. ``poll`` applies every job the engine has finished, ``wait`` applies one, blocking;
+4. ``complete`` unpins the sources and publishes the destination (or releases it on
+   failure). A block is visible in its new tier only after its bytes landed.
+
+The blocking calls are this path plus a wait. ``SimEngine`` drives the same path in a
+replay, so a prefetch measured in simulated time is the prefetch that runs live.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from tiercache.policies.base import NO_NEXT_USE, Hints
+
+from .plans import Ev, JobResult, TransferPlan
+
+__all__ = ["TransferMixin"]
+
+
+class TransferMixin:
+    """Two-phase moves of ``TierManager`` (split out to keep modules small).
+
+    Relies on the manager's ``dirs``, ``policies``, ``engine``, ``events``, ``refs``,
+    ``orphan_refs``, ``write_through``, ``inflight``, ``_plan_hints``, ``_next_job`` and
+    ``_future``. Invariant: every plan in ``inflight`` has its sources pinned and its
+    destination slots reserved; a plan leaves ``inflight`` exactly once, in ``complete``.
+    """
+
+    # -- phase one: plan -----------------------------------------------------------------
+    def prepare_move(self, ids: Sequence[int], src: int, dst: int, keep_source: bool = False) -> TransferPlan | None:
+        """Pins sources in ``src`` and reserves free slots in ``dst``; None changes nothing.
+
+        None when an id is absent from ``src``, already in ``dst``, pinned by another move,
+        repeated, or when ``dst`` has fewer free slots than ids (call ``make_room`` first).
+        """
+        src_dir, dst_dir = self.dirs[src], self.dirs[dst]
+        if keep_source and not self.write_through:
+            return None  # an exclusive hierarchy never holds two copies of a block
+        if src == dst or not ids or len(set(ids)) != len(ids) or dst_dir.n_free < len(ids):
+            return None
+        for block_id in ids:
+            if block_id not in src_dir.slot_of or block_id in dst_dir.slot_of:
+                return None
+            if not keep_source and block_id in src_dir.pins:
+                return None
+        src_dir.pin(ids)
+        dst_slots = np.asarray(dst_dir.reserve(len(ids)), dtype=np.int64)
+        plan = TransferPlan(self._next_job, tuple(ids), src, src_dir.slots(ids), dst, dst_slots, keep_source)
+        self._next_job += 1
+        self.inflight[plan.job_id] = plan
+        return plan
+
+    # -- phase two: run ------------------------------------------------------------------
+    def start_move(self, ids: Sequence[int], src: int, dst: int, keep_source: bool = False,
+                   hints: Hints | None = None) -> TransferPlan | None:
+        """Plans and submits a move without waiting; returns the plan in flight, or None.
+
+        None when no plan could be made (see ``prepare_move``) or the engine refused the
+        submission (then the plan is completed as failed at once: nothing stays pinned).
+        The destination is published by ``poll`` or ``wait`` once the bytes landed.
+        """
+        plan = self.prepare_move(ids, src, dst, keep_source)
+        if plan is None:
+            return None
+        self._plan_hints[plan.job_id] = hints if hints is not None else self._future_hints(ids)
+        try:
+            self.engine.submit(plan)
+        except Exception as exc:  # noqa: BLE001 - a failed submit must not leave the plan pinned
+            self.complete(JobResult(plan.job_id, f"engine failed: {type(exc).__name__}: {exc}"))
+            return None
+        return plan
+
+    def prefetch(self, ids: Sequence[int], dst: int = 0) -> list[TransferPlan]:
+        """Starts bringing resident ids from lower tiers up to ``dst``; returns the plans.
+
+        Room in ``dst`` is made at once (victims demoted as usual, never one of ``ids``);
+        ids already in ``dst`` or above, absent, or already moving are skipped. In an
+        exclusive hierarchy the blocks move; in write-through they are copied up. Until a
+        plan completes, lookups still find its blocks where they were.
+        """
+        plans = []
+        wanted = list(dict.fromkeys(ids))
+        for tier in range(dst + 1, len(self.dirs)):
+            pins, here = self.dirs[tier].pins, self.dirs[tier].slot_of
+            below = [b for b in wanted if b in here and b not in pins and self.locate(b) == tier]
+            if below and self._make_room(dst, len(below), frozenset(below)):
+                plan = self.start_move(below, tier, dst, keep_source=self.write_through)
+                if plan is not None:
+                    plans.append(plan)
+        return plans
+
+    # -- phase three: finish -------------------------------------------------------------
+    def poll(self) -> list[TransferPlan]:
+        """Applies every job the engine has finished (never blocks); returns their plans."""
+        return [self.complete(result) for result in self.engine.poll() if result.job_id in self.inflight]
+
+    def wait(self, job_id: int) -> JobResult | None:
+        """Blocks until ``job_id`` has finished and applies it; returns its result.
+
+        Returns None when the job was already applied (by ``poll`` or an earlier ``wait``):
+        a caller holding a handle never has to know who completed it.
+        """
+        if job_id not in self.inflight:
+            return None
+        try:
+            result = self.engine.wait(job_id)
+        except Exception as exc:  # noqa: BLE001 - an engine error fails the job, not the manager
+            result = JobResult(job_id, f"engine failed: {type(exc).__name__}: {exc}")
+        self.complete(result)
+        return result
+
+    def wait_all(self) -> list[JobResult]:
+        """Waits for and applies every job in flight, oldest first."""
+        results = [self.wait(job_id) for job_id in sorted(self.inflight)]
+        return [r for r in results if r is not None]
+
+    def complete(self, result: JobResult) -> TransferPlan:
+        """Applies a finished job: publishes the destination, or undoes the reservation."""
+        plan = self.inflight.pop(result.job_id)
+        hints = self._plan_hints.pop(plan.job_id, None)
+        src_dir, dst_dir = self.dirs[plan.src_tier], self.dirs[plan.dst_tier]
+        src_dir.unpin(plan.ids)
+        if not result.ok:
+            dst_dir.release(plan.dst_slots)
+            self.events.emit(Ev.TRANSFER_FAILED, plan.src_tier, plan.n_blocks, plan.dst_tier)
+            self._drop_lost(plan.src_tier, [b for b in result.lost if b in src_dir.slot_of and b not in src_dir.pins])
+            return plan
+        if not plan.keep_source:
+            self.policies[plan.src_tier].on_remove(plan.ids)
+            freed = src_dir.remove(plan.ids)
+        dst_dir.publish(plan.ids, plan.dst_slots)
+        self.policies[plan.dst_tier].on_insert(plan.ids, hints)
+        if not plan.keep_source:  # after publishing: the engine may ask where blocks now live
+            self.engine.discard(plan.src_tier, plan.ids, freed)
+        self.events.emit(_move_kind(plan), plan.src_tier, plan.n_blocks, plan.dst_tier)
+        return plan
+
+    # -- the blocking path ---------------------------------------------------------------
+    def move(self, ids: Sequence[int], src: int, dst: int) -> bool:
+        """Moves (exclusive) or copies (write-through) ``ids`` from ``src`` to free slots of
+        ``dst`` and waits for it; False when the plan could not be made or failed."""
+        return self._transfer(ids, src, dst, self.write_through, None)
+
+    def _transfer(self, ids: Sequence[int], src: int, dst: int, keep_source: bool, hints: Hints | None,
+                  started: list | None = None) -> bool:
+        """Starts one plan and, unless ``started`` collects it, waits for it; True on success
+        (for a plan left running: on a successful start)."""
+        plan = self.start_move(ids, src, dst, keep_source, hints)
+        if plan is None:
+            return False
+        if started is not None:
+            started.append(plan)
+            return True
+        return self.wait(plan.job_id).ok
+
+    def _drop_lost(self, tier: int, ids: list[int]) -> None:
+        """Drops blocks whose stored bytes proved unreadable; references on them end too."""
+        if not ids:
+            return
+        for block_id in ids:
+            if block_id in self.refs:  # readers keep their counts: unref still balances
+                self.orphan_refs[block_id] = self.refs.pop(block_id)
+        self.policies[tier].on_remove(ids)
+        self.engine.discard(tier, ids, self.dirs[tier].remove(ids))
+        self.events.emit(Ev.LOST, tier, len(ids))
+        self._report_departed(ids)
+
+    def _future_hints(self, ids: Sequence[int]) -> Hints | None:
+        """Hints for blocks moved between tiers: their known next use, when tracked."""
+        if self._future is None:
+            return None
+        future = self._future
+        return Hints(0, [future.get(b, NO_NEXT_USE) for b in ids], None)
+
+    def _report_departed(self, ids: Sequence[int]) -> None:
+        """Tells the event log which of ``ids`` no tier holds any more (when it listens)."""
+        if self.events.records_departures:
+            self.events.departed([b for b in ids if self.locate(b) is None])
+
+
+def _move_kind(plan: TransferPlan) -> Ev:
+    if plan.keep_source and plan.dst_tier > plan.src_tier:
+        return Ev.COPY
+    return Ev.PROMOTE if plan.dst_tier < plan.src_tier else Ev.DEMOTE

@@ -1,0 +1,201 @@
+"""Copy handlers: one per (source medium, destination medium) pair, registered in one place.
+
+A handler starts the byte movement of one ``TransferPlan`` between two media and returns a
+``Job`` the engine tracks until it settles: an immediate result, a CUDA event, or an I/O
+future plus the function that turns its outcome into a ``JobResult``. Handlers decide
+nothing and never touch metadata.
+
+Adding a medium (a remote store, a quantised pool) is one medium class plus one handler per
+pair it takes part in, registered in ``HANDLERS`` (or with ``register_handler`` from outside
+the package); the engine finds the handler of each tier pair once, when it is built.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Callable, Protocol, Sequence
+
+import numpy as np
+import torch
+
+from tiercache.core.plans import JobResult, TransferPlan
+
+from .nvme import NVMeStore, PutResult
+from .pools import BlockPool
+
+__all__ = ["Job", "CopyContext", "CopyHandler", "HANDLERS", "register_handler", "handler_for"]
+
+
+@dataclass
+class Job:
+    """One submitted plan, settled exactly once by the engine.
+
+    Exactly one of ``result`` (finished at submission), ``event`` (a CUDA copy; done when
+    the event is) or ``future`` (NVMe I/O; ``finish`` maps its outcome to a result) is set.
+    """
+
+    plan: TransferPlan
+    result: JobResult | None = None
+    event: object | None = None
+    future: Future | None = None
+    finish: Callable[[object], JobResult] | None = None
+
+
+@dataclass
+class CopyContext:
+    """What handlers share, owned by the engine.
+
+    Attributes:
+        key_of: the content key of a block id (for keyed media such as NVMe).
+        h2d_stream: CUDA copy stream towards the GPU (None without CUDA).
+        d2h_stream: CUDA copy stream from the GPU (None without CUDA).
+        staging: pinned host blocks that GPU <-> NVMe copies pass through (None without CUDA).
+        settle_all: finishes every job in flight (before staging is reused).
+    """
+
+    key_of: Callable[[int], bytes]
+    h2d_stream: object | None
+    d2h_stream: object | None
+    staging: BlockPool | None
+    settle_all: Callable[[], None]
+
+    def keys(self, ids: Sequence[int]) -> list[bytes]:
+        """Content keys of ``ids``, in order."""
+        return [self.key_of(block_id) for block_id in ids]
+
+    def pieces(self, n: int) -> list[tuple[int, int]]:
+        """Staging-sized ``(start, count)`` pieces of an n-block job; settles every job in
+        flight first, so none still reads the staging pool when it is reused."""
+        self.settle_all()
+        step = self.staging.capacity
+        return [(a, min(step, n - a)) for a in range(0, n, step)]
+
+
+class CopyHandler(Protocol):
+    """Starts one plan's copy between two given media."""
+
+    def start(self, plan: TransferPlan, src, dst, ctx: CopyContext) -> Job:
+        """Starts copying ``plan.ids`` from ``src`` slots to ``dst`` slots; never blocks
+        longer than the medium requires (CPU pool copies finish inline)."""
+
+
+class PoolToPool:
+    """HBM <-> DRAM: a CUDA copy stream with one event per job, or an inline host copy."""
+
+    def start(self, plan: TransferPlan, src: BlockPool, dst: BlockPool, ctx: CopyContext) -> Job:
+        if ctx.h2d_stream is None:
+            src.copy_to(dst, plan.src_slots, plan.dst_slots, non_blocking=False)
+            return Job(plan, result=JobResult(plan.job_id))
+        stream = ctx.h2d_stream if dst.device.type == "cuda" else ctx.d2h_stream
+        # The copy stream must see every write the compute stream queued into the source
+        # slots (a fill or a kernel); without this wait it could copy stale bytes.
+        stream.wait_stream(torch.cuda.current_stream(stream.device))
+        with torch.cuda.stream(stream):
+            src.copy_to(dst, plan.src_slots, plan.dst_slots, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(stream)
+        return Job(plan, event=event)
+
+
+class PoolToStore:
+    """HBM or DRAM -> NVMe: I/O threads write the pool's slot views (host pools), or the
+    blocks pass through the pinned staging pool piece by piece (GPU pools)."""
+
+    def start(self, plan: TransferPlan, src: BlockPool, store: NVMeStore, ctx: CopyContext) -> Job:
+        keys = ctx.keys(plan.ids)
+        if src.device.type != "cpu":
+            return Job(plan, result=_staged_put(plan, keys, src, store, ctx))
+        views = [src.view(int(slot)) for slot in plan.src_slots]
+        future = store.submit_put(keys, views, slots=plan.dst_slots.tolist())
+        return Job(plan, future=future, finish=lambda outcome: _write_result(plan, store, outcome))
+
+
+class StoreToPool:
+    """NVMe -> HBM or DRAM: I/O threads read into the pool's slot views (host pools), or
+    through the pinned staging pool (GPU pools). Unreadable blocks are reported lost."""
+
+    def start(self, plan: TransferPlan, store: NVMeStore, dst: BlockPool, ctx: CopyContext) -> Job:
+        keys = ctx.keys(plan.ids)
+        if dst.device.type != "cpu":
+            return Job(plan, result=_staged_get(plan, keys, store, dst, ctx))
+        views = [dst.view(int(slot)) for slot in plan.dst_slots]
+        return Job(plan, future=store.submit_get(keys, views), finish=lambda hits: _read_result(plan, hits))
+
+
+def _write_result(plan: TransferPlan, store: NVMeStore, outcome: list[PutResult]) -> JobResult:
+    """A write job's result. The plan fails as a whole: the blocks that did land are taken
+    back, so no store entry outlives the manager's decision that these slots stay free."""
+    failed = [r for r in outcome if not r.ok]
+    if not failed:
+        return JobResult(plan.job_id)
+    store.delete([r.key for r in outcome if r.ok])
+    return JobResult(plan.job_id, f"write failed: {failed[0].error}")
+
+
+def _read_result(plan: TransferPlan, hits: np.ndarray) -> JobResult:
+    """A read job's result from its hit mask; unreadable sources are ``lost``."""
+    lost = tuple(b for b, ok in zip(plan.ids, hits.tolist()) if not ok)
+    if lost:
+        return JobResult(plan.job_id, f"{len(lost)} block(s) unreadable (corrupt or missing)", lost)
+    return JobResult(plan.job_id)
+
+
+def _staged_put(plan: TransferPlan, keys: list[bytes], src: BlockPool, store: NVMeStore, ctx: CopyContext) -> JobResult:
+    """GPU -> NVMe through the pinned staging pool, one staging-sized piece at a time."""
+    staging = ctx.staging
+    for a, n in ctx.pieces(len(keys)):
+        src.copy_to(staging, plan.src_slots[a : a + n], np.arange(n), non_blocking=False)
+        results = store.put(keys[a : a + n], [staging.view(i) for i in range(n)], slots=plan.dst_slots[a : a + n].tolist())
+        failed = [r for r in results if not r.ok]
+        if failed:  # the plan fails whole: take back what landed
+            store.delete(keys[:a] + [r.key for r in results if r.ok])
+            return JobResult(plan.job_id, f"write failed: {failed[0].error}")
+    return JobResult(plan.job_id)
+
+
+def _staged_get(plan: TransferPlan, keys: list[bytes], store: NVMeStore, dst: BlockPool, ctx: CopyContext) -> JobResult:
+    """NVMe -> GPU through the pinned staging pool; unreadable blocks are reported lost."""
+    staging, lost = ctx.staging, []
+    for a, n in ctx.pieces(len(keys)):
+        hits = store.get(keys[a : a + n], [staging.view(i) for i in range(n)])
+        lost.extend(b for b, ok in zip(plan.ids[a : a + n], hits.tolist()) if not ok)
+        if not lost:
+            staging.copy_to(dst, np.arange(n), plan.dst_slots[a : a + n], non_blocking=False)
+    if lost:
+        return JobResult(plan.job_id, f"{len(lost)} block(s) unreadable (corrupt or missing)", tuple(lost))
+    return JobResult(plan.job_id)
+
+
+#: The one registry: (source medium class, destination medium class) -> handler.
+HANDLERS: dict[tuple[type, type], CopyHandler] = {
+    (BlockPool, BlockPool): PoolToPool(),
+    (BlockPool, NVMeStore): PoolToStore(),
+    (NVMeStore, BlockPool): StoreToPool(),
+}
+
+
+def register_handler(src_type: type, dst_type: type, handler: CopyHandler) -> None:
+    """Registers the handler of a new (source, destination) medium pair.
+
+    Raises:
+        ValueError: the pair already has a handler.
+    """
+    if (src_type, dst_type) in HANDLERS:
+        raise ValueError(f"copy handler for {src_type.__name__} -> {dst_type.__name__} is already registered")
+    HANDLERS[(src_type, dst_type)] = handler
+
+
+def handler_for(src: object, dst: object) -> CopyHandler:
+    """The handler registered for the media's classes (or their nearest base classes).
+
+    Raises:
+        TypeError: no handler moves bytes between these media; the message lists the pairs.
+    """
+    for src_type in type(src).__mro__:
+        for dst_type in type(dst).__mro__:
+            handler = HANDLERS.get((src_type, dst_type))
+            if handler is not None:
+                return handler
+    known = ", ".join(f"{a.__name__}->{b.__name__}" for a, b in HANDLERS)
+    raise TypeError(f"no copy handler for {type(src).__name__} -> {type(dst).__name__}; registered: {known}")

@@ -1,0 +1,77 @@
+"""The live store's identity map: content keys (and token ids) of the blocks it holds.
+
+The manager names blocks by the 63-bit id of their 16-byte content key (``key_to_int``);
+this map keeps the full key of every resident id, so a lookup compares whole keys and two
+keys sharing an id are never confused (the second is refused and counted), and the token
+ids of blocks stored with ``put_tokens``, so a prefix hit is confirmed by tokens.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+
+from tiercache.errors import UserError
+from tiercache.keys import key_to_int
+
+__all__ = ["KeyMap"]
+
+
+class KeyMap:
+    """Keys and tokens by manager id.
+
+    Invariants (``check``): ``keys`` holds exactly the resident ids (an id is registered
+    just before its block is placed and forgotten once no tier holds it); ``tokens`` holds
+    a subset of them; ``key_to_int(keys[i]) == i``.
+    """
+
+    def __init__(self) -> None:
+        self.keys: dict[int, bytes] = {}
+        self.tokens: dict[int, np.ndarray] = {}
+        self.collisions = 0
+
+    def key_of(self, block_id: int) -> bytes:
+        """The full key of a registered id; raises KeyError for an unknown one."""
+        return self.keys[block_id]
+
+    def ids(self, keys: Sequence[bytes], register: bool) -> list[int | None]:
+        """Manager ids of ``keys``; None for a key whose id belongs to another key.
+
+        With ``register`` unknown keys are recorded (the caller is about to place them and
+        must ``forget_absent`` whatever it did not place).
+
+        Raises:
+            UserError: a key is not ``bytes``.
+        """
+        ids: list[int | None] = []
+        for key in keys:
+            if not isinstance(key, bytes):
+                raise UserError(f"TieredKVStore: keys must be bytes, got {type(key).__name__}")
+            block_id = key_to_int(key)
+            known = self.keys.get(block_id)
+            if known is None and register:
+                self.keys[block_id] = key
+            elif known is not None and known != key:
+                self.collisions += 1
+                block_id = None
+            ids.append(block_id)
+        return ids
+
+    def adopt(self, ids: Sequence[int], keys: Sequence[bytes]) -> None:
+        """Records the keys of blocks adopted from a durable tier on reopen."""
+        self.keys.update(zip(ids, keys))
+
+    def forget_absent(self, ids: Iterable[int], locate: Callable[[int], int | None]) -> None:
+        """Drops the entries of ``ids`` that no tier holds (refused, failed, or departed)."""
+        for block_id in ids:
+            if locate(block_id) is None:
+                self.keys.pop(block_id, None)
+                self.tokens.pop(block_id, None)
+
+    def check(self, resident: set[int]) -> None:
+        """Asserts the map holds exactly the resident ids (see the class invariants)."""
+        assert set(self.keys) == resident, (
+            f"key map holds {len(set(self.keys) - resident)} non-resident id(s) and misses {len(resident - set(self.keys))}")
+        assert set(self.tokens) <= resident, "token ids kept for a block no tier holds"
+        assert all(key_to_int(key) == block_id for block_id, key in self.keys.items()), "key filed under a wrong id"
