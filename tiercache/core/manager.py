@@ -103,6 +103,7 @@ class TierManager(TransferMixin):
         # References held on blocks that were lost (unreadable) while referenced.
         self.orphan_refs: dict[int, int] = {}
         self.inflight: dict[int, TransferPlan] = {}
+        self._running: set[int] = set()  # in-flight jobs this manager submitted (start_move)
         self._plan_hints: dict[int, Hints | None] = {}
         self._next_job = 0
         self._no_extra: frozenset = frozenset()
@@ -264,7 +265,7 @@ class TierManager(TransferMixin):
             hints = None if hints is None else _pick(hints, keep)
         for a, b in self._insert_chunks(0, len(ids)):
             chunk = ids[a:b]
-            if not self._make_room(0, len(chunk), self._no_extra):
+            if not self._room_after_moves(0, len(chunk), self._no_extra):
                 self.events.emit(Ev.REFUSED, 0, len(chunk))  # everything pinned: not stored
                 continue
             self._fill_and_publish(chunk, _slice(hints, a, b))
@@ -331,6 +332,17 @@ class TierManager(TransferMixin):
             self._demote(tier, victims, protected)
         return True
 
+    def _room_after_moves(self, tier: int, n: int, protected) -> bool:
+        """``_make_room``, and if that fails while moves into or out of ``tier`` are in
+        flight (their slots are reserved or pinned), waits for those moves and tries again.
+        Nothing is in flight in a replay, so this never changes a replay's decisions."""
+        if self._make_room(tier, n, protected):
+            return True
+        moving = [j for j in sorted(self._running) if tier in (self.inflight[j].src_tier, self.inflight[j].dst_tier)]
+        for job_id in moving:
+            self.wait(job_id)
+        return bool(moving) and self._make_room(tier, n, protected)
+
     def _drop(self, tier: int, ids: Sequence[int]) -> None:
         self.policies[tier].on_remove(ids)
         self.engine.discard(tier, ids, self.dirs[tier].remove(ids))
@@ -363,7 +375,7 @@ class TierManager(TransferMixin):
         """
         self.policies[tier].on_access(ids, hints)
         guard_ids = frozenset(ids)
-        moved = self._make_room(0, len(ids), guard_ids) and self._transfer(ids, tier, 0, self.write_through, hints, started)
+        moved = self._room_after_moves(0, len(ids), guard_ids) and self._transfer(ids, tier, 0, self.write_through, hints, started)
         if moved:
             return []
         self.events.emit(Ev.PROMOTE_SKIPPED, tier, len(ids))
@@ -408,6 +420,7 @@ class TierManager(TransferMixin):
             assert count > 0 and self.locate(block_id) is None, f"bad orphan reference on {block_id}"
         for plan in self.inflight.values():
             assert all(b in self.dirs[plan.src_tier].pins for b in plan.ids), "in-flight source not pinned"
+        assert self._running <= set(self.inflight), "a running job is not in flight"
 
 
 def _distinct_prefix(ids: Sequence[int], a: int, b: int) -> int:

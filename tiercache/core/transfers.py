@@ -32,9 +32,11 @@ class TransferMixin:
     """Two-phase moves of ``TierManager`` (split out to keep modules small).
 
     Relies on the manager's ``dirs``, ``policies``, ``engine``, ``events``, ``refs``,
-    ``orphan_refs``, ``write_through``, ``inflight``, ``_plan_hints``, ``_next_job`` and
-    ``_future``. Invariant: every plan in ``inflight`` has its sources pinned and its
-    destination slots reserved; a plan leaves ``inflight`` exactly once, in ``complete``.
+    ``orphan_refs``, ``write_through``, ``inflight``, ``_running``, ``_plan_hints``,
+    ``_next_job`` and ``_future``. Invariants: every plan in ``inflight`` has its sources
+    pinned and its destination slots reserved; a plan leaves ``inflight`` exactly once, in
+    ``complete``; ``_running`` (the jobs ``start_move`` submitted, the only ones the manager
+    waits for itself) is a subset of ``inflight``.
     """
 
     # -- phase one: plan -----------------------------------------------------------------
@@ -79,6 +81,7 @@ class TransferMixin:
         except Exception as exc:  # noqa: BLE001 - a failed submit must not leave the plan pinned
             self.complete(JobResult(plan.job_id, f"engine failed: {type(exc).__name__}: {exc}"))
             return None
+        self._running.add(plan.job_id)
         return plan
 
     def prefetch(self, ids: Sequence[int], dst: int = 0) -> list[TransferPlan]:
@@ -110,9 +113,15 @@ class TransferMixin:
 
         Returns None when the job was already applied (by ``poll`` or an earlier ``wait``):
         a caller holding a handle never has to know who completed it.
+
+        Raises:
+            KeyError: the job was prepared (``prepare_move``) but not started by
+                ``start_move``: whoever prepared it submits and completes it.
         """
         if job_id not in self.inflight:
             return None
+        if job_id not in self._running:
+            raise KeyError(f"job {job_id} was prepared but not started by the manager (use start_move)")
         try:
             result = self.engine.wait(job_id)
         except Exception as exc:  # noqa: BLE001 - an engine error fails the job, not the manager
@@ -121,13 +130,14 @@ class TransferMixin:
         return result
 
     def wait_all(self) -> list[JobResult]:
-        """Waits for and applies every job in flight, oldest first."""
-        results = [self.wait(job_id) for job_id in sorted(self.inflight)]
+        """Waits for and applies every job this manager started, oldest first."""
+        results = [self.wait(job_id) for job_id in sorted(self._running)]
         return [r for r in results if r is not None]
 
     def complete(self, result: JobResult) -> TransferPlan:
         """Applies a finished job: publishes the destination, or undoes the reservation."""
         plan = self.inflight.pop(result.job_id)
+        self._running.discard(plan.job_id)
         hints = self._plan_hints.pop(plan.job_id, None)
         src_dir, dst_dir = self.dirs[plan.src_tier], self.dirs[plan.dst_tier]
         src_dir.unpin(plan.ids)

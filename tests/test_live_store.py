@@ -1,0 +1,218 @@
+"""The live layer: handles of moves in flight, the key map invariant, copy handlers, rollbacks.
+
+Fault injection and exact scenarios for what the architecture step changed: the store runs
+no plan lifecycle of its own, keeps keys of exactly the resident blocks, publishes only what
+landed, and moves bytes through one registered handler per medium pair.
+"""
+
+from __future__ import annotations
+
+import errno
+
+import numpy as np
+import pytest
+import torch
+
+from tiercache.config import KVLayout, TierConfig
+from tiercache.core.plans import TransferPlan
+from tiercache.data.engine import LocalEngine
+from tiercache.data.handlers import HANDLERS, Job, handler_for, register_handler
+from tiercache.data.nvme import NVMeStore
+from tiercache.data.pools import BlockPool, dram_pool
+from tiercache.core.plans import JobResult
+from tiercache.live.store import Pending, TieredKVStore
+
+LAYOUT = KVLayout(layers=2, kv_heads=2, head_dim=8, dtype="float16", block_tokens=4)
+
+
+def tiers(hbm=2, dram=3, nvme=40):
+    return [TierConfig("hbm", hbm), TierConfig("dram", dram), TierConfig("nvme", nvme)]
+
+
+def key(i: int) -> bytes:
+    return i.to_bytes(16, "little")
+
+
+def blocks(n: int, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn((n, *LAYOUT.block_shape), generator=gen).to(torch.float16)
+
+
+# -- handles of moves in flight --------------------------------------------------------------
+def test_prefetch_then_any_other_call_then_get_and_close(tmp_path):
+    """Whoever completes a prefetch (stats, put, poll), the handle never dangles."""
+    data = blocks(8, 1)
+    path = tmp_path / "nvme"
+    store = TieredKVStore(LAYOUT, tiers(hbm=2, dram=2), path=path)
+    store.put([key(i) for i in range(6)], data[:6])
+    pending = store.prefetch([key(0), key(1)])
+    assert isinstance(pending, Pending) and pending.blocks == 2 and len(pending.events) == len(pending.job_ids)
+    store.stats()
+    store.put([key(6), key(7)], data[6:])  # completes the prefetch as a side effect
+    store.wait(pending)  # no-op now: already completed through the manager
+    for i in range(8):
+        assert torch.equal(store.get([key(i)])[0], data[i]), i
+    store.check_invariants()
+    assert store.close() >= 0
+    with TieredKVStore(LAYOUT, tiers(hbm=2, dram=2), path=path) as again:
+        assert again.lookup([key(i) for i in range(8)])[0] == 8
+
+
+def test_access_can_return_with_promotions_in_flight(tmp_path):
+    data = blocks(6, 2)
+    with TieredKVStore(LAYOUT, tiers(hbm=2, dram=2), path=tmp_path / "nvme") as store:
+        keys = [key(i) for i in range(6)]
+        store.access(keys, data)
+        assert store.lookup([key(0)])[1] == ["nvme"]
+        pending = store.access([key(0)], data[:1], wait=False)
+        assert pending and pending.blocks == 1
+        store.check_invariants()
+        store.wait(pending)
+        assert store.lookup([key(0)])[1] == ["hbm"]
+        assert not store.access([key(0)], data[:1], wait=False)  # an HBM hit moves nothing
+        assert torch.equal(store.get([key(0)])[0], data[0])
+
+
+# -- publish only what landed ------------------------------------------------------------------
+def test_a_put_whose_copy_fails_leaves_no_trace(tmp_path):
+    """A meta-device tensor passes the shape and dtype checks and fails in the copy."""
+    path = tmp_path / "nvme"
+    store = TieredKVStore(LAYOUT, tiers(), path=path)
+    data = blocks(4, 3)
+    store.put([key(i) for i in range(4)], data)
+    bad = torch.empty((2, *LAYOUT.block_shape), dtype=torch.float16, device="meta")
+    with pytest.raises(Exception):
+        store.put([key(10), key(11)], bad)
+    assert store.lookup([key(10), key(11)])[1] == [None, None]
+    store.check_invariants()
+    store.close()  # HBM and DRAM blocks persisted to NVMe despite the failed put
+    with TieredKVStore(LAYOUT, tiers(), path=path) as again:
+        for i in range(4):
+            assert torch.equal(again.get([key(i)])[0], data[i])
+
+
+def test_an_interrupt_inside_the_copy_undoes_the_placement(tmp_path, monkeypatch):
+    store = TieredKVStore(LAYOUT, tiers(), path=tmp_path / "nvme")
+    store.put([key(0)], blocks(1, 4))
+
+    def interrupted(slots, blocks, non_blocking=False):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(store._media[0], "write", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        store.put([key(1), key(2)], blocks(2, 5))
+    monkeypatch.undo()
+    assert store.lookup([key(1), key(2)])[1] == [None, None]
+    store.check_invariants()
+    store.put([key(1)], blocks(1, 6))
+    store.check_invariants()
+    store.close()
+
+
+def test_close_flushes_what_it_can_then_raises(tmp_path, monkeypatch):
+    path = tmp_path / "nvme"
+    store = TieredKVStore(LAYOUT, tiers(hbm=1, dram=1), path=path)
+    data = blocks(6, 7)
+    store.put([key(i) for i in range(6)], data)
+
+    def broken():
+        raise RuntimeError("persist failed")
+
+    monkeypatch.setattr(store, "_persist", broken)
+    with pytest.raises(RuntimeError, match="persist failed"):
+        store.close()
+    with TieredKVStore(LAYOUT, tiers(hbm=1, dram=1), path=path) as again:
+        assert again.lookup([key(i) for i in range(4)])[0] == 4  # the NVMe blocks were flushed
+
+
+# -- the key map equals the resident blocks ----------------------------------------------------
+def test_keys_of_blocks_that_left_the_hierarchy_are_forgotten(tmp_path):
+    with TieredKVStore(LAYOUT, tiers(hbm=2, dram=2, nvme=4), path=tmp_path / "nvme") as store:
+        for start in range(0, 40, 4):
+            store.put([key(i) for i in range(start, start + 4)], blocks(4, start))
+            store.check_invariants()
+        resident = sum(len(d) for d in store.manager.dirs)
+        assert len(store._map.keys) == resident == 8
+
+
+def test_the_invariant_catches_a_store_that_stops_forgetting(tmp_path, monkeypatch):
+    with TieredKVStore(LAYOUT, tiers(hbm=2, dram=2, nvme=4), path=tmp_path / "nvme") as store:
+        monkeypatch.setattr(store, "_forget_departed", lambda: None)
+        for start in range(0, 20, 4):
+            store.put([key(i) for i in range(start, start + 4)], blocks(4, start))
+        with pytest.raises(AssertionError, match="non-resident"):
+            store.check_invariants()
+
+
+# -- copy handlers -----------------------------------------------------------------------------
+def test_every_medium_pair_of_a_store_has_one_registered_handler(tmp_path):
+    pool = dram_pool(LAYOUT, 2)
+    with NVMeStore(tmp_path / "s", LAYOUT, 2) as nvme:
+        assert type(handler_for(pool, pool)) is type(HANDLERS[(BlockPool, BlockPool)])
+        assert type(handler_for(pool, nvme)) is type(HANDLERS[(BlockPool, NVMeStore)])
+        assert type(handler_for(nvme, pool)) is type(HANDLERS[(NVMeStore, BlockPool)])
+        with pytest.raises(TypeError, match="no copy handler for NVMeStore -> NVMeStore"):
+            handler_for(nvme, nvme)
+
+
+class DictMedium:
+    """A toy medium (bytes kept in a dict by key): what a new tier has to provide."""
+
+    keyed = True
+
+    def __init__(self):
+        self.blocks: dict[bytes, torch.Tensor] = {}
+
+    def forget(self, keys):
+        for k in keys:
+            self.blocks.pop(k, None)
+
+
+class PoolToDict:
+    def start(self, plan, src, dst, ctx):
+        for block_id, slot in zip(plan.ids, plan.src_slots):
+            dst.blocks[ctx.key_of(block_id)] = src.view(int(slot)).clone()
+        return Job(plan, result=JobResult(plan.job_id))
+
+
+def test_a_new_medium_is_one_class_plus_one_registration(monkeypatch):
+    monkeypatch.setattr("tiercache.data.handlers.HANDLERS", dict(HANDLERS))
+    register_handler(BlockPool, DictMedium, PoolToDict())
+    with pytest.raises(ValueError, match="already registered"):
+        register_handler(BlockPool, DictMedium, PoolToDict())
+    pool, medium = dram_pool(LAYOUT, 2), DictMedium()
+    data = blocks(2, 8)
+    pool.write([0, 1], data)
+    engine = LocalEngine([pool, medium], {7: key(7), 8: key(8)}.__getitem__)
+    engine.submit(TransferPlan(0, (7, 8), 0, np.array([0, 1]), 1, np.array([0, 1])))
+    assert engine.wait(0).ok
+    assert torch.equal(medium.blocks[key(8)], data[1])
+    engine.discard(1, [7], [0])
+    assert list(medium.blocks) == [key(8)]
+
+
+def test_a_partly_landed_nvme_write_is_rolled_back(tmp_path):
+    """One chunk of a 4-block write-back fails: the plan fails whole, and the three chunks
+    that did land are deleted, so no store entry outlives the manager's decision."""
+    pool = dram_pool(LAYOUT, 4)
+    data = blocks(4, 9)
+    pool.write([0, 1, 2, 3], data)
+    keys = {i: key(i) for i in range(4)}
+    store = NVMeStore(tmp_path / "s", LAYOUT, 8)
+    original = store._write_chunk
+
+    def failing(slot, gen, payload):
+        if slot == 5:
+            raise OSError(errno.ENOSPC, "No space left on device (injected)")
+        return original(slot, gen, payload)
+
+    store._write_chunk = failing
+    engine = LocalEngine([pool, store], keys.__getitem__)
+    engine.submit(TransferPlan(0, (0, 1, 2, 3), 0, np.arange(4), 1, np.array([3, 4, 5, 6])))
+    result = engine.wait(0)
+    assert not result.ok and "write failed" in result.error
+    assert not any(store.contains(k) for k in keys.values())
+    store.flush()
+    store.close()
+    with NVMeStore(tmp_path / "s", LAYOUT) as reopened:
+        assert len(reopened) == 0 and reopened.stats["failed_writes"] == 0
