@@ -61,9 +61,6 @@ GPU_MODULES = frozenset({"torch", "cupy"})
 # (importing module, imported module prefix) -> where it is going.
 TEMPORARY_EXCEPTIONS: dict[tuple[str, str], str] = {
     ("tiercache.data.bench_cli", "tiercache.sim.hardware"): "bench_cli moves to tiercache/bench/ (bench -> sim.hardware)",
-    ("tiercache.data.store", "tiercache.core.manager"): "store.py moves to tiercache/live/",
-    ("tiercache.data.store", "tiercache.core.stats"): "store.py moves to tiercache/live/",
-    ("tiercache.data.store", "tiercache.policies"): "store.py moves to tiercache/live/",
     ("tiercache.report.cli", "tiercache.sim.replay_cli"): "report/cli.py and sim/replay_cli.py move to tiercache/cli/",
 }
 
