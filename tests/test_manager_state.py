@@ -19,7 +19,8 @@ POLICIES = sorted(p for p in EVICTION if p != "belady")
 
 
 class ManagerMachine(RuleBasedStateMachine):
-    """Drives insert/access/ref/unref/evict/make_room/transfer/complete in random order."""
+    """Drives insert/access/ref/unref/evict/make_room/transfer/complete, and the non-blocking
+    path (prefetch, access without waiting, poll/wait_all), in random order."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -55,6 +56,28 @@ class ManagerMachine(RuleBasedStateMachine):
     @rule(ids=st.lists(IDS, min_size=1, max_size=4, unique=True))
     def access_recompute(self, ids):
         self.manager.access(ids, count_hits=False)
+
+    @precondition(_ready)
+    @rule(ids=st.lists(IDS, min_size=1, max_size=6))
+    def prefetch(self, ids):
+        """Starts moves up to the top and leaves them in flight (the non-blocking path)."""
+        for plan in self.manager.prefetch(ids):
+            assert plan.dst_tier == 0 and plan.job_id in self.manager.inflight
+
+    @precondition(_ready)
+    @rule(ids=st.lists(IDS, min_size=1, max_size=6))
+    def access_in_flight(self, ids):
+        for plan in self.manager.access(ids, wait=False):
+            assert plan.job_id in self.manager.inflight or self.manager.wait(plan.job_id) is None
+
+    @precondition(_ready)
+    @rule(block_all=st.booleans())
+    def settle(self, block_all):
+        """Completes started moves: whatever the engine finished, or all of them."""
+        if block_all:
+            self.manager.wait_all()
+        else:
+            self.manager.poll()
 
     @precondition(_ready)
     @rule(block=IDS)

@@ -209,6 +209,10 @@ def test_threads_putting_and_getting_shared_and_distinct_keys(tmp_path):
                     i %= 64
                     store.put([key(i)], data[i : i + 1])
                     touched.add(i)
+                    if rng.random() < 0.3:  # a serving loop prefetching the next request
+                        store.prefetch([key(int(j)) for j in rng.integers(0, 64, size=3)])
+                    if rng.random() < 0.1:
+                        store.stats()
                     assert torch.equal(store.get([key(i)])[0], data[i])
             except BaseException as exc:  # noqa: BLE001 - collected for the main thread
                 errors.append(exc)

@@ -43,8 +43,9 @@ class TransferMixin:
     def prepare_move(self, ids: Sequence[int], src: int, dst: int, keep_source: bool = False) -> TransferPlan | None:
         """Pins sources in ``src`` and reserves free slots in ``dst``; None changes nothing.
 
-        None when an id is absent from ``src``, already in ``dst``, pinned by another move,
-        repeated, or when ``dst`` has fewer free slots than ids (call ``make_room`` first).
+        None when an id is absent from ``src``, already in ``dst`` or on its way there, pinned
+        by another move, repeated, or when ``dst`` has fewer free slots than ids (call
+        ``make_room`` first).
         """
         src_dir, dst_dir = self.dirs[src], self.dirs[dst]
         if keep_source and not self.write_through:
@@ -56,12 +57,19 @@ class TransferMixin:
                 return None
             if not keep_source and block_id in src_dir.pins:
                 return None
+        if self.inflight and self._arriving(ids, dst):
+            return None  # a copy of one of them is already on its way there
         src_dir.pin(ids)
         dst_slots = np.asarray(dst_dir.reserve(len(ids)), dtype=np.int64)
         plan = TransferPlan(self._next_job, tuple(ids), src, src_dir.slots(ids), dst, dst_slots, keep_source)
         self._next_job += 1
         self.inflight[plan.job_id] = plan
         return plan
+
+    def _arriving(self, ids: Sequence[int], dst: int) -> bool:
+        """True when an in-flight plan is already bringing one of ``ids`` into ``dst``."""
+        wanted = set(ids)
+        return any(plan.dst_tier == dst and not wanted.isdisjoint(plan.ids) for plan in self.inflight.values())
 
     # -- phase two: run ------------------------------------------------------------------
     def start_move(self, ids: Sequence[int], src: int, dst: int, keep_source: bool = False,

@@ -30,9 +30,7 @@ class LocalEngine:
     """Moves blocks between media (``BlockPool`` tiers, an ``NVMeStore`` tier, ...).
 
     Args:
-        tiers: one medium per tier, fastest first. A medium offers ``write`` (new blocks
-            into slots), ``forget`` (keys that left it), and ``keyed`` (True when it names
-            blocks by content key, so ``forget`` needs keys).
+        tiers: one medium (``media.Medium``) per tier, fastest first.
         key_of: the content key of a block id (read-only view of the store's key map).
         max_inflight: jobs running at once before ``submit`` settles the oldest.
         staging_blocks: pinned host blocks used to move GPU blocks to and from NVMe.

@@ -26,7 +26,6 @@ from __future__ import annotations
 import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -38,6 +37,7 @@ from . import chunkio
 from .buffers import PAGE, HostBytes, aligned_tensor, block_list, byte_array, is_aligned, round_up, torch_dtype
 from .iojobs import run_batch
 from .nvme_index import Entry, IndexFiles, SlotTable, sweep_directory
+from .nvme_results import PutResult, StoreFullError
 
 __all__ = ["NVMeStore", "PutResult", "StoreFullError"]
 
@@ -46,24 +46,6 @@ _STAT_NAMES = (
     "puts", "failed_writes", "gets", "hits", "misses", "corrupt_reads", "read_errors", "deletes",
     "flushes", "failed_flushes", "bytes_written", "bytes_read", "garbage_removed", "recovered_dropped",
 )
-
-
-class StoreFullError(UserError):
-    """A put asked for more free slots than the store has; the manager evicts first."""
-
-
-@dataclass(frozen=True)
-class PutResult:
-    """Outcome of writing one block: its slot, or the OSError that kept it out of the store."""
-
-    key: bytes
-    slot: int | None
-    error: OSError | None = None
-
-    @property
-    def ok(self) -> bool:
-        """True when the block was written and published."""
-        return self.error is None
 
 
 class NVMeStore:
@@ -404,30 +386,17 @@ class NVMeStore:
         with self._lock:
             return self._table.items()
 
-    # ----- the medium interface (shared with the pools) ---------------------------------
+    # ----- the medium interface (``media.Medium``, shared with the pools) ---------------
 
-    #: Blocks are named by content key: the engine passes keys to ``forget``.
-    keyed = True
-
-    def forget(self, keys: Sequence[bytes]) -> None:
-        """Deletes the blocks of ``keys`` (they left this tier)."""
-        self.delete(list(keys))
+    keyed = True  # blocks are named by content key: ``forget`` receives keys
 
     def read_block(self, slot: int, key: bytes, dest: torch.Tensor) -> None:
-        """Reads the block stored under ``key`` into ``dest`` (any device).
-
-        Raises:
-            KeyError: the block is absent or its chunk proved unreadable (never served).
-        """
+        """Reads ``key``'s block into ``dest`` (any device); KeyError if absent or unreadable."""
         host = dest if dest.device.type == "cpu" else torch.empty_like(dest, device="cpu")
         if not self.get([key], [host])[0]:
             raise KeyError(f"key {key.hex()} is stored but unreadable (corrupt chunk)")
         if host is not dest:
             dest.copy_(host)
-
-    def durable_items(self) -> list[tuple[bytes, int]]:
-        """``(key, slot)`` of every complete block: what a reopened store adopts."""
-        return self.items()
 
     def delete(self, keys: Sequence[bytes]) -> int:
         """Removes keys (absent ones are ignored); returns how many were stored.
@@ -440,6 +409,9 @@ class NVMeStore:
             removed = sum(self._table.delete(k) for k in keys)
             self.stats["deletes"] += removed
         return removed
+
+    forget = delete  # blocks that left this tier are deleted
+    durable_items = items  # what a reopened store adopts
 
     def flush(self) -> None:
         """Makes every completed put and delete durable.

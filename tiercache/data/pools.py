@@ -225,7 +225,7 @@ class BlockPool:
             raise UserError(f"BlockPool.copy_to: {src.size} source slots but {dst_array.size} destination slots")
         _copy(dst.tensor, self.tensor, copy_runs(src, dst_array), self.block_bytes, non_blocking)
 
-    # -- the medium interface (what the engine and the live store ask of every tier) ------
+    # -- the medium interface (``media.Medium``: what the engine and the store ask) -------
     #: A pool names nothing: the manager's directory says which block a slot holds.
     keyed = False
 
