@@ -130,13 +130,13 @@ def test_failed_transfer_leaves_block_where_it_was():
     m.check_invariants()
 
 
-def test_failed_demotion_drops_cleanly():
+def test_failed_demotion_keeps_the_victim_and_refuses_the_newcomer():
     engine = ImmediateEngine()
     m = manager([1, 1], engine=engine)
     m.access([1])
     engine.fail_next = 1
-    m.access([2])  # demotion of 1 fails: 1 leaves the hierarchy, never half-published
-    assert contents(m) == [[2], []]
+    m.access([2])  # demotion of 1 fails: 1 stays, 2 is refused; never dropped for a failed write
+    assert contents(m) == [[1], []]
     m.check_invariants()
 
 

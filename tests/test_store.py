@@ -156,20 +156,28 @@ def test_corrupt_nvme_chunk_is_a_counted_miss_never_data(tmp_path):
             assert torch.equal(store.get([key(i)])[0], data[i])
 
 
-def test_failed_nvme_write_drops_the_block_cleanly(tmp_path, monkeypatch):
+def test_failed_nvme_write_keeps_the_victim_and_refuses_the_put(tmp_path, monkeypatch):
+    """A full disk: the write-back that would make room fails, so nothing is dropped for it;
+    the new block is refused, visibly (issue 8, items 7 and 8)."""
     import tiercache.data.chunkio as chunkio
 
+    data = blocks(3, 6)
     with TieredKVStore(LAYOUT, tiers(hbm=1, dram=1), path=tmp_path / "nvme") as store:
-        store.put([key(0), key(1)], blocks(2, 6))
+        store.put([key(0), key(1)], data[:2])
 
         def full(*args, **kwargs):
             raise OSError(28, "No space left on device")
 
         monkeypatch.setattr(chunkio, "write_chunk_file", full)
         monkeypatch.setattr(chunkio, "overwrite_chunk_file", full)
-        store.put([key(2)], blocks(1, 7))  # demotes 0 dram -> nvme: the write fails
-        assert store.lookup([key(0)])[1] == [None]
+        assert store.put([key(2)], data[2:]) == 0  # demoting 0 dram -> nvme fails: 2 refused
+        assert store.lookup([key(0), key(1), key(2)])[1] == ["dram", "hbm", None]
         assert store.stats()["tiers"][1]["failed_transfers"] == 1
+        store.check_invariants()
+        monkeypatch.undo()
+        assert store.put([key(2)], data[2:]) == 1
+        for i in range(3):
+            assert torch.equal(store.get([key(i)])[0], data[i]), i
         store.check_invariants()
 
 

@@ -34,10 +34,10 @@ from tiercache.policies.base import AdmissionPolicy, EvictionPolicy, Hints
 from .counts import CountError, decrement, increment
 from .directory import TierDirectory
 from .engine import ImmediateEngine, TransferEngine
-from .plans import Ev, EventLog, TransferPlan
+from .plans import Ev, EventLog, Room, TransferPlan
 from .transfers import TransferMixin
 
-__all__ = ["TierManager", "CountError"]
+__all__ = ["TierManager", "CountError", "Room"]
 
 _NOTHING: frozenset = frozenset()
 
@@ -306,42 +306,43 @@ class TierManager(TransferMixin):
         return bounds
 
     def make_room(self, tier: int, n: int, protected=frozenset()) -> bool:
-        """Ensures ``n`` free slots in ``tier`` by displacing victims; False changes nothing.
+        """Ensures ``n`` free slots in ``tier`` by displacing victims; False when it cannot.
 
         Victims of an exclusive tier are demoted (cascading down); victims of the last tier,
-        or of any tier in write-through mode, leave that tier.
+        or of any tier in write-through mode, leave that tier. False with no victims changes
+        nothing; False because a write-back failed leaves every victim where it was (victims
+        refused by the admission below have left, as they would have anyway).
         """
-        return self._make_room(tier, n, protected)
+        return self._make_room(tier, n, protected) is Room.MADE
 
-    def _make_room(self, tier: int, n: int, protected) -> bool:
+    def _make_room(self, tier: int, n: int, protected) -> Room:
         directory = self.dirs[tier]
         need = n - directory.n_free
         if need <= 0:
-            return True
+            return Room.MADE
         if need > directory.capacity:
-            return False
+            return Room.NO_VICTIMS
         # The common case has nothing protected: a plain empty set keeps the policy's
         # membership test in C instead of a Python __contains__ per candidate.
         guard = _Guard(directory.pins, self.refs, protected) if (directory.pins or self.refs or protected) else _NOTHING
         victims = self.policies[tier].victims(need, guard)
         if victims is None:
-            return False
+            return Room.NO_VICTIMS
         if self.write_through or tier + 1 == len(self.dirs):
             self._drop(tier, victims)
-        else:
-            self._demote(tier, victims, protected)
-        return True
+            return Room.MADE
+        return self._demote(tier, victims, protected)
 
     def _room_after_moves(self, tier: int, n: int, protected) -> bool:
         """``_make_room``, and if that fails while moves into or out of ``tier`` are in
         flight (their slots are reserved or pinned), waits for those moves and tries again.
         Nothing is in flight in a replay, so this never changes a replay's decisions."""
-        if self._make_room(tier, n, protected):
+        if self._make_room(tier, n, protected) is Room.MADE:
             return True
         moving = [j for j in sorted(self._running) if tier in (self.inflight[j].src_tier, self.inflight[j].dst_tier)]
         for job_id in moving:
             self.wait(job_id)
-        return bool(moving) and self._make_room(tier, n, protected)
+        return bool(moving) and self._make_room(tier, n, protected) is Room.MADE
 
     def _drop(self, tier: int, ids: Sequence[int]) -> None:
         self.policies[tier].on_remove(ids)
@@ -353,8 +354,14 @@ class TierManager(TransferMixin):
                 if self.locate(block_id) is None:
                     self._future.pop(block_id, None)
 
-    def _demote(self, tier: int, victims: list[int], protected) -> None:
-        """Moves victims one tier down; refused or unplaceable ones leave the hierarchy."""
+    def _demote(self, tier: int, victims: list[int], protected) -> Room:
+        """Moves victims one tier down; refused or unplaceable ones leave the hierarchy.
+
+        Returns ``Room.WRITE_FAILED`` when a write-back (this one, or one further down the
+        cascade) failed (a full or failing disk): the victims then stay where they are, so no
+        block is ever dropped to make room for a write that did not land, and the caller's
+        placement is refused instead.
+        """
         below = tier + 1
         admitted = self.admissions[below].admit(victims)
         moving = [v for v, ok in zip(victims, admitted) if ok]
@@ -363,9 +370,14 @@ class TierManager(TransferMixin):
             self.events.emit(Ev.REFUSED, below, len(refused))
             self._drop(tier, refused)
         if not moving:
-            return
-        if not self._make_room(below, len(moving), protected) or not self._transfer(moving, tier, below, False, None):
-            self._drop(tier, moving)
+            return Room.MADE
+        room = self._make_room(below, len(moving), protected)
+        if room is Room.NO_VICTIMS:
+            self._drop(tier, moving)  # no room below (all pinned): they leave, a policy decision
+            return Room.MADE
+        if room is Room.WRITE_FAILED or not self._transfer(moving, tier, below, False, None):
+            return Room.WRITE_FAILED
+        return Room.MADE
 
     def _promote(self, ids: Sequence[int], tier: int, hints: Hints | None, started: list | None) -> list[int]:
         """Brings hits up to the top tier; if no room can be made they stay (counted).
@@ -387,7 +399,7 @@ class TierManager(TransferMixin):
             admitted = self.admissions[tier].admit(ids)
             wanted = [b for b, ok in zip(ids, admitted) if ok and b not in self.dirs[tier].slot_of]
             self.events.emit(Ev.REFUSED, tier, admitted.count(False))
-            if wanted and self._make_room(tier, len(wanted), frozenset(wanted)):
+            if wanted and self._make_room(tier, len(wanted), frozenset(wanted)) is Room.MADE:
                 self._transfer(wanted, 0, tier, keep_source=True, hints=hints if len(wanted) == len(ids) else None)
 
     # -- explicit removal ----------------------------------------------------------------

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["TransferPlan", "JobResult", "Ev", "EventLog"]
+__all__ = ["TransferPlan", "JobResult", "Room", "Ev", "EventLog"]
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,14 @@ class JobResult:
     def ok(self) -> bool:
         """True when the copy finished and the destination bytes are valid."""
         return self.error is None
+
+
+class Room(enum.Enum):
+    """Outcome of making room in a tier."""
+
+    MADE = "made"  # the slots are free now
+    NO_VICTIMS = "no victims"  # everything is pinned, referenced or protected: nothing changed
+    WRITE_FAILED = "write failed"  # a write-back failed (full disk): every victim stayed
 
 
 class Ev(enum.IntEnum):

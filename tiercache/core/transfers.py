@@ -23,7 +23,7 @@ import numpy as np
 
 from tiercache.policies.base import NO_NEXT_USE, Hints
 
-from .plans import Ev, JobResult, TransferPlan
+from .plans import Ev, JobResult, Room, TransferPlan
 
 __all__ = ["TransferMixin"]
 
@@ -105,7 +105,9 @@ class TransferMixin:
         for tier in range(dst + 1, len(self.dirs)):
             pins, here = self.dirs[tier].pins, self.dirs[tier].slot_of
             below = [b for b in wanted if b in here and b not in pins and self.locate(b) == tier]
-            if below and self._make_room(dst, len(below), frozenset(below)):
+            # Never waits: a prefetch that finds no room now (slots held by moves in
+            # flight, or everything pinned) skips those blocks instead of blocking.
+            if below and self._make_room(dst, len(below), frozenset(below)) is Room.MADE:
                 plan = self.start_move(below, tier, dst, keep_source=self.write_through)
                 if plan is not None:
                     plans.append(plan)

@@ -103,7 +103,10 @@ class TieredKVStore:
 
     # -- storing -------------------------------------------------------------------------
     def put(self, keys: Sequence[bytes], kv_blocks: torch.Tensor) -> int:
-        """Stores blocks ``kv_blocks[i]`` under ``keys[i]``; returns how many were new.
+        """Stores blocks ``kv_blocks[i]`` under ``keys[i]``; returns how many new blocks were
+        stored. New blocks that could not be placed (every HBM slot pinned, a write-back that
+        failed on a full disk, a key whose id another key holds) are not counted: a caller
+        sees a refused put in the return value, and the reason in ``stats()``.
 
         Keys already stored are refreshed (touched), not rewritten: a key names its content.
         If the copy of new bytes fails, nothing of the failed blocks is kept and the error
@@ -123,9 +126,10 @@ class TieredKVStore:
             placed = set(new_ids)
             old = [block_id for block_id in ids if block_id is not None and block_id not in placed]
             self._store_new(new_ids, kv_blocks[fresh] if fresh else kv_blocks[:0], lambda: self.manager.insert(new_ids))
+            stored = sum(self.manager.locate(block_id) is not None for block_id in new_ids)
             self.manager.access(old)
             self._consume()
-            return len(new_ids)
+            return stored
 
     def access(self, keys: Sequence[bytes], kv_blocks: torch.Tensor, wait: bool = True) -> Pending:
         """Reads ``keys`` in order exactly as ``tiercache replay`` does (object semantics).
