@@ -102,6 +102,6 @@ def test_metadata_modules_import_without_torch():
     code = (
         "import sys; sys.modules['torch'] = None; sys.modules['cupy'] = None\n"
         "import tiercache.keys, tiercache.sim.traces, tiercache.sim.steptrace, tiercache.sim.synth\n"
-        "import tiercache.sim.oracle, tiercache.sim.hardware, tiercache.sim.trace_cli\n"
+        "import tiercache.sim.oracle, tiercache.sim.hardware, tiercache.sim.tracestats, tiercache.sim.loader\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
