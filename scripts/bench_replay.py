@@ -21,6 +21,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tiercache.results import RunRecord
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_TRACE = ROOT / "tests" / "data" / "mooncake_synthetic_trace.jsonl"
@@ -28,15 +32,16 @@ SWEEP_POLICIES = ["lru", "fifo", "lfu", "arc", "s3fifo", "sieve", "belady"]
 SWEEP_CAPACITIES = [1000, 4000, 16000]
 
 
-def time_tiercache(trace: str, capacity: int, repeats: int) -> tuple[list[float], dict]:
+def time_tiercache(trace: str, capacity: int, repeats: int) -> tuple[list[float], RunRecord]:
     """Seconds per replay through the manager (trace loaded once, outside the timing)."""
     from tiercache.config import TierConfig
-    from tiercache.sim.replay import RunSpec, Semantics, replay
-    from tiercache.sim.sweep import load_replay_data
+    from tiercache.results import Semantics
+    from tiercache.sim.loader import load_trace
+    from tiercache.sim.replay import ReplayData, RunSpec, replay
 
-    data, _ = load_replay_data(trace, None, None)
+    data = ReplayData.prepare(load_trace(trace), None, None)
     spec = RunSpec("lru", Semantics.OBJECT, (TierConfig("hbm", capacity),))
-    times, record = [], {}
+    times, record = [], None
     for _ in range(repeats):
         started = time.perf_counter()
         record = replay(spec, data)
@@ -69,11 +74,14 @@ def time_libcachesim(trace: str, capacity: int, repeats: int) -> tuple[list[floa
 
 def time_sweep(trace: str) -> tuple[float, int]:
     """Wall seconds of the 7 x 3 sweep with one worker per core."""
-    from tiercache.sim.sweep import run_sweep
+    from tiercache.results import Semantics
+    from tiercache.sim.loader import load_trace
+    from tiercache.sim.sweep import SweepSpec, sweep
 
     started = time.perf_counter()
-    doc = run_sweep(trace, SWEEP_POLICIES, SWEEP_CAPACITIES, ["object"], workers=os.cpu_count() or 1, progress=False)
-    return time.perf_counter() - started, len(doc["runs"])
+    spec = SweepSpec(tuple(SWEEP_POLICIES), (Semantics.OBJECT,), tuple(SWEEP_CAPACITIES))
+    doc = sweep(load_trace(trace), spec, workers=os.cpu_count() or 1)
+    return time.perf_counter() - started, len(doc.runs)
 
 
 def main() -> int:
@@ -85,10 +93,10 @@ def main() -> int:
     args = parser.parse_args()
 
     ours, record = time_tiercache(args.trace, args.capacity, args.repeats)
-    accesses = record["accesses"]
+    accesses = record.accesses
     ours_rate = accesses / statistics.median(ours)
     result = {"trace": args.trace, "accesses": accesses, "capacity": args.capacity, "repeats": args.repeats,
-              "tiercache": {"median_s": statistics.median(ours), "accesses_per_s": ours_rate, "miss_ratio": record["miss_ratio"]}}
+              "tiercache": {"median_s": statistics.median(ours), "accesses_per_s": ours_rate, "miss_ratio": record.miss_ratio}}
     theirs = time_libcachesim(args.trace, args.capacity, args.repeats)
     if theirs is not None:
         times, miss_ratio = theirs

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from tiercache.config import KVLayout, TierConfig
-from tiercache.data.rawio import read_files
+from tiercache.bench.rawio import read_files
 from tiercache.live.store import TieredKVStore
 
 LAYOUT = KVLayout(layers=1, kv_heads=8, head_dim=128, dtype="bfloat16", block_tokens=256, name="llama-3-8b/layer")

@@ -40,7 +40,7 @@ SAME_LEVEL_ALLOWED: dict[str, tuple[str, ...]] = {
     # level 1
     "live": ("sim.steptrace",),  # a live run records a step trace that replays to the same counts
     "bench": ("sim.hardware",),  # measured links are saved as a HardwareProfile for replays
-    "report": ("sim.mrc", "sim.traces"),  # the exact LRU curve (reuse histogram) and trace ids/fingerprint
+    "report": ("sim.mrc", "sim.loader"),  # the exact LRU curve: reuse histogram over the trace's ids
     # level 2
     "core": ("policies.base",),  # the manager drives the policy interface, never the registry
     "data": ("core.plans", "core.engine", "cuda_ext"),  # executes plans as a TransferEngine; kernels
@@ -54,16 +54,6 @@ SAME_LEVEL_ALLOWED: dict[str, tuple[str, ...]] = {
 METADATA_PLANE = frozenset({"core", "policies", "sim", "config", "keys", "errors", "results"})
 DATA_PLANE = frozenset({"data", "attention", "cuda_ext", "live", "bench", "integrations"})
 GPU_MODULES = frozenset({"torch", "cupy"})
-
-# TEMPORARY EXCEPTIONS: imports of the current tree that break the target rule and go away
-# with the restructuring of issue 7 (the importing module moves). Empty this set after the
-# merge; test_temporary_exceptions_are_still_needed fails as soon as an entry matches nothing.
-# (importing module, imported module prefix) -> where it is going.
-TEMPORARY_EXCEPTIONS: dict[tuple[str, str], str] = {
-    ("tiercache.data.bench_cli", "tiercache.sim.hardware"): "bench_cli moves to tiercache/bench/ (bench -> sim.hardware)",
-    ("tiercache.report.cli", "tiercache.sim.replay_cli"): "report/cli.py and sim/replay_cli.py move to tiercache/cli/",
-}
-
 
 def layer_of(name: str) -> str | None:
     """The layer of a dotted module name of ours (``tiercache.sim.replay`` -> ``sim``), the
@@ -127,16 +117,12 @@ def why_broken(edge: Import) -> str | None:
     return _layer_violation(edge, source, target)
 
 
-def _excepted(edge: Import) -> bool:
-    return any(edge.module == module and _inside(edge.target, prefix) for module, prefix in TEMPORARY_EXCEPTIONS)
-
-
-def violations(edges: list[Import], apply_exceptions: bool = True) -> list[str]:
+def violations(edges: list[Import]) -> list[str]:
     """``file:line module -> imported: rule`` for every edge that breaks the rule."""
     found = []
     for edge in edges:
         reason = why_broken(edge)
-        if reason and not (apply_exceptions and _excepted(edge)):
+        if reason:
             found.append(f"{edge.describe()}: {reason}")
     return found
 
@@ -169,16 +155,6 @@ def test_imports_follow_the_rule():
     found = violations(graph())
     if found:
         pytest.fail(_report(found), pytrace=False)
-
-
-def test_temporary_exceptions_are_still_needed():
-    edges = graph()
-    stale = [
-        f"{module} -> {prefix}"
-        for module, prefix in TEMPORARY_EXCEPTIONS
-        if not any(e.module == module and _inside(e.target, prefix) and why_broken(e) for e in edges)
-    ]
-    assert not stale, f"remove these entries from TEMPORARY_EXCEPTIONS, nothing needs them any more: {stale}"
 
 
 def test_checker_catches_torch_in_the_metadata_plane():

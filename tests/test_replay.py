@@ -9,8 +9,12 @@ import pytest
 
 from conftest import DATA, SAMPLE_TRACE
 from tiercache.cli import main
+from tiercache.config import CacheConfig, layout_preset, parse_tiers
 from tiercache.policies import EVICTION
-from tiercache.sim.sweep import run_sweep
+from tiercache.results import Semantics
+from tiercache.sim.hardware import load_profile
+from tiercache.sim.loader import load_trace
+from tiercache.sim.sweep import SweepSpec, run_sweep, sweep
 
 CAPACITIES = [1000, 4000, 16000]
 GOLDEN = DATA / "golden_libcachesim.json"
@@ -21,6 +25,15 @@ CLOSE = ["arc", "s3fifo", "sieve"]
 @pytest.fixture(scope="module")
 def object_sweep() -> dict:
     return run_sweep(str(SAMPLE_TRACE), EXACT + CLOSE + ["lfu", "leaf_lru"], CAPACITIES, ["object"], workers=2, progress=False)
+
+
+def typed_sweep(trace, policies, semantics, tiers=None, model=None, hardware=None) -> dict:
+    """A sweep through the typed API (what the CLI builds from its options), as results.json's object."""
+    layout = layout_preset(model, 512) if model else None
+    cache = CacheConfig(parse_tiers(tiers, layout)) if tiers else None
+    spec = SweepSpec(tuple(policies), tuple(Semantics.parse(s) for s in semantics), (), cache, layout=layout,
+                     hardware=load_profile(hardware) if hardware else None)
+    return sweep(load_trace(trace), spec).to_json()
 
 
 def _golden() -> dict:
@@ -95,8 +108,8 @@ def test_results_document_contract(tmp_path, capsys):
 
 
 def test_hierarchy_run_reports_every_tier_and_link_bytes(tmp_path):
-    doc = run_sweep(str(DATA / "mooncake_head.jsonl"), ["lru"], [], ["object"], tiers="hbm=50,dram=200,nvme=800",
-                    model="llama-3-8b", hardware="h200-pcie5-nvme4", workers=1, progress=False)
+    doc = typed_sweep(str(DATA / "mooncake_head.jsonl"), ["lru"], ["object"], tiers="hbm=50,dram=200,nvme=800",
+                      model="llama-3-8b", hardware="h200-pcie5-nvme4")
     (run,) = doc["runs"]
     assert [t["name"] for t in run["tiers"]] == ["hbm", "dram", "nvme"]
     assert sum(t["hits"] for t in run["tiers"]) == run["hits"]
@@ -191,7 +204,7 @@ def test_step_trace_replays_with_every_eviction_policy(step_trace, policy, capsy
 def test_replay_out_is_checked_before_the_sweep(tmp_path, where, capsys, monkeypatch):
     (tmp_path / "folder").mkdir()
     out = tmp_path / where
-    monkeypatch.setattr("tiercache.sim.replay_cli.sweep_from_args", lambda args: pytest.fail("the sweep ran"))
+    monkeypatch.setattr("tiercache.cli.replay.sweep_from_args", lambda args: pytest.fail("the sweep ran"))
     err = _error(["replay", str(DATA / "mooncake_head.jsonl"), "--no-progress", "--out", str(out)], capsys)
     assert f"--out {out}" in err
 
@@ -199,17 +212,21 @@ def test_replay_out_is_checked_before_the_sweep(tmp_path, where, capsys, monkeyp
 def test_compare_out_under_a_file_is_checked_before_the_sweep(tmp_path, capsys, monkeypatch):
     (tmp_path / "file").write_text("x")
     out = tmp_path / "file" / "report"
-    monkeypatch.setattr("tiercache.report.cli.sweep_from_args", lambda args: pytest.fail("the sweep ran"))
+    monkeypatch.setattr("tiercache.cli.report.sweep_from_args", lambda args: pytest.fail("the sweep ran"))
     err = _error(["compare", str(DATA / "mooncake_head.jsonl"), "--no-progress", "-o", str(out)], capsys)
     assert f"-o {out}" in err
 
 
-def test_custom_layout_equals_its_preset():
+def test_custom_layout_equals_its_preset(tmp_path, capsys):
     trace, spec = str(DATA / "mooncake_head.jsonl"), "layers=32,kv_heads=8,head_dim=128,dtype=bfloat16"
-    preset = run_sweep(trace, ["lru"], [], ["prefix"], tiers="hbm=2GiB,dram=8GiB", model="llama-3-8b",
-                       hardware="h200-pcie5-nvme4", workers=1, progress=False)
-    custom = run_sweep(trace, ["lru"], [], ["prefix"], tiers="hbm=2GiB,dram=8GiB", layout=spec,
-                       hardware="h200-pcie5-nvme4", workers=1, progress=False)
+    docs = []
+    for name, option in (("preset", ["--model", "llama-3-8b"]), ("custom", ["--layout", spec])):
+        out = tmp_path / f"{name}.json"
+        argv = ["replay", trace, "--policy", "lru", "--semantics", "prefix", "--tiers", "hbm=2GiB,dram=8GiB", *option,
+                "--hardware", "h200-pcie5-nvme4", "--workers", "1", "--no-progress", "--out", str(out)]
+        assert main(argv) == 0, capsys.readouterr().err
+        docs.append(json.loads(out.read_text()))
+    preset, custom = docs
     assert custom["layout"]["block_bytes"] == preset["layout"]["block_bytes"] == 512 * 128 * 1024
     drop = ("wall_seconds",)
     assert [{k: v for k, v in r.items() if k not in drop} for r in custom["runs"]] == \
@@ -227,8 +244,8 @@ def test_layout_option_on_the_command_line(tmp_path, capsys):
 
 
 def test_ttft_saved_counts_only_loads_not_write_backs():
-    doc = run_sweep(str(DATA / "mooncake_head.jsonl"), ["lru"], [], ["prefix"], tiers="hbm=100,dram=200",
-                    model="llama-3-8b", hardware="h200-pcie5-nvme4", workers=1, progress=False)
+    doc = typed_sweep(str(DATA / "mooncake_head.jsonl"), ["lru"], ["prefix"], tiers="hbm=100,dram=200",
+                      model="llama-3-8b", hardware="h200-pcie5-nvme4")
     (run,) = doc["runs"]
     assert run["tiers"][0]["demotions"] > 0 and run["modeled_seconds"]["hbm->dram"] > 0
     assert run["ttft_saved_s"] > 0
@@ -237,20 +254,61 @@ def test_ttft_saved_counts_only_loads_not_write_backs():
 
 
 def doc_rate(doc: dict) -> float:
-    from tiercache.sim.hardware import load_profile
-
     return load_profile(doc["hardware"]).prefill_tokens_per_s
 
 
 def test_semantics_is_an_enum_and_results_keep_the_plain_string():
     from tiercache.errors import UserError
-    from tiercache.sim.replay import Semantics
-    from tiercache.sim.sweep import SweepSpec, plan_runs
+    from tiercache.results import TraceKind
+    from tiercache.sim.sweep import plan_runs
 
-    runs = plan_runs(SweepSpec(("lru",), (10,), ("object", "prefix")))
+    spec = SweepSpec(("lru",), (Semantics.OBJECT, Semantics.PREFIX), (10,))
+    runs = plan_runs(spec, TraceKind.REQUESTS)
     assert [r.semantics for r in runs] == [Semantics.OBJECT, Semantics.PREFIX]
+    assert [r.semantics for r in plan_runs(spec, TraceKind.STEPS)] == [Semantics.DECODE]  # a real member, not a string
     with pytest.raises(UserError, match="known: object, prefix"):
-        plan_runs(SweepSpec(("lru",), (10,), ("sideways",)))
+        Semantics.parse("sideways")
+    with pytest.raises(UserError, match="--semantics"):
+        SweepSpec(("lru",), (Semantics.DECODE,), (10,))
     doc = run_sweep(str(DATA / "mooncake_head.jsonl"), ["lru"], [50], ["prefix"], workers=1, progress=False)
     assert type(doc["runs"][0]["semantics"]) is str and doc["runs"][0]["semantics"] == "prefix"
     assert json.loads(json.dumps(doc))["runs"][0]["prefill_tokens_saved"] > 0
+
+
+@pytest.mark.parametrize(
+    "kwargs, needle",
+    [
+        ({"policies": ()}, "--policy"),
+        ({"policies": ("nope",)}, "unknown eviction policy"),
+        ({"admission": "nope"}, "nope"),
+        ({"capacities": (0,)}, "--capacity"),
+        ({"capacities": ()}, "--capacity"),
+        ({"capacities": (5,), "cache": CacheConfig(parse_tiers("hbm=4", None))}, "exclusive"),
+        ({"hardware": load_profile("h200-pcie5-nvme4")}, "--hardware needs"),
+    ],
+)
+def test_sweep_spec_is_validated_when_built(kwargs, needle):
+    from tiercache.errors import UserError
+
+    fields = {"policies": ("lru",), "semantics": (Semantics.OBJECT,), "capacities": (10,)} | kwargs
+    with pytest.raises(UserError, match=needle):
+        SweepSpec(**fields)
+
+
+def test_step_trace_results_say_decode_and_count_every_counter(step_trace, tmp_path):
+    out = tmp_path / "r.json"
+    assert main(["replay", str(step_trace), "--capacity", "6", "--semantics", "object,prefix", "--no-progress",
+                 "--workers", "1", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["schema_version"] == 2 and doc["trace"]["kind"] == "steps"
+    (run,) = doc["runs"]  # a step trace replays once, in decode semantics
+    assert run["semantics"] == "decode" and run["recomputed"] == 0
+    assert {"failed_transfers", "promote_skipped", "lost"} <= set(run["tiers"][0])
+
+
+def test_recorded_command_is_the_argv_given_to_main(tmp_path, monkeypatch):
+    monkeypatch.setattr("sys.argv", ["pytest", "--something-else"])
+    out = tmp_path / "r.json"
+    argv = ["replay", str(DATA / "mooncake_head.jsonl"), "--capacity", "50", "--no-progress", "--workers", "1", "--out", str(out)]
+    assert main(argv) == 0
+    assert json.loads(out.read_text())["command"] == "tiercache " + " ".join(argv)

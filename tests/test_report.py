@@ -18,6 +18,7 @@ from tiercache.errors import UserError
 from tiercache.report import writer
 from tiercache.report.markdown import escape_markdown
 from tiercache.report.model import from_documents, load_results
+from tiercache.results import ResultsDocument
 from tiercache.report.summary import best_per_capacity, gap_closed
 from tiercache.report.writer import MARKER
 
@@ -30,7 +31,8 @@ ACCESSES = 10_000
 
 
 def make_run(policy: str, capacity: int, miss_ratio: float, semantics: str = "object", tiers=None) -> dict:
-    """One run entry as ``tiercache replay`` writes it (with a layout and hardware known)."""
+    """One run entry as ``tiercache replay`` wrote it before results were versioned (version 1,
+    with a layout and hardware known); ``make_document`` reads as an upgraded version-1 file."""
     misses = round(miss_ratio * ACCESSES)
     hits = ACCESSES - misses
     tiers = tiers or [("hbm", capacity, hits)]
@@ -38,7 +40,8 @@ def make_run(policy: str, capacity: int, miss_ratio: float, semantics: str = "ob
         "policy": policy, "admission": "always", "semantics": semantics,
         "mode": "single" if len(tiers) == 1 else "exclusive", "capacity_blocks": capacity,
         "accesses": ACCESSES, "hits": hits, "misses": misses, "miss_ratio": misses / ACCESSES, "hit_ratio": hits / ACCESSES,
-        "tiers": [{"name": n, "capacity_blocks": c, "hits": h, "evictions": 1, "demotions": 2, "promotions": 3} for n, c, h in tiers],
+        "tiers": [{"name": n, "capacity_blocks": c, "hits": h, "inserts": 4, "evictions": 1, "demotions": 2, "promotions": 3,
+                   "copies": 0, "refused": 0} for n, c, h in tiers],
         "bytes_moved": {"dram->hbm": 1 << 30, "hbm->dram": 3 << 29} if len(tiers) > 1 else {},
         "modeled_seconds": {"dram->hbm": 0.02, "recompute": misses * 0.018, "total": 0.02 + misses * 0.018},
         "wall_seconds": 0.1234,
@@ -55,9 +58,10 @@ def make_document(fingerprint: str = "f" * 32, runs: list[dict] | None = None, t
     return {
         "tiercache_version": "0.1.0",
         "command": "tiercache replay trace.jsonl --policy lru,fifo,s3fifo,belady --capacity 100,400,1600",
-        "trace": {"path": trace_path, "name": "my_trace.jsonl", "fingerprint": fingerprint,
+        "trace": {"path": trace_path, "name": "my_trace.jsonl", "fingerprint": fingerprint, "kind": "request",
                   "requests": 300, "accesses": ACCESSES, "unique_blocks": 3_500},
-        "layout": {"name": "llama-3-8b", "block_bytes": 64 << 20, "block_tokens": 512},
+        "layout": {"name": "llama-3-8b", "layers": 32, "kv_heads": 8, "head_dim": 128, "dtype": "bfloat16",
+                   "block_tokens": 512, "block_bytes": 64 << 20},
         "hardware": "h200-pcie5-nvme4",
         "runs": runs,
     }
@@ -196,7 +200,7 @@ def test_summary_names_best_policy_and_gap(tmp_path):
 
 
 def test_gap_closed_and_best_per_capacity():
-    data = from_documents([make_document()], ["a.json"])
+    data = from_documents([ResultsDocument.from_json(make_document(), "a.json")], ["a.json"])
     best = best_per_capacity(data.runs)
     assert [(b.capacity_blocks, b.best.label) for b in best] == [(100, "s3fifo"), (400, "s3fifo"), (1600, "s3fifo")]
     assert best[1].gap_closed == pytest.approx((0.7 - 0.65) / (0.7 - 0.45))
@@ -244,7 +248,8 @@ def test_conflicting_counts_for_one_run_are_refused(tmp_path):
     changed = make_document()
     changed["runs"][0] = make_run("lru", 100, 0.5)
     with pytest.raises(UserError, match="different counts"):
-        from_documents([make_document(), changed], ["a.json", "b.json"])
+        from_documents([ResultsDocument.from_json(d, n) for d, n in ((make_document(), "a.json"), (changed, "b.json"))],
+                       ["a.json", "b.json"])
 
 
 def test_output_folder_that_is_not_a_report_is_left_alone(tmp_path, capsys):

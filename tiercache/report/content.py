@@ -12,6 +12,7 @@ import re
 from . import fmt, plots
 from .document import Bullets, Code, Document, Image, Paragraph, Section
 from .lru_curve import LRUCurve, dense_lru_curve
+from ..results import Mode, Semantics
 from .model import ReportData, Run
 from .summary import BASELINE, BELADY, CapacityBest, best_per_capacity, by_group, policy_labels
 from .tables import best_table, runs_table, trace_table
@@ -19,16 +20,16 @@ from .tables import best_table, runs_table, trace_table
 __all__ = ["build_document"]
 
 _SEMANTICS = {
-    "object": "object semantics: every block access is an independent lookup (comparable one-to-one with libCacheSim)",
-    "prefix": "prefix semantics: a request reuses only the longest cached prefix of its blocks; everything after "
+    Semantics.OBJECT: "object semantics: every block access is an independent lookup (comparable one-to-one with libCacheSim)",
+    Semantics.PREFIX: "prefix semantics: a request reuses only the longest cached prefix of its blocks; everything after "
               "the first miss is recomputed and stored again, as a serving engine's prefix cache does",
-    "decode": "decode semantics: a long-sequence decode step trace; each step's reads are accesses and its "
+    Semantics.DECODE: "decode semantics: a long-sequence decode step trace; each step's reads are accesses and its "
               "writes are newly computed blocks",
 }
 _MODES = {
-    "single": "one tier",
-    "exclusive": "exclusive hierarchy",
-    "write_through": "write-through hierarchy",
+    Mode.SINGLE: "one tier",
+    Mode.EXCLUSIVE: "exclusive hierarchy",
+    Mode.WRITE_THROUGH: "write-through hierarchy",
 }
 
 
@@ -55,12 +56,12 @@ def build_document(data: ReportData, trace_path: str | None, command: str) -> Do
     return Document(f"Cache policy comparison: {data.trace.name}", subtitle, tuple(s for s in sections if s.blocks))
 
 
-def _slug(*parts: str) -> str:
-    return "_".join(re.sub(r"[^a-z0-9_]+", "-", p.lower()).strip("-") for p in parts)
+def _slug(kind: str, *members: Semantics | Mode) -> str:
+    return "_".join([kind, *(re.sub(r"[^a-z0-9_]+", "-", m.value).strip("-") for m in members)])
 
 
-def _group_title(semantics: str, mode: str) -> str:
-    return f"{semantics} semantics, {_MODES.get(mode, mode)}"
+def _group_title(semantics: Semantics, mode: Mode) -> str:
+    return f"{semantics.value} semantics, {_MODES[mode]}"
 
 
 def _summary(data: ReportData) -> Section:
@@ -78,9 +79,9 @@ def _summary(data: ReportData) -> Section:
         f"than {BASELINE}, 100% is as good as {BELADY}. The compulsory-miss floor counts first accesses, which "
         "miss at any capacity."
     )
-    semantics = sorted({r.semantics for r in data.runs})
+    semantics = sorted({r.semantics for r in data.runs}, key=lambda s: s.value)
     blocks: list = [Paragraph(intro), Paragraph(bound)]
-    blocks.append(Bullets(tuple(f"{_SEMANTICS.get(s, s + ' semantics')}." for s in semantics)))
+    blocks.append(Bullets(tuple(f"{_SEMANTICS[s]}." for s in semantics)))
     best = best_per_capacity(data.runs)
     if best:
         blocks += [Paragraph("Key findings:"), Bullets(tuple(_finding(b) for b in best))]
@@ -105,7 +106,7 @@ def _finding(best: CapacityBest) -> str:
 
 
 def _curves(data: ReportData, colors: dict[str, str], trace_path: str | None) -> Section:
-    block_bytes = int(data.layout["block_bytes"]) if data.layout and data.layout.get("block_bytes") else None
+    block_bytes = data.layout.block_bytes if data.layout else None
     top_axis = " (the top axis gives the same capacities in bytes of KV cache)" if block_bytes else ""
     blocks: list = [Paragraph(
         f"Miss ratio against cache capacity, one line per policy; capacity on a log scale{top_axis}. Lower is "
@@ -114,7 +115,7 @@ def _curves(data: ReportData, colors: dict[str, str], trace_path: str | None) ->
     )]
     for (semantics, mode), runs in by_group(data.runs).items():
         dense = _dense_for(data, runs, semantics, mode, trace_path)
-        floor = data.trace.compulsory_miss_ratio if semantics == "object" else None
+        floor = data.trace.compulsory_miss_ratio if semantics is Semantics.OBJECT else None
         title = f"Miss-ratio curves: {_group_title(semantics, mode)}"
         png = plots.miss_ratio_curves(runs, colors, title, floor, dense.curve if dense else None, block_bytes)
         blocks.append(Image(f"{_slug('miss_ratio', semantics, mode)}.png", png, title, _curve_caption(runs)))
@@ -123,9 +124,9 @@ def _curves(data: ReportData, colors: dict[str, str], trace_path: str | None) ->
     return Section("Miss-ratio curves", tuple(blocks))
 
 
-def _dense_for(data: ReportData, runs: list[Run], semantics: str, mode: str, trace_path: str | None) -> LRUCurve | None:
+def _dense_for(data: ReportData, runs: list[Run], semantics: Semantics, mode: Mode, trace_path: str | None) -> LRUCurve | None:
     """The one-pass curve applies to object semantics in a single LRU tier only."""
-    if semantics != "object" or mode != "single" or any(r.is_hierarchy for r in runs):
+    if semantics is not Semantics.OBJECT or mode is not Mode.SINGLE or any(r.is_hierarchy for r in runs):
         return None
     return dense_lru_curve(data.trace, trace_path, runs)
 
@@ -159,7 +160,7 @@ def _movement(data: ReportData) -> Section:
     costed = [r for r in data.runs if r.bytes_moved or r.modeled_seconds]
     if not costed:
         return Section("Data movement and modeled time", ())
-    model = data.layout.get("name", "custom") if data.layout else "none"
+    model = data.layout.name if data.layout else "none"
     hardware = data.hardware or "none"
     blocks: list = [Paragraph(
         f"Bytes each run moves over each link between tiers, and the time the link/cost model assigns to them "
@@ -179,10 +180,10 @@ def _movement(data: ReportData) -> Section:
 
 
 def _prefix(data: ReportData, colors: dict[str, str]) -> Section:
-    runs = [r for r in data.runs if r.semantics == "prefix" and r.prefill_tokens_saved is not None]
+    runs = [r for r in data.runs if r.semantics is Semantics.PREFIX and r.prefill_tokens_saved is not None]
     blocks: list = []
     for (_, mode), group in by_group(runs).items():
-        title = f"Prefix reuse against no cache: {_group_title('prefix', mode)}"
+        title = f"Prefix reuse against no cache: {_group_title(Semantics.PREFIX, mode)}"
         png = plots.prefix_savings(group, colors, title)
         blocks.append(Image(f"{_slug('prefix_savings', mode)}.png", png, title, _savings_caption(group)))
     if blocks:

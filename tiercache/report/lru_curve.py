@@ -15,7 +15,7 @@ import numpy as np
 
 from ..errors import UserError
 from ..sim.mrc import ReuseHistogram, reuse_histogram
-from ..sim.traces import flat_ids, trace_fingerprint
+from ..sim.loader import Trace, load_trace
 from . import fmt
 from .model import Run, TraceInfo
 from .plots import Curve
@@ -48,26 +48,26 @@ def dense_lru_curve(trace: TraceInfo, trace_path: str | None, runs: list[Run]) -
         runs: the object-semantics single-tier runs the curve is drawn with.
     """
     path = trace_path or trace.path
-    missing = _why_unusable(trace, path)
-    if missing:
-        return LRUCurve(None, None, missing)
-    histogram = reuse_histogram(flat_ids(path))
+    loaded = _load_same_trace(trace, path)
+    if isinstance(loaded, str):
+        return LRUCurve(None, None, loaded)
+    histogram = reuse_histogram(loaded.ids)
     capacities = _dense_capacities([r.capacity_blocks for r in runs])
     curve = Curve(capacities, histogram.miss_ratios(capacities), f"lru, one-pass curve ({len(capacities)} capacities)")
     return LRUCurve(curve, histogram, _agreement_note(histogram, runs, len(capacities)))
 
 
-def _why_unusable(trace: TraceInfo, path: str) -> str:
-    """Empty when the trace at ``path`` is the results' trace; otherwise the reason."""
+def _load_same_trace(trace: TraceInfo, path: str) -> Trace | str:
+    """The trace at ``path`` (read once) when it is the results' trace; otherwise why not."""
     if not path or not Path(path).is_file():
         return f"The dense one-pass LRU curve is left out: the trace file {path or '(not recorded)'} was not found (give --trace)."
     try:
-        fingerprint = trace_fingerprint(path)
+        loaded = load_trace(path)
     except UserError as exc:
         return f"The dense one-pass LRU curve is left out: {exc}."
-    if fingerprint != trace.fingerprint:
+    if loaded.fingerprint != trace.fingerprint:
         return f"The dense one-pass LRU curve is left out: {path} is not the trace these results came from (fingerprint differs)."
-    return ""
+    return loaded
 
 
 def _dense_capacities(capacities: list[int]) -> np.ndarray:

@@ -12,6 +12,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from ..errors import UserError
+from ..results import Mode, Semantics
 from .model import Run
 
 __all__ = ["BELADY", "BASELINE", "is_offline", "policy_labels", "by_group", "gap_closed", "CapacityBest", "best_per_capacity"]
@@ -41,9 +42,9 @@ def policy_labels(runs: tuple[Run, ...] | list[Run]) -> list[str]:
     return first + middle + [label for label in labels if label in offline]
 
 
-def by_group(runs: tuple[Run, ...] | list[Run]) -> dict[tuple[str, str], list[Run]]:
+def by_group(runs: tuple[Run, ...] | list[Run]) -> dict[tuple[Semantics, Mode], list[Run]]:
     """Runs keyed by (semantics, mode): the runs one miss-ratio plot compares."""
-    groups: dict[tuple[str, str], list[Run]] = defaultdict(list)
+    groups: dict[tuple[Semantics, Mode], list[Run]] = defaultdict(list)
     for run in runs:
         groups[(run.semantics, run.mode)].append(run)
     return dict(groups)
@@ -79,8 +80,8 @@ def gaps_for(runs: list[Run]) -> dict[tuple, float | None]:
 class CapacityBest:
     """The best online policy at one capacity of one (semantics, mode) group."""
 
-    semantics: str
-    mode: str
+    semantics: Semantics
+    mode: Mode
     capacity_blocks: int
     best: Run
     lru: Run | None

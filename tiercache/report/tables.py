@@ -34,8 +34,8 @@ def _tiers_text(run: Run) -> str:
 def _base_columns() -> list[_Column]:
     return [
         _Column("policy", False, lambda r, g: r.label),
-        _Column("semantics", False, lambda r, g: r.semantics),
-        _Column("hierarchy", False, lambda r, g: r.mode),
+        _Column("semantics", False, lambda r, g: r.semantics.value),
+        _Column("hierarchy", False, lambda r, g: r.mode.value),
         _Column("capacity (blocks)", True, lambda r, g: fmt.integer(r.capacity_blocks)),
         _Column("tiers (blocks)", False, lambda r, g: _tiers_text(r)),
         _Column("accesses", True, lambda r, g: fmt.integer(r.accesses)),
@@ -82,7 +82,7 @@ def best_table(best: list[CapacityBest]) -> Table:
     header = ("semantics", "hierarchy", "capacity (blocks)", "best online policy", "its miss ratio",
               f"{BASELINE} miss ratio", f"{BELADY} miss ratio", "gap closed")
     rows = tuple(
-        (b.semantics, b.mode, fmt.integer(b.capacity_blocks), b.best.label, fmt.percent(b.best.miss_ratio, 2),
+        (b.semantics.value, b.mode.value, fmt.integer(b.capacity_blocks), b.best.label, fmt.percent(b.best.miss_ratio, 2),
          fmt.optional(b.lru and b.lru.miss_ratio, lambda v: fmt.percent(v, 2)),
          fmt.optional(b.belady and b.belady.miss_ratio, lambda v: fmt.percent(v, 2)),
          fmt.optional(b.gap_closed, fmt.percent))
@@ -109,8 +109,8 @@ def trace_table(data: ReportData) -> Table:
 def _preset_rows(data: ReportData) -> list[tuple[str, str]]:
     layout, rows = data.layout, []
     if layout:
-        block = f"{fmt.integer(int(layout.get('block_tokens', 0)))} tokens = {fmt.size(int(layout.get('block_bytes', 0)))} of KV"
-        rows += [("model (KV layout)", str(layout.get("name", "custom"))), ("one block", block)]
+        block = f"{fmt.integer(layout.block_tokens)} tokens = {fmt.size(layout.block_bytes)} of KV"
+        rows += [("model (KV layout)", layout.name), ("one block", block)]
     else:
         rows.append(("model (KV layout)", "none given: capacities in blocks only, no bytes"))
     rows.append(("hardware (link model)", data.hardware or "none given: no bytes or times modeled"))
@@ -130,7 +130,7 @@ def _csv_header(data: ReportData) -> list[str]:
 
 def _csv_row(run: Run, gap: float | None) -> dict[str, object]:
     row: dict[str, object] = {
-        "policy": run.policy, "admission": run.admission, "semantics": run.semantics, "mode": run.mode,
+        "policy": run.policy, "admission": run.admission, "semantics": run.semantics.value, "mode": run.mode.value,
         "capacity_blocks": run.capacity_blocks, "accesses": run.accesses, "hits": run.hits, "misses": run.misses,
         "miss_ratio": run.miss_ratio, "hit_ratio": run.hit_ratio, "gap_closed": gap,
         "prefill_tokens": run.prefill_tokens, "prefill_tokens_saved": run.prefill_tokens_saved,

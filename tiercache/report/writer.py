@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 
 from ..errors import UserError
+from ..results import ResultsDocument
 from .document import Document
 from .html import render_html
 from .markdown import render_markdown
@@ -48,7 +49,7 @@ def check_output_dir(out: str) -> Path:
     return target
 
 
-def write_report(out: str, document: Document, csv_text: str, results: dict | None, version: str) -> list[str]:
+def write_report(out: str, document: Document, csv_text: str, results: ResultsDocument | None, version: str) -> list[str]:
     """Writes ``index.html``, ``report.md``, the PNGs, ``results.csv`` (and ``results.json``).
 
     Args:
@@ -78,14 +79,14 @@ def write_report(out: str, document: Document, csv_text: str, results: dict | No
     return names
 
 
-def _write_files(folder: Path, document: Document, csv_text: str, results: dict | None, version: str) -> None:
+def _write_files(folder: Path, document: Document, csv_text: str, results: ResultsDocument | None, version: str) -> None:
     for image in document.images():
         (folder / image.filename).write_bytes(image.png)
     (folder / "index.html").write_text(render_html(document), encoding="utf-8")
     (folder / "report.md").write_text(render_markdown(document), encoding="utf-8")
     (folder / "results.csv").write_text(csv_text, encoding="utf-8")
     if results is not None:
-        (folder / "results.json").write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+        (folder / "results.json").write_text(json.dumps(results.to_json(), indent=1) + "\n", encoding="utf-8")
     (folder / MARKER).write_text(json.dumps({"tiercache_report": 1, "version": version}) + "\n", encoding="utf-8")
 
 

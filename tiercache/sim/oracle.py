@@ -25,8 +25,8 @@ import numpy as np
 from tiercache.config import KVLayout
 from tiercache.errors import UserError
 from tiercache.policies.base import NO_NEXT_USE
-from tiercache.sim.steptrace import load_flat_steps
-from tiercache.sim.traces import MOONCAKE_BLOCK_TOKENS, TraceKind, detect_kind, load_flat, next_use
+from tiercache.sim.loader import load_trace
+from tiercache.sim.traces import MOONCAKE_BLOCK_TOKENS, next_use
 
 __all__ = ["ORACLE_GENERAL_DTYPE", "write_oracle_general", "read_oracle_general", "export_oracle_general", "ExportResult"]
 
@@ -129,15 +129,14 @@ def export_oracle_general(
         TraceError: the input trace is malformed.
         UserError: the output cannot be written, or a value overflows a field.
     """
-    if detect_kind(trace_path) is TraceKind.REQUESTS:
-        flat = load_flat(trace_path)
-        per_request = np.diff(np.append(flat.offsets, len(flat.ids)))
-        ids, times = flat.ids, np.repeat(flat.timestamps, per_request)
+    trace = load_trace(trace_path)
+    per_record = np.diff(trace.offsets)
+    if trace.requests is not None:
+        times = np.repeat(trace.requests.timestamps, per_record)
         layout = layout and replace(layout, block_tokens=MOONCAKE_BLOCK_TOKENS)
     else:
-        steps = load_flat_steps(trace_path)
-        per_record = np.diff(np.append(steps.offsets, len(steps.ids)))
-        ids, times = steps.ids, np.repeat(steps.steps, per_record)
+        times = np.repeat(trace.steps.steps, per_record)
+    ids = trace.ids
     size = layout.block_bytes if layout else 1
     records = write_oracle_general(out_path, ids, times, size)
     return ExportResult(records, int(len(np.unique(ids))), size)

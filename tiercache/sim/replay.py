@@ -13,7 +13,6 @@ Step traces (long-sequence decode) replay their ``read`` ids as accesses and the
 
 from __future__ import annotations
 
-import enum
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -22,44 +21,24 @@ import numpy as np
 
 from tiercache.config import TIER_NAMES, KVLayout, TierConfig
 from tiercache.core.manager import TierManager
-from tiercache.core.stats import HierarchyStats
-from tiercache.errors import UserError
+from tiercache.core.stats import HierarchyStats, TierCounters
 from tiercache.policies import Hints, get_eviction, make_admission, make_eviction
+from tiercache.results import Mode, RunRecord, Semantics, TierRecord, TraceKind
 
 from .engine import SimEngine
+from .hardware import HardwareProfile
+from .loader import Trace
+from .traces import MOONCAKE_BLOCK_TOKENS, next_use
 
-__all__ = ["RunSpec", "ReplayData", "replay", "Semantics", "SEMANTICS"]
-
-
-class Semantics(enum.Enum):
-    """How a request trace is replayed (see the module docstring)."""
-
-    OBJECT = "object"
-    PREFIX = "prefix"
-
-    @classmethod
-    def parse(cls, text: str, option: str = "--semantics") -> "Semantics":
-        """The member named by ``text`` (``"object"`` or ``"prefix"``).
-
-        Raises:
-            UserError: unknown name; the message lists the known ones.
-        """
-        try:
-            return cls(text.strip().lower())
-        except ValueError:
-            raise UserError(f"{option}: unknown {text!r}; known: {', '.join(SEMANTICS)}") from None
-
-
-#: The names of ``Semantics``, as the CLI and results files spell them.
-SEMANTICS = tuple(s.value for s in Semantics)
+__all__ = ["RunSpec", "ReplayData", "replay", "Semantics"]
 
 
 @dataclass(frozen=True)
 class RunSpec:
     """One replay: a policy on a hierarchy under a semantics.
 
-    Invariants: ``semantics`` is a ``Semantics`` (a name given as a string is parsed);
-    ``tiers`` non-empty, fastest first.
+    Invariants: ``semantics`` is a ``Semantics`` (``DECODE`` exactly for step traces, which
+    ``replay`` checks); ``tiers`` non-empty, fastest first.
     """
 
     policy: str
@@ -70,42 +49,60 @@ class RunSpec:
 
     def __post_init__(self) -> None:
         if not isinstance(self.semantics, Semantics):
-            object.__setattr__(self, "semantics", Semantics.parse(str(self.semantics)))
+            raise TypeError(f"RunSpec.semantics: a Semantics member, got {self.semantics!r}")
+        if not self.tiers:
+            raise ValueError("RunSpec.tiers: at least one tier")
 
     @property
-    def mode(self) -> str:
-        """``single``, ``exclusive`` or ``write_through``."""
+    def mode(self) -> Mode:
+        """One tier, exclusive tiers or write-through."""
         if len(self.tiers) == 1:
-            return "single"
-        return "write_through" if self.write_through else "exclusive"
+            return Mode.SINGLE
+        return Mode.WRITE_THROUGH if self.write_through else Mode.EXCLUSIVE
 
 
 @dataclass(frozen=True)
 class ReplayData:
-    """A trace loaded once for many runs, plus what turns blocks into bytes and seconds.
+    """A trace prepared once for many runs, plus what turns blocks into bytes and seconds.
 
-    Invariants: request ``r`` owns ``ids[offsets[r]:offsets[r+1]]``; ``next_use`` aligned
-    with ``ids``; for step traces ``is_write`` is aligned with ``ids`` (else None).
+    Invariants: batch ``b`` (a request or a step record) owns ``ids[offsets[b]:offsets[b + 1]]``
+    (``offsets`` ends with ``len(ids)``); ``next_use`` is aligned with ``ids``; ``profile``
+    is set only with a ``layout`` (seconds need bytes).
     """
 
+    trace: Trace
     ids: list[int]
-    offsets: np.ndarray
+    offsets: list[int]
     next_use: list[int]
-    input_lengths: np.ndarray | None
-    is_write: np.ndarray | None
     layout: KVLayout | None
-    profile: object | None
+    profile: HardwareProfile | None
     block_tokens: int
+
+    @classmethod
+    def prepare(cls, trace: Trace, layout: KVLayout | None, profile: HardwareProfile | None) -> "ReplayData":
+        """The replay arrays of ``trace``; a request block is 512 tokens, a step block the layout's."""
+        if profile is not None and layout is None:
+            raise ValueError("ReplayData: a hardware profile needs a layout (bytes per block)")
+        if trace.kind is TraceKind.REQUESTS:
+            block_tokens = MOONCAKE_BLOCK_TOKENS
+        else:
+            block_tokens = layout.block_tokens if layout else 1
+        nu = next_use(trace.ids).tolist()
+        return cls(trace, trace.ids.tolist(), trace.offsets.tolist(), nu, layout, profile, block_tokens)
 
     @property
     def n_batches(self) -> int:
         """Requests (or step records)."""
-        return len(self.offsets)
+        return len(self.offsets) - 1
+
+    @property
+    def is_write(self) -> np.ndarray | None:
+        """Per access, whether a step stores the block (step traces only)."""
+        return self.trace.is_write
 
     def bounds(self, batch: int) -> tuple[int, int]:
         """Slice of ``ids`` owned by ``batch``."""
-        end = self.offsets[batch + 1] if batch + 1 < len(self.offsets) else len(self.ids)
-        return int(self.offsets[batch]), int(end)
+        return self.offsets[batch], self.offsets[batch + 1]
 
 
 def build_manager(spec: RunSpec, data: ReplayData) -> tuple[TierManager, SimEngine]:
@@ -122,12 +119,14 @@ def build_manager(spec: RunSpec, data: ReplayData) -> tuple[TierManager, SimEngi
     return manager, engine
 
 
-def replay(spec: RunSpec, data: ReplayData, on_progress: Callable[[int], None] | None = None) -> dict:
-    """Replays ``data`` under ``spec`` and returns the run record (see ``run_record``).
+def replay(spec: RunSpec, data: ReplayData, on_progress: Callable[[int], None] | None = None) -> RunRecord:
+    """Replays ``data`` under ``spec`` and returns the run's record.
 
     ``on_progress(n)`` is called with the number of batches done since the last call.
     Admission applies to lower tiers only; the top tier admits every computed block.
     """
+    if (spec.semantics is Semantics.DECODE) != (data.trace.kind is TraceKind.STEPS):
+        raise ValueError(f"replay: {spec.semantics.value} semantics on a {data.trace.kind.value} trace")
     manager, engine = build_manager(spec, data)
     stats = HierarchyStats.for_tiers((t.name, t.capacity_blocks) for t in spec.tiers)
     policy = get_eviction(spec.policy)
@@ -157,7 +156,7 @@ def _hints(data: ReplayData, a: int, b: int, needs_future: bool, needs_parents: 
 
 def _step_function(spec: RunSpec, data: ReplayData, manager: TierManager, needs_parents: bool) -> Callable[[int, bool], int]:
     """The per-batch handler for the trace kind and semantics; returns tokens saved."""
-    ids = data.ids
+    ids, input_lengths = data.ids, data.trace.input_lengths
 
     def object_step(batch: int, needs_future: bool) -> int:
         a, b = data.bounds(batch)
@@ -170,7 +169,7 @@ def _step_function(spec: RunSpec, data: ReplayData, manager: TierManager, needs_
         hit = manager.prefix_length(run)
         manager.access(run[:hit], _cut(hints, 0, hit))
         manager.access(run[hit:], _cut(hints, hit, b - a), count_hits=False)
-        return min(hit * data.block_tokens, int(data.input_lengths[batch]))
+        return min(hit * data.block_tokens, int(input_lengths[batch]))
 
     def decode_step(batch: int, needs_future: bool) -> int:
         a, b = data.bounds(batch)
@@ -182,7 +181,7 @@ def _step_function(spec: RunSpec, data: ReplayData, manager: TierManager, needs_
         manager.insert([ids[k] for k in fresh], Hints(a, future, None) if needs_future else None)
         return 0
 
-    if data.is_write is not None:
+    if spec.semantics is Semantics.DECODE:
         return decode_step
     return prefix_step if spec.semantics is Semantics.PREFIX else object_step
 
@@ -199,44 +198,24 @@ def _hints_for(data: ReplayData, a: int, b: int, writes: np.ndarray, want: bool,
     return Hints(a, [n for n, w in zip(data.next_use[a:b], writes) if bool(w) == want], None)
 
 
-def run_record(spec: RunSpec, data: ReplayData, stats: HierarchyStats, engine: SimEngine, saved_tokens: int, wall: float) -> dict:
-    """The JSON record of one run (the ``runs`` entries of results.json)."""
+def run_record(spec: RunSpec, data: ReplayData, stats: HierarchyStats, engine: SimEngine, saved_tokens: int, wall: float) -> RunRecord:
+    """The record of one run (an entry of results.json's ``runs``)."""
     accesses = stats.accesses
-    record = {
-        "policy": spec.policy,
-        "admission": spec.admission,
-        "semantics": spec.semantics.value if data.is_write is None else "decode",
-        "mode": spec.mode,
-        "capacity_blocks": sum(t.capacity_blocks for t in spec.tiers),
-        "accesses": accesses,
-        "hits": stats.hits,
-        "misses": stats.misses,
-        "miss_ratio": stats.misses / accesses if accesses else 0.0,
-        "hit_ratio": stats.hits / accesses if accesses else 0.0,
-        "tiers": [_tier_record(t) for t in stats.tiers],
-        "wall_seconds": round(wall, 4),
-    }
-    if data.layout is not None:
-        record["bytes_moved"] = {link: u.bytes for link, u in sorted(engine.usage.items())}
-    if data.profile is not None and data.layout is not None:
-        record["modeled_seconds"] = _modeled_seconds(stats, engine, data)
-    if spec.semantics is Semantics.PREFIX and data.input_lengths is not None:
-        record.update(_prefix_figures(stats, engine, data, saved_tokens))
-    return record
+    layout, profile = data.layout, data.profile
+    return RunRecord(
+        policy=spec.policy, admission=spec.admission, semantics=spec.semantics, mode=spec.mode,
+        capacity_blocks=sum(t.capacity_blocks for t in spec.tiers), accesses=accesses, hits=stats.hits,
+        misses=stats.misses, recomputed=stats.recomputed,
+        miss_ratio=stats.misses / accesses if accesses else 0.0, hit_ratio=stats.hits / accesses if accesses else 0.0,
+        tiers=tuple(_tier_record(t) for t in stats.tiers), wall_seconds=round(wall, 4),
+        bytes_moved={link: u.bytes for link, u in sorted(engine.usage.items())} if layout else {},
+        modeled_seconds=_modeled_seconds(stats, engine, data) if layout and profile else {},
+        **_prefix_figures(spec, engine, data, saved_tokens),
+    )
 
 
-def _tier_record(counters) -> dict:
-    return {
-        "name": counters.name,
-        "capacity_blocks": counters.capacity_blocks,
-        "hits": counters.hits,
-        "inserts": counters.inserts,
-        "evictions": counters.evictions,
-        "demotions": counters.demotions,
-        "promotions": counters.promotions,
-        "copies": counters.copies,
-        "refused": counters.refused,
-    }
+def _tier_record(counters: TierCounters) -> TierRecord:
+    return TierRecord(**counters.as_dict())
 
 
 def _modeled_seconds(stats: HierarchyStats, engine: SimEngine, data: ReplayData) -> dict:
@@ -247,18 +226,19 @@ def _modeled_seconds(stats: HierarchyStats, engine: SimEngine, data: ReplayData)
     return seconds
 
 
-def _prefix_figures(stats: HierarchyStats, engine: SimEngine, data: ReplayData, saved_tokens: int) -> dict:
+def _prefix_figures(spec: RunSpec, engine: SimEngine, data: ReplayData, saved_tokens: int) -> dict:
     """Prefill tokens saved against no cache, and modeled TTFT saved when hardware is known.
 
-    TTFT saved = prefill time of the saved tokens minus the modeled busy seconds of the load
-    links (``dram->hbm``, ``nvme->dram``, ``nvme->hbm``: a block brought up from a slower tier
-    for a hit). Write-backs and demotions (``hbm->dram``, ...) run off the TTFT path and are
-    not counted. Every load second is counted in full, serially: an upper bound on their cost,
-    since real loads may overlap compute.
+    Empty outside prefix semantics. TTFT saved = prefill time of the saved tokens minus the
+    modeled busy seconds of the load links (``dram->hbm``, ``nvme->dram``, ``nvme->hbm``: a
+    block brought up from a slower tier for a hit). Write-backs and demotions (``hbm->dram``,
+    ...) run off the TTFT path and are not counted. Every load second is counted in full,
+    serially: an upper bound on their cost, since real loads may overlap compute.
     """
-    total_tokens = int(data.input_lengths.sum())
-    figures = {"prefill_tokens": total_tokens, "prefill_tokens_saved": saved_tokens}
-    if data.profile is not None and data.layout is not None:
+    if spec.semantics is not Semantics.PREFIX:
+        return {}
+    figures = {"prefill_tokens": int(data.trace.input_lengths.sum()), "prefill_tokens_saved": saved_tokens}
+    if data.profile is not None:
         rate = data.profile.prefill_tokens_per_s
         figures["ttft_saved_s"] = round(saved_tokens / rate - _load_seconds(engine), 6)
     return figures
@@ -272,12 +252,3 @@ def _load_seconds(engine: SimEngine) -> float:
         if TIER_NAMES.index(dst) < TIER_NAMES.index(src):
             total += usage.seconds
     return total
-
-
-def __getattr__(name: str):
-    # ``run_sweep`` lives in sweep.py (which imports this module); re-exported lazily here.
-    if name == "run_sweep":
-        from .sweep import run_sweep
-
-        return run_sweep
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -31,14 +31,14 @@ from __future__ import annotations
 import itertools
 import os
 from dataclasses import dataclass
-from typing import Iterable, Iterator
+from typing import Any, Iterable, Iterator
 
 import numpy as np
 
 from tiercache.errors import TraceError
 from tiercache.sim.traces import id_list_field, int_field, iter_json_objects, write_jsonl
 
-__all__ = ["StepRecord", "FlatSteps", "iter_steps", "load_flat_steps", "write_steps", "step_json"]
+__all__ = ["StepRecord", "FlatSteps", "iter_steps", "steps_from_objects", "load_flat_steps", "flat_steps", "write_steps", "step_json"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,9 +105,18 @@ def iter_steps(path: str | os.PathLike) -> Iterator[StepRecord]:
             id within a list, a decreasing step, or a file without any record.
     """
     name = os.fspath(path)
+    return steps_from_objects(name, iter_json_objects(name))
+
+
+def steps_from_objects(name: str, objects: Iterable[tuple[int, dict[str, Any]]]) -> Iterator[StepRecord]:
+    """Validated step records of ``objects`` (``(line, object)`` read from file ``name``).
+
+    Raises:
+        TraceError: as ``iter_steps``.
+    """
     last_step = 0
     count = 0
-    for line, obj in iter_json_objects(name):
+    for line, obj in objects:
         record = _record(name, line, obj, last_step)
         last_step = record.step
         count += 1
@@ -122,9 +131,19 @@ def load_flat_steps(path: str | os.PathLike) -> FlatSteps:
     Raises:
         TraceError: as ``iter_steps``.
     """
+    name = os.fspath(path)
+    return flat_steps(name, iter_json_objects(name))
+
+
+def flat_steps(name: str, objects: Iterable[tuple[int, dict[str, Any]]]) -> FlatSteps:
+    """Flat arrays of the step records ``objects`` (``(line, object)`` of file ``name``).
+
+    Raises:
+        TraceError: as ``iter_steps``.
+    """
     chunks: list[tuple[int, ...]] = []
     meta: list[tuple[int, int, int, int]] = []
-    for rec in iter_steps(path):
+    for rec in steps_from_objects(name, objects):
         meta.append((rec.step, rec.layer, len(rec.read), len(rec.write)))
         chunks.extend((rec.read, rec.write))
     cols = np.array(meta, dtype=np.int64).reshape(len(meta), 4)

@@ -1,104 +1,146 @@
-"""Sweeps: load a trace once, replay it for every policy × capacity × semantics.
+"""Sweeps: a trace loaded once, replayed for every policy × capacity × semantics.
 
-``run_sweep`` returns the results document (``results.json``) shared by ``tiercache replay``,
-``tiercache compare`` and ``tiercache report``.
+A sweep is defined by a ``SweepSpec`` (typed and validated when built; the CLI builds one
+from its options) and run over a ``Trace`` by ``sweep``, which returns the
+``ResultsDocument`` shared by ``tiercache replay``, ``tiercache compare`` and
+``tiercache report``.
 """
 
 from __future__ import annotations
 
 import multiprocessing
-import os
 from dataclasses import dataclass
 
-import numpy as np
 from tqdm import tqdm
 
 import tiercache
-from tiercache.config import KVLayout, TierConfig, layout_preset, parse_layout, parse_tiers
+from tiercache.config import CacheConfig, KVLayout, TierConfig, parse_tiers
 from tiercache.errors import UserError
 from tiercache.policies import get_admission, get_eviction
+from tiercache.results import LayoutInfo, ResultsDocument, RunRecord, Semantics, TraceKind
 
-from .replay import ReplayData, RunSpec, Semantics, replay
-from .traces import iter_json_objects, load_flat, next_use, trace_fingerprint
+from .hardware import HardwareProfile
+from .loader import Trace, load_trace
+from .replay import ReplayData, RunSpec, replay
 
-__all__ = ["load_replay_data", "plan_runs", "run_sweep", "MOONCAKE_BLOCK_TOKENS"]
+__all__ = ["SweepSpec", "check_policy_names", "plan_runs", "sweep", "run_sweep"]
 
-#: Tokens per ``hash_ids`` entry in Mooncake traces.
-MOONCAKE_BLOCK_TOKENS = 512
+
+def check_policy_names(policies: tuple[str, ...], admission: str) -> None:
+    """Checks that every eviction policy and the admission policy are registered.
+
+    Raises:
+        UserError: an empty list, or an unknown policy (the registry's message names it).
+    """
+    if not policies:
+        raise UserError("--policy: no policy given")
+    for name in policies:
+        get_eviction(name)
+    get_admission(admission)
 
 
 @dataclass(frozen=True)
 class SweepSpec:
-    """Everything a sweep needs besides the trace itself."""
+    """What a sweep replays, besides the trace: policies × semantics × (capacities or one hierarchy).
+
+    Invariants (checked when built, so a bad spec fails before any replay):
+
+    * ``policies`` non-empty, each a registered eviction policy; ``admission`` a registered
+      admission policy (it runs the lower tiers of a hierarchy).
+    * ``semantics`` non-empty, of ``OBJECT``/``PREFIX`` (request traces; a step trace
+      replays every run as ``DECODE``).
+    * exactly one of ``capacities`` (single-tier sweep: each a positive block count) and
+      ``cache`` (one hierarchy, each policy run on it once per semantics).
+    * ``hardware`` only with a ``layout`` (modeled seconds need bytes per block).
+    """
 
     policies: tuple[str, ...]
-    capacities: tuple[int, ...]
-    semantics: tuple[str, ...]
-    tiers: tuple[TierConfig, ...] | None = None
+    semantics: tuple[Semantics, ...]
+    capacities: tuple[int, ...] = ()
+    cache: CacheConfig | None = None
     admission: str = "always"
-    write_through: bool = False
+    layout: KVLayout | None = None
+    hardware: HardwareProfile | None = None
+
+    def __post_init__(self) -> None:
+        check_policy_names(self.policies, self.admission)
+        if not self.semantics or any(s not in (Semantics.OBJECT, Semantics.PREFIX) for s in self.semantics):
+            raise UserError(f"--semantics: object and/or prefix, got {[getattr(s, 'value', s) for s in self.semantics]}")
+        if self.cache is not None and self.capacities:
+            raise UserError("--capacity and --tiers are exclusive; give one")
+        if self.cache is None and not self.capacities:
+            raise UserError("--capacity: no capacity given (or give --tiers)")
+        if any(isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in self.capacities):
+            raise UserError(f"--capacity: block counts must be positive integers, got {list(self.capacities)}")
+        if self.hardware is not None and self.layout is None:
+            raise UserError("--hardware needs --model or --layout (bytes per block) to model seconds")
+
+    def hierarchies(self) -> list[tuple[tuple[TierConfig, ...], bool]]:
+        """Each hierarchy the sweep runs on: (tiers, write_through), in sweep order."""
+        if self.cache is not None:
+            return [(self.cache.tiers, self.cache.write_through)]
+        return [((TierConfig("hbm", c),), False) for c in self.capacities]
 
 
-def trace_kind(path: str) -> str:
-    """``request`` (Mooncake JSONL) or ``step`` (decode step trace), from the first record."""
-    for _, obj in iter_json_objects(path):
-        return "step" if "step" in obj else "request"
-    return "request"  # empty: the request reader reports it with the file name
+def plan_runs(spec: SweepSpec, kind: TraceKind) -> list[RunSpec]:
+    """Every run of the sweep on a trace of ``kind``: semantics, then hierarchy, then policy.
+
+    A step trace replays in ``DECODE`` semantics only, so its runs are those of one semantics.
+    """
+    semantics = spec.semantics if kind is TraceKind.REQUESTS else (Semantics.DECODE,)
+    return [
+        RunSpec(policy, s, tiers, spec.admission, write_through)
+        for s in semantics
+        for tiers, write_through in spec.hierarchies()
+        for policy in spec.policies
+    ]
 
 
-def load_replay_data(path: str, layout: KVLayout | None, profile: object | None) -> tuple[ReplayData, dict]:
-    """Reads a trace once; returns the replay arrays and the trace summary for results.json."""
-    if trace_kind(path) == "step":
-        from .steptrace import load_flat_steps
+def sweep(trace: Trace, spec: SweepSpec, workers: int = 1, progress: bool = False, command: str = "") -> ResultsDocument:
+    """Replays ``trace`` for every run of ``spec``; ``command`` is recorded as given.
 
-        flat = load_flat_steps(path)
-        ids, offsets, lengths, is_write = flat.ids, flat.offsets, None, flat.is_write
-        block_tokens = layout.block_tokens if layout else 1
-    else:
-        flat = load_flat(path)
-        ids, offsets, lengths, is_write = flat.ids, flat.offsets, flat.input_lengths, None
-        block_tokens = MOONCAKE_BLOCK_TOKENS
-    summary = {
-        "path": os.path.abspath(path),
-        "name": os.path.basename(path),
-        "fingerprint": trace_fingerprint(path),
-        "kind": "step" if is_write is not None else "request",
-        "requests": int(len(offsets)),
-        "accesses": int(len(ids)),
-        "unique_blocks": int(len(np.unique(ids))),
-    }
-    data = ReplayData(ids.tolist(), offsets, next_use(ids).tolist(), lengths, is_write, layout, profile, block_tokens)
-    return data, summary
+    ``workers`` > 1 runs replays in forked worker processes (the trace is shared, not copied).
+    """
+    if workers < 1:
+        raise ValueError(f"sweep: workers must be >= 1, got {workers}")
+    runs = plan_runs(spec, trace.kind)
+    data = ReplayData.prepare(trace, spec.layout, spec.hardware)
+    return ResultsDocument(
+        tiercache_version=tiercache.__version__,
+        command=command,
+        trace=trace.info(),
+        layout=None if spec.layout is None else LayoutInfo.from_layout(spec.layout),
+        hardware=None if spec.hardware is None else spec.hardware.name,
+        runs=tuple(_execute(runs, data, workers, progress)),
+    )
 
 
-def plan_runs(spec: SweepSpec) -> list[RunSpec]:
-    """Every run of the sweep, validated (unknown policies fail before anything runs).
+def run_sweep(
+    trace_path: str, policies: list[str], capacities: list[int], semantics: list[str],
+    tiers: str | None = None, workers: int = 1, progress: bool = False,
+) -> dict:
+    """Convenience for scripts and tests: a sweep without layout or hardware, as results.json's object.
+
+    ``semantics`` are names (``"object"``, ``"prefix"``); ``tiers`` a ``--tiers`` text in
+    blocks (``"hbm=40,dram=120"``), exclusive with ``capacities``. Use ``SweepSpec`` and
+    ``sweep`` for anything more.
 
     Raises:
-        UserError: an unknown eviction or admission policy, or semantics name.
+        UserError: a bad policy, semantics, capacity or tier, or a malformed trace.
     """
-    for name in spec.policies:
-        get_eviction(name)
-    get_admission(spec.admission)
-    semantics = [Semantics.parse(text) for text in spec.semantics]
-    if spec.tiers is not None:
-        return [RunSpec(p, s, spec.tiers, spec.admission, spec.write_through) for s in semantics for p in spec.policies]
-    return [
-        RunSpec(p, s, (TierConfig("hbm", c),), spec.admission)
-        for s in semantics
-        for c in spec.capacities
-        for p in spec.policies
-    ]
+    cache = CacheConfig(parse_tiers(tiers, None)) if tiers else None
+    spec = SweepSpec(tuple(policies), tuple(Semantics.parse(s) for s in semantics), tuple(capacities), cache)
+    return sweep(load_trace(trace_path), spec, workers, progress).to_json()
 
 
 _WORKER_DATA: ReplayData | None = None  # set in the parent before forking workers
 
 
-def _run_in_worker(spec: RunSpec) -> dict:
+def _run_in_worker(spec: RunSpec) -> RunRecord:
     return replay(spec, _WORKER_DATA)
 
 
-def _execute(runs: list[RunSpec], data: ReplayData, workers: int, progress: bool) -> list[dict]:
+def _execute(runs: list[RunSpec], data: ReplayData, workers: int, progress: bool) -> list[RunRecord]:
     """Runs every replay, in worker processes when asked, with a progress bar over runs."""
     global _WORKER_DATA
     if len(runs) == 1:  # one long replay: show progress over its requests instead
@@ -117,89 +159,6 @@ def _execute(runs: list[RunSpec], data: ReplayData, workers: int, progress: bool
         bar.close()
 
 
-def _with_bar(bar: tqdm, record: dict) -> dict:
+def _with_bar(bar: tqdm, record: RunRecord) -> RunRecord:
     bar.update(1)
     return record
-
-
-def run_sweep(
-    trace_path: str,
-    policies: list[str],
-    capacities: list[int],
-    semantics: list[str],
-    tiers: str | None = None,
-    model: str | None = None,
-    layout: str | None = None,
-    hardware: str | None = None,
-    workers: int = 1,
-    progress: bool = True,
-    admission: str = "always",
-    write_through: bool = False,
-    command: str | None = None,
-) -> dict:
-    """Replays a trace for every policy × capacity × semantics; returns results.json's document.
-
-    With ``tiers`` (``"hbm=4096,dram=16GiB"``), each policy runs once per semantics on that
-    hierarchy and ``capacities`` is ignored. ``model`` names a layout preset (blocks of 512
-    tokens, the Mooncake block size) so that runs report bytes; ``layout`` is a custom one
-    instead (``"layers=32,kv_heads=8,head_dim=128,dtype=bfloat16"``, see ``parse_layout``;
-    exclusive with ``model``); ``hardware`` a preset or profile file for modeled seconds.
-
-    Raises:
-        UserError: a bad option, policy or trace (the message names it).
-    """
-    kv_layout = _resolve_layout(model, layout, trace_path)
-    profile = _load_profile(hardware) if hardware else None
-    tier_configs = parse_tiers(tiers, kv_layout) if tiers else None
-    spec = SweepSpec(tuple(policies), tuple(capacities), tuple(semantics), tier_configs, admission, write_through)
-    runs = plan_runs(spec)
-    data, summary = load_replay_data(trace_path, kv_layout, profile)
-    records = _execute(runs, data, workers, progress)
-    return {
-        "tiercache_version": tiercache.__version__,
-        "command": command or "",
-        "trace": summary,
-        "layout": _layout_dict(kv_layout),
-        "hardware": getattr(profile, "name", None),
-        "runs": records,
-    }
-
-
-def _resolve_layout(model: str | None, layout: str | None, trace_path: str) -> KVLayout | None:
-    """The KV layout of ``--model`` or ``--layout`` (exclusive), or None.
-
-    A preset always gets blocks of 512 tokens. A custom layout does too on a request trace
-    (a Mooncake ``hash_ids`` entry is 512 tokens); on a step trace it keeps its own
-    ``block_tokens`` (256 unless the spec says otherwise).
-
-    Raises:
-        UserError: both given, or the spec is invalid.
-    """
-    if model and layout:
-        raise UserError("--model and --layout are exclusive; give one")
-    if model:
-        return layout_preset(model, MOONCAKE_BLOCK_TOKENS)
-    if layout:
-        block_tokens = MOONCAKE_BLOCK_TOKENS if trace_kind(trace_path) == "request" else None
-        return parse_layout(layout, block_tokens)
-    return None
-
-
-def _load_profile(hardware: str) -> object:
-    from .hardware import load_profile
-
-    return load_profile(hardware)
-
-
-def _layout_dict(layout: KVLayout | None) -> dict | None:
-    if layout is None:
-        return None
-    return {
-        "name": layout.name,
-        "layers": layout.layers,
-        "kv_heads": layout.kv_heads,
-        "head_dim": layout.head_dim,
-        "dtype": layout.dtype,
-        "block_tokens": layout.block_tokens,
-        "block_bytes": layout.block_bytes,
-    }

@@ -16,7 +16,6 @@ Every reader streams the file line by line (never loads it whole) and reports ba
 
 from __future__ import annotations
 
-import enum
 import hashlib
 import itertools
 import json
@@ -28,6 +27,7 @@ import numpy as np
 
 from tiercache.errors import TraceError, UserError
 from tiercache.policies.base import NO_NEXT_USE
+from tiercache.results import TraceKind
 
 __all__ = [
     "MOONCAKE_BLOCK_TOKENS",
@@ -35,6 +35,7 @@ __all__ = [
     "FlatTrace",
     "iter_requests",
     "load_flat",
+    "flat_requests",
     "flat_ids",
     "request_offsets",
     "next_use",
@@ -43,6 +44,7 @@ __all__ = [
     "request_json",
     "TraceKind",
     "detect_kind",
+    "kind_of",
     "iter_json_objects",
     "int_field",
     "id_list_field",
@@ -94,8 +96,11 @@ class FlatTrace:
 # ----------------------------------------------------------------------------- parsing helpers
 
 
-def iter_json_objects(path: str | os.PathLike) -> Iterator[tuple[int, dict[str, Any]]]:
+def iter_json_objects(path: str | os.PathLike, digest: Any = None) -> Iterator[tuple[int, dict[str, Any]]]:
     """Yields ``(line, object)`` for each non-blank line of a JSONL file, streamed.
+
+    ``digest`` (a ``hashlib`` object), when given, is updated with every byte of the file
+    (blank lines included), so a reader that runs to the end also has the file's digest.
 
     Raises:
         TraceError: the file cannot be opened (missing, a directory, unreadable), a line is
@@ -108,6 +113,8 @@ def iter_json_objects(path: str | os.PathLike) -> Iterator[tuple[int, dict[str, 
         raise TraceError(name, None, f"cannot open trace: {exc.strerror or exc}") from None
     with handle:
         for line, raw in enumerate(_read_lines(handle, name), start=1):
+            if digest is not None:
+                digest.update(raw)
             if raw.strip():
                 yield line, _parse_object(name, line, raw)
 
@@ -199,11 +206,20 @@ def load_flat(path: str | os.PathLike) -> FlatTrace:
     Raises:
         TraceError: as ``iter_requests``.
     """
+    name = os.fspath(path)
+    return flat_requests(name, iter_json_objects(name))
+
+
+def flat_requests(name: str, objects: Iterable[tuple[int, dict[str, Any]]]) -> FlatTrace:
+    """Flat arrays of the request records ``objects`` (``(line, object)`` of file ``name``).
+
+    Raises:
+        TraceError: as ``iter_requests``.
+    """
     id_lists: list[list[int]] = []
     meta: list[tuple[int, int, int]] = []
-    name = os.fspath(path)
     # Parse without building Request objects: this runs on every replay.
-    for line, obj in iter_json_objects(name):
+    for line, obj in objects:
         meta.append(tuple(int_field(name, line, obj, f) for f in _REQUEST_FIELDS))
         id_lists.append(id_list_field(name, line, obj, "hash_ids"))
     if not meta:
@@ -312,25 +328,29 @@ def write_jsonl(path: str | os.PathLike, lines: Iterable[str], what: str) -> int
 # ----------------------------------------------------------------------------- kind detection
 
 
-class TraceKind(enum.Enum):
-    """The two JSONL trace formats tiercache reads."""
-
-    REQUESTS = "requests"  # Mooncake request trace (this module)
-    STEPS = "steps"  # step trace (tiercache.sim.steptrace)
-
-
 def detect_kind(path: str | os.PathLike) -> TraceKind:
     """Tells a request trace from a step trace by the first record's fields.
+
+    ``tiercache.sim.loader.load_trace`` reads a whole trace of either kind in one pass.
 
     Raises:
         TraceError: unreadable or empty file, or a first record that is neither kind.
     """
     name = os.fspath(path)
     for line, obj in iter_json_objects(name):
-        if "hash_ids" in obj:
-            return TraceKind.REQUESTS
-        if "step" in obj:
-            return TraceKind.STEPS
-        expected = "expected a Mooncake request (with 'hash_ids') or a step record (with 'step')"
-        raise TraceError(name, line, f"not a known trace: {expected}")
+        return kind_of(name, line, obj)
     raise TraceError(name, None, "no records: the trace is empty")
+
+
+def kind_of(name: str, line: int, first: dict[str, Any]) -> TraceKind:
+    """The kind of a trace whose first record is ``first`` (at ``line`` of file ``name``).
+
+    Raises:
+        TraceError: the record is neither a request nor a step record.
+    """
+    if "hash_ids" in first:
+        return TraceKind.REQUESTS
+    if "step" in first:
+        return TraceKind.STEPS
+    expected = "expected a Mooncake request (with 'hash_ids') or a step record (with 'step')"
+    raise TraceError(name, line, f"not a known trace: {expected}")

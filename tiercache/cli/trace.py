@@ -15,120 +15,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 
-import numpy as np
+from ..config import KVLayout, layout_preset
+from ..errors import UserError
+from ..sim import synth
+from ..sim.oracle import export_oracle_general
+from ..sim.steptrace import write_steps
+from ..sim.traces import write_requests
+from ..sim.tracestats import TraceStats, trace_stats
 
-from tiercache.config import KVLayout, layout_preset
-from tiercache.errors import UserError
-from tiercache.policies.base import NO_NEXT_USE
-from tiercache.sim import synth
-from tiercache.sim.oracle import export_oracle_general
-from tiercache.sim.steptrace import load_flat_steps, write_steps
-from tiercache.sim.traces import TraceKind, detect_kind, load_flat, next_use, write_requests
-
-__all__ = ["add_parser", "TraceStats", "trace_stats"]
-
-_PERCENTILES = (50, 90, 99)
-
-
-# ----------------------------------------------------------------------------- statistics
-
-
-@dataclass(frozen=True)
-class TraceStats:
-    """Summary of a trace, computed from its flat object stream.
-
-    ``records`` counts requests (request traces) or step records (step traces).
-    ``compulsory_miss_ratio`` = unique blocks / accesses (the miss ratio of an infinite
-    cache). ``prefix_hit_ratio_inf`` (request traces only) is the hit ratio of an infinite
-    *prefix* cache: a request hits only its leading blocks that were all seen before.
-    Reuse times count accesses between an access and the next access of the same block.
-    """
-
-    kind: str  # a TraceKind value: "requests" or "steps"
-    records: int
-    accesses: int
-    writes: int
-    unique_blocks: int
-    compulsory_miss_ratio: float
-    prefix_hit_ratio_inf: float | None
-    blocks_accessed_once: float
-    accesses_per_block_mean: float
-    accesses_per_block_max: int
-    reuse_time_pct: dict[str, float]
-    record_blocks_pct: dict[str, float]
-    input_tokens_pct: dict[str, float] | None
-    time_span: str
-
-
-def _pct(values: np.ndarray) -> dict[str, float]:
-    """p50/p90/p99/max of an array ({} when empty)."""
-    if len(values) == 0:
-        return {}
-    points = np.percentile(values, _PERCENTILES)
-    out = {f"p{p}": float(v) for p, v in zip(_PERCENTILES, points)}
-    out["max"] = float(values.max())
-    return out
-
-
-def _lengths(offsets: np.ndarray, total: int) -> np.ndarray:
-    return np.diff(np.append(offsets, total))
-
-
-def _prefix_hits(ids: np.ndarray, offsets: np.ndarray) -> int:
-    """Accesses that hit an infinite prefix cache: per request, the blocks before its first new block."""
-    _, first = np.unique(ids, return_index=True)
-    first.sort()  # positions of first occurrences, ascending
-    ends = np.append(offsets[1:], len(ids))
-    nxt = np.searchsorted(first, offsets)  # first new block at or after each request's start
-    first_new = np.where(nxt < len(first), first[np.minimum(nxt, len(first) - 1)], len(ids))
-    return int((np.minimum(first_new, ends) - offsets).sum())
-
-
-def _reuse_stats(ids: np.ndarray) -> dict[str, object]:
-    """Block-level reuse: counts per block and reuse times."""
-    _, counts = np.unique(ids, return_counts=True)
-    nu = next_use(ids)
-    has_next = nu != NO_NEXT_USE
-    gaps = nu[has_next] - np.flatnonzero(has_next)
-    return {
-        "unique_blocks": len(counts),
-        "blocks_accessed_once": float(np.mean(counts == 1)),
-        "accesses_per_block_mean": float(counts.mean()),
-        "accesses_per_block_max": int(counts.max()),
-        "reuse_time_pct": _pct(gaps),
-    }
-
-
-def trace_stats(path: str | os.PathLike) -> TraceStats:
-    """Statistics of a request trace or a step trace (the kind is detected).
-
-    Raises:
-        TraceError: the trace is malformed.
-    """
-    kind = detect_kind(path)
-    if kind is TraceKind.REQUESTS:
-        flat = load_flat(path)
-        ids, offsets, writes = flat.ids, flat.offsets, 0
-        prefix = _prefix_hits(ids, offsets) / len(ids) if len(ids) else 0.0
-        tokens = _pct(flat.input_lengths)
-        span = f"{(flat.timestamps.max() - flat.timestamps.min()) / 1000:.3f} s"
-    else:
-        steps = load_flat_steps(path)
-        ids, offsets, writes = steps.ids, steps.offsets, int(steps.is_write.sum())
-        prefix, tokens = None, None
-        layers = len(np.unique(steps.layers))
-        span = f"steps {steps.steps[0]}..{steps.steps[-1]} ({len(np.unique(steps.steps))} distinct; layers: {layers})"
-    if len(ids) == 0:
-        raise UserError(f"{os.fspath(path)}: the trace has records but no block accesses")
-    reuse = _reuse_stats(ids)
-    return TraceStats(
-        kind.value, len(offsets), len(ids), writes, reuse["unique_blocks"], reuse["unique_blocks"] / len(ids), prefix,
-        reuse["blocks_accessed_once"], reuse["accesses_per_block_mean"], reuse["accesses_per_block_max"],
-        reuse["reuse_time_pct"], _pct(_lengths(offsets, len(ids))), tokens, span,
-    )  # fmt: skip
+__all__ = ["add_parser", "format_stats"]
 
 
 def _format_pct(pct: dict[str, float] | None) -> str:
@@ -139,7 +36,7 @@ def format_stats(stats: TraceStats) -> str:
     """Human-readable table of ``TraceStats``, one ``name: value`` per line."""
     unit = "requests" if stats.prefix_hit_ratio_inf is not None else "step records"
     rows = [
-        ("kind", stats.kind),
+        ("kind", stats.kind.value),
         (unit, f"{stats.records:,}"),
         ("accesses", f"{stats.accesses:,}" + (f" ({stats.writes:,} writes)" if stats.writes else "")),
         ("unique blocks", f"{stats.unique_blocks:,}"),
@@ -162,7 +59,7 @@ def format_stats(stats: TraceStats) -> str:
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
     stats = trace_stats(args.trace)
-    print(json.dumps(asdict(stats), indent=2) if args.json else format_stats(stats))
+    print(json.dumps(asdict(stats) | {"kind": stats.kind.value}, indent=2) if args.json else format_stats(stats))
     return 0
 
 

@@ -10,15 +10,17 @@ from __future__ import annotations
 import argparse
 import shlex
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from ..errors import UserError
-from ..sim.replay_cli import add_common_options, capacity_text, sweep_from_args
+from ..report.content import build_document
+from ..report.model import ReportData, from_documents, load_results
+from ..report.tables import results_csv
+from ..report.writer import check_output_dir, write_report
+from ..results import ResultsDocument
 from ..sim.traces import trace_fingerprint
-from .content import build_document
-from .model import ReportData, from_documents, load_results
-from .tables import results_csv
-from .writer import check_output_dir, write_report
+from .replay import add_common_options, capacity_text, sweep_from_args
 
 __all__ = ["add_parser"]
 
@@ -48,9 +50,9 @@ def run_compare(args: argparse.Namespace) -> int:
     """``tiercache compare``: sweep, then report. The output folder is checked before the sweep."""
     check_output_dir(args.out)
     started = time.perf_counter()
-    results = sweep_from_args(args)
     command = _compare_command(args)
-    results["command"] = command  # the reproducible form, not whatever argv the caller had
+    # The reproducible form of the command, not whatever argv the caller had.
+    results = replace(sweep_from_args(args), command=command)
     data = from_documents([results], [f"{args.out}/results.json"])
     _write(args.out, data, args.trace, command, results)
     print(f"{len(data.runs)} runs in {time.perf_counter() - started:.1f} s")
@@ -68,7 +70,7 @@ def run_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def _write(out: str, data: ReportData, trace_path: str | None, command: str, results: dict | None) -> None:
+def _write(out: str, data: ReportData, trace_path: str | None, command: str, results: ResultsDocument | None) -> None:
     document = build_document(data, trace_path, command)
     names = write_report(out, document, results_csv(data), results, data.version)
     plots = sum(name.endswith(".png") for name in names)

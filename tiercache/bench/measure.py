@@ -1,4 +1,4 @@
-"""The measurements behind ``tiercache bench`` (see ``bench_cli`` for what and why).
+"""The measurements behind ``tiercache bench`` (see ``tiercache.bench.tiers`` for what and why).
 
 Every timed region covers the work only: buffers, pools, key lists and view lists are
 built before the clock starts; deleting the previous repetition's blocks and dropping the
@@ -16,10 +16,11 @@ import numpy as np
 import psutil
 import torch
 
-from . import chunkio, rawio
-from .buffers import byte_array
-from .nvme import NVMeStore
-from .pools import BlockPool, dram_pool, hbm_pool
+from ..data import chunkio
+from ..data.buffers import byte_array
+from ..data.nvme import NVMeStore
+from ..data.pools import BlockPool, dram_pool, hbm_pool
+from . import rawio
 
 __all__ = ["Bench", "COMPARISONS"]
 

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .buffers import PAGE
-from .chunkio import drop_file_cache, open_for_read
+from ..data.buffers import PAGE
+from ..data.chunkio import drop_file_cache, open_for_read
 
 __all__ = [
     "RawRun", "RawBlockFiles", "SYNC_POLICY", "direct_read", "pwrite_loop", "host_copy", "read_latency",

@@ -1,0 +1,144 @@
+"""The results.json schema (tiercache.results): round trip, strict reading, the version-1 upgrade."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+
+import pytest
+
+from tiercache.core.stats import HierarchyStats, TierCounters
+from tiercache.errors import UserError
+from tiercache.results import (
+    SCHEMA_VERSION,
+    LayoutInfo,
+    Mode,
+    ResultsDocument,
+    RunRecord,
+    Semantics,
+    TierRecord,
+    TraceInfo,
+    TraceKind,
+    read_results,
+    write_results,
+)
+
+
+def tier(name: str, hits: int, base: int) -> TierRecord:
+    """A tier whose every counter has its own value, so a swapped field shows."""
+    return TierRecord(name, base + 1, hits, base + 2, base + 3, base + 4, base + 5, base + 6, base + 7,
+                      base + 8, base + 9, base + 10)
+
+
+def full_document() -> ResultsDocument:
+    """Every field set, none to its default."""
+    run = RunRecord(
+        policy="s3fifo", admission="second_hit", semantics=Semantics.PREFIX, mode=Mode.WRITE_THROUGH,
+        capacity_blocks=300, accesses=1000, hits=600, misses=400, recomputed=17, miss_ratio=0.4, hit_ratio=0.6,
+        tiers=(tier("hbm", 500, 100), tier("dram", 100, 200)), wall_seconds=1.25,
+        bytes_moved={"hbm->dram": 1 << 30, "dram->hbm": 12345}, modeled_seconds={"hbm->dram": 0.5, "recompute": 2.0, "total": 2.5},
+        prefill_tokens=5_000_000, prefill_tokens_saved=300_000, ttft_saved_s=-0.75,
+    )
+    decode = dataclasses.replace(run, semantics=Semantics.DECODE, mode=Mode.EXCLUSIVE, prefill_tokens=None,
+                                 prefill_tokens_saved=None, ttft_saved_s=None)
+    return ResultsDocument(
+        tiercache_version="9.9.9", command="tiercache replay t.jsonl --policy s3fifo",
+        trace=TraceInfo("/data/t.jsonl", "t.jsonl", "ab" * 16, TraceKind.STEPS, 12, 1000, 321),
+        layout=LayoutInfo("custom", 2, 4, 8, "float16", 16, 2048), hardware="h200-pcie5-nvme4", runs=(run, decode),
+    )
+
+
+def test_round_trip_keeps_every_field(tmp_path):
+    document = full_document()
+    path = tmp_path / "results.json"
+    write_results(path, document, "--out")
+    data = json.loads(path.read_text())
+    assert data["schema_version"] == SCHEMA_VERSION == document.schema_version
+    assert read_results(path) == document
+    # Every dataclass field is written under its own name (nothing dropped on the way out).
+    for record, written in ((document.runs[0], data["runs"][0]), (document.runs[0].tiers[0], data["runs"][0]["tiers"][0]),
+                            (document.trace, data["trace"]), (document.layout, data["layout"])):
+        assert set(written) == {f.name for f in dataclasses.fields(record)}
+    assert set(data) == {f.name for f in dataclasses.fields(document)}
+
+
+def test_every_counter_the_manager_keeps_is_in_the_schema():
+    stats = HierarchyStats.for_tiers([("hbm", 4)])
+    assert {f.name for f in dataclasses.fields(TierCounters)} == {f.name for f in dataclasses.fields(TierRecord)}
+    run_fields = {f.name for f in dataclasses.fields(RunRecord)}
+    assert {"misses", "recomputed"} <= run_fields and {"misses", "recomputed"} <= set(vars(stats))
+
+
+def v1_document() -> dict:
+    """A file as tiercache wrote it before versioning: no schema_version, no v2 counters."""
+    data = full_document().to_json()
+    del data["schema_version"]
+    data["trace"]["kind"] = "step"
+    for run in data["runs"]:
+        del run["recomputed"]
+        for tier_entry in run["tiers"]:
+            for key in ("failed_transfers", "promote_skipped", "lost"):
+                del tier_entry[key]
+        for key in ("prefill_tokens", "prefill_tokens_saved", "ttft_saved_s"):
+            if run[key] is None:
+                del run[key]  # version 1 wrote them only in prefix semantics
+    return data
+
+
+def test_version_1_upgrade_fills_only_what_it_did_not_record():
+    upgraded = ResultsDocument.from_json(v1_document(), "old.json")
+    assert upgraded.trace.kind is TraceKind.STEPS
+    first = upgraded.runs[0]
+    assert first.recomputed is None and first.prefill_tokens == 5_000_000
+    assert all(t.lost is None and t.failed_transfers is None and t.promote_skipped is None for t in first.tiers)
+    assert [t.hits for t in first.tiers] == [500, 100] and first.tiers[0].refused == 107
+    assert upgraded.runs[1].prefill_tokens is None
+    # An upgraded document writes as version 2 and reads back unchanged (None stays "not recorded").
+    assert ResultsDocument.from_json(json.loads(json.dumps(upgraded.to_json())), "new.json") == upgraded
+
+
+def test_version_1_still_requires_what_it_wrote():
+    data = v1_document()
+    del data["runs"][1]["tiers"][0]["copies"]
+    with pytest.raises(UserError, match=r"old.json: run 2: tier 1: missing field\(s\) copies"):
+        ResultsDocument.from_json(data, "old.json")
+
+
+def _mutated(change) -> dict:
+    data = copy.deepcopy(full_document().to_json())
+    change(data)
+    return data
+
+
+@pytest.mark.parametrize(
+    "change, needle",
+    [
+        (lambda d: d.update(schema_version=3), "r.json: results schema_version 3 is not one"),
+        (lambda d: d.update(schema_version="2"), "schema_version '2'"),
+        (lambda d: d["runs"][1].pop("recomputed"), "r.json: run 2: missing field(s) recomputed"),
+        (lambda d: d["runs"][0]["tiers"][1].pop("lost"), "r.json: run 1: tier 2: missing field(s) lost"),
+        (lambda d: d["runs"][1].update(hits="600"), "r.json: run 2: field 'hits' must be a non-negative integer, got '600'"),
+        (lambda d: d["runs"][0].update(semantics="sideways"), "r.json: run 1: field 'semantics' must be object/prefix/decode"),
+        (lambda d: d["runs"][0].update(mode=None), "r.json: run 1: field 'mode'"),
+        (lambda d: d["runs"][0].update(misses=1), "r.json: run 1: inconsistent counts"),
+        (lambda d: d["runs"][0]["bytes_moved"].update(x=-1), "r.json: run 1: field 'bytes_moved'"),
+        (lambda d: d["trace"].update(kind="step"), "r.json: trace: field 'kind' must be requests/steps"),
+        (lambda d: d["trace"].pop("fingerprint"), "r.json: trace: missing field 'fingerprint'"),
+        (lambda d: d["layout"].pop("dtype"), "r.json: layout: missing field(s) dtype"),
+        (lambda d: d.update(layout="llama"), "r.json: malformed 'layout'"),
+        (lambda d: d.update(hardware=7), "field 'hardware' must be null or a preset name"),
+        (lambda d: d.pop("command"), "r.json: missing field 'command'"),
+        (lambda d: d.update(runs=[]), "r.json: the results file has no runs"),
+        (lambda d: d.update(runs=[3]), "r.json: malformed 'run 1'"),
+    ],
+)
+def test_strict_reading_names_file_run_and_field(change, needle):
+    with pytest.raises(UserError) as info:
+        ResultsDocument.from_json(_mutated(change), "r.json")
+    assert needle in str(info.value) and "\n" not in str(info.value)
+
+
+def test_records_check_their_counts():
+    with pytest.raises(ValueError, match="accesses"):
+        dataclasses.replace(full_document().runs[0], misses=1)

@@ -1,0 +1,129 @@
+"""The data plane against the raw hardware, side by side in one run (``tiercache bench``).
+
+Three comparisons, each over several repetitions (DESIGN.md section 8):
+
+(a) DRAM -> HBM block copies through ``BlockPool.copy_to`` (random slots) vs one raw
+    ``copy_`` of the same bytes (host copies without CUDA; pinned -> device with CUDA,
+    timed with CUDA events);
+(b) NVMe block writes through ``NVMeStore.put`` + ``flush`` vs a raw pwrite loop of the
+    same blocks (from the same DRAM slots), block size, concurrency and sync policy;
+(c) cold NVMe block reads through ``NVMeStore.get`` (after dropping the store's own files
+    from the page cache) vs a raw O_DIRECT preadv loop over the same chunk files into the
+    same DRAM slots (and, for context, over one big laid-out file per thread).
+
+Tiercache and raw alternate round by round (disk: slice by slice of the blocks), the side
+that goes first rotating. GB/s figures are medians over repetitions; each ratio is the
+median over all rounds of the ratio of two neighbouring measurements, which cancels the
+disk's regime switches. zarr's own Python API is measured once on the same blocks for
+reference. Torch is imported only when the command runs.
+"""
+
+from __future__ import annotations
+
+import socket
+import statistics
+from dataclasses import dataclass
+
+from ..config import KVLayout
+from ..errors import UserError
+
+__all__ = ["BenchConfig", "run_bench", "save_measured_profile", "TARGET_RATIOS", "QUICK_LAYOUT"]
+
+#: The layout of ``--quick`` runs: tiny blocks, for smoke tests.
+QUICK_LAYOUT = KVLayout(layers=2, kv_heads=2, head_dim=64, block_tokens=32, per_layer=True, name="quick")
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """What one benchmark run measures. Invariants: blocks, threads, reps >= 1."""
+
+    layout: KVLayout
+    blocks: int
+    threads: int
+    reps: int
+    directory: str
+    zarr_api: bool = True
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("blocks", "threads", "reps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise UserError(f"bench: --{name} must be a positive integer, got {value!r}")
+
+    @property
+    def total_bytes(self) -> int:
+        """Bytes moved by one repetition of one comparison."""
+        return self.blocks * self.layout.block_bytes
+
+
+def run_bench(cfg: BenchConfig) -> dict:
+    """Measures every comparison ``cfg.reps`` times; returns the result document."""
+    from . import measure as m  # torch lives there
+
+    bench = m.Bench(cfg)
+    try:
+        first_fill = bench.first_fill()
+        samples = bench.repeat()
+        latency = bench.latencies()
+        zarr_api = bench.zarr_api() if cfg.zarr_api else None
+        machine = bench.machine()
+    finally:
+        bench.close()
+    return _document(cfg, samples, first_fill, latency, zarr_api, machine)
+
+
+# The ratios the data plane is held to; the others are reported for context.
+TARGET_RATIOS = ("host_to_device", "disk_write", "disk_read_cold")
+
+
+def _document(cfg: BenchConfig, samples: dict, first_fill: dict, latency: dict, zarr_api: dict | None, machine: dict) -> dict:
+    """Assembles the JSON document.
+
+    ``raw``/``tiercache`` are medians over repetitions (GB/s). A ratio is the median over
+    every round of the tiercache/raw throughput ratio of the two measurements made right
+    next to each other: the disk here switches between speed regimes within seconds, and
+    pairing neighbours cancels that where a ratio of medians would not.
+    ``ratio_of_medians`` is given as well.
+    """
+    tc = {name: statistics.median(v) for name, v in samples["tiercache"].items()}
+    raw = {name: statistics.median(v) for name, v in samples["raw"].items()}
+    paired = {name: statistics.median(v) for name, v in samples["paired"].items()}
+    return {
+        "ratios": {name: paired[name] for name in TARGET_RATIOS},
+        "raw": raw,
+        "tiercache": tc,
+        "other_ratios": {
+            "device_to_host": paired["device_to_host"],
+            "disk_read_cold_vs_one_big_file": statistics.median(samples["paired_file"]["disk_read_cold"]),
+            "disk_write_first_fill": first_fill["ratio"],
+        },
+        "ratio_of_medians": {name: tc[name] / raw[name] for name in tc},
+        "disk_read_cold_one_big_file": {"raw": statistics.median(samples["raw_file"]["disk_read_cold"]),
+                                        "note": "raw O_DIRECT preadv from one laid-out file per thread instead of the chunk files"},
+        "first_fill_write": first_fill,
+        "units": "GB/s (1e9 bytes per second); ratios are tiercache / raw",
+        "zarr_api": zarr_api,
+        "latency_s": latency,
+        "samples": samples,
+        "config": {
+            "layout": cfg.layout.name, "block_shape": list(cfg.layout.block_shape), "dtype": cfg.layout.dtype,
+            "block_bytes": cfg.layout.block_bytes, "blocks": cfg.blocks, "threads": cfg.threads, "reps": cfg.reps,
+        },
+        "machine": machine,
+    }
+
+
+def save_measured_profile(result: dict, path: str) -> None:
+    """Writes the measured links (tiercache throughput, raw small-transfer latency) as a
+    hardware profile that ``tiercache.sim.hardware.load_profile`` reads."""
+    from ..sim.hardware import HardwareProfile, Link, save_profile
+
+    tc, lat = result["tiercache"], result["latency_s"]
+    links = {
+        "dram->hbm": Link(tc["host_to_device"] * 1e9, lat["host_to_device"]),
+        "hbm->dram": Link(tc["device_to_host"] * 1e9, lat["device_to_host"]),
+        "nvme->dram": Link(tc["disk_read_cold"] * 1e9, lat["disk_read_cold"]),
+        "dram->nvme": Link(tc["disk_write"] * 1e9, lat["disk_write"]),
+    }
+    save_profile(HardwareProfile(f"measured-{socket.gethostname()}", links, 10000.0), path)

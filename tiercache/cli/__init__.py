@@ -1,0 +1,53 @@
+"""The ``tiercache`` command: a thin dispatcher over one module per subcommand.
+
+Each subcommand module (``replay``, ``trace``, ``report``, ``bench``) exposes
+``add_parser(subparsers)``, which registers its parser and sets ``func`` (a callable taking
+the parsed namespace and returning an exit code). The modules parse options and print;
+the work is library code. Bad user input raises ``UserError``; it is printed as one line,
+without a traceback, and exits 2. Nothing in the library imports this package.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..errors import UserError
+from . import bench, replay, report, trace
+
+__all__ = ["main", "build_parser"]
+
+# Subcommand modules, in the order they appear in ``--help``.
+_SUBCOMMANDS = (replay, trace, report, bench)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Builds the top-level parser with every subcommand."""
+    parser = argparse.ArgumentParser(prog="tiercache", description="Tiered KV-cache manager and trace replayer.")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    subparsers.required = True
+    for module in _SUBCOMMANDS:
+        module.add_parser(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the console script; returns the exit code.
+
+    ``argv`` (default ``sys.argv[1:]``) is what a results file records as its command.
+    """
+    argv = [str(a) for a in (sys.argv[1:] if argv is None else argv)]
+    args = build_parser().parse_args(argv)
+    args.argv = argv
+    try:
+        return int(args.func(args) or 0)
+    except UserError as exc:
+        print(f"tiercache {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("tiercache: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

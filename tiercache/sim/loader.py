@@ -1,0 +1,98 @@
+"""One trace loader: a request trace or a step trace, read once, its kind detected.
+
+``load_trace`` streams the file a single time: the first record tells the kind, the same
+pass builds the flat arrays and hashes the bytes for the fingerprint. Replays, sweeps,
+``tiercache trace inspect`` and the report's LRU curve all start from the ``Trace`` it returns.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from tiercache.errors import TraceError
+from tiercache.results import TraceInfo, TraceKind
+
+from .steptrace import FlatSteps, flat_steps
+from .traces import FlatTrace, flat_requests, iter_json_objects, kind_of
+
+__all__ = ["Trace", "load_trace"]
+
+
+@dataclass(frozen=True)
+class Trace:
+    """A whole trace as flat arrays, with its kind and fingerprint.
+
+    Invariants: record ``r`` (a request, or a step record) owns ``ids[offsets[r]:offsets[r + 1]]``;
+    ``offsets`` has one entry per record plus an end entry equal to ``len(ids)``, starts at 0
+    and never decreases. Exactly one of ``requests`` (request traces: timestamps, token
+    counts) and ``steps`` (step traces: write flags, steps, layers) is set, matching ``kind``.
+    ``fingerprint`` is the blake2b-128 hex digest of the file's bytes (``trace_fingerprint``).
+    """
+
+    path: str
+    kind: TraceKind
+    fingerprint: str
+    ids: np.ndarray
+    offsets: np.ndarray
+    requests: FlatTrace | None = None
+    steps: FlatSteps | None = None
+
+    def __post_init__(self) -> None:
+        present = (self.requests is not None, self.steps is not None)
+        if present != (self.kind is TraceKind.REQUESTS, self.kind is TraceKind.STEPS):
+            raise ValueError(f"Trace {self.path}: the detail arrays must match the kind {self.kind.value}")
+        if len(self.offsets) < 2 or int(self.offsets[-1]) != len(self.ids):
+            raise ValueError(f"Trace {self.path}: offsets must end with len(ids)")
+
+    @property
+    def records(self) -> int:
+        """Requests (request traces) or step records (step traces)."""
+        return len(self.offsets) - 1
+
+    @property
+    def input_lengths(self) -> np.ndarray | None:
+        """Prompt tokens of each request (request traces only)."""
+        return None if self.requests is None else self.requests.input_lengths
+
+    @property
+    def is_write(self) -> np.ndarray | None:
+        """Per access: True where a step stores the block (step traces only)."""
+        return None if self.steps is None else self.steps.is_write
+
+    def info(self) -> TraceInfo:
+        """The ``trace`` record of results.json."""
+        return TraceInfo(
+            path=os.path.abspath(self.path), name=os.path.basename(self.path), fingerprint=self.fingerprint,
+            kind=self.kind, requests=self.records, accesses=len(self.ids), unique_blocks=int(len(np.unique(self.ids))),
+        )
+
+
+def load_trace(path: str | os.PathLike) -> Trace:
+    """Reads a request or step trace in one pass.
+
+    Raises:
+        TraceError: unreadable or empty file, a first record of neither kind, or any error
+            of the kind's reader (the message names the file and the 1-based line).
+    """
+    name = os.fspath(path)
+    digest = hashlib.blake2b(digest_size=16)
+    objects = iter_json_objects(name, digest)
+    first = next(objects, None)
+    if first is None:
+        raise TraceError(name, None, "no records: the trace is empty")
+    kind = kind_of(name, *first)
+    stream = itertools.chain([first], objects)
+    if kind is TraceKind.REQUESTS:
+        requests = flat_requests(name, stream)
+        return Trace(name, kind, digest.hexdigest(), requests.ids, _with_end(requests.offsets, requests.ids), requests=requests)
+    steps = flat_steps(name, stream)
+    return Trace(name, kind, digest.hexdigest(), steps.ids, _with_end(steps.offsets, steps.ids), steps=steps)
+
+
+def _with_end(offsets: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    return np.append(offsets, np.int64(len(ids)))
