@@ -216,3 +216,24 @@ def test_a_partly_landed_nvme_write_is_rolled_back(tmp_path):
     store.close()
     with NVMeStore(tmp_path / "s", LAYOUT) as reopened:
         assert len(reopened) == 0 and reopened.stats["failed_writes"] == 0
+
+
+# -- reads never destroy what they read (issue 8, item 4) -------------------------------------
+@pytest.mark.parametrize("order", ["all", "alternating"])
+def test_get_of_stored_blocks_never_evicts_one_of_them(tmp_path, order):
+    data = blocks(8, 11)
+    with TieredKVStore(LAYOUT, tiers(hbm=2, dram=2, nvme=4), path=tmp_path / "nvme") as store:
+        store.put([key(i) for i in range(8)], data)
+        where = store.lookup([key(i) for i in range(8)])[1]
+        assert None not in where
+        wanted = list(range(8))
+        if order == "alternating":  # NVMe, DRAM, NVMe, DRAM...
+            nvme = [i for i in wanted if where[i] == "nvme"]
+            dram = [i for i in wanted if where[i] != "nvme"]
+            wanted = [x for pair in zip(nvme, dram) for x in pair] + nvme[len(dram):] + dram[len(nvme):]
+        got = store.get([key(i) for i in wanted])
+        for row, i in enumerate(wanted):
+            assert torch.equal(got[row], data[i]), i
+        assert store.lookup([key(i) for i in range(8)])[0] == 8  # all still stored
+        assert store.stats()["tiers"][2]["lost"] == 0
+        store.check_invariants()

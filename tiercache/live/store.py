@@ -227,9 +227,7 @@ class TieredKVStore:
                 raise KeyError(f"{len(missing)} of {len(keys)} keys are not stored (first: {missing[0].hex()})")
             if out is not None:
                 check_blocks(out, self.layout, len(keys), "TieredKVStore.get out")
-            self.manager.wait_all()
-            self.manager.access(ids, store_misses=False)  # no bytes here for a lost block
-            self._consume()
+            self._promote_for_read(ids)
             return self._gather(keys, ids, out)
 
     def get_slots(self, keys: Sequence[bytes]) -> list[int]:
@@ -241,13 +239,28 @@ class TieredKVStore:
         with self._lock:
             self._check_open()
             ids = self._present_ids(keys)
-            self.manager.wait_all()
-            self.manager.access(ids, store_misses=False)
-            self._consume()
+            self._promote_for_read(ids)
             top = self.manager.dirs[0].slot_of
             if any(i not in top for i in ids):
                 raise KeyError("a block could not be brought to HBM (no room, or unreadable)")
             return [top[i] for i in ids]
+
+    def _promote_for_read(self, ids: list[int]) -> None:
+        """Promotes the blocks a read asks for, as the policy says, never at their expense.
+
+        Every requested block is referenced while the promotions run, so making room for
+        one of them can never push another out of the hierarchy; what does not fit in HBM
+        is read from where it is. Moves in flight are completed first, so the read sees the
+        final placement.
+        """
+        self.manager.wait_all()
+        distinct = list(dict.fromkeys(ids))
+        self.manager.ref(distinct)
+        try:
+            self.manager.access(ids, store_misses=False)  # no bytes here for a lost block
+        finally:
+            self.manager.unref(distinct)
+            self._consume()
 
     @property
     def hbm_tensor(self) -> torch.Tensor:
