@@ -14,7 +14,7 @@ from tiercache.keys import KEY_BYTES, block_key, key_to_int, prefix_keys
 # Pinned: a change here invalidates every stored block key, so it must be deliberate.
 GOLDEN_BLOCK = "4b05fcd0ffca3b9058aae229f1e8a11d"  # block_key(None, [1, 2, 3], "tenant-a")
 GOLDEN_PREFIX = ["bf6d137b07545a2a8206c68a0590880e", "2b684ae124813df4bcb9e887968e5355"]  # range(10), 4, "t"
-GOLDEN_INT = 3051844088603307455  # key_to_int of GOLDEN_PREFIX[0]
+GOLDEN_INT = 3411561602431721217  # key_to_int of GOLDEN_PREFIX[0] (blake2b-64 of the whole key, "tiercache.id.v1")
 
 
 def test_golden_digests():
@@ -96,3 +96,11 @@ def test_key_to_int_is_63_bit_non_negative():
     for i in range(200):
         value = key_to_int(block_key(None, [i], "k"))
         assert 0 <= value < 2**63
+
+
+def test_ids_hash_the_whole_key():
+    """Hand-made keys sharing their first 8 bytes get different ids (issue 8, item 14)."""
+    a, b = b"s0-l0-b10".ljust(16, b"_"), b"s0-l0-b11".ljust(16, b"_")
+    assert a[:8] == b[:8] and key_to_int(a) != key_to_int(b)
+    ids = {key_to_int(f"s0-l{layer}-b{block}".encode().ljust(16, b"_")) for layer in range(32) for block in range(100)}
+    assert len(ids) == 3200

@@ -237,3 +237,13 @@ def test_get_of_stored_blocks_never_evicts_one_of_them(tmp_path, order):
         assert store.lookup([key(i) for i in range(8)])[0] == 8  # all still stored
         assert store.stats()["tiers"][2]["lost"] == 0
         store.check_invariants()
+
+
+def test_hand_made_keys_sharing_a_prefix_are_distinct_blocks(tmp_path):
+    keys = [f"s0-l0-b{i}".encode().ljust(16, b"_") for i in range(8, 14)]
+    data = blocks(len(keys), 12)
+    with TieredKVStore(LAYOUT, tiers(), path=tmp_path / "nvme") as store:
+        assert store.put(keys, data) == len(keys)
+        for i, k in enumerate(keys):
+            assert torch.equal(store.get([k])[0], data[i])
+        assert store.stats()["key_collisions"] == 0

@@ -34,6 +34,7 @@ _DOMAIN = b"tiercache.block.v1\x00"
 _NO_PARENT = b"\x00"
 _HAS_PARENT = b"\x01"
 _MASK63 = (1 << 63) - 1
+_ID_PERSON = b"tiercache.id.v1"  # domain of key -> id hashing (blake2b personalisation)
 
 
 def _namespace_bytes(namespace: bytes | str) -> bytes:
@@ -119,9 +120,12 @@ def prefix_keys(token_ids: Sequence[int] | np.ndarray, block_tokens: int, namesp
 def key_to_int(key: bytes) -> int:
     """Stable non-negative 63-bit id of a key, for int-keyed metadata tables.
 
-    Two keys may map to the same int (63 bits of a 128-bit digest); tables keyed by it
-    must keep the full key (or the token ids) to confirm a match.
+    The id hashes the *whole* key (blake2b-64 under its own domain tag), so hand-made keys
+    that share a prefix (``b"s0-l0-b10".ljust(16, b"_")`` and ``b"s0-l0-b11"...``) get
+    unrelated ids. Two keys may still map to the same int (63 bits of a 128-bit key);
+    tables keyed by it must keep the full key (or the token ids) to confirm a match.
     """
     if not isinstance(key, (bytes, bytearray)) or len(key) != KEY_BYTES:
         raise ValueError(f"key must be {KEY_BYTES} bytes, got {key!r}")
-    return int.from_bytes(key[:8], "little") & _MASK63
+    digest = hashlib.blake2b(bytes(key), digest_size=8, person=_ID_PERSON).digest()
+    return int.from_bytes(digest, "little") & _MASK63
