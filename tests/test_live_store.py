@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from tiercache.config import KVLayout, TierConfig
+from tiercache.errors import UserError
 from tiercache.core.plans import TransferPlan
 from tiercache.data.engine import LocalEngine
 from tiercache.data.handlers import HANDLERS, Job, handler_for, register_handler
@@ -247,3 +248,83 @@ def test_hand_made_keys_sharing_a_prefix_are_distinct_blocks(tmp_path):
         for i, k in enumerate(keys):
             assert torch.equal(store.get([k])[0], data[i])
         assert store.stats()["key_collisions"] == 0
+
+
+# -- bad API input: one clear UserError, the store still usable (issue 8, item 10) -------------
+BAD_KEYS = {
+    "short key": [b"x" * 15],
+    "bytearray": [bytearray(16)],
+    "generator": (key(i) for i in range(2)),
+    "one bytes object": key(0),
+    "str": ["0123456789abcdef"],
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_KEYS))
+def test_bad_keys_are_user_errors_and_change_nothing(tmp_path, case):
+    with TieredKVStore(LAYOUT, tiers(), path=tmp_path / "nvme") as store:
+        store.put([key(0)], blocks(1, 13))
+        for call in (lambda k: store.put(k, blocks(1, 14)), store.lookup, store.get, store.prefetch, store.pin, store.release,
+                     lambda k: store.access(k, blocks(1, 14))):
+            keys = BAD_KEYS[case]
+            with pytest.raises(UserError):
+                call(keys)
+        store.check_invariants()
+        assert store.lookup([key(0)])[0] == 1 and len(store._map.keys) == 1
+
+
+def test_release_without_pin_raises_and_changes_nothing(tmp_path):
+    from tiercache.core.counts import CountError
+
+    with TieredKVStore(LAYOUT, tiers(), path=tmp_path / "nvme") as store:
+        store.put([key(0), key(1)], blocks(2, 15))
+        store.pin([key(0)])
+        with pytest.raises(CountError):
+            store.release([key(0), key(1)])
+        assert store.manager.refs == {store._map.ids([key(0)], False)[0]: 1}
+        store.release([key(0)])
+        store.check_invariants()
+
+
+@pytest.mark.parametrize("device", ["cuda", "cuda:7", "bogus", "meta", 3.5])
+def test_bad_devices_are_user_errors(tmp_path, device):
+    if torch.cuda.is_available() and device == "cuda":
+        pytest.skip("CUDA is available here")
+    with pytest.raises(UserError, match="device"):
+        TieredKVStore(LAYOUT, tiers(), path=tmp_path / "nvme", device=device)
+
+
+def test_bad_construction_arguments_are_user_errors(tmp_path):
+    (tmp_path / "file").write_text("x")
+    cases = [
+        dict(layout={"layers": 2}, tiers=tiers(), path=tmp_path / "a"),
+        dict(layout=LAYOUT, tiers=[("hbm", 4)], path=tmp_path / "b"),
+        dict(layout=LAYOUT, tiers=tiers(), path=tmp_path / "file" / "store"),
+        dict(layout=LAYOUT, tiers=[TierConfig("hbm", 1), TierConfig("dram", 2**40)], path=None),
+    ]
+    for kwargs in cases:
+        with pytest.raises(UserError):
+            TieredKVStore(**kwargs)
+
+
+def test_unreadable_store_directory_is_a_user_error(tmp_path, monkeypatch):
+    """A store that cannot even be opened (a read-only mount, no permission): injected."""
+    import tiercache.live.media as media
+
+    def denied(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(media, "NVMeStore", denied)
+    with pytest.raises(UserError, match="cannot open the nvme tier"):
+        TieredKVStore(LAYOUT, tiers(), path=tmp_path / "ro")
+
+
+def test_calls_after_close_are_user_errors(tmp_path):
+    store = TieredKVStore(LAYOUT, tiers(), path=tmp_path / "nvme")
+    store.put([key(0)], blocks(1, 16))
+    store.close()
+    for call in (lambda: store.pin([key(0)]), lambda: store.release([key(0)]), store.flush, store.stats,
+                 lambda: store.get([key(0)]), lambda: store.prefetch([key(0)])):
+        with pytest.raises(UserError, match="closed"):
+            call()
+    assert store.close() == 0  # idempotent

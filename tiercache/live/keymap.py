@@ -13,7 +13,7 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 
 from tiercache.errors import UserError
-from tiercache.keys import key_to_int
+from tiercache.keys import KEY_BYTES, key_to_int
 
 __all__ = ["KeyMap"]
 
@@ -35,19 +35,32 @@ class KeyMap:
         """The full key of a registered id; raises KeyError for an unknown one."""
         return self.keys[block_id]
 
+    @staticmethod
+    def check_keys(keys: object, what: str) -> list[bytes]:
+        """``keys`` as a list, after checking it is a list or tuple of 16-byte ``bytes``.
+
+        Raises:
+            UserError: naming the call, the position and what was wrong.
+        """
+        if not isinstance(keys, (list, tuple)):
+            raise UserError(f"{what}: keys must be a list of {KEY_BYTES}-byte bytes keys, got {type(keys).__name__}")
+        for index, key in enumerate(keys):
+            if not isinstance(key, bytes):
+                raise UserError(f"{what}: keys[{index}] must be bytes, got {type(key).__name__}")
+            if len(key) != KEY_BYTES:
+                raise UserError(f"{what}: keys[{index}] must be {KEY_BYTES} bytes long, got {len(key)}")
+        return list(keys)
+
     def ids(self, keys: Sequence[bytes], register: bool) -> list[int | None]:
         """Manager ids of ``keys``; None for a key whose id belongs to another key.
 
         With ``register`` unknown keys are recorded (the caller is about to place them and
         must ``forget_absent`` whatever it did not place).
 
-        Raises:
-            UserError: a key is not ``bytes``.
+        ``keys`` were checked with ``check_keys``.
         """
         ids: list[int | None] = []
         for key in keys:
-            if not isinstance(key, bytes):
-                raise UserError(f"TieredKVStore: keys must be bytes, got {type(key).__name__}")
             block_id = key_to_int(key)
             known = self.keys.get(block_id)
             if known is None and register:

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Sequence
+
+import psutil
+import torch
 
 from tiercache.config import KVLayout, TierConfig
 from tiercache.data.nvme import NVMeStore
@@ -11,9 +15,15 @@ from tiercache.data.pools import BlockPool, dram_pool, hbm_pool
 from tiercache.errors import UserError
 from tiercache.policies import get_eviction
 
-__all__ = ["check_tiers", "check_online", "open_medium"]
+__all__ = ["check_layout", "check_tiers", "check_online", "resolve_device", "check_host_memory", "open_medium"]
 
 _ORDER = ("hbm", "dram", "nvme")
+
+
+def check_layout(layout: object) -> None:
+    """Raises UserError unless ``layout`` is a ``KVLayout``."""
+    if not isinstance(layout, KVLayout):
+        raise UserError(f"TieredKVStore: layout must be a KVLayout (see tiercache.config.layout_preset), got {type(layout).__name__}")
 
 
 def check_tiers(tiers: Sequence[TierConfig], path) -> None:
@@ -22,14 +32,59 @@ def check_tiers(tiers: Sequence[TierConfig], path) -> None:
     Raises:
         UserError: naming what is wrong.
     """
+    if not isinstance(tiers, (list, tuple)) or not all(isinstance(t, TierConfig) for t in tiers):
+        raise UserError("TieredKVStore: tiers must be a list of TierConfig, fastest first")
     names = [t.name for t in tiers]
     if not tiers or names[0] != "hbm" or any(n not in _ORDER for n in names) \
             or names != sorted(names, key=_ORDER.index) or len(set(names)) != len(names):
         raise UserError(f"TieredKVStore: tiers must be hbm[, dram][, nvme] in that order, got {names}")
     if "nvme" in names and path is None:
         raise UserError("TieredKVStore: an nvme tier needs path= (the store directory)")
-    if path is not None and os.path.isfile(path):
+    if path is not None:
+        _check_store_path(Path(path))
+
+
+def _check_store_path(path: Path) -> None:
+    """The store directory (or the first existing folder above it) must be a directory."""
+    if path.is_file():
         raise UserError(f"TieredKVStore: store path {os.fspath(path)!r} is a file")
+    blocking = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
+    if blocking is not None:
+        raise UserError(f"TieredKVStore: store path {os.fspath(path)!r} lies under {os.fspath(blocking)!r}, which is a file")
+
+
+def resolve_device(device: object) -> torch.device:
+    """The HBM tier's device: CUDA when available by default, else the CPU.
+
+    Raises:
+        UserError: an unparsable device, a device other than ``cpu``/``cuda`` (``meta``
+            tensors hold no data), or CUDA asked for where there is none.
+    """
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise UserError(f"TieredKVStore: device {device!r} is not a device ({str(exc).splitlines()[0]})") from None
+    if parsed.type not in ("cpu", "cuda"):
+        raise UserError(f"TieredKVStore: device must be 'cpu' or 'cuda[:N]', got {device!r}")
+    if parsed.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"TieredKVStore: device {device!r} asked for, but CUDA is not available here")
+    if parsed.type == "cuda" and parsed.index is not None and parsed.index >= torch.cuda.device_count():
+        raise UserError(f"TieredKVStore: device {device!r}: only {torch.cuda.device_count()} CUDA device(s)")
+    return parsed
+
+
+def check_host_memory(layout: KVLayout, tiers: Sequence[TierConfig], device: torch.device) -> None:
+    """Refuses host pools (DRAM, and HBM on the CPU) larger than the memory available now,
+    instead of failing deep in the allocator or being killed later for overcommitting."""
+    host = [t for t in tiers if t.name == "dram" or (t.name == "hbm" and device.type == "cpu")]
+    wanted = sum(t.capacity_blocks for t in host) * layout.block_bytes
+    available = psutil.virtual_memory().available
+    if wanted > available:
+        names = "+".join(t.name for t in host)
+        raise UserError(f"TieredKVStore: {names} need {wanted / 2**30:.1f} GiB of host memory, "
+                        f"{available / 2**30:.1f} GiB available; lower their capacity")
 
 
 def check_online(eviction: str | None, tiers: Sequence[TierConfig]) -> None:
@@ -40,9 +95,20 @@ def check_online(eviction: str | None, tiers: Sequence[TierConfig]) -> None:
 
 
 def open_medium(tier: TierConfig, layout: KVLayout, path, device) -> BlockPool | NVMeStore:
-    """The medium of one tier: a GPU (or CPU) pool, a pinned host pool, or an NVMe store."""
-    if tier.name == "hbm":
-        return hbm_pool(layout, tier.capacity_blocks, device)
-    if tier.name == "dram":
-        return dram_pool(layout, tier.capacity_blocks)
-    return NVMeStore(path, layout, tier.capacity_blocks)
+    """The medium of one tier: a GPU (or CPU) pool, a pinned host pool, or an NVMe store.
+
+    Raises:
+        UserError: the pool could not be allocated, or the store directory not opened
+            (permissions, a read-only mount): the message names the tier and the reason.
+    """
+    try:
+        if tier.name == "hbm":
+            return hbm_pool(layout, tier.capacity_blocks, device)
+        if tier.name == "dram":
+            return dram_pool(layout, tier.capacity_blocks)
+        return NVMeStore(path, layout, tier.capacity_blocks)
+    except OSError as exc:
+        raise UserError(f"TieredKVStore: cannot open the {tier.name} tier at {os.fspath(path)!r}: {exc.strerror or exc}") from None
+    except (MemoryError, torch.cuda.OutOfMemoryError) as exc:
+        need = tier.capacity_blocks * layout.block_bytes / 2**30
+        raise UserError(f"TieredKVStore: cannot allocate the {tier.name} tier ({need:.1f} GiB): {type(exc).__name__}") from None

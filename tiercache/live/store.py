@@ -37,7 +37,7 @@ from tiercache.keys import key_to_int, prefix_keys
 from tiercache.policies import make_admission, make_eviction
 
 from .keymap import KeyMap
-from .media import check_online, check_tiers, open_medium
+from .media import check_host_memory, check_layout, check_online, check_tiers, open_medium, resolve_device
 
 __all__ = ["TieredKVStore", "Pending"]
 
@@ -77,8 +77,11 @@ class TieredKVStore:
 
     def __init__(self, layout: KVLayout, tiers: Sequence[TierConfig], eviction: str | None = None, admission: str | None = None,
                  path: str | os.PathLike | None = None, device: str | None = None, write_through: bool = False) -> None:
+        check_layout(layout)
         check_tiers(tiers, path)
         check_online(eviction, tiers)
+        device = resolve_device(device)
+        check_host_memory(layout, tiers, device)
         self.layout = layout
         self._lock = threading.RLock()
         self._map = KeyMap()
@@ -115,6 +118,7 @@ class TieredKVStore:
         Raises:
             UserError: keys not bytes or repeated; blocks of the wrong dtype or shape.
         """
+        keys = self._map.check_keys(keys, "TieredKVStore.put")
         check_blocks(kv_blocks, self.layout, len(keys), "TieredKVStore.put kv_blocks")
         if len(set(keys)) != len(keys):
             raise UserError("TieredKVStore.put: a key appears twice in one call")
@@ -139,6 +143,7 @@ class TieredKVStore:
         through the live store give the same per-tier hits as the simulator. With ``wait``
         False promotions are left in flight and returned as a handle.
         """
+        keys = self._map.check_keys(keys, "TieredKVStore.access")
         check_blocks(kv_blocks, self.layout, len(keys), "TieredKVStore.access kv_blocks")
         with self._lock:
             self._check_open()
@@ -177,6 +182,7 @@ class TieredKVStore:
     # -- finding -------------------------------------------------------------------------
     def lookup(self, keys: Sequence[bytes]) -> tuple[int, list[str | None]]:
         """Length of the stored prefix of ``keys``, and the tier holding each key (or None)."""
+        keys = self._map.check_keys(keys, "TieredKVStore.lookup")
         with self._lock:
             self._check_open()
             ids = self._map.ids(keys, register=False)
@@ -219,6 +225,7 @@ class TieredKVStore:
             KeyError: a key is not stored, or its stored copy proved unreadable (corrupt
                 NVMe chunk: dropped and counted, never returned as data).
         """
+        keys = self._map.check_keys(keys, "TieredKVStore.get")
         with self._lock:
             self._check_open()
             ids = self._map.ids(keys, register=False)
@@ -236,6 +243,7 @@ class TieredKVStore:
         The slots index ``hbm_tensor``; pin the keys first if the blocks must stay there
         while a kernel reads them. A block that could not be promoted raises KeyError.
         """
+        keys = self._map.check_keys(keys, "TieredKVStore.get_slots")
         with self._lock:
             self._check_open()
             ids = self._present_ids(keys)
@@ -276,6 +284,7 @@ class TieredKVStore:
         ``wait``, ``poll`` or the next read. Until then lookups find the blocks where they
         were. Unknown keys and blocks already in HBM are skipped.
         """
+        keys = self._map.check_keys(keys, "TieredKVStore.prefetch")
         with self._lock:
             self._check_open()
             ids = [i for i in self._map.ids(keys, register=False) if i is not None]
@@ -311,18 +320,29 @@ class TieredKVStore:
     # -- readers -------------------------------------------------------------------------
     def pin(self, keys: Sequence[bytes]) -> None:
         """Marks blocks as read by a live sequence: never evicted until ``release``."""
+        keys = self._map.check_keys(keys, "TieredKVStore.pin")
         with self._lock:
+            self._check_open()
             self.manager.ref(self._present_ids(keys))
 
     def release(self, keys: Sequence[bytes]) -> None:
-        """Undoes ``pin``; releasing more than was pinned raises (counts never go negative)."""
+        """Undoes ``pin``.
+
+        Raises:
+            CountError: releasing more than was pinned (counts never go negative); the
+                whole call then changes nothing.
+            KeyError: a key is not stored.
+        """
+        keys = self._map.check_keys(keys, "TieredKVStore.release")
         with self._lock:
+            self._check_open()
             self.manager.unref(self._present_ids(keys))
 
     # -- reporting and lifetime ----------------------------------------------------------
     def stats(self) -> dict:
         """Per-tier hits, inserts, evictions, demotions, promotions, bytes; queue depth; NVMe stats."""
         with self._lock:
+            self._check_open()
             self._consume()
             block_bytes = self.layout.block_bytes
             moved = {f"{self._stats.tiers[s].name}->{self._stats.tiers[d].name}": n * block_bytes
@@ -335,8 +355,12 @@ class TieredKVStore:
     def flush(self) -> None:
         """Makes every NVMe block written so far durable."""
         with self._lock:
-            for medium in self._media:
-                medium.flush()
+            self._check_open()
+            self._flush_media()
+
+    def _flush_media(self) -> None:
+        for medium in self._media:
+            medium.flush()
 
     def close(self, persist: bool = True) -> int:
         """Finishes in-flight work, makes the NVMe tier durable and closes it; idempotent.
@@ -363,7 +387,7 @@ class TieredKVStore:
             attempt(self.manager.wait_all)
             attempt(self._consume)
             persisted = (attempt(self._persist) or 0) if persist else 0
-            attempt(self.flush)
+            attempt(self._flush_media)
             attempt(self._close_media)
             if errors:
                 raise errors[0]
