@@ -13,31 +13,15 @@ import numpy as np
 import pytest
 import torch
 
-from tiercache.config import KVLayout, TierConfig
-from tiercache.errors import UserError
-from tiercache.core.plans import TransferPlan
+from store_helpers import LAYOUT, blocks, key, tiers
+from tiercache.config import TierConfig
+from tiercache.core.plans import JobResult, TransferPlan
 from tiercache.data.engine import LocalEngine
 from tiercache.data.handlers import HANDLERS, Job, handler_for, register_handler
 from tiercache.data.nvme import NVMeStore
 from tiercache.data.pools import BlockPool, dram_pool
-from tiercache.core.plans import JobResult
+from tiercache.errors import UserError
 from tiercache.live.store import Pending, TieredKVStore
-
-LAYOUT = KVLayout(layers=2, kv_heads=2, head_dim=8, dtype="float16", block_tokens=4)
-
-
-def tiers(hbm=2, dram=3, nvme=40):
-    return [TierConfig("hbm", hbm), TierConfig("dram", dram), TierConfig("nvme", nvme)]
-
-
-def key(i: int) -> bytes:
-    return i.to_bytes(16, "little")
-
-
-def blocks(n: int, seed: int) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randn((n, *LAYOUT.block_shape), generator=gen).to(torch.float16)
-
 
 # -- handles of moves in flight --------------------------------------------------------------
 def test_prefetch_then_any_other_call_then_get_and_close(tmp_path):

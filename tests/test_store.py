@@ -12,27 +12,12 @@ import pytest
 import torch
 
 from conftest import DATA, sample_requests, run_threads
+from store_helpers import LAYOUT, blocks, key, tiers
 from tiercache.config import KVLayout, TierConfig
 from tiercache.live.store import TieredKVStore
 from tiercache.core.counts import CountError
 from tiercache.errors import UserError
 from tiercache.sim.sweep import run_sweep
-
-LAYOUT = KVLayout(layers=2, kv_heads=2, head_dim=8, dtype="float16", block_tokens=4)
-
-
-def tiers(hbm=2, dram=3, nvme=40):
-    return [TierConfig("hbm", hbm), TierConfig("dram", dram), TierConfig("nvme", nvme)]
-
-
-def key(i: int) -> bytes:
-    return i.to_bytes(16, "little")
-
-
-def blocks(n: int, seed: int) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randn((n, *LAYOUT.block_shape), generator=gen).to(torch.float16)
-
 
 def test_round_trip_from_every_tier_is_bit_identical(tmp_path):
     data = blocks(12, 0)

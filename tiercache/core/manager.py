@@ -27,8 +27,6 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import numpy as np
-
 from tiercache.policies.base import AdmissionPolicy, EvictionPolicy, Hints
 
 from .counts import CountError, decrement, increment
