@@ -8,6 +8,7 @@ landed, and moves bytes through one registered handler per medium pair.
 from __future__ import annotations
 
 import errno
+import threading
 
 import numpy as np
 import pytest
@@ -184,14 +185,18 @@ def test_a_partly_landed_nvme_write_is_rolled_back(tmp_path):
     pool.write([0, 1, 2, 3], data)
     keys = {i: key(i) for i in range(4)}
     store = NVMeStore(tmp_path / "s", LAYOUT, 8)
-    original = store._write_chunk
+    write_one, write_chunk, current = store._write_one, store._write_chunk, threading.local()
+
+    def tagged(key_, slot, gen, block_):  # I/O thread: remember whose chunk is being written
+        current.key = key_
+        return write_one(key_, slot, gen, block_)
 
     def failing(slot, gen, payload):
-        if slot == 5:
+        if current.key == key(2):
             raise OSError(errno.ENOSPC, "No space left on device (injected)")
-        return original(slot, gen, payload)
+        return write_chunk(slot, gen, payload)
 
-    store._write_chunk = failing
+    store._write_one, store._write_chunk = tagged, failing
     engine = LocalEngine([pool, store], keys.__getitem__)
     engine.submit(TransferPlan(0, (0, 1, 2, 3), 0, np.arange(4), 1, np.array([3, 4, 5, 6])))
     result = engine.wait(0)

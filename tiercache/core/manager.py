@@ -195,15 +195,20 @@ class TierManager(TransferMixin):
                 raise KeyError(f"insert of block {block_id}, which is already resident")
         self._insert_new(list(ids), hints)
 
-    def restore(self, tier: int, ids: Sequence[int], slots: Sequence[int]) -> None:
-        """Adopts blocks already stored in ``slots`` of ``tier`` (reopening a durable store).
+    def restore(self, tier: int, ids: Sequence[int], slots: Sequence[int] | None = None) -> None:
+        """Adopts blocks already stored in ``tier`` (reopening a durable store).
 
-        The slots must be free and the ids absent from every tier; nothing is moved.
+        ``slots`` names the (free) slots they occupy, or None to count them in any free
+        slots (a medium that places bytes itself). The ids must be absent from every tier
+        and fit; nothing is moved.
         """
         for block_id in ids:
             if self.locate(block_id) is not None:
                 raise KeyError(f"restore of block {block_id}, which is already resident")
-        self.dirs[tier].claim(ids, slots)
+        if slots is None:
+            self.dirs[tier].insert(ids)
+        else:
+            self.dirs[tier].claim(ids, slots)
         self.policies[tier].on_insert(list(ids), self._future_hints(ids))
         self.events.emit(Ev.INSERT, tier, len(ids))
 

@@ -21,7 +21,7 @@ import torch
 
 from tiercache.core.plans import JobResult, TransferPlan
 
-from .nvme import NVMeStore, PutResult
+from .nvme import NVMeStore, PutResult, StoreFullError
 from .pools import BlockPool
 
 __all__ = ["Job", "CopyContext", "CopyHandler", "HANDLERS", "register_handler", "handler_for"]
@@ -100,14 +100,20 @@ class PoolToPool:
 
 class PoolToStore:
     """HBM or DRAM -> NVMe: I/O threads write the pool's slot views (host pools), or the
-    blocks pass through the pinned staging pool piece by piece (GPU pools)."""
+    blocks pass through the pinned staging pool piece by piece (GPU pools).
+
+    The NVMe store chooses the physical slots itself (the plan's destination slots are the
+    manager's count of room, not places on disk): a slot freed by a deletion is reused only
+    once that deletion is durable, so a block flushed to NVMe keeps its bytes until a flush
+    records that it left, and a crash never finds a durable entry over someone else's bytes.
+    """
 
     def start(self, plan: TransferPlan, src: BlockPool, store: NVMeStore, ctx: CopyContext) -> Job:
         keys = ctx.keys(plan.ids)
         if src.device.type != "cpu":
             return Job(plan, result=_staged_put(plan, keys, src, store, ctx))
         views = [src.view(int(slot)) for slot in plan.src_slots]
-        future = store.submit_put(keys, views, slots=plan.dst_slots.tolist())
+        future = _recycling(store.submit_put, store, keys, views)
         return Job(plan, future=future, finish=lambda outcome: _write_result(plan, store, outcome))
 
 
@@ -121,6 +127,16 @@ class StoreToPool:
             return Job(plan, result=_staged_get(plan, keys, store, dst, ctx))
         views = [dst.view(int(slot)) for slot in plan.dst_slots]
         return Job(plan, future=store.submit_get(keys, views), finish=lambda hits: _read_result(plan, hits))
+
+
+def _recycling(put, store: NVMeStore, keys: list[bytes], views: list[torch.Tensor]):
+    """``put(keys, views)``; when only slots of not-yet-durable deletions are left, flushes
+    once (making those deletions durable frees their slots) and tries again."""
+    try:
+        return put(keys, views)
+    except StoreFullError:
+        store.flush()
+        return put(keys, views)
 
 
 def _write_result(plan: TransferPlan, store: NVMeStore, outcome: list[PutResult]) -> JobResult:
@@ -146,7 +162,7 @@ def _staged_put(plan: TransferPlan, keys: list[bytes], src: BlockPool, store: NV
     staging = ctx.staging
     for a, n in ctx.pieces(len(keys)):
         src.copy_to(staging, plan.src_slots[a : a + n], np.arange(n), non_blocking=False)
-        results = store.put(keys[a : a + n], [staging.view(i) for i in range(n)], slots=plan.dst_slots[a : a + n].tolist())
+        results = _recycling(store.put, store, keys[a : a + n], [staging.view(i) for i in range(n)])
         failed = [r for r in results if not r.ok]
         if failed:  # the plan fails whole: take back what landed
             store.delete(keys[:a] + [r.key for r in results if r.ok])

@@ -106,9 +106,30 @@ def open_medium(tier: TierConfig, layout: KVLayout, path, device) -> BlockPool |
             return hbm_pool(layout, tier.capacity_blocks, device)
         if tier.name == "dram":
             return dram_pool(layout, tier.capacity_blocks)
-        return NVMeStore(path, layout, tier.capacity_blocks)
+        return _open_nvme(tier, layout, path)
     except OSError as exc:
         raise UserError(f"TieredKVStore: cannot open the {tier.name} tier at {os.fspath(path)!r}: {exc.strerror or exc}") from None
     except (MemoryError, torch.cuda.OutOfMemoryError) as exc:
         need = tier.capacity_blocks * layout.block_bytes / 2**30
         raise UserError(f"TieredKVStore: cannot allocate the {tier.name} tier ({need:.1f} GiB): {type(exc).__name__}") from None
+
+
+def spare_slots(capacity_blocks: int) -> int:
+    """Physical NVMe slots beyond the tier's capacity: room for blocks whose deletion is not
+    durable yet, so the store flushes once per ``spare`` evictions rather than once each."""
+    return max(8, capacity_blocks // 8)
+
+
+def _open_nvme(tier: TierConfig, layout: KVLayout, path) -> NVMeStore:
+    """Opens (or creates with spare slots) the NVMe store of a tier of ``capacity`` blocks.
+
+    Raises:
+        UserError: an existing store with fewer slots than the tier's capacity.
+    """
+    exists = os.path.exists(os.path.join(os.fspath(path), "zarr.json"))
+    store = NVMeStore(path, layout, None if exists else tier.capacity_blocks + spare_slots(tier.capacity_blocks))
+    if store.capacity < tier.capacity_blocks:
+        store.close()
+        raise UserError(f"TieredKVStore: the NVMe store at {os.fspath(path)!r} has {store.capacity} slots, "
+                        f"fewer than the nvme tier's {tier.capacity_blocks}")
+    return store

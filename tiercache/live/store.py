@@ -71,8 +71,9 @@ class TieredKVStore:
         device: device of the HBM tier (default: CUDA when available, else the CPU).
         write_through: inclusive hierarchy instead of the default exclusive one.
 
-    Invariants (``check_invariants``): the key map holds exactly the resident blocks; the
-    NVMe tier's directory slots equal the NVMe store's slots; the manager's own invariants.
+    Invariants (``check_invariants``): the key map holds exactly the resident blocks; every
+    block the NVMe tier's directory holds is stored in the NVMe store (which chooses its
+    physical slots itself); the manager's own invariants.
     """
 
     def __init__(self, layout: KVLayout, tiers: Sequence[TierConfig], eviction: str | None = None, admission: str | None = None,
@@ -423,9 +424,9 @@ class TieredKVStore:
             self.manager.check_invariants()
             self._map.check({b for d in self.manager.dirs for b in d.slot_of})
             for tier, medium in enumerate(self._media):
-                if medium.keyed:
-                    for block_id, slot in self.manager.dirs[tier].slot_of.items():
-                        assert medium.slot_of(self._map.keys[block_id]) == slot, f"nvme: block {block_id} not at slot {slot}"
+                if medium.keyed:  # a keyed medium places bytes itself: check by key
+                    for block_id in self.manager.dirs[tier].slot_of:
+                        assert medium.contains(self._map.keys[block_id]), f"{medium}: resident block {block_id} is not stored"
 
     # -- internals -----------------------------------------------------------------------
     def _present_ids(self, keys: Sequence[bytes]) -> list[int]:
@@ -460,13 +461,18 @@ class TieredKVStore:
         self._map.forget_absent(self.events.drain_departed(), self.manager.locate)
 
     def _adopt_stored_blocks(self) -> None:
-        """Reopening: every complete block of a durable medium joins its tier."""
+        """Reopening: the complete blocks of a durable medium join its tier, as many as the
+        tier holds (oldest slots first); the rest, blocks that had left the tier before a
+        crash made their deletion durable, or a tier reopened smaller, are deleted."""
         for tier, medium in enumerate(self._media):
-            entries = medium.durable_items()
-            ids = [key_to_int(key) for key, _ in entries]
-            self._map.adopt(ids, [key for key, _ in entries])
+            entries = sorted(medium.durable_items(), key=lambda entry: entry[1])
+            keep, extra = entries[: self.manager.dirs[tier].capacity], entries[self.manager.dirs[tier].capacity :]
+            if extra:
+                medium.forget([key for key, _ in extra])
+            ids = [key_to_int(key) for key, _ in keep]
+            self._map.adopt(ids, [key for key, _ in keep])
             if ids:
-                self.manager.restore(tier, ids, [slot for _, slot in entries])
+                self.manager.restore(tier, ids)
         self.events.drain()  # adoption is not traffic
 
     def _check_open(self) -> None:
