@@ -10,6 +10,7 @@ this checks the ordering of writes, renames and index updates, not power-loss be
 
 from __future__ import annotations
 
+import os
 import random
 import shutil
 import signal
@@ -238,3 +239,32 @@ def test_crash_in_a_slot_rewrite_is_dropped_at_reopen_not_served_stale(tmp_path,
         assert not crashed.contains(b"old") and len(crashed) == 0
         assert crashed.stats["recovered_dropped"] == 1 and crashed.stats["corrupt_reads"] == 0
         crashed.check_invariants()
+
+
+def test_clean_close_marker_is_removed_at_open_and_only_written_by_a_clean_close(tmp_path, monkeypatch):
+    """Reopen skips the trailer checks only after a clean close: the marker must be gone
+    while the store is open (a kill then looks unclean) and absent after a failed close."""
+    from tiercache.data.nvme_open import CLEAN_NAME
+
+    marker = tmp_path / "s" / CLEAN_NAME
+    store = NVMeStore(tmp_path / "s", LAYOUT, 2)
+    store.put([b"a"], block(1))
+    store.close()
+    assert marker.exists()
+    store = NVMeStore(tmp_path / "s", LAYOUT)
+    assert not marker.exists(), "an open store must not look cleanly closed"
+    store.put([b"b"], block(2))
+    real = os.pwrite
+    monkeypatch.setattr(os, "pwrite", lambda *a: (_ for _ in ()).throw(OSError(28, "No space left on device")))
+    with pytest.raises(OSError):
+        store.close()
+    monkeypatch.setattr(os, "pwrite", real)
+    assert not marker.exists()
+    marker.write_text("999\n")  # a marker from another index state proves nothing
+    with open(store.chunk_path(0), "r+b") as f:  # a chunk that no longer matches its entry
+        f.seek(-1, os.SEEK_END)
+        last = f.read(1)[0]
+        f.seek(-1, os.SEEK_END)
+        f.write(bytes([last ^ 0xFF]))  # same length, other crc trailer
+    with NVMeStore(tmp_path / "s", LAYOUT) as reopened:
+        assert len(reopened) == 0 and reopened.stats["recovered_dropped"] == 1
