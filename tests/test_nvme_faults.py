@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import shutil
 
 import pytest
@@ -157,18 +158,30 @@ def test_compressed_corrupt_chunk_is_a_miss(tmp_path):
 
 def test_stale_durable_entry_never_serves_newer_bytes(tmp_path):
     """A put that names a live slot rewrites it in place before the old key's removal is
-    durable; after a crash the old entry's crc no longer matches and the bytes are a miss."""
+    durable. After a crash, reopen sees the chunk's trailer no longer matches the old
+    entry and drops it (a crash leftover, not corruption). If the trailer still matched
+    (power loss may persist the old trailer with new payload pages), the read's full crc
+    check turns the bytes into a counted miss."""
     data = blocks_for(LAYOUT, 2, seed=6)
     with NVMeStore(tmp_path / "s", LAYOUT, 1) as store:
         store.put([b"old"], data[:1])
         store.flush()
+        old_trailer = open(store.chunk_path(0), "rb").read()[-4:]
         store.put([b"new"], data[1:], slots=[0])  # not flushed
         shutil.copytree(tmp_path / "s", tmp_path / "crashed")
+        shutil.copytree(tmp_path / "s", tmp_path / "torn")
     with NVMeStore(tmp_path / "crashed", LAYOUT) as crashed:
-        assert crashed.contains(b"old") and not crashed.contains(b"new")
-        assert not crashed.get([b"old"], torch.empty_like(data[:1]))[0]
-        assert crashed.stats["corrupt_reads"] == 1 and not crashed.contains(b"old")
+        assert not crashed.contains(b"old") and not crashed.contains(b"new")
+        assert crashed.stats["recovered_dropped"] == 1 and crashed.stats["corrupt_reads"] == 0
         crashed.check_invariants()
+    with open(tmp_path / "torn" / os.path.basename(store.chunk_path(0)), "r+b") as f:
+        f.seek(-4, os.SEEK_END)
+        f.write(old_trailer)
+    with NVMeStore(tmp_path / "torn", LAYOUT) as torn:
+        assert torn.contains(b"old")
+        assert not torn.get([b"old"], torch.empty_like(data[:1]))[0]
+        assert torn.stats["corrupt_reads"] == 1 and not torn.contains(b"old")
+        torn.check_invariants()
 
 
 def test_torn_journal_tail_is_ignored_and_cut(tmp_path):
@@ -227,3 +240,40 @@ def test_read_error_is_a_miss_not_a_crash(tmp_path, monkeypatch):
         monkeypatch.undo()
         assert store.stats["read_errors"] == 1 and store.contains(b"a")
         assert_serves(store, [b"a"], data)
+
+
+def files_open_under(path) -> list[str]:
+    """Paths under ``path`` that this process holds open."""
+    held = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue  # the fd of the listing itself is gone already
+        if target.startswith(str(path)):
+            held.append(target)
+    return held
+
+
+def test_full_disk_close_names_the_store_closes_every_file_and_reopens(tmp_path, monkeypatch):
+    """Issue 8, item 7 (store part): failed writes are counted, a close that cannot flush
+    raises an error naming the store after releasing every file, and what was durable
+    before reopens."""
+    data = blocks_for(LAYOUT, 5, seed=10)
+    store = NVMeStore(tmp_path / "s", LAYOUT, 8, io_threads=1)
+    store.put([b"a", b"b"], data[:2])
+    store.flush()
+    fail_next(monkeypatch, "pwrite", count=2)  # the disk is full for the next two chunk writes
+    results = store.put([b"c", b"d", b"e"], data[2:])
+    monkeypatch.undo()
+    assert [r.ok for r in results] == [False, False, True] and store.stats["failed_writes"] == 2
+    fail_next(monkeypatch, "pwrite", count=100)  # still full at close: the journal append fails
+    with pytest.raises(OSError, match=re.escape(str(tmp_path / "s"))) as caught:
+        store.close()
+    monkeypatch.undo()
+    assert caught.value.errno == errno.ENOSPC and "not durable" in str(caught.value)
+    assert files_open_under(tmp_path / "s") == [], "close left files open"
+    store.close()  # idempotent, raises nothing the second time
+    with NVMeStore(tmp_path / "s", LAYOUT) as reopened:
+        assert sorted(k for k, _ in reopened.items()) == [b"a", b"b"]
+        assert_serves(reopened, [b"a", b"b"], data[:2])

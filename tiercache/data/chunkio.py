@@ -43,6 +43,7 @@ __all__ = [
     "open_for_read",
     "supports_direct",
     "fsync_dir",
+    "write_file_durably",
     "drop_file_cache",
     "crc32c",
 ]
@@ -137,43 +138,78 @@ def create_array(path: str, layout: KVLayout, capacity: int, compression: str | 
     )
 
 
-def read_attributes(path: str) -> tuple[tuple[int, ...], dict]:
-    """Reads an existing store's array shape and tiercache attributes from ``zarr.json``.
+def read_attributes(path: str) -> tuple[tuple[int, ...], dict, dict]:
+    """Reads an existing store's array shape, tiercache attributes and whole metadata.
 
     Raises:
-        UserError: no readable ``zarr.json``, or not an array written by tiercache.
+        UserError: ``zarr.json`` unreadable, not a JSON object, not an array written by
+            tiercache, or with a shape that is not a list of integers (names the file).
     """
     meta_path = os.path.join(path, "zarr.json")
     try:
         with open(meta_path, encoding="utf-8") as f:
             meta = json.load(f)
     except (OSError, ValueError) as exc:
-        raise UserError(f"{path}: not a readable zarr store ({exc})") from None
-    attrs = meta.get("attributes", {}).get(ATTR_KEY)
+        raise UserError(f"{meta_path}: not a readable zarr store ({exc})") from None
+    if not isinstance(meta, dict):
+        raise UserError(f"{meta_path}: not a zarr store: the metadata is a JSON {type(meta).__name__}, not an object")
+    attrs = meta.get("attributes")
+    attrs = attrs.get(ATTR_KEY) if isinstance(attrs, dict) else None
     if meta.get("node_type") != "array" or not isinstance(attrs, dict):
-        raise UserError(f"{path}: a zarr store, but not one written by tiercache (no '{ATTR_KEY}' attributes)")
-    return tuple(meta.get("shape", ())), attrs
+        raise UserError(f"{meta_path}: a zarr store, but not one written by tiercache (no '{ATTR_KEY}' attributes)")
+    return _int_list(meta_path, meta.get("shape"), "shape"), attrs, meta
+
+
+def _int_list(meta_path: str, value: object, what: str) -> tuple[int, ...]:
+    """``value`` as a tuple of ints; UserError naming the file unless it is a JSON list of
+    integers (``true`` is not an integer here)."""
+    if not isinstance(value, list) or not all(type(v) is int for v in value):
+        raise UserError(f"{meta_path}: {what} must be a list of integers, got {value!r}")
+    return tuple(value)
+
+
+def _chunk_shape(meta: dict) -> object:
+    """``chunk_grid.configuration.chunk_shape`` of zarr metadata, or None if absent."""
+    grid = meta.get("chunk_grid")
+    config = grid.get("configuration") if isinstance(grid, dict) else None
+    return config.get("chunk_shape") if isinstance(config, dict) else None
 
 
 def check_store(path: str, layout: KVLayout, compression: str | None, capacity: int | None) -> int:
     """Checks an existing store against what the caller asks for; returns its capacity.
 
     Raises:
-        UserError: another format version, layout, compression or capacity (the message
-            gives stored and asked values).
+        UserError: another format version, layout, compression, capacity, array shape,
+            chunk shape or data type (the message names ``zarr.json`` and gives stored
+            and asked values).
     """
-    shape, attrs = read_attributes(path)
+    shape, attrs, meta = read_attributes(path)
+    meta_path = os.path.join(path, "zarr.json")
     wanted = layout_attributes(layout, compression)
     if attrs.get("format_version") != FORMAT_VERSION:
-        raise UserError(f"{path}: store format {attrs.get('format_version')!r}, this tiercache reads {FORMAT_VERSION}")
+        raise UserError(f"{meta_path}: store format {attrs.get('format_version')!r}, this tiercache reads {FORMAT_VERSION}")
     if attrs.get("layout") != wanted["layout"]:
-        raise UserError(f"{path}: store holds layout {attrs.get('layout')}, asked for {wanted['layout']}")
+        raise UserError(f"{meta_path}: store holds layout {attrs.get('layout')}, asked for {wanted['layout']}")
     if attrs.get("compression") != compression:
-        raise UserError(f"{path}: store compression is {attrs.get('compression')!r}, asked for {compression!r}")
-    stored = int(shape[0])
-    if capacity is not None and capacity != stored:
-        raise UserError(f"{path}: store capacity is {stored} blocks, asked for {capacity}")
-    return stored
+        raise UserError(f"{meta_path}: store compression is {attrs.get('compression')!r}, asked for {compression!r}")
+    _check_geometry(meta_path, meta, shape, layout)
+    if capacity is not None and capacity != shape[0]:
+        raise UserError(f"{meta_path}: store capacity is {shape[0]} blocks, asked for {capacity}")
+    return shape[0]
+
+
+def _check_geometry(meta_path: str, meta: dict, shape: tuple[int, ...], layout: KVLayout) -> None:
+    """The array must be ``[capacity >= 1, *block_shape]`` in one-block chunks of the
+    layout's storage dtype, else the chunk files are not what the hot path reads."""
+    block = tuple(layout.block_shape)
+    if len(shape) != 1 + len(block) or shape[1:] != block or shape[0] < 1:
+        raise UserError(f"{meta_path}: array shape {list(shape)} is not [capacity >= 1, *{list(block)}]")
+    chunks = _chunk_shape(meta)
+    if chunks != [1, *block]:
+        raise UserError(f"{meta_path}: chunk shape {chunks!r} is not one block {[1, *block]}")
+    if meta.get("data_type") != STORAGE_DTYPES[layout.dtype]:
+        raise UserError(f"{meta_path}: data type {meta.get('data_type')!r}, the layout stores "
+                        f"{STORAGE_DTYPES[layout.dtype]!r}")
 
 
 def chunk_name(slot: int, ndim: int) -> str:
@@ -304,7 +340,7 @@ def write_chunk_file(tmp_path: str, final_path: str, payload: np.ndarray) -> int
 
 
 def overwrite_chunk_file(path: str, payload: np.ndarray) -> int | None:
-    """Overwrites an existing chunk file of the same length in place, durably.
+    """Overwrites an existing chunk file of the same length in place, durably, crc first.
 
     Same-size overwrite needs no block allocation or size change, so fdatasync flushes
     data only (no filesystem journal commit): on ext4 this is the difference between
@@ -312,18 +348,29 @@ def overwrite_chunk_file(path: str, payload: np.ndarray) -> int | None:
     safety comes from the index: the slot is not published (or its durable entry carries
     the old crc) until this returns, and reads verify length and crc against the index.
 
+    The crc trailer is written before the payload: a durable index entry may still name
+    this chunk with its old crc (a manager reusing a live slot), and reopen adopts an
+    entry only if the trailer matches it. Trailer first, a process killed at any point of
+    the write leaves a trailer that no longer matches the old entry (unless the bytes are
+    the same), so reopen drops it instead of adopting bytes that are partly new. (Power
+    loss may reorder page writeback; reads still verify the whole chunk.) Costs one more
+    pass over the payload than ``write_chunk_file`` (the crc is computed before the copy
+    into the page cache), only on this path.
+
     Returns:
         The crc32c of ``payload``, or None (nothing written) when the file is absent or
         has another length.
     """
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:  # O_NOFOLLOW: never write through a symlink to a file outside the store
+        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
     except FileNotFoundError:
         return None
     try:
         if os.fstat(fd).st_size != payload.size + 4:
             return None
-        crc = _write_sealed(fd, payload)
+        crc = crc32c(payload)
+        _pwrite_all(fd, crc.to_bytes(4, "little"), payload.size)
+        _pwrite_all(fd, payload, 0)
         os.fdatasync(fd)
     finally:
         os.close(fd)
@@ -379,6 +426,18 @@ def fsync_dir(path: str) -> None:
     """Makes renames and unlinks inside directory ``path`` durable."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_file_durably(path: str, data: bytes) -> None:
+    """Writes a small file and fsyncs it (the caller fsyncs the directory)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
         os.fsync(fd)
     finally:
         os.close(fd)

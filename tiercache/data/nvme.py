@@ -7,13 +7,15 @@ consistent across crashes.
 
 Writes: a new chunk goes to a temp file, is fdatasync'ed and renamed over the slot's chunk
 file; a reused slot whose chunk file has the same length is overwritten in place and
-fdatasync'ed (``overwrite_in_place``, default on: allocating new space costs a journal
-commit per block, which halves durable write throughput on ext4). The block is then
+fdatasync'ed, crc trailer first (``overwrite_in_place``, default on: allocating new space
+costs a journal commit per block, which halves durable write throughput on ext4). The block is then
 visible to ``get`` in this process. ``flush`` fsyncs the directory if anything was renamed,
 then appends the new index entries to the journal: a block is stored across a crash only
 once its entry is durable, and no durable entry names a chunk that is not. Slots freed by
-``delete`` are reused only after the deletion is durable; on reopen, chunk files without
-an index entry are garbage and removed.
+``delete`` are reused only after the deletion is durable. One process at a time opens a
+store (``nvme_lock``); on reopen, an entry is adopted only if its chunk's length and crc
+trailer match it, and chunk files without an adopted entry are garbage and removed
+(``nvme_open``).
 
 Reads verify the chunk's length and crc32c against the index entry, so torn, stale or
 flipped bytes are reported as misses (``stats["corrupt_reads"]``), never as data. That
@@ -31,20 +33,21 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from ..config import KVLayout, parse_capacity
+from ..config import KVLayout
 from ..errors import UserError
 from . import chunkio
 from .buffers import PAGE, HostBytes, aligned_tensor, block_list, byte_array, is_aligned, round_up, torch_dtype
 from .iojobs import run_batch
-from .nvme_index import Entry, IndexFiles, SlotTable, sweep_directory
+from .nvme_index import Entry
+from .nvme_open import TMP_PREFIX, check_arguments, check_key, check_keys, mark_clean, open_store
 from .nvme_results import PutResult, StoreFullError
 
 __all__ = ["NVMeStore", "PutResult", "StoreFullError"]
 
-_TMP_PREFIX = ".tc-tmp."
 _STAT_NAMES = (
     "puts", "failed_writes", "gets", "hits", "misses", "corrupt_reads", "read_errors", "deletes",
     "flushes", "failed_flushes", "bytes_written", "bytes_read", "garbage_removed", "recovered_dropped",
+    "journal_repaired", "journal_skipped",
 )
 
 
@@ -85,15 +88,12 @@ class NVMeStore:
                 crash may then see a torn chunk of a slot that no index entry names).
 
         Raises:
-            UserError: path is a file or a non-store directory, layout/capacity/compression
-                differ from the stored ones, capacity below one block, bad arguments.
+            UserError: path is a file or a non-store directory, another open store holds
+                it (names that process's pid), layout/capacity/compression differ from the
+                stored ones, a store file is malformed (names it), capacity below one
+                block, bad arguments.
         """
-        if not isinstance(layout, KVLayout):
-            raise UserError(f"NVMeStore: layout must be a KVLayout, got {type(layout).__name__}")
-        if compression not in chunkio.COMPRESSIONS:
-            raise UserError(f"NVMeStore: compression must be None or 'lz4', got {compression!r}")
-        if isinstance(io_threads, bool) or not isinstance(io_threads, int) or io_threads < 1:
-            raise UserError(f"NVMeStore: io_threads must be a positive integer, got {io_threads!r}")
+        check_arguments(layout, compression, io_threads)
         self.path = os.fspath(path)
         self.layout = layout
         self.compression = compression
@@ -108,7 +108,7 @@ class NVMeStore:
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()
         self._closed = False
-        self.capacity = self._open(capacity_blocks, create)
+        self.capacity = self._open(capacity_blocks, create)  # takes the directory lock
         self._codec = chunkio.ChunkCodec(layout.block_bytes, compression, layout.dtype_bytes)
         self.direct_io = direct_io and chunkio.supports_direct(os.path.join(self.path, "zarr.json"))
         self._local = threading.local()
@@ -118,36 +118,17 @@ class NVMeStore:
     # ----- opening -------------------------------------------------------------------
 
     def _open(self, capacity_blocks: int | str | None, create: bool) -> int:
-        """Creates or reopens the store; returns its capacity in blocks."""
-        if os.path.exists(self.path) and not os.path.isdir(self.path):
-            raise UserError(f"{self.path}: is a file, not a store directory")
-        if os.path.exists(os.path.join(self.path, "zarr.json")):
-            return self._reopen(capacity_blocks)
-        if not create:
-            raise UserError(f"{self.path}: no store there (create=False)")
-        if os.path.isdir(self.path) and os.listdir(self.path):
-            raise UserError(f"{self.path}: directory is not empty and holds no tiercache store")
-        if capacity_blocks is None:
-            raise UserError(f"{self.path}: capacity_blocks is needed to create a store")
-        capacity = parse_capacity(capacity_blocks, self.layout, "NVMeStore capacity")
-        os.makedirs(self.path, exist_ok=True)
-        chunkio.create_array(self.path, self.layout, capacity, self.compression)
-        self._table, self._files = SlotTable(capacity), IndexFiles(self.path)
-        self._files.create()
-        self._table.finish_load()
-        return capacity
-
-    def _reopen(self, capacity_blocks: int | str | None) -> int:
-        """Checks the stored layout, capacity and compression, loads the index, sweeps garbage."""
-        wanted = None if capacity_blocks is None else parse_capacity(capacity_blocks, self.layout, "NVMeStore capacity")
-        capacity = chunkio.check_store(self.path, self.layout, self.compression, wanted)
-        self._table, self._files = SlotTable(capacity), IndexFiles(self.path)
-        self._files.load(self._table)
-        removed, dropped = sweep_directory(self.path, self._ndim, self._table, _TMP_PREFIX)
-        self.stats["garbage_removed"], self.stats["recovered_dropped"] = removed, dropped
-        if removed or dropped:
-            self.flush()
-        return capacity
+        """Creates or reopens the store under its lock; makes any recovery durable."""
+        opened = open_store(self.path, self.layout, self.compression, capacity_blocks, create)
+        self._table, self._files, self._dir_lock = opened.table, opened.files, opened.lock
+        self.stats.update(opened.counts)
+        if opened.needs_flush:
+            try:
+                self.flush()
+            except BaseException:
+                self._release_files()
+                raise
+        return opened.capacity
 
     def _init_thread(self) -> None:
         """Allocates one I/O thread's staging buffers, once, so the hot path allocates nothing."""
@@ -164,19 +145,8 @@ class NVMeStore:
         if self._closed:
             raise UserError(f"{self.path}: store is closed")
 
-    @staticmethod
-    def _check_key(key: object, what: str) -> bytes:
-        if type(key) is not bytes:
-            raise UserError(f"{what}: keys must be bytes, got {type(key).__name__}")
-        if not 0 < len(key) <= 0xFFFF:
-            raise UserError(f"{what}: key length must be 1..65535 bytes, got {len(key)}")
-        return key
-
-    def _check_keys(self, keys: Sequence[bytes], what: str) -> list[bytes]:
-        """Validates a batch of keys before anything is written."""
-        if not isinstance(keys, (list, tuple)):
-            raise UserError(f"{what}: keys must be a list of bytes, got {type(keys).__name__}")
-        return [self._check_key(k, what) for k in keys]
+    _check_key = staticmethod(check_key)
+    _check_keys = staticmethod(check_keys)
 
     # ----- writes --------------------------------------------------------------------
 
@@ -263,7 +233,7 @@ class NVMeStore:
         crc = chunkio.overwrite_chunk_file(final, payload) if self.overwrite_in_place else None
         if crc is not None:
             return crc, False
-        tmp = os.path.join(self.path, f"{_TMP_PREFIX}{slot}.{gen}")
+        tmp = os.path.join(self.path, f"{TMP_PREFIX}{slot}.{gen}")
         return chunkio.write_chunk_file(tmp, final, payload), True
 
     def _source_bytes(self, block: torch.Tensor) -> np.ndarray:
@@ -476,15 +446,35 @@ class NVMeStore:
             chunkio.drop_file_cache(os.path.join(self.path, chunkio.chunk_name(slot, self._ndim)))
 
     def close(self) -> None:
-        """Waits for I/O in flight, flushes, and releases threads and files (idempotent)."""
+        """Waits for I/O in flight, flushes, and releases threads, files and the lock.
+
+        Idempotent. Every file descriptor (journal, lock) is closed even when the flush
+        fails; the store then reopens with what its last successful flush made durable.
+
+        Raises:
+            OSError: the final flush failed (disk full, I/O error); same errno, and the
+                message names the store and says what is not durable.
+        """
         if self._closed:
             return
         self._closed = True  # new submissions now fail; the ones in flight still finish
         self._executor.shutdown(wait=True)
         try:
             self.flush()
+        except OSError as exc:
+            raise OSError(exc.errno, f"{self.path}: closed, but the final flush failed ({exc.strerror or exc}):"
+                          " blocks put or deleted since the last successful flush are not durable") from exc
+        else:
+            mark_clean(self.path, self._files.seq)  # the next open may skip the trailer checks
         finally:
+            self._release_files()
+
+    def _release_files(self) -> None:
+        """Closes the journal, then drops the directory lock (even if closing failed)."""
+        try:
             self._files.close()
+        finally:
+            self._dir_lock.release()
 
     def __enter__(self) -> "NVMeStore":
         return self

@@ -7,7 +7,8 @@ the one the index published. On disk, :class:`IndexFiles` keeps
 * ``tiercache.index``: a snapshot of every live entry, replaced atomically (temp file,
   fdatasync, ``os.replace``, directory fsync);
 * ``tiercache.journal``: batches of operations appended since that snapshot, each with
-  a sequence number, length and crc32c, so a torn tail is detected and ignored.
+  a sequence number, length and crc32c, so a torn tail is detected and ignored, and a
+  damaged batch in the middle is repaired or skipped (see ``nvme_journal``).
 
 A flush appends one batch for all blocks published since the last flush (never one index
 write per block); when the journal outgrows the snapshot, the flush writes a new snapshot
@@ -24,18 +25,20 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import UserError
-from .chunkio import crc32c, fsync_dir, parse_chunk_slot
+from .chunkio import fsync_dir
+from .chunkio import write_file_durably as _write_file_durably
+from .nvme_journal import HEADER as _JOURNAL_HEADER
+from .nvme_journal import MAGIC as _JOURNAL_MAGIC
+from .nvme_journal import scan_journal, sealed_crc
 
-__all__ = ["OP_PUT", "OP_DEL", "Entry", "SlotTable", "IndexFiles", "encode_ops", "decode_ops", "sweep_directory"]
+__all__ = ["OP_PUT", "OP_DEL", "Entry", "SlotTable", "IndexFiles", "encode_ops", "decode_ops"]
 
 OP_PUT = 1
 OP_DEL = 2
 _OP = struct.Struct("<BQQIIH")  # op, slot, generation, chunk length, chunk crc, key length
 # Headers end with a crc32c over the header fields before it and the body, so a flipped
 # sequence number or count is caught like a flipped entry.
-_JOURNAL_HEADER = struct.Struct("<4sQII")  # magic, sequence, payload length, crc
 _SNAPSHOT_HEADER = struct.Struct("<4sQQI")  # magic, sequence, entry count, crc
-_JOURNAL_MAGIC = b"TCJ1"
 _SNAPSHOT_MAGIC = b"TCS1"
 SNAPSHOT_NAME = "tiercache.index"
 JOURNAL_NAME = "tiercache.journal"
@@ -270,9 +273,9 @@ class SlotTable:
         """``(key, slot)`` of every live entry."""
         return list(self._key_to_slot.items())
 
-    def live_slots(self) -> dict[int, int]:
-        """``slot -> chunk length`` of every live entry."""
-        return {slot: int(self._length[slot]) for slot in self._key_to_slot.values()}
+    def live_slots(self) -> dict[int, tuple[int, int]]:
+        """``slot -> (chunk length, chunk crc)`` of every live entry."""
+        return {slot: (int(self._length[slot]), int(self._crc[slot])) for slot in self._key_to_slot.values()}
 
     def drop_slot(self, slot: int) -> None:
         """Forgets a live slot whose chunk is missing on disk (found at open)."""
@@ -307,6 +310,8 @@ class IndexFiles:
         self.snapshot_bytes = 0
         self.journal_bytes = 0
         self.need_snapshot = False  # set when a failed append may have left a torn tail
+        self.repaired_batches = 0  # journal batches with one flipped bit, repaired at load
+        self.lost_batches = 0  # journal batches damaged beyond repair, skipped at load
         self._journal_fd: int | None = None
 
     def create(self) -> None:
@@ -327,7 +332,7 @@ class IndexFiles:
             end = self._replay_journal(table)
         except ValueError as exc:  # a checksummed record names an impossible slot
             raise UserError(f"{self.root}: index damaged ({exc})") from None
-        self._journal_fd = os.open(self.journal_path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        self._journal_fd = _open_journal(self.journal_path)
         if end != os.fstat(self._journal_fd).st_size:
             os.ftruncate(self._journal_fd, end)  # drop the torn tail so new batches follow valid ones
             os.fsync(self._journal_fd)
@@ -335,15 +340,11 @@ class IndexFiles:
         table.finish_load()
 
     def _read_snapshot(self) -> list[Op]:
-        try:
-            with open(self.snapshot_path, "rb") as f:
-                data = f.read()
-        except OSError as exc:
-            raise UserError(f"{self.root}: index snapshot unreadable ({exc})") from None
+        data = _read_file(self.snapshot_path, "index snapshot")
         try:
             magic, seq, count, crc = _SNAPSHOT_HEADER.unpack_from(data, 0)
             body = data[_SNAPSHOT_HEADER.size :]
-            if magic != _SNAPSHOT_MAGIC or _sealed_crc(data[: _SNAPSHOT_HEADER.size - 4], body) != crc:
+            if magic != _SNAPSHOT_MAGIC or sealed_crc(data[: _SNAPSHOT_HEADER.size - 4], body) != crc:
                 raise ValueError("bad magic or checksum")
             ops = decode_ops(body)
             if len(ops) != count:
@@ -354,25 +355,24 @@ class IndexFiles:
         return ops
 
     def _replay_journal(self, table: SlotTable) -> int:
-        """Applies valid newer batches; returns the offset just after the last valid batch."""
-        try:
-            with open(self.journal_path, "rb") as f:
-                data = f.read()
-        except FileNotFoundError:
-            return 0
-        pos = 0
-        while pos + _JOURNAL_HEADER.size <= len(data):
-            magic, seq, length, crc = _JOURNAL_HEADER.unpack_from(data, pos)
-            head = data[pos : pos + _JOURNAL_HEADER.size - 4]
-            body = data[pos + _JOURNAL_HEADER.size : pos + _JOURNAL_HEADER.size + length]
-            if magic != _JOURNAL_MAGIC or len(body) != length or _sealed_crc(head, body) != crc:
-                break  # torn or garbage tail: everything after it was never acknowledged
+        """Applies verified newer batches; returns the offset just after the last one.
+
+        Batches at or below the snapshot's sequence number are stale (a crash between a
+        snapshot and the journal reset) and skipped. A gap in the sequence numbers is a
+        damaged batch that could not be repaired: counted in ``lost_batches``. Any repair
+        or loss sets ``need_snapshot`` so the next flush rewrites a clean index.
+        """
+        data = _read_file(self.journal_path, "journal", missing_ok=True)
+        scan = scan_journal(data, _decodes)
+        for seq, body in scan.batches:
             if seq > self.seq:
+                self.lost_batches += seq - self.seq - 1
                 for op in decode_ops(body):
                     table.apply(op)
                 self.seq = seq
-            pos += _JOURNAL_HEADER.size + length
-        return pos
+        self.repaired_batches = scan.repaired
+        self.need_snapshot = bool(scan.repaired or self.lost_batches)
+        return scan.end
 
     def wants_snapshot(self) -> bool:
         """True when the next flush should rewrite the snapshot instead of appending."""
@@ -414,7 +414,7 @@ class IndexFiles:
 
     def _reset_journal(self) -> None:
         if self._journal_fd is None:
-            self._journal_fd = os.open(self.journal_path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            self._journal_fd = _open_journal(self.journal_path)
         try:
             os.ftruncate(self._journal_fd, 0)
             os.fsync(self._journal_fd)
@@ -431,48 +431,41 @@ class IndexFiles:
             self._journal_fd = None
 
 
-def sweep_directory(root: str, ndim: int, table: SlotTable, tmp_prefix: str) -> tuple[int, int]:
-    """Reconciles a store directory with its freshly loaded index (at open, before any I/O).
+def _decodes(body: bytes) -> bool:
+    """True when ``body`` parses as operations."""
+    try:
+        decode_ops(body)
+    except ValueError:
+        return False
+    return True
 
-    Removes temp files and chunk files whose slot has no index entry or another length
-    (writes that never reached the index: garbage); forgets index entries whose chunk file
-    is missing (a pending delete, persisted by the caller's next flush).
 
-    Returns:
-        ``(files removed, index entries dropped)``.
+def _read_file(path: str, what: str, missing_ok: bool = False) -> bytes:
+    """The bytes of an index file (b"" if missing and ``missing_ok``).
+
+    Raises:
+        UserError: unreadable (a directory, no permission, I/O error), naming the file.
     """
-    live = table.live_slots()
-    present, removed = set(), 0
-    for entry in os.scandir(root):
-        slot = parse_chunk_slot(entry.name, ndim)
-        if slot is not None and live.get(slot) == entry.stat().st_size:
-            present.add(slot)
-        elif slot is not None or entry.name.startswith(tmp_prefix):
-            os.unlink(entry.path)
-            removed += 1
-    missing = live.keys() - present
-    for slot in missing:
-        table.drop_slot(slot)
-    return removed, len(missing)
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        if missing_ok:
+            return b""
+        raise UserError(f"{path}: {what} missing") from None
+    except OSError as exc:
+        raise UserError(f"{path}: {what} unreadable ({exc.strerror or exc})") from None
 
 
-def _sealed_crc(head: bytes, body: bytes) -> int:
-    """crc32c of header fields then body."""
-    return crc32c(np.frombuffer(head + body, np.uint8))
+def _open_journal(path: str) -> int:
+    """Opens the journal for appending; UserError naming it if that is impossible."""
+    try:
+        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+    except OSError as exc:
+        raise UserError(f"{path}: journal cannot be opened for writing ({exc.strerror or exc})") from None
 
 
 def _seal(header: struct.Struct, magic: bytes, seq: int, field: int, body: bytes) -> bytes:
     """Packs a header whose last field is the crc of the fields before it and the body."""
     head = header.pack(magic, seq, field, 0)[:-4]
-    return head + _sealed_crc(head, body).to_bytes(4, "little")
-
-
-def _write_file_durably(path: str, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    return head + sealed_crc(head, body).to_bytes(4, "little")
