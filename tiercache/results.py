@@ -300,6 +300,8 @@ def read_results(path: str | Path) -> ResultsDocument:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise UserError(f"{path}: not a JSON results file ({exc.msg} at line {exc.lineno})") from None
+    except RecursionError:
+        raise UserError(f"{path}: not a results file (JSON nested too deeply)") from None
     return ResultsDocument.from_json(data, str(path))
 
 

@@ -147,8 +147,8 @@ def load_profile(name_or_path: str | os.PathLike) -> HardwareProfile:
     try:
         with open(text, encoding="utf-8") as handle:
             data = json.load(handle)
-    except (OSError, ValueError) as exc:
-        raise UserError(f"{text}: cannot read hardware profile: {exc}") from None
+    except (OSError, ValueError, RecursionError, MemoryError) as exc:
+        raise UserError(f"{text}: cannot read hardware profile: {exc or type(exc).__name__}") from None
     return _profile_from_json(text, data)
 
 
