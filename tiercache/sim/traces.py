@@ -361,7 +361,7 @@ def kind_of(name: str, line: int, first: dict[str, Any]) -> TraceKind:
     """
     if "hash_ids" in first:
         return TraceKind.REQUESTS
-    if "step" in first:
+    if "step" in first or "block_tokens" in first:  # a step record, or a step trace's header
         return TraceKind.STEPS
     expected = "expected a Mooncake request (with 'hash_ids') or a step record (with 'step')"
     raise TraceError(name, line, f"not a known trace: {expected}")
