@@ -9,6 +9,7 @@ counts blocks, a byte size always ends in ``B``, and anything else (``4Ki``) is 
 
 from __future__ import annotations
 
+import enum
 import re
 
 from .errors import UserError
@@ -29,6 +30,10 @@ __all__ = [
     "parse_tiers",
     "parse_layout",
     "TIER_NAMES",
+    "Semantics",
+    "Mode",
+    "TraceKind",
+    "REQUEST_SEMANTICS_NAMES",
 ]
 
 TIER_NAMES = ("hbm", "dram", "nvme")
@@ -59,6 +64,52 @@ SPELLINGS = ("blocks: 4096, 4k (4,000), 2M (2,000,000); byte sizes need a B: "
 
 class ConfigError(UserError):
     """A configuration value is invalid; the message names the field and the value."""
+
+
+class Semantics(enum.Enum):
+    """How a trace is replayed.
+
+    ``OBJECT``: request trace as a flat stream of independent block ids (comparable with
+    libCacheSim). ``PREFIX``: a request uses its longest cached prefix; blocks after the first
+    miss are recomputed. ``DECODE``: a step trace; reads are accesses, writes new blocks.
+    """
+
+    OBJECT = "object"
+    PREFIX = "prefix"
+    DECODE = "decode"
+
+    @classmethod
+    def parse(cls, text: str, option: str = "--semantics") -> "Semantics":
+        """The request-trace semantics named by ``text`` (``"object"`` or ``"prefix"``).
+
+        ``DECODE`` is not chosen by name: it is how every step trace replays.
+
+        Raises:
+            UserError: unknown name; the message names ``option`` and lists the known ones.
+        """
+        name = text.strip().lower()
+        if name not in REQUEST_SEMANTICS_NAMES:
+            raise ConfigError(f"{option}: unknown {text!r}; known: {', '.join(REQUEST_SEMANTICS_NAMES)}")
+        return cls(name)
+
+
+#: The semantics a request trace can be replayed in, as the CLI spells them.
+REQUEST_SEMANTICS_NAMES = (Semantics.OBJECT.value, Semantics.PREFIX.value)
+
+
+class Mode(enum.Enum):
+    """The hierarchy a run used: one tier, exclusive tiers, or write-through (inclusive)."""
+
+    SINGLE = "single"
+    EXCLUSIVE = "exclusive"
+    WRITE_THROUGH = "write_through"
+
+
+class TraceKind(enum.Enum):
+    """The two JSONL trace formats tiercache reads."""
+
+    REQUESTS = "requests"  # Mooncake request trace (tiercache.sim.traces)
+    STEPS = "steps"  # decode step trace (tiercache.sim.steptrace)
 
 
 @dataclass(frozen=True)
