@@ -156,7 +156,7 @@ def _hardware(args: argparse.Namespace) -> HardwareProfile | None:
         raise UserError("--model and --layout are exclusive; give one")
     if args.hardware and not (args.model or args.layout):
         raise UserError("--hardware needs --model or --layout (bytes per block) to model seconds")
-    return load_profile(args.hardware) if args.hardware else None
+    return load_profile(args.hardware).require_prefill() if args.hardware else None
 
 
 def _layout(args: argparse.Namespace, trace: Trace) -> KVLayout | None:
