@@ -60,3 +60,11 @@ def test_bad_header_names_the_line(tmp_path, capsys):
     path.write_text('{"block_tokens": 0}\n{"step": 0, "layer": 0, "read": [], "write": [1]}\n')
     code, err, _ = _replay(capsys, path)
     assert code == 2 and f"{path}:1:" in err and "block_tokens" in err
+
+
+def test_step_trace_report_says_step_trace_and_has_no_floor(scan, capsys):
+    out = scan.parent / "report"
+    assert main(["compare", str(scan), "--policy", "lru,belady", "--capacity", "4,8", "--no-progress", "--workers", "1",
+                 "-o", str(out)]) == 0, capsys.readouterr().err
+    text = (out / "report.md").read_text()
+    assert "step trace" in text and "request trace" not in text and "compulsory-miss floor" not in text
