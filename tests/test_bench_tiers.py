@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tiercache.cli import main
+from tiercache.errors import UserError
 from tiercache.sim.hardware import load_profile
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -63,7 +64,17 @@ def test_saved_profile_loads_as_a_hardware_profile(quick_run):
     assert profile.name.startswith("measured-")
     assert set(profile.links) == {"dram->hbm", "hbm->dram", "nvme->dram", "dram->nvme"}
     assert all(link.bandwidth_Bps > 0 and link.latency_s >= 0 for link in profile.links.values())
-    assert profile.prefill_tokens_per_s == 10000.0
+    assert profile.prefill_tokens_per_s is None  # measured links only; prefill is never invented
+    with pytest.raises(UserError, match="no prefill speed"):
+        profile.require_prefill()
+
+
+def test_replay_refuses_ttft_with_a_profile_without_prefill(quick_run, capsys):
+    _, tmp = quick_run
+    trace = Path(__file__).parent / "data" / "mooncake_head.jsonl"
+    code = main(["replay", str(trace), "--model", "llama-3-8b", "--hardware", str(tmp / "profile.json"), "--no-progress"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "no prefill speed" in err and len(err.splitlines()) == 1
 
 
 @pytest.mark.parametrize("argv, message", [(["--blocks", "0"], "--blocks must be a positive integer"),

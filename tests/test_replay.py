@@ -297,10 +297,9 @@ def test_sweep_spec_is_validated_when_built(kwargs, needle):
 
 def test_step_trace_results_say_decode_and_count_every_counter(step_trace, tmp_path):
     out = tmp_path / "r.json"
-    assert main(["replay", str(step_trace), "--capacity", "6", "--semantics", "object,prefix", "--no-progress",
-                 "--workers", "1", "--out", str(out)]) == 0
+    assert main(["replay", str(step_trace), "--capacity", "6", "--no-progress", "--workers", "1", "--out", str(out)]) == 0
     doc = json.loads(out.read_text())
-    assert doc["schema_version"] == 2 and doc["trace"]["kind"] == "steps"
+    assert doc["schema_version"] == 3 and doc["trace"]["kind"] == "steps"
     (run,) = doc["runs"]  # a step trace replays once, in decode semantics
     assert run["semantics"] == "decode" and run["recomputed"] == 0
     assert {"failed_transfers", "promote_skipped", "lost"} <= set(run["tiers"][0])

@@ -28,7 +28,7 @@ from tiercache.results import (
 def tier(name: str, hits: int, base: int) -> TierRecord:
     """A tier whose every counter has its own value, so a swapped field shows."""
     return TierRecord(name, base + 1, hits, base + 2, base + 3, base + 4, base + 5, base + 6, base + 7,
-                      base + 8, base + 9, base + 10)
+                      base + 8, base + 9, base + 10, hits - 7, 7, base + 11, base + 12, base + 13.5, base + 14.5)
 
 
 def full_document() -> ResultsDocument:
@@ -65,14 +65,44 @@ def test_round_trip_keeps_every_field(tmp_path):
 
 def test_every_counter_the_manager_keeps_is_in_the_schema():
     stats = HierarchyStats.for_tiers([("hbm", 4)])
-    assert {f.name for f in dataclasses.fields(TierCounters)} == {f.name for f in dataclasses.fields(TierRecord)}
+    split = {"hits_in_place", "hits_promoted", "in_place_bytes", "promoted_bytes", "in_place_seconds", "promoted_seconds"}
+    assert {f.name for f in dataclasses.fields(TierCounters)} | split == {f.name for f in dataclasses.fields(TierRecord)}
     run_fields = {f.name for f in dataclasses.fields(RunRecord)}
     assert {"misses", "recomputed"} <= run_fields and {"misses", "recomputed"} <= set(vars(stats))
 
 
+_SPLIT = ("hits_in_place", "hits_promoted", "in_place_bytes", "promoted_bytes", "in_place_seconds", "promoted_seconds")
+
+
+def v2_document() -> dict:
+    """A file as version 2 wrote it: no split of the hits into read in place and promoted."""
+    data = full_document().to_json()
+    data["schema_version"] = 2
+    for run in data["runs"]:
+        for tier_entry in run["tiers"]:
+            for key in _SPLIT:
+                del tier_entry[key]
+    return data
+
+
+def test_version_2_upgrade_marks_the_hit_split_not_recorded():
+    upgraded = ResultsDocument.from_json(v2_document(), "old.json")
+    tiers = upgraded.runs[0].tiers
+    assert all(getattr(t, key) is None for t in tiers for key in _SPLIT)
+    assert [t.hits for t in tiers] == [500, 100] and tiers[1].promote_skipped == 209
+    assert ResultsDocument.from_json(json.loads(json.dumps(upgraded.to_json())), "new.json") == upgraded
+
+
+def test_version_2_still_requires_what_it_wrote():
+    data = v2_document()
+    del data["runs"][0]["tiers"][1]["promote_skipped"]
+    with pytest.raises(UserError, match=r"old.json: run 1: tier 2: missing field\(s\) promote_skipped"):
+        ResultsDocument.from_json(data, "old.json")
+
+
 def v1_document() -> dict:
     """A file as tiercache wrote it before versioning: no schema_version, no v2 counters."""
-    data = full_document().to_json()
+    data = v2_document()
     del data["schema_version"]
     data["trace"]["kind"] = "step"
     for run in data["runs"]:
@@ -94,7 +124,7 @@ def test_version_1_upgrade_fills_only_what_it_did_not_record():
     assert all(t.lost is None and t.failed_transfers is None and t.promote_skipped is None for t in first.tiers)
     assert [t.hits for t in first.tiers] == [500, 100] and first.tiers[0].refused == 107
     assert upgraded.runs[1].prefill_tokens is None
-    # An upgraded document writes as version 2 and reads back unchanged (None stays "not recorded").
+    # An upgraded document writes as version 3 and reads back unchanged (None stays "not recorded").
     assert ResultsDocument.from_json(json.loads(json.dumps(upgraded.to_json())), "new.json") == upgraded
 
 
@@ -114,7 +144,9 @@ def _mutated(change) -> dict:
 @pytest.mark.parametrize(
     "change, needle",
     [
-        (lambda d: d.update(schema_version=3), "r.json: results schema_version 3 is not one"),
+        (lambda d: d.update(schema_version=4), "r.json: results schema_version 4 is not one"),
+        (lambda d: d["runs"][0]["tiers"][0].pop("hits_in_place"), "r.json: run 1: tier 1: missing field(s) hits_in_place"),
+        (lambda d: d["runs"][0]["tiers"][0].update(hits_promoted=8), "r.json: run 1: tier 1: inconsistent counts"),
         (lambda d: d.update(schema_version="2"), "schema_version '2'"),
         (lambda d: d["runs"][1].pop("recomputed"), "r.json: run 2: missing field(s) recomputed"),
         (lambda d: d["runs"][0]["tiers"][1].pop("lost"), "r.json: run 1: tier 2: missing field(s) lost"),

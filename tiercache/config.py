@@ -1,12 +1,15 @@
 """Frozen, validated configuration: KV layout, tiers, model presets.
 
 Everything here is metadata-plane: plain Python and numpy, never torch. Sizes may be
-given as integers (bytes) or human strings such as ``"8GiB"`` / ``"512MB"``; capacities
-may be given in blocks (``4096``) or as sizes, which need a layout to turn into blocks.
+given as integers (bytes) or human strings with a byte unit, ``"8GiB"`` / ``"512MB"``;
+capacities may be given in blocks (``4096``, ``4k`` = 4,000) or as such sizes, which need a
+layout to turn into blocks. The two spellings never overlap: a suffix without ``B``
+counts blocks, a byte size always ends in ``B``, and anything else (``4Ki``) is refused.
 """
 
 from __future__ import annotations
 
+import enum
 import re
 
 from .errors import UserError
@@ -22,9 +25,15 @@ __all__ = [
     "layout_preset",
     "parse_size",
     "parse_capacity",
+    "Capacity",
+    "SPELLINGS",
     "parse_tiers",
     "parse_layout",
     "TIER_NAMES",
+    "Semantics",
+    "Mode",
+    "TraceKind",
+    "REQUEST_SEMANTICS_NAMES",
 ]
 
 TIER_NAMES = ("hbm", "dram", "nvme")
@@ -40,75 +49,160 @@ DTYPE_BYTES = {
     "uint8": 1,
 }
 
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 1000,
-    "kb": 1000,
-    "m": 1000**2,
-    "mb": 1000**2,
-    "g": 1000**3,
-    "gb": 1000**3,
-    "t": 1000**4,
-    "tb": 1000**4,
-    "kib": 1024,
-    "mib": 1024**2,
-    "gib": 1024**3,
-    "tib": 1024**4,
+#: Byte units: decimal (kB = 1000 B) and binary (KiB = 1024 B); case-insensitive.
+_BYTE_UNITS = {
+    "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4,
+    "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4,
 }
+#: Block-count suffixes (decimal): ``4k`` is 4,000 blocks.
+_COUNT_UNITS = {"": 1, "k": 1000, "m": 1000**2, "g": 1000**3}
 _SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
+#: How capacities and sizes are spelled, for error messages.
+SPELLINGS = ("blocks: 4096, 4k (4,000), 2M (2,000,000); byte sizes need a B: "
+             "512MB, 16GB (powers of 1000), 512MiB, 16GiB (powers of 1024)")
 
 
 class ConfigError(UserError):
     """A configuration value is invalid; the message names the field and the value."""
 
 
+class Semantics(enum.Enum):
+    """How a trace is replayed.
+
+    ``OBJECT``: request trace as a flat stream of independent block ids (comparable with
+    libCacheSim). ``PREFIX``: a request uses its longest cached prefix; blocks after the first
+    miss are recomputed. ``DECODE``: a step trace; reads are accesses, writes new blocks.
+    """
+
+    OBJECT = "object"
+    PREFIX = "prefix"
+    DECODE = "decode"
+
+    @classmethod
+    def parse(cls, text: str, option: str = "--semantics") -> "Semantics":
+        """The request-trace semantics named by ``text`` (``"object"`` or ``"prefix"``).
+
+        ``DECODE`` is not chosen by name: it is how every step trace replays.
+
+        Raises:
+            UserError: unknown name; the message names ``option`` and lists the known ones.
+        """
+        name = text.strip().lower()
+        if name not in REQUEST_SEMANTICS_NAMES:
+            raise ConfigError(f"{option}: unknown {text!r}; known: {', '.join(REQUEST_SEMANTICS_NAMES)}")
+        return cls(name)
+
+
+#: The semantics a request trace can be replayed in, as the CLI spells them.
+REQUEST_SEMANTICS_NAMES = (Semantics.OBJECT.value, Semantics.PREFIX.value)
+
+
+class Mode(enum.Enum):
+    """The hierarchy a run used: one tier, exclusive tiers, or write-through (inclusive)."""
+
+    SINGLE = "single"
+    EXCLUSIVE = "exclusive"
+    WRITE_THROUGH = "write_through"
+
+
+class TraceKind(enum.Enum):
+    """The two JSONL trace formats tiercache reads."""
+
+    REQUESTS = "requests"  # Mooncake request trace (tiercache.sim.traces)
+    STEPS = "steps"  # decode step trace (tiercache.sim.steptrace)
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """A capacity as written: a block count, or a byte size that a layout turns into blocks.
+
+    Invariants: exactly one of ``blocks`` and ``nbytes`` is set, and it is positive.
+    """
+
+    text: str
+    blocks: int | None = None
+    nbytes: int | None = None
+
+    def __post_init__(self) -> None:
+        if (self.blocks is None) == (self.nbytes is None):
+            raise ValueError("Capacity: exactly one of blocks and nbytes")
+
+    @classmethod
+    def parse(cls, value: int | str, what: str = "capacity") -> "Capacity":
+        """``4096``/``"4k"`` (blocks) or ``"16GiB"``/``"512MB"`` (bytes).
+
+        Raises:
+            ConfigError: unparsable, ambiguous (``"4Ki"``: neither spelling), or not positive.
+        """
+        number, unit = _split(value, what)
+        if unit in _COUNT_UNITS:
+            return cls(str(value), blocks=_positive(number * _COUNT_UNITS[unit], value, what))
+        return cls(str(value), nbytes=_positive(number * _BYTE_UNITS[unit], value, what))
+
+    def to_blocks(self, layout: "KVLayout | None", what: str = "capacity") -> int:
+        """Blocks of this capacity; a byte size is divided by ``layout.block_bytes`` (rounded down).
+
+        Raises:
+            ConfigError: a byte size without a layout, or under one block.
+        """
+        if self.blocks is not None:
+            return self.blocks
+        if layout is None:
+            raise ConfigError(f"{what}: {self.text!r} is a byte size; give --model or --layout to turn it into blocks")
+        blocks = self.nbytes // layout.block_bytes
+        if blocks < 1:
+            raise ConfigError(f"{what}: {self.text!r} is less than one block of {layout.block_bytes} bytes")
+        return blocks
+
+
+def _split(value: int | str, what: str) -> tuple[float, str]:
+    """``(number, unit)`` of a capacity or size; the unit lower-cased and known."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{what}: expected a number, got {value!r}")
+    if isinstance(value, int):
+        return value, ""
+    match = _SIZE_RE.match(str(value))
+    if not match:
+        raise ConfigError(f"{what}: cannot parse {value!r} ({SPELLINGS})")
+    unit = match.group(2).lower()
+    if unit not in _COUNT_UNITS and unit not in _BYTE_UNITS:
+        raise ConfigError(f"{what}: {value!r} is ambiguous or unknown; spell {SPELLINGS}")
+    return float(match.group(1)), unit
+
+
+def _positive(number: float, value: int | str, what: str) -> int:
+    result = int(number)
+    if result <= 0:
+        raise ConfigError(f"{what}: must be positive, got {value!r}")
+    return result
+
+
 def parse_size(value: int | str, what: str = "size") -> int:
-    """Parses a byte size: an int, ``"8GiB"``, ``"1.5GB"``, ``"4k"``.
+    """Parses a byte size: an int (bytes), ``"8GiB"``, ``"1.5GB"``, ``"4096"``.
+
+    A suffix needs a B (``"4k"`` would read as 4,000 blocks elsewhere: refused here).
 
     Raises:
         ConfigError: the value is not a positive size; the message names ``what``.
     """
-    if isinstance(value, bool):
-        raise ConfigError(f"{what}: expected a size, got {value!r}")
-    if isinstance(value, int):
-        number, unit = value, ""
-    else:
-        match = _SIZE_RE.match(str(value))
-        if not match or match.group(2).lower() not in _UNITS:
-            raise ConfigError(f"{what}: cannot parse size {value!r} (examples: 4096, 8GiB, 512MB)")
-        number, unit = float(match.group(1)), match.group(2).lower()
-    size = int(number * _UNITS[unit])
-    if size <= 0:
-        raise ConfigError(f"{what}: must be positive, got {value!r}")
-    return size
+    number, unit = _split(value, what)
+    if unit not in ("", *_BYTE_UNITS):
+        raise ConfigError(f"{what}: {value!r} is not a byte size; write a unit with B ({SPELLINGS})")
+    return _positive(number * _BYTE_UNITS.get(unit, 1), value, what)
 
 
 def parse_capacity(value: int | str, layout: "KVLayout | None", what: str = "capacity") -> int:
-    """Turns a capacity into blocks.
+    """Turns a capacity into blocks (``Capacity.parse`` then ``Capacity.to_blocks``).
 
-    A plain integer (or digit string, optionally with a ``k``/``M`` suffix and no byte unit)
-    counts blocks; a size with a byte unit (``"8GiB"``) is divided by ``layout.block_bytes``.
+    A plain integer (or digit string, optionally with a ``k``/``M``/``G`` suffix, powers of
+    1000) counts blocks; a size with a byte unit (``"8GiB"``, ``"512MB"``) is divided by
+    ``layout.block_bytes``.
 
     Raises:
-        ConfigError: not positive, unparsable, a byte size without a layout, or under one block.
+        ConfigError: not positive, unparsable or ambiguous, a byte size without a layout, or
+            under one block.
     """
-    text = str(value).strip()
-    match = _SIZE_RE.match(text)
-    if isinstance(value, bool) or not match:
-        raise ConfigError(f"{what}: cannot parse capacity {value!r} (blocks such as 4096 or 4k, or a size such as 8GiB)")
-    unit = match.group(2).lower()
-    if unit in ("", "k", "m", "g"):
-        blocks = int(float(match.group(1)) * _UNITS[unit])
-        if blocks <= 0:
-            raise ConfigError(f"{what}: must be at least one block, got {value!r}")
-        return blocks
-    if layout is None:
-        raise ConfigError(f"{what}: {value!r} is a byte size; give --model or --layout to turn it into blocks")
-    blocks = parse_size(text, what) // layout.block_bytes
-    if blocks < 1:
-        raise ConfigError(f"{what}: {value!r} is less than one block of {layout.block_bytes} bytes")
-    return blocks
+    return Capacity.parse(value, what).to_blocks(layout, what)
 
 
 @dataclass(frozen=True)

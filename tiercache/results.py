@@ -7,11 +7,17 @@ manager keeps. Metadata plane: no torch, no numpy.
 
 Versions:
 
-* **2** (written now): ``"schema_version": 2`` at the top; every key below is present (a
+* **3** (written now): ``"schema_version": 3`` at the top; every key below is present (a
   value that does not apply is ``null``, or ``{}`` for ``bytes_moved``/``modeled_seconds``
-  of runs without a layout). New against version 1: each run's ``recomputed``, each tier's
-  ``failed_transfers``, ``promote_skipped`` and ``lost``; ``trace.kind`` is spelled
-  ``"requests"``/``"steps"`` (the ``TraceKind`` values, as ``tiercache trace inspect`` says).
+  of runs without a layout). New against version 2: each tier splits its hits into
+  ``hits_in_place`` (read where they lie, charged on the link to the top tier) and
+  ``hits_promoted``, with ``in_place_bytes``/``promoted_bytes`` (null without a layout) and
+  ``in_place_seconds``/``promoted_seconds`` (null without hardware); ``bytes_moved`` and
+  ``modeled_seconds`` include the reads in place (version 2 charged them nothing).
+* **2**: read with every field version 2 wrote required; the upgrade sets the six fields
+  above to ``None`` ("not recorded": version 2 cannot tell them apart). New against
+  version 1: each run's ``recomputed``, each tier's ``failed_transfers``,
+  ``promote_skipped`` and ``lost``; ``trace.kind`` is spelled ``"requests"``/``"steps"``.
 * **1** (files without ``schema_version``, written before the schema was versioned): read
   with every field version 1 wrote required. The upgrade fills only what version 1 did not
   record: the four counters above become ``None`` ("not recorded", never 0); ``trace.kind``
@@ -31,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from .config import KVLayout
+from .config import KVLayout, Mode, Semantics, TraceKind
 from .errors import UserError
 
 __all__ = [
@@ -40,55 +46,9 @@ __all__ = [
 ]
 
 #: The version ``ResultsDocument.to_json`` writes.
-SCHEMA_VERSION = 2
-#: Versions ``ResultsDocument.from_json`` reads (1: unversioned files, upgraded on reading).
-READABLE_VERSIONS = (1, 2)
-
-
-class Semantics(enum.Enum):
-    """How a trace is replayed.
-
-    ``OBJECT``: request trace as a flat stream of independent block ids (comparable with
-    libCacheSim). ``PREFIX``: a request uses its longest cached prefix; blocks after the first
-    miss are recomputed. ``DECODE``: a step trace; reads are accesses, writes new blocks.
-    """
-
-    OBJECT = "object"
-    PREFIX = "prefix"
-    DECODE = "decode"
-
-    @classmethod
-    def parse(cls, text: str, option: str = "--semantics") -> "Semantics":
-        """The request-trace semantics named by ``text`` (``"object"`` or ``"prefix"``).
-
-        ``DECODE`` is not chosen by name: it is how every step trace replays.
-
-        Raises:
-            UserError: unknown name; the message names ``option`` and lists the known ones.
-        """
-        name = text.strip().lower()
-        if name not in REQUEST_SEMANTICS_NAMES:
-            raise UserError(f"{option}: unknown {text!r}; known: {', '.join(REQUEST_SEMANTICS_NAMES)}")
-        return cls(name)
-
-
-#: The semantics a request trace can be replayed in, as the CLI spells them.
-REQUEST_SEMANTICS_NAMES = (Semantics.OBJECT.value, Semantics.PREFIX.value)
-
-
-class Mode(enum.Enum):
-    """The hierarchy a run used: one tier, exclusive tiers, or write-through (inclusive)."""
-
-    SINGLE = "single"
-    EXCLUSIVE = "exclusive"
-    WRITE_THROUGH = "write_through"
-
-
-class TraceKind(enum.Enum):
-    """The two JSONL trace formats tiercache reads."""
-
-    REQUESTS = "requests"  # Mooncake request trace (tiercache.sim.traces)
-    STEPS = "steps"  # decode step trace (tiercache.sim.steptrace)
+SCHEMA_VERSION = 3
+#: Versions ``ResultsDocument.from_json`` reads (older ones upgraded on reading).
+READABLE_VERSIONS = (1, 2, 3)
 
 
 # Version 1 spelled the trace kinds in the singular.
@@ -149,8 +109,11 @@ class LayoutInfo:
 class TierRecord:
     """The counters of one tier in one run (``tiercache.core.stats.TierCounters``).
 
-    Invariants: every count non-negative. ``failed_transfers``, ``promote_skipped`` and
-    ``lost`` are None only in records upgraded from version 1, which did not record them.
+    Invariants: every count non-negative; ``hits_in_place + hits_promoted == hits`` (the top
+    tier's hits are all in place, at no cost). ``failed_transfers``, ``promote_skipped`` and
+    ``lost`` are None only in records upgraded from version 1; the hit split only in records
+    upgraded from versions 1 and 2; its bytes also without a layout, its seconds without
+    hardware.
     """
 
     name: str
@@ -165,6 +128,17 @@ class TierRecord:
     failed_transfers: int | None
     promote_skipped: int | None
     lost: int | None
+    hits_in_place: int | None = None
+    hits_promoted: int | None = None
+    in_place_bytes: int | None = None
+    promoted_bytes: int | None = None
+    in_place_seconds: float | None = None
+    promoted_seconds: float | None = None
+
+    def __post_init__(self) -> None:
+        split = (self.hits_in_place, self.hits_promoted)
+        if None not in split and sum(split) != self.hits:
+            raise ValueError(f"tier {self.name}: hits in place {split[0]} + promoted {split[1]} != hits {self.hits}")
 
     def to_json(self) -> dict:
         """One entry of a run's ``tiers`` list."""
@@ -300,6 +274,8 @@ def read_results(path: str | Path) -> ResultsDocument:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise UserError(f"{path}: not a JSON results file ({exc.msg} at line {exc.lineno})") from None
+    except RecursionError:
+        raise UserError(f"{path}: not a results file (JSON nested too deeply)") from None
     return ResultsDocument.from_json(data, str(path))
 
 
@@ -320,11 +296,13 @@ def write_results(path: str | Path, document: ResultsDocument, option: str) -> N
 
 _BAD = object()  # what a converter returns for a value of the wrong type
 
-# Keys version 1 did not write, or wrote only when they applied: their value when absent.
-_V1_ABSENT = {
+_HIT_SPLIT = ("hits_in_place", "hits_promoted", "in_place_bytes", "promoted_bytes", "in_place_seconds", "promoted_seconds")
+# Keys a version did not write (version 1: or wrote only when they applied): their value when absent.
+_V2_ABSENT = dict.fromkeys(_HIT_SPLIT)
+_ABSENT = {3: {}, 2: _V2_ABSENT, 1: _V2_ABSENT | {
     "recomputed": None, "failed_transfers": None, "promote_skipped": None, "lost": None,
     "bytes_moved": {}, "modeled_seconds": {}, "prefill_tokens": None, "prefill_tokens_saved": None, "ttft_saved_s": None,
-}
+}}
 
 
 def _count(value: Any) -> Any:
@@ -377,8 +355,8 @@ class _Object:
             UserError: the key is missing (and the version requires it) or mistyped.
         """
         if key not in self.value:
-            if self.version == 1 and key in _V1_ABSENT:
-                return _V1_ABSENT[key]
+            if key in _ABSENT[self.version]:
+                return _ABSENT[self.version][key]
             raise UserError(f"{self.where}: missing field {key!r}")
         raw = self.value[key]
         out = convert(raw)
@@ -388,7 +366,7 @@ class _Object:
 
     def require(self, keys: tuple[str, ...]) -> None:
         """Names every missing key at once (a hand-written file may lack several)."""
-        missing = [k for k in keys if k not in self.value and not (self.version == 1 and k in _V1_ABSENT)]
+        missing = [k for k in keys if k not in self.value and k not in _ABSENT[self.version]]
         if missing:
             raise UserError(f"{self.where}: missing field(s) {', '.join(missing)}")
 
@@ -454,10 +432,14 @@ def _read_layout(value: Any, source: str, version: int) -> LayoutInfo | None:
 
 def _read_tier(value: Any, parent: str, label: str, version: int) -> TierRecord:
     obj = _Object(value, parent, label, version)
-    obj.require(("name", *_TIER_COUNTS, *_TIER_COUNTS_V2))
+    obj.require(("name", *_TIER_COUNTS, *_TIER_COUNTS_V2, *_HIT_SPLIT))
     counts = {key: obj.take(key, _count) for key in _TIER_COUNTS}
-    later = {key: obj.take(key, _nullable(_count), "null or a non-negative integer") for key in _TIER_COUNTS_V2}
-    return TierRecord(name=obj.take("name", _text), **counts, **later)
+    later = {key: obj.take(key, _nullable(_count), "null or a non-negative integer") for key in _TIER_COUNTS_V2 + _HIT_SPLIT[:4]}
+    seconds = {key: obj.take(key, _nullable(_number), "null or a number") for key in _HIT_SPLIT[4:]}
+    try:
+        return TierRecord(name=obj.take("name", _text), **counts, **later, **seconds)
+    except ValueError as exc:
+        raise UserError(f"{obj.where}: inconsistent counts: {exc}") from None
 
 
 def _read_run(value: Any, source: str, label: str, version: int) -> RunRecord:

@@ -116,7 +116,13 @@ def _document(cfg: BenchConfig, samples: dict, first_fill: dict, latency: dict, 
 
 def save_measured_profile(result: dict, path: str) -> None:
     """Writes the measured links (tiercache throughput, raw small-transfer latency) as a
-    hardware profile that ``tiercache.sim.hardware.load_profile`` reads."""
+    hardware profile that ``tiercache.sim.hardware.load_profile`` reads.
+
+    The bench measures links, not prefill: the profile's ``prefill_tokens_per_s`` is null, and
+    a replay that models recompute time or TTFT with it asks for one (measure your model's
+    prefill on your GPU and write it into the file). Timing a toy model here would be a
+    number for a different model on a different device, so none is invented.
+    """
     from ..sim.hardware import HardwareProfile, Link, save_profile
 
     tc, lat = result["tiercache"], result["latency_s"]
@@ -126,4 +132,4 @@ def save_measured_profile(result: dict, path: str) -> None:
         "nvme->dram": Link(tc["disk_read_cold"] * 1e9, lat["disk_read_cold"]),
         "dram->nvme": Link(tc["disk_write"] * 1e9, lat["disk_write"]),
     }
-    save_profile(HardwareProfile(f"measured-{socket.gethostname()}", links, 10000.0), path)
+    save_profile(HardwareProfile(f"measured-{socket.gethostname()}", links, None), path)

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import NoReturn
+
+import tiercache
 
 from ..errors import UserError
 from . import bench, replay, report, trace
@@ -21,9 +24,18 @@ __all__ = ["main", "build_parser"]
 _SUBCOMMANDS = (replay, trace, report, bench)
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line (``tiercache replay: error: ...``), exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Builds the top-level parser with every subcommand."""
-    parser = argparse.ArgumentParser(prog="tiercache", description="Tiered KV-cache manager and trace replayer.")
+    parser = _Parser(prog="tiercache", description="Tiered KV-cache manager and trace replayer.",
+                     epilog=replay.presets_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"tiercache {tiercache.__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers.required = True
     for module in _SUBCOMMANDS:

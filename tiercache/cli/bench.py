@@ -61,7 +61,8 @@ def main(args: argparse.Namespace) -> int:
     _write_json(args.json, result)
     if args.save_profile:
         save_measured_profile(result, args.save_profile)
-        print(f"hardware profile written to {args.save_profile}")
+        print(f"hardware profile written to {args.save_profile} (links only: set its prefill_tokens_per_s to your "
+              "model's measured prefill speed before modeling recompute time or TTFT with it)")
     return 0
 
 

@@ -10,10 +10,11 @@ import argparse
 import os
 import shlex
 
-from ..config import CacheConfig, KVLayout, layout_preset, parse_capacity, parse_layout, parse_tiers
+from ..config import MODEL_PRESETS, SPELLINGS, CacheConfig, Capacity, KVLayout, layout_preset, parse_layout, parse_tiers
 from ..errors import UserError
 from ..results import ResultsDocument, Semantics, TraceKind, write_results
-from ..sim.hardware import HardwareProfile, load_profile
+from ..policies import ADMISSION, EVICTION
+from ..sim.hardware import PRESETS, HardwareProfile, load_profile
 from ..sim.loader import Trace, load_trace
 from ..sim.sweep import SweepSpec, check_policy_names, sweep
 from ..sim.traces import MOONCAKE_BLOCK_TOKENS
@@ -32,6 +33,15 @@ def parse_list(text: str, option: str) -> list[str]:
     return items
 
 
+class Once(argparse.Action):
+    """Stores an option's value, refusing a second occurrence (argparse would keep the last)."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        if getattr(namespace, self.dest) is not None:
+            parser.error(f"{option_string} given twice ({getattr(namespace, self.dest)!r} and {values!r}); give it once")
+        setattr(namespace, self.dest, values)
+
+
 def capacity_text(args: argparse.Namespace) -> str | None:
     """The ``--capacity`` list in effect: the option, the default without ``--tiers``, or None.
 
@@ -46,57 +56,99 @@ def capacity_text(args: argparse.Namespace) -> str | None:
 
 
 def add_common_options(parser: argparse.ArgumentParser) -> None:
-    """Options shared by ``replay`` and ``compare`` (the sweep definition)."""
+    """Options shared by ``replay`` and ``compare`` (the sweep definition); each at most once."""
     parser.add_argument("trace", help="Mooncake request trace (JSONL) or decode step trace")
-    parser.add_argument("--policy", default="lru", help="comma list of eviction policies (default: lru)")
-    parser.add_argument("--capacity", help=f"comma list of single-tier capacities in blocks (default: {DEFAULT_CAPACITY})")
-    parser.add_argument("--tiers", help="run a hierarchy instead, e.g. hbm=4096,dram=16384,nvme=65536 "
-                                        "(sizes need --model or --layout; exclusive with --capacity)")
-    parser.add_argument("--semantics", default="object", help="object, prefix, or both as a comma list (default: object); "
-                                                              "step traces always replay as decode")
-    parser.add_argument("--admission", default="always", help="admission policy of the lower tiers (default: always)")
+    parser.add_argument("--policy", action=Once, help="comma list of eviction policies (default: lru)")
+    parser.add_argument("--capacity", action=Once, help="comma list of single-tier capacities: blocks (4096, 4k = 4,000) "
+                                                        f"or sizes with a B unit (16GiB, 512MB; need --model or --layout) "
+                                                        f"(default: {DEFAULT_CAPACITY})")
+    parser.add_argument("--tiers", action=Once, help="run a hierarchy instead, e.g. hbm=4096,dram=16GiB,nvme=65536 "
+                                                     "(sizes need --model or --layout; exclusive with --capacity)")
+    parser.add_argument("--semantics", action=Once, help="object, prefix, or both (= object,prefix) (default: object); "
+                                                         "request traces only: step traces replay as decode")
+    parser.add_argument("--admission", action=Once, help="admission policy of the lower tiers of --tiers (default: always)")
     parser.add_argument("--write-through", action="store_true", help="inclusive hierarchy (default: exclusive)")
-    parser.add_argument("--model", help="model preset turning blocks into bytes, e.g. llama-3-8b")
-    parser.add_argument("--layout", help="custom KV layout instead of --model, "
-                                         "e.g. layers=32,kv_heads=8,head_dim=128,dtype=bfloat16")
-    parser.add_argument("--hardware", help="hardware preset or profile JSON for modeled seconds, e.g. h200-pcie5-nvme4")
-    parser.add_argument("--workers", type=int, default=0, help="worker processes (default: one per core)")
+    parser.add_argument("--model", action=Once, help="model preset turning blocks into bytes, e.g. llama-3-8b")
+    parser.add_argument("--layout", action=Once, help="custom KV layout instead of --model, "
+                                                      "e.g. layers=32,kv_heads=8,head_dim=128,dtype=bfloat16")
+    parser.add_argument("--block-tokens", type=int, action=Once,
+                        help="tokens per block of a step trace without a block_tokens header")
+    parser.add_argument("--hardware", action=Once, help="hardware preset or profile JSON for modeled seconds, e.g. h200-pcie5-nvme4")
+    parser.add_argument("--workers", type=int, action=Once, help="worker processes, >= 1 (default: one per core)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """Registers ``tiercache replay``."""
-    parser = subparsers.add_parser("replay", help="replay a trace through the tier manager", description=__doc__)
+    parser = subparsers.add_parser("replay", help="replay a trace through the tier manager", description=__doc__,
+                                   epilog=presets_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_options(parser)
     parser.add_argument("--out", help="write results JSON here")
     parser.set_defaults(func=run)
+
+
+def presets_epilog() -> str:
+    """The policies, model presets and hardware presets, for ``--help``."""
+    return (f"policies: {', '.join(EVICTION)}\nadmission: {', '.join(ADMISSION)}\n"
+            f"models: {', '.join(MODEL_PRESETS)}\nhardware: {', '.join(PRESETS)} (or a profile JSON)\n"
+            f"capacities: {SPELLINGS}")
 
 
 def spec_from_args(args: argparse.Namespace) -> tuple[Trace, SweepSpec]:
     """The trace and the sweep the options describe.
 
     Options that need no trace are checked first, so a typo fails before a long trace is
-    read; the layout and tier sizes follow the trace (a request block is 512 tokens).
+    read; the layout and the capacities that are sizes follow the trace (its block size).
 
     Raises:
         UserError: a bad option (named) or a malformed trace (file and line named).
     """
-    policies = tuple(parse_list(args.policy, "--policy"))
-    check_policy_names(policies, args.admission)
-    semantics = tuple(Semantics.parse(s) for s in parse_list(args.semantics, "--semantics"))
+    policies = tuple(parse_list(args.policy or "lru", "--policy"))
+    admission = args.admission or "always"
+    check_policy_names(policies, admission)
+    semantics = parse_semantics(args.semantics)
     capacities = _capacities(capacity_text(args))
     hardware = _hardware(args)
     trace = load_trace(args.trace)
-    layout = _layout(args, trace.kind)
-    cache = CacheConfig(parse_tiers(args.tiers, layout), args.write_through) if args.tiers else None
-    return trace, SweepSpec(policies, semantics, capacities, cache, args.admission, layout, hardware)
+    _check_trace_options(args, trace)
+    layout = _layout(args, trace)
+    cache = _cache(args, layout)
+    blocks = tuple(c.to_blocks(layout, f"--capacity {c.text!r}") for c in capacities)
+    return trace, SweepSpec(policies, semantics, blocks, cache, admission, layout, hardware)
 
 
-def _capacities(text: str | None) -> tuple[int, ...]:
-    """``"1000,4k,16000"`` -> block counts (each positive); None (``--tiers`` given) -> ()."""
+def parse_semantics(text: str | None) -> tuple[Semantics, ...]:
+    """``--semantics``: a comma list of object/prefix, or ``both`` (object, prefix)."""
+    names = parse_list(text or "object", "--semantics")
+    if [n.lower() for n in names] == ["both"]:
+        return (Semantics.OBJECT, Semantics.PREFIX)
+    return tuple(dict.fromkeys(Semantics.parse(s) for s in names))
+
+
+def _check_trace_options(args: argparse.Namespace, trace: Trace) -> None:
+    """Options that do not apply to the trace's kind are errors, not silently ignored."""
+    if trace.kind is TraceKind.STEPS and args.semantics is not None:
+        raise UserError(f"--semantics {args.semantics}: {trace.path} is a step trace, which always replays as decode "
+                        "(reads are accesses, writes new blocks); drop --semantics")
+    if trace.kind is TraceKind.REQUESTS and args.block_tokens is not None:
+        raise UserError(f"--block-tokens: {trace.path} is a request trace, whose blocks are {MOONCAKE_BLOCK_TOKENS} tokens")
+
+
+def _cache(args: argparse.Namespace, layout: KVLayout | None) -> CacheConfig | None:
+    """The hierarchy of ``--tiers``; ``--admission``/``--write-through`` need two tiers or more."""
+    tiers = parse_tiers(args.tiers, layout) if args.tiers else ()
+    if len(tiers) < 2:
+        for given, option in ((args.admission, f"--admission {args.admission}"), (args.write_through, "--write-through")):
+            if given:
+                raise UserError(f"{option}: applies to the lower tiers of a hierarchy; give --tiers with two tiers or more")
+    return CacheConfig(tiers, args.write_through) if tiers else None
+
+
+def _capacities(text: str | None) -> tuple[Capacity, ...]:
+    """``"1000,4k,16GiB"`` -> capacities (blocks, or sizes for the layout); None (``--tiers``) -> ()."""
     if text is None:
         return ()
-    return tuple(parse_capacity(item, None, f"--capacity {item!r}") for item in parse_list(text, "--capacity"))
+    return tuple(Capacity.parse(item, f"--capacity {item!r}") for item in parse_list(text, "--capacity"))
 
 
 def _hardware(args: argparse.Namespace) -> HardwareProfile | None:
@@ -104,27 +156,40 @@ def _hardware(args: argparse.Namespace) -> HardwareProfile | None:
         raise UserError("--model and --layout are exclusive; give one")
     if args.hardware and not (args.model or args.layout):
         raise UserError("--hardware needs --model or --layout (bytes per block) to model seconds")
-    return load_profile(args.hardware) if args.hardware else None
+    return load_profile(args.hardware).require_prefill() if args.hardware else None
 
 
-def _layout(args: argparse.Namespace, kind: TraceKind) -> KVLayout | None:
-    """The KV layout of ``--model`` or ``--layout``, or None.
+def _layout(args: argparse.Namespace, trace: Trace) -> KVLayout | None:
+    """The KV layout of ``--model`` or ``--layout`` at the trace's block size, or None.
 
-    A preset always gets blocks of 512 tokens. A custom layout does too on a request trace
-    (a Mooncake ``hash_ids`` entry is 512 tokens); on a step trace it keeps its own
-    ``block_tokens`` (256 unless the spec says otherwise).
+    A request trace's block is 512 tokens (a Mooncake ``hash_ids`` entry); a step trace names
+    its own in its header, or ``--block-tokens`` does for a file without one.
+
+    Raises:
+        UserError: a step trace of unknown block size, or two sizes that disagree.
     """
-    if args.model:
-        return layout_preset(args.model, MOONCAKE_BLOCK_TOKENS)
-    if args.layout:
-        return parse_layout(args.layout, MOONCAKE_BLOCK_TOKENS if kind is TraceKind.REQUESTS else None)
-    return None
+    if not (args.model or args.layout):
+        return None
+    tokens = _block_tokens(args, trace)
+    return layout_preset(args.model, tokens) if args.model else parse_layout(args.layout, tokens)
+
+
+def _block_tokens(args: argparse.Namespace, trace: Trace) -> int:
+    given, named = args.block_tokens, trace.block_tokens
+    if given is not None and given < 1:
+        raise UserError(f"--block-tokens: must be a positive integer, got {given}")
+    if given is not None and named is not None and given != named and trace.kind is TraceKind.STEPS:
+        raise UserError(f"--block-tokens {given}: {trace.path} names {named} tokens per block in its header")
+    if named is None and given is None:
+        raise UserError(f"{trace.path}: the step trace names no block size (no {{\"block_tokens\": N}} header line); "
+                        "give --block-tokens to turn its blocks into bytes")
+    return named if named is not None else given
 
 
 def sweep_from_args(args: argparse.Namespace) -> ResultsDocument:
     """Runs the sweep the options describe; the command recorded is the argv given to ``main``."""
-    if args.workers < 0:
-        raise UserError(f"--workers: must be >= 0, got {args.workers}")
+    if args.workers is not None and args.workers < 1:
+        raise UserError(f"--workers: must be at least 1, got {args.workers} (leave it out for one per core)")
     trace, spec = spec_from_args(args)
     workers = args.workers or os.cpu_count() or 1
     return sweep(trace, spec, workers, not args.no_progress, shlex.join(["tiercache", *args.argv]))

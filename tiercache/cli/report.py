@@ -87,14 +87,13 @@ def _check_trace(path: str, data: ReportData) -> None:
 
 def _compare_command(args: argparse.Namespace) -> str:
     """The command line that reruns this sweep (options that change no result are left out)."""
-    words = ["tiercache", "compare", args.trace, "--policy", args.policy]
+    words = ["tiercache", "compare", args.trace, "--policy", args.policy or "lru"]
     words += ["--tiers", args.tiers] if args.tiers else ["--capacity", capacity_text(args)]
-    words += ["--semantics", args.semantics]
-    if args.admission != "always":
-        words += ["--admission", args.admission]
     if args.write_through:
         words.append("--write-through")
-    for option, value in (("--model", args.model), ("--layout", args.layout), ("--hardware", args.hardware)):
-        if value:
-            words += [option, value]
+    options = (("--semantics", args.semantics), ("--admission", args.admission), ("--model", args.model),
+               ("--layout", args.layout), ("--block-tokens", args.block_tokens), ("--hardware", args.hardware))
+    for option, value in options:
+        if value is not None and value != "always":
+            words += [option, str(value)]
     return shlex.join(words + ["-o", args.out])

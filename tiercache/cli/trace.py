@@ -82,7 +82,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 def _cmd_scan(args: argparse.Namespace) -> int:
     spec = synth.ScanSpec(args.steps, args.blocks, args.block_tokens, args.layers)
-    count = write_steps(args.output, synth.scan_trace(spec))
+    count = write_steps(args.output, synth.scan_trace(spec), spec.block_tokens)
     print(f"wrote {count:,} step records to {args.output}")
     return 0
 
@@ -91,7 +91,12 @@ def _cmd_sparse(args: argparse.Namespace) -> int:
     spec = synth.SparseSpec(
         args.steps, args.blocks, args.k, args.sink, args.window, args.locality, args.block_tokens, args.layers, args.seed
     )
-    count = write_steps(args.output, synth.sparse_trace(spec))
+    if not spec.is_sparse:
+        raise UserError(
+            f"--k {spec.k} + --sink {spec.sink} + --window {spec.window} cover all {spec.most_blocks} blocks the sequence "
+            f"ever holds (--blocks {spec.prompt_blocks} + one per --block-tokens {spec.block_tokens} steps): every step "
+            "would read every block; give a smaller --k, or use 'trace synth scan'")
+    count = write_steps(args.output, synth.sparse_trace(spec), spec.block_tokens)
     print(f"wrote {count:,} step records to {args.output}")
     return 0
 
@@ -160,6 +165,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     export.add_argument("--format", choices=formats, default=formats[0], help="output format (libCacheSim oracleGeneral)")
     export.add_argument("-o", "--output", required=True, help="output file")
     export.add_argument("--model", help="model preset whose block bytes become the record size (default: size 1)")
-    export.add_argument("--block-tokens", type=int, help="tokens per block of step traces (request traces always use 512)")
+    export.add_argument("--block-tokens", type=int, help="tokens per block of step traces without a block_tokens header (request traces always use 512)")
     export.add_argument("--per-layer", action="store_true", help="blocks hold one layer (step traces with per-layer ids)")
     export.set_defaults(func=_cmd_export)

@@ -12,7 +12,7 @@ import re
 from . import fmt, plots
 from .document import Bullets, Code, Document, Image, Paragraph, Section
 from .lru_curve import LRUCurve, dense_lru_curve
-from ..results import Mode, Semantics
+from ..results import Mode, Semantics, TraceKind
 from .model import ReportData, Run
 from .summary import BASELINE, BELADY, CapacityBest, best_per_capacity, by_group, policy_labels
 from .tables import best_table, runs_table, trace_table
@@ -65,8 +65,9 @@ def _group_title(semantics: Semantics, mode: Mode) -> str:
 
 
 def _summary(data: ReportData) -> Section:
+    steps = data.trace.kind is TraceKind.STEPS
     intro = (
-        f"This report replays the request trace {data.trace.name} through a KV cache of several sizes, once per "
+        f"This report replays the {'step' if steps else 'request'} trace {data.trace.name} through a KV cache of several sizes, once per "
         "eviction policy, and counts how many block accesses miss. A KV block holds the attention keys and values "
         "of a run of prompt tokens; a hit means that block need not be recomputed (prefill) or fetched from a slower "
         "tier. Lower miss ratios are better."
@@ -76,9 +77,8 @@ def _summary(data: ReportData) -> Section:
         "future, so no serving system can run it, but no policy can miss less: it is the bound. The policy "
         f"{BASELINE} (least recently used) is the usual baseline. "
         f"'Gap closed' is (miss {BASELINE} − miss policy) / (miss {BASELINE} − miss {BELADY}): 0% is no better "
-        f"than {BASELINE}, 100% is as good as {BELADY}. The compulsory-miss floor counts first accesses, which "
-        "miss at any capacity."
-    )
+        f"than {BASELINE}, 100% is as good as {BELADY}."
+    ) + ("" if steps else " The compulsory-miss floor counts first accesses, which miss at any capacity.")
     semantics = sorted({r.semantics for r in data.runs}, key=lambda s: s.value)
     blocks: list = [Paragraph(intro), Paragraph(bound)]
     blocks.append(Bullets(tuple(f"{_SEMANTICS[s]}." for s in semantics)))
@@ -110,8 +110,9 @@ def _curves(data: ReportData, colors: dict[str, str], trace_path: str | None) ->
     top_axis = " (the top axis gives the same capacities in bytes of KV cache)" if block_bytes else ""
     blocks: list = [Paragraph(
         f"Miss ratio against cache capacity, one line per policy; capacity on a log scale{top_axis}. Lower is "
-        f"better. The dashed black line ({BELADY}) is the best any policy could do; the dotted grey line is the "
-        "compulsory-miss floor."
+        f"better. The dashed black line ({BELADY}) is the best any policy could do"
+        + ("; the dotted grey line, in object semantics, is the compulsory-miss floor." if data.trace.kind is TraceKind.REQUESTS
+           else ".")
     )]
     for (semantics, mode), runs in by_group(data.runs).items():
         dense = _dense_for(data, runs, semantics, mode, trace_path)

@@ -11,7 +11,7 @@ import io
 from dataclasses import dataclass
 from typing import Callable
 
-from ..config import TIER_NAMES
+from ..config import TIER_NAMES, TraceKind
 from . import fmt
 from .document import Table
 from .model import ReportData, Run
@@ -94,14 +94,16 @@ def best_table(best: list[CapacityBest]) -> Table:
 def trace_table(data: ReportData) -> Table:
     """The trace's statistics and the presets the costs were modeled with."""
     trace = data.trace
+    steps = trace.kind is TraceKind.STEPS
     rows = [
-        ("trace", trace.name),
-        ("requests", fmt.integer(trace.requests)),
-        ("block accesses", fmt.integer(trace.accesses)),
+        ("trace", f"{trace.name} ({'step' if steps else 'request'} trace)"),
+        ("step records" if steps else "requests", fmt.integer(trace.requests)),
+        ("block reads and writes" if steps else "block accesses", fmt.integer(trace.accesses)),
         ("distinct blocks", fmt.integer(trace.unique_blocks)),
-        ("compulsory-miss floor", f"{fmt.percent(trace.compulsory_miss_ratio, 2)} (distinct blocks / accesses)"),
-        ("fingerprint (blake2b)", trace.fingerprint),
     ]
+    if not steps:  # a step trace's writes store new blocks: first accesses are not misses there
+        rows.append(("compulsory-miss floor", f"{fmt.percent(trace.compulsory_miss_ratio, 2)} (distinct blocks / accesses)"))
+    rows.append(("fingerprint (blake2b)", trace.fingerprint))
     rows += _preset_rows(data)
     return Table(("", ""), tuple(rows), (False, False))
 

@@ -63,18 +63,39 @@ class SimEngine:
 
     def submit(self, plan: TransferPlan) -> None:
         """Queues ``plan`` on its link; returns at once."""
-        link = f"{self.tier_names[plan.src_tier]}->{self.tier_names[plan.dst_tier]}"
-        nbytes = plan.n_blocks * (self.block_bytes or 0)
-        seconds = self._seconds(link, nbytes)
-        start = max(self.clock.now, self._link_free.get(link, 0.0))
-        done = start + seconds
+        done = self._occupy(plan.src_tier, plan.dst_tier, plan.n_blocks)
+        heapq.heappush(self._pending, (done, plan.job_id))
+
+    def read_through(self, src_tier: int, n_blocks: int) -> tuple[int, float]:
+        """Charges a read of blocks where they lie (a hit not promoted) on the link from
+        ``src_tier`` to the top tier, where attention reads them; returns (bytes, seconds).
+
+        The read is complete when the call returns (the replay reads synchronously); it
+        occupies the link like a copy of the same blocks, and no tier changes.
+        """
+        self._occupy(src_tier, 0, n_blocks)
+        return self.cost(src_tier, 0, n_blocks)
+
+    def cost(self, src_tier: int, dst_tier: int, n_blocks: int) -> tuple[int, float]:
+        """Bytes and modeled seconds of one transfer of ``n_blocks`` between two tiers."""
+        nbytes = n_blocks * (self.block_bytes or 0)
+        return nbytes, self._seconds(self._link(src_tier, dst_tier), nbytes)
+
+    def _link(self, src_tier: int, dst_tier: int) -> str:
+        return f"{self.tier_names[src_tier]}->{self.tier_names[dst_tier]}"
+
+    def _occupy(self, src_tier: int, dst_tier: int, n_blocks: int) -> float:
+        """Books one transfer on its link (usage and queue); returns when it completes."""
+        link = self._link(src_tier, dst_tier)
+        nbytes, seconds = self.cost(src_tier, dst_tier, n_blocks)
+        done = max(self.clock.now, self._link_free.get(link, 0.0)) + seconds
         self._link_free[link] = done
         usage = self.usage.setdefault(link, LinkUsage())
-        usage.blocks += plan.n_blocks
+        usage.blocks += n_blocks
         usage.bytes += nbytes
         usage.transfers += 1
         usage.seconds += seconds
-        heapq.heappush(self._pending, (done, plan.job_id))
+        return done
 
     def poll(self) -> list[JobResult]:
         """Jobs whose modeled completion time has passed."""

@@ -63,12 +63,14 @@ class HardwareProfile:
 
     Invariants: ``links`` holds every name in ``REQUIRED_LINKS`` and only names of the form
     ``"src->dst"`` over hbm/dram/nvme; it is read-only. ``prefill_tokens_per_s > 0`` is the
-    rate at which recomputing a missed prefix costs time (tokens of the reference model).
+    rate at which recomputing a missed prefix costs time (tokens of the reference model), or
+    None when the profile has none (``tiercache bench`` measures links, not prefill): such a
+    profile models link seconds only, and ``require_prefill`` refuses recompute and TTFT.
     """
 
     name: str
     links: Mapping[str, Link] = field(hash=False)
-    prefill_tokens_per_s: float
+    prefill_tokens_per_s: float | None
 
     def __post_init__(self) -> None:
         missing = [n for n in REQUIRED_LINKS if n not in self.links]
@@ -76,8 +78,22 @@ class HardwareProfile:
         if missing or unknown:
             raise UserError(f"hardware profile {self.name!r}: missing links {missing}, unknown links {unknown}")
         object.__setattr__(self, "links", MappingProxyType(dict(self.links)))
-        rate = _positive_number(self.prefill_tokens_per_s, f"hardware profile {self.name!r}: prefill_tokens_per_s")
-        object.__setattr__(self, "prefill_tokens_per_s", rate)
+        if self.prefill_tokens_per_s is not None:
+            rate = _positive_number(self.prefill_tokens_per_s, f"hardware profile {self.name!r}: prefill_tokens_per_s")
+            object.__setattr__(self, "prefill_tokens_per_s", rate)
+
+    def require_prefill(self) -> "HardwareProfile":
+        """This profile, checked to have a prefill speed (recompute time and TTFT need one).
+
+        Raises:
+            UserError: ``prefill_tokens_per_s`` is null; the message says how to add it.
+        """
+        if self.prefill_tokens_per_s is None:
+            raise UserError(
+                f"hardware profile {self.name!r} has no prefill speed (prefill_tokens_per_s is null: tiercache bench "
+                "measures links, not prefill); recompute time and TTFT need one: set it in the profile JSON to the "
+                "measured prefill tokens/s of your model on your GPU")
+        return self
 
     def link(self, name: str) -> Link:
         """The link of that name; a staged path (``nvme->hbm``) only if given explicitly."""
@@ -94,8 +110,12 @@ class HardwareProfile:
         raise KeyError(f"hardware profile {self.name!r} has no link {path!r}")
 
     def prefill_seconds(self, tokens: int) -> float:
-        """Time to recompute ``tokens`` tokens of prefill."""
-        return tokens / self.prefill_tokens_per_s
+        """Time to recompute ``tokens`` tokens of prefill.
+
+        Raises:
+            UserError: the profile has no prefill speed.
+        """
+        return tokens / self.require_prefill().prefill_tokens_per_s
 
 
 def _profile(
@@ -147,8 +167,8 @@ def load_profile(name_or_path: str | os.PathLike) -> HardwareProfile:
     try:
         with open(text, encoding="utf-8") as handle:
             data = json.load(handle)
-    except (OSError, ValueError) as exc:
-        raise UserError(f"{text}: cannot read hardware profile: {exc}") from None
+    except (OSError, ValueError, RecursionError, MemoryError) as exc:
+        raise UserError(f"{text}: cannot read hardware profile: {exc or type(exc).__name__}") from None
     return _profile_from_json(text, data)
 
 
@@ -163,7 +183,7 @@ def _profile_from_json(path: str, data: Any) -> HardwareProfile:
         raise UserError(f"{path}: 'name' must be a string and 'links' an object")
     try:
         links = {name: _link_from_json(name, spec) for name, spec in data["links"].items()}
-        return HardwareProfile(data["name"], links, data["prefill_tokens_per_s"])
+        return HardwareProfile(data["name"], links, data["prefill_tokens_per_s"])  # null: no prefill speed
     except UserError as exc:
         raise UserError(f"{path}: {exc}") from None
 

@@ -17,8 +17,8 @@ import numpy as np
 from tiercache.errors import TraceError
 from tiercache.results import TraceInfo, TraceKind
 
-from .steptrace import FlatSteps, flat_steps
-from .traces import FlatTrace, flat_requests, iter_json_objects, kind_of
+from .steptrace import FlatSteps, flat_steps, header_block_tokens, is_header
+from .traces import MOONCAKE_BLOCK_TOKENS, FlatTrace, flat_requests, iter_json_objects, kind_of
 
 __all__ = ["Trace", "load_trace"]
 
@@ -32,6 +32,8 @@ class Trace:
     and never decreases. Exactly one of ``requests`` (request traces: timestamps, token
     counts) and ``steps`` (step traces: write flags, steps, layers) is set, matching ``kind``.
     ``fingerprint`` is the blake2b-128 hex digest of the file's bytes (``trace_fingerprint``).
+    ``block_tokens`` is the tokens per block: 512 for request traces (Mooncake's block), a
+    step trace's header value, or None for a step trace without a header.
     """
 
     path: str
@@ -41,6 +43,7 @@ class Trace:
     offsets: np.ndarray
     requests: FlatTrace | None = None
     steps: FlatSteps | None = None
+    block_tokens: int | None = MOONCAKE_BLOCK_TOKENS
 
     def __post_init__(self) -> None:
         present = (self.requests is not None, self.steps is not None)
@@ -86,12 +89,13 @@ def load_trace(path: str | os.PathLike) -> Trace:
     if first is None:
         raise TraceError(name, None, "no records: the trace is empty")
     kind = kind_of(name, *first)
-    stream = itertools.chain([first], objects)
     if kind is TraceKind.REQUESTS:
-        requests = flat_requests(name, stream)
+        requests = flat_requests(name, itertools.chain([first], objects))
         return Trace(name, kind, digest.hexdigest(), requests.ids, _with_end(requests.offsets, requests.ids), requests=requests)
-    steps = flat_steps(name, stream)
-    return Trace(name, kind, digest.hexdigest(), steps.ids, _with_end(steps.offsets, steps.ids), steps=steps)
+    block_tokens = header_block_tokens(name, *first) if is_header(first[1]) else None
+    steps = flat_steps(name, objects if block_tokens else itertools.chain([first], objects))
+    return Trace(name, kind, digest.hexdigest(), steps.ids, _with_end(steps.offsets, steps.ids), steps=steps,
+                 block_tokens=block_tokens)
 
 
 def _with_end(offsets: np.ndarray, ids: np.ndarray) -> np.ndarray:

@@ -123,7 +123,8 @@ def export_oracle_general(
     Request traces: one record per ``hash_ids`` entry, time = the request's timestamp in ms.
     Step traces: one record per read then per write of each record, time = the step.
     With a ``layout`` every record's size is one block's bytes (for request traces the
-    layout is taken at 512 tokens per block, Mooncake's block size); without, size is 1.
+    layout is taken at 512 tokens per block, Mooncake's block size; for a step trace with a
+    header, at the header's block size); without, size is 1.
 
     Raises:
         TraceError: the input trace is malformed.
@@ -136,6 +137,8 @@ def export_oracle_general(
         layout = layout and replace(layout, block_tokens=MOONCAKE_BLOCK_TOKENS)
     else:
         times = np.repeat(trace.steps.steps, per_record)
+        if trace.block_tokens is not None:  # the header names the block size
+            layout = layout and replace(layout, block_tokens=trace.block_tokens)
     ids = trace.ids
     size = layout.block_bytes if layout else 1
     records = write_oracle_general(out_path, ids, times, size)

@@ -26,6 +26,7 @@ from tiercache.policies import Hints, get_eviction, make_admission, make_evictio
 from tiercache.results import Mode, RunRecord, Semantics, TierRecord, TraceKind
 
 from .engine import SimEngine
+from .hitcost import HitCost, HitMeter
 from .hardware import HardwareProfile
 from .loader import Trace
 from .traces import MOONCAKE_BLOCK_TOKENS, next_use
@@ -133,20 +134,29 @@ def replay(spec: RunSpec, data: ReplayData, on_progress: Callable[[int], None] |
     # Hints cost a list per request: build only what the policy reads.
     step = _step_function(spec, data, manager, policy.needs_parents)
     needs_future = policy.needs_future
+    meter = HitMeter(engine, len(spec.tiers))
     started = time.perf_counter()
     saved_tokens = 0
     for batch in range(data.n_batches):
         saved_tokens += step(batch, needs_future)
         if batch % 256 == 255:  # events are counts: draining in chunks changes no total
-            stats.consume(manager.events.drain())
+            _consume(manager, stats, meter)
             if on_progress is not None:
                 on_progress(256)
-    stats.consume(manager.events.drain())
+    _consume(manager, stats, meter)
     if on_progress is not None:
         on_progress(data.n_batches % 256)
     wall = time.perf_counter() - started
     manager.check_invariants()
-    return run_record(spec, data, stats, engine, saved_tokens, wall)
+    return run_record(spec, data, stats, meter, saved_tokens, wall)
+
+
+def _consume(manager: TierManager, stats: HierarchyStats, meter: HitMeter) -> None:
+    """Feeds the events drained since the last call to the counters and the hit meter (a
+    batch boundary never splits a hit from the event before it: both come from one access)."""
+    events = manager.events.drain()
+    stats.consume(events)
+    meter.consume(events)
 
 
 def _hints(data: ReplayData, a: int, b: int, needs_future: bool, needs_parents: bool) -> Hints:
@@ -198,24 +208,35 @@ def _hints_for(data: ReplayData, a: int, b: int, writes: np.ndarray, want: bool,
     return Hints(a, [n for n, w in zip(data.next_use[a:b], writes) if bool(w) == want], None)
 
 
-def run_record(spec: RunSpec, data: ReplayData, stats: HierarchyStats, engine: SimEngine, saved_tokens: int, wall: float) -> RunRecord:
+def run_record(spec: RunSpec, data: ReplayData, stats: HierarchyStats, meter: HitMeter, saved_tokens: int,
+               wall: float) -> RunRecord:
     """The record of one run (an entry of results.json's ``runs``)."""
-    accesses = stats.accesses
+    accesses, engine = stats.accesses, meter.engine
     layout, profile = data.layout, data.profile
+    tiers = tuple(_tier_record(t, c, layout is not None, profile is not None) for t, c in zip(stats.tiers, meter.costs))
     return RunRecord(
         policy=spec.policy, admission=spec.admission, semantics=spec.semantics, mode=spec.mode,
         capacity_blocks=sum(t.capacity_blocks for t in spec.tiers), accesses=accesses, hits=stats.hits,
         misses=stats.misses, recomputed=stats.recomputed,
         miss_ratio=stats.misses / accesses if accesses else 0.0, hit_ratio=stats.hits / accesses if accesses else 0.0,
-        tiers=tuple(_tier_record(t) for t in stats.tiers), wall_seconds=round(wall, 4),
+        tiers=tiers, wall_seconds=round(wall, 4),
         bytes_moved={link: u.bytes for link, u in sorted(engine.usage.items())} if layout else {},
         modeled_seconds=_modeled_seconds(stats, engine, data) if layout and profile else {},
         **_prefix_figures(spec, engine, data, saved_tokens),
     )
 
 
-def _tier_record(counters: TierCounters) -> TierRecord:
-    return TierRecord(**counters.as_dict())
+def _tier_record(counters: TierCounters, cost: HitCost, has_bytes: bool, has_seconds: bool) -> TierRecord:
+    """A tier's counters and its hits split by how they were served (bytes need a layout,
+    seconds hardware too)."""
+    if cost.in_place + cost.promoted != counters.hits:
+        raise AssertionError(f"{counters.name}: {counters.hits} hits, {cost.in_place} read in place + {cost.promoted} promoted")
+    costs = {"hits_in_place": cost.in_place, "hits_promoted": cost.promoted,
+             "in_place_bytes": cost.in_place_bytes if has_bytes else None,
+             "promoted_bytes": cost.promoted_bytes if has_bytes else None,
+             "in_place_seconds": round(cost.in_place_seconds, 6) if has_seconds else None,
+             "promoted_seconds": round(cost.promoted_seconds, 6) if has_seconds else None}
+    return TierRecord(**counters.as_dict(), **costs)
 
 
 def _modeled_seconds(stats: HierarchyStats, engine: SimEngine, data: ReplayData) -> dict:
@@ -231,7 +252,7 @@ def _prefix_figures(spec: RunSpec, engine: SimEngine, data: ReplayData, saved_to
 
     Empty outside prefix semantics. TTFT saved = prefill time of the saved tokens minus the
     modeled busy seconds of the load links (``dram->hbm``, ``nvme->dram``, ``nvme->hbm``: a
-    block brought up from a slower tier for a hit). Write-backs and demotions (``hbm->dram``,
+    block brought up from a slower tier for a hit, promoted or read in place). Write-backs and demotions (``hbm->dram``,
     ...) run off the TTFT path and are not counted. Every load second is counted in full,
     serially: an upper bound on their cost, since real loads may overlap compute.
     """

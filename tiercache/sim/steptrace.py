@@ -7,7 +7,12 @@ live run, or synthesized by ``tiercache.sim.synth``). It is JSONL, one record pe
     {"step": 1, "layer": 0, "read": [0, 1, 2, 3], "write": []}
     {"step": 1, "layer": 1, "read": [0, 1, 2, 3], "write": []}
 
-Fields (all required; other fields are ignored, for forward compatibility):
+A step trace names its block size in a first header record, ``{"block_tokens": 16}``
+(tokens per block; written by the generators and by recording). Files written before the
+header existed have none: a replay that turns blocks into bytes then needs the size given
+(``tiercache replay --block-tokens``).
+
+Fields of a step record (all required; other fields are ignored, for forward compatibility):
 
 * ``step``: decode step, a non-negative integer. Steps are non-decreasing through the file;
   one step may span several records (one per layer, or several per layer).
@@ -29,6 +34,7 @@ each record contributes its reads then its writes, in list order.
 from __future__ import annotations
 
 import itertools
+import json
 import os
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator
@@ -38,7 +44,11 @@ import numpy as np
 from tiercache.errors import TraceError
 from tiercache.sim.traces import id_list_field, int_field, iter_json_objects, write_jsonl
 
-__all__ = ["StepRecord", "FlatSteps", "iter_steps", "steps_from_objects", "load_flat_steps", "flat_steps", "write_steps", "step_json"]
+__all__ = ["StepRecord", "FlatSteps", "iter_steps", "steps_from_objects", "load_flat_steps", "flat_steps", "write_steps",
+           "step_json", "is_header", "header_block_tokens", "HEADER_FIELD"]
+
+#: The field of a step trace's header record.
+HEADER_FIELD = "block_tokens"
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +86,23 @@ class FlatSteps:
         return len(self.offsets)
 
 
+def is_header(obj: dict) -> bool:
+    """True for a step trace's header record (a ``block_tokens`` field and no ``step``)."""
+    return HEADER_FIELD in obj and "step" not in obj
+
+
+def header_block_tokens(name: str, line: int, obj: dict) -> int:
+    """The block size a header record names.
+
+    Raises:
+        TraceError: not a positive integer.
+    """
+    value = int_field(name, line, obj, HEADER_FIELD)
+    if value < 1:
+        raise TraceError(name, line, f"header: {HEADER_FIELD} must be a positive integer, got {value}")
+    return value
+
+
 def _distinct(name: str, line: int, field: str, ids: list[int]) -> list[int]:
     """Rejects a repeated id within one list (the message names it)."""
     if len(set(ids)) != len(ids):
@@ -105,7 +132,18 @@ def iter_steps(path: str | os.PathLike) -> Iterator[StepRecord]:
             id within a list, a decreasing step, or a file without any record.
     """
     name = os.fspath(path)
-    return steps_from_objects(name, iter_json_objects(name))
+    return steps_from_objects(name, _skip_header(name, iter_json_objects(name)))
+
+
+def _skip_header(name: str, objects: Iterator[tuple[int, dict[str, Any]]]) -> Iterator[tuple[int, dict[str, Any]]]:
+    """The records after a header (validated), or all of them without one."""
+    first = next(objects, None)
+    if first is None:
+        return iter(())
+    if is_header(first[1]):
+        header_block_tokens(name, *first)
+        return objects
+    return itertools.chain([first], objects)
 
 
 def steps_from_objects(name: str, objects: Iterable[tuple[int, dict[str, Any]]]) -> Iterator[StepRecord]:
@@ -132,7 +170,7 @@ def load_flat_steps(path: str | os.PathLike) -> FlatSteps:
         TraceError: as ``iter_steps``.
     """
     name = os.fspath(path)
-    return flat_steps(name, iter_json_objects(name))
+    return flat_steps(name, _skip_header(name, iter_json_objects(name)))
 
 
 def flat_steps(name: str, objects: Iterable[tuple[int, dict[str, Any]]]) -> FlatSteps:
@@ -163,13 +201,16 @@ def step_json(record: StepRecord) -> str:
     return f'{{"step": {record.step}, "layer": {record.layer}, "read": [{read}], "write": [{write}]}}'
 
 
-def write_steps(path: str | os.PathLike, records: Iterable[StepRecord]) -> int:
-    """Writes records as a step trace; returns the number written.
+def write_steps(path: str | os.PathLike, records: Iterable[StepRecord], block_tokens: int | None = None) -> int:
+    """Writes records as a step trace; returns the number of records written.
 
-    The records are written as given; they should satisfy the reader's rules (steps
-    non-decreasing, distinct ids per list), which ``iter_steps`` checks on the way back.
+    ``block_tokens`` (tokens per block), when given, is written first as the header record
+    ``{"block_tokens": N}``; always give it when the block size is known. The records are
+    written as given; they should satisfy the reader's rules (steps non-decreasing, distinct
+    ids per list), which ``iter_steps`` checks on the way back.
 
     Raises:
         UserError: the file cannot be written (the message names it).
     """
-    return write_jsonl(path, map(step_json, records), "step trace")
+    header = [] if block_tokens is None else [json.dumps({HEADER_FIELD: block_tokens})]
+    return write_jsonl(path, itertools.chain(header, map(step_json, records)), "step trace") - len(header)

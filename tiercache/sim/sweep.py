@@ -11,6 +11,7 @@ from __future__ import annotations
 import multiprocessing
 from dataclasses import dataclass
 
+import psutil
 from tqdm import tqdm
 
 import tiercache
@@ -23,7 +24,11 @@ from .hardware import HardwareProfile
 from .loader import Trace, load_trace
 from .replay import ReplayData, RunSpec, replay
 
-__all__ = ["SweepSpec", "check_policy_names", "plan_runs", "sweep", "run_sweep"]
+__all__ = ["SweepSpec", "check_policy_names", "plan_runs", "sweep", "run_sweep", "check_memory", "SLOT_BYTES"]
+
+#: Memory one slot of tier capacity costs before any block is stored (the slot directory's
+#: table and free list, the policy's preallocated state): about 40 B measured, rounded up.
+SLOT_BYTES = 48
 
 
 def check_policy_names(policies: tuple[str, ...], admission: str) -> None:
@@ -104,6 +109,7 @@ def sweep(trace: Trace, spec: SweepSpec, workers: int = 1, progress: bool = Fals
     if workers < 1:
         raise ValueError(f"sweep: workers must be >= 1, got {workers}")
     runs = plan_runs(spec, trace.kind)
+    check_memory(runs, workers)
     data = ReplayData.prepare(trace, spec.layout, spec.hardware)
     return ResultsDocument(
         tiercache_version=tiercache.__version__,
@@ -113,6 +119,33 @@ def sweep(trace: Trace, spec: SweepSpec, workers: int = 1, progress: bool = Fals
         hardware=None if spec.hardware is None else spec.hardware.name,
         runs=tuple(_execute(runs, data, workers, progress)),
     )
+
+
+def check_memory(runs: list[RunSpec], workers: int, available: int | None = None) -> None:
+    """Refuses capacities whose slot directories would not fit in memory.
+
+    The runs that execute at once (one per worker) may need at most half of ``available``
+    (default: the memory psutil reports available now): ``SLOT_BYTES`` per slot of capacity,
+    summed over a run's tiers, for the largest runs. Stored blocks cost more on top, but
+    never more blocks than the trace holds.
+
+    Raises:
+        UserError: the need, the limit and the largest capacity that fits.
+    """
+    available = psutil.virtual_memory().available if available is None else available
+    slots = sorted((sum(t.capacity_blocks for t in run.tiers) for run in runs), reverse=True)
+    concurrent = max(1, min(workers, len(slots)))
+    need = sum(slots[:concurrent]) * SLOT_BYTES
+    if need > available // 2:
+        fits = available // 2 // SLOT_BYTES // concurrent
+        raise UserError(
+            f"--capacity/--tiers: a run of {slots[0]:,} blocks: the slot directories of {concurrent} concurrent run(s) need about "
+            f"{_gb(need)} (~{SLOT_BYTES} B per slot), over half of the {_gb(available)} available; "
+            f"the most that fits is about {fits:,} blocks per run")
+
+
+def _gb(nbytes: int) -> str:
+    return f"{nbytes / 1e9:,.1f} GB"
 
 
 def run_sweep(

@@ -81,6 +81,16 @@ class SparseSpec:
         if self.locality > 1:
             raise UserError(f"SparseSpec.locality: must be in [0, 1], got {self.locality!r}")
 
+    @property
+    def most_blocks(self) -> int:
+        """Full blocks the sequence holds at its last step."""
+        return _full_blocks(self.prompt_blocks, self.block_tokens, self.steps)
+
+    @property
+    def is_sparse(self) -> bool:
+        """False when sinks, window and k cover every block at the last step (a full scan)."""
+        return self.k + self.sink + self.window < self.most_blocks
+
 
 @dataclass(frozen=True)
 class DocsSpec:

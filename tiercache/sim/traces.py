@@ -54,6 +54,10 @@ __all__ = [
 MOONCAKE_BLOCK_TOKENS = 512
 
 _INT64_MAX = (1 << 63) - 1
+#: The longest line a trace may have. A real record is kilobytes (a 4,096-block step record
+#: about 80 KB); the bound keeps a file without newlines (``/dev/zero``) from being read
+#: into memory whole.
+MAX_LINE_BYTES = 64 << 20
 _REQUEST_FIELDS = ("timestamp", "input_length", "output_length")
 
 
@@ -120,11 +124,16 @@ def iter_json_objects(path: str | os.PathLike, digest: Any = None) -> Iterator[t
 
 
 def _read_lines(handle, name: str) -> Iterator[bytes]:
-    """Lines of an open file; an I/O error mid-file becomes a TraceError."""
+    """Lines of an open file, each at most ``MAX_LINE_BYTES``; an I/O error mid-file or a
+    longer line becomes a TraceError."""
+    line = 0
     try:
-        yield from handle
+        for line, raw in enumerate(iter(lambda: handle.readline(MAX_LINE_BYTES + 1), b""), start=1):
+            if len(raw) > MAX_LINE_BYTES:
+                raise TraceError(name, line, f"line longer than {MAX_LINE_BYTES >> 20} MiB: not a JSONL trace")
+            yield raw
     except OSError as exc:
-        raise TraceError(name, None, f"cannot read trace: {exc.strerror or exc}") from None
+        raise TraceError(name, line or None, f"cannot read trace: {exc.strerror or exc}") from None
 
 
 def _parse_object(name: str, line: int, raw: bytes) -> dict[str, Any]:
@@ -132,6 +141,8 @@ def _parse_object(name: str, line: int, raw: bytes) -> dict[str, Any]:
         obj = json.loads(raw)
     except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError are both ValueErrors
         raise TraceError(name, line, f"malformed JSON: {exc}") from None
+    except RecursionError:
+        raise TraceError(name, line, "malformed record: JSON nested too deeply") from None
     if not isinstance(obj, dict):
         raise TraceError(name, line, f"expected a JSON object, got {type(obj).__name__}")
     return obj
@@ -148,8 +159,8 @@ def int_field(name: str, line: int, obj: dict[str, Any], field: str) -> int:
     value = obj[field]
     if type(value) is not int:
         raise TraceError(name, line, f"field {field!r} must be a non-negative integer, got {value!r}")
-    if value < 0:
-        raise TraceError(name, line, f"field {field!r} must be non-negative, got {value}")
+    if not 0 <= value <= _INT64_MAX:
+        raise TraceError(name, line, f"field {field!r} must be in [0, 2**63), got {value}")
     return value
 
 
@@ -350,7 +361,7 @@ def kind_of(name: str, line: int, first: dict[str, Any]) -> TraceKind:
     """
     if "hash_ids" in first:
         return TraceKind.REQUESTS
-    if "step" in first:
+    if "step" in first or "block_tokens" in first:  # a step record, or a step trace's header
         return TraceKind.STEPS
     expected = "expected a Mooncake request (with 'hash_ids') or a step record (with 'step')"
     raise TraceError(name, line, f"not a known trace: {expected}")
