@@ -37,3 +37,34 @@ def run_threads(worker, count: int, timeout: float) -> None:
     for thread in threads:
         thread.join(timeout=timeout)
     assert not any(t.is_alive() for t in threads), "deadlock"
+
+
+def kill_at_random(argv: list[str], rng, delay: tuple[float, float], first_timeout: float = 120) -> list[str]:
+    """Runs ``argv``, waits for its first complete output line, then ``rng.uniform(*delay)``
+    seconds more, kills it with SIGKILL and returns every complete line it printed (a line
+    cut by the kill says nothing)."""
+    import signal
+    import subprocess
+    import time
+
+    child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    first = threading.Event()
+
+    def drain() -> None:
+        for line in child.stdout:
+            if line.endswith("\n"):
+                lines.append(line.strip())
+            first.set()
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    try:
+        assert first.wait(first_timeout), f"the child printed nothing: {child.stderr.read() if child.poll() is not None else ''}"
+        time.sleep(rng.uniform(*delay))
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(30)
+        reader.join(10)
+    assert child.returncode == -signal.SIGKILL, f"the child ended by itself: {child.stderr.read()}"
+    return lines

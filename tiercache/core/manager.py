@@ -38,6 +38,9 @@ from .transfers import TransferMixin
 __all__ = ["TierManager", "CountError", "Room"]
 
 _NOTHING: frozenset = frozenset()
+# Module constants: an enum member looked up on its class costs a descriptor call, and
+# _make_room runs once per insert in a replay.
+_MADE, _NO_VICTIMS, _WRITE_FAILED = Room.MADE, Room.NO_VICTIMS, Room.WRITE_FAILED
 
 
 class _Guard:
@@ -268,7 +271,7 @@ class TierManager(TransferMixin):
             hints = None if hints is None else _pick(hints, keep)
         for a, b in self._insert_chunks(0, len(ids)):
             chunk = ids[a:b]
-            if not self._room_after_moves(0, len(chunk), self._no_extra):
+            if self._make_room(0, len(chunk), self._no_extra) is not _MADE and not self._retry_room(0, len(chunk), self._no_extra):
                 self.events.emit(Ev.REFUSED, 0, len(chunk))  # everything pinned: not stored
                 continue
             self._fill_and_publish(chunk, _slice(hints, a, b))
@@ -316,42 +319,43 @@ class TierManager(TransferMixin):
         nothing; False because a write-back failed leaves every victim where it was (victims
         refused by the admission below have left, as they would have anyway).
         """
-        return self._make_room(tier, n, protected) is Room.MADE
+        return self._make_room(tier, n, protected) is _MADE
 
     def _make_room(self, tier: int, n: int, protected) -> Room:
         directory = self.dirs[tier]
         need = n - directory.n_free
         if need <= 0:
-            return Room.MADE
+            return _MADE
         if need > directory.capacity:
-            return Room.NO_VICTIMS
+            return _NO_VICTIMS
         # The common case has nothing protected: a plain empty set keeps the policy's
         # membership test in C instead of a Python __contains__ per candidate.
         guard = _Guard(directory.pins, self.refs, protected) if (directory.pins or self.refs or protected) else _NOTHING
         victims = self.policies[tier].victims(need, guard)
         if victims is None:
-            return Room.NO_VICTIMS
+            return _NO_VICTIMS
         if self.write_through or tier + 1 == len(self.dirs):
             self._drop(tier, victims)
-            return Room.MADE
+            return _MADE
         return self._demote(tier, victims, protected)
 
-    def _room_after_moves(self, tier: int, n: int, protected) -> bool:
-        """``_make_room``, and if that fails while moves into or out of ``tier`` are in
-        flight (their slots are reserved or pinned), waits for those moves and tries again.
-        Nothing is in flight in a replay, so this never changes a replay's decisions."""
-        if self._make_room(tier, n, protected) is Room.MADE:
-            return True
+    def _retry_room(self, tier: int, n: int, protected) -> bool:
+        """After ``_make_room`` failed: if moves this manager started into or out of ``tier``
+        are in flight (their slots are reserved or pinned), waits for them and tries once
+        more. Nothing is in flight in a replay, so this never changes a replay's decisions."""
+        if not self._running:
+            return False
         moving = [j for j in sorted(self._running) if tier in (self.inflight[j].src_tier, self.inflight[j].dst_tier)]
         for job_id in moving:
             self.wait(job_id)
-        return bool(moving) and self._make_room(tier, n, protected) is Room.MADE
+        return bool(moving) and self._make_room(tier, n, protected) is _MADE
 
     def _drop(self, tier: int, ids: Sequence[int]) -> None:
         self.policies[tier].on_remove(ids)
         self.engine.discard(tier, ids, self.dirs[tier].remove(ids))
         self.events.emit(Ev.EVICT, tier, len(ids))
-        self._report_departed(ids)
+        if self.events.records_departures:
+            self._report_departed(ids)
         if self._future is not None:  # forget the future of blocks that left the hierarchy
             for block_id in ids:
                 if self.locate(block_id) is None:
@@ -373,14 +377,14 @@ class TierManager(TransferMixin):
             self.events.emit(Ev.REFUSED, below, len(refused))
             self._drop(tier, refused)
         if not moving:
-            return Room.MADE
+            return _MADE
         room = self._make_room(below, len(moving), protected)
-        if room is Room.NO_VICTIMS:
+        if room is _NO_VICTIMS:
             self._drop(tier, moving)  # no room below (all pinned): they leave, a policy decision
-            return Room.MADE
-        if room is Room.WRITE_FAILED or not self._transfer(moving, tier, below, False, None):
-            return Room.WRITE_FAILED
-        return Room.MADE
+            return _MADE
+        if room is _WRITE_FAILED or not self._transfer(moving, tier, below, False, None):
+            return _WRITE_FAILED
+        return _MADE
 
     def _promote(self, ids: Sequence[int], tier: int, hints: Hints | None, started: list | None) -> list[int]:
         """Brings hits up to the top tier; if no room can be made they stay (counted).
@@ -390,7 +394,8 @@ class TierManager(TransferMixin):
         """
         self.policies[tier].on_access(ids, hints)
         guard_ids = frozenset(ids)
-        moved = self._room_after_moves(0, len(ids), guard_ids) and self._transfer(ids, tier, 0, self.write_through, hints, started)
+        room = self._make_room(0, len(ids), guard_ids) is _MADE or self._retry_room(0, len(ids), guard_ids)
+        moved = room and self._transfer(ids, tier, 0, self.write_through, hints, started)
         if moved:
             return []
         self.events.emit(Ev.PROMOTE_SKIPPED, tier, len(ids))
@@ -402,7 +407,7 @@ class TierManager(TransferMixin):
             admitted = self.admissions[tier].admit(ids)
             wanted = [b for b, ok in zip(ids, admitted) if ok and b not in self.dirs[tier].slot_of]
             self.events.emit(Ev.REFUSED, tier, admitted.count(False))
-            if wanted and self._make_room(tier, len(wanted), frozenset(wanted)) is Room.MADE:
+            if wanted and self._make_room(tier, len(wanted), frozenset(wanted)) is _MADE:
                 self._transfer(wanted, 0, tier, keep_source=True, hints=hints if len(wanted) == len(ids) else None)
 
     # -- explicit removal ----------------------------------------------------------------

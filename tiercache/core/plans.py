@@ -93,16 +93,13 @@ class EventLog:
     being called back from inside the manager. Off by default: a replay never reads them.
     """
 
-    __slots__ = ("_events", "_departed")
+    __slots__ = ("_events", "_departed", "records_departures")
 
     def __init__(self, record_departures: bool = False) -> None:
         self._events: list[tuple[int, int, int, int]] = []
-        self._departed: list[int] | None = [] if record_departures else None
-
-    @property
-    def records_departures(self) -> bool:
-        """True when departed ids are collected."""
-        return self._departed is not None
+        self._departed: list[int] = []
+        #: True when departed ids are collected (a plain attribute: read on every eviction).
+        self.records_departures = record_departures
 
     def emit(self, kind: Ev, tier: int, count: int, aux: int = 0) -> None:
         """Records ``count`` occurrences of ``kind`` in ``tier`` (no-op for count 0)."""
@@ -111,7 +108,7 @@ class EventLog:
 
     def departed(self, ids: list[int]) -> None:
         """Records ids that no tier holds any more (ignored unless recording)."""
-        if self._departed is not None:
+        if self.records_departures:
             self._departed.extend(ids)
 
     def drain(self) -> list[tuple[int, int, int, int]]:
@@ -124,7 +121,5 @@ class EventLog:
 
         An id may since have come back (stored again): check residency before acting.
         """
-        if self._departed is None:
-            return []
         departed, self._departed = self._departed, []
         return departed

@@ -194,7 +194,8 @@ class TransferMixin:
         self.policies[tier].on_remove(ids)
         self.engine.discard(tier, ids, self.dirs[tier].remove(ids))
         self.events.emit(Ev.LOST, tier, len(ids))
-        self._report_departed(ids)
+        if self.events.records_departures:
+            self._report_departed(ids)
 
     def _future_hints(self, ids: Sequence[int]) -> Hints | None:
         """Hints for blocks moved between tiers: their known next use, when tracked."""
@@ -204,9 +205,9 @@ class TransferMixin:
         return Hints(0, [future.get(b, NO_NEXT_USE) for b in ids], None)
 
     def _report_departed(self, ids: Sequence[int]) -> None:
-        """Tells the event log which of ``ids`` no tier holds any more (when it listens)."""
-        if self.events.records_departures:
-            self.events.departed([b for b in ids if self.locate(b) is None])
+        """Tells the event log which of ``ids`` no tier holds any more (callers check that
+        it records departures: replays do not, and pay nothing here)."""
+        self.events.departed([b for b in ids if self.locate(b) is None])
 
 
 def _move_kind(plan: TransferPlan) -> Ev:
