@@ -317,3 +317,35 @@ def test_calls_after_close_are_user_errors(tmp_path):
         with pytest.raises(UserError, match="closed"):
             call()
     assert store.close() == 0  # idempotent
+
+
+def test_a_second_process_cannot_open_the_same_store(tmp_path):
+    """Two writers on one path lost blocks before (issue 8, item 3): the second is refused,
+    with the holder's pid, and the first keeps every block."""
+    import os
+    import subprocess
+    import sys
+
+    path = tmp_path / "nvme"
+    data = blocks(6, 17)
+    script = (
+        "import sys\n"
+        "from store_helpers import LAYOUT, tiers\n"
+        "from tiercache.errors import UserError\n"
+        "from tiercache.live.store import TieredKVStore\n"
+        "try:\n"
+        f"    TieredKVStore(LAYOUT, tiers(), path={str(path)!r})\n"
+        "except UserError as exc:\n"
+        "    print(exc); sys.exit(3)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")])}
+    with TieredKVStore(LAYOUT, tiers(), path=path) as store:
+        store.put([key(i) for i in range(6)], data)
+        store.flush()
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env)
+        assert done.returncode == 3, done.stderr
+        assert str(os.getpid()) in done.stdout
+        for i in range(6):
+            assert torch.equal(store.get([key(i)])[0], data[i])
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr  # free again once closed

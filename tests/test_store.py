@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -184,38 +185,45 @@ def test_live_store_and_replay_agree_on_per_tier_hits(tmp_path):
     assert stats["misses"] == run["misses"]
 
 
-def test_threads_putting_and_getting_shared_and_distinct_keys(tmp_path):
+def test_threads_putting_prefetching_and_getting_for_25_seconds(tmp_path):
+    """Four threads of a serving loop (put, prefetch the next request, read stats, get,
+    flush) for 25 s: no errors, invariants hold, and the reopened store has every block."""
+    import time
+
     errors: list[BaseException] = []
     touched: set[int] = set()
     data = blocks(64, 8)
-    with TieredKVStore(LAYOUT, tiers(hbm=4, dram=8, nvme=128), path=tmp_path / "nvme") as store:
-
-        import time
-
-        deadline = time.monotonic() + 2.0
+    path = tmp_path / "nvme"
+    seconds = float(os.environ.get("TIERCACHE_SOAK_SECONDS", "25"))
+    with TieredKVStore(LAYOUT, tiers(hbm=4, dram=8, nvme=128), path=path) as store:
+        deadline = time.monotonic() + seconds
 
         def worker(offset: int) -> None:
             rng = np.random.default_rng(offset)
             try:
                 while time.monotonic() < deadline:
-                    i = int(rng.integers(0, 32)) + (offset * 8 if rng.random() < 0.5 else 0)
-                    i %= 64
+                    i = (int(rng.integers(0, 32)) + (offset * 8 if rng.random() < 0.5 else 0)) % 64
                     store.put([key(i)], data[i : i + 1])
                     touched.add(i)
                     if rng.random() < 0.3:  # a serving loop prefetching the next request
                         store.prefetch([key(int(j)) for j in rng.integers(0, 64, size=3)])
                     if rng.random() < 0.1:
                         store.stats()
+                    if rng.random() < 0.05:
+                        store.flush()
                     assert torch.equal(store.get([key(i)])[0], data[i])
             except BaseException as exc:  # noqa: BLE001 - collected for the main thread
                 errors.append(exc)
 
-        run_threads(worker, 4, timeout=60)
+        run_threads(worker, 4, timeout=seconds + 60)
         assert not errors, errors[0]
         store.check_invariants()
         # 140 slots for 64 keys: nothing may have been evicted, so every block put is stored.
         put = {i for i in range(64) if store.lookup([key(i)])[0]}
         assert len(put) == sum(1 for i in range(64) if i in touched)
+    with TieredKVStore(LAYOUT, tiers(hbm=4, dram=8, nvme=128), path=path) as again:
+        for i in sorted(touched):
+            assert torch.equal(again.get([key(i)])[0], data[i]), i
 
 
 def test_prefetch_runs_in_the_background_until_polled(tmp_path):
