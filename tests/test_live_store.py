@@ -349,3 +349,29 @@ def test_a_second_process_cannot_open_the_same_store(tmp_path):
             assert torch.equal(store.get([key(i)])[0], data[i])
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 0, done.stdout + done.stderr  # free again once closed
+
+
+def test_get_on_a_full_disk_drops_nothing_and_serves_in_place(tmp_path, monkeypatch):
+    """The promotion a get triggers needs a write-back to NVMe that fails (disk full): the
+    victims stay where they are and the block is read where it is (issue 8, item 7)."""
+    import tiercache.data.chunkio as chunkio
+
+    data = blocks(8, 18)
+    with TieredKVStore(LAYOUT, tiers(hbm=2, dram=2, nvme=8), path=tmp_path / "nvme") as store:
+        store.put([key(i) for i in range(8)], data)
+        before = store.lookup([key(i) for i in range(8)])[1]
+        in_nvme = [i for i, where in enumerate(before) if where == "nvme"]
+
+        def full(*args, **kwargs):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(chunkio, "write_chunk_file", full)
+        monkeypatch.setattr(chunkio, "overwrite_chunk_file", full)
+        got = store.get([key(in_nvme[0])])
+        assert torch.equal(got[0], data[in_nvme[0]])
+        assert store.lookup([key(i) for i in range(8)])[0] == 8  # nothing dropped
+        assert store.stats()["tiers"][1]["failed_transfers"] >= 1
+        store.check_invariants()
+        monkeypatch.undo()
+        for i in range(8):
+            assert torch.equal(store.get([key(i)])[0], data[i]), i
