@@ -126,15 +126,23 @@ class TieredKVStore:
         with self._lock:
             self._check_open()
             ids = self._map.ids(keys, register=True)
-            fresh = [i for i, block_id in enumerate(ids) if block_id is not None and self.manager.locate(block_id) is None]
-            new_ids = [ids[i] for i in fresh]
+            valid = [n for n, block_id in enumerate(ids) if block_id is not None]
+            new_ids = [ids[n] for n in valid if self.manager.locate(ids[n]) is None]
             placed = set(new_ids)
-            old = [block_id for block_id in ids if block_id is not None and block_id not in placed]
-            self._store_new(new_ids, kv_blocks[fresh] if fresh else kv_blocks[:0], lambda: self.manager.insert(new_ids))
-            stored = sum(self.manager.locate(block_id) is not None for block_id in new_ids)
-            self.manager.access(old)
+            old = [ids[n] for n in valid if ids[n] not in placed]
+            stored: list[int] = []
+
+            def insert_then_touch() -> None:
+                self.manager.insert(new_ids)
+                stored.append(sum(self.manager.locate(block_id) is not None for block_id in new_ids))
+                # An old block the insert pushed out of the hierarchy is stored again from
+                # these bytes (all of the call's blocks are staged), as any miss would be.
+                self.manager.access(old)
+
+            staged = kv_blocks if len(valid) == len(ids) else kv_blocks[valid]  # no copy in the common case
+            self._store_new([ids[n] for n in valid], staged, insert_then_touch)
             self._consume()
-            return stored
+            return stored[0]
 
     def access(self, keys: Sequence[bytes], kv_blocks: torch.Tensor, wait: bool = True) -> Pending:
         """Reads ``keys`` in order exactly as ``tiercache replay`` does (object semantics).
