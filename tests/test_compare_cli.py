@@ -100,3 +100,12 @@ def test_trace_option_must_match_the_results(compared, tmp_path, capsys):
     argv = ["report", str(compared / "results.json"), "--trace", str(other_trace), "-o", str(tmp_path / "r")]
     assert main(argv) == 2
     assert "fingerprint" in capsys.readouterr().err
+
+
+def test_one_capacity_and_a_trailing_slash_read_well(tmp_path):
+    out = tmp_path / "r"
+    argv = ["compare", TRACE, "--policy", "lru", "--capacity", "200", "--no-progress", "-o", f"{out}/"]
+    assert main(argv) == 0
+    text = (out / "report.md").read_text()
+    assert "exactly at the one replayed capacity." in text
+    assert f"results files: {out}/results.json." in text.replace("\\", "")

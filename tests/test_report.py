@@ -131,9 +131,14 @@ def parse_page(out: Path) -> _PageParser:
     return parser
 
 
-def runs_table(parser: _PageParser) -> list[dict[str, str]]:
-    table = next(t for t in parser.tables if t and t[0] and t[0][0] == "policy")
+def table_with(parser: _PageParser, column: str) -> list[dict[str, str]]:
+    """The rows of the first table whose header has ``column``."""
+    table = next(t for t in parser.tables if t and t[0] and column in t[0])
     return [dict(zip(table[0], row)) for row in table[1:]]
+
+
+def runs_table(parser: _PageParser) -> list[dict[str, str]]:
+    return table_with(parser, "accesses")
 
 
 def test_html_images_are_embedded_pngs(full_report):

@@ -53,7 +53,7 @@ def run_compare(args: argparse.Namespace) -> int:
     command = _compare_command(args)
     # The reproducible form of the command, not whatever argv the caller had.
     results = replace(sweep_from_args(args), command=command)
-    data = from_documents([results], [f"{args.out}/results.json"])
+    data = from_documents([results], [str(Path(args.out) / "results.json")])
     _write(args.out, data, args.trace, command, results)
     print(f"{len(data.runs)} runs in {time.perf_counter() - started:.1f} s")
     return 0

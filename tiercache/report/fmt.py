@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["integer", "ratio", "percent", "size", "seconds", "optional", "tier"]
+__all__ = ["integer", "ratio", "percent", "size", "seconds", "optional", "recorded", "tier"]
 
 _BINARY_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 _TIER_NAMES = {"hbm": "HBM", "dram": "DRAM", "nvme": "NVMe"}
@@ -51,3 +51,13 @@ def seconds(value: float) -> str:
 def optional(value, formatter) -> str:
     """``formatter(value)``, or an en dash where the value does not apply."""
     return "–" if value is None else formatter(value)
+
+
+def recorded(value, formatter) -> str:
+    """``formatter(value)``, or "not recorded" where the results file did not record it.
+
+    For counters a results file of an older schema (or a run without the layout or hardware
+    they need) holds as ``None``: unlike ``optional``'s dash, it does not mean zero or
+    "does not apply", only that the number is unknown.
+    """
+    return "not recorded" if value is None else formatter(value)

@@ -15,25 +15,31 @@ __all__ = ["render_html"]
 
 _STYLE = """
 body { font: 15px/1.5 -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, sans-serif; color: #1d1d1f;
-       max-width: 1180px; margin: 0 auto; padding: 24px 28px 64px; background: #fff; }
+       max-width: 1400px; margin: 0 auto; padding: 24px 28px 64px; background: #fff; }
 h1 { font-size: 26px; margin: 0 0 4px; }
 h2 { font-size: 20px; margin: 36px 0 10px; padding-bottom: 4px; border-bottom: 1px solid #ddd; }
 .subtitle { color: #555; margin: 0 0 16px; }
 nav { background: #f5f6f8; border-radius: 6px; padding: 8px 14px; margin-bottom: 8px; font-size: 14px; }
 nav a { margin-right: 16px; color: #2255aa; text-decoration: none; }
 p, li { max-width: 920px; }
-.table-wrap { overflow-x: auto; margin: 10px 0 18px; }
+.table-wrap { overflow-x: auto; max-width: 100%; margin: 10px 0 18px; }
 table { border-collapse: collapse; font-size: 13px; }
 caption { caption-side: bottom; text-align: left; color: #666; font-size: 12px; padding-top: 6px; }
-th, td { padding: 4px 10px; border-bottom: 1px solid #e6e6e6; white-space: nowrap; }
-th { background: #f5f6f8; text-align: left; font-weight: 600; }
+th, td { padding: 4px 8px; border-bottom: 1px solid #e6e6e6; white-space: nowrap; }
+th { background: #f5f6f8; text-align: left; font-weight: 600; white-space: normal; vertical-align: bottom;
+     min-width: 4.5em; }
+td.wrap { white-space: normal; min-width: 11em; }
 td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
 tbody tr:hover { background: #fafbfd; }
 figure { margin: 14px 0 22px; }
 figure img { max-width: 100%; height: auto; border: 1px solid #eee; }
 figcaption { color: #555; font-size: 13px; margin-top: 4px; }
-pre { background: #f5f6f8; padding: 10px 14px; border-radius: 6px; overflow-x: auto; font-size: 13px; }
+pre { background: #f5f6f8; padding: 10px 14px; border-radius: 6px; overflow-x: auto; font-size: 13px;
+      white-space: pre-wrap; overflow-wrap: anywhere; }
 """
+
+
+_WRAP_AFTER = 24
 
 
 def render_html(document: Document) -> str:
@@ -73,7 +79,8 @@ def _block(block: Block) -> str:
 
 
 def _cell(tag: str, text: str, numeric: bool) -> str:
-    cls = ' class="num"' if numeric else ""
+    # Long text cells (a hierarchy's tiers, a preset's note) may wrap; numbers never do.
+    cls = ' class="num"' if numeric else (' class="wrap"' if tag == "td" and len(text) > _WRAP_AFTER else "")
     return f"<{tag}{cls}>{escape(text)}</{tag}>"
 
 
@@ -83,7 +90,10 @@ def _table(table: Table) -> str:
         head = "<thead><tr>" + "".join(_cell("th", h, n) for h, n in zip(table.header, table.numeric)) + "</tr></thead>"
     rows = "".join("<tr>" + "".join(_cell("td", c, n) for c, n in zip(row, table.numeric)) + "</tr>" for row in table.rows)
     caption = f"<caption>{escape(table.caption)}</caption>" if table.caption else ""
-    return f'<div class="table-wrap"><table>{caption}{head}<tbody>{rows}</tbody></table></div>'
+    # Wide tables scroll sideways inside their own box (headers wrap first); the page never clips them.
+    label = escape(table.caption or "table", quote=True)
+    return (f'<div class="table-wrap" role="region" tabindex="0" aria-label="{label}">'
+            f"<table>{caption}{head}<tbody>{rows}</tbody></table></div>")
 
 
 def _image(image: Image) -> str:

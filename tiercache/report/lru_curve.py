@@ -90,6 +90,7 @@ def _agreement_note(histogram: ReuseHistogram, runs: list[Run], points: int) -> 
     expected = histogram.misses([r.capacity_blocks for r in lru])
     wrong = [r for r, m in zip(lru, expected) if int(m) != r.misses]
     if not wrong:
-        return f"{head} It matches the replayed LRU misses exactly at all {len(lru)} replayed capacities."
+        where = "the one replayed capacity" if len(lru) == 1 else f"all {len(lru)} replayed capacities"
+        return f"{head} It matches the replayed LRU misses exactly at {where}."
     listed = ", ".join(fmt.integer(r.capacity_blocks) for r in wrong)
     return f"{head} Warning: it disagrees with the replayed LRU misses at {listed} blocks."

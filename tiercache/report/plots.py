@@ -11,19 +11,41 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
+from matplotlib.patches import Patch
 from matplotlib.ticker import NullLocator, PercentFormatter
 
 from . import fmt
 from .model import Run
 from .summary import is_offline, policy_labels
 
-__all__ = ["Curve", "policy_colors", "miss_ratio_curves", "tier_breakdown", "data_movement", "prefix_savings"]
+__all__ = ["Curve", "policy_colors", "miss_ratio_curves", "hierarchy_miss_ratios", "tier_breakdown", "data_movement",
+           "prefix_savings"]
 
 _DPI = 110
-_TIER_COLORS = {"hbm": "#2f8f46", "dram": "#3a6fb0", "nvme": "#d9822b", "miss": "#c9c9c9"}
+_TIER_ORDER = ("hbm", "dram", "nvme")
 _OFFLINE_COLOR = "#111111"
 _FLOOR_COLOR = "#7a7a7a"
+_LEGEND_GREY = "#555555"
+_MISS_FILL, _MISS_EDGE = "#f3f3f3", "#b5b5b5"
+
+
+@dataclass(frozen=True)
+class _Shade:
+    """How one part of a stacked bar is drawn: the run's policy colour, lightened, hatched.
+
+    A colour always names a policy (``policy_colors``), in every plot; tiers, links and cost
+    components are told apart by lightness and hatch, never by a colour of their own.
+    """
+
+    lighten: float
+    hatch: str
+
+
+_SHADES = (_Shade(0.0, ""), _Shade(0.45, "//"), _Shade(0.7, ".."), _Shade(0.3, "xx"), _Shade(0.6, "\\\\"),
+           _Shade(0.8, "++"))
+_RECOMPUTE = _Shade(0.88, "--")
 
 
 @dataclass(frozen=True)
@@ -95,11 +117,75 @@ def miss_ratio_curves(
 def _plot_policy(ax, runs: list[Run], color: str) -> None:
     label = runs[0].label
     if is_offline(runs[0].policy):
-        ax.plot([r.capacity_blocks for r in runs], [r.miss_ratio for r in runs], color=color, ls="--", lw=1.8,
+        ax.plot([r.capacity_blocks for r in runs], [r.miss_ratio for r in runs], color=color,
+                ls="--" if len(runs) > 1 else "none", lw=1.8,
                 marker="D", ms=5, label=f"{label} (offline optimum: the bound)", zorder=3)
         return
+    # A policy replayed at one capacity is a point, and its legend key says so (no line).
     ax.plot([r.capacity_blocks for r in runs], [r.miss_ratio for r in runs], color=color, lw=1.8, marker="o", ms=5,
-            label=label, zorder=3)
+            ls="-" if len(runs) > 1 else "none", label=label, zorder=3)
+
+
+def hierarchy_miss_ratios(runs: list[Run], colors: dict[str, str], title: str, floor: float | None,
+                          block_bytes: int | None) -> bytes:
+    """Miss ratio of each policy over each hierarchy: grouped bars, one group per hierarchy.
+
+    A hierarchy is one configuration, not a range of capacities, so each policy is one bar
+    per hierarchy (labelled with its tiers), never a line through a single point.
+
+    Args:
+        runs: hierarchy runs of one (semantics, mode) group.
+        colors: from ``policy_colors``.
+        title: the figure title.
+        floor: compulsory-miss ratio drawn as a horizontal line, or None.
+        block_bytes: bytes per block, to give each hierarchy's size in bytes; None without a layout.
+    """
+    splits = sorted({_split(r) for r in runs}, key=lambda s: (sum(c for _, c in s), s))
+    labels = policy_labels(runs)
+    fig = Figure(figsize=(max(7.5, 2.2 * len(splits) * max(1.0, len(labels) / 4) + 3.5), 5.0), layout="constrained")
+    ax = fig.add_subplot()
+    width = 0.8 / len(labels)
+    for i, label in enumerate(labels):
+        _policy_bars(ax, [r for r in runs if r.label == label], splits, (i - (len(labels) - 1) / 2) * width, width,
+                     colors[label])
+    if floor is not None:
+        ax.axhline(floor, color=_FLOOR_COLOR, ls=":", lw=1.6, label=f"compulsory-miss floor ({fmt.percent(floor)}): first accesses")
+    ax.set_xticks(np.arange(len(splits)))
+    ax.set_xticklabels([_split_text(s, block_bytes) for s in splits], fontsize=8)
+    ax.set_xlim(-0.6, len(splits) - 0.4)
+    ax.set_ylim(0, min(1.0, max(r.miss_ratio for r in runs) * 1.15 + 0.02))
+    ax.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
+    ax.set_ylabel("miss ratio over the whole hierarchy (%)")
+    ax.set_xlabel("hierarchy (tiers and their capacities in blocks, fastest first)")
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.set_axisbelow(True)
+    ax.set_title(title, loc="left", fontsize=12)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, fontsize=9)
+    return _png(fig)
+
+
+def _split(run: Run) -> tuple[tuple[str, int], ...]:
+    return tuple((t.name, t.capacity_blocks) for t in run.tiers)
+
+
+def _split_text(split: tuple[tuple[str, int], ...], block_bytes: int | None) -> str:
+    lines = [f"{fmt.tier(name)} {fmt.integer(cap)}" for name, cap in split]
+    total = sum(cap for _, cap in split)
+    size = f" = {fmt.size(total * block_bytes)}" if block_bytes else ""
+    return "\n".join(lines + [f"(total {fmt.integer(total)}{size})"])
+
+
+def _policy_bars(ax, runs: list[Run], splits: list, offset: float, width: float, color: str) -> None:
+    """One policy's bars, one per hierarchy it ran on, with the miss ratio written above each."""
+    by_split = {_split(r): r for r in runs}
+    xs = [i + offset for i, s in enumerate(splits) if s in by_split]
+    values = [by_split[s].miss_ratio for s in splits if s in by_split]
+    offline = is_offline(runs[0].policy)
+    label = f"{runs[0].label} (offline optimum: the bound)" if offline else runs[0].label
+    ax.bar(xs, values, width=width * 0.92, color=color, label=label, hatch="//" if offline else "",
+           edgecolor="white" if offline else color, zorder=3)
+    for x, value in zip(xs, values):
+        ax.text(x, value + 0.005, fmt.percent(value), ha="center", va="bottom", fontsize=7, rotation=90 if width < 0.15 else 0)
 
 
 def _miss_ylim(values: list[float]) -> tuple[float, float]:
@@ -139,18 +225,50 @@ def _bar_labels(runs: list[Run]) -> list[str]:
     return [f"{r.label}\n{fmt.integer(r.capacity_blocks)}" for r in runs]
 
 
-def _stacked_bars(ax, labels: list[str], stacks: dict[str, list[float]], colors: dict[str, str]) -> None:
-    """Draws one stacked bar per label; ``stacks`` maps a legend name to one value per bar."""
-    x = np.arange(len(labels))
-    bottom = np.zeros(len(labels))
+def _lighter(color: str, amount: float) -> tuple[float, float, float]:
+    """``color`` blended towards white by ``amount`` (0: unchanged, 1: white)."""
+    return tuple(c + (1.0 - c) * amount for c in to_rgb(color))
+
+
+def _stacked_bars(ax, runs: list[Run], stacks: dict[str, list[float]], shades: dict[str, _Shade | None],
+                  colors: dict[str, str]) -> None:
+    """One stacked bar per run in its policy's colour; ``stacks`` maps a part to one value per run.
+
+    A part whose shade is None is the miss share: drawn pale grey, not in a policy colour.
+    """
+    x = np.arange(len(runs))
+    bottom = np.zeros(len(runs))
+    base = [colors.get(r.label, _OFFLINE_COLOR) for r in runs]
     for name, values in stacks.items():
-        ax.bar(x, values, bottom=bottom, color=colors[name], label=name, width=0.75, edgecolor="white", lw=0.5)
+        shade = shades[name]
+        fill = [_MISS_FILL] * len(runs) if shade is None else [_lighter(c, shade.lighten) for c in base]
+        edge = [_MISS_EDGE] * len(runs) if shade is None else base
+        ax.bar(x, values, bottom=bottom, color=fill, edgecolor=edge, hatch=shade.hatch if shade else "", width=0.75, lw=0.6)
         bottom += np.asarray(values, dtype=float)
-    ax.set_xticks(x)
-    ax.set_xticklabels(labels, fontsize=8, rotation=90 if len(labels) > 12 else 0)
-    ax.set_xlim(-0.6, len(labels) - 0.4)
+    _run_ticks(ax, runs, base)
     ax.grid(True, axis="y", alpha=0.3)
     ax.set_axisbelow(True)
+
+
+def _run_ticks(ax, runs: list[Run], base: list[str]) -> None:
+    """One tick per run, labelled with policy and capacity in the policy's colour."""
+    ax.set_xticks(np.arange(len(runs)))
+    ax.set_xticklabels(_bar_labels(runs), fontsize=8, rotation=90 if len(runs) > 12 else 0)
+    for tick, color in zip(ax.get_xticklabels(), base):
+        tick.set_color(color)
+    ax.set_xlim(-0.6, len(runs) - 0.4)
+
+
+def _shade_legend(shades: dict[str, _Shade | None]) -> list[Patch]:
+    """Legend keys for the parts of a stacked bar, in grey: the colour belongs to the policy."""
+    keys = []
+    for name, shade in shades.items():
+        if shade is None:
+            keys.append(Patch(facecolor=_MISS_FILL, edgecolor=_MISS_EDGE, label=name))
+        else:
+            keys.append(Patch(facecolor=_lighter(_LEGEND_GREY, shade.lighten), edgecolor=_LEGEND_GREY,
+                              hatch=shade.hatch, label=name))
+    return keys
 
 
 def _bar_width(runs: list[Run], per_bar: float, minimum: float) -> float:
@@ -158,25 +276,30 @@ def _bar_width(runs: list[Run], per_bar: float, minimum: float) -> float:
     return max(minimum, per_bar * len(runs) + 3)
 
 
-def tier_breakdown(runs: list[Run], title: str) -> bytes:
-    """Stacked bars per hierarchy run: share of accesses served by each tier, and missed."""
-    tier_names = [n for n in _TIER_COLORS if n != "miss" and any(t.name == n for r in runs for t in r.tiers)]
+def tier_breakdown(runs: list[Run], colors: dict[str, str], title: str) -> bytes:
+    """Stacked bars per hierarchy run: share of accesses served by each tier, and missed.
+
+    Each bar has its policy's colour (``policy_colors``); the tiers are shades of it, darkest
+    for the fastest tier, and the miss share is pale grey.
+    """
+    tier_names = [n for n in _TIER_ORDER if any(t.name == n for r in runs for t in r.tiers)]
     stacks = {f"{fmt.tier(name)} hit": [_tier_hits(r, name) / r.accesses if r.accesses else 0.0 for r in runs]
               for name in tier_names}
-    stacks["miss"] = [r.miss_ratio for r in runs]
-    colors = {f"{fmt.tier(n)} hit": _TIER_COLORS[n] for n in tier_names} | {"miss": _TIER_COLORS["miss"]}
+    shades: dict[str, _Shade | None] = {name: _SHADES[i] for i, name in enumerate(stacks)}
+    stacks["miss"], shades["miss"] = [r.miss_ratio for r in runs], None
     fig = Figure(figsize=(_bar_width(runs, 0.55, 7.0), 4.8), layout="constrained")
     ax = fig.add_subplot()
-    _stacked_bars(ax, _bar_labels(runs), stacks, colors)
+    _stacked_bars(ax, runs, stacks, shades, colors)
     for x, run in enumerate(runs):
         # Hit shares can be thin slivers under a tall miss bar: print the total on the bar.
         ax.text(x, run.hit_ratio + 0.01, f"{fmt.percent(run.hit_ratio)}\nhit", ha="center", va="bottom", fontsize=7)
     ax.set_ylim(0, 1.0)
     ax.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
     ax.set_ylabel("share of block accesses (%)")
-    ax.set_xlabel("policy and total capacity (blocks)")
+    ax.set_xlabel("policy and total capacity (blocks); colour = policy")
     ax.set_title(title, loc="left", fontsize=12)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, fontsize=9)
+    ax.legend(handles=_shade_legend(shades), loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, fontsize=9,
+              title="tier (shade of the\npolicy's colour)", title_fontsize=8)
     return _png(fig)
 
 
@@ -184,35 +307,39 @@ def _tier_hits(run: Run, name: str) -> int:
     return sum(t.hits for t in run.tiers if t.name == name)
 
 
-def _component_colors(names: list[str]) -> dict[str, str]:
-    palette = ["#3a6fb0", "#d9822b", "#2f8f46", "#b8423c", "#7b5ea7", "#8c6d31", "#d16ba5", "#5aa5b5"]
-    colors = {name: palette[i % len(palette)] for i, name in enumerate(n for n in names if n != "recompute")}
-    return colors | {"recompute": "#9a9a9a"}  # recompute is not a link: grey, the same in every plot
+def _component_shades(names: list[str]) -> dict[str, _Shade | None]:
+    links = [n for n in names if n != "recompute"]
+    shades: dict[str, _Shade | None] = {name: _SHADES[i % len(_SHADES)] for i, name in enumerate(links)}
+    return shades | ({"recompute": _RECOMPUTE} if "recompute" in names else {})
 
 
-def data_movement(runs: list[Run], title: str) -> bytes:
+def data_movement(runs: list[Run], colors: dict[str, str], title: str) -> bytes:
     """Per run: bytes moved on each link (when any link moved data), and modeled seconds by component."""
     links = sorted({k for r in runs for k, v in r.bytes_moved.items() if v})
     parts = sorted({k for r in runs for k in r.modeled_seconds if k != "total"}, key=lambda k: (k == "recompute", k))
     panels = (["bytes"] if links else []) + (["time"] if parts else [])
     fig = Figure(figsize=(_bar_width(runs, 0.6 * len(panels), 6.0 * len(panels)), 4.8), layout="constrained")
     axes = dict(zip(panels, fig.subplots(1, len(panels), squeeze=False)[0]))
+    shades = _component_shades(sorted(set(links) | set(parts), key=lambda k: (k == "recompute", k)))  # one key, both panels
     if links:
         stacks = {link: [r.bytes_moved.get(link, 0) / 2**30 for r in runs] for link in links}
-        _movement_panel(axes["bytes"], runs, stacks, "bytes moved per link", "bytes moved (GiB)", "link")
+        _movement_panel(axes["bytes"], runs, stacks, (colors, shades), ("bytes moved per link", "bytes moved (GiB)", "link"))
     if parts:
         stacks = {part: [r.modeled_seconds.get(part, 0.0) for r in runs] for part in parts}
-        _movement_panel(axes["time"], runs, stacks, "modeled time by component", "modeled time (s)", "component")
+        _movement_panel(axes["time"], runs, stacks, (colors, shades), ("modeled time by component", "modeled time (s)", "component"))
     fig.suptitle(title, x=0.01, ha="left", fontsize=12)
     return _png(fig)
 
 
-def _movement_panel(ax, runs: list[Run], stacks: dict[str, list[float]], title: str, ylabel: str, legend: str) -> None:
-    _stacked_bars(ax, _bar_labels(runs), stacks, _component_colors(list(stacks)))
-    ax.set_ylabel(ylabel)
-    ax.set_title(title, fontsize=10)
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=min(4, len(stacks)), fontsize=8, frameon=False,
-              title=legend, title_fontsize=8)
+def _movement_panel(ax, runs: list[Run], stacks: dict[str, list[float]], styles: tuple[dict, dict],
+                    texts: tuple[str, str, str]) -> None:
+    """One panel of ``data_movement``; ``styles`` is (policy colours, shades), ``texts`` (title, y label, legend title)."""
+    colors, shades = styles[0], {name: styles[1][name] for name in stacks}
+    _stacked_bars(ax, runs, stacks, shades, colors)
+    ax.set_ylabel(texts[1])
+    ax.set_title(texts[0], fontsize=10)
+    ax.legend(handles=_shade_legend(shades), loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=min(4, len(stacks)),
+              fontsize=8, frameon=False, title=f"{texts[2]} (shade of the policy's colour)", title_fontsize=8)
 
 
 def prefix_savings(runs: list[Run], colors: dict[str, str], title: str) -> bytes:

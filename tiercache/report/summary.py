@@ -15,7 +15,8 @@ from ..errors import UserError
 from ..results import Mode, Semantics
 from .model import Run
 
-__all__ = ["BELADY", "BASELINE", "is_offline", "policy_labels", "by_group", "gap_closed", "CapacityBest", "best_per_capacity"]
+__all__ = ["BELADY", "BASELINE", "is_offline", "policy_labels", "by_group", "gap_closed", "CapacityBest", "best_per_capacity",
+           "Payoff", "hierarchy_payoffs"]
 
 BELADY = "belady"
 BASELINE = "lru"
@@ -108,3 +109,42 @@ def best_per_capacity(runs: tuple[Run, ...] | list[Run]) -> list[CapacityBest]:
                 best = min(online, key=lambda r: (r.miss_ratio, order[r.label]))
                 result.append(CapacityBest(semantics, mode, cap, best, lru.get(cap), belady.get(cap)))
     return result
+
+
+@dataclass(frozen=True)
+class Payoff:
+    """A hierarchy run beside the HBM-only run of the same policy with the hierarchy's HBM capacity."""
+
+    hierarchy: Run
+    hbm_only: Run
+
+    @property
+    def seconds(self) -> tuple[float, float] | None:
+        """Modeled total seconds (HBM only, hierarchy), or None unless both runs have them."""
+        alone, tiered = self.hbm_only.modeled_seconds.get("total"), self.hierarchy.modeled_seconds.get("total")
+        return None if alone is None or tiered is None else (alone, tiered)
+
+    @property
+    def pays_off(self) -> bool:
+        """Whether the hierarchy does better: less modeled time where modeled, else fewer misses."""
+        if self.seconds is not None:
+            return self.seconds[1] < self.seconds[0]
+        return self.hierarchy.miss_ratio < self.hbm_only.miss_ratio
+
+
+def hierarchy_payoffs(runs: tuple[Run, ...] | list[Run]) -> list[Payoff]:
+    """Every hierarchy run that has an HBM-only counterpart in ``runs``.
+
+    The counterpart is a single-tier run of the same eviction policy and semantics whose one
+    tier is the hierarchy's top tier at the same capacity (what the hierarchy adds to HBM).
+    """
+    alone = {(r.policy, r.semantics, r.tiers[0].name, r.capacity_blocks): r
+             for r in runs if len(r.tiers) == 1}
+    pairs = []
+    for run in runs:
+        if run.is_hierarchy:
+            top = run.tiers[0]
+            match = alone.get((run.policy, run.semantics, top.name, top.capacity_blocks))
+            if match is not None:
+                pairs.append(Payoff(run, match))
+    return pairs

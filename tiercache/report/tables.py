@@ -12,12 +12,18 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..config import TIER_NAMES, TraceKind
+from ..results import TierRecord
 from . import fmt
 from .document import Table
 from .model import ReportData, Run
 from .summary import BASELINE, BELADY, CapacityBest, gaps_for
 
-__all__ = ["runs_table", "best_table", "trace_table", "results_csv"]
+__all__ = ["runs_table", "tier_table", "tiers_text", "best_table", "trace_table", "results_csv"]
+
+# The hit split of item 13 (schema 3): None in files of older schemas, bytes without a layout,
+# seconds without hardware.
+_SPLIT_FIELDS = ("hits_in_place", "hits_promoted", "in_place_bytes", "promoted_bytes", "in_place_seconds", "promoted_seconds")
+_CSV_TIER_FIELDS = ("capacity_blocks", "hits", "evictions", "demotions", "promotions") + _SPLIT_FIELDS
 
 
 @dataclass(frozen=True)
@@ -27,7 +33,8 @@ class _Column:
     cell: Callable[[Run, float | None], str]
 
 
-def _tiers_text(run: Run) -> str:
+def tiers_text(run: Run) -> str:
+    """A run's tiers and capacities: ``HBM 2,000 + DRAM 8,000``."""
     return " + ".join(f"{fmt.tier(t.name)} {fmt.integer(t.capacity_blocks)}" for t in run.tiers) or "–"
 
 
@@ -37,7 +44,7 @@ def _base_columns() -> list[_Column]:
         _Column("semantics", False, lambda r, g: r.semantics.value),
         _Column("hierarchy", False, lambda r, g: r.mode.value),
         _Column("capacity (blocks)", True, lambda r, g: fmt.integer(r.capacity_blocks)),
-        _Column("tiers (blocks)", False, lambda r, g: _tiers_text(r)),
+        _Column("tiers (blocks)", False, lambda r, g: tiers_text(r)),
         _Column("accesses", True, lambda r, g: fmt.integer(r.accesses)),
         _Column("hits", True, lambda r, g: fmt.integer(r.hits)),
         _Column("misses", True, lambda r, g: fmt.integer(r.misses)),
@@ -75,6 +82,32 @@ def runs_table(data: ReportData) -> Table:
     rows = tuple(tuple(c.cell(run, gaps[run.key]) for c in columns) for run in data.runs)
     return Table(tuple(c.header for c in columns), rows, tuple(c.numeric for c in columns),
                  caption="All runs. Gap closed = (miss LRU − miss policy) / (miss LRU − miss Belady) at the same capacity.")
+
+
+def tier_table(runs: list[Run]) -> Table:
+    """One row per tier of each hierarchy run: its hits, read in place or promoted to the top tier.
+
+    A hit in a lower tier is either read where it lies (charged on its link to HBM) or
+    promoted (moved up, charged the same way); the top tier's hits are all in place and free.
+    Values a results file did not record read "not recorded".
+    """
+    header = ("policy", "semantics", "hierarchy", "tier", "capacity (blocks)", "hits", "read in place", "promoted",
+              "in-place bytes", "promoted bytes", "in-place time", "promoted time")
+    rows = tuple(_tier_row(run, tier) for run in runs for tier in run.tiers)
+    return Table(header, rows, (False, False, False, False) + (True,) * 8,
+                 caption="Per-tier hits of every hierarchy run. 'not recorded': the results file does not hold the "
+                         "figure (written before results schema 3, or bytes without --model, times without --hardware).")
+
+
+def _tier_row(run: Run, tier: TierRecord) -> tuple[str, ...]:
+    return (run.label, run.semantics.value, run.mode.value, fmt.tier(tier.name), fmt.integer(tier.capacity_blocks),
+            fmt.integer(tier.hits), _count(tier.hits_in_place), _count(tier.hits_promoted),
+            fmt.recorded(tier.in_place_bytes, fmt.size), fmt.recorded(tier.promoted_bytes, fmt.size),
+            fmt.recorded(tier.in_place_seconds, fmt.seconds), fmt.recorded(tier.promoted_seconds, fmt.seconds))
+
+
+def _count(value: int | None) -> str:
+    return fmt.recorded(value, fmt.integer)
 
 
 def best_table(best: list[CapacityBest]) -> Table:
@@ -125,7 +158,7 @@ def _csv_header(data: ReportData) -> list[str]:
     parts = sorted({k for r in data.runs for k in r.modeled_seconds})
     header = ["policy", "admission", "semantics", "mode", "capacity_blocks", "accesses", "hits", "misses",
               "miss_ratio", "hit_ratio", "gap_closed"]
-    header += [f"{n}_{field}" for n in tiers for field in ("capacity_blocks", "hits", "evictions", "demotions", "promotions")]
+    header += [f"{n}_{field}" for n in tiers for field in _CSV_TIER_FIELDS]
     header += [f"bytes_{link}" for link in links] + [f"seconds_{part}" for part in parts]
     return header + ["prefill_tokens", "prefill_tokens_saved", "ttft_saved_s", "wall_seconds"]
 
@@ -139,7 +172,7 @@ def _csv_row(run: Run, gap: float | None) -> dict[str, object]:
         "ttft_saved_s": run.ttft_saved_s, "wall_seconds": run.wall_seconds,
     }
     for tier in run.tiers:
-        for field in ("capacity_blocks", "hits", "evictions", "demotions", "promotions"):
+        for field in _CSV_TIER_FIELDS:
             row[f"{tier.name}_{field}"] = getattr(tier, field)
     row |= {f"bytes_{k}": v for k, v in run.bytes_moved.items()}
     return row | {f"seconds_{k}": v for k, v in run.modeled_seconds.items()}
