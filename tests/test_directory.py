@@ -22,7 +22,7 @@ def test_empty_directory_costs_at_most_16_bytes_per_slot():
     finally:
         tracemalloc.stop()
     assert directory.n_free == n
-    assert current / n <= 16.0 + 0.01, f"{current / n:.2f} B per slot"
+    assert current / n <= 16.0, f"{current / n:.2f} B per slot"
 
 
 def test_impossible_capacity_is_refused_with_the_bytes_it_needs():
@@ -97,3 +97,11 @@ def test_claim_refuses_a_slot_that_is_not_free():
     with pytest.raises(CountError, match="repeated"):
         directory.claim([2, 3], [1, 1])
     directory.check_invariants()
+
+
+def test_claim_refuses_a_slot_out_of_range():
+    directory = TierDirectory("t", 4)
+    with pytest.raises(CountError, match="not free"):
+        directory.claim([2], [4])
+    directory.check_invariants()
+    assert directory.insert([5, 6]) == [0, 1]

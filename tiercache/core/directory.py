@@ -9,9 +9,11 @@ Metadata plane only (numpy, ints). A slot is in one of three states:
 Pins count in-flight transfers reading a published slot; they never go below zero (that
 raises) and a pinned block is never a victim.
 
-Memory (issue 8 item 12): ``SLOT_BYTES`` = 16 B per slot of capacity (``slot_block`` and
-the free stack, two int64 arrays), refused up front when that is more than the memory
-available; the free stack's top ``SPILL_SLOTS`` entries may sit in a list (~160 KB at most). Per resident block, ``slot_of`` adds a dict entry and the slot's int object
+Memory (issue 8 item 12): at most ``SLOT_BYTES`` = 16 B per slot of capacity, refused up
+front when that is more than the memory available: ``slot_block`` (int64, 8 B) and the
+freed part of the free stack (int64, grown on demand, 8 B at most; never-used slots cost
+nothing, so a new directory costs 8 B per slot); the free stack's top ``SPILL_SLOTS``
+entries may sit in a list (~160 KB at most). Per resident block, ``slot_of`` adds a dict entry and the slot's int object
 (about 70 B); ``reserved`` and ``pins`` hold only blocks in flight.
 """
 
@@ -27,7 +29,7 @@ from .counts import CountError, decrement, increment
 
 __all__ = ["TierDirectory", "CountError", "SLOT_BYTES"]
 
-SLOT_BYTES = 16  # per slot of capacity: slot_block (int64) + free stack (int64)
+SLOT_BYTES = 16  # most per slot of capacity: slot_block (int64) + freed slots (int64)
 SPILL_SLOTS = 4096  # most free slots kept as a Python list on top of the numpy stack (~160 KB)
 
 
@@ -35,11 +37,11 @@ class TierDirectory:
     """Slots of one tier.
 
     Invariants (``check_invariants``): ``len(slot_of) + len(reserved) + n_free == capacity``;
-    the free stack ``_stack[:_top] + _spill`` holds each free slot once (its last entry is
-    handed out first; a new directory hands out slots 0, 1, 2, ... in order; ``_spill``
-    never holds more than ``SPILL_SLOTS``); every published slot
-    maps back to its block through ``slot_block``; pins only on published blocks and all
-    positive. Per-block bookkeeping is plain dict work plus O(1) stack moves; ``slot_block``
+    the free stack ``capacity - 1 .. _fresh`` + ``_stack[:_top]`` + ``_spill`` holds each
+    free slot once, ``n_free`` in all (its last entry is handed out first; a new directory
+    hands out slots 0, 1, 2, ... in order; ``_spill`` never holds more than ``SPILL_SLOTS``);
+    every published slot maps back to its block through ``slot_block``; pins only on
+    published blocks and all positive. Per-block bookkeeping is plain dict work plus O(1) stack moves; ``slot_block``
     is the numpy table the data plane reads.
     """
 
@@ -53,12 +55,14 @@ class TierDirectory:
         self.slot_block = np.zeros(capacity, dtype=np.int64)
         self.reserved: set[int] = set()
         # Free stack, top at the end: lowest slots handed out first, so small runs use a dense
-        # prefix. Its bottom is ``_stack[:_top]`` (numpy); its top, ``_spill``, a short list
-        # that keeps one-at-a-time frees and takes as fast as a plain list.
-        self._stack = np.arange(capacity - 1, -1, -1, dtype=np.int64)
-        self._top = capacity
+        # prefix. Bottom to top: the never-used slots ``capacity - 1 .. _fresh`` (implicit),
+        # the freed slots ``_stack[:_top]`` (numpy, grown on demand up to ``capacity``) and
+        # ``_spill``, a short list that keeps one-at-a-time frees and takes list-fast.
+        self._fresh = 0
+        self._stack = np.empty(0, dtype=np.int64)
+        self._top = 0
         self._spill: list[int] = []
-        self.n_free = capacity  # slots neither published nor reserved: _top + len(_spill)
+        self.n_free = capacity  # slots neither published nor reserved (see check_invariants)
         self.pins: dict[int, int] = {}
 
     # -- queries -------------------------------------------------------------------------
@@ -88,13 +92,17 @@ class TierDirectory:
 
     def _take_deep(self, n: int) -> list[int]:
         """The top ``n`` free slots, top first, when they reach below the spill list."""
-        spill, top = self._spill, self._top
-        deep = n - len(spill)
-        if deep > top:
+        if n > self.n_free:
             raise CountError(f"tier {self.name}: {n} slots asked, {self.n_free} free")
-        taken = spill[::-1] + self._stack[top - deep : top][::-1].tolist()
+        spill, top = self._spill, self._top
+        taken = spill[::-1]
         spill.clear()
-        self._top = top - deep
+        k = min(n - len(taken), top)
+        taken += self._stack[top - k : top][::-1].tolist()
+        self._top = top - k
+        fresh = self._fresh
+        self._fresh = fresh + n - len(taken)
+        taken.extend(range(fresh, self._fresh))
         return taken
 
     def publish(self, ids: Sequence[int], slots: Sequence[int]) -> None:
@@ -121,17 +129,20 @@ class TierDirectory:
     def claim(self, ids: Sequence[int], slots: Sequence[int]) -> None:
         """Publishes ``ids`` in the given free ``slots`` (adopting stored blocks on reopen).
 
-        Costs a pass over the free stack: meant for start-up, not the hot path.
+        Costs a pass over the free slots below the highest claimed one: meant for
+        start-up, not the hot path. The other free slots keep their order.
         """
-        self._sink()
         wanted = np.asarray(_as_list(slots), dtype=np.int64)
-        free = self._stack[: self._top]
+        self._sink()
+        highest = min(self.capacity - 1, int(wanted.max(initial=-1)))
+        low = np.arange(self._fresh, max(self._fresh, highest + 1), dtype=np.int64)
+        free = np.concatenate([low[::-1], self._stack[: self._top]])
         keep = ~np.isin(free, wanted)
         if len(np.unique(wanted)) != len(wanted) or len(free) - int(keep.sum()) != len(wanted):
             raise CountError(f"tier {self.name}: claimed slots are repeated or not free")
-        rest = free[keep]
-        self._stack[: len(rest)] = rest
-        self._top = self.n_free = len(rest)
+        self._fresh += len(low)
+        self._stack, self._top = free[keep], int(keep.sum())
+        self.n_free -= len(wanted)
         self.reserved.update(wanted.tolist())
         self.publish(ids, slots)
 
@@ -165,6 +176,10 @@ class TierDirectory:
     def _sink(self) -> None:
         """Moves the spill list into the numpy stack, keeping the stack order."""
         top, spill = self._top, self._spill
+        if top + len(spill) > len(self._stack):
+            grown = np.empty(min(self.capacity, max(2 * len(self._stack), top + len(spill))), dtype=np.int64)
+            grown[:top] = self._stack[:top]
+            self._stack = grown
         self._stack[top : top + len(spill)] = spill
         self._top = top + len(spill)
         spill.clear()
@@ -185,11 +200,13 @@ class TierDirectory:
     # -- checks --------------------------------------------------------------------------
     def check_invariants(self) -> None:
         """Asserts the slot states, maps and counts agree (numpy passes over the slots)."""
-        free = np.concatenate([self._stack[: self._top], np.asarray(self._spill, dtype=np.int64)])
+        never_used = np.arange(self._fresh, self.capacity, dtype=np.int64)
+        free = np.concatenate([never_used, self._stack[: self._top], np.asarray(self._spill, dtype=np.int64)])
         used = np.fromiter(self.slot_of.values(), dtype=np.int64, count=len(self.slot_of))
         reserved = np.fromiter(self.reserved, dtype=np.int64, count=len(self.reserved))
-        assert self.n_free == self._top + len(self._spill), f"{self.name}: free count disagrees with the stack"
-        assert 0 <= self._top <= self.capacity and len(self._spill) <= SPILL_SLOTS, f"{self.name}: free stack overflows"
+        assert self.n_free == len(free), f"{self.name}: free count disagrees with the stack"
+        assert 0 <= self._top <= len(self._stack) <= self.capacity and len(self._spill) <= SPILL_SLOTS, \
+            f"{self.name}: free stack overflows"
         everything = np.concatenate([used, reserved, free])
         assert len(everything) == self.capacity, f"{self.name}: slot count leak"
         assert ((everything >= 0) & (everything < self.capacity)).all(), f"{self.name}: slot out of range"
