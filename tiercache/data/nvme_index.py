@@ -315,11 +315,10 @@ def check_table_fits(capacity: int, where: str = "NVMeStore") -> None:
         UserError: naming the bytes needed (``TABLE_SLOT_BYTES`` per slot) and available.
     """
     need = capacity * TABLE_SLOT_BYTES
-    if need > 1 << 30:  # below 1 GiB asking the OS costs more than it protects
-        available = psutil.virtual_memory().available
-        if need > available:
-            raise UserError(f"{where}: an index of {capacity:,} slots needs {need:,} bytes of memory "
-                            f"({TABLE_SLOT_BYTES} B per slot); only {available:,} bytes are available")
+    available = psutil.virtual_memory().available if need > 1 << 30 else need  # small: not worth asking
+    if need > available:
+        raise UserError(f"{where}: an index of {capacity:,} slots needs {need:,} bytes of memory "
+                        f"({TABLE_SLOT_BYTES} B per slot); only {available:,} bytes are available")
 
 
 class IndexFiles:
