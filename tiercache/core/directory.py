@@ -210,7 +210,8 @@ class TierDirectory:
         everything = np.concatenate([used, reserved, free])
         assert len(everything) == self.capacity, f"{self.name}: slot count leak"
         assert ((everything >= 0) & (everything < self.capacity)).all(), f"{self.name}: slot out of range"
-        assert len(np.unique(everything)) == self.capacity, f"{self.name}: slot in two states, shared or freed twice"
+        assert (np.bincount(everything, minlength=self.capacity) == 1).all(), \
+            f"{self.name}: slot in two states, shared or freed twice"
         ids = np.fromiter(self.slot_of.keys(), dtype=np.int64, count=len(self.slot_of))
         assert (self.slot_block[used] == ids).all(), f"{self.name}: a slot does not map back to its block"
         for block_id, count in self.pins.items():
