@@ -23,15 +23,18 @@ import struct
 from dataclasses import dataclass
 
 import numpy as np
+import psutil
 
 from ..errors import UserError
 from .chunkio import fsync_dir
 from .chunkio import write_file_durably as _write_file_durably
+from .nvme_free import FreeSlots
 from .nvme_journal import HEADER as _JOURNAL_HEADER
 from .nvme_journal import MAGIC as _JOURNAL_MAGIC
 from .nvme_journal import scan_journal, sealed_crc
 
-__all__ = ["OP_PUT", "OP_DEL", "Entry", "SlotTable", "IndexFiles", "encode_ops", "decode_ops"]
+__all__ = ["OP_PUT", "OP_DEL", "Entry", "SlotTable", "IndexFiles", "encode_ops", "decode_ops", "TABLE_SLOT_BYTES",
+           "check_table_fits"]
 
 OP_PUT = 1
 OP_DEL = 2
@@ -43,6 +46,7 @@ _SNAPSHOT_MAGIC = b"TCS1"
 SNAPSHOT_NAME = "tiercache.index"
 JOURNAL_NAME = "tiercache.journal"
 _JOURNAL_MIN_BYTES = 4 << 20
+TABLE_SLOT_BYTES = 29  # SlotTable per slot of capacity (see its docstring)
 
 # An operation: (op, key, slot, generation, length, crc). Plain tuples: one per block.
 Op = tuple
@@ -91,22 +95,27 @@ class SlotTable:
 
     Every slot is in exactly one state: free, reserved (a write in flight), live (a key
     maps to it), retired (its key was deleted or replaced, and that fact is not yet
-    durable) or releasing (retired, in a flush in progress). A retired slot becomes free only after a flush made the retirement durable,
-    so a crash can never leave the durable index naming a slot that holds newer bytes.
+    durable) or releasing (retired, in a flush in progress). A retired slot becomes free
+    only after a flush made the retirement durable, so a crash can never leave the durable
+    index naming a slot that holds newer bytes.
+
+    Memory per slot of capacity: 16 B of numpy (generation, chunk length, crc), 8 B for
+    the slot's key pointer and 5 B of ``FreeSlots``: 29 B. Per live entry, the key's bytes
+    object, a dict entry and the slot's int. Reserved, retired and releasing slots are
+    small sets (writes in flight, retirements not yet durable).
     """
 
     def __init__(self, capacity: int) -> None:
+        check_table_fits(capacity)
         self.capacity = capacity
         self._key_to_slot: dict[bytes, int] = {}
         self._slot_key: list[bytes | None] = [None] * capacity
         self._gen = np.zeros(capacity, dtype=np.uint64)  # 0: no live block
         self._length = np.zeros(capacity, dtype=np.uint32)
         self._crc = np.zeros(capacity, dtype=np.uint32)
-        # Ordered dicts used as ordered sets: O(1) pop of the newest and O(1) removal of
-        # a given slot (the manager may name the slots it wants).
-        self._free: dict[int, None] = {}
+        self._free = FreeSlots(capacity, np.empty(0, dtype=np.int64))  # filled by finish_load
         self._reserved: set[int] = set()
-        self._retired: dict[int, None] = {}
+        self._retired: dict[int, None] = {}  # ordered: released in this order
         self._releasing: set[int] = set()  # retired slots a flush in progress will free
         self._pending: list[Op] = []
         self._next_gen = 1
@@ -117,7 +126,7 @@ class SlotTable:
     @property
     def free_count(self) -> int:
         """Slots a put can take now."""
-        return len(self._free)
+        return self._free.count
 
     @property
     def retired_count(self) -> int:
@@ -141,7 +150,9 @@ class SlotTable:
 
     def finish_load(self) -> None:
         """After replay: every slot without a live key is free (lowest slots handed out first)."""
-        self._free = dict.fromkeys(s for s in range(self.capacity - 1, -1, -1) if self._slot_key[s] is None)
+        free = np.ones(self.capacity, dtype=np.bool_)
+        free[np.fromiter(self._key_to_slot.values(), dtype=np.int64, count=len(self._key_to_slot))] = False
+        self._free = FreeSlots(self.capacity, np.flatnonzero(free)[::-1])
 
     def _link(self, key: bytes, slot: int, gen: int, length: int, crc: int) -> None:
         self._key_to_slot[key] = slot
@@ -162,9 +173,9 @@ class SlotTable:
 
     def reserve(self, n: int) -> list[tuple[int, int]] | None:
         """Takes ``n`` free slots for writes in flight; None (and no change) if too few."""
-        if n > len(self._free):
+        if n > self._free.count:
             return None
-        return self._take([self._free.popitem()[0] for _ in range(n)])
+        return self._take(self._free.pop(n))
 
     def reserve_at(self, slots: list[int]) -> list[tuple[int, int]]:
         """Takes the given slots for writes in flight, whatever they hold.
@@ -189,7 +200,7 @@ class SlotTable:
     def _take_back(self, slot: int) -> None:
         """Removes ``slot`` from whichever state it is in (free, retired, releasing, live)."""
         if slot in self._free:
-            del self._free[slot]
+            self._free.discard(slot)
         elif slot in self._retired:
             del self._retired[slot]
         elif slot in self._releasing:
@@ -218,7 +229,7 @@ class SlotTable:
     def abandon(self, slot: int) -> None:
         """A reserved slot's write failed: it was never published, so it is free at once."""
         self._reserved.remove(slot)
-        self._free[slot] = None
+        self._free.add(slot)
 
     def delete(self, key: bytes) -> bool:
         """Unmaps ``key``; its slot is retired until the deletion is durable."""
@@ -260,7 +271,7 @@ class SlotTable:
         for slot in retired:
             if slot in self._releasing:  # else a put naming this slot took it back meanwhile
                 self._releasing.discard(slot)
-                self._free[slot] = None
+                self._free.add(slot)
 
     def live_ops(self) -> list[Op]:
         """One put operation per live entry (the content of a snapshot)."""
@@ -287,12 +298,27 @@ class SlotTable:
 
     def check_invariants(self) -> None:
         """Raises AssertionError unless the slot states partition the slots."""
-        live = set(self._key_to_slot.values())
-        groups = (set(self._free), self._reserved, live, set(self._retired), self._releasing)
-        assert sum(len(g) for g in groups) == self.capacity, "slots lost or shared between states"
-        assert set().union(*groups) == set(range(self.capacity)), "slot states do not partition the slots"
+        self._free.check()
+        owners = np.zeros(self.capacity, dtype=np.int64)
+        owners += self._free.is_free
+        for group in (self._reserved, self._key_to_slot.values(), self._retired, self._releasing):
+            np.add.at(owners, np.fromiter(group, dtype=np.int64, count=len(group)), 1)
+        assert (owners == 1).all(), "slot states do not partition the slots"
         for key, slot in self._key_to_slot.items():
             assert self._slot_key[slot] == key and self._gen[slot] > 0, f"slot {slot} disagrees with key"
+
+
+def check_table_fits(capacity: int, where: str = "NVMeStore") -> None:
+    """Refuses a capacity whose ``SlotTable`` would not fit in the memory available now.
+
+    Raises:
+        UserError: naming the bytes needed (``TABLE_SLOT_BYTES`` per slot) and available.
+    """
+    need = capacity * TABLE_SLOT_BYTES
+    available = psutil.virtual_memory().available if need > 1 << 30 else need  # small: not worth asking
+    if need > available:
+        raise UserError(f"{where}: an index of {capacity:,} slots needs {need:,} bytes of memory "
+                        f"({TABLE_SLOT_BYTES} B per slot); only {available:,} bytes are available")
 
 
 class IndexFiles:

@@ -28,7 +28,7 @@ from typing import Sequence
 from ..config import KVLayout, parse_capacity
 from ..errors import UserError
 from . import chunkio
-from .nvme_index import IndexFiles, SlotTable
+from .nvme_index import IndexFiles, SlotTable, check_table_fits
 from .nvme_lock import LOCK_NAME, StoreLock
 
 __all__ = ["TMP_PREFIX", "CLEAN_NAME", "Opened", "open_store", "mark_clean", "sweep_directory", "check_arguments",
@@ -89,6 +89,8 @@ def open_store(path: str, layout: KVLayout, compression: str | None,
         raise UserError(f"{path}: is a file, not a store directory")
     meta = os.path.join(path, "zarr.json")
     wanted = None if capacity_blocks is None else parse_capacity(capacity_blocks, layout, "NVMeStore capacity")
+    if wanted is not None:
+        check_table_fits(wanted, path)  # before anything on disk is created
     if not os.path.lexists(meta):
         _check_creatable(path, wanted, create)
     try:

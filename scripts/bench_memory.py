@@ -1,0 +1,232 @@
+#!/usr/bin/env python3
+"""Memory at scale (issue 8 item 12): bytes per slot of capacity, reopen time, bytes per access.
+
+Usage: python scripts/bench_memory.py [--sizes 1000000,10000000] [--speed] [--json out.json]
+
+Each figure is measured in a fresh child process (``--case``), so one case's garbage never
+counts in another's. ``traced`` is what ``tracemalloc`` sees allocated by the case (numpy
+arrays included, untouched pages too); ``rss`` is the child's resident-set growth (psutil),
+which misses zero pages numpy never touched.
+
+* ``directory``: a ``TierDirectory`` of N slots, empty, and full (N blocks published, ids
+  created before measuring: they belong to the caller, e.g. the replay's trace list).
+* ``slottable``: the NVMe store's in-memory ``SlotTable`` of N slots after ``finish_load``,
+  empty, and full (N 16-byte keys published; the keys count: the table owns them).
+* ``reopen``: seconds to reopen (untraced, then closed) an ``NVMeStore`` of
+  ``--store-slots`` slots holding ``--store-blocks`` tiny blocks after a clean close, and
+  the bytes a second reopened store holds (traced).
+* ``replay``: peak traced bytes of loading, preparing and replaying the bundled trace (LRU,
+  4,000 blocks), per block access.
+* ``--speed``: CPU seconds (``time.process_time``) per replay of sieve, arc and lru at 4,000
+  blocks, median of ``--repeats``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import tracemalloc
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+TRACE = ROOT / "tests" / "data" / "mooncake_synthetic_trace.jsonl"
+SPEED_POLICIES = ("sieve", "arc", "lru")
+
+
+class Meter:
+    """Traced bytes and RSS growth between ``start`` and ``stop`` (one per child)."""
+
+    def start(self) -> None:
+        self.rss0 = psutil.Process().memory_info().rss
+        tracemalloc.start()
+
+    def stop(self) -> dict:
+        current, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        return {"traced": current, "peak": peak, "rss": psutil.Process().memory_info().rss - self.rss0}
+
+
+def case_directory(n: int, full: bool) -> dict:
+    """A ``TierDirectory`` of ``n`` slots, optionally filled with ``n`` blocks."""
+    from tiercache.core.directory import TierDirectory
+
+    ids = list(range(n)) if full else []
+    meter = Meter()
+    meter.start()
+    directory = TierDirectory("t", n)
+    for a in range(0, len(ids), 65536):
+        directory.insert(ids[a : a + 65536])
+    out = meter.stop()
+    assert len(directory) == len(ids)
+    return out
+
+
+def case_slottable(n: int, full: bool) -> dict:
+    """An NVMe ``SlotTable`` of ``n`` slots as ``finish_load`` leaves it, optionally full."""
+    from tiercache.data.nvme_index import SlotTable
+
+    meter = Meter()
+    meter.start()
+    table = SlotTable(n)
+    table.finish_load()
+    if full:
+        for slot, gen in table.reserve(n):
+            table.publish(slot.to_bytes(16, "little"), slot, gen, 4096, 0)
+        table.take_pending()
+    out = meter.stop()
+    assert len(table) == (n if full else 0)
+    return out
+
+
+def case_reopen(slots: int, blocks: int) -> dict:
+    """Seconds and traced bytes to reopen a cleanly closed store of ``slots`` slots."""
+    import torch
+
+    from tiercache.config import KVLayout
+    from tiercache.data.nvme import NVMeStore
+
+    layout = KVLayout(layers=1, kv_heads=1, head_dim=4, dtype="float16", block_tokens=2)
+    with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR")) as tmp:
+        path = os.path.join(tmp, "store")
+        started = time.perf_counter()
+        store = NVMeStore(path, layout, capacity_blocks=slots, direct_io=False)
+        created = time.perf_counter() - started
+        data = torch.zeros((min(blocks, 1024), *layout.block_shape), dtype=torch.float16)
+        for a in range(0, blocks, len(data)):
+            keys = [i.to_bytes(16, "little") for i in range(a, min(a + len(data), blocks))]
+            store.put(keys, data[: len(keys)])
+        store.close()
+        started = time.perf_counter()  # untraced: tracemalloc slows allocation-heavy code
+        NVMeStore(path, layout, direct_io=False).close()
+        reopen = time.perf_counter() - started
+        meter = Meter()
+        meter.start()
+        store = NVMeStore(path, layout, direct_io=False)
+        out = meter.stop()
+        assert len(store) == blocks
+        store.close()
+    return {**out, "create_s": created, "reopen_s": reopen}
+
+
+def case_replay() -> dict:
+    """Peak traced bytes of load + prepare + replay of the bundled trace, per access."""
+    from tiercache.config import TierConfig
+    from tiercache.results import Semantics
+    from tiercache.sim.loader import load_trace
+    from tiercache.sim.replay import ReplayData, RunSpec, replay
+
+    meter = Meter()
+    meter.start()
+    data = ReplayData.prepare(load_trace(str(TRACE)), None, None)
+    record = replay(RunSpec("lru", Semantics.OBJECT, (TierConfig("hbm", 4000),)), data)
+    out = meter.stop()
+    return {**out, "accesses": record.accesses}
+
+
+def case_speed(repeats: int) -> dict:
+    """Median CPU seconds per replay of each of ``SPEED_POLICIES`` at 4,000 blocks."""
+    from tiercache.config import TierConfig
+    from tiercache.results import Semantics
+    from tiercache.sim.loader import load_trace
+    from tiercache.sim.replay import ReplayData, RunSpec, replay
+
+    data = ReplayData.prepare(load_trace(str(TRACE)), None, None)
+    out = {}
+    for policy in SPEED_POLICIES:
+        spec = RunSpec(policy, Semantics.OBJECT, (TierConfig("hbm", 4000),))
+        times = []
+        for _ in range(repeats):
+            started = time.process_time()
+            record = replay(spec, data)
+            times.append(time.process_time() - started)
+        out[policy] = {"cpu_s": statistics.median(times), "accesses_per_cpu_s": record.accesses / statistics.median(times)}
+    return out
+
+
+def run_case(*args: str) -> dict:
+    """Runs ``--case ARGS`` in a fresh interpreter and returns its JSON."""
+    cmd = [sys.executable, __file__, "--case", *args]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        return {"error": done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"rc {done.returncode}"}
+    return json.loads(done.stdout)
+
+
+def child(args: list[str]) -> int:
+    """The ``--case`` entry point: prints one case's JSON."""
+    kind, rest = args[0], [int(a) for a in args[1:]]
+    cases = {"directory": lambda: case_directory(rest[0], bool(rest[1])),
+             "slottable": lambda: case_slottable(rest[0], bool(rest[1])),
+             "reopen": lambda: case_reopen(rest[0], rest[1]), "replay": case_replay,
+             "speed": lambda: case_speed(rest[0])}
+    print(json.dumps(cases[kind]()))
+    return 0
+
+
+def measure(sizes: list[int], store_slots: int, store_blocks: int, speed: bool, repeats: int, full_max: int) -> dict:
+    """Every case of the module docstring, each in its own child (a full ``SlotTable`` only
+    up to ``full_max`` slots: before issue 8 item 12 it took ~750 B/slot resident while traced)."""
+    result: dict = {"sizes": sizes, "directory": {}, "slottable": {}}
+    for kind in ("directory", "slottable"):
+        for n in sizes:
+            states = ("empty", "full") if kind == "directory" or n <= full_max else ("empty",)
+            result[kind][str(n)] = {state: run_case(kind, str(n), str(int(state == "full"))) for state in states}
+    result["reopen"] = {"slots": store_slots, "blocks": store_blocks, **run_case("reopen", str(store_slots), str(store_blocks))}
+    result["replay"] = run_case("replay")
+    if speed:
+        result["speed"] = run_case("speed", str(repeats))
+    return result
+
+
+def print_table(result: dict) -> None:
+    """The figures as a plain table."""
+    print(f"{'structure':<12} {'slots':>11} {'state':<6} {'traced B/slot':>14} {'rss B/slot':>11}")
+    for kind in ("directory", "slottable"):
+        for n, states in result[kind].items():
+            for state, row in states.items():
+                if "error" in row:
+                    print(f"{kind:<12} {int(n):>11,} {state:<6} error: {row['error']}")
+                    continue
+                print(f"{kind:<12} {int(n):>11,} {state:<6} {row['traced'] / int(n):>14.1f} {row['rss'] / int(n):>11.1f}")
+    reopen = result["reopen"]
+    if "error" not in reopen:
+        print(f"NVMeStore {reopen['slots']:,} slots, {reopen['blocks']:,} blocks: create {reopen['create_s']:.2f} s, "
+              f"reopen {reopen['reopen_s']:.2f} s, {reopen['traced'] / reopen['slots']:.1f} B/slot traced after reopen")
+    rep = result["replay"]
+    if "error" not in rep:
+        print(f"replay (bundled trace, lru 4000): {rep['accesses']:,} accesses, peak {rep['peak'] / rep['accesses']:.1f} B/access"
+              f" traced, {rep['rss'] / rep['accesses']:.1f} B/access rss")
+    for policy, row in result.get("speed", {}).items():
+        print(f"replay cpu {policy:<6} {row['cpu_s']:.3f} s  {row['accesses_per_cpu_s']:,.0f} accesses/cpu-s")
+
+
+def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "--case":
+        return child(sys.argv[2:])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="1000000,10000000", help="slot counts, comma separated")
+    parser.add_argument("--store-slots", type=int, default=1_000_000)
+    parser.add_argument("--store-blocks", type=int, default=4000)
+    parser.add_argument("--speed", action="store_true", help="also time sieve/arc/lru replays (CPU seconds)")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--full-max", type=int, default=2_000_000, help="largest full SlotTable measured")
+    parser.add_argument("--json", help="write the figures here")
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    result = measure(sizes, args.store_slots, args.store_blocks, args.speed, args.repeats, args.full_max)
+    print_table(result)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
