@@ -187,14 +187,14 @@ def test_a_partly_landed_nvme_write_is_rolled_back(tmp_path):
     store = NVMeStore(tmp_path / "s", LAYOUT, 8)
     write_one, write_chunk, current = store._write_one, store._write_chunk, threading.local()
 
-    def tagged(key_, slot, gen, block_):  # I/O thread: remember whose chunk is being written
+    def tagged(key_, *args):  # I/O thread: remember whose chunk is being written
         current.key = key_
-        return write_one(key_, slot, gen, block_)
+        return write_one(key_, *args)
 
-    def failing(slot, gen, payload):
+    def failing(*args):
         if current.key == key(2):
             raise OSError(errno.ENOSPC, "No space left on device (injected)")
-        return write_chunk(slot, gen, payload)
+        return write_chunk(*args)
 
     store._write_one, store._write_chunk = tagged, failing
     engine = LocalEngine([pool, store], keys.__getitem__)

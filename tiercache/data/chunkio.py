@@ -339,8 +339,8 @@ def write_chunk_file(tmp_path: str, final_path: str, payload: np.ndarray) -> int
     return crc
 
 
-def overwrite_chunk_file(path: str, payload: np.ndarray) -> int | None:
-    """Overwrites an existing chunk file of the same length in place, durably, crc first.
+def overwrite_chunk_file(path: str, payload: np.ndarray, crc_first: bool = True) -> int | None:
+    """Overwrites an existing chunk file of the same length in place, durably.
 
     Same-size overwrite needs no block allocation or size change, so fdatasync flushes
     data only (no filesystem journal commit): on ext4 this is the difference between
@@ -348,14 +348,15 @@ def overwrite_chunk_file(path: str, payload: np.ndarray) -> int | None:
     safety comes from the index: the slot is not published (or its durable entry carries
     the old crc) until this returns, and reads verify length and crc against the index.
 
-    The crc trailer is written before the payload: a durable index entry may still name
-    this chunk with its old crc (a manager reusing a live slot), and reopen adopts an
-    entry only if the trailer matches it. Trailer first, a process killed at any point of
-    the write leaves a trailer that no longer matches the old entry (unless the bytes are
-    the same), so reopen drops it instead of adopting bytes that are partly new. (Power
-    loss may reorder page writeback; reads still verify the whole chunk.) Costs one more
-    pass over the payload than ``write_chunk_file`` (the crc is computed before the copy
-    into the page cache), only on this path.
+    With ``crc_first`` (a slot the caller named, which a durable index entry may still
+    name with its old crc), the crc trailer is written before the payload, and reopen
+    adopts an entry only if the trailer matches it: a process killed at any point of the
+    write leaves a trailer that no longer matches the old entry (unless the bytes are the
+    same), so reopen drops it instead of adopting bytes that are partly new. (Power loss
+    may reorder page writeback; reads still verify the whole chunk.) That costs one more
+    pass over the payload. A slot the store chose itself is free only once the deletion
+    that freed it is durable, so no durable entry names it: the payload goes first, its
+    writeback overlapping the crc (``_write_sealed``).
 
     Returns:
         The crc32c of ``payload``, or None (nothing written) when the file is absent or
@@ -368,9 +369,12 @@ def overwrite_chunk_file(path: str, payload: np.ndarray) -> int | None:
     try:
         if os.fstat(fd).st_size != payload.size + 4:
             return None
-        crc = crc32c(payload)
-        _pwrite_all(fd, crc.to_bytes(4, "little"), payload.size)
-        _pwrite_all(fd, payload, 0)
+        if crc_first:
+            crc = crc32c(payload)
+            _pwrite_all(fd, crc.to_bytes(4, "little"), payload.size)
+            _pwrite_all(fd, payload, 0)
+        else:
+            crc = _write_sealed(fd, payload)
         os.fdatasync(fd)
     finally:
         os.close(fd)

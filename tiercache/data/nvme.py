@@ -175,9 +175,9 @@ class NVMeStore:
         if len(set(keys)) != len(keys):
             raise UserError("NVMeStore.put: a key appears twice in one batch")
         views = block_list(blocks, self.layout, len(keys), "NVMeStore.put blocks")
-        reserved = self._reserve(len(keys), slots)
+        reserved, named = self._reserve(len(keys), slots), slots is not None
         return run_batch(self._executor, self._io_threads, len(keys),
-                         lambda i: self._write_one(keys[i], *reserved[i], views[i]), list)
+                         lambda i: self._write_one(keys[i], *reserved[i], views[i], named), list)
 
     def put(
         self, keys: Sequence[bytes], blocks: torch.Tensor | Sequence[torch.Tensor], slots: Sequence[int] | None = None
@@ -204,11 +204,12 @@ class NVMeStore:
         return (f"{self.path}: store full: {wanted} blocks to put, {table.free_count} of {self.capacity} slots free"
                 f" ({table.retired_count} more after the next flush); evict before putting")
 
-    def _write_one(self, key: bytes, slot: int, gen: int, block: torch.Tensor) -> PutResult:
-        """I/O thread: writes one chunk and publishes it; an OSError becomes the result."""
+    def _write_one(self, key: bytes, slot: int, gen: int, block: torch.Tensor, named: bool = True) -> PutResult:
+        """I/O thread: writes one chunk and publishes it; an OSError becomes the result.
+        ``named``: the caller chose the slot (a durable entry may still name it)."""
         try:
             payload = self._codec.encode(self._source_bytes(block))
-            crc, renamed = self._write_chunk(slot, gen, payload)
+            crc, renamed = self._write_chunk(slot, gen, payload, named)
             length = payload.size + 4
         except OSError as exc:
             with self._lock:
@@ -226,11 +227,12 @@ class NVMeStore:
             self.stats["bytes_written"] += length
         return PutResult(key, slot)
 
-    def _write_chunk(self, slot: int, gen: int, payload: np.ndarray) -> tuple[int, bool]:
-        """Durably writes one chunk: in place over a same-size chunk file when allowed,
-        else temp file + rename. Returns (crc32c, whether a rename happened)."""
+    def _write_chunk(self, slot: int, gen: int, payload: np.ndarray, named: bool = True) -> tuple[int, bool]:
+        """Durably writes one chunk: in place over a same-size chunk file when allowed (crc
+        first in a slot the caller named), else temp file + rename. Returns (crc32c,
+        whether a rename happened)."""
         final = self.chunk_path(slot)
-        crc = chunkio.overwrite_chunk_file(final, payload) if self.overwrite_in_place else None
+        crc = chunkio.overwrite_chunk_file(final, payload, crc_first=named) if self.overwrite_in_place else None
         if crc is not None:
             return crc, False
         tmp = os.path.join(self.path, f"{TMP_PREFIX}{slot}.{gen}")
