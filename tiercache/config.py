@@ -34,6 +34,7 @@ __all__ = [
     "Mode",
     "TraceKind",
     "REQUEST_SEMANTICS_NAMES",
+    "Codec",
 ]
 
 TIER_NAMES = ("hbm", "dram", "nvme")
@@ -95,6 +96,33 @@ class Semantics(enum.Enum):
 
 #: The semantics a request trace can be replayed in, as the CLI spells them.
 REQUEST_SEMANTICS_NAMES = (Semantics.OBJECT.value, Semantics.PREFIX.value)
+
+
+class Codec(enum.Enum):
+    """How a tier stores the bytes of a block: as given, or quantised.
+
+    ``NONE`` keeps the layout's dtype. ``INT8``: keys per channel, values per token (KIVI).
+    ``FP8``: e4m3 with one scale per block half. ``INT4``: groups of 64, two codes a byte.
+    The codecs themselves are data-plane (``tiercache.data.codecs``); this is only the name.
+    """
+
+    NONE = "none"
+    INT8 = "int8"
+    FP8 = "fp8"
+    INT4 = "int4"
+
+    @classmethod
+    def parse(cls, text: str, option: str = "--codec") -> "Codec":
+        """The codec named by ``text`` (case-insensitive).
+
+        Raises:
+            ConfigError: unknown name; the message names ``option`` and lists the known ones.
+        """
+        name = text.strip().lower()
+        known = [c.value for c in cls]
+        if name not in known:
+            raise ConfigError(f"{option}: unknown codec {text!r}; known: {', '.join(known)}")
+        return cls(name)
 
 
 class Mode(enum.Enum):

@@ -1,0 +1,372 @@
+"""Block codecs: quantise a KV block for a tier, dequantise it on the way back.
+
+A block tensor is ``[..., 2, kv_heads, block_tokens, head_dim]`` (``KVLayout.block_shape``:
+a leading layers dim, or any other leading dims); index 0 of the ``2`` dim is K, index 1 is V.
+Each codec turns it into a ``QuantizedBlock`` (a payload and its scales, all tensors on the
+block's device) and back, in plain vectorised torch (no Python loop over tokens or heads):
+
+* ``NONE``: the block as given (identity).
+* ``INT8``: symmetric; K with one scale per (head, channel) over groups of up to 64 tokens, V
+  with one per (head, token) over groups of up to 64 channels (keys have outlier channels,
+  values do not: KIVI). fp16 scales.
+* ``FP8``: e4m3 (``torch.float8_e4m3fn``), one fp32 scale per half (K, V) of each layer.
+* ``INT4``: asymmetric, groups of up to 64 (K: along tokens, per channel, as KIVI; V: along
+  head_dim, per token), an fp16 scale and a uint8 zero point per group, two codes per byte.
+
+A ``QuantizedBlock`` serialises to one flat uint8 buffer of exactly ``nbytes`` bytes (wider
+dtypes first, so every part of a buffer read back is aligned for a zero-copy view).
+
+Invariants: inputs are finite; INT8 and INT4 need ``|x| < 65504 * 7`` (their scales are fp16:
+always true of fp16 blocks).
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+from ..config import Codec, KVLayout
+from ..errors import UserError
+
+__all__ = ["Part", "QuantizedBlock", "BlockCodec", "codec_for", "check_block", "FLOAT_DTYPES"]
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_INT4_GROUP = 64
+
+
+@dataclass(frozen=True)
+class Part:
+    """One tensor of a quantised block: its name, shape and dtype."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of this part."""
+        return math.prod(self.shape) * self.dtype.itemsize
+
+
+@dataclass(frozen=True)
+class QuantizedBlock:
+    """A block as a codec stores it.
+
+    Invariants: ``(payload, *scales)`` match ``codec_for(codec).parts(shape, dtype)`` one to one,
+    in that order, each contiguous; ``shape``/``dtype`` are those of the block encoded.
+    """
+
+    codec: Codec
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    payload: torch.Tensor
+    scales: tuple[torch.Tensor, ...] = ()
+
+    @property
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        """The payload then the scales, in ``parts`` order."""
+        return (self.payload, *self.scales)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held, scales included (equals ``BlockCodec.nbytes_of(shape, dtype)``)."""
+        return sum(t.numel() * t.element_size() for t in self.tensors)
+
+
+def check_block(block: object, what: str = "block") -> torch.Tensor:
+    """Returns ``block`` when it is a float KV block tensor.
+
+    Raises:
+        UserError: not a tensor, not fp16/bf16/fp32, or not ``[..., 2, heads, tokens, dim]``.
+    """
+    if not isinstance(block, torch.Tensor):
+        raise UserError(f"{what}: expected a torch.Tensor, got {type(block).__name__}")
+    if block.dtype not in FLOAT_DTYPES:
+        raise UserError(f"{what}: dtype {block.dtype} is not one of float16, bfloat16, float32")
+    if block.dim() < 4 or block.shape[-4] != 2 or block.numel() == 0:
+        raise UserError(f"{what}: shape {tuple(block.shape)} is not [..., 2, kv_heads, block_tokens, head_dim] "
+                        "(K and V as the two halves of the 2 dim, no empty dim)")
+    return block
+
+
+def _torch_dtype(name: str) -> torch.dtype:
+    """The float torch dtype of a layout's dtype name."""
+    dtype = getattr(torch, name, None)
+    if dtype not in FLOAT_DTYPES:
+        raise UserError(f"layout dtype {name!r}: the codecs take float16, bfloat16 or float32 blocks")
+    return dtype
+
+
+def _halves(shape: tuple[int, ...]) -> tuple[tuple[int, ...], int, int, int]:
+    """``(leading dims, heads, tokens, head_dim)`` of a block shape."""
+    *lead, _, heads, tokens, dim = shape
+    return tuple(lead), heads, tokens, dim
+
+
+def _sym_scale(amax: torch.Tensor, qmax: float) -> torch.Tensor:
+    """``amax / qmax``, with 1 where ``amax`` is 0 (an all-zero row encodes to zeros)."""
+    scale = amax / qmax
+    return torch.where(scale > 0, scale, torch.ones_like(scale))
+
+
+class BlockCodec(ABC):
+    """Encodes blocks into ``QuantizedBlock`` and back; one stateless instance per codec."""
+
+    codec: Codec
+
+    @abstractmethod
+    def parts(self, shape: tuple[int, ...], dtype: torch.dtype) -> tuple[Part, ...]:
+        """The tensors of an encoded block of ``shape``/``dtype``: payload first, then scales."""
+
+    @abstractmethod
+    def _encode(self, block: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """``(payload, scales)`` of a checked block."""
+
+    @abstractmethod
+    def _decode(self, q: QuantizedBlock, out: torch.Tensor) -> None:
+        """Writes the dequantised block into ``out`` (checked: same shape as ``q``)."""
+
+    def encode(self, block: torch.Tensor) -> QuantizedBlock:
+        """Quantises ``block`` (``[..., 2, heads, tokens, head_dim]``, fp16/bf16/fp32).
+
+        Raises:
+            UserError: ``block`` is not such a tensor.
+        """
+        check_block(block)
+        payload, scales = self._encode(block)
+        return QuantizedBlock(self.codec, tuple(block.shape), block.dtype, payload, scales)
+
+    def decode(self, q: QuantizedBlock, out: torch.Tensor) -> torch.Tensor:
+        """Dequantises ``q`` into ``out`` (same shape, any float dtype) and returns ``out``.
+
+        Raises:
+            UserError: ``q`` is another codec's, or ``out`` is not a float tensor of ``q.shape``.
+        """
+        if not isinstance(q, QuantizedBlock) or q.codec is not self.codec:
+            raise UserError(f"decode: expected a {self.codec.value} QuantizedBlock, got {getattr(q, 'codec', q)!r}")
+        check_block(out, "out")
+        if tuple(out.shape) != q.shape:
+            raise UserError(f"decode: out has shape {tuple(out.shape)}, the block {q.shape}")
+        self._decode(q, out)
+        return out
+
+    def nbytes_of(self, shape: tuple[int, ...], dtype: torch.dtype) -> int:
+        """Exact bytes of an encoded block of ``shape``/``dtype``, scales included."""
+        return sum(p.nbytes for p in self.parts(tuple(shape), dtype))
+
+    def nbytes(self, layout: KVLayout) -> int:
+        """Exact bytes of one encoded block of ``layout``, scales included."""
+        return self.nbytes_of(layout.block_shape, _torch_dtype(layout.dtype))
+
+    def to_bytes(self, q: QuantizedBlock) -> torch.Tensor:
+        """``q`` as one flat uint8 tensor of ``nbytes_of(q.shape, q.dtype)`` bytes (a copy).
+
+        Order: parts sorted by element size, widest first (stable), so ``from_bytes`` can view
+        each part in place.
+        """
+        parts = self.parts(q.shape, q.dtype)
+        out = torch.empty(sum(p.nbytes for p in parts), dtype=torch.uint8, device=q.payload.device)
+        offset = 0
+        for index in _byte_order(parts):
+            tensor, nbytes = q.tensors[index], parts[index].nbytes
+            out[offset:offset + nbytes].copy_(tensor.contiguous().view(-1).view(torch.uint8))
+            offset += nbytes
+        return out
+
+    def from_bytes(self, buf: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> QuantizedBlock:
+        """The block that ``to_bytes`` wrote into ``buf``; its tensors are views of ``buf``
+        (copies only where ``buf`` is misaligned for a part's dtype).
+
+        Raises:
+            UserError: ``buf`` is not a 1-D uint8 tensor of exactly ``nbytes_of(shape, dtype)``.
+        """
+        parts = self.parts(tuple(shape), dtype)
+        total = sum(p.nbytes for p in parts)
+        if not isinstance(buf, torch.Tensor) or buf.dtype != torch.uint8 or buf.dim() != 1 or buf.numel() != total:
+            got = f"{buf.dtype} {tuple(buf.shape)}" if isinstance(buf, torch.Tensor) else type(buf).__name__
+            raise UserError(f"from_bytes: expected a 1-D uint8 tensor of {total} bytes ({self.codec.value}, "
+                            f"shape {tuple(shape)}), got {got}")
+        tensors: list[torch.Tensor | None] = [None] * len(parts)
+        offset = 0
+        for index in _byte_order(parts):
+            part = parts[index]
+            tensors[index] = _view(buf[offset:offset + part.nbytes], part)
+            offset += part.nbytes
+        return QuantizedBlock(self.codec, tuple(shape), dtype, tensors[0], tuple(tensors[1:]))
+
+
+def _byte_order(parts: tuple[Part, ...]) -> list[int]:
+    """Indices of ``parts``, widest element first (stable): keeps every part aligned."""
+    return sorted(range(len(parts)), key=lambda i: -parts[i].dtype.itemsize)
+
+
+def _view(chunk: torch.Tensor, part: Part) -> torch.Tensor:
+    """``chunk`` (uint8) viewed as ``part``; copied first when its address is misaligned."""
+    if chunk.data_ptr() % part.dtype.itemsize:
+        chunk = chunk.clone()
+    return chunk.view(part.dtype).view(part.shape)
+
+
+class NoneCodec(BlockCodec):
+    """Identity: the payload is the block itself (made contiguous; not copied when it is)."""
+
+    codec = Codec.NONE
+
+    def parts(self, shape, dtype):
+        return (Part("values", shape, dtype),)
+
+    def _encode(self, block):
+        return block.contiguous(), ()
+
+    def _decode(self, q, out):
+        out.copy_(q.payload)
+
+
+def _group(n: int) -> int:
+    """The INT4 group size along a dim of ``n``: its largest divisor up to 64."""
+    return max(g for g in range(1, min(n, _INT4_GROUP) + 1) if n % g == 0)
+
+
+def _k_groups(x: torch.Tensor) -> torch.Tensor:
+    """K ``[..., H, T, D]`` viewed as ``[..., H, T/g, g, D]`` (groups along tokens)."""
+    *lead, tokens, dim = x.shape
+    g = _group(tokens)
+    return x.view(*lead, tokens // g, g, dim)
+
+
+def _v_groups(x: torch.Tensor) -> torch.Tensor:
+    """V ``[..., H, T, D]`` viewed as ``[..., H, T, D/g, g]`` (groups along head_dim)."""
+    *lead, dim = x.shape
+    g = _group(dim)
+    return x.view(*lead, dim // g, g)
+
+
+class Int8Codec(BlockCodec):
+    """INT8, symmetric (codes in [-127, 127]), fp16 scales over groups of up to 64:
+    K per (head, channel) along tokens, V per (head, token) along head_dim (KIVI)."""
+
+    codec = Codec.INT8
+
+    def parts(self, shape, dtype):
+        lead, heads, tokens, dim = _halves(shape)
+        return (Part("codes", shape, torch.int8),
+                Part("k_scale", (*lead, heads, tokens // _group(tokens), 1, dim), torch.float16),
+                Part("v_scale", (*lead, heads, tokens, dim // _group(dim), 1), torch.float16))
+
+    def _encode(self, block):
+        k, v = _k_groups(block.select(-4, 0)), _v_groups(block.select(-4, 1))
+        k_scale, v_scale = _sym_scale16(k, -2), _sym_scale16(v, -1)
+        x = torch.empty(block.shape, dtype=torch.float32, device=block.device)
+        torch.div(k, k_scale.float(), out=_k_groups(x.select(-4, 0)))
+        torch.div(v, v_scale.float(), out=_v_groups(x.select(-4, 1)))
+        return x.round_().clamp_(-127, 127).to(torch.int8), (k_scale, v_scale)
+
+    def _decode(self, q, out):
+        k_scale, v_scale = q.scales
+        codes = q.payload
+        torch.mul(_k_groups(codes.select(-4, 0)), k_scale.float(), out=_k_groups(out.select(-4, 0)))
+        torch.mul(_v_groups(codes.select(-4, 1)), v_scale.float(), out=_v_groups(out.select(-4, 1)))
+
+
+def _sym_scale16(grouped: torch.Tensor, dim: int) -> torch.Tensor:
+    """fp16 ``absmax / 127`` per group along ``dim`` (1 for an all-zero group); codes are
+    computed with this rounded scale, so the rounding adds no error."""
+    scale = (grouped.abs().amax(dim=dim, keepdim=True).float() / 127).to(torch.float16)
+    return torch.where(scale > 0, scale, torch.ones_like(scale))
+
+
+class Fp8Codec(BlockCodec):
+    """FP8 e4m3; one scale per (leading index, K/V half) maps its absmax to 448."""
+
+    codec = Codec.FP8
+    _MAX = 448.0  # largest finite float8_e4m3fn
+
+    def parts(self, shape, dtype):
+        lead, _, _, _ = _halves(shape)
+        return (Part("codes", shape, torch.float8_e4m3fn), Part("scale", (*lead, 2, 1, 1, 1), torch.float32))
+
+    def _encode(self, block):
+        amax = block.abs().amax(dim=(-3, -2, -1), keepdim=True).float()
+        scale = _sym_scale(amax, self._MAX)
+        x = torch.div(block, scale).clamp_(-self._MAX, self._MAX)  # clamp: rounding may pass 448
+        return x.to(torch.float8_e4m3fn), (scale,)
+
+    def _decode(self, q, out):
+        torch.mul(q.payload.to(torch.float32), q.scales[0], out=out)
+
+
+def _asym_params(grouped: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(scale fp16, zero uint8)`` per group along ``dim``; the range always holds 0, so the
+    zero point lies in [0, 15] and an exact 0 stays exact."""
+    lo = grouped.amin(dim=dim, keepdim=True).float().clamp_(max=0)
+    hi = grouped.amax(dim=dim, keepdim=True).float().clamp_(min=0)
+    scale = ((hi - lo) / 15).to(torch.float16)
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    zero = (-lo / scale.float()).round_().clamp_(0, 15).to(torch.uint8)
+    return scale, zero
+
+
+def _quantise4(grouped: torch.Tensor, out: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> None:
+    """Codes ``round(x / scale) + zero`` clamped to [0, 15], written (as floats) into ``out``."""
+    torch.div(grouped, scale.float(), out=out)
+    out.round_().add_(zero).clamp_(0, 15)
+
+
+def _pack4(codes: torch.Tensor) -> torch.Tensor:
+    """uint8 codes in [0, 15] -> ``ceil(n / 2)`` bytes, element ``2i`` in the low nibble."""
+    flat = codes.reshape(-1)
+    if flat.numel() % 2:
+        flat = torch.cat((flat, flat.new_zeros(1)))
+    pairs = flat.view(-1, 2)
+    return pairs[:, 0] | (pairs[:, 1] << 4)
+
+
+def _unpack4(packed: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """Inverse of ``_pack4``: uint8 codes of ``shape``."""
+    codes = torch.stack((packed & 15, packed >> 4), dim=-1).view(-1)
+    return codes[:math.prod(shape)].view(shape)
+
+
+class Int4Codec(BlockCodec):
+    """INT4, asymmetric, groups of up to 64: K along tokens per channel, V along head_dim."""
+
+    codec = Codec.INT4
+
+    def parts(self, shape, dtype):
+        lead, heads, tokens, dim = _halves(shape)
+        k_shape = (*lead, heads, tokens // _group(tokens), 1, dim)
+        v_shape = (*lead, heads, tokens, dim // _group(dim), 1)
+        return (Part("codes", ((math.prod(shape) + 1) // 2,), torch.uint8),
+                Part("k_scale", k_shape, torch.float16), Part("k_zero", k_shape, torch.uint8),
+                Part("v_scale", v_shape, torch.float16), Part("v_zero", v_shape, torch.uint8))
+
+    def _encode(self, block):
+        k, v = _k_groups(block.select(-4, 0)), _v_groups(block.select(-4, 1))
+        k_scale, k_zero = _asym_params(k, -2)
+        v_scale, v_zero = _asym_params(v, -1)
+        x = torch.empty(block.shape, dtype=torch.float32, device=block.device)
+        _quantise4(k, _k_groups(x.select(-4, 0)), k_scale, k_zero)
+        _quantise4(v, _v_groups(x.select(-4, 1)), v_scale, v_zero)
+        return _pack4(x.to(torch.uint8)), (k_scale, k_zero, v_scale, v_zero)
+
+    def _decode(self, q, out):
+        k_scale, k_zero, v_scale, v_zero = q.scales
+        x = _unpack4(q.payload, q.shape).to(torch.float32)
+        k, v = _k_groups(x.select(-4, 0)), _v_groups(x.select(-4, 1))
+        torch.mul(k.sub_(k_zero), k_scale, out=_k_groups(out.select(-4, 0)))
+        torch.mul(v.sub_(v_zero), v_scale, out=_v_groups(out.select(-4, 1)))
+
+
+_CODECS: dict[Codec, BlockCodec] = {c.codec: c for c in (NoneCodec(), Int8Codec(), Fp8Codec(), Int4Codec())}
+
+
+def codec_for(codec: Codec | str) -> BlockCodec:
+    """The codec instance for a ``Codec`` (or its name, ``"int8"``).
+
+    Raises:
+        UserError: unknown name.
+    """
+    return _CODECS[codec if isinstance(codec, Codec) else Codec.parse(codec, "codec")]
