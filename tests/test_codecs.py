@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 torch = pytest.importorskip("torch")
 
 from tiercache.config import Codec, ConfigError, KVLayout  # noqa: E402
-from tiercache.data.codecs import QuantizedBlock, codec_for  # noqa: E402
+from tiercache.data.codecs import QuantizedBlock, codec_for, fp8_as_fp16  # noqa: E402
 from tiercache.errors import UserError  # noqa: E402
 
 QUANTISED = (Codec.INT8, Codec.FP8, Codec.INT4)
@@ -133,6 +133,21 @@ def test_every_shape_round_trips_finite_and_zeros_stay_zero(codec, shape):
     assert torch.isfinite(round_trip(codec, block)).all()
     zeros = torch.zeros_like(block)
     assert torch.equal(round_trip(codec, zeros), zeros)
+
+
+def test_fp8_fast_decode_equals_torch_conversion_on_every_code():
+    codes = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn)
+    exact = codes.to(torch.float32)
+    fast = fp8_as_fp16(codes).to(torch.float32) * 256
+    finite = ~exact.isnan()
+    assert torch.equal(fast[finite], exact[finite])
+
+
+def test_fp8_decode_equals_the_plain_torch_path():
+    impl, block = codec_for(Codec.FP8), synthetic_block(2, 4, 64, 128)
+    encoded = impl.encode(block)
+    plain = (encoded.payload.to(torch.float32) * encoded.scales[0]).to(block.dtype)
+    assert torch.equal(impl.decode(encoded, torch.empty_like(block)), plain)
 
 
 def test_from_bytes_reads_a_misaligned_buffer():

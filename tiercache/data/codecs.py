@@ -295,7 +295,20 @@ class Fp8Codec(BlockCodec):
         return x.to(torch.float8_e4m3fn), (scale,)
 
     def _decode(self, q, out):
-        torch.mul(q.payload.to(torch.float32), q.scales[0], out=out)
+        torch.mul(fp8_as_fp16(q.payload), q.scales[0] * 256, out=out)
+
+
+def fp8_as_fp16(codes: torch.Tensor) -> torch.Tensor:
+    """float8_e4m3fn codes as fp16 values 256 times smaller, exactly (NaN codes excepted).
+
+    Why: torch's own float8 -> float conversion runs ~4x slower on the CPU than these integer
+    ops. The e4m3 sign, exponent and mantissa bits moved into fp16's fields give
+    ``2^(e - 15) (1 + m / 8)``, and fp16 subnormals give ``2^-14 m / 8``: each the e4m3 value
+    (bias 7, subnormal ``2^-6 m / 8``) times ``2^-8``.
+    """
+    bits = codes.view(torch.uint8).to(torch.int16)
+    sign = (bits & 0x80).bitwise_left_shift_(8)
+    return bits.bitwise_and_(0x7F).bitwise_left_shift_(7).bitwise_or_(sign).view(torch.float16)
 
 
 def _asym_params(grouped: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
