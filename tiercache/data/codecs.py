@@ -257,18 +257,19 @@ class Int8Codec(BlockCodec):
                 Part("v_scale", (*lead, heads, tokens, dim // _group(dim), 1), torch.float16))
 
     def _encode(self, block):
-        k, v = _k_groups(block.select(-4, 0)), _v_groups(block.select(-4, 1))
+        x = block.to(torch.float32, copy=True)  # one conversion, then in place: mixed-dtype ops copy
+        k, v = _k_groups(x.select(-4, 0)), _v_groups(x.select(-4, 1))
         k_scale, v_scale = _sym_scale16(k, -2), _sym_scale16(v, -1)
-        x = torch.empty(block.shape, dtype=torch.float32, device=block.device)
-        torch.div(k, k_scale.float(), out=_k_groups(x.select(-4, 0)))
-        torch.div(v, v_scale.float(), out=_v_groups(x.select(-4, 1)))
+        k.div_(k_scale.float())
+        v.div_(v_scale.float())
         return x.round_().clamp_(-127, 127).to(torch.int8), (k_scale, v_scale)
 
     def _decode(self, q, out):
         k_scale, v_scale = q.scales
-        codes = q.payload
-        torch.mul(_k_groups(codes.select(-4, 0)), k_scale.float(), out=_k_groups(out.select(-4, 0)))
-        torch.mul(_v_groups(codes.select(-4, 1)), v_scale.float(), out=_v_groups(out.select(-4, 1)))
+        x = q.payload.to(torch.float32)
+        _k_groups(x.select(-4, 0)).mul_(k_scale.float())
+        _v_groups(x.select(-4, 1)).mul_(v_scale.float())
+        out.copy_(x)
 
 
 def _sym_scale16(grouped: torch.Tensor, dim: int) -> torch.Tensor:
