@@ -14,10 +14,13 @@ from .base import PrefetchPolicy, PrefetchView
 
 
 class TopKSpeculative(PrefetchPolicy):
-    """Plans this step's reads and its ranked candidates not in the top tier, then
-    ``view.ahead``."""
+    """Plans the ranked candidates not in the top tier, best first, then ``view.ahead``.
+
+    The step's own reads are not planned: a sparse read promotes them itself, and an exact
+    read streams the whole sequence in place, which a prefetch must not undo.
+    """
 
     name = "topk_speculative"
 
     def plan(self, view: PrefetchView) -> list[int]:
-        return self._cap([*view.reads, *view.candidates, *view.ahead], view)
+        return self._cap([*view.candidates, *view.ahead], view)

@@ -37,7 +37,7 @@ from typing import Protocol, Sequence
 import torch
 
 __all__ = ["Partial", "partial_attention", "merge", "stream_attention", "ChunkSource", "dense_reference",
-           "compute_dtype", "block_summaries", "block_scores", "select_blocks"]
+           "compute_dtype", "block_summaries", "block_bounds", "block_scores", "select_blocks"]
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -183,16 +183,24 @@ def block_scores(q: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor) -> tor
     Returns:
         ``[blocks]`` float32 scores.
     """
-    blocks, kv_heads, head_dim = kmin.shape
-    grouped = _grouped(q.float(), kv_heads)  # [kv, g, D]
-    qt = grouped.permute(0, 2, 1)  # [kv, D, g]
-    hi = torch.matmul(kmax.transpose(0, 1), qt)  # [kv, blocks, g] = sum_c kmax_c q_c
-    lo = torch.matmul(kmin.transpose(0, 1), qt)
-    # sum_c max(q_c min_c, q_c max_c) = sum_c (q_c (min_c + max_c) + |q_c| (max_c - min_c)) / 2
-    spread = torch.matmul((kmax - kmin).transpose(0, 1), qt.abs())
-    bound = (hi + lo + spread).mul_(0.5 / math.sqrt(head_dim))
+    bound = block_bounds(q, kmin, kmax)
     bound = bound - bound.amax(dim=1, keepdim=True)
     return bound.amax(dim=2).amax(dim=0)
+
+
+def block_bounds(q: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor) -> torch.Tensor:
+    """Per KV head, block and query head: ``max over keys k in the block of q.k / sqrt(D)``
+    bounded from above by ``sum_c max(q_c * min_c, q_c * max_c) / sqrt(D)``.
+
+    Returns:
+        ``[kv_heads, blocks, group]`` float32.
+    """
+    _, kv_heads, head_dim = kmin.shape
+    qt = _grouped(q.float(), kv_heads).permute(0, 2, 1)  # [kv, D, g]
+    # max(q_c min_c, q_c max_c) = (q_c (min_c + max_c) + |q_c| (max_c - min_c)) / 2
+    mid = torch.matmul((kmax + kmin).transpose(0, 1), qt)  # [kv, blocks, g]
+    spread = torch.matmul((kmax - kmin).transpose(0, 1), qt.abs())
+    return (mid + spread).mul_(0.5 / math.sqrt(head_dim))
 
 
 def select_blocks(scores: torch.Tensor, budget: int, sink: int = 1, recent: int = 1,

@@ -107,10 +107,16 @@ class StepDriver:
         manager = self.manager
         self.settle()
         fresh = [block_id for block_id in ids if manager.locate(block_id) is None]
-        if fresh:
-            manager.insert(fresh)
+        held = set(hold)
+        fresh_held = [block_id for block_id in fresh if block_id in held]
+        fresh_free = [block_id for block_id in fresh if block_id not in held]
+        if fresh_held:  # held as each chunk lands: the insert's own later chunks never push them out
+            manager.insert(fresh_held, hold=True)
+        if fresh_free:
+            manager.insert(fresh_free)
         stored = [block_id for block_id in fresh if manager.locate(block_id) is not None]
-        self.hold(hold, settle=False)
+        placed = set(fresh_held)
+        self.hold([block_id for block_id in hold if block_id not in placed], settle=False)
         return stored
 
     def hold(self, ids: Sequence[int], settle: bool = True) -> None:

@@ -70,6 +70,28 @@ class _Guard:
         return len(self._union())
 
 
+class _HeldWithoutCopy:
+    """Held ids that no lower tier holds a copy of (write-through: dropping one of those
+    from an upper tier would take it out of the hierarchy)."""
+
+    __slots__ = ("held", "below")
+
+    def __init__(self, held: dict, below: list) -> None:
+        self.held, self.below = held, below
+
+    def __contains__(self, block_id: int) -> bool:
+        return block_id in self.held and not any(block_id in slots for slots in self.below)
+
+    def __bool__(self) -> bool:
+        return bool(self.held)
+
+    def __iter__(self):
+        return (b for b in self.held if b in self)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
 def _slice(hints: Hints | None, a: int, b: int) -> Hints | None:
     """The hints of ids[a:b] (hints are aligned with the ids they came with)."""
     if hints is None or (hints.next_use is None and hints.parents is None):
@@ -224,12 +246,16 @@ class TierManager(TransferMixin):
             i = k
         return started or []
 
-    def insert(self, ids: Sequence[int], hints: Hints | None = None) -> None:
-        """Stores newly computed blocks, absent from every tier, in the top tier."""
+    def insert(self, ids: Sequence[int], hints: Hints | None = None, hold: bool = False) -> None:
+        """Stores newly computed blocks, absent from every tier, in the top tier.
+
+        With ``hold`` each block is held (``hold``) the moment it is placed, so a later
+        chunk of the same insert can push it down but never out.
+        """
         for block_id in ids:
             if self.locate(block_id) is not None:
                 raise KeyError(f"insert of block {block_id}, which is already resident")
-        self._insert_new(list(ids), hints)
+        self._insert_new(list(ids), hints, hold)
 
     def restore(self, tier: int, ids: Sequence[int], slots: Sequence[int] | None = None) -> None:
         """Adopts blocks already stored in ``tier`` (reopening a durable store).
@@ -300,7 +326,7 @@ class TierManager(TransferMixin):
             self._miss(lost, None if hints is None else _pick(hints, positions), store_misses)
 
     # -- placement -----------------------------------------------------------------------
-    def _insert_new(self, ids: Sequence[int], hints: Hints | None) -> None:
+    def _insert_new(self, ids: Sequence[int], hints: Hints | None, hold: bool = False) -> None:
         """Places new blocks in the top tier (admission permitting), making room first."""
         admitted = self.admissions[0].admit(ids)
         if not all(admitted):
@@ -314,6 +340,8 @@ class TierManager(TransferMixin):
                 self.events.emit(Ev.REFUSED, 0, len(chunk))  # everything pinned: not stored
                 continue
             self._fill_and_publish(chunk, _slice(hints, a, b))
+            if hold:
+                increment(self.held, chunk)
             if self.write_through:
                 self._copy_down(chunk, _slice(hints, a, b))
 
@@ -370,7 +398,7 @@ class TierManager(TransferMixin):
         # The common case has nothing protected: a plain empty set keeps the policy's
         # membership test in C instead of a Python __contains__ per candidate.
         last = self.write_through or tier + 1 == len(self.dirs)
-        held = self.held if last else _NOTHING  # a held block may move down, never out
+        held = self._held_guard(tier) if last and self.held else _NOTHING  # a held block may move down, never out
         guard = _Guard(directory.pins, self.refs, protected, held) if (directory.pins or self.refs or protected or held) else _NOTHING
         victims = self.policies[tier].victims(need, guard)
         if victims is None:
@@ -379,6 +407,13 @@ class TierManager(TransferMixin):
             self._drop(tier, victims)
             return _MADE
         return self._demote(tier, victims, protected)
+
+    def _held_guard(self, tier: int):
+        """The held blocks ``tier`` may not drop: all of them in the last tier; in
+        write-through mode, above it, only those without a copy in a lower tier."""
+        if tier + 1 == len(self.dirs):
+            return self.held
+        return _HeldWithoutCopy(self.held, [d.slot_of for d in self.dirs[tier + 1 :]])
 
     def _retry_room(self, tier: int, n: int, protected) -> bool:
         """After ``_make_room`` failed: if moves this manager started into or out of ``tier``
@@ -420,12 +455,23 @@ class TierManager(TransferMixin):
             self._drop(tier, refused)
         if not moving:
             return _MADE
-        room = self._make_room(below, len(moving), protected)
-        if room is _NO_VICTIMS:
-            if held and any(v in held for v in moving):
-                return _NO_VICTIMS  # a held block never leaves: the placement above is refused
-            self._drop(tier, moving)  # no room below (all pinned): they leave, a policy decision
-            return _MADE
+        room_below = self.dirs[below].capacity
+        if held and len(moving) > room_below and any(v in held for v in moving):
+            # More held victims than the tier below holds: move them in pieces, each piece
+            # pushing the previous one further down, instead of refusing the placement.
+            pieces = [moving[a : a + room_below] for a in range(0, len(moving), room_below)]
+        else:
+            pieces = [moving]
+        for piece in pieces:
+            room = self._make_room(below, len(piece), protected)
+            if room is _NO_VICTIMS:
+                if held and any(v in held for v in piece):
+                    return _NO_VICTIMS  # a held block never leaves: the placement above is refused
+                self._drop(tier, piece)  # no room below (all pinned): they leave, a policy decision
+                continue
+            if room is _WRITE_FAILED or not self._transfer(piece, tier, below, False, None):
+                return _WRITE_FAILED
+        return _MADE
         if room is _WRITE_FAILED or not self._transfer(moving, tier, below, False, None):
             return _WRITE_FAILED
         return _MADE

@@ -139,6 +139,9 @@ class TieredKVCache:
         depth: chunk buffers in the window (chunk ``i+1..i+depth-1`` fetch while ``i``
             computes); the window holds ``depth * window_blocks`` blocks.
         sink_blocks, recent_blocks: blocks a sparse step always keeps at the start and end.
+        write_through: inclusive hierarchy: every block is written to every tier when
+            stored, so a promotion copies up and an upper tier's victim is simply dropped
+            (reads never write back); the last tier then bounds what live sequences hold.
 
     Raises:
         UserError: a bad layout, tier list, policy name or option (named).
@@ -147,14 +150,14 @@ class TieredKVCache:
     def __init__(self, layout: KVLayout, tiers: Seq[TierConfig], eviction: str | None = None, admission: str | None = None,
                  prefetch: str | None = "topk_speculative", path: str | os.PathLike | None = None, device: str | None = None,
                  record: str | os.PathLike | None = None, window_blocks: int = 64, depth: int = 2,
-                 sink_blocks: int = 1, recent_blocks: int = 1) -> None:
+                 sink_blocks: int = 1, recent_blocks: int = 1, write_through: bool = False) -> None:
         for name, value, low in (("window_blocks", window_blocks, 1), ("depth", depth, 1),
                                  ("sink_blocks", sink_blocks, 0), ("recent_blocks", recent_blocks, 0)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise UserError(f"TieredKVCache: {name} must be an integer >= {low}, got {value!r}")
         self.layout = replace(layout, per_layer=True) if isinstance(layout, KVLayout) else layout
         self.prefetch_policy = make_prefetch(prefetch)
-        self.store = TieredKVStore(self.layout, tiers, eviction, admission, path, device)
+        self.store = TieredKVStore(self.layout, tiers, eviction, admission, path, device, write_through)
         self.manager = self.store.manager
         self.driver = StepDriver(self.manager, self.prefetch_policy)
         self.device = self.store.hbm_tensor.device
@@ -162,6 +165,7 @@ class TieredKVCache:
         self.window_blocks, self.depth = window_blocks, depth
         self.sink_blocks, self.recent_blocks = sink_blocks, recent_blocks
         self._window: BlockPool | None = None
+        self._scratches: list | None = None
         self._summaries: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._last_step = 0
         self._record: IO[str] | None = None
@@ -203,8 +207,12 @@ class TieredKVCache:
 
     # -- reporting and lifetime ---------------------------------------------------------
     def stats(self) -> dict:
-        """The store's per-tier counters (hits, promotions, bytes...)."""
-        return self.store.stats()
+        """The store's per-tier counters (hits, promotions, bytes...), once every move in
+        flight has landed (as at the end of a replay of the recorded trace)."""
+        with self.store._lock:
+            self._check_open()
+            self.driver.settle()
+            return self.store.stats()
 
     def close(self, persist: bool = False) -> None:
         """Finishes moves, closes the record file and the store; idempotent.
@@ -240,7 +248,10 @@ class TieredKVCache:
 
     @property
     def capacity_blocks(self) -> int:
-        """Blocks the hierarchy holds in all (exclusive tiers: the sum)."""
+        """Blocks the hierarchy holds in all: the sum of the tiers when exclusive, the last
+        tier's capacity when write-through (every block has a copy there)."""
+        if self.manager.write_through:
+            return self.manager.dirs[-1].capacity
         return sum(d.capacity for d in self.manager.dirs)
 
     def _emit(self, layer: int, step: int, **fields) -> None:
@@ -263,6 +274,20 @@ class TieredKVCache:
             self._window = BlockPool(self.layout, self.window_blocks * self.depth, "cpu", pin_memory=self.device.type == "cuda")
         return self._window
 
+    def _scratch(self, buffer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Window buffer ``buffer``'s device memory, allocated once: a block gather target
+        ``[W, *block_shape]`` and K and V in the compute dtype, ``[kv, W*T, D]`` (fresh
+        allocations per chunk would page-fault their way through every step)."""
+        if self._scratches is None:
+            layout, width = self.layout, self.window_blocks
+            dtype = compute_dtype(self.dtype)
+            self._scratches = [
+                (torch.empty((width, *layout.block_shape), dtype=self.dtype, device=self.device),
+                 torch.empty((layout.kv_heads, width * layout.block_tokens, layout.head_dim), dtype=dtype, device=self.device),
+                 torch.empty((layout.kv_heads, width * layout.block_tokens, layout.head_dim), dtype=dtype, device=self.device))
+                for _ in range(self.depth)]
+        return self._scratches[buffer]
+
 
 class Sequence:
     """One decoding sequence of a ``TieredKVCache`` (made by ``cache.sequence``).
@@ -284,6 +309,8 @@ class Sequence:
         self.freed = False
         self.reports: list[StepReport] = []
         self.cached_tokens = 0
+        #: Block positions the last ``attend`` read (every full block in exact mode).
+        self.last_positions = np.zeros(0, dtype=np.int64)
         if len(self._tokens):
             with cache.store._lock:
                 self._reuse_prefix(namespace)
@@ -347,7 +374,9 @@ class Sequence:
                 in ``(0, 1]``) or a count (an int >= 1); the sink and recent blocks count.
 
         Returns:
-            ``[q_heads, 1, head_dim]`` in ``q``'s dtype.
+            ``[q_heads, 1, head_dim]`` in the compute dtype: float32 (float64 for float64
+            KV), whatever the storage dtype, so 16-bit KV loses no precision in the output;
+            the caller casts it back for the next matmul.
 
         Raises:
             UserError: wrong shape, dtype or device of ``q``; a layer out of range; a freed
@@ -377,6 +406,7 @@ class Sequence:
             else:
                 count = self._budget_blocks(budget, state.n)
                 positions, candidates = self._select(state, q, count)
+            self.last_positions = positions
             return self._attend_blocks(layer, step, state, q, mode, positions, candidates)
 
     def free(self) -> None:
@@ -554,9 +584,11 @@ class Sequence:
                        positions: np.ndarray, candidates: list[int]) -> torch.Tensor:
         """Reads the blocks at ``positions`` through the driver and attends over them and the tail."""
         cache = self.cache
-        ids = state.ids[positions].tolist()
-        keys = [state.keys[p] for p in positions.tolist()] if len(positions) < state.n else state.keys
         exact = mode is AttentionMode.EXACT
+        if not exact:  # one promotion per tier, not one per run of neighbours in another tier
+            positions = self._by_tier(state, positions)
+        ids = state.ids[positions].tolist()
+        keys = state.keys if exact else [state.keys[p] for p in positions.tolist()]  # exact: every block, in order
         ahead = self._ahead(layer, mode)
         ticket = cache.driver.begin_read(step, layer, ids, exact, candidates, ahead) if ids else None
         try:
@@ -569,7 +601,22 @@ class Sequence:
             cache._emit(layer, step, read=tuple(ids), in_place=exact, candidates=tuple(candidates), ahead=tuple(ahead))
         self._report(layer, step, mode, ticket, len(ids), state.tail_len)
         cache._settle_events()
-        return out.to(q.dtype)
+        return out
+
+    def stream_source(self, layer: int) -> "_TierChunks":
+        """The chunk source an exact read of ``layer`` streams from (for benchmarks that
+        time its fetches and its compute apart); valid until the next call that moves
+        blocks."""
+        self._check_layer(layer, "Sequence.stream_source")
+        state = self._layers[layer]
+        return _TierChunks(self.cache, state.ids[: state.n].tolist(), state.keys)
+
+    def _by_tier(self, state: _Layer, positions: np.ndarray) -> np.ndarray:
+        """``positions`` reordered by the tier holding them, fastest first (stable): the
+        read order a sparse step records, so promotions batch per tier."""
+        locate = self.cache.manager.locate
+        tiers = np.fromiter((locate(int(b)) for b in state.ids[positions]), dtype=np.int64, count=len(positions))
+        return positions[np.argsort(tiers, kind="stable")]
 
     def _stream(self, q: torch.Tensor, ids: list[int], keys: list[bytes], extra) -> torch.Tensor:
         """Exact attention over the blocks ``ids`` wherever they lie, plus ``extra`` chunks."""
@@ -658,18 +705,48 @@ class _TierChunks:
         tier, ids, keys = self.chunks[index]
         medium = self.cache.store._media[tier]
         if not medium.keyed:
-            return (index, None)
+            return (index, buffer, None)
         width = self.cache.window_blocks
         window = self.cache._window_pool().tensor[buffer * width : buffer * width + len(ids)]
-        return (index, (medium.submit_get(keys, window), window))
+        return (index, buffer, (medium.submit_get(keys, window), window))
 
     def finish(self, handle) -> tuple[torch.Tensor, torch.Tensor]:
-        index, pending = handle
+        _, k, v = self.cache._scratch(handle[1])
+        index, _, pending = handle
+        if pending is None and self.cache.store._media[self.chunks[index][0]].tensor.device == k.device:
+            return self._convert_in_place(index, k, v)
+        return split_kv(self.raw(handle), k, v)
+
+    def _convert_in_place(self, index: int, k_out: torch.Tensor, v_out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of a memory-tier chunk converted straight from the pool into the
+        scratch (one pass: no gather copy first), one copy per run of adjacent slots."""
+        tier, ids, _ = self.chunks[index]
+        cache = self.cache
+        pool = cache.store._media[tier].tensor
+        slot_of = cache.manager.dirs[tier].slot_of
+        layout = cache.layout
+        n, tokens = len(ids), layout.block_tokens
+        k = k_out[:, : n * tokens].view(layout.kv_heads, n, tokens, layout.head_dim)
+        v = v_out[:, : n * tokens].view(layout.kv_heads, n, tokens, layout.head_dim)
+        slots = [slot_of[b] for b in ids]
+        start = 0
+        for end in range(1, n + 1):
+            if end == n or slots[end] != slots[end - 1] + 1:
+                src = pool[slots[start] : slots[start] + end - start]
+                for head in range(layout.kv_heads):  # [blocks, T, D] per head: contiguous rows
+                    k[head, start:end].copy_(src[:, 0, 0, head])
+                    v[head, start:end].copy_(src[:, 0, 1, head])
+                start = end
+        return k.view(layout.kv_heads, n * tokens, layout.head_dim), v.view(layout.kv_heads, n * tokens, layout.head_dim)
+
+    def raw(self, handle) -> torch.Tensor:
+        """Waits for a chunk and returns its blocks as stored, ``[n, 1, 2, kv, T, D]``."""
+        index, buffer, pending = handle
         tier, ids, _ = self.chunks[index]
         cache = self.cache
         if pending is None:
             slots = [cache.manager.dirs[tier].slot_of[b] for b in ids]
-            blocks = _gather(cache.store._media[tier].tensor, slots)
+            blocks = _gather(cache.store._media[tier].tensor, slots, cache._scratch(buffer)[0])
         else:
             future, window = pending
             good = future.result()
@@ -680,25 +757,35 @@ class _TierChunks:
                 raise RuntimeError(f"{len(lost)} KV block(s) of this sequence proved unreadable on {cache.manager.dirs[tier].name} "
                                    "(corrupt or missing chunk): dropped and counted; attention over the rest would be wrong")
             blocks = window
-        return _split_kv(blocks.to(cache.device, non_blocking=True))
+        return blocks.to(cache.device, non_blocking=True)
 
 
-def _gather(tensor: torch.Tensor, slots: list[int]) -> torch.Tensor:
-    """Blocks at ``slots`` of a pool tensor: a view for a contiguous ascending run."""
+def _gather(tensor: torch.Tensor, slots: list[int], out: torch.Tensor) -> torch.Tensor:
+    """Blocks at ``slots`` of a pool tensor: a view for a contiguous ascending run, else one
+    row gather over the flat blocks (a memcpy per block) into ``out``'s first rows."""
     first = slots[0]
     if slots[-1] - first == len(slots) - 1 and slots == list(range(first, first + len(slots))):
         return tensor[first : first + len(slots)]
-    return tensor.index_select(0, torch.tensor(slots, dtype=torch.long, device=tensor.device))
+    index = torch.tensor(slots, dtype=torch.long, device=tensor.device)
+    rows = out[: len(slots)]
+    torch.index_select(tensor.view(tensor.shape[0], -1), 0, index, out=rows.view(len(slots), -1))
+    return rows.to(out.device, non_blocking=True) if tensor.device != out.device else rows
 
 
-def _split_kv(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def split_kv(blocks: torch.Tensor, k_out: torch.Tensor | None = None,
+              v_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``[n, 1, 2, kv, T, D]`` blocks -> K and V as ``[kv, n*T, D]`` in the compute dtype
-    (one copy that converts and reorders at once)."""
+    (one copy that converts and reorders at once), into the leading part of ``k_out`` and
+    ``v_out`` (``[kv, >= n*T, D]``) when given."""
     n, _, _, kv_heads, tokens, head_dim = blocks.shape
     dtype = compute_dtype(blocks.dtype)
-    k = torch.empty((kv_heads, n, tokens, head_dim), dtype=dtype, device=blocks.device)
-    v = torch.empty_like(k)
-    k.copy_(blocks[:, 0, 0].permute(1, 0, 2, 3))
-    v.copy_(blocks[:, 0, 1].permute(1, 0, 2, 3))
+    if k_out is None:
+        k_out = torch.empty((kv_heads, n * tokens, head_dim), dtype=dtype, device=blocks.device)
+        v_out = torch.empty_like(k_out)
+    k = k_out[:, : n * tokens].view(kv_heads, n, tokens, head_dim)
+    v = v_out[:, : n * tokens].view(kv_heads, n, tokens, head_dim)
+    for head in range(kv_heads):  # per head: rows of T*D contiguous elements (a 4-D permuted copy is slow)
+        k[head].copy_(blocks[:, 0, 0, head])
+        v[head].copy_(blocks[:, 0, 1, head])
     return k.view(kv_heads, n * tokens, head_dim), v.view(kv_heads, n * tokens, head_dim)
 

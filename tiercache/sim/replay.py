@@ -146,6 +146,7 @@ def replay(spec: RunSpec, data: ReplayData, on_progress: Callable[[int], None] |
             _consume(manager, stats, meter)
             if on_progress is not None:
                 on_progress(256)
+    manager.wait_all()  # moves still in flight (a decode run's last prefetches) land, as at the end of a live run
     _consume(manager, stats, meter)
     if on_progress is not None:
         on_progress(data.n_batches % 256)
