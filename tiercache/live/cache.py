@@ -746,7 +746,11 @@ class _TierChunks:
         cache = self.cache
         if pending is None:
             slots = [cache.manager.dirs[tier].slot_of[b] for b in ids]
-            blocks = _gather(cache.store._media[tier].tensor, slots, cache._scratch(buffer)[0])
+            pool = cache.store._media[tier].tensor
+            if pool.device == cache.device:
+                return _gather(pool, slots, cache._scratch(buffer)[0])
+            width = cache.window_blocks  # a host tier under a GPU: gather on the host, then copy
+            blocks = _gather(pool, slots, cache._window_pool().tensor[buffer * width : (buffer + 1) * width])
         else:
             future, window = pending
             good = future.result()
@@ -757,7 +761,9 @@ class _TierChunks:
                 raise RuntimeError(f"{len(lost)} KV block(s) of this sequence proved unreadable on {cache.manager.dirs[tier].name} "
                                    "(corrupt or missing chunk): dropped and counted; attention over the rest would be wrong")
             blocks = window
-        return blocks.to(cache.device, non_blocking=True)
+        # Synchronous on purpose: the host window buffer is refilled by the next fetch into
+        # it, which must not overwrite bytes an asynchronous copy has not read yet.
+        return blocks.to(cache.device)
 
 
 def _gather(tensor: torch.Tensor, slots: list[int], out: torch.Tensor) -> torch.Tensor:
@@ -769,7 +775,7 @@ def _gather(tensor: torch.Tensor, slots: list[int], out: torch.Tensor) -> torch.
     index = torch.tensor(slots, dtype=torch.long, device=tensor.device)
     rows = out[: len(slots)]
     torch.index_select(tensor.view(tensor.shape[0], -1), 0, index, out=rows.view(len(slots), -1))
-    return rows.to(out.device, non_blocking=True) if tensor.device != out.device else rows
+    return rows
 
 
 def split_kv(blocks: torch.Tensor, k_out: torch.Tensor | None = None,
