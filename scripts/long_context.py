@@ -14,7 +14,9 @@ It prints a table and writes (``--json OUT``): ``tokens``, ``exact_step_seconds`
 ``sparse_step_seconds`` (medians of append + attend), ``exact_max_rel_err`` (against a float64
 reference computed chunk by chunk from regenerated KV, on ``--reference-steps`` sampled
 steps), ``sparse_needle_recall``, ``rss_peak_bytes`` (``ru_maxrss``),
-``page_cache_growth_bytes`` (``Cached`` in /proc/meminfo, peak minus start),
+``page_cache_growth_bytes`` (the page cache held by the run's own NVMe files, peak over
+checkpoints, by ``mincore``; ``system_page_cache_growth_bytes`` is the machine-wide
+``Cached`` of /proc/meminfo, peak minus start, which other processes move too),
 ``bytes_read_per_step`` per tier and mode, and ``overlap_efficiency`` (as in
 ``scripts/bench_decode.py``, measured on this run's sequence).
 
@@ -37,7 +39,8 @@ import torch
 from tqdm import tqdm
 
 from tiercache import AttentionMode, TieredKVCache
-from tiercache.bench.decode import NeedleKV, median, page_cache_bytes, reference_attention, rss_peak_bytes, step_timings
+from tiercache.bench.decode import (NeedleKV, cached_bytes_of, median, page_cache_bytes, reference_attention, rss_peak_bytes,
+                                    step_timings)
 from tiercache.config import KVLayout, TierConfig, parse_capacity
 from tiercache.errors import UserError
 
@@ -132,13 +135,14 @@ def decode(seq, kvs: list[NeedleKV], args, mode: AttentionMode, steps: int, firs
 
 
 def per_tier_bytes(reports, block_bytes: int) -> dict:
-    """Median bytes each tier served per attend, and the prefetched bytes."""
+    """Mean bytes each tier served per attend (one layer's read), and the prefetched bytes."""
     if not reports:
         return {}
-    return {"hbm": median([r.hbm_hits for r in reports]) * block_bytes,
-            "dram": median([r.from_dram for r in reports]) * block_bytes,
-            "nvme": median([r.from_nvme for r in reports]) * block_bytes,
-            "prefetched": median([r.prefetched for r in reports]) * block_bytes}
+    n = len(reports)
+    return {"hbm": sum(r.hbm_hits for r in reports) * block_bytes / n,
+            "dram": sum(r.from_dram for r in reports) * block_bytes / n,
+            "nvme": sum(r.from_nvme for r in reports) * block_bytes / n,
+            "prefetched": sum(r.prefetched for r in reports) * block_bytes / n}
 
 
 def sparse_scoring_seconds(seq, kv: NeedleKV, args) -> float:
@@ -165,23 +169,30 @@ def run(args: argparse.Namespace) -> dict:
     folder = tempfile.mkdtemp(prefix="tiercache-long-", dir=args.path)
     cached_start = page_cache_bytes()
     cached_peak = cached_start
+    ours_peak = 0
+
+    def checkpoint() -> None:
+        nonlocal cached_peak, ours_peak
+        cached_peak = max(cached_peak, page_cache_bytes())
+        ours_peak = max(ours_peak, cached_bytes_of(folder))
+
     try:
         cache = TieredKVCache(layout, tiers, prefetch=args.prefetch, path=folder, window_blocks=args.window_blocks,
                               depth=args.depth, write_through=args.write_through)
         with cache:
             seq = cache.sequence()
             build_seconds = build(seq, kvs, args, progress)
-            cached_peak = max(cached_peak, page_cache_bytes())
+            checkpoint()
             exact = {"seconds": [], "errors": [], "needle_mass": [], "reports": [], "recall": []}
             decode(seq, kvs, args, AttentionMode.EXACT, args.exact_steps, 0, progress, exact)
-            cached_peak = max(cached_peak, page_cache_bytes())
+            checkpoint()
             sparse = {"seconds": [], "errors": [], "needle_mass": [], "reports": [], "recall": []}
             decode(seq, kvs, args, AttentionMode.SPARSE, args.steps, args.exact_steps, progress, sparse)
-            cached_peak = max(cached_peak, page_cache_bytes())
+            checkpoint()
             q, _ = kvs[0].query(0, args.q_heads)
             timings = step_timings(seq, 0, q, repeats=args.timing_repeats)
             scoring = sparse_scoring_seconds(seq, kvs[0], args)
-            cached_peak = max(cached_peak, page_cache_bytes())
+            checkpoint()
             stats = cache.stats()
             blocks = seq.blocks(0)
     finally:
@@ -212,7 +223,8 @@ def run(args: argparse.Namespace) -> dict:
         "sparse_prefetched_blocks": sum(r.prefetched for r in sparse_reports),
         "rss_peak_bytes": rss_peak_bytes(),
         "dram_budget_bytes": tiers[1].capacity_blocks * layout.block_bytes,
-        "page_cache_growth_bytes": max(0, cached_peak - cached_start),
+        "page_cache_growth_bytes": ours_peak,
+        "system_page_cache_growth_bytes": max(0, cached_peak - cached_start),
         "bytes_read_per_step": {"exact": per_tier_bytes(exact["reports"], layout.block_bytes),
                                 "sparse": per_tier_bytes(sparse_reports, layout.block_bytes)},
         "overlap_efficiency": timings["overlap_efficiency"],
@@ -237,7 +249,8 @@ def print_table(figures: dict) -> None:
         ("sparse HBM hit share", f"{figures['sparse_hbm_hit_share']:.3f}"),
         ("overlap efficiency", f"{figures['overlap_efficiency']:.3f}"),
         ("peak RSS", f"{figures['rss_peak_bytes'] / 2**30:.2f} GiB (DRAM budget {figures['dram_budget_bytes'] / 2**30:.2f} GiB)"),
-        ("page cache growth", f"{figures['page_cache_growth_bytes'] / 2**20:.0f} MiB"),
+        ("page cache growth", f"{figures['page_cache_growth_bytes'] / 2**20:.0f} MiB of our files "
+                              f"(machine-wide {figures['system_page_cache_growth_bytes'] / 2**20:.0f} MiB)"),
     ]
     width = max(len(name) for name, _ in rows)
     for name, value in rows:

@@ -572,8 +572,8 @@ class Sequence:
         if layer + 1 >= len(self._layers):
             return []
         nxt = self._layers[layer + 1]
-        if mode is AttentionMode.EXACT:
-            first = nxt.ids[: min(nxt.n, cache.window_blocks)]
+        if mode is AttentionMode.EXACT:  # its first chunk, at most a quarter of HBM (the rest serves this read)
+            first = nxt.ids[: min(nxt.n, cache.window_blocks, max(1, cache.manager.dirs[0].capacity // 4))]
         else:
             fixed = set(range(min(cache.sink_blocks, nxt.n))) | set(range(max(0, nxt.n - cache.recent_blocks), nxt.n))
             first = nxt.ids[sorted(fixed)]
