@@ -37,6 +37,7 @@ EVICTION: dict[str, str] = {
     "arc": "tiercache.policies.arc:ARC",
     "s3fifo": "tiercache.policies.s3fifo:S3FIFO",
     "leaf_lru": "tiercache.policies.leaf_lru:LeafLRU",
+    "session": "tiercache.policies.session:Session",
 }
 
 ADMISSION: dict[str, str] = {
