@@ -24,7 +24,7 @@ from tiercache.sim.sweep import SweepSpec, sweep
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULTS = [(os.path.join(HERE, "..", "tests", "data", "mooncake_synthetic_trace.jsonl"), "1000,4000,16000"),
-            (os.path.join(HERE, "..", "tests", "data", "kvtester_sample"), "500,1500,4000")]
+            (os.path.join(HERE, "..", "tests", "data", "kvtester_sample"), "500,1000,2000")]
 POLICIES = ("session", "cost", "leaf_lru", "arc", "s3fifo", "lfu")
 
 
