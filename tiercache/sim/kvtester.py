@@ -62,10 +62,17 @@ class Conversation:
 
 
 def is_kvtester(path: str | os.PathLike) -> bool:
-    """Whether ``path`` is a folder, or a ``.json`` file holding one object with ``requests``."""
+    """Whether ``path`` is a folder holding ``.json`` files, or a ``.json`` file with ``requests``.
+
+    A folder without any (empty, or of other files) is not a workload: the caller's usual
+    "cannot open trace" error names it.
+    """
     name = os.fspath(path)
     if os.path.isdir(name):
-        return True
+        try:
+            return any(f.endswith(".json") for f in os.listdir(name))
+        except OSError:
+            return False
     if not name.endswith(".json"):
         return False
     try:
