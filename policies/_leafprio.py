@@ -30,17 +30,17 @@ class LeafPriorityPolicy(EvictionPolicy):
     ``batch_insert_safe`` is False: inserting a child turns its parent from a leaf into an
     inner node, so victims chosen before a run of inserts can differ from interleaved ones.
 
-    Invariants: ``_all`` holds every tracked id keyed by ``_key``; ``_parent`` maps each
+    Invariants: ``_key`` maps every tracked id to its key; ``_parent`` maps each
     tracked id to its parent (None for a root); ``_children[p]`` counts tracked ids whose
     parent is ``p`` (no zero entries); ``_leaves`` holds exactly the tracked ids with no
-    tracked child, with the same keys as ``_all``.
+    tracked child, with the same keys as ``_key``.
     """
 
     needs_parents = True
 
     def __init__(self, capacity: int) -> None:
         super().__init__(capacity)
-        self._all = LazyHeap()
+        self._key: dict[int, float] = {}
         self._parent: dict[int, int | None] = {}
         self._children: dict[int, int] = {}
         self._leaves = LazyHeap()
@@ -81,7 +81,7 @@ class LeafPriorityPolicy(EvictionPolicy):
     def on_remove(self, ids: Sequence[int]) -> None:
         require_tracked(self.name, ids, self._parent, distinct=True)
         for block_id in ids:
-            self._all.discard(block_id)
+            del self._key[block_id]
             self._leaves.discard(block_id)
             parent = self._parent.pop(block_id)
             if parent is not None:
@@ -104,7 +104,7 @@ class LeafPriorityPolicy(EvictionPolicy):
 
     # -- internals ---------------------------------------------------------------------------
     def _set_key(self, block_id: int, key: float) -> None:
-        self._all.set(block_id, key)
+        self._key[block_id] = key
         if block_id not in self._children:
             self._leaves.set(block_id, key)
 
@@ -134,23 +134,19 @@ class LeafPriorityPolicy(EvictionPolicy):
             if parent is not None and parent in self._parent:
                 freed[parent] = freed.get(parent, 0) + 1
                 if freed[parent] == self._children[parent]:
-                    heapq.heappush(exposed, (self._all.key(parent), parent))
+                    heapq.heappush(exposed, (self._key[parent], parent))
         self._leaves.restore(taken)
         return chosen
 
     def _key_order_victims(self, n: int, protected: Collection[int], picked: set[int]) -> list[int]:
-        """Fallback: up to ``n`` unprotected, unpicked ids in key order over all tracked ids."""
-        taken: list[Entry] = []
-        chosen: list[int] = []
-        while len(chosen) < n:
-            entry = self._all.pop()
-            if entry is None:
-                break
-            taken.append(entry)
-            if entry[2] not in protected and entry[2] not in picked:
-                chosen.append(entry[2])
-        self._all.restore(taken)
-        return chosen
+        """Fallback: up to ``n`` unprotected, unpicked ids in key order over all tracked ids.
+
+        Only reached when protected ids hide leaves (a hierarchy's in-flight or referenced
+        blocks), so a sort over the tracked ids is cheaper overall than a second heap.
+        """
+        ordered = sorted((key, block_id) for block_id, key in self._key.items()
+                         if block_id not in protected and block_id not in picked)
+        return [block_id for _, block_id in ordered[:n]]
 
     def _add_child(self, parent: int) -> None:
         count = self._children.get(parent, 0) + 1
@@ -165,17 +161,16 @@ class LeafPriorityPolicy(EvictionPolicy):
             return
         del self._children[parent]
         if parent in self._parent:
-            self._leaves.set(parent, self._all.key(parent))  # the parent is a leaf again
+            self._leaves.set(parent, self._key[parent])  # the parent is a leaf again
 
     def check_invariants(self) -> None:
-        assert self._all.ids() == self._parent.keys(), "key heap != tracked ids"
+        assert self._key.keys() == self._parent.keys(), "keys != tracked ids"
         counts: dict[int, int] = {}
         for parent in self._parent.values():
             if parent is not None:
                 counts[parent] = counts.get(parent, 0) + 1
         assert counts == self._children, "child counts out of date"
-        self._all.check_invariants()
         self._leaves.check_invariants()
         leaves = {b for b in self._parent if b not in self._children}
         assert self._leaves.ids() == leaves, "leaf heap != leaves"
-        assert all(self._leaves.key(b) == self._all.key(b) for b in leaves), "stale leaf key"
+        assert all(self._leaves.key(b) == self._key[b] for b in leaves), "stale leaf key"

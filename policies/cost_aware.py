@@ -62,7 +62,7 @@ class CostAware(LeafPriorityPolicy):
     def on_remove(self, ids: Sequence[int]) -> None:
         require_tracked(self.name, ids, self._parent, distinct=True)  # misuse changes nothing
         for block_id in ids:
-            self._inflation = max(self._inflation, self._all.key(block_id))
+            self._inflation = max(self._inflation, self._key[block_id])
         super().on_remove(ids)
 
     def _forget(self, block_id: int) -> None:
