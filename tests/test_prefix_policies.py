@@ -7,16 +7,23 @@ miss at least as often as Belady (single tier, object semantics, where MIN is th
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from policy_driver import from_ids, load_jsonl, miss_ratio
 
+from tiercache.config import TierConfig
 from tiercache.policies import EVICTION, Hints, make_admission, make_eviction
 from tiercache.policies.admission_tinylfu import TinyLFUAdmit
 from tiercache.policies.cost_aware import CostAware
 from tiercache.policies.session import Session
+from tiercache.results import Semantics
+from tiercache.sim.loader import load_trace
+from tiercache.sim.replay import ReplayData, RunSpec, replay
+from tiercache.sim.sweep import run_sweep
 
 DATA = Path(__file__).parent / "data"
 
@@ -107,3 +114,24 @@ def test_tinylfu_estimates_never_undercount_and_halve() -> None:
     policy.admit(list(range(10)))  # 160 sightings: every counter halves
     policy.check_invariants()
     assert policy._added == 0
+
+
+@pytest.mark.parametrize("policy", ["session", "cost"])
+def test_prefix_policies_run_a_three_tier_hierarchy_with_tinylfu(policy: str) -> None:
+    doc = run_sweep(str(DATA / "kvtester_sample"), [policy, "lru"], [], ["prefix"], tiers="hbm=200,dram=400,nvme=800")
+    runs = {r["policy"]: r for r in doc["runs"]}
+    assert runs[policy]["accesses"] == runs["lru"]["accesses"]
+    assert sum(t["hits"] for t in runs[policy]["tiers"]) == runs[policy]["hits"]
+    spec = RunSpec(policy, Semantics.PREFIX, (TierConfig("hbm", 200), TierConfig("dram", 400)), admission="tinylfu")
+    record = replay(spec, ReplayData.prepare(load_trace(DATA / "kvtester_sample"), None, None))
+    assert record.tiers[1].refused > 0  # first demotions of a block are refused by the sketch
+
+
+def test_generator_is_seeded(tmp_path) -> None:
+    script = Path(__file__).parent.parent / "scripts" / "gen_kvtester.py"
+    for out in ("a", "b"):
+        subprocess.run([sys.executable, str(script), "--out", str(tmp_path / out), "--conversations", "12", "--seed", "5"],
+                       check=True, capture_output=True)
+    names = sorted(p.name for p in (tmp_path / "a").iterdir())
+    assert len(names) == 12
+    assert all((tmp_path / "a" / n).read_bytes() == (tmp_path / "b" / n).read_bytes() for n in names)
