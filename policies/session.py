@@ -42,6 +42,12 @@ class Session(LeafPriorityPolicy):
     the head start (ARC-style adaptation of it drove it to its bound and lost on the bundled
     trace).
 
+    Limits (measured with ``scripts/gap_closed.py``): the head start is fixed, so where reused
+    paths die young (multi-turn chats that end, all of whose blocks were reused) and the cache
+    already holds most of the working set, dead hot paths outstay fresh turns and the policy
+    can miss slightly more than LRU; with ``hot_bonus=0`` it is leaf-first LRU. The ghost costs
+    about 150 B per remembered id (``ghost x capacity`` of them) on top of the tracked blocks.
+
     Invariants: those of :class:`LeafPriorityPolicy`; ``_uses`` holds a count for every tracked
     id and for at most ``ghost x capacity`` untracked ids, which are exactly ``_ghost``'s keys.
     """

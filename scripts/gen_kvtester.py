@@ -80,7 +80,7 @@ def conversation(rng: np.random.Generator, ids: _Ids, args: argparse.Namespace, 
     if kind == "doc":
         d = _zipf_pick(rng, len(doc_len), args.skew)
         prefix = prefix + ids.shared(("doc", p, d), doc_len[d])
-        requests = _turns(rng, ids, prefix, 1 + int(rng.geometric(0.4)) - 1, block, args.think, (20, 200), "doc")
+        requests = _turns(rng, ids, prefix, int(rng.geometric(0.4)), block, args.think, (20, 200), "doc")
     else:
         requests = _turns(rng, ids, prefix, int(rng.geometric(1 / args.turns)), block, args.think, (20, 400), "chat")
     return {"block_size": block, "hash_id_scope": "global", "requests": requests}
