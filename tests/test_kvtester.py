@@ -100,3 +100,13 @@ def test_reuse_distance_matches_a_plain_count() -> None:
             if previous:
                 expected.append(len(set(ids[previous[-1] + 1 : t].tolist())))
         assert reuse_distances(ids).tolist() == expected
+
+
+def test_arrival_seed_and_gap_change_poisson_arrivals_only(tmp_path: Path) -> None:
+    for name in "abc":
+        _conv(tmp_path / f"{name}.json", [_req(0, [0])])
+    base = load_trace(tmp_path).requests.timestamps
+    other = load_trace(tmp_path, arrival_seed=1).requests.timestamps
+    slow = load_trace(tmp_path, mean_gap_s=20.0).requests.timestamps
+    assert base[0] == other[0] == slow[0] == 0
+    assert base.tolist() != other.tolist() and slow[-1] > base[-1]

@@ -124,10 +124,7 @@ def _request(path: str, index: int, req: Any) -> tuple[float, int, int, list[int
         raise TraceError(path, None, f"{where}.t must be a non-negative number of seconds, got {t!r}")
     tokens_in = _positive_int(path, req, "in", where + ".", allow_zero=True)
     tokens_out = _positive_int(path, req, "out", where + ".", allow_zero=True)
-    try:
-        ids = id_list_field(path, None, req, "hash_ids")
-    except TraceError as exc:
-        raise TraceError(path, None, f"{where}: {str(exc).split(': ', 1)[-1]}") from None
+    ids = id_list_field(f"{path}: {where}", None, req, "hash_ids")  # the message names the request
     return float(t), tokens_in, tokens_out, ids
 
 

@@ -17,7 +17,7 @@ import numpy as np
 from tiercache.errors import TraceError
 from tiercache.results import TraceInfo, TraceKind
 
-from .kvtester import is_kvtester, load_kvtester_flat
+from .kvtester import DEFAULT_MEAN_GAP_S, is_kvtester, load_kvtester_flat
 from .steptrace import FlatSteps, flat_steps, header_block_tokens, is_header
 from .traces import MOONCAKE_BLOCK_TOKENS, FlatTrace, flat_requests, iter_json_objects, kind_of
 
@@ -77,8 +77,11 @@ class Trace:
         )
 
 
-def load_trace(path: str | os.PathLike) -> Trace:
+def load_trace(path: str | os.PathLike, arrival_seed: int = 0, mean_gap_s: float = DEFAULT_MEAN_GAP_S) -> Trace:
     """Reads a request or step trace in one pass (or a kv-cache-tester file or folder).
+
+    ``arrival_seed`` and ``mean_gap_s`` set the Poisson arrivals of kv-cache-tester
+    conversations whose files give no ``start`` (ignored for every other trace).
 
     Raises:
         TraceError: unreadable or empty file, a first record of neither kind, or any error
@@ -86,7 +89,7 @@ def load_trace(path: str | os.PathLike) -> Trace:
     """
     name = os.fspath(path)
     if is_kvtester(name):  # kv-cache-tester conversations: a folder or one .json file
-        flat, block_size, fingerprint = load_kvtester_flat(name)
+        flat, block_size, fingerprint = load_kvtester_flat(name, arrival_seed, mean_gap_s)
         return Trace(name, TraceKind.REQUESTS, fingerprint, flat.ids, _with_end(flat.offsets, flat.ids), requests=flat,
                      block_tokens=block_size)
     digest = hashlib.blake2b(digest_size=16)
