@@ -17,7 +17,7 @@ all tracked blocks, so ``victims`` succeeds whenever ``n`` unprotected ids exist
 from __future__ import annotations
 
 import heapq
-from typing import Collection, Sequence
+from typing import Collection, Container, Sequence
 
 from ._checks import hint_values, require_new, require_tracked
 from ._heap import Entry, LazyHeap
@@ -108,9 +108,12 @@ class LeafPriorityPolicy(EvictionPolicy):
         if block_id not in self._children:
             self._leaves.set(block_id, key)
 
-    def _leaf_victims(self, n: int, protected: Collection[int]) -> list[int]:
+    def _leaf_victims(self, n: int, protected: Collection[int], avoid: Container[int] | None = None,
+                      budget: int = 0) -> list[int]:
         """Up to ``n`` unprotected leaves by key, including parents exposed on the way.
 
+        With ``avoid``, candidates in it are passed over, at most ``budget`` of them: the pass
+        stops (short) at the ``budget``-th, so the caller can fall back to plain key order.
         Entries taken from the heap are pushed back (victims stay tracked until on_remove);
         ``exposed`` is a private heap of parents whose tracked children were all picked.
         """
@@ -128,6 +131,11 @@ class LeafPriorityPolicy(EvictionPolicy):
             else:
                 break
             if block_id in protected:
+                continue
+            if avoid is not None and block_id in avoid:
+                budget -= 1
+                if budget <= 0:
+                    break
                 continue
             chosen.append(block_id)
             parent = self._parent[block_id]

@@ -135,3 +135,51 @@ def test_generator_is_seeded(tmp_path) -> None:
     names = sorted(p.name for p in (tmp_path / "a").iterdir())
     assert len(names) == 12
     assert all((tmp_path / "a" / n).read_bytes() == (tmp_path / "b" / n).read_bytes() for n in names)
+
+
+class PlainSession(Session):
+    """``session`` without experts (one fixed head start), for the shadow check below."""
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__(capacity, experts=())
+
+
+def test_a_shadow_counts_the_misses_the_manager_counts() -> None:
+    from tiercache.policies.session import _Shadow
+
+    trace = load_trace(DATA / "kvtester_sample")
+    spec = RunSpec("test_prefix_policies:PlainSession", Semantics.PREFIX, (TierConfig("hbm", 300),))
+    record = replay(spec, ReplayData.prepare(trace, None, None))
+    shadow = _Shadow(300, 2.0, 8.0)
+    ids = trace.ids.tolist()
+    for a, b in zip(trace.offsets[:-1].tolist(), trace.offsets[1:].tolist()):
+        for k in range(a, b):
+            shadow.step(ids[k], ids[k - 1] if k > a else None, k, 1.0)
+    assert shadow.misses == record.misses
+
+
+def test_session_follows_the_leading_shadow() -> None:
+    policy = Session(6, experts=(0.0,))
+    rng = np.random.default_rng(4)
+    for _ in range(40):  # requests over a small forest: roots 0..3, children 10*root + k
+        root = int(rng.integers(0, 4))
+        path = [root, *(10 * (root + 1) + k for k in range(int(rng.integers(0, 4))))]
+        parents = [None, *path[:-1]]
+        known = [b in policy for b in path]
+        for block_id, parent, tracked in zip(path, parents, known):
+            if tracked:
+                policy.on_access([block_id], Hints(parents=[parent]))
+            else:
+                if len(policy) >= policy.capacity:
+                    policy.on_remove(policy.victims(1))
+                policy.on_insert([block_id], Hints(parents=[parent]))
+        policy.check_invariants()
+    policy._pick_leader(policy._clock)
+    scores = [s.score(policy._clock, policy._decay) for s in policy._shadows]
+    assert len(policy._shadows) == 2 and scores[policy._leader] == min(scores)
+    assert policy._bonus == (2.0, 0.0)[policy._leader] * 6
+    leader = policy._shadows[policy._leader].policy
+    victim = policy.victims(1)[0]
+    leaves = [b for b in range(60) if b in policy and b not in policy._children]
+    if any(b not in leader for b in leaves):
+        assert victim not in leader  # a leaf the leader dropped goes first
