@@ -74,8 +74,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--depth", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timing-repeats", type=int, default=1, help="repeats of the three-way overlap timing")
-    parser.add_argument("--threads", type=int, default=max(1, cpu_count() - 1),
-                        help="torch compute threads (default: all CPUs but one, which serves the NVMe I/O threads)")
+    parser.add_argument("--threads", type=int, default=cpu_count(),
+                        help="torch compute threads (default: every CPU; bench_decode.py leaves one to the I/O threads)")
     parser.add_argument("--json", dest="json_out", help="write the figures here")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
