@@ -1,0 +1,72 @@
+"""Compiled kernels of the built-in eviction policies, over numpy array state.
+
+Each kernel module mirrors one policy class of ``tiercache.policies`` call for call: the
+same ``on_insert / on_access / on_remove / victims`` hooks, over a dense index per block id
+(``0 .. n_ids - 1``) instead of Python dicts, so that a replay can hand a whole request to
+compiled code. The Python classes stay the reference (and the only path for out-of-tree
+policies); ``tests/test_kernels.py`` replays every registered policy both ways and compares
+the per-tier counts exactly.
+
+State layout, shared by every kernel so that one compiled hierarchy chain
+(``tiercache.sim.chain``) can drive any of them:
+
+* ``P``: int64 ``[tiers, FIELDS + 1, L]``: per-id fields (links, flags, counts), scratch rows,
+  and last the victims row (``victims(n)`` writes its answer to ``P[t, -1, :n]``);
+  ``L >= n_ids`` (LFU also needs ``L >= max count + 2`` for its frequency buckets).
+* ``M``: int64 ``[tiers + 1, W]``: columns ``0 .. META_SLOTS - 1`` of row ``t`` are the
+  kernel's list heads, tails, sizes and parameters (the chain keeps its counters after them).
+* ``X``: float64 ``[tiers, 1]``: real-valued state (ARC's target ``p``).
+* ``G``: int64 ``[4, L]``: per-id state shared by the tiers (``TIER_OF``, ``PROT``, ...).
+
+Few arrays on purpose: every array argument of a compiled call is a dozen machine words, and
+a replay makes several such calls per miss.
+
+Every kernel module defines ``CODE`` (its number in the chain's dispatch), ``BATCH_INSERT_SAFE``
+(as the class's ``batch_insert_safe``), ``init(P, M, X, t, capacity)`` and the four hooks.
+``KERNELS`` (in ``tiercache.policies``) links a registry name to its kernel module.
+
+numba compiles them (``cache=True``: compiled once per machine, into ``__pycache__``). Without
+numba (not installed, or ``TIERCACHE_NO_NUMBA=1``) ``HAVE_NUMBA`` is False, the decorators
+leave plain Python functions, and replays take the Python manager with the reference
+classes instead (correct, and as fast as before).
+"""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["HAVE_NUMBA", "njit", "NIL", "numba_disabled", "TIER_OF", "PROT", "STAMP", "FUT", "META_SLOTS"]
+
+#: "No node" in every link field and list head.
+NIL = -1
+#: Rows of ``G``, the per-id state every tier shares: the tier holding the id (-1: none),
+#: protection from eviction (the segment being promoted), scratch marks, next use.
+TIER_OF, PROT, STAMP, FUT = 0, 1, 2, 3
+#: Columns of ``M`` a kernel may use for its own meta state (the chain's counters follow).
+META_SLOTS = 20
+
+
+def numba_disabled() -> bool:
+    """True when ``TIERCACHE_NO_NUMBA`` asks for the pure-Python path (tests force it)."""
+    return os.environ.get("TIERCACHE_NO_NUMBA", "") not in ("", "0")
+
+
+try:
+    if numba_disabled():
+        raise ImportError("TIERCACHE_NO_NUMBA is set")
+    import numba
+
+    HAVE_NUMBA = True
+
+    def njit(func):
+        """numba's ``njit`` with the on-disk cache (compile once per machine)."""
+        # No reference counting: the kernels allocate nothing, and counting the array
+        # arguments of every internal call cost ~70 ns per call (a replay makes several per miss).
+        return numba.njit(cache=True, nogil=True, _nrt=False)(func)
+
+except ImportError:
+    HAVE_NUMBA = False
+
+    def njit(func):
+        """Without numba the kernels stay plain Python (used only by tests of the logic)."""
+        return func

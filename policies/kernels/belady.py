@@ -1,0 +1,142 @@
+"""Kernel of ``tiercache.policies.belady.Belady``: an indexed max-heap on next use.
+
+Order: later next use first; equal next uses (only "never again") by the sequence number of
+their last update, older first, as the class's lazy heap pops ``(-next_use, seq)``. Next uses
+come from ``G[FUT]`` (the chain sets it from the trace before each access, and a demoted block
+carries its own), the values the class gets as ``Hints.next_use``.
+"""
+
+from __future__ import annotations
+
+from . import FUT, NIL, PROT, njit
+
+CODE = 6
+BATCH_INSERT_SAFE = False
+FIELDS = 5
+META = 2
+HEAP, POS, KEY, SEQ, TAKEN = 0, 1, 2, 3, 4
+SIZE, SEQC = 0, 1
+
+
+@njit
+def init(P, M, X, t, capacity):
+    P[t, POS, :] = NIL
+    M[t, SIZE] = 0
+    M[t, SEQC] = 0
+
+
+@njit
+def _before(P, t, x, y):
+    """True when ``x`` is evicted before ``y``."""
+    kx = P[t, KEY, x]
+    ky = P[t, KEY, y]
+    return kx > ky or (kx == ky and P[t, SEQ, x] < P[t, SEQ, y])
+
+
+@njit
+def _place(P, t, i, x):
+    P[t, HEAP, i] = x
+    P[t, POS, x] = i
+
+
+@njit
+def _sift_up(P, t, i):
+    x = P[t, HEAP, i]
+    while i > 0:
+        parent = (i - 1) >> 1
+        y = P[t, HEAP, parent]
+        if not _before(P, t, x, y):
+            break
+        _place(P, t, i, y)
+        i = parent
+    _place(P, t, i, x)
+
+
+@njit
+def _sift_down(P, M, t, i):
+    n = M[t, SIZE]
+    x = P[t, HEAP, i]
+    while True:
+        child = 2 * i + 1
+        if child >= n:
+            break
+        if child + 1 < n and _before(P, t, P[t, HEAP, child + 1], P[t, HEAP, child]):
+            child += 1
+        y = P[t, HEAP, child]
+        if not _before(P, t, y, x):
+            break
+        _place(P, t, i, y)
+        i = child
+    _place(P, t, i, x)
+
+
+@njit
+def _push(P, M, t, x):
+    i = M[t, SIZE]
+    M[t, SIZE] = i + 1
+    _place(P, t, i, x)
+    _sift_up(P, t, i)
+
+
+@njit
+def _remove(P, M, t, x):
+    i = P[t, POS, x]
+    last = M[t, SIZE] - 1
+    M[t, SIZE] = last
+    P[t, POS, x] = NIL
+    if i != last:
+        y = P[t, HEAP, last]
+        _place(P, t, i, y)
+        _sift_up(P, t, i)
+        _sift_down(P, M, t, P[t, POS, y])
+
+
+@njit
+def _set(P, M, t, x, when):
+    M[t, SEQC] += 1
+    P[t, SEQ, x] = M[t, SEQC]
+    P[t, KEY, x] = when
+    if P[t, POS, x] == NIL:
+        _push(P, M, t, x)
+    else:
+        i = P[t, POS, x]
+        _sift_up(P, t, i)
+        _sift_down(P, M, t, P[t, POS, x])
+
+
+@njit
+def on_insert(P, M, X, G, t, arr, a, b):
+    for k in range(a, b):
+        _set(P, M, t, arr[k], G[FUT, arr[k]])
+
+
+@njit
+def on_access(P, M, X, G, t, arr, a, b):
+    for k in range(a, b):
+        _set(P, M, t, arr[k], G[FUT, arr[k]])
+
+
+@njit
+def on_remove(P, M, X, G, t, arr, a, b):
+    for k in range(a, b):
+        _remove(P, M, t, arr[k])
+
+
+@njit
+def victims(P, M, X, G, t, n):
+    """Pops in eviction order until ``n`` unprotected ids are found, then pushes all back."""
+    prot = G[PROT]
+    out = P[t, P.shape[1] - 1]  # the victims row
+    taken = 0
+    found = 0
+    while found < n and M[t, SIZE] > 0:
+        x = P[t, HEAP, 0]
+        _remove(P, M, t, x)
+        P[t, TAKEN, taken] = x
+        taken += 1
+        if prot[x] == 0:
+            out[found] = x
+            found += 1
+    for k in range(taken):
+        _push(P, M, t, P[t, TAKEN, k])
+    return found == n
