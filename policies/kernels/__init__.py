@@ -16,7 +16,7 @@ State layout, shared by every kernel so that one compiled hierarchy chain
 * ``M``: int64 ``[tiers + 1, W]``: columns ``0 .. META_SLOTS - 1`` of row ``t`` are the
   kernel's list heads, tails, sizes and parameters (the chain keeps its counters after them).
 * ``X``: float64 ``[tiers, 1]``: real-valued state (ARC's target ``p``).
-* ``G``: int64 ``[4, L]``: per-id state shared by the tiers (``TIER_OF``, ``PROT``, ...).
+* ``G``: int64 ``[G_ROWS, L]``: per-id state shared by the tiers (``TIER_OF``, ``PROT``, ...).
 
 Few arrays on purpose: every array argument of a compiled call is a dozen machine words, and
 a replay makes several such calls per miss.
@@ -35,13 +35,16 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["HAVE_NUMBA", "njit", "NIL", "numba_disabled", "TIER_OF", "PROT", "STAMP", "FUT", "META_SLOTS"]
+__all__ = ["HAVE_NUMBA", "njit", "NIL", "numba_disabled", "TIER_OF", "PROT", "STAMP", "FUT", "HINT", "G_ROWS", "META_SLOTS"]
 
 #: "No node" in every link field and list head.
 NIL = -1
 #: Rows of ``G``, the per-id state every tier shares: the tier holding the id (-1: none),
-#: protection from eviction (the segment being promoted), scratch marks, next use.
-TIER_OF, PROT, STAMP, FUT = 0, 1, 2, 3
+#: protection from eviction (the segment being promoted), scratch marks, next use as last
+#: seen (the manager's ``_future``, which a demoted block carries), and the next use a hook
+#: call passes (``Hints.next_use``: the access's own for trace ids, ``FUT`` for demotions).
+TIER_OF, PROT, STAMP, FUT, HINT = 0, 1, 2, 3, 4
+G_ROWS = 5
 #: Columns of ``M`` a kernel may use for its own meta state (the chain's counters follow).
 META_SLOTS = 20
 

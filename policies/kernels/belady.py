@@ -2,13 +2,13 @@
 
 Order: later next use first; equal next uses (only "never again") by the sequence number of
 their last update, older first, as the class's lazy heap pops ``(-next_use, seq)``. Next uses
-come from ``G[FUT]`` (the chain sets it from the trace before each access, and a demoted block
-carries its own), the values the class gets as ``Hints.next_use``.
+come from ``G[HINT]``, which the chain sets before each hook call to the values the class
+gets as ``Hints.next_use`` (the access's own next use; a demoted block's last known one).
 """
 
 from __future__ import annotations
 
-from . import FUT, NIL, PROT, njit
+from . import HINT, NIL, PROT, njit
 
 CODE = 6
 BATCH_INSERT_SAFE = False
@@ -107,13 +107,13 @@ def _set(P, M, t, x, when):
 @njit
 def on_insert(P, M, X, G, t, arr, a, b):
     for k in range(a, b):
-        _set(P, M, t, arr[k], G[FUT, arr[k]])
+        _set(P, M, t, arr[k], G[HINT, arr[k]])
 
 
 @njit
 def on_access(P, M, X, G, t, arr, a, b):
     for k in range(a, b):
-        _set(P, M, t, arr[k], G[FUT, arr[k]])
+        _set(P, M, t, arr[k], G[HINT, arr[k]])
 
 
 @njit

@@ -21,7 +21,7 @@ import numpy as np
 
 from tiercache.core.stats import HierarchyStats, TierCounters
 from tiercache.policies import get_eviction, get_kernel
-from tiercache.policies.kernels import HAVE_NUMBA, PROT, TIER_OF
+from tiercache.policies.kernels import G_ROWS, HAVE_NUMBA, PROT, TIER_OF
 
 from . import chain
 from .hitcost import HitCost
@@ -64,7 +64,7 @@ class ArrayTierManager:
         self.P = np.zeros((tiers, module.FIELDS + 1, width), dtype=np.int64)
         self.M = np.zeros((tiers + 1, chain.WIDTH), dtype=np.int64)
         self.X = np.zeros((tiers, 1), dtype=np.float64)
-        self.G = np.zeros((4, width), dtype=np.int64)
+        self.G = np.zeros((G_ROWS, width), dtype=np.int64)
         self.G[TIER_OF] = -1
         self.M[:tiers, chain.CAP] = self.capacities
         self.M[tiers, chain.S_BATCH_SAFE] = module.BATCH_INSERT_SAFE
@@ -85,14 +85,15 @@ class ArrayTierManager:
     # -- the access path -----------------------------------------------------------------
     def access(self, ids: np.ndarray, next_use: np.ndarray | None = None, count_hits: bool = True) -> None:
         """``TierManager.access(ids, Hints(next_use=...), count_hits)`` on dense ids."""
-        ids = np.ascontiguousarray(ids, dtype=np.int64)
-        nus = ids if next_use is None else np.ascontiguousarray(next_use, dtype=np.int64)
+        ids = np.ascontiguousarray(ids, dtype=np.int32)  # one compiled signature: ReplayData.dense's
+        nus = np.zeros(len(ids), dtype=np.int64) if next_use is None else np.ascontiguousarray(next_use, dtype=np.int64)
         if self._totals[chain.S_NEEDS_FUTURE] and next_use is None:
             raise ValueError(f"{self.policy}: needs next_use with every access")
         chain.access(*self._state(), ids, nus, 0, len(ids), count_hits)
 
     def run(self, ids: np.ndarray, next_use: np.ndarray, offsets: np.ndarray, first: int, last: int, prefix: bool,
             hit_len: np.ndarray) -> None:
+        # ids int32 (dense), next_use and offsets int64, hit_len int64: one compiled signature.
         """Requests ``first .. last - 1`` of a trace (request ``r`` is ``ids[offsets[r]:offsets[r+1]]``):
         one ``access`` each, or in prefix semantics the prefix lookup (length into
         ``hit_len[r]``), an access of the cached prefix and one of the rest without hits."""
@@ -100,7 +101,7 @@ class ArrayTierManager:
 
     def prefix_length(self, ids: Sequence[int]) -> int:
         """Leading ids resident in some tier."""
-        ids = np.ascontiguousarray(ids, dtype=np.int64)
+        ids = np.ascontiguousarray(ids, dtype=np.int32)
         return int(chain.prefix_length(self.G, ids, 0, len(ids)))
 
     def locate(self, block_id: int) -> int | None:

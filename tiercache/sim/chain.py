@@ -13,7 +13,8 @@ reference: ``tests/test_kernels.py`` compares both on every registered policy.
 State (layout in ``tiercache.policies.kernels``): ``P``, ``X`` and the first ``META_SLOTS``
 columns of ``M`` belong to the policy kernels; ``G`` holds per-id rows (``TIER_OF``: the one
 tier holding the id, -1 for none; ``PROT``: may not be a victim; ``STAMP``: scratch marks;
-``FUT``: next use as last seen, which a demoted block carries); the chain's columns of ``M``
+``FUT``: next use as last seen, which a demoted block carries; ``HINT``: the next use the
+next hook call passes, as ``Hints.next_use``); the chain's columns of ``M``
 row ``t`` hold tier ``t``'s capacity, used slots, victims of the current cascade, counters
 (``C_*``) and blocks / transfers moved to each tier (``LINK_BLOCKS + dst``,
 ``LINK_TRANSFERS + dst``); row ``tiers`` holds the totals (``S_*``).
@@ -24,7 +25,7 @@ counted from the events of the Python manager.
 
 from __future__ import annotations
 
-from tiercache.policies.kernels import FUT, META_SLOTS, PROT, STAMP, TIER_OF, njit
+from tiercache.policies.kernels import FUT, HINT, META_SLOTS, PROT, STAMP, TIER_OF, njit
 from tiercache.policies.kernels import arc, belady, fifo, lfu, lru, s3fifo, sieve
 
 __all__ = ["access", "run_requests", "prefix_length"]
@@ -140,6 +141,23 @@ def init_all(kind, P, M, X):
         p_init(kind, P, M, X, t, M[t, CAP])
 
 
+# -- next-use hints (Belady) -----------------------------------------------------------------
+@njit
+def _hint_trace(M, G, ids, nus, a, b):
+    """Hook calls on trace ids ``ids[a:b]`` pass each access's own next use."""
+    if M[M.shape[0] - 1, S_NEEDS_FUTURE]:
+        for k in range(a, b):
+            G[HINT, ids[k]] = nus[k]
+
+
+@njit
+def _hint_future(M, G, arr, a, b):
+    """Demoted blocks carry their last known next use (the manager's ``_future_hints``)."""
+    if M[M.shape[0] - 1, S_NEEDS_FUTURE]:
+        for k in range(a, b):
+            G[HINT, arr[k]] = G[FUT, arr[k]]
+
+
 # -- moves -----------------------------------------------------------------------------------
 @njit
 def _move(kind, P, M, X, G, arr, a, b, src, dst):
@@ -201,6 +219,7 @@ def make_room(kind, P, M, X, G, tier, n):
     row = P.shape[1] - 1
     for lev in range(first_move, tier - 1, -1):
         cnt = M[lev, VN]
+        _hint_future(M, G, P[lev, row], 0, cnt)
         _move(kind, P, M, X, G, P[lev, row], 0, cnt, lev, lev + 1)
         M[lev, C_DEMOTIONS] += cnt
     return MADE
@@ -208,7 +227,7 @@ def make_room(kind, P, M, X, G, tier, n):
 
 # -- the access path -------------------------------------------------------------------------
 @njit
-def _insert_new(kind, P, M, X, G, ids, a, b):
+def _insert_new(kind, P, M, X, G, ids, nus, a, b):
     """``TierManager._insert_new`` with admission always: chunks as ``_insert_chunks``."""
     n = b - a
     if n == 0:
@@ -226,6 +245,7 @@ def _insert_new(kind, P, M, X, G, ids, a, b):
             for k in range(a + lo, a + hi):
                 G[TIER_OF, ids[k]] = 0
             M[0, USED] += hi - lo
+            _hint_trace(M, G, ids, nus, a + lo, a + hi)
             p_insert(kind, P, M, X, G, 0, ids, a + lo, a + hi)
             M[0, C_INSERTS] += hi - lo
         lo = hi
@@ -243,8 +263,9 @@ def _count_found(M, tier, count, count_hits):
 
 
 @njit
-def _found_below(kind, P, M, X, G, ids, a, b, tier, count_hits):
+def _found_below(kind, P, M, X, G, ids, nus, a, b, tier, count_hits):
     """``TierManager._found_below``: promote the segment, or read it in place."""
+    _hint_trace(M, G, ids, nus, a, b)
     p_access(kind, P, M, X, G, tier, ids, a, b)
     for k in range(a, b):
         G[PROT, ids[k]] = 1
@@ -253,6 +274,7 @@ def _found_below(kind, P, M, X, G, ids, a, b, tier, count_hits):
         G[PROT, ids[k]] = 0
     n = b - a
     if room == MADE:
+        _hint_trace(M, G, ids, nus, a, b)  # the promotion's plan carries the segment's hints
         _move(kind, P, M, X, G, ids, a, b, tier, 0)
         M[tier, C_PROMOTIONS] += n
         if count_hits:
@@ -267,12 +289,12 @@ def _found_below(kind, P, M, X, G, ids, a, b, tier, count_hits):
 
 
 @njit
-def _bring_up(kind, P, M, X, G, ids, a, b, count_hits):
+def _bring_up(kind, P, M, X, G, ids, nus, a, b, count_hits):
     """``TierManager._bring_up``: a run of distinct ids absent from the top tier."""
     T = M.shape[0] - 1
     if T == 1:
         M[T, S_MISSES] += b - a
-        _insert_new(kind, P, M, X, G, ids, a, b)
+        _insert_new(kind, P, M, X, G, ids, nus, a, b)
         return
     pos = a
     while pos < b:
@@ -282,9 +304,9 @@ def _bring_up(kind, P, M, X, G, ids, a, b, count_hits):
             end += 1
         if tier < 0:
             M[T, S_MISSES] += end - pos
-            _insert_new(kind, P, M, X, G, ids, pos, end)
+            _insert_new(kind, P, M, X, G, ids, nus, pos, end)
         else:
-            _found_below(kind, P, M, X, G, ids, pos, end, tier, count_hits)
+            _found_below(kind, P, M, X, G, ids, nus, pos, end, tier, count_hits)
         pos = end
 
 
@@ -301,6 +323,7 @@ def access(kind, P, M, X, G, ids, nus, a, b, count_hits):
         while j < b and G[TIER_OF, ids[j]] == 0:
             j += 1
         if j > i:
+            _hint_trace(M, G, ids, nus, i, j)
             p_access(kind, P, M, X, G, 0, ids, i, j)
             if count_hits:
                 M[0, C_IN_PLACE] += j - i
@@ -317,7 +340,7 @@ def access(kind, P, M, X, G, ids, nus, a, b, count_hits):
         while end < k and G[STAMP, ids[end]] != epoch:
             G[STAMP, ids[end]] = epoch
             end += 1
-        _bring_up(kind, P, M, X, G, ids, j, end, count_hits)
+        _bring_up(kind, P, M, X, G, ids, nus, j, end, count_hits)
         i = end
 
 

@@ -33,7 +33,8 @@ class Trace:
     counts) and ``steps`` (step traces: write flags, steps, layers) is set, matching ``kind``.
     ``fingerprint`` is the blake2b-128 hex digest of the file's bytes (``trace_fingerprint``).
     ``block_tokens`` is the tokens per block: 512 for request traces (Mooncake's block), a
-    step trace's header value, or None for a step trace without a header.
+    step trace's header value, or None for a step trace without a header. ``dense`` and
+    ``next_use`` (``tiercache.sim.prep``), when set, come from the binary trace cache.
     """
 
     path: str
@@ -44,6 +45,8 @@ class Trace:
     requests: FlatTrace | None = None
     steps: FlatSteps | None = None
     block_tokens: int | None = MOONCAKE_BLOCK_TOKENS
+    dense: np.ndarray | None = None
+    next_use: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         present = (self.requests is not None, self.steps is not None)
