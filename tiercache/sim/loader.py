@@ -17,6 +17,7 @@ import numpy as np
 from tiercache.errors import TraceError
 from tiercache.results import TraceInfo, TraceKind
 
+from .bulkparse import MAX_BULK_BYTES, bulk_requests
 from .steptrace import FlatSteps, flat_steps, header_block_tokens, is_header
 from .traces import MOONCAKE_BLOCK_TOKENS, FlatTrace, flat_requests, iter_json_objects, kind_of
 
@@ -86,6 +87,9 @@ def load_trace(path: str | os.PathLike) -> Trace:
             of the kind's reader (the message names the file and the 1-based line).
     """
     name = os.fspath(path)
+    fast = _load_requests_bulk(name)
+    if fast is not None:
+        return fast
     digest = hashlib.blake2b(digest_size=16)
     objects = iter_json_objects(name, digest)
     first = next(objects, None)
@@ -99,6 +103,27 @@ def load_trace(path: str | os.PathLike) -> Trace:
     steps = flat_steps(name, objects if block_tokens else itertools.chain([first], objects))
     return Trace(name, kind, digest.hexdigest(), steps.ids, _with_end(steps.offsets, steps.ids), steps=steps,
                  block_tokens=block_tokens)
+
+
+def _load_requests_bulk(name: str) -> Trace | None:
+    """A request trace read whole and parsed in bulk (``bulkparse``); None defers to the
+    streaming reader (a step trace, a large file, anything it would report as an error)."""
+    try:
+        if not os.path.isfile(name) or os.path.getsize(name) > MAX_BULK_BYTES:
+            return None
+        with open(name, "rb") as handle:
+            data = handle.read()
+    except OSError:
+        return None  # the streaming reader reports it
+    head = data.lstrip()[:4096]
+    if not head.startswith(b"{") or b'"hash_ids"' not in data[: data.find(b"\n") if b"\n" in data else len(data)]:
+        return None
+    requests = bulk_requests(data)
+    if requests is None:
+        return None
+    fingerprint = hashlib.blake2b(data, digest_size=16).hexdigest()
+    return Trace(name, TraceKind.REQUESTS, fingerprint, requests.ids, _with_end(requests.offsets, requests.ids),
+                 requests=requests)
 
 
 def _with_end(offsets: np.ndarray, ids: np.ndarray) -> np.ndarray:
