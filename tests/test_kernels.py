@@ -88,6 +88,22 @@ def test_kernel_replay_equals_python_replay(tmp_path, monkeypatch, policy, seman
         assert comparable(ours) == comparable(reference), (policy, semantics, hierarchy, seed)
 
 
+@pytest.mark.parametrize("policy", ["lru", "fifo", "belady", "arc", "s3fifo", "sieve"])
+def test_kernel_replay_matches_pinned_libcachesim(policy):
+    """The compiled replay of the bundled trace gives libCacheSim's miss ratios (golden file)."""
+    import json
+    from pathlib import Path
+
+    data_dir = Path(__file__).parent / "data"
+    golden = json.loads((data_dir / "golden_libcachesim.json").read_text())["miss_ratio"][policy]
+    data = ReplayData.prepare(load_trace(data_dir / "mooncake_synthetic_trace.jsonl"), None, None)
+    for capacity, expected in golden.items():
+        spec = RunSpec(policy, Semantics.OBJECT, (TierConfig("hbm", int(capacity)),))
+        assert use_kernels(spec)
+        tolerance = 3e-4 if policy == "arc" else 5e-5
+        assert abs(replay(spec, data).miss_ratio - expected) <= tolerance, (policy, capacity)
+
+
 def test_registry_links_every_kernel_to_a_policy():
     for name in KERNELS:
         module = get_kernel(name)
