@@ -10,9 +10,10 @@ the per-tier counts exactly.
 State layout, shared by every kernel so that one compiled hierarchy chain
 (``tiercache.sim.chain``) can drive any of them:
 
-* ``P``: int64 ``[tiers, FIELDS + 1, L]``: per-id fields (links, flags, counts), scratch rows,
-  and last the victims row (``victims(n)`` writes its answer to ``P[t, -1, :n]``);
-  ``L >= n_ids`` (LFU also needs ``L >= max count + 2`` for its frequency buckets).
+* ``P``: int64 ``[tiers, L, FIELDS + 1]``: per-id fields (links, flags, counts), scratch
+  columns, and last the victims column (``victims(n)`` writes its answer to ``P[t, :n, -1]``);
+  ``L >= n_ids`` (LFU also needs ``L >= max count + 2`` for its frequency buckets). An id's
+  fields are adjacent (one cache line), since list and heap walks touch several per node.
 * ``M``: int64 ``[tiers + 1, W]``: columns ``0 .. META_SLOTS - 1`` of row ``t`` are the
   kernel's list heads, tails, sizes and parameters (the chain keeps its counters after them).
 * ``X``: float64 ``[tiers, 1]``: real-valued state (ARC's target ``p``).

@@ -14,12 +14,12 @@ from . import NIL, njit
 def push_back(P, M, t, prev, nxt, head, tail, size, x):
     """Appends ``x`` at the tail (newest end)."""
     last = M[t, tail]
-    P[t, prev, x] = last
-    P[t, nxt, x] = NIL
+    P[t, x, prev] = last
+    P[t, x, nxt] = NIL
     if last == NIL:
         M[t, head] = x
     else:
-        P[t, nxt, last] = x
+        P[t, last, nxt] = x
     M[t, tail] = x
     M[t, size] += 1
 
@@ -28,12 +28,12 @@ def push_back(P, M, t, prev, nxt, head, tail, size, x):
 def push_front(P, M, t, prev, nxt, head, tail, size, x):
     """Puts ``x`` at the head (oldest end)."""
     first = M[t, head]
-    P[t, nxt, x] = first
-    P[t, prev, x] = NIL
+    P[t, x, nxt] = first
+    P[t, x, prev] = NIL
     if first == NIL:
         M[t, tail] = x
     else:
-        P[t, prev, first] = x
+        P[t, first, prev] = x
     M[t, head] = x
     M[t, size] += 1
 
@@ -41,16 +41,16 @@ def push_front(P, M, t, prev, nxt, head, tail, size, x):
 @njit
 def unlink(P, M, t, prev, nxt, head, tail, size, x):
     """Takes ``x`` out of its list."""
-    before = P[t, prev, x]
-    after = P[t, nxt, x]
+    before = P[t, x, prev]
+    after = P[t, x, nxt]
     if before == NIL:
         M[t, head] = after
     else:
-        P[t, nxt, before] = after
+        P[t, before, nxt] = after
     if after == NIL:
         M[t, tail] = before
     else:
-        P[t, prev, after] = before
+        P[t, after, prev] = before
     M[t, size] -= 1
 
 

@@ -28,14 +28,14 @@ def _h(lst):
 def _push(P, M, t, lst, x):
     h = _h(lst)
     push_back(P, M, t, PREV, NXT, h, h + 1, h + 2, x)
-    P[t, WHERE, x] = lst
+    P[t, x, WHERE] = lst
 
 
 @njit
 def _unlink(P, M, t, x):
-    h = _h(P[t, WHERE, x])
+    h = _h(P[t, x, WHERE])
     unlink(P, M, t, PREV, NXT, h, h + 1, h + 2, x)
-    P[t, WHERE, x] = 0
+    P[t, x, WHERE] = 0
 
 
 @njit
@@ -43,7 +43,7 @@ def _pop(P, M, t, lst):
     h = _h(lst)
     x = pop_front(P, M, t, PREV, NXT, h, h + 1, h + 2)
     if x != NIL:
-        P[t, WHERE, x] = 0
+        P[t, x, WHERE] = 0
 
 
 @njit
@@ -53,7 +53,7 @@ def _size(M, t, lst):
 
 @njit
 def init(P, M, X, t, capacity):
-    P[t, WHERE, :] = 0
+    P[t, :, WHERE] = 0
     for lst in range(1, 5):
         h = _h(lst)
         M[t, h] = NIL
@@ -89,7 +89,7 @@ def _bound_ghosts(P, M, t):
 def on_insert(P, M, X, G, t, arr, a, b):
     for k in range(a, b):
         x = arr[k]
-        where = P[t, WHERE, x]
+        where = P[t, x, WHERE]
         if where == B1:
             _adapt(M, X, t, max(_size(M, t, B2) / _size(M, t, B1), 1.0))
             _unlink(P, M, t, x)
@@ -108,7 +108,7 @@ def on_insert(P, M, X, G, t, arr, a, b):
 def on_access(P, M, X, G, t, arr, a, b):
     for k in range(a, b):
         x = arr[k]
-        if P[t, WHERE, x] == T1:
+        if P[t, x, WHERE] == T1:
             _unlink(P, M, t, x)
             _push(P, M, t, T2, x)
         else:
@@ -120,7 +120,7 @@ def on_access(P, M, X, G, t, arr, a, b):
 def on_remove(P, M, X, G, t, arr, a, b):
     for k in range(a, b):
         x = arr[k]
-        ghost = B1 if P[t, WHERE, x] == T1 else B2
+        ghost = B1 if P[t, x, WHERE] == T1 else B2
         _unlink(P, M, t, x)
         _push(P, M, t, ghost, x)
     _bound_ghosts(P, M, t)
@@ -129,7 +129,7 @@ def on_remove(P, M, X, G, t, arr, a, b):
 @njit
 def _next_unprotected(P, x, t, prot):
     while x != NIL and prot[x] != 0:
-        x = P[t, NXT, x]
+        x = P[t, x, NXT]
     return x
 
 
@@ -137,7 +137,7 @@ def _next_unprotected(P, x, t, prot):
 def victims(P, M, X, G, t, n):
     """REPLACE of the paper ``n`` times, walking T1 and T2 from their LRU ends."""
     prot = G[PROT]
-    out = P[t, P.shape[1] - 1]  # the victims row
+    out = P[t, :, P.shape[2] - 1]  # the victims row
     left1 = _size(M, t, T1)
     left2 = _size(M, t, T2)
     cur1 = M[t, _h(T1)]
@@ -165,9 +165,9 @@ def victims(P, M, X, G, t, n):
         out[found] = x
         found += 1
         if from_t1:
-            cur1 = P[t, NXT, cur1]
+            cur1 = P[t, cur1, NXT]
             left1 -= 1
         else:
-            cur2 = P[t, NXT, cur2]
+            cur2 = P[t, cur2, NXT]
             left2 -= 1
     return True

@@ -20,7 +20,7 @@ SIZE, SEQC = 0, 1
 
 @njit
 def init(P, M, X, t, capacity):
-    P[t, POS, :] = NIL
+    P[t, :, POS] = NIL
     M[t, SIZE] = 0
     M[t, SEQC] = 0
 
@@ -28,23 +28,23 @@ def init(P, M, X, t, capacity):
 @njit
 def _before(P, t, x, y):
     """True when ``x`` is evicted before ``y``."""
-    kx = P[t, KEY, x]
-    ky = P[t, KEY, y]
-    return kx > ky or (kx == ky and P[t, SEQ, x] < P[t, SEQ, y])
+    kx = P[t, x, KEY]
+    ky = P[t, y, KEY]
+    return kx > ky or (kx == ky and P[t, x, SEQ] < P[t, y, SEQ])
 
 
 @njit
 def _place(P, t, i, x):
-    P[t, HEAP, i] = x
-    P[t, POS, x] = i
+    P[t, i, HEAP] = x
+    P[t, x, POS] = i
 
 
 @njit
 def _sift_up(P, t, i):
-    x = P[t, HEAP, i]
+    x = P[t, i, HEAP]
     while i > 0:
         parent = (i - 1) >> 1
-        y = P[t, HEAP, parent]
+        y = P[t, parent, HEAP]
         if not _before(P, t, x, y):
             break
         _place(P, t, i, y)
@@ -55,14 +55,14 @@ def _sift_up(P, t, i):
 @njit
 def _sift_down(P, M, t, i):
     n = M[t, SIZE]
-    x = P[t, HEAP, i]
+    x = P[t, i, HEAP]
     while True:
         child = 2 * i + 1
         if child >= n:
             break
-        if child + 1 < n and _before(P, t, P[t, HEAP, child + 1], P[t, HEAP, child]):
+        if child + 1 < n and _before(P, t, P[t, child + 1, HEAP], P[t, child, HEAP]):
             child += 1
-        y = P[t, HEAP, child]
+        y = P[t, child, HEAP]
         if not _before(P, t, y, x):
             break
         _place(P, t, i, y)
@@ -80,28 +80,28 @@ def _push(P, M, t, x):
 
 @njit
 def _remove(P, M, t, x):
-    i = P[t, POS, x]
+    i = P[t, x, POS]
     last = M[t, SIZE] - 1
     M[t, SIZE] = last
-    P[t, POS, x] = NIL
+    P[t, x, POS] = NIL
     if i != last:
-        y = P[t, HEAP, last]
+        y = P[t, last, HEAP]
         _place(P, t, i, y)
         _sift_up(P, t, i)
-        _sift_down(P, M, t, P[t, POS, y])
+        _sift_down(P, M, t, P[t, y, POS])
 
 
 @njit
 def _set(P, M, t, x, when):
     M[t, SEQC] += 1
-    P[t, SEQ, x] = M[t, SEQC]
-    P[t, KEY, x] = when
-    if P[t, POS, x] == NIL:
+    P[t, x, SEQ] = M[t, SEQC]
+    P[t, x, KEY] = when
+    if P[t, x, POS] == NIL:
         _push(P, M, t, x)
     else:
-        i = P[t, POS, x]
+        i = P[t, x, POS]
         _sift_up(P, t, i)
-        _sift_down(P, M, t, P[t, POS, x])
+        _sift_down(P, M, t, P[t, x, POS])
 
 
 @njit
@@ -126,17 +126,17 @@ def on_remove(P, M, X, G, t, arr, a, b):
 def victims(P, M, X, G, t, n):
     """Pops in eviction order until ``n`` unprotected ids are found, then pushes all back."""
     prot = G[PROT]
-    out = P[t, P.shape[1] - 1]  # the victims row
+    out = P[t, :, P.shape[2] - 1]  # the victims row
     taken = 0
     found = 0
     while found < n and M[t, SIZE] > 0:
-        x = P[t, HEAP, 0]
+        x = P[t, 0, HEAP]
         _remove(P, M, t, x)
-        P[t, TAKEN, taken] = x
+        P[t, taken, TAKEN] = x
         taken += 1
         if prot[x] == 0:
             out[found] = x
             found += 1
     for k in range(taken):
-        _push(P, M, t, P[t, TAKEN, k])
+        _push(P, M, t, P[t, k, TAKEN])
     return found == n

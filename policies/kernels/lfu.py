@@ -19,8 +19,8 @@ MINF, MAXF, SIZE = 0, 1, 2
 
 @njit
 def init(P, M, X, t, capacity):
-    P[t, BHEAD, :] = NIL
-    P[t, BTAIL, :] = NIL
+    P[t, :, BHEAD] = NIL
+    P[t, :, BTAIL] = NIL
     M[t, MINF] = 1
     M[t, MAXF] = 1
     M[t, SIZE] = 0
@@ -28,15 +28,15 @@ def init(P, M, X, t, capacity):
 
 @njit
 def _append(P, M, t, f, x):
-    last = P[t, BTAIL, f]
-    P[t, PREV, x] = last
-    P[t, NXT, x] = NIL
+    last = P[t, f, BTAIL]
+    P[t, x, PREV] = last
+    P[t, x, NXT] = NIL
     if last == NIL:
-        P[t, BHEAD, f] = x
+        P[t, f, BHEAD] = x
     else:
-        P[t, NXT, last] = x
-    P[t, BTAIL, f] = x
-    P[t, FREQ, x] = f
+        P[t, last, NXT] = x
+    P[t, f, BTAIL] = x
+    P[t, x, FREQ] = f
     if f > M[t, MAXF]:
         M[t, MAXF] = f
 
@@ -44,18 +44,18 @@ def _append(P, M, t, f, x):
 @njit
 def _leave(P, M, t, x):
     """Takes ``x`` out of its bucket; returns True when the bucket is now empty."""
-    f = P[t, FREQ, x]
-    before = P[t, PREV, x]
-    after = P[t, NXT, x]
+    f = P[t, x, FREQ]
+    before = P[t, x, PREV]
+    after = P[t, x, NXT]
     if before == NIL:
-        P[t, BHEAD, f] = after
+        P[t, f, BHEAD] = after
     else:
-        P[t, NXT, before] = after
+        P[t, before, NXT] = after
     if after == NIL:
-        P[t, BTAIL, f] = before
+        P[t, f, BTAIL] = before
     else:
-        P[t, PREV, after] = before
-    return P[t, BHEAD, f] == NIL
+        P[t, after, PREV] = before
+    return P[t, f, BHEAD] == NIL
 
 
 @njit
@@ -71,7 +71,7 @@ def on_insert(P, M, X, G, t, arr, a, b):
 def on_access(P, M, X, G, t, arr, a, b):
     for k in range(a, b):
         x = arr[k]
-        f = P[t, FREQ, x]
+        f = P[t, x, FREQ]
         if _leave(P, M, t, x) and M[t, MINF] == f:
             M[t, MINF] = f + 1
         _append(P, M, t, f + 1, x)
@@ -81,11 +81,11 @@ def on_access(P, M, X, G, t, arr, a, b):
 def on_remove(P, M, X, G, t, arr, a, b):
     for k in range(a, b):
         x = arr[k]
-        f = P[t, FREQ, x]
+        f = P[t, x, FREQ]
         M[t, SIZE] -= 1
         if _leave(P, M, t, x) and M[t, MINF] == f:
             g = f
-            while g <= M[t, MAXF] and P[t, BHEAD, g] == NIL:
+            while g <= M[t, MAXF] and P[t, g, BHEAD] == NIL:
                 g += 1
             M[t, MINF] = g
 
@@ -94,16 +94,16 @@ def on_remove(P, M, X, G, t, arr, a, b):
 def victims(P, M, X, G, t, n):
     """Lowest count first, least recently moved first within a count, skipping protected ids."""
     prot = G[PROT]
-    out = P[t, P.shape[1] - 1]  # the victims row
+    out = P[t, :, P.shape[2] - 1]  # the victims row
     found = 0
     f = M[t, MINF]
     top = M[t, MAXF]
     while f <= top and found < n:
-        x = P[t, BHEAD, f]
+        x = P[t, f, BHEAD]
         while x != NIL and found < n:
             if prot[x] == 0:
                 out[found] = x
                 found += 1
-            x = P[t, NXT, x]
+            x = P[t, x, NXT]
         f += 1
     return found == n

@@ -42,7 +42,7 @@ def on_remove(P, M, X, G, t, arr, a, b):
 def victims(P, M, X, G, t, n):
     """The ``n`` least recently used unprotected ids into ``out[:n]``; False if fewer exist."""
     prot = G[PROT]
-    out = P[t, P.shape[1] - 1]  # the victims row
+    out = P[t, :, P.shape[2] - 1]  # the victims row
     return walk(P, M, t, n, prot, out)
 
 
@@ -55,5 +55,5 @@ def walk(P, M, t, n, prot, out):
         if prot[x] == 0:
             out[found] = x
             found += 1
-        x = P[t, NXT, x]
+        x = P[t, x, NXT]
     return found == n

@@ -37,14 +37,14 @@ def _size(M, t, q):
 def _push(P, M, t, q, x):
     h = _h(q)
     push_back(P, M, t, PREV, NXT, h, h + 1, h + 2, x)
-    P[t, WHERE, x] = q
+    P[t, x, WHERE] = q
 
 
 @njit
 def _unlink(P, M, t, x):
-    h = _h(P[t, WHERE, x])
+    h = _h(P[t, x, WHERE])
     unlink(P, M, t, PREV, NXT, h, h + 1, h + 2, x)
-    P[t, WHERE, x] = 0
+    P[t, x, WHERE] = 0
 
 
 @njit
@@ -58,12 +58,12 @@ def _pop_head(P, M, t, q):
 def _trim_ghost(P, M, t, size):
     while _size(M, t, GHOST) > size:
         x = _pop_head(P, M, t, GHOST)
-        P[t, WHERE, x] = 0
+        P[t, x, WHERE] = 0
 
 
 @njit
 def init(P, M, X, t, capacity):
-    P[t, WHERE, :] = 0
+    P[t, :, WHERE] = 0
     for q in range(1, 4):
         h = _h(q)
         M[t, h] = NIL
@@ -82,9 +82,9 @@ def init(P, M, X, t, capacity):
 def on_insert(P, M, X, G, t, arr, a, b):
     for k in range(a, b):
         x = arr[k]
-        P[t, FREQ, x] = 0
+        P[t, x, FREQ] = 0
         M[t, TRACKED] += 1
-        if P[t, WHERE, x] == GHOST:
+        if P[t, x, WHERE] == GHOST:
             _unlink(P, M, t, x)
             _push(P, M, t, MAIN, x)
         elif M[t, HAS_EVICTED] == 0 and _size(M, t, SMALL) >= M[t, SMALL_SIZE]:
@@ -98,8 +98,8 @@ def on_insert(P, M, X, G, t, arr, a, b):
 def on_access(P, M, X, G, t, arr, a, b):
     for k in range(a, b):
         x = arr[k]
-        if P[t, FREQ, x] < MAX_FREQ:
-            P[t, FREQ, x] += 1
+        if P[t, x, FREQ] < MAX_FREQ:
+            P[t, x, FREQ] += 1
 
 
 @njit
@@ -107,7 +107,7 @@ def on_remove(P, M, X, G, t, arr, a, b):
     for k in range(a, b):
         x = arr[k]
         M[t, TRACKED] -= 1
-        was_small = P[t, WHERE, x] == SMALL
+        was_small = P[t, x, WHERE] == SMALL
         _unlink(P, M, t, x)
         if was_small and M[t, GHOST_SIZE] > 0:
             _push(P, M, t, GHOST, x)
@@ -124,7 +124,7 @@ def _enough_unprotected(P, M, t, n, prot):
                 found += 1
                 if found >= n:
                     return True
-            x = P[t, NXT, x]
+            x = P[t, x, NXT]
     return found >= n
 
 
@@ -134,13 +134,13 @@ def _evict_small(P, M, t, prot):
     while _size(M, t, SMALL) > 0:
         x = _pop_head(P, M, t, SMALL)
         if prot[x] != 0:
-            P[t, HELD_SMALL, M[t, N_HELD_SMALL]] = x
+            P[t, M[t, N_HELD_SMALL], HELD_SMALL] = x
             M[t, N_HELD_SMALL] += 1
-        elif P[t, FREQ, x] >= M[t, THRESHOLD]:
+        elif P[t, x, FREQ] >= M[t, THRESHOLD]:
             _push(P, M, t, MAIN, x)
-            P[t, FREQ, x] = 0
+            P[t, x, FREQ] = 0
         else:
-            P[t, HELD_SMALL, M[t, N_HELD_SMALL]] = x
+            P[t, M[t, N_HELD_SMALL], HELD_SMALL] = x
             M[t, N_HELD_SMALL] += 1
             return x
     return NIL
@@ -152,15 +152,15 @@ def _evict_main(P, M, t, prot):
     while _size(M, t, MAIN) > 0:
         x = _pop_head(P, M, t, MAIN)
         if prot[x] != 0:
-            P[t, HELD_MAIN, M[t, N_HELD_MAIN]] = x
+            P[t, M[t, N_HELD_MAIN], HELD_MAIN] = x
             M[t, N_HELD_MAIN] += 1
             M[t, N_KEPT_MAIN] += 1
-        elif P[t, FREQ, x] >= 1:
+        elif P[t, x, FREQ] >= 1:
             h = _h(MAIN)
             push_back(P, M, t, PREV, NXT, h, h + 1, h + 2, x)
-            P[t, FREQ, x] -= 1
+            P[t, x, FREQ] -= 1
         else:
-            P[t, HELD_MAIN, M[t, N_HELD_MAIN]] = x
+            P[t, M[t, N_HELD_MAIN], HELD_MAIN] = x
             M[t, N_HELD_MAIN] += 1
             return x
     return NIL
@@ -184,7 +184,7 @@ def _pick(P, M, t, prot):
 @njit
 def victims(P, M, X, G, t, n):
     prot = G[PROT]
-    out = P[t, P.shape[1] - 1]  # the victims row
+    out = P[t, :, P.shape[2] - 1]  # the victims row
     if n <= 0:
         return True
     if not _enough_unprotected(P, M, t, n, prot):
@@ -197,7 +197,7 @@ def victims(P, M, X, G, t, n):
         out[k] = _pick(P, M, t, prot)
     hs, hm = _h(SMALL), _h(MAIN)
     for k in range(M[t, N_HELD_SMALL] - 1, -1, -1):
-        push_front(P, M, t, PREV, NXT, hs, hs + 1, hs + 2, P[t, HELD_SMALL, k])
+        push_front(P, M, t, PREV, NXT, hs, hs + 1, hs + 2, P[t, k, HELD_SMALL])
     for k in range(M[t, N_HELD_MAIN] - 1, -1, -1):
-        push_front(P, M, t, PREV, NXT, hm, hm + 1, hm + 2, P[t, HELD_MAIN, k])
+        push_front(P, M, t, PREV, NXT, hm, hm + 1, hm + 2, P[t, k, HELD_MAIN])
     return True

@@ -61,7 +61,7 @@ class ArrayTierManager:
             raise ValueError(f"at most {chain.MAX_TIERS} tiers, got {tiers}")
         self.kind = module.CODE
         width = max(n, self.max_count + 2) + 1
-        self.P = np.zeros((tiers, module.FIELDS + 1, width), dtype=np.int64)
+        self.P = np.zeros((tiers, width, module.FIELDS + 1), dtype=np.int64)
         self.M = np.zeros((tiers + 1, chain.WIDTH), dtype=np.int64)
         self.X = np.zeros((tiers, 1), dtype=np.float64)
         self.G = np.zeros((G_ROWS, width), dtype=np.int64)

@@ -100,7 +100,7 @@ def p_remove(kind, P, M, X, G, t, arr, a, b):
 
 @njit
 def p_victims(kind, P, M, X, G, t, n):
-    """Chooses ``n`` victims of tier ``t`` into ``P[t, -1, :n]``; False (nothing changed) if
+    """Chooses ``n`` victims of tier ``t`` into ``P[t, :n, -1]``; False (nothing changed) if
     fewer than ``n`` unprotected ids are tracked."""
     if kind == lru.CODE:
         return lru.victims(P, M, X, G, t, n)
@@ -175,8 +175,8 @@ def _move(kind, P, M, X, G, arr, a, b, src, dst):
 
 @njit
 def _drop(kind, P, M, X, G, t, n):
-    """The victims ``P[t, -1, :n]`` of tier ``t`` leave the hierarchy."""
-    arr = P[t, P.shape[1] - 1]
+    """The victims ``P[t, :n, -1]`` of tier ``t`` leave the hierarchy."""
+    arr = P[t, :, P.shape[2] - 1]
     p_remove(kind, P, M, X, G, t, arr, 0, n)
     for k in range(n):
         G[TIER_OF, arr[k]] = -1
@@ -216,11 +216,11 @@ def make_room(kind, P, M, X, G, tier, n):
     if failed or deepest == T - 1:
         _drop(kind, P, M, X, G, deepest, M[deepest, VN])
         first_move = deepest - 1
-    row = P.shape[1] - 1
+    row = P.shape[2] - 1
     for lev in range(first_move, tier - 1, -1):
         cnt = M[lev, VN]
-        _hint_future(M, G, P[lev, row], 0, cnt)
-        _move(kind, P, M, X, G, P[lev, row], 0, cnt, lev, lev + 1)
+        _hint_future(M, G, P[lev, :, row], 0, cnt)
+        _move(kind, P, M, X, G, P[lev, :, row], 0, cnt, lev, lev + 1)
         M[lev, C_DEMOTIONS] += cnt
     return MADE
 
