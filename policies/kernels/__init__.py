@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["HAVE_NUMBA", "njit", "NIL", "numba_disabled", "TIER_OF", "PROT", "STAMP", "FUT", "HINT", "G_ROWS", "META_SLOTS"]
+__all__ = ["HAVE_NUMBA", "njit", "njit_inline", "NIL", "numba_disabled", "TIER_OF", "PROT", "STAMP", "FUT", "HINT", "G_ROWS", "META_SLOTS"]
 
 #: "No node" in every link field and list head.
 NIL = -1
@@ -68,9 +68,16 @@ try:
         # arguments of every internal call cost ~70 ns per call (a replay makes several per miss).
         return numba.njit(cache=True, nogil=True, _nrt=False)(func)
 
+    def njit_inline(func):
+        """``njit`` inlined into its callers at numba's IR level (small dispatch functions
+        called several times per miss: a call with these array arguments costs ~10 ns)."""
+        return numba.njit(cache=True, nogil=True, _nrt=False, inline="always")(func)
+
 except ImportError:
     HAVE_NUMBA = False
 
     def njit(func):
         """Without numba the kernels stay plain Python (used only by tests of the logic)."""
         return func
+
+    njit_inline = njit

@@ -25,7 +25,7 @@ counted from the events of the Python manager.
 
 from __future__ import annotations
 
-from tiercache.policies.kernels import FUT, HINT, META_SLOTS, PROT, STAMP, TIER_OF, njit
+from tiercache.policies.kernels import FUT, HINT, META_SLOTS, PROT, STAMP, TIER_OF, njit, njit_inline
 from tiercache.policies.kernels import arc, belady, fifo, lfu, lru, s3fifo, sieve
 
 __all__ = ["access", "run_requests", "prefix_length"]
@@ -44,7 +44,7 @@ MADE, NO_VICTIMS = 0, 1
 
 
 # -- dispatch to the policy kernels ----------------------------------------------------------
-@njit
+@njit_inline
 def p_insert(kind, P, M, X, G, t, arr, a, b):
     if kind == lru.CODE:
         lru.on_insert(P, M, X, G, t, arr, a, b)
@@ -62,7 +62,7 @@ def p_insert(kind, P, M, X, G, t, arr, a, b):
         belady.on_insert(P, M, X, G, t, arr, a, b)
 
 
-@njit
+@njit_inline
 def p_access(kind, P, M, X, G, t, arr, a, b):
     if kind == lru.CODE:
         lru.on_access(P, M, X, G, t, arr, a, b)
@@ -80,7 +80,7 @@ def p_access(kind, P, M, X, G, t, arr, a, b):
         belady.on_access(P, M, X, G, t, arr, a, b)
 
 
-@njit
+@njit_inline
 def p_remove(kind, P, M, X, G, t, arr, a, b):
     if kind == lru.CODE:
         lru.on_remove(P, M, X, G, t, arr, a, b)
@@ -98,7 +98,7 @@ def p_remove(kind, P, M, X, G, t, arr, a, b):
         belady.on_remove(P, M, X, G, t, arr, a, b)
 
 
-@njit
+@njit_inline
 def p_victims(kind, P, M, X, G, t, n):
     """Chooses ``n`` victims of tier ``t`` into ``P[t, :n, -1]``; False (nothing changed) if
     fewer than ``n`` unprotected ids are tracked."""
