@@ -55,12 +55,41 @@ def numba_disabled() -> bool:
     return os.environ.get("TIERCACHE_NO_NUMBA", "") not in ("", "0")
 
 
+def _drop_stale_caches() -> None:
+    """Deletes numba's cache files of the kernels and the chain when any of their sources changed.
+
+    numba keys a cached function on its own file only: after an edit of a kernel, the chain
+    (``tiercache/sim/chain.py``, which inlines the kernels) would load stale machine code. A
+    stamp of all their sources, kept beside the caches, catches that; only our own cache
+    files are removed.
+    """
+    import hashlib
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent
+    sources = sorted(here.glob("*.py")) + [here.parents[1] / "tiercache" / "sim" / "chain.py",
+                                           here.parents[1] / "tiercache" / "sim" / "prep.py"]
+    try:
+        digest = hashlib.blake2b(b"".join(p.read_bytes() for p in sources if p.exists()), digest_size=16).hexdigest()
+        stamp = here / "__pycache__" / "kernels.stamp"
+        if stamp.exists() and stamp.read_text() == digest:
+            return
+        for folder in {p.parent / "__pycache__" for p in sources}:
+            for cached in list(folder.glob("*.nbi")) + list(folder.glob("*.nbc")):
+                cached.unlink(missing_ok=True)
+        stamp.parent.mkdir(exist_ok=True)
+        stamp.write_text(digest)
+    except OSError:
+        pass  # a read-only install: nothing was compiled there to go stale
+
+
 try:
     if numba_disabled():
         raise ImportError("TIERCACHE_NO_NUMBA is set")
     import numba
 
     HAVE_NUMBA = True
+    _drop_stale_caches()
 
     def njit(func):
         """numba's ``njit`` with the on-disk cache (compile once per machine)."""

@@ -124,9 +124,14 @@ def on_remove(P, M, X, G, t, arr, a, b):
 
 @njit
 def victims(P, M, X, G, t, n):
-    """Pops in eviction order until ``n`` unprotected ids are found, then pushes all back."""
+    """Pops in eviction order until ``n`` unprotected ids are found, then pushes all back
+    (the order is total, so the heap orders them as before); one unprotected top is read
+    without popping."""
     prot = G[PROT]
-    out = P[t, :, P.shape[2] - 1]  # the victims row
+    out = P[t, :, P.shape[2] - 1]  # the victims column
+    if n == 1 and M[t, SIZE] > 0 and prot[P[t, 0, HEAP]] == 0:
+        out[0] = P[t, 0, HEAP]
+        return True
     taken = 0
     found = 0
     while found < n and M[t, SIZE] > 0:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -118,10 +119,13 @@ def _load_requests_bulk(name: str) -> Trace | None:
     head = data.lstrip()[:4096]
     if not head.startswith(b"{") or b'"hash_ids"' not in data[: data.find(b"\n") if b"\n" in data else len(data)]:
         return None
-    requests = bulk_requests(data)
+    # hashlib releases the GIL on large inputs: the fingerprint is computed beside the parse.
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        digest = pool.submit(lambda: hashlib.blake2b(data, digest_size=16).hexdigest())
+        requests = bulk_requests(data)
+        fingerprint = digest.result()
     if requests is None:
         return None
-    fingerprint = hashlib.blake2b(data, digest_size=16).hexdigest()
     return Trace(name, TraceKind.REQUESTS, fingerprint, requests.ids, _with_end(requests.offsets, requests.ids),
                  requests=requests)
 
