@@ -50,15 +50,14 @@ def _bulk_requests(data: bytes) -> FlatTrace | None:
     while start < len(data):
         cut = data.find(b"\n", start + _CHUNK_BYTES)
         end = len(data) if cut < 0 else cut + 1
-        lines = [line for line in data[start:end].split(b"\n") if line.strip()]
+        part = _chunk(data[start:end])
         start = end
-        if lines:
-            part = _chunk(lines)
-            if part is None:
-                return None
+        if part is None:
+            return None
+        if len(part[1]):
             parts.append(part)
     if not parts:
-        return None
+        return None  # no records: the line reader says the trace is empty
     ids = np.concatenate([p[0] for p in parts])
     lengths = np.concatenate([p[1] for p in parts])
     cols = np.concatenate([p[2] for p in parts])
@@ -67,15 +66,26 @@ def _bulk_requests(data: bytes) -> FlatTrace | None:
     return FlatTrace(ids, offsets, cols[:, 0].copy(), cols[:, 1].copy(), cols[:, 2].copy())
 
 
-def _chunk(lines: list[bytes]) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """(ids, ids per request, [timestamp, input, output] per request) of some lines, or None.
+def _chunk(text: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """(ids, ids per request, [timestamp, input, output] per request) of whole lines, or None.
 
     Chunks are converted to arrays one at a time, so the Python objects of only one chunk
-    (about 1 MiB of text) exist at once: memory stays near the arrays' 8 B per id.
+    (about 1 MiB of text) exist at once: memory stays near the arrays' 8 B per id. Without
+    blank lines the newlines simply become commas of one JSON array.
     """
+    body = text.rstrip(b"\n")
+    if body and b"\n\n" not in body and not body.startswith(b"\n"):
+        records = body.count(b"\n") + 1
+        payload = b"[" + body.replace(b"\n", b",") + b"]"
+    else:
+        lines = [line for line in text.split(b"\n") if line.strip()]
+        records = len(lines)
+        payload = b"[" + b",".join(lines) + b"]"
     try:
-        objects = orjson.loads(b"[" + b",".join(lines) + b"]")
+        objects = orjson.loads(payload)
     except orjson.JSONDecodeError:
+        return None
+    if len(objects) != records:
         return None
     if set(map(type, objects)) != {dict}:
         return None
@@ -84,8 +94,7 @@ def _chunk(lines: list[bytes]) -> tuple[np.ndarray, np.ndarray, np.ndarray] | No
         meta = list(map(_META, objects))
     except KeyError:
         return None
-    text = b"".join(lines)
-    return _arrays(id_lists, meta, _only_the_four_integer_fields(text, len(lines)))
+    return _arrays(id_lists, meta, _only_the_four_integer_fields(text, records))
 
 
 def _only_the_four_integer_fields(data: bytes, records: int) -> bool:

@@ -142,7 +142,7 @@ def init_all(kind, P, M, X):
 
 
 # -- next-use hints (Belady) -----------------------------------------------------------------
-@njit
+@njit_inline
 def _hint_trace(M, G, ids, nus, a, b):
     """Hook calls on trace ids ``ids[a:b]`` pass each access's own next use."""
     if M[M.shape[0] - 1, S_NEEDS_FUTURE]:
@@ -150,7 +150,7 @@ def _hint_trace(M, G, ids, nus, a, b):
             G[HINT, ids[k]] = nus[k]
 
 
-@njit
+@njit_inline
 def _hint_future(M, G, arr, a, b):
     """Demoted blocks carry their last known next use (the manager's ``_future_hints``)."""
     if M[M.shape[0] - 1, S_NEEDS_FUTURE]:
@@ -173,7 +173,7 @@ def _move(kind, P, M, X, G, arr, a, b, src, dst):
     M[src, LINK_TRANSFERS + dst] += 1
 
 
-@njit
+@njit_inline
 def _drop(kind, P, M, X, G, t, n):
     """The victims ``P[t, :n, -1]`` of tier ``t`` leave the hierarchy."""
     arr = P[t, :, P.shape[2] - 1]
@@ -225,6 +225,19 @@ def make_room(kind, P, M, X, G, tier, n):
     return MADE
 
 
+@njit_inline
+def _room_single(kind, P, M, X, G, n):
+    """``make_room(0, n)`` of a one-tier hierarchy (victims leave), inlined: a replay of a
+    policy that inserts one block at a time calls it once per miss."""
+    need = n - (M[0, CAP] - M[0, USED])
+    if need <= 0:
+        return MADE
+    if need > M[0, CAP] or not p_victims(kind, P, M, X, G, 0, need):
+        return NO_VICTIMS
+    _drop(kind, P, M, X, G, 0, need)
+    return MADE
+
+
 # -- the access path -------------------------------------------------------------------------
 @njit
 def _insert_new(kind, P, M, X, G, ids, nus, a, b):
@@ -239,7 +252,8 @@ def _insert_new(kind, P, M, X, G, ids, nus, a, b):
     lo = 0
     hi = first
     while lo < n:
-        if make_room(kind, P, M, X, G, 0, hi - lo) == NO_VICTIMS:
+        room = _room_single(kind, P, M, X, G, hi - lo) if T == 1 else make_room(kind, P, M, X, G, 0, hi - lo)
+        if room == NO_VICTIMS:
             M[0, C_REFUSED] += hi - lo  # everything protected: not stored
         else:
             for k in range(a + lo, a + hi):
@@ -252,7 +266,7 @@ def _insert_new(kind, P, M, X, G, ids, nus, a, b):
         hi = min(hi + step, n)
 
 
-@njit
+@njit_inline
 def _count_found(M, tier, count, count_hits):
     if count_hits:
         M[tier, C_HITS] += count
