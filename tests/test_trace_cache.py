@@ -50,6 +50,17 @@ def test_bulk_parse_equals_the_line_reader(tmp_path, seed):
     assert_same_arrays(load_trace(path), path)
 
 
+@pytest.mark.parametrize("layout", ["blank lines", "crlf", "no final newline", "leading blank"])
+def test_bulk_parse_handles_line_layouts(tmp_path, layout):
+    text = random_requests(tmp_path, 5).read_text()
+    lines = text.splitlines()
+    text = {"blank lines": "\n\n".join(lines) + "\n\n", "crlf": "\r\n".join(lines) + "\r\n",
+            "no final newline": "\n".join(lines), "leading blank": "\n  \n" + text}[layout]
+    path = tmp_path / "layout.jsonl"
+    path.write_bytes(text.encode())
+    assert_same_arrays(load_trace(path), path)
+
+
 @pytest.mark.parametrize("bad", [
     '{"timestamp": 1, "input_length": 1, "output_length": 1, "hash_ids": [1, true]}',
     '{"timestamp": 1, "input_length": 1, "output_length": 1, "hash_ids": [1, 2.0]}',
