@@ -11,8 +11,10 @@ Usage: python scripts/bench_replay.py [--trace T] [--capacity 4000] [--repeats 5
    * tiercache, cached: the same from the binary trace cache (``load_trace_cached``);
    * libCacheSim: open its reader on the trace in its own binary format (oracleGeneral,
      exported once before timing: libCacheSim cannot read Mooncake JSONL) + ``process_trace``.
-   The two sides alternate within each repeat; medians of ``--repeats``; ratios are
-   tiercache (cold) over libCacheSim. Miss counts are compared too.
+   The runs alternate within each repeat and are timed in CPU seconds (``time.process_time``;
+   the machine may be shared, and wall time counts time spent descheduled); rates are from
+   median CPU seconds, ratios (tiercache cold or cached over libCacheSim) are medians of the
+   per-repeat ratios; wall-clock medians are in the JSON too. Miss counts are compared.
 2. A 3-tier hierarchy (HBM 1,000 / DRAM 4,000 / NVMe 16,000 blocks, llama-3-8b, H200 profile)
    in prefix semantics: block accesses per second of ``replay`` on the prepared trace.
 3. Time and peak RSS of load + prepare + replay (3-tier LRU, prefix, capacities scaled with
@@ -57,21 +59,22 @@ def tiercache_run(trace: str, policy: str, capacity: int, cache_dir: str | None)
     from tiercache.sim.replay import ReplayData, RunSpec, replay
     from tiercache.sim.tracecache import load_trace_cached
 
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     loaded = load_trace(trace) if cache_dir is None else load_trace_cached(trace, cache_dir)
     record = replay(RunSpec(policy, Semantics.OBJECT, (TierConfig("hbm", capacity),)), ReplayData.prepare(loaded, None, None))
-    return time.perf_counter() - started, record
+    return (time.perf_counter() - started, time.process_time() - cpu), record
 
 
-def libcachesim_run(lcs, oracle: str, policy: str, capacity: int) -> tuple[float, float]:
-    """One run of libCacheSim's policy: open the reader, process the trace."""
-    started = time.perf_counter()
+def libcachesim_run(lcs, oracle: str, policy: str, capacity: int) -> tuple[tuple[float, float], float]:
+    """One run of libCacheSim's policy: open the reader, process the trace; ((wall, CPU
+    seconds), miss ratio)."""
+    started, cpu = time.perf_counter(), time.process_time()
     reader = lcs.TraceReader(oracle, lcs.TraceType.ORACLE_GENERAL_TRACE)
     # hashpower 20 (1M buckets) holds the trace's 44k objects; the default 24 spends most of
     # a short run allocating a 16M-bucket table, which would flatter us.
     cache = getattr(lcs, LIBCACHESIM[policy])(cache_size=capacity, hashpower=20)
     miss_ratio, _ = cache.process_trace(reader)
-    return time.perf_counter() - started, float(miss_ratio)
+    return (time.perf_counter() - started, time.process_time() - cpu), float(miss_ratio)
 
 
 def warm_up() -> None:
@@ -105,26 +108,33 @@ def compare_policies(trace: str, capacity: int, repeats: int) -> dict:
         for policy in LIBCACHESIM:
             cold, cached, theirs = [], [], []
             for _ in range(repeats):
-                seconds, record = tiercache_run(trace, policy, capacity, None)
-                cold.append(seconds)
-                cached.append(tiercache_run(trace, policy, capacity, cache_dir)[0])
                 if lcs is not None:
                     seconds, their_ratio = libcachesim_run(lcs, oracle, policy, capacity)
                     theirs.append(seconds)
+                seconds, record = tiercache_run(trace, policy, capacity, None)
+                cold.append(seconds)
+                cached.append(tiercache_run(trace, policy, capacity, cache_dir)[0])
             out[policy] = _policy_row(record, cold, cached, theirs, their_ratio if lcs else None)
     return out
 
 
 def _policy_row(record, cold: list, cached: list, theirs: list, their_miss_ratio: float | None) -> dict:
+    """Rates from median CPU seconds (``time.process_time``: on a shared machine wall time
+    also counts time spent descheduled); ratios are medians of the per-repeat ratios, each
+    taken between runs made one right after the other. Wall-clock figures are kept too."""
     n = record.accesses
-    row = {"tiercache_accesses_per_s": n / statistics.median(cold),
-           "tiercache_cached_accesses_per_s": n / statistics.median(cached),
-           "tiercache_median_s": statistics.median(cold), "tiercache_cached_median_s": statistics.median(cached),
+    cpu = lambda runs: statistics.median(r[1] for r in runs)  # noqa: E731
+    wall = lambda runs: statistics.median(r[0] for r in runs)  # noqa: E731
+    row = {"tiercache_accesses_per_s": n / cpu(cold), "tiercache_cached_accesses_per_s": n / cpu(cached),
+           "tiercache_cpu_s": cpu(cold), "tiercache_cached_cpu_s": cpu(cached), "tiercache_wall_s": wall(cold),
+           "tiercache_cached_wall_s": wall(cached),
            "miss_ratio_tiercache": record.miss_ratio, "misses_tiercache": record.misses}
     if theirs:
-        rate = n / statistics.median(theirs)
-        row.update(libcachesim_accesses_per_s=rate, libcachesim_median_s=statistics.median(theirs),
-                   ratio=row["tiercache_accesses_per_s"] / rate, ratio_cached=row["tiercache_cached_accesses_per_s"] / rate,
+        row.update(libcachesim_accesses_per_s=n / cpu(theirs), libcachesim_cpu_s=cpu(theirs),
+                   libcachesim_wall_s=wall(theirs),
+                   ratio=statistics.median(t[1] / o[1] for o, t in zip(cold, theirs)),
+                   ratio_cached=statistics.median(t[1] / c[1] for c, t in zip(cached, theirs)),
+                   ratio_wall=statistics.median(t[0] / o[0] for o, t in zip(cold, theirs)),
                    miss_ratio_libcachesim=their_miss_ratio, misses_libcachesim=round(their_miss_ratio * n))
     return row
 
@@ -258,14 +268,15 @@ def main() -> int:
     warm_up()
     policies = compare_policies(args.trace, args.capacity, args.repeats)
     lru = policies["lru"]
-    result = {"trace": args.trace, "accesses": lru["misses_tiercache"] and round(lru["misses_tiercache"] / lru["miss_ratio_tiercache"]),
+    result = {"trace": args.trace, "accesses": round(lru["misses_tiercache"] / lru["miss_ratio_tiercache"]),
               "capacity": args.capacity, "repeats": args.repeats, "numba": HAVE_NUMBA,
               "jit": "numba cache=True (compiled once per machine) and a warm-up replay of every policy before timing",
               "timed": "load from disk (cold JSONL parse; cached: binary trace cache) + prepare + replay; libCacheSim: reader on oracleGeneral + process_trace",
-              "tiercache": {"median_s": lru["tiercache_median_s"], "accesses_per_s": lru["tiercache_accesses_per_s"],
+              "clock": "CPU seconds (time.process_time) per run, medians; ratios: medians of per-repeat ratios",
+              "tiercache": {"median_s": lru["tiercache_cpu_s"], "accesses_per_s": lru["tiercache_accesses_per_s"],
                             "miss_ratio": lru["miss_ratio_tiercache"], "cached_accesses_per_s": lru["tiercache_cached_accesses_per_s"]}}
     if "ratio" in lru:
-        result["libcachesim"] = {"median_s": lru["libcachesim_median_s"], "accesses_per_s": lru["libcachesim_accesses_per_s"],
+        result["libcachesim"] = {"median_s": lru["libcachesim_cpu_s"], "accesses_per_s": lru["libcachesim_accesses_per_s"],
                                  "miss_ratio": lru["miss_ratio_libcachesim"]}
         result["ratio_tiercache_to_libcachesim"] = lru["ratio"]
     result["policies"] = policies
@@ -285,7 +296,7 @@ def print_table(result: dict) -> None:
     print(f"object semantics, one tier of {result['capacity']} blocks, {result['accesses']} block accesses, "
           f"median of {result['repeats']} runs, loading included ({result['timed']})")
     print(f"{'policy':<8} {'tiercache/s':>12} {'cached/s':>12} {'libCacheSim/s':>14} {'ratio':>6} {'cached':>7} "
-          f"{'misses ours':>12} {'libCacheSim':>12}")
+          f"{'misses ours':>12} {'libCacheSim':>12}   (per CPU second)")
     for name, row in result["policies"].items():
         theirs = f"{row['libcachesim_accesses_per_s']:>14,.0f} {row['ratio']:>6.2f} {row['ratio_cached']:>7.2f}" if "ratio" in row else f"{'-':>14} {'-':>6} {'-':>7}"
         print(f"{name:<8} {row['tiercache_accesses_per_s']:>12,.0f} {row['tiercache_cached_accesses_per_s']:>12,.0f} {theirs} "
