@@ -1,7 +1,8 @@
-"""The bulk request-trace parser and the binary trace cache give what the line reader gives.
+"""The fast request-trace readers and the binary trace cache give what the line reader gives.
 
-``load_trace`` reads a request trace with one orjson call per chunk (``bulkparse``) and
-falls back to the validating line reader for anything unusual; ``load_trace_cached`` keeps
+``load_trace`` reads a request trace in the plain form with a compiled scanner
+(``fastscan``), else with one orjson call per chunk (``bulkparse``), and falls back to the
+validating line reader for anything unusual; ``load_trace_cached`` keeps
 the parsed arrays (plus dense ids and next uses) in ``.npy`` files keyed by the fingerprint.
 Both must build exactly the arrays of the line reader (``load_flat``), and every malformed
 trace must still raise the line reader's error.
@@ -16,6 +17,7 @@ import pytest
 
 from tiercache.errors import TraceError
 from tiercache.sim.bulkparse import bulk_requests
+from tiercache.sim.fastscan import scan_requests
 from tiercache.sim.loader import load_trace
 from tiercache.sim.prep import dense_and_next_use_sorted
 from tiercache.sim.replay import ReplayData
@@ -50,6 +52,37 @@ def test_bulk_parse_equals_the_line_reader(tmp_path, seed):
     assert_same_arrays(load_trace(path), path)
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_scanner_equals_orjson_on_random_spacing_and_key_order(tmp_path, seed):
+    """The compiled scanner reads the plain form in any key order and JSON spacing."""
+    pytest.importorskip("numba")
+    rng = np.random.default_rng(seed)
+    space = lambda: " " * int(rng.integers(0, 3)) + ("\t" if rng.random() < 0.1 else "")  # noqa: E731
+    lines = []
+    for _ in range(150):
+        fields = {"timestamp": int(rng.integers(0, 2**40)), "input_length": int(rng.integers(0, 10**6)),
+                  "output_length": int(rng.integers(0, 100)),
+                  "hash_ids": [int(x) for x in rng.integers(0, 2**63 - 1, size=int(rng.integers(0, 9)), dtype=np.int64)]}
+        keys = list(fields)
+        rng.shuffle(keys)
+        parts = []
+        for key in keys:
+            value = fields[key]
+            text = ("[" + space() + ("," + space()).join(map(str, value)) + space() + "]") if isinstance(value, list) else str(value)
+            parts.append(f'{space()}"{key}"{space()}:{space()}{text}{space()}')
+        lines.append("{" + ",".join(parts) + "}" + ("\r" if rng.random() < 0.1 else ""))
+        if rng.random() < 0.05:
+            lines.append("  ")
+    data = ("\n".join(lines) + "\n").encode()
+    path = tmp_path / "spaced.jsonl"
+    path.write_bytes(data)
+    scanned, reference = scan_requests(data), load_flat(path)
+    assert scanned is not None
+    for field in ("ids", "offsets", "timestamps", "input_lengths", "output_lengths"):
+        assert np.array_equal(getattr(scanned, field), getattr(reference, field)), field
+    assert_same_arrays(load_trace(path), path)
+
+
 @pytest.mark.parametrize("layout", ["blank lines", "crlf", "no final newline", "leading blank"])
 def test_bulk_parse_handles_line_layouts(tmp_path, layout):
     text = random_requests(tmp_path, 5).read_text()
@@ -70,14 +103,27 @@ def test_bulk_parse_handles_line_layouts(tmp_path, layout):
     '{"timestamp": 1, "input_length": 1, "hash_ids": [1]}',
     '{"timestamp": 1, "input_length": 1, "output_length": 1, "hash_ids": [1]',
     '[1, 2]',
+    '{"timestamp": 1, "input_length": 1, "output_length": 1, "hash_ids": [01]}',
+    '{"timestamp": 1, "input_length": 1, "output_length": 1, "hash_ids": [1,]}',
 ])
 def test_bulk_parse_defers_every_error_to_the_line_reader(tmp_path, bad):
     good = '{"timestamp": 0, "input_length": 512, "output_length": 1, "hash_ids": [7]}'
     path = tmp_path / "bad.jsonl"
     path.write_text(f"{good}\n{bad}\n")
     assert bulk_requests(path.read_bytes()) is None
+    assert scan_requests(path.read_bytes()) is None
     with pytest.raises(TraceError, match=r"bad.jsonl:2: "):
         load_trace(path)
+
+
+def test_scanner_declines_what_it_does_not_read_and_orjson_takes_it(tmp_path):
+    """A repeated key or an extra field is valid JSON: not the plain form, read by orjson."""
+    path = tmp_path / "extra.jsonl"
+    path.write_text('{"timestamp": 1, "timestamp": 2, "input_length": 1, "output_length": 1, "hash_ids": [1]}\n'
+                    '{"timestamp": 3, "input_length": 1, "output_length": 1, "hash_ids": [2], "model": "x"}\n')
+    assert scan_requests(path.read_bytes()) is None
+    assert_same_arrays(load_trace(path), path)
+    assert load_trace(path).requests.timestamps.tolist() == [2, 3]
 
 
 def test_cache_entry_is_written_once_and_read_back(tmp_path):

@@ -19,6 +19,7 @@ from tiercache.errors import TraceError
 from tiercache.results import TraceInfo, TraceKind
 
 from .bulkparse import MAX_BULK_BYTES, bulk_requests
+from .fastscan import scan_requests
 from .steptrace import FlatSteps, flat_steps, header_block_tokens, is_header
 from .traces import MOONCAKE_BLOCK_TOKENS, FlatTrace, flat_requests, iter_json_objects, kind_of
 
@@ -107,8 +108,9 @@ def load_trace(path: str | os.PathLike) -> Trace:
 
 
 def _load_requests_bulk(name: str) -> Trace | None:
-    """A request trace read whole and parsed in bulk (``bulkparse``); None defers to the
-    streaming reader (a step trace, a large file, anything it would report as an error)."""
+    """A request trace read whole and parsed in bulk (``fastscan`` for the plain form, else
+    ``bulkparse``); None defers to the streaming reader (a step trace, a large file, anything
+    it would report as an error)."""
     try:
         if not os.path.isfile(name) or os.path.getsize(name) > MAX_BULK_BYTES:
             return None
@@ -122,7 +124,9 @@ def _load_requests_bulk(name: str) -> Trace | None:
     # hashlib releases the GIL on large inputs: the fingerprint is computed beside the parse.
     with ThreadPoolExecutor(max_workers=1) as pool:
         digest = pool.submit(lambda: hashlib.blake2b(data, digest_size=16).hexdigest())
-        requests = bulk_requests(data)
+        requests = scan_requests(data)  # compiled, releases the GIL: overlaps the hash
+        if requests is None:
+            requests = bulk_requests(data)
         fingerprint = digest.result()
     if requests is None:
         return None
