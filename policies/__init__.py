@@ -30,6 +30,8 @@ __all__ = [
     "get_prefetch",
     "make_prefetch",
     "NO_NEXT_USE",
+    "KERNELS",
+    "get_kernel",
 ]
 
 EVICTION: dict[str, str] = {
@@ -43,6 +45,18 @@ EVICTION: dict[str, str] = {
     "leaf_lru": "tiercache.policies.leaf_lru:LeafLRU",
     "session": "tiercache.policies.session:Session",
     "cost": "tiercache.policies.cost_aware:CostAware",
+}
+
+#: Eviction policies with a compiled kernel (``policies/kernels/``, one module per policy,
+#: mirroring the class call for call); replays use it when numba is available.
+KERNELS: dict[str, str] = {
+    "lru": "tiercache.policies.kernels.lru",
+    "fifo": "tiercache.policies.kernels.fifo",
+    "lfu": "tiercache.policies.kernels.lfu",
+    "sieve": "tiercache.policies.kernels.sieve",
+    "belady": "tiercache.policies.kernels.belady",
+    "arc": "tiercache.policies.kernels.arc",
+    "s3fifo": "tiercache.policies.kernels.s3fifo",
 }
 
 ADMISSION: dict[str, str] = {
@@ -87,6 +101,13 @@ def _load(name: str, table: dict[str, str], kind: str, base: type) -> type:
 def get_eviction(name: str) -> type[EvictionPolicy]:
     """Returns the eviction policy class for a registry name or ``module:Class``."""
     return _load(name, EVICTION, "eviction", EvictionPolicy)
+
+
+def get_kernel(name: str):
+    """The kernel module of a registered eviction policy, or None (no kernel: out-of-tree
+    policies, ``leaf_lru``). Imports the module (and numba, when installed)."""
+    target = KERNELS.get(name.strip().lower())
+    return None if target is None else importlib.import_module(target)
 
 
 def get_admission(name: str) -> type[AdmissionPolicy]:

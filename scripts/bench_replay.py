@@ -1,14 +1,30 @@
 #!/usr/bin/env python3
-"""Replay throughput: tiercache's manager vs libCacheSim's C loop, side by side in one run.
+"""Replay throughput: tiercache against libCacheSim, side by side in one run, loading included.
 
-Usage: python scripts/bench_replay.py [--trace T] [--repeats 5] [--json out.json]
+Usage: python scripts/bench_replay.py [--trace T] [--capacity 4000] [--repeats 5] [--json out.json]
 
-1. LRU, object semantics, one tier of 4,000 blocks on the sample trace: block accesses per
-   second through ``tiercache.sim.replay.replay`` (the real manager and SimEngine; trace
-   already parsed) and through ``libcachesim.LRU.process_trace`` on the same trace exported
-   as oracleGeneral (reader already opened); medians of ``--repeats`` runs and their ratio.
-2. The sweep of 7 eviction policies x 3 capacities (1,000 / 4,000 / 16,000 blocks), wall
-   time with one worker per core, as ``tiercache replay`` runs it.
+1. Every built-in policy libCacheSim also has (LRU, FIFO, LFU, ARC, S3-FIFO, SIEVE, Belady),
+   object semantics, one tier of ``--capacity`` blocks. One timed run on each side is the
+   whole job from the file on disk:
+   * tiercache, cold: ``load_trace`` (parse the JSONL: orjson in bulk, fingerprint) +
+     ``ReplayData.prepare`` (dense ids, next uses) + ``replay`` (the compiled kernels);
+   * tiercache, cached: the same from the binary trace cache (``load_trace_cached``);
+   * libCacheSim: open its reader on the trace in its own binary format (oracleGeneral,
+     exported once before timing: libCacheSim cannot read Mooncake JSONL) + ``process_trace``.
+   The runs alternate within each repeat and are timed in CPU seconds (``time.process_time``;
+   the machine may be shared, and wall time counts time spent descheduled); rates are from
+   median CPU seconds, ratios (tiercache cold or cached over libCacheSim) are medians of the
+   per-repeat ratios; wall-clock medians are in the JSON too. Miss counts are compared.
+2. A 3-tier hierarchy (HBM 1,000 / DRAM 4,000 / NVMe 16,000 blocks, llama-3-8b, H200 profile)
+   in prefix semantics: block accesses per second of ``replay`` on the prepared trace.
+3. Time and peak RSS of load + prepare + replay (3-tier LRU, prefix, capacities scaled with
+   the trace) at 1x and 10x the trace (10 copies with disjoint ids), each in a fresh
+   interpreter: the process's peak RSS and how much RSS grew during the run (sampled).
+4. The sweep of 7 policies x 3 capacities, wall time with one worker per core.
+
+numba: compiled once per machine into ``__pycache__`` (``cache=True``), and every policy is
+replayed once on a small trace before any clock starts, so no timed region compiles or
+loads compiled code.
 """
 
 from __future__ import annotations
@@ -16,60 +32,212 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from tiercache.results import RunRecord
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_TRACE = ROOT / "tests" / "data" / "mooncake_synthetic_trace.jsonl"
-SWEEP_POLICIES = ["lru", "fifo", "lfu", "arc", "s3fifo", "sieve", "belady"]
+WARMUP_TRACE = ROOT / "tests" / "data" / "mooncake_head.jsonl"
+#: Our name -> libCacheSim's class.
+LIBCACHESIM = {"lru": "LRU", "fifo": "FIFO", "lfu": "LFU", "arc": "ARC", "s3fifo": "S3FIFO", "sieve": "Sieve",
+               "belady": "Belady"}
+SWEEP_POLICIES = list(LIBCACHESIM)
 SWEEP_CAPACITIES = [1000, 4000, 16000]
+HIERARCHY = (("hbm", 1000), ("dram", 4000), ("nvme", 16000))
 
 
-def time_tiercache(trace: str, capacity: int, repeats: int) -> tuple[list[float], RunRecord]:
-    """Seconds per replay through the manager (trace loaded once, outside the timing)."""
+def tiercache_run(trace: str, policy: str, capacity: int, cache_dir: str | None):
+    """One whole run from the file: load (cold, or from the cache) + prepare + replay."""
+    from tiercache.config import TierConfig
+    from tiercache.results import Semantics
+    from tiercache.sim.loader import load_trace
+    from tiercache.sim.replay import ReplayData, RunSpec, replay
+    from tiercache.sim.tracecache import load_trace_cached
+
+    started, cpu = time.perf_counter(), time.process_time()
+    loaded = load_trace(trace) if cache_dir is None else load_trace_cached(trace, cache_dir)
+    record = replay(RunSpec(policy, Semantics.OBJECT, (TierConfig("hbm", capacity),)), ReplayData.prepare(loaded, None, None))
+    return (time.perf_counter() - started, time.process_time() - cpu), record
+
+
+def libcachesim_run(lcs, oracle: str, policy: str, capacity: int) -> tuple[tuple[float, float], float]:
+    """One run of libCacheSim's policy: open the reader, process the trace; ((wall, CPU
+    seconds), miss ratio)."""
+    started, cpu = time.perf_counter(), time.process_time()
+    reader = lcs.TraceReader(oracle, lcs.TraceType.ORACLE_GENERAL_TRACE)
+    # hashpower 20 (1M buckets) holds the trace's 44k objects; the default 24 spends most of
+    # a short run allocating a 16M-bucket table, which would flatter us.
+    cache = getattr(lcs, LIBCACHESIM[policy])(cache_size=capacity, hashpower=20)
+    miss_ratio, _ = cache.process_trace(reader)
+    return (time.perf_counter() - started, time.process_time() - cpu), float(miss_ratio)
+
+
+def warm_up() -> None:
+    """Compiles (or loads) every kernel and the loaders before any clock starts."""
     from tiercache.config import TierConfig
     from tiercache.results import Semantics
     from tiercache.sim.loader import load_trace
     from tiercache.sim.replay import ReplayData, RunSpec, replay
 
-    data = ReplayData.prepare(load_trace(trace), None, None)
-    spec = RunSpec("lru", Semantics.OBJECT, (TierConfig("hbm", capacity),))
-    times, record = [], None
-    for _ in range(repeats):
-        started = time.perf_counter()
-        record = replay(spec, data)
-        times.append(time.perf_counter() - started)
-    return times, record
+    data = ReplayData.prepare(load_trace(WARMUP_TRACE), None, None)
+    for policy in LIBCACHESIM:
+        for semantics in (Semantics.OBJECT, Semantics.PREFIX):
+            replay(RunSpec(policy, semantics, (TierConfig("hbm", 50), TierConfig("dram", 50))), data)
+            replay(RunSpec(policy, semantics, (TierConfig("hbm", 50),)), data)
 
 
-def time_libcachesim(trace: str, capacity: int, repeats: int) -> tuple[list[float], float] | None:
-    """Seconds per ``process_trace`` of libCacheSim's LRU, or None when it is not installed."""
+def compare_policies(trace: str, capacity: int, repeats: int) -> dict:
+    """Per policy: medians of the three timed runs, rates, ratio, miss ratios and counts."""
     try:
         import libcachesim as lcs
     except ImportError:
-        return None
+        lcs = None
     from tiercache.sim.oracle import export_oracle_general
 
+    out = {}
     with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "trace.oracleGeneral")
-        export_oracle_general(trace, path)
-        times, miss_ratio = [], 0.0
+        oracle = os.path.join(tmp, "trace.oracleGeneral")
+        export_oracle_general(trace, oracle)
+        cache_dir = os.path.join(tmp, "cache")
+        tiercache_run(trace, "lru", capacity, cache_dir)  # writes the cache entry (not timed)
+        for policy in LIBCACHESIM:
+            cold, cached, theirs = [], [], []
+            for _ in range(repeats):
+                if lcs is not None:
+                    seconds, their_ratio = libcachesim_run(lcs, oracle, policy, capacity)
+                    theirs.append(seconds)
+                seconds, record = tiercache_run(trace, policy, capacity, None)
+                cold.append(seconds)
+                cached.append(tiercache_run(trace, policy, capacity, cache_dir)[0])
+            out[policy] = _policy_row(record, cold, cached, theirs, their_ratio if lcs else None)
+    return out
+
+
+def _policy_row(record, cold: list, cached: list, theirs: list, their_miss_ratio: float | None) -> dict:
+    """Rates from median CPU seconds (``time.process_time``: on a shared machine wall time
+    also counts time spent descheduled); ratios are medians of the per-repeat ratios, each
+    taken between runs made one right after the other. Wall-clock figures are kept too."""
+    n = record.accesses
+    cpu = lambda runs: statistics.median(r[1] for r in runs)  # noqa: E731
+    wall = lambda runs: statistics.median(r[0] for r in runs)  # noqa: E731
+    row = {"tiercache_accesses_per_s": n / cpu(cold), "tiercache_cached_accesses_per_s": n / cpu(cached),
+           "tiercache_cpu_s": cpu(cold), "tiercache_cached_cpu_s": cpu(cached), "tiercache_wall_s": wall(cold),
+           "tiercache_cached_wall_s": wall(cached),
+           "miss_ratio_tiercache": record.miss_ratio, "misses_tiercache": record.misses}
+    if theirs:
+        row.update(libcachesim_accesses_per_s=n / cpu(theirs), libcachesim_cpu_s=cpu(theirs),
+                   libcachesim_wall_s=wall(theirs),
+                   ratio=statistics.median(t[1] / o[1] for o, t in zip(cold, theirs)),
+                   ratio_cached=statistics.median(t[1] / c[1] for c, t in zip(cached, theirs)),
+                   ratio_wall=statistics.median(t[0] / o[0] for o, t in zip(cold, theirs)),
+                   miss_ratio_libcachesim=their_miss_ratio, misses_libcachesim=round(their_miss_ratio * n))
+    return row
+
+
+def hierarchy_rates(trace: str, repeats: int) -> dict:
+    """Block accesses per second of a prepared 3-tier prefix replay, per policy."""
+    from tiercache.config import TierConfig, layout_preset
+    from tiercache.results import Semantics
+    from tiercache.sim.hardware import PRESETS
+    from tiercache.sim.loader import load_trace
+    from tiercache.sim.replay import ReplayData, RunSpec, replay
+
+    data = ReplayData.prepare(load_trace(trace), layout_preset("llama-3-8b", 512), PRESETS["h200-pcie5-nvme4"])
+    tiers = tuple(TierConfig(name, cap) for name, cap in HIERARCHY)
+    out = {}
+    for policy in LIBCACHESIM:
+        times = []
         for _ in range(repeats):
-            reader = lcs.TraceReader(path, lcs.TraceType.ORACLE_GENERAL_TRACE)
-            # hashpower 20 (1M buckets) holds the trace's 44k objects; the default 24 spends
-            # most of a short run allocating a 16M-bucket table, which would flatter us.
-            cache = lcs.LRU(cache_size=capacity, hashpower=20)
             started = time.perf_counter()
-            miss_ratio, _ = cache.process_trace(reader)
+            record = replay(RunSpec(policy, Semantics.PREFIX, tiers), data)
             times.append(time.perf_counter() - started)
-    return times, miss_ratio
+        out[policy] = {"accesses_per_s": record.accesses / statistics.median(times), "miss_ratio": record.miss_ratio,
+                       "hbm_hits": record.tiers[0].hits}
+    return out
+
+
+def scale_case(trace: str, copies: int) -> dict:
+    """(In a fresh interpreter.) Load + prepare + 3-tier LRU prefix replay of ``copies``
+    copies of the trace with disjoint ids: seconds, the process's peak RSS, and the peak
+    RSS growth over the run (sampled every 0.5 ms from just before it starts)."""
+    from tiercache.config import TierConfig
+    from tiercache.results import Semantics
+    from tiercache.sim.loader import load_trace
+    from tiercache.sim.replay import ReplayData, RunSpec, replay
+
+    warm_up()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "scaled.jsonl")
+        _write_copies(trace, path, copies)
+        with _RssSampler() as rss:
+            started = time.perf_counter()
+            data = ReplayData.prepare(load_trace(path), None, None)
+            spec = RunSpec("lru", Semantics.PREFIX, tuple(TierConfig(n, c * copies) for n, c in HIERARCHY))
+            record = replay(spec, data)
+            seconds = time.perf_counter() - started
+    held = int(data.ids.nbytes + data.next_use.nbytes + data.dense.nbytes + data.offsets.nbytes)
+    return {"seconds": seconds, "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "peak_rss_growth_bytes": rss.growth, "accesses": record.accesses, "replay_array_bytes": held}
+
+
+class _RssSampler:
+    """Highest RSS seen by a thread sampling every 0.5 ms, minus the RSS at the start."""
+
+    def __enter__(self) -> "_RssSampler":
+        import threading
+
+        import psutil
+
+        self._process = psutil.Process()
+        self._start = self._peak = self._process.memory_info().rss
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.0005):
+            self._peak = max(self._peak, self._process.memory_info().rss)
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._peak = max(self._peak, self._process.memory_info().rss)
+        self.growth = self._peak - self._start
+
+
+def _write_copies(trace: str, path: str, copies: int) -> None:
+    """``copies`` copies of the trace, copy ``k``'s ids shifted by ``k * (max id + 1)``."""
+    from tiercache.sim.traces import iter_requests, request_json
+
+    requests = list(iter_requests(trace))
+    shift = max((max(r.hash_ids, default=0) for r in requests), default=0) + 1
+    span = requests[-1].timestamp + 1
+    with open(path, "w", encoding="utf-8") as out:
+        for k in range(copies):
+            for r in requests:
+                moved = r.__class__(r.timestamp + k * span, r.input_length, r.output_length,
+                                    tuple(i + k * shift for i in r.hash_ids))
+                out.write(request_json(moved) + "\n")
+
+
+def scaling(trace: str) -> dict:
+    """``scale_case`` at 1x and 10x, each in its own interpreter."""
+    out = {}
+    for copies in (1, 10):
+        cmd = [sys.executable, __file__, "--trace", trace, "--scale-case", str(copies)]
+        done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+        row = json.loads(done.stdout.strip().splitlines()[-1])
+        row["rss_growth_per_access_bytes"] = row["peak_rss_growth_bytes"] / row["accesses"]
+        out[f"{copies}x"] = row
+    out["time_ratio_10x_to_1x"] = out["10x"]["seconds"] / out["1x"]["seconds"]
+    out["rss_growth_ratio_10x_to_1x"] = out["10x"]["peak_rss_growth_bytes"] / max(out["1x"]["peak_rss_growth_bytes"], 1)
+    return out
 
 
 def time_sweep(trace: str) -> tuple[float, int]:
@@ -90,19 +258,31 @@ def main() -> int:
     parser.add_argument("--capacity", type=int, default=4000)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json", help="write the figures here")
+    parser.add_argument("--scale-case", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.scale_case is not None:
+        print(json.dumps(scale_case(args.trace, args.scale_case)))
+        return 0
+    from tiercache.policies.kernels import HAVE_NUMBA
 
-    ours, record = time_tiercache(args.trace, args.capacity, args.repeats)
-    accesses = record.accesses
-    ours_rate = accesses / statistics.median(ours)
-    result = {"trace": args.trace, "accesses": accesses, "capacity": args.capacity, "repeats": args.repeats,
-              "tiercache": {"median_s": statistics.median(ours), "accesses_per_s": ours_rate, "miss_ratio": record.miss_ratio}}
-    theirs = time_libcachesim(args.trace, args.capacity, args.repeats)
-    if theirs is not None:
-        times, miss_ratio = theirs
-        rate = accesses / statistics.median(times)
-        result["libcachesim"] = {"median_s": statistics.median(times), "accesses_per_s": rate, "miss_ratio": miss_ratio}
-        result["ratio_tiercache_to_libcachesim"] = ours_rate / rate
+    warm_up()
+    policies = compare_policies(args.trace, args.capacity, args.repeats)
+    lru = policies["lru"]
+    result = {"trace": args.trace, "accesses": round(lru["misses_tiercache"] / lru["miss_ratio_tiercache"]),
+              "capacity": args.capacity, "repeats": args.repeats, "numba": HAVE_NUMBA,
+              "jit": "numba cache=True (compiled once per machine) and a warm-up replay of every policy before timing",
+              "timed": "load from disk (cold JSONL parse; cached: binary trace cache) + prepare + replay; libCacheSim: reader on oracleGeneral + process_trace",
+              "clock": "CPU seconds (time.process_time) per run, medians; ratios: medians of per-repeat ratios",
+              "tiercache": {"median_s": lru["tiercache_cpu_s"], "accesses_per_s": lru["tiercache_accesses_per_s"],
+                            "miss_ratio": lru["miss_ratio_tiercache"], "cached_accesses_per_s": lru["tiercache_cached_accesses_per_s"]}}
+    if "ratio" in lru:
+        result["libcachesim"] = {"median_s": lru["libcachesim_cpu_s"], "accesses_per_s": lru["libcachesim_accesses_per_s"],
+                                 "miss_ratio": lru["miss_ratio_libcachesim"]}
+        result["ratio_tiercache_to_libcachesim"] = lru["ratio"]
+    result["policies"] = policies
+    result["hierarchy"] = {"tiers": [list(t) for t in HIERARCHY], "semantics": "prefix",
+                           "policies": hierarchy_rates(args.trace, args.repeats)}
+    result["scaling"] = scaling(args.trace)
     sweep_s, runs = time_sweep(args.trace)
     result["sweep"] = {"policies": SWEEP_POLICIES, "capacities": SWEEP_CAPACITIES, "runs": runs, "wall_s": sweep_s,
                        "workers": os.cpu_count()}
@@ -113,18 +293,25 @@ def main() -> int:
 
 
 def print_table(result: dict) -> None:
-    print(f"LRU, object semantics, {result['capacity']} blocks, {result['accesses']} block accesses, "
-          f"median of {result['repeats']} runs")
-    print(f"{'engine':<14} {'seconds':>9} {'accesses/s':>13} {'miss ratio':>11}")
-    for name in ("tiercache", "libcachesim"):
-        if name in result:
-            row = result[name]
-            print(f"{name:<14} {row['median_s']:>9.4f} {row['accesses_per_s']:>13,.0f} {row['miss_ratio']:>11.6f}")
-    if "ratio_tiercache_to_libcachesim" in result:
-        ratio = result["ratio_tiercache_to_libcachesim"]
-        print(f"tiercache / libCacheSim throughput: {ratio:.3f} (libCacheSim is {1 / ratio:.1f}x faster)")
-    else:
-        print("libcachesim not installed: no side-by-side ratio")
+    print(f"object semantics, one tier of {result['capacity']} blocks, {result['accesses']} block accesses, "
+          f"median of {result['repeats']} runs, loading included ({result['timed']})")
+    print(f"{'policy':<8} {'tiercache/s':>12} {'cached/s':>12} {'libCacheSim/s':>14} {'ratio':>6} {'cached':>7} "
+          f"{'misses ours':>12} {'libCacheSim':>12}   (per CPU second)")
+    for name, row in result["policies"].items():
+        theirs = f"{row['libcachesim_accesses_per_s']:>14,.0f} {row['ratio']:>6.2f} {row['ratio_cached']:>7.2f}" if "ratio" in row else f"{'-':>14} {'-':>6} {'-':>7}"
+        print(f"{name:<8} {row['tiercache_accesses_per_s']:>12,.0f} {row['tiercache_cached_accesses_per_s']:>12,.0f} {theirs} "
+              f"{row['misses_tiercache']:>12,} {row.get('misses_libcachesim', '-'):>12}")
+    h = result["hierarchy"]
+    print(f"3 tiers {h['tiers']} prefix semantics, prepared trace: " +
+          ", ".join(f"{p} {r['accesses_per_s'] / 1e6:.1f}M/s" for p, r in h["policies"].items()))
+    s = result["scaling"]
+    for key in ("1x", "10x"):
+        row = s[key]
+        print(f"{key:>4}: {row['accesses']:>9,} accesses, load+prepare+replay {row['seconds']:.3f} s, "
+              f"peak RSS {row['peak_rss_bytes'] / 2**20:.0f} MiB, grew {row['peak_rss_growth_bytes'] / 2**20:.1f} MiB "
+              f"during the run ({row['rss_growth_per_access_bytes']:.0f} B/access; replay arrays "
+              f"{row['replay_array_bytes'] / row['accesses']:.0f} B/access)")
+    print(f"10x / 1x: time {s['time_ratio_10x_to_1x']:.1f}x, peak RSS growth {s['rss_growth_ratio_10x_to_1x']:.1f}x")
     sweep = result["sweep"]
     print(f"sweep {len(sweep['policies'])} policies x {len(sweep['capacities'])} capacities = {sweep['runs']} runs: "
           f"{sweep['wall_s']:.2f} s wall with {sweep['workers']} workers")

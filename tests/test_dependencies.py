@@ -29,6 +29,8 @@ IMPORT_TO_DIST = {
     "psutil": "psutil",
     "tqdm": "tqdm",
     "matplotlib": "matplotlib",
+    "numba": "numba",
+    "orjson": "orjson",
     "torch": "torch",
     "cupy": "cupy-cuda12x",
     "libcachesim": "libcachesim",

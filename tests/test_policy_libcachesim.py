@@ -4,9 +4,9 @@ Object semantics: the flat stream of every ``hash_ids`` entry in file order, eac
 of size 1 (121,877 accesses), one tier of 1000, 4000 or 16000 objects, replayed through
 ``policy_driver`` (evict, then insert, as libCacheSim does).
 
-* ``lru``, ``fifo`` and ``belady`` must equal libCacheSim's miss ratio to 4 decimals (they
-  match it access for access); ``arc``, ``s3fifo`` and ``sieve`` must be within 0.01 (see the
-  policy docstrings for where they may differ).
+* ``lru``, ``fifo``, ``belady``, ``s3fifo`` and ``sieve`` must equal libCacheSim's miss ratio
+  to 4 decimals (they match it access for access); ``arc`` must be within 3e-4 (see its
+  docstring for where it may differ).
 * The comparison runs twice: against libCacheSim computed live when ``import libcachesim``
   works (0.3.5, through its oracleGeneral binary reader), and against the numbers pinned in
   ``tests/data/golden_libcachesim.json``, which always runs. The live run also checks that the
@@ -35,7 +35,7 @@ CAPACITIES = (1000, 4000, 16000)
 #: Our name -> libCacheSim class name, and the allowed |ours - libCacheSim|.
 LIBCACHESIM = {"lru": "LRU", "fifo": "FIFO", "belady": "Belady", "arc": "ARC", "s3fifo": "S3FIFO", "sieve": "Sieve"}
 EXACT = 5e-5  # "equal to 4 decimals"
-TOLERANCE = {"lru": EXACT, "fifo": EXACT, "belady": EXACT, "arc": 0.01, "s3fifo": 0.01, "sieve": 0.01}
+TOLERANCE = {"lru": EXACT, "fifo": EXACT, "belady": EXACT, "arc": 3e-4, "s3fifo": EXACT, "sieve": EXACT}
 CASES = [(name, cap) for name in LIBCACHESIM for cap in CAPACITIES]
 
 

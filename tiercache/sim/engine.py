@@ -76,10 +76,22 @@ class SimEngine:
         self._occupy(src_tier, 0, n_blocks)
         return self.cost(src_tier, 0, n_blocks)
 
-    def cost(self, src_tier: int, dst_tier: int, n_blocks: int) -> tuple[int, float]:
-        """Bytes and modeled seconds of one transfer of ``n_blocks`` between two tiers."""
+    def cost(self, src_tier: int, dst_tier: int, n_blocks: int, n_transfers: int = 1) -> tuple[int, float]:
+        """Bytes and modeled seconds of ``n_transfers`` transfers of ``n_blocks`` in all
+        between two tiers (one transfer by default)."""
         nbytes = n_blocks * (self.block_bytes or 0)
-        return nbytes, self._seconds(self._link(src_tier, dst_tier), nbytes)
+        return nbytes, self._seconds(self._link(src_tier, dst_tier), nbytes, n_transfers)
+
+    def charge(self, src_tier: int, dst_tier: int, n_blocks: int, n_transfers: int) -> None:
+        """Books ``n_transfers`` completed transfers of ``n_blocks`` in all on a link, as many
+        ``submit`` calls would (usage only: the compiled replay moves nothing and waits for
+        nothing, so the link's queue and the clock are left alone)."""
+        nbytes, seconds = self.cost(src_tier, dst_tier, n_blocks, n_transfers)
+        usage = self.usage.setdefault(self._link(src_tier, dst_tier), LinkUsage())
+        usage.blocks += n_blocks
+        usage.bytes += nbytes
+        usage.transfers += n_transfers
+        usage.seconds += seconds
 
     def _link(self, src_tier: int, dst_tier: int) -> str:
         return f"{self.tier_names[src_tier]}->{self.tier_names[dst_tier]}"
@@ -126,14 +138,14 @@ class SimEngine:
         """Busy seconds summed over links (an upper bound on the makespan)."""
         return sum(u.seconds for u in self.usage.values())
 
-    def _seconds(self, link: str, nbytes: int) -> float:
+    def _seconds(self, link: str, nbytes: int, n_transfers: int = 1) -> float:
         if self.profile is None or not nbytes:
             return 0.0
         links = self.profile.links
         if link in links:
-            return links[link].seconds(nbytes)
+            return links[link].seconds(nbytes, n_transfers)
         src, dst = link.split("->")
         staged = (f"{src}->dram", f"dram->{dst}")
         if all(part in links for part in staged):
-            return sum(links[part].seconds(nbytes) for part in staged)
+            return sum(links[part].seconds(nbytes, n_transfers) for part in staged)
         raise KeyError(f"hardware profile {self.profile.name!r} has no link {link!r}")

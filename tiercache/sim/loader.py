@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,6 +18,8 @@ import numpy as np
 from tiercache.errors import TraceError
 from tiercache.results import TraceInfo, TraceKind
 
+from .bulkparse import MAX_BULK_BYTES, bulk_requests
+from .fastscan import scan_requests
 from .kvtester import DEFAULT_MEAN_GAP_S, is_kvtester, load_kvtester_flat
 from .steptrace import FlatSteps, flat_steps, header_block_tokens, is_header
 from .traces import MOONCAKE_BLOCK_TOKENS, FlatTrace, flat_requests, iter_json_objects, kind_of
@@ -34,8 +37,9 @@ class Trace:
     counts) and ``steps`` (step traces: write flags, steps, layers) is set, matching ``kind``.
     ``fingerprint`` is the blake2b-128 hex digest of the file's bytes (``trace_fingerprint``).
     ``block_tokens`` is the tokens per block: 512 for Mooncake request traces, the
-    ``block_size`` of a kv-cache-tester workload, a
-    step trace's header value, or None for a step trace without a header.
+    ``block_size`` of a kv-cache-tester workload, a step trace's header value, or None for a
+    step trace without a header. ``dense`` and ``next_use`` (``tiercache.sim.prep``), when
+    set, come from the binary trace cache.
     """
 
     path: str
@@ -46,6 +50,8 @@ class Trace:
     requests: FlatTrace | None = None
     steps: FlatSteps | None = None
     block_tokens: int | None = MOONCAKE_BLOCK_TOKENS
+    dense: np.ndarray | None = None
+    next_use: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         present = (self.requests is not None, self.steps is not None)
@@ -92,6 +98,9 @@ def load_trace(path: str | os.PathLike, arrival_seed: int = 0, mean_gap_s: float
         flat, block_size, fingerprint = load_kvtester_flat(name, arrival_seed, mean_gap_s)
         return Trace(name, TraceKind.REQUESTS, fingerprint, flat.ids, _with_end(flat.offsets, flat.ids), requests=flat,
                      block_tokens=block_size)
+    fast = _load_requests_bulk(name)
+    if fast is not None:
+        return fast
     digest = hashlib.blake2b(digest_size=16)
     objects = iter_json_objects(name, digest)
     first = next(objects, None)
@@ -105,6 +114,33 @@ def load_trace(path: str | os.PathLike, arrival_seed: int = 0, mean_gap_s: float
     steps = flat_steps(name, objects if block_tokens else itertools.chain([first], objects))
     return Trace(name, kind, digest.hexdigest(), steps.ids, _with_end(steps.offsets, steps.ids), steps=steps,
                  block_tokens=block_tokens)
+
+
+def _load_requests_bulk(name: str) -> Trace | None:
+    """A request trace read whole and parsed in bulk (``fastscan`` for the plain form, else
+    ``bulkparse``); None defers to the streaming reader (a step trace, a large file, anything
+    it would report as an error)."""
+    try:
+        if not os.path.isfile(name) or os.path.getsize(name) > MAX_BULK_BYTES:
+            return None
+        with open(name, "rb") as handle:
+            data = handle.read()
+    except OSError:
+        return None  # the streaming reader reports it
+    head = data.lstrip()[:4096]
+    if not head.startswith(b"{") or b'"hash_ids"' not in data[: data.find(b"\n") if b"\n" in data else len(data)]:
+        return None
+    # hashlib releases the GIL on large inputs: the fingerprint is computed beside the parse.
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        digest = pool.submit(lambda: hashlib.blake2b(data, digest_size=16).hexdigest())
+        requests = scan_requests(data)  # compiled, releases the GIL: overlaps the hash
+        if requests is None:
+            requests = bulk_requests(data)
+        fingerprint = digest.result()
+    if requests is None:
+        return None
+    return Trace(name, TraceKind.REQUESTS, fingerprint, requests.ids, _with_end(requests.offsets, requests.ids),
+                 requests=requests)
 
 
 def _with_end(offsets: np.ndarray, ids: np.ndarray) -> np.ndarray:

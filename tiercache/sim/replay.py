@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Callable
 
 import numpy as np
@@ -26,14 +27,16 @@ from tiercache.core.stats import HierarchyStats, TierCounters
 from tiercache.policies import Hints, get_eviction, make_admission, make_eviction, make_prefetch
 from tiercache.results import Mode, RunRecord, Semantics, TierRecord, TraceKind
 
+from .array_manager import ArrayTierManager, kernel_replay_possible
 from .engine import SimEngine
 from .hitcost import HitCost, HitMeter
 from .hardware import HardwareProfile
 from .loader import Trace
+from .prep import dense_and_next_use
 from .steptrace import DecodeFields
-from .traces import MOONCAKE_BLOCK_TOKENS, next_use
+from .traces import MOONCAKE_BLOCK_TOKENS
 
-__all__ = ["RunSpec", "ReplayData", "replay", "Semantics"]
+__all__ = ["RunSpec", "ReplayData", "replay", "use_kernels", "Semantics"]
 
 
 @dataclass(frozen=True)
@@ -70,17 +73,23 @@ class ReplayData:
     """A trace prepared once for many runs, plus what turns blocks into bytes and seconds.
 
     Invariants: batch ``b`` (a request or a step record) owns ``ids[offsets[b]:offsets[b + 1]]``
-    (``offsets`` ends with ``len(ids)``); ``next_use`` is aligned with ``ids``; ``profile``
-    is set only with a ``layout`` (seconds need bytes).
+    (``offsets`` ends with ``len(ids)``); ``next_use`` and ``dense`` are aligned with ``ids``;
+    ``dense`` numbers the distinct ids ``0 .. n_ids - 1`` in first-access order; ``profile``
+    is set only with a ``layout`` (seconds need bytes). Arrays, not lists: 20 B per access
+    (ids 8, next use 8, dense 4), shared with forked workers; the Python manager's path
+    builds lists of its own when it runs (``id_list``...).
     """
 
     trace: Trace
-    ids: list[int]
-    offsets: list[int]
-    next_use: list[int]
+    ids: np.ndarray
+    offsets: np.ndarray
+    next_use: np.ndarray
     layout: KVLayout | None
     profile: HardwareProfile | None
     block_tokens: int
+    dense: np.ndarray
+    n_ids: int
+    max_count: int
 
     @classmethod
     def prepare(cls, trace: Trace, layout: KVLayout | None, profile: HardwareProfile | None) -> "ReplayData":
@@ -91,8 +100,12 @@ class ReplayData:
             block_tokens = trace.block_tokens or MOONCAKE_BLOCK_TOKENS  # the trace's block size
         else:
             block_tokens = layout.block_tokens if layout else 1
-        nu = next_use(trace.ids).tolist()
-        return cls(trace, trace.ids.tolist(), trace.offsets.tolist(), nu, layout, profile, block_tokens)
+        if trace.dense is not None and trace.next_use is not None:  # from the binary trace cache
+            dense, nu, n_ids = trace.dense, trace.next_use, int(trace.dense.max(initial=-1)) + 1
+        else:
+            dense, nu, n_ids = dense_and_next_use(trace.ids)
+        max_count = int(np.bincount(dense, minlength=1).max()) if len(dense) else 0
+        return cls(trace, trace.ids, trace.offsets, nu, layout, profile, block_tokens, dense, n_ids, max_count)
 
     @property
     def n_batches(self) -> int:
@@ -106,7 +119,20 @@ class ReplayData:
 
     def bounds(self, batch: int) -> tuple[int, int]:
         """Slice of ``ids`` owned by ``batch``."""
-        return self.offsets[batch], self.offsets[batch + 1]
+        return self.offset_list[batch], self.offset_list[batch + 1]
+
+    # Lists for the Python manager's path (slicing lists and hashing ints is what it is fast at).
+    @cached_property
+    def id_list(self) -> list[int]:
+        return self.ids.tolist()
+
+    @cached_property
+    def offset_list(self) -> list[int]:
+        return self.offsets.tolist()
+
+    @cached_property
+    def next_use_list(self) -> list[int]:
+        return self.next_use.tolist()
 
 
 def build_manager(spec: RunSpec, data: ReplayData) -> tuple[TierManager, SimEngine]:
@@ -131,6 +157,8 @@ def replay(spec: RunSpec, data: ReplayData, on_progress: Callable[[int], None] |
     """
     if (spec.semantics is Semantics.DECODE) != (data.trace.kind is TraceKind.STEPS):
         raise ValueError(f"replay: {spec.semantics.value} semantics on a {data.trace.kind.value} trace")
+    if use_kernels(spec):
+        return _replay_kernels(spec, data, on_progress)
     manager, engine = build_manager(spec, data)
     stats = HierarchyStats.for_tiers((t.name, t.capacity_blocks) for t in spec.tiers)
     policy = get_eviction(spec.policy)
@@ -155,6 +183,41 @@ def replay(spec: RunSpec, data: ReplayData, on_progress: Callable[[int], None] |
     return run_record(spec, data, stats, meter, saved_tokens, wall)
 
 
+def use_kernels(spec: RunSpec) -> bool:
+    """Whether ``replay`` runs ``spec`` on the compiled kernels (``ArrayTierManager``): numba
+    installed, a kernel for the policy, request semantics, exclusive tiers admitting all."""
+    return spec.semantics is not Semantics.DECODE and kernel_replay_possible(spec.policy, spec.admission, spec.write_through)
+
+
+#: Requests per compiled call between progress reports.
+_KERNEL_CHUNK = 4096
+
+
+def _replay_kernels(spec: RunSpec, data: ReplayData, on_progress: Callable[[int], None] | None) -> RunRecord:
+    """``replay`` on ``ArrayTierManager``: the same record, whole requests per compiled call."""
+    names = tuple(t.name for t in spec.tiers)
+    engine = SimEngine(names, data.layout.block_bytes if data.layout else None, data.profile)
+    manager = ArrayTierManager(spec.policy, names, tuple(t.capacity_blocks for t in spec.tiers), data.n_ids,
+                               data.max_count)
+    prefix = spec.semantics is Semantics.PREFIX
+    hit_len = np.zeros(max(data.n_batches, 1), dtype=np.int64)
+    started = time.perf_counter()
+    for first in range(0, data.n_batches, _KERNEL_CHUNK):
+        last = min(first + _KERNEL_CHUNK, data.n_batches)
+        manager.run(data.dense, data.next_use, data.offsets, first, last, prefix, hit_len)
+        if on_progress is not None:
+            on_progress(last - first)
+    wall = time.perf_counter() - started
+    manager.check_invariants()
+    meter = HitMeter(engine, len(spec.tiers))
+    meter.costs = manager.charge(engine)
+    saved = 0
+    if prefix:
+        tokens = np.minimum(hit_len[: data.n_batches] * data.block_tokens, data.trace.input_lengths)
+        saved = int(tokens.sum())
+    return run_record(spec, data, manager.stats(), meter, saved, wall)
+
+
 def _consume(manager: TierManager, stats: HierarchyStats, meter: HitMeter) -> None:
     """Feeds the events drained since the last call to the counters and the hit meter (a
     batch boundary never splits a hit from the event before it: both come from one access)."""
@@ -164,13 +227,13 @@ def _consume(manager: TierManager, stats: HierarchyStats, meter: HitMeter) -> No
 
 
 def _hints(data: ReplayData, a: int, b: int, needs_future: bool, needs_parents: bool) -> Hints:
-    parents = [None, *data.ids[a : b - 1]] if needs_parents and b > a else None
-    return Hints(a, data.next_use[a:b] if needs_future else None, parents)
+    parents = [None, *data.id_list[a : b - 1]] if needs_parents and b > a else None
+    return Hints(a, data.next_use_list[a:b] if needs_future else None, parents)
 
 
 def _step_function(spec: RunSpec, data: ReplayData, manager: TierManager, needs_parents: bool) -> Callable[[int, bool], int]:
     """The per-batch handler for the trace kind and semantics; returns tokens saved."""
-    ids, input_lengths = data.ids, data.trace.input_lengths
+    ids, input_lengths = data.id_list, data.trace.input_lengths
 
     def object_step(batch: int, needs_future: bool) -> int:
         a, b = data.bounds(batch)
@@ -191,7 +254,7 @@ def _step_function(spec: RunSpec, data: ReplayData, manager: TierManager, needs_
         reads = [i for i, w in zip(ids[a:b], writes) if not w]
         manager.access(reads, _hints_for(data, a, b, writes, False, needs_future))
         fresh = [k for k in range(a, b) if writes[k - a] and manager.locate(ids[k]) is None]
-        future = [data.next_use[k] for k in fresh] if needs_future else None
+        future = [data.next_use_list[k] for k in fresh] if needs_future else None
         manager.insert([ids[k] for k in fresh], Hints(a, future, None) if needs_future else None)
         return 0
 
@@ -213,7 +276,7 @@ def _driven_decode_step(spec: RunSpec, data: ReplayData, manager: TierManager, d
     if get_eviction(spec.policy).needs_future:
         raise ValueError(f"replay: {spec.policy} needs the future, which a recorded decode run or --prefetch does not give")
     driver = StepDriver(manager, make_prefetch(spec.prefetch), store_misses=True)
-    ids, steps, layers = data.ids, data.trace.steps.steps, data.trace.steps.layers
+    ids, steps, layers = data.id_list, data.trace.steps.steps, data.trace.steps.layers
     plain = DecodeFields()
 
     def driven_step(batch: int, needs_future: bool) -> int:
@@ -243,7 +306,7 @@ def _cut(hints: Hints, a: int, b: int) -> Hints:
 def _hints_for(data: ReplayData, a: int, b: int, writes: np.ndarray, want: bool, needs_future: bool) -> Hints | None:
     if not needs_future:
         return None
-    return Hints(a, [n for n, w in zip(data.next_use[a:b], writes) if bool(w) == want], None)
+    return Hints(a, [n for n, w in zip(data.next_use_list[a:b], writes) if bool(w) == want], None)
 
 
 def run_record(spec: RunSpec, data: ReplayData, stats: HierarchyStats, meter: HitMeter, saved_tokens: int,

@@ -1,0 +1,112 @@
+"""Compiled kernels of the built-in eviction policies, over numpy array state.
+
+Each kernel module mirrors one policy class of ``tiercache.policies`` call for call: the
+same ``on_insert / on_access / on_remove / victims`` hooks, over a dense index per block id
+(``0 .. n_ids - 1``) instead of Python dicts, so that a replay can hand a whole request to
+compiled code. The Python classes stay the reference (and the only path for out-of-tree
+policies); ``tests/test_kernels.py`` replays every registered policy both ways and compares
+the per-tier counts exactly.
+
+State layout, shared by every kernel so that one compiled hierarchy chain
+(``tiercache.sim.chain``) can drive any of them:
+
+* ``P``: int64 ``[tiers, L, FIELDS + 1]``: per-id fields (links, flags, counts), scratch
+  columns, and last the victims column (``victims(n)`` writes its answer to ``P[t, :n, -1]``);
+  ``L >= n_ids`` (LFU also needs ``L >= max count + 2`` for its frequency buckets). An id's
+  fields are adjacent (one cache line), since list and heap walks touch several per node.
+* ``M``: int64 ``[tiers + 1, W]``: columns ``0 .. META_SLOTS - 1`` of row ``t`` are the
+  kernel's list heads, tails, sizes and parameters (the chain keeps its counters after them).
+* ``X``: float64 ``[tiers, 1]``: real-valued state (ARC's target ``p``).
+* ``G``: int64 ``[G_ROWS, L]``: per-id state shared by the tiers (``TIER_OF``, ``PROT``, ...).
+
+Few arrays on purpose: every array argument of a compiled call is a dozen machine words, and
+a replay makes several such calls per miss.
+
+Every kernel module defines ``CODE`` (its number in the chain's dispatch), ``BATCH_INSERT_SAFE``
+(as the class's ``batch_insert_safe``), ``init(P, M, X, t, capacity)`` and the four hooks.
+``KERNELS`` (in ``tiercache.policies``) links a registry name to its kernel module.
+
+numba compiles them (``cache=True``: compiled once per machine, into ``__pycache__``). Without
+numba (not installed, or ``TIERCACHE_NO_NUMBA=1``) ``HAVE_NUMBA`` is False, the decorators
+leave plain Python functions, and replays take the Python manager with the reference
+classes instead (correct, and as fast as before).
+"""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["HAVE_NUMBA", "njit", "njit_inline", "NIL", "numba_disabled", "TIER_OF", "PROT", "STAMP", "FUT", "HINT", "G_ROWS", "META_SLOTS"]
+
+#: "No node" in every link field and list head.
+NIL = -1
+#: Rows of ``G``, the per-id state every tier shares: the tier holding the id (-1: none),
+#: protection from eviction (the segment being promoted), scratch marks, next use as last
+#: seen (the manager's ``_future``, which a demoted block carries), and the next use a hook
+#: call passes (``Hints.next_use``: the access's own for trace ids, ``FUT`` for demotions).
+TIER_OF, PROT, STAMP, FUT, HINT = 0, 1, 2, 3, 4
+G_ROWS = 5
+#: Columns of ``M`` a kernel may use for its own meta state (the chain's counters follow).
+META_SLOTS = 20
+
+
+def numba_disabled() -> bool:
+    """True when ``TIERCACHE_NO_NUMBA`` asks for the pure-Python path (tests force it)."""
+    return os.environ.get("TIERCACHE_NO_NUMBA", "") not in ("", "0")
+
+
+def _drop_stale_caches() -> None:
+    """Deletes numba's cache files of the kernels and the chain when any of their sources changed.
+
+    numba keys a cached function on its own file only: after an edit of a kernel, the chain
+    (``tiercache/sim/chain.py``, which inlines the kernels) would load stale machine code. A
+    stamp of all their sources, kept beside the caches, catches that; only our own cache
+    files are removed.
+    """
+    import hashlib
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent
+    sources = sorted(here.glob("*.py")) + [here.parents[1] / "tiercache" / "sim" / "chain.py",
+                                           here.parents[1] / "tiercache" / "sim" / "prep.py"]
+    try:
+        digest = hashlib.blake2b(b"".join(p.read_bytes() for p in sources if p.exists()), digest_size=16).hexdigest()
+        stamp = here / "__pycache__" / "kernels.stamp"
+        if stamp.exists() and stamp.read_text() == digest:
+            return
+        for folder in {p.parent / "__pycache__" for p in sources}:
+            for cached in list(folder.glob("*.nbi")) + list(folder.glob("*.nbc")):
+                cached.unlink(missing_ok=True)
+        stamp.parent.mkdir(exist_ok=True)
+        stamp.write_text(digest)
+    except OSError:
+        pass  # a read-only install: nothing was compiled there to go stale
+
+
+try:
+    if numba_disabled():
+        raise ImportError("TIERCACHE_NO_NUMBA is set")
+    import numba
+
+    HAVE_NUMBA = True
+    _drop_stale_caches()
+
+    def njit(func):
+        """numba's ``njit`` with the on-disk cache (compile once per machine)."""
+        # No reference counting: the kernels allocate nothing, and counting the array
+        # arguments of every internal call cost ~70 ns per call (a replay makes several per miss).
+        return numba.njit(cache=True, nogil=True, _nrt=False)(func)
+
+    def njit_inline(func):
+        """``njit`` inlined into its callers at numba's IR level (small dispatch functions
+        called several times per miss: a call with these array arguments costs ~10 ns)."""
+        return numba.njit(cache=True, nogil=True, _nrt=False, inline="always")(func)
+
+except ImportError:
+    HAVE_NUMBA = False
+
+    def njit(func):
+        """Without numba the kernels stay plain Python (used only by tests of the logic)."""
+        return func
+
+    njit_inline = njit

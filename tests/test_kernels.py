@@ -1,0 +1,169 @@
+"""Compiled replay kernels against the Python manager and reference policy classes.
+
+Every registered eviction policy is replayed twice on fresh random request traces (shared
+prefixes, repeated ids inside a request, ids seen once): through ``replay`` as it runs
+(``ArrayTierManager`` and ``tiercache.sim.chain`` for policies with a kernel) and through
+the Python ``TierManager`` with the policy classes (``use_kernels`` forced off). The two
+run records must be equal in every count (hits, misses, per-tier inserts, evictions,
+demotions, promotions, hits read in place or promoted, bytes per link) in object and prefix
+semantics, one tier and three, with modeled seconds equal to rounding. A policy without a
+kernel (``leaf_lru``) must take the Python path and give the same record both ways.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tiercache.config import TierConfig, layout_preset
+from tiercache.policies import EVICTION, KERNELS, get_kernel
+from tiercache.policies.base import NO_NEXT_USE
+from tiercache.results import Semantics
+from tiercache.sim import replay as replay_module
+from tiercache.sim.array_manager import ArrayTierManager
+from tiercache.sim.hardware import PRESETS
+from tiercache.sim.loader import load_trace
+from tiercache.sim.prep import dense_and_next_use, dense_and_next_use_sorted
+from tiercache.sim.replay import ReplayData, RunSpec, replay, use_kernels
+from tiercache.sim.traces import Request, write_requests
+
+numba = pytest.importorskip("numba", reason="the kernels need numba; the Python path is tested everywhere else")
+
+HIERARCHIES = {"single": (("hbm", 60),), "three": (("hbm", 24), ("dram", 40), ("nvme", 64))}
+
+
+def random_trace(path, seed: int, requests: int = 300) -> str:
+    """Requests over a few shared documents plus fresh blocks; ids repeat inside some."""
+    rng = np.random.default_rng(seed)
+    docs = [list(range(1000 * d, 1000 * d + int(rng.integers(2, 40)))) for d in range(12)]
+    fresh = 100_000
+    out = []
+    for r in range(requests):
+        doc = docs[int(rng.zipf(1.5)) % len(docs)]
+        ids = doc[: int(rng.integers(1, len(doc) + 1))]
+        tail = list(range(fresh, fresh + int(rng.integers(0, 6))))
+        fresh += len(tail)
+        ids = ids + tail
+        if rng.random() < 0.1 and ids:
+            ids = ids + [ids[0]]  # a repeat inside one request
+        out.append(Request(r * 10, 512 * len(ids) + 7, 4, tuple(ids)))
+    name = str(path / f"trace{seed}.jsonl")
+    write_requests(name, out)
+    return name
+
+
+def python_record(spec: RunSpec, data: ReplayData, monkeypatch: pytest.MonkeyPatch):
+    with monkeypatch.context() as patched:
+        patched.setattr(replay_module, "use_kernels", lambda spec: False)
+        return replay(spec, data)
+
+
+def comparable(record) -> dict:
+    doc = dataclasses.asdict(record)
+    doc.pop("wall_seconds")
+    seconds = doc.pop("modeled_seconds")
+    ttft = doc.pop("ttft_saved_s", None)
+    for tier in doc["tiers"]:
+        tier["in_place_seconds"] = tier.pop("in_place_seconds") is not None
+        tier["promoted_seconds"] = tier.pop("promoted_seconds") is not None
+    return doc | {"seconds": {k: round(v, 4) for k, v in seconds.items()}, "ttft": None if ttft is None else round(ttft, 4)}
+
+
+@pytest.mark.parametrize("policy", sorted(EVICTION))
+@pytest.mark.parametrize("semantics", [Semantics.OBJECT, Semantics.PREFIX])
+@pytest.mark.parametrize("hierarchy", sorted(HIERARCHIES))
+def test_kernel_replay_equals_python_replay(tmp_path, monkeypatch, policy, semantics, hierarchy):
+    tiers = tuple(TierConfig(name, cap) for name, cap in HIERARCHIES[hierarchy])
+    spec = RunSpec(policy, semantics, tiers)
+    assert use_kernels(spec) == (policy in KERNELS)
+    for seed in (1, 2):
+        trace = load_trace(random_trace(tmp_path, seed))
+        data = ReplayData.prepare(trace, layout_preset("llama-3-8b", 512), PRESETS["h200-pcie5-nvme4"])
+        ours, reference = replay(spec, data), python_record(spec, data, monkeypatch)
+        assert reference.hits > 0 and reference.misses > 0
+        assert comparable(ours) == comparable(reference), (policy, semantics, hierarchy, seed)
+
+
+@pytest.mark.parametrize("policy", ["lru", "fifo", "belady", "arc", "s3fifo", "sieve"])
+def test_kernel_replay_matches_pinned_libcachesim(policy):
+    """The compiled replay of the bundled trace gives libCacheSim's miss ratios (golden file)."""
+    import json
+    from pathlib import Path
+
+    data_dir = Path(__file__).parent / "data"
+    golden = json.loads((data_dir / "golden_libcachesim.json").read_text())["miss_ratio"][policy]
+    data = ReplayData.prepare(load_trace(data_dir / "mooncake_synthetic_trace.jsonl"), None, None)
+    for capacity, expected in golden.items():
+        spec = RunSpec(policy, Semantics.OBJECT, (TierConfig("hbm", int(capacity)),))
+        assert use_kernels(spec)
+        tolerance = 3e-4 if policy == "arc" else 5e-5
+        assert abs(replay(spec, data).miss_ratio - expected) <= tolerance, (policy, capacity)
+
+
+def test_registry_links_every_kernel_to_a_policy():
+    for name in KERNELS:
+        module = get_kernel(name)
+        assert name in EVICTION and isinstance(module.CODE, int)
+        assert module.BATCH_INSERT_SAFE == replay_module.get_eviction(name).batch_insert_safe
+    assert len({get_kernel(name).CODE for name in KERNELS}) == len(KERNELS)
+    assert get_kernel("leaf_lru") is None
+
+
+def test_access_per_request_equals_whole_trace_run(tmp_path):
+    """``access`` once per request (the manager API) gives the counts of one ``run`` call."""
+    data = ReplayData.prepare(load_trace(random_trace(tmp_path, 3)), None, None)
+    caps = tuple(c for _, c in HIERARCHIES["three"])
+    names = tuple(n for n, _ in HIERARCHIES["three"])
+    whole = ArrayTierManager("arc", names, caps, data.n_ids, data.max_count)
+    whole.run(data.dense, data.next_use, data.offsets, 0, data.n_batches, False, np.zeros(data.n_batches, np.int64))
+    stepped = ArrayTierManager("arc", names, caps, data.n_ids, data.max_count)
+    for r in range(data.n_batches):
+        a, b = int(data.offsets[r]), int(data.offsets[r + 1])
+        stepped.access(data.dense[a:b], data.next_use[a:b])
+        stepped.check_invariants()
+    assert whole.stats() == stepped.stats()
+    assert stepped.locate(int(data.dense[-1])) == 0
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_dense_ids_and_next_use_match_the_sorted_reference(seed):
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, 50 if seed % 2 else 10**6, size=2000).astype(np.int64)
+    fast, reference = dense_and_next_use(ids), dense_and_next_use_sorted(ids)
+    for got, want in zip(fast, reference):
+        assert np.array_equal(got, want)
+    dense, next_use, n_ids = fast
+    assert n_ids == len(np.unique(ids)) and dense[0] == 0
+    for i in rng.integers(0, len(ids), size=50):
+        later = np.nonzero(ids[i + 1 :] == ids[i])[0]
+        assert next_use[i] == (i + 1 + later[0] if len(later) else NO_NEXT_USE)
+
+
+def test_without_numba_replays_take_the_python_path(tmp_path):
+    """``TIERCACHE_NO_NUMBA=1`` forces the fallback; its record is the kernels' record."""
+    path = random_trace(tmp_path, 4, requests=120)
+    code = (
+        "import dataclasses, json, sys\n"
+        "from tiercache.config import TierConfig\nfrom tiercache.results import Semantics\n"
+        "from tiercache.sim.loader import load_trace\n"
+        "from tiercache.sim.replay import ReplayData, RunSpec, replay, use_kernels\n"
+        "spec = RunSpec('s3fifo', Semantics.PREFIX, (TierConfig('hbm', 20), TierConfig('dram', 30)))\n"
+        "record = dataclasses.asdict(replay(spec, ReplayData.prepare(load_trace(sys.argv[1]), None, None)))\n"
+        "record.pop('wall_seconds')\n"
+        "print(json.dumps({'kernels': use_kernels(spec), 'numba': 'numba' in sys.modules, 'record': record}, default=str))\n"
+    )
+    import json
+    import os
+
+    runs = {}
+    for flag in ("1", "0"):
+        env = {**os.environ, "TIERCACHE_NO_NUMBA": flag}
+        done = subprocess.run([sys.executable, "-c", code, path], capture_output=True, text=True, env=env, check=True)
+        runs[flag] = json.loads(done.stdout)
+    assert runs["1"]["kernels"] is False and runs["1"]["numba"] is False
+    assert runs["0"]["kernels"] is True
+    assert runs["1"]["record"] == runs["0"]["record"]

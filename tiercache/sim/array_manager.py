@@ -1,0 +1,185 @@
+"""The replay's manager over array state: a whole request per compiled call.
+
+``ArrayTierManager`` is ``TierManager`` for a replay of an exclusive hierarchy whose tiers
+admit everything and whose policy has a kernel (``tiercache.policies.KERNELS``): the same
+``access`` / ``prefix_length`` / ``locate`` / ``check_invariants``, the same counts, but its
+state lives in numpy arrays indexed by a dense id (``0 .. n_ids - 1``, as ``ReplayData``
+numbers the trace's blocks) and ``access`` hands the request to ``tiercache.sim.chain``.
+No plans or events are made: nothing moves bytes in a replay, and the counters are what
+the Python manager's events would have summed to (``tests/test_kernels.py`` checks it).
+
+``run`` replays many requests in one compiled call (each one ``access``, as ``replay``'s
+step functions call it), which is how ``replay`` uses it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from tiercache.core.stats import HierarchyStats, TierCounters
+from tiercache.policies import get_eviction, get_kernel
+from tiercache.policies.kernels import G_ROWS, HAVE_NUMBA, PROT, TIER_OF
+
+from . import chain
+from .hitcost import HitCost
+
+__all__ = ["ArrayTierManager", "kernel_replay_possible", "HAVE_NUMBA"]
+
+
+def kernel_replay_possible(policy: str, admission: str, write_through: bool) -> bool:
+    """Whether a replay of ``policy`` can run on kernels (numba present, a kernel for the
+    policy, every lower tier admitting everything, exclusive tiers)."""
+    return HAVE_NUMBA and admission == "always" and not write_through and get_kernel(policy) is not None
+
+
+@dataclass
+class ArrayTierManager:
+    """Array state of a hierarchy (see ``tiercache.sim.chain`` for the layout).
+
+    Invariants (``check_invariants``): ``tier_of`` names at most one tier per id; each tier's
+    used count equals the ids it holds and the ids its policy tracks, and never exceeds its
+    capacity.
+    """
+
+    policy: str
+    names: tuple[str, ...]
+    capacities: tuple[int, ...]
+    n_ids: int
+    max_count: int = 1
+
+    def __post_init__(self) -> None:
+        module = get_kernel(self.policy)
+        if module is None:
+            raise ValueError(f"policy {self.policy!r} has no kernel")
+        if any(c < 1 for c in self.capacities) or not self.capacities:
+            raise ValueError(f"capacities must be >= 1, got {self.capacities}")
+        n, tiers = max(1, self.n_ids), len(self.capacities)
+        if tiers > chain.MAX_TIERS:
+            raise ValueError(f"at most {chain.MAX_TIERS} tiers, got {tiers}")
+        self.kind = module.CODE
+        width = max(n, self.max_count + 2) + 1
+        self.P = np.zeros((tiers, width, module.FIELDS + 1), dtype=np.int64)
+        self.M = np.zeros((tiers + 1, chain.WIDTH), dtype=np.int64)
+        self.X = np.zeros((tiers, 1), dtype=np.float64)
+        self.G = np.zeros((G_ROWS, width), dtype=np.int64)
+        self.G[TIER_OF] = -1
+        self.M[:tiers, chain.CAP] = self.capacities
+        self.M[tiers, chain.S_BATCH_SAFE] = module.BATCH_INSERT_SAFE
+        self.M[tiers, chain.S_NEEDS_FUTURE] = get_eviction(self.policy).needs_future
+        chain.init_all(self.kind, self.P, self.M, self.X)
+
+    @property
+    def n_tiers(self) -> int:
+        return len(self.capacities)
+
+    def _state(self) -> tuple:
+        return self.kind, self.P, self.M, self.X, self.G
+
+    @property
+    def _totals(self) -> np.ndarray:
+        return self.M[self.n_tiers]
+
+    # -- the access path -----------------------------------------------------------------
+    def access(self, ids: np.ndarray, next_use: np.ndarray | None = None, count_hits: bool = True) -> None:
+        """``TierManager.access(ids, Hints(next_use=...), count_hits)`` on dense ids."""
+        ids = np.ascontiguousarray(ids, dtype=np.int32)  # one compiled signature: ReplayData.dense's
+        nus = np.zeros(len(ids), dtype=np.int64) if next_use is None else np.ascontiguousarray(next_use, dtype=np.int64)
+        if self._totals[chain.S_NEEDS_FUTURE] and next_use is None:
+            raise ValueError(f"{self.policy}: needs next_use with every access")
+        chain.access(*self._state(), ids, nus, 0, len(ids), count_hits)
+
+    def run(self, ids: np.ndarray, next_use: np.ndarray, offsets: np.ndarray, first: int, last: int, prefix: bool,
+            hit_len: np.ndarray) -> None:
+        # ids int32 (dense), next_use and offsets int64, hit_len int64: one compiled signature.
+        """Requests ``first .. last - 1`` of a trace (request ``r`` is ``ids[offsets[r]:offsets[r+1]]``):
+        one ``access`` each, or in prefix semantics the prefix lookup (length into
+        ``hit_len[r]``), an access of the cached prefix and one of the rest without hits."""
+        chain.run_requests(*self._state(), ids, next_use, offsets, first, last, prefix, hit_len)
+
+    def prefix_length(self, ids: Sequence[int]) -> int:
+        """Leading ids resident in some tier."""
+        ids = np.ascontiguousarray(ids, dtype=np.int32)
+        return int(chain.prefix_length(self.G, ids, 0, len(ids)))
+
+    def locate(self, block_id: int) -> int | None:
+        """The tier holding a dense id, or None."""
+        tier = int(self.G[TIER_OF, block_id])
+        return None if tier < 0 else tier
+
+    # -- results -------------------------------------------------------------------------
+    def stats(self) -> HierarchyStats:
+        """The counters ``HierarchyStats.consume`` would have summed from the events."""
+        M = self.M
+        tiers = [
+            TierCounters(name, cap, hits=int(M[t, chain.C_HITS]), inserts=int(M[t, chain.C_INSERTS]),
+                         evictions=int(M[t, chain.C_EVICTIONS]), demotions=int(M[t, chain.C_DEMOTIONS]),
+                         promotions=int(M[t, chain.C_PROMOTIONS]), refused=int(M[t, chain.C_REFUSED]),
+                         promote_skipped=int(M[t, chain.C_PSKIP]))
+            for t, (name, cap) in enumerate(zip(self.names, self.capacities))
+        ]
+        totals = self._totals
+        stats = HierarchyStats(tiers, misses=int(totals[chain.S_MISSES]), recomputed=int(totals[chain.S_RECOMPUTED]))
+        for (src, dst), blocks, _ in self._links():
+            stats._moves[(src, dst)] = blocks
+        return stats
+
+    def _links(self) -> list[tuple[tuple[int, int], int, int]]:
+        """((source, destination), blocks, transfers) of every link a move used."""
+        out = []
+        for src in range(self.n_tiers):
+            for dst in range(self.n_tiers):
+                transfers = int(self.M[src, chain.LINK_TRANSFERS + dst])
+                if transfers:
+                    out.append(((src, dst), int(self.M[src, chain.LINK_BLOCKS + dst]), transfers))
+        return out
+
+    def charge(self, engine) -> list[HitCost]:
+        """Books every move and read in place on ``engine``'s links (``SimEngine.charge``)
+        and returns each tier's hit costs, as ``HitMeter`` would have."""
+        M = self.M
+        for (src, dst), blocks, transfers in self._links():
+            engine.charge(src, dst, blocks, transfers)
+        for t in range(1, self.n_tiers):
+            if M[t, chain.C_READ_THROUGHS]:
+                engine.charge(t, 0, int(M[t, chain.C_IN_PLACE]), int(M[t, chain.C_READ_THROUGHS]))
+        costs = []
+        for t in range(self.n_tiers):
+            in_place, promoted = int(M[t, chain.C_IN_PLACE]), int(M[t, chain.C_HIT_PROMOTED])
+            cost = HitCost(in_place=in_place, promoted=promoted)
+            if t > 0:
+                cost.in_place_bytes, cost.in_place_seconds = engine.cost(t, 0, in_place, int(M[t, chain.C_READ_THROUGHS]))
+                cost.promoted_bytes, cost.promoted_seconds = engine.cost(t, 0, promoted, int(M[t, chain.C_HIT_PROMOTE_RUNS]))
+            costs.append(cost)
+        return costs
+
+    # -- checks --------------------------------------------------------------------------
+    def check_invariants(self) -> None:
+        """Asserts residency, used counts and policy sizes agree (a numpy pass over the ids)."""
+        tier_of = self.G[TIER_OF, : self.n_ids]
+        held = np.bincount(tier_of[tier_of >= 0], minlength=self.n_tiers)
+        for t in range(self.n_tiers):
+            used = int(self.M[t, chain.USED])
+            assert used == held[t], f"{self.names[t]}: used {used}, holds {held[t]}"
+            assert 0 <= used <= self.capacities[t], f"{self.names[t]}: used {used} over capacity"
+            assert _tracked(self.kind, self.M, t) == used, f"{self.names[t]}: policy tracks {_tracked(self.kind, self.M, t)}, tier holds {used}"
+        assert not self.G[PROT].any(), "a protection mark outlived its promotion"
+
+
+def _tracked(kind: int, M: np.ndarray, t: int) -> int:
+    """Ids the tier's policy tracks, from its meta slots."""
+    from tiercache.policies.kernels import arc, belady, fifo, lfu, lru, s3fifo, sieve
+
+    if kind in (lru.CODE, fifo.CODE):
+        return int(M[t, lru.SIZE])
+    if kind == lfu.CODE:
+        return int(M[t, lfu.SIZE])
+    if kind == arc.CODE:
+        return int(M[t, 2] + M[t, 5])
+    if kind == s3fifo.CODE:
+        return int(M[t, s3fifo.TRACKED])
+    if kind == sieve.CODE:
+        return int(M[t, sieve.SIZE])
+    return int(M[t, belady.SIZE])

@@ -1,0 +1,134 @@
+"""A fast path for reading a whole Mooncake request trace: one orjson call per chunk of lines.
+
+``bulk_requests(data)`` parses the file's bytes as one JSON array per ~1 MiB chunk, pulls the
+fields out with C-level list operations and checks every type and range in bulk (one pass
+over all ids). It returns None as soon as anything is unusual (a non-object line, a missing
+field, a non-integer, a negative or too large value, malformed JSON): the caller then reads
+the file with the validating line-by-line reader, which names the file, line and field of
+the error. So both paths accept exactly the same traces and build the same arrays (tested).
+"""
+
+from __future__ import annotations
+
+import gc
+import itertools
+from operator import itemgetter
+
+import numpy as np
+import orjson
+
+from .traces import FlatTrace
+
+__all__ = ["bulk_requests", "MAX_BULK_BYTES"]
+
+#: Larger files are read by the streaming reader (bounded memory).
+MAX_BULK_BYTES = 1 << 30
+_CHUNK_BYTES = 1 << 20
+_META = itemgetter("timestamp", "input_length", "output_length")
+_INT64_MAX = (1 << 63) - 1
+
+
+def bulk_requests(data: bytes) -> FlatTrace | None:
+    """The flat arrays of a request trace's bytes, or None to defer to the line reader.
+
+    The cyclic garbage collector is paused meanwhile: the parse makes one dict and one list
+    per request and no cycles, and collections triggered by those allocations made a 10x
+    larger trace take 16x longer to load.
+    """
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        return _bulk_requests(data)
+    finally:
+        if paused:
+            gc.enable()
+
+
+def _bulk_requests(data: bytes) -> FlatTrace | None:
+    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    start = 0
+    while start < len(data):
+        cut = data.find(b"\n", start + _CHUNK_BYTES)
+        end = len(data) if cut < 0 else cut + 1
+        part = _chunk(data[start:end])
+        start = end
+        if part is None:
+            return None
+        if len(part[1]):
+            parts.append(part)
+    if not parts:
+        return None  # no records: the line reader says the trace is empty
+    ids = np.concatenate([p[0] for p in parts])
+    lengths = np.concatenate([p[1] for p in parts])
+    cols = np.concatenate([p[2] for p in parts])
+    offsets = np.zeros(len(lengths), dtype=np.int64)
+    np.cumsum(lengths[:-1], out=offsets[1:])
+    return FlatTrace(ids, offsets, cols[:, 0].copy(), cols[:, 1].copy(), cols[:, 2].copy())
+
+
+def _chunk(text: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """(ids, ids per request, [timestamp, input, output] per request) of whole lines, or None.
+
+    Chunks are converted to arrays one at a time, so the Python objects of only one chunk
+    (about 1 MiB of text) exist at once: memory stays near the arrays' 8 B per id. Without
+    blank lines the newlines simply become commas of one JSON array.
+    """
+    body = text.rstrip(b"\n")
+    if body and b"\n\n" not in body and not body.startswith(b"\n"):
+        records = body.count(b"\n") + 1
+        payload = b"[" + body.replace(b"\n", b",") + b"]"
+    else:
+        lines = [line for line in text.split(b"\n") if line.strip()]
+        records = len(lines)
+        payload = b"[" + b",".join(lines) + b"]"
+    try:
+        objects = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return None
+    if len(objects) != records:
+        return None
+    if set(map(type, objects)) != {dict}:
+        return None
+    try:
+        id_lists = list(map(itemgetter("hash_ids"), objects))
+        meta = list(map(_META, objects))
+    except KeyError:
+        return None
+    return _arrays(id_lists, meta, _only_the_four_integer_fields(text, records))
+
+
+def _only_the_four_integer_fields(data: bytes, records: int) -> bool:
+    """True when the bytes can hold nothing but integers besides the four keys.
+
+    Each record's keys hold 8 double quotes and 3 letters ``e`` (``timestamp``,
+    ``input_length``, ``output_length``): with exactly that many, no record has another
+    field or a string value, and no value is ``true``/``false`` or a float (a float needs a
+    ``.``, an ``e`` or an ``E``). Byte counts run at memory speed; when this holds the ids go
+    straight into numpy without a Python type check per id.
+    """
+    return (data.count(b'"') == 8 * records and data.count(b"e") == 3 * records and b"E" not in data
+            and b"." not in data)
+
+
+def _arrays(id_lists: list, meta: list[tuple], plain: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """Checks types and ranges in bulk and builds the arrays; None on anything unusual."""
+    if set(map(type, id_lists)) != {list}:
+        return None
+    try:
+        if plain:  # only ints can be there (or nulls, nested lists: numpy refuses those)
+            ids = np.fromiter(itertools.chain.from_iterable(id_lists), dtype=np.int64)
+        else:
+            flat = list(itertools.chain.from_iterable(id_lists))
+            if flat and set(map(type, flat)) != {int}:
+                return None  # bools, floats, strings, nulls: the line reader says which and where
+            ids = np.array(flat, dtype=np.int64)
+        scalars = list(itertools.chain.from_iterable(meta))
+        if set(map(type, scalars)) != {int}:
+            return None
+        cols = np.array(scalars, dtype=np.int64).reshape(len(meta), 3)
+    except (OverflowError, TypeError, ValueError):
+        return None  # a value of 2**63 or more, or something numpy cannot take as an int
+    if (len(ids) and int(ids.min()) < 0) or int(cols.min()) < 0:
+        return None
+    lengths = np.fromiter(map(len, id_lists), dtype=np.int64, count=len(id_lists))
+    return ids, lengths, cols

@@ -1,0 +1,384 @@
+"""The compiled access path of a replay: a request through a hierarchy of kernel policies.
+
+Mirrors ``TierManager.access`` (``tiercache.core.manager``) call for call for an exclusive
+hierarchy whose tiers admit everything, with every move completing at once (a replay):
+runs of top-tier hits are touched in one ``on_access``; a run of distinct ids absent from
+the top is split into segments by the tier holding them; a missing segment is inserted in
+the chunks ``TierManager._insert_chunks`` uses (room made first, victims demoted down the
+chain, victims of the last tier dropped); a segment found below is touched there, room is
+made in the top tier (the segment protected all the way down) and it moves up in one
+transfer, or stays and is read in place when no room can be made. The Python manager is the
+reference: ``tests/test_kernels.py`` compares both on every registered policy.
+
+State (layout in ``tiercache.policies.kernels``): ``P``, ``X`` and the first ``META_SLOTS``
+columns of ``M`` belong to the policy kernels; ``G`` holds per-id rows (``TIER_OF``: the one
+tier holding the id, -1 for none; ``PROT``: may not be a victim; ``STAMP``: scratch marks;
+``FUT``: next use as last seen, which a demoted block carries; ``HINT``: the next use the
+next hook call passes, as ``Hints.next_use``); the chain's columns of ``M``
+row ``t`` hold tier ``t``'s capacity, used slots, victims of the current cascade, counters
+(``C_*``) and blocks / transfers moved to each tier (``LINK_BLOCKS + dst``,
+``LINK_TRANSFERS + dst``); row ``tiers`` holds the totals (``S_*``).
+
+No plans, no events: the counters are what ``HierarchyStats`` and ``HitMeter`` would have
+counted from the events of the Python manager.
+"""
+
+from __future__ import annotations
+
+from tiercache.policies.kernels import FUT, HINT, META_SLOTS, PROT, STAMP, TIER_OF, njit, njit_inline
+from tiercache.policies.kernels import arc, belady, fifo, lfu, lru, s3fifo, sieve
+
+__all__ = ["access", "run_requests", "prefix_length"]
+
+MAX_TIERS = 8
+# Columns of M (tier rows) after the kernel's meta slots.
+CAP, USED, VN = META_SLOTS, META_SLOTS + 1, META_SLOTS + 2
+C_HITS, C_INSERTS, C_EVICTIONS, C_DEMOTIONS, C_PROMOTIONS, C_REFUSED, C_PSKIP = range(META_SLOTS + 3, META_SLOTS + 10)
+C_IN_PLACE, C_HIT_PROMOTED, C_HIT_PROMOTE_RUNS, C_READ_THROUGHS = range(META_SLOTS + 10, META_SLOTS + 14)
+LINK_BLOCKS = META_SLOTS + 14
+LINK_TRANSFERS = LINK_BLOCKS + MAX_TIERS
+WIDTH = LINK_TRANSFERS + MAX_TIERS
+# Columns of M's last row (totals and flags).
+S_EPOCH, S_MISSES, S_RECOMPUTED, S_BATCH_SAFE, S_NEEDS_FUTURE = 0, 1, 2, 3, 4
+MADE, NO_VICTIMS = 0, 1
+
+
+# -- dispatch to the policy kernels ----------------------------------------------------------
+@njit_inline
+def p_insert(kind, P, M, X, G, t, arr, a, b):
+    if kind == lru.CODE:
+        lru.on_insert(P, M, X, G, t, arr, a, b)
+    elif kind == fifo.CODE:
+        fifo.on_insert(P, M, X, G, t, arr, a, b)
+    elif kind == lfu.CODE:
+        lfu.on_insert(P, M, X, G, t, arr, a, b)
+    elif kind == arc.CODE:
+        arc.on_insert(P, M, X, G, t, arr, a, b)
+    elif kind == s3fifo.CODE:
+        s3fifo.on_insert(P, M, X, G, t, arr, a, b)
+    elif kind == sieve.CODE:
+        sieve.on_insert(P, M, X, G, t, arr, a, b)
+    else:
+        belady.on_insert(P, M, X, G, t, arr, a, b)
+
+
+@njit_inline
+def p_access(kind, P, M, X, G, t, arr, a, b):
+    if kind == lru.CODE:
+        lru.on_access(P, M, X, G, t, arr, a, b)
+    elif kind == fifo.CODE:
+        fifo.on_access(P, M, X, G, t, arr, a, b)
+    elif kind == lfu.CODE:
+        lfu.on_access(P, M, X, G, t, arr, a, b)
+    elif kind == arc.CODE:
+        arc.on_access(P, M, X, G, t, arr, a, b)
+    elif kind == s3fifo.CODE:
+        s3fifo.on_access(P, M, X, G, t, arr, a, b)
+    elif kind == sieve.CODE:
+        sieve.on_access(P, M, X, G, t, arr, a, b)
+    else:
+        belady.on_access(P, M, X, G, t, arr, a, b)
+
+
+@njit_inline
+def p_remove(kind, P, M, X, G, t, arr, a, b):
+    if kind == lru.CODE:
+        lru.on_remove(P, M, X, G, t, arr, a, b)
+    elif kind == fifo.CODE:
+        fifo.on_remove(P, M, X, G, t, arr, a, b)
+    elif kind == lfu.CODE:
+        lfu.on_remove(P, M, X, G, t, arr, a, b)
+    elif kind == arc.CODE:
+        arc.on_remove(P, M, X, G, t, arr, a, b)
+    elif kind == s3fifo.CODE:
+        s3fifo.on_remove(P, M, X, G, t, arr, a, b)
+    elif kind == sieve.CODE:
+        sieve.on_remove(P, M, X, G, t, arr, a, b)
+    else:
+        belady.on_remove(P, M, X, G, t, arr, a, b)
+
+
+@njit_inline
+def p_victims(kind, P, M, X, G, t, n):
+    """Chooses ``n`` victims of tier ``t`` into ``P[t, :n, -1]``; False (nothing changed) if
+    fewer than ``n`` unprotected ids are tracked."""
+    if kind == lru.CODE:
+        return lru.victims(P, M, X, G, t, n)
+    if kind == fifo.CODE:
+        return fifo.victims(P, M, X, G, t, n)
+    if kind == lfu.CODE:
+        return lfu.victims(P, M, X, G, t, n)
+    if kind == arc.CODE:
+        return arc.victims(P, M, X, G, t, n)
+    if kind == s3fifo.CODE:
+        return s3fifo.victims(P, M, X, G, t, n)
+    if kind == sieve.CODE:
+        return sieve.victims(P, M, X, G, t, n)
+    return belady.victims(P, M, X, G, t, n)
+
+
+@njit
+def p_init(kind, P, M, X, t, capacity):
+    if kind == lru.CODE:
+        lru.init(P, M, X, t, capacity)
+    elif kind == fifo.CODE:
+        fifo.init(P, M, X, t, capacity)
+    elif kind == lfu.CODE:
+        lfu.init(P, M, X, t, capacity)
+    elif kind == arc.CODE:
+        arc.init(P, M, X, t, capacity)
+    elif kind == s3fifo.CODE:
+        s3fifo.init(P, M, X, t, capacity)
+    elif kind == sieve.CODE:
+        sieve.init(P, M, X, t, capacity)
+    else:
+        belady.init(P, M, X, t, capacity)
+
+
+@njit
+def init_all(kind, P, M, X):
+    for t in range(M.shape[0] - 1):
+        p_init(kind, P, M, X, t, M[t, CAP])
+
+
+# -- next-use hints (Belady) -----------------------------------------------------------------
+@njit_inline
+def _hint_trace(M, G, ids, nus, a, b):
+    """Hook calls on trace ids ``ids[a:b]`` pass each access's own next use."""
+    if M[M.shape[0] - 1, S_NEEDS_FUTURE]:
+        for k in range(a, b):
+            G[HINT, ids[k]] = nus[k]
+
+
+@njit_inline
+def _hint_future(M, G, arr, a, b):
+    """Demoted blocks carry their last known next use (the manager's ``_future_hints``)."""
+    if M[M.shape[0] - 1, S_NEEDS_FUTURE]:
+        for k in range(a, b):
+            G[HINT, arr[k]] = G[FUT, arr[k]]
+
+
+# -- moves -----------------------------------------------------------------------------------
+@njit
+def _move(kind, P, M, X, G, arr, a, b, src, dst):
+    """One transfer of ``arr[a:b]`` from ``src`` to ``dst`` (``complete`` of the manager)."""
+    p_remove(kind, P, M, X, G, src, arr, a, b)
+    for k in range(a, b):
+        G[TIER_OF, arr[k]] = dst
+    n = b - a
+    M[src, USED] -= n
+    M[dst, USED] += n
+    p_insert(kind, P, M, X, G, dst, arr, a, b)
+    M[src, LINK_BLOCKS + dst] += n
+    M[src, LINK_TRANSFERS + dst] += 1
+
+
+@njit_inline
+def _drop(kind, P, M, X, G, t, n):
+    """The victims ``P[t, :n, -1]`` of tier ``t`` leave the hierarchy."""
+    arr = P[t, :, P.shape[2] - 1]
+    p_remove(kind, P, M, X, G, t, arr, 0, n)
+    for k in range(n):
+        G[TIER_OF, arr[k]] = -1
+    M[t, USED] -= n
+    M[t, C_EVICTIONS] += n
+
+
+@njit
+def make_room(kind, P, M, X, G, tier, n):
+    """``TierManager._make_room`` with its demotion cascade; MADE or NO_VICTIMS.
+
+    Victims are chosen top down (a tier's choice changes no other tier), then applied bottom
+    up in the order the recursive Python code completes them: the deepest victims dropped
+    (last tier, or no room could be made below them), then each tier's victims moved one down.
+    """
+    T = M.shape[0] - 1
+    count = n
+    level = tier
+    deepest = -1
+    failed = False
+    while level < T:
+        need = count - (M[level, CAP] - M[level, USED])
+        if need <= 0:
+            break
+        if need > M[level, CAP] or not p_victims(kind, P, M, X, G, level, need):
+            if level == tier:
+                return NO_VICTIMS
+            failed = True
+            break
+        M[level, VN] = need
+        deepest = level
+        count = need
+        level += 1
+    if deepest < 0:
+        return MADE
+    first_move = deepest
+    if failed or deepest == T - 1:
+        _drop(kind, P, M, X, G, deepest, M[deepest, VN])
+        first_move = deepest - 1
+    row = P.shape[2] - 1
+    for lev in range(first_move, tier - 1, -1):
+        cnt = M[lev, VN]
+        _hint_future(M, G, P[lev, :, row], 0, cnt)
+        _move(kind, P, M, X, G, P[lev, :, row], 0, cnt, lev, lev + 1)
+        M[lev, C_DEMOTIONS] += cnt
+    return MADE
+
+
+@njit_inline
+def _room_single(kind, P, M, X, G, n):
+    """``make_room(0, n)`` of a one-tier hierarchy (victims leave), inlined: a replay of a
+    policy that inserts one block at a time calls it once per miss."""
+    need = n - (M[0, CAP] - M[0, USED])
+    if need <= 0:
+        return MADE
+    if need > M[0, CAP] or not p_victims(kind, P, M, X, G, 0, need):
+        return NO_VICTIMS
+    _drop(kind, P, M, X, G, 0, need)
+    return MADE
+
+
+# -- the access path -------------------------------------------------------------------------
+@njit
+def _insert_new(kind, P, M, X, G, ids, nus, a, b):
+    """``TierManager._insert_new`` with admission always: chunks as ``_insert_chunks``."""
+    n = b - a
+    if n == 0:
+        return
+    T = M.shape[0] - 1
+    free = M[0, CAP] - M[0, USED]
+    step = M[0, CAP] if M[T, S_BATCH_SAFE] else 1
+    first = max(min(n, free), min(n, step))
+    lo = 0
+    hi = first
+    while lo < n:
+        room = _room_single(kind, P, M, X, G, hi - lo) if T == 1 else make_room(kind, P, M, X, G, 0, hi - lo)
+        if room == NO_VICTIMS:
+            M[0, C_REFUSED] += hi - lo  # everything protected: not stored
+        else:
+            for k in range(a + lo, a + hi):
+                G[TIER_OF, ids[k]] = 0
+            M[0, USED] += hi - lo
+            _hint_trace(M, G, ids, nus, a + lo, a + hi)
+            p_insert(kind, P, M, X, G, 0, ids, a + lo, a + hi)
+            M[0, C_INSERTS] += hi - lo
+        lo = hi
+        hi = min(hi + step, n)
+
+
+@njit_inline
+def _count_found(M, tier, count, count_hits):
+    if count_hits:
+        M[tier, C_HITS] += count
+    else:
+        T = M.shape[0] - 1
+        M[T, S_MISSES] += count
+        M[T, S_RECOMPUTED] += count
+
+
+@njit
+def _found_below(kind, P, M, X, G, ids, nus, a, b, tier, count_hits):
+    """``TierManager._found_below``: promote the segment, or read it in place."""
+    _hint_trace(M, G, ids, nus, a, b)
+    p_access(kind, P, M, X, G, tier, ids, a, b)
+    for k in range(a, b):
+        G[PROT, ids[k]] = 1
+    room = make_room(kind, P, M, X, G, 0, b - a)
+    for k in range(a, b):
+        G[PROT, ids[k]] = 0
+    n = b - a
+    if room == MADE:
+        _hint_trace(M, G, ids, nus, a, b)  # the promotion's plan carries the segment's hints
+        _move(kind, P, M, X, G, ids, a, b, tier, 0)
+        M[tier, C_PROMOTIONS] += n
+        if count_hits:
+            M[tier, C_HIT_PROMOTED] += n
+            M[tier, C_HIT_PROMOTE_RUNS] += 1
+    else:
+        M[tier, C_PSKIP] += n
+        if count_hits:  # read where it lies: the hit crosses the link to the top tier
+            M[tier, C_IN_PLACE] += n
+            M[tier, C_READ_THROUGHS] += 1
+    _count_found(M, tier, n, count_hits)
+
+
+@njit
+def _bring_up(kind, P, M, X, G, ids, nus, a, b, count_hits):
+    """``TierManager._bring_up``: a run of distinct ids absent from the top tier."""
+    T = M.shape[0] - 1
+    if T == 1:
+        M[T, S_MISSES] += b - a
+        _insert_new(kind, P, M, X, G, ids, nus, a, b)
+        return
+    pos = a
+    while pos < b:
+        tier = G[TIER_OF, ids[pos]]
+        end = pos + 1
+        while end < b and G[TIER_OF, ids[end]] == tier:
+            end += 1
+        if tier < 0:
+            M[T, S_MISSES] += end - pos
+            _insert_new(kind, P, M, X, G, ids, nus, pos, end)
+        else:
+            _found_below(kind, P, M, X, G, ids, nus, pos, end, tier, count_hits)
+        pos = end
+
+
+@njit
+def access(kind, P, M, X, G, ids, nus, a, b, count_hits):
+    """``TierManager.access(ids[a:b], count_hits=...)`` of a replay (see the module docstring)."""
+    T = M.shape[0] - 1
+    if M[T, S_NEEDS_FUTURE]:
+        for k in range(a, b):
+            G[FUT, ids[k]] = nus[k]
+    i = a
+    while i < b:
+        j = i
+        while j < b and G[TIER_OF, ids[j]] == 0:
+            j += 1
+        if j > i:
+            _hint_trace(M, G, ids, nus, i, j)
+            p_access(kind, P, M, X, G, 0, ids, i, j)
+            if count_hits:
+                M[0, C_IN_PLACE] += j - i
+            _count_found(M, 0, j - i, count_hits)
+            if j == b:
+                break
+        k = j + 1
+        while k < b and G[TIER_OF, ids[k]] != 0:
+            k += 1
+        # Cut the run at its first repeated id (it would be a hit the second time).
+        M[T, S_EPOCH] += 1
+        epoch = M[T, S_EPOCH]
+        end = j
+        while end < k and G[STAMP, ids[end]] != epoch:
+            G[STAMP, ids[end]] = epoch
+            end += 1
+        _bring_up(kind, P, M, X, G, ids, nus, j, end, count_hits)
+        i = end
+
+
+@njit
+def prefix_length(G, ids, a, b):
+    """Leading ids of ``ids[a:b]`` resident in some tier."""
+    k = a
+    while k < b and G[TIER_OF, ids[k]] >= 0:
+        k += 1
+    return k - a
+
+
+@njit
+def run_requests(kind, P, M, X, G, ids, nus, offsets, r0, r1, prefix, hit_len):
+    """Requests ``r0 .. r1 - 1``, each one ``access`` (object semantics) or a prefix lookup
+    then two ``access`` calls (prefix semantics, as ``replay``'s prefix step); the prefix
+    hit length of request ``r`` goes to ``hit_len[r]``."""
+    for r in range(r0, r1):
+        a = offsets[r]
+        b = offsets[r + 1]
+        if prefix:
+            h = prefix_length(G, ids, a, b)
+            hit_len[r] = h
+            access(kind, P, M, X, G, ids, nus, a, a + h, True)
+            access(kind, P, M, X, G, ids, nus, a + h, b, False)
+        else:
+            access(kind, P, M, X, G, ids, nus, a, b, True)
