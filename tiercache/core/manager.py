@@ -21,6 +21,12 @@ full, a promotion from tier ``i`` can push one block out of the last tier even t
 promoted block then frees a slot in tier ``i`` (a hole the next demotion fills without a
 drop). The bytes never need a staging buffer this way; on the sample trace the total miss
 count equals a single LRU of the hierarchy's total size.
+
+Shared last tier (``shared_last``, the live store's remote tier): the last tier is this
+manager's view of a store other processes write to. It may hold a block a local tier holds
+too (a published copy: ``publish``), copies into it are allowed in an exclusive hierarchy, a
+victim it already holds just leaves its local tier, and a write into it that fails drops the
+victims as an eviction would: a remote failure never blocks a local placement.
 """
 
 from __future__ import annotations
@@ -91,6 +97,7 @@ class TierManager(TransferMixin):
         engine: TransferEngine | None = None,
         events: EventLog | None = None,
         write_through: bool = False,
+        shared_last: bool = False,
     ) -> None:
         if not (len(tiers) == len(evictions) == len(admissions)) or not tiers:
             raise ValueError("one eviction and one admission policy per tier, at least one tier")
@@ -100,6 +107,8 @@ class TierManager(TransferMixin):
         self.engine = engine if engine is not None else ImmediateEngine()
         self.events = events if events is not None else EventLog()
         self.write_through = write_through
+        #: Index of the shared last tier (see the module docstring), or None.
+        self.shared: int | None = len(tiers) - 1 if shared_last and len(tiers) > 1 else None
         self.refs: dict[int, int] = {}
         # References held on blocks that were lost (unreadable) while referenced.
         self.orphan_refs: dict[int, int] = {}
@@ -376,6 +385,8 @@ class TierManager(TransferMixin):
         if refused:
             self.events.emit(Ev.REFUSED, below, len(refused))
             self._drop(tier, refused)
+        if below == self.shared:
+            moving = self._leave_for_shared(tier, moving)
         if not moving:
             return _MADE
         room = self._make_room(below, len(moving), protected)
@@ -383,8 +394,23 @@ class TierManager(TransferMixin):
             self._drop(tier, moving)  # no room below (all pinned): they leave, a policy decision
             return _MADE
         if room is _WRITE_FAILED or not self._transfer(moving, tier, below, False, None):
+            if below == self.shared:  # best effort: a failed remote write is an eviction
+                self._drop(tier, [v for v in moving if v in self.dirs[tier].slot_of])
+                return _MADE
             return _WRITE_FAILED
         return _MADE
+
+    def _leave_for_shared(self, tier: int, victims: list[int]) -> list[int]:
+        """Victims the shared tier below already holds leave ``tier`` without a copy (counted
+        as demoted, touched below); returns the others, which still need their copy."""
+        shared = self.dirs[self.shared].slot_of
+        held = [v for v in victims if v in shared]
+        if held:
+            self.policies[tier].on_remove(held)
+            self.engine.discard(tier, held, self.dirs[tier].remove(held))
+            self.policies[self.shared].on_access(held, None)
+            self.events.emit(Ev.DEMOTE, tier, len(held), self.shared)
+        return [v for v in victims if v not in shared] if held else victims
 
     def _promote(self, ids: Sequence[int], tier: int, hints: Hints | None, started: list | None) -> list[int]:
         """Brings hits up to the top tier; if no room can be made they stay (counted).
@@ -404,6 +430,8 @@ class TierManager(TransferMixin):
     def _copy_down(self, ids: Sequence[int], hints: Hints | None) -> None:
         """Write-through: copies new top-tier blocks into every lower tier that admits them."""
         for tier in range(1, len(self.dirs)):
+            if tier == self.shared:  # publishing to a shared tier is its owner's decision
+                continue
             admitted = self.admissions[tier].admit(ids)
             wanted = [b for b, ok in zip(ids, admitted) if ok and b not in self.dirs[tier].slot_of]
             self.events.emit(Ev.REFUSED, tier, admitted.count(False))
@@ -431,7 +459,7 @@ class TierManager(TransferMixin):
             assert all(b in policy for b in directory.slot_of), f"{directory.name}: policy misses a resident block"
         if not self.write_through:
             seen: set[int] = set()
-            for directory in self.dirs:
+            for directory in self.dirs[: self.shared]:  # a shared tier may hold copies
                 assert seen.isdisjoint(directory.slot_of), "exclusive mode: a block is in two tiers"
                 seen.update(directory.slot_of)
         for block_id, count in self.refs.items():

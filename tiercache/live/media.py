@@ -12,12 +12,13 @@ import torch
 from tiercache.config import KVLayout, TierConfig
 from tiercache.data.nvme import NVMeStore
 from tiercache.data.pools import BlockPool, dram_pool, hbm_pool
+from tiercache.data.remote import RemoteStore
 from tiercache.errors import UserError
 from tiercache.policies import get_eviction
 
 __all__ = ["check_layout", "check_tiers", "check_online", "resolve_device", "check_host_memory", "open_medium"]
 
-_ORDER = ("hbm", "dram", "nvme")
+_ORDER = ("hbm", "dram", "nvme", "remote")
 
 
 def check_layout(layout: object) -> None:
@@ -27,7 +28,7 @@ def check_layout(layout: object) -> None:
 
 
 def check_tiers(tiers: Sequence[TierConfig], path) -> None:
-    """Tiers must be ``hbm[, dram][, nvme]`` in that order; NVMe needs a directory.
+    """Tiers must be ``hbm[, dram][, nvme][, remote]`` in that order; NVMe needs a directory.
 
     Raises:
         UserError: naming what is wrong.
@@ -37,7 +38,7 @@ def check_tiers(tiers: Sequence[TierConfig], path) -> None:
     names = [t.name for t in tiers]
     if not tiers or names[0] != "hbm" or any(n not in _ORDER for n in names) \
             or names != sorted(names, key=_ORDER.index) or len(set(names)) != len(names):
-        raise UserError(f"TieredKVStore: tiers must be hbm[, dram][, nvme] in that order, got {names}")
+        raise UserError(f"TieredKVStore: tiers must be hbm[, dram][, nvme][, remote] in that order, got {names}")
     if "nvme" in names and path is None:
         raise UserError("TieredKVStore: an nvme tier needs path= (the store directory)")
     if path is not None:
@@ -94,8 +95,9 @@ def check_online(eviction: str | None, tiers: Sequence[TierConfig]) -> None:
             raise UserError(f"TieredKVStore: eviction policy {name!r} needs the future (offline only); use it in tiercache replay")
 
 
-def open_medium(tier: TierConfig, layout: KVLayout, path, device) -> BlockPool | NVMeStore:
-    """The medium of one tier: a GPU (or CPU) pool, a pinned host pool, or an NVMe store.
+def open_medium(tier: TierConfig, layout: KVLayout, path, device) -> BlockPool | NVMeStore | RemoteStore:
+    """The medium of one tier: a GPU (or CPU) pool, a pinned host pool, an NVMe store, or a
+    Mooncake Store client (which never fails to open: an unreachable master is retried).
 
     Raises:
         UserError: the pool could not be allocated, or the store directory not opened
@@ -106,6 +108,8 @@ def open_medium(tier: TierConfig, layout: KVLayout, path, device) -> BlockPool |
             return hbm_pool(layout, tier.capacity_blocks, device)
         if tier.name == "dram":
             return dram_pool(layout, tier.capacity_blocks)
+        if tier.name == "remote":
+            return RemoteStore(tier.remote, layout)
         return _open_nvme(tier, layout, path)
     except OSError as exc:
         raise UserError(f"TieredKVStore: cannot open the {tier.name} tier at {os.fspath(path)!r}: {exc.strerror or exc}") from None

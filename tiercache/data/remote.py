@@ -1,0 +1,353 @@
+"""The remote tier's medium: a Mooncake Store client shared by many processes.
+
+``RemoteStore`` is one ``MooncakeDistributedStore`` client (``mooncake_master`` plus the
+clients' memory segments; TCP here, RDMA on clusters). A block is one value named by its
+full 16-byte content key (the key already chains the namespace, so tenants never share)
+under a tag of the layout, and carries a 64-byte header in front of its bytes:
+
+    magic "TCKV" | version | key (16 B) | payload bytes | layout tag | xxh3-64 of the payload
+
+The checksum is seeded with the key, so a value whose bytes, size, layout or key do not
+match (corrupt, truncated, written by something else) is a counted miss, never served.
+
+Transfers are batched and zero-copy: one ``batch_put_from_multi_buffers`` /
+``batch_get_into_multi_buffers`` call per batch moves the header from a registered header
+array and the payload straight from (into) the registered pool slots. They run on the
+medium's transfer thread and return futures the engine settles; existence checks run on
+a second thread with a timeout.
+
+Failures never raise to the caller: a failed call counts as an error, and for ``retry_s``
+after it every remote call is skipped (a miss) instead of waiting on a dead master; then the
+next call tries again (reconnecting if the client had to be rebuilt). A transfer already in
+flight when the master stops answering ends when Mooncake's own RPC timeout fires (about
+30 s); lookups never wait longer than ``timeout_s``.
+
+Leaving this process's view never deletes a value (``forget`` is a no-op): others may be
+reading it, and Mooncake's own eviction reclaims the space.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+import xxhash
+
+from tiercache.config import KVLayout, RemoteConfig
+from tiercache.errors import UserError
+
+__all__ = ["RemoteStore", "HEADER_BYTES", "value_name", "layout_tag", "load_client", "Breaker"]
+
+HEADER_BYTES = 64
+_MAGIC, _VERSION = b"TCKV", 1
+_HEADER = struct.Struct("<4sHH16sQQQ")  # magic, version, reserved, key, payload bytes, layout tag, checksum
+_HEADER_SLOTS = 256  # headers registered at once: the largest batch one call moves
+_NOT_FOUND = -704  # Mooncake's OBJECT_NOT_FOUND
+
+
+def load_client():
+    """A new, unconnected ``MooncakeDistributedStore``.
+
+    Raises:
+        UserError: Mooncake Store is not installed (or its system libraries are missing).
+    """
+    try:
+        from mooncake.store import MooncakeDistributedStore
+    except ImportError as exc:
+        raise UserError("the remote tier needs Mooncake Store: pip install -e '.[remote]' "
+                        f"(and the Debian packages libibverbs1 libnuma1): {exc}") from None
+    return MooncakeDistributedStore()
+
+
+def layout_tag(layout: KVLayout) -> int:
+    """A 64-bit tag of the block layout (shape and dtype): values of another layout differ."""
+    text = f"{layout.block_shape}/{layout.dtype}".encode()
+    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little")
+
+
+def value_name(tag: int, key: bytes) -> str:
+    """The Mooncake key of a block: the layout tag and the full content key."""
+    return f"tiercache/{tag:016x}/{key.hex()}"
+
+
+def _checksum(key: bytes, payload: np.ndarray) -> int:
+    return xxhash.xxh3_64_intdigest(payload, seed=int.from_bytes(key[:8], "little"))
+
+
+class Breaker:
+    """Skips remote calls for ``retry_s`` after a failure (a dead master costs nothing).
+
+    ``allow`` is True while closed, and again once ``retry_s`` passed since the last
+    failure (that call is the probe: a success closes the breaker, a failure re-opens it).
+    """
+
+    def __init__(self, retry_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self._retry_s, self._clock = retry_s, clock
+        self._failed_at: float | None = None
+        self._lock = threading.Lock()
+
+    def allow(self) -> bool:
+        with self._lock:
+            return self._failed_at is None or self._clock() - self._failed_at >= self._retry_s
+
+    @property
+    def down(self) -> bool:
+        """True since a failure and until the next success."""
+        return self._failed_at is not None
+
+    def failed(self) -> None:
+        with self._lock:
+            self._failed_at = self._clock()
+
+    def succeeded(self) -> None:
+        with self._lock:
+            self._failed_at = None
+
+
+class RemoteStore:
+    """The remote tier: Mooncake Store values of 64-byte header + block bytes.
+
+    Invariants: ``staging`` and ``headers`` are registered with the client for its whole
+    life; a value is served only if its header (magic, version, key, size, layout) and its
+    checksum match; no method raises for a remote failure (counted in ``stats``).
+
+    Args:
+        config: how to reach the store (``RemoteConfig``).
+        layout: the block layout.
+        client: an unconnected client to use (tests inject faults); default a new one.
+    """
+
+    keyed = True
+    #: Leaving this process's view never deletes a value others may read.
+    shared = True
+
+    def __init__(self, config: RemoteConfig, layout: KVLayout, client=None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.config, self.layout = config, layout
+        self.tag = layout_tag(layout)
+        self.block_bytes = layout.block_bytes
+        self.breaker = Breaker(config.retry_s, clock)
+        self.stats = {"puts": 0, "put_failed": 0, "gets": 0, "missing": 0, "corrupt": 0, "exists_calls": 0,
+                      "found": 0, "errors": 0, "skipped": 0, "recovered": 0}
+        self._make_client = (lambda: client) if client is not None else load_client
+        self.client = None
+        self._registered: dict[int, int] = {}  # pointer -> bytes registered with the current client
+        # Payload rows for transfers that cannot use a pool in place (NVMe, GPU); the last
+        # row is read_block's own (the engine thread reads one block at a time).
+        self.staging = np.zeros((config.staging_blocks + 1, self.block_bytes), np.uint8)
+        self._free_rows = list(range(config.staging_blocks))
+        self._rows_lock = threading.Lock()
+        self.headers = np.zeros((2 * _HEADER_SLOTS, HEADER_BYTES), np.uint8)
+        self._io = ThreadPoolExecutor(1, thread_name_prefix="tiercache-remote-io")
+        self._lookups = ThreadPoolExecutor(1, thread_name_prefix="tiercache-remote-lookup")
+        self._connect_lock = threading.Lock()
+        self._connect()
+
+    # -- connection ----------------------------------------------------------------------
+    def _connect(self) -> bool:
+        """Sets the client up (once, or again after it was dropped); False if it failed."""
+        with self._connect_lock:
+            if self.client is not None:
+                return True
+            try:
+                client = self._make_client()
+                c = self.config
+                rc = client.setup(c.local_host, c.metadata, c.segment_bytes, c.buffer_bytes, c.protocol, c.device, c.master)
+            except UserError:
+                raise
+            except Exception:  # noqa: BLE001 - any client failure is a remote failure
+                rc = -1
+            if rc != 0:
+                self.stats["errors"] += 1
+                self.breaker.failed()
+                return False
+            self.client, self._registered = client, {}
+            self.register(self.staging)
+            self.register(self.headers)
+            return True
+
+    def register(self, array: np.ndarray | torch.Tensor) -> None:
+        """Registers host memory (a pool's tensor, the staging rows) for zero-copy transfers."""
+        pointer = array.ctypes.data if isinstance(array, np.ndarray) else array.data_ptr()
+        size = array.nbytes
+        if self.client is None or self._registered.get(pointer) == size:
+            return
+        if self.client.register_buffer(pointer, size) == 0:
+            self._registered[pointer] = size
+
+    def _call(self, what: str, fn, n: int):
+        """Runs one client call unless the breaker is open; None when skipped or failed."""
+        if not self.breaker.allow() or not self._connect():
+            self.stats["skipped"] += n
+            return None
+        try:
+            codes = fn(self.client)
+        except Exception:  # noqa: BLE001 - a client exception is a remote failure, never the caller's
+            codes = None
+        if codes is None or (len(codes) and all(_transport_error(c) for c in codes)):
+            self.stats["errors"] += 1
+            self.breaker.failed()
+            return None
+        if self.breaker.down:
+            self.stats["recovered"] += 1  # the master answers again (the client reconnected)
+        self.breaker.succeeded()
+        return codes
+
+    # -- staging rows ------------------------------------------------------------------
+    def take_rows(self, n: int) -> list[int] | None:
+        """``n`` free staging rows, or None when fewer are free (nothing taken)."""
+        with self._rows_lock:
+            if len(self._free_rows) < n:
+                return None
+            rows, self._free_rows = self._free_rows[:n], self._free_rows[n:]
+            return rows
+
+    def give_rows(self, rows: Sequence[int]) -> None:
+        """Returns rows taken with ``take_rows``."""
+        with self._rows_lock:
+            self._free_rows.extend(rows)
+
+    @property
+    def free_rows(self) -> int:
+        return len(self._free_rows)
+
+    def row_block(self, row: int, dtype: torch.dtype) -> torch.Tensor:
+        """A staging row as a block tensor (a view of the registered row)."""
+        return torch.from_numpy(self.staging[row]).view(dtype).view(self.layout.block_shape)
+
+    # -- lookups -------------------------------------------------------------------------
+    def exists(self, keys: Sequence[bytes]) -> np.ndarray:
+        """Which keys the store holds now (False for all when it cannot be asked in time)."""
+        if not keys:
+            return np.zeros(0, bool)
+        names = [value_name(self.tag, k) for k in keys]
+        self.stats["exists_calls"] += 1
+        future = self._lookups.submit(self._call, "exists", lambda c: c.batch_is_exist(names), len(keys))
+        try:
+            codes = future.result(timeout=self.config.timeout_s)
+        except FutureTimeout:
+            self.stats["errors"] += 1
+            self.breaker.failed()
+            return np.zeros(len(keys), bool)
+        found = np.zeros(len(keys), bool) if codes is None else np.asarray(codes) == 1
+        self.stats["found"] += int(found.sum())
+        return found
+
+    # -- transfers (futures of one bool per key) -----------------------------------------
+    def submit_put(self, keys: Sequence[bytes], payloads: Sequence[np.ndarray], then: Callable[[], None] | None = None) -> Future:
+        """Starts storing ``payloads[i]`` (contiguous uint8 views of registered memory)
+        under ``keys[i]``; the future holds one bool per key. ``then`` runs once it is done."""
+        return self._io.submit(_run_then, lambda: self._put(keys, payloads), then)
+
+    def submit_get(self, keys: Sequence[bytes], payloads: Sequence[np.ndarray], then: Callable[[], None] | None = None) -> Future:
+        """Starts reading the blocks of ``keys`` into ``payloads`` (registered uint8 views);
+        the future holds one bool per key, True only for a verified block."""
+        return self._io.submit(_run_then, lambda: self._get(keys, payloads), then)
+
+    def _put(self, keys: Sequence[bytes], payloads: Sequence[np.ndarray]) -> list[bool]:
+        ok: list[bool] = []
+        for a in range(0, len(keys), _HEADER_SLOTS):
+            ok.extend(self._put_batch(keys[a : a + _HEADER_SLOTS], payloads[a : a + _HEADER_SLOTS]))
+        return ok
+
+    def _put_batch(self, keys: Sequence[bytes], payloads: Sequence[np.ndarray]) -> list[bool]:
+        headers = self.headers[:_HEADER_SLOTS]
+        for i, (key, payload) in enumerate(zip(keys, payloads)):
+            _HEADER.pack_into(headers[i], 0, _MAGIC, _VERSION, 0, key, payload.nbytes, self.tag, _checksum(key, payload))
+        names = [value_name(self.tag, k) for k in keys]
+        pointers = [[headers[i].ctypes.data, p.ctypes.data] for i, p in enumerate(payloads)]
+        sizes = [[HEADER_BYTES, p.nbytes] for p in payloads]
+        codes = self._call("put", lambda c: c.batch_put_from_multi_buffers(names, pointers, sizes), len(keys))
+        ok = [False] * len(keys) if codes is None else [code == 0 for code in codes]
+        self.stats["puts"] += sum(ok)
+        self.stats["put_failed"] += len(ok) - sum(ok)
+        return ok
+
+    def _get(self, keys: Sequence[bytes], payloads: Sequence[np.ndarray]) -> list[bool]:
+        ok: list[bool] = []
+        for a in range(0, len(keys), _HEADER_SLOTS):
+            ok.extend(self._get_batch(keys[a : a + _HEADER_SLOTS], payloads[a : a + _HEADER_SLOTS]))
+        return ok
+
+    def _get_batch(self, keys: Sequence[bytes], payloads: Sequence[np.ndarray]) -> list[bool]:
+        headers = self.headers[_HEADER_SLOTS:]
+        names = [value_name(self.tag, k) for k in keys]
+        pointers = [[headers[i].ctypes.data, p.ctypes.data] for i, p in enumerate(payloads)]
+        sizes = [[HEADER_BYTES, p.nbytes] for p in payloads]
+        codes = self._call("get", lambda c: c.batch_get_into_multi_buffers(names, pointers, sizes), len(keys))
+        if codes is None:
+            return [False] * len(keys)
+        ok = [self._verified(code, headers[i], key, payloads[i]) for i, (code, key) in enumerate(zip(codes, keys))]
+        self.stats["gets"] += sum(ok)
+        return ok
+
+    def _verified(self, code: int, header: np.ndarray, key: bytes, payload: np.ndarray) -> bool:
+        """True when a read value is exactly this block: size, header and checksum match."""
+        if code == _NOT_FOUND:
+            self.stats["missing"] += 1
+            return False
+        if code != HEADER_BYTES + payload.nbytes:
+            self.stats["missing" if code < 0 and _transport_error(code) else "corrupt"] += 1
+            return False
+        magic, version, _, stored_key, size, tag, checksum = _HEADER.unpack_from(header, 0)
+        if (magic, version, stored_key, size, tag) != (_MAGIC, _VERSION, key, payload.nbytes, self.tag) \
+                or checksum != _checksum(key, payload):
+            self.stats["corrupt"] += 1
+            return False
+        return True
+
+    # -- the medium interface ------------------------------------------------------------
+    def write(self, slots: Sequence[int], blocks: torch.Tensor) -> None:
+        """Never asked: new blocks are born in the top tier."""
+        raise TypeError("the remote tier is never the top tier")
+
+    def forget(self, keys: Sequence[bytes]) -> None:
+        """Nothing: a value leaving this process's view stays in the store for the others."""
+
+    def read_block(self, slot: int, key: bytes, dest: torch.Tensor) -> None:
+        """Reads one block into ``dest`` through a staging row; KeyError if unreadable."""
+        row = len(self.staging) - 1
+        if not self.submit_get([key], [self.staging[row]]).result()[0]:
+            raise KeyError(f"remote block {key.hex()} is missing or unreadable")
+        dest.copy_(self.row_block(row, dest.dtype))
+
+    def durable_items(self) -> list[tuple[bytes, int]]:
+        """Nothing to adopt on reopen: lookups find what the store holds."""
+        return []
+
+    def flush(self) -> None:
+        """Nothing to make durable here (the store's own replication does that)."""
+
+    def close(self) -> None:
+        """Finishes transfers and closes the client."""
+        self._io.shutdown(wait=True)
+        self._lookups.shutdown(wait=False, cancel_futures=True)
+        if self.client is not None:
+            try:
+                self.client.close()
+            except Exception:  # noqa: BLE001 - closing against a dead master must not raise
+                pass
+            self.client = None
+
+    def __repr__(self) -> str:
+        return f"RemoteStore(master={self.config.master}, layout tag {self.tag:016x})"
+
+
+def _transport_error(code: int) -> bool:
+    """Mooncake's RPC and transfer failures (-900s, -800s, -1): the store was not reached,
+    as opposed to an answer about one key (not found, no space)."""
+    return code == -1 or -1000 < code <= -800
+
+
+def _run_then(work: Callable[[], list[bool]], then: Callable[[], None] | None) -> list[bool]:
+    try:
+        return work()
+    finally:
+        if then is not None:
+            then()
