@@ -29,6 +29,8 @@ reading it, and Mooncake's own eviction reclaims the space.
 from __future__ import annotations
 
 import hashlib
+import queue
+import socket
 import struct
 import threading
 import time
@@ -39,6 +41,8 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 import xxhash
+
+from urllib.parse import urlsplit
 
 from tiercache.config import KVLayout, RemoteConfig
 from tiercache.errors import UserError
@@ -133,7 +137,7 @@ class RemoteStore:
         self.tag = layout_tag(layout)
         self.block_bytes = layout.block_bytes
         self.breaker = Breaker(config.retry_s, clock)
-        self.stats = {"puts": 0, "put_failed": 0, "gets": 0, "missing": 0, "corrupt": 0, "exists_calls": 0,
+        self.stats = {"puts": 0, "put_failed": 0, "gets": 0, "missing": 0, "corrupt": 0, "unreadable": 0, "exists_calls": 0,
                       "found": 0, "errors": 0, "skipped": 0, "recovered": 0}
         self._make_client = (lambda: client) if client is not None else load_client
         self.client = None
@@ -145,32 +149,59 @@ class RemoteStore:
         self._rows_lock = threading.Lock()
         self.headers = np.zeros((2 * _HEADER_SLOTS, HEADER_BYTES), np.uint8)
         self._io = ThreadPoolExecutor(1, thread_name_prefix="tiercache-remote-io")
-        self._lookups = ThreadPoolExecutor(1, thread_name_prefix="tiercache-remote-lookup")
+        # Daemon threads: a lookup or a setup stuck on a dead master never holds up exit.
+        self._lookups = _DaemonWorker("tiercache-remote-lookup")
+        self._connector = _DaemonWorker("tiercache-remote-connect")
         self._connect_lock = threading.Lock()
-        self._connect()
+        self._connecting: Future | None = None
+        self._make_client()  # fails here, clearly, when Mooncake is not installed
+        try:  # a live master answers in milliseconds; a dead one is retried in the background
+            self._start_connect().result(timeout=config.timeout_s)
+        except FutureTimeout:
+            pass
 
     # -- connection ----------------------------------------------------------------------
-    def _connect(self) -> bool:
-        """Sets the client up (once, or again after it was dropped); False if it failed."""
+    def _start_connect(self) -> Future:
+        """Starts setting the client up in the background (once at a time)."""
         with self._connect_lock:
-            if self.client is not None:
-                return True
-            try:
-                client = self._make_client()
-                c = self.config
-                rc = client.setup(c.local_host, c.metadata, c.segment_bytes, c.buffer_bytes, c.protocol, c.device, c.master)
-            except UserError:
-                raise
-            except Exception:  # noqa: BLE001 - any client failure is a remote failure
-                rc = -1
-            if rc != 0:
-                self.stats["errors"] += 1
-                self.breaker.failed()
-                return False
-            self.client, self._registered = client, {}
-            self.register(self.staging)
-            self.register(self.headers)
+            if self._connecting is None or self._connecting.done():
+                self._connecting = self._connector.submit(self._connect)
+            return self._connecting
+
+    def _ready(self) -> bool:
+        """True when the client is set up; else starts a (re)try when the breaker allows.
+        Setting up against a dead master takes Mooncake about 90 s: never waited for."""
+        if self.client is not None:
             return True
+        if self.breaker.allow():
+            self._start_connect()
+        return False
+
+    def _connect(self) -> bool:
+        """Sets a new client up; False (counted, breaker open) if it failed.
+
+        Mooncake's ``setup`` holds the GIL while it retries a master or metadata server
+        that does not answer (about 90 s), freezing every thread of the process; so both
+        are first checked to accept a TCP connection within ``timeout_s``.
+        """
+        try:
+            if not _servers_accept(self.config):
+                raise ConnectionError("the master or the metadata server does not accept connections")
+            client = self._make_client()
+            c = self.config
+            rc = client.setup(c.local_host, c.metadata, c.segment_bytes, c.buffer_bytes, c.protocol, c.device, c.master)
+        except Exception:  # noqa: BLE001 - any client failure is a remote failure
+            rc = -1
+        if rc != 0:
+            self.stats["errors"] += 1
+            self.breaker.failed()
+            return False
+        self._registered = {}
+        self.client = client
+        self.register(self.staging)
+        self.register(self.headers)
+        self.breaker.succeeded()
+        return True
 
     def register(self, array: np.ndarray | torch.Tensor) -> None:
         """Registers host memory (a pool's tensor, the staging rows) for zero-copy transfers."""
@@ -183,7 +214,7 @@ class RemoteStore:
 
     def _call(self, what: str, fn, n: int):
         """Runs one client call unless the breaker is open; None when skipped or failed."""
-        if not self.breaker.allow() or not self._connect():
+        if not self.breaker.allow() or not self._ready():
             self.stats["skipped"] += n
             return None
         try:
@@ -226,6 +257,9 @@ class RemoteStore:
         """Which keys the store holds now (False for all when it cannot be asked in time)."""
         if not keys:
             return np.zeros(0, bool)
+        if not self.breaker.allow():  # never queue behind a call that is hanging
+            self.stats["skipped"] += len(keys)
+            return np.zeros(len(keys), bool)
         names = [value_name(self.tag, k) for k in keys]
         self.stats["exists_calls"] += 1
         future = self._lookups.submit(self._call, "exists", lambda c: c.batch_is_exist(names), len(keys))
@@ -292,8 +326,11 @@ class RemoteStore:
         if code == _NOT_FOUND:
             self.stats["missing"] += 1
             return False
+        if code < 0:  # a transfer that failed (the holder is gone, a size that does not fit)
+            self.stats["unreadable"] += 1
+            return False
         if code != HEADER_BYTES + payload.nbytes:
-            self.stats["missing" if code < 0 and _transport_error(code) else "corrupt"] += 1
+            self.stats["corrupt"] += 1
             return False
         magic, version, _, stored_key, size, tag, checksum = _HEADER.unpack_from(header, 0)
         if (magic, version, stored_key, size, tag) != (_MAGIC, _VERSION, key, payload.nbytes, self.tag) \
@@ -327,12 +364,13 @@ class RemoteStore:
     def close(self) -> None:
         """Finishes transfers and closes the client."""
         self._io.shutdown(wait=True)
-        self._lookups.shutdown(wait=False, cancel_futures=True)
+        self._lookups.stop()
+        self._connector.stop()
         if self.client is not None:
-            try:
-                self.client.close()
-            except Exception:  # noqa: BLE001 - closing against a dead master must not raise
-                pass
+            # Mooncake's close unmounts the segment and joins its heartbeat (1-2 s); it runs
+            # on a daemon thread (holding the registered arrays until it is done) instead of
+            # stalling the caller. Values this client held become misses for the others.
+            threading.Thread(target=_close_client, args=(self.client, (self.staging, self.headers)), daemon=True).start()
             self.client = None
 
     def __repr__(self) -> str:
@@ -340,9 +378,57 @@ class RemoteStore:
 
 
 def _transport_error(code: int) -> bool:
-    """Mooncake's RPC and transfer failures (-900s, -800s, -1): the store was not reached,
-    as opposed to an answer about one key (not found, no space)."""
-    return code == -1 or -1000 < code <= -800
+    """Mooncake's RPC failures (-900s): the master was not reached, as opposed to an
+    answer about one key (not found -704, no space -200, a transfer that failed -800)."""
+    return -1000 < code <= -900
+
+
+def _servers_accept(config: RemoteConfig) -> bool:
+    """True when the master and (for an HTTP URL) the metadata server accept TCP connections."""
+    host, port = config.master.rsplit(":", 1)
+    addresses = [(host, int(port))]
+    if config.metadata.startswith("http://"):
+        url = urlsplit(config.metadata)
+        addresses.append((url.hostname, url.port or 80))
+    for address in addresses:
+        try:
+            socket.create_connection(address, timeout=config.timeout_s).close()
+        except OSError:
+            return False
+    return True
+
+
+def _close_client(client, keep_alive: tuple) -> None:
+    try:
+        client.close()
+    except Exception:  # noqa: BLE001 - closing against a dead master must not raise
+        pass
+
+
+class _DaemonWorker:
+    """One daemon thread running submitted calls in order, each resolving a Future."""
+
+    def __init__(self, name: str) -> None:
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, fn: Callable, *args) -> Future:
+        future: Future = Future()
+        self._queue.put((future, fn, args))
+        return future
+
+    def stop(self) -> None:
+        """Lets the thread end once its current call returns (never waited for)."""
+        self._queue.put(None)
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            future, fn, args = item
+            try:
+                future.set_result(fn(*args))
+            except BaseException as exc:  # noqa: BLE001 - handed to whoever waits
+                future.set_exception(exc)
 
 
 def _run_then(work: Callable[[], list[bool]], then: Callable[[], None] | None) -> list[bool]:

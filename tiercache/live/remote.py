@@ -110,6 +110,10 @@ class RemoteLink:
             self.stats["adopted"] += len(taken)
         self.keymap.forget_absent(rest, self.manager.locate)
 
+    def drop_unreadable(self, block_id: int) -> None:
+        """A view entry whose value proved unreadable in place leaves the view."""
+        self._drop_stale([block_id])
+
     def _drop_stale(self, ids: list[int]) -> None:
         """Drops view entries the store no longer holds (its eviction, a client that left)."""
         directory = self.manager.dirs[self.tier]

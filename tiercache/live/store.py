@@ -275,7 +275,7 @@ class TieredKVStore:
             if out is not None:
                 check_blocks(out, self.layout, len(keys), "TieredKVStore.get_prefix out")
                 out = out[:n]
-            return self._gather(keys[:n], ids[:n], out)
+            return self._gather(keys[:n], ids[:n], out, partial=True)
 
     def _reachable_ids(self, keys: list[bytes]) -> list[int | None]:
         """Ids of ``keys`` after adopting those the remote store holds (if there is one);
@@ -460,8 +460,9 @@ class TieredKVStore:
             raise KeyError("a key is not stored")
         return ids
 
-    def _gather(self, keys: Sequence[bytes], ids: list[int], out: torch.Tensor | None) -> torch.Tensor:
-        """Reads blocks from wherever they now are into one tensor on the HBM device."""
+    def _gather(self, keys: Sequence[bytes], ids: list[int], out: torch.Tensor | None, partial: bool = False) -> torch.Tensor:
+        """Reads blocks from wherever they now are into one tensor on the HBM device; with
+        ``partial`` a block unreadable in place ends the result (a remote one leaves the view)."""
         top = self._media[0]
         if out is None:
             out = torch.empty((len(ids), *self.layout.block_shape), dtype=top.dtype, device=top.device)
@@ -471,9 +472,17 @@ class TieredKVStore:
             return torch.index_select(top.tensor, 0, index, out=out)
         for index, block_id in enumerate(ids):
             tier = self.manager.locate(block_id)
-            if tier is None:
-                raise KeyError(f"key {keys[index].hex()} proved unreadable and was dropped")
-            self._media[tier].read_block(self.manager.dirs[tier].slot_of[block_id], keys[index], out[index])
+            try:
+                if tier is None:
+                    raise KeyError(f"key {keys[index].hex()} proved unreadable and was dropped")
+                self._media[tier].read_block(self.manager.dirs[tier].slot_of[block_id], keys[index], out[index])
+            except KeyError:
+                if not partial:
+                    raise
+                if self._remote is not None and tier == self._remote.tier:
+                    self._remote.drop_unreadable(block_id)
+                    self._consume()
+                return out[:index]
         return out
 
     def _consume(self) -> None:
