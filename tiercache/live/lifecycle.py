@@ -1,5 +1,6 @@
-"""Opening and closing a live store's durable state: adopting stored blocks on reopen,
-and persisting what the volatile tiers hold into NVMe on close."""
+"""A live store's durable state: adopting stored blocks on reopen, persisting what the
+volatile tiers hold into NVMe on close, and checking that the media hold what the
+manager says."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from tiercache.keys import key_to_int
 
 from .keymap import KeyMap
 
-__all__ = ["adopt_stored_blocks", "persist_to_nvme"]
+__all__ = ["adopt_stored_blocks", "persist_to_nvme", "check_store"]
 
 
 def adopt_stored_blocks(manager: TierManager, media: Sequence[object], keymap: KeyMap, events: EventLog) -> None:
@@ -43,3 +44,14 @@ def persist_to_nvme(manager: TierManager, events: EventLog) -> int:
             moved += len(ids)
     events.drain()  # shutting down is not traffic
     return moved
+
+
+def check_store(manager: TierManager, keymap: KeyMap, media: Sequence[object]) -> None:
+    """Asserts the manager, the key map and the keyed media agree (a shared medium, the
+    remote store, is not checked by key: others may evict what this process's view lists)."""
+    manager.check_invariants()
+    keymap.check({b for d in manager.dirs for b in d.slot_of})
+    for tier, medium in enumerate(media):
+        if medium.keyed and not getattr(medium, "shared", False):  # places bytes itself: check by key
+            for block_id in manager.dirs[tier].slot_of:
+                assert medium.contains(keymap.keys[block_id]), f"{medium}: resident block {block_id} is not stored"

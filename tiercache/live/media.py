@@ -9,14 +9,14 @@ from typing import Sequence
 import psutil
 import torch
 
-from tiercache.config import KVLayout, TierConfig
+from tiercache.config import KVLayout, RemoteWrite, TierConfig
 from tiercache.data.nvme import NVMeStore
 from tiercache.data.pools import BlockPool, dram_pool, hbm_pool
 from tiercache.data.remote import RemoteStore
 from tiercache.errors import UserError
 from tiercache.policies import get_eviction
 
-__all__ = ["check_layout", "check_tiers", "check_online", "resolve_device", "check_host_memory", "open_medium"]
+__all__ = ["check_layout", "check_tiers", "check_remote_write", "check_online", "resolve_device", "check_host_memory", "open_medium"]
 
 _ORDER = ("hbm", "dram", "nvme", "remote")
 
@@ -43,6 +43,15 @@ def check_tiers(tiers: Sequence[TierConfig], path) -> None:
         raise UserError("TieredKVStore: an nvme tier needs path= (the store directory)")
     if path is not None:
         _check_store_path(Path(path))
+
+
+def check_remote_write(tiers: Sequence[TierConfig], write_through: bool) -> None:
+    """``remote_write=back`` needs an exclusive hierarchy: write-through drops victims
+    instead of demoting them, so nothing would ever be written back."""
+    remote = tiers[-1].remote if tiers else None
+    if remote is not None and write_through and remote.write is RemoteWrite.BACK:
+        raise UserError("TieredKVStore: remote write 'back' needs the exclusive hierarchy (write_through=False); "
+                        "use RemoteWrite.THROUGH or SELECTIVE with write_through=True")
 
 
 def _check_store_path(path: Path) -> None:

@@ -11,8 +11,8 @@ still in flight; ``wait(pending)``, ``poll`` or any later read completes them, a
 the manager (there is no plan lifecycle outside it). A block is visible in a tier only once
 its bytes landed there.
 
-Thread safety: one lock serialises every public method; the NVMe store's I/O threads touch
-only bytes. Durability: the NVMe tier is an ``NVMeStore``; ``flush``/``close`` make its index
+A ``remote`` tier (Mooncake Store, ``remote.RemoteLink``) completes lookups the local tiers
+miss. Thread safety: one lock serialises every public method; I/O threads touch only bytes. Durability: the NVMe tier is an ``NVMeStore``; ``flush``/``close`` make its index
 durable, and reopening the same path adopts every complete block into the NVMe tier.
 """
 
@@ -36,9 +36,9 @@ from tiercache.keys import prefix_keys
 from tiercache.policies import make_admission, make_eviction
 
 from .keymap import KeyMap
-from .lifecycle import adopt_stored_blocks, persist_to_nvme
+from .lifecycle import adopt_stored_blocks, check_store, persist_to_nvme
 from .pending import Pending
-from .media import check_host_memory, check_layout, check_online, check_tiers, open_medium, resolve_device
+from .media import check_host_memory, check_layout, check_online, check_remote_write, check_tiers, open_medium, resolve_device
 from .remote import RemoteLink, remote_admission
 
 __all__ = ["TieredKVStore", "Pending"]
@@ -66,6 +66,7 @@ class TieredKVStore:
                  path: str | os.PathLike | None = None, device: str | None = None, write_through: bool = False) -> None:
         check_layout(layout)
         check_tiers(tiers, path)
+        check_remote_write(tiers, write_through)
         check_online(eviction, tiers)
         device = resolve_device(device)
         check_host_memory(layout, tiers, device)
@@ -258,13 +259,10 @@ class TieredKVStore:
             return [top[i] for i in ids]
 
     def get_prefix(self, keys: Sequence[bytes], out: torch.Tensor | None = None) -> torch.Tensor:
-        """The blocks of the longest readable prefix of ``keys`` (``get`` of that prefix).
-
-        Never raises for a block that is missing or proves unreadable (a remote value
-        corrupt, evicted, or a master down): the prefix just ends before it, so a caller
-        recomputes from there. ``out``, when given, holds ``len(keys)`` blocks; its first
-        ``n`` are filled and returned as a view.
-        """
+        """The blocks of the longest readable prefix of ``keys`` (``get`` of that prefix):
+        a block missing or unreadable (a remote value corrupt or evicted, a master down)
+        ends it instead of raising. ``out`` holds ``len(keys)`` blocks; a view of the filled
+        part is returned."""
         keys = self._map.check_keys(keys, "TieredKVStore.get_prefix")
         with self._lock:
             self._check_open()
@@ -278,8 +276,7 @@ class TieredKVStore:
             return self._gather(keys[:n], ids[:n], out, partial=True)
 
     def _reachable_ids(self, keys: list[bytes]) -> list[int | None]:
-        """Ids of ``keys`` after adopting those the remote store holds (if there is one);
-        local hits are counted for the remote write policy."""
+        """Ids of ``keys`` once those the remote store holds are adopted; counts local hits."""
         ids = self._map.ids(keys, register=False)
         if self._remote is not None:
             self._remote.adopt_present([k for k, i in zip(keys, ids) if i is not None and self.manager.locate(i) is None])
@@ -446,12 +443,7 @@ class TieredKVStore:
     def check_invariants(self) -> None:
         """Asserts the manager, the key map and the NVMe tier agree."""
         with self._lock:
-            self.manager.check_invariants()
-            self._map.check({b for d in self.manager.dirs for b in d.slot_of})
-            for tier, medium in enumerate(self._media):
-                if medium.keyed and not getattr(medium, "shared", False):  # places bytes itself: check by key
-                    for block_id in self.manager.dirs[tier].slot_of:
-                        assert medium.contains(self._map.keys[block_id]), f"{medium}: resident block {block_id} is not stored"
+            check_store(self.manager, self._map, self._media)
 
     # -- internals -----------------------------------------------------------------------
     def _present_ids(self, keys: Sequence[bytes]) -> list[int]:
