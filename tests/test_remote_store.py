@@ -6,7 +6,12 @@ never served). The other fault cases are in ``test_remote_faults.py``.
 
 from __future__ import annotations
 
+import json
 import os
+import signal
+import subprocess
+import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -124,3 +129,23 @@ def test_a_corrupt_foreign_or_lost_value_is_a_counted_miss_never_served(pair, da
         counter = {"garbage": "corrupt", "one_bit": "corrupt", "foreign_size": "unreadable"}[damage]
         assert after[counter] > before[counter]  # counted as what it was
     b.check_invariants()
+
+
+def test_remote_serve_prints_the_addresses_and_stops_its_master_on_sigterm():
+    command = "import sys; from tiercache.cli import main; sys.exit(main(['remote-serve', '--json']))"
+    serve = subprocess.Popen([sys.executable, "-c", command], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        printed = json.loads(serve.stdout.readline())
+        assert set(printed) == {"master", "metadata", "pid"}
+        addresses = SimpleNamespace(master=printed["master"], metadata=printed["metadata"])
+        with open_store(remote_config(addresses)) as a:
+            a.put_tokens(prompt(2, seed=13), blocks(2, seed=13), namespace="serve")
+            a.wait()
+            assert a.stats()["remote"]["puts"] == 2  # a client reached the master it printed
+        serve.send_signal(signal.SIGTERM)
+        serve.wait(timeout=20)
+        with pytest.raises(ProcessLookupError):
+            os.kill(printed["pid"], 0)  # stopped and reaped by remote-serve on its way out
+    finally:
+        if serve.poll() is None:
+            serve.kill()
