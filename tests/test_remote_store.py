@@ -149,3 +149,4 @@ def test_remote_serve_prints_the_addresses_and_stops_its_master_on_sigterm():
     finally:
         if serve.poll() is None:
             serve.kill()
+
