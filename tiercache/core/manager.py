@@ -481,13 +481,9 @@ class TierManager(TransferMixin):
                 self._drop(tier, piece)  # no room below (all pinned): they leave, a policy decision
                 continue
             if room is _WRITE_FAILED or not self._transfer(piece, tier, below, False, None):
-                return _WRITE_FAILED
-        return _MADE
-        if room is _WRITE_FAILED or not self._transfer(moving, tier, below, False, None):
-            if below == self.shared:  # best effort: a failed remote write is an eviction
-                self._drop(tier, [v for v in moving if v in self.dirs[tier].slot_of])
-                return _MADE
-            return _WRITE_FAILED
+                if below != self.shared or (held and any(v in held for v in piece)):
+                    return _WRITE_FAILED
+                self._drop(tier, [v for v in piece if v in self.dirs[tier].slot_of])  # best effort: an eviction
         return _MADE
 
     def _leave_for_shared(self, tier: int, victims: list[int]) -> list[int]:
