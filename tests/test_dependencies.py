@@ -28,6 +28,7 @@ IMPORT_TO_DIST = {
     "google_crc32c": "google-crc32c",
     "xxhash": "xxhash",
     "mooncake": "mooncake-transfer-engine-non-cuda",
+    "transformers": "transformers",
     "psutil": "psutil",
     "tqdm": "tqdm",
     "matplotlib": "matplotlib",
