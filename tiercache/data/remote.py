@@ -10,11 +10,12 @@ under a tag of the layout, and carries a 64-byte header in front of its bytes:
 The checksum is seeded with the key, so a value whose bytes, size, layout or key do not
 match (corrupt, truncated, written by something else) is a counted miss, never served.
 
-Transfers are batched and zero-copy: one ``batch_put_from_multi_buffers`` /
-``batch_get_into_multi_buffers`` call per batch moves the header from a registered header
-array and the payload straight from (into) the registered pool slots. They run on the
-medium's transfer thread and return futures the engine settles; existence checks run on
-a second thread with a timeout.
+Transfers are batched and zero-copy: ``batch_put_from_multi_buffers`` /
+``batch_get_into_multi_buffers`` move the header from a registered header array and the
+payload straight from (into) the registered pool slots, 16 blocks a call, on a wire thread
+while the I/O thread checksums the previous (or next) piece: Mooncake's calls release the
+GIL, xxhash does not. Jobs return futures the engine settles; existence checks run on a
+third thread with a timeout.
 
 Failures never raise to the caller: a failed call counts as an error, and for ``retry_s``
 after it every remote call is skipped (a miss) instead of waiting on a dead master; then the
@@ -52,7 +53,8 @@ __all__ = ["RemoteStore", "HEADER_BYTES", "value_name", "layout_tag", "load_clie
 HEADER_BYTES = 64
 _MAGIC, _VERSION = b"TCKV", 1
 _HEADER = struct.Struct("<4sHH16sQQQ")  # magic, version, reserved, key, payload bytes, layout tag, checksum
-_HEADER_SLOTS = 256  # headers registered at once: the largest batch one call moves
+_HEADER_SLOTS = 256  # headers registered per direction: the keys of one round
+_PIECE = 16  # keys per transfer call: piece k + 1 is on the wire while piece k is checksummed
 _NOT_FOUND = -704  # Mooncake's OBJECT_NOT_FOUND
 
 
@@ -149,6 +151,9 @@ class RemoteStore:
         self._rows_lock = threading.Lock()
         self.headers = np.zeros((2 * _HEADER_SLOTS, HEADER_BYTES), np.uint8)
         self._io = ThreadPoolExecutor(1, thread_name_prefix="tiercache-remote-io")
+        # Transfer calls (which release the GIL) run here, so the I/O thread checksums one
+        # piece while the next one moves.
+        self._wire = ThreadPoolExecutor(1, thread_name_prefix="tiercache-remote-wire")
         # Daemon threads: a lookup or a setup stuck on a dead master never holds up exit.
         self._lookups = _DaemonWorker("tiercache-remote-lookup")
         self._connector = _DaemonWorker("tiercache-remote-connect")
@@ -291,14 +296,22 @@ class RemoteStore:
         return ok
 
     def _put_batch(self, keys: Sequence[bytes], payloads: Sequence[np.ndarray]) -> list[bool]:
-        headers = self.headers[:_HEADER_SLOTS]
-        for i, (key, payload) in enumerate(zip(keys, payloads)):
-            _HEADER.pack_into(headers[i], 0, _MAGIC, _VERSION, 0, key, payload.nbytes, self.tag, _checksum(key, payload))
-        names = [value_name(self.tag, k) for k in keys]
-        pointers = [[headers[i].ctypes.data, p.ctypes.data] for i, p in enumerate(payloads)]
-        sizes = [[HEADER_BYTES, p.nbytes] for p in payloads]
-        codes = self._call("put", lambda c: c.batch_put_from_multi_buffers(names, pointers, sizes), len(keys))
-        ok = [False] * len(keys) if codes is None else [code == 0 for code in codes]
+        """Up to 256 keys: each piece's headers (checksums) are made while the previous
+        piece is on the wire; one ``batch_put_from_multi_buffers`` per piece."""
+        headers, names = self.headers[:_HEADER_SLOTS], [value_name(self.tag, k) for k in keys]
+        moving = []
+        for a, b in _pieces(len(keys)):
+            for i in range(a, b):
+                key, payload = keys[i], payloads[i]
+                _HEADER.pack_into(headers[i], 0, _MAGIC, _VERSION, 0, key, payload.nbytes, self.tag, _checksum(key, payload))
+            pointers = [[headers[i].ctypes.data, payloads[i].ctypes.data] for i in range(a, b)]
+            sizes = [[HEADER_BYTES, payloads[i].nbytes] for i in range(a, b)]
+            call = (lambda c, n=names[a:b], p=pointers, z=sizes: c.batch_put_from_multi_buffers(n, p, z))
+            moving.append((b - a, self._wire.submit(self._call, "put", call, b - a)))
+        ok = []
+        for n, future in moving:
+            codes = future.result()
+            ok.extend([False] * n if codes is None else [code == 0 for code in codes])
         self.stats["puts"] += sum(ok)
         self.stats["put_failed"] += len(ok) - sum(ok)
         return ok
@@ -310,14 +323,22 @@ class RemoteStore:
         return ok
 
     def _get_batch(self, keys: Sequence[bytes], payloads: Sequence[np.ndarray]) -> list[bool]:
-        headers = self.headers[_HEADER_SLOTS:]
-        names = [value_name(self.tag, k) for k in keys]
-        pointers = [[headers[i].ctypes.data, p.ctypes.data] for i, p in enumerate(payloads)]
-        sizes = [[HEADER_BYTES, p.nbytes] for p in payloads]
-        codes = self._call("get", lambda c: c.batch_get_into_multi_buffers(names, pointers, sizes), len(keys))
-        if codes is None:
-            return [False] * len(keys)
-        ok = [self._verified(code, headers[i], key, payloads[i]) for i, (code, key) in enumerate(zip(codes, keys))]
+        """Up to 256 keys: every piece's ``batch_get_into_multi_buffers`` is queued on the
+        wire at once, and each piece is verified as soon as it landed (while the next moves)."""
+        headers, names = self.headers[_HEADER_SLOTS:], [value_name(self.tag, k) for k in keys]
+        moving = []
+        for a, b in _pieces(len(keys)):
+            pointers = [[headers[i].ctypes.data, payloads[i].ctypes.data] for i in range(a, b)]
+            sizes = [[HEADER_BYTES, payloads[i].nbytes] for i in range(a, b)]
+            call = (lambda c, n=names[a:b], p=pointers, z=sizes: c.batch_get_into_multi_buffers(n, p, z))
+            moving.append((a, b, self._wire.submit(self._call, "get", call, b - a)))
+        ok = []
+        for a, b, future in moving:
+            codes = future.result()
+            if codes is None:
+                ok.extend([False] * (b - a))
+                continue
+            ok.extend(self._verified(code, headers[i], keys[i], payloads[i]) for i, code in zip(range(a, b), codes))
         self.stats["gets"] += sum(ok)
         return ok
 
@@ -364,6 +385,7 @@ class RemoteStore:
     def close(self) -> None:
         """Finishes transfers and closes the client."""
         self._io.shutdown(wait=True)
+        self._wire.shutdown(wait=True)
         self._lookups.stop()
         self._connector.stop()
         if self.client is not None:
@@ -381,6 +403,10 @@ def _transport_error(code: int) -> bool:
     """Mooncake's RPC failures (-900s): the master was not reached, as opposed to an
     answer about one key (not found -704, no space -200, a transfer that failed -800)."""
     return -1000 < code <= -900
+
+
+def _pieces(n: int) -> list[tuple[int, int]]:
+    return [(a, min(a + _PIECE, n)) for a in range(0, n, _PIECE)]
 
 
 def _servers_accept(config: RemoteConfig) -> bool:
