@@ -64,3 +64,22 @@ def test_fleet_command_prints_per_instance_and_shared_hits_and_writes_a_report(t
     assert len(result["shared"]["instances"]) == 4 and result["shared"]["shared_hits"] > 0
     report = (tmp_path / "report" / "report.md").read_text()
     assert "## With the shared tier" in report and "| all |" in report and (tmp_path / "report" / "fleet.png").stat().st_size > 1000
+
+
+def test_network_presets_model_remote_loads_and_ttft_saved(tmp_path):
+    from tiercache.config import layout_preset
+    from tiercache.sim.hardware import NETWORK_PRESETS, PRESETS, with_network
+
+    trace = _trace(tmp_path, [[1, 2, 3], [1, 2, 3, 4]])
+    layout = layout_preset("llama-3-8b", block_tokens=512)
+    spec = FleetSpec(2, (TierConfig("hbm", 8),), 16, Route.ROUND_ROBIN)
+    for network in ("tcp-25g", "rdma-400g"):
+        profile = with_network(PRESETS["h200-pcie5-nvme4"], network)
+        second = replay_fleet(spec, trace, layout, profile=profile)["instances"][1]
+        link = NETWORK_PRESETS[network]
+        nbytes = 3 * layout.block_bytes  # blocks 1, 2, 3 read from the store: remote -> dram -> hbm, staged
+        expected_load = link.seconds(nbytes) + profile.links["dram->hbm"].seconds(nbytes)
+        assert abs(second["link_seconds"]["remote->hbm"] - expected_load) < 1e-6  # results round to microseconds
+        saved = 3 * 512 / profile.prefill_tokens_per_s - expected_load
+        assert abs(second["ttft_saved_s"] - saved) < 1e-6  # over 25 Gb/s TCP recompute is faster: negative
+        assert (saved < 0) == (network == "tcp-25g")

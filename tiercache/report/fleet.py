@@ -18,27 +18,45 @@ _SHADES = {"hbm": "#1f4e79", "dram": "#5b9bd5", "nvme": "#a9c9ea", "remote": "#e
 
 
 def fleet_table(result: dict) -> list[list[str]]:
-    """Rows ``instance, requests, <tier> hits..., shared hits, misses, hit ratio`` plus a total row."""
+    """Rows ``instance, requests, <tier> hits..., misses, hit ratio[, remote GiB in, TTFT
+    saved s]`` plus a total row (the last two with bytes, and with a hardware profile)."""
     tiers = list(result["tiers"]) + (["remote"] if result["remote_blocks"] else [])
-    rows = [["instance", "requests", *[f"{t} hits" for t in tiers], "misses", "hit ratio"]]
-    for r in result["instances"]:
+    rows_in = result["instances"]
+    with_bytes = result["remote_blocks"] and rows_in and rows_in[0]["bytes_moved"] is not None
+    with_time = rows_in and rows_in[0].get("ttft_saved_s") is not None
+    rows = [["instance", "requests", *[f"{t} hits" for t in tiers], "misses", "hit ratio"]
+            + (["remote GiB in"] if with_bytes else []) + (["TTFT saved s"] if with_time else [])]
+
+    def extra(bytes_in: float, ttft: float | None) -> list[str]:
+        return ([f"{bytes_in / 2**30:.1f}"] if with_bytes else []) + ([f"{ttft:.1f}"] if with_time else [])
+
+    for r in rows_in:
         ratio = r["hits"] / r["accesses"] if r["accesses"] else 0.0
         rows.append([str(r["instance"]), str(r["requests"]), *[str(r["tier_hits"].get(t, 0)) for t in tiers],
-                     str(r["misses"]), f"{ratio:.4f}"])
-    totals = [sum(r["tier_hits"].get(t, 0) for r in result["instances"]) for t in tiers]
-    rows.append(["all", str(sum(r["requests"] for r in result["instances"])), *map(str, totals),
-                 str(sum(r["misses"] for r in result["instances"])), f"{result['hit_ratio']:.4f}"])
+                     str(r["misses"]), f"{ratio:.4f}", *extra(_remote_in(r), r.get("ttft_saved_s"))])
+    totals = [sum(r["tier_hits"].get(t, 0) for r in rows_in) for t in tiers]
+    rows.append(["all", str(sum(r["requests"] for r in rows_in)), *map(str, totals), str(sum(r["misses"] for r in rows_in)),
+                 f"{result['hit_ratio']:.4f}", *extra(sum(_remote_in(r) for r in rows_in), result.get("ttft_saved_s"))])
     return rows
+
+
+def _remote_in(row: dict) -> float:
+    """Bytes an instance read from the shared tier."""
+    return sum(v for k, v in (row["bytes_moved"] or {}).items() if k.startswith("remote->"))
 
 
 def gain_sentence(shared: dict, private: dict) -> str:
     """What the shared tier adds over the same fleet's private tiers alone."""
     extra = shared["hits"] - private["hits"]
     relative = extra / private["hits"] if private["hits"] else float("inf")
-    return (f"The shared tier ({shared['remote_blocks']} blocks) serves {shared['shared_hits']} hits; with it the fleet "
-            f"reuses {shared['hits']} blocks (hit ratio {shared['hit_ratio']:.4f}) against {private['hits']} "
-            f"({private['hit_ratio']:.4f}) on private tiers alone: {extra:+d} blocks ({relative:+.1%}), "
-            f"about {extra * 512:+,d} prefill tokens (512 per block).")
+    sentence = (f"The shared tier ({shared['remote_blocks']} blocks) serves {shared['shared_hits']} hits; with it the fleet "
+                f"reuses {shared['hits']} blocks (hit ratio {shared['hit_ratio']:.4f}) against {private['hits']} "
+                f"({private['hit_ratio']:.4f}) on private tiers alone: {extra:+d} blocks ({relative:+.1%}), "
+                f"{shared['prefill_tokens_saved'] - private['prefill_tokens_saved']:+,d} prefill tokens saved.")
+    if shared.get("ttft_saved_s") is not None:
+        sentence += (f" Modeled TTFT saved ({shared['hardware']}): {shared['ttft_saved_s']:.1f} s against "
+                     f"{private['ttft_saved_s']:.1f} s.")
+    return sentence
 
 
 def _markdown_table(rows: list[list[str]]) -> str:

@@ -20,6 +20,10 @@ Routing: ``round_robin`` (request ``i`` to instance ``i % N``) or ``prefix_affin
 stable hash of the request's first block, so requests sharing a prefix meet). Results
 carry each instance's per-tier hits (``remote`` = shared-tier hits) and the store's own
 counters; ``shared=False`` runs the same fleet on private tiers alone (the baseline).
+With a hardware profile (``with_network`` for the remote links) each instance also carries
+modeled busy seconds per link and TTFT saved: prefill time of the tokens it reused minus
+the modeled seconds of the loads that brought them (remote -> DRAM -> HBM included),
+counted serially, as ``tiercache replay`` does.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from tiercache.policies import make_admission, make_eviction
 from tiercache.policies.base import AdmissionPolicy
 
 from .engine import SimEngine
+from .hardware import HardwareProfile
 from .loader import Trace
 from .traces import MOONCAKE_BLOCK_TOKENS
 
@@ -83,15 +88,16 @@ class _Recording(AdmissionPolicy):
 class _Instance:
     """One engine: its manager (private tiers + view of the store), counters, requests."""
 
-    def __init__(self, spec: FleetSpec, shared: bool, block_bytes: int | None) -> None:
+    def __init__(self, spec: FleetSpec, shared: bool, block_bytes: int | None, profile: HardwareProfile | None) -> None:
         tiers = [(t.name, t.capacity_blocks) for t in spec.tiers] + ([("remote", spec.remote_blocks)] if shared else [])
-        self.engine = SimEngine(tuple(n for n, _ in tiers), block_bytes, None)
+        self.engine = SimEngine(tuple(n for n, _ in tiers), block_bytes, profile)
         self.demoted = _Recording()
         admissions = [make_admission("always") for _ in spec.tiers] + ([self.demoted] if shared else [])
         self.manager = TierManager(tiers, [make_eviction(spec.policy, c) for _, c in tiers], admissions,
                                    engine=self.engine, shared_last=shared)
         self.stats = HierarchyStats.for_tiers(tiers)
         self.requests = 0
+        self.saved_tokens = 0
         self.remote = len(tiers) - 1 if shared else None
 
     def consume(self) -> None:
@@ -143,7 +149,7 @@ def _refresh_view(instance: _Instance, store: _Store, run: list[int]) -> None:
         m.events.drain()  # adoption is a lookup, not traffic
 
 
-def _request(instance: _Instance, store: _Store | None, run: list[int]) -> int:
+def _request(instance: _Instance, store: _Store | None, run: list[int], input_length: int) -> int:
     """One request in prefix semantics; returns the blocks reused (hits)."""
     m = instance.manager
     if store is not None:
@@ -159,6 +165,7 @@ def _request(instance: _Instance, store: _Store | None, run: list[int]) -> int:
         store.write_back(instance.demoted.admitted)
         instance.demoted.admitted.clear()
     instance.requests += 1
+    instance.saved_tokens += min(hit * MOONCAKE_BLOCK_TOKENS, input_length)
     return hit
 
 
@@ -168,32 +175,50 @@ def _route(route: Route, request: int, first_block: int, n: int) -> int:
     return (first_block * 0x9E3779B97F4A7C15 >> 17) % n  # a stable mix of the first block's id
 
 
-def replay_fleet(spec: FleetSpec, trace: Trace, layout: KVLayout | None = None, shared: bool = True) -> dict:
+def replay_fleet(spec: FleetSpec, trace: Trace, layout: KVLayout | None = None, shared: bool = True,
+                 profile: HardwareProfile | None = None) -> dict:
     """Replays ``trace`` over the fleet; returns per-instance and shared-tier results.
 
-    With ``layout`` the results carry bytes per link (blocks of ``layout.block_bytes``).
+    With ``layout`` the results carry bytes per link (blocks of ``layout.block_bytes``);
+    with ``profile`` (which needs a layout) modeled seconds per link and TTFT saved.
     """
+    if profile is not None and layout is None:
+        raise ValueError("replay_fleet: a hardware profile needs a layout (bytes per block)")
     shared = shared and spec.remote_blocks > 0
     block_bytes = layout.block_bytes if layout else None
-    instances = [_Instance(spec, shared, block_bytes) for _ in range(spec.instances)]
+    instances = [_Instance(spec, shared, block_bytes, profile) for _ in range(spec.instances)]
     store = _Store(spec.remote_blocks, spec.policy) if shared else None
-    ids, offsets = trace.ids.tolist(), trace.offsets.tolist()
+    ids, offsets, lengths = trace.ids.tolist(), trace.offsets.tolist(), trace.input_lengths
     for request in range(trace.records):
         run = ids[offsets[request] : offsets[request + 1]]
         if not run:
             continue
         instance = instances[_route(spec.route, request, run[0], spec.instances)]
-        _request(instance, store, run)
+        _request(instance, store, run, int(lengths[request]))
         if request % 256 == 255:
             for each in instances:
                 each.consume()
     for each in instances:
         each.consume()
         each.manager.check_invariants()
-    return _results(spec, instances, store, block_bytes)
+    return _results(spec, instances, store, block_bytes, profile)
 
 
-def _results(spec: FleetSpec, instances: list[_Instance], store: _Store | None, block_bytes: int | None) -> dict:
+_SPEED = {"hbm": 0, "dram": 1, "nvme": 2, "remote": 3}
+
+
+def _timing(instance: _Instance, profile: HardwareProfile | None) -> dict:
+    """Modeled busy seconds per link and TTFT saved (None without a profile)."""
+    if profile is None:
+        return {"link_seconds": None, "ttft_saved_s": None}
+    usage = instance.engine.usage
+    loads = sum(u.seconds for link, u in usage.items() if _SPEED[link.split("->")[1]] < _SPEED[link.split("->")[0]])
+    saved = instance.saved_tokens / profile.require_prefill().prefill_tokens_per_s - loads
+    return {"link_seconds": {link: round(u.seconds, 6) for link, u in sorted(usage.items())}, "ttft_saved_s": round(saved, 6)}
+
+
+def _results(spec: FleetSpec, instances: list[_Instance], store: _Store | None, block_bytes: int | None,
+             profile: HardwareProfile | None) -> dict:
     rows = []
     for index, instance in enumerate(instances):
         stats = instance.stats
@@ -201,13 +226,16 @@ def _results(spec: FleetSpec, instances: list[_Instance], store: _Store | None, 
         moved = {f"{stats.tiers[s].name}->{stats.tiers[d].name}": n for (s, d), n in stats.blocks_moved().items()}
         rows.append({"instance": index, "requests": instance.requests, "accesses": stats.accesses, "hits": stats.hits,
                      "misses": stats.misses, "tier_hits": tiers, "shared_hits": tiers.get("remote", 0),
-                     "blocks_moved": moved,
-                     "bytes_moved": None if block_bytes is None else {k: v * block_bytes for k, v in moved.items()}})
+                     "blocks_moved": moved, "prefill_tokens_saved": instance.saved_tokens,
+                     "bytes_moved": None if block_bytes is None else {k: v * block_bytes for k, v in moved.items()},
+                     **_timing(instance, profile)})
     accesses, hits = sum(r["accesses"] for r in rows), sum(r["hits"] for r in rows)
     return {"instances": rows, "route": spec.route.value, "policy": spec.policy,
             "tiers": {t.name: t.capacity_blocks for t in spec.tiers}, "remote_blocks": spec.remote_blocks if store else 0,
             "accesses": accesses, "hits": hits, "hit_ratio": hits / accesses if accesses else 0.0,
             "shared_hits": sum(r["shared_hits"] for r in rows),
-            "prefill_tokens_saved": hits * MOONCAKE_BLOCK_TOKENS,
+            "prefill_tokens_saved": sum(r["prefill_tokens_saved"] for r in rows),
+            "ttft_saved_s": None if profile is None else round(sum(r["ttft_saved_s"] for r in rows), 6),
+            "hardware": None if profile is None else profile.name,
             "store": None if store is None else {"capacity": spec.remote_blocks, "resident": len(store.slot_of),
                                                   "writes": store.writes}}
