@@ -486,18 +486,6 @@ class TierManager(TransferMixin):
                 self._drop(tier, [v for v in piece if v in self.dirs[tier].slot_of])  # best effort: an eviction
         return _MADE
 
-    def _leave_for_shared(self, tier: int, victims: list[int]) -> list[int]:
-        """Victims the shared tier below already holds leave ``tier`` without a copy (counted
-        as demoted, touched below); returns the others, which still need their copy."""
-        shared = self.dirs[self.shared].slot_of
-        held = [v for v in victims if v in shared]
-        if held:
-            self.policies[tier].on_remove(held)
-            self.engine.discard(tier, held, self.dirs[tier].remove(held))
-            self.policies[self.shared].on_access(held, None)
-            self.events.emit(Ev.DEMOTE, tier, len(held), self.shared)
-        return [v for v in victims if v not in shared] if held else victims
-
     def _promote(self, ids: Sequence[int], tier: int, hints: Hints | None, started: list | None) -> list[int]:
         """Brings hits up to the top tier; if no room can be made they stay (counted).
 

@@ -136,6 +136,18 @@ class TransferMixin:
                     plans.append(plan)
         return plans
 
+    def _leave_for_shared(self, tier: int, victims: list[int]) -> list[int]:
+        """Victims the shared tier below already holds leave ``tier`` without a copy (counted
+        as demoted, touched below); returns the others, which still need their copy."""
+        shared = self.dirs[self.shared].slot_of
+        held = [v for v in victims if v in shared]
+        if held:
+            self.policies[tier].on_remove(held)
+            self.engine.discard(tier, held, self.dirs[tier].remove(held))
+            self.policies[self.shared].on_access(held, None)
+            self.events.emit(Ev.DEMOTE, tier, len(held), self.shared)
+        return [v for v in victims if v not in shared] if held else victims
+
     # -- phase three: finish -------------------------------------------------------------
     def poll(self) -> list[TransferPlan]:
         """Applies every job the engine has finished (never blocks); returns their plans."""
