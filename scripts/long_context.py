@@ -14,7 +14,9 @@ It prints a table and writes (``--json OUT``): ``tokens``, ``exact_step_seconds`
 ``sparse_step_seconds`` (medians of append + attend), ``exact_max_rel_err`` (against a float64
 reference computed chunk by chunk from regenerated KV, on ``--reference-steps`` sampled
 steps), ``sparse_needle_recall``, ``rss_peak_bytes`` (``ru_maxrss``),
-``page_cache_growth_bytes`` (``Cached`` in /proc/meminfo, peak minus start),
+``page_cache_growth_bytes`` (the page cache held by the run's own NVMe files, peak over
+checkpoints, by ``mincore``; ``system_page_cache_growth_bytes`` is the machine-wide
+``Cached`` of /proc/meminfo, peak minus start, which other processes move too),
 ``bytes_read_per_step`` per tier and mode, and ``overlap_efficiency`` (as in
 ``scripts/bench_decode.py``, measured on this run's sequence).
 
@@ -37,7 +39,9 @@ import torch
 from tqdm import tqdm
 
 from tiercache import AttentionMode, TieredKVCache
-from tiercache.bench.decode import NeedleKV, median, page_cache_bytes, reference_attention, rss_peak_bytes, step_timings
+from tiercache.bench.decode import (NeedleKV, cached_bytes_of, cpu_count, median, page_cache_bytes, reference_attention,
+                                    rss_peak_bytes,
+                                    step_timings)
 from tiercache.config import KVLayout, TierConfig, parse_capacity
 from tiercache.errors import UserError
 
@@ -54,7 +58,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--kv-heads", type=int, default=2)
     parser.add_argument("--head-dim", type=int, default=64)
     parser.add_argument("--q-heads", type=int, default=8, help="query heads (a multiple of --kv-heads: GQA)")
-    parser.add_argument("--budget", type=float, default=0.02, help="sparse budget: share of the blocks")
+    parser.add_argument("--budget", type=float, default=0.02,
+                        help="sparse budget: a share of the blocks (<= 1), or a block count (> 1)")
     parser.add_argument("--steps", type=int, default=32, help="sparse decode steps")
     parser.add_argument("--exact-steps", type=int, default=3, help="exact decode steps")
     parser.add_argument("--reference-steps", type=int, default=2, help="exact steps checked against float64")
@@ -64,10 +69,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--prefetch", default="topk_speculative")
     parser.add_argument("--exclusive", dest="write_through", action="store_false",
                         help="exclusive hierarchy (default: write-through, so reads never write back)")
+    parser.add_argument("--speculate", type=float, default=0.5, help="prefetch candidates as a share of the budget")
     parser.add_argument("--window-blocks", type=int, default=64)
     parser.add_argument("--depth", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timing-repeats", type=int, default=1, help="repeats of the three-way overlap timing")
+    parser.add_argument("--threads", type=int, default=max(1, cpu_count() - 1),
+                        help="torch compute threads (default: all CPUs but one, which serves the NVMe I/O threads)")
     parser.add_argument("--json", dest="json_out", help="write the figures here")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
@@ -106,7 +114,7 @@ def build(seq, kvs: list[NeedleKV], args, progress: bool) -> float:
 def decode(seq, kvs: list[NeedleKV], args, mode: AttentionMode, steps: int, first_step: int, progress: bool,
            results: dict) -> None:
     """Runs ``steps`` decode steps; fills ``results`` with times, errors and recalls."""
-    budget = args.budget if mode is AttentionMode.SPARSE else None
+    budget = sparse_budget(args) if mode is AttentionMode.SPARSE else None
     for step in tqdm(range(first_step, first_step + steps), desc=mode.value, disable=not progress):
         started = time.perf_counter()
         outs = []
@@ -131,33 +139,41 @@ def decode(seq, kvs: list[NeedleKV], args, mode: AttentionMode, steps: int, firs
                 results["needle_mass"].append(share)
 
 
+def sparse_budget(args: argparse.Namespace) -> float | int:
+    """``--budget`` as ``attend`` takes it: a share (float <= 1) or a block count (int)."""
+    return args.budget if args.budget <= 1 else int(args.budget)
+
+
 def per_tier_bytes(reports, block_bytes: int) -> dict:
-    """Median bytes each tier served per attend, and the prefetched bytes."""
+    """Mean bytes each tier served per attend (one layer's read), and the prefetched bytes."""
     if not reports:
         return {}
-    return {"hbm": median([r.hbm_hits for r in reports]) * block_bytes,
-            "dram": median([r.from_dram for r in reports]) * block_bytes,
-            "nvme": median([r.from_nvme for r in reports]) * block_bytes,
-            "prefetched": median([r.prefetched for r in reports]) * block_bytes}
+    n = len(reports)
+    return {"hbm": sum(r.hbm_hits for r in reports) * block_bytes / n,
+            "dram": sum(r.from_dram for r in reports) * block_bytes / n,
+            "nvme": sum(r.from_nvme for r in reports) * block_bytes / n,
+            "prefetched": sum(r.prefetched for r in reports) * block_bytes / n}
 
 
 def sparse_scoring_seconds(seq, kv: NeedleKV, args) -> float:
     """Median time of scoring every block's summary and selecting (no fetch), layer 0."""
     from tiercache.attention import block_scores, select_blocks
     state = seq._layers[0]
-    count = max(1, int(np.ceil(args.budget * state.n)))
+    budget = sparse_budget(args)
+    count = budget if isinstance(budget, int) else max(1, int(np.ceil(budget * state.n)))
     times = []
     for step in range(5):
         q, _ = kv.query(step, args.q_heads)
         started = time.perf_counter()
         scores = block_scores(q, state.kmin[: state.n], state.kmax[: state.n])
-        select_blocks(scores, count, 1, 1, spare=max(1, count // 2))
+        select_blocks(scores, count, 1, 1, spare=max(1, int(np.ceil(args.speculate * count))))
         times.append(time.perf_counter() - started)
     return median(times)
 
 
 def run(args: argparse.Namespace) -> dict:
     progress = not args.no_progress
+    torch.set_num_threads(args.threads)
     layout = KVLayout(args.layers, args.kv_heads, args.head_dim, "float16", args.block_tokens, per_layer=True, name="long-context")
     tiers = tiers_for(args, layout)
     kvs = [NeedleKV(args.tokens, args.kv_heads, args.head_dim, args.block_tokens, args.needles, args.seed + 1000 * layer,
@@ -165,23 +181,30 @@ def run(args: argparse.Namespace) -> dict:
     folder = tempfile.mkdtemp(prefix="tiercache-long-", dir=args.path)
     cached_start = page_cache_bytes()
     cached_peak = cached_start
+    ours_peak = 0
+
+    def checkpoint() -> None:
+        nonlocal cached_peak, ours_peak
+        cached_peak = max(cached_peak, page_cache_bytes())
+        ours_peak = max(ours_peak, cached_bytes_of(folder))
+
     try:
         cache = TieredKVCache(layout, tiers, prefetch=args.prefetch, path=folder, window_blocks=args.window_blocks,
-                              depth=args.depth, write_through=args.write_through)
+                              depth=args.depth, write_through=args.write_through, speculate=args.speculate)
         with cache:
             seq = cache.sequence()
             build_seconds = build(seq, kvs, args, progress)
-            cached_peak = max(cached_peak, page_cache_bytes())
+            checkpoint()
             exact = {"seconds": [], "errors": [], "needle_mass": [], "reports": [], "recall": []}
             decode(seq, kvs, args, AttentionMode.EXACT, args.exact_steps, 0, progress, exact)
-            cached_peak = max(cached_peak, page_cache_bytes())
+            checkpoint()
             sparse = {"seconds": [], "errors": [], "needle_mass": [], "reports": [], "recall": []}
             decode(seq, kvs, args, AttentionMode.SPARSE, args.steps, args.exact_steps, progress, sparse)
-            cached_peak = max(cached_peak, page_cache_bytes())
+            checkpoint()
             q, _ = kvs[0].query(0, args.q_heads)
             timings = step_timings(seq, 0, q, repeats=args.timing_repeats)
             scoring = sparse_scoring_seconds(seq, kvs[0], args)
-            cached_peak = max(cached_peak, page_cache_bytes())
+            checkpoint()
             stats = cache.stats()
             blocks = seq.blocks(0)
     finally:
@@ -197,6 +220,7 @@ def run(args: argparse.Namespace) -> dict:
         "kv_bytes": blocks * args.layers * layout.block_bytes,
         "budget": args.budget,
         "prefetch": args.prefetch,
+        "speculate": args.speculate,
         "write_through": args.write_through,
         "build_seconds": build_seconds,
         "exact_step_seconds": median(exact["seconds"]),
@@ -212,7 +236,8 @@ def run(args: argparse.Namespace) -> dict:
         "sparse_prefetched_blocks": sum(r.prefetched for r in sparse_reports),
         "rss_peak_bytes": rss_peak_bytes(),
         "dram_budget_bytes": tiers[1].capacity_blocks * layout.block_bytes,
-        "page_cache_growth_bytes": max(0, cached_peak - cached_start),
+        "page_cache_growth_bytes": ours_peak,
+        "system_page_cache_growth_bytes": max(0, cached_peak - cached_start),
         "bytes_read_per_step": {"exact": per_tier_bytes(exact["reports"], layout.block_bytes),
                                 "sparse": per_tier_bytes(sparse_reports, layout.block_bytes)},
         "overlap_efficiency": timings["overlap_efficiency"],
@@ -237,7 +262,8 @@ def print_table(figures: dict) -> None:
         ("sparse HBM hit share", f"{figures['sparse_hbm_hit_share']:.3f}"),
         ("overlap efficiency", f"{figures['overlap_efficiency']:.3f}"),
         ("peak RSS", f"{figures['rss_peak_bytes'] / 2**30:.2f} GiB (DRAM budget {figures['dram_budget_bytes'] / 2**30:.2f} GiB)"),
-        ("page cache growth", f"{figures['page_cache_growth_bytes'] / 2**20:.0f} MiB"),
+        ("page cache growth", f"{figures['page_cache_growth_bytes'] / 2**20:.0f} MiB of our files "
+                              f"(machine-wide {figures['system_page_cache_growth_bytes'] / 2**20:.0f} MiB)"),
     ]
     width = max(len(name) for name, _ in rows)
     for name, value in rows:

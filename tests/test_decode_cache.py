@@ -27,6 +27,7 @@ def _tiers(hbm: int, dram: int, nvme: int) -> list[TierConfig]:
 
 
 def _cache(tmp_path, layout: KVLayout, hbm=3, dram=3, nvme=64, **options) -> TieredKVCache:
+    options.setdefault("device", "cpu")  # the tests build CPU tensors; the GPU test below asks for CUDA
     return TieredKVCache(layout, _tiers(hbm, dram, nvme), path=tmp_path / "nvme", **options)
 
 
@@ -243,7 +244,7 @@ def test_a_corrupt_nvme_chunk_is_an_error_never_wrong_attention(tmp_path):
 def _decode_run(tmp_path, record, prefetch: str) -> list[int]:
     layout = KVLayout(2, 2, 8, "float32", 4)
     model = _Model(layout, 4, torch.float32, 11)
-    with TieredKVCache(layout, _tiers(5, 6, 60), path=tmp_path / "nvme", record=record, prefetch=prefetch,
+    with TieredKVCache(layout, _tiers(5, 6, 60), path=tmp_path / "nvme", record=record, prefetch=prefetch, device="cpu",
                        window_blocks=2) as cache:
         a = cache.sequence()
         b = cache.sequence(tokens=list(range(30)), namespace="x")
@@ -281,7 +282,7 @@ def test_a_recorded_run_replays_to_the_same_per_tier_counts(tmp_path, prefetch):
 def test_speculative_prefetch_brings_up_blocks_a_step_early(tmp_path):
     layout = KVLayout(1, 1, 16, "float32", 4)
     g = torch.Generator().manual_seed(0)
-    with TieredKVCache(layout, _tiers(12, 8, 80), path=tmp_path / "nvme", prefetch="topk_speculative") as cache:
+    with TieredKVCache(layout, _tiers(12, 8, 80), path=tmp_path / "nvme", prefetch="topk_speculative", device="cpu") as cache:
         seq = cache.sequence()
         seq.append(0, torch.randn(1, 240, 16, generator=g), torch.randn(1, 240, 16, generator=g))
         base = torch.randn(1, 1, 16, generator=g)
@@ -306,7 +307,7 @@ def test_exact_mode_reads_in_place_and_moves_nothing(tmp_path):
 
 def test_readme_style_decode_loop_runs(tmp_path):
     layout = KVLayout(layers=2, kv_heads=2, head_dim=16, dtype="float32", block_tokens=16)
-    cache = TieredKVCache(layout, _tiers(8, 16, 256), path=tmp_path / "nvme")
+    cache = TieredKVCache(layout, _tiers(8, 16, 256), path=tmp_path / "nvme", device="cpu")
     seq = cache.sequence()
     for layer in range(2):
         seq.append(layer, torch.randn(2, 300, 16), torch.randn(2, 300, 16))
@@ -317,3 +318,21 @@ def test_readme_style_decode_loop_runs(tmp_path):
             assert torch.isfinite(out).all() and not math.isnan(float(out.sum()))
     seq.free()
     cache.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_exact_and_sparse_on_the_gpu_equal_the_float64_reference(tmp_path, dtype):
+    layout = KVLayout(2, 2, 16, DTYPE_NAMES[dtype], 8)
+    model = _Model(layout, 4, dtype, 7)
+    with _cache(tmp_path, layout, hbm=3, dram=3, window_blocks=2, device="cuda") as cache:
+        seq = cache.sequence()
+        for layer in range(2):
+            seq.append(layer, *(x.cuda() for x in model.kv(layer, 90)))
+        for layer in range(2):
+            q = model.query()
+            ref = model.reference(layer, q)
+            assert _rel(seq.attend(layer, q.cuda()).cpu(), ref) <= TOLERANCE[dtype]
+            assert _rel(seq.attend(layer, q.cuda(), AttentionMode.SPARSE, budget=1.0).cpu(), ref) <= TOLERANCE[dtype]
+        cache.check_invariants()

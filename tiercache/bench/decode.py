@@ -20,7 +20,9 @@ hides the shorter of the two completely.
 
 from __future__ import annotations
 
+import ctypes
 import math
+import mmap
 import os
 import resource
 import statistics
@@ -33,7 +35,7 @@ import torch
 from ..attention import _grouped, compute_dtype, merge, partial_attention
 from ..live.cache import Sequence, split_kv
 
-__all__ = ["NeedleKV", "reference_attention", "step_timings", "rss_peak_bytes", "page_cache_bytes", "median"]
+__all__ = ["NeedleKV", "reference_attention", "step_timings", "rss_peak_bytes", "page_cache_bytes", "cached_bytes_of", "median"]
 
 
 def median(values) -> float:
@@ -228,6 +230,58 @@ def page_cache_bytes() -> int:
     except OSError:
         return 0
     return 0
+
+
+def cached_bytes_of(folder: str) -> int:
+    """Bytes of the files under ``folder`` that sit in the page cache now: ``mincore`` over a
+    read-only mapping of each file (the mapping itself reads nothing). 0 without libc."""
+    libc = _libc()
+    if libc is None:
+        return 0
+    page = mmap.PAGESIZE
+    total = 0
+    for root, _, names in os.walk(folder):
+        for name in names:
+            total += _cached_pages(libc, os.path.join(root, name), page) * page
+    return total
+
+
+def _cached_pages(libc, path: str, page: int) -> int:
+    """Resident pages of one file (0 if it vanished or cannot be mapped)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return 0
+    try:
+        size = os.fstat(fd).st_size
+        if size == 0:
+            return 0
+        address = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        if address in (None, ctypes.c_void_p(-1).value):
+            return 0
+        try:
+            pages = (size + page - 1) // page
+            vec = (ctypes.c_ubyte * pages)()
+            if libc.mincore(ctypes.c_void_p(address), size, vec) != 0:
+                return 0
+            return sum(v & 1 for v in vec)
+        finally:
+            libc.munmap(ctypes.c_void_p(address), size)
+    finally:
+        os.close(fd)
+
+
+def _libc():
+    """libc with mmap, mincore and munmap typed, or None."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+        libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        return libc
+    except (OSError, AttributeError):
+        return None
 
 
 def cpu_count() -> int:

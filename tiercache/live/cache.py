@@ -139,6 +139,8 @@ class TieredKVCache:
         depth: chunk buffers in the window (chunk ``i+1..i+depth-1`` fetch while ``i``
             computes); the window holds ``depth * window_blocks`` blocks.
         sink_blocks, recent_blocks: blocks a sparse step always keeps at the start and end.
+        speculate: how many blocks ranked right after a sparse selection become the prefetch
+            candidates, as a share of the budget (``topk_speculative`` brings them up).
         write_through: inclusive hierarchy: every block is written to every tier when
             stored, so a promotion copies up and an upper tier's victim is simply dropped
             (reads never write back); the last tier then bounds what live sequences hold.
@@ -150,7 +152,7 @@ class TieredKVCache:
     def __init__(self, layout: KVLayout, tiers: Seq[TierConfig], eviction: str | None = None, admission: str | None = None,
                  prefetch: str | None = "topk_speculative", path: str | os.PathLike | None = None, device: str | None = None,
                  record: str | os.PathLike | None = None, window_blocks: int = 64, depth: int = 2,
-                 sink_blocks: int = 1, recent_blocks: int = 1, write_through: bool = False) -> None:
+                 sink_blocks: int = 1, recent_blocks: int = 1, write_through: bool = False, speculate: float = 0.5) -> None:
         for name, value, low in (("window_blocks", window_blocks, 1), ("depth", depth, 1),
                                  ("sink_blocks", sink_blocks, 0), ("recent_blocks", recent_blocks, 0)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
@@ -164,6 +166,9 @@ class TieredKVCache:
         self.dtype = torch_dtype(self.layout.dtype)
         self.window_blocks, self.depth = window_blocks, depth
         self.sink_blocks, self.recent_blocks = sink_blocks, recent_blocks
+        if isinstance(speculate, bool) or not isinstance(speculate, (int, float)) or not 0 <= speculate <= 4:
+            raise UserError(f"TieredKVCache: speculate must be a share of the budget in [0, 4], got {speculate!r}")
+        self.speculate = float(speculate)
         self._window: BlockPool | None = None
         self._scratches: list | None = None
         self._summaries: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -563,7 +568,7 @@ class Sequence:
             return np.zeros(0, dtype=np.int64), []
         scores = block_scores(q, state.kmin[: state.n], state.kmax[: state.n])
         selected, spare = select_blocks(scores, count, self.cache.sink_blocks, self.cache.recent_blocks,
-                                        spare=max(1, count // 2))
+                                        spare=max(1, math.ceil(self.cache.speculate * count)))
         return np.asarray(selected, dtype=np.int64), [int(state.ids[p]) for p in spare]
 
     def _ahead(self, layer: int, mode: AttentionMode) -> list[int]:
@@ -572,8 +577,8 @@ class Sequence:
         if layer + 1 >= len(self._layers):
             return []
         nxt = self._layers[layer + 1]
-        if mode is AttentionMode.EXACT:
-            first = nxt.ids[: min(nxt.n, cache.window_blocks)]
+        if mode is AttentionMode.EXACT:  # its first chunk, at most a quarter of HBM (the rest serves this read)
+            first = nxt.ids[: min(nxt.n, cache.window_blocks, max(1, cache.manager.dirs[0].capacity // 4))]
         else:
             fixed = set(range(min(cache.sink_blocks, nxt.n))) | set(range(max(0, nxt.n - cache.recent_blocks), nxt.n))
             first = nxt.ids[sorted(fixed)]
@@ -746,7 +751,11 @@ class _TierChunks:
         cache = self.cache
         if pending is None:
             slots = [cache.manager.dirs[tier].slot_of[b] for b in ids]
-            blocks = _gather(cache.store._media[tier].tensor, slots, cache._scratch(buffer)[0])
+            pool = cache.store._media[tier].tensor
+            if pool.device == cache.device:
+                return _gather(pool, slots, cache._scratch(buffer)[0])
+            width = cache.window_blocks  # a host tier under a GPU: gather on the host, then copy
+            blocks = _gather(pool, slots, cache._window_pool().tensor[buffer * width : (buffer + 1) * width])
         else:
             future, window = pending
             good = future.result()
@@ -757,7 +766,9 @@ class _TierChunks:
                 raise RuntimeError(f"{len(lost)} KV block(s) of this sequence proved unreadable on {cache.manager.dirs[tier].name} "
                                    "(corrupt or missing chunk): dropped and counted; attention over the rest would be wrong")
             blocks = window
-        return blocks.to(cache.device, non_blocking=True)
+        # Synchronous on purpose: the host window buffer is refilled by the next fetch into
+        # it, which must not overwrite bytes an asynchronous copy has not read yet.
+        return blocks.to(cache.device)
 
 
 def _gather(tensor: torch.Tensor, slots: list[int], out: torch.Tensor) -> torch.Tensor:
@@ -769,7 +780,7 @@ def _gather(tensor: torch.Tensor, slots: list[int], out: torch.Tensor) -> torch.
     index = torch.tensor(slots, dtype=torch.long, device=tensor.device)
     rows = out[: len(slots)]
     torch.index_select(tensor.view(tensor.shape[0], -1), 0, index, out=rows.view(len(slots), -1))
-    return rows.to(out.device, non_blocking=True) if tensor.device != out.device else rows
+    return rows
 
 
 def split_kv(blocks: torch.Tensor, k_out: torch.Tensor | None = None,
