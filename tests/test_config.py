@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tiercache.config import ConfigError, layout_preset, parse_layout, parse_tiers
+from tiercache.config import ConfigError, TierConfig, layout_preset, parse_layout, parse_tiers
 
 
 def test_parse_tiers_accepts_an_ordered_hierarchy():
@@ -37,3 +37,20 @@ def test_parse_layout_custom_spec_and_block_override():
 def test_parse_layout_errors_name_the_option(spec):
     with pytest.raises(ConfigError, match="--layout"):
         parse_layout(spec)
+
+
+def test_remote_config_is_validated_and_only_the_remote_tier_takes_one():
+    from tiercache.config import RemoteConfig, RemoteWrite
+
+    good = RemoteConfig("127.0.0.1:5000", "http://127.0.0.1:5001/metadata")
+    assert good.write is RemoteWrite.THROUGH  # the documented default
+    assert TierConfig("remote", 8, remote=good).remote is good
+    for bad in ({"master": "nohost"}, {"metadata": "127.0.0.1:5001"}, {"write": "through"}, {"timeout_s": 0},
+                {"segment_bytes": -1}, {"write_hits": 0}):
+        fields = {"master": "127.0.0.1:5000", "metadata": "http://127.0.0.1:5001/metadata", **bad}
+        with pytest.raises(ConfigError, match="RemoteConfig"):
+            RemoteConfig(**fields)
+    with pytest.raises(ConfigError, match="remote=RemoteConfig"):
+        TierConfig("remote", 8)
+    with pytest.raises(ConfigError, match="remote=RemoteConfig"):
+        TierConfig("dram", 8, remote=good)

@@ -26,6 +26,9 @@ IMPORT_TO_DIST = {
     "zarr": "zarr",
     "numcodecs": "numcodecs",
     "google_crc32c": "google-crc32c",
+    "xxhash": "xxhash",
+    "mooncake": "mooncake-transfer-engine-non-cuda",
+    "transformers": "transformers",
     "psutil": "psutil",
     "tqdm": "tqdm",
     "matplotlib": "matplotlib",
@@ -38,7 +41,7 @@ IMPORT_TO_DIST = {
     "hypothesis": "hypothesis",
 }
 # Imports the package may take from an extra instead of the hard dependencies.
-PACKAGE_EXTRAS = {"torch": "cpu", "cupy": "gpu"}
+PACKAGE_EXTRAS = {"torch": "cpu", "cupy": "gpu", "mooncake": "remote"}
 # Declared but not imported yet, with the reason.
 DECLARED_AHEAD = {
     "cupy-cuda12x": "the gpu extra is for cuda_ext's cupy RawModule kernels (DESIGN.md section 2), not landed yet",
@@ -126,12 +129,12 @@ def test_every_declared_distribution_is_imported():
 
 
 def test_checker_flags_an_undeclared_import():
-    edges = [Import("tiercache.data.x", "tiercache/data/x.py", 3, "xxhash", False),
+    edges = [Import("tiercache.data.x", "tiercache/data/x.py", 3, "blake3", False),
              Import("tiercache.data.x", "tiercache/data/x.py", 4, "libcachesim", True)]
     dependencies, _ = _declared()
     problems = _undeclared(edges, dependencies, PACKAGE_EXTRAS)
     assert problems == [
-        "tiercache/data/x.py:3 tiercache.data.x -> xxhash: unknown import; add it to IMPORT_TO_DIST and pyproject.toml",
+        "tiercache/data/x.py:3 tiercache.data.x -> blake3: unknown import; add it to IMPORT_TO_DIST and pyproject.toml",
         "tiercache/data/x.py:4 tiercache.data.x -> libcachesim (function-level): libcachesim is not declared "
         "where this code can rely on it",
     ]

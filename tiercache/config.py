@@ -35,10 +35,15 @@ __all__ = [
     "TraceKind",
     "REQUEST_SEMANTICS_NAMES",
     "Codec",
+    "RemoteWrite",
+    "RemoteConfig",
+    "REMOTE_TIER",
     "AttentionMode",
 ]
 
 TIER_NAMES = ("hbm", "dram", "nvme")
+#: The shared tier behind the local ones (live store only; Mooncake Store).
+REMOTE_TIER = "remote"
 
 DTYPE_BYTES = {
     "float16": 2,
@@ -137,6 +142,66 @@ class Codec(enum.Enum):
         if name not in known:
             raise ConfigError(f"{option}: unknown codec {text!r}; known: {', '.join(known)}")
         return cls(name)
+
+
+class RemoteWrite(enum.Enum):
+    """When a block is written to the shared remote tier (``remote_write``).
+
+    ``THROUGH`` (the default): when it is first stored locally, so another instance (a
+    decode node, a replica serving the same documents) finds it as soon as it exists; the
+    point of a shared tier, for one put per new block. ``BACK``: when it leaves the last
+    local tier (least traffic, but shared only once this instance no longer holds it).
+    ``SELECTIVE``: once it has been hit ``write_hits`` times locally (hot blocks only).
+    """
+
+    THROUGH = "through"
+    BACK = "back"
+    SELECTIVE = "selective"
+
+
+@dataclass(frozen=True)
+class RemoteConfig:
+    """How to reach the Mooncake Store of a ``remote`` tier, and when to write to it.
+
+    Args:
+        master: the master's RPC address, ``host:port`` (``tiercache remote-serve`` prints it).
+        metadata: the metadata server URL, ``http://host:port/metadata``.
+        local_host: this client's address as the others reach it (its transfer endpoint).
+        segment_bytes: memory this client contributes to the shared pool (0: none; it then
+            only reads and writes what other clients hold).
+        buffer_bytes: the client's local transfer buffer.
+        protocol: ``tcp`` (here), ``rdma`` on clusters; ``device``: the RDMA device names.
+        write: the write policy (``RemoteWrite``); ``write_hits``: the selective threshold.
+        timeout_s: longest wait for a lookup; ``retry_s``: how long remote calls are skipped
+            after a failure before the next one tries again (the master may be back).
+        staging_blocks: registered blocks for transfers that cannot read or write the pools
+            in place (NVMe and GPU blocks, blocks read in place).
+    """
+
+    master: str
+    metadata: str
+    local_host: str = "127.0.0.1"
+    segment_bytes: int = 256 << 20
+    buffer_bytes: int = 64 << 20
+    protocol: str = "tcp"
+    device: str = ""
+    write: RemoteWrite = RemoteWrite.THROUGH
+    write_hits: int = 2
+    timeout_s: float = 5.0
+    retry_s: float = 1.0
+    staging_blocks: int = 64
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.write, RemoteWrite):
+            raise ConfigError(f"RemoteConfig.write must be a RemoteWrite ({', '.join(w.value for w in RemoteWrite)}), got {self.write!r}")
+        if not re.fullmatch(r"[^:\s]+:[0-9]{1,5}", str(self.master)):
+            raise ConfigError(f"RemoteConfig.master must be host:port, got {self.master!r}")
+        if not str(self.metadata).startswith(("http://", "etcd://")) and self.metadata != "P2PHANDSHAKE":
+            raise ConfigError(f"RemoteConfig.metadata must be an http://host:port/metadata URL, got {self.metadata!r}")
+        for name in ("segment_bytes", "buffer_bytes", "write_hits", "staging_blocks", "timeout_s", "retry_s"):
+            value, may_be_zero = getattr(self, name), name in ("segment_bytes", "retry_s")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (value == 0 and not may_be_zero):
+                raise ConfigError(f"RemoteConfig.{name} must be a {'non-negative' if may_be_zero else 'positive'} number, got {value!r}")
 
 
 class Mode(enum.Enum):
@@ -329,17 +394,22 @@ def layout_preset(name: str, block_tokens: int | None = None) -> KVLayout:
 class TierConfig:
     """One tier: its name, capacity in blocks, and the policies that run it.
 
-    Invariants: ``name`` in ``TIER_NAMES``; ``capacity_blocks >= 1``.
+    Invariants: ``name`` in ``TIER_NAMES`` or ``REMOTE_TIER``; ``capacity_blocks >= 1``;
+    ``remote`` (how to reach the store, when to write) is set exactly for the remote tier,
+    whose capacity is how many remote blocks this process keeps track of (its view).
     """
 
     name: str
     capacity_blocks: int
     eviction: str = "lru"
     admission: str = "always"
+    remote: RemoteConfig | None = None
 
     def __post_init__(self) -> None:
-        if self.name not in TIER_NAMES:
-            raise ConfigError(f"tier name {self.name!r}: must be one of {', '.join(TIER_NAMES)}")
+        if self.name not in TIER_NAMES + (REMOTE_TIER,):
+            raise ConfigError(f"tier name {self.name!r}: must be one of {', '.join(TIER_NAMES + (REMOTE_TIER,))}")
+        if (self.name == REMOTE_TIER) != (self.remote is not None):
+            raise ConfigError(f"tier {self.name}: remote=RemoteConfig(...) is given with the remote tier, and only with it")
         if isinstance(self.capacity_blocks, bool) or not isinstance(self.capacity_blocks, int) or self.capacity_blocks < 1:
             raise ConfigError(f"tier {self.name}: capacity must be at least one block, got {self.capacity_blocks!r}")
 

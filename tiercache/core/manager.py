@@ -21,6 +21,12 @@ full, a promotion from tier ``i`` can push one block out of the last tier even t
 promoted block then frees a slot in tier ``i`` (a hole the next demotion fills without a
 drop). The bytes never need a staging buffer this way; on the sample trace the total miss
 count equals a single LRU of the hierarchy's total size.
+
+Shared last tier (``shared_last``, the live store's remote tier): the last tier is this
+manager's view of a store other processes write to. It may hold a block a local tier holds
+too (a published copy: ``publish``), copies into it are allowed in an exclusive hierarchy, a
+victim it already holds just leaves its local tier, and a write into it that fails drops the
+victims as an eviction would: a remote failure never blocks a local placement.
 """
 
 from __future__ import annotations
@@ -117,6 +123,7 @@ class TierManager(TransferMixin):
         engine: TransferEngine | None = None,
         events: EventLog | None = None,
         write_through: bool = False,
+        shared_last: bool = False,
     ) -> None:
         if not (len(tiers) == len(evictions) == len(admissions)) or not tiers:
             raise ValueError("one eviction and one admission policy per tier, at least one tier")
@@ -126,6 +133,8 @@ class TierManager(TransferMixin):
         self.engine = engine if engine is not None else ImmediateEngine()
         self.events = events if events is not None else EventLog()
         self.write_through = write_through
+        #: Index of the shared last tier (see the module docstring), or None.
+        self.shared: int | None = len(tiers) - 1 if shared_last and len(tiers) > 1 else None
         self.refs: dict[int, int] = {}
         # Blocks of live sequences: they may move between tiers but never leave the
         # hierarchy (the last tier never picks them as victims).
@@ -453,6 +462,8 @@ class TierManager(TransferMixin):
         if refused:
             self.events.emit(Ev.REFUSED, below, len(refused))
             self._drop(tier, refused)
+        if below == self.shared:
+            moving = self._leave_for_shared(tier, moving)
         if not moving:
             return _MADE
         room_below = self.dirs[below].capacity
@@ -470,10 +481,9 @@ class TierManager(TransferMixin):
                 self._drop(tier, piece)  # no room below (all pinned): they leave, a policy decision
                 continue
             if room is _WRITE_FAILED or not self._transfer(piece, tier, below, False, None):
-                return _WRITE_FAILED
-        return _MADE
-        if room is _WRITE_FAILED or not self._transfer(moving, tier, below, False, None):
-            return _WRITE_FAILED
+                if below != self.shared or (held and any(v in held for v in piece)):
+                    return _WRITE_FAILED
+                self._drop(tier, [v for v in piece if v in self.dirs[tier].slot_of])  # best effort: an eviction
         return _MADE
 
     def _promote(self, ids: Sequence[int], tier: int, hints: Hints | None, started: list | None) -> list[int]:
@@ -494,6 +504,8 @@ class TierManager(TransferMixin):
     def _copy_down(self, ids: Sequence[int], hints: Hints | None) -> None:
         """Write-through: copies new top-tier blocks into every lower tier that admits them."""
         for tier in range(1, len(self.dirs)):
+            if tier == self.shared:  # publishing to a shared tier is its owner's decision
+                continue
             admitted = self.admissions[tier].admit(ids)
             wanted = [b for b, ok in zip(ids, admitted) if ok and b not in self.dirs[tier].slot_of]
             self.events.emit(Ev.REFUSED, tier, admitted.count(False))
@@ -523,7 +535,7 @@ class TierManager(TransferMixin):
             assert all(b in policy for b in directory.slot_of), f"{directory.name}: policy misses a resident block"
         if not self.write_through:
             seen: set[int] = set()
-            for directory in self.dirs:
+            for directory in self.dirs[: self.shared]:  # a shared tier may hold copies
                 assert seen.isdisjoint(directory.slot_of), "exclusive mode: a block is in two tiers"
                 seen.update(directory.slot_of)
         for block_id, count in self.refs.items():

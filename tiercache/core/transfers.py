@@ -32,7 +32,7 @@ class TransferMixin:
     """Two-phase moves of ``TierManager`` (split out to keep modules small).
 
     Relies on the manager's ``dirs``, ``policies``, ``engine``, ``events``, ``refs``,
-    ``orphan_refs``, ``write_through``, ``inflight``, ``_running``, ``_plan_hints``,
+    ``orphan_refs``, ``write_through``, ``shared``, ``inflight``, ``_running``, ``_plan_hints``,
     ``_next_job`` and ``_future``. Invariants: every plan in ``inflight`` has its sources
     pinned and its destination slots reserved; a plan leaves ``inflight`` exactly once, in
     ``complete``; ``_running`` (the jobs ``start_move`` submitted, the only ones the manager
@@ -48,8 +48,8 @@ class TransferMixin:
         ``make_room`` first).
         """
         src_dir, dst_dir = self.dirs[src], self.dirs[dst]
-        if keep_source and not self.write_through:
-            return None  # an exclusive hierarchy never holds two copies of a block
+        if keep_source and not self.write_through and dst != self.shared:
+            return None  # an exclusive hierarchy never holds two copies of a block (but publishes)
         if src == dst or not ids or len(set(ids)) != len(ids) or dst_dir.n_free < len(ids):
             return None
         for block_id in ids:
@@ -112,6 +112,41 @@ class TransferMixin:
                 if plan is not None:
                     plans.append(plan)
         return plans
+
+    def publish(self, ids: Sequence[int]) -> list[TransferPlan]:
+        """Starts copying resident ids into the shared last tier, keeping them where they are.
+
+        One plan per source tier; ids the shared tier holds or is receiving, absent ids and
+        a manager without a shared tier are skipped. Room is made in the shared tier at once
+        (its victims only leave this manager's view). Returns the plans in flight.
+        """
+        shared = self.shared
+        if shared is None:
+            return []
+        wanted = [b for b in dict.fromkeys(ids) if b not in self.dirs[shared].slot_of]
+        if self.inflight:
+            arriving = {b for p in self.inflight.values() if p.dst_tier == shared for b in p.ids}
+            wanted = [b for b in wanted if b not in arriving]
+        plans = []
+        for tier in range(shared):
+            here = [b for b in wanted if self.locate(b) == tier]
+            if here and self._make_room(shared, len(here), frozenset(here)) is Room.MADE:
+                plan = self.start_move(here, tier, shared, keep_source=True)
+                if plan is not None:
+                    plans.append(plan)
+        return plans
+
+    def _leave_for_shared(self, tier: int, victims: list[int]) -> list[int]:
+        """Victims the shared tier below already holds leave ``tier`` without a copy (counted
+        as demoted, touched below); returns the others, which still need their copy."""
+        shared = self.dirs[self.shared].slot_of
+        held = [v for v in victims if v in shared]
+        if held:
+            self.policies[tier].on_remove(held)
+            self.engine.discard(tier, held, self.dirs[tier].remove(held))
+            self.policies[self.shared].on_access(held, None)
+            self.events.emit(Ev.DEMOTE, tier, len(held), self.shared)
+        return [v for v in victims if v not in shared] if held else victims
 
     # -- phase three: finish -------------------------------------------------------------
     def poll(self) -> list[TransferPlan]:

@@ -5,7 +5,7 @@ A handler starts the byte movement of one ``TransferPlan`` between two media and
 future plus the function that turns its outcome into a ``JobResult``. Handlers decide
 nothing and never touch metadata.
 
-Adding a medium (a remote store, a quantised pool) is one medium class plus one handler per
+Adding a medium (the remote store, a quantised pool) is one medium class plus one handler per
 pair it takes part in, registered in ``HANDLERS`` (or with ``register_handler`` from outside
 the package); the engine finds the handler of each tier pair once, when it is built.
 """
@@ -21,8 +21,10 @@ import torch
 
 from tiercache.core.plans import JobResult, TransferPlan
 
+from .buffers import torch_dtype
 from .nvme import NVMeStore, PutResult, StoreFullError
 from .pools import BlockPool
+from .remote import RemoteStore
 
 __all__ = ["Job", "CopyContext", "CopyHandler", "HANDLERS", "register_handler", "handler_for"]
 
@@ -183,11 +185,141 @@ def _staged_get(plan: TransferPlan, keys: list[bytes], store: NVMeStore, dst: Bl
     return JobResult(plan.job_id)
 
 
+def _bytes(block: torch.Tensor) -> np.ndarray:
+    """A contiguous host block as a uint8 numpy view of the same memory (no copy)."""
+    return block.view(torch.uint8).reshape(-1).numpy()
+
+
+def _take_rows(remote: RemoteStore, n: int, ctx: CopyContext) -> list[int] | None:
+    """``n`` staging rows of the remote medium, settling jobs in flight if none are free;
+    None when the plan is larger than the staging area (the caller goes piece by piece)."""
+    rows = remote.take_rows(n)
+    if rows is None and n <= remote.config.staging_blocks:
+        ctx.settle_all()  # every finished job has given its rows back
+        rows = remote.take_rows(n)
+    return rows
+
+
+def _remote_put_result(plan: TransferPlan, ok: list[bool], lost: tuple[int, ...] = ()) -> JobResult:
+    """A remote write fails as a whole (the copies that landed stay, harmless: same key,
+    same bytes); it never reports its sources lost unless their own copy was unreadable."""
+    if all(ok) and not lost:
+        return JobResult(plan.job_id)
+    return JobResult(plan.job_id, f"remote put failed for {ok.count(False)} of {len(ok)} block(s)", lost)
+
+
+def _remote_get_result(plan: TransferPlan, ok: list[bool]) -> JobResult:
+    """A remote read's result: blocks missing, corrupt or unreachable are ``lost`` (a miss)."""
+    lost = tuple(b for b, good in zip(plan.ids, ok) if not good)
+    if lost:
+        return JobResult(plan.job_id, f"{len(lost)} remote block(s) missing or unreadable", lost)
+    return JobResult(plan.job_id)
+
+
+class PoolToRemote:
+    """HBM or DRAM -> remote: host pools are put in place (registered slot memory, zero
+    copy); GPU pools pass through the medium's registered staging rows."""
+
+    def start(self, plan: TransferPlan, src: BlockPool, remote: RemoteStore, ctx: CopyContext) -> Job:
+        keys = ctx.keys(plan.ids)
+        if src.device.type == "cpu":
+            remote.register(src.tensor)
+            future = remote.submit_put(keys, [_bytes(src.view(int(s))) for s in plan.src_slots])
+            return Job(plan, future=future, finish=lambda ok: _remote_put_result(plan, ok))
+        rows = _take_rows(remote, len(keys), ctx)
+        if rows is None:  # larger than the staging area: piece by piece, waiting
+            ok = []
+            for a, n in _pieces(len(keys), remote.config.staging_blocks):
+                ok += self.start(_sub(plan, a, n), src, remote, ctx).future.result()
+            return Job(plan, result=_remote_put_result(plan, ok))
+        for row, slot in zip(rows, plan.src_slots):
+            remote.row_block(row, src.dtype).copy_(src.view(int(slot)))
+        future = remote.submit_put(keys, [remote.staging[r] for r in rows], then=lambda: remote.give_rows(rows))
+        return Job(plan, future=future, finish=lambda ok: _remote_put_result(plan, ok))
+
+
+class RemoteToPool:
+    """Remote -> HBM or DRAM: host pools are read in place (the checksum is verified on
+    the slot before the manager publishes it); GPU pools through the staging rows."""
+
+    def start(self, plan: TransferPlan, remote: RemoteStore, dst: BlockPool, ctx: CopyContext) -> Job:
+        keys = ctx.keys(plan.ids)
+        if dst.device.type == "cpu":
+            remote.register(dst.tensor)
+            future = remote.submit_get(keys, [_bytes(dst.view(int(s))) for s in plan.dst_slots])
+            return Job(plan, future=future, finish=lambda ok: _remote_get_result(plan, ok))
+        rows = _take_rows(remote, len(keys), ctx)
+        if rows is None:
+            ok = []
+            for a, n in _pieces(len(keys), remote.config.staging_blocks):
+                ok += _remote_get_ok(self.start(_sub(plan, a, n), remote, dst, ctx))
+            return Job(plan, result=_remote_get_result(plan, ok))
+
+        def finish(ok: list[bool]) -> JobResult:
+            for row, slot, good in zip(rows, plan.dst_slots, ok):
+                if good:
+                    dst.view(int(slot)).copy_(remote.row_block(row, dst.dtype))
+            remote.give_rows(rows)
+            return _remote_get_result(plan, ok)
+
+        return Job(plan, future=remote.submit_get(keys, [remote.staging[r] for r in rows]), finish=finish)
+
+
+class StoreToRemote:
+    """NVMe -> remote: the NVMe I/O threads read into registered staging rows, then one
+    batched put sends them; a chunk unreadable on NVMe is reported lost (as any read)."""
+
+    def start(self, plan: TransferPlan, store: NVMeStore, remote: RemoteStore, ctx: CopyContext) -> Job:
+        keys = ctx.keys(plan.ids)
+        rows = _take_rows(remote, len(keys), ctx)
+        if rows is None:
+            results = []
+            for a, n in _pieces(len(keys), remote.config.staging_blocks):  # each piece ends before the next
+                job = self.start(_sub(plan, a, n), store, remote, ctx)
+                results.append(job.finish(job.future.result()))
+            return Job(plan, result=_merge(plan, results))
+        hits = store.get(keys, [remote.row_block(r, _dtype(remote)) for r in rows])
+        readable = [n for n, hit in enumerate(hits.tolist()) if hit]
+        lost = tuple(plan.ids[n] for n in range(len(keys)) if not hits[n])
+        future = remote.submit_put([keys[n] for n in readable], [remote.staging[rows[n]] for n in readable],
+                                   then=lambda: remote.give_rows(rows))
+        return Job(plan, future=future, finish=lambda ok: _remote_put_result(plan, ok, lost))
+
+
+def _dtype(remote: RemoteStore) -> torch.dtype:
+    return torch_dtype(remote.layout.dtype)
+
+
+def _pieces(n: int, step: int) -> list[tuple[int, int]]:
+    return [(a, min(step, n - a)) for a in range(0, n, step)]
+
+
+def _sub(plan: TransferPlan, a: int, n: int) -> TransferPlan:
+    """The part ``[a, a + n)`` of a plan (same job id), for piece-by-piece transfers."""
+    return TransferPlan(plan.job_id, plan.ids[a : a + n], plan.src_tier, plan.src_slots[a : a + n], plan.dst_tier,
+                        plan.dst_slots[a : a + n], plan.keep_source)
+
+
+def _remote_get_ok(job: Job) -> list[bool]:
+    """Settles a piece's job now (its finish copies staged blocks in); one bool per block."""
+    result = job.finish(job.future.result())
+    return [b not in result.lost for b in job.plan.ids]
+
+
+def _merge(plan: TransferPlan, results: list[JobResult]) -> JobResult:
+    errors = [r.error for r in results if not r.ok]
+    lost = tuple(b for r in results for b in r.lost)
+    return JobResult(plan.job_id, errors[0] if errors else None, lost)
+
+
 #: The one registry: (source medium class, destination medium class) -> handler.
 HANDLERS: dict[tuple[type, type], CopyHandler] = {
     (BlockPool, BlockPool): PoolToPool(),
     (BlockPool, NVMeStore): PoolToStore(),
     (NVMeStore, BlockPool): StoreToPool(),
+    (BlockPool, RemoteStore): PoolToRemote(),
+    (RemoteStore, BlockPool): RemoteToPool(),
+    (NVMeStore, RemoteStore): StoreToRemote(),
 }
 
 

@@ -1,7 +1,7 @@
 """The medium interface: what every tier's storage offers the engine and the live store.
 
-A medium is one class (``BlockPool`` for HBM and DRAM, ``NVMeStore`` for NVMe; a remote or
-quantised tier later). Bytes move between two media only through the copy handler
+A medium is one class (``BlockPool`` for HBM and DRAM, ``NVMeStore`` for NVMe,
+``RemoteStore`` for the shared remote tier; a quantised tier later). Bytes move between two media only through the copy handler
 registered for that pair (``handlers.py``); everything else the engine and the store need of
 a medium is this protocol, so neither ever dispatches on a medium's class.
 """
@@ -21,6 +21,8 @@ class Medium(Protocol):
     Attributes:
         keyed: True when the medium names blocks by content key (``forget`` then receives
             the keys of the blocks that left); False when slots alone hold bytes.
+        shared (optional, False when absent): True when other processes write and evict the
+            medium too (the remote store): its tier is a view, and leaving it deletes nothing.
     """
 
     keyed: bool

@@ -9,15 +9,16 @@ from typing import Sequence
 import psutil
 import torch
 
-from tiercache.config import KVLayout, TierConfig
+from tiercache.config import KVLayout, RemoteWrite, TierConfig
 from tiercache.data.nvme import NVMeStore
 from tiercache.data.pools import BlockPool, dram_pool, hbm_pool
+from tiercache.data.remote import RemoteStore
 from tiercache.errors import UserError
 from tiercache.policies import get_eviction
 
-__all__ = ["check_layout", "check_tiers", "check_online", "resolve_device", "check_host_memory", "open_medium"]
+__all__ = ["check_layout", "check_tiers", "check_remote_write", "check_online", "resolve_device", "check_host_memory", "open_medium"]
 
-_ORDER = ("hbm", "dram", "nvme")
+_ORDER = ("hbm", "dram", "nvme", "remote")
 
 
 def check_layout(layout: object) -> None:
@@ -27,7 +28,7 @@ def check_layout(layout: object) -> None:
 
 
 def check_tiers(tiers: Sequence[TierConfig], path) -> None:
-    """Tiers must be ``hbm[, dram][, nvme]`` in that order; NVMe needs a directory.
+    """Tiers must be ``hbm[, dram][, nvme][, remote]`` in that order; NVMe needs a directory.
 
     Raises:
         UserError: naming what is wrong.
@@ -37,11 +38,20 @@ def check_tiers(tiers: Sequence[TierConfig], path) -> None:
     names = [t.name for t in tiers]
     if not tiers or names[0] != "hbm" or any(n not in _ORDER for n in names) \
             or names != sorted(names, key=_ORDER.index) or len(set(names)) != len(names):
-        raise UserError(f"TieredKVStore: tiers must be hbm[, dram][, nvme] in that order, got {names}")
+        raise UserError(f"TieredKVStore: tiers must be hbm[, dram][, nvme][, remote] in that order, got {names}")
     if "nvme" in names and path is None:
         raise UserError("TieredKVStore: an nvme tier needs path= (the store directory)")
     if path is not None:
         _check_store_path(Path(path))
+
+
+def check_remote_write(tiers: Sequence[TierConfig], write_through: bool) -> None:
+    """``remote_write=back`` needs an exclusive hierarchy: write-through drops victims
+    instead of demoting them, so nothing would ever be written back."""
+    remote = tiers[-1].remote if tiers else None
+    if remote is not None and write_through and remote.write is RemoteWrite.BACK:
+        raise UserError("TieredKVStore: remote write 'back' needs the exclusive hierarchy (write_through=False); "
+                        "use RemoteWrite.THROUGH or SELECTIVE with write_through=True")
 
 
 def _check_store_path(path: Path) -> None:
@@ -94,8 +104,9 @@ def check_online(eviction: str | None, tiers: Sequence[TierConfig]) -> None:
             raise UserError(f"TieredKVStore: eviction policy {name!r} needs the future (offline only); use it in tiercache replay")
 
 
-def open_medium(tier: TierConfig, layout: KVLayout, path, device) -> BlockPool | NVMeStore:
-    """The medium of one tier: a GPU (or CPU) pool, a pinned host pool, or an NVMe store.
+def open_medium(tier: TierConfig, layout: KVLayout, path, device) -> BlockPool | NVMeStore | RemoteStore:
+    """The medium of one tier: a GPU (or CPU) pool, a pinned host pool, an NVMe store, or a
+    Mooncake Store client (which never fails to open: an unreachable master is retried).
 
     Raises:
         UserError: the pool could not be allocated, or the store directory not opened
@@ -106,6 +117,8 @@ def open_medium(tier: TierConfig, layout: KVLayout, path, device) -> BlockPool |
             return hbm_pool(layout, tier.capacity_blocks, device)
         if tier.name == "dram":
             return dram_pool(layout, tier.capacity_blocks)
+        if tier.name == "remote":
+            return RemoteStore(tier.remote, layout)
         return _open_nvme(tier, layout, path)
     except OSError as exc:
         raise UserError(f"TieredKVStore: cannot open the {tier.name} tier at {os.fspath(path)!r}: {exc.strerror or exc}") from None

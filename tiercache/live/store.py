@@ -11,8 +11,8 @@ still in flight; ``wait(pending)``, ``poll`` or any later read completes them, a
 the manager (there is no plan lifecycle outside it). A block is visible in a tier only once
 its bytes landed there.
 
-Thread safety: one lock serialises every public method; the NVMe store's I/O threads touch
-only bytes. Durability: the NVMe tier is an ``NVMeStore``; ``flush``/``close`` make its index
+A ``remote`` tier (Mooncake Store, ``remote.RemoteLink``) completes lookups the local tiers
+miss. Thread safety: one lock serialises every public method; I/O threads touch only bytes. Durability: the NVMe tier is an ``NVMeStore``; ``flush``/``close`` make its index
 durable, and reopening the same path adopts every complete block into the NVMe tier.
 """
 
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import os
 import threading
-from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -33,29 +32,16 @@ from tiercache.core.stats import HierarchyStats
 from tiercache.data.buffers import check_blocks
 from tiercache.data.engine import LocalEngine
 from tiercache.errors import UserError
-from tiercache.keys import key_to_int, prefix_keys
+from tiercache.keys import prefix_keys
 from tiercache.policies import make_admission, make_eviction
 
 from .keymap import KeyMap
-from .media import check_host_memory, check_layout, check_online, check_tiers, open_medium, resolve_device
+from .lifecycle import adopt_stored_blocks, check_store, persist_to_nvme
+from .pending import Pending
+from .media import check_host_memory, check_layout, check_online, check_remote_write, check_tiers, open_medium, resolve_device
+from .remote import RemoteLink, remote_admission
 
 __all__ = ["TieredKVStore", "Pending"]
-
-
-@dataclass(frozen=True)
-class Pending:
-    """Moves a call left in flight; pass it to ``TieredKVStore.wait``.
-
-    ``events`` holds, per job, the CUDA event a compute stream can ``wait_event`` on (None
-    for a job that is not a CUDA copy, or already finished when the handle was made).
-    """
-
-    job_ids: tuple[int, ...] = ()
-    blocks: int = 0
-    events: tuple = ()
-
-    def __bool__(self) -> bool:
-        return bool(self.job_ids)
 
 
 class TieredKVStore:
@@ -64,7 +50,7 @@ class TieredKVStore:
     Args:
         layout: the KV layout (block shape and dtype).
         tiers: ``TierConfig`` per tier, fastest first (``hbm``, optional ``dram``, optional
-            ``nvme``); capacities in blocks.
+            ``nvme``, optional ``remote`` with its ``RemoteConfig``); capacities in blocks.
         eviction: eviction policy name for every tier (overrides the TierConfigs' own).
         admission: admission policy of the lower tiers (overrides the TierConfigs' own).
         path: directory of the NVMe store (required with an ``nvme`` tier).
@@ -80,6 +66,7 @@ class TieredKVStore:
                  path: str | os.PathLike | None = None, device: str | None = None, write_through: bool = False) -> None:
         check_layout(layout)
         check_tiers(tiers, path)
+        check_remote_write(tiers, write_through)
         check_online(eviction, tiers)
         device = resolve_device(device)
         check_host_memory(layout, tiers, device)
@@ -89,12 +76,16 @@ class TieredKVStore:
         self._media = [open_medium(t, layout, path, device) for t in tiers]
         self.engine = LocalEngine(self._media, self._map.key_of)
         self.events = EventLog(record_departures=True)
+        remote, hits = tiers[-1].remote, {}
+        admissions = [make_admission("always")] + [make_admission(admission or t.admission) for t in tiers[1:]]
+        if remote is not None:
+            admissions[-1] = remote_admission(remote, hits)
         self.manager = TierManager(
             [(t.name, t.capacity_blocks) for t in tiers],
             [make_eviction(eviction or t.eviction, t.capacity_blocks) for t in tiers],
-            [make_admission("always")] + [make_admission(admission or t.admission) for t in tiers[1:]],
-            engine=self.engine, events=self.events, write_through=write_through,
+            admissions, engine=self.engine, events=self.events, write_through=write_through, shared_last=remote is not None,
         )
+        self._remote = None if remote is None else RemoteLink(self.manager, self._map, self._media[-1], remote, hits)
         self._stats = HierarchyStats.for_tiers((t.name, t.capacity_blocks) for t in tiers)
         self.token_mismatches = 0
         self._closed = False
@@ -141,6 +132,8 @@ class TieredKVStore:
 
             staged = kv_blocks if len(valid) == len(ids) else kv_blocks[valid]  # no copy in the common case
             self._store_new([ids[n] for n in valid], staged, insert_then_touch)
+            if self._remote is not None:
+                self._remote.stored([b for b in new_ids if self.manager.locate(b) is not None])
             self._consume()
             return stored[0]
 
@@ -195,6 +188,9 @@ class TieredKVStore:
         with self._lock:
             self._check_open()
             ids = self._map.ids(keys, register=False)
+            if self._remote is not None:  # the part the local tiers miss: ask the store
+                self._remote.refresh_prefix(keys, ids)
+                self._consume()
             tiers = [None if i is None else self.manager.locate(i) for i in ids]
             names = [None if t is None else self.manager.dirs[t].name for t in tiers]
             prefix = next((n for n, name in enumerate(names) if name is None), len(names))
@@ -237,7 +233,7 @@ class TieredKVStore:
         keys = self._map.check_keys(keys, "TieredKVStore.get")
         with self._lock:
             self._check_open()
-            ids = self._map.ids(keys, register=False)
+            ids = self._reachable_ids(keys)
             missing = [k for k, i in zip(keys, ids) if i is None or self.manager.locate(i) is None]
             if missing:
                 raise KeyError(f"{len(missing)} of {len(keys)} keys are not stored (first: {missing[0].hex()})")
@@ -261,6 +257,32 @@ class TieredKVStore:
             if any(i not in top for i in ids):
                 raise KeyError("a block could not be brought to HBM (no room, or unreadable)")
             return [top[i] for i in ids]
+
+    def get_prefix(self, keys: Sequence[bytes], out: torch.Tensor | None = None) -> torch.Tensor:
+        """The blocks of the longest readable prefix of ``keys`` (``get`` of that prefix):
+        a block missing or unreadable (a remote value corrupt or evicted, a master down)
+        ends it instead of raising. ``out`` holds ``len(keys)`` blocks; a view of the filled
+        part is returned."""
+        keys = self._map.check_keys(keys, "TieredKVStore.get_prefix")
+        with self._lock:
+            self._check_open()
+            ids = self._reachable_ids(keys)
+            n = next((p for p, i in enumerate(ids) if i is None or self.manager.locate(i) is None), len(ids))
+            self._promote_for_read(ids[:n])
+            n = next((p for p, i in enumerate(ids[:n]) if self.manager.locate(i) is None), n)
+            if out is not None:
+                check_blocks(out, self.layout, len(keys), "TieredKVStore.get_prefix out")
+                out = out[:n]
+            return self._gather(keys[:n], ids[:n], out, partial=True)
+
+    def _reachable_ids(self, keys: list[bytes]) -> list[int | None]:
+        """Ids of ``keys`` once those the remote store holds are adopted; counts local hits."""
+        ids = self._map.ids(keys, register=False)
+        if self._remote is not None:
+            self._remote.adopt_present([k for k, i in zip(keys, ids) if i is not None and self.manager.locate(i) is None])
+            ids = self._map.ids(keys, register=False)
+            self._remote.read([i for i in ids if i is not None])
+        return ids
 
     def _promote_for_read(self, ids: list[int]) -> None:
         """Promotes the blocks a read asks for, as the policy says, never at their expense.
@@ -296,7 +318,7 @@ class TieredKVStore:
         keys = self._map.check_keys(keys, "TieredKVStore.prefetch")
         with self._lock:
             self._check_open()
-            ids = [i for i in self._map.ids(keys, register=False) if i is not None]
+            ids = [i for i in self._reachable_ids(keys) if i is not None]
             plans = self.manager.prefetch(ids)
             self._stats.consume(self.events.drain())
             self._forget_departed()
@@ -356,10 +378,12 @@ class TieredKVStore:
             block_bytes = self.layout.block_bytes
             moved = {f"{self._stats.tiers[s].name}->{self._stats.tiers[d].name}": n * block_bytes
                      for (s, d), n in self._stats.blocks_moved().items()}
-            nvme = next((m.stats.copy() for m in self._media if m.keyed), None)
+            names = [d.name for d in self.manager.dirs]
+            nvme = self._media[names.index("nvme")].stats.copy() if "nvme" in names else None
             return {"tiers": [t.as_dict() for t in self._stats.tiers], "hits": self._stats.hits, "misses": self._stats.misses,
                     "bytes_moved": moved, "queue_depth": self.engine.inflight, "key_collisions": self.collisions,
-                    "token_mismatches": self.token_mismatches, "nvme": nvme}
+                    "token_mismatches": self.token_mismatches, "nvme": nvme,
+                    "remote": None if self._remote is None else self._remote.snapshot()}
 
     def flush(self) -> None:
         """Makes every NVMe block written so far durable."""
@@ -408,17 +432,7 @@ class TieredKVStore:
 
     def _persist(self) -> int:
         """Moves unpinned DRAM, then HBM, blocks into free NVMe slots; returns how many."""
-        names = [d.name for d in self.manager.dirs]
-        if "nvme" not in names or self.manager.write_through:
-            return 0
-        nvme, moved = names.index("nvme"), 0
-        for tier in reversed(range(nvme)):
-            directory = self.manager.dirs[tier]
-            ids = [i for i in directory.slot_of if i not in directory.pins][: self.manager.dirs[nvme].n_free]
-            if ids and self.manager.move(ids, tier, nvme):
-                moved += len(ids)
-        self.events.drain()  # shutting down is not traffic
-        return moved
+        return persist_to_nvme(self.manager, self.events)
 
     def __enter__(self) -> "TieredKVStore":
         return self
@@ -429,12 +443,7 @@ class TieredKVStore:
     def check_invariants(self) -> None:
         """Asserts the manager, the key map and the NVMe tier agree."""
         with self._lock:
-            self.manager.check_invariants()
-            self._map.check({b for d in self.manager.dirs for b in d.slot_of})
-            for tier, medium in enumerate(self._media):
-                if medium.keyed:  # a keyed medium places bytes itself: check by key
-                    for block_id in self.manager.dirs[tier].slot_of:
-                        assert medium.contains(self._map.keys[block_id]), f"{medium}: resident block {block_id} is not stored"
+            check_store(self.manager, self._map, self._media)
 
     # -- internals -----------------------------------------------------------------------
     def _present_ids(self, keys: Sequence[bytes]) -> list[int]:
@@ -443,8 +452,9 @@ class TieredKVStore:
             raise KeyError("a key is not stored")
         return ids
 
-    def _gather(self, keys: Sequence[bytes], ids: list[int], out: torch.Tensor | None) -> torch.Tensor:
-        """Reads blocks from wherever they now are into one tensor on the HBM device."""
+    def _gather(self, keys: Sequence[bytes], ids: list[int], out: torch.Tensor | None, partial: bool = False) -> torch.Tensor:
+        """Reads blocks from wherever they now are into one tensor on the HBM device; with
+        ``partial`` a block unreadable in place ends the result (a remote one leaves the view)."""
         top = self._media[0]
         if out is None:
             out = torch.empty((len(ids), *self.layout.block_shape), dtype=top.dtype, device=top.device)
@@ -454,9 +464,17 @@ class TieredKVStore:
             return torch.index_select(top.tensor, 0, index, out=out)
         for index, block_id in enumerate(ids):
             tier = self.manager.locate(block_id)
-            if tier is None:
-                raise KeyError(f"key {keys[index].hex()} proved unreadable and was dropped")
-            self._media[tier].read_block(self.manager.dirs[tier].slot_of[block_id], keys[index], out[index])
+            try:
+                if tier is None:
+                    raise KeyError(f"key {keys[index].hex()} proved unreadable and was dropped")
+                self._media[tier].read_block(self.manager.dirs[tier].slot_of[block_id], keys[index], out[index])
+            except KeyError:
+                if not partial:
+                    raise
+                if self._remote is not None and tier == self._remote.tier:
+                    self._remote.drop_unreadable(block_id)
+                    self._consume()
+                return out[:index]
         return out
 
     def _consume(self) -> None:
@@ -466,22 +484,13 @@ class TieredKVStore:
         self._forget_departed()
 
     def _forget_departed(self) -> None:
-        self._map.forget_absent(self.events.drain_departed(), self.manager.locate)
+        departed = self.events.drain_departed()
+        self._map.forget_absent(departed, self.manager.locate)
+        if self._remote is not None:
+            self._remote.departed(departed)
 
     def _adopt_stored_blocks(self) -> None:
-        """Reopening: the complete blocks of a durable medium join its tier, as many as the
-        tier holds (oldest slots first); the rest, blocks that had left the tier before a
-        crash made their deletion durable, or a tier reopened smaller, are deleted."""
-        for tier, medium in enumerate(self._media):
-            entries = sorted(medium.durable_items(), key=lambda entry: entry[1])
-            keep, extra = entries[: self.manager.dirs[tier].capacity], entries[self.manager.dirs[tier].capacity :]
-            if extra:
-                medium.forget([key for key, _ in extra])
-            ids = [key_to_int(key) for key, _ in keep]
-            self._map.adopt(ids, [key for key, _ in keep])
-            if ids:
-                self.manager.restore(tier, ids)
-        self.events.drain()  # adoption is not traffic
+        adopt_stored_blocks(self.manager, self._media, self._map, self.events)
 
     def _check_open(self) -> None:
         if self._closed:

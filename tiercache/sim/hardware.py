@@ -9,6 +9,10 @@ Directed links are named ``"src->dst"`` over the tiers hbm, dram, nvme. A profil
 define ``dram->hbm``, ``hbm->dram``, ``nvme->dram`` and ``dram->nvme``; ``nvme->hbm`` and
 ``hbm->nvme``, unless given explicitly (GPUDirect Storage), are staged through DRAM and
 cost the sum of both hops (no overlap between the hops of one transfer is assumed).
+
+A shared remote tier (``tiercache fleet``) adds the network links ``remote->dram`` and
+``dram->remote`` (``with_network`` and the ``NETWORK_PRESETS``); ``remote->hbm`` and
+``hbm->remote`` are staged through DRAM unless given (GPUDirect RDMA).
 """
 
 from __future__ import annotations
@@ -22,12 +26,16 @@ from typing import Any, Mapping
 
 from tiercache.errors import UserError
 
-__all__ = ["Link", "HardwareProfile", "PRESETS", "REQUIRED_LINKS", "load_profile", "save_profile"]
+__all__ = ["Link", "HardwareProfile", "PRESETS", "REQUIRED_LINKS", "NETWORK_PRESETS", "with_network", "load_profile",
+           "save_profile"]
 
 #: Links every profile defines.
 REQUIRED_LINKS = ("dram->hbm", "hbm->dram", "nvme->dram", "dram->nvme")
 #: Links that may be given explicitly and otherwise are staged through DRAM.
-STAGED_LINKS = {"nvme->hbm": ("nvme->dram", "dram->hbm"), "hbm->nvme": ("hbm->dram", "dram->nvme")}
+STAGED_LINKS = {"nvme->hbm": ("nvme->dram", "dram->hbm"), "hbm->nvme": ("hbm->dram", "dram->nvme"),
+                "remote->hbm": ("remote->dram", "dram->hbm"), "hbm->remote": ("hbm->dram", "dram->remote")}
+#: The network links of a shared remote tier (optional: a machine without one has none).
+NETWORK_LINKS = ("remote->dram", "dram->remote")
 
 
 def _positive_number(value: Any, what: str, allow_zero: bool = False) -> float:
@@ -74,7 +82,7 @@ class HardwareProfile:
 
     def __post_init__(self) -> None:
         missing = [n for n in REQUIRED_LINKS if n not in self.links]
-        unknown = [n for n in self.links if n not in REQUIRED_LINKS and n not in STAGED_LINKS]
+        unknown = [n for n in self.links if n not in REQUIRED_LINKS and n not in STAGED_LINKS and n not in NETWORK_LINKS]
         if missing or unknown:
             raise UserError(f"hardware profile {self.name!r}: missing links {missing}, unknown links {unknown}")
         object.__setattr__(self, "links", MappingProxyType(dict(self.links)))
@@ -150,6 +158,29 @@ PRESETS: dict[str, HardwareProfile] = {
     "gh200-c2c-nvme5": _profile("gh200-c2c-nvme5", 450e9, 450e9, 3e-6, 14e9, 10e9, 60e-6, 28_000),
     "a100-pcie4-nvme4": _profile("a100-pcie4-nvme4", 25e9, 25e9, 10e-6, 7e9, 5e9, 80e-6, 9_000),
 }
+
+
+# Network presets for the shared tier, per direction, as one client sees it: 25 Gb/s
+# Ethernet with TCP reaches ~2.8 GB/s (90 % of 3.125 GB/s) at ~50 us per request (kernel
+# stack, a Mooncake RPC); 200/400 Gb/s RDMA NICs reach ~23/46 GB/s at ~5 us per transfer.
+NETWORK_PRESETS: dict[str, Link] = {
+    "tcp-25g": Link(2.8e9, 50e-6),
+    "rdma-200g": Link(23e9, 5e-6),
+    "rdma-400g": Link(46e9, 5e-6),
+}
+
+
+def with_network(profile: HardwareProfile, network: str) -> HardwareProfile:
+    """``profile`` plus the links of a shared remote tier over a ``NETWORK_PRESETS`` network.
+
+    Raises:
+        UserError: an unknown preset; the message lists the known ones.
+    """
+    if network not in NETWORK_PRESETS:
+        raise UserError(f"unknown network preset {network!r}; known: {', '.join(NETWORK_PRESETS)}")
+    link = NETWORK_PRESETS[network]
+    links = {**profile.links, "remote->dram": link, "dram->remote": link}
+    return HardwareProfile(f"{profile.name}+{network}", links, profile.prefill_tokens_per_s)
 
 
 def load_profile(name_or_path: str | os.PathLike) -> HardwareProfile:

@@ -1,0 +1,42 @@
+"""Shared pieces of the remote-tier tests: skipping without Mooncake, a master on loopback,
+stores wired to it."""
+
+from __future__ import annotations
+
+import tempfile
+
+import pytest
+
+from store_helpers import LAYOUT
+from tiercache.config import KVLayout, RemoteConfig, RemoteWrite, TierConfig
+
+SKIP_REASON = ("Mooncake Store is not installed (pip install -e '.[remote]', and apt-get install libibverbs1 "
+               "libnuma1): the remote tier's tests need it; CI installs both")
+
+
+def require_mooncake() -> None:
+    """Skips the calling module, saying why, when ``mooncake.store`` cannot be imported."""
+    pytest.importorskip("mooncake.store", reason=SKIP_REASON)
+
+
+def remote_config(master, write: RemoteWrite = RemoteWrite.THROUGH, segment_mib: int = 16, **options) -> RemoteConfig:
+    """A client config for a ``MasterProcess`` (small segments: tests run many clients)."""
+    return RemoteConfig(master.master, master.metadata, segment_bytes=segment_mib << 20, buffer_bytes=8 << 20,
+                        write=write, **options)
+
+
+def remote_tiers(config: RemoteConfig, hbm: int = 2, dram: int = 3, nvme: int = 8, remote: int = 256) -> list[TierConfig]:
+    """hbm, dram, nvme and the remote tier."""
+    tiers = [TierConfig("hbm", hbm), TierConfig("dram", dram)]
+    if nvme:
+        tiers.append(TierConfig("nvme", nvme))
+    return tiers + [TierConfig("remote", remote, remote=config)]
+
+
+def open_store(config: RemoteConfig, layout: KVLayout = LAYOUT, **sizes):
+    """A TieredKVStore (CPU device) with local tiers and the remote tier."""
+    from tiercache.live.store import TieredKVStore
+
+    tiers = remote_tiers(config, **sizes)
+    path = tempfile.mkdtemp(prefix="tiercache-remote-") if any(t.name == "nvme" for t in tiers) else None
+    return TieredKVStore(layout, tiers, path=path, device="cpu")

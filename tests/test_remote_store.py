@@ -1,0 +1,152 @@
+"""The remote tier on a real Mooncake Store (a master on loopback, started per module and
+stopped by its pid): sharing across stores and namespaces, prefixes completed from the
+remote tier, the write policies, and values corrupted, foreign or removed (a counted miss,
+never served). The other fault cases are in ``test_remote_faults.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from remote_helpers import open_store, remote_config, require_mooncake
+from store_helpers import LAYOUT, blocks
+from tiercache.config import RemoteWrite
+from tiercache.data.remote import value_name
+from tiercache.data.remote_master import start_master
+from tiercache.keys import prefix_keys
+
+require_mooncake()
+
+BT = LAYOUT.block_tokens
+
+
+@pytest.fixture(scope="module")
+def master():
+    started = start_master()
+    yield started
+    started.stop()
+
+
+@pytest.fixture(scope="module")
+def pair(master):
+    """Two stores on one master, shared by the tests of this module (each its own
+    namespace): closing a Mooncake client takes it 1-2 s."""
+    with open_store(remote_config(master)) as a, open_store(remote_config(master)) as b:
+        yield a, b
+
+
+def prompt(n_blocks: int, seed: int = 0) -> list[int]:
+    return [seed * 100_000 + t for t in range(n_blocks * BT)]
+
+
+def test_blocks_put_by_one_store_are_found_and_read_bit_identical_by_another(pair):
+    a, b = pair
+    kv, tokens = blocks(12, seed=1), prompt(12)
+    a.put_tokens(tokens, kv, namespace="tenant-a")
+    a.wait()
+    hits = b.stats()["tiers"][-1]["hits"]
+    assert b.match_prefix(tokens, namespace="tenant-a") == len(tokens)
+    assert b.match_prefix(tokens, namespace="tenant-b") == 0  # another namespace finds nothing
+    assert b.match_prefix(tokens[: 5 * BT] + [-1] * BT, namespace="tenant-a") == 5 * BT
+    assert torch.equal(b.get(prefix_keys(tokens, BT, "tenant-a")), kv)
+    assert b.stats()["tiers"][-1]["hits"] == hits + 12  # every block came from the remote tier
+    a.check_invariants(), b.check_invariants()
+
+
+def test_a_prefix_partly_local_is_completed_from_the_remote_tier(pair):
+    a, b = pair
+    kv, tokens = blocks(6, seed=2), prompt(6, seed=2)
+    keys = prefix_keys(tokens, BT, "ns")
+    a.put_tokens(tokens, kv, namespace="ns")
+    a.wait()
+    b.put_tokens(tokens[: 2 * BT], kv[:2], namespace="ns")  # b holds the first two itself
+    exists_before = b.stats()["remote"]["exists_calls"]
+    assert b.match_prefix(tokens, namespace="ns") == len(tokens)
+    assert b.stats()["remote"]["exists_calls"] == exists_before + 1  # one batched check
+    assert torch.equal(b.get_prefix(keys), kv)
+    b.check_invariants()
+
+
+@pytest.mark.parametrize("write", list(RemoteWrite))
+def test_write_policies_decide_when_others_see_a_block(master, pair, write):
+    b = pair[1]
+    kv, tokens = blocks(2, seed=3), prompt(2, seed=3 + len(write.value))
+    keys = prefix_keys(tokens, BT, "w")
+    with open_store(remote_config(master, write=write, write_hits=2), hbm=2, dram=2, nvme=0) as a:
+        a.put_tokens(tokens, kv, namespace="w")
+        a.wait()
+        assert b.match_prefix(tokens, namespace="w") == (len(tokens) if write is RemoteWrite.THROUGH else 0)
+        a.get(keys), a.get(keys)  # two local hits: selective publishes now
+        a.wait()
+        assert b.match_prefix(tokens, namespace="w") == (0 if write is RemoteWrite.BACK else len(tokens))
+        a.put(prefix_keys(prompt(5, seed=99), BT, f"other-{write.value}"), blocks(5, seed=4))  # pushes both out of a
+        a.wait()
+        assert b.match_prefix(tokens, namespace="w") == len(tokens)  # every policy has written them now
+        assert torch.equal(b.get(keys), kv)
+        a.check_invariants()
+
+
+def _overwrite(client, name: str, value: bytes) -> None:
+    client.remove(name, True)
+    assert client.put(name, value) == 0
+
+
+@pytest.mark.parametrize("damage", ["garbage", "one_bit", "foreign_size", "removed"])
+def test_a_corrupt_foreign_or_lost_value_is_a_counted_miss_never_served(pair, damage):
+    a, b = pair
+    kv, tokens = blocks(4, seed=5), prompt(4, seed=50 + len(damage))
+    keys = prefix_keys(tokens, BT, "c")
+    a.put_tokens(tokens, kv, namespace="c")
+    a.wait()
+    client, name = a._media[-1].client, value_name(a._media[-1].tag, keys[2])
+    value = bytearray(client.get(name))
+    if damage == "garbage":
+        _overwrite(client, name, os.urandom(len(value)))
+    elif damage == "one_bit":
+        value[-7] ^= 0x10
+        _overwrite(client, name, bytes(value))
+    elif damage == "foreign_size":
+        _overwrite(client, name, bytes(value[:100]))
+    else:
+        client.remove(name, True)
+    before = dict(b.stats()["remote"])
+    found = b.match_prefix(tokens, namespace="c")  # no exception; a damaged value still exists
+    assert found == (2 * BT if damage == "removed" else 4 * BT)
+    got = b.get_prefix(keys)
+    assert len(got) == 2 and torch.equal(got, kv[:2])  # the prefix ends before the bad value
+    with pytest.raises(KeyError):
+        b.get(keys)  # get of a block that proved unreadable says so, as for a corrupt NVMe chunk
+    after = b.stats()["remote"]
+    if damage != "removed":  # a removed value is already a miss at the lookup (one exists check)
+        counter = {"garbage": "corrupt", "one_bit": "corrupt", "foreign_size": "unreadable"}[damage]
+        assert after[counter] > before[counter]  # counted as what it was
+    b.check_invariants()
+
+
+def test_remote_serve_prints_the_addresses_and_stops_its_master_on_sigterm():
+    command = "import sys; from tiercache.cli import main; sys.exit(main(['remote-serve', '--json']))"
+    serve = subprocess.Popen([sys.executable, "-c", command], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        printed = json.loads(serve.stdout.readline())
+        assert set(printed) == {"master", "metadata", "pid"}
+        addresses = SimpleNamespace(master=printed["master"], metadata=printed["metadata"])
+        with open_store(remote_config(addresses)) as a:
+            a.put_tokens(prompt(2, seed=13), blocks(2, seed=13), namespace="serve")
+            a.wait()
+            assert a.stats()["remote"]["puts"] == 2  # a client reached the master it printed
+        serve.send_signal(signal.SIGTERM)
+        serve.wait(timeout=20)
+        with pytest.raises(ProcessLookupError):
+            os.kill(printed["pid"], 0)  # stopped and reaped by remote-serve on its way out
+    finally:
+        if serve.poll() is None:
+            serve.kill()
+

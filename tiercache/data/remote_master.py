@@ -1,0 +1,116 @@
+"""Starting and stopping a ``mooncake_master`` (with its HTTP metadata server) on free ports.
+
+Used by ``tiercache remote-serve``, the tests' fixture and the benchmark: one function
+that finds the executable the Mooncake wheel installed, picks free ports, starts the
+master, waits until it accepts connections, and returns the addresses a client needs.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+from tiercache.errors import UserError
+
+__all__ = ["MasterProcess", "find_master", "start_master", "free_port"]
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` now (the OS picks it)."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def find_master() -> str:
+    """Path of ``mooncake_master``: beside this Python (a venv's bin), else on PATH.
+
+    Raises:
+        UserError: not installed; the message says how to install it.
+    """
+    beside = os.path.join(os.path.dirname(sys.executable), "mooncake_master")
+    found = beside if os.access(beside, os.X_OK) else shutil.which("mooncake_master")
+    if found is None:
+        raise UserError("mooncake_master not found: pip install -e '.[remote]' (Mooncake Store; "
+                        "needs the Debian packages libibverbs1 libnuma1)")
+    return found
+
+
+@dataclass
+class MasterProcess:
+    """A running master: ``master`` (``host:rpc_port``) and ``metadata`` (URL) are what a
+    client's ``RemoteConfig`` needs; ``stop`` ends it by its pid."""
+
+    process: subprocess.Popen
+    host: str
+    rpc_port: int
+    metadata_port: int
+    metrics_port: int
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @property
+    def master(self) -> str:
+        return f"{self.host}:{self.rpc_port}"
+
+    @property
+    def metadata(self) -> str:
+        return f"http://{self.host}:{self.metadata_port}/metadata"
+
+    def stop(self, kill: bool = False, timeout: float = 10.0) -> None:
+        """Ends the master (SIGTERM, or SIGKILL with ``kill`` or after ``timeout``)."""
+        if self.process.poll() is not None:
+            return
+        os.kill(self.pid, signal.SIGKILL if kill else signal.SIGTERM)
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.kill(self.pid, signal.SIGKILL)
+            self.process.wait()
+
+
+def master_command(host: str, rpc_port: int, metadata_port: int, metrics_port: int, extra: tuple[str, ...] = ()) -> list[str]:
+    """The ``mooncake_master`` command line (the README shows the same)."""
+    return [find_master(), "--enable_http_metadata_server=true", f"--http_metadata_server_host={host}",
+            f"--http_metadata_server_port={metadata_port}", f"--rpc_address={host}", f"--rpc_port={rpc_port}",
+            f"--metrics_host={host}", f"--metrics_port={metrics_port}", *extra]
+
+
+def start_master(host: str = "127.0.0.1", ports: tuple[int, int, int] | None = None, log: str | None = None,
+                 extra: tuple[str, ...] = (), wait_s: float = 30.0) -> MasterProcess:
+    """Starts a master on free ports (or the given ``(rpc, metadata, metrics)`` ports, to
+    restart one where its clients expect it) and waits until both servers accept.
+
+    Raises:
+        UserError: not installed, or it exited or did not answer within ``wait_s``.
+    """
+    rpc, metadata, metrics = ports or (free_port(host), free_port(host), free_port(host))
+    out = open(log, "ab") if log else subprocess.DEVNULL
+    process = subprocess.Popen(master_command(host, rpc, metadata, metrics, extra), stdout=out, stderr=subprocess.STDOUT,
+                               stdin=subprocess.DEVNULL)
+    if log:
+        out.close()
+    started = MasterProcess(process, host, rpc, metadata, metrics)
+    deadline = time.monotonic() + wait_s
+    while not (_accepts(host, rpc) and _accepts(host, metadata)):
+        if process.poll() is not None or time.monotonic() > deadline:
+            started.stop(kill=True)
+            raise UserError(f"mooncake_master did not start on {host}:{rpc} (exit status {process.poll()}); see {log or 'its log'}")
+        time.sleep(0.05)
+    return started
+
+
+def _accepts(host: str, port: int) -> bool:
+    try:
+        socket.create_connection((host, port), timeout=0.2).close()
+        return True
+    except OSError:
+        return False

@@ -1,0 +1,241 @@
+"""Fleet replay: a request trace over N engine instances plus one shared remote tier.
+
+Each instance runs the live manager (``TierManager`` with ``SimEngine``) over its private
+local tiers and, with a shared tier, a last ``remote`` tier: its *view* of the shared store,
+exactly as the live store keeps one (``shared_last``). The shared store itself is one more
+manager of one tier (capacity ``remote_blocks``, the fleet's policy), standing in for the
+Mooncake master and its eviction. Per request, in prefix semantics (``tiercache replay``'s):
+
+1. the instance checks the store for the blocks its local tiers miss (the live store's one
+   batched existence check): the leading run the store holds joins its view, view entries
+   the store evicted leave it;
+2. the longest prefix found locally or in the store is read (local hits per tier, remote
+   hits promoted into HBM through the manager's move API) and touched in the store;
+3. the rest is recomputed and stored locally, and written to the store at once
+   (``remote_write=through``, the live default), the instance's view included; a victim of
+   the last local tier that the store no longer holds is written back when it is demoted
+   into the view (as the live remote tier's demotion puts it).
+
+Routing: ``round_robin`` (request ``i`` to instance ``i % N``) or ``prefix_affinity`` (by a
+stable hash of the request's first block, so requests sharing a prefix meet). Results
+carry each instance's per-tier hits (``remote`` = shared-tier hits) and the store's own
+counters; ``shared=False`` runs the same fleet on private tiers alone (the baseline).
+With a hardware profile (``with_network`` for the remote links) each instance also carries
+modeled busy seconds per link and TTFT saved: prefill time of the tokens it reused minus
+the modeled seconds of the loads that brought them (remote -> DRAM -> HBM included),
+counted serially, as ``tiercache replay`` does.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from tiercache.config import KVLayout, TierConfig
+from tiercache.core.manager import TierManager
+from tiercache.core.stats import HierarchyStats
+from tiercache.policies import make_admission, make_eviction
+from tiercache.policies.base import AdmissionPolicy
+
+from .engine import SimEngine
+from .hardware import HardwareProfile
+from .loader import Trace
+from .traces import MOONCAKE_BLOCK_TOKENS
+
+__all__ = ["Route", "FleetSpec", "replay_fleet"]
+
+
+class Route(enum.Enum):
+    """How requests are spread over the instances."""
+
+    ROUND_ROBIN = "round_robin"
+    PREFIX_AFFINITY = "prefix_affinity"
+
+
+@dataclass(frozen=True)
+class FleetSpec:
+    """A fleet: ``instances`` engines with private ``tiers`` and a shared tier of
+    ``remote_blocks`` (0: none), one eviction ``policy`` everywhere, a ``route``."""
+
+    instances: int
+    tiers: tuple[TierConfig, ...]
+    remote_blocks: int
+    route: Route = Route.ROUND_ROBIN
+    policy: str = "lru"
+
+    def __post_init__(self) -> None:
+        if self.instances < 1:
+            raise ValueError(f"FleetSpec.instances must be at least 1, got {self.instances}")
+        if not self.tiers or any(t.name == "remote" for t in self.tiers):
+            raise ValueError("FleetSpec.tiers: the private tiers (hbm[, dram][, nvme]); the shared one is remote_blocks")
+        if self.remote_blocks < 0:
+            raise ValueError(f"FleetSpec.remote_blocks must be non-negative, got {self.remote_blocks}")
+
+
+class _Recording(AdmissionPolicy):
+    """The view's admission: admits every victim and records it (to write it back)."""
+
+    name = "always"
+
+    def __init__(self) -> None:
+        self.admitted: list[int] = []
+
+    def admit(self, ids) -> list[bool]:
+        self.admitted.extend(ids)
+        return [True] * len(ids)
+
+
+class _Instance:
+    """One engine: its manager (private tiers + view of the store), counters, requests."""
+
+    def __init__(self, spec: FleetSpec, shared: bool, block_bytes: int | None, profile: HardwareProfile | None) -> None:
+        tiers = [(t.name, t.capacity_blocks) for t in spec.tiers] + ([("remote", spec.remote_blocks)] if shared else [])
+        self.engine = SimEngine(tuple(n for n, _ in tiers), block_bytes, profile)
+        self.demoted = _Recording()
+        admissions = [make_admission("always") for _ in spec.tiers] + ([self.demoted] if shared else [])
+        self.manager = TierManager(tiers, [make_eviction(spec.policy, c) for _, c in tiers], admissions,
+                                   engine=self.engine, shared_last=shared)
+        self.stats = HierarchyStats.for_tiers(tiers)
+        self.requests = 0
+        self.saved_tokens = 0
+        self.remote = len(tiers) - 1 if shared else None
+
+    def consume(self) -> None:
+        self.stats.consume(self.manager.events.drain())
+
+
+class _Store:
+    """The shared store: one tier of ``capacity`` blocks under the fleet's policy."""
+
+    def __init__(self, capacity: int, policy: str) -> None:
+        self.manager = TierManager([("remote", capacity)], [make_eviction(policy, capacity)], [make_admission("always")])
+        self.slot_of = self.manager.dirs[0].slot_of
+        self.writes = 0
+
+    def holds(self, block_id: int) -> bool:
+        return block_id in self.slot_of
+
+    def write_back(self, ids: list[int]) -> None:
+        """Victims demoted into a view: written only if the store lost them meanwhile."""
+        self.touch_or_store([b for b in dict.fromkeys(ids) if b not in self.slot_of])
+
+    def touch_or_store(self, ids: list[int]) -> None:
+        """Reads refresh, new blocks are written (evicting as the policy says)."""
+        self.writes += sum(1 for b in ids if b not in self.slot_of)
+        self.manager.access(ids)
+        self.manager.events.drain()
+
+
+def _refresh_view(instance: _Instance, store: _Store, run: list[int]) -> None:
+    """Step 1: the view agrees with the store for the part of ``run`` not held locally."""
+    m, remote = instance.manager, instance.remote
+    where = [m.locate(b) for b in run]
+    stale = [b for b, t in zip(run, where) if t == remote and not store.holds(b)]
+    if stale:
+        m.evict(stale)
+    adopt = []
+    for block_id, tier in zip(run, where):
+        if tier is None or tier == remote:
+            if not store.holds(block_id):
+                break
+            if tier is None:
+                adopt.append(block_id)
+    adopt = list(dict.fromkeys(adopt))
+    if adopt:
+        instance.consume()  # count what came before; the adoption below is not traffic
+        m.make_room(remote, min(len(adopt), m.dirs[remote].capacity), frozenset(adopt))
+        adopt = adopt[: m.dirs[remote].n_free]
+        m.restore(remote, adopt)
+        m.events.drain()  # adoption is a lookup, not traffic
+
+
+def _request(instance: _Instance, store: _Store | None, run: list[int], input_length: int) -> int:
+    """One request in prefix semantics; returns the blocks reused (hits)."""
+    m = instance.manager
+    if store is not None:
+        _refresh_view(instance, store, run)
+    hit = m.prefix_length(run)
+    from_store = [b for b in run[:hit] if m.locate(b) == instance.remote] if store is not None else []
+    m.access(run[:hit])
+    m.access(run[hit:], count_hits=False)
+    if store is not None:
+        store.touch_or_store(from_store + run[hit:])
+        m.publish(run[hit:])  # through: the new blocks are in the store, and in the view
+        m.wait_all()
+        store.write_back(instance.demoted.admitted)
+        instance.demoted.admitted.clear()
+    instance.requests += 1
+    instance.saved_tokens += min(hit * MOONCAKE_BLOCK_TOKENS, input_length)
+    return hit
+
+
+def _route(route: Route, request: int, first_block: int, n: int) -> int:
+    if route is Route.ROUND_ROBIN:
+        return request % n
+    return (first_block * 0x9E3779B97F4A7C15 >> 17) % n  # a stable mix of the first block's id
+
+
+def replay_fleet(spec: FleetSpec, trace: Trace, layout: KVLayout | None = None, shared: bool = True,
+                 profile: HardwareProfile | None = None) -> dict:
+    """Replays ``trace`` over the fleet; returns per-instance and shared-tier results.
+
+    With ``layout`` the results carry bytes per link (blocks of ``layout.block_bytes``);
+    with ``profile`` (which needs a layout) modeled seconds per link and TTFT saved.
+    """
+    if profile is not None and layout is None:
+        raise ValueError("replay_fleet: a hardware profile needs a layout (bytes per block)")
+    shared = shared and spec.remote_blocks > 0
+    block_bytes = layout.block_bytes if layout else None
+    instances = [_Instance(spec, shared, block_bytes, profile) for _ in range(spec.instances)]
+    store = _Store(spec.remote_blocks, spec.policy) if shared else None
+    ids, offsets, lengths = trace.ids.tolist(), trace.offsets.tolist(), trace.input_lengths
+    for request in range(trace.records):
+        run = ids[offsets[request] : offsets[request + 1]]
+        if not run:
+            continue
+        instance = instances[_route(spec.route, request, run[0], spec.instances)]
+        _request(instance, store, run, int(lengths[request]))
+        if request % 256 == 255:
+            for each in instances:
+                each.consume()
+    for each in instances:
+        each.consume()
+        each.manager.check_invariants()
+    return _results(spec, instances, store, block_bytes, profile)
+
+
+_SPEED = {"hbm": 0, "dram": 1, "nvme": 2, "remote": 3}
+
+
+def _timing(instance: _Instance, profile: HardwareProfile | None) -> dict:
+    """Modeled busy seconds per link and TTFT saved (None without a profile)."""
+    if profile is None:
+        return {"link_seconds": None, "ttft_saved_s": None}
+    usage = instance.engine.usage
+    loads = sum(u.seconds for link, u in usage.items() if _SPEED[link.split("->")[1]] < _SPEED[link.split("->")[0]])
+    saved = instance.saved_tokens / profile.require_prefill().prefill_tokens_per_s - loads
+    return {"link_seconds": {link: round(u.seconds, 6) for link, u in sorted(usage.items())}, "ttft_saved_s": round(saved, 6)}
+
+
+def _results(spec: FleetSpec, instances: list[_Instance], store: _Store | None, block_bytes: int | None,
+             profile: HardwareProfile | None) -> dict:
+    rows = []
+    for index, instance in enumerate(instances):
+        stats = instance.stats
+        tiers = {t.name: t.hits for t in stats.tiers}
+        moved = {f"{stats.tiers[s].name}->{stats.tiers[d].name}": n for (s, d), n in stats.blocks_moved().items()}
+        rows.append({"instance": index, "requests": instance.requests, "accesses": stats.accesses, "hits": stats.hits,
+                     "misses": stats.misses, "tier_hits": tiers, "shared_hits": tiers.get("remote", 0),
+                     "blocks_moved": moved, "prefill_tokens_saved": instance.saved_tokens,
+                     "bytes_moved": None if block_bytes is None else {k: v * block_bytes for k, v in moved.items()},
+                     **_timing(instance, profile)})
+    accesses, hits = sum(r["accesses"] for r in rows), sum(r["hits"] for r in rows)
+    return {"instances": rows, "route": spec.route.value, "policy": spec.policy,
+            "tiers": {t.name: t.capacity_blocks for t in spec.tiers}, "remote_blocks": spec.remote_blocks if store else 0,
+            "accesses": accesses, "hits": hits, "hit_ratio": hits / accesses if accesses else 0.0,
+            "shared_hits": sum(r["shared_hits"] for r in rows),
+            "prefill_tokens_saved": sum(r["prefill_tokens_saved"] for r in rows),
+            "ttft_saved_s": None if profile is None else round(sum(r["ttft_saved_s"] for r in rows), 6),
+            "hardware": None if profile is None else profile.name,
+            "store": None if store is None else {"capacity": spec.remote_blocks, "resident": len(store.slot_of),
+                                                  "writes": store.writes}}
