@@ -102,7 +102,8 @@ class Codec(enum.Enum):
     """How a tier stores the bytes of a block: as given, or quantised.
 
     ``NONE`` keeps the layout's dtype. ``INT8``: keys per channel, values per token (KIVI).
-    ``FP8``: e4m3 with one scale per block half. ``INT4``: groups of 64, two codes a byte.
+    ``FP8``: e4m3 with one scale per block half, the 4 largest key channels kept exact.
+    ``INT4``: groups of 64, two codes a byte.
     The codecs themselves are data-plane (``tiercache.data.codecs``); this is only the name.
     """
 

@@ -9,7 +9,8 @@ block's device) and back, in plain vectorised torch (no Python loop over tokens 
 * ``INT8``: symmetric; K with one scale per (head, channel) over groups of up to 64 tokens, V
   with one per (head, token) over groups of up to 64 channels (keys have outlier channels,
   values do not: KIVI). fp16 scales.
-* ``FP8``: e4m3 (``torch.float8_e4m3fn``), one fp32 scale per half (K, V) of each layer.
+* ``FP8``: e4m3 (``torch.float8_e4m3fn``), one fp32 scale per half (K, V) of each layer;
+  per head, the 4 key channels of largest absmax are kept exact in the block's dtype.
 * ``INT4``: asymmetric, groups of up to 64 (K: along tokens, per channel, as KIVI; V: along
   head_dim, per token), an fp16 scale and a uint8 zero point per group, two codes per byte.
 
@@ -280,23 +281,48 @@ def _sym_scale16(grouped: torch.Tensor, dim: int) -> torch.Tensor:
 
 
 class Fp8Codec(BlockCodec):
-    """FP8 e4m3; one scale per (leading index, K/V half) maps its absmax to 448."""
+    """FP8 e4m3 with the few largest key channels kept exact.
+
+    Per (leading index, head) of a block, the ``_OUTLIERS`` key channels of largest absmax
+    are stored in the block's dtype (their e4m3 codes are 0); everything else is e4m3, one
+    fp32 scale per (leading index, K/V half) mapping its absmax to 448.
+
+    Why the outlier channels: e4m3's error is relative (3 mantissa bits), so the keys of the
+    tokens that attention weighs most (large values in the outlier channels) carry the
+    largest absolute errors; with those channels exact, the logit error comes from the
+    small channels only (decode attention error 0.052 -> ~0.03 on the synthetic KV, for
+    4/256 of the fp16 bytes at head_dim 128).
+    """
 
     codec = Codec.FP8
     _MAX = 448.0  # largest finite float8_e4m3fn
+    _OUTLIERS = 4
 
     def parts(self, shape, dtype):
-        lead, _, _, _ = _halves(shape)
-        return (Part("codes", shape, torch.float8_e4m3fn), Part("scale", (*lead, 2, 1, 1, 1), torch.float32))
+        lead, heads, tokens, dim = _halves(shape)
+        n = min(self._OUTLIERS, dim)
+        return (Part("codes", shape, torch.float8_e4m3fn), Part("scale", (*lead, 2, 1, 1, 1), torch.float32),
+                Part("k_outliers", (*lead, heads, tokens, n), dtype),
+                Part("k_channels", (*lead, heads, 1, n), torch.int16))
 
     def _encode(self, block):
-        amax = block.abs().amax(dim=(-3, -2, -1), keepdim=True).float()
-        scale = _sym_scale(amax, self._MAX)
-        x = torch.div(block, scale).clamp_(-self._MAX, self._MAX)  # clamp: rounding may pass 448
-        return x.to(torch.float8_e4m3fn), (scale,)
+        k = block.select(-4, 0)
+        n = min(self._OUTLIERS, k.shape[-1])
+        channels = k.abs().amax(dim=-2, keepdim=True).topk(n, dim=-1, sorted=False).indices.sort(dim=-1).values
+        index = channels.expand(*k.shape[:-1], n)
+        outliers = k.gather(-1, index)
+        x = block.to(torch.float32, copy=True)
+        x.select(-4, 0).scatter_(-1, index, 0.0)
+        scale = _sym_scale(x.abs().amax(dim=(-3, -2, -1), keepdim=True), self._MAX)
+        x.div_(scale).clamp_(-self._MAX, self._MAX)  # clamp: rounding may pass 448
+        return x.to(torch.float8_e4m3fn), (scale, outliers.contiguous(), channels.to(torch.int16))
 
     def _decode(self, q, out):
-        torch.mul(fp8_as_fp16(q.payload), q.scales[0] * 256, out=out)
+        scale, outliers, channels = q.scales
+        torch.mul(fp8_as_fp16(q.payload), scale * 256, out=out)
+        k = out.select(-4, 0)
+        index = channels.long().expand(*k.shape[:-1], channels.shape[-1])
+        k.scatter_(-1, index, outliers.to(out.dtype))
 
 
 def fp8_as_fp16(codes: torch.Tensor) -> torch.Tensor:
