@@ -29,6 +29,7 @@ IMPORT_TO_DIST = {
     "psutil": "psutil",
     "tqdm": "tqdm",
     "matplotlib": "matplotlib",
+    "numba": "numba",
     "torch": "torch",
     "cupy": "cupy-cuda12x",
     "libcachesim": "libcachesim",

@@ -3,7 +3,9 @@
 A block tensor is ``[..., 2, kv_heads, block_tokens, head_dim]`` (``KVLayout.block_shape``:
 a leading layers dim, or any other leading dims); index 0 of the ``2`` dim is K, index 1 is V.
 Each codec turns it into a ``QuantizedBlock`` (a payload and its scales, all tensors on the
-block's device) and back, in plain vectorised torch (no Python loop over tokens or heads):
+block's device) and back. The reference is plain vectorised torch (``encode_reference``,
+``decode_reference``; any device); on the CPU, fp16 and bf16 blocks take compiled loops
+(``codec_kernels``) that give bit-identical results in one pass over the block:
 
 * ``NONE``: the block as given (identity).
 * ``INT8``: symmetric; K with one scale per (head, channel) over groups of up to 64 tokens, V
@@ -27,10 +29,12 @@ import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from ..config import Codec, KVLayout
 from ..errors import UserError
+from . import codec_kernels as kernels
 
 __all__ = ["Part", "QuantizedBlock", "BlockCodec", "codec_for", "check_block", "FLOAT_DTYPES"]
 
@@ -113,6 +117,19 @@ def _sym_scale(amax: torch.Tensor, qmax: float) -> torch.Tensor:
     return torch.where(scale > 0, scale, torch.ones_like(scale))
 
 
+def _fast_input(block: torch.Tensor) -> tuple[np.ndarray, bool] | None:
+    """``(uint16 bits [n, 2, heads, tokens, dim], is_bf16)`` of a contiguous CPU fp16 or bf16
+    block, what the compiled loops read and write; None for any other block."""
+    if block.dtype not in (torch.float16, torch.bfloat16) or block.device.type != "cpu" or not block.is_contiguous():
+        return None
+    return block.view(torch.int16).numpy().view(np.uint16).reshape(-1, *block.shape[-4:]), block.dtype == torch.bfloat16
+
+
+def _f32(t: torch.Tensor, *shape: int) -> np.ndarray:
+    """A small CPU tensor (scales, zero points) as a float32 numpy array of ``shape``."""
+    return t.to(torch.float32).reshape(shape).numpy()
+
+
 class BlockCodec(ABC):
     """Encodes blocks into ``QuantizedBlock`` and back; one stateless instance per codec."""
 
@@ -130,12 +147,33 @@ class BlockCodec(ABC):
     def _decode(self, q: QuantizedBlock, out: torch.Tensor) -> None:
         """Writes the dequantised block into ``out`` (checked: same shape as ``q``)."""
 
+    def _encode_fast(self, block: torch.Tensor, x: np.ndarray, bf16: bool):
+        """``(payload, scales)`` from compiled loops, or None where the codec has none.
+        ``x`` is the block's uint16 bits ``[n, 2, heads, tokens, dim]`` (fp16, or bf16)."""
+        return None
+
+    def _decode_fast(self, q: QuantizedBlock, out: np.ndarray, bf16: bool) -> bool:
+        """Dequantises into the uint16 bits ``out`` ``[n, 2, heads, tokens, dim]`` (fp16, or
+        bf16) with compiled loops; False where the codec has none."""
+        return False
+
+    def _finish(self, q: QuantizedBlock, out: torch.Tensor) -> None:
+        """What the fast decode leaves to torch (the exact FP8 key channels)."""
+
     def encode(self, block: torch.Tensor) -> QuantizedBlock:
         """Quantises ``block`` (``[..., 2, heads, tokens, head_dim]``, fp16/bf16/fp32).
 
         Raises:
             UserError: ``block`` is not such a tensor.
         """
+        check_block(block)
+        fast = _fast_input(block)
+        encoded = None if fast is None else self._encode_fast(block, *fast)
+        payload, scales = self._encode(block) if encoded is None else encoded
+        return QuantizedBlock(self.codec, tuple(block.shape), block.dtype, payload, scales)
+
+    def encode_reference(self, block: torch.Tensor) -> QuantizedBlock:
+        """``encode`` in plain torch (the reference the compiled loops are checked against)."""
         check_block(block)
         payload, scales = self._encode(block)
         return QuantizedBlock(self.codec, tuple(block.shape), block.dtype, payload, scales)
@@ -146,13 +184,26 @@ class BlockCodec(ABC):
         Raises:
             UserError: ``q`` is another codec's, or ``out`` is not a float tensor of ``q.shape``.
         """
+        self._check_decode(q, out)
+        fast = _fast_input(out) if q.payload.device.type == "cpu" else None
+        if fast is None or not self._decode_fast(q, *fast):
+            self._decode(q, out)
+            return out
+        self._finish(q, out)
+        return out
+
+    def decode_reference(self, q: QuantizedBlock, out: torch.Tensor) -> torch.Tensor:
+        """``decode`` in plain torch (the reference the compiled loops are checked against)."""
+        self._check_decode(q, out)
+        self._decode(q, out)
+        return out
+
+    def _check_decode(self, q: QuantizedBlock, out: torch.Tensor) -> None:
         if not isinstance(q, QuantizedBlock) or q.codec is not self.codec:
             raise UserError(f"decode: expected a {self.codec.value} QuantizedBlock, got {getattr(q, 'codec', q)!r}")
         check_block(out, "out")
         if tuple(out.shape) != q.shape:
             raise UserError(f"decode: out has shape {tuple(out.shape)}, the block {q.shape}")
-        self._decode(q, out)
-        return out
 
     def nbytes_of(self, shape: tuple[int, ...], dtype: torch.dtype) -> int:
         """Exact bytes of an encoded block of ``shape``/``dtype``, scales included."""
@@ -265,6 +316,28 @@ class Int8Codec(BlockCodec):
         v.div_(v_scale.float())
         return x.round_().clamp_(-127, 127).to(torch.int8), (k_scale, v_scale)
 
+    def _encode_fast(self, block, x, bf16):
+        n, _, heads, tokens, dim = x.shape
+        gk, gv = _group(tokens), _group(dim)
+        k_amax = torch.zeros(n, heads, tokens // gk, dim)
+        v_amax = torch.zeros(n, heads, tokens, dim // gv)
+        kernels.group_amax(x, bf16, gk, gv, k_amax.numpy(), v_amax.numpy())
+        lead = block.shape[:-4]
+        k_scale = _scale16(k_amax, 127).view(*lead, heads, tokens // gk, 1, dim)
+        v_scale = _scale16(v_amax, 127).view(*lead, heads, tokens, dim // gv, 1)
+        codes = torch.empty(block.shape, dtype=torch.int8)
+        kernels.int8_encode(x, bf16, gk, gv, _f32(k_scale, n, heads, tokens // gk, dim),
+                            _f32(v_scale, n, heads, tokens, dim // gv), codes.numpy().reshape(x.shape))
+        return codes, (k_scale, v_scale)
+
+    def _decode_fast(self, q, out, bf16):
+        n, _, heads, tokens, dim = out.shape
+        gk, gv = _group(tokens), _group(dim)
+        k_scale, v_scale = q.scales
+        kernels.int8_decode(q.payload.numpy().reshape(out.shape), gk, gv, _f32(k_scale, n, heads, tokens // gk, dim),
+                            _f32(v_scale, n, heads, tokens, dim // gv), bf16, out)
+        return True
+
     def _decode(self, q, out):
         k_scale, v_scale = q.scales
         x = q.payload.to(torch.float32)
@@ -276,7 +349,12 @@ class Int8Codec(BlockCodec):
 def _sym_scale16(grouped: torch.Tensor, dim: int) -> torch.Tensor:
     """fp16 ``absmax / 127`` per group along ``dim`` (1 for an all-zero group); codes are
     computed with this rounded scale, so the rounding adds no error."""
-    scale = (grouped.abs().amax(dim=dim, keepdim=True).float() / 127).to(torch.float16)
+    return _scale16(grouped.abs().amax(dim=dim, keepdim=True).float(), 127)
+
+
+def _scale16(amax: torch.Tensor, qmax: int) -> torch.Tensor:
+    """fp16 ``amax / qmax`` (float32 division first), 1 where it is 0."""
+    scale = (amax / qmax).to(torch.float16)
     return torch.where(scale > 0, scale, torch.ones_like(scale))
 
 
@@ -307,9 +385,8 @@ class Fp8Codec(BlockCodec):
 
     def _encode(self, block):
         k = block.select(-4, 0)
-        n = min(self._OUTLIERS, k.shape[-1])
-        channels = k.abs().amax(dim=-2, keepdim=True).topk(n, dim=-1, sorted=False).indices.sort(dim=-1).values
-        index = channels.expand(*k.shape[:-1], n)
+        channels = self._outlier_channels(k.abs().amax(dim=-2, keepdim=True))
+        index = channels.expand(*k.shape[:-1], channels.shape[-1])
         outliers = k.gather(-1, index)
         x = block.to(torch.float32, copy=True)
         x.select(-4, 0).scatter_(-1, index, 0.0)
@@ -317,12 +394,40 @@ class Fp8Codec(BlockCodec):
         x.div_(scale).clamp_(-self._MAX, self._MAX)  # clamp: rounding may pass 448
         return x.to(torch.float8_e4m3fn), (scale, outliers.contiguous(), channels.to(torch.int16))
 
+    def _outlier_channels(self, amax: torch.Tensor) -> torch.Tensor:
+        """The ``_OUTLIERS`` channels of largest ``amax`` (``[..., heads, 1, dim]``), ascending."""
+        n = min(self._OUTLIERS, amax.shape[-1])
+        return amax.topk(n, dim=-1, sorted=False).indices.sort(dim=-1).values
+
+    def _encode_fast(self, block, x, bf16):
+        n, _, heads, tokens, dim = x.shape
+        lead = block.shape[:-4]
+        amax = torch.zeros(n, heads, dim)
+        kernels.channel_amax(x, bf16, amax.numpy())
+        channels = self._outlier_channels(amax.view(*lead, heads, 1, dim))
+        k = block.select(-4, 0)
+        outliers = k.gather(-1, channels.expand(*k.shape[:-1], channels.shape[-1]))
+        keep = torch.ones(n, heads, dim).scatter_(-1, channels.reshape(n, heads, -1), 0.0).numpy()
+        half_amax = torch.zeros(n, 2)
+        kernels.fp8_amax(x, bf16, keep, half_amax.numpy())
+        scale = _sym_scale(half_amax, self._MAX)
+        codes = torch.empty(block.shape, dtype=torch.float8_e4m3fn)
+        kernels.fp8_encode(x, bf16, keep, scale.numpy(), codes.view(torch.uint8).numpy().reshape(x.shape))
+        return codes, (scale.view(*lead, 2, 1, 1, 1), outliers.contiguous(), channels.to(torch.int16))
+
     def _decode(self, q, out):
-        scale, outliers, channels = q.scales
-        torch.mul(fp8_as_fp16(q.payload), scale * 256, out=out)
+        torch.mul(fp8_as_fp16(q.payload), q.scales[0] * 256, out=out)
+        self._finish(q, out)
+
+    def _decode_fast(self, q, out, bf16):
+        scale256 = (q.scales[0] * 256).reshape(out.shape[0], 2).numpy()
+        kernels.fp8_decode(q.payload.view(torch.uint8).numpy().reshape(out.shape), kernels.LUT_FP8_DIV256, scale256, bf16, out)
+        return True
+
+    def _finish(self, q, out):
+        _, outliers, channels = q.scales
         k = out.select(-4, 0)
-        index = channels.long().expand(*k.shape[:-1], channels.shape[-1])
-        k.scatter_(-1, index, outliers.to(out.dtype))
+        k.scatter_(-1, channels.long().expand(*k.shape[:-1], channels.shape[-1]), outliers.to(out.dtype))
 
 
 def fp8_as_fp16(codes: torch.Tensor) -> torch.Tensor:
@@ -341,8 +446,12 @@ def fp8_as_fp16(codes: torch.Tensor) -> torch.Tensor:
 def _asym_params(grouped: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``(scale fp16, zero uint8)`` per group along ``dim``; the range always holds 0, so the
     zero point lies in [0, 15] and an exact 0 stays exact."""
-    lo = grouped.amin(dim=dim, keepdim=True).float().clamp_(max=0)
-    hi = grouped.amax(dim=dim, keepdim=True).float().clamp_(min=0)
+    return _asym_from(grouped.amin(dim=dim, keepdim=True).float(), grouped.amax(dim=dim, keepdim=True).float())
+
+
+def _asym_from(lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``_asym_params`` from each group's float32 min and max."""
+    lo, hi = lo.clamp(max=0), hi.clamp(min=0)
     scale = ((hi - lo) / 15).to(torch.float16)
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))
     zero = (-lo / scale.float()).round_().clamp_(0, 15).to(torch.uint8)
@@ -391,6 +500,35 @@ class Int4Codec(BlockCodec):
         _quantise4(k, _k_groups(x.select(-4, 0)), k_scale, k_zero)
         _quantise4(v, _v_groups(x.select(-4, 1)), v_scale, v_zero)
         return _pack4(x.to(torch.uint8)), (k_scale, k_zero, v_scale, v_zero)
+
+    def _encode_fast(self, block, x, bf16):
+        n, _, heads, tokens, dim = x.shape
+        if dim % 2:
+            return None  # the kernel packs the two codes of a byte from one row
+        gk, gv = _group(tokens), _group(dim)
+        k_lo, k_hi = torch.full((n, heads, tokens // gk, dim), math.inf), torch.full((n, heads, tokens // gk, dim), -math.inf)
+        v_lo, v_hi = torch.empty(n, heads, tokens, dim // gv), torch.empty(n, heads, tokens, dim // gv)
+        kernels.group_minmax(x, bf16, gk, gv, k_lo.numpy(), k_hi.numpy(), v_lo.numpy(), v_hi.numpy())
+        lead = block.shape[:-4]
+        k_scale, k_zero = (t.view(*lead, heads, tokens // gk, 1, dim) for t in _asym_from(k_lo, k_hi))
+        v_scale, v_zero = (t.view(*lead, heads, tokens, dim // gv, 1) for t in _asym_from(v_lo, v_hi))
+        packed = torch.empty(block.numel() // 2, dtype=torch.uint8)
+        kernels.int4_encode(x, bf16, gk, gv, _f32(k_scale, n, heads, tokens // gk, dim), _f32(k_zero, n, heads, tokens // gk, dim),
+                            _f32(v_scale, n, heads, tokens, dim // gv), _f32(v_zero, n, heads, tokens, dim // gv),
+                            packed.numpy().reshape(n, 2, heads, tokens, dim // 2))
+        return packed, (k_scale, k_zero, v_scale, v_zero)
+
+    def _decode_fast(self, q, out, bf16):
+        n, _, heads, tokens, dim = out.shape
+        if dim % 2:
+            return False
+        gk, gv = _group(tokens), _group(dim)
+        k_scale, k_zero, v_scale, v_zero = q.scales
+        kernels.int4_decode(q.payload.numpy().reshape(n, 2, heads, tokens, dim // 2), gk, gv,
+                            _f32(k_scale, n, heads, tokens // gk, dim), _f32(k_zero, n, heads, tokens // gk, dim),
+                            _f32(v_scale, n, heads, tokens, dim // gv), _f32(v_zero, n, heads, tokens, dim // gv),
+                            bf16, out)
+        return True
 
     def _decode(self, q, out):
         k_scale, k_zero, v_scale, v_zero = q.scales

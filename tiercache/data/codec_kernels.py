@@ -1,0 +1,340 @@
+"""Compiled (numba) loops of the block codecs' hot paths, on the CPU.
+
+Each kernel fuses what the torch reference in ``codecs.py`` does in several passes over the
+block (reduce, divide, round, clamp, cast, pack), and computes every value with the same
+float32 operations in the same order, so its output is bit-identical to the reference
+(``tests/test_codec_kernels.py`` checks that on fresh random blocks). The small per-group
+arithmetic (fp16 rounding of scales, zero points, top-k of channels) stays in torch: it
+touches one value per group, not per element.
+
+Blocks come in and go out as the uint16 bits of fp16 or bf16 ``[n, 2, heads, tokens, dim]``
+(K then V; ``bf16`` says which), converted to and from float32 one row of ``dim`` values at
+a time in a scratch row (``_load``/``_store``: exact, and rounded to nearest even as torch
+rounds). Every inner loop runs over one contiguous row, so LLVM vectorises it. Kernels release the GIL (``nogil``) so the NVMe store's I/O threads encode and decode
+blocks in parallel; they are single-threaded themselves (numba's default thread pool may
+not be entered from several threads at once).
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+__all__ = ["LUT_FP8_DIV256", "group_amax", "int8_encode", "int8_decode", "group_minmax", "int4_encode",
+           "int4_decode", "channel_amax", "fp8_amax", "fp8_encode", "fp8_decode"]
+
+# error_model "numpy": no ZeroDivisionError check per division (it stops LLVM vectorising;
+# scales are never 0: an all-zero group gets scale 1).
+_JIT = dict(nogil=True, cache=True, boundscheck=False, error_model="numpy")
+
+
+def _fp8_table() -> np.ndarray:
+    """float32 value of every e4m3 code divided by 256 (the fp16 value ``fp8_as_fp16``
+    makes); the NaN codes stay NaN."""
+    code = np.arange(256)
+    exp, man = (code >> 3) & 15, code & 7
+    mag = np.where(exp == 0, man / 8.0 * 2.0**-6, (1 + man / 8.0) * 2.0 ** (exp - 7.0))
+    mag = np.where((exp == 15) & (man == 7), np.nan, mag)
+    return (np.where(code & 0x80, -mag, mag) / 256).astype(np.float32)
+
+
+#: See ``_fp8_table``.
+LUT_FP8_DIV256 = _fp8_table()
+
+
+# ----- fp16 / bf16 rows <-> float32 rows, bit-exact, vectorised ---------------------------
+
+_F16_TO_F32 = np.float32(2.0**112)  # rebias a fp16 exponent (15) moved into fp32's field (127)
+
+
+@numba.njit(**_JIT)
+def _load(bits, bf16, u32, f32):
+    """The float32 values of one row of fp16 (or bf16) bit patterns into ``f32`` (a float32
+    view of the scratch row ``u32``). fp16: exponent and mantissa moved into fp32's fields,
+    times 2^112, exact for normals and subnormals (inputs are finite)."""
+    if bf16:
+        for d in range(bits.shape[0]):
+            u32[d] = np.uint32(bits[d]) << np.uint32(16)
+        return
+    for d in range(bits.shape[0]):
+        u32[d] = (np.uint32(bits[d]) & np.uint32(0x7FFF)) << np.uint32(13)
+    for d in range(bits.shape[0]):
+        v = f32[d] * _F16_TO_F32
+        f32[d] = -v if bits[d] & np.uint16(0x8000) else v
+
+
+@numba.njit(**_JIT)
+def _store(f32, u32, bf16, half, dest):
+    """One float32 row (``f32``, with ``u32`` its bits) rounded to nearest even into fp16
+    (or bf16) bits ``dest``, as torch's conversion rounds; ``half`` is a float32 scratch row
+    (with its bits). fp16 (after F. Giesen's float_to_half_fast3_rtne): normals drop 13
+    mantissa bits, subnormals are rounded by adding 0.5, overflow is infinity, NaN stays NaN."""
+    n = f32.shape[0]
+    if bf16:
+        for d in range(n):
+            f = u32[d]
+            rounded = (f + np.uint32(0x7FFF) + ((f >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
+            nan = (f & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
+            dest[d] = np.uint16(((f >> np.uint32(16)) | np.uint32(0x40)) if nan else rounded)
+        return
+    half_f32, half_u32 = half
+    for d in range(n):
+        half_f32[d] = abs(f32[d]) + np.float32(0.5)
+    for d in range(n):
+        f = u32[d]
+        sign = (f >> np.uint32(16)) & np.uint32(0x8000)
+        a = f & np.uint32(0x7FFFFFFF)
+        normal = (a + np.uint32(0xC8000FFF) + ((a >> np.uint32(13)) & np.uint32(1))) >> np.uint32(13)
+        small = half_u32[d] - np.uint32(0x3F000000)
+        big = np.uint32(0x7E00) if a > np.uint32(0x7F800000) else np.uint32(0x7C00)  # NaN, else infinity
+        code = big if a >= np.uint32(143 << 23) else (small if a < np.uint32(113 << 23) else normal)
+        dest[d] = np.uint16(code | sign)
+
+
+# ----- INT8 ------------------------------------------------------------------------------
+
+@numba.njit(**_JIT)
+def group_amax(x, bf16, gk, gv, k_amax, v_amax):
+    """Absmax of K per (n, head, token group of ``gk``, channel) into ``k_amax`` and of V per
+    (n, head, token, channel group of ``gv``) into ``v_amax`` (both zeros in)."""
+    n_, _, heads, tokens, dim = x.shape
+    u32 = np.empty(dim, np.uint32)
+    row = u32.view(np.float32)
+    for n in range(n_):
+        for h in range(heads):
+            for t in range(tokens):
+                _load(x[n, 0, h, t], bf16, u32, row)
+                acc = k_amax[n, h, t // gk]
+                for d in range(dim):
+                    acc[d] = max(acc[d], abs(row[d]))
+                _load(x[n, 1, h, t], bf16, u32, row)
+                out = v_amax[n, h, t]
+                for g in range(dim // gv):
+                    m = np.float32(0.0)
+                    for d in range(g * gv, (g + 1) * gv):
+                        m = max(m, abs(row[d]))
+                    out[g] = m
+
+
+@numba.njit(**_JIT)
+def int8_encode(x, bf16, gk, gv, k_scale, v_scale, out):
+    """``clamp(round(x / scale), -127, 127)`` as int8, with K and V group scales (float32)."""
+    n_, _, heads, tokens, dim = x.shape
+    u32 = np.empty(dim, np.uint32)
+    row = u32.view(np.float32)
+    lo, hi = np.float32(-127.0), np.float32(127.0)
+    for n in range(n_):
+        for h in range(heads):
+            for t in range(tokens):
+                _load(x[n, 0, h, t], bf16, u32, row)
+                scale, dest = k_scale[n, h, t // gk], out[n, 0, h, t]
+                for d in range(dim):
+                    dest[d] = np.int8(min(max(np.rint(row[d] / scale[d]), lo), hi))
+                _load(x[n, 1, h, t], bf16, u32, row)
+                scale, dest = v_scale[n, h, t], out[n, 1, h, t]
+                for g in range(dim // gv):
+                    s = scale[g]
+                    for d in range(g * gv, (g + 1) * gv):
+                        dest[d] = np.int8(min(max(np.rint(row[d] / s), lo), hi))
+
+
+@numba.njit(**_JIT)
+def int8_decode(codes, gk, gv, k_scale, v_scale, bf16, out):
+    """``code * scale`` rounded into the fp16 (bf16) bits ``out``."""
+    n_, _, heads, tokens, dim = codes.shape
+    u32, half_u32 = np.empty(dim, np.uint32), np.empty(dim, np.uint32)
+    row, half = u32.view(np.float32), (half_u32.view(np.float32), half_u32)
+    for n in range(n_):
+        for h in range(heads):
+            for t in range(tokens):
+                src, scale = codes[n, 0, h, t], k_scale[n, h, t // gk]
+                for d in range(dim):
+                    row[d] = np.float32(src[d]) * scale[d]
+                _store(row, u32, bf16, half, out[n, 0, h, t])
+                src, scale = codes[n, 1, h, t], v_scale[n, h, t]
+                for g in range(dim // gv):
+                    s = scale[g]
+                    for d in range(g * gv, (g + 1) * gv):
+                        row[d] = np.float32(src[d]) * s
+                _store(row, u32, bf16, half, out[n, 1, h, t])
+
+
+# ----- INT4 ------------------------------------------------------------------------------
+
+@numba.njit(**_JIT)
+def group_minmax(x, bf16, gk, gv, k_lo, k_hi, v_lo, v_hi):
+    """Min and max of K per (n, head, token group, channel) and of V per (n, head, token,
+    channel group); the K arrays come in as +inf / -inf."""
+    n_, _, heads, tokens, dim = x.shape
+    u32 = np.empty(dim, np.uint32)
+    row = u32.view(np.float32)
+    for n in range(n_):
+        for h in range(heads):
+            for t in range(tokens):
+                _load(x[n, 0, h, t], bf16, u32, row)
+                lo, hi = k_lo[n, h, t // gk], k_hi[n, h, t // gk]
+                for d in range(dim):
+                    lo[d] = min(lo[d], row[d])
+                    hi[d] = max(hi[d], row[d])
+                _load(x[n, 1, h, t], bf16, u32, row)
+                lo, hi = v_lo[n, h, t], v_hi[n, h, t]
+                for g in range(dim // gv):
+                    a, b = row[g * gv], row[g * gv]
+                    for d in range(g * gv, (g + 1) * gv):
+                        a = min(a, row[d])
+                        b = max(b, row[d])
+                    lo[g], hi[g] = a, b
+
+
+@numba.njit(**_JIT)
+def int4_encode(x, bf16, gk, gv, k_scale, k_zero, v_scale, v_zero, out):
+    """INT4 codes ``clamp(round(x / scale) + zero, 0, 15)``, two per byte (even channel in
+    the low nibble), into ``out`` ``[n, 2, heads, tokens, dim // 2]``; needs an even ``dim``."""
+    n_, _, heads, tokens, dim = x.shape
+    u32, codes = np.empty(dim, np.uint32), np.empty(dim, np.uint8)
+    row = u32.view(np.float32)
+    zero_f, top = np.float32(0.0), np.float32(15.0)
+    for n in range(n_):
+        for h in range(heads):
+            for t in range(tokens):
+                _load(x[n, 0, h, t], bf16, u32, row)
+                scale, zero = k_scale[n, h, t // gk], k_zero[n, h, t // gk]
+                for d in range(dim):
+                    codes[d] = np.uint8(min(max(np.rint(row[d] / scale[d]) + zero[d], zero_f), top))
+                _pack(codes, out[n, 0, h, t])
+                _load(x[n, 1, h, t], bf16, u32, row)
+                scale, zero = v_scale[n, h, t], v_zero[n, h, t]
+                for g in range(dim // gv):
+                    s, z = scale[g], zero[g]
+                    for d in range(g * gv, (g + 1) * gv):
+                        codes[d] = np.uint8(min(max(np.rint(row[d] / s) + z, zero_f), top))
+                _pack(codes, out[n, 1, h, t])
+
+
+@numba.njit(**_JIT)
+def _pack(codes, dest):
+    """Two 4-bit codes a byte, the even one in the low nibble."""
+    for p in range(dest.shape[0]):
+        dest[p] = codes[2 * p] | (codes[2 * p + 1] << 4)
+
+
+@numba.njit(**_JIT)
+def int4_decode(packed, gk, gv, k_scale, k_zero, v_scale, v_zero, bf16, out):
+    """``(code - zero) * scale`` rounded into the fp16 (bf16) bits ``out`` ``[n, 2, heads,
+    tokens, dim]``."""
+    n_, _, heads, tokens, dim = out.shape
+    u32, half_u32, codes = np.empty(dim, np.uint32), np.empty(dim, np.uint32), np.empty(dim, np.float32)
+    row, half = u32.view(np.float32), (half_u32.view(np.float32), half_u32)
+    for n in range(n_):
+        for h in range(heads):
+            for t in range(tokens):
+                _unpack(packed[n, 0, h, t], codes)
+                scale, zero = k_scale[n, h, t // gk], k_zero[n, h, t // gk]
+                for d in range(dim):
+                    row[d] = (codes[d] - zero[d]) * scale[d]
+                _store(row, u32, bf16, half, out[n, 0, h, t])
+                _unpack(packed[n, 1, h, t], codes)
+                scale, zero = v_scale[n, h, t], v_zero[n, h, t]
+                for g in range(dim // gv):
+                    s, z = scale[g], zero[g]
+                    for d in range(g * gv, (g + 1) * gv):
+                        row[d] = (codes[d] - z) * s
+                _store(row, u32, bf16, half, out[n, 1, h, t])
+
+
+@numba.njit(**_JIT)
+def _unpack(src, codes):
+    """The two float32 codes of each byte, low nibble first."""
+    for p in range(src.shape[0]):
+        codes[2 * p] = np.float32(src[p] & 15)
+        codes[2 * p + 1] = np.float32(src[p] >> 4)
+
+
+# ----- FP8 -------------------------------------------------------------------------------
+
+@numba.njit(**_JIT)
+def channel_amax(x, bf16, out):
+    """Absmax of K per (n, head, channel) over the tokens, into ``out`` (zeros in)."""
+    n_, _, heads, tokens, dim = x.shape
+    u32 = np.empty(dim, np.uint32)
+    row = u32.view(np.float32)
+    for n in range(n_):
+        for h in range(heads):
+            acc = out[n, h]
+            for t in range(tokens):
+                _load(x[n, 0, h, t], bf16, u32, row)
+                for d in range(dim):
+                    acc[d] = max(acc[d], abs(row[d]))
+
+
+@numba.njit(**_JIT)
+def fp8_amax(x, bf16, keep, out):
+    """Absmax per (n, half) over heads, tokens and channels into ``out`` ``[n, 2]``; K's
+    values count times ``keep[n, h, d]`` (0 for the exact outlier channels, else 1)."""
+    n_, _, heads, tokens, dim = x.shape
+    u32 = np.empty(dim, np.uint32)
+    row = u32.view(np.float32)
+    for n in range(n_):
+        mk, mv = np.float32(0.0), np.float32(0.0)
+        for h in range(heads):
+            mask = keep[n, h]
+            for t in range(tokens):
+                _load(x[n, 0, h, t], bf16, u32, row)
+                for d in range(dim):
+                    mk = max(mk, abs(row[d]) * mask[d])
+                _load(x[n, 1, h, t], bf16, u32, row)
+                for d in range(dim):
+                    mv = max(mv, abs(row[d]))
+        out[n, 0], out[n, 1] = mk, mv
+
+
+@numba.njit(**_JIT)
+def _e4m3_row(row, scale, mask, scaled, bits, dest):
+    """e4m3 codes of ``clamp(row / scale, -448, 448)``, +0 where ``mask`` is 0 (round to
+    nearest even, as torch converts); ``scaled`` is a float32 scratch row, ``bits`` its view."""
+    for d in range(row.shape[0]):
+        value = min(max(row[d] / scale, np.float32(-448.0)), np.float32(448.0))
+        scaled[d] = value if mask[d] != 0 else np.float32(0.0)
+    for d in range(row.shape[0]):
+        u = bits[d] & np.uint32(0x7FFFFFFF)
+        sign = np.uint8((bits[d] >> np.uint32(24)) & np.uint32(0x80))
+        # normal: drop 20 mantissa bits rounding to even, rebias the exponent 127 -> 7
+        normal = ((u + np.uint32(0x7FFFF) + ((u >> np.uint32(20)) & np.uint32(1))) >> np.uint32(20)) - np.uint32(120 << 3)
+        # subnormal (below 2^-6): steps of 2^-9
+        small = np.uint32(np.rint(abs(scaled[d]) * np.float32(512.0)))
+        dest[d] = sign | np.uint8(small if u < np.uint32(0x3C800000) else normal)
+
+
+@numba.njit(**_JIT)
+def fp8_encode(x, bf16, keep, scale, out):
+    """e4m3 codes of ``clamp(x / scale[n, half], -448, 448)`` into ``out`` (uint8 view);
+    K's outlier channels (``keep`` 0) get code 0."""
+    n_, _, heads, tokens, dim = x.shape
+    u32, scaled_u32 = np.empty(dim, np.uint32), np.empty(dim, np.uint32)
+    row, scaled = u32.view(np.float32), scaled_u32.view(np.float32)
+    ones = np.ones(dim, dtype=np.float32)
+    for n in range(n_):
+        for h in range(heads):
+            for t in range(tokens):
+                _load(x[n, 0, h, t], bf16, u32, row)
+                _e4m3_row(row, scale[n, 0], keep[n, h], scaled, scaled_u32, out[n, 0, h, t])
+                _load(x[n, 1, h, t], bf16, u32, row)
+                _e4m3_row(row, scale[n, 1], ones, scaled, scaled_u32, out[n, 1, h, t])
+
+
+@numba.njit(**_JIT)
+def fp8_decode(codes, lut, scale256, bf16, out):
+    """``(e4m3 / 256) * (scale * 256)`` (as the reference computes it) rounded into the
+    fp16 (bf16) bits ``out``."""
+    n_, _, heads, tokens, dim = codes.shape
+    u32, half_u32 = np.empty(dim, np.uint32), np.empty(dim, np.uint32)
+    row, half = u32.view(np.float32), (half_u32.view(np.float32), half_u32)
+    for n in range(n_):
+        for c in range(2):
+            s = scale256[n, c]
+            for h in range(heads):
+                for t in range(tokens):
+                    src = codes[n, c, h, t]
+                    for d in range(dim):
+                        row[d] = lut[src[d]] * s
+                    _store(row, u32, bf16, half, out[n, c, h, t])
