@@ -32,14 +32,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..config import Codec, KVLayout
+from ..config import FP8_OUTLIER_CHANNELS, Codec, KVLayout, codec_group
 from ..errors import UserError
 from . import codec_kernels as kernels
 
 __all__ = ["Part", "QuantizedBlock", "BlockCodec", "codec_for", "check_block", "FLOAT_DTYPES"]
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-_INT4_GROUP = 64
 
 
 @dataclass(frozen=True)
@@ -205,6 +204,9 @@ class BlockCodec(ABC):
         if tuple(out.shape) != q.shape:
             raise UserError(f"decode: out has shape {tuple(out.shape)}, the block {q.shape}")
 
+    def _check_buffer(self, buf: object, shape: tuple[int, ...], dtype: torch.dtype, what: str) -> None:
+        _check_buffer_impl(self, buf, shape, dtype, what)
+
     def nbytes_of(self, shape: tuple[int, ...], dtype: torch.dtype) -> int:
         """Exact bytes of an encoded block of ``shape``/``dtype``, scales included."""
         return sum(p.nbytes for p in self.parts(tuple(shape), dtype))
@@ -219,14 +221,40 @@ class BlockCodec(ABC):
         Order: parts sorted by element size, widest first (stable), so ``from_bytes`` can view
         each part in place.
         """
+        out = torch.empty(self.nbytes_of(q.shape, q.dtype), dtype=torch.uint8, device=q.payload.device)
+        self._write_bytes(q, out)
+        return out
+
+    def _write_bytes(self, q: QuantizedBlock, out: torch.Tensor) -> None:
+        """Writes ``q``'s parts into the uint8 ``out`` (its size checked), widest first."""
         parts = self.parts(q.shape, q.dtype)
-        out = torch.empty(sum(p.nbytes for p in parts), dtype=torch.uint8, device=q.payload.device)
         offset = 0
         for index in _byte_order(parts):
             tensor, nbytes = q.tensors[index], parts[index].nbytes
             out[offset:offset + nbytes].copy_(tensor.contiguous().view(-1).view(torch.uint8))
             offset += nbytes
-        return out
+
+    def encode_into(self, block: torch.Tensor, buf: torch.Tensor) -> torch.Tensor:
+        """Quantises ``block`` straight into ``buf`` (``to_bytes`` of ``encode``, no
+        intermediate buffer; ``buf`` may be on another device) and returns ``buf``.
+
+        Raises:
+            UserError: ``block`` is not a float KV block, or ``buf`` not a 1-D uint8 tensor
+                of ``nbytes_of(block.shape, block.dtype)`` bytes.
+        """
+        check_block(block)
+        self._check_buffer(buf, tuple(block.shape), block.dtype, "encode_into")
+        self._write_bytes(self.encode(block), buf)
+        return buf
+
+    def decode_from(self, buf: torch.Tensor, dtype: torch.dtype, out: torch.Tensor) -> torch.Tensor:
+        """Dequantises the bytes ``to_bytes``/``encode_into`` wrote for a ``dtype`` block of
+        ``out``'s shape into ``out`` (any float dtype) and returns it.
+
+        Raises:
+            UserError: ``buf`` is not exactly that many bytes, or ``out`` not a float block.
+        """
+        return self.decode(self.from_bytes(buf, tuple(out.shape), dtype), out)
 
     def from_bytes(self, buf: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> QuantizedBlock:
         """The block that ``to_bytes`` wrote into ``buf``; its tensors are views of ``buf``
@@ -236,11 +264,7 @@ class BlockCodec(ABC):
             UserError: ``buf`` is not a 1-D uint8 tensor of exactly ``nbytes_of(shape, dtype)``.
         """
         parts = self.parts(tuple(shape), dtype)
-        total = sum(p.nbytes for p in parts)
-        if not isinstance(buf, torch.Tensor) or buf.dtype != torch.uint8 or buf.dim() != 1 or buf.numel() != total:
-            got = f"{buf.dtype} {tuple(buf.shape)}" if isinstance(buf, torch.Tensor) else type(buf).__name__
-            raise UserError(f"from_bytes: expected a 1-D uint8 tensor of {total} bytes ({self.codec.value}, "
-                            f"shape {tuple(shape)}), got {got}")
+        self._check_buffer(buf, tuple(shape), dtype, "from_bytes")
         tensors: list[torch.Tensor | None] = [None] * len(parts)
         offset = 0
         for index in _byte_order(parts):
@@ -248,6 +272,15 @@ class BlockCodec(ABC):
             tensors[index] = _view(buf[offset:offset + part.nbytes], part)
             offset += part.nbytes
         return QuantizedBlock(self.codec, tuple(shape), dtype, tensors[0], tuple(tensors[1:]))
+
+
+def _check_buffer_impl(codec: "BlockCodec", buf: object, shape: tuple[int, ...], dtype: torch.dtype, what: str) -> None:
+    """Raises UserError unless ``buf`` is a 1-D uint8 tensor of the block's encoded size."""
+    total = codec.nbytes_of(shape, dtype)
+    if not isinstance(buf, torch.Tensor) or buf.dtype != torch.uint8 or buf.dim() != 1 or buf.numel() != total:
+        got = f"{buf.dtype} {tuple(buf.shape)}" if isinstance(buf, torch.Tensor) else type(buf).__name__
+        raise UserError(f"{what}: expected a 1-D uint8 tensor of {total} bytes ({codec.codec.value}, "
+                        f"shape {tuple(shape)}), got {got}")
 
 
 def _byte_order(parts: tuple[Part, ...]) -> list[int]:
@@ -277,9 +310,7 @@ class NoneCodec(BlockCodec):
         out.copy_(q.payload)
 
 
-def _group(n: int) -> int:
-    """The INT4 group size along a dim of ``n``: its largest divisor up to 64."""
-    return max(g for g in range(1, min(n, _INT4_GROUP) + 1) if n % g == 0)
+_group = codec_group
 
 
 def _k_groups(x: torch.Tensor) -> torch.Tensor:
@@ -374,7 +405,7 @@ class Fp8Codec(BlockCodec):
 
     codec = Codec.FP8
     _MAX = 448.0  # largest finite float8_e4m3fn
-    _OUTLIERS = 4
+    _OUTLIERS = FP8_OUTLIER_CHANNELS
 
     def parts(self, shape, dtype):
         lead, heads, tokens, dim = _halves(shape)
