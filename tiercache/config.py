@@ -402,23 +402,27 @@ class CacheConfig:
 
 
 def parse_tiers(spec: str, layout: KVLayout | None, eviction: str = "lru", admission: str = "always") -> tuple[TierConfig, ...]:
-    """Parses ``"hbm=4096,dram=16GiB,nvme=1TiB"`` into tier configs.
+    """Parses ``"hbm=4096,dram=16GiB,nvme=1TiB:int4"`` into tier configs.
 
-    The tiers are validated as a ``CacheConfig`` would be: names unique and ordered fastest
-    first (hbm, dram, nvme).
+    ``:codec`` after a capacity stores that tier's blocks with the codec (``none``, ``int8``,
+    ``fp8``, ``int4``); a byte size then counts blocks of the codec's size. The tiers are
+    validated as a ``CacheConfig`` would be: names unique and ordered fastest first (hbm,
+    dram, nvme).
 
     Raises:
-        ConfigError: empty spec, unknown or repeated tier, wrong order, missing ``=``, or a
-            bad capacity; the message names ``--tiers``.
+        ConfigError: empty spec, unknown or repeated tier, wrong order, missing ``=``, a
+            bad capacity or an unknown codec; the message names ``--tiers``.
     """
     tiers = []
     for part in [p for p in spec.split(",") if p.strip()]:
         if "=" not in part:
-            raise ConfigError(f"--tiers: {part!r} should look like name=capacity (e.g. hbm=4096)")
-        name, cap = (s.strip() for s in part.split("=", 1))
+            raise ConfigError(f"--tiers: {part!r} should look like name=capacity[:codec] (e.g. hbm=4096, nvme=1TiB:int4)")
+        name, value = (s.strip() for s in part.split("=", 1))
         if name not in TIER_NAMES:
             raise ConfigError(f"--tiers: unknown tier {name!r}; known: {', '.join(TIER_NAMES)}")
-        tiers.append(TierConfig(name, parse_capacity(cap, layout, f"--tiers {name}"), eviction, admission))
+        cap, _, codec_name = (s.strip() for s in value.partition(":"))
+        codec = Codec.parse(codec_name, f"--tiers {name}") if codec_name else Codec.NONE
+        tiers.append(TierConfig(name, parse_capacity(cap, layout, f"--tiers {name}", codec), eviction, admission, codec))
     if not tiers:
         raise ConfigError("--tiers: no tier given (e.g. hbm=4096,dram=16384)")
     try:
