@@ -30,6 +30,7 @@ IMPORT_TO_DIST = {
     "tqdm": "tqdm",
     "matplotlib": "matplotlib",
     "numba": "numba",
+    "transformers": "transformers",
     "torch": "torch",
     "cupy": "cupy-cuda12x",
     "libcachesim": "libcachesim",
@@ -37,7 +38,7 @@ IMPORT_TO_DIST = {
     "hypothesis": "hypothesis",
 }
 # Imports the package may take from an extra instead of the hard dependencies.
-PACKAGE_EXTRAS = {"torch": "cpu", "cupy": "gpu"}
+PACKAGE_EXTRAS = {"torch": "cpu", "cupy": "gpu", "transformers": "hf"}
 # Declared but not imported yet, with the reason.
 DECLARED_AHEAD = {
     "cupy-cuda12x": "the gpu extra is for cuda_ext's cupy RawModule kernels (DESIGN.md section 2), not landed yet",
