@@ -7,7 +7,9 @@ float32 operations in the same order, so its output is bit-identical to the refe
 arithmetic (fp16 rounding of scales, zero points, top-k of channels) stays in torch: it
 touches one value per group, not per element.
 
-Blocks come in and go out as the uint16 bits of fp16 or bf16 ``[n, 2, heads, tokens, dim]``
+Every kernel works on the heads ``h0 <= h < h1`` (``codecs.py`` runs two halves of the
+heads on two threads: the kernels release the GIL). Blocks come in and go out as the
+uint16 bits of fp16 or bf16 ``[n, 2, heads, tokens, dim]``
 (K then V; ``bf16`` says which), converted to and from float32 one row of ``dim`` values at
 a time in a scratch row (``_load``/``_store``: exact, and rounded to nearest even as torch
 rounds). Every inner loop runs over one contiguous row, so LLVM vectorises it. Kernels release the GIL (``nogil``) so the NVMe store's I/O threads encode and decode
@@ -20,12 +22,15 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-__all__ = ["LUT_FP8_DIV256", "group_amax", "int8_encode", "int8_decode", "group_minmax", "int4_encode",
+__all__ = ["LUT_FP8_DIV256", "LUT_F16", "LUT_BF16", "group_amax", "int8_encode", "int8_decode", "group_minmax", "int4_encode",
            "int4_decode", "channel_amax", "fp8_amax", "fp8_encode", "fp8_decode"]
 
 # error_model "numpy": no ZeroDivisionError check per division (it stops LLVM vectorising;
 # scales are never 0: an all-zero group gets scale 1).
 _JIT = dict(nogil=True, cache=True, boundscheck=False, error_model="numpy")
+# The per-row helpers are inlined into the kernels (inline="always"): called per row as
+# functions, each call's array arguments cost reference counting that LLVM cannot remove,
+# and the rows were several times slower.
 
 
 def _fp8_table() -> np.ndarray:
@@ -40,6 +45,28 @@ def _fp8_table() -> np.ndarray:
 
 #: See ``_fp8_table``.
 LUT_FP8_DIV256 = _fp8_table()
+#: float32 value of every fp16 / bf16 bit pattern (what a reduction's result is turned into).
+LUT_F16 = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+LUT_BF16 = (np.arange(65536, dtype=np.uint32) << np.uint32(16)).view(np.float32)
+
+# Reductions (absmax, min, max) run on the 16-bit patterns as integers: for finite fp16 and
+# bf16, |x| orders as ``bits & 0x7FFF`` and x as that magnitude signed by the sign bit. An
+# integer max is exact in any order, so LLVM vectorises it; a float max keeps NaN
+# semantics and stays one serial chain per group (~5x slower). One table lookup per group
+# turns the result back into a float.
+
+
+@numba.njit(inline="always", **_JIT)
+def _key(bits):
+    """An int32 that orders as the finite fp16/bf16 value of ``bits`` (-0 and +0 both 0)."""
+    mag = np.int32(bits & np.uint16(0x7FFF))
+    return -mag if bits & np.uint16(0x8000) else mag
+
+
+@numba.njit(inline="always", **_JIT)
+def _unkey(key, lut):
+    """The float32 value of a ``_key``."""
+    return lut[np.uint16(0x8000) | np.uint16(-key)] if key < 0 else lut[np.uint16(key)]
 
 
 # ----- fp16 / bf16 rows <-> float32 rows, bit-exact, vectorised ---------------------------
@@ -47,7 +74,7 @@ LUT_FP8_DIV256 = _fp8_table()
 _F16_TO_F32 = np.float32(2.0**112)  # rebias a fp16 exponent (15) moved into fp32's field (127)
 
 
-@numba.njit(**_JIT)
+@numba.njit(inline="always", **_JIT)
 def _load(bits, bf16, u32, f32):
     """The float32 values of one row of fp16 (or bf16) bit patterns into ``f32`` (a float32
     view of the scratch row ``u32``). fp16: exponent and mantissa moved into fp32's fields,
@@ -63,7 +90,7 @@ def _load(bits, bf16, u32, f32):
         f32[d] = -v if bits[d] & np.uint16(0x8000) else v
 
 
-@numba.njit(**_JIT)
+@numba.njit(inline="always", **_JIT)
 def _store(f32, u32, bf16, half, dest):
     """One float32 row (``f32``, with ``u32`` its bits) rounded to nearest even into fp16
     (or bf16) bits ``dest``, as torch's conversion rounds; ``half`` is a float32 scratch row
@@ -94,37 +121,39 @@ def _store(f32, u32, bf16, half, dest):
 # ----- INT8 ------------------------------------------------------------------------------
 
 @numba.njit(**_JIT)
-def group_amax(x, bf16, gk, gv, k_amax, v_amax):
+def group_amax(x, lut, gk, gv, k_amax, v_amax, h0, h1):
     """Absmax of K per (n, head, token group of ``gk``, channel) into ``k_amax`` and of V per
-    (n, head, token, channel group of ``gv``) into ``v_amax`` (both zeros in)."""
+    (n, head, token, channel group of ``gv``) into ``v_amax``, as float32 (``lut``: the
+    dtype's table)."""
     n_, _, heads, tokens, dim = x.shape
-    u32 = np.empty(dim, np.uint32)
-    row = u32.view(np.float32)
+    acc = np.zeros(dim, np.uint16)
     for n in range(n_):
-        for h in range(heads):
+        for h in range(h0, h1):
             for t in range(tokens):
-                _load(x[n, 0, h, t], bf16, u32, row)
-                acc = k_amax[n, h, t // gk]
                 for d in range(dim):
-                    acc[d] = max(acc[d], abs(row[d]))
-                _load(x[n, 1, h, t], bf16, u32, row)
-                out = v_amax[n, h, t]
+                    a = x[n, 0, h, t, d] & np.uint16(0x7FFF)
+                    acc[d] = a if a > acc[d] else acc[d]
+                if (t + 1) % gk == 0:
+                    for d in range(dim):
+                        k_amax[n, h, t // gk, d] = lut[acc[d]]
+                        acc[d] = 0
                 for g in range(dim // gv):
-                    m = np.float32(0.0)
+                    m = np.uint16(0)
                     for d in range(g * gv, (g + 1) * gv):
-                        m = max(m, abs(row[d]))
-                    out[g] = m
+                        a = x[n, 1, h, t, d] & np.uint16(0x7FFF)
+                        m = a if a > m else m
+                    v_amax[n, h, t, g] = lut[m]
 
 
 @numba.njit(**_JIT)
-def int8_encode(x, bf16, gk, gv, k_scale, v_scale, out):
+def int8_encode(x, bf16, gk, gv, k_scale, v_scale, out, h0, h1):
     """``clamp(round(x / scale), -127, 127)`` as int8, with K and V group scales (float32)."""
     n_, _, heads, tokens, dim = x.shape
     u32 = np.empty(dim, np.uint32)
     row = u32.view(np.float32)
     lo, hi = np.float32(-127.0), np.float32(127.0)
     for n in range(n_):
-        for h in range(heads):
+        for h in range(h0, h1):
             for t in range(tokens):
                 _load(x[n, 0, h, t], bf16, u32, row)
                 scale, dest = k_scale[n, h, t // gk], out[n, 0, h, t]
@@ -139,13 +168,13 @@ def int8_encode(x, bf16, gk, gv, k_scale, v_scale, out):
 
 
 @numba.njit(**_JIT)
-def int8_decode(codes, gk, gv, k_scale, v_scale, bf16, out):
+def int8_decode(codes, gk, gv, k_scale, v_scale, bf16, out, h0, h1):
     """``code * scale`` rounded into the fp16 (bf16) bits ``out``."""
     n_, _, heads, tokens, dim = codes.shape
     u32, half_u32 = np.empty(dim, np.uint32), np.empty(dim, np.uint32)
     row, half = u32.view(np.float32), (half_u32.view(np.float32), half_u32)
     for n in range(n_):
-        for h in range(heads):
+        for h in range(h0, h1):
             for t in range(tokens):
                 src, scale = codes[n, 0, h, t], k_scale[n, h, t // gk]
                 for d in range(dim):
@@ -162,32 +191,37 @@ def int8_decode(codes, gk, gv, k_scale, v_scale, bf16, out):
 # ----- INT4 ------------------------------------------------------------------------------
 
 @numba.njit(**_JIT)
-def group_minmax(x, bf16, gk, gv, k_lo, k_hi, v_lo, v_hi):
+def group_minmax(x, lut, gk, gv, k_lo, k_hi, v_lo, v_hi, h0, h1):
     """Min and max of K per (n, head, token group, channel) and of V per (n, head, token,
-    channel group); the K arrays come in as +inf / -inf."""
+    channel group), as float32 (``lut``: the dtype's table)."""
     n_, _, heads, tokens, dim = x.shape
-    u32 = np.empty(dim, np.uint32)
-    row = u32.view(np.float32)
+    lo, hi = np.empty(dim, np.int32), np.empty(dim, np.int32)
     for n in range(n_):
-        for h in range(heads):
+        for h in range(h0, h1):
             for t in range(tokens):
-                _load(x[n, 0, h, t], bf16, u32, row)
-                lo, hi = k_lo[n, h, t // gk], k_hi[n, h, t // gk]
+                if t % gk == 0:
+                    lo[:] = 0x7FFF
+                    hi[:] = -0x7FFF
                 for d in range(dim):
-                    lo[d] = min(lo[d], row[d])
-                    hi[d] = max(hi[d], row[d])
-                _load(x[n, 1, h, t], bf16, u32, row)
-                lo, hi = v_lo[n, h, t], v_hi[n, h, t]
+                    key = _key(x[n, 0, h, t, d])
+                    lo[d] = key if key < lo[d] else lo[d]
+                    hi[d] = key if key > hi[d] else hi[d]
+                if (t + 1) % gk == 0:
+                    for d in range(dim):
+                        k_lo[n, h, t // gk, d] = _unkey(lo[d], lut)
+                        k_hi[n, h, t // gk, d] = _unkey(hi[d], lut)
                 for g in range(dim // gv):
-                    a, b = row[g * gv], row[g * gv]
+                    a, b = np.int32(0x7FFF), np.int32(-0x7FFF)
                     for d in range(g * gv, (g + 1) * gv):
-                        a = min(a, row[d])
-                        b = max(b, row[d])
-                    lo[g], hi[g] = a, b
+                        key = _key(x[n, 1, h, t, d])
+                        a = key if key < a else a
+                        b = key if key > b else b
+                    v_lo[n, h, t, g] = _unkey(a, lut)
+                    v_hi[n, h, t, g] = _unkey(b, lut)
 
 
 @numba.njit(**_JIT)
-def int4_encode(x, bf16, gk, gv, k_scale, k_zero, v_scale, v_zero, out):
+def int4_encode(x, bf16, gk, gv, k_scale, k_zero, v_scale, v_zero, out, h0, h1):
     """INT4 codes ``clamp(round(x / scale) + zero, 0, 15)``, two per byte (even channel in
     the low nibble), into ``out`` ``[n, 2, heads, tokens, dim // 2]``; needs an even ``dim``."""
     n_, _, heads, tokens, dim = x.shape
@@ -195,7 +229,7 @@ def int4_encode(x, bf16, gk, gv, k_scale, k_zero, v_scale, v_zero, out):
     row = u32.view(np.float32)
     zero_f, top = np.float32(0.0), np.float32(15.0)
     for n in range(n_):
-        for h in range(heads):
+        for h in range(h0, h1):
             for t in range(tokens):
                 _load(x[n, 0, h, t], bf16, u32, row)
                 scale, zero = k_scale[n, h, t // gk], k_zero[n, h, t // gk]
@@ -211,7 +245,7 @@ def int4_encode(x, bf16, gk, gv, k_scale, k_zero, v_scale, v_zero, out):
                 _pack(codes, out[n, 1, h, t])
 
 
-@numba.njit(**_JIT)
+@numba.njit(inline="always", **_JIT)
 def _pack(codes, dest):
     """Two 4-bit codes a byte, the even one in the low nibble."""
     for p in range(dest.shape[0]):
@@ -219,14 +253,14 @@ def _pack(codes, dest):
 
 
 @numba.njit(**_JIT)
-def int4_decode(packed, gk, gv, k_scale, k_zero, v_scale, v_zero, bf16, out):
+def int4_decode(packed, gk, gv, k_scale, k_zero, v_scale, v_zero, bf16, out, h0, h1):
     """``(code - zero) * scale`` rounded into the fp16 (bf16) bits ``out`` ``[n, 2, heads,
     tokens, dim]``."""
     n_, _, heads, tokens, dim = out.shape
     u32, half_u32, codes = np.empty(dim, np.uint32), np.empty(dim, np.uint32), np.empty(dim, np.float32)
     row, half = u32.view(np.float32), (half_u32.view(np.float32), half_u32)
     for n in range(n_):
-        for h in range(heads):
+        for h in range(h0, h1):
             for t in range(tokens):
                 _unpack(packed[n, 0, h, t], codes)
                 scale, zero = k_scale[n, h, t // gk], k_zero[n, h, t // gk]
@@ -242,7 +276,7 @@ def int4_decode(packed, gk, gv, k_scale, k_zero, v_scale, v_zero, bf16, out):
                 _store(row, u32, bf16, half, out[n, 1, h, t])
 
 
-@numba.njit(**_JIT)
+@numba.njit(inline="always", **_JIT)
 def _unpack(src, codes):
     """The two float32 codes of each byte, low nibble first."""
     for p in range(src.shape[0]):
@@ -253,42 +287,42 @@ def _unpack(src, codes):
 # ----- FP8 -------------------------------------------------------------------------------
 
 @numba.njit(**_JIT)
-def channel_amax(x, bf16, out):
-    """Absmax of K per (n, head, channel) over the tokens, into ``out`` (zeros in)."""
+def channel_amax(x, lut, out, h0, h1):
+    """Absmax of K per (n, head, channel) over the tokens, into ``out`` as float32."""
     n_, _, heads, tokens, dim = x.shape
-    u32 = np.empty(dim, np.uint32)
-    row = u32.view(np.float32)
+    acc = np.zeros(dim, np.uint16)
     for n in range(n_):
-        for h in range(heads):
-            acc = out[n, h]
+        for h in range(h0, h1):
+            acc[:] = 0
             for t in range(tokens):
-                _load(x[n, 0, h, t], bf16, u32, row)
                 for d in range(dim):
-                    acc[d] = max(acc[d], abs(row[d]))
+                    a = x[n, 0, h, t, d] & np.uint16(0x7FFF)
+                    acc[d] = a if a > acc[d] else acc[d]
+            for d in range(dim):
+                out[n, h, d] = lut[acc[d]]
 
 
 @numba.njit(**_JIT)
-def fp8_amax(x, bf16, keep, out):
-    """Absmax per (n, half) over heads, tokens and channels into ``out`` ``[n, 2]``; K's
-    values count times ``keep[n, h, d]`` (0 for the exact outlier channels, else 1)."""
+def fp8_amax(x, lut, keep, out, h0, h1):
+    """Absmax per (n, half) over heads, tokens and channels into ``out`` ``[n, 2]`` as
+    float32; K's channels with ``keep[n, h, d]`` 0 (the exact outlier channels) left out."""
     n_, _, heads, tokens, dim = x.shape
-    u32 = np.empty(dim, np.uint32)
-    row = u32.view(np.float32)
+    acc_k, acc_v = np.zeros(dim, np.uint16), np.zeros(dim, np.uint16)
     for n in range(n_):
-        mk, mv = np.float32(0.0), np.float32(0.0)
-        for h in range(heads):
-            mask = keep[n, h]
+        acc_k[:] = 0
+        acc_v[:] = 0
+        for h in range(h0, h1):
             for t in range(tokens):
-                _load(x[n, 0, h, t], bf16, u32, row)
                 for d in range(dim):
-                    mk = max(mk, abs(row[d]) * mask[d])
-                _load(x[n, 1, h, t], bf16, u32, row)
-                for d in range(dim):
-                    mv = max(mv, abs(row[d]))
-        out[n, 0], out[n, 1] = mk, mv
+                    a = x[n, 0, h, t, d] & np.uint16(0x7FFF)
+                    a = a if keep[n, h, d] != 0 else np.uint16(0)
+                    acc_k[d] = a if a > acc_k[d] else acc_k[d]
+                    b = x[n, 1, h, t, d] & np.uint16(0x7FFF)
+                    acc_v[d] = b if b > acc_v[d] else acc_v[d]
+        out[n, 0], out[n, 1] = lut[acc_k.max()], lut[acc_v.max()]
 
 
-@numba.njit(**_JIT)
+@numba.njit(inline="always", **_JIT)
 def _e4m3_row(row, scale, mask, scaled, bits, dest):
     """e4m3 codes of ``clamp(row / scale, -448, 448)``, +0 where ``mask`` is 0 (round to
     nearest even, as torch converts); ``scaled`` is a float32 scratch row, ``bits`` its view."""
@@ -306,7 +340,7 @@ def _e4m3_row(row, scale, mask, scaled, bits, dest):
 
 
 @numba.njit(**_JIT)
-def fp8_encode(x, bf16, keep, scale, out):
+def fp8_encode(x, bf16, keep, scale, out, h0, h1):
     """e4m3 codes of ``clamp(x / scale[n, half], -448, 448)`` into ``out`` (uint8 view);
     K's outlier channels (``keep`` 0) get code 0."""
     n_, _, heads, tokens, dim = x.shape
@@ -314,7 +348,7 @@ def fp8_encode(x, bf16, keep, scale, out):
     row, scaled = u32.view(np.float32), scaled_u32.view(np.float32)
     ones = np.ones(dim, dtype=np.float32)
     for n in range(n_):
-        for h in range(heads):
+        for h in range(h0, h1):
             for t in range(tokens):
                 _load(x[n, 0, h, t], bf16, u32, row)
                 _e4m3_row(row, scale[n, 0], keep[n, h], scaled, scaled_u32, out[n, 0, h, t])
@@ -323,7 +357,7 @@ def fp8_encode(x, bf16, keep, scale, out):
 
 
 @numba.njit(**_JIT)
-def fp8_decode(codes, lut, scale256, bf16, out):
+def fp8_decode(codes, lut, scale256, bf16, out, h0, h1):
     """``(e4m3 / 256) * (scale * 256)`` (as the reference computes it) rounded into the
     fp16 (bf16) bits ``out``."""
     n_, _, heads, tokens, dim = codes.shape
@@ -332,7 +366,7 @@ def fp8_decode(codes, lut, scale256, bf16, out):
     for n in range(n_):
         for c in range(2):
             s = scale256[n, c]
-            for h in range(heads):
+            for h in range(h0, h1):
                 for t in range(tokens):
                     src = codes[n, c, h, t]
                     for d in range(dim):

@@ -26,7 +26,9 @@ always true of fp16 blocks).
 from __future__ import annotations
 
 import math
+import os
 from abc import ABC, abstractmethod
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -122,6 +124,35 @@ def _fast_input(block: torch.Tensor) -> tuple[np.ndarray, bool] | None:
     if block.dtype not in (torch.float16, torch.bfloat16) or block.device.type != "cpu" or not block.is_contiguous():
         return None
     return block.view(torch.int16).numpy().view(np.uint16).reshape(-1, *block.shape[-4:]), block.dtype == torch.bfloat16
+
+
+_POOL: ThreadPoolExecutor | None = None
+
+
+def _on_heads(kernel, heads: int, *args) -> None:
+    """Runs ``kernel(*args, h0, h1)`` over two halves of the heads at once: one on a helper
+    thread, one here (the kernels release the GIL; the machines this targets have a core or
+    more per half). An argument that is a function gets the half's index (0, 1) and returns
+    that half's own array (outputs the halves must not share)."""
+    global _POOL
+    halves = [(0, heads // 2, 0), (heads // 2, heads, 1)] if heads >= 2 and (os.cpu_count() or 1) >= 2 else [(0, heads, 0)]
+
+    def run(h0: int, h1: int, part: int) -> None:
+        kernel(*(a(part) if callable(a) else a for a in args), h0, h1)
+
+    if len(halves) == 1:
+        run(*halves[0])
+        return
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(1, "tiercache-codec")
+    other = _POOL.submit(run, *halves[1])
+    run(*halves[0])
+    other.result()
+
+
+def _lut(bf16: bool) -> np.ndarray:
+    """The float32 table of the block's 16-bit patterns (what the reductions return through)."""
+    return kernels.LUT_BF16 if bf16 else kernels.LUT_F16
 
 
 def _f32(t: torch.Tensor, *shape: int) -> np.ndarray:
@@ -352,12 +383,12 @@ class Int8Codec(BlockCodec):
         gk, gv = _group(tokens), _group(dim)
         k_amax = torch.zeros(n, heads, tokens // gk, dim)
         v_amax = torch.zeros(n, heads, tokens, dim // gv)
-        kernels.group_amax(x, bf16, gk, gv, k_amax.numpy(), v_amax.numpy())
+        _on_heads(kernels.group_amax, heads, x, _lut(bf16), gk, gv, k_amax.numpy(), v_amax.numpy())
         lead = block.shape[:-4]
         k_scale = _scale16(k_amax, 127).view(*lead, heads, tokens // gk, 1, dim)
         v_scale = _scale16(v_amax, 127).view(*lead, heads, tokens, dim // gv, 1)
         codes = torch.empty(block.shape, dtype=torch.int8)
-        kernels.int8_encode(x, bf16, gk, gv, _f32(k_scale, n, heads, tokens // gk, dim),
+        _on_heads(kernels.int8_encode, heads, x, bf16, gk, gv, _f32(k_scale, n, heads, tokens // gk, dim),
                             _f32(v_scale, n, heads, tokens, dim // gv), codes.numpy().reshape(x.shape))
         return codes, (k_scale, v_scale)
 
@@ -365,7 +396,7 @@ class Int8Codec(BlockCodec):
         n, _, heads, tokens, dim = out.shape
         gk, gv = _group(tokens), _group(dim)
         k_scale, v_scale = q.scales
-        kernels.int8_decode(q.payload.numpy().reshape(out.shape), gk, gv, _f32(k_scale, n, heads, tokens // gk, dim),
+        _on_heads(kernels.int8_decode, heads, q.payload.numpy().reshape(out.shape), gk, gv, _f32(k_scale, n, heads, tokens // gk, dim),
                             _f32(v_scale, n, heads, tokens, dim // gv), bf16, out)
         return True
 
@@ -434,16 +465,17 @@ class Fp8Codec(BlockCodec):
         n, _, heads, tokens, dim = x.shape
         lead = block.shape[:-4]
         amax = torch.zeros(n, heads, dim)
-        kernels.channel_amax(x, bf16, amax.numpy())
+        _on_heads(kernels.channel_amax, heads, x, _lut(bf16), amax.numpy())
         channels = self._outlier_channels(amax.view(*lead, heads, 1, dim))
         k = block.select(-4, 0)
         outliers = k.gather(-1, channels.expand(*k.shape[:-1], channels.shape[-1]))
         keep = torch.ones(n, heads, dim).scatter_(-1, channels.reshape(n, heads, -1), 0.0).numpy()
-        half_amax = torch.zeros(n, 2)
-        kernels.fp8_amax(x, bf16, keep, half_amax.numpy())
+        parts = torch.zeros(2, n, 2)  # one absmax per half of the heads (two threads), then the max
+        _on_heads(kernels.fp8_amax, heads, x, _lut(bf16), keep, lambda part: parts[part].numpy())
+        half_amax = parts.amax(dim=0)
         scale = _sym_scale(half_amax, self._MAX)
         codes = torch.empty(block.shape, dtype=torch.float8_e4m3fn)
-        kernels.fp8_encode(x, bf16, keep, scale.numpy(), codes.view(torch.uint8).numpy().reshape(x.shape))
+        _on_heads(kernels.fp8_encode, heads, x, bf16, keep, scale.numpy(), codes.view(torch.uint8).numpy().reshape(x.shape))
         return codes, (scale.view(*lead, 2, 1, 1, 1), outliers.contiguous(), channels.to(torch.int16))
 
     def _decode(self, q, out):
@@ -452,7 +484,7 @@ class Fp8Codec(BlockCodec):
 
     def _decode_fast(self, q, out, bf16):
         scale256 = (q.scales[0] * 256).reshape(out.shape[0], 2).numpy()
-        kernels.fp8_decode(q.payload.view(torch.uint8).numpy().reshape(out.shape), kernels.LUT_FP8_DIV256, scale256, bf16, out)
+        _on_heads(kernels.fp8_decode, out.shape[2], q.payload.view(torch.uint8).numpy().reshape(out.shape), kernels.LUT_FP8_DIV256, scale256, bf16, out)
         return True
 
     def _finish(self, q, out):
@@ -537,14 +569,14 @@ class Int4Codec(BlockCodec):
         if dim % 2:
             return None  # the kernel packs the two codes of a byte from one row
         gk, gv = _group(tokens), _group(dim)
-        k_lo, k_hi = torch.full((n, heads, tokens // gk, dim), math.inf), torch.full((n, heads, tokens // gk, dim), -math.inf)
+        k_lo, k_hi = torch.empty(n, heads, tokens // gk, dim), torch.empty(n, heads, tokens // gk, dim)
         v_lo, v_hi = torch.empty(n, heads, tokens, dim // gv), torch.empty(n, heads, tokens, dim // gv)
-        kernels.group_minmax(x, bf16, gk, gv, k_lo.numpy(), k_hi.numpy(), v_lo.numpy(), v_hi.numpy())
+        _on_heads(kernels.group_minmax, heads, x, _lut(bf16), gk, gv, k_lo.numpy(), k_hi.numpy(), v_lo.numpy(), v_hi.numpy())
         lead = block.shape[:-4]
         k_scale, k_zero = (t.view(*lead, heads, tokens // gk, 1, dim) for t in _asym_from(k_lo, k_hi))
         v_scale, v_zero = (t.view(*lead, heads, tokens, dim // gv, 1) for t in _asym_from(v_lo, v_hi))
         packed = torch.empty(block.numel() // 2, dtype=torch.uint8)
-        kernels.int4_encode(x, bf16, gk, gv, _f32(k_scale, n, heads, tokens // gk, dim), _f32(k_zero, n, heads, tokens // gk, dim),
+        _on_heads(kernels.int4_encode, heads, x, bf16, gk, gv, _f32(k_scale, n, heads, tokens // gk, dim), _f32(k_zero, n, heads, tokens // gk, dim),
                             _f32(v_scale, n, heads, tokens, dim // gv), _f32(v_zero, n, heads, tokens, dim // gv),
                             packed.numpy().reshape(n, 2, heads, tokens, dim // 2))
         return packed, (k_scale, k_zero, v_scale, v_zero)
@@ -555,7 +587,7 @@ class Int4Codec(BlockCodec):
             return False
         gk, gv = _group(tokens), _group(dim)
         k_scale, k_zero, v_scale, v_zero = q.scales
-        kernels.int4_decode(q.payload.numpy().reshape(n, 2, heads, tokens, dim // 2), gk, gv,
+        _on_heads(kernels.int4_decode, heads, q.payload.numpy().reshape(n, 2, heads, tokens, dim // 2), gk, gv,
                             _f32(k_scale, n, heads, tokens // gk, dim), _f32(k_zero, n, heads, tokens // gk, dim),
                             _f32(v_scale, n, heads, tokens, dim // gv), _f32(v_zero, n, heads, tokens, dim // gv),
                             bf16, out)
