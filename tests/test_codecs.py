@@ -247,7 +247,7 @@ def test_encode_into_and_decode_from_a_buffer_equal_to_bytes(codec, dtype):
 def test_re_encoding_a_decoded_block_settles_at_once_or_within_a_few_round_trips(codec):
     """What a tier sees when a promoted block is demoted again: INT8 and FP8 re-encode a
     decoded block bit for bit (no drift however often a block moves); INT4 reaches its
-    fixed point within a few round trips and the error stays that of one."""
+    fixed point within a few round trips and the error stays that of one (within 5%)."""
     block = synthetic_block(2, 4, 256, 128)
     x, first = block, None
     for trip in range(8):
@@ -256,4 +256,4 @@ def test_re_encoding_a_decoded_block_settles_at_once_or_within_a_few_round_trips
         if codec is not Codec.INT4 and trip >= 1:
             assert torch.equal(y, x)
         x = y
-    assert rel_err(x, block) <= 1.01 * first
+    assert rel_err(x, block) <= 1.05 * first
