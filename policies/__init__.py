@@ -11,7 +11,7 @@ import importlib
 
 from tiercache.errors import UserError
 
-from .base import NO_NEXT_USE, AdmissionPolicy, EvictionPolicy, Hints, PrefetchPolicy
+from .base import NO_NEXT_USE, AdmissionPolicy, EvictionPolicy, Hints, PrefetchPolicy, PrefetchView
 
 __all__ = [
     "EVICTION",
@@ -25,6 +25,10 @@ __all__ = [
     "EvictionPolicy",
     "AdmissionPolicy",
     "PrefetchPolicy",
+    "PrefetchView",
+    "PREFETCH",
+    "get_prefetch",
+    "make_prefetch",
     "NO_NEXT_USE",
 ]
 
@@ -42,6 +46,12 @@ EVICTION: dict[str, str] = {
 ADMISSION: dict[str, str] = {
     "always": "tiercache.policies.admission_always:AlwaysAdmit",
     "second_hit": "tiercache.policies.admission_second_hit:SecondHitAdmit",
+}
+
+PREFETCH: dict[str, str] = {
+    "none": "tiercache.policies.prefetch_none:NoPrefetch",
+    "layer_ahead": "tiercache.policies.prefetch_layer_ahead:LayerAhead",
+    "topk_speculative": "tiercache.policies.prefetch_topk_speculative:TopKSpeculative",
 }
 
 
@@ -89,3 +99,13 @@ def make_eviction(name: str, capacity: int) -> EvictionPolicy:
 def make_admission(name: str) -> AdmissionPolicy:
     """Instantiates an admission policy."""
     return get_admission(name)()
+
+
+def get_prefetch(name: str) -> type[PrefetchPolicy]:
+    """Returns the prefetch policy class for a registry name or ``module:Class``."""
+    return _load(name, PREFETCH, "prefetch", PrefetchPolicy)
+
+
+def make_prefetch(name: str | None) -> PrefetchPolicy:
+    """Instantiates a prefetch policy (``None`` means ``none``)."""
+    return get_prefetch(name or "none")()

@@ -21,9 +21,9 @@ Eviction contract (checked for every registered policy by ``tests/test_policy_co
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Collection, Sequence
+from typing import Callable, ClassVar, Collection, Sequence
 
-__all__ = ["Hints", "EvictionPolicy", "AdmissionPolicy", "PrefetchPolicy", "NO_NEXT_USE"]
+__all__ = ["Hints", "EvictionPolicy", "AdmissionPolicy", "PrefetchPolicy", "PrefetchView", "NO_NEXT_USE"]
 
 #: ``next_use`` value for a block that is never accessed again (sorts after every time).
 NO_NEXT_USE = 1 << 62
@@ -108,10 +108,59 @@ class AdmissionPolicy:
         """Raises AssertionError when internal structures disagree (stateless: nothing)."""
 
 
+@dataclass(frozen=True)
+class PrefetchView:
+    """What a decode step read, as a prefetch policy sees it (all ids, no tensors).
+
+    The same view is built by the live decode cache and, from the recorded step trace, by
+    ``tiercache replay``, so a replay with the same prefetch policy makes the same moves.
+
+    Attributes:
+        step: decode step of the record.
+        layer: layer the step read.
+        reads: ids the step read at this layer, in read order.
+        candidates: ids ranked right after the sparse selection, best first (empty in exact
+            mode): the likeliest newcomers to the next step's selection.
+        ahead: ids the next layer will read first that are not in the top tier (its first
+            chunks in exact mode; its sink and recent blocks in sparse mode).
+        in_top: tells whether an id is already in the top tier (read-only).
+    """
+
+    step: int
+    layer: int
+    reads: Sequence[int]
+    candidates: Sequence[int] = ()
+    ahead: Sequence[int] = ()
+    in_top: Callable[[int], bool] = lambda block_id: False
+
+
 class PrefetchPolicy:
-    """Proposes blocks to bring up before they are needed; ``plan`` has no side effects."""
+    """Proposes blocks to bring up to the top tier before they are needed.
+
+    Contract (``tests/test_prefetch_policies.py``, over the registry): ``plan(view)`` returns
+    distinct ids, each one the view names (in ``reads``, ``candidates`` or ``ahead``) and not
+    already in the top tier, at most ``limit`` of them; it has no side effects (the same view
+    gives the same plan, and nothing the policy or the caller holds changes). The caller
+    starts the moves through the manager's ``prefetch`` and waits for them before the next
+    record's reads.
+    """
 
     name: ClassVar[str] = "base"
 
-    def plan(self, step_info: dict) -> list[int]:
+    def __init__(self, limit: int | None = None) -> None:
+        self.limit = limit
+
+    def plan(self, view: PrefetchView) -> list[int]:
         raise NotImplementedError
+
+    def _cap(self, ids: Sequence[int], view: PrefetchView) -> list[int]:
+        """Distinct ids of ``ids`` not in the top tier, in order, at most ``limit``."""
+        chosen: list[int] = []
+        seen: set[int] = set()
+        for block_id in ids:
+            if block_id not in seen and not view.in_top(block_id):
+                seen.add(block_id)
+                chosen.append(block_id)
+                if self.limit is not None and len(chosen) >= self.limit:
+                    break
+        return chosen

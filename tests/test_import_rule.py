@@ -39,7 +39,7 @@ MAIN = "__main__"  # tiercache/__main__.py, the one module that may import cli
 SAME_LEVEL_ALLOWED: dict[str, tuple[str, ...]] = {
     # level 1
     "live": ("sim.steptrace",),  # a live run records a step trace that replays to the same counts
-    "bench": ("sim.hardware",),  # measured links are saved as a HardwareProfile for replays
+    "bench": ("sim.hardware", "live.cache"),  # measured links saved as a HardwareProfile; decode timing drives the live cache
     "report": ("sim.mrc", "sim.loader"),  # the exact LRU curve: reuse histogram over the trace's ids
     # level 2
     "core": ("policies.base",),  # the manager drives the policy interface, never the registry

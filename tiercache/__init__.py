@@ -14,6 +14,9 @@ __version__ = "0.1.0"
 # Public data-plane names -> the module that defines them; imported on first attribute access.
 _LAZY = {
     "TieredKVStore": "tiercache.live.store",
+    "TieredKVCache": "tiercache.live.cache",
+    "StepReport": "tiercache.live.cache",
+    "AttentionMode": "tiercache.config",
     "BlockPool": "tiercache.data.pools",
     "NVMeStore": "tiercache.data.nvme",
 }

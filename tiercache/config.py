@@ -36,6 +36,7 @@ __all__ = [
     "REQUEST_SEMANTICS_NAMES",
     "Codec",
     "codec_group",
+    "AttentionMode",
 ]
 
 TIER_NAMES = ("hbm", "dram", "nvme")
@@ -97,6 +98,19 @@ class Semantics(enum.Enum):
 
 #: The semantics a request trace can be replayed in, as the CLI spells them.
 REQUEST_SEMANTICS_NAMES = (Semantics.OBJECT.value, Semantics.PREFIX.value)
+
+
+class AttentionMode(enum.Enum):
+    """How ``Sequence.attend`` reads a layer's KV.
+
+    ``EXACT``: every block, streamed chunk by chunk through a bounded window and merged by
+    log-sum-exp; equal to dense attention. ``SPARSE``: only the blocks whose key summaries
+    (per-channel min/max, Quest) bound the highest scores, plus the sink and recent blocks,
+    up to a budget.
+    """
+
+    EXACT = "exact"
+    SPARSE = "sparse"
 
 
 class Codec(enum.Enum):

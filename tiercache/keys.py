@@ -129,3 +129,22 @@ def key_to_int(key: bytes) -> int:
         raise ValueError(f"key must be {KEY_BYTES} bytes, got {key!r}")
     digest = hashlib.blake2b(bytes(key), digest_size=8, person=_ID_PERSON).digest()
     return int.from_bytes(digest, "little") & _MASK63
+
+
+_LAYER_PERSON = b"tiercache.lyr.v1"  # domain of per-layer block keys
+
+
+def layer_key(key: bytes, layer: int) -> bytes:
+    """The key of one layer's part of block ``key`` (per-layer blocks move on their own).
+
+    Distinct layers of one block, and the same layer of distinct blocks, get unrelated keys;
+    the block key itself is never a layer key (separate blake2b personalisation).
+
+    Raises:
+        ValueError: a key that is not 16 bytes, or a negative layer.
+    """
+    if not isinstance(key, (bytes, bytearray)) or len(key) != KEY_BYTES:
+        raise ValueError(f"key must be {KEY_BYTES} bytes, got {key!r}")
+    if isinstance(layer, bool) or not isinstance(layer, int) or layer < 0:
+        raise ValueError(f"layer must be a non-negative integer, got {layer!r}")
+    return hashlib.blake2b(bytes(key) + layer.to_bytes(4, "little"), digest_size=KEY_BYTES, person=_LAYER_PERSON).digest()

@@ -13,7 +13,7 @@ import shlex
 from ..config import MODEL_PRESETS, SPELLINGS, CacheConfig, Capacity, KVLayout, layout_preset, parse_layout, parse_tiers
 from ..errors import UserError
 from ..results import ResultsDocument, Semantics, TraceKind, write_results
-from ..policies import ADMISSION, EVICTION
+from ..policies import ADMISSION, EVICTION, PREFETCH, get_prefetch
 from ..sim.hardware import PRESETS, HardwareProfile, load_profile
 from ..sim.loader import Trace, load_trace
 from ..sim.sweep import SweepSpec, check_policy_names, sweep
@@ -70,6 +70,8 @@ def add_common_options(parser: argparse.ArgumentParser) -> None:
                                                          "request traces only: step traces replay as decode")
     parser.add_argument("--admission", action=Once, help="admission policy of the lower tiers of --tiers (default: always)")
     parser.add_argument("--write-through", action="store_true", help="inclusive hierarchy (default: exclusive)")
+    parser.add_argument("--prefetch", action=Once, help="prefetch policy of a step-trace replay, e.g. topk_speculative "
+                                                        "(default: none)")
     parser.add_argument("--model", action=Once, help="model preset turning blocks into bytes, e.g. llama-3-8b")
     parser.add_argument("--layout", action=Once, help="custom KV layout instead of --model, "
                                                       "e.g. layers=32,kv_heads=8,head_dim=128,dtype=bfloat16")
@@ -91,7 +93,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def presets_epilog() -> str:
     """The policies, model presets and hardware presets, for ``--help``."""
-    return (f"policies: {', '.join(EVICTION)}\nadmission: {', '.join(ADMISSION)}\n"
+    return (f"policies: {', '.join(EVICTION)}\nadmission: {', '.join(ADMISSION)}\nprefetch: {', '.join(PREFETCH)}\n"
             f"models: {', '.join(MODEL_PRESETS)}\nhardware: {', '.join(PRESETS)} (or a profile JSON)\n"
             f"capacities: {SPELLINGS}")
 
@@ -108,6 +110,8 @@ def spec_from_args(args: argparse.Namespace) -> tuple[Trace, SweepSpec]:
     policies = tuple(parse_list(args.policy or "lru", "--policy"))
     admission = args.admission or "always"
     check_policy_names(policies, admission)
+    prefetch = args.prefetch or "none"
+    get_prefetch(prefetch)
     semantics = parse_semantics(args.semantics)
     capacities = _capacities(capacity_text(args))
     hardware = _hardware(args)
@@ -116,7 +120,7 @@ def spec_from_args(args: argparse.Namespace) -> tuple[Trace, SweepSpec]:
     layout = _layout(args, trace)
     cache = _cache(args, layout)
     blocks = tuple(c.to_blocks(layout, f"--capacity {c.text!r}") for c in capacities)
-    return trace, SweepSpec(policies, semantics, blocks, cache, admission, layout, hardware)
+    return trace, SweepSpec(policies, semantics, blocks, cache, admission, layout, hardware, prefetch)
 
 
 def parse_semantics(text: str | None) -> tuple[Semantics, ...]:
@@ -132,6 +136,8 @@ def _check_trace_options(args: argparse.Namespace, trace: Trace) -> None:
     if trace.kind is TraceKind.STEPS and args.semantics is not None:
         raise UserError(f"--semantics {args.semantics}: {trace.path} is a step trace, which always replays as decode "
                         "(reads are accesses, writes new blocks); drop --semantics")
+    if trace.kind is TraceKind.REQUESTS and args.prefetch not in (None, "none"):
+        raise UserError(f"--prefetch {args.prefetch}: prefetch policies plan decode steps; {trace.path} is a request trace")
     if trace.kind is TraceKind.REQUESTS and args.block_tokens is not None:
         raise UserError(f"--block-tokens: {trace.path} is a request trace, whose blocks are {MOONCAKE_BLOCK_TOKENS} tokens")
 

@@ -44,18 +44,22 @@ _MADE, _NO_VICTIMS, _WRITE_FAILED = Room.MADE, Room.NO_VICTIMS, Room.WRITE_FAILE
 
 
 class _Guard:
-    """Ids that may not be victims: pinned in the tier, referenced, or explicitly protected."""
+    """Ids that may not be victims: pinned in the tier, referenced, explicitly protected, or
+    (in the last tier only) held by a live sequence."""
 
-    __slots__ = ("pins", "refs", "extra")
+    __slots__ = ("pins", "refs", "extra", "held")
 
-    def __init__(self, pins: dict, refs: dict, extra) -> None:
-        self.pins, self.refs, self.extra = pins, refs, extra
+    def __init__(self, pins: dict, refs: dict, extra, held=_NOTHING) -> None:
+        self.pins, self.refs, self.extra, self.held = pins, refs, extra, held
 
     def __contains__(self, block_id: int) -> bool:
-        return block_id in self.pins or block_id in self.refs or block_id in self.extra
+        return block_id in self.pins or block_id in self.refs or block_id in self.extra or block_id in self.held
+
+    def __bool__(self) -> bool:
+        return bool(self.pins or self.refs or self.extra or self.held)
 
     def _union(self) -> set[int]:
-        return set(self.pins).union(self.refs, self.extra)
+        return set(self.pins).union(self.refs, self.extra, self.held)
 
     def __iter__(self):
         # Policies count protected ids they track; all three sets are small (in-flight,
@@ -64,6 +68,28 @@ class _Guard:
 
     def __len__(self) -> int:
         return len(self._union())
+
+
+class _HeldWithoutCopy:
+    """Held ids that no lower tier holds a copy of (write-through: dropping one of those
+    from an upper tier would take it out of the hierarchy)."""
+
+    __slots__ = ("held", "below")
+
+    def __init__(self, held: dict, below: list) -> None:
+        self.held, self.below = held, below
+
+    def __contains__(self, block_id: int) -> bool:
+        return block_id in self.held and not any(block_id in slots for slots in self.below)
+
+    def __bool__(self) -> bool:
+        return bool(self.held)
+
+    def __iter__(self):
+        return (b for b in self.held if b in self)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
 
 
 def _slice(hints: Hints | None, a: int, b: int) -> Hints | None:
@@ -101,6 +127,9 @@ class TierManager(TransferMixin):
         self.events = events if events is not None else EventLog()
         self.write_through = write_through
         self.refs: dict[int, int] = {}
+        # Blocks of live sequences: they may move between tiers but never leave the
+        # hierarchy (the last tier never picks them as victims).
+        self.held: dict[int, int] = {}
         # References held on blocks that were lost (unreadable) while referenced.
         self.orphan_refs: dict[int, int] = {}
         self.inflight: dict[int, TransferPlan] = {}
@@ -152,9 +181,31 @@ class TierManager(TransferMixin):
         decrement(self.refs, live, "unref")
         decrement(self.orphan_refs, orphans, "unref")
 
+    # -- live sequences ------------------------------------------------------------------
+    def hold(self, ids: Sequence[int]) -> None:
+        """Counts one more live sequence holding each resident id.
+
+        A held block may be demoted and promoted like any other, but it never leaves the
+        hierarchy: the last tier (every tier in write-through mode) never chooses it as a
+        victim, a demotion that finds no room below keeps it where it is, and admission
+        below never refuses it. Callers keep the held blocks within the hierarchy's
+        capacity (``TieredKVCache`` checks before it stores).
+
+        Raises:
+            KeyError: an id is not resident (nothing is counted then).
+        """
+        for block_id in ids:
+            if self.locate(block_id) is None:
+                raise KeyError(f"hold of block {block_id}, which is not resident")
+        increment(self.held, ids)
+
+    def unhold(self, ids: Sequence[int]) -> None:
+        """Undoes ``hold``; raises CountError below zero (never clamps)."""
+        decrement(self.held, ids, "unhold")
+
     # -- the access path -----------------------------------------------------------------
     def access(self, ids: Sequence[int], hints: Hints | None = None, count_hits: bool = True, store_misses: bool = True,
-               wait: bool = True) -> list[TransferPlan]:
+               wait: bool = True, promote: bool = True) -> list[TransferPlan]:
         """Reads ``ids`` in order: hits are touched (and promoted), misses computed and stored.
 
         With ``wait`` (default) every promotion completes before the call returns, and the
@@ -169,6 +220,10 @@ class TierManager(TransferMixin):
         ``store_misses`` False misses are counted but not stored (a reader that has no bytes
         for them, such as the live store's ``get``). A hit whose stored copy proves unreadable
         on promotion is dropped and counted as a miss.
+
+        With ``promote`` False hits below the top tier are read where they are (a streaming
+        reader such as exact attention over a whole sequence): they are touched in their
+        own tier's policy and counted as hits there, read in place, and nothing moves.
         """
         if self._future is not None and hints is not None and hints.next_use is not None:
             self._future.update(zip(ids, hints.next_use))
@@ -187,16 +242,20 @@ class TierManager(TransferMixin):
             while k < n and ids[k] not in top:
                 k += 1
             k = j + _distinct_prefix(ids, j, k)
-            self._bring_up(ids[j:k], _slice(hints, j, k), count_hits, store_misses, started)
+            self._bring_up(ids[j:k], _slice(hints, j, k), count_hits, store_misses, started, promote)
             i = k
         return started or []
 
-    def insert(self, ids: Sequence[int], hints: Hints | None = None) -> None:
-        """Stores newly computed blocks, absent from every tier, in the top tier."""
+    def insert(self, ids: Sequence[int], hints: Hints | None = None, hold: bool = False) -> None:
+        """Stores newly computed blocks, absent from every tier, in the top tier.
+
+        With ``hold`` each block is held (``hold``) the moment it is placed, so a later
+        chunk of the same insert can push it down but never out.
+        """
         for block_id in ids:
             if self.locate(block_id) is not None:
                 raise KeyError(f"insert of block {block_id}, which is already resident")
-        self._insert_new(list(ids), hints)
+        self._insert_new(list(ids), hints, hold)
 
     def restore(self, tier: int, ids: Sequence[int], slots: Sequence[int] | None = None) -> None:
         """Adopts blocks already stored in ``tier`` (reopening a durable store).
@@ -227,7 +286,7 @@ class TierManager(TransferMixin):
             self.events.emit(Ev.RECOMPUTE, tier, count)
 
     def _bring_up(self, run: Sequence[int], hints: Hints | None, count_hits: bool, store_misses: bool,
-                  started: list | None) -> None:
+                  started: list | None, promote: bool = True) -> None:
         """Handles a run of distinct ids absent from the top tier, in order."""
         if len(self.dirs) == 1:
             self._miss(run, hints, store_misses)
@@ -242,7 +301,7 @@ class TierManager(TransferMixin):
             if tier is None:
                 self._miss(segment, seg_hints, store_misses)
             else:
-                self._found_below(segment, tier, seg_hints, count_hits, store_misses, started)
+                self._found_below(segment, tier, seg_hints, count_hits, store_misses, started, promote)
             position = end
 
     def _miss(self, ids: Sequence[int], hints: Hints | None, store_misses: bool) -> None:
@@ -251,8 +310,14 @@ class TierManager(TransferMixin):
             self._insert_new(ids, hints)
 
     def _found_below(self, ids: Sequence[int], tier: int, hints: Hints | None, count_hits: bool, store_misses: bool,
-                     started: list | None) -> None:
-        """Promotes ids found in a lower tier; ids whose copy proved unreadable are misses."""
+                     started: list | None, promote: bool = True) -> None:
+        """Promotes ids found in a lower tier (or, without ``promote``, reads them in place);
+        ids whose copy proved unreadable are misses."""
+        if not promote:
+            self.policies[tier].on_access(ids, hints)
+            self.events.emit(Ev.PROMOTE_SKIPPED, tier, len(ids))
+            self._count_found(tier, len(ids), count_hits)
+            return
         lost = self._promote(ids, tier, hints, started)
         self._count_found(tier, len(ids) - len(lost), count_hits)
         if lost:
@@ -261,7 +326,7 @@ class TierManager(TransferMixin):
             self._miss(lost, None if hints is None else _pick(hints, positions), store_misses)
 
     # -- placement -----------------------------------------------------------------------
-    def _insert_new(self, ids: Sequence[int], hints: Hints | None) -> None:
+    def _insert_new(self, ids: Sequence[int], hints: Hints | None, hold: bool = False) -> None:
         """Places new blocks in the top tier (admission permitting), making room first."""
         admitted = self.admissions[0].admit(ids)
         if not all(admitted):
@@ -275,6 +340,8 @@ class TierManager(TransferMixin):
                 self.events.emit(Ev.REFUSED, 0, len(chunk))  # everything pinned: not stored
                 continue
             self._fill_and_publish(chunk, _slice(hints, a, b))
+            if hold:
+                increment(self.held, chunk)
             if self.write_through:
                 self._copy_down(chunk, _slice(hints, a, b))
 
@@ -330,14 +397,23 @@ class TierManager(TransferMixin):
             return _NO_VICTIMS
         # The common case has nothing protected: a plain empty set keeps the policy's
         # membership test in C instead of a Python __contains__ per candidate.
-        guard = _Guard(directory.pins, self.refs, protected) if (directory.pins or self.refs or protected) else _NOTHING
+        last = self.write_through or tier + 1 == len(self.dirs)
+        held = self._held_guard(tier) if last and self.held else _NOTHING  # a held block may move down, never out
+        guard = _Guard(directory.pins, self.refs, protected, held) if (directory.pins or self.refs or protected or held) else _NOTHING
         victims = self.policies[tier].victims(need, guard)
         if victims is None:
             return _NO_VICTIMS
-        if self.write_through or tier + 1 == len(self.dirs):
+        if last:
             self._drop(tier, victims)
             return _MADE
         return self._demote(tier, victims, protected)
+
+    def _held_guard(self, tier: int):
+        """The held blocks ``tier`` may not drop: all of them in the last tier; in
+        write-through mode, above it, only those without a copy in a lower tier."""
+        if tier + 1 == len(self.dirs):
+            return self.held
+        return _HeldWithoutCopy(self.held, [d.slot_of for d in self.dirs[tier + 1 :]])
 
     def _retry_room(self, tier: int, n: int, protected) -> bool:
         """After ``_make_room`` failed: if moves this manager started into or out of ``tier``
@@ -371,17 +447,31 @@ class TierManager(TransferMixin):
         """
         below = tier + 1
         admitted = self.admissions[below].admit(victims)
-        moving = [v for v, ok in zip(victims, admitted) if ok]
-        refused = [v for v, ok in zip(victims, admitted) if not ok]
+        held = self.held
+        moving = [v for v, ok in zip(victims, admitted) if ok or v in held]
+        refused = [v for v, ok in zip(victims, admitted) if not ok and v not in held]
         if refused:
             self.events.emit(Ev.REFUSED, below, len(refused))
             self._drop(tier, refused)
         if not moving:
             return _MADE
-        room = self._make_room(below, len(moving), protected)
-        if room is _NO_VICTIMS:
-            self._drop(tier, moving)  # no room below (all pinned): they leave, a policy decision
-            return _MADE
+        room_below = self.dirs[below].capacity
+        if held and len(moving) > room_below and any(v in held for v in moving):
+            # More held victims than the tier below holds: move them in pieces, each piece
+            # pushing the previous one further down, instead of refusing the placement.
+            pieces = [moving[a : a + room_below] for a in range(0, len(moving), room_below)]
+        else:
+            pieces = [moving]
+        for piece in pieces:
+            room = self._make_room(below, len(piece), protected)
+            if room is _NO_VICTIMS:
+                if held and any(v in held for v in piece):
+                    return _NO_VICTIMS  # a held block never leaves: the placement above is refused
+                self._drop(tier, piece)  # no room below (all pinned): they leave, a policy decision
+                continue
+            if room is _WRITE_FAILED or not self._transfer(piece, tier, below, False, None):
+                return _WRITE_FAILED
+        return _MADE
         if room is _WRITE_FAILED or not self._transfer(moving, tier, below, False, None):
             return _WRITE_FAILED
         return _MADE
@@ -416,6 +506,8 @@ class TierManager(TransferMixin):
         for block_id in ids:
             if block_id in self.refs:
                 raise CountError(f"evict of block {block_id}, which has readers")
+            if block_id in self.held:
+                raise CountError(f"evict of block {block_id}, which a live sequence holds")
         for tier, directory in enumerate(self.dirs):
             present = [b for b in ids if b in directory.slot_of]
             if present:
@@ -436,6 +528,8 @@ class TierManager(TransferMixin):
                 seen.update(directory.slot_of)
         for block_id, count in self.refs.items():
             assert count > 0 and self.locate(block_id) is not None, f"bad reference on {block_id}"
+        for block_id, count in self.held.items():
+            assert count > 0 and self.locate(block_id) is not None, f"bad hold on {block_id}"
         for block_id, count in self.orphan_refs.items():
             assert count > 0 and self.locate(block_id) is None, f"bad orphan reference on {block_id}"
         for plan in self.inflight.values():

@@ -184,6 +184,12 @@ class TransferMixin:
             return True
         return self.wait(plan.job_id).ok
 
+    def report_lost(self, tier: int, ids: Sequence[int]) -> None:
+        """A reader found the stored bytes of ``ids`` in ``tier`` unreadable (checksum or
+        I/O): they leave the hierarchy, counted as lost, exactly as on a failed promotion."""
+        here = self.dirs[tier].slot_of
+        self._drop_lost(tier, [block_id for block_id in ids if block_id in here and block_id not in self.dirs[tier].pins])
+
     def _drop_lost(self, tier: int, ids: list[int]) -> None:
         """Drops blocks whose stored bytes proved unreadable; references on them end too."""
         if not ids:
@@ -191,6 +197,8 @@ class TransferMixin:
         for block_id in ids:
             if block_id in self.refs:  # readers keep their counts: unref still balances
                 self.orphan_refs[block_id] = self.refs.pop(block_id)
+            if block_id in self.held:  # a live sequence lost a block: it sees it gone
+                self.held.pop(block_id)
         self.policies[tier].on_remove(ids)
         self.engine.discard(tier, ids, self.dirs[tier].remove(ids))
         self.events.emit(Ev.LOST, tier, len(ids))

@@ -20,15 +20,17 @@ from typing import Callable
 import numpy as np
 
 from tiercache.config import TIER_NAMES, KVLayout, TierConfig
+from tiercache.core.decode import StepDriver
 from tiercache.core.manager import TierManager
 from tiercache.core.stats import HierarchyStats, TierCounters
-from tiercache.policies import Hints, get_eviction, make_admission, make_eviction
+from tiercache.policies import Hints, get_eviction, make_admission, make_eviction, make_prefetch
 from tiercache.results import Mode, RunRecord, Semantics, TierRecord, TraceKind
 
 from .engine import SimEngine
 from .hitcost import HitCost, HitMeter
 from .hardware import HardwareProfile
 from .loader import Trace
+from .steptrace import DecodeFields
 from .traces import MOONCAKE_BLOCK_TOKENS, next_use
 
 __all__ = ["RunSpec", "ReplayData", "replay", "Semantics"]
@@ -47,6 +49,7 @@ class RunSpec:
     tiers: tuple[TierConfig, ...]
     admission: str = "always"
     write_through: bool = False
+    prefetch: str = "none"
 
     def __post_init__(self) -> None:
         if not isinstance(self.semantics, Semantics):
@@ -144,6 +147,7 @@ def replay(spec: RunSpec, data: ReplayData, on_progress: Callable[[int], None] |
             _consume(manager, stats, meter)
             if on_progress is not None:
                 on_progress(256)
+    manager.wait_all()  # moves still in flight (a decode run's last prefetches) land, as at the end of a live run
     _consume(manager, stats, meter)
     if on_progress is not None:
         on_progress(data.n_batches % 256)
@@ -193,8 +197,42 @@ def _step_function(spec: RunSpec, data: ReplayData, manager: TierManager, needs_
         return 0
 
     if spec.semantics is Semantics.DECODE:
+        decode = data.trace.steps.decode if data.trace.steps is not None else None
+        if decode or spec.prefetch != "none":
+            return _driven_decode_step(spec, data, manager, decode or {})
         return decode_step
     return prefix_step if spec.semantics is Semantics.PREFIX else object_step
+
+
+def _driven_decode_step(spec: RunSpec, data: ReplayData, manager: TierManager, decode: dict) -> Callable[[int, bool], int]:
+    """The per-record handler of a decode trace run through ``StepDriver`` (the protocol of
+    the live decode cache: a trace it recorded replays to its exact counts).
+
+    Raises:
+        ValueError: an offline policy (it would need next-use hints the protocol has none of).
+    """
+    if get_eviction(spec.policy).needs_future:
+        raise ValueError(f"replay: {spec.policy} needs the future, which a recorded decode run or --prefetch does not give")
+    driver = StepDriver(manager, make_prefetch(spec.prefetch), store_misses=True)
+    ids, steps, layers = data.ids, data.trace.steps.steps, data.trace.steps.layers
+    plain = DecodeFields()
+
+    def driven_step(batch: int, needs_future: bool) -> int:
+        a, b = data.bounds(batch)
+        writes = data.is_write[a:b]
+        fields = decode.get(batch, plain)
+        if fields.release:
+            driver.release(fields.release)
+        reads = [i for i, w in zip(ids[a:b], writes) if not w]
+        if reads:
+            driver.end_read(driver.begin_read(int(steps[batch]), int(layers[batch]), reads, fields.in_place,
+                                              fields.candidates, fields.ahead))
+        written = [i for i, w in zip(ids[a:b], writes) if w]
+        if written or fields.hold:
+            driver.write(written, fields.hold)
+        return 0
+
+    return driven_step
 
 
 def _cut(hints: Hints, a: int, b: int) -> Hints:

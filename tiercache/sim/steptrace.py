@@ -22,6 +22,22 @@ Fields of a step record (all required; other fields are ignored, for forward com
 * ``write``: ids of the blocks the step stores at this layer (a block that just filled,
   or a prefill's blocks), in write order. Writes happen after the record's reads.
 
+Optional fields, written by the live decode cache (``tiercache.TieredKVCache(record=...)``)
+so that a replay makes exactly its decisions (``tiercache.core.decode.StepDriver``); absent
+fields take the defaults shown, and a trace without them replays as before:
+
+* ``in_place`` (false): the reads are served where the blocks lie (exact attention streams
+  the whole sequence through a window) instead of being promoted to the top tier.
+* ``candidates`` ([]): ids ranked right after a sparse selection (for prefetch policies).
+* ``ahead`` ([]): ids the next layer reads first (for prefetch policies).
+* ``hold`` ([]): ids a live sequence holds from now on (after this record's writes): they
+  may move down the hierarchy but never leave it.
+* ``release`` ([]): ids a sequence stops holding (it was freed), before this record's reads.
+
+With any optional field present, the record's reads and writes go through the decode step
+protocol: wait for earlier moves, reference and read, plan and start prefetches (with
+``tiercache replay --prefetch``), then write and hold.
+
 Block ids are integers in ``[0, 2**63)`` naming stored blocks. Ids are not interpreted:
 when blocks are per layer, every layer's copy of a block must have its own id (the
 synthesizers use ``block * layers + layer``). Within one list ids are distinct (the
@@ -44,7 +60,7 @@ import numpy as np
 from tiercache.errors import TraceError
 from tiercache.sim.traces import id_list_field, int_field, iter_json_objects, write_jsonl
 
-__all__ = ["StepRecord", "FlatSteps", "iter_steps", "steps_from_objects", "load_flat_steps", "flat_steps", "write_steps",
+__all__ = ["StepRecord", "DecodeFields", "DECODE_FIELDS", "FlatSteps", "iter_steps", "steps_from_objects", "load_flat_steps", "flat_steps", "write_steps",
            "step_json", "is_header", "header_block_tokens", "HEADER_FIELD"]
 
 #: The field of a step trace's header record.
@@ -64,6 +80,33 @@ class StepRecord:
     read: tuple[int, ...]
     write: tuple[int, ...]
     line: int = 0
+    in_place: bool = False
+    candidates: tuple[int, ...] = ()
+    ahead: tuple[int, ...] = ()
+    hold: tuple[int, ...] = ()
+    release: tuple[int, ...] = ()
+
+    @property
+    def decode_fields(self) -> "DecodeFields | None":
+        """The record's optional decode fields, or None when it has none."""
+        if not (self.in_place or self.candidates or self.ahead or self.hold or self.release):
+            return None
+        return DecodeFields(self.in_place, self.candidates, self.ahead, self.hold, self.release)
+
+
+#: The optional fields of a step record, in the order ``step_json`` writes them.
+DECODE_FIELDS = ("in_place", "candidates", "ahead", "hold", "release")
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeFields:
+    """The optional decode fields of one record (see the module docstring)."""
+
+    in_place: bool = False
+    candidates: tuple[int, ...] = ()
+    ahead: tuple[int, ...] = ()
+    hold: tuple[int, ...] = ()
+    release: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -80,6 +123,7 @@ class FlatSteps:
     offsets: np.ndarray
     steps: np.ndarray
     layers: np.ndarray
+    decode: dict[int, DecodeFields] | None = None  # record index -> its optional fields
 
     @property
     def num_records(self) -> int:
@@ -121,7 +165,14 @@ def _record(name: str, line: int, obj: dict, last_step: int) -> StepRecord:
     layer = int_field(name, line, obj, "layer")
     read = _distinct(name, line, "read", id_list_field(name, line, obj, "read"))
     write = _distinct(name, line, "write", id_list_field(name, line, obj, "write"))
-    return StepRecord(step, layer, tuple(read), tuple(write), line)
+    if not any(field in obj for field in DECODE_FIELDS):
+        return StepRecord(step, layer, tuple(read), tuple(write), line)
+    in_place = obj.get("in_place", False)
+    if type(in_place) is not bool:
+        raise TraceError(name, line, f"field 'in_place' must be true or false, got {in_place!r}")
+    lists = {field: tuple(_distinct(name, line, field, id_list_field(name, line, obj, field))) if field in obj else ()
+             for field in DECODE_FIELDS[1:]}
+    return StepRecord(step, layer, tuple(read), tuple(write), line, in_place, **lists)
 
 
 def iter_steps(path: str | os.PathLike) -> Iterator[StepRecord]:
@@ -181,7 +232,11 @@ def flat_steps(name: str, objects: Iterable[tuple[int, dict[str, Any]]]) -> Flat
     """
     chunks: list[tuple[int, ...]] = []
     meta: list[tuple[int, int, int, int]] = []
+    decode: dict[int, DecodeFields] = {}
     for rec in steps_from_objects(name, objects):
+        fields = rec.decode_fields
+        if fields is not None:
+            decode[len(meta)] = fields
         meta.append((rec.step, rec.layer, len(rec.read), len(rec.write)))
         chunks.extend((rec.read, rec.write))
     cols = np.array(meta, dtype=np.int64).reshape(len(meta), 4)
@@ -191,14 +246,21 @@ def flat_steps(name: str, objects: Iterable[tuple[int, dict[str, Any]]]) -> Flat
     per_record = cols[:, 2] + cols[:, 3]
     offsets = np.zeros(len(meta), dtype=np.int64)
     np.cumsum(per_record[:-1], out=offsets[1:])
-    return FlatSteps(ids, is_write, offsets, cols[:, 0].copy(), cols[:, 1].copy())
+    return FlatSteps(ids, is_write, offsets, cols[:, 0].copy(), cols[:, 1].copy(), decode or None)
 
 
 def step_json(record: StepRecord) -> str:
     """One step-trace JSONL line (without newline)."""
     read = ", ".join(map(str, record.read))
     write = ", ".join(map(str, record.write))
-    return f'{{"step": {record.step}, "layer": {record.layer}, "read": [{read}], "write": [{write}]}}'
+    extra = ""
+    if record.in_place:
+        extra += ', "in_place": true'
+    for field in DECODE_FIELDS[1:]:
+        values = getattr(record, field)
+        if values:
+            extra += f', "{field}": [{", ".join(map(str, values))}]'
+    return f'{{"step": {record.step}, "layer": {record.layer}, "read": [{read}], "write": [{write}]{extra}}}'
 
 
 def write_steps(path: str | os.PathLike, records: Iterable[StepRecord], block_tokens: int | None = None) -> int:

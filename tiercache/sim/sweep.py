@@ -17,7 +17,7 @@ from tqdm import tqdm
 import tiercache
 from tiercache.config import CacheConfig, KVLayout, TierConfig, parse_tiers
 from tiercache.errors import UserError
-from tiercache.policies import get_admission, get_eviction
+from tiercache.policies import get_admission, get_eviction, get_prefetch
 from tiercache.results import LayoutInfo, ResultsDocument, RunRecord, Semantics, TraceKind
 
 from .hardware import HardwareProfile
@@ -67,9 +67,11 @@ class SweepSpec:
     admission: str = "always"
     layout: KVLayout | None = None
     hardware: HardwareProfile | None = None
+    prefetch: str = "none"
 
     def __post_init__(self) -> None:
         check_policy_names(self.policies, self.admission)
+        get_prefetch(self.prefetch)
         if not self.semantics or any(s not in (Semantics.OBJECT, Semantics.PREFIX) for s in self.semantics):
             raise UserError(f"--semantics: object and/or prefix, got {[getattr(s, 'value', s) for s in self.semantics]}")
         if self.cache is not None and self.capacities:
@@ -95,7 +97,7 @@ def plan_runs(spec: SweepSpec, kind: TraceKind) -> list[RunSpec]:
     """
     semantics = spec.semantics if kind is TraceKind.REQUESTS else (Semantics.DECODE,)
     return [
-        RunSpec(policy, s, tiers, spec.admission, write_through)
+        RunSpec(policy, s, tiers, spec.admission, write_through, spec.prefetch)
         for s in semantics
         for tiers, write_through in spec.hierarchies()
         for policy in spec.policies

@@ -1,0 +1,107 @@
+"""Overlap of I/O and compute in an exact decode step with the KV spilled to NVMe.
+
+In one run, on the same sequence, a layer's exact attention is timed three ways
+(``tiercache.bench.decode.step_timings``, medians of ``--repeats``):
+
+* ``io_only``: every NVMe chunk read into the window with the pipeline's schedule, nothing
+  converted or computed (NVMe reads are O_DIRECT: cold every time, no page cache);
+* ``compute_only``: the same chunks, same sizes, converted and computed from memory;
+* ``pipelined``: the real ``Sequence.attend``, reads of chunk ``i+1..`` overlapping the
+  compute of chunk ``i``.
+
+``overlap_efficiency = max(io_only, compute_only) / pipelined`` (1.0: the shorter side is
+completely hidden). The figure only says something about overlap when both sides are of
+similar size, so the query heads (compute grows with them, I/O does not) are calibrated
+first until ``io_only / compute_only`` lies within [0.5, 2] (``--q-heads`` fixes them instead).
+
+Usage: ``python scripts/bench_decode.py [--tokens 1000000] [--repeats 5] [--json OUT]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+
+import torch
+
+from tiercache import TieredKVCache
+from tiercache.bench.decode import NeedleKV, cpu_count, step_timings
+from tiercache.config import KVLayout, TierConfig
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokens", type=int, default=1_000_000)
+    parser.add_argument("--block-tokens", type=int, default=256)
+    parser.add_argument("--kv-heads", type=int, default=2)
+    parser.add_argument("--head-dim", type=int, default=64)
+    parser.add_argument("--q-heads", type=int, default=None, help="query heads (default: calibrated)")
+    parser.add_argument("--window-blocks", type=int, default=32)
+    parser.add_argument("--depth", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--path", default=None, help="folder for the temporary NVMe store")
+    parser.add_argument("--json", dest="json_out")
+    return parser.parse_args(argv)
+
+
+def calibrate(seq, kv: NeedleKV, args) -> tuple[int, dict]:
+    """Query heads for which I/O and compute are within 2x of each other (or the closest)."""
+    best = None
+    for heads in (2, 4, 8, 16, 32, 64):
+        if heads % args.kv_heads:
+            continue
+        q, _ = kv.query(0, heads)
+        timing = step_timings(seq, 0, q, repeats=1)
+        ratio = timing["io_compute_ratio"]
+        if best is None or abs(torch.log(torch.tensor(ratio))) < abs(torch.log(torch.tensor(best[1]["io_compute_ratio"]))):
+            best = (heads, timing)
+        if 0.5 <= ratio <= 2.0 or ratio < 0.5:  # balanced, or compute already dominates
+            break
+    return best[0], best[1]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    layout = KVLayout(1, args.kv_heads, args.head_dim, "float16", args.block_tokens, per_layer=True, name="bench-decode")
+    blocks = args.tokens // args.block_tokens
+    tiers = [TierConfig("hbm", 8), TierConfig("dram", 8), TierConfig("nvme", blocks + 64)]
+    kv = NeedleKV(blocks * args.block_tokens, args.kv_heads, args.head_dim, args.block_tokens, 4, 0)
+    folder = tempfile.mkdtemp(prefix="tiercache-bench-decode-", dir=args.path)
+    try:
+        with TieredKVCache(layout, tiers, prefetch="none", path=folder, window_blocks=args.window_blocks, depth=args.depth,
+                           write_through=True) as cache:
+            seq = cache.sequence()
+            for a in range(0, kv.n_blocks * args.block_tokens, 1 << 16):
+                seq.append(0, *kv.chunk(a, min(1 << 16, kv.n_blocks * args.block_tokens - a)))
+            heads = args.q_heads
+            if heads is None:
+                heads, _ = calibrate(seq, kv, args)
+            q, _ = kv.query(0, heads)
+            timing = step_timings(seq, 0, q, repeats=args.repeats)
+            on_nvme = cache.manager.dirs[2].capacity and sum(1 for b in seq._layers[0].ids[: seq.blocks(0)]
+                                                            if cache.manager.locate(int(b)) == 2)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    balanced = 0.5 <= timing["io_compute_ratio"] <= 2.0
+    figures = {"tokens": kv.n_blocks * args.block_tokens, "blocks": kv.n_blocks, "blocks_read_from_nvme": on_nvme,
+               "kv_bytes": kv.n_blocks * layout.block_bytes, "q_heads": heads, "kv_heads": args.kv_heads,
+               "window_blocks": args.window_blocks, "depth": args.depth, "repeats": args.repeats,
+               "io_only": timing["io_only_seconds"], "compute_only": timing["compute_only_seconds"],
+               "pipelined": timing["pipelined_seconds"], "overlap_efficiency": timing["overlap_efficiency"],
+               "io_compute_ratio": timing["io_compute_ratio"], "balanced": balanced, "cpus": cpu_count(),
+               "torch_threads": torch.get_num_threads()}
+    for name in ("io_only", "compute_only", "pipelined"):
+        print(f"{name:<14} {figures[name]:.4f} s")
+    print(f"{'io/compute':<14} {figures['io_compute_ratio']:.2f} ({'balanced' if balanced else 'NOT within 2x: the figure says little'})")
+    print(f"{'overlap':<14} {figures['overlap_efficiency']:.3f}  (q_heads={heads}, {on_nvme:,} of {kv.n_blocks:,} blocks on NVMe)")
+    if args.json_out:
+        with open(args.json_out, "w", encoding="utf-8") as f:
+            json.dump(figures, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,277 @@
+"""Decode one very long sequence over HBM, DRAM and NVMe tiers, exact and sparse.
+
+Builds a synthetic sequence of ``--tokens`` tokens (default 10,000,000) with a small layout
+(1 layer, 2 KV heads, head dim 64, fp16: 512 B per token, 5 GB of KV at 10M tokens) under
+explicit budgets (``--hbm 256MiB --dram 1GiB``, the rest on NVMe in a temporary folder under
+``--path``, removed afterwards unless ``--keep``), then decodes ``--exact-steps`` steps in
+exact mode and ``--steps`` steps in sparse mode (``--budget 0.02`` of the blocks).
+
+The keys carry needles (``tiercache.bench.decode.NeedleKV``): a few blocks that the queries
+aim at, each holding a share of that query's dense attention mass (``--mass`` aims at it;
+the measured share is reported), so that sparse selection is tested for finding them.
+
+It prints a table and writes (``--json OUT``): ``tokens``, ``exact_step_seconds`` and
+``sparse_step_seconds`` (medians of append + attend), ``exact_max_rel_err`` (against a float64
+reference computed chunk by chunk from regenerated KV, on ``--reference-steps`` sampled
+steps), ``sparse_needle_recall``, ``rss_peak_bytes`` (``ru_maxrss``),
+``page_cache_growth_bytes`` (the page cache held by the run's own NVMe files, peak over
+checkpoints, by ``mincore``; ``system_page_cache_growth_bytes`` is the machine-wide
+``Cached`` of /proc/meminfo, peak minus start, which other processes move too),
+``bytes_read_per_step`` per tier and mode, and ``overlap_efficiency`` (as in
+``scripts/bench_decode.py``, measured on this run's sequence).
+
+Quick check (most of the 512 MB of KV on NVMe, under a minute)::
+
+    python scripts/long_context.py --tokens 1000000 --hbm 32MiB --dram 128MiB
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import time
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from tiercache import AttentionMode, TieredKVCache
+from tiercache.bench.decode import (NeedleKV, cached_bytes_of, median, page_cache_bytes, reference_attention, rss_peak_bytes,
+                                    step_timings)
+from tiercache.config import KVLayout, TierConfig, parse_capacity
+from tiercache.errors import UserError
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokens", type=int, default=10_000_000, help="prompt tokens (rounded down to whole blocks)")
+    parser.add_argument("--hbm", default="256MiB", help="HBM tier budget (bytes or blocks)")
+    parser.add_argument("--dram", default="1GiB", help="DRAM tier budget (bytes or blocks)")
+    parser.add_argument("--path", default=None, help="folder for the NVMe tier's temporary store (default: the system temp)")
+    parser.add_argument("--keep", action="store_true", help="keep the NVMe store folder")
+    parser.add_argument("--block-tokens", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=1)
+    parser.add_argument("--kv-heads", type=int, default=2)
+    parser.add_argument("--head-dim", type=int, default=64)
+    parser.add_argument("--q-heads", type=int, default=8, help="query heads (a multiple of --kv-heads: GQA)")
+    parser.add_argument("--budget", type=float, default=0.02, help="sparse budget: share of the blocks")
+    parser.add_argument("--steps", type=int, default=32, help="sparse decode steps")
+    parser.add_argument("--exact-steps", type=int, default=3, help="exact decode steps")
+    parser.add_argument("--reference-steps", type=int, default=2, help="exact steps checked against float64")
+    parser.add_argument("--needles", type=int, default=8)
+    parser.add_argument("--mass", type=float, default=0.2, help="attention share a needle block aims at")
+    parser.add_argument("--chunk-tokens", type=int, default=65536, help="tokens per append while building")
+    parser.add_argument("--prefetch", default="topk_speculative")
+    parser.add_argument("--exclusive", dest="write_through", action="store_false",
+                        help="exclusive hierarchy (default: write-through, so reads never write back)")
+    parser.add_argument("--window-blocks", type=int, default=64)
+    parser.add_argument("--depth", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--timing-repeats", type=int, default=1, help="repeats of the three-way overlap timing")
+    parser.add_argument("--json", dest="json_out", help="write the figures here")
+    parser.add_argument("--no-progress", action="store_true")
+    args = parser.parse_args(argv)
+    if args.tokens < 2 * args.block_tokens:
+        parser.error("--tokens: at least two blocks")
+    if args.q_heads % args.kv_heads:
+        parser.error("--q-heads must be a multiple of --kv-heads")
+    return args
+
+
+def tiers_for(args: argparse.Namespace, layout: KVLayout) -> list[TierConfig]:
+    """HBM and DRAM as budgeted; NVMe sized for the rest of the sequence plus slack."""
+    hbm = parse_capacity(args.hbm, layout, "--hbm")
+    dram = parse_capacity(args.dram, layout, "--dram")
+    blocks = (args.tokens // args.block_tokens + 1 + (args.steps + args.exact_steps) // args.block_tokens + 1) * args.layers
+    below = 0 if args.write_through else hbm + dram  # write-through: NVMe holds a copy of every block
+    nvme = max(64, blocks - below + max(64, blocks // 50))
+    return [TierConfig("hbm", hbm), TierConfig("dram", dram), TierConfig("nvme", nvme)]
+
+
+def build(seq, kvs: list[NeedleKV], args, progress: bool) -> float:
+    """Appends the prompt layer by layer in chunks; returns the seconds it took."""
+    prompt = kvs[0].n_blocks * args.block_tokens
+    chunk = max(args.block_tokens, args.chunk_tokens // args.block_tokens * args.block_tokens)
+    started = time.perf_counter()
+    with tqdm(total=prompt, unit="tok", unit_scale=True, desc="build", disable=not progress) as bar:
+        for a in range(0, prompt, chunk):
+            n = min(chunk, prompt - a)
+            for layer, kv in enumerate(kvs):
+                k, v = kv.chunk(a, n)
+                seq.append(layer, k, v)
+            bar.update(n)
+    return time.perf_counter() - started
+
+
+def decode(seq, kvs: list[NeedleKV], args, mode: AttentionMode, steps: int, first_step: int, progress: bool,
+           results: dict) -> None:
+    """Runs ``steps`` decode steps; fills ``results`` with times, errors and recalls."""
+    budget = args.budget if mode is AttentionMode.SPARSE else None
+    for step in tqdm(range(first_step, first_step + steps), desc=mode.value, disable=not progress):
+        started = time.perf_counter()
+        outs = []
+        for layer, kv in enumerate(kvs):
+            k, v = kv.decode_kv(step)
+            seq.append(layer, k, v)
+            q, target = kv.query(step, args.q_heads)
+            outs.append((layer, q, target, seq.attend(layer, q, mode, budget)))
+            if mode is AttentionMode.SPARSE:
+                needle = kv.needle_blocks[target]
+                results["recall"].append(bool(np.isin(needle, seq.last_positions)))
+        results["seconds"].append(time.perf_counter() - started)
+        results["reports"].extend(seq.reports[-len(kvs):])
+        if mode is AttentionMode.EXACT and step - first_step < args.reference_steps:
+            for layer, q, target, out in outs:
+                kv = kvs[layer]
+                tail = [kv.decode_kv(s) for s in range(step + 1)]
+                ref, share = reference_attention(kv, q, torch.cat([t[0] for t in tail], 1), torch.cat([t[1] for t in tail], 1),
+                                                 needle_block=kv.needle_blocks[target])
+                err = float(((out.double() - ref).norm() / ref.norm()))
+                results["errors"].append(err)
+                results["needle_mass"].append(share)
+
+
+def per_tier_bytes(reports, block_bytes: int) -> dict:
+    """Mean bytes each tier served per attend (one layer's read), and the prefetched bytes."""
+    if not reports:
+        return {}
+    n = len(reports)
+    return {"hbm": sum(r.hbm_hits for r in reports) * block_bytes / n,
+            "dram": sum(r.from_dram for r in reports) * block_bytes / n,
+            "nvme": sum(r.from_nvme for r in reports) * block_bytes / n,
+            "prefetched": sum(r.prefetched for r in reports) * block_bytes / n}
+
+
+def sparse_scoring_seconds(seq, kv: NeedleKV, args) -> float:
+    """Median time of scoring every block's summary and selecting (no fetch), layer 0."""
+    from tiercache.attention import block_scores, select_blocks
+    state = seq._layers[0]
+    count = max(1, int(np.ceil(args.budget * state.n)))
+    times = []
+    for step in range(5):
+        q, _ = kv.query(step, args.q_heads)
+        started = time.perf_counter()
+        scores = block_scores(q, state.kmin[: state.n], state.kmax[: state.n])
+        select_blocks(scores, count, 1, 1, spare=max(1, count // 2))
+        times.append(time.perf_counter() - started)
+    return median(times)
+
+
+def run(args: argparse.Namespace) -> dict:
+    progress = not args.no_progress
+    layout = KVLayout(args.layers, args.kv_heads, args.head_dim, "float16", args.block_tokens, per_layer=True, name="long-context")
+    tiers = tiers_for(args, layout)
+    kvs = [NeedleKV(args.tokens, args.kv_heads, args.head_dim, args.block_tokens, args.needles, args.seed + 1000 * layer,
+                    args.mass) for layer in range(args.layers)]
+    folder = tempfile.mkdtemp(prefix="tiercache-long-", dir=args.path)
+    cached_start = page_cache_bytes()
+    cached_peak = cached_start
+    ours_peak = 0
+
+    def checkpoint() -> None:
+        nonlocal cached_peak, ours_peak
+        cached_peak = max(cached_peak, page_cache_bytes())
+        ours_peak = max(ours_peak, cached_bytes_of(folder))
+
+    try:
+        cache = TieredKVCache(layout, tiers, prefetch=args.prefetch, path=folder, window_blocks=args.window_blocks,
+                              depth=args.depth, write_through=args.write_through)
+        with cache:
+            seq = cache.sequence()
+            build_seconds = build(seq, kvs, args, progress)
+            checkpoint()
+            exact = {"seconds": [], "errors": [], "needle_mass": [], "reports": [], "recall": []}
+            decode(seq, kvs, args, AttentionMode.EXACT, args.exact_steps, 0, progress, exact)
+            checkpoint()
+            sparse = {"seconds": [], "errors": [], "needle_mass": [], "reports": [], "recall": []}
+            decode(seq, kvs, args, AttentionMode.SPARSE, args.steps, args.exact_steps, progress, sparse)
+            checkpoint()
+            q, _ = kvs[0].query(0, args.q_heads)
+            timings = step_timings(seq, 0, q, repeats=args.timing_repeats)
+            scoring = sparse_scoring_seconds(seq, kvs[0], args)
+            checkpoint()
+            stats = cache.stats()
+            blocks = seq.blocks(0)
+    finally:
+        if not args.keep:
+            shutil.rmtree(folder, ignore_errors=True)
+    sparse_reports = sparse["reports"]
+    return {
+        "tokens": args.tokens,
+        "blocks_per_layer": blocks,
+        "layout": {"layers": args.layers, "kv_heads": args.kv_heads, "q_heads": args.q_heads, "head_dim": args.head_dim,
+                   "dtype": "float16", "block_tokens": args.block_tokens, "block_bytes": layout.block_bytes},
+        "tiers": {t.name: t.capacity_blocks for t in tiers},
+        "kv_bytes": blocks * args.layers * layout.block_bytes,
+        "budget": args.budget,
+        "prefetch": args.prefetch,
+        "write_through": args.write_through,
+        "build_seconds": build_seconds,
+        "exact_step_seconds": median(exact["seconds"]),
+        "sparse_step_seconds": median(sparse["seconds"]),
+        "sparse_step_seconds_all": sparse["seconds"],
+        "sparse_scoring_seconds": scoring,
+        "exact_max_rel_err": max(exact["errors"]) if exact["errors"] else None,
+        "needle_mass_measured": exact["needle_mass"],
+        "needle_mass_target": args.mass,
+        "sparse_needle_recall": float(np.mean(sparse["recall"])) if sparse["recall"] else None,
+        "sparse_blocks_selected": median([r.selected for r in sparse_reports]) if sparse_reports else None,
+        "sparse_hbm_hit_share": (sum(r.hbm_hits for r in sparse_reports) / max(1, sum(r.selected for r in sparse_reports))),
+        "sparse_prefetched_blocks": sum(r.prefetched for r in sparse_reports),
+        "rss_peak_bytes": rss_peak_bytes(),
+        "dram_budget_bytes": tiers[1].capacity_blocks * layout.block_bytes,
+        "page_cache_growth_bytes": ours_peak,
+        "system_page_cache_growth_bytes": max(0, cached_peak - cached_start),
+        "bytes_read_per_step": {"exact": per_tier_bytes(exact["reports"], layout.block_bytes),
+                                "sparse": per_tier_bytes(sparse_reports, layout.block_bytes)},
+        "overlap_efficiency": timings["overlap_efficiency"],
+        "overlap_timings": timings,
+        "tier_hits": {t["name"]: t["hits"] for t in stats["tiers"]},
+        "torch_threads": torch.get_num_threads(),
+    }
+
+
+def print_table(figures: dict) -> None:
+    rows = [
+        ("tokens", f"{figures['tokens']:,}"),
+        ("KV bytes", f"{figures['kv_bytes'] / 2**30:.2f} GiB in {figures['blocks_per_layer']:,} blocks/layer"),
+        ("tiers (blocks)", ", ".join(f"{k}={v:,}" for k, v in figures["tiers"].items())),
+        ("build", f"{figures['build_seconds']:.1f} s"),
+        ("exact step (median)", f"{figures['exact_step_seconds']:.3f} s"),
+        ("sparse step (median)", f"{figures['sparse_step_seconds']:.4f} s  (scoring {figures['sparse_scoring_seconds']:.4f} s)"),
+        ("exact max rel err", f"{figures['exact_max_rel_err']:.2e}" if figures["exact_max_rel_err"] is not None else "-"),
+        ("needle mass (target)", f"{figures['needle_mass_target']}  measured "
+                                 + ", ".join(f"{m:.3f}" for m in figures["needle_mass_measured"] if m is not None)),
+        ("sparse needle recall", f"{figures['sparse_needle_recall']:.3f}"),
+        ("sparse HBM hit share", f"{figures['sparse_hbm_hit_share']:.3f}"),
+        ("overlap efficiency", f"{figures['overlap_efficiency']:.3f}"),
+        ("peak RSS", f"{figures['rss_peak_bytes'] / 2**30:.2f} GiB (DRAM budget {figures['dram_budget_bytes'] / 2**30:.2f} GiB)"),
+        ("page cache growth", f"{figures['page_cache_growth_bytes'] / 2**20:.0f} MiB of our files "
+                              f"(machine-wide {figures['system_page_cache_growth_bytes'] / 2**20:.0f} MiB)"),
+    ]
+    width = max(len(name) for name, _ in rows)
+    for name, value in rows:
+        print(f"{name:<{width}}  {value}")
+    for mode, per in figures["bytes_read_per_step"].items():
+        print(f"{mode + ' bytes/step':<{width}}  " + ", ".join(f"{k}={v / 2**20:.1f} MiB" for k, v in per.items()))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        figures = run(args)
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print_table(figures)
+    if args.json_out:
+        with open(args.json_out, "w", encoding="utf-8") as f:
+            json.dump(figures, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,289 @@
+"""Long-sequence decode measurements: a synthetic KV workload with needles, a float64
+reference computed chunk by chunk, and the three-way timing of a decode step.
+
+``NeedleKV`` generates a sequence's keys and values deterministically, chunk by chunk, from
+a seed (so the reference regenerates them instead of reading them back through the code
+under test). Background keys are N(0, 1) per channel; a few *needle* blocks hold keys
+``b * u_j + N(0, 1)`` along a unit direction ``u_j``; a query aimed at needle ``j`` is
+``a * u_j + N(0, noise)``. With ``a = sqrt(D)`` a background score ``q.k / sqrt(D)`` is
+about N(0, 1) and a needle score about ``b`` (plus the same noise), so a needle block's
+share of the attention mass is close to ``T e^b / (T e^b + N)`` (``T`` tokens per block,
+``N`` tokens in all): ``b = log(mass / (1 - mass) * N / T)`` aims at ``mass``. The measured
+share on sampled steps is reported beside the target, never assumed.
+
+``step_timings`` times a decode step's attention three ways on the same data: I/O only
+(every chunk fetched, nothing computed), compute only (the same chunks computed from
+memory, nothing fetched) and pipelined (the real ``attend``);
+``overlap_efficiency = max(io_only, compute_only) / pipelined`` is 1.0 when the pipeline
+hides the shorter of the two completely.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import mmap
+import os
+import resource
+import statistics
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..attention import _grouped, compute_dtype, merge, partial_attention
+from ..live.cache import Sequence, split_kv
+
+__all__ = ["NeedleKV", "reference_attention", "step_timings", "rss_peak_bytes", "page_cache_bytes", "cached_bytes_of", "median"]
+
+
+def median(values) -> float:
+    """Median of a non-empty sequence."""
+    return float(statistics.median(values))
+
+
+@dataclass(frozen=True)
+class NeedleKV:
+    """A deterministic synthetic sequence with needle blocks (see the module docstring).
+
+    Invariants: needle blocks lie strictly between the first and the last block of the
+    prompt; ``directions[j]`` is a unit vector.
+    """
+
+    tokens: int
+    kv_heads: int
+    head_dim: int
+    block_tokens: int
+    needles: int
+    seed: int
+    mass: float = 0.2
+    dtype: torch.dtype = torch.float16
+
+    @property
+    def n_blocks(self) -> int:
+        return self.tokens // self.block_tokens
+
+    @property
+    def needle_blocks(self) -> list[int]:
+        """Block indices of the needles (sorted, distinct, never the first or last block)."""
+        rng = np.random.default_rng(self.seed)
+        inner = max(1, self.n_blocks - 2)
+        picks = rng.choice(inner, size=min(self.needles, inner), replace=False) + 1
+        return sorted(int(p) for p in picks)
+
+    @property
+    def directions(self) -> torch.Tensor:
+        """``[needles, D]`` unit directions, one per needle."""
+        g = torch.Generator().manual_seed(self.seed + 1)
+        d = torch.randn(len(self.needle_blocks), self.head_dim, generator=g, dtype=torch.float64)
+        return d / d.norm(dim=1, keepdim=True)
+
+    @property
+    def needle_strength(self) -> float:
+        """``b``: the needle score aiming at ``mass`` of the attention (see the docstring)."""
+        return math.log(self.mass / (1 - self.mass) * self.tokens / self.block_tokens)
+
+    def chunk(self, start: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of tokens ``[start, start + count)``, each ``[kv_heads, count, D]``.
+
+        ``start`` and ``count`` must be multiples of ``block_tokens`` (chunks are generated
+        block-aligned, so any chunking gives the same tokens).
+        """
+        if start % self.block_tokens or count % self.block_tokens:
+            raise ValueError("NeedleKV.chunk: start and count must be whole blocks")
+        k = torch.empty((self.kv_heads, count, self.head_dim), dtype=self.dtype)
+        v = torch.empty_like(k)
+        step = self.block_tokens * 256
+        for a in range(start, start + count, step):
+            n = min(step, start + count - a)
+            g = torch.Generator().manual_seed(self.seed * 1_000_003 + a // step)
+            k[:, a - start : a - start + n] = torch.randn(self.kv_heads, n, self.head_dim, generator=g)
+            v[:, a - start : a - start + n] = torch.randn(self.kv_heads, n, self.head_dim, generator=g)
+        self._plant(k, start, count)
+        return k, v
+
+    def _plant(self, k: torch.Tensor, start: int, count: int) -> None:
+        strength = self.needle_strength
+        directions = self.directions
+        for j, block in enumerate(self.needle_blocks):
+            a = block * self.block_tokens
+            if start <= a < start + count:
+                g = torch.Generator().manual_seed(self.seed * 7_919 + block)
+                noise = torch.randn(self.kv_heads, self.block_tokens, self.head_dim, generator=g, dtype=torch.float64)
+                keys = strength * directions[j] + noise
+                k[:, a - start : a - start + self.block_tokens] = keys.to(self.dtype)
+
+    def decode_kv(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of the token decode step ``step`` appends (background), ``[kv, 1, D]``."""
+        g = torch.Generator().manual_seed(self.seed * 31 + 17 + step)
+        k = torch.randn(self.kv_heads, 1, self.head_dim, generator=g).to(self.dtype)
+        v = torch.randn(self.kv_heads, 1, self.head_dim, generator=g).to(self.dtype)
+        return k, v
+
+    def query(self, step: int, q_heads: int, noise: float = 0.3) -> tuple[torch.Tensor, int]:
+        """Step ``step``'s query, ``[q_heads, 1, D]``, and the needle index it aims at.
+
+        Queries aim at needle ``(step // 4) % needles``: four consecutive steps share a
+        target (consecutive decode queries are similar), each with its own noise.
+        """
+        target = (step // 4) % len(self.needle_blocks)
+        g = torch.Generator().manual_seed(self.seed * 131 + step)
+        scale = math.sqrt(self.head_dim)
+        q = scale * self.directions[target] + noise * torch.randn(q_heads, 1, self.head_dim, generator=g, dtype=torch.float64)
+        return q.to(self.dtype), target
+
+
+def reference_attention(kv: NeedleKV, q: torch.Tensor, extra_k: torch.Tensor, extra_v: torch.Tensor,
+                        chunk_tokens: int = 1 << 18, needle_block: int | None = None) -> tuple[torch.Tensor, float | None]:
+    """Float64 attention of ``q`` over the prompt of ``kv`` plus ``extra`` tokens, computed
+    chunk by chunk from regenerated KV (never read back through tiercache).
+
+    Returns:
+        ``(out [q_heads, 1, D] float64, share of the attention mass on needle_block)``
+        (the share averaged over query heads; None without a block).
+    """
+    grouped = _grouped(q.double(), kv.kv_heads)
+    result = None
+    needle = None
+    block_tokens = kv.block_tokens
+    prompt = kv.n_blocks * block_tokens
+    for a in range(0, prompt, chunk_tokens):
+        n = min(chunk_tokens, prompt - a)
+        k, v = kv.chunk(a, n)
+        part = partial_attention(grouped, k.double(), v.double())
+        result = part if result is None else merge(result, part)
+        if needle_block is not None and a <= needle_block * block_tokens < a + n:
+            s = needle_block * block_tokens - a
+            needle = partial_attention(grouped, k[:, s : s + block_tokens].double(), v[:, s : s + block_tokens].double())
+    if extra_k.shape[1]:
+        result = merge(result, partial_attention(grouped, extra_k.double(), extra_v.double()))
+    share = None
+    if needle is not None:
+        share = float(torch.exp(needle.lse - result.lse).mean())
+    return result.out.reshape(q.shape), share
+
+
+def step_timings(seq: Sequence, layer: int, q: torch.Tensor, repeats: int = 3) -> dict:
+    """Times one layer's exact attention three ways on the same data (medians, seconds).
+
+    I/O only: every chunk on a keyed tier (NVMe) read into the window with the same
+    schedule, nothing converted or computed (chunks in memory tiers need no fetch). Compute
+    only: every chunk, of the same sizes, converted and computed from blocks already in
+    memory (the first window's, kept), nothing fetched. Pipelined: ``seq.attend``.
+    """
+    cache = seq.cache
+    grouped = _grouped(q.to(compute_dtype(cache.dtype)), cache.layout.kv_heads)
+    io, compute, piped = [], [], []
+    for _ in range(repeats):
+        source = seq.stream_source(layer)
+        started = time.perf_counter()
+        kept = _fetch_all(source, cache.depth)
+        io.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        result = None
+        for index in range(source.n_chunks):
+            n = len(source.chunks[index][1])
+            blocks = kept[index % len(kept)]
+            k, v = split_kv(blocks[: min(n, blocks.shape[0])])
+            part = partial_attention(grouped, k, v)
+            result = part if result is None else merge(result, part)
+        compute.append(time.perf_counter() - started)
+        del kept
+        started = time.perf_counter()
+        seq.attend(layer, q)
+        piped.append(time.perf_counter() - started)
+    io_s, compute_s, piped_s = median(io), median(compute), median(piped)
+    return {"io_only_seconds": io_s, "compute_only_seconds": compute_s, "pipelined_seconds": piped_s,
+            "overlap_efficiency": max(io_s, compute_s) / piped_s, "io_compute_ratio": io_s / compute_s}
+
+
+def _fetch_all(source, depth: int) -> list[torch.Tensor]:
+    """Waits for every keyed-tier chunk with ``stream_attention``'s window schedule, with
+    no compute; returns copies of the first ``depth`` chunks' blocks (any tier) for the
+    compute-only run."""
+    kept: list[torch.Tensor] = []
+    pending = [source.start(i, i % depth) for i in range(min(depth, source.n_chunks))]
+    for index in range(source.n_chunks):
+        handle = pending.pop(0)
+        if handle[2] is not None or len(kept) < depth:
+            blocks = source.raw(handle)
+            if len(kept) < depth:
+                kept.append(blocks.clone())
+        if index + depth < source.n_chunks:
+            pending.append(source.start(index + depth, (index + depth) % depth))
+    return kept
+
+
+def rss_peak_bytes() -> int:
+    """Peak resident set of this process (``ru_maxrss``, KiB on Linux)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def page_cache_bytes() -> int:
+    """The kernel's page cache (``Cached`` of /proc/meminfo), 0 where unavailable."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Cached:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return 0
+    return 0
+
+
+def cached_bytes_of(folder: str) -> int:
+    """Bytes of the files under ``folder`` that sit in the page cache now: ``mincore`` over a
+    read-only mapping of each file (the mapping itself reads nothing). 0 without libc."""
+    libc = _libc()
+    if libc is None:
+        return 0
+    page = mmap.PAGESIZE
+    total = 0
+    for root, _, names in os.walk(folder):
+        for name in names:
+            total += _cached_pages(libc, os.path.join(root, name), page) * page
+    return total
+
+
+def _cached_pages(libc, path: str, page: int) -> int:
+    """Resident pages of one file (0 if it vanished or cannot be mapped)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return 0
+    try:
+        size = os.fstat(fd).st_size
+        if size == 0:
+            return 0
+        address = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        if address in (None, ctypes.c_void_p(-1).value):
+            return 0
+        try:
+            pages = (size + page - 1) // page
+            vec = (ctypes.c_ubyte * pages)()
+            if libc.mincore(ctypes.c_void_p(address), size, vec) != 0:
+                return 0
+            return sum(v & 1 for v in vec)
+        finally:
+            libc.munmap(ctypes.c_void_p(address), size)
+    finally:
+        os.close(fd)
+
+
+def _libc():
+    """libc with mmap, mincore and munmap typed, or None."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+        libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        return libc
+    except (OSError, AttributeError):
+        return None
+
+
+def cpu_count() -> int:
+    """CPUs this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

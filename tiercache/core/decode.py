@@ -1,0 +1,136 @@
+"""The decode step protocol, shared by the live decode cache and the step-trace replay.
+
+A decode step is recorded as records (``tiercache.sim.steptrace``): a read record (what one
+layer's attention read) or a write record (blocks a layer filled, which the sequence then
+holds), plus the holds and releases of live sequences. ``StepDriver`` turns one record into
+manager calls. The live cache (``tiercache.live.cache``) and ``tiercache replay`` both call
+it, so a recorded run replays to exactly the same decisions and per-tier counts:
+
+1. Every record first waits for the moves earlier records started (prefetches), so the
+   placement a record sees never depends on how fast the copies ran.
+2. A read references its blocks (they cannot be victims while read), reads them (promoted
+   to the top tier, or in place for a streaming reader), then asks the prefetch policy what
+   to bring up next and starts those moves, still holding the references: the caller
+   computes attention while the prefetches run, then ends the read (``end_read``).
+3. A write stores the blocks that are not resident yet; the ones listed as held join their
+   sequence (they may move down, never out: ``TierManager.hold``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from tiercache.policies.base import PrefetchPolicy, PrefetchView
+
+from .manager import TierManager
+from .plans import TransferPlan
+
+__all__ = ["StepDriver", "ReadTicket"]
+
+
+@dataclass
+class ReadTicket:
+    """A read in progress: the references it holds and what it found where.
+
+    Invariants: ``found[t]`` counts the read ids found in tier ``t`` before the read (so
+    ``sum(found) + absent == len(reads)``); ``refs`` are the ids referenced until
+    ``end_read``; ``prefetched`` is the number of blocks whose moves the read started.
+    """
+
+    refs: list[int]
+    found: list[int]
+    absent: int
+    prefetched: int = 0
+    plans: list[TransferPlan] = field(default_factory=list)
+
+
+class StepDriver:
+    """Runs decode records against a manager with one prefetch policy.
+
+    Args:
+        manager: the hierarchy.
+        prefetch: the policy asked after every read (``NoPrefetch`` plans nothing).
+        store_misses: whether a read of an absent block stores it (a replay of a synthetic
+            trace, which has no bytes to lose) or only counts it (a live reader: an absent
+            block is a lost one, and there are no bytes to store).
+    """
+
+    def __init__(self, manager: TierManager, prefetch: PrefetchPolicy, store_misses: bool = False) -> None:
+        self.manager = manager
+        self.prefetch = prefetch
+        self.store_misses = store_misses
+
+    def settle(self) -> None:
+        """Completes every move in flight (the start of each record)."""
+        self.manager.wait_all()
+
+    def begin_read(self, step: int, layer: int, reads: Sequence[int], in_place: bool,
+                   candidates: Sequence[int] = (), ahead: Sequence[int] = ()) -> ReadTicket:
+        """Reads ``reads`` (promoting them, or in place) and starts the policy's prefetches.
+
+        The read ids stay referenced until ``end_read``: nothing the prefetches displace
+        can be one of them, and their bytes stay where the caller found them.
+        """
+        manager = self.manager
+        self.settle()
+        found = [0] * manager.n_tiers
+        refs: list[int] = []
+        absent = 0
+        for block_id in dict.fromkeys(reads):
+            tier = manager.locate(block_id)
+            if tier is None:
+                absent += 1
+            else:
+                found[tier] += 1
+                refs.append(block_id)
+        manager.ref(refs)
+        try:
+            manager.access(list(reads), store_misses=self.store_misses, promote=not in_place)
+            top = manager.dirs[0].slot_of
+            view = PrefetchView(step, layer, reads, candidates, ahead, top.__contains__)
+            wanted = self.prefetch.plan(view)
+            plans = manager.prefetch(wanted) if wanted else []
+        except BaseException:
+            manager.unref(refs)
+            raise
+        return ReadTicket(refs, found, absent, sum(p.n_blocks for p in plans), plans)
+
+    def end_read(self, ticket: ReadTicket) -> None:
+        """Releases the read's references (blocks lost meanwhile release as orphans)."""
+        self.manager.unref(ticket.refs)
+        ticket.refs = []
+
+    def write(self, ids: Sequence[int], hold: Sequence[int] = ()) -> list[int]:
+        """Stores the blocks of ``ids`` not resident yet (the engine has their bytes staged),
+        then holds the ids of ``hold`` that are resident. Returns the ids newly stored."""
+        manager = self.manager
+        self.settle()
+        fresh = [block_id for block_id in ids if manager.locate(block_id) is None]
+        held = set(hold)
+        fresh_held = [block_id for block_id in fresh if block_id in held]
+        fresh_free = [block_id for block_id in fresh if block_id not in held]
+        if fresh_held:  # held as each chunk lands: the insert's own later chunks never push them out
+            manager.insert(fresh_held, hold=True)
+        if fresh_free:
+            manager.insert(fresh_free)
+        stored = [block_id for block_id in fresh if manager.locate(block_id) is not None]
+        placed = set(fresh_held)
+        self.hold([block_id for block_id in hold if block_id not in placed], settle=False)
+        return stored
+
+    def hold(self, ids: Sequence[int], settle: bool = True) -> None:
+        """Holds the resident ids of ``ids`` for a live sequence."""
+        if settle:
+            self.settle()
+        present = [block_id for block_id in ids if self.manager.locate(block_id) is not None]
+        if present:
+            self.manager.hold(present)
+
+    def release(self, ids: Sequence[int]) -> None:
+        """Ends a sequence's hold on ``ids`` (ids lost meanwhile are no longer held)."""
+        self.settle()
+        held = self.manager.held
+        present = [block_id for block_id in ids if block_id in held]
+        if present:
+            self.manager.unhold(present)
