@@ -165,7 +165,9 @@ def test_capacity_follows_the_codecs_bytes_per_block():
         assert parse_capacity("64GiB", layout, codec=codec) == 64 * 2**30 // codec.block_bytes(layout)
     assert parse_capacity("64GiB", layout, codec=Codec.INT4) >= 3.5 * parse_capacity("64GiB", layout)
     pool = QuantizedPool(LAYOUT, 5, Codec.INT4)
-    assert pool.tensor.shape == (5, Codec.INT4.block_bytes(LAYOUT)) and pool.tensor.dtype == torch.uint8
+    assert pool.encoded.shape == (5, Codec.INT4.block_bytes(LAYOUT)) and pool.encoded.dtype == torch.uint8
+    with pytest.raises(UserError, match="cannot be read in place"):
+        pool.tensor  # noqa: B018 (code that reads a plain pool's blocks in place must not read these)
 
 
 def test_quantised_hbm_and_bad_codecs_are_refused(tmp_path):
@@ -234,3 +236,22 @@ def test_a_killed_writer_of_an_int4_store_loses_nothing_confirmed_and_serves_not
             assert store.get([b"k%d" % i], out)[0], f"block {i} indexed but unreadable"
             assert torch.equal(out[0], once(Codec.INT4, crash_block(i))), f"block {i} torn"
         assert store.stats["corrupt_reads"] == 0
+
+
+def test_the_decode_loop_reads_an_int4_nvme_tier_and_refuses_a_quantised_dram_tier_clearly(tmp_path):
+    from tiercache import TieredKVCache
+
+    kv = lambda t: torch.randn(2, t, 64).half()  # noqa: E731
+    prompt = list(range(1500))
+    for dram, ok in (("none", True), ("int8", False)):
+        tiers = [TierConfig("hbm", 8), TierConfig("dram", 8, codec=dram), TierConfig("nvme", 256, codec="int4")]
+        with TieredKVCache(LAYOUT, tiers, path=tmp_path / dram) as cache:
+            seq = cache.sequence(tokens=prompt)
+            for layer in range(LAYOUT.layers):
+                seq.append(layer, kv(len(prompt)), kv(len(prompt)))
+            q = torch.randn(8, 1, 64).half()
+            if ok:
+                assert torch.isfinite(seq.attend(0, q)).all() and seq.reports[-1].from_nvme > 0
+            else:  # the last layer appended has blocks in DRAM
+                with pytest.raises(UserError, match="quantised"):
+                    seq.attend(LAYOUT.layers - 1, q)

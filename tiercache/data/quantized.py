@@ -41,7 +41,7 @@ __all__ = ["QuantizedPool"]
 class QuantizedPool:
     """Preallocated host slots of encoded blocks (the ``Medium`` protocol, unkeyed).
 
-    Invariants: ``tensor`` is ``[capacity, block_bytes]`` uint8 with ``block_bytes ==
+    Invariants: ``encoded`` is ``[capacity, block_bytes]`` uint8 with ``block_bytes ==
     codec.block_bytes(layout)``; a slot holds the ``BlockCodec.encode_into`` bytes of one
     ``layout`` block; the pool never decides which slot holds what (plans do).
     """
@@ -65,23 +65,36 @@ class QuantizedPool:
         self._impl = codec_for(codec)
         self._dtype = torch_dtype(layout.dtype)
         pin = cuda_available() if pin_memory is None else pin_memory
-        self.tensor, self._owner, self.pinned = _allocate((capacity_blocks, self.block_bytes), torch.uint8, self.device, pin)
+        self.encoded, self._owner, self.pinned = _allocate((capacity_blocks, self.block_bytes), torch.uint8, self.device, pin)
 
     def view(self, slot: int) -> torch.Tensor:
         """The encoded bytes of ``slot`` (a view)."""
-        return self.tensor[slot]
+        return self.encoded[slot]
 
     def encode_into(self, slot: int, block: torch.Tensor) -> None:
         """Quantises ``block`` (any device) into ``slot``."""
-        self._impl.encode_into(block, self.tensor[slot])
+        self._impl.encode_into(block, self.encoded[slot])
 
     def decode_into(self, slot: int, dest: torch.Tensor) -> None:
         """Dequantises ``slot`` into ``dest``; on a GPU ``dest`` only the encoded bytes are
         copied over and the GPU dequantises them."""
-        src = self.tensor[slot]
+        src = self.encoded[slot]
         if dest.device.type != "cpu":
             src = src.to(dest.device, non_blocking=self.pinned)
         self._impl.decode_from(src, self._dtype, dest)
+
+    @property
+    def tensor(self) -> torch.Tensor:
+        """Refused: a plain pool's ``tensor`` is its blocks as they are, which code that reads
+        a memory tier in place (the decode loop, ``TieredKVCache``) relies on; this pool's
+        bytes are encoded (see ``encoded``), so such code must not treat them as blocks.
+
+        Raises:
+            UserError: always, naming what to do instead.
+        """
+        raise UserError(f"the DRAM tier is quantised ({self.codec.value}): its blocks cannot be read in place as "
+                        "plain KV (TieredKVCache reads memory tiers in place); use a plain DRAM tier there and "
+                        "quantise the NVMe tier, or read blocks through TieredKVStore.get")
 
     # ----- the medium interface ---------------------------------------------------------
 
