@@ -61,14 +61,14 @@ def test_fp16_rows_load_exactly():
     values = bits.view(np.float16)
     finite = np.isfinite(values)
     u32 = np.empty(bits.size, np.uint32)
-    kernels._load(bits, False, u32, u32.view(np.float32))
+    kernels._load(bits.reshape(1, 1, 1, 1, -1), 0, 0, 0, 0, False, u32, u32.view(np.float32))
     assert np.array_equal(u32.view(np.float32)[finite], values[finite].astype(np.float32))
 
 
 def test_bf16_rows_load_exactly():
     bits = np.arange(65536, dtype=np.uint32).astype(np.uint16)
     u32 = np.empty(bits.size, np.uint32)
-    kernels._load(bits, True, u32, u32.view(np.float32))
+    kernels._load(bits.reshape(1, 1, 1, 1, -1), 0, 0, 0, 0, True, u32, u32.view(np.float32))
     expected = torch.from_numpy(bits.view(np.int16).copy()).view(torch.bfloat16).float().numpy()
     finite = np.isfinite(expected)
     assert np.array_equal(u32.view(np.float32)[finite], expected[finite])
@@ -84,10 +84,12 @@ def test_float32_rows_round_as_torch_does(dtype):
     f32 = values.numpy().copy()
     half_u32 = np.empty(f32.size, np.uint32)
     dest = np.empty(f32.size, np.uint16)
-    kernels._store(f32, f32.view(np.uint32), dtype == torch.bfloat16, (half_u32.view(np.float32), half_u32), dest)
+    kernels._store(f32, f32.view(np.uint32), dtype == torch.bfloat16, half_u32.view(np.float32), half_u32,
+                   dest.reshape(1, 1, 1, 1, -1), 0, 0, 0, 0)
     assert np.array_equal(dest, values.to(dtype).view(torch.int16).numpy().view(np.uint16))
     nan = np.array([np.nan, -np.nan], dtype=np.float32)
-    kernels._store(nan, nan.view(np.uint32), dtype == torch.bfloat16, (half_u32[:2].view(np.float32), half_u32[:2]), dest[:2])
+    kernels._store(nan, nan.view(np.uint32), dtype == torch.bfloat16, half_u32[:2].view(np.float32), half_u32[:2],
+                   dest[:2].reshape(1, 1, 1, 1, -1), 0, 0, 0, 0)
     assert torch.from_numpy(dest[:2].view(np.int16).copy()).view(dtype).isnan().all()
 
 
@@ -97,7 +99,8 @@ def test_e4m3_codes_round_as_torch_does():
     values = values.clamp(-448, 448)
     scaled = np.empty(values.numel(), np.float32)
     codes = np.empty(values.numel(), np.uint8)
-    kernels._e4m3_row(values.numpy(), np.float32(1.0), np.ones(values.numel(), np.float32), scaled, scaled.view(np.uint32), codes)
+    keep = np.ones((1, 1, values.numel()), np.float32)
+    kernels._e4m3(values.numpy(), np.float32(1.0), keep, 0, 0, False, scaled, scaled.view(np.uint32), codes.reshape(1, 1, 1, 1, -1), 0, 0)
     assert np.array_equal(codes, values.to(torch.float8_e4m3fn).view(torch.uint8).numpy())
 
 

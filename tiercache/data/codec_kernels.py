@@ -12,9 +12,10 @@ heads on two threads: the kernels release the GIL). Blocks come in and go out as
 uint16 bits of fp16 or bf16 ``[n, 2, heads, tokens, dim]``
 (K then V; ``bf16`` says which), converted to and from float32 one row of ``dim`` values at
 a time in a scratch row (``_load``/``_store``: exact, and rounded to nearest even as torch
-rounds). Every inner loop runs over one contiguous row, so LLVM vectorises it. Kernels release the GIL (``nogil``) so the NVMe store's I/O threads encode and decode
-blocks in parallel; they are single-threaded themselves (numba's default thread pool may
-not be entered from several threads at once).
+rounds). Every inner loop runs over one contiguous row, so LLVM vectorises it. Kernels
+release the GIL (``nogil``) so the NVMe store's I/O threads encode and decode blocks in
+parallel; none uses numba's own thread pool (it may not be entered from several threads
+at once).
 """
 
 from __future__ import annotations
@@ -70,44 +71,49 @@ def _unkey(key, lut):
 
 
 # ----- fp16 / bf16 rows <-> float32 rows, bit-exact, vectorised ---------------------------
+#
+# Helpers take the whole array and the row's indices, never a row slice: a slice is an array
+# object whose reference count numba updates (two atomic calls) on every row, which cost
+# more than the row's arithmetic.
 
 _F16_TO_F32 = np.float32(2.0**112)  # rebias a fp16 exponent (15) moved into fp32's field (127)
 
 
 @numba.njit(inline="always", **_JIT)
-def _load(bits, bf16, u32, f32):
-    """The float32 values of one row of fp16 (or bf16) bit patterns into ``f32`` (a float32
+def _load(x, n, c, h, t, bf16, u32, f32):
+    """The float32 values of the fp16 (or bf16) row ``x[n, c, h, t]`` into ``f32`` (a float32
     view of the scratch row ``u32``). fp16: exponent and mantissa moved into fp32's fields,
     times 2^112, exact for normals and subnormals (inputs are finite)."""
+    dim = u32.shape[0]
     if bf16:
-        for d in range(bits.shape[0]):
-            u32[d] = np.uint32(bits[d]) << np.uint32(16)
+        for d in range(dim):
+            u32[d] = np.uint32(x[n, c, h, t, d]) << np.uint32(16)
         return
-    for d in range(bits.shape[0]):
-        u32[d] = (np.uint32(bits[d]) & np.uint32(0x7FFF)) << np.uint32(13)
-    for d in range(bits.shape[0]):
+    for d in range(dim):
+        u32[d] = (np.uint32(x[n, c, h, t, d]) & np.uint32(0x7FFF)) << np.uint32(13)
+    for d in range(dim):
         v = f32[d] * _F16_TO_F32
-        f32[d] = -v if bits[d] & np.uint16(0x8000) else v
+        f32[d] = -v if x[n, c, h, t, d] & np.uint16(0x8000) else v
 
 
 @numba.njit(inline="always", **_JIT)
-def _store(f32, u32, bf16, half, dest):
-    """One float32 row (``f32``, with ``u32`` its bits) rounded to nearest even into fp16
-    (or bf16) bits ``dest``, as torch's conversion rounds; ``half`` is a float32 scratch row
-    (with its bits). fp16 (after F. Giesen's float_to_half_fast3_rtne): normals drop 13
-    mantissa bits, subnormals are rounded by adding 0.5, overflow is infinity, NaN stays NaN."""
-    n = f32.shape[0]
+def _store(f32, u32, bf16, half_f32, half_u32, out, n, c, h, t):
+    """The float32 row ``f32`` (``u32`` its bits) rounded to nearest even into the fp16 (or
+    bf16) row ``out[n, c, h, t]``, as torch's conversion rounds; ``half_f32`` is a scratch
+    row, ``half_u32`` its bits. fp16 (after F. Giesen's float_to_half_fast3_rtne): normals
+    drop 13 mantissa bits, subnormals are rounded by adding 0.5, overflow is infinity, NaN
+    stays NaN."""
+    dim = f32.shape[0]
     if bf16:
-        for d in range(n):
+        for d in range(dim):
             f = u32[d]
             rounded = (f + np.uint32(0x7FFF) + ((f >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
             nan = (f & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
-            dest[d] = np.uint16(((f >> np.uint32(16)) | np.uint32(0x40)) if nan else rounded)
+            out[n, c, h, t, d] = np.uint16(((f >> np.uint32(16)) | np.uint32(0x40)) if nan else rounded)
         return
-    half_f32, half_u32 = half
-    for d in range(n):
+    for d in range(dim):
         half_f32[d] = abs(f32[d]) + np.float32(0.5)
-    for d in range(n):
+    for d in range(dim):
         f = u32[d]
         sign = (f >> np.uint32(16)) & np.uint32(0x8000)
         a = f & np.uint32(0x7FFFFFFF)
@@ -115,7 +121,7 @@ def _store(f32, u32, bf16, half, dest):
         small = half_u32[d] - np.uint32(0x3F000000)
         big = np.uint32(0x7E00) if a > np.uint32(0x7F800000) else np.uint32(0x7C00)  # NaN, else infinity
         code = big if a >= np.uint32(143 << 23) else (small if a < np.uint32(113 << 23) else normal)
-        dest[d] = np.uint16(code | sign)
+        out[n, c, h, t, d] = np.uint16(code | sign)
 
 
 # ----- INT8 ------------------------------------------------------------------------------
@@ -155,16 +161,15 @@ def int8_encode(x, bf16, gk, gv, k_scale, v_scale, out, h0, h1):
     for n in range(n_):
         for h in range(h0, h1):
             for t in range(tokens):
-                _load(x[n, 0, h, t], bf16, u32, row)
-                scale, dest = k_scale[n, h, t // gk], out[n, 0, h, t]
+                _load(x, n, 0, h, t, bf16, u32, row)
+                tg = t // gk
                 for d in range(dim):
-                    dest[d] = np.int8(min(max(np.rint(row[d] / scale[d]), lo), hi))
-                _load(x[n, 1, h, t], bf16, u32, row)
-                scale, dest = v_scale[n, h, t], out[n, 1, h, t]
+                    out[n, 0, h, t, d] = np.int8(min(max(np.rint(row[d] / k_scale[n, h, tg, d]), lo), hi))
+                _load(x, n, 1, h, t, bf16, u32, row)
                 for g in range(dim // gv):
-                    s = scale[g]
+                    s = v_scale[n, h, t, g]
                     for d in range(g * gv, (g + 1) * gv):
-                        dest[d] = np.int8(min(max(np.rint(row[d] / s), lo), hi))
+                        out[n, 1, h, t, d] = np.int8(min(max(np.rint(row[d] / s), lo), hi))
 
 
 @numba.njit(**_JIT)
@@ -172,20 +177,19 @@ def int8_decode(codes, gk, gv, k_scale, v_scale, bf16, out, h0, h1):
     """``code * scale`` rounded into the fp16 (bf16) bits ``out``."""
     n_, _, heads, tokens, dim = codes.shape
     u32, half_u32 = np.empty(dim, np.uint32), np.empty(dim, np.uint32)
-    row, half = u32.view(np.float32), (half_u32.view(np.float32), half_u32)
+    row, half_f32 = u32.view(np.float32), half_u32.view(np.float32)
     for n in range(n_):
         for h in range(h0, h1):
             for t in range(tokens):
-                src, scale = codes[n, 0, h, t], k_scale[n, h, t // gk]
+                tg = t // gk
                 for d in range(dim):
-                    row[d] = np.float32(src[d]) * scale[d]
-                _store(row, u32, bf16, half, out[n, 0, h, t])
-                src, scale = codes[n, 1, h, t], v_scale[n, h, t]
+                    row[d] = np.float32(codes[n, 0, h, t, d]) * k_scale[n, h, tg, d]
+                _store(row, u32, bf16, half_f32, half_u32, out, n, 0, h, t)
                 for g in range(dim // gv):
-                    s = scale[g]
+                    s = v_scale[n, h, t, g]
                     for d in range(g * gv, (g + 1) * gv):
-                        row[d] = np.float32(src[d]) * s
-                _store(row, u32, bf16, half, out[n, 1, h, t])
+                        row[d] = np.float32(codes[n, 1, h, t, d]) * s
+                _store(row, u32, bf16, half_f32, half_u32, out, n, 1, h, t)
 
 
 # ----- INT4 ------------------------------------------------------------------------------
@@ -231,25 +235,24 @@ def int4_encode(x, bf16, gk, gv, k_scale, k_zero, v_scale, v_zero, out, h0, h1):
     for n in range(n_):
         for h in range(h0, h1):
             for t in range(tokens):
-                _load(x[n, 0, h, t], bf16, u32, row)
-                scale, zero = k_scale[n, h, t // gk], k_zero[n, h, t // gk]
+                _load(x, n, 0, h, t, bf16, u32, row)
+                tg = t // gk
                 for d in range(dim):
-                    codes[d] = np.uint8(min(max(np.rint(row[d] / scale[d]) + zero[d], zero_f), top))
-                _pack(codes, out[n, 0, h, t])
-                _load(x[n, 1, h, t], bf16, u32, row)
-                scale, zero = v_scale[n, h, t], v_zero[n, h, t]
+                    codes[d] = np.uint8(min(max(np.rint(row[d] / k_scale[n, h, tg, d]) + k_zero[n, h, tg, d], zero_f), top))
+                _pack(codes, out, n, 0, h, t)
+                _load(x, n, 1, h, t, bf16, u32, row)
                 for g in range(dim // gv):
-                    s, z = scale[g], zero[g]
+                    s, z = v_scale[n, h, t, g], v_zero[n, h, t, g]
                     for d in range(g * gv, (g + 1) * gv):
                         codes[d] = np.uint8(min(max(np.rint(row[d] / s) + z, zero_f), top))
-                _pack(codes, out[n, 1, h, t])
+                _pack(codes, out, n, 1, h, t)
 
 
 @numba.njit(inline="always", **_JIT)
-def _pack(codes, dest):
-    """Two 4-bit codes a byte, the even one in the low nibble."""
-    for p in range(dest.shape[0]):
-        dest[p] = codes[2 * p] | (codes[2 * p + 1] << 4)
+def _pack(codes, out, n, c, h, t):
+    """Two 4-bit codes a byte into the row ``out[n, c, h, t]``, the even one in the low nibble."""
+    for p in range(codes.shape[0] // 2):
+        out[n, c, h, t, p] = codes[2 * p] | (codes[2 * p + 1] << 4)
 
 
 @numba.njit(**_JIT)
@@ -258,30 +261,30 @@ def int4_decode(packed, gk, gv, k_scale, k_zero, v_scale, v_zero, bf16, out, h0,
     tokens, dim]``."""
     n_, _, heads, tokens, dim = out.shape
     u32, half_u32, codes = np.empty(dim, np.uint32), np.empty(dim, np.uint32), np.empty(dim, np.float32)
-    row, half = u32.view(np.float32), (half_u32.view(np.float32), half_u32)
+    row, half_f32 = u32.view(np.float32), half_u32.view(np.float32)
     for n in range(n_):
         for h in range(h0, h1):
             for t in range(tokens):
-                _unpack(packed[n, 0, h, t], codes)
-                scale, zero = k_scale[n, h, t // gk], k_zero[n, h, t // gk]
+                _unpack(packed, n, 0, h, t, codes)
+                tg = t // gk
                 for d in range(dim):
-                    row[d] = (codes[d] - zero[d]) * scale[d]
-                _store(row, u32, bf16, half, out[n, 0, h, t])
-                _unpack(packed[n, 1, h, t], codes)
-                scale, zero = v_scale[n, h, t], v_zero[n, h, t]
+                    row[d] = (codes[d] - k_zero[n, h, tg, d]) * k_scale[n, h, tg, d]
+                _store(row, u32, bf16, half_f32, half_u32, out, n, 0, h, t)
+                _unpack(packed, n, 1, h, t, codes)
                 for g in range(dim // gv):
-                    s, z = scale[g], zero[g]
+                    s, z = v_scale[n, h, t, g], v_zero[n, h, t, g]
                     for d in range(g * gv, (g + 1) * gv):
                         row[d] = (codes[d] - z) * s
-                _store(row, u32, bf16, half, out[n, 1, h, t])
+                _store(row, u32, bf16, half_f32, half_u32, out, n, 1, h, t)
 
 
 @numba.njit(inline="always", **_JIT)
-def _unpack(src, codes):
-    """The two float32 codes of each byte, low nibble first."""
-    for p in range(src.shape[0]):
-        codes[2 * p] = np.float32(src[p] & 15)
-        codes[2 * p + 1] = np.float32(src[p] >> 4)
+def _unpack(packed, n, c, h, t, codes):
+    """The two float32 codes of each byte of the row ``packed[n, c, h, t]``, low nibble first."""
+    for p in range(codes.shape[0] // 2):
+        byte = packed[n, c, h, t, p]
+        codes[2 * p] = np.float32(byte & 15)
+        codes[2 * p + 1] = np.float32(byte >> 4)
 
 
 # ----- FP8 -------------------------------------------------------------------------------
@@ -323,20 +326,22 @@ def fp8_amax(x, lut, keep, out, h0, h1):
 
 
 @numba.njit(inline="always", **_JIT)
-def _e4m3_row(row, scale, mask, scaled, bits, dest):
-    """e4m3 codes of ``clamp(row / scale, -448, 448)``, +0 where ``mask`` is 0 (round to
-    nearest even, as torch converts); ``scaled`` is a float32 scratch row, ``bits`` its view."""
-    for d in range(row.shape[0]):
+def _e4m3(row, scale, keep, n, h, masked, scaled, bits, out, c, t):
+    """e4m3 codes of ``clamp(row / scale, -448, 448)`` into ``out[n, c, h, t]``, +0 where
+    ``masked`` and ``keep[n, h, d]`` is 0 (round to nearest even, as torch converts);
+    ``scaled`` is a float32 scratch row, ``bits`` its view."""
+    dim = row.shape[0]
+    for d in range(dim):
         value = min(max(row[d] / scale, np.float32(-448.0)), np.float32(448.0))
-        scaled[d] = value if mask[d] != 0 else np.float32(0.0)
-    for d in range(row.shape[0]):
+        scaled[d] = value if not masked or keep[n, h, d] != 0 else np.float32(0.0)
+    for d in range(dim):
         u = bits[d] & np.uint32(0x7FFFFFFF)
         sign = np.uint8((bits[d] >> np.uint32(24)) & np.uint32(0x80))
         # normal: drop 20 mantissa bits rounding to even, rebias the exponent 127 -> 7
         normal = ((u + np.uint32(0x7FFFF) + ((u >> np.uint32(20)) & np.uint32(1))) >> np.uint32(20)) - np.uint32(120 << 3)
         # subnormal (below 2^-6): steps of 2^-9
         small = np.uint32(np.rint(abs(scaled[d]) * np.float32(512.0)))
-        dest[d] = sign | np.uint8(small if u < np.uint32(0x3C800000) else normal)
+        out[n, c, h, t, d] = sign | np.uint8(small if u < np.uint32(0x3C800000) else normal)
 
 
 @numba.njit(**_JIT)
@@ -346,14 +351,13 @@ def fp8_encode(x, bf16, keep, scale, out, h0, h1):
     n_, _, heads, tokens, dim = x.shape
     u32, scaled_u32 = np.empty(dim, np.uint32), np.empty(dim, np.uint32)
     row, scaled = u32.view(np.float32), scaled_u32.view(np.float32)
-    ones = np.ones(dim, dtype=np.float32)
     for n in range(n_):
         for h in range(h0, h1):
             for t in range(tokens):
-                _load(x[n, 0, h, t], bf16, u32, row)
-                _e4m3_row(row, scale[n, 0], keep[n, h], scaled, scaled_u32, out[n, 0, h, t])
-                _load(x[n, 1, h, t], bf16, u32, row)
-                _e4m3_row(row, scale[n, 1], ones, scaled, scaled_u32, out[n, 1, h, t])
+                _load(x, n, 0, h, t, bf16, u32, row)
+                _e4m3(row, scale[n, 0], keep, n, h, True, scaled, scaled_u32, out, 0, t)
+                _load(x, n, 1, h, t, bf16, u32, row)
+                _e4m3(row, scale[n, 1], keep, n, h, False, scaled, scaled_u32, out, 1, t)
 
 
 @numba.njit(**_JIT)
@@ -362,13 +366,12 @@ def fp8_decode(codes, lut, scale256, bf16, out, h0, h1):
     fp16 (bf16) bits ``out``."""
     n_, _, heads, tokens, dim = codes.shape
     u32, half_u32 = np.empty(dim, np.uint32), np.empty(dim, np.uint32)
-    row, half = u32.view(np.float32), (half_u32.view(np.float32), half_u32)
+    row, half_f32 = u32.view(np.float32), half_u32.view(np.float32)
     for n in range(n_):
         for c in range(2):
             s = scale256[n, c]
             for h in range(h0, h1):
                 for t in range(tokens):
-                    src = codes[n, c, h, t]
                     for d in range(dim):
-                        row[d] = lut[src[d]] * s
-                    _store(row, u32, bf16, half, out[n, c, h, t])
+                        row[d] = lut[codes[n, c, h, t, d]] * s
+                    _store(row, u32, bf16, half_f32, half_u32, out, n, c, h, t)
