@@ -39,7 +39,7 @@ def assert_fast_equals_reference(codec: Codec, block: torch.Tensor) -> None:
 
 @pytest.mark.parametrize("codec", QUANTISED)
 @pytest.mark.parametrize("dtype", HALF)
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=8, deadline=None)
 @given(shape=shapes)
 def test_fast_paths_equal_the_reference_bit_for_bit(codec, dtype, shape):
     assert_fast_equals_reference(codec, synthetic_block(*shape, dtype=dtype))

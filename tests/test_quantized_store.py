@@ -255,3 +255,15 @@ def test_the_decode_loop_reads_an_int4_nvme_tier_and_refuses_a_quantised_dram_ti
             else:  # the last layer appended has blocks in DRAM
                 with pytest.raises(UserError, match="quantised"):
                     seq.attend(LAYOUT.layers - 1, q)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_quantised_tiers_under_a_gpu_hbm_tier_encode_and_decode_on_the_gpu(tmp_path):
+    blocks, keys = kv_blocks(16), [key(i) for i in range(16)]
+    with TieredKVStore(LAYOUT, tiers(Codec.INT8, Codec.INT4), path=tmp_path, device="cuda") as store:
+        store.put(keys, blocks.cuda())
+        assert {"hbm", "dram", "nvme"} <= set(where(store, keys))
+        got = store.get(keys).cpu()
+        for i in range(16):
+            assert_within(Codec.INT4, got[i], blocks[i])

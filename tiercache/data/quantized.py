@@ -80,7 +80,9 @@ class QuantizedPool:
         copied over and the GPU dequantises them."""
         src = self.encoded[slot]
         if dest.device.type != "cpu":
-            src = src.to(dest.device, non_blocking=self.pinned)
+            # Synchronous: the job settles at once, so the slot may be rewritten right after;
+            # an asynchronous copy could still be reading it then.
+            src = src.to(dest.device)
         self._impl.decode_from(src, self._dtype, dest)
 
     @property
