@@ -24,7 +24,7 @@ outlier channels (x10-x50 per head), as real keys do:
   note saying why not otherwise (``tiercache.bench.hf_quant``).
 
 Usage: ``python scripts/bench_quant.py [--json OUT] [--layers 4] [--blocks 16] [--repeats 9]
-[--logit-std 1.0] [--no-disk]``
+[--logit-std 1.0] [--no-disk] [--torch-threads N]``
 """
 
 from __future__ import annotations
@@ -199,7 +199,11 @@ def main() -> None:
     parser.add_argument("--logit-std", type=float, default=1.0, help="std of the query's logits (default 1.0)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-disk", action="store_true", help="skip the raw NVMe read baseline")
+    parser.add_argument("--torch-threads", type=int, help="torch's intra-op threads (default: torch's own); 1 keeps "
+                                                           "torch's ops steady on a machine shared with other work")
     args = parser.parse_args()
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
     result = measure(args)
     print(table(result))
     if args.json:

@@ -7,12 +7,16 @@ float32 operations in the same order, so its output is bit-identical to the refe
 arithmetic (fp16 rounding of scales, zero points, top-k of channels) stays in torch: it
 touches one value per group, not per element.
 
+Which paths are compiled is measured, not assumed (``scripts/bench_quant.py`` times both
+on one block): every encode, and INT4's decode (unpacking nibbles). INT8 and FP8 decode stay
+in torch, whose passes convert to fp16 with the CPU's own instructions and ran several times
+faster than these loops' integer rounding.
+
 Every kernel works on the heads ``h0 <= h < h1`` (``codecs.py`` runs two halves of the
 heads on two threads: the kernels release the GIL). Blocks come in and go out as the
-uint16 bits of fp16 or bf16 ``[n, 2, heads, tokens, dim]``
-(K then V; ``bf16`` says which), converted to and from float32 one row of ``dim`` values at
-a time in a scratch row (``_load``/``_store``: exact, and rounded to nearest even as torch
-rounds). Every inner loop runs over one contiguous row, so LLVM vectorises it. Kernels
+uint16 bits of fp16 or bf16 ``[n, 2, heads, tokens, dim]`` (K then V; ``bf16`` says
+which), converted to and from float32 one row of ``dim`` values at a time in a scratch row
+(``_load``/``_store``: exact, and rounded to nearest even as torch rounds). Every inner loop runs over one contiguous row, so LLVM vectorises it. Kernels
 release the GIL (``nogil``) so the NVMe store's I/O threads encode and decode blocks in
 parallel; none uses numba's own thread pool (it may not be entered from several threads
 at once).
@@ -23,8 +27,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-__all__ = ["LUT_FP8_DIV256", "LUT_F16", "LUT_BF16", "group_amax", "int8_encode", "int8_decode", "group_minmax", "int4_encode",
-           "int4_decode", "channel_amax", "fp8_amax", "fp8_encode", "fp8_decode"]
+__all__ = ["LUT_F16", "LUT_BF16", "group_amax", "int8_encode", "group_minmax", "int4_encode",
+           "int4_decode", "channel_amax", "fp8_amax", "fp8_encode"]
 
 # error_model "numpy": no ZeroDivisionError check per division (it stops LLVM vectorising;
 # scales are never 0: an all-zero group gets scale 1).
@@ -34,18 +38,6 @@ _JIT = dict(nogil=True, cache=True, boundscheck=False, error_model="numpy")
 # and the rows were several times slower.
 
 
-def _fp8_table() -> np.ndarray:
-    """float32 value of every e4m3 code divided by 256 (the fp16 value ``fp8_as_fp16``
-    makes); the NaN codes stay NaN."""
-    code = np.arange(256)
-    exp, man = (code >> 3) & 15, code & 7
-    mag = np.where(exp == 0, man / 8.0 * 2.0**-6, (1 + man / 8.0) * 2.0 ** (exp - 7.0))
-    mag = np.where((exp == 15) & (man == 7), np.nan, mag)
-    return (np.where(code & 0x80, -mag, mag) / 256).astype(np.float32)
-
-
-#: See ``_fp8_table``.
-LUT_FP8_DIV256 = _fp8_table()
 #: float32 value of every fp16 / bf16 bit pattern (what a reduction's result is turned into).
 LUT_F16 = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
 LUT_BF16 = (np.arange(65536, dtype=np.uint32) << np.uint32(16)).view(np.float32)
@@ -170,26 +162,6 @@ def int8_encode(x, bf16, gk, gv, k_scale, v_scale, out, h0, h1):
                     s = v_scale[n, h, t, g]
                     for d in range(g * gv, (g + 1) * gv):
                         out[n, 1, h, t, d] = np.int8(min(max(np.rint(row[d] / s), lo), hi))
-
-
-@numba.njit(**_JIT)
-def int8_decode(codes, gk, gv, k_scale, v_scale, bf16, out, h0, h1):
-    """``code * scale`` rounded into the fp16 (bf16) bits ``out``."""
-    n_, _, heads, tokens, dim = codes.shape
-    u32, half_u32 = np.empty(dim, np.uint32), np.empty(dim, np.uint32)
-    row, half_f32 = u32.view(np.float32), half_u32.view(np.float32)
-    for n in range(n_):
-        for h in range(h0, h1):
-            for t in range(tokens):
-                tg = t // gk
-                for d in range(dim):
-                    row[d] = np.float32(codes[n, 0, h, t, d]) * k_scale[n, h, tg, d]
-                _store(row, u32, bf16, half_f32, half_u32, out, n, 0, h, t)
-                for g in range(dim // gv):
-                    s = v_scale[n, h, t, g]
-                    for d in range(g * gv, (g + 1) * gv):
-                        row[d] = np.float32(codes[n, 1, h, t, d]) * s
-                _store(row, u32, bf16, half_f32, half_u32, out, n, 1, h, t)
 
 
 # ----- INT4 ------------------------------------------------------------------------------
@@ -358,20 +330,3 @@ def fp8_encode(x, bf16, keep, scale, out, h0, h1):
                 _e4m3(row, scale[n, 0], keep, n, h, True, scaled, scaled_u32, out, 0, t)
                 _load(x, n, 1, h, t, bf16, u32, row)
                 _e4m3(row, scale[n, 1], keep, n, h, False, scaled, scaled_u32, out, 1, t)
-
-
-@numba.njit(**_JIT)
-def fp8_decode(codes, lut, scale256, bf16, out, h0, h1):
-    """``(e4m3 / 256) * (scale * 256)`` (as the reference computes it) rounded into the
-    fp16 (bf16) bits ``out``."""
-    n_, _, heads, tokens, dim = codes.shape
-    u32, half_u32 = np.empty(dim, np.uint32), np.empty(dim, np.uint32)
-    row, half_f32 = u32.view(np.float32), half_u32.view(np.float32)
-    for n in range(n_):
-        for c in range(2):
-            s = scale256[n, c]
-            for h in range(h0, h1):
-                for t in range(tokens):
-                    for d in range(dim):
-                        row[d] = lut[codes[n, c, h, t, d]] * s
-                    _store(row, u32, bf16, half_f32, half_u32, out, n, c, h, t)
