@@ -41,11 +41,14 @@ EVICTION: dict[str, str] = {
     "arc": "tiercache.policies.arc:ARC",
     "s3fifo": "tiercache.policies.s3fifo:S3FIFO",
     "leaf_lru": "tiercache.policies.leaf_lru:LeafLRU",
+    "session": "tiercache.policies.session:Session",
+    "cost": "tiercache.policies.cost_aware:CostAware",
 }
 
 ADMISSION: dict[str, str] = {
     "always": "tiercache.policies.admission_always:AlwaysAdmit",
     "second_hit": "tiercache.policies.admission_second_hit:SecondHitAdmit",
+    "tinylfu": "tiercache.policies.admission_tinylfu:TinyLFUAdmit",
 }
 
 PREFETCH: dict[str, str] = {

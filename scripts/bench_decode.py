@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shutil
 import sys
 import tempfile
@@ -43,28 +44,32 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--depth", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--path", default=None, help="folder for the temporary NVMe store")
+    parser.add_argument("--threads", type=int, default=max(1, cpu_count() - 1),
+                        help="torch compute threads (default: all CPUs but one, which serves the NVMe I/O threads)")
     parser.add_argument("--json", dest="json_out")
     return parser.parse_args(argv)
 
 
 def calibrate(seq, kv: NeedleKV, args) -> tuple[int, dict]:
-    """Query heads for which I/O and compute are within 2x of each other (or the closest)."""
+    """The query-head count (compute grows with it, I/O does not) whose I/O-to-compute
+    ratio is closest to 1, trying counts upward until compute dominates."""
     best = None
-    for heads in (2, 4, 8, 16, 32, 64):
+    for heads in (2, 4, 8, 16, 32, 64, 128):
         if heads % args.kv_heads:
             continue
         q, _ = kv.query(0, heads)
-        timing = step_timings(seq, 0, q, repeats=1)
-        ratio = timing["io_compute_ratio"]
-        if best is None or abs(torch.log(torch.tensor(ratio))) < abs(torch.log(torch.tensor(best[1]["io_compute_ratio"]))):
-            best = (heads, timing)
-        if 0.5 <= ratio <= 2.0 or ratio < 0.5:  # balanced, or compute already dominates
+        timing = step_timings(seq, 0, q, repeats=2)
+        distance = abs(math.log(timing["io_compute_ratio"]))
+        if best is None or distance < best[2]:
+            best = (heads, timing, distance)
+        if timing["io_compute_ratio"] < 1.0:  # compute dominates from here on
             break
     return best[0], best[1]
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    torch.set_num_threads(args.threads)
     layout = KVLayout(1, args.kv_heads, args.head_dim, "float16", args.block_tokens, per_layer=True, name="bench-decode")
     blocks = args.tokens // args.block_tokens
     tiers = [TierConfig("hbm", 8), TierConfig("dram", 8), TierConfig("nvme", blocks + 64)]

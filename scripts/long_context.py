@@ -39,7 +39,8 @@ import torch
 from tqdm import tqdm
 
 from tiercache import AttentionMode, TieredKVCache
-from tiercache.bench.decode import (NeedleKV, cached_bytes_of, median, page_cache_bytes, reference_attention, rss_peak_bytes,
+from tiercache.bench.decode import (NeedleKV, cached_bytes_of, cpu_count, median, page_cache_bytes, reference_attention,
+                                    rss_peak_bytes,
                                     step_timings)
 from tiercache.config import KVLayout, TierConfig, parse_capacity
 from tiercache.errors import UserError
@@ -57,7 +58,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--kv-heads", type=int, default=2)
     parser.add_argument("--head-dim", type=int, default=64)
     parser.add_argument("--q-heads", type=int, default=8, help="query heads (a multiple of --kv-heads: GQA)")
-    parser.add_argument("--budget", type=float, default=0.02, help="sparse budget: share of the blocks")
+    parser.add_argument("--budget", type=float, default=0.02,
+                        help="sparse budget: a share of the blocks (<= 1), or a block count (> 1)")
     parser.add_argument("--steps", type=int, default=32, help="sparse decode steps")
     parser.add_argument("--exact-steps", type=int, default=3, help="exact decode steps")
     parser.add_argument("--reference-steps", type=int, default=2, help="exact steps checked against float64")
@@ -67,10 +69,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--prefetch", default="topk_speculative")
     parser.add_argument("--exclusive", dest="write_through", action="store_false",
                         help="exclusive hierarchy (default: write-through, so reads never write back)")
+    parser.add_argument("--speculate", type=float, default=0.5, help="prefetch candidates as a share of the budget")
     parser.add_argument("--window-blocks", type=int, default=64)
     parser.add_argument("--depth", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timing-repeats", type=int, default=1, help="repeats of the three-way overlap timing")
+    parser.add_argument("--threads", type=int, default=cpu_count(),
+                        help="torch compute threads (default: every CPU; bench_decode.py leaves one to the I/O threads)")
     parser.add_argument("--json", dest="json_out", help="write the figures here")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
@@ -109,7 +114,7 @@ def build(seq, kvs: list[NeedleKV], args, progress: bool) -> float:
 def decode(seq, kvs: list[NeedleKV], args, mode: AttentionMode, steps: int, first_step: int, progress: bool,
            results: dict) -> None:
     """Runs ``steps`` decode steps; fills ``results`` with times, errors and recalls."""
-    budget = args.budget if mode is AttentionMode.SPARSE else None
+    budget = sparse_budget(args) if mode is AttentionMode.SPARSE else None
     for step in tqdm(range(first_step, first_step + steps), desc=mode.value, disable=not progress):
         started = time.perf_counter()
         outs = []
@@ -134,6 +139,11 @@ def decode(seq, kvs: list[NeedleKV], args, mode: AttentionMode, steps: int, firs
                 results["needle_mass"].append(share)
 
 
+def sparse_budget(args: argparse.Namespace) -> float | int:
+    """``--budget`` as ``attend`` takes it: a share (float <= 1) or a block count (int)."""
+    return args.budget if args.budget <= 1 else int(args.budget)
+
+
 def per_tier_bytes(reports, block_bytes: int) -> dict:
     """Mean bytes each tier served per attend (one layer's read), and the prefetched bytes."""
     if not reports:
@@ -149,19 +159,21 @@ def sparse_scoring_seconds(seq, kv: NeedleKV, args) -> float:
     """Median time of scoring every block's summary and selecting (no fetch), layer 0."""
     from tiercache.attention import block_scores, select_blocks
     state = seq._layers[0]
-    count = max(1, int(np.ceil(args.budget * state.n)))
+    budget = sparse_budget(args)
+    count = budget if isinstance(budget, int) else max(1, int(np.ceil(budget * state.n)))
     times = []
     for step in range(5):
         q, _ = kv.query(step, args.q_heads)
         started = time.perf_counter()
         scores = block_scores(q, state.kmin[: state.n], state.kmax[: state.n])
-        select_blocks(scores, count, 1, 1, spare=max(1, count // 2))
+        select_blocks(scores, count, 1, 1, spare=max(1, int(np.ceil(args.speculate * count))))
         times.append(time.perf_counter() - started)
     return median(times)
 
 
 def run(args: argparse.Namespace) -> dict:
     progress = not args.no_progress
+    torch.set_num_threads(args.threads)
     layout = KVLayout(args.layers, args.kv_heads, args.head_dim, "float16", args.block_tokens, per_layer=True, name="long-context")
     tiers = tiers_for(args, layout)
     kvs = [NeedleKV(args.tokens, args.kv_heads, args.head_dim, args.block_tokens, args.needles, args.seed + 1000 * layer,
@@ -178,7 +190,7 @@ def run(args: argparse.Namespace) -> dict:
 
     try:
         cache = TieredKVCache(layout, tiers, prefetch=args.prefetch, path=folder, window_blocks=args.window_blocks,
-                              depth=args.depth, write_through=args.write_through)
+                              depth=args.depth, write_through=args.write_through, speculate=args.speculate)
         with cache:
             seq = cache.sequence()
             build_seconds = build(seq, kvs, args, progress)
@@ -208,6 +220,7 @@ def run(args: argparse.Namespace) -> dict:
         "kv_bytes": blocks * args.layers * layout.block_bytes,
         "budget": args.budget,
         "prefetch": args.prefetch,
+        "speculate": args.speculate,
         "write_through": args.write_through,
         "build_seconds": build_seconds,
         "exact_step_seconds": median(exact["seconds"]),

@@ -8,19 +8,24 @@ so reports of sweeps run elsewhere can be merged later with ``tiercache report``
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import shlex
 import time
 from dataclasses import replace
 from pathlib import Path
 
 from ..errors import UserError
+from ..report.across import gap_markdown, gap_rows, split_rows
 from ..report.content import build_document
 from ..report.model import ReportData, from_documents, load_results
 from ..report.tables import results_csv
-from ..report.writer import check_output_dir, write_report
-from ..results import ResultsDocument
+from ..report.writer import MARKER, check_output_dir, write_report
+from ..results import ResultsDocument, read_results
+from ..sim.split import split_halves
+from ..sim.sweep import sweep
 from ..sim.traces import trace_fingerprint
-from .replay import add_common_options, capacity_text, sweep_from_args
+from .replay import add_common_options, capacity_text, spec_from_args, sweep_from_args
 
 __all__ = ["add_parser"]
 
@@ -34,6 +39,10 @@ def add_parser(subparsers) -> None:
     )
     add_common_options(compare)
     compare.add_argument("-o", "--out", default="report", help="report folder (default: report)")
+    compare.add_argument("--split", action="store_true",
+                         help="replay the first and second half of the trace apart (each from a cold cache); name the "
+                              "winner per capacity on the first half and report the gap it closes on the second "
+                              "(lru and belady are added to --policy); the report is of the second half")
     compare.set_defaults(func=run_compare)
     report = subparsers.add_parser(
         "report", help="build a comparison report from saved results.json files",
@@ -43,6 +52,9 @@ def add_parser(subparsers) -> None:
     report.add_argument("-o", "--out", default="report", help="report folder (default: report)")
     report.add_argument("--trace", help="the trace file, if it is no longer at the path the results record "
                                         "(needed only for the dense one-pass LRU curve)")
+    report.add_argument("--across", action="store_true",
+                        help="results of different traces: write gaps.md, the best online policy and the gap it "
+                             "closes per trace and capacity, instead of a one-trace report")
     report.set_defaults(func=run_report)
 
 
@@ -51,6 +63,8 @@ def run_compare(args: argparse.Namespace) -> int:
     check_output_dir(args.out)
     started = time.perf_counter()
     command = _compare_command(args)
+    if args.split:
+        return _run_split(args, command, started)
     # The reproducible form of the command, not whatever argv the caller had.
     results = replace(sweep_from_args(args), command=command)
     data = from_documents([results], [str(Path(args.out) / "results.json")])
@@ -62,11 +76,46 @@ def run_compare(args: argparse.Namespace) -> int:
 def run_report(args: argparse.Namespace) -> int:
     """``tiercache report``: merge results files into a report."""
     check_output_dir(args.out)
+    if args.across:
+        return _run_across(args)
     data = load_results(args.results)
     if args.trace:
         _check_trace(args.trace, data)
     command = shlex.join(["tiercache", "report", *args.results, "-o", args.out] + (["--trace", args.trace] if args.trace else []))
     _write(args.out, data, args.trace, command, None)
+    return 0
+
+
+def _run_split(args: argparse.Namespace, command: str, started: float) -> int:
+    """``compare --split``: tune on the first half, report on the second (see the option's help)."""
+    if not args.policy:
+        raise UserError("--split: give the policies to choose among with --policy")
+    args.policy = ",".join(dict.fromkeys(["lru", *args.policy.split(","), "belady"]))
+    trace, spec = spec_from_args(args)
+    try:
+        halves = split_halves(trace)
+    except ValueError as exc:
+        raise UserError(f"--split: {exc}") from None
+    workers = args.workers or os.cpu_count() or 1
+    tune, test = (replace(sweep(h, spec, workers, not args.no_progress), command=command) for h in halves)
+    data = from_documents([test], [str(Path(args.out) / "results.json")])
+    _write(args.out, data, None, command, test)
+    table = gap_markdown(split_rows(tune, test))
+    Path(args.out, "results_first_half.json").write_text(json.dumps(tune.to_json(), indent=1), encoding="utf-8")
+    Path(args.out, "split.md").write_text("# Tuned on the first half, reported on the second\n\n" + table, encoding="utf-8")
+    print(table, end="")
+    print(f"{len(tune.runs) + len(test.runs)} runs in {time.perf_counter() - started:.1f} s")
+    return 0
+
+
+def _run_across(args: argparse.Namespace) -> int:
+    """``report --across``: one gap table over results files of any traces."""
+    rows = [row for path in args.results for row in gap_rows(read_results(path))]
+    table = gap_markdown(rows)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    Path(args.out, "gaps.md").write_text("# Gap closed per trace and capacity\n\n" + table, encoding="utf-8")
+    Path(args.out, MARKER).write_text(json.dumps({"tiercache_report": 1}) + "\n", encoding="utf-8")
+    print(table, end="")
     return 0
 
 
@@ -91,6 +140,8 @@ def _compare_command(args: argparse.Namespace) -> str:
     words += ["--tiers", args.tiers] if args.tiers else ["--capacity", capacity_text(args)]
     if args.write_through:
         words.append("--write-through")
+    if getattr(args, "split", False):
+        words.append("--split")
     options = (("--semantics", args.semantics), ("--admission", args.admission), ("--model", args.model),
                ("--layout", args.layout), ("--block-tokens", args.block_tokens), ("--hardware", args.hardware))
     for option, value in options:

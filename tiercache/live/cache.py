@@ -139,6 +139,8 @@ class TieredKVCache:
         depth: chunk buffers in the window (chunk ``i+1..i+depth-1`` fetch while ``i``
             computes); the window holds ``depth * window_blocks`` blocks.
         sink_blocks, recent_blocks: blocks a sparse step always keeps at the start and end.
+        speculate: how many blocks ranked right after a sparse selection become the prefetch
+            candidates, as a share of the budget (``topk_speculative`` brings them up).
         write_through: inclusive hierarchy: every block is written to every tier when
             stored, so a promotion copies up and an upper tier's victim is simply dropped
             (reads never write back); the last tier then bounds what live sequences hold.
@@ -150,7 +152,7 @@ class TieredKVCache:
     def __init__(self, layout: KVLayout, tiers: Seq[TierConfig], eviction: str | None = None, admission: str | None = None,
                  prefetch: str | None = "topk_speculative", path: str | os.PathLike | None = None, device: str | None = None,
                  record: str | os.PathLike | None = None, window_blocks: int = 64, depth: int = 2,
-                 sink_blocks: int = 1, recent_blocks: int = 1, write_through: bool = False) -> None:
+                 sink_blocks: int = 1, recent_blocks: int = 1, write_through: bool = False, speculate: float = 0.5) -> None:
         for name, value, low in (("window_blocks", window_blocks, 1), ("depth", depth, 1),
                                  ("sink_blocks", sink_blocks, 0), ("recent_blocks", recent_blocks, 0)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
@@ -164,6 +166,9 @@ class TieredKVCache:
         self.dtype = torch_dtype(self.layout.dtype)
         self.window_blocks, self.depth = window_blocks, depth
         self.sink_blocks, self.recent_blocks = sink_blocks, recent_blocks
+        if isinstance(speculate, bool) or not isinstance(speculate, (int, float)) or not 0 <= speculate <= 4:
+            raise UserError(f"TieredKVCache: speculate must be a share of the budget in [0, 4], got {speculate!r}")
+        self.speculate = float(speculate)
         self._window: BlockPool | None = None
         self._scratches: list | None = None
         self._summaries: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -563,7 +568,7 @@ class Sequence:
             return np.zeros(0, dtype=np.int64), []
         scores = block_scores(q, state.kmin[: state.n], state.kmax[: state.n])
         selected, spare = select_blocks(scores, count, self.cache.sink_blocks, self.cache.recent_blocks,
-                                        spare=max(1, count // 2))
+                                        spare=max(1, math.ceil(self.cache.speculate * count)))
         return np.asarray(selected, dtype=np.int64), [int(state.ids[p]) for p in spare]
 
     def _ahead(self, layer: int, mode: AttentionMode) -> list[int]:

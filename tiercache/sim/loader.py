@@ -17,6 +17,7 @@ import numpy as np
 from tiercache.errors import TraceError
 from tiercache.results import TraceInfo, TraceKind
 
+from .kvtester import DEFAULT_MEAN_GAP_S, is_kvtester, load_kvtester_flat
 from .steptrace import FlatSteps, flat_steps, header_block_tokens, is_header
 from .traces import MOONCAKE_BLOCK_TOKENS, FlatTrace, flat_requests, iter_json_objects, kind_of
 
@@ -32,7 +33,8 @@ class Trace:
     and never decreases. Exactly one of ``requests`` (request traces: timestamps, token
     counts) and ``steps`` (step traces: write flags, steps, layers) is set, matching ``kind``.
     ``fingerprint`` is the blake2b-128 hex digest of the file's bytes (``trace_fingerprint``).
-    ``block_tokens`` is the tokens per block: 512 for request traces (Mooncake's block), a
+    ``block_tokens`` is the tokens per block: 512 for Mooncake request traces, the
+    ``block_size`` of a kv-cache-tester workload, a
     step trace's header value, or None for a step trace without a header.
     """
 
@@ -75,14 +77,21 @@ class Trace:
         )
 
 
-def load_trace(path: str | os.PathLike) -> Trace:
-    """Reads a request or step trace in one pass.
+def load_trace(path: str | os.PathLike, arrival_seed: int = 0, mean_gap_s: float = DEFAULT_MEAN_GAP_S) -> Trace:
+    """Reads a request or step trace in one pass (or a kv-cache-tester file or folder).
+
+    ``arrival_seed`` and ``mean_gap_s`` set the Poisson arrivals of kv-cache-tester
+    conversations whose files give no ``start`` (ignored for every other trace).
 
     Raises:
         TraceError: unreadable or empty file, a first record of neither kind, or any error
             of the kind's reader (the message names the file and the 1-based line).
     """
     name = os.fspath(path)
+    if is_kvtester(name):  # kv-cache-tester conversations: a folder or one .json file
+        flat, block_size, fingerprint = load_kvtester_flat(name, arrival_seed, mean_gap_s)
+        return Trace(name, TraceKind.REQUESTS, fingerprint, flat.ids, _with_end(flat.offsets, flat.ids), requests=flat,
+                     block_tokens=block_size)
     digest = hashlib.blake2b(digest_size=16)
     objects = iter_json_objects(name, digest)
     first = next(objects, None)

@@ -84,11 +84,11 @@ class ReplayData:
 
     @classmethod
     def prepare(cls, trace: Trace, layout: KVLayout | None, profile: HardwareProfile | None) -> "ReplayData":
-        """The replay arrays of ``trace``; a request block is 512 tokens, a step block the layout's."""
+        """The replay arrays of ``trace``; a request block is the trace's (512 tokens in Mooncake), a step block the layout's."""
         if profile is not None and layout is None:
             raise ValueError("ReplayData: a hardware profile needs a layout (bytes per block)")
         if trace.kind is TraceKind.REQUESTS:
-            block_tokens = MOONCAKE_BLOCK_TOKENS
+            block_tokens = trace.block_tokens or MOONCAKE_BLOCK_TOKENS  # the trace's block size
         else:
             block_tokens = layout.block_tokens if layout else 1
         nu = next_use(trace.ids).tolist()

@@ -17,6 +17,8 @@ from .traces import next_use
 __all__ = ["TraceStats", "trace_stats"]
 
 _PERCENTILES = (50, 90, 99)
+#: Reuse distances are computed over at most this many leading accesses (a Python loop).
+REUSE_DISTANCE_LIMIT = 2_000_000
 
 
 @dataclass(frozen=True)
@@ -27,7 +29,12 @@ class TraceStats:
     ``compulsory_miss_ratio`` = unique blocks / accesses (the miss ratio of an infinite
     cache). ``prefix_hit_ratio_inf`` (request traces only) is the hit ratio of an infinite
     *prefix* cache: a request hits only its leading blocks that were all seen before.
-    Reuse times count accesses between an access and the next access of the same block.
+    Reuse times count accesses between an access and the next access of the same block;
+    reuse distances count the *distinct* blocks in between (LRU stack distance: an LRU cache of
+    more blocks than that hits), over the first ``REUSE_DISTANCE_LIMIT`` accesses.
+    ``tree_depth_pct`` (request traces) is the depth of each distinct block in the prefix tree
+    (0 for a request's first block, at its first sighting) and ``tree_roots`` the number of
+    distinct first blocks (sessions, documents, system prompts).
     Percentile maps hold ``p50``/``p90``/``p99``/``max`` (empty when there is nothing to count).
     """
 
@@ -45,6 +52,9 @@ class TraceStats:
     record_blocks_pct: dict[str, float]
     input_tokens_pct: dict[str, float] | None
     time_span: str
+    reuse_distance_pct: dict[str, float] | None = None
+    tree_depth_pct: dict[str, float] | None = None
+    tree_roots: int | None = None
 
 
 def _pct(values: np.ndarray) -> dict[str, float]:
@@ -82,6 +92,48 @@ def _reuse_stats(ids: np.ndarray) -> dict[str, object]:
     }
 
 
+def reuse_distances(ids: np.ndarray) -> np.ndarray:
+    """LRU stack distance of every re-access: distinct ids touched since the id's last access.
+
+    A Fenwick tree over positions marks each id's latest access; the distance of a re-access
+    at ``t`` whose previous access was at ``p`` is the number of marks in ``(p, t)``.
+    """
+    n = len(ids)
+    tree = [0] * (n + 1)
+    last: dict[int, int] = {}
+    out = []
+
+    def add(pos: int, delta: int) -> None:
+        pos += 1
+        while pos <= n:
+            tree[pos] += delta
+            pos += pos & -pos
+
+    def prefix(pos: int) -> int:  # marks at positions < pos
+        total = 0
+        while pos > 0:
+            total += tree[pos]
+            pos -= pos & -pos
+        return total
+
+    for t, block_id in enumerate(ids.tolist()):
+        p = last.get(block_id)
+        if p is not None:
+            out.append(prefix(t) - prefix(p + 1))
+            add(p, -1)
+        add(t, 1)
+        last[block_id] = t
+    return np.array(out, dtype=np.int64)
+
+
+def _tree_shape(ids: np.ndarray, offsets: np.ndarray) -> tuple[dict[str, float], int]:
+    """Depth percentiles of the distinct blocks (at first sighting) and the number of roots."""
+    depth = np.arange(len(ids)) - np.repeat(offsets[:-1], np.diff(offsets))
+    _, first = np.unique(ids, return_index=True)
+    roots = len(np.unique(ids[offsets[:-1][np.diff(offsets) > 0]]))
+    return _pct(depth[first]), roots
+
+
 def trace_stats(path: str | os.PathLike) -> TraceStats:
     """Statistics of a request trace or a step trace (the kind is detected; one read).
 
@@ -104,8 +156,10 @@ def trace_stats(path: str | os.PathLike) -> TraceStats:
     if len(ids) == 0:
         raise UserError(f"{os.fspath(path)}: the trace has records but no block accesses")
     reuse = _reuse_stats(ids)
+    distances = _pct(reuse_distances(ids[:REUSE_DISTANCE_LIMIT]))
+    depth, roots = _tree_shape(ids, trace.offsets) if trace.requests is not None else (None, None)
     return TraceStats(
         trace.kind, trace.records, len(ids), writes, reuse["unique_blocks"], reuse["unique_blocks"] / len(ids), prefix,
         reuse["blocks_accessed_once"], reuse["accesses_per_block_mean"], reuse["accesses_per_block_max"],
-        reuse["reuse_time_pct"], _pct(np.diff(trace.offsets)), tokens, span,
+        reuse["reuse_time_pct"], _pct(np.diff(trace.offsets)), tokens, span, distances, depth, roots,
     )  # fmt: skip

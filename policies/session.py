@@ -1,0 +1,213 @@
+"""session: request/session-aware eviction for prefix caches (leaves first, cold sessions first)."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Collection, Sequence
+
+from ._checks import hint_values
+from ._leafprio import LeafPriorityPolicy
+from .base import Hints
+
+#: Default head start of a reused block, in capacities of logical time (see ``Session``).
+DEFAULT_HOT_BONUS = 2.0
+#: Default ghost size, in capacities: evicted ids whose use counts are remembered.
+DEFAULT_GHOST = 8.0
+#: Default alternative head starts simulated beside the default one (see ``Session``).
+DEFAULT_EXPERTS = (0.0, 8.0)
+#: Half-life of the shadows' miss counts, in capacities of logical time.
+SCORE_HALF_LIFE = 32.0
+#: Leaves the leader also holds that one victim search passes over before taking key order.
+FOLLOW_BUDGET = 64
+
+
+class Session(LeafPriorityPolicy):
+    """Evicts the coldest prefix-tree leaf; reused blocks get a head start; follows the best of
+    a few head starts simulated online.
+
+    A serving trace is a forest of sessions: every request starts at a root block (a system
+    prompt, a document, a conversation's first turn) and extends a path of the tree. Most new
+    paths are never reused (in the bundled Mooncake sample 58% of blocks are seen once; of
+    sessions seen once only 18% return, of sessions seen twice 80% do), while a path that was
+    reused once is reused again with high probability. So:
+
+    * A block's key is its last-use tick (one tick per id touched, as LRU), plus a head start of
+      ``hot_bonus x capacity`` ticks once the block has been used at least twice ("hot").
+    * Only leaves are victims (:class:`LeafPriorityPolicy`): a cold request is evicted tail
+      first, and a session's shared prefix outlives the one-off tails hanging under it.
+    * Ghost scores: use counts outlive eviction in a FIFO ghost of ``ghost x capacity`` ids, so
+      a session whose prefix was evicted and comes back is recognised as hot on recompute.
+    * Experts: how long a hot path deserves to stay depends on the workload (where reused
+      paths die young, as finished multi-turn chats do, a long head start keeps dead paths).
+      So the policy also replays the access stream it is shown through full-size shadow caches
+      (prefix semantics, requests starting at a block without parent), one per head start in
+      ``(hot_bonus, *experts)``, counts their misses with a half-life of 32 capacities, and
+      takes the head start of the shadow with the fewest (the leader, re-picked at each
+      request start); its victims are its coldest leaves that the leader does not hold (up to
+      64 passed over, then plain key order), so its contents move toward the leader's.
+      ``experts=()`` turns this off (one ordering, a third of the work).
+
+    Sessions are not named in Mooncake traces; here they are the prefix tree itself (a block's
+    session is its root path), which is what ``Hints.parents`` gives.
+
+    Sources and departures: the request/session-aware idea follows vLLM's session-aware
+    eviction proposal and "KVCache Cache in the Wild" (Wang et al., 2025: reuse probability
+    differs sharply between single-turn and multi-turn requests, and a request-level view
+    beats block LRU); leaf-first order follows SGLang's radix cache; the reuse-count split is
+    the LRU-2 / 2Q observation (a block seen twice is far more likely to be seen again) with
+    ARC-style ghosts; following the best simulated expert is ACME's / LeCaR's idea (caching
+    with online expert selection) with full shadows instead of sampled ones. Departures: no
+    explicit session ids (derived from the tree); one ordering with a head start measured in
+    capacities of logical time (it scales with the cache; no trace-specific constant) instead
+    of two queues; experts are whole shadow caches, not weights on one cache.
+
+    Limits (measured with ``scripts/gap_closed.py``): the experts cost two more caches' worth
+    of policy work and memory (about 150 B per remembered id, ``ghost x capacity`` of them per
+    cache); in a hierarchy's lower tiers the policy sees demotions, not requests, so its
+    shadows judge a stream that is not the workload's.
+
+    Invariants: those of :class:`LeafPriorityPolicy`; ``_uses`` holds a count for every tracked
+    id and for at most ``ghost x capacity`` untracked ids, which are exactly ``_ghost``'s keys;
+    ``_leader`` indexes ``_shadows`` (or is 0 without them) and the head start in use is the
+    leader's.
+    """
+
+    name = "session"
+
+    def __init__(self, capacity: int, hot_bonus: float = DEFAULT_HOT_BONUS, ghost: float = DEFAULT_GHOST,
+                 experts: Sequence[float] = DEFAULT_EXPERTS) -> None:
+        super().__init__(capacity)
+        if hot_bonus < 0 or ghost < 0 or any(e < 0 for e in experts):
+            raise ValueError(f"session: hot_bonus, ghost and experts must be >= 0, got {hot_bonus}, {ghost}, {experts}")
+        self._bonuses = (hot_bonus, *experts) if experts else (hot_bonus,)
+        self._bonus = hot_bonus * capacity
+        self._ghost_size = int(ghost * capacity)
+        self._uses: dict[int, int] = {}
+        self._ghost: OrderedDict[int, None] = OrderedDict()
+        self._shadows = [_Shadow(capacity, b, ghost) for b in self._bonuses] if experts else []
+        self._leader = 0
+        self._decay = 0.5 ** (1.0 / (SCORE_HALF_LIFE * capacity))
+
+    # -- hooks: the main ordering, then the shadows see the same ids ---------------------------
+    def on_insert(self, ids: Sequence[int], hints: Hints | None = None) -> None:
+        super().on_insert(ids, hints)
+        self._feed_shadows(ids, hints)
+
+    def on_access(self, ids: Sequence[int], hints: Hints | None = None) -> None:
+        parents = hint_values(self.name, hints, "parents", len(ids), required=False)  # checked before any change
+        super().on_access(ids, hints)
+        self._feed_shadows(ids, None if parents is None else Hints(parents=parents))
+
+    def victims(self, n: int, protected: Collection[int] = ()) -> list[int] | None:
+        if n <= 0 or not self._shadows:
+            return super().victims(n, protected)
+        leader = self._shadows[self._leader].policy
+        chosen = self._leaf_victims(n, protected, avoid=leader, budget=FOLLOW_BUDGET)
+        if len(chosen) < n:
+            picked = set(chosen)
+            rest = super().victims(n - len(chosen), _Either(protected, picked))
+            if rest is None:
+                return None
+            chosen.extend(rest)
+        return chosen
+
+    def _key_after(self, block_id: int, parent: int | None, inserted: bool) -> float:
+        if inserted:
+            self._ghost.pop(block_id, None)
+        uses = self._uses.get(block_id, 0) + 1
+        self._uses[block_id] = uses
+        return self._clock + self._bonus if uses >= 2 else self._clock
+
+    def _forget(self, block_id: int) -> None:
+        if self._ghost_size == 0:
+            del self._uses[block_id]
+            return
+        self._ghost[block_id] = None
+        if len(self._ghost) > self._ghost_size:
+            oldest, _ = self._ghost.popitem(last=False)
+            del self._uses[oldest]
+
+    def _feed_shadows(self, ids: Sequence[int], hints: Hints | None) -> None:
+        """Replays ``ids`` through every shadow; re-picks the leader at each request start."""
+        if not self._shadows:
+            return
+        parents = hints.parents if hints is not None and hints.parents is not None else [None] * len(ids)
+        clock = self._clock - len(ids)
+        for block_id, parent in zip(ids, parents):
+            clock += 1
+            if parent is None:
+                self._pick_leader(clock)
+            for shadow in self._shadows:
+                shadow.step(block_id, None if parent == block_id else parent, clock, self._decay)
+
+    def _pick_leader(self, clock: int) -> None:
+        scores = [s.score(clock, self._decay) for s in self._shadows]
+        self._leader = min(range(len(scores)), key=scores.__getitem__)  # ties: the default head start
+        self._bonus = self._bonuses[self._leader] * self.capacity
+
+    def check_invariants(self) -> None:
+        super().check_invariants()
+        assert len(self._ghost) <= self._ghost_size, "ghost over its size"
+        assert self._ghost.keys().isdisjoint(self._parent), "a tracked id is a ghost"
+        assert self._uses.keys() == self._parent.keys() | self._ghost.keys(), "use counts != tracked + ghosts"
+        assert 0 <= self._leader < max(1, len(self._shadows)), "leader out of range"
+        assert self._bonus == self._bonuses[self._leader] * self.capacity, "head start is not the leader's"
+        for shadow in self._shadows:
+            shadow.policy.check_invariants()
+            assert len(shadow.policy) <= self.capacity, "a shadow over capacity"
+
+
+class _Either:
+    """Membership in either of two containers (protected ids, or ids already picked)."""
+
+    __slots__ = ("first", "second")
+
+    def __init__(self, first: Collection[int], second: Collection[int]) -> None:
+        self.first, self.second = first, second
+
+    def __contains__(self, block_id: int) -> bool:
+        return block_id in self.first or block_id in self.second
+
+    def __iter__(self):
+        return iter(set(self.first) | set(self.second))
+
+    def __len__(self) -> int:
+        return len(set(self.first) | set(self.second))
+
+
+class _Shadow:
+    """A full-size cache run by a ``Session`` with one fixed head start, in prefix semantics.
+
+    ``step`` handles one access: a request starts at an id without parent; its ids hit while
+    every earlier id of the request hit and the id is cached; a miss is stored (evicting one
+    victim when full). ``misses`` decays with ``decay`` per tick since ``last``.
+    """
+
+    __slots__ = ("policy", "hitting", "misses", "last")
+
+    def __init__(self, capacity: int, bonus: float, ghost: float) -> None:
+        self.policy = Session(capacity, hot_bonus=bonus, ghost=ghost, experts=())
+        self.hitting = False
+        self.misses = 0.0
+        self.last = 0
+
+    def step(self, block_id: int, parent: int | None, clock: int, decay: float) -> None:
+        policy = self.policy
+        if parent is None:
+            self.hitting = True
+        tracked = block_id in policy
+        if not (self.hitting and tracked):
+            self.hitting = False
+            self.misses = self.score(clock, decay) + 1.0
+            self.last = clock
+        hints = Hints(parents=(parent,))
+        if tracked:
+            policy.on_access((block_id,), hints)
+            return
+        if len(policy) >= policy.capacity:
+            policy.on_remove(policy.victims(1))
+        policy.on_insert((block_id,), hints)
+
+    def score(self, clock: int, decay: float) -> float:
+        """Misses, each weighed by ``decay`` per tick since it happened."""
+        return self.misses * decay ** (clock - self.last)
