@@ -14,11 +14,17 @@ outlier channels (x10-x50 per head), as real keys do:
   the outlier channels make much sharper (``logit_std_sharp``, about 5);
 * ``throughput_ratio``: quantise + dequantise of a block vs one ``copy_`` of its fp16 bytes
   (medians, same run); ``gbps`` is the codec's rate in fp16 bytes per second;
-* ``faster_than_nvme_read``: codec rate vs raw cold O_DIRECT random block reads measured in
-  this run (``tiercache.bench.rawio``; ``--no-disk`` skips it).
+  ``encode_gbps``/``decode_gbps`` and ``encode_ratio``/``decode_ratio`` (vs ``copy_``) time
+  each direction alone, and ``reference_encode_gbps``/``reference_decode_gbps`` the plain
+  torch reference the compiled loops are checked against (same block, same run);
+* ``faster_than_nvme_read``: quantise and dequantise each faster than raw cold O_DIRECT
+  random block reads measured in this run (``tiercache.bench.rawio``; ``--no-disk`` skips it);
+* ``transformers``: the error and bytes of ``transformers``' quantised KV cache layers on the
+  same KV at 8 and 4 bits, where transformers (and a quantisation backend) is installed; a
+  note saying why not otherwise (``tiercache.bench.hf_quant``).
 
 Usage: ``python scripts/bench_quant.py [--json OUT] [--layers 4] [--blocks 16] [--repeats 9]
-[--logit-std 1.0] [--no-disk]``
+[--logit-std 1.0] [--no-disk] [--torch-threads N]``
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from pathlib import Path
 
 import torch
 
+from tiercache.bench import hf_quant
 from tiercache.bench.rawio import direct_read, pwrite_loop
 from tiercache.config import Codec
 from tiercache.data.codecs import codec_for
@@ -96,10 +103,18 @@ def median_seconds(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
-def throughput(codec: Codec, block: torch.Tensor, repeats: int) -> float:
-    """Median seconds of one encode + decode of ``block``."""
+def timings(codec: Codec, block: torch.Tensor, repeats: int) -> dict[str, float]:
+    """Median seconds of encode + decode, encode alone and decode alone of ``block``, by the
+    fast path and by the torch reference."""
     impl, out = codec_for(codec), torch.empty_like(block)
-    return median_seconds(lambda: impl.decode(impl.encode(block), out), repeats)
+    encoded = impl.encode(block)
+    return {
+        "both": median_seconds(lambda: impl.decode(impl.encode(block), out), repeats),
+        "encode": median_seconds(lambda: impl.encode(block), repeats),
+        "decode": median_seconds(lambda: impl.decode(encoded, out), repeats),
+        "reference_encode": median_seconds(lambda: impl.encode_reference(block), repeats),
+        "reference_decode": median_seconds(lambda: impl.decode_reference(encoded, out), repeats),
+    }
 
 
 def nvme_read_gbps(block_bytes: int, blocks: int = 64, threads: int = 4) -> float:
@@ -123,30 +138,52 @@ def measure(args: argparse.Namespace) -> dict:
     codecs = {}
     for codec in QUANTISED:
         k_hat, v_hat = round_trip(codec, k, v)
-        seconds = throughput(codec, block, args.repeats)
+        t = timings(codec, block, args.repeats)
+        gbps = {name: nbytes / seconds / 1e9 for name, seconds in t.items()}
         codecs[codec.value] = {
             "bytes_ratio": codec_for(codec).nbytes_of(tuple(block.shape), block.dtype) / nbytes,
             "k_rel_err": rel_err(k_hat, k), "v_rel_err": rel_err(v_hat, v),
             "attn_rel_err": rel_err(attention(q, k_hat, v_hat), reference),
             "attn_rel_err_sharp": rel_err(attention(sharp, k_hat, v_hat), reference_sharp),
-            "throughput_ratio": copy_s / seconds, "gbps": nbytes / seconds / 1e9,
-            "faster_than_nvme_read": None if disk is None else nbytes / seconds / 1e9 > disk,
+            "throughput_ratio": copy_s / t["both"], "gbps": gbps["both"],
+            "encode_gbps": gbps["encode"], "decode_gbps": gbps["decode"],
+            "encode_ratio": copy_s / t["encode"], "decode_ratio": copy_s / t["decode"],
+            "reference_encode_gbps": gbps["reference_encode"], "reference_decode_gbps": gbps["reference_decode"],
+            "faster_than_nvme_read": None if disk is None else min(gbps["encode"], gbps["decode"]) > disk,
         }
     return {"block_shape": list(block.shape), "dtype": "float16", "copy_gbps": nbytes / copy_s / 1e9,
             "nvme_read_gbps": disk, "logit_std": args.logit_std,
-            "logit_std_sharp": float(logits(sharp, k).std(dim=-1).mean()), "threads": torch.get_num_threads(), "codecs": codecs}
+            "logit_std_sharp": float(logits(sharp, k).std(dim=-1).mean()), "threads": torch.get_num_threads(), "codecs": codecs,
+            "transformers": compare_transformers(k, v, q, reference)}
+
+
+def compare_transformers(k: torch.Tensor, v: torch.Tensor, q: torch.Tensor, reference: torch.Tensor) -> dict:
+    """transformers' quantised KV cache layers on the same KV (see ``tiercache.bench.hf_quant``)."""
+    results = hf_quant.compare(k, v)
+    for entry in results.get("layers", []):
+        entry["attn_rel_err"] = rel_err(attention(q, entry.pop("k_hat"), entry.pop("v_hat")), reference)
+    return results
 
 
 def table(result: dict) -> str:
     """The result as a fixed-width table, baselines last."""
-    head = f"{'codec':<6} {'bytes':>6} {'k_err':>8} {'v_err':>8} {'attn_err':>9} {'sharp':>7} {'GB/s':>7} {'vs copy_':>9} {'> nvme':>7}"
+    head = (f"{'codec':<6} {'bytes':>6} {'k_err':>8} {'v_err':>8} {'attn_err':>9} {'sharp':>7} {'enc GB/s':>9} "
+            f"{'dec GB/s':>9} {'enc+dec/copy_':>14} {'ref enc':>8} {'ref dec':>8} {'> nvme':>7}")
     rows = [head]
     for name, m in result["codecs"].items():
         faster = "-" if m["faster_than_nvme_read"] is None else ("yes" if m["faster_than_nvme_read"] else "NO")
         rows.append(f"{name:<6} {m['bytes_ratio']:>6.3f} {m['k_rel_err']:>8.4f} {m['v_rel_err']:>8.4f} "
-                    f"{m['attn_rel_err']:>9.4f} {m['attn_rel_err_sharp']:>7.4f} {m['gbps']:>7.2f} {m['throughput_ratio']:>9.4f} {faster:>7}")
+                    f"{m['attn_rel_err']:>9.4f} {m['attn_rel_err_sharp']:>7.4f} {m['encode_gbps']:>9.2f} {m['decode_gbps']:>9.2f} "
+                    f"{m['throughput_ratio']:>14.4f} {m['reference_encode_gbps']:>8.2f} {m['reference_decode_gbps']:>8.2f} {faster:>7}")
+    hf = result["transformers"]
+    for entry in hf.get("layers", []):
+        rows.append(f"hf {entry['name']:<24} bytes {entry['bytes_ratio'] if entry['bytes_ratio'] is not None else '-'} "
+                    f"k_err {entry['k_rel_err']:.4f} v_err {entry['v_rel_err']:.4f} attn_err {entry['attn_rel_err']:.4f}")
+    if hf.get("note"):
+        rows.append(f"transformers: {hf['note']}")
     disk = result["nvme_read_gbps"]
-    rows.append(f"block {result['block_shape']} fp16; copy_ {result['copy_gbps']:.2f} GB/s; raw O_DIRECT read "
+    rows.append("GB/s in fp16 bytes; ref: the plain torch reference of the same codec\n"
+                f"block {result['block_shape']} fp16; copy_ {result['copy_gbps']:.2f} GB/s; raw O_DIRECT read "
                 + ("skipped" if disk is None else f"{disk:.2f} GB/s") + f"; torch threads {result['threads']}\n"
                 f"attn_err: query logits of std {result['logit_std']}; sharp: as drawn "
                 f"(logit std {result['logit_std_sharp']:.1f})")
@@ -162,7 +199,11 @@ def main() -> None:
     parser.add_argument("--logit-std", type=float, default=1.0, help="std of the query's logits (default 1.0)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-disk", action="store_true", help="skip the raw NVMe read baseline")
+    parser.add_argument("--torch-threads", type=int, help="torch's intra-op threads (default: torch's own); 1 keeps "
+                                                           "torch's ops steady on a machine shared with other work")
     args = parser.parse_args()
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
     result = measure(args)
     print(table(result))
     if args.json:

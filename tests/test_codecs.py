@@ -82,7 +82,7 @@ def test_round_trip_error_meets_the_bound(codec, shape):
         assert rel_err(decoded[:, half], block[:, half]) <= ROUND_TRIP_BOUND[codec]
 
 
-@pytest.mark.parametrize("codec", [Codec.INT8])
+@pytest.mark.parametrize("codec", [Codec.INT8, Codec.FP8])
 @FAST
 @given(shape=attention_shapes)
 def test_attention_error_meets_the_bound(codec, shape):
@@ -91,24 +91,24 @@ def test_attention_error_meets_the_bound(codec, shape):
     assert rel_err(attention(q, round_trip(codec, block)), attention(q, block)) <= ATTN_BOUND[codec]
 
 
-@pytest.mark.parametrize("codec, measured", [(Codec.FP8, 0.1), (Codec.INT4, 0.2)])
 @FAST
 @given(shape=attention_shapes)
-def test_attention_error_stays_near_what_was_measured(codec, measured, shape):
-    """FP8 and INT4 do not meet issue 10's attention bounds on this KV (see the xfail below):
-    this pins the error measured here (FP8 0.04-0.08, INT4 0.11-0.15 at logit std 1)."""
+def test_int4_attention_error_stays_near_what_was_measured(shape):
+    """INT4 does not meet issue 10's attention bound on this KV (see the xfail below): this
+    pins the error measured here (0.11-0.15 at logit std 1)."""
     block = synthetic_block(*shape)
     q = unit_logit_query(block)
-    assert rel_err(attention(q, round_trip(codec, block)), attention(q, block)) <= measured
+    assert rel_err(attention(q, round_trip(Codec.INT4, block)), attention(q, block)) <= 0.2
 
 
-@pytest.mark.xfail(strict=False, reason="issue 10: FP8 attention error is ~0.05 (e4m3 keeps 3 mantissa bits) and INT4's "
-                   "~0.13 (its V error alone is ~0.09) on i.i.d. normal KV with unit-std logits")
-@pytest.mark.parametrize("codec", [Codec.FP8, Codec.INT4])
-def test_attention_error_meets_the_issue_bound(codec):
+@pytest.mark.xfail(strict=True, reason="issue 10: INT4's attention error is ~0.13 on i.i.d. normal V with unit-std "
+                   "logits: V's round-trip error alone (~0.09, groups of 64 with 16 levels) passes into the output "
+                   "undiminished, and K's adds as much; 0.1 needs ~0.07 on each, more than 4.48 bits per value give "
+                   "a uniform 4-bit code (groups of 16 would, at 4.75 bits)")
+def test_int4_attention_error_meets_the_issue_bound():
     block = synthetic_block(2, 8, 256, 128)
     q = unit_logit_query(block)
-    assert rel_err(attention(q, round_trip(codec, block)), attention(q, block)) <= ATTN_BOUND[codec]
+    assert rel_err(attention(q, round_trip(Codec.INT4, block)), attention(q, block)) <= ATTN_BOUND[Codec.INT4]
 
 
 @pytest.mark.parametrize("codec", list(Codec))
@@ -146,8 +146,22 @@ def test_fp8_fast_decode_equals_torch_conversion_on_every_code():
 def test_fp8_decode_equals_the_plain_torch_path():
     impl, block = codec_for(Codec.FP8), synthetic_block(2, 4, 64, 128)
     encoded = impl.encode(block)
-    plain = (encoded.payload.to(torch.float32) * encoded.scales[0]).to(block.dtype)
+    scale, outliers, channels = encoded.scales
+    plain = (encoded.payload.to(torch.float32) * scale).to(block.dtype)
+    k = plain[:, 0]
+    k.scatter_(-1, channels.long().expand(*k.shape[:-1], channels.shape[-1]), outliers)
     assert torch.equal(impl.decode(encoded, torch.empty_like(block)), plain)
+
+
+def test_fp8_keeps_the_outlier_key_channels_exact():
+    impl, block = codec_for(Codec.FP8), synthetic_block(2, 4, 64, 128)
+    encoded = impl.encode(block)
+    channels = encoded.scales[2].long()
+    largest = block[:, 0].abs().amax(dim=-2, keepdim=True).topk(4, dim=-1).indices.sort(dim=-1).values
+    assert torch.equal(channels, largest)
+    decoded = impl.decode(encoded, torch.empty_like(block))
+    index = channels.expand(-1, -1, 64, -1)
+    assert torch.equal(decoded[:, 0].gather(-1, index), block[:, 0].gather(-1, index))
 
 
 def test_from_bytes_reads_a_misaligned_buffer():
@@ -206,3 +220,40 @@ def test_codec_names_parse():
     assert Codec.parse(" fp8 ") is Codec.FP8
     with pytest.raises(ConfigError, match="int8"):
         Codec.parse("int3")
+
+
+@pytest.mark.parametrize("codec", list(Codec))
+@FAST
+@given(shape=st.tuples(st.integers(1, 3), st.integers(1, 8), st.integers(1, 300), st.integers(1, 160)),
+       dtype=st.sampled_from(["float16", "bfloat16", "float32"]), per_layer=st.booleans())
+def test_the_metadata_planes_byte_count_is_what_the_codec_stores(codec, shape, dtype, per_layer):
+    layers, heads, tokens, dim = shape
+    layout = KVLayout(layers=layers, kv_heads=heads, head_dim=dim, dtype=dtype, block_tokens=tokens, per_layer=per_layer)
+    assert codec.block_bytes(layout) == codec_for(codec).nbytes(layout)
+
+
+@pytest.mark.parametrize("codec", list(Codec))
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_encode_into_and_decode_from_a_buffer_equal_to_bytes(codec, dtype):
+    impl, block = codec_for(codec), synthetic_block(2, 2, 32, 16, dtype=dtype)
+    buf = torch.empty(impl.nbytes_of(block.shape, dtype), dtype=torch.uint8)
+    assert torch.equal(impl.encode_into(block, buf), impl.to_bytes(impl.encode(block)))
+    assert torch.equal(impl.decode_from(buf, dtype, torch.empty_like(block)), round_trip(codec, block))
+    with pytest.raises(UserError, match="bytes"):
+        impl.encode_into(block, buf[1:])
+
+
+@pytest.mark.parametrize("codec", QUANTISED)
+def test_re_encoding_a_decoded_block_settles_at_once_or_within_a_few_round_trips(codec):
+    """What a tier sees when a promoted block is demoted again: INT8 and FP8 re-encode a
+    decoded block bit for bit (no drift however often a block moves); INT4 reaches its
+    fixed point within a few round trips and the error stays that of one (within 5%)."""
+    block = synthetic_block(2, 4, 256, 128)
+    x, first = block, None
+    for trip in range(8):
+        y = round_trip(codec, x)
+        first = rel_err(y, block) if first is None else first
+        if codec is not Codec.INT4 and trip >= 1:
+            assert torch.equal(y, x)
+        x = y
+    assert rel_err(x, block) <= 1.05 * first

@@ -34,6 +34,7 @@ IMPORT_TO_DIST = {
     "matplotlib": "matplotlib",
     "numba": "numba",
     "orjson": "orjson",
+    "transformers": "transformers",
     "torch": "torch",
     "cupy": "cupy-cuda12x",
     "libcachesim": "libcachesim",
@@ -41,7 +42,7 @@ IMPORT_TO_DIST = {
     "hypothesis": "hypothesis",
 }
 # Imports the package may take from an extra instead of the hard dependencies.
-PACKAGE_EXTRAS = {"torch": "cpu", "cupy": "gpu", "mooncake": "remote"}
+PACKAGE_EXTRAS = {"torch": "cpu", "cupy": "gpu", "mooncake": "remote", "transformers": "hf"}
 # Declared but not imported yet, with the reason.
 DECLARED_AHEAD = {
     "cupy-cuda12x": "the gpu extra is for cuda_ext's cupy RawModule kernels (DESIGN.md section 2), not landed yet",

@@ -299,7 +299,7 @@ def test_step_trace_results_say_decode_and_count_every_counter(step_trace, tmp_p
     out = tmp_path / "r.json"
     assert main(["replay", str(step_trace), "--capacity", "6", "--no-progress", "--workers", "1", "--out", str(out)]) == 0
     doc = json.loads(out.read_text())
-    assert doc["schema_version"] == 3 and doc["trace"]["kind"] == "steps"
+    assert doc["schema_version"] == 4 and doc["trace"]["kind"] == "steps"
     (run,) = doc["runs"]  # a step trace replays once, in decode semantics
     assert run["semantics"] == "decode" and run["recomputed"] == 0
     assert {"failed_transfers", "promote_skipped", "lost"} <= set(run["tiers"][0])

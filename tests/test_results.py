@@ -28,7 +28,8 @@ from tiercache.results import (
 def tier(name: str, hits: int, base: int) -> TierRecord:
     """A tier whose every counter has its own value, so a swapped field shows."""
     return TierRecord(name, base + 1, hits, base + 2, base + 3, base + 4, base + 5, base + 6, base + 7,
-                      base + 8, base + 9, base + 10, hits - 7, 7, base + 11, base + 12, base + 13.5, base + 14.5)
+                      base + 8, base + 9, base + 10, hits - 7, 7, base + 11, base + 12, base + 13.5, base + 14.5,
+                      "int4" if name == "dram" else "fp8", base + 15)
 
 
 def full_document() -> ResultsDocument:
@@ -66,7 +67,8 @@ def test_round_trip_keeps_every_field(tmp_path):
 def test_every_counter_the_manager_keeps_is_in_the_schema():
     stats = HierarchyStats.for_tiers([("hbm", 4)])
     split = {"hits_in_place", "hits_promoted", "in_place_bytes", "promoted_bytes", "in_place_seconds", "promoted_seconds"}
-    assert {f.name for f in dataclasses.fields(TierCounters)} | split == {f.name for f in dataclasses.fields(TierRecord)}
+    codec = {"codec", "block_bytes"}  # how the tier stores blocks: its config, not a counter
+    assert {f.name for f in dataclasses.fields(TierCounters)} | split | codec == {f.name for f in dataclasses.fields(TierRecord)}
     run_fields = {f.name for f in dataclasses.fields(RunRecord)}
     assert {"misses", "recomputed"} <= run_fields and {"misses", "recomputed"} <= set(vars(stats))
 
@@ -74,9 +76,25 @@ def test_every_counter_the_manager_keeps_is_in_the_schema():
 _SPLIT = ("hits_in_place", "hits_promoted", "in_place_bytes", "promoted_bytes", "in_place_seconds", "promoted_seconds")
 
 
+def v3_document() -> dict:
+    """A file as version 3 wrote it: no codec per tier."""
+    data = full_document().to_json()
+    data["schema_version"] = 3
+    for run in data["runs"]:
+        for tier_entry in run["tiers"]:
+            del tier_entry["codec"], tier_entry["block_bytes"]
+    return data
+
+
+def test_version_3_upgrade_reads_every_tier_as_unquantised():
+    upgraded = ResultsDocument.from_json(v3_document(), "old.json")
+    assert all(t.codec == "none" and t.block_bytes is None for r in upgraded.runs for t in r.tiers)
+    assert ResultsDocument.from_json(json.loads(json.dumps(upgraded.to_json())), "new.json") == upgraded
+
+
 def v2_document() -> dict:
     """A file as version 2 wrote it: no split of the hits into read in place and promoted."""
-    data = full_document().to_json()
+    data = v3_document()
     data["schema_version"] = 2
     for run in data["runs"]:
         for tier_entry in run["tiers"]:
@@ -124,7 +142,7 @@ def test_version_1_upgrade_fills_only_what_it_did_not_record():
     assert all(t.lost is None and t.failed_transfers is None and t.promote_skipped is None for t in first.tiers)
     assert [t.hits for t in first.tiers] == [500, 100] and first.tiers[0].refused == 107
     assert upgraded.runs[1].prefill_tokens is None
-    # An upgraded document writes as version 3 and reads back unchanged (None stays "not recorded").
+    # An upgraded document writes as the current version and reads back unchanged (None stays "not recorded").
     assert ResultsDocument.from_json(json.loads(json.dumps(upgraded.to_json())), "new.json") == upgraded
 
 
@@ -144,7 +162,9 @@ def _mutated(change) -> dict:
 @pytest.mark.parametrize(
     "change, needle",
     [
-        (lambda d: d.update(schema_version=4), "r.json: results schema_version 4 is not one"),
+        (lambda d: d.update(schema_version=5), "r.json: results schema_version 5 is not one"),
+        (lambda d: d["runs"][0]["tiers"][0].update(codec="int3"), "r.json: run 1: tier 1: field 'codec' must be one of none"),
+        (lambda d: d["runs"][0]["tiers"][1].pop("codec"), "r.json: run 1: tier 2: missing field(s) codec"),
         (lambda d: d["runs"][0]["tiers"][0].pop("hits_in_place"), "r.json: run 1: tier 1: missing field(s) hits_in_place"),
         (lambda d: d["runs"][0]["tiers"][0].update(hits_promoted=8), "r.json: run 1: tier 1: inconsistent counts"),
         (lambda d: d.update(schema_version="2"), "schema_version '2'"),

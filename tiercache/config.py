@@ -38,6 +38,7 @@ __all__ = [
     "RemoteWrite",
     "RemoteConfig",
     "REMOTE_TIER",
+    "codec_group",
     "AttentionMode",
 ]
 
@@ -121,7 +122,8 @@ class Codec(enum.Enum):
     """How a tier stores the bytes of a block: as given, or quantised.
 
     ``NONE`` keeps the layout's dtype. ``INT8``: keys per channel, values per token (KIVI).
-    ``FP8``: e4m3 with one scale per block half. ``INT4``: groups of 64, two codes a byte.
+    ``FP8``: e4m3 with one scale per block half, the 4 largest key channels kept exact.
+    ``INT4``: groups of 64, two codes a byte.
     The codecs themselves are data-plane (``tiercache.data.codecs``); this is only the name.
     """
 
@@ -142,6 +144,25 @@ class Codec(enum.Enum):
         if name not in known:
             raise ConfigError(f"{option}: unknown codec {text!r}; known: {', '.join(known)}")
         return cls(name)
+
+    def block_bytes(self, layout: "KVLayout") -> int:
+        """Exact bytes of one block of ``layout`` stored with this codec, scales included.
+
+        Plain arithmetic (the metadata plane sizes tiers with it); ``tiercache.data.codecs``
+        builds the same parts as tensors and a test checks that the two agree.
+        """
+        if self is Codec.NONE:
+            return layout.block_bytes
+        lead, heads, tokens, dim = layout.block_layers, layout.kv_heads, layout.block_tokens, layout.head_dim
+        elements = 2 * lead * heads * tokens * dim
+        k_groups = lead * heads * (tokens // codec_group(tokens)) * dim  # K: along tokens, per channel
+        v_groups = lead * heads * tokens * (dim // codec_group(dim))  # V: along head_dim, per token
+        if self is Codec.INT8:
+            return elements + 2 * (k_groups + v_groups)  # int8 codes, fp16 scales
+        if self is Codec.INT4:
+            return (elements + 1) // 2 + 3 * (k_groups + v_groups)  # two codes a byte, fp16 scale + uint8 zero
+        outliers = min(FP8_OUTLIER_CHANNELS, dim)  # FP8: e4m3 codes, fp32 scale per half, exact key channels
+        return elements + 8 * lead + lead * heads * outliers * (tokens * layout.dtype_bytes + 2)
 
 
 class RemoteWrite(enum.Enum):
@@ -204,6 +225,17 @@ class RemoteConfig:
                 raise ConfigError(f"RemoteConfig.{name} must be a {'non-negative' if may_be_zero else 'positive'} number, got {value!r}")
 
 
+#: Group size cap of the INT8 and INT4 codecs (the issue's groups of 64).
+CODEC_GROUP = 64
+#: Key channels per (layer, head) that the FP8 codec keeps exact.
+FP8_OUTLIER_CHANNELS = 4
+
+
+def codec_group(n: int) -> int:
+    """The codecs' group size along a dim of ``n``: its largest divisor up to ``CODEC_GROUP``."""
+    return max(g for g in range(1, min(n, CODEC_GROUP) + 1) if n % g == 0)
+
+
 class Mode(enum.Enum):
     """The hierarchy a run used: one tier, exclusive tiers, or write-through (inclusive)."""
 
@@ -246,8 +278,9 @@ class Capacity:
             return cls(str(value), blocks=_positive(number * _COUNT_UNITS[unit], value, what))
         return cls(str(value), nbytes=_positive(number * _BYTE_UNITS[unit], value, what))
 
-    def to_blocks(self, layout: "KVLayout | None", what: str = "capacity") -> int:
-        """Blocks of this capacity; a byte size is divided by ``layout.block_bytes`` (rounded down).
+    def to_blocks(self, layout: "KVLayout | None", what: str = "capacity", codec: "Codec" = None) -> int:
+        """Blocks of this capacity; a byte size is divided by the bytes of one block stored
+        with ``codec`` (``layout.block_bytes`` without one; rounded down).
 
         Raises:
             ConfigError: a byte size without a layout, or under one block.
@@ -256,9 +289,10 @@ class Capacity:
             return self.blocks
         if layout is None:
             raise ConfigError(f"{what}: {self.text!r} is a byte size; give --model or --layout to turn it into blocks")
-        blocks = self.nbytes // layout.block_bytes
+        block_bytes = (codec or Codec.NONE).block_bytes(layout)
+        blocks = self.nbytes // block_bytes
         if blocks < 1:
-            raise ConfigError(f"{what}: {self.text!r} is less than one block of {layout.block_bytes} bytes")
+            raise ConfigError(f"{what}: {self.text!r} is less than one block of {block_bytes} bytes")
         return blocks
 
 
@@ -298,18 +332,18 @@ def parse_size(value: int | str, what: str = "size") -> int:
     return _positive(number * _BYTE_UNITS.get(unit, 1), value, what)
 
 
-def parse_capacity(value: int | str, layout: "KVLayout | None", what: str = "capacity") -> int:
+def parse_capacity(value: int | str, layout: "KVLayout | None", what: str = "capacity", codec: Codec | None = None) -> int:
     """Turns a capacity into blocks (``Capacity.parse`` then ``Capacity.to_blocks``).
 
     A plain integer (or digit string, optionally with a ``k``/``M``/``G`` suffix, powers of
     1000) counts blocks; a size with a byte unit (``"8GiB"``, ``"512MB"``) is divided by
-    ``layout.block_bytes``.
+    the bytes of one block stored with ``codec`` (``layout.block_bytes`` without one).
 
     Raises:
         ConfigError: not positive, unparsable or ambiguous, a byte size without a layout, or
             under one block.
     """
-    return Capacity.parse(value, what).to_blocks(layout, what)
+    return Capacity.parse(value, what).to_blocks(layout, what, codec)
 
 
 @dataclass(frozen=True)
@@ -395,14 +429,17 @@ class TierConfig:
     """One tier: its name, capacity in blocks, and the policies that run it.
 
     Invariants: ``name`` in ``TIER_NAMES`` or ``REMOTE_TIER``; ``capacity_blocks >= 1``;
-    ``remote`` (how to reach the store, when to write) is set exactly for the remote tier,
-    whose capacity is how many remote blocks this process keeps track of (its view).
+    ``codec`` is how the tier stores a block (``Codec.NONE``: as given; a quantised tier
+    holds ``codec.block_bytes(layout)`` bytes per block); ``remote`` (how to reach the
+    store, when to write) is set exactly for the remote tier, whose capacity is how many
+    remote blocks this process keeps track of (its view).
     """
 
     name: str
     capacity_blocks: int
     eviction: str = "lru"
     admission: str = "always"
+    codec: Codec = Codec.NONE
     remote: RemoteConfig | None = None
 
     def __post_init__(self) -> None:
@@ -412,6 +449,10 @@ class TierConfig:
             raise ConfigError(f"tier {self.name}: remote=RemoteConfig(...) is given with the remote tier, and only with it")
         if isinstance(self.capacity_blocks, bool) or not isinstance(self.capacity_blocks, int) or self.capacity_blocks < 1:
             raise ConfigError(f"tier {self.name}: capacity must be at least one block, got {self.capacity_blocks!r}")
+        if isinstance(self.codec, str):
+            object.__setattr__(self, "codec", Codec.parse(self.codec, f"tier {self.name} codec"))
+        if not isinstance(self.codec, Codec):
+            raise ConfigError(f"tier {self.name}: codec must be a Codec or its name, got {self.codec!r}")
 
 
 @dataclass(frozen=True)
@@ -444,23 +485,27 @@ class CacheConfig:
 
 
 def parse_tiers(spec: str, layout: KVLayout | None, eviction: str = "lru", admission: str = "always") -> tuple[TierConfig, ...]:
-    """Parses ``"hbm=4096,dram=16GiB,nvme=1TiB"`` into tier configs.
+    """Parses ``"hbm=4096,dram=16GiB,nvme=1TiB:int4"`` into tier configs.
 
-    The tiers are validated as a ``CacheConfig`` would be: names unique and ordered fastest
-    first (hbm, dram, nvme).
+    ``:codec`` after a capacity stores that tier's blocks with the codec (``none``, ``int8``,
+    ``fp8``, ``int4``); a byte size then counts blocks of the codec's size. The tiers are
+    validated as a ``CacheConfig`` would be: names unique and ordered fastest first (hbm,
+    dram, nvme).
 
     Raises:
-        ConfigError: empty spec, unknown or repeated tier, wrong order, missing ``=``, or a
-            bad capacity; the message names ``--tiers``.
+        ConfigError: empty spec, unknown or repeated tier, wrong order, missing ``=``, a
+            bad capacity or an unknown codec; the message names ``--tiers``.
     """
     tiers = []
     for part in [p for p in spec.split(",") if p.strip()]:
         if "=" not in part:
-            raise ConfigError(f"--tiers: {part!r} should look like name=capacity (e.g. hbm=4096)")
-        name, cap = (s.strip() for s in part.split("=", 1))
+            raise ConfigError(f"--tiers: {part!r} should look like name=capacity[:codec] (e.g. hbm=4096, nvme=1TiB:int4)")
+        name, value = (s.strip() for s in part.split("=", 1))
         if name not in TIER_NAMES:
             raise ConfigError(f"--tiers: unknown tier {name!r}; known: {', '.join(TIER_NAMES)}")
-        tiers.append(TierConfig(name, parse_capacity(cap, layout, f"--tiers {name}"), eviction, admission))
+        cap, _, codec_name = (s.strip() for s in value.partition(":"))
+        codec = Codec.parse(codec_name, f"--tiers {name}") if codec_name else Codec.NONE
+        tiers.append(TierConfig(name, parse_capacity(cap, layout, f"--tiers {name}", codec), eviction, admission, codec))
     if not tiers:
         raise ConfigError("--tiers: no tier given (e.g. hbm=4096,dram=16384)")
     try:

@@ -7,7 +7,13 @@ manager keeps. Metadata plane: no torch, no numpy.
 
 Versions:
 
-* **3** (written now): ``"schema_version": 3`` at the top; every key below is present (a
+* **4** (written now): ``"schema_version": 4``. New against version 3: each tier's
+  ``codec`` (how it stores blocks: ``"none"``, ``"int8"``, ``"fp8"``, ``"int4"``) and
+  ``block_bytes`` (bytes one block takes in that tier, scales included; null without a
+  layout). Transfers touching a quantised tier move its encoded bytes.
+* **3**: read with every field version 3 wrote required; the upgrade sets each tier's
+  ``codec`` to ``"none"`` (version 3 had no codecs) and ``block_bytes`` to ``None``.
+  Every key below is present (a
   value that does not apply is ``null``, or ``{}`` for ``bytes_moved``/``modeled_seconds``
   of runs without a layout). New against version 2: each tier splits its hits into
   ``hits_in_place`` (read where they lie, charged on the link to the top tier) and
@@ -37,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from .config import KVLayout, Mode, Semantics, TraceKind
+from .config import Codec, KVLayout, Mode, Semantics, TraceKind
 from .errors import UserError
 
 __all__ = [
@@ -45,10 +51,12 @@ __all__ = [
     "RunRecord", "ResultsDocument", "run_label", "read_results", "write_results",
 ]
 
+_CODEC_NAMES = tuple(c.value for c in Codec)
+
 #: The version ``ResultsDocument.to_json`` writes.
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 #: Versions ``ResultsDocument.from_json`` reads (older ones upgraded on reading).
-READABLE_VERSIONS = (1, 2, 3)
+READABLE_VERSIONS = (1, 2, 3, 4)
 
 
 # Version 1 spelled the trace kinds in the singular.
@@ -113,7 +121,8 @@ class TierRecord:
     tier's hits are all in place, at no cost). ``failed_transfers``, ``promote_skipped`` and
     ``lost`` are None only in records upgraded from version 1; the hit split only in records
     upgraded from versions 1 and 2; its bytes also without a layout, its seconds without
-    hardware.
+    hardware. ``codec`` is a ``Codec`` value; ``block_bytes`` (with a layout) the bytes of one
+    block in this tier, scales included.
     """
 
     name: str
@@ -134,8 +143,12 @@ class TierRecord:
     promoted_bytes: int | None = None
     in_place_seconds: float | None = None
     promoted_seconds: float | None = None
+    codec: str = "none"
+    block_bytes: int | None = None
 
     def __post_init__(self) -> None:
+        if self.codec not in _CODEC_NAMES:
+            raise ValueError(f"tier {self.name}: codec {self.codec!r} is not one of {', '.join(_CODEC_NAMES)}")
         split = (self.hits_in_place, self.hits_promoted)
         if None not in split and sum(split) != self.hits:
             raise ValueError(f"tier {self.name}: hits in place {split[0]} + promoted {split[1]} != hits {self.hits}")
@@ -198,7 +211,7 @@ class RunRecord:
     @property
     def key(self) -> tuple:
         """What identifies a run among others of one trace (two runs with one key are the same run)."""
-        shape = tuple((t.name, t.capacity_blocks) for t in self.tiers)
+        shape = tuple((t.name, t.capacity_blocks, t.codec) for t in self.tiers)
         return (self.policy, self.admission, self.semantics, self.mode, self.capacity_blocks, shape)
 
     def to_json(self) -> dict:
@@ -298,8 +311,9 @@ _BAD = object()  # what a converter returns for a value of the wrong type
 
 _HIT_SPLIT = ("hits_in_place", "hits_promoted", "in_place_bytes", "promoted_bytes", "in_place_seconds", "promoted_seconds")
 # Keys a version did not write (version 1: or wrote only when they applied): their value when absent.
-_V2_ABSENT = dict.fromkeys(_HIT_SPLIT)
-_ABSENT = {3: {}, 2: _V2_ABSENT, 1: _V2_ABSENT | {
+_V3_ABSENT = {"codec": "none", "block_bytes": None}
+_V2_ABSENT = _V3_ABSENT | dict.fromkeys(_HIT_SPLIT)
+_ABSENT = {4: {}, 3: _V3_ABSENT, 2: _V2_ABSENT, 1: _V2_ABSENT | {
     "recomputed": None, "failed_transfers": None, "promote_skipped": None, "lost": None,
     "bytes_moved": {}, "modeled_seconds": {}, "prefill_tokens": None, "prefill_tokens_saved": None, "ttft_saved_s": None,
 }}
@@ -432,12 +446,14 @@ def _read_layout(value: Any, source: str, version: int) -> LayoutInfo | None:
 
 def _read_tier(value: Any, parent: str, label: str, version: int) -> TierRecord:
     obj = _Object(value, parent, label, version)
-    obj.require(("name", *_TIER_COUNTS, *_TIER_COUNTS_V2, *_HIT_SPLIT))
+    obj.require(("name", *_TIER_COUNTS, *_TIER_COUNTS_V2, *_HIT_SPLIT, "codec", "block_bytes"))
     counts = {key: obj.take(key, _count) for key in _TIER_COUNTS}
     later = {key: obj.take(key, _nullable(_count), "null or a non-negative integer") for key in _TIER_COUNTS_V2 + _HIT_SPLIT[:4]}
     seconds = {key: obj.take(key, _nullable(_number), "null or a number") for key in _HIT_SPLIT[4:]}
+    codec = obj.take("codec", lambda v: v if v in _CODEC_NAMES else _BAD, f"one of {', '.join(_CODEC_NAMES)}")
+    block_bytes = obj.take("block_bytes", _nullable(_count), "null or a non-negative integer")
     try:
-        return TierRecord(name=obj.take("name", _text), **counts, **later, **seconds)
+        return TierRecord(name=obj.take("name", _text), **counts, **later, **seconds, codec=codec, block_bytes=block_bytes)
     except ValueError as exc:
         raise UserError(f"{obj.where}: inconsistent counts: {exc}") from None
 

@@ -62,7 +62,9 @@ def add_common_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--capacity", action=Once, help="comma list of single-tier capacities: blocks (4096, 4k = 4,000) "
                                                         f"or sizes with a B unit (16GiB, 512MB; need --model or --layout) "
                                                         f"(default: {DEFAULT_CAPACITY})")
-    parser.add_argument("--tiers", action=Once, help="run a hierarchy instead, e.g. hbm=4096,dram=16GiB,nvme=65536 "
+    parser.add_argument("--tiers", action=Once, help="run a hierarchy instead, e.g. hbm=4096,dram=16GiB,nvme=65536; "
+                                                     "':int8', ':fp8' or ':int4' after a capacity quantises that tier "
+                                                     "(nvme=1TiB:int4: a size then counts quantised blocks) "
                                                      "(sizes need --model or --layout; exclusive with --capacity)")
     parser.add_argument("--semantics", action=Once, help="object, prefix, or both (= object,prefix) (default: object); "
                                                          "request traces only: step traces replay as decode")

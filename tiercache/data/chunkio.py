@@ -9,7 +9,10 @@ the (compressed) payload followed by its crc32c as 4 little-endian bytes. Tests 
 directions against ``zarr.open_array``.
 
 Layout dtypes zarr cannot express (bfloat16, float8) are stored as unsigned integers of
-the same width; the true dtype is in the array attributes.
+the same width; the true dtype is in the array attributes. A store with a block codec
+(``Codec.INT8``, ``FP8``, ``INT4``) is a uint8 array ``[capacity, nbytes]``, one chunk per
+encoded block (``tiercache.data.codecs``' serialised bytes, scales included); the codec is
+in the attributes, and a store opened with another codec is refused.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import google_crc32c
 import numcodecs
 import numpy as np
 
-from ..config import KVLayout
+from ..config import Codec, KVLayout
 from ..errors import UserError
 
 __all__ = [
@@ -34,6 +37,7 @@ __all__ = [
     "STORAGE_DTYPES",
     "ChunkCodec",
     "create_array",
+    "chunk_geometry",
     "read_attributes",
     "check_store",
     "chunk_name",
@@ -95,7 +99,15 @@ def crc32c(data: np.ndarray) -> int:
     return google_crc32c.value(data)
 
 
-def layout_attributes(layout: KVLayout, compression: str | None) -> dict:
+def chunk_geometry(layout: KVLayout, codec: Codec = Codec.NONE) -> tuple[tuple[int, ...], str, int]:
+    """``(chunk shape, zarr data type, bytes)`` of one block stored with ``codec``."""
+    if codec is Codec.NONE:
+        return tuple(layout.block_shape), STORAGE_DTYPES[layout.dtype], layout.block_bytes
+    nbytes = codec.block_bytes(layout)
+    return (nbytes,), "uint8", nbytes
+
+
+def layout_attributes(layout: KVLayout, compression: str | None, codec: Codec = Codec.NONE) -> dict:
     """What the store records about itself in the zarr attributes (compared on reopen)."""
     return {
         "format_version": FORMAT_VERSION,
@@ -108,10 +120,11 @@ def layout_attributes(layout: KVLayout, compression: str | None) -> dict:
             "per_layer": layout.per_layer,
         },
         "compression": compression,
+        "codec": codec.value,
     }
 
 
-def create_array(path: str, layout: KVLayout, capacity: int, compression: str | None) -> None:
+def create_array(path: str, layout: KVLayout, capacity: int, compression: str | None, codec: Codec = Codec.NONE) -> None:
     """Creates the zarr v3 array (its ``zarr.json``) at ``path``; writes no chunk.
 
     Called once per store, off the hot path, so importing zarr here costs nothing later.
@@ -119,22 +132,22 @@ def create_array(path: str, layout: KVLayout, capacity: int, compression: str | 
     import zarr
     from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec
 
-    dtype = STORAGE_DTYPES[layout.dtype]
+    block, dtype, _ = chunk_geometry(layout, codec)
     compressors = [Crc32cCodec()]
     if compression == "lz4":
         typesize = np.dtype(dtype).itemsize
         compressors.insert(0, BloscCodec(cname="lz4", clevel=5, shuffle="shuffle", typesize=typesize))
     zarr.create_array(
         store=path,
-        shape=(capacity, *layout.block_shape),
-        chunks=(1, *layout.block_shape),
+        shape=(capacity, *block),
+        chunks=(1, *block),
         dtype=dtype,
         fill_value=0,
         serializer=BytesCodec(endian="little"),
         compressors=compressors,
         filters=None,
         chunk_key_encoding={"name": "default", "separator": "."},
-        attributes={ATTR_KEY: layout_attributes(layout, compression)},
+        attributes={ATTR_KEY: layout_attributes(layout, compression, codec)},
     )
 
 
@@ -175,41 +188,48 @@ def _chunk_shape(meta: dict) -> object:
     return config.get("chunk_shape") if isinstance(config, dict) else None
 
 
-def check_store(path: str, layout: KVLayout, compression: str | None, capacity: int | None) -> int:
+def check_store(path: str, layout: KVLayout, compression: str | None, capacity: int | None,
+                codec: Codec = Codec.NONE) -> int:
     """Checks an existing store against what the caller asks for; returns its capacity.
 
+    A store written before codecs were recorded holds plain blocks (codec ``none``).
+
     Raises:
-        UserError: another format version, layout, compression, capacity, array shape,
-            chunk shape or data type (the message names ``zarr.json`` and gives stored
-            and asked values).
+        UserError: another format version, layout, compression, codec, capacity, array
+            shape, chunk shape or data type (the message names ``zarr.json`` and gives
+            stored and asked values).
     """
     shape, attrs, meta = read_attributes(path)
     meta_path = os.path.join(path, "zarr.json")
-    wanted = layout_attributes(layout, compression)
+    wanted = layout_attributes(layout, compression, codec)
     if attrs.get("format_version") != FORMAT_VERSION:
         raise UserError(f"{meta_path}: store format {attrs.get('format_version')!r}, this tiercache reads {FORMAT_VERSION}")
     if attrs.get("layout") != wanted["layout"]:
         raise UserError(f"{meta_path}: store holds layout {attrs.get('layout')}, asked for {wanted['layout']}")
     if attrs.get("compression") != compression:
         raise UserError(f"{meta_path}: store compression is {attrs.get('compression')!r}, asked for {compression!r}")
-    _check_geometry(meta_path, meta, shape, layout)
+    stored_codec = attrs.get("codec", Codec.NONE.value)
+    if stored_codec != codec.value:
+        raise UserError(f"{meta_path}: store holds blocks encoded with codec {stored_codec!r}, asked for codec "
+                        f"{codec.value!r}; open it with codec {stored_codec!r} (its blocks cannot be re-encoded in "
+                        "place) or give the tier another directory")
+    _check_geometry(meta_path, meta, shape, chunk_geometry(layout, codec))
     if capacity is not None and capacity != shape[0]:
         raise UserError(f"{meta_path}: store capacity is {shape[0]} blocks, asked for {capacity}")
     return shape[0]
 
 
-def _check_geometry(meta_path: str, meta: dict, shape: tuple[int, ...], layout: KVLayout) -> None:
-    """The array must be ``[capacity >= 1, *block_shape]`` in one-block chunks of the
-    layout's storage dtype, else the chunk files are not what the hot path reads."""
-    block = tuple(layout.block_shape)
+def _check_geometry(meta_path: str, meta: dict, shape: tuple[int, ...], geometry: tuple[tuple[int, ...], str, int]) -> None:
+    """The array must be ``[capacity >= 1, *block]`` in one-block chunks of the block's
+    storage dtype (``chunk_geometry``), else the chunk files are not what the hot path reads."""
+    block, dtype, _ = geometry
     if len(shape) != 1 + len(block) or shape[1:] != block or shape[0] < 1:
         raise UserError(f"{meta_path}: array shape {list(shape)} is not [capacity >= 1, *{list(block)}]")
     chunks = _chunk_shape(meta)
     if chunks != [1, *block]:
         raise UserError(f"{meta_path}: chunk shape {chunks!r} is not one block {[1, *block]}")
-    if meta.get("data_type") != STORAGE_DTYPES[layout.dtype]:
-        raise UserError(f"{meta_path}: data type {meta.get('data_type')!r}, the layout stores "
-                        f"{STORAGE_DTYPES[layout.dtype]!r}")
+    if meta.get("data_type") != dtype:
+        raise UserError(f"{meta_path}: data type {meta.get('data_type')!r}, the layout stores {dtype!r}")
 
 
 def chunk_name(slot: int, ndim: int) -> str:

@@ -33,9 +33,10 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from ..config import KVLayout
+from ..config import Codec, KVLayout
 from ..errors import UserError
 from . import chunkio
+from .codecs import codec_for
 from .buffers import PAGE, HostBytes, aligned_tensor, block_list, byte_array, is_aligned, round_up, torch_dtype
 from .iojobs import run_batch
 from .nvme_index import Entry
@@ -71,6 +72,7 @@ class NVMeStore:
         io_threads: int = 4,
         direct_io: bool = True,
         overwrite_in_place: bool = True,
+        codec: Codec | str = Codec.NONE,
     ) -> None:
         """Opens the store at ``path``, creating it when absent and ``create`` is set.
 
@@ -86,30 +88,37 @@ class NVMeStore:
             overwrite_in_place: rewrite a reused slot's same-size chunk file in place
                 instead of temp file + rename (zarr readers running concurrently with a
                 crash may then see a torn chunk of a slot that no index entry names).
+            codec: how blocks are stored (``Codec.NONE``: as given; ``int8``/``fp8``/``int4``:
+                quantised by the I/O threads on ``put``, dequantised on ``get``). Recorded
+                in the store; must match an existing store's codec.
 
         Raises:
             UserError: path is a file or a non-store directory, another open store holds
-                it (names that process's pid), layout/capacity/compression differ from the
-                stored ones, a store file is malformed (names it), capacity below one
+                it (names that process's pid), layout/capacity/compression/codec differ from
+                the stored ones, a store file is malformed (names it), capacity below one
                 block, bad arguments.
         """
         check_arguments(layout, compression, io_threads)
         self.path = os.fspath(path)
         self.layout = layout
+        self.codec = codec if isinstance(codec, Codec) else Codec.parse(str(codec), "NVMeStore codec")
         self.compression = compression
         self.overwrite_in_place = bool(overwrite_in_place)
         self.stats = dict.fromkeys(_STAT_NAMES, 0)
-        self._ndim = 1 + len(layout.block_shape)
+        chunk_shape, _, self.chunk_bytes = chunkio.chunk_geometry(layout, self.codec)
+        self._block_codec = None if self.codec is Codec.NONE else codec_for(self.codec)
+        self._dtype = torch_dtype(layout.dtype)
+        self._ndim = 1 + len(chunk_shape)
         self._chunk_prefix = os.path.join(self.path, "c.")
-        self._chunk_suffix = ".0" * len(layout.block_shape)
-        self._in_place_layout = compression is None and layout.block_bytes % PAGE == 0
-        self._host_bytes = HostBytes(layout.block_bytes)
+        self._chunk_suffix = ".0" * len(chunk_shape)
+        self._in_place_layout = compression is None and self.chunk_bytes % PAGE == 0
+        self._host_bytes = HostBytes(self.chunk_bytes)
         self._dir_dirty = False  # a chunk was renamed into place since the last directory fsync
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()
         self._closed = False
         self.capacity = self._open(capacity_blocks, create)  # takes the directory lock
-        self._codec = chunkio.ChunkCodec(layout.block_bytes, compression, layout.dtype_bytes)
+        self._codec = chunkio.ChunkCodec(self.chunk_bytes, compression, layout.dtype_bytes if self._block_codec is None else 1)
         self.direct_io = direct_io and chunkio.supports_direct(os.path.join(self.path, "zarr.json"))
         self._local = threading.local()
         self._io_threads = io_threads
@@ -119,7 +128,7 @@ class NVMeStore:
 
     def _open(self, capacity_blocks: int | str | None, create: bool) -> int:
         """Creates or reopens the store under its lock; makes any recovery durable."""
-        opened = open_store(self.path, self.layout, self.compression, capacity_blocks, create)
+        opened = open_store(self.path, self.layout, self.compression, capacity_blocks, create, self.codec)
         self._table, self._files, self._dir_lock = opened.table, opened.files, opened.lock
         self.stats.update(opened.counts)
         if opened.needs_flush:
@@ -138,6 +147,9 @@ class NVMeStore:
         trailer, local.trailer_owner = aligned_tensor((PAGE,), torch.uint8)
         local.trailer = trailer.numpy()
         local.block, local.block_owner = aligned_tensor(self.layout.block_shape, torch_dtype(self.layout.dtype))
+        if self._block_codec is not None:  # the encoded block, page-aligned for O_DIRECT
+            encoded, local.encoded_owner = aligned_tensor((round_up(self.chunk_bytes),), torch.uint8)
+            local.encoded = encoded[: self.chunk_bytes]
 
     # ----- validation ----------------------------------------------------------------
 
@@ -172,12 +184,41 @@ class NVMeStore:
         """
         self._check_open()
         keys = self._check_keys(keys, "NVMeStore.put")
+        views = block_list(blocks, self.layout, len(keys), "NVMeStore.put blocks")
+        return self._submit_put(keys, views, slots, encoded=False)
+
+    def submit_put_encoded(self, keys: Sequence[bytes], encoded: Sequence[torch.Tensor],
+                           slots: Sequence[int] | None = None) -> Future:
+        """``submit_put`` of blocks already encoded with this store's codec: each a 1-D
+        uint8 host tensor of ``chunk_bytes`` (``BlockCodec.encode_into``), written as is,
+        so a block moved between two tiers of one codec is never quantised twice.
+
+        Raises:
+            UserError: as ``submit_put``, or a buffer that is not ``chunk_bytes`` of uint8.
+            StoreFullError: fewer free slots than blocks; nothing is written.
+        """
+        self._check_open()
+        keys = self._check_keys(keys, "NVMeStore.put_encoded")
+        return self._submit_put(keys, self._check_encoded(encoded, len(keys), "NVMeStore.put_encoded"), slots, encoded=True)
+
+    def _submit_put(self, keys: list[bytes], views: list[torch.Tensor], slots: Sequence[int] | None, encoded: bool) -> Future:
         if len(set(keys)) != len(keys):
             raise UserError("NVMeStore.put: a key appears twice in one batch")
-        views = block_list(blocks, self.layout, len(keys), "NVMeStore.put blocks")
         reserved, named = self._reserve(len(keys), slots), slots is not None
         return run_batch(self._executor, self._io_threads, len(keys),
-                         lambda i: self._write_one(keys[i], *reserved[i], views[i], named), list)
+                         lambda i: self._write_one(keys[i], *reserved[i], views[i], named, encoded), list)
+
+    def _check_encoded(self, buffers: Sequence[torch.Tensor], count: int, what: str) -> list[torch.Tensor]:
+        """Encoded blocks must be ``count`` contiguous 1-D uint8 host tensors of ``chunk_bytes``."""
+        if not isinstance(buffers, (list, tuple)) or len(buffers) != count:
+            raise UserError(f"{what}: expected a list of {count} encoded blocks")
+        for i, buf in enumerate(buffers):
+            if not (isinstance(buf, torch.Tensor) and buf.dtype == torch.uint8 and buf.shape == (self.chunk_bytes,)
+                    and buf.is_cpu and buf.is_contiguous()):
+                got = f"{buf.dtype} {tuple(buf.shape)} on {buf.device}" if isinstance(buf, torch.Tensor) else type(buf).__name__
+                raise UserError(f"{what}[{i}]: expected a contiguous host uint8 tensor of {self.chunk_bytes} bytes "
+                                f"(codec {self.codec.value}), got {got}")
+        return list(buffers)
 
     def put(
         self, keys: Sequence[bytes], blocks: torch.Tensor | Sequence[torch.Tensor], slots: Sequence[int] | None = None
@@ -204,11 +245,13 @@ class NVMeStore:
         return (f"{self.path}: store full: {wanted} blocks to put, {table.free_count} of {self.capacity} slots free"
                 f" ({table.retired_count} more after the next flush); evict before putting")
 
-    def _write_one(self, key: bytes, slot: int, gen: int, block: torch.Tensor, named: bool = True) -> PutResult:
+    def _write_one(self, key: bytes, slot: int, gen: int, block: torch.Tensor, named: bool = True,
+                   encoded: bool = False) -> PutResult:
         """I/O thread: writes one chunk and publishes it; an OSError becomes the result.
-        ``named``: the caller chose the slot (a durable entry may still name it)."""
+        ``named``: the caller chose the slot (a durable entry may still name it);
+        ``encoded``: ``block`` holds the codec's bytes already."""
         try:
-            payload = self._codec.encode(self._source_bytes(block))
+            payload = self._codec.encode(self._chunk_payload(block, encoded))
             crc, renamed = self._write_chunk(slot, gen, payload, named)
             length = payload.size + 4
         except OSError as exc:
@@ -238,6 +281,13 @@ class NVMeStore:
         tmp = os.path.join(self.path, f"{TMP_PREFIX}{slot}.{gen}")
         return chunkio.write_chunk_file(tmp, final, payload), True
 
+    def _chunk_payload(self, block: torch.Tensor, encoded: bool) -> np.ndarray:
+        """The bytes of one chunk: the block's own, or the block encoded with the codec
+        (into this thread's buffer), or the encoded bytes given."""
+        if encoded or self._block_codec is None:
+            return self._source_bytes(block)
+        return byte_array(self._block_codec.encode_into(block, self._local.encoded))
+
     def _source_bytes(self, block: torch.Tensor) -> np.ndarray:
         """The block's bytes without a copy when it is contiguous host memory, else staged."""
         view = self._host_bytes(block)
@@ -260,7 +310,20 @@ class NVMeStore:
         """
         self._check_open()
         keys = self._check_keys(keys, "NVMeStore.get")
-        dests = block_list(out, self.layout, len(keys), "NVMeStore.get out")
+        return self._submit_get(keys, block_list(out, self.layout, len(keys), "NVMeStore.get out"), encoded=False)
+
+    def submit_get_encoded(self, keys: Sequence[bytes], out: Sequence[torch.Tensor]) -> Future:
+        """``submit_get`` of the stored bytes as they are (the codec's encoding, not
+        dequantised) into 1-D uint8 host tensors of ``chunk_bytes``; a future of the hit mask.
+
+        Raises:
+            UserError: keys not bytes, or a buffer that is not ``chunk_bytes`` of uint8.
+        """
+        self._check_open()
+        keys = self._check_keys(keys, "NVMeStore.get_encoded")
+        return self._submit_get(keys, self._check_encoded(out, len(keys), "NVMeStore.get_encoded"), encoded=True)
+
+    def _submit_get(self, keys: list[bytes], dests: list[torch.Tensor], encoded: bool) -> Future:
         with self._lock:
             entries = [self._table.lookup(k) for k in keys]
             self.stats["gets"] += len(keys)
@@ -273,19 +336,25 @@ class NVMeStore:
             return hits
 
         return run_batch(self._executor, self._io_threads, len(found),
-                         lambda j: self._read_one(keys[found[j]], entries[found[j]], dests[found[j]]), finish)
+                         lambda j: self._read_one(keys[found[j]], entries[found[j]], dests[found[j]], encoded), finish)
 
     def get(self, keys: Sequence[bytes], out: torch.Tensor | Sequence[torch.Tensor]) -> np.ndarray:
         """Blocking ``submit_get``: returns the hit mask (bool array, one per key)."""
         return self.submit_get(keys, out).result()
 
-    def _read_one(self, key: bytes, entry: Entry, dest: torch.Tensor) -> bool:
+    def _read_one(self, key: bytes, entry: Entry, dest: torch.Tensor, encoded: bool = False) -> bool:
         """I/O thread: reads and verifies one chunk into ``dest``; True only for a good block.
+        With a codec, the chunk is dequantised into ``dest`` unless ``encoded`` asks for its bytes.
 
         A missing file or failed read says nothing about the bytes: a miss, not corruption.
         """
         try:
-            return self._finish_read(key, entry, dest, self._read_verified(entry, dest))
+            if encoded or self._block_codec is None:
+                return self._finish_read(key, entry, dest, self._read_verified(entry, dest))
+            good = self._read_verified(entry, self._local.encoded)
+            if good:
+                self._block_codec.decode_from(self._local.encoded, self._dtype, dest)
+            return self._finish_read(key, entry, dest, good)
         except OSError as exc:
             with self._lock:
                 self.stats["misses"] += 1

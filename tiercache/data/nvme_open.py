@@ -25,7 +25,7 @@ import stat
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from ..config import KVLayout, parse_capacity
+from ..config import Codec, KVLayout, parse_capacity
 from ..errors import UserError
 from . import chunkio
 from .nvme_index import IndexFiles, SlotTable, check_table_fits
@@ -79,7 +79,7 @@ class Opened:
 
 
 def open_store(path: str, layout: KVLayout, compression: str | None,
-               capacity_blocks: int | str | None, create: bool) -> Opened:
+               capacity_blocks: int | str | None, create: bool, codec: Codec = Codec.NONE) -> Opened:
     """Creates or reopens the store at ``path`` under its lock (see the module docstring).
 
     Raises:
@@ -88,7 +88,7 @@ def open_store(path: str, layout: KVLayout, compression: str | None,
     if os.path.exists(path) and not os.path.isdir(path):
         raise UserError(f"{path}: is a file, not a store directory")
     meta = os.path.join(path, "zarr.json")
-    wanted = None if capacity_blocks is None else parse_capacity(capacity_blocks, layout, "NVMeStore capacity")
+    wanted = None if capacity_blocks is None else parse_capacity(capacity_blocks, layout, "NVMeStore capacity", codec)
     if wanted is not None:
         check_table_fits(wanted, path)  # before anything on disk is created
     if not os.path.lexists(meta):
@@ -100,9 +100,9 @@ def open_store(path: str, layout: KVLayout, compression: str | None,
     lock = StoreLock.acquire(path)
     try:
         if os.path.lexists(meta):  # again under the lock: a racing creator may have won
-            return _reopen(path, layout, compression, wanted, lock)
+            return _reopen(path, layout, compression, wanted, lock, codec)
         _check_creatable(path, wanted, create)
-        return _create(path, layout, compression, wanted, lock)
+        return _create(path, layout, compression, wanted, lock, codec)
     except BaseException:
         lock.release()
         raise
@@ -118,23 +118,24 @@ def _check_creatable(path: str, capacity: int | None, create: bool) -> None:
         raise UserError(f"{path}: capacity_blocks is needed to create a store")
 
 
-def _create(path: str, layout: KVLayout, compression: str | None, capacity: int, lock: StoreLock) -> Opened:
+def _create(path: str, layout: KVLayout, compression: str | None, capacity: int, lock: StoreLock, codec: Codec) -> Opened:
     """Writes ``zarr.json`` and an empty index into the locked, empty directory."""
-    chunkio.create_array(path, layout, capacity, compression)
+    chunkio.create_array(path, layout, capacity, compression, codec)
     table, files = SlotTable(capacity), IndexFiles(path)
     files.create()
     table.finish_load()
     return Opened(capacity, table, files, lock)
 
 
-def _reopen(path: str, layout: KVLayout, compression: str | None, wanted: int | None, lock: StoreLock) -> Opened:
+def _reopen(path: str, layout: KVLayout, compression: str | None, wanted: int | None, lock: StoreLock,
+            codec: Codec) -> Opened:
     """Checks the stored format, loads the index, reconciles the directory with it."""
-    capacity = chunkio.check_store(path, layout, compression, wanted)
+    capacity = chunkio.check_store(path, layout, compression, wanted, codec)
     table, files = SlotTable(capacity), IndexFiles(path)
     files.load(table)
     try:
         clean = _read_clean_mark(path, files.seq)
-        removed, dropped = sweep_directory(path, 1 + len(layout.block_shape), table, verify=not clean)
+        removed, dropped = sweep_directory(path, 1 + len(chunkio.chunk_geometry(layout, codec)[0]), table, verify=not clean)
         _remove_clean_mark(path)  # before the store can write: a crash from here on is unclean
     except BaseException:
         files.close()

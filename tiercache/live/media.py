@@ -9,9 +9,10 @@ from typing import Sequence
 import psutil
 import torch
 
-from tiercache.config import KVLayout, RemoteWrite, TierConfig
+from tiercache.config import Codec, KVLayout, RemoteWrite, TierConfig
 from tiercache.data.nvme import NVMeStore
 from tiercache.data.pools import BlockPool, dram_pool, hbm_pool
+from tiercache.data.quantized import QuantizedPool  # registers its copy handlers
 from tiercache.data.remote import RemoteStore
 from tiercache.errors import UserError
 from tiercache.policies import get_eviction
@@ -89,7 +90,7 @@ def check_host_memory(layout: KVLayout, tiers: Sequence[TierConfig], device: tor
     """Refuses host pools (DRAM, and HBM on the CPU) larger than the memory available now,
     instead of failing deep in the allocator or being killed later for overcommitting."""
     host = [t for t in tiers if t.name == "dram" or (t.name == "hbm" and device.type == "cpu")]
-    wanted = sum(t.capacity_blocks for t in host) * layout.block_bytes
+    wanted = sum(t.capacity_blocks * t.codec.block_bytes(layout) for t in host)  # a quantised tier's real bytes
     available = psutil.virtual_memory().available
     if wanted > available:
         names = "+".join(t.name for t in host)
@@ -104,27 +105,36 @@ def check_online(eviction: str | None, tiers: Sequence[TierConfig]) -> None:
             raise UserError(f"TieredKVStore: eviction policy {name!r} needs the future (offline only); use it in tiercache replay")
 
 
-def open_medium(tier: TierConfig, layout: KVLayout, path, device) -> BlockPool | NVMeStore | RemoteStore:
-    """The medium of one tier: a GPU (or CPU) pool, a pinned host pool, an NVMe store, or a
-    Mooncake Store client (which never fails to open: an unreachable master is retried).
+def open_medium(tier: TierConfig, layout: KVLayout, path, device) -> BlockPool | QuantizedPool | NVMeStore | RemoteStore:
+    """The medium of one tier: a GPU (or CPU) pool, a pinned host pool (a ``QuantizedPool``
+    with a codec), an NVMe store (encoding with the tier's codec), or a Mooncake Store
+    client (which never fails to open: an unreachable master is retried).
 
     Raises:
         UserError: the pool could not be allocated, or the store directory not opened
             (permissions, a read-only mount): the message names the tier and the reason.
     """
+    if tier.name == "hbm" and tier.codec is not Codec.NONE:
+        raise UserError(f"TieredKVStore: the hbm tier stores blocks as given (codec none), got codec {tier.codec.value!r}; "
+                        "quantise the dram or nvme tier instead")
     try:
         if tier.name == "hbm":
             return hbm_pool(layout, tier.capacity_blocks, device)
         if tier.name == "dram":
-            return dram_pool(layout, tier.capacity_blocks)
+            return dram_pool(layout, tier.capacity_blocks) if tier.codec is Codec.NONE else _quantized_pool(tier, layout)
         if tier.name == "remote":
             return RemoteStore(tier.remote, layout)
         return _open_nvme(tier, layout, path)
     except OSError as exc:
         raise UserError(f"TieredKVStore: cannot open the {tier.name} tier at {os.fspath(path)!r}: {exc.strerror or exc}") from None
     except (MemoryError, torch.cuda.OutOfMemoryError) as exc:
-        need = tier.capacity_blocks * layout.block_bytes / 2**30
+        need = tier.capacity_blocks * tier.codec.block_bytes(layout) / 2**30
         raise UserError(f"TieredKVStore: cannot allocate the {tier.name} tier ({need:.1f} GiB): {type(exc).__name__}") from None
+
+
+def _quantized_pool(tier: TierConfig, layout: KVLayout) -> QuantizedPool:
+    """A DRAM tier holding blocks encoded with ``tier.codec``."""
+    return QuantizedPool(layout, tier.capacity_blocks, tier.codec)
 
 
 def spare_slots(capacity_blocks: int) -> int:
@@ -140,7 +150,7 @@ def _open_nvme(tier: TierConfig, layout: KVLayout, path) -> NVMeStore:
         UserError: an existing store with fewer slots than the tier's capacity.
     """
     exists = os.path.exists(os.path.join(os.fspath(path), "zarr.json"))
-    store = NVMeStore(path, layout, None if exists else tier.capacity_blocks + spare_slots(tier.capacity_blocks))
+    store = NVMeStore(path, layout, None if exists else tier.capacity_blocks + spare_slots(tier.capacity_blocks), codec=tier.codec)
     if store.capacity < tier.capacity_blocks:
         store.close()
         raise UserError(f"TieredKVStore: the NVMe store at {os.fspath(path)!r} has {store.capacity} slots, "

@@ -15,7 +15,7 @@ from .lru_curve import LRUCurve, dense_lru_curve
 from ..results import Mode, Semantics, TraceKind
 from .model import ReportData, Run
 from .summary import BASELINE, BELADY, CapacityBest, Payoff, best_per_capacity, by_group, hierarchy_payoffs, policy_labels
-from .tables import best_table, runs_table, tier_table, tiers_text, trace_table
+from .tables import best_table, codec_sentences, runs_table, tier_table, tiers_text, trace_table
 
 __all__ = ["build_document"]
 
@@ -165,7 +165,7 @@ def _hierarchy_image(runs: list[Run], colors: dict[str, str], group: tuple[Seman
     """A hierarchy is one configuration: bars per policy and hierarchy, not a curve over capacities."""
     title = f"Miss ratio per hierarchy: {_group_title(*group)}"
     png = plots.hierarchy_miss_ratios(runs, colors, title, floor, block_bytes)
-    count = len({tuple((t.name, t.capacity_blocks) for t in r.tiers) for r in runs})
+    count = len({tuple((t.name, t.capacity_blocks, t.codec) for t in r.tiers) for r in runs})
     more = ("" if count > 1 else " Only one hierarchy was run, so there is no curve: replay others (--tiers) "
             "to see how the miss ratio changes with the tiers' sizes.")
     caption = (f"Each bar is one policy's miss ratio over the whole hierarchy (a miss is a block found in no tier), "
@@ -201,6 +201,7 @@ def _tiers(data: ReportData, colors: dict[str, str]) -> Section:
                             "tier (darkest: HBM), and the share that missed (grey)."))
     if hierarchies:
         blocks.append(tier_table(hierarchies))
+        blocks.extend(Paragraph(text) for text in codec_sentences(hierarchies, data.layout))
     if blocks:
         blocks.insert(0, Paragraph(
             "Runs over a hierarchy of tiers, fastest first. In an exclusive hierarchy a block lives in exactly one "

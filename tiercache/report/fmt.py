@@ -13,6 +13,11 @@ def tier(name: str) -> str:
     return _TIER_NAMES.get(name, name)
 
 
+def codec_suffix(codec: str) -> str:
+    """`` INT4`` after a quantised tier's capacity; nothing for ``none``."""
+    return "" if codec == "none" else f" {codec.upper()}"
+
+
 def integer(value: int) -> str:
     """``121877`` -> ``121,877``."""
     return f"{value:,}"

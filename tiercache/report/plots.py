@@ -140,7 +140,7 @@ def hierarchy_miss_ratios(runs: list[Run], colors: dict[str, str], title: str, f
         floor: compulsory-miss ratio drawn as a horizontal line, or None.
         block_bytes: bytes per block, to give each hierarchy's size in bytes; None without a layout.
     """
-    splits = sorted({_split(r) for r in runs}, key=lambda s: (sum(c for _, c in s), s))
+    splits = sorted({_split(r) for r in runs}, key=lambda s: (sum(t[1] for t in s), [(n, c, k, b or 0) for n, c, k, b in s]))
     labels = policy_labels(runs)
     fig = Figure(figsize=(max(7.5, 2.2 * len(splits) * max(1.0, len(labels) / 4) + 3.5), 5.0), layout="constrained")
     ax = fig.add_subplot()
@@ -164,14 +164,16 @@ def hierarchy_miss_ratios(runs: list[Run], colors: dict[str, str], title: str, f
     return _png(fig)
 
 
-def _split(run: Run) -> tuple[tuple[str, int], ...]:
-    return tuple((t.name, t.capacity_blocks) for t in run.tiers)
+def _split(run: Run) -> tuple[tuple[str, int, str, int | None], ...]:
+    """``(tier, capacity, codec, bytes per block)`` of each tier of a hierarchy."""
+    return tuple((t.name, t.capacity_blocks, t.codec, t.block_bytes) for t in run.tiers)
 
 
-def _split_text(split: tuple[tuple[str, int], ...], block_bytes: int | None) -> str:
-    lines = [f"{fmt.tier(name)} {fmt.integer(cap)}" for name, cap in split]
-    total = sum(cap for _, cap in split)
-    size = f" = {fmt.size(total * block_bytes)}" if block_bytes else ""
+def _split_text(split: tuple[tuple[str, int, str, int | None], ...], block_bytes: int | None) -> str:
+    lines = [f"{fmt.tier(name)} {fmt.integer(cap)}" + fmt.codec_suffix(codec) for name, cap, codec, _ in split]
+    total = sum(cap for _, cap, _, _ in split)
+    nbytes = sum(cap * (tier_bytes or block_bytes or 0) for _, cap, _, tier_bytes in split)
+    size = f" = {fmt.size(nbytes)}" if block_bytes else ""
     return "\n".join(lines + [f"(total {fmt.integer(total)}{size})"])
 
 

@@ -12,18 +12,18 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..config import TIER_NAMES, TraceKind
-from ..results import TierRecord
+from ..results import LayoutInfo, TierRecord
 from . import fmt
 from .document import Table
 from .model import ReportData, Run
 from .summary import BASELINE, BELADY, CapacityBest, gaps_for
 
-__all__ = ["runs_table", "tier_table", "tiers_text", "best_table", "trace_table", "results_csv"]
+__all__ = ["runs_table", "tier_table", "tiers_text", "codec_sentences", "best_table", "trace_table", "results_csv"]
 
 # The hit split of item 13 (schema 3): None in files of older schemas, bytes without a layout,
 # seconds without hardware.
 _SPLIT_FIELDS = ("hits_in_place", "hits_promoted", "in_place_bytes", "promoted_bytes", "in_place_seconds", "promoted_seconds")
-_CSV_TIER_FIELDS = ("capacity_blocks", "hits", "evictions", "demotions", "promotions") + _SPLIT_FIELDS
+_CSV_TIER_FIELDS = ("capacity_blocks", "codec", "block_bytes", "hits", "evictions", "demotions", "promotions") + _SPLIT_FIELDS
 
 
 @dataclass(frozen=True)
@@ -34,8 +34,20 @@ class _Column:
 
 
 def tiers_text(run: Run) -> str:
-    """A run's tiers and capacities: ``HBM 2,000 + DRAM 8,000``."""
-    return " + ".join(f"{fmt.tier(t.name)} {fmt.integer(t.capacity_blocks)}" for t in run.tiers) or "–"
+    """A run's tiers and capacities, with any codec: ``HBM 2,000 + DRAM 8,000 + NVMe 32,000 INT4``."""
+    return " + ".join(f"{fmt.tier(t.name)} {fmt.integer(t.capacity_blocks)}{fmt.codec_suffix(t.codec)}" for t in run.tiers) or "–"
+
+
+def codec_sentences(runs: list[Run], layout: LayoutInfo | None) -> list[str]:
+    """One sentence per quantised (tier, codec) of ``runs``: what a block costs there and how
+    many more blocks the same bytes hold than unquantised KV (needs a layout)."""
+    seen = {(t.name, t.codec, t.block_bytes) for r in runs for t in r.tiers if t.codec != "none" and t.block_bytes}
+    if layout is None:
+        return []
+    return [f"{fmt.tier(name)} with {codec.upper()} stores a block in {fmt.size(nbytes)} instead of "
+            f"{fmt.size(layout.block_bytes)} (scales included): the same bytes hold "
+            f"{layout.block_bytes / nbytes:.1f}× the blocks of unquantised KV."
+            for name, codec, nbytes in sorted(seen)]
 
 
 def _base_columns() -> list[_Column]:

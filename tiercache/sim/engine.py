@@ -48,6 +48,12 @@ class SimEngine:
         block_bytes: bytes per block, or None to count blocks only (no modeled time).
         profile: a ``HardwareProfile`` (``links`` name -> ``Link``), or None for zero cost.
         clock: the shared simulated clock.
+        tier_block_bytes: bytes of one block in each tier (its codec's, scales included), or
+            None when every tier holds ``block_bytes``. A block crosses a link in the smaller
+            form of its two ends: a quantised tier's encoded bytes are what is written to it
+            (encoded before the copy) and read from it (decoded after), so the codec's
+            compute time is taken to hide behind the link (``scripts/bench_quant.py``
+            measures it against the NVMe read rate).
 
     A link missing from the profile is modeled as staged through DRAM (``nvme->hbm`` =
     ``nvme->dram`` then ``dram->hbm``), which is how such copies run on real machines.
@@ -60,6 +66,7 @@ class SimEngine:
     usage: dict[str, LinkUsage] = field(default_factory=dict)
     _link_free: dict[str, float] = field(default_factory=dict)
     _pending: list[tuple[float, int]] = field(default_factory=list)
+    tier_block_bytes: tuple[int, ...] | None = None
 
     def submit(self, plan: TransferPlan) -> None:
         """Queues ``plan`` on its link; returns at once."""
@@ -78,8 +85,9 @@ class SimEngine:
 
     def cost(self, src_tier: int, dst_tier: int, n_blocks: int, n_transfers: int = 1) -> tuple[int, float]:
         """Bytes and modeled seconds of ``n_transfers`` transfers of ``n_blocks`` in all
-        between two tiers (one transfer by default)."""
-        nbytes = n_blocks * (self.block_bytes or 0)
+        between two tiers (one transfer by default); a block takes the smaller of its two
+        ends' forms on the link (``tier_block_bytes``: a quantised tier's encoded bytes)."""
+        nbytes = n_blocks * self._bytes_per_block(src_tier, dst_tier)
         return nbytes, self._seconds(self._link(src_tier, dst_tier), nbytes, n_transfers)
 
     def charge(self, src_tier: int, dst_tier: int, n_blocks: int, n_transfers: int) -> None:
@@ -92,6 +100,12 @@ class SimEngine:
         usage.bytes += nbytes
         usage.transfers += n_transfers
         usage.seconds += seconds
+
+    def _bytes_per_block(self, src_tier: int, dst_tier: int) -> int:
+        """Bytes one block takes on the link between two tiers (see ``tier_block_bytes``)."""
+        if self.tier_block_bytes is None:
+            return self.block_bytes or 0
+        return min(self.tier_block_bytes[src_tier], self.tier_block_bytes[dst_tier])
 
     def _link(self, src_tier: int, dst_tier: int) -> str:
         return f"{self.tier_names[src_tier]}->{self.tier_names[dst_tier]}"

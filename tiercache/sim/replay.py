@@ -135,10 +135,16 @@ class ReplayData:
         return self.next_use.tolist()
 
 
+def _engine(spec: RunSpec, data: ReplayData) -> SimEngine:
+    """The simulated engine of a run: per-link costs, each tier's block in its codec's bytes."""
+    names = tuple(t.name for t in spec.tiers)
+    return SimEngine(names, data.layout.block_bytes if data.layout else None, data.profile,
+                     tier_block_bytes=tuple(t.codec.block_bytes(data.layout) for t in spec.tiers) if data.layout else None)
+
+
 def build_manager(spec: RunSpec, data: ReplayData) -> tuple[TierManager, SimEngine]:
     """The live manager with a simulated engine for ``spec``."""
-    names = tuple(t.name for t in spec.tiers)
-    engine = SimEngine(names, data.layout.block_bytes if data.layout else None, data.profile)
+    engine = _engine(spec, data)
     manager = TierManager(
         [(t.name, t.capacity_blocks) for t in spec.tiers],
         [make_eviction(spec.policy, t.capacity_blocks) for t in spec.tiers],
@@ -195,9 +201,8 @@ _KERNEL_CHUNK = 4096
 
 def _replay_kernels(spec: RunSpec, data: ReplayData, on_progress: Callable[[int], None] | None) -> RunRecord:
     """``replay`` on ``ArrayTierManager``: the same record, whole requests per compiled call."""
-    names = tuple(t.name for t in spec.tiers)
-    engine = SimEngine(names, data.layout.block_bytes if data.layout else None, data.profile)
-    manager = ArrayTierManager(spec.policy, names, tuple(t.capacity_blocks for t in spec.tiers), data.n_ids,
+    engine = _engine(spec, data)
+    manager = ArrayTierManager(spec.policy, engine.tier_names, tuple(t.capacity_blocks for t in spec.tiers), data.n_ids,
                                data.max_count)
     prefix = spec.semantics is Semantics.PREFIX
     hit_len = np.zeros(max(data.n_batches, 1), dtype=np.int64)
@@ -314,7 +319,8 @@ def run_record(spec: RunSpec, data: ReplayData, stats: HierarchyStats, meter: Hi
     """The record of one run (an entry of results.json's ``runs``)."""
     accesses, engine = stats.accesses, meter.engine
     layout, profile = data.layout, data.profile
-    tiers = tuple(_tier_record(t, c, layout is not None, profile is not None) for t, c in zip(stats.tiers, meter.costs))
+    tiers = tuple(_tier_record(t, c, layout is not None, profile is not None, config, layout)
+                  for t, c, config in zip(stats.tiers, meter.costs, spec.tiers))
     return RunRecord(
         policy=spec.policy, admission=spec.admission, semantics=spec.semantics, mode=spec.mode,
         capacity_blocks=sum(t.capacity_blocks for t in spec.tiers), accesses=accesses, hits=stats.hits,
@@ -327,9 +333,10 @@ def run_record(spec: RunSpec, data: ReplayData, stats: HierarchyStats, meter: Hi
     )
 
 
-def _tier_record(counters: TierCounters, cost: HitCost, has_bytes: bool, has_seconds: bool) -> TierRecord:
+def _tier_record(counters: TierCounters, cost: HitCost, has_bytes: bool, has_seconds: bool, config: TierConfig,
+                 layout: KVLayout | None) -> TierRecord:
     """A tier's counters and its hits split by how they were served (bytes need a layout,
-    seconds hardware too)."""
+    seconds hardware too), with its codec and bytes per block."""
     if cost.in_place + cost.promoted != counters.hits:
         raise AssertionError(f"{counters.name}: {counters.hits} hits, {cost.in_place} read in place + {cost.promoted} promoted")
     costs = {"hits_in_place": cost.in_place, "hits_promoted": cost.promoted,
@@ -337,7 +344,8 @@ def _tier_record(counters: TierCounters, cost: HitCost, has_bytes: bool, has_sec
              "promoted_bytes": cost.promoted_bytes if has_bytes else None,
              "in_place_seconds": round(cost.in_place_seconds, 6) if has_seconds else None,
              "promoted_seconds": round(cost.promoted_seconds, 6) if has_seconds else None}
-    return TierRecord(**counters.as_dict(), **costs)
+    return TierRecord(**counters.as_dict(), **costs, codec=config.codec.value,
+                      block_bytes=config.codec.block_bytes(layout) if layout else None)
 
 
 def _modeled_seconds(stats: HierarchyStats, engine: SimEngine, data: ReplayData) -> dict:

@@ -1,0 +1,332 @@
+"""Compiled (numba) loops of the block codecs' hot paths, on the CPU.
+
+Each kernel fuses what the torch reference in ``codecs.py`` does in several passes over the
+block (reduce, divide, round, clamp, cast, pack), and computes every value with the same
+float32 operations in the same order, so its output is bit-identical to the reference
+(``tests/test_codec_kernels.py`` checks that on fresh random blocks). The small per-group
+arithmetic (fp16 rounding of scales, zero points, top-k of channels) stays in torch: it
+touches one value per group, not per element.
+
+Which paths are compiled is measured, not assumed (``scripts/bench_quant.py`` times both
+on one block): every encode, and INT4's decode (unpacking nibbles). INT8 and FP8 decode stay
+in torch, whose passes convert to fp16 with the CPU's own instructions and ran several times
+faster than these loops' integer rounding.
+
+Every kernel works on the heads ``h0 <= h < h1`` (``codecs.py`` runs two halves of the
+heads on two threads: the kernels release the GIL). Blocks come in and go out as the
+uint16 bits of fp16 or bf16 ``[n, 2, heads, tokens, dim]`` (K then V; ``bf16`` says
+which), converted to and from float32 one row of ``dim`` values at a time in a scratch row
+(``_load``/``_store``: exact, and rounded to nearest even as torch rounds). Every inner loop runs over one contiguous row, so LLVM vectorises it. Kernels
+release the GIL (``nogil``) so the NVMe store's I/O threads encode and decode blocks in
+parallel; none uses numba's own thread pool (it may not be entered from several threads
+at once).
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+__all__ = ["LUT_F16", "LUT_BF16", "group_amax", "int8_encode", "group_minmax", "int4_encode",
+           "int4_decode", "channel_amax", "fp8_amax", "fp8_encode"]
+
+# error_model "numpy": no ZeroDivisionError check per division (it stops LLVM vectorising;
+# scales are never 0: an all-zero group gets scale 1).
+_JIT = dict(nogil=True, cache=True, boundscheck=False, error_model="numpy")
+# The per-row helpers are inlined into the kernels (inline="always"): called per row as
+# functions, each call's array arguments cost reference counting that LLVM cannot remove,
+# and the rows were several times slower.
+
+
+#: float32 value of every fp16 / bf16 bit pattern (what a reduction's result is turned into).
+LUT_F16 = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+LUT_BF16 = (np.arange(65536, dtype=np.uint32) << np.uint32(16)).view(np.float32)
+
+# Reductions (absmax, min, max) run on the 16-bit patterns as integers: for finite fp16 and
+# bf16, |x| orders as ``bits & 0x7FFF`` and x as that magnitude signed by the sign bit. An
+# integer max is exact in any order, so LLVM vectorises it; a float max keeps NaN
+# semantics and stays one serial chain per group (~5x slower). One table lookup per group
+# turns the result back into a float.
+
+
+@numba.njit(inline="always", **_JIT)
+def _key(bits):
+    """An int32 that orders as the finite fp16/bf16 value of ``bits`` (-0 and +0 both 0)."""
+    mag = np.int32(bits & np.uint16(0x7FFF))
+    return -mag if bits & np.uint16(0x8000) else mag
+
+
+@numba.njit(inline="always", **_JIT)
+def _unkey(key, lut):
+    """The float32 value of a ``_key``."""
+    return lut[np.uint16(0x8000) | np.uint16(-key)] if key < 0 else lut[np.uint16(key)]
+
+
+# ----- fp16 / bf16 rows <-> float32 rows, bit-exact, vectorised ---------------------------
+#
+# Helpers take the whole array and the row's indices, never a row slice: a slice is an array
+# object whose reference count numba updates (two atomic calls) on every row, which cost
+# more than the row's arithmetic.
+
+_F16_TO_F32 = np.float32(2.0**112)  # rebias a fp16 exponent (15) moved into fp32's field (127)
+
+
+@numba.njit(inline="always", **_JIT)
+def _load(x, n, c, h, t, bf16, u32, f32):
+    """The float32 values of the fp16 (or bf16) row ``x[n, c, h, t]`` into ``f32`` (a float32
+    view of the scratch row ``u32``). fp16: exponent and mantissa moved into fp32's fields,
+    times 2^112, exact for normals and subnormals (inputs are finite)."""
+    dim = u32.shape[0]
+    if bf16:
+        for d in range(dim):
+            u32[d] = np.uint32(x[n, c, h, t, d]) << np.uint32(16)
+        return
+    for d in range(dim):
+        u32[d] = (np.uint32(x[n, c, h, t, d]) & np.uint32(0x7FFF)) << np.uint32(13)
+    for d in range(dim):
+        v = f32[d] * _F16_TO_F32
+        f32[d] = -v if x[n, c, h, t, d] & np.uint16(0x8000) else v
+
+
+@numba.njit(inline="always", **_JIT)
+def _store(f32, u32, bf16, half_f32, half_u32, out, n, c, h, t):
+    """The float32 row ``f32`` (``u32`` its bits) rounded to nearest even into the fp16 (or
+    bf16) row ``out[n, c, h, t]``, as torch's conversion rounds; ``half_f32`` is a scratch
+    row, ``half_u32`` its bits. fp16 (after F. Giesen's float_to_half_fast3_rtne): normals
+    drop 13 mantissa bits, subnormals are rounded by adding 0.5, overflow is infinity, NaN
+    stays NaN."""
+    dim = f32.shape[0]
+    if bf16:
+        for d in range(dim):
+            f = u32[d]
+            rounded = (f + np.uint32(0x7FFF) + ((f >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
+            nan = (f & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
+            out[n, c, h, t, d] = np.uint16(((f >> np.uint32(16)) | np.uint32(0x40)) if nan else rounded)
+        return
+    for d in range(dim):
+        half_f32[d] = abs(f32[d]) + np.float32(0.5)
+    for d in range(dim):
+        f = u32[d]
+        sign = (f >> np.uint32(16)) & np.uint32(0x8000)
+        a = f & np.uint32(0x7FFFFFFF)
+        normal = (a + np.uint32(0xC8000FFF) + ((a >> np.uint32(13)) & np.uint32(1))) >> np.uint32(13)
+        small = half_u32[d] - np.uint32(0x3F000000)
+        big = np.uint32(0x7E00) if a > np.uint32(0x7F800000) else np.uint32(0x7C00)  # NaN, else infinity
+        code = big if a >= np.uint32(143 << 23) else (small if a < np.uint32(113 << 23) else normal)
+        out[n, c, h, t, d] = np.uint16(code | sign)
+
+
+# ----- INT8 ------------------------------------------------------------------------------
+
+@numba.njit(**_JIT)
+def group_amax(x, lut, gk, gv, k_amax, v_amax, h0, h1):
+    """Absmax of K per (n, head, token group of ``gk``, channel) into ``k_amax`` and of V per
+    (n, head, token, channel group of ``gv``) into ``v_amax``, as float32 (``lut``: the
+    dtype's table)."""
+    n_, _, heads, tokens, dim = x.shape
+    acc = np.zeros(dim, np.uint16)
+    for n in range(n_):
+        for h in range(h0, h1):
+            for t in range(tokens):
+                for d in range(dim):
+                    a = x[n, 0, h, t, d] & np.uint16(0x7FFF)
+                    acc[d] = a if a > acc[d] else acc[d]
+                if (t + 1) % gk == 0:
+                    for d in range(dim):
+                        k_amax[n, h, t // gk, d] = lut[acc[d]]
+                        acc[d] = 0
+                for g in range(dim // gv):
+                    m = np.uint16(0)
+                    for d in range(g * gv, (g + 1) * gv):
+                        a = x[n, 1, h, t, d] & np.uint16(0x7FFF)
+                        m = a if a > m else m
+                    v_amax[n, h, t, g] = lut[m]
+
+
+@numba.njit(**_JIT)
+def int8_encode(x, bf16, gk, gv, k_scale, v_scale, out, h0, h1):
+    """``clamp(round(x / scale), -127, 127)`` as int8, with K and V group scales (float32)."""
+    n_, _, heads, tokens, dim = x.shape
+    u32 = np.empty(dim, np.uint32)
+    row = u32.view(np.float32)
+    lo, hi = np.float32(-127.0), np.float32(127.0)
+    for n in range(n_):
+        for h in range(h0, h1):
+            for t in range(tokens):
+                _load(x, n, 0, h, t, bf16, u32, row)
+                tg = t // gk
+                for d in range(dim):
+                    out[n, 0, h, t, d] = np.int8(min(max(np.rint(row[d] / k_scale[n, h, tg, d]), lo), hi))
+                _load(x, n, 1, h, t, bf16, u32, row)
+                for g in range(dim // gv):
+                    s = v_scale[n, h, t, g]
+                    for d in range(g * gv, (g + 1) * gv):
+                        out[n, 1, h, t, d] = np.int8(min(max(np.rint(row[d] / s), lo), hi))
+
+
+# ----- INT4 ------------------------------------------------------------------------------
+
+@numba.njit(**_JIT)
+def group_minmax(x, lut, gk, gv, k_lo, k_hi, v_lo, v_hi, h0, h1):
+    """Min and max of K per (n, head, token group, channel) and of V per (n, head, token,
+    channel group), as float32 (``lut``: the dtype's table)."""
+    n_, _, heads, tokens, dim = x.shape
+    lo, hi = np.empty(dim, np.int32), np.empty(dim, np.int32)
+    for n in range(n_):
+        for h in range(h0, h1):
+            for t in range(tokens):
+                if t % gk == 0:
+                    lo[:] = 0x7FFF
+                    hi[:] = -0x7FFF
+                for d in range(dim):
+                    key = _key(x[n, 0, h, t, d])
+                    lo[d] = key if key < lo[d] else lo[d]
+                    hi[d] = key if key > hi[d] else hi[d]
+                if (t + 1) % gk == 0:
+                    for d in range(dim):
+                        k_lo[n, h, t // gk, d] = _unkey(lo[d], lut)
+                        k_hi[n, h, t // gk, d] = _unkey(hi[d], lut)
+                for g in range(dim // gv):
+                    a, b = np.int32(0x7FFF), np.int32(-0x7FFF)
+                    for d in range(g * gv, (g + 1) * gv):
+                        key = _key(x[n, 1, h, t, d])
+                        a = key if key < a else a
+                        b = key if key > b else b
+                    v_lo[n, h, t, g] = _unkey(a, lut)
+                    v_hi[n, h, t, g] = _unkey(b, lut)
+
+
+@numba.njit(**_JIT)
+def int4_encode(x, bf16, gk, gv, k_scale, k_zero, v_scale, v_zero, out, h0, h1):
+    """INT4 codes ``clamp(round(x / scale) + zero, 0, 15)``, two per byte (even channel in
+    the low nibble), into ``out`` ``[n, 2, heads, tokens, dim // 2]``; needs an even ``dim``."""
+    n_, _, heads, tokens, dim = x.shape
+    u32, codes = np.empty(dim, np.uint32), np.empty(dim, np.uint8)
+    row = u32.view(np.float32)
+    zero_f, top = np.float32(0.0), np.float32(15.0)
+    for n in range(n_):
+        for h in range(h0, h1):
+            for t in range(tokens):
+                _load(x, n, 0, h, t, bf16, u32, row)
+                tg = t // gk
+                for d in range(dim):
+                    codes[d] = np.uint8(min(max(np.rint(row[d] / k_scale[n, h, tg, d]) + k_zero[n, h, tg, d], zero_f), top))
+                _pack(codes, out, n, 0, h, t)
+                _load(x, n, 1, h, t, bf16, u32, row)
+                for g in range(dim // gv):
+                    s, z = v_scale[n, h, t, g], v_zero[n, h, t, g]
+                    for d in range(g * gv, (g + 1) * gv):
+                        codes[d] = np.uint8(min(max(np.rint(row[d] / s) + z, zero_f), top))
+                _pack(codes, out, n, 1, h, t)
+
+
+@numba.njit(inline="always", **_JIT)
+def _pack(codes, out, n, c, h, t):
+    """Two 4-bit codes a byte into the row ``out[n, c, h, t]``, the even one in the low nibble."""
+    for p in range(codes.shape[0] // 2):
+        out[n, c, h, t, p] = codes[2 * p] | (codes[2 * p + 1] << 4)
+
+
+@numba.njit(**_JIT)
+def int4_decode(packed, gk, gv, k_scale, k_zero, v_scale, v_zero, bf16, out, h0, h1):
+    """``(code - zero) * scale`` rounded into the fp16 (bf16) bits ``out`` ``[n, 2, heads,
+    tokens, dim]``."""
+    n_, _, heads, tokens, dim = out.shape
+    u32, half_u32, codes = np.empty(dim, np.uint32), np.empty(dim, np.uint32), np.empty(dim, np.float32)
+    row, half_f32 = u32.view(np.float32), half_u32.view(np.float32)
+    for n in range(n_):
+        for h in range(h0, h1):
+            for t in range(tokens):
+                _unpack(packed, n, 0, h, t, codes)
+                tg = t // gk
+                for d in range(dim):
+                    row[d] = (codes[d] - k_zero[n, h, tg, d]) * k_scale[n, h, tg, d]
+                _store(row, u32, bf16, half_f32, half_u32, out, n, 0, h, t)
+                _unpack(packed, n, 1, h, t, codes)
+                for g in range(dim // gv):
+                    s, z = v_scale[n, h, t, g], v_zero[n, h, t, g]
+                    for d in range(g * gv, (g + 1) * gv):
+                        row[d] = (codes[d] - z) * s
+                _store(row, u32, bf16, half_f32, half_u32, out, n, 1, h, t)
+
+
+@numba.njit(inline="always", **_JIT)
+def _unpack(packed, n, c, h, t, codes):
+    """The two float32 codes of each byte of the row ``packed[n, c, h, t]``, low nibble first."""
+    for p in range(codes.shape[0] // 2):
+        byte = packed[n, c, h, t, p]
+        codes[2 * p] = np.float32(byte & 15)
+        codes[2 * p + 1] = np.float32(byte >> 4)
+
+
+# ----- FP8 -------------------------------------------------------------------------------
+
+@numba.njit(**_JIT)
+def channel_amax(x, lut, out, h0, h1):
+    """Absmax of K per (n, head, channel) over the tokens, into ``out`` as float32."""
+    n_, _, heads, tokens, dim = x.shape
+    acc = np.zeros(dim, np.uint16)
+    for n in range(n_):
+        for h in range(h0, h1):
+            acc[:] = 0
+            for t in range(tokens):
+                for d in range(dim):
+                    a = x[n, 0, h, t, d] & np.uint16(0x7FFF)
+                    acc[d] = a if a > acc[d] else acc[d]
+            for d in range(dim):
+                out[n, h, d] = lut[acc[d]]
+
+
+@numba.njit(**_JIT)
+def fp8_amax(x, lut, keep, out, h0, h1):
+    """Absmax per (n, half) over heads, tokens and channels into ``out`` ``[n, 2]`` as
+    float32; K's channels with ``keep[n, h, d]`` 0 (the exact outlier channels) left out."""
+    n_, _, heads, tokens, dim = x.shape
+    acc_k, acc_v = np.zeros(dim, np.uint16), np.zeros(dim, np.uint16)
+    for n in range(n_):
+        acc_k[:] = 0
+        acc_v[:] = 0
+        for h in range(h0, h1):
+            for t in range(tokens):
+                for d in range(dim):
+                    a = x[n, 0, h, t, d] & np.uint16(0x7FFF)
+                    a = a if keep[n, h, d] != 0 else np.uint16(0)
+                    acc_k[d] = a if a > acc_k[d] else acc_k[d]
+                    b = x[n, 1, h, t, d] & np.uint16(0x7FFF)
+                    acc_v[d] = b if b > acc_v[d] else acc_v[d]
+        out[n, 0], out[n, 1] = lut[acc_k.max()], lut[acc_v.max()]
+
+
+@numba.njit(inline="always", **_JIT)
+def _e4m3(row, scale, keep, n, h, masked, scaled, bits, out, c, t):
+    """e4m3 codes of ``clamp(row / scale, -448, 448)`` into ``out[n, c, h, t]``, +0 where
+    ``masked`` and ``keep[n, h, d]`` is 0 (round to nearest even, as torch converts);
+    ``scaled`` is a float32 scratch row, ``bits`` its view."""
+    dim = row.shape[0]
+    for d in range(dim):
+        value = min(max(row[d] / scale, np.float32(-448.0)), np.float32(448.0))
+        scaled[d] = value if not masked or keep[n, h, d] != 0 else np.float32(0.0)
+    for d in range(dim):
+        u = bits[d] & np.uint32(0x7FFFFFFF)
+        sign = np.uint8((bits[d] >> np.uint32(24)) & np.uint32(0x80))
+        # normal: drop 20 mantissa bits rounding to even, rebias the exponent 127 -> 7
+        normal = ((u + np.uint32(0x7FFFF) + ((u >> np.uint32(20)) & np.uint32(1))) >> np.uint32(20)) - np.uint32(120 << 3)
+        # subnormal (below 2^-6): steps of 2^-9
+        small = np.uint32(np.rint(abs(scaled[d]) * np.float32(512.0)))
+        out[n, c, h, t, d] = sign | np.uint8(small if u < np.uint32(0x3C800000) else normal)
+
+
+@numba.njit(**_JIT)
+def fp8_encode(x, bf16, keep, scale, out, h0, h1):
+    """e4m3 codes of ``clamp(x / scale[n, half], -448, 448)`` into ``out`` (uint8 view);
+    K's outlier channels (``keep`` 0) get code 0."""
+    n_, _, heads, tokens, dim = x.shape
+    u32, scaled_u32 = np.empty(dim, np.uint32), np.empty(dim, np.uint32)
+    row, scaled = u32.view(np.float32), scaled_u32.view(np.float32)
+    for n in range(n_):
+        for h in range(h0, h1):
+            for t in range(tokens):
+                _load(x, n, 0, h, t, bf16, u32, row)
+                _e4m3(row, scale[n, 0], keep, n, h, True, scaled, scaled_u32, out, 0, t)
+                _load(x, n, 1, h, t, bf16, u32, row)
+                _e4m3(row, scale[n, 1], keep, n, h, False, scaled, scaled_u32, out, 1, t)

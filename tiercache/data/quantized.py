@@ -1,0 +1,197 @@
+"""A quantised DRAM tier: ``QuantizedPool`` and its copy handlers.
+
+A ``QuantizedPool`` holds each block as the bytes of a block codec (``codecs.py``: INT8,
+FP8 or INT4, scales included), one uint8 row of ``Codec.block_bytes(layout)`` per slot, so
+the tier holds 2-4x the blocks of a plain pool in the same memory. Blocks are quantised
+when they are demoted into it and dequantised when they are promoted out of it:
+
+* pool -> quantised pool: encoded from the source slot (on the GPU for a GPU pool, then
+  only the encoded bytes cross to the host);
+* quantised pool -> pool: decoded into the destination slot (a GPU destination gets the
+  encoded bytes and dequantises on the GPU);
+* quantised pool <-> NVMe: with the NVMe tier's codec the same, the encoded bytes are
+  written and read as they are (``submit_put_encoded``/``submit_get_encoded``: a block is
+  never quantised twice); otherwise through a plain block, which the store encodes with
+  its own codec.
+
+Importing this module registers the handlers (``handlers.register_handler``); the live
+store imports it when it opens a quantised DRAM tier, before its engine looks handlers up.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from tiercache.core.plans import JobResult, TransferPlan
+
+from ..config import Codec, KVLayout
+from ..errors import UserError
+from .buffers import torch_dtype
+from .codecs import codec_for
+from .handlers import CopyContext, Job, _read_result, _recycling, _write_result, register_handler
+from .nvme import NVMeStore
+from .pools import BlockPool, _allocate, _as_slots, cuda_available
+
+__all__ = ["QuantizedPool"]
+
+
+class QuantizedPool:
+    """Preallocated host slots of encoded blocks (the ``Medium`` protocol, unkeyed).
+
+    Invariants: ``encoded`` is ``[capacity, block_bytes]`` uint8 with ``block_bytes ==
+    codec.block_bytes(layout)``; a slot holds the ``BlockCodec.encode_into`` bytes of one
+    ``layout`` block; the pool never decides which slot holds what (plans do).
+    """
+
+    keyed = False
+
+    def __init__(self, layout: KVLayout, capacity_blocks: int, codec: Codec, pin_memory: bool | None = None) -> None:
+        """Allocates ``capacity_blocks`` encoded slots (pinned when CUDA is available).
+
+        Raises:
+            UserError: ``codec`` is ``Codec.NONE`` (use a ``BlockPool``) or not a Codec, or the
+                capacity is below one block.
+        """
+        if not isinstance(codec, Codec) or codec is Codec.NONE:
+            raise UserError(f"QuantizedPool: codec must be int8, fp8 or int4, got {codec!r} (a plain tier is a BlockPool)")
+        if isinstance(capacity_blocks, bool) or not isinstance(capacity_blocks, int) or capacity_blocks < 1:
+            raise UserError(f"QuantizedPool: capacity must be at least one block, got {capacity_blocks!r}")
+        self.layout, self.codec, self.capacity = layout, codec, capacity_blocks
+        self.block_bytes = codec.block_bytes(layout)
+        self.device = torch.device("cpu")
+        self._impl = codec_for(codec)
+        self._dtype = torch_dtype(layout.dtype)
+        pin = cuda_available() if pin_memory is None else pin_memory
+        self.encoded, self._owner, self.pinned = _allocate((capacity_blocks, self.block_bytes), torch.uint8, self.device, pin)
+
+    def view(self, slot: int) -> torch.Tensor:
+        """The encoded bytes of ``slot`` (a view)."""
+        return self.encoded[slot]
+
+    def encode_into(self, slot: int, block: torch.Tensor) -> None:
+        """Quantises ``block`` (any device) into ``slot``."""
+        self._impl.encode_into(block, self.encoded[slot])
+
+    def decode_into(self, slot: int, dest: torch.Tensor) -> None:
+        """Dequantises ``slot`` into ``dest``; on a GPU ``dest`` only the encoded bytes are
+        copied over and the GPU dequantises them."""
+        src = self.encoded[slot]
+        if dest.device.type != "cpu":
+            # Synchronous: the job settles at once, so the slot may be rewritten right after;
+            # an asynchronous copy could still be reading it then.
+            src = src.to(dest.device)
+        self._impl.decode_from(src, self._dtype, dest)
+
+    @property
+    def tensor(self) -> torch.Tensor:
+        """Refused: a plain pool's ``tensor`` is its blocks as they are, which code that reads
+        a memory tier in place (the decode loop, ``TieredKVCache``) relies on; this pool's
+        bytes are encoded (see ``encoded``), so such code must not treat them as blocks.
+
+        Raises:
+            UserError: always, naming what to do instead.
+        """
+        raise UserError(f"the DRAM tier is quantised ({self.codec.value}): its blocks cannot be read in place as "
+                        "plain KV (TieredKVCache reads memory tiers in place); use a plain DRAM tier there and "
+                        "quantise the NVMe tier, or read blocks through TieredKVStore.get")
+
+    # ----- the medium interface ---------------------------------------------------------
+
+    def write(self, slots: Sequence[int], blocks: torch.Tensor) -> None:
+        """Quantises new blocks into ``slots``."""
+        slots = _as_slots(slots, self.capacity, "QuantizedPool.write")
+        for slot, block in zip(slots.tolist(), blocks.unbind(0), strict=True):
+            self.encode_into(slot, block)
+
+    def forget(self, keys: Sequence[bytes]) -> None:
+        """Nothing to drop: a slot is reused by the next plan that names it."""
+
+    def read_block(self, slot: int, key: bytes, dest: torch.Tensor) -> None:
+        """Dequantises the block of ``slot`` into ``dest``."""
+        self.decode_into(int(slot), dest)
+
+    def durable_items(self) -> list[tuple[bytes, int]]:
+        """Nothing survives a restart in DRAM."""
+        return []
+
+    def flush(self) -> None:
+        """Volatile: nothing to make durable."""
+
+    def close(self) -> None:
+        """Releases nothing early: the memory goes with the pool."""
+
+    def __repr__(self) -> str:
+        return f"QuantizedPool({self.codec.value}, {self.capacity} blocks of {self.block_bytes} B)"
+
+
+def _ints(slots) -> list[int]:
+    """A plan's slots as Python ints."""
+    return [int(s) for s in slots]
+
+
+class PoolToQuantized:
+    """HBM or DRAM -> quantised DRAM: each block encoded from its source slot (inline)."""
+
+    def start(self, plan: TransferPlan, src: BlockPool, dst: QuantizedPool, ctx: CopyContext) -> Job:
+        # On a GPU the encode runs on the current (compute) stream, after every write queued
+        # there into the source slots; blocks copied in on a copy stream are published only
+        # once their event completed, so no stream wait is needed here.
+        for src_slot, dst_slot in zip(_ints(plan.src_slots), _ints(plan.dst_slots), strict=True):
+            dst.encode_into(dst_slot, src.view(src_slot))
+        return Job(plan, result=JobResult(plan.job_id))
+
+
+class QuantizedToPool:
+    """Quantised DRAM -> HBM or DRAM: each block decoded into its destination slot (inline)."""
+
+    def start(self, plan: TransferPlan, src: QuantizedPool, dst: BlockPool, ctx: CopyContext) -> Job:
+        for src_slot, dst_slot in zip(_ints(plan.src_slots), _ints(plan.dst_slots), strict=True):
+            src.decode_into(src_slot, dst.view(dst_slot))
+        return Job(plan, result=JobResult(plan.job_id))
+
+
+class QuantizedToStore:
+    """Quantised DRAM -> NVMe: the encoded rows as they are (same codec), else decoded
+    blocks that the store encodes with its own codec; I/O threads write them."""
+
+    def start(self, plan: TransferPlan, src: QuantizedPool, store: NVMeStore, ctx: CopyContext) -> Job:
+        keys = ctx.keys(plan.ids)
+        slots = _ints(plan.src_slots)
+        if store.codec is src.codec:
+            future = _recycling(store.submit_put_encoded, store, keys, [src.view(s) for s in slots])
+        else:
+            blocks = torch.empty((len(slots), *src.layout.block_shape), dtype=src._dtype)
+            for index, slot in enumerate(slots):
+                src.decode_into(slot, blocks[index])
+            future = _recycling(store.submit_put, store, keys, blocks)
+        return Job(plan, future=future, finish=lambda outcome: _write_result(plan, store, outcome))
+
+
+class StoreToQuantized:
+    """NVMe -> quantised DRAM: the stored bytes straight into the rows (same codec), else
+    dequantised blocks encoded into the rows once read; unreadable blocks are lost."""
+
+    def start(self, plan: TransferPlan, store: NVMeStore, dst: QuantizedPool, ctx: CopyContext) -> Job:
+        keys = ctx.keys(plan.ids)
+        slots = _ints(plan.dst_slots)
+        if store.codec is dst.codec:
+            future = store.submit_get_encoded(keys, [dst.view(s) for s in slots])
+            return Job(plan, future=future, finish=lambda hits: _read_result(plan, hits))
+        blocks = torch.empty((len(slots), *dst.layout.block_shape), dtype=dst._dtype)
+        future = store.submit_get(keys, blocks)
+
+        def finish(hits: np.ndarray) -> JobResult:
+            for index in np.flatnonzero(hits).tolist():
+                dst.encode_into(slots[index], blocks[index])
+            return _read_result(plan, hits)
+
+        return Job(plan, future=future, finish=finish)
+
+
+register_handler(BlockPool, QuantizedPool, PoolToQuantized())
+register_handler(QuantizedPool, BlockPool, QuantizedToPool())
+register_handler(QuantizedPool, NVMeStore, QuantizedToStore())
+register_handler(NVMeStore, QuantizedPool, StoreToQuantized())
