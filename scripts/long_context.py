@@ -15,8 +15,9 @@ It prints a table and writes (``--json OUT``): ``tokens``, ``exact_step_seconds`
 reference computed chunk by chunk from regenerated KV, on ``--reference-steps`` sampled
 steps), ``sparse_needle_recall``, ``rss_peak_bytes`` (``ru_maxrss``),
 ``page_cache_growth_bytes`` (the page cache held by the run's own NVMe files, peak over
-checkpoints, by ``mincore``; ``system_page_cache_growth_bytes`` is the machine-wide
-``Cached`` of /proc/meminfo, peak minus start, which other processes move too),
+checkpoints, by ``mincore``; ``system_page_cache_growth_bytes`` is the machine-wide file
+page cache, ``Cached - Shmem`` of /proc/meminfo, peak minus start, which other processes
+move too),
 ``bytes_read_per_step`` per tier and mode, and ``overlap_efficiency`` (as in
 ``scripts/bench_decode.py``, measured on this run's sequence).
 

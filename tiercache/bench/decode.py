@@ -221,15 +221,19 @@ def rss_peak_bytes() -> int:
 
 
 def page_cache_bytes() -> int:
-    """The kernel's page cache (``Cached`` of /proc/meminfo), 0 where unavailable."""
+    """The kernel's file page cache: ``Cached`` minus ``Shmem`` of /proc/meminfo (shared
+    anonymous memory, such as the DRAM and CPU-side HBM pools, is counted in ``Cached``
+    but holds no file pages); 0 where unavailable."""
+    fields: dict[str, int] = {}
     try:
         with open("/proc/meminfo", encoding="ascii") as f:
             for line in f:
-                if line.startswith("Cached:"):
-                    return int(line.split()[1]) * 1024
+                name, _, rest = line.partition(":")
+                if name in ("Cached", "Shmem"):
+                    fields[name] = int(rest.split()[0]) * 1024
     except OSError:
         return 0
-    return 0
+    return max(0, fields.get("Cached", 0) - fields.get("Shmem", 0))
 
 
 def cached_bytes_of(folder: str) -> int:
