@@ -1,0 +1,480 @@
+"""A decoding sequence of a ``TieredKVCache``: its blocks per layer, appends and attention.
+
+See ``tiercache.live.cache`` for the whole picture. A sequence keeps, per layer, the ids of
+its full blocks in order, their key summaries (on the HBM tier's device) and a partial
+tail block that is not stored yet; every tier operation goes through the cache's
+``StepDriver``, and every record it makes is written to the cache's step trace.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Sequence as Seq
+
+import numpy as np
+import torch
+
+from tiercache.attention import block_scores, block_summaries, compute_dtype, select_blocks, stream_attention
+from tiercache.config import AttentionMode
+from tiercache.core.decode import ReadTicket
+from tiercache.errors import UserError
+from tiercache.keys import block_key, layer_key
+
+from .chunks import TierChunks
+
+if TYPE_CHECKING:
+    from .cache import TieredKVCache
+
+__all__ = ["Sequence", "StepReport"]
+
+_PRIVATE_NAMESPACE = b"tiercache.private-sequence"
+
+
+@dataclass(frozen=True)
+class StepReport:
+    """What one ``attend`` read, for the per-step table.
+
+    Attributes:
+        step, layer, mode: which attention call.
+        selected: blocks read from the tiers (every full block in exact mode).
+        hbm_hits: of those, blocks found in HBM.
+        from_dram, from_nvme: blocks found in DRAM / on NVMe (promoted, or read in place).
+        prefetched: blocks whose moves to HBM the step started for later steps.
+        bytes_moved: bytes of the blocks read from lower tiers plus the prefetched ones.
+        tail_tokens: tokens of the partial tail block (read from the sequence, no tier).
+    """
+
+    step: int
+    layer: int
+    mode: AttentionMode
+    selected: int
+    hbm_hits: int
+    from_dram: int
+    from_nvme: int
+    prefetched: int
+    bytes_moved: int
+    tail_tokens: int
+
+
+class _Layer:
+    """One layer of a sequence: its blocks in order, their summaries, its tail.
+
+    Invariants: ``ids[:n]`` and ``keys`` name the full blocks in position order; rows
+    ``[:n]`` of ``kmin``/``kmax`` are their summaries; ``tail_len < block_tokens``.
+    """
+
+    def __init__(self, kv_heads: int, block_tokens: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
+        self.n = 0
+        self.ids = np.zeros(64, dtype=np.int64)
+        self.keys: list[bytes] = []
+        self.kmin = torch.empty((64, kv_heads, head_dim), dtype=torch.float32, device=device)
+        self.kmax = torch.empty_like(self.kmin)
+        self.tail = torch.empty((2, kv_heads, block_tokens, head_dim), dtype=dtype, device=device)
+        self.tail_len = 0
+        self.attends = 0
+
+    def add(self, ids: list[int], keys: list[bytes], kmin: torch.Tensor, kmax: torch.Tensor) -> None:
+        """Appends full blocks (ids, keys and summaries aligned)."""
+        need = self.n + len(ids)
+        if need > len(self.ids):
+            size = max(need, 2 * len(self.ids))
+            self.ids = np.resize(self.ids, size)
+            self.kmin = _grow(self.kmin, size)
+            self.kmax = _grow(self.kmax, size)
+        self.ids[self.n : need] = ids
+        self.kmin[self.n : need] = kmin
+        self.kmax[self.n : need] = kmax
+        self.keys.extend(keys)
+        self.n = need
+
+
+def _grow(rows: torch.Tensor, size: int) -> torch.Tensor:
+    grown = torch.empty((size, *rows.shape[1:]), dtype=rows.dtype, device=rows.device)
+    grown[: rows.shape[0]] = rows
+    return grown
+
+
+
+class Sequence:
+    """One decoding sequence of a ``TieredKVCache`` (made by ``cache.sequence``).
+
+    Invariants: every full block of every layer is stored in the hierarchy and held (it
+    may move between tiers, never leave) until ``free``; each layer's tail holds fewer than
+    ``block_tokens`` tokens; ``length(layer)`` tokens of KV were appended (or reused) per layer.
+    """
+
+    def __init__(self, cache: TieredKVCache, tokens, namespace: bytes | str) -> None:
+        layout = cache.layout
+        self.cache = cache
+        self.namespace = namespace
+        self._layers = [_Layer(layout.kv_heads, layout.block_tokens, layout.head_dim, cache.dtype, cache.device)
+                        for _ in range(layout.layers)]
+        self._tokens = np.zeros(0, dtype=np.int64) if tokens is None else np.asarray(tokens, dtype=np.int64).ravel()
+        self._content_keys: list[bytes] = []
+        self._private = os.urandom(16)
+        self.freed = False
+        self.reports: list[StepReport] = []
+        self.cached_tokens = 0
+        #: Block positions the last ``attend`` read (every full block in exact mode).
+        self.last_positions = np.zeros(0, dtype=np.int64)
+        if len(self._tokens):
+            with cache.store._lock:
+                self._reuse_prefix(namespace)
+
+    # -- public API ---------------------------------------------------------------------
+    def length(self, layer: int = 0) -> int:
+        """Tokens of KV the sequence holds at ``layer``."""
+        self._check_layer(layer, "Sequence.length")
+        state = self._layers[layer]
+        return state.n * self.cache.layout.block_tokens + state.tail_len
+
+    def blocks(self, layer: int = 0) -> int:
+        """Full (stored) blocks at ``layer``."""
+        self._check_layer(layer, "Sequence.blocks")
+        return self._layers[layer].n
+
+    def add_tokens(self, token_ids: Seq[int]) -> None:
+        """Tells the sequence the ids of tokens it generated, so the blocks they fill get
+        content keys a later request's ``match_prefix`` can find."""
+        self._tokens = np.concatenate([self._tokens, np.asarray(token_ids, dtype=np.int64).ravel()])
+
+    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Adds ``t >= 1`` tokens of KV at ``layer`` (``k``, ``v``: ``[kv_heads, t, head_dim]``).
+
+        Blocks that fill are stored in the hierarchy (HBM first; the policies demote what
+        makes room) and held by the sequence.
+
+        Raises:
+            UserError: wrong shape, dtype or device; a layer out of range; a freed sequence;
+                more blocks than the tiers hold (nothing is stored or evicted then).
+        """
+        cache = self.cache
+        with cache.store._lock:
+            cache._check_open()
+            self._check_live("append")
+            self._check_layer(layer, "Sequence.append")
+            self._check_kv(k, "k")
+            self._check_kv(v, "v")
+            if k.shape != v.shape:
+                raise UserError(f"Sequence.append: k {tuple(k.shape)} and v {tuple(v.shape)} differ in shape")
+            state = self._layers[layer]
+            block_tokens = cache.layout.block_tokens
+            total = state.tail_len + k.shape[1]
+            full = total // block_tokens
+            self._check_room(full)
+            if full == 0:
+                state.tail[0, :, state.tail_len : total] = k
+                state.tail[1, :, state.tail_len : total] = v
+                state.tail_len = total
+                return
+            blocks = self._full_blocks(state, k, v, full)
+            self._store_blocks(layer, state, blocks)
+
+    def attend(self, layer: int, q: torch.Tensor, mode: AttentionMode = AttentionMode.EXACT,
+               budget: float | int | None = None) -> torch.Tensor:
+        """Decode attention of ``q`` (``[q_heads, 1, head_dim]``) over the layer's KV.
+
+        Args:
+            mode: ``AttentionMode.EXACT`` (every block) or ``AttentionMode.SPARSE``.
+            budget: sparse only: blocks to read, as a share of the layer's blocks (a float
+                in ``(0, 1]``) or a count (an int >= 1); the sink and recent blocks count.
+
+        Returns:
+            ``[q_heads, 1, head_dim]`` in the compute dtype: float32 (float64 for float64
+            KV), whatever the storage dtype, so 16-bit KV loses no precision in the output;
+            the caller casts it back for the next matmul.
+
+        Raises:
+            UserError: wrong shape, dtype or device of ``q``; a layer out of range; a freed
+                sequence; an empty layer; a mode that is not an ``AttentionMode``; a missing,
+                zero or negative budget in sparse mode, or a budget in exact mode.
+            RuntimeError: a block of the sequence proved unreadable (a corrupt NVMe chunk:
+                it is dropped and counted; attention over the rest would be wrong).
+        """
+        cache = self.cache
+        with cache.store._lock:
+            cache._check_open()
+            self._check_live("attend")
+            self._check_layer(layer, "Sequence.attend")
+            self._check_query(q)
+            if not isinstance(mode, AttentionMode):
+                raise UserError(f"Sequence.attend: mode must be an AttentionMode (EXACT or SPARSE), got {mode!r}")
+            state = self._layers[layer]
+            if state.n == 0 and state.tail_len == 0:
+                raise UserError(f"Sequence.attend: layer {layer} has no KV yet (append first)")
+            step = state.attends
+            state.attends += 1
+            if mode is AttentionMode.EXACT:
+                if budget is not None:
+                    raise UserError("Sequence.attend: budget applies to AttentionMode.SPARSE only")
+                positions = np.arange(state.n)
+                candidates: list[int] = []
+            else:
+                count = self._budget_blocks(budget, state.n)
+                positions, candidates = self._select(state, q, count)
+            self.last_positions = positions
+            return self._attend_blocks(layer, step, state, q, mode, positions, candidates)
+
+    def free(self) -> None:
+        """Releases the sequence's blocks: they stay cached (a later ``match_prefix`` finds
+        the ones with content keys) until the policies evict them. Idempotent."""
+        cache = self.cache
+        with cache.store._lock:
+            if self.freed:
+                return
+            self.freed = True
+            if cache._closed:
+                return
+            held = [int(i) for state in self._layers for i in state.ids[: state.n]]
+            cache.driver.release(held)
+            cache._emit(0, cache._last_step, release=tuple(dict.fromkeys(held)))
+            for state in self._layers:
+                for row, block_id in enumerate(state.ids[: state.n].tolist()):
+                    cache._summaries[block_id] = (state.kmin[row].clone(), state.kmax[row].clone())
+            self._prune_summaries()
+            cache._settle_events()
+
+    # -- storing --------------------------------------------------------------------------
+    def _full_blocks(self, state: _Layer, k: torch.Tensor, v: torch.Tensor, full: int) -> torch.Tensor:
+        """The ``full`` blocks the tail and the new tokens fill, as ``[full, 1, 2, kv, T, D]``;
+        the leftover tokens become the new tail."""
+        block_tokens = self.cache.layout.block_tokens
+        kv = torch.stack([k, v])  # [2, kv, t, D]
+        if state.tail_len:
+            kv = torch.cat([state.tail[:, :, : state.tail_len], kv], dim=2)
+        used = full * block_tokens
+        blocks = kv[:, :, :used].reshape(2, kv.shape[1], full, block_tokens, kv.shape[3]).permute(2, 0, 1, 3, 4)
+        rest = kv.shape[2] - used
+        state.tail[:, :, :rest] = kv[:, :, used:]
+        state.tail_len = rest
+        return blocks.unsqueeze(1).contiguous()
+
+    def _store_blocks(self, layer: int, state: _Layer, blocks: torch.Tensor) -> None:
+        """Stores full blocks of ``layer`` under their keys and holds them (one write record)."""
+        cache = self.cache
+        first = state.n
+        keys = [self._block_key(first + i, layer) for i in range(blocks.shape[0])]
+        ids = cache.store._map.ids(keys, register=True)
+        if any(i is None for i in ids):
+            raise UserError("Sequence.append: a block key collides with another key's 63-bit id; the block cannot be stored")
+        kmin, kmax = block_summaries(blocks[:, 0, 0])
+        cache.store._store_new(ids, blocks, lambda: cache.driver.write(ids, hold=ids))
+        missing = [i for i in ids if cache.manager.locate(i) is None]
+        if missing:
+            raise RuntimeError(f"Sequence.append: {len(missing)} block(s) of layer {layer} could not be stored "
+                               "(every HBM slot pinned, or a write-back failed); the sequence is incomplete")
+        self._keep_tokens(first, layer, ids)
+        state.add(ids, keys, kmin, kmax)
+        cache._emit(layer, state.attends, write=tuple(ids), hold=tuple(ids))
+        cache._settle_events()
+
+    def _block_key(self, index: int, layer: int) -> bytes:
+        """Layer key of block ``index``: content-chained when its tokens are known."""
+        block_tokens = self.cache.layout.block_tokens
+        while len(self._content_keys) <= index and len(self._tokens) >= (len(self._content_keys) + 1) * block_tokens:
+            n = len(self._content_keys)
+            parent = self._content_keys[-1] if n else None
+            self._content_keys.append(block_key(parent, self._tokens[n * block_tokens : (n + 1) * block_tokens], self.namespace))
+        if index < len(self._content_keys):
+            return layer_key(self._content_keys[index], layer)
+        return layer_key(block_key(None, [index], self._private + _PRIVATE_NAMESPACE), layer)
+
+    def _keep_tokens(self, first: int, layer: int, ids: list[int]) -> None:
+        """Keeps layer 0's token ids of content-keyed blocks (confirms later prefix hits)."""
+        if layer != 0:
+            return
+        block_tokens = self.cache.layout.block_tokens
+        tokens = self.cache.store._map.tokens
+        for offset, block_id in enumerate(ids):
+            index = first + offset
+            if index < len(self._content_keys):
+                tokens[block_id] = self._tokens[index * block_tokens : (index + 1) * block_tokens].copy()
+
+    def _check_room(self, new_blocks: int) -> None:
+        """Refuses blocks the hierarchy cannot hold next to every live sequence's blocks."""
+        cache = self.cache
+        held = len(cache.manager.held)
+        capacity = cache.capacity_blocks
+        if new_blocks and held + new_blocks > capacity:
+            missing = held + new_blocks - capacity
+            raise UserError(f"Sequence.append: {new_blocks} new block(s) do not fit: live sequences hold {held} of the "
+                            f"tiers' {capacity} blocks; {missing} more block(s) ({missing * cache.layout.block_bytes} bytes) "
+                            "are needed (grow a tier, or free sequences)")
+
+    def _reuse_prefix(self, namespace: bytes | str) -> None:
+        """Starts from the stored prefix of the prompt: holds its blocks (one record)."""
+        cache = self.cache
+        layout = cache.layout
+        usable = (len(self._tokens) - 1) // layout.block_tokens  # leave a token to compute
+        found, keys = cache._stored_blocks(self._tokens, namespace)
+        self._content_keys = keys[:]
+        found = min(found, usable)
+        if found == 0:
+            return
+        held: list[int] = []
+        for layer, state in enumerate(self._layers):
+            lkeys = [layer_key(keys[b], layer) for b in range(found)]
+            ids = cache.store._map.ids(lkeys, register=False)
+            kmin, kmax = self._summaries_of(ids, lkeys)
+            state.add(ids, lkeys, kmin, kmax)
+            held.extend(ids)
+        cache.driver.hold(held)
+        cache._emit(0, cache._last_step, hold=tuple(held))
+        cache._settle_events()
+        self.cached_tokens = found * layout.block_tokens
+
+    def _summaries_of(self, ids: list[int], keys: list[bytes]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Key summaries of stored blocks: kept from the sequence that wrote them, or
+        computed from the block read where it lies."""
+        cache = self.cache
+        layout = cache.layout
+        kmin = torch.empty((len(ids), layout.kv_heads, layout.head_dim), dtype=torch.float32, device=cache.device)
+        kmax = torch.empty_like(kmin)
+        scratch = None
+        for row, (block_id, key) in enumerate(zip(ids, keys)):
+            kept = cache._summaries.get(block_id)
+            if kept is None:
+                if scratch is None:
+                    scratch = torch.empty(layout.block_shape, dtype=cache.dtype)
+                tier = cache.manager.locate(block_id)
+                cache.store._media[tier].read_block(cache.manager.dirs[tier].slot_of[block_id], key, scratch)
+                kept = block_summaries(scratch[:, 0].to(cache.device))
+                kept = (kept[0][0], kept[1][0])
+            kmin[row], kmax[row] = kept
+        return kmin, kmax
+
+    def _prune_summaries(self) -> None:
+        """Forgets kept summaries of blocks that left the hierarchy (bounded by what it holds)."""
+        cache = self.cache
+        if len(cache._summaries) > 2 * cache.capacity_blocks:
+            for block_id in [b for b in cache._summaries if cache.manager.locate(b) is None]:
+                del cache._summaries[block_id]
+
+    # -- reading --------------------------------------------------------------------------
+    def _budget_blocks(self, budget, n_blocks: int) -> int:
+        """A sparse budget as a block count (at least 1)."""
+        if budget is None or isinstance(budget, bool) or not isinstance(budget, (int, float)):
+            raise UserError(f"Sequence.attend: AttentionMode.SPARSE needs a budget (share in (0, 1] or a block count), got {budget!r}")
+        if isinstance(budget, float):
+            if not 0.0 < budget <= 1.0 or math.isnan(budget):
+                raise UserError(f"Sequence.attend: a budget share must lie in (0, 1], got {budget}")
+            return max(1, math.ceil(budget * n_blocks))
+        if budget < 1:
+            raise UserError(f"Sequence.attend: a budget count must be at least one block, got {budget}")
+        return budget
+
+    def _select(self, state: _Layer, q: torch.Tensor, count: int) -> tuple[np.ndarray, list[int]]:
+        """Block positions a sparse step reads (ascending) and the next-ranked candidates."""
+        if state.n == 0:
+            return np.zeros(0, dtype=np.int64), []
+        scores = block_scores(q, state.kmin[: state.n], state.kmax[: state.n])
+        selected, spare = select_blocks(scores, count, self.cache.sink_blocks, self.cache.recent_blocks,
+                                        spare=max(1, math.ceil(self.cache.speculate * count)))
+        return np.asarray(selected, dtype=np.int64), [int(state.ids[p]) for p in spare]
+
+    def _ahead(self, layer: int, mode: AttentionMode) -> list[int]:
+        """Ids the next layer reads first that are not in HBM (for prefetch policies)."""
+        cache = self.cache
+        if layer + 1 >= len(self._layers):
+            return []
+        nxt = self._layers[layer + 1]
+        if mode is AttentionMode.EXACT:  # its first chunk, at most a quarter of HBM (the rest serves this read)
+            first = nxt.ids[: min(nxt.n, cache.window_blocks, max(1, cache.manager.dirs[0].capacity // 4))]
+        else:
+            fixed = set(range(min(cache.sink_blocks, nxt.n))) | set(range(max(0, nxt.n - cache.recent_blocks), nxt.n))
+            first = nxt.ids[sorted(fixed)]
+        top = cache.manager.dirs[0].slot_of
+        return [int(b) for b in first if int(b) not in top]
+
+    def _attend_blocks(self, layer: int, step: int, state: _Layer, q: torch.Tensor, mode: AttentionMode,
+                       positions: np.ndarray, candidates: list[int]) -> torch.Tensor:
+        """Reads the blocks at ``positions`` through the driver and attends over them and the tail."""
+        cache = self.cache
+        exact = mode is AttentionMode.EXACT
+        if not exact:  # one promotion per tier, not one per run of neighbours in another tier
+            positions = self._by_tier(state, positions)
+        ids = state.ids[positions].tolist()
+        keys = state.keys if exact else [state.keys[p] for p in positions.tolist()]  # exact: every block, in order
+        ahead = self._ahead(layer, mode)
+        ticket = cache.driver.begin_read(step, layer, ids, exact, candidates, ahead) if ids else None
+        try:
+            extra = [(state.tail[0, :, : state.tail_len], state.tail[1, :, : state.tail_len])] if state.tail_len else []
+            out = self._stream(q, ids, keys, extra)
+        finally:
+            if ticket is not None:
+                cache.driver.end_read(ticket)
+        if ids:
+            cache._emit(layer, step, read=tuple(ids), in_place=exact, candidates=tuple(candidates), ahead=tuple(ahead))
+        self._report(layer, step, mode, ticket, len(ids), state.tail_len)
+        cache._settle_events()
+        return out
+
+    def stream_source(self, layer: int) -> "TierChunks":
+        """The chunk source an exact read of ``layer`` streams from (for benchmarks that
+        time its fetches and its compute apart); valid until the next call that moves
+        blocks."""
+        self._check_layer(layer, "Sequence.stream_source")
+        state = self._layers[layer]
+        return TierChunks(self.cache, state.ids[: state.n].tolist(), state.keys)
+
+    def _by_tier(self, state: _Layer, positions: np.ndarray) -> np.ndarray:
+        """``positions`` reordered by the tier holding them, fastest first (stable): the
+        read order a sparse step records, so promotions batch per tier."""
+        locate = self.cache.manager.locate
+        tiers = np.fromiter((locate(int(b)) for b in state.ids[positions]), dtype=np.int64, count=len(positions))
+        return positions[np.argsort(tiers, kind="stable")]
+
+    def _stream(self, q: torch.Tensor, ids: list[int], keys: list[bytes], extra) -> torch.Tensor:
+        """Exact attention over the blocks ``ids`` wherever they lie, plus ``extra`` chunks."""
+        cache = self.cache
+        source = TierChunks(cache, ids, keys)
+        dtype = compute_dtype(cache.dtype)
+        return stream_attention(q, cache.layout.kv_heads, source, source.n_chunks, cache.depth, extra, dtype)
+
+    def _report(self, layer: int, step: int, mode: AttentionMode, ticket: ReadTicket | None, selected: int, tail: int) -> None:
+        found = ticket.found if ticket is not None else [0] * self.cache.manager.n_tiers
+        names = [d.name for d in self.cache.manager.dirs]
+        count = {name: found[t] for t, name in enumerate(names)}
+        prefetched = ticket.prefetched if ticket is not None else 0
+        lower = selected - count.get("hbm", 0)
+        self.reports.append(StepReport(step, layer, mode, selected, count.get("hbm", 0), count.get("dram", 0),
+                                       count.get("nvme", 0), prefetched,
+                                       (lower + prefetched) * self.cache.layout.block_bytes, tail))
+
+    # -- checks ---------------------------------------------------------------------------
+    def _check_live(self, what: str) -> None:
+        if self.freed:
+            raise UserError(f"Sequence.{what}: the sequence was freed")
+
+    def _check_layer(self, layer: int, what: str) -> None:
+        layers = self.cache.layout.layers
+        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < layers:
+            raise UserError(f"{what}: layer must be an integer in [0, {layers}), got {layer!r}")
+
+    def _check_kv(self, x: torch.Tensor, name: str) -> None:
+        layout, cache = self.cache.layout, self.cache
+        if not isinstance(x, torch.Tensor):
+            raise UserError(f"Sequence.append: {name} must be a torch.Tensor, got {type(x).__name__}")
+        if x.dim() != 3 or x.shape[0] != layout.kv_heads or x.shape[2] != layout.head_dim or x.shape[1] < 1:
+            raise UserError(f"Sequence.append: {name} must be [kv_heads={layout.kv_heads}, t>=1, head_dim={layout.head_dim}], "
+                            f"got {tuple(x.shape)}")
+        if x.dtype != cache.dtype:
+            raise UserError(f"Sequence.append: {name} must be {cache.dtype} (the layout's dtype), got {x.dtype}")
+        if x.device != cache.device:
+            raise UserError(f"Sequence.append: {name} must be on {cache.device} (the HBM tier's device), got {x.device}")
+
+    def _check_query(self, q: torch.Tensor) -> None:
+        layout, cache = self.cache.layout, self.cache
+        if not isinstance(q, torch.Tensor):
+            raise UserError(f"Sequence.attend: q must be a torch.Tensor, got {type(q).__name__}")
+        if q.dim() != 3 or q.shape[1] != 1 or q.shape[2] != layout.head_dim or q.shape[0] < 1 or q.shape[0] % layout.kv_heads:
+            raise UserError(f"Sequence.attend: q must be [q_heads (a multiple of kv_heads={layout.kv_heads}), 1, "
+                            f"head_dim={layout.head_dim}], got {tuple(q.shape)}")
+        if not q.dtype.is_floating_point:
+            raise UserError(f"Sequence.attend: q must be a float tensor, got {q.dtype}")
+        if q.dtype != cache.dtype:
+            raise UserError(f"Sequence.attend: q must be {cache.dtype} (the layout's dtype), got {q.dtype}")
+        if q.device != cache.device:
+            raise UserError(f"Sequence.attend: q must be on {cache.device} (the HBM tier's device), got {q.device}")
