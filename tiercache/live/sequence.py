@@ -140,6 +140,7 @@ class Sequence:
         content keys a later request's ``match_prefix`` can find."""
         self._tokens = np.concatenate([self._tokens, np.asarray(token_ids, dtype=np.int64).ravel()])
 
+    @torch.no_grad()  # KV caching is not differentiable: never keep an autograd graph alive
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Adds ``t >= 1`` tokens of KV at ``layer`` (``k``, ``v``: ``[kv_heads, t, head_dim]``).
 
@@ -172,6 +173,7 @@ class Sequence:
             blocks = self._full_blocks(state, k, v, full)
             self._store_blocks(layer, state, blocks)
 
+    @torch.no_grad()  # KV caching is not differentiable: never keep an autograd graph alive
     def attend(self, layer: int, q: torch.Tensor, mode: AttentionMode = AttentionMode.EXACT,
                budget: float | int | None = None) -> torch.Tensor:
         """Decode attention of ``q`` (``[q_heads, 1, head_dim]``) over the layer's KV.
