@@ -14,7 +14,12 @@ completely hidden). The figure only says something about overlap when both sides
 similar size, so the query heads (compute grows with them, I/O does not) are calibrated
 first until ``io_only / compute_only`` lies within [0.5, 2] (``--q-heads`` fixes them instead).
 
-Usage: ``python scripts/bench_decode.py [--tokens 1000000] [--repeats 5] [--json OUT]``
+The default layout is one layer of llama-3-8b (8 KV heads, head dim 128: 1 MiB blocks of 256
+tokens), what a real model's per-layer blocks weigh. Small blocks (``--kv-heads 2 --head-dim
+64``: 128 KiB) make the read CPU-bound on a small machine: each block costs its I/O thread
+about 50 us of Python and syscalls whatever its size, time the compute thread then competes for.
+
+Usage: ``python scripts/bench_decode.py [--tokens 262144] [--repeats 5] [--json OUT]``
 """
 
 from __future__ import annotations
@@ -35,10 +40,10 @@ from tiercache.config import KVLayout, TierConfig
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tokens", type=int, default=1_000_000)
+    parser.add_argument("--tokens", type=int, default=262_144, help="default 262,144: 1 GiB of KV, 1,024 blocks")
     parser.add_argument("--block-tokens", type=int, default=256)
-    parser.add_argument("--kv-heads", type=int, default=2)
-    parser.add_argument("--head-dim", type=int, default=64)
+    parser.add_argument("--kv-heads", type=int, default=8, help="default 8 (with --head-dim 128: one llama-3-8b layer)")
+    parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--q-heads", type=int, default=None, help="query heads (default: calibrated)")
     parser.add_argument("--window-blocks", type=int, default=32)
     parser.add_argument("--depth", type=int, default=4)

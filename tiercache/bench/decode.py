@@ -169,8 +169,9 @@ def step_timings(seq: Sequence, layer: int, q: torch.Tensor, repeats: int = 3) -
 
     I/O only: every chunk on a keyed tier (NVMe) read into the window with the same
     schedule, nothing converted or computed (chunks in memory tiers need no fetch). Compute
-    only: every chunk, of the same sizes, converted and computed from blocks already in
-    memory (the first window's, kept), nothing fetched. Pipelined: ``seq.attend``.
+    only: every chunk, of the same sizes, converted into the same scratch buffers and
+    computed from blocks already in memory (the first window's, kept), nothing fetched
+    (fresh buffers per chunk would page-fault and flatter the overlap). Pipelined: ``seq.attend``.
     """
     cache = seq.cache
     grouped = _grouped(q.to(compute_dtype(cache.dtype)), cache.layout.kv_heads)
@@ -185,7 +186,8 @@ def step_timings(seq: Sequence, layer: int, q: torch.Tensor, repeats: int = 3) -
         for index in range(source.n_chunks):
             n = len(source.chunks[index][1])
             blocks = kept[index % len(kept)]
-            k, v = split_kv(blocks[: min(n, blocks.shape[0])])
+            _, k_out, v_out = cache._scratch(index % cache.depth)  # the pipelined step's own buffers
+            k, v = split_kv(blocks[: min(n, blocks.shape[0])], k_out, v_out)
             part = partial_attention(grouped, k, v)
             result = part if result is None else merge(result, part)
         compute.append(time.perf_counter() - started)
