@@ -1,0 +1,314 @@
+"""The block codec contract and what every codec shares (``codecs.py`` has the codecs).
+
+``BlockCodec`` turns a KV block ``[..., 2, kv_heads, block_tokens, head_dim]`` into a
+``QuantizedBlock`` (a payload and its scales, described part by part by ``parts``) and
+back, with a plain torch reference path (any device) beside each codec's compiled fast path
+(CPU fp16/bf16 blocks). A ``QuantizedBlock`` serialises to one flat uint8 buffer of exactly
+``nbytes`` bytes, wider dtypes first, so every part of a buffer read back is aligned for a
+zero-copy view.
+
+Invariants: inputs are finite; ``nbytes_of`` is exactly what ``encode`` holds.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from abc import ABC, abstractmethod
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..config import Codec, KVLayout
+from ..errors import UserError
+from . import codec_kernels as kernels
+
+__all__ = ["Part", "QuantizedBlock", "BlockCodec", "check_block", "FLOAT_DTYPES"]
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+@dataclass(frozen=True)
+class Part:
+    """One tensor of a quantised block: its name, shape and dtype."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of this part."""
+        return math.prod(self.shape) * self.dtype.itemsize
+
+
+@dataclass(frozen=True)
+class QuantizedBlock:
+    """A block as a codec stores it.
+
+    Invariants: ``(payload, *scales)`` match ``codec_for(codec).parts(shape, dtype)`` one to one,
+    in that order, each contiguous; ``shape``/``dtype`` are those of the block encoded.
+    """
+
+    codec: Codec
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    payload: torch.Tensor
+    scales: tuple[torch.Tensor, ...] = ()
+
+    @property
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        """The payload then the scales, in ``parts`` order."""
+        return (self.payload, *self.scales)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held, scales included (equals ``BlockCodec.nbytes_of(shape, dtype)``)."""
+        return sum(t.numel() * t.element_size() for t in self.tensors)
+
+
+def check_block(block: object, what: str = "block") -> torch.Tensor:
+    """Returns ``block`` when it is a float KV block tensor.
+
+    Raises:
+        UserError: not a tensor, not fp16/bf16/fp32, or not ``[..., 2, heads, tokens, dim]``.
+    """
+    if not isinstance(block, torch.Tensor):
+        raise UserError(f"{what}: expected a torch.Tensor, got {type(block).__name__}")
+    if block.dtype not in FLOAT_DTYPES:
+        raise UserError(f"{what}: dtype {block.dtype} is not one of float16, bfloat16, float32")
+    if block.dim() < 4 or block.shape[-4] != 2 or block.numel() == 0:
+        raise UserError(f"{what}: shape {tuple(block.shape)} is not [..., 2, kv_heads, block_tokens, head_dim] "
+                        "(K and V as the two halves of the 2 dim, no empty dim)")
+    return block
+
+
+def _torch_dtype(name: str) -> torch.dtype:
+    """The float torch dtype of a layout's dtype name."""
+    dtype = getattr(torch, name, None)
+    if dtype not in FLOAT_DTYPES:
+        raise UserError(f"layout dtype {name!r}: the codecs take float16, bfloat16 or float32 blocks")
+    return dtype
+
+
+def _halves(shape: tuple[int, ...]) -> tuple[tuple[int, ...], int, int, int]:
+    """``(leading dims, heads, tokens, head_dim)`` of a block shape."""
+    *lead, _, heads, tokens, dim = shape
+    return tuple(lead), heads, tokens, dim
+
+
+def _sym_scale(amax: torch.Tensor, qmax: float) -> torch.Tensor:
+    """``amax / qmax``, with 1 where ``amax`` is 0 (an all-zero row encodes to zeros)."""
+    scale = amax / qmax
+    return torch.where(scale > 0, scale, torch.ones_like(scale))
+
+
+def _fast_input(block: torch.Tensor) -> tuple[np.ndarray, bool] | None:
+    """``(uint16 bits [n, 2, heads, tokens, dim], is_bf16)`` of a contiguous CPU fp16 or bf16
+    block, what the compiled loops read and write; None for any other block."""
+    if block.dtype not in (torch.float16, torch.bfloat16) or block.device.type != "cpu" or not block.is_contiguous():
+        return None
+    return block.view(torch.int16).numpy().view(np.uint16).reshape(-1, *block.shape[-4:]), block.dtype == torch.bfloat16
+
+
+_POOL: ThreadPoolExecutor | None = None
+
+
+def _on_heads(kernel, heads: int, *args) -> None:
+    """Runs ``kernel(*args, h0, h1)`` over two halves of the heads at once: one on a helper
+    thread, one here (the kernels release the GIL; the machines this targets have a core or
+    more per half). An argument that is a function gets the half's index (0, 1) and returns
+    that half's own array (outputs the halves must not share)."""
+    global _POOL
+    halves = [(0, heads // 2, 0), (heads // 2, heads, 1)] if heads >= 2 and (os.cpu_count() or 1) >= 2 else [(0, heads, 0)]
+
+    def run(h0: int, h1: int, part: int) -> None:
+        kernel(*(a(part) if callable(a) else a for a in args), h0, h1)
+
+    if len(halves) == 1:
+        run(*halves[0])
+        return
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(1, "tiercache-codec")
+    other = _POOL.submit(run, *halves[1])
+    run(*halves[0])
+    other.result()
+
+
+def _lut(bf16: bool) -> np.ndarray:
+    """The float32 table of the block's 16-bit patterns (what the reductions return through)."""
+    return kernels.LUT_BF16 if bf16 else kernels.LUT_F16
+
+
+def _f32(t: torch.Tensor, *shape: int) -> np.ndarray:
+    """A small CPU tensor (scales, zero points) as a float32 numpy array of ``shape``."""
+    return t.to(torch.float32).reshape(shape).numpy()
+
+
+class BlockCodec(ABC):
+    """Encodes blocks into ``QuantizedBlock`` and back; one stateless instance per codec."""
+
+    codec: Codec
+
+    @abstractmethod
+    def parts(self, shape: tuple[int, ...], dtype: torch.dtype) -> tuple[Part, ...]:
+        """The tensors of an encoded block of ``shape``/``dtype``: payload first, then scales."""
+
+    @abstractmethod
+    def _encode(self, block: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """``(payload, scales)`` of a checked block."""
+
+    @abstractmethod
+    def _decode(self, q: QuantizedBlock, out: torch.Tensor) -> None:
+        """Writes the dequantised block into ``out`` (checked: same shape as ``q``)."""
+
+    def _encode_fast(self, block: torch.Tensor, x: np.ndarray, bf16: bool):
+        """``(payload, scales)`` from compiled loops, or None where the codec has none.
+        ``x`` is the block's uint16 bits ``[n, 2, heads, tokens, dim]`` (fp16, or bf16)."""
+        return None
+
+    def _decode_fast(self, q: QuantizedBlock, out: torch.Tensor, bits: np.ndarray, bf16: bool) -> bool:
+        """Dequantises into ``out`` (a contiguous CPU fp16/bf16 block; ``bits`` its uint16 view
+        ``[n, 2, heads, tokens, dim]``) by a faster path than ``_decode``, with the same
+        result; False where the codec has none."""
+        return False
+
+    def _finish(self, q: QuantizedBlock, out: torch.Tensor) -> None:
+        """What the fast decode leaves to torch (the exact FP8 key channels)."""
+
+    def encode(self, block: torch.Tensor) -> QuantizedBlock:
+        """Quantises ``block`` (``[..., 2, heads, tokens, head_dim]``, fp16/bf16/fp32).
+
+        Raises:
+            UserError: ``block`` is not such a tensor.
+        """
+        check_block(block)
+        fast = _fast_input(block)
+        encoded = None if fast is None else self._encode_fast(block, *fast)
+        payload, scales = self._encode(block) if encoded is None else encoded
+        return QuantizedBlock(self.codec, tuple(block.shape), block.dtype, payload, scales)
+
+    def encode_reference(self, block: torch.Tensor) -> QuantizedBlock:
+        """``encode`` in plain torch (the reference the compiled loops are checked against)."""
+        check_block(block)
+        payload, scales = self._encode(block)
+        return QuantizedBlock(self.codec, tuple(block.shape), block.dtype, payload, scales)
+
+    def decode(self, q: QuantizedBlock, out: torch.Tensor) -> torch.Tensor:
+        """Dequantises ``q`` into ``out`` (same shape, any float dtype) and returns ``out``.
+
+        Raises:
+            UserError: ``q`` is another codec's, or ``out`` is not a float tensor of ``q.shape``.
+        """
+        self._check_decode(q, out)
+        fast = _fast_input(out) if q.payload.device.type == "cpu" else None
+        if fast is None or not self._decode_fast(q, out, *fast):
+            self._decode(q, out)
+            return out
+        self._finish(q, out)
+        return out
+
+    def decode_reference(self, q: QuantizedBlock, out: torch.Tensor) -> torch.Tensor:
+        """``decode`` in plain torch (the reference the compiled loops are checked against)."""
+        self._check_decode(q, out)
+        self._decode(q, out)
+        return out
+
+    def _check_decode(self, q: QuantizedBlock, out: torch.Tensor) -> None:
+        if not isinstance(q, QuantizedBlock) or q.codec is not self.codec:
+            raise UserError(f"decode: expected a {self.codec.value} QuantizedBlock, got {getattr(q, 'codec', q)!r}")
+        check_block(out, "out")
+        if tuple(out.shape) != q.shape:
+            raise UserError(f"decode: out has shape {tuple(out.shape)}, the block {q.shape}")
+
+    def _check_buffer(self, buf: object, shape: tuple[int, ...], dtype: torch.dtype, what: str) -> None:
+        _check_buffer_impl(self, buf, shape, dtype, what)
+
+    def nbytes_of(self, shape: tuple[int, ...], dtype: torch.dtype) -> int:
+        """Exact bytes of an encoded block of ``shape``/``dtype``, scales included."""
+        return sum(p.nbytes for p in self.parts(tuple(shape), dtype))
+
+    def nbytes(self, layout: KVLayout) -> int:
+        """Exact bytes of one encoded block of ``layout``, scales included."""
+        return self.nbytes_of(layout.block_shape, _torch_dtype(layout.dtype))
+
+    def to_bytes(self, q: QuantizedBlock) -> torch.Tensor:
+        """``q`` as one flat uint8 tensor of ``nbytes_of(q.shape, q.dtype)`` bytes (a copy).
+
+        Order: parts sorted by element size, widest first (stable), so ``from_bytes`` can view
+        each part in place.
+        """
+        out = torch.empty(self.nbytes_of(q.shape, q.dtype), dtype=torch.uint8, device=q.payload.device)
+        self._write_bytes(q, out)
+        return out
+
+    def _write_bytes(self, q: QuantizedBlock, out: torch.Tensor) -> None:
+        """Writes ``q``'s parts into the uint8 ``out`` (its size checked), widest first."""
+        parts = self.parts(q.shape, q.dtype)
+        offset = 0
+        for index in _byte_order(parts):
+            tensor, nbytes = q.tensors[index], parts[index].nbytes
+            out[offset:offset + nbytes].copy_(tensor.contiguous().view(-1).view(torch.uint8))
+            offset += nbytes
+
+    def encode_into(self, block: torch.Tensor, buf: torch.Tensor) -> torch.Tensor:
+        """Quantises ``block`` straight into ``buf`` (``to_bytes`` of ``encode``, no
+        intermediate buffer; ``buf`` may be on another device) and returns ``buf``.
+
+        Raises:
+            UserError: ``block`` is not a float KV block, or ``buf`` not a 1-D uint8 tensor
+                of ``nbytes_of(block.shape, block.dtype)`` bytes.
+        """
+        check_block(block)
+        self._check_buffer(buf, tuple(block.shape), block.dtype, "encode_into")
+        self._write_bytes(self.encode(block), buf)
+        return buf
+
+    def decode_from(self, buf: torch.Tensor, dtype: torch.dtype, out: torch.Tensor) -> torch.Tensor:
+        """Dequantises the bytes ``to_bytes``/``encode_into`` wrote for a ``dtype`` block of
+        ``out``'s shape into ``out`` (any float dtype) and returns it.
+
+        Raises:
+            UserError: ``buf`` is not exactly that many bytes, or ``out`` not a float block.
+        """
+        return self.decode(self.from_bytes(buf, tuple(out.shape), dtype), out)
+
+    def from_bytes(self, buf: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> QuantizedBlock:
+        """The block that ``to_bytes`` wrote into ``buf``; its tensors are views of ``buf``
+        (copies only where ``buf`` is misaligned for a part's dtype).
+
+        Raises:
+            UserError: ``buf`` is not a 1-D uint8 tensor of exactly ``nbytes_of(shape, dtype)``.
+        """
+        parts = self.parts(tuple(shape), dtype)
+        self._check_buffer(buf, tuple(shape), dtype, "from_bytes")
+        tensors: list[torch.Tensor | None] = [None] * len(parts)
+        offset = 0
+        for index in _byte_order(parts):
+            part = parts[index]
+            tensors[index] = _view(buf[offset:offset + part.nbytes], part)
+            offset += part.nbytes
+        return QuantizedBlock(self.codec, tuple(shape), dtype, tensors[0], tuple(tensors[1:]))
+
+
+def _check_buffer_impl(codec: "BlockCodec", buf: object, shape: tuple[int, ...], dtype: torch.dtype, what: str) -> None:
+    """Raises UserError unless ``buf`` is a 1-D uint8 tensor of the block's encoded size."""
+    total = codec.nbytes_of(shape, dtype)
+    if not isinstance(buf, torch.Tensor) or buf.dtype != torch.uint8 or buf.dim() != 1 or buf.numel() != total:
+        got = f"{buf.dtype} {tuple(buf.shape)}" if isinstance(buf, torch.Tensor) else type(buf).__name__
+        raise UserError(f"{what}: expected a 1-D uint8 tensor of {total} bytes ({codec.codec.value}, "
+                        f"shape {tuple(shape)}), got {got}")
+
+
+def _byte_order(parts: tuple[Part, ...]) -> list[int]:
+    """Indices of ``parts``, widest element first (stable): keeps every part aligned."""
+    return sorted(range(len(parts)), key=lambda i: -parts[i].dtype.itemsize)
+
+
+def _view(chunk: torch.Tensor, part: Part) -> torch.Tensor:
+    """``chunk`` (uint8) viewed as ``part``; copied first when its address is misaligned."""
+    if chunk.data_ptr() % part.dtype.itemsize:
+        chunk = chunk.clone()
+    return chunk.view(part.dtype).view(part.shape)
