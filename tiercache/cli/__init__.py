@@ -1,6 +1,6 @@
 """The ``tiercache`` command: a thin dispatcher over one module per subcommand.
 
-Each subcommand module (``replay``, ``trace``, ``report``, ``bench``, ``fleet``, ``remote_serve``) exposes
+Each subcommand module (``replay``, ``trace``, ``report``, ``bench``, ``remote_serve``) exposes
 ``add_parser(subparsers)``, which registers its parser and sets ``func`` (a callable taking
 the parsed namespace and returning an exit code). The modules parse options and print;
 the work is library code. Bad user input raises ``UserError``; it is printed as one line,
@@ -16,12 +16,12 @@ from typing import NoReturn
 import tiercache
 
 from ..errors import UserError
-from . import bench, fleet, remote_serve, replay, report, trace
+from . import bench, remote_serve, replay, report, trace
 
 __all__ = ["main", "build_parser"]
 
 # Subcommand modules, in the order they appear in ``--help``.
-_SUBCOMMANDS = (replay, trace, report, bench, fleet, remote_serve)
+_SUBCOMMANDS = (replay, trace, report, bench, remote_serve)
 
 
 class _Parser(argparse.ArgumentParser):

@@ -1,85 +1,167 @@
-"""``tiercache fleet``: replay a request trace over N instances with a shared remote tier.
+"""``tiercache replay --instances N --tiers hbm=..,dram=..,remote=CAP``: the fleet replay.
 
-Runs the fleet twice, with the shared tier and on private tiers alone, prints per-instance
-and shared-tier hits and the gain, and optionally writes JSON and a report. The work is
-``tiercache.sim.fleet`` and ``tiercache.report.fleet``.
+A ``remote=CAP`` entry in ``--tiers`` (always last) makes ``tiercache replay`` replay the
+trace over ``--instances`` engine instances (default 1: one engine whose last tier is the
+remote one), each with the private tiers before it, plus one shared remote tier of CAP
+blocks (or a size with ``--model``/``--layout``). Per policy the results file holds the run
+with the shared tier and the same fleet on private tiers alone. Options are checked here;
+the work is ``tiercache.sim.fleet`` and the tables ``tiercache.report.fleet``.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
+from typing import Callable
 
-from ..config import TraceKind, layout_preset, parse_capacity, parse_tiers
+from ..config import REMOTE_TIER, Codec, KVLayout, TraceKind, parse_capacity, parse_tiers
 from ..errors import UserError
-from ..report.fleet import fleet_table, gain_sentence, write_fleet_report
-from ..sim.fleet import FleetSpec, Route, replay_fleet
-from ..sim.hardware import NETWORK_PRESETS, load_profile, with_network
-from ..sim.loader import load_trace
+from ..report.fleet import fleet_pairs, fleet_table, gain_sentence
+from ..results import ResultsDocument
+from ..sim.fleet import FleetSpec, Route, check_fleet_policy, sweep_fleet
+from ..sim.hardware import NETWORK_PRESETS, HardwareProfile, with_network
+from ..sim.loader import Trace, load_trace
 
-__all__ = ["add_parser", "main"]
-
-
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    """Registers ``tiercache fleet``."""
-    p = subparsers.add_parser("fleet", help="replay a request trace over N instances with a shared remote tier",
-                              description="Replay a request trace over N engine instances, each with private tiers, "
-                                          "plus one shared remote tier; compare with private tiers alone.")
-    p.add_argument("trace", help="a request trace (Mooncake JSONL)")
-    p.add_argument("--instances", type=int, default=4, help="engine instances (default 4)")
-    p.add_argument("--route", choices=[r.value for r in Route], default=Route.ROUND_ROBIN.value,
-                   help="request routing (default round_robin)")
-    p.add_argument("--tiers", default="hbm=1000,dram=4000", help="private tiers of each instance (default hbm=1000,dram=4000)")
-    p.add_argument("--remote", default="16000", help="capacity of the shared tier, blocks or a size with --model (default 16000)")
-    p.add_argument("--policy", default="lru", help="eviction policy of every tier (default lru)")
-    p.add_argument("--model", help="layout preset: turns blocks into bytes moved per link")
-    p.add_argument("--hardware", help="hardware preset or profile JSON (needs --model): modeled seconds and TTFT saved")
-    p.add_argument("--network", choices=list(NETWORK_PRESETS), default="tcp-25g",
-                   help="network of the shared tier with --hardware (default tcp-25g)")
-    p.add_argument("--json", help="write both runs' results here")
-    p.add_argument("--report", metavar="DIR", help="write report.md and fleet.png here")
-    p.set_defaults(func=main)
+__all__ = ["add_fleet_options", "is_fleet", "fleet_from_args", "format_fleet"]
 
 
-def main(args: argparse.Namespace) -> int:
-    if args.instances < 1:
-        raise UserError(f"--instances must be at least 1, got {args.instances}")
-    layout = layout_preset(args.model, block_tokens=512) if args.model else None
-    if args.hardware and layout is None:
-        raise UserError("--hardware needs --model (bytes per block)")
-    profile = with_network(load_profile(args.hardware), args.network).require_prefill() if args.hardware else None
-    tiers = parse_tiers(args.tiers, layout, args.policy)
-    spec = FleetSpec(args.instances, tiers, parse_capacity(args.remote, layout, "--remote"), Route(args.route), args.policy)
+def add_fleet_options(parser: argparse.ArgumentParser, once: type[argparse.Action]) -> None:
+    """``--instances``, ``--route`` and ``--network`` of ``tiercache replay``."""
+    parser.add_argument("--instances", type=int, action=once,
+                        help="replay over N engine instances sharing the remote tier of --tiers (remote=CAP, last); "
+                             "each instance has the tiers before it (default with remote=CAP: 1)")
+    parser.add_argument("--route", choices=[r.value for r in Route], action=once,
+                        help="how a fleet replay spreads requests over the instances (default: round_robin)")
+    parser.add_argument("--network", choices=list(NETWORK_PRESETS), action=once,
+                        help="network of the shared remote tier with --hardware (default: tcp-25g, unless the "
+                             "profile JSON gives remote->dram and dram->remote)")
+
+
+def split_remote(tiers: str | None) -> tuple[str | None, str | None]:
+    """``"hbm=1000,dram=4000,remote=16000"`` -> ``("hbm=1000,dram=4000", "16000")``.
+
+    Raises:
+        UserError: the remote entry is not the last one, or repeats.
+    """
+    if not tiers:
+        return tiers, None
+    parts = [p.strip() for p in tiers.split(",") if p.strip()]
+    remote = [i for i, p in enumerate(parts) if p.partition("=")[0].strip() == REMOTE_TIER]
+    if not remote:
+        return tiers, None
+    if remote != [len(parts) - 1]:
+        raise UserError(f"--tiers {tiers}: remote=CAP must be given once, as the last tier (the shared tier lies "
+                        "behind every private one)")
+    return ",".join(parts[:-1]), parts[-1].partition("=")[2].strip()
+
+
+def is_fleet(args: argparse.Namespace) -> bool:
+    """A fleet replay: ``--instances`` or a ``remote=`` tier (both checked by ``fleet_from_args``)."""
+    return args.instances is not None or split_remote(args.tiers)[1] is not None
+
+
+def _check_options(args: argparse.Namespace, remote: str | None) -> None:
+    """Options a fleet replay cannot honour are errors naming the option, never ignored."""
+    if args.instances is not None and remote is None:
+        raise UserError(f"--instances {args.instances}: the instances of a fleet replay share a remote tier; add "
+                        "remote=CAP to --tiers as its last tier (e.g. --tiers hbm=1000,dram=4000,remote=16000)")
+    if args.instances is not None and args.instances < 1:
+        raise UserError(f"--instances: must be at least 1, got {args.instances}")
+    refused = (("--semantics", args.semantics not in (None, "prefix"), "a fleet replay runs in prefix semantics"),
+               ("--admission", args.admission not in (None, "always"), "every tier of a fleet replay admits every block"),
+               ("--write-through", args.write_through, "a fleet replay's private tiers are exclusive"),
+               ("--prefetch", args.prefetch not in (None, "none"), "prefetch plans decode steps"),
+               ("--block-tokens", args.block_tokens is not None, "a fleet replays request traces (512-token blocks)"),
+               ("--workers", args.workers not in (None, 1), "a fleet replay runs in one process"))
+    for option, given, why in refused:
+        if given:
+            raise UserError(f"{option}: does not apply to a fleet replay (remote=CAP in --tiers): {why}")
+
+
+def refuse_fleet_only_options(args: argparse.Namespace) -> None:
+    """``--route`` and ``--network`` without a remote tier are errors (a one-engine replay)."""
+    for option, value in (("--route", args.route), ("--network", args.network)):
+        if value is not None:
+            raise UserError(f"{option} {value}: applies to a fleet replay; add remote=CAP as the last tier of --tiers")
+
+
+def _network(args: argparse.Namespace, hardware: HardwareProfile | None) -> HardwareProfile | None:
+    """The hardware with the shared tier's network links."""
+    if hardware is None:
+        if args.network is not None:
+            raise UserError(f"--network {args.network}: models the shared tier's links; give --hardware (and --model) too")
+        return None
+    if args.network is None and "remote->dram" in hardware.links and "dram->remote" in hardware.links:
+        return hardware  # a profile JSON that gives the network links itself
+    return with_network(hardware, args.network or "tcp-25g")
+
+
+def _specs(args: argparse.Namespace, private: str, remote: str, layout: KVLayout | None,
+           policies: tuple[str, ...]) -> list[FleetSpec]:
+    if not private:
+        raise UserError(f"--tiers {args.tiers}: a fleet's instances need private tiers before remote (e.g. hbm=1000,remote=16000)")
+    value, _, codec = remote.partition(":")
+    if codec:
+        raise UserError(f"--tiers remote={remote}: the shared tier stores blocks as given (no :codec)")
+    tiers = parse_tiers(private, layout)
+    quantised = [t.name for t in tiers if t.codec is not Codec.NONE]
+    if quantised:
+        raise UserError(f"--tiers {args.tiers}: a fleet replay does not model quantised tiers ({', '.join(quantised)})")
+    capacity = parse_capacity(value, layout, "--tiers remote")
+    route = Route(args.route or Route.ROUND_ROBIN.value)
+    for policy in policies:
+        try:
+            check_fleet_policy(policy)
+        except ValueError as exc:
+            raise UserError(f"--policy {policy}: {exc}") from None
+    return [FleetSpec(args.instances or 1, tiers, capacity, route, policy) for policy in policies]
+
+
+def fleet_from_args(args: argparse.Namespace, policies: tuple[str, ...], hardware: HardwareProfile | None,
+                    layout_for: Callable[[Trace], KVLayout | None]) -> ResultsDocument:
+    """Runs the fleet replay the options describe.
+
+    Args:
+        args: ``tiercache replay``'s options (``is_fleet(args)`` is true).
+        policies: the ``--policy`` list, names checked.
+        hardware: ``--hardware``'s profile (needs a layout; checked by the caller).
+        layout_for: the trace -> the layout of ``--model``/``--layout`` (or None).
+
+    Raises:
+        UserError: an option a fleet cannot honour, a bad tier, a step trace.
+    """
+    private, remote = split_remote(args.tiers)
+    _check_options(args, remote)
+    profile = _network(args, hardware)
     trace = load_trace(args.trace)
     if trace.kind is not TraceKind.REQUESTS:
-        raise UserError(f"tiercache fleet: {trace.path} is a step trace; a fleet replays request traces")
-    shared = replay_fleet(spec, trace, layout, profile=profile)
-    private = replay_fleet(spec, trace, layout, shared=False, profile=profile)
-    print(f"{trace.path}: {trace.records} requests over {args.instances} instances ({args.route}), "
-          f"private {args.tiers} each, shared remote={spec.remote_blocks}, {args.policy}, prefix semantics")
-    _print_table(fleet_table(shared))
-    print(gain_sentence(shared, private))
-    if layout is not None:
-        links: dict[str, int] = {}
-        for row in shared["instances"]:
-            for link, nbytes in row["bytes_moved"].items():
-                links[link] = links.get(link, 0) + nbytes
-        print("bytes moved (all instances): " + ", ".join(f"{k} {v / 2**30:.1f} GiB" for k, v in sorted(links.items())))
-    if profile is not None:
-        print(f"modeled TTFT saved ({profile.name}): {shared['ttft_saved_s']:.1f} s with the shared tier, "
-              f"{private['ttft_saved_s']:.1f} s on private tiers alone; per instance: "
-              + ", ".join(f"{r['ttft_saved_s']:.1f}" for r in shared["instances"]))
-    command = "tiercache " + " ".join(shlex.quote(a) for a in args.argv)
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as handle:
-            json.dump({"command": command, "shared": shared, "private": private}, handle, indent=2)
-    if args.report:
-        print(f"report: {write_fleet_report(shared, private, args.report, command)}")
-    return 0
+        raise UserError(f"{trace.path} is a step trace; a fleet replay (--instances, remote=CAP in --tiers) "
+                        "replays request traces")
+    layout = layout_for(trace)
+    specs = _specs(args, private, remote, layout, policies)
+    return sweep_fleet(trace, specs, layout, profile, shlex.join(["tiercache", *args.argv]))
 
 
-def _print_table(rows: list[list[str]]) -> None:
+def format_fleet(results: ResultsDocument) -> str:
+    """Per fleet: the setting, per-instance and shared hits, the gain, bytes and TTFT saved."""
+    lines = []
+    for run, twin in fleet_pairs(results.runs):
+        tiers = ",".join(f"{t.name}={t.capacity_blocks}" for t in run.tiers)
+        shared = " (remote: shared)" if run.shared_writes is not None else " (no shared tier)"
+        lines.append(f"{results.trace.name}: {results.trace.requests} requests over {len(run.instances)} instance(s) "
+                     f"({run.route}), {run.label}, tiers {tiers}{shared}, prefix semantics")
+        lines += _aligned(fleet_table(run))
+        if twin is not None:
+            lines.append(gain_sentence(run, twin))
+        if run.bytes_moved:
+            lines.append("bytes moved (all instances): "
+                         + ", ".join(f"{k} {v / 2**30:.1f} GiB" for k, v in sorted(run.bytes_moved.items())))
+        if run.ttft_saved_s is not None:
+            lines.append(f"modeled TTFT saved ({results.hardware}) per instance: "
+                         + ", ".join(f"{r.ttft_saved_s:.1f} s" for r in run.instances))
+    return "\n".join(lines)
+
+
+def _aligned(rows: list[list[str]]) -> list[str]:
     widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]))]
-    for row in rows:
-        print("  ".join(cell.rjust(width) for cell, width in zip(row, widths)))
+    return ["  ".join(cell.rjust(width) for cell, width in zip(row, widths)) for row in rows]

@@ -12,6 +12,7 @@ import shlex
 
 from ..config import MODEL_PRESETS, SPELLINGS, CacheConfig, Capacity, KVLayout, layout_preset, parse_layout, parse_tiers
 from ..errors import UserError
+from .fleet import add_fleet_options, fleet_from_args, format_fleet, is_fleet, refuse_fleet_only_options, split_remote
 from ..results import ResultsDocument, Semantics, TraceKind, write_results
 from ..policies import ADMISSION, EVICTION, PREFETCH, get_prefetch
 from ..sim.hardware import PRESETS, HardwareProfile, load_profile
@@ -87,6 +88,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("replay", help="replay a trace through the tier manager", description=__doc__,
                                    epilog=presets_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_options(parser)
+    add_fleet_options(parser, Once)
     parser.add_argument("--out", help="write results JSON here")
     parser.set_defaults(func=run)
 
@@ -144,6 +146,9 @@ def _check_trace_options(args: argparse.Namespace, trace: Trace) -> None:
 
 def _cache(args: argparse.Namespace, layout: KVLayout | None) -> CacheConfig | None:
     """The hierarchy of ``--tiers``; ``--admission``/``--write-through`` need two tiers or more."""
+    if args.tiers and split_remote(args.tiers)[1] is not None:
+        raise UserError(f"--tiers {args.tiers}: a shared remote tier is replayed by tiercache replay (a fleet replay, "
+                        "see --instances), not here")
     tiers = parse_tiers(args.tiers, layout) if args.tiers else ()
     if len(tiers) < 2:
         for given, option in ((args.admission, f"--admission {args.admission}"), (args.write_through, "--write-through")):
@@ -218,12 +223,26 @@ def check_output_file(path: str, option: str) -> None:
         raise UserError(f"{option} {path}: not writable")
 
 
+def fleet_from_options(args: argparse.Namespace) -> ResultsDocument:
+    """The fleet replay of ``--instances`` / ``remote=CAP`` (see ``tiercache.cli.fleet``);
+    options that need no trace are checked first, as in ``spec_from_args``."""
+    policies = tuple(parse_list(args.policy or "lru", "--policy"))
+    check_policy_names(policies, "always")
+    capacity_text(args)  # --capacity beside --tiers is an error here too
+    return fleet_from_args(args, policies, _hardware(args), lambda trace: _layout(args, trace))
+
+
 def run(args: argparse.Namespace) -> int:
     """``tiercache replay`` body. The output path is checked before the sweep."""
     if args.out:
         check_output_file(args.out, "--out")
-    results = sweep_from_args(args)
-    print(format_table(results))
+    if is_fleet(args):
+        results = fleet_from_options(args)
+        print(format_fleet(results))
+    else:
+        refuse_fleet_only_options(args)
+        results = sweep_from_args(args)
+        print(format_table(results))
     if args.out:
         write_results(args.out, results, "--out")
         print(f"results written to {args.out}")

@@ -8,9 +8,11 @@ section gives the command that rebuilds the report.
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 from . import fmt, plots
 from .document import Bullets, Code, Document, Image, Paragraph, Section
+from .fleet import fleet_section
 from .lru_curve import LRUCurve, dense_lru_curve
 from ..results import Mode, Semantics, TraceKind
 from .model import ReportData, Run
@@ -41,19 +43,22 @@ def build_document(data: ReportData, trace_path: str | None, command: str) -> Do
         trace_path: the trace file, for the dense LRU curve; None uses the recorded path.
         command: the command line that rebuilds this report.
     """
-    colors = plots.policy_colors(data.runs)
-    sections = [
-        _summary(data),
-        _curves(data, colors, trace_path),
-        _tiers(data, colors),
-        _movement(data, colors),
-        _prefix(data, colors),
-        Section("All runs", (runs_table(data),)),
-        _reproduce(data, command),
-    ]
+    single = replace(data, runs=tuple(r for r in data.runs if not r.is_fleet))
+    if single.runs:
+        sections = _single_engine_sections(single, trace_path)
+    else:  # fleet runs only: their own section says the rest
+        sections = [Section("Summary", (Paragraph("The trace and the presets:"), trace_table(data)))]
+    sections += [fleet_section(data.runs), Section("All runs", (runs_table(data),)), _reproduce(data, command)]
     labels = policy_labels(data.runs)
     subtitle = f"{len(data.runs)} replay runs of {len(labels)} policies ({', '.join(labels)}) on one trace"
     return Document(f"Cache policy comparison: {data.trace.name}", subtitle, tuple(s for s in sections if s.blocks))
+
+
+def _single_engine_sections(data: ReportData, trace_path: str | None) -> list[Section]:
+    """The sections over one-engine runs (fleet runs have their own section)."""
+    colors = plots.policy_colors(data.runs)
+    return [_summary(data), _curves(data, colors, trace_path), _tiers(data, colors), _movement(data, colors),
+            _prefix(data, colors)]
 
 
 def _slug(kind: str, *members: Semantics | Mode) -> str:

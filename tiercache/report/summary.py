@@ -68,8 +68,8 @@ def gap_closed(run: Run, lru: Run | None, belady: Run | None) -> float | None:
 
 def gaps_for(runs: list[Run]) -> dict[tuple, float | None]:
     """Gap closed of every run, by run key, computed within each (semantics, mode) group."""
-    gaps: dict[tuple, float | None] = {}
-    for group in by_group(runs).values():
+    gaps: dict[tuple, float | None] = {run.key: None for run in runs if run.is_fleet}  # a fleet is no capacity point
+    for group in by_group([run for run in runs if not run.is_fleet]).values():
         lru, belady = _reference(group, BASELINE), _reference(group, BELADY)
         for run in group:
             cap = run.capacity_blocks
@@ -99,6 +99,7 @@ def best_per_capacity(runs: tuple[Run, ...] | list[Run]) -> list[CapacityBest]:
 
     Ties go to the policy listed first in legend order, so LRU wins a tie with itself.
     """
+    runs = [r for r in runs if not r.is_fleet]  # a fleet replay is a configuration, not a capacity point
     order = {label: i for i, label in enumerate(policy_labels(runs))}
     result = []
     for (semantics, mode), group in by_group(runs).items():

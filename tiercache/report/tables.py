@@ -11,7 +11,7 @@ import io
 from dataclasses import dataclass
 from typing import Callable
 
-from ..config import TIER_NAMES, TraceKind
+from ..config import REMOTE_TIER, TIER_NAMES, TraceKind
 from ..results import LayoutInfo, TierRecord
 from . import fmt
 from .document import Table
@@ -23,6 +23,8 @@ __all__ = ["runs_table", "tier_table", "tiers_text", "codec_sentences", "best_ta
 # The hit split of item 13 (schema 3): None in files of older schemas, bytes without a layout,
 # seconds without hardware.
 _SPLIT_FIELDS = ("hits_in_place", "hits_promoted", "in_place_bytes", "promoted_bytes", "in_place_seconds", "promoted_seconds")
+# Tier names in column order (the shared remote tier of a fleet replay last).
+_TIERS = TIER_NAMES + (REMOTE_TIER,)
 _CSV_TIER_FIELDS = ("capacity_blocks", "codec", "block_bytes", "hits", "evictions", "demotions", "promotions") + _SPLIT_FIELDS
 
 
@@ -56,7 +58,7 @@ def _base_columns() -> list[_Column]:
         _Column("semantics", False, lambda r, g: r.semantics.value),
         _Column("hierarchy", False, lambda r, g: r.mode.value),
         _Column("capacity (blocks)", True, lambda r, g: fmt.integer(r.capacity_blocks)),
-        _Column("tiers (blocks)", False, lambda r, g: tiers_text(r)),
+        _Column("tiers (blocks)", False, lambda r, g: tiers_text(r) + _fleet_text(r)),
         _Column("accesses", True, lambda r, g: fmt.integer(r.accesses)),
         _Column("hits", True, lambda r, g: fmt.integer(r.hits)),
         _Column("misses", True, lambda r, g: fmt.integer(r.misses)),
@@ -65,10 +67,15 @@ def _base_columns() -> list[_Column]:
     ]
 
 
+def _fleet_text(run: Run) -> str:
+    """``, 4 instances (round_robin)`` for a fleet run (private tiers are each instance's)."""
+    return f", {len(run.instances)} instances ({run.route})" if run.is_fleet else ""
+
+
 def _tier_columns(runs: tuple[Run, ...]) -> list[_Column]:
     if not any(r.is_hierarchy for r in runs):
         return []
-    present = [n for n in TIER_NAMES if any(t.name == n for r in runs for t in r.tiers)]
+    present = [n for n in _TIERS if any(t.name == n for r in runs for t in r.tiers)]
     return [_Column(f"{fmt.tier(n)} hits", True, lambda r, g, n=n: fmt.integer(sum(t.hits for t in r.tiers if t.name == n)))
             for n in present]
 
@@ -165,11 +172,13 @@ def _preset_rows(data: ReportData) -> list[tuple[str, str]]:
 
 
 def _csv_header(data: ReportData) -> list[str]:
-    tiers = [n for n in TIER_NAMES if any(t.name == n for r in data.runs for t in r.tiers)]
+    tiers = [n for n in _TIERS if any(t.name == n for r in data.runs for t in r.tiers)]
     links = sorted({k for r in data.runs for k in r.bytes_moved})
     parts = sorted({k for r in data.runs for k in r.modeled_seconds})
     header = ["policy", "admission", "semantics", "mode", "capacity_blocks", "accesses", "hits", "misses",
               "miss_ratio", "hit_ratio", "gap_closed"]
+    if any(r.is_fleet for r in data.runs):
+        header += ["instances", "route", "shared_writes"]
     header += [f"{n}_{field}" for n in tiers for field in _CSV_TIER_FIELDS]
     header += [f"bytes_{link}" for link in links] + [f"seconds_{part}" for part in parts]
     return header + ["prefill_tokens", "prefill_tokens_saved", "ttft_saved_s", "wall_seconds"]
@@ -183,6 +192,8 @@ def _csv_row(run: Run, gap: float | None) -> dict[str, object]:
         "prefill_tokens": run.prefill_tokens, "prefill_tokens_saved": run.prefill_tokens_saved,
         "ttft_saved_s": run.ttft_saved_s, "wall_seconds": run.wall_seconds,
     }
+    if run.is_fleet:
+        row |= {"instances": len(run.instances), "route": run.route, "shared_writes": run.shared_writes}
     for tier in run.tiers:
         for field in _CSV_TIER_FIELDS:
             row[f"{tier.name}_{field}"] = getattr(tier, field)

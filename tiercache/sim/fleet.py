@@ -17,32 +17,40 @@ Mooncake master and its eviction. Per request, in prefix semantics (``tiercache 
    into the view (as the live remote tier's demotion puts it).
 
 Routing: ``round_robin`` (request ``i`` to instance ``i % N``) or ``prefix_affinity`` (by a
-stable hash of the request's first block, so requests sharing a prefix meet). Results
-carry each instance's per-tier hits (``remote`` = shared-tier hits) and the store's own
-counters; ``shared=False`` runs the same fleet on private tiers alone (the baseline).
-With a hardware profile (``with_network`` for the remote links) each instance also carries
-modeled busy seconds per link and TTFT saved: prefill time of the tokens it reused minus
-the modeled seconds of the loads that brought them (remote -> DRAM -> HBM included),
-counted serially, as ``tiercache replay`` does.
+stable hash of the request's first block, so requests sharing a prefix meet). The result
+is one ``RunRecord`` of results.json (``tiercache replay --instances``): its ``instances``
+carry each instance's per-tier hits (``remote`` = shared-tier hits), its tiers the counters
+summed over the instances (the ``remote`` tier being the shared one), ``shared_writes`` the
+store's writes; ``shared=False`` runs the same fleet on private tiers alone (the baseline).
+A lower-tier hit is promoted to HBM or read in place, and charged on its link either way
+(``HitMeter``, as in ``tiercache replay``). With a hardware profile (``with_network`` for the
+remote links) each instance also carries modeled busy seconds per link and TTFT saved:
+prefill time of the tokens it reused minus the modeled seconds of the loads that brought
+them (remote -> DRAM -> HBM included), counted serially, as ``tiercache replay`` does.
 """
 
 from __future__ import annotations
 
 import enum
+import time
 from dataclasses import dataclass
 
-from tiercache.config import KVLayout, TierConfig
+import tiercache
+from tiercache.config import Codec, KVLayout, Mode, Semantics, TierConfig
 from tiercache.core.manager import TierManager
-from tiercache.core.stats import HierarchyStats
-from tiercache.policies import make_admission, make_eviction
+from tiercache.core.stats import HierarchyStats, TierCounters
+from tiercache.policies import get_eviction, make_admission, make_eviction
 from tiercache.policies.base import AdmissionPolicy
+from tiercache.results import InstanceRecord, LayoutInfo, ResultsDocument, RunRecord
 
 from .engine import SimEngine
 from .hardware import HardwareProfile
+from .hitcost import HitCost, HitMeter
 from .loader import Trace
+from .replay import tier_record
 from .traces import MOONCAKE_BLOCK_TOKENS
 
-__all__ = ["Route", "FleetSpec", "replay_fleet"]
+__all__ = ["Route", "FleetSpec", "replay_fleet", "sweep_fleet", "check_fleet_policy"]
 
 
 class Route(enum.Enum):
@@ -68,6 +76,8 @@ class FleetSpec:
             raise ValueError(f"FleetSpec.instances must be at least 1, got {self.instances}")
         if not self.tiers or any(t.name == "remote" for t in self.tiers):
             raise ValueError("FleetSpec.tiers: the private tiers (hbm[, dram][, nvme]); the shared one is remote_blocks")
+        if any(t.codec is not Codec.NONE for t in self.tiers):
+            raise ValueError("FleetSpec.tiers: a fleet replay does not model quantised tiers (codec none only)")
         if self.remote_blocks < 0:
             raise ValueError(f"FleetSpec.remote_blocks must be non-negative, got {self.remote_blocks}")
 
@@ -96,12 +106,17 @@ class _Instance:
         self.manager = TierManager(tiers, [make_eviction(spec.policy, c) for _, c in tiers], admissions,
                                    engine=self.engine, shared_last=shared)
         self.stats = HierarchyStats.for_tiers(tiers)
+        self.meter = HitMeter(self.engine, len(tiers))
         self.requests = 0
         self.saved_tokens = 0
         self.remote = len(tiers) - 1 if shared else None
 
     def consume(self) -> None:
-        self.stats.consume(self.manager.events.drain())
+        """Counts the events since the last call (a drained batch never splits a hit from the
+        promotion or skipped promotion before it: both come from one access)."""
+        events = self.manager.events.drain()
+        self.stats.consume(events)
+        self.meter.consume(events)
 
 
 class _Store:
@@ -176,10 +191,10 @@ def _route(route: Route, request: int, first_block: int, n: int) -> int:
 
 
 def replay_fleet(spec: FleetSpec, trace: Trace, layout: KVLayout | None = None, shared: bool = True,
-                 profile: HardwareProfile | None = None) -> dict:
-    """Replays ``trace`` over the fleet; returns per-instance and shared-tier results.
+                 profile: HardwareProfile | None = None) -> RunRecord:
+    """Replays ``trace`` over the fleet; returns the run's record with its ``instances``.
 
-    With ``layout`` the results carry bytes per link (blocks of ``layout.block_bytes``);
+    With ``layout`` the record carries bytes per link (blocks of ``layout.block_bytes``);
     with ``profile`` (which needs a layout) modeled seconds per link and TTFT saved.
     """
     if profile is not None and layout is None:
@@ -189,6 +204,7 @@ def replay_fleet(spec: FleetSpec, trace: Trace, layout: KVLayout | None = None, 
     instances = [_Instance(spec, shared, block_bytes, profile) for _ in range(spec.instances)]
     store = _Store(spec.remote_blocks, spec.policy) if shared else None
     ids, offsets, lengths = trace.ids.tolist(), trace.offsets.tolist(), trace.input_lengths
+    started = time.perf_counter()
     for request in range(trace.records):
         run = ids[offsets[request] : offsets[request + 1]]
         if not run:
@@ -201,41 +217,94 @@ def replay_fleet(spec: FleetSpec, trace: Trace, layout: KVLayout | None = None, 
     for each in instances:
         each.consume()
         each.manager.check_invariants()
-    return _results(spec, instances, store, block_bytes, profile)
+    wall = time.perf_counter() - started
+    return _record(spec, instances, store, layout, profile, int(trace.input_lengths.sum()), wall)
 
 
 _SPEED = {"hbm": 0, "dram": 1, "nvme": 2, "remote": 3}
 
 
-def _timing(instance: _Instance, profile: HardwareProfile | None) -> dict:
-    """Modeled busy seconds per link and TTFT saved (None without a profile)."""
-    if profile is None:
-        return {"link_seconds": None, "ttft_saved_s": None}
-    usage = instance.engine.usage
-    loads = sum(u.seconds for link, u in usage.items() if _SPEED[link.split("->")[1]] < _SPEED[link.split("->")[0]])
-    saved = instance.saved_tokens / profile.require_prefill().prefill_tokens_per_s - loads
-    return {"link_seconds": {link: round(u.seconds, 6) for link, u in sorted(usage.items())}, "ttft_saved_s": round(saved, 6)}
+def _load_seconds(instance: _Instance) -> float:
+    """Busy seconds of the links that bring blocks up (towards HBM): the TTFT path."""
+    return sum(u.seconds for link, u in instance.engine.usage.items()
+               if _SPEED[link.split("->")[1]] < _SPEED[link.split("->")[0]])
 
 
-def _results(spec: FleetSpec, instances: list[_Instance], store: _Store | None, block_bytes: int | None,
-             profile: HardwareProfile | None) -> dict:
-    rows = []
-    for index, instance in enumerate(instances):
-        stats = instance.stats
-        tiers = {t.name: t.hits for t in stats.tiers}
-        moved = {f"{stats.tiers[s].name}->{stats.tiers[d].name}": n for (s, d), n in stats.blocks_moved().items()}
-        rows.append({"instance": index, "requests": instance.requests, "accesses": stats.accesses, "hits": stats.hits,
-                     "misses": stats.misses, "tier_hits": tiers, "shared_hits": tiers.get("remote", 0),
-                     "blocks_moved": moved, "prefill_tokens_saved": instance.saved_tokens,
-                     "bytes_moved": None if block_bytes is None else {k: v * block_bytes for k, v in moved.items()},
-                     **_timing(instance, profile)})
-    accesses, hits = sum(r["accesses"] for r in rows), sum(r["hits"] for r in rows)
-    return {"instances": rows, "route": spec.route.value, "policy": spec.policy,
-            "tiers": {t.name: t.capacity_blocks for t in spec.tiers}, "remote_blocks": spec.remote_blocks if store else 0,
-            "accesses": accesses, "hits": hits, "hit_ratio": hits / accesses if accesses else 0.0,
-            "shared_hits": sum(r["shared_hits"] for r in rows),
-            "prefill_tokens_saved": sum(r["prefill_tokens_saved"] for r in rows),
-            "ttft_saved_s": None if profile is None else round(sum(r["ttft_saved_s"] for r in rows), 6),
-            "hardware": None if profile is None else profile.name,
-            "store": None if store is None else {"capacity": spec.remote_blocks, "resident": len(store.slot_of),
-                                                  "writes": store.writes}}
+def _instance_record(index: int, instance: _Instance, layout: KVLayout | None, profile: HardwareProfile | None) -> InstanceRecord:
+    stats, usage = instance.stats, sorted(instance.engine.usage.items())
+    ttft = None
+    if profile is not None:
+        ttft = round(instance.saved_tokens / profile.require_prefill().prefill_tokens_per_s - _load_seconds(instance), 6)
+    return InstanceRecord(
+        instance=index, requests=instance.requests, accesses=stats.accesses, hits=stats.hits, misses=stats.misses,
+        tier_hits={t.name: t.hits for t in stats.tiers}, bytes_moved={k: u.bytes for k, u in usage} if layout else {},
+        modeled_seconds={k: round(u.seconds, 6) for k, u in usage} if profile else {},
+        prefill_tokens_saved=instance.saved_tokens, ttft_saved_s=ttft)
+
+
+def _summed_tier(instances: list[_Instance], tier: int, layout: KVLayout | None, has_seconds: bool):
+    """One tier's counters and hit costs summed over the instances, as a ``TierRecord``."""
+    first = instances[0].stats.tiers[tier]
+    counters, cost = TierCounters(first.name, first.capacity_blocks), HitCost()
+    for instance in instances:
+        for key, value in instance.stats.tiers[tier].as_dict().items():
+            if key not in ("name", "capacity_blocks"):
+                setattr(counters, key, getattr(counters, key) + value)
+        for key, value in instance.meter.costs[tier].__dict__.items():
+            setattr(cost, key, getattr(cost, key) + value)
+    return tier_record(counters, cost, layout is not None, has_seconds, Codec.NONE, layout)
+
+
+def _summed(mappings) -> dict:
+    total: dict = {}
+    for mapping in mappings:
+        for key, value in mapping.items():
+            total[key] = total.get(key, 0) + value
+    return dict(sorted(total.items()))
+
+
+def _record(spec: FleetSpec, instances: list[_Instance], store: _Store | None, layout: KVLayout | None,
+            profile: HardwareProfile | None, prefill_tokens: int, wall: float) -> RunRecord:
+    rows = tuple(_instance_record(i, each, layout, profile) for i, each in enumerate(instances))
+    tiers = tuple(_summed_tier(instances, t, layout, profile is not None) for t in range(len(instances[0].stats.tiers)))
+    accesses, hits = sum(r.accesses for r in rows), sum(r.hits for r in rows)
+    misses = accesses - hits
+    seconds = {k: round(v, 6) for k, v in _summed(r.modeled_seconds for r in rows).items()}
+    if profile is not None:
+        seconds["recompute"] = round(misses * MOONCAKE_BLOCK_TOKENS / profile.prefill_tokens_per_s, 6)
+        seconds["total"] = round(sum(seconds.values()), 6)
+    return RunRecord(
+        policy=spec.policy, admission="always", semantics=Semantics.PREFIX,
+        mode=Mode.EXCLUSIVE if len(tiers) > 1 else Mode.SINGLE, capacity_blocks=sum(t.capacity_blocks for t in tiers),
+        accesses=accesses, hits=hits, misses=misses, recomputed=sum(i.stats.recomputed for i in instances),
+        miss_ratio=misses / accesses if accesses else 0.0, hit_ratio=hits / accesses if accesses else 0.0,
+        tiers=tiers, wall_seconds=round(wall, 4), bytes_moved=_summed(r.bytes_moved for r in rows),
+        modeled_seconds=seconds, prefill_tokens=prefill_tokens, prefill_tokens_saved=sum(r.prefill_tokens_saved for r in rows),
+        ttft_saved_s=None if profile is None else round(sum(r.ttft_saved_s for r in rows), 6),
+        instances=rows, route=spec.route.value, shared_writes=None if store is None else store.writes)
+
+
+def check_fleet_policy(policy: str) -> None:
+    """A fleet's instances run online: a policy that reads the future (Belady) cannot run.
+
+    Raises:
+        ValueError: ``policy`` needs the future of the accesses.
+    """
+    if getattr(get_eviction(policy), "needs_future", False):
+        raise ValueError(f"{policy} reads the future of each tier's accesses, which a fleet replay does not hand "
+                         "its instances; give online policies")
+
+
+def sweep_fleet(trace: Trace, specs: list[FleetSpec], layout: KVLayout | None, profile: HardwareProfile | None,
+                command: str) -> ResultsDocument:
+    """A results document of fleet replays: per spec, the run with its shared tier (when it
+    has one) followed by the same fleet on private tiers alone (the shared tier's baseline)."""
+    runs = []
+    for spec in specs:
+        check_fleet_policy(spec.policy)
+        if spec.remote_blocks:
+            runs.append(replay_fleet(spec, trace, layout, profile=profile))
+        runs.append(replay_fleet(spec, trace, layout, shared=False, profile=profile))
+    return ResultsDocument(tiercache_version=tiercache.__version__, command=command, trace=trace.info(),
+                           layout=None if layout is None else LayoutInfo.from_layout(layout),
+                           hardware=None if profile is None else profile.name, runs=tuple(runs))

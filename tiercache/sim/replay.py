@@ -20,7 +20,7 @@ from typing import Callable
 
 import numpy as np
 
-from tiercache.config import TIER_NAMES, KVLayout, TierConfig
+from tiercache.config import TIER_NAMES, Codec, KVLayout, TierConfig
 from tiercache.core.decode import StepDriver
 from tiercache.core.manager import TierManager
 from tiercache.core.stats import HierarchyStats, TierCounters
@@ -36,7 +36,7 @@ from .prep import dense_and_next_use
 from .steptrace import DecodeFields
 from .traces import MOONCAKE_BLOCK_TOKENS
 
-__all__ = ["RunSpec", "ReplayData", "replay", "use_kernels", "Semantics"]
+__all__ = ["RunSpec", "ReplayData", "replay", "use_kernels", "tier_record", "Semantics"]
 
 
 @dataclass(frozen=True)
@@ -319,7 +319,7 @@ def run_record(spec: RunSpec, data: ReplayData, stats: HierarchyStats, meter: Hi
     """The record of one run (an entry of results.json's ``runs``)."""
     accesses, engine = stats.accesses, meter.engine
     layout, profile = data.layout, data.profile
-    tiers = tuple(_tier_record(t, c, layout is not None, profile is not None, config, layout)
+    tiers = tuple(tier_record(t, c, layout is not None, profile is not None, config.codec, layout)
                   for t, c, config in zip(stats.tiers, meter.costs, spec.tiers))
     return RunRecord(
         policy=spec.policy, admission=spec.admission, semantics=spec.semantics, mode=spec.mode,
@@ -333,8 +333,8 @@ def run_record(spec: RunSpec, data: ReplayData, stats: HierarchyStats, meter: Hi
     )
 
 
-def _tier_record(counters: TierCounters, cost: HitCost, has_bytes: bool, has_seconds: bool, config: TierConfig,
-                 layout: KVLayout | None) -> TierRecord:
+def tier_record(counters: TierCounters, cost: HitCost, has_bytes: bool, has_seconds: bool, codec: Codec,
+                layout: KVLayout | None) -> TierRecord:
     """A tier's counters and its hits split by how they were served (bytes need a layout,
     seconds hardware too), with its codec and bytes per block."""
     if cost.in_place + cost.promoted != counters.hits:
@@ -344,8 +344,7 @@ def _tier_record(counters: TierCounters, cost: HitCost, has_bytes: bool, has_sec
              "promoted_bytes": cost.promoted_bytes if has_bytes else None,
              "in_place_seconds": round(cost.in_place_seconds, 6) if has_seconds else None,
              "promoted_seconds": round(cost.promoted_seconds, 6) if has_seconds else None}
-    return TierRecord(**counters.as_dict(), **costs, codec=config.codec.value,
-                      block_bytes=config.codec.block_bytes(layout) if layout else None)
+    return TierRecord(**counters.as_dict(), **costs, codec=codec.value, block_bytes=codec.block_bytes(layout) if layout else None)
 
 
 def _modeled_seconds(stats: HierarchyStats, engine: SimEngine, data: ReplayData) -> dict:

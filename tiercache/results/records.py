@@ -7,7 +7,14 @@ manager keeps. Metadata plane: no torch, no numpy.
 
 Versions:
 
-* **4** (written now): ``"schema_version": 4``. New against version 3: each tier's
+* **5** (written now): ``"schema_version": 5``. New against version 4: each run's
+  ``instances`` (null, or for a fleet replay over several engine instances one object per
+  instance: ``instance``, ``requests``, ``accesses``, ``hits``, ``misses``, ``tier_hits``
+  per tier, ``remote`` being the shared tier, ``bytes_moved`` and ``modeled_seconds`` per
+  link, ``prefill_tokens_saved``, ``ttft_saved_s``), ``route`` (null or how requests were
+  spread) and ``shared_writes`` (null or blocks written to the shared tier).
+* **4**: read with every field version 4 wrote required; the upgrade sets ``instances``,
+  ``route`` and ``shared_writes`` to ``None`` (version 4 replayed one engine). New against version 3: each tier's
   ``codec`` (how it stores blocks: ``"none"``, ``"int8"``, ``"fp8"``, ``"int4"``) and
   ``block_bytes`` (bytes one block takes in that tier, scales included; null without a
   layout). Transfers touching a quantised tier move its encoded bytes.
@@ -37,30 +44,25 @@ Reading is strict: an unknown version, a missing key or a value of the wrong typ
 
 from __future__ import annotations
 
-import enum
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
-from .config import Codec, KVLayout, Mode, Semantics, TraceKind
-from .errors import UserError
+from ..config import Codec, KVLayout, Mode, Semantics, TraceKind
+from ..errors import UserError
 
 __all__ = [
     "SCHEMA_VERSION", "READABLE_VERSIONS", "Semantics", "Mode", "TraceKind", "TraceInfo", "LayoutInfo", "TierRecord",
-    "RunRecord", "ResultsDocument", "run_label", "read_results", "write_results",
+    "InstanceRecord", "RunRecord", "ResultsDocument", "run_label", "read_results", "write_results",
 ]
 
 _CODEC_NAMES = tuple(c.value for c in Codec)
 
 #: The version ``ResultsDocument.to_json`` writes.
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 #: Versions ``ResultsDocument.from_json`` reads (older ones upgraded on reading).
-READABLE_VERSIONS = (1, 2, 3, 4)
-
-
-# Version 1 spelled the trace kinds in the singular.
-_V1_TRACE_KINDS = {"request": TraceKind.REQUESTS, "step": TraceKind.STEPS}
+READABLE_VERSIONS = (1, 2, 3, 4, 5)
 
 
 @dataclass(frozen=True)
@@ -159,6 +161,45 @@ class TierRecord:
 
 
 @dataclass(frozen=True)
+class InstanceRecord:
+    """One engine instance of a fleet replay: its requests, its hits per tier, its links.
+
+    Invariants: ``accesses == hits + misses``; ``hits`` is the sum of ``tier_hits``, whose
+    ``remote`` entry (present exactly when the fleet shares a remote tier) counts the hits the
+    shared tier served this instance. ``bytes_moved`` (per link) is empty without a layout,
+    ``modeled_seconds`` (busy seconds per link) and ``ttft_saved_s`` without hardware.
+    """
+
+    instance: int
+    requests: int
+    accesses: int
+    hits: int
+    misses: int
+    tier_hits: Mapping[str, int]
+    bytes_moved: Mapping[str, int]
+    modeled_seconds: Mapping[str, float]
+    prefill_tokens_saved: int
+    ttft_saved_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.hits + self.misses != self.accesses:
+            raise ValueError(f"instance {self.instance}: hits {self.hits} + misses {self.misses} != accesses {self.accesses}")
+        if sum(self.tier_hits.values()) != self.hits:
+            raise ValueError(f"instance {self.instance}: the tiers' hits do not add up to hits {self.hits}")
+        for name in ("tier_hits", "bytes_moved", "modeled_seconds"):
+            object.__setattr__(self, name, dict(getattr(self, name)))
+
+    @property
+    def shared_hits(self) -> int:
+        """Hits the shared remote tier served this instance (0 without one)."""
+        return self.tier_hits.get("remote", 0)
+
+    def to_json(self) -> dict:
+        """One entry of a run's ``instances`` list."""
+        return {k: dict(v) if isinstance(v, dict) else v for k, v in self.__dict__.items()}
+
+
+@dataclass(frozen=True)
 class RunRecord:
     """One replay: a policy at a capacity under one semantics and hierarchy mode.
 
@@ -167,6 +208,13 @@ class RunRecord:
     ``modeled_seconds`` (per link, ``recompute`` and ``total``) without a layout and hardware.
     The prefill figures are None outside prefix semantics (``ttft_saved_s`` also without a
     layout and hardware); ``recomputed`` is None only when upgraded from version 1.
+
+    A fleet replay (``instances`` set, one record per engine instance, ``route`` how requests
+    were spread) sums its instances: ``accesses``, ``hits``, ``misses`` and each tier's
+    counters are totals over the instances, a private tier's ``capacity_blocks`` is one
+    instance's, and the ``remote`` tier is the one shared tier (its capacity the store's, its
+    hits the shared hits); ``shared_writes`` counts blocks written to the shared tier (None
+    without one). ``route`` and ``shared_writes`` are None outside fleet replays.
     """
 
     policy: str
@@ -187,16 +235,40 @@ class RunRecord:
     prefill_tokens: int | None = None
     prefill_tokens_saved: int | None = None
     ttft_saved_s: float | None = None
+    instances: tuple[InstanceRecord, ...] | None = None
+    route: str | None = None
+    shared_writes: int | None = None
 
     def __post_init__(self) -> None:
         if self.hits + self.misses != self.accesses:
             raise ValueError(f"hits {self.hits} + misses {self.misses} != accesses {self.accesses}")
+        if self.instances is not None:
+            self._check_instances()
+        elif self.route is not None or self.shared_writes is not None:
+            raise ValueError("route and shared_writes belong to fleet runs (with instances)")
         if self.tiers and sum(t.hits for t in self.tiers) != self.hits:
             raise ValueError(f"the tiers' hits do not add up to hits {self.hits}")
         object.__setattr__(self, "tiers", tuple(self.tiers))
         # Plain dict copies (not read-only proxies): records cross process boundaries by pickle.
         object.__setattr__(self, "bytes_moved", dict(self.bytes_moved))
         object.__setattr__(self, "modeled_seconds", dict(self.modeled_seconds))
+
+    def _check_instances(self) -> None:
+        object.__setattr__(self, "instances", tuple(self.instances))
+        if not self.instances or self.route is None:
+            raise ValueError("a fleet run has at least one instance and a route")
+        if sum(i.hits for i in self.instances) != self.hits or sum(i.accesses for i in self.instances) != self.accesses:
+            raise ValueError(f"the instances' hits and accesses do not add up to the run's ({self.hits}, {self.accesses})")
+
+    @property
+    def is_fleet(self) -> bool:
+        """True for a fleet replay (runs over several engine instances' tiers)."""
+        return self.instances is not None
+
+    @property
+    def shared_hits(self) -> int:
+        """Hits served by the shared remote tier (0 without one)."""
+        return sum(t.hits for t in self.tiers if t.name == "remote")
 
     @property
     def label(self) -> str:
@@ -212,13 +284,15 @@ class RunRecord:
     def key(self) -> tuple:
         """What identifies a run among others of one trace (two runs with one key are the same run)."""
         shape = tuple((t.name, t.capacity_blocks, t.codec) for t in self.tiers)
-        return (self.policy, self.admission, self.semantics, self.mode, self.capacity_blocks, shape)
+        fleet = () if self.instances is None else (len(self.instances), self.route)
+        return (self.policy, self.admission, self.semantics, self.mode, self.capacity_blocks, shape) + fleet
 
     def to_json(self) -> dict:
         """One entry of results.json's ``runs`` list (every key present)."""
         record = dict(self.__dict__)
         record |= {"semantics": self.semantics.value, "mode": self.mode.value, "tiers": [t.to_json() for t in self.tiers],
-                   "bytes_moved": dict(self.bytes_moved), "modeled_seconds": dict(self.modeled_seconds)}
+                   "bytes_moved": dict(self.bytes_moved), "modeled_seconds": dict(self.modeled_seconds),
+                   "instances": None if self.instances is None else [i.to_json() for i in self.instances]}
         return record
 
 
@@ -268,7 +342,9 @@ class ResultsDocument:
             UserError: not a results document, an unknown version, or a missing or mistyped
                 field (the message names ``source`` and, for a run, its 1-based index).
         """
-        return _read_document(data, source)
+        from .reader import read_document  # the reader imports these records
+
+        return read_document(data, source)
 
 
 def read_results(path: str | Path) -> ResultsDocument:
@@ -303,180 +379,3 @@ def write_results(path: str | Path, document: ResultsDocument, option: str) -> N
             json.dump(document.to_json(), handle, indent=1)
     except OSError as exc:
         raise UserError(f"{option} {path}: cannot write: {exc.strerror or exc}") from None
-
-
-# ----------------------------------------------------------------------------- strict reader
-
-_BAD = object()  # what a converter returns for a value of the wrong type
-
-_HIT_SPLIT = ("hits_in_place", "hits_promoted", "in_place_bytes", "promoted_bytes", "in_place_seconds", "promoted_seconds")
-# Keys a version did not write (version 1: or wrote only when they applied): their value when absent.
-_V3_ABSENT = {"codec": "none", "block_bytes": None}
-_V2_ABSENT = _V3_ABSENT | dict.fromkeys(_HIT_SPLIT)
-_ABSENT = {4: {}, 3: _V3_ABSENT, 2: _V2_ABSENT, 1: _V2_ABSENT | {
-    "recomputed": None, "failed_transfers": None, "promote_skipped": None, "lost": None,
-    "bytes_moved": {}, "modeled_seconds": {}, "prefill_tokens": None, "prefill_tokens_saved": None, "ttft_saved_s": None,
-}}
-
-
-def _count(value: Any) -> Any:
-    return value if type(value) is int and value >= 0 else _BAD
-
-
-def _number(value: Any) -> Any:
-    return float(value) if type(value) in (int, float) else _BAD
-
-
-def _text(value: Any) -> Any:
-    return value if isinstance(value, str) else _BAD
-
-
-def _nullable(convert: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    return lambda value: None if value is None else convert(value)
-
-
-def _mapping(convert: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    def read(value: Any) -> Any:
-        if not isinstance(value, dict):
-            return _BAD
-        out = {str(k): convert(v) for k, v in value.items()}
-        return _BAD if _BAD in out.values() else out
-
-    return read
-
-
-def _member(kind: type[enum.Enum], aliases: Mapping[str, enum.Enum] | None = None) -> Callable[[Any], Any]:
-    known = {m.value: m for m in kind} | dict(aliases or {})
-    return lambda value: known.get(value, _BAD) if isinstance(value, str) else _BAD
-
-
-_DESCRIPTIONS = {_count: "a non-negative integer", _number: "a number", _text: "a string"}
-
-
-class _Object:
-    """One JSON object being read: typed fields whose errors name the file and the place."""
-
-    def __init__(self, value: Any, parent: str, label: str | None, version: int) -> None:
-        if not isinstance(value, dict):
-            raise UserError(f"{parent}: malformed {label!r} (expected an object, got {type(value).__name__})")
-        self.value, self.version = value, version
-        self.where = parent if label is None else f"{parent}: {label}"
-
-    def take(self, key: str, convert: Callable[[Any], Any], description: str = "") -> Any:
-        """The converted value of ``key``; absent keys follow the version's rules.
-
-        Raises:
-            UserError: the key is missing (and the version requires it) or mistyped.
-        """
-        if key not in self.value:
-            if key in _ABSENT[self.version]:
-                return _ABSENT[self.version][key]
-            raise UserError(f"{self.where}: missing field {key!r}")
-        raw = self.value[key]
-        out = convert(raw)
-        if out is _BAD:
-            raise UserError(f"{self.where}: field {key!r} must be {description or _DESCRIPTIONS[convert]}, got {raw!r}")
-        return out
-
-    def require(self, keys: tuple[str, ...]) -> None:
-        """Names every missing key at once (a hand-written file may lack several)."""
-        missing = [k for k in keys if k not in self.value and k not in _ABSENT[self.version]]
-        if missing:
-            raise UserError(f"{self.where}: missing field(s) {', '.join(missing)}")
-
-
-_TIER_COUNTS = ("capacity_blocks", "hits", "inserts", "evictions", "demotions", "promotions", "copies", "refused")
-_TIER_COUNTS_V2 = ("failed_transfers", "promote_skipped", "lost")
-_RUN_KEYS = ("policy", "admission", "semantics", "mode", "capacity_blocks", "accesses", "hits", "misses",
-             "miss_ratio", "hit_ratio", "tiers", "wall_seconds", "recomputed", "bytes_moved", "modeled_seconds",
-             "prefill_tokens", "prefill_tokens_saved", "ttft_saved_s")
-_LAYOUT_INTS = ("layers", "kv_heads", "head_dim", "block_tokens", "block_bytes")
-
-
-def _read_version(data: dict, source: str) -> int:
-    version = data.get("schema_version", 1)  # files without a version are version 1
-    if type(version) is not int or version not in READABLE_VERSIONS:
-        known = ", ".join(map(str, READABLE_VERSIONS))
-        raise UserError(f"{source}: results schema_version {version!r} is not one this tiercache reads ({known}); "
-                        "use the tiercache that wrote it, or rerun the sweep")
-    return version
-
-
-def _read_document(data: Any, source: str) -> ResultsDocument:
-    if not isinstance(data, dict):
-        raise UserError(f"{source}: not a results document (expected a JSON object with 'trace' and 'runs')")
-    version = _read_version(data, source)
-    top = _Object(data, source, None, version)
-    if not isinstance(data.get("trace"), dict):
-        raise UserError(f"{source}: not a results document (no 'trace' object)")
-    runs = data.get("runs")
-    if not isinstance(runs, list):
-        raise UserError(f"{source}: not a results document (no 'runs' list)")
-    if not runs:
-        raise UserError(f"{source}: the results file has no runs")
-    return ResultsDocument(
-        tiercache_version=top.take("tiercache_version", _text),
-        command=top.take("command", _text),
-        trace=_read_trace(_Object(data["trace"], source, "trace", version)),
-        layout=_read_layout(top.take("layout", lambda v: v), source, version),
-        hardware=top.take("hardware", _nullable(_text), "null or a preset name"),
-        runs=tuple(_read_run(entry, source, f"run {i}", version) for i, entry in enumerate(runs, start=1)),
-    )
-
-
-def _read_trace(obj: _Object) -> TraceInfo:
-    aliases = _V1_TRACE_KINDS if obj.version == 1 else {}
-    kinds = "/".join(aliases or [k.value for k in TraceKind])
-    return TraceInfo(
-        path=obj.take("path", _text), name=obj.take("name", _text), fingerprint=obj.take("fingerprint", _text),
-        kind=obj.take("kind", _member(TraceKind, aliases), kinds),
-        requests=obj.take("requests", _count), accesses=obj.take("accesses", _count),
-        unique_blocks=obj.take("unique_blocks", _count),
-    )
-
-
-def _read_layout(value: Any, source: str, version: int) -> LayoutInfo | None:
-    if value is None:
-        return None
-    obj = _Object(value, source, "layout", version)
-    obj.require(("name", "dtype", *_LAYOUT_INTS))
-    ints = {key: obj.take(key, _count) for key in _LAYOUT_INTS}
-    return LayoutInfo(name=obj.take("name", _text), dtype=obj.take("dtype", _text), **ints)
-
-
-def _read_tier(value: Any, parent: str, label: str, version: int) -> TierRecord:
-    obj = _Object(value, parent, label, version)
-    obj.require(("name", *_TIER_COUNTS, *_TIER_COUNTS_V2, *_HIT_SPLIT, "codec", "block_bytes"))
-    counts = {key: obj.take(key, _count) for key in _TIER_COUNTS}
-    later = {key: obj.take(key, _nullable(_count), "null or a non-negative integer") for key in _TIER_COUNTS_V2 + _HIT_SPLIT[:4]}
-    seconds = {key: obj.take(key, _nullable(_number), "null or a number") for key in _HIT_SPLIT[4:]}
-    codec = obj.take("codec", lambda v: v if v in _CODEC_NAMES else _BAD, f"one of {', '.join(_CODEC_NAMES)}")
-    block_bytes = obj.take("block_bytes", _nullable(_count), "null or a non-negative integer")
-    try:
-        return TierRecord(name=obj.take("name", _text), **counts, **later, **seconds, codec=codec, block_bytes=block_bytes)
-    except ValueError as exc:
-        raise UserError(f"{obj.where}: inconsistent counts: {exc}") from None
-
-
-def _read_run(value: Any, source: str, label: str, version: int) -> RunRecord:
-    obj = _Object(value, source, label, version)
-    obj.require(_RUN_KEYS)
-    tiers = obj.take("tiers", lambda v: v if isinstance(v, list) else _BAD, "a list of tier objects")
-    fields = {
-        **{key: obj.take(key, _text) for key in ("policy", "admission")},
-        "semantics": obj.take("semantics", _member(Semantics), "/".join(m.value for m in Semantics)),
-        "mode": obj.take("mode", _member(Mode), "/".join(m.value for m in Mode)),
-        **{key: obj.take(key, _count) for key in ("capacity_blocks", "accesses", "hits", "misses")},
-        "recomputed": obj.take("recomputed", _nullable(_count), "null or a non-negative integer"),
-        **{key: obj.take(key, _number) for key in ("miss_ratio", "hit_ratio", "wall_seconds")},
-        "tiers": tuple(_read_tier(t, obj.where, f"tier {i}", version) for i, t in enumerate(tiers, start=1)),
-        "bytes_moved": obj.take("bytes_moved", _mapping(_count), "an object of byte counts per link"),
-        "modeled_seconds": obj.take("modeled_seconds", _mapping(_number), "an object of seconds"),
-        "prefill_tokens": obj.take("prefill_tokens", _nullable(_count), "null or a non-negative integer"),
-        "prefill_tokens_saved": obj.take("prefill_tokens_saved", _nullable(_count), "null or a non-negative integer"),
-        "ttft_saved_s": obj.take("ttft_saved_s", _nullable(_number), "null or a number"),
-    }
-    try:
-        return RunRecord(**fields)
-    except ValueError as exc:  # the record's own invariants (counts that do not add up)
-        raise UserError(f"{obj.where}: inconsistent counts: {exc}") from None

@@ -1,0 +1,232 @@
+"""The strict reader of results.json: every version this tiercache reads, checked field by field.
+
+Errors name the file and, for a run, its 1-based index; absent keys follow the version's
+rules (``_ABSENT``: what each older version did not write, read as "not recorded").
+Metadata plane: no torch, no numpy.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any, Callable, Mapping
+
+from ..config import Codec
+from ..errors import UserError
+from .records import (
+    READABLE_VERSIONS, InstanceRecord, LayoutInfo, Mode, ResultsDocument, RunRecord, Semantics, TierRecord, TraceInfo, TraceKind,
+)
+
+__all__ = ["read_document"]
+
+_CODEC_NAMES = tuple(c.value for c in Codec)
+# Version 1 spelled the trace kinds in the singular.
+_V1_TRACE_KINDS = {"request": TraceKind.REQUESTS, "step": TraceKind.STEPS}
+
+
+# ----------------------------------------------------------------------------- strict reader
+
+_BAD = object()  # what a converter returns for a value of the wrong type
+
+_HIT_SPLIT = ("hits_in_place", "hits_promoted", "in_place_bytes", "promoted_bytes", "in_place_seconds", "promoted_seconds")
+# Keys a version did not write (version 1: or wrote only when they applied): their value when absent.
+_V4_ABSENT = {"instances": None, "route": None, "shared_writes": None}
+_V3_ABSENT = _V4_ABSENT | {"codec": "none", "block_bytes": None}
+_V2_ABSENT = _V3_ABSENT | dict.fromkeys(_HIT_SPLIT)
+_ABSENT = {5: {}, 4: _V4_ABSENT, 3: _V3_ABSENT, 2: _V2_ABSENT, 1: _V2_ABSENT | {
+    "recomputed": None, "failed_transfers": None, "promote_skipped": None, "lost": None,
+    "bytes_moved": {}, "modeled_seconds": {}, "prefill_tokens": None, "prefill_tokens_saved": None, "ttft_saved_s": None,
+}}
+
+
+def _count(value: Any) -> Any:
+    return value if type(value) is int and value >= 0 else _BAD
+
+
+def _number(value: Any) -> Any:
+    return float(value) if type(value) in (int, float) else _BAD
+
+
+def _text(value: Any) -> Any:
+    return value if isinstance(value, str) else _BAD
+
+
+def _nullable(convert: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    return lambda value: None if value is None else convert(value)
+
+
+def _mapping(convert: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    def read(value: Any) -> Any:
+        if not isinstance(value, dict):
+            return _BAD
+        out = {str(k): convert(v) for k, v in value.items()}
+        return _BAD if _BAD in out.values() else out
+
+    return read
+
+
+def _member(kind: type[enum.Enum], aliases: Mapping[str, enum.Enum] | None = None) -> Callable[[Any], Any]:
+    known = {m.value: m for m in kind} | dict(aliases or {})
+    return lambda value: known.get(value, _BAD) if isinstance(value, str) else _BAD
+
+
+_DESCRIPTIONS = {_count: "a non-negative integer", _number: "a number", _text: "a string"}
+
+
+class _Object:
+    """One JSON object being read: typed fields whose errors name the file and the place."""
+
+    def __init__(self, value: Any, parent: str, label: str | None, version: int) -> None:
+        if not isinstance(value, dict):
+            raise UserError(f"{parent}: malformed {label!r} (expected an object, got {type(value).__name__})")
+        self.value, self.version = value, version
+        self.where = parent if label is None else f"{parent}: {label}"
+
+    def take(self, key: str, convert: Callable[[Any], Any], description: str = "") -> Any:
+        """The converted value of ``key``; absent keys follow the version's rules.
+
+        Raises:
+            UserError: the key is missing (and the version requires it) or mistyped.
+        """
+        if key not in self.value:
+            if key in _ABSENT[self.version]:
+                return _ABSENT[self.version][key]
+            raise UserError(f"{self.where}: missing field {key!r}")
+        raw = self.value[key]
+        out = convert(raw)
+        if out is _BAD:
+            raise UserError(f"{self.where}: field {key!r} must be {description or _DESCRIPTIONS[convert]}, got {raw!r}")
+        return out
+
+    def require(self, keys: tuple[str, ...]) -> None:
+        """Names every missing key at once (a hand-written file may lack several)."""
+        missing = [k for k in keys if k not in self.value and k not in _ABSENT[self.version]]
+        if missing:
+            raise UserError(f"{self.where}: missing field(s) {', '.join(missing)}")
+
+
+_TIER_COUNTS = ("capacity_blocks", "hits", "inserts", "evictions", "demotions", "promotions", "copies", "refused")
+_TIER_COUNTS_V2 = ("failed_transfers", "promote_skipped", "lost")
+_RUN_KEYS = ("policy", "admission", "semantics", "mode", "capacity_blocks", "accesses", "hits", "misses",
+             "miss_ratio", "hit_ratio", "tiers", "wall_seconds", "recomputed", "bytes_moved", "modeled_seconds",
+             "prefill_tokens", "prefill_tokens_saved", "ttft_saved_s", "instances", "route", "shared_writes")
+_INSTANCE_KEYS = ("instance", "requests", "accesses", "hits", "misses", "tier_hits", "bytes_moved", "modeled_seconds",
+                  "prefill_tokens_saved", "ttft_saved_s")
+_LAYOUT_INTS = ("layers", "kv_heads", "head_dim", "block_tokens", "block_bytes")
+
+
+def _read_version(data: dict, source: str) -> int:
+    version = data.get("schema_version", 1)  # files without a version are version 1
+    if type(version) is not int or version not in READABLE_VERSIONS:
+        known = ", ".join(map(str, READABLE_VERSIONS))
+        raise UserError(f"{source}: results schema_version {version!r} is not one this tiercache reads ({known}); "
+                        "use the tiercache that wrote it, or rerun the sweep")
+    return version
+
+
+def read_document(data: Any, source: str) -> ResultsDocument:
+    """``ResultsDocument.from_json``: reads a parsed results.json strictly."""
+    if not isinstance(data, dict):
+        raise UserError(f"{source}: not a results document (expected a JSON object with 'trace' and 'runs')")
+    version = _read_version(data, source)
+    top = _Object(data, source, None, version)
+    if not isinstance(data.get("trace"), dict):
+        raise UserError(f"{source}: not a results document (no 'trace' object)")
+    runs = data.get("runs")
+    if not isinstance(runs, list):
+        raise UserError(f"{source}: not a results document (no 'runs' list)")
+    if not runs:
+        raise UserError(f"{source}: the results file has no runs")
+    return ResultsDocument(
+        tiercache_version=top.take("tiercache_version", _text),
+        command=top.take("command", _text),
+        trace=_read_trace(_Object(data["trace"], source, "trace", version)),
+        layout=_read_layout(top.take("layout", lambda v: v), source, version),
+        hardware=top.take("hardware", _nullable(_text), "null or a preset name"),
+        runs=tuple(_read_run(entry, source, f"run {i}", version) for i, entry in enumerate(runs, start=1)),
+    )
+
+
+def _read_trace(obj: _Object) -> TraceInfo:
+    aliases = _V1_TRACE_KINDS if obj.version == 1 else {}
+    kinds = "/".join(aliases or [k.value for k in TraceKind])
+    return TraceInfo(
+        path=obj.take("path", _text), name=obj.take("name", _text), fingerprint=obj.take("fingerprint", _text),
+        kind=obj.take("kind", _member(TraceKind, aliases), kinds),
+        requests=obj.take("requests", _count), accesses=obj.take("accesses", _count),
+        unique_blocks=obj.take("unique_blocks", _count),
+    )
+
+
+def _read_layout(value: Any, source: str, version: int) -> LayoutInfo | None:
+    if value is None:
+        return None
+    obj = _Object(value, source, "layout", version)
+    obj.require(("name", "dtype", *_LAYOUT_INTS))
+    ints = {key: obj.take(key, _count) for key in _LAYOUT_INTS}
+    return LayoutInfo(name=obj.take("name", _text), dtype=obj.take("dtype", _text), **ints)
+
+
+def _read_tier(value: Any, parent: str, label: str, version: int) -> TierRecord:
+    obj = _Object(value, parent, label, version)
+    obj.require(("name", *_TIER_COUNTS, *_TIER_COUNTS_V2, *_HIT_SPLIT, "codec", "block_bytes"))
+    counts = {key: obj.take(key, _count) for key in _TIER_COUNTS}
+    later = {key: obj.take(key, _nullable(_count), "null or a non-negative integer") for key in _TIER_COUNTS_V2 + _HIT_SPLIT[:4]}
+    seconds = {key: obj.take(key, _nullable(_number), "null or a number") for key in _HIT_SPLIT[4:]}
+    codec = obj.take("codec", lambda v: v if v in _CODEC_NAMES else _BAD, f"one of {', '.join(_CODEC_NAMES)}")
+    block_bytes = obj.take("block_bytes", _nullable(_count), "null or a non-negative integer")
+    try:
+        return TierRecord(name=obj.take("name", _text), **counts, **later, **seconds, codec=codec, block_bytes=block_bytes)
+    except ValueError as exc:
+        raise UserError(f"{obj.where}: inconsistent counts: {exc}") from None
+
+
+def _read_run(value: Any, source: str, label: str, version: int) -> RunRecord:
+    obj = _Object(value, source, label, version)
+    obj.require(_RUN_KEYS)
+    tiers = obj.take("tiers", lambda v: v if isinstance(v, list) else _BAD, "a list of tier objects")
+    fields = {
+        **{key: obj.take(key, _text) for key in ("policy", "admission")},
+        "semantics": obj.take("semantics", _member(Semantics), "/".join(m.value for m in Semantics)),
+        "mode": obj.take("mode", _member(Mode), "/".join(m.value for m in Mode)),
+        **{key: obj.take(key, _count) for key in ("capacity_blocks", "accesses", "hits", "misses")},
+        "recomputed": obj.take("recomputed", _nullable(_count), "null or a non-negative integer"),
+        **{key: obj.take(key, _number) for key in ("miss_ratio", "hit_ratio", "wall_seconds")},
+        "tiers": tuple(_read_tier(t, obj.where, f"tier {i}", version) for i, t in enumerate(tiers, start=1)),
+        "bytes_moved": obj.take("bytes_moved", _mapping(_count), "an object of byte counts per link"),
+        "modeled_seconds": obj.take("modeled_seconds", _mapping(_number), "an object of seconds"),
+        "prefill_tokens": obj.take("prefill_tokens", _nullable(_count), "null or a non-negative integer"),
+        "prefill_tokens_saved": obj.take("prefill_tokens_saved", _nullable(_count), "null or a non-negative integer"),
+        "ttft_saved_s": obj.take("ttft_saved_s", _nullable(_number), "null or a number"),
+        "instances": _read_instances(obj),
+        "route": obj.take("route", _nullable(_text), "null or a route name"),
+        "shared_writes": obj.take("shared_writes", _nullable(_count), "null or a non-negative integer"),
+    }
+    try:
+        return RunRecord(**fields)
+    except ValueError as exc:  # the record's own invariants (counts that do not add up)
+        raise UserError(f"{obj.where}: inconsistent counts: {exc}") from None
+
+
+def _read_instances(run: _Object) -> tuple[InstanceRecord, ...] | None:
+    """A fleet run's ``instances`` list (None: a one-engine run)."""
+    entries = run.take("instances", _nullable(lambda v: v if isinstance(v, list) and v else _BAD),
+                       "null or a non-empty list of instance objects")
+    if entries is None:
+        return None
+    return tuple(_read_instance(e, run.where, f"instance {i}", run.version) for i, e in enumerate(entries, start=1))
+
+
+def _read_instance(value: Any, parent: str, label: str, version: int) -> InstanceRecord:
+    obj = _Object(value, parent, label, version)
+    obj.require(_INSTANCE_KEYS)
+    fields = {
+        **{key: obj.take(key, _count) for key in ("instance", "requests", "accesses", "hits", "misses", "prefill_tokens_saved")},
+        "tier_hits": obj.take("tier_hits", _mapping(_count), "an object of hit counts per tier"),
+        "bytes_moved": obj.take("bytes_moved", _mapping(_count), "an object of byte counts per link"),
+        "modeled_seconds": obj.take("modeled_seconds", _mapping(_number), "an object of seconds per link"),
+        "ttft_saved_s": obj.take("ttft_saved_s", _nullable(_number), "null or a number"),
+    }
+    try:
+        return InstanceRecord(**fields)
+    except ValueError as exc:
+        raise UserError(f"{obj.where}: inconsistent counts: {exc}") from None
