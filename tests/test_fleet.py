@@ -1,12 +1,16 @@
-"""Fleet replay (issue 11): N instances with private tiers plus one shared remote tier."""
+"""Fleet replay (issue 11, item 6): N instances with private tiers plus one shared remote tier,
+run by ``tiercache replay --instances N --tiers ...,remote=CAP`` and shown by ``tiercache report``."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import pytest
+
 from tiercache.cli import main
 from tiercache.config import TierConfig
+from tiercache.results import read_results
 from tiercache.sim.fleet import FleetSpec, Route, replay_fleet
 from tiercache.sim.loader import load_trace
 
@@ -24,46 +28,40 @@ def test_a_prefix_computed_by_one_instance_is_a_shared_hit_on_another(tmp_path):
     trace = _trace(tmp_path, [[1, 2, 3], [1, 2, 3, 4], [1, 2, 5]])
     spec = FleetSpec(2, (TierConfig("hbm", 8),), 16, Route.ROUND_ROBIN)
     shared = replay_fleet(spec, trace)
-    first, second = shared["instances"]
-    assert (first["requests"], second["requests"]) == (2, 1)
-    assert second["tier_hits"] == {"hbm": 0, "remote": 3} and second["misses"] == 1  # 1, 2, 3 from the store
-    assert first["tier_hits"] == {"hbm": 2, "remote": 0}  # request 3: 1, 2 still local
+    first, second = shared.instances
+    assert (first.requests, second.requests) == (2, 1)
+    assert second.tier_hits == {"hbm": 0, "remote": 3} and second.misses == 1  # 1, 2, 3 from the store
+    assert first.tier_hits == {"hbm": 2, "remote": 0}  # request 3: 1, 2 still local
+    assert [t.name for t in shared.tiers] == ["hbm", "remote"] and shared.shared_hits == 3
+    assert shared.tiers[1].hits_promoted == 3 and shared.tiers[1].capacity_blocks == 16  # promoted into HBM
     private = replay_fleet(spec, trace, shared=False)
-    assert private["instances"][1]["hits"] == 0 and private["hits"] == 2
-    assert shared["store"]["writes"] == 5  # 1..5, each written once
+    assert private.instances[1].hits == 0 and private.hits == 2 and private.shared_writes is None
+    assert shared.shared_writes == 5  # 1..5, each written once
+    assert shared.prefill_tokens_saved == 512 * 5 and shared.prefill_tokens == 512 * 10
 
 
 def test_prefix_affinity_routes_shared_prefixes_to_one_instance(tmp_path):
     trace = _trace(tmp_path, [[7, 8], [7, 8, 9], [7, 10]])
     result = replay_fleet(FleetSpec(3, (TierConfig("hbm", 8),), 0, Route.PREFIX_AFFINITY), trace)
-    assert sorted(r["requests"] for r in result["instances"]) == [0, 0, 3]
-    assert result["hits"] == 3 and result["shared_hits"] == 0 and result["store"] is None
+    assert sorted(r.requests for r in result.instances) == [0, 0, 3]
+    assert result.hits == 3 and result.shared_hits == 0 and result.shared_writes is None
+    assert result.route == "prefix_affinity" and len(result.tiers) == 1
 
 
 def test_the_shared_tier_turns_misses_into_shared_hits_and_changes_no_local_hit():
     trace = load_trace(HEAD)
     spec = FleetSpec(4, (TierConfig("hbm", 100), TierConfig("dram", 300)), 2000, Route.ROUND_ROBIN)
     shared, private = replay_fleet(spec, trace), replay_fleet(spec, trace, shared=False)
-    assert shared["accesses"] == private["accesses"] == len(trace.ids)
-    assert sum(r["requests"] for r in shared["instances"]) == trace.records
-    for with_tier, alone in zip(shared["instances"], private["instances"]):
+    assert shared.accesses == private.accesses == len(trace.ids)
+    assert sum(r.requests for r in shared.instances) == trace.records
+    for with_tier, alone in zip(shared.instances, private.instances):
         # every block of a request ends in HBM either way (promoted or recomputed), so the
         # local tiers evolve identically: the shared tier only turns misses into its hits
-        assert {t: with_tier["tier_hits"][t] for t in ("hbm", "dram")} == alone["tier_hits"]
-        assert with_tier["hits"] == alone["hits"] + with_tier["shared_hits"]
-    assert shared["shared_hits"] > 0
-
-
-def test_fleet_command_prints_per_instance_and_shared_hits_and_writes_a_report(tmp_path, capsys):
-    out = tmp_path / "fleet.json"
-    code = main(["fleet", str(HEAD), "--instances", "4", "--tiers", "hbm=100,dram=300", "--remote", "2000",
-                 "--model", "llama-3-8b", "--json", str(out), "--report", str(tmp_path / "report")])
-    printed = capsys.readouterr().out
-    assert code == 0 and "remote hits" in printed and "private tiers alone" in printed and "remote->hbm" in printed
-    result = json.loads(out.read_text())
-    assert len(result["shared"]["instances"]) == 4 and result["shared"]["shared_hits"] > 0
-    report = (tmp_path / "report" / "report.md").read_text()
-    assert "## With the shared tier" in report and "| all |" in report and (tmp_path / "report" / "fleet.png").stat().st_size > 1000
+        assert {t: with_tier.tier_hits[t] for t in ("hbm", "dram")} == alone.tier_hits
+        assert with_tier.hits == alone.hits + with_tier.shared_hits
+    assert shared.shared_hits > 0
+    for tier in shared.tiers:  # the run's tiers are the instances' counters summed
+        assert tier.hits == sum(i.tier_hits[tier.name] for i in shared.instances)
 
 
 def test_network_presets_model_remote_loads_and_ttft_saved(tmp_path):
@@ -75,11 +73,106 @@ def test_network_presets_model_remote_loads_and_ttft_saved(tmp_path):
     spec = FleetSpec(2, (TierConfig("hbm", 8),), 16, Route.ROUND_ROBIN)
     for network in ("tcp-25g", "rdma-400g"):
         profile = with_network(PRESETS["h200-pcie5-nvme4"], network)
-        second = replay_fleet(spec, trace, layout, profile=profile)["instances"][1]
+        second = replay_fleet(spec, trace, layout, profile=profile).instances[1]
         link = NETWORK_PRESETS[network]
         nbytes = 3 * layout.block_bytes  # blocks 1, 2, 3 read from the store: remote -> dram -> hbm, staged
         expected_load = link.seconds(nbytes) + profile.links["dram->hbm"].seconds(nbytes)
-        assert abs(second["link_seconds"]["remote->hbm"] - expected_load) < 1e-6  # results round to microseconds
+        assert abs(second.modeled_seconds["remote->hbm"] - expected_load) < 1e-6  # results round to microseconds
+        assert second.bytes_moved["remote->hbm"] == nbytes
         saved = 3 * 512 / profile.prefill_tokens_per_s - expected_load
-        assert abs(second["ttft_saved_s"] - saved) < 1e-6  # over 25 Gb/s TCP recompute is faster: negative
+        assert abs(second.ttft_saved_s - saved) < 1e-6  # over 25 Gb/s TCP recompute is faster: negative
         assert (saved < 0) == (network == "tcp-25g")
+
+
+# ----------------------------------------------------------------------------- the command
+
+FLEET = ["replay", str(HEAD), "--instances", "4", "--tiers", "hbm=100,dram=300,remote=2000", "--no-progress"]
+
+
+def test_replay_with_instances_prints_hits_and_writes_a_results_file_the_report_reads(tmp_path, capsys):
+    out = tmp_path / "fleet.json"
+    assert main(FLEET + ["--model", "llama-3-8b", "--hardware", "h200-pcie5-nvme4", "--network", "rdma-400g",
+                         "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "remote hits" in printed and "private tiers alone" in printed and "remote->hbm" in printed
+    document = read_results(out)
+    shared, private = document.runs
+    assert len(shared.instances) == 4 and shared.shared_hits > 0 and shared.route == "round_robin"
+    assert [t.name for t in private.tiers] == ["hbm", "dram"] and private.instances is not None
+    assert document.hardware == "h200-pcie5-nvme4+rdma-400g" and document.layout.name == "llama-3-8b"
+    row = next(line.split() for line in printed.splitlines() if line.split()[:1] == ["all"])
+    assert row[2:6] == [str(t.hits) for t in shared.tiers] + [str(shared.misses)]  # printed = recorded
+    assert json.loads(out.read_text())["schema_version"] == 5
+    assert main(["report", str(out), "-o", str(tmp_path / "report")]) == 0
+    report = (tmp_path / "report" / "report.md").read_text()
+    assert "## Fleet replay: per-instance and shared-tier hits" in report
+    assert "| instance | requests | hbm hits | dram hits | remote hits |" in report
+    per_instance = f"| 0 | {shared.instances[0].requests} | {shared.instances[0].tier_hits['hbm']} |"
+    assert per_instance in report and f"serves {shared.shared_hits} hits" in report and "remote->hbm GiB" in report
+    assert (tmp_path / "report" / "fleet_1.png").stat().st_size > 1000
+    header = (tmp_path / "report" / "results.csv").read_text().splitlines()[0].split(",")
+    assert {"instances", "route", "shared_writes", "remote_hits"} <= set(header)
+
+
+def test_a_remote_tier_without_instances_is_one_engine_with_a_remote_tier(tmp_path, capsys):
+    out = tmp_path / "one.json"
+    assert main(["replay", str(HEAD), "--tiers", "hbm=100,remote=2000", "--policy", "lru,fifo", "--out", str(out)]) == 0
+    runs = read_results(out).runs
+    assert [(r.policy, len(r.instances), [t.name for t in r.tiers]) for r in runs] == [
+        ("lru", 1, ["hbm", "remote"]), ("lru", 1, ["hbm"]), ("fifo", 1, ["hbm", "remote"]), ("fifo", 1, ["hbm"])]
+    # one engine writes all it computes to the remote tier and finds there what its HBM lost
+    assert runs[0].hits >= runs[1].hits and "1 instance(s)" in capsys.readouterr().out
+
+
+def test_a_report_merges_fleet_runs_with_one_engine_runs_of_the_same_trace(tmp_path, capsys):
+    fleet, single = tmp_path / "fleet.json", tmp_path / "single.json"
+    assert main(FLEET + ["--out", str(fleet)]) == 0
+    assert main(["replay", str(HEAD), "--tiers", "hbm=100,dram=300", "--semantics", "prefix", "--no-progress",
+                 "--out", str(single)]) == 0
+    assert main(["report", str(fleet), str(single), "-o", str(tmp_path / "r")]) == 0
+    report = (tmp_path / "r" / "report.md").read_text()
+    assert "## Fleet replay" in report and "## Per-tier hits" in report and "4 instances (round\\_robin)" in report
+
+
+def _error(capsys, *argv) -> str:
+    try:
+        code = main([str(a) for a in argv])
+    except SystemExit as exc:  # an argparse error
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    return err
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["--instances", "4", "--tiers", "hbm=100,dram=300"], "--instances 4: the instances of a fleet replay share a remote tier"),
+    (["--instances", "4"], "add remote=CAP to --tiers"),
+    (["--instances", "0", "--tiers", "hbm=100,remote=500"], "--instances: must be at least 1, got 0"),
+    (["--tiers", "hbm=100,remote=500,dram=300"], "remote=CAP must be given once, as the last tier"),
+    (["--tiers", "remote=500"], "need private tiers before remote"),
+    (["--tiers", "hbm=100,remote=500:int4"], "--tiers remote=500:int4: the shared tier stores blocks as given"),
+    (["--tiers", "hbm=100,dram=300:int8,remote=500"], "does not model quantised tiers (dram)"),
+    (["--tiers", "hbm=100,remote=500", "--semantics", "object"], "--semantics object: does not apply to a fleet replay"),
+    (["--tiers", "hbm=100,dram=300,remote=500", "--write-through"], "--write-through: does not apply to a fleet replay"),
+    (["--tiers", "hbm=100,remote=500", "--policy", "belady"], "--policy belady: belady reads the future"),
+    (["--tiers", "hbm=100,remote=500", "--capacity", "100"], "--capacity and --tiers are exclusive"),
+    (["--tiers", "hbm=100,remote=500", "--network", "rdma-200g"], "--network rdma-200g: models the shared tier's links"),
+    (["--tiers", "hbm=100,remote=500", "--hardware", "h200-pcie5-nvme4"], "--hardware needs --model or --layout"),
+    (["--tiers", "hbm=100,remote=8GiB"], "--tiers remote"),
+    (["--route", "prefix_affinity"], "--route prefix_affinity: applies to a fleet replay"),
+    (["--tiers", "hbm=100", "--network", "tcp-25g"], "--network tcp-25g: applies to a fleet replay"),
+])
+def test_bad_fleet_options_name_the_option(capsys, argv, fragment):
+    assert fragment in _error(capsys, "replay", HEAD, "--no-progress", *argv)
+
+
+def test_a_step_trace_is_refused_naming_the_fleet_options(tmp_path, capsys):
+    steps = tmp_path / "steps.jsonl"
+    steps.write_text('{"block_tokens": 16}\n{"step": 0, "layer": 0, "read": [], "write": [1]}\n')
+    err = _error(capsys, "replay", steps, "--instances", "2", "--tiers", "hbm=10,remote=50")
+    assert "is a step trace; a fleet replay (--instances, remote=CAP in --tiers) replays request traces" in err
+
+
+def test_compare_refuses_a_remote_tier(capsys, tmp_path):
+    err = _error(capsys, "compare", HEAD, "--tiers", "hbm=100,remote=500", "-o", tmp_path / "c", "--no-progress")
+    assert "a shared remote tier is replayed by tiercache replay" in err

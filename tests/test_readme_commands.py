@@ -47,3 +47,20 @@ def test_report_section_commands_run(tmp_path, monkeypatch):
     markdown = (tmp_path / "report-tiered" / "report.md").read_text()
     assert "Does the hierarchy pay off against HBM alone?" in markdown
     assert (tmp_path / "report" / "index.html").is_file()
+
+
+def test_fleet_section_output_is_what_replay_prints_and_its_report_runs(tmp_path, monkeypatch, capsys):
+    """The fleet replay of the README on the sample trace prints the README's figures, and the
+    report command after it shows the per-instance and shared-tier table."""
+    section = _section("### Fleet replay: sizing a shared tier for a fleet")
+    commands, printed = _blocks(section)[:2]
+    (tmp_path / "tests" / "data").mkdir(parents=True)
+    shutil.copy(ROOT / "tests" / "data" / "mooncake_synthetic_trace.jsonl", tmp_path / "tests" / "data")
+    monkeypatch.chdir(tmp_path)
+    replay, report = (shlex.split(line) for line in commands.splitlines() if line.strip())
+    assert replay[1:2] == ["replay"] and "--instances" in replay and report[1:2] == ["report"]
+    assert main(replay[1:]) == 0
+    assert capsys.readouterr().out.splitlines() == printed.splitlines()
+    assert main(report[1:]) == 0
+    markdown = (tmp_path / "fleet-report" / "report.md").read_text()
+    assert "| instance | requests | hbm hits | dram hits | remote hits |" in markdown and "private tiers alone" in markdown

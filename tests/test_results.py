@@ -12,6 +12,7 @@ from tiercache.core.stats import HierarchyStats, TierCounters
 from tiercache.errors import UserError
 from tiercache.results import (
     SCHEMA_VERSION,
+    InstanceRecord,
     LayoutInfo,
     Mode,
     ResultsDocument,
@@ -43,10 +44,17 @@ def full_document() -> ResultsDocument:
     )
     decode = dataclasses.replace(run, semantics=Semantics.DECODE, mode=Mode.EXCLUSIVE, prefill_tokens=None,
                                  prefill_tokens_saved=None, ttft_saved_s=None)
+    instances = (
+        InstanceRecord(0, 3, 400, 250, 150, {"hbm": 200, "dram": 30, "remote": 20}, {"remote->hbm": 1 << 20},
+                       {"remote->hbm": 0.25}, 90_000, 1.5),
+        InstanceRecord(1, 4, 600, 350, 250, {"hbm": 300, "dram": 20, "remote": 30}, {"remote->hbm": 3 << 20},
+                       {"remote->hbm": 0.5}, 210_000, -2.25),
+    )
+    fleet = dataclasses.replace(run, mode=Mode.EXCLUSIVE, instances=instances, route="prefix_affinity", shared_writes=42)
     return ResultsDocument(
         tiercache_version="9.9.9", command="tiercache replay t.jsonl --policy s3fifo",
         trace=TraceInfo("/data/t.jsonl", "t.jsonl", "ab" * 16, TraceKind.STEPS, 12, 1000, 321),
-        layout=LayoutInfo("custom", 2, 4, 8, "float16", 16, 2048), hardware="h200-pcie5-nvme4", runs=(run, decode),
+        layout=LayoutInfo("custom", 2, 4, 8, "float16", 16, 2048), hardware="h200-pcie5-nvme4", runs=(run, decode, fleet),
     )
 
 
@@ -59,7 +67,8 @@ def test_round_trip_keeps_every_field(tmp_path):
     assert read_results(path) == document
     # Every dataclass field is written under its own name (nothing dropped on the way out).
     for record, written in ((document.runs[0], data["runs"][0]), (document.runs[0].tiers[0], data["runs"][0]["tiers"][0]),
-                            (document.trace, data["trace"]), (document.layout, data["layout"])):
+                            (document.trace, data["trace"]), (document.layout, data["layout"]),
+                            (document.runs[2].instances[0], data["runs"][2]["instances"][0])):
         assert set(written) == {f.name for f in dataclasses.fields(record)}
     assert set(data) == {f.name for f in dataclasses.fields(document)}
 
@@ -76,9 +85,43 @@ def test_every_counter_the_manager_keeps_is_in_the_schema():
 _SPLIT = ("hits_in_place", "hits_promoted", "in_place_bytes", "promoted_bytes", "in_place_seconds", "promoted_seconds")
 
 
+def v4_document() -> dict:
+    """A file as version 4 wrote it: one engine per run (no instances, route, shared writes)."""
+    data = full_document().to_json()
+    data["schema_version"] = 4
+    del data["runs"][2]  # version 4 had no fleet runs
+    for run in data["runs"]:
+        del run["instances"], run["route"], run["shared_writes"]
+    return data
+
+
+def test_version_4_upgrade_reads_every_run_as_one_engine():
+    upgraded = ResultsDocument.from_json(v4_document(), "old.json")
+    assert all(r.instances is None and r.route is None and r.shared_writes is None and not r.is_fleet for r in upgraded.runs)
+    assert upgraded.runs == full_document().runs[:2]
+    assert ResultsDocument.from_json(json.loads(json.dumps(upgraded.to_json())), "new.json") == upgraded
+
+
+def test_version_4_still_requires_what_it_wrote():
+    data = v4_document()
+    del data["runs"][0]["ttft_saved_s"]
+    with pytest.raises(UserError, match=r"old.json: run 1: missing field\(s\) ttft_saved_s"):
+        ResultsDocument.from_json(data, "old.json")
+
+
+def test_a_fleet_run_keeps_its_instances_and_is_not_the_same_run_as_one_engine():
+    document = full_document()
+    fleet = document.runs[2]
+    assert fleet.is_fleet and [i.shared_hits for i in fleet.instances] == [20, 30]
+    assert fleet.key != document.runs[0].key  # same policy, semantics, mode and tiers, but over two instances
+    data = document.to_json()["runs"][2]
+    assert data["route"] == "prefix_affinity" and data["shared_writes"] == 42
+    assert data["instances"][1]["tier_hits"] == {"hbm": 300, "dram": 20, "remote": 30}
+
+
 def v3_document() -> dict:
     """A file as version 3 wrote it: no codec per tier."""
-    data = full_document().to_json()
+    data = v4_document()
     data["schema_version"] = 3
     for run in data["runs"]:
         for tier_entry in run["tiers"]:
@@ -162,7 +205,15 @@ def _mutated(change) -> dict:
 @pytest.mark.parametrize(
     "change, needle",
     [
-        (lambda d: d.update(schema_version=5), "r.json: results schema_version 5 is not one"),
+        (lambda d: d.update(schema_version=6), "r.json: results schema_version 6 is not one"),
+        (lambda d: d["runs"][0].pop("instances"), "r.json: run 1: missing field(s) instances"),
+        (lambda d: d["runs"][2].update(instances=[]), "r.json: run 3: field 'instances' must be null or a non-empty list"),
+        (lambda d: d["runs"][2]["instances"][1].pop("tier_hits"), "r.json: run 3: instance 2: missing field(s) tier_hits"),
+        (lambda d: d["runs"][2]["instances"][0].update(hits=251), "r.json: run 3: instance 1: inconsistent counts"),
+        (lambda d: d["runs"][2]["instances"][0]["tier_hits"].update(hbm=-1), "r.json: run 3: instance 1: field 'tier_hits'"),
+        (lambda d: d["runs"][2].update(route=None), "r.json: run 3: inconsistent counts: a fleet run has at least one"),
+        (lambda d: d["runs"][0].update(route="round_robin"), "r.json: run 1: inconsistent counts: route and shared_writes"),
+        (lambda d: d["runs"][2]["instances"][1].update(misses=0, accesses=350), "run 3: inconsistent counts: the instances'"),
         (lambda d: d["runs"][0]["tiers"][0].update(codec="int3"), "r.json: run 1: tier 1: field 'codec' must be one of none"),
         (lambda d: d["runs"][0]["tiers"][1].pop("codec"), "r.json: run 1: tier 2: missing field(s) codec"),
         (lambda d: d["runs"][0]["tiers"][0].pop("hits_in_place"), "r.json: run 1: tier 1: missing field(s) hits_in_place"),

@@ -67,12 +67,12 @@ def _check_options(args: argparse.Namespace, remote: str | None) -> None:
                         "remote=CAP to --tiers as its last tier (e.g. --tiers hbm=1000,dram=4000,remote=16000)")
     if args.instances is not None and args.instances < 1:
         raise UserError(f"--instances: must be at least 1, got {args.instances}")
-    refused = (("--semantics", args.semantics not in (None, "prefix"), "a fleet replay runs in prefix semantics"),
-               ("--admission", args.admission not in (None, "always"), "every tier of a fleet replay admits every block"),
-               ("--write-through", args.write_through, "a fleet replay's private tiers are exclusive"),
-               ("--prefetch", args.prefetch not in (None, "none"), "prefetch plans decode steps"),
-               ("--block-tokens", args.block_tokens is not None, "a fleet replays request traces (512-token blocks)"),
-               ("--workers", args.workers not in (None, 1), "a fleet replay runs in one process"))
+    refused = ((f"--semantics {args.semantics}", args.semantics not in (None, "prefix"), "it runs in prefix semantics"),
+               (f"--admission {args.admission}", args.admission not in (None, "always"), "its tiers admit every block"),
+               ("--write-through", args.write_through, "its private tiers are exclusive"),
+               (f"--prefetch {args.prefetch}", args.prefetch not in (None, "none"), "prefetch plans decode steps"),
+               ("--block-tokens", args.block_tokens is not None, "it replays request traces (512-token blocks)"),
+               (f"--workers {args.workers}", args.workers not in (None, 1), "it runs in one process"))
     for option, given, why in refused:
         if given:
             raise UserError(f"{option}: does not apply to a fleet replay (remote=CAP in --tiers): {why}")

@@ -66,7 +66,8 @@ def add_common_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tiers", action=Once, help="run a hierarchy instead, e.g. hbm=4096,dram=16GiB,nvme=65536; "
                                                      "':int8', ':fp8' or ':int4' after a capacity quantises that tier "
                                                      "(nvme=1TiB:int4: a size then counts quantised blocks) "
-                                                     "(sizes need --model or --layout; exclusive with --capacity)")
+                                                     "(sizes need --model or --layout; exclusive with --capacity); "
+                                                     "remote=CAP last (replay only): a shared remote tier, see --instances")
     parser.add_argument("--semantics", action=Once, help="object, prefix, or both (= object,prefix) (default: object); "
                                                          "request traces only: step traces replay as decode")
     parser.add_argument("--admission", action=Once, help="admission policy of the lower tiers of --tiers (default: always)")

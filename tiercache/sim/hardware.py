@@ -10,8 +10,8 @@ define ``dram->hbm``, ``hbm->dram``, ``nvme->dram`` and ``dram->nvme``; ``nvme->
 ``hbm->nvme``, unless given explicitly (GPUDirect Storage), are staged through DRAM and
 cost the sum of both hops (no overlap between the hops of one transfer is assumed).
 
-A shared remote tier (``tiercache fleet``) adds the network links ``remote->dram`` and
-``dram->remote`` (``with_network`` and the ``NETWORK_PRESETS``); ``remote->hbm`` and
+A shared remote tier (a fleet replay, ``tiercache replay --instances``) adds the network
+links ``remote->dram`` and ``dram->remote`` (``with_network`` and the ``NETWORK_PRESETS``); ``remote->hbm`` and
 ``hbm->remote`` are staged through DRAM unless given (GPUDirect RDMA).
 """
 
