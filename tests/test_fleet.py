@@ -45,7 +45,7 @@ def test_prefix_affinity_routes_shared_prefixes_to_one_instance(tmp_path):
     result = replay_fleet(FleetSpec(3, (TierConfig("hbm", 8),), 0, Route.PREFIX_AFFINITY), trace)
     assert sorted(r.requests for r in result.instances) == [0, 0, 3]
     assert result.hits == 3 and result.shared_hits == 0 and result.shared_writes is None
-    assert result.route == "prefix_affinity" and len(result.tiers) == 1
+    assert result.route is Route.PREFIX_AFFINITY and len(result.tiers) == 1
 
 
 def test_the_shared_tier_turns_misses_into_shared_hits_and_changes_no_local_hit():
@@ -97,7 +97,7 @@ def test_replay_with_instances_prints_hits_and_writes_a_results_file_the_report_
     assert "remote hits" in printed and "private tiers alone" in printed and "remote->hbm" in printed
     document = read_results(out)
     shared, private = document.runs
-    assert len(shared.instances) == 4 and shared.shared_hits > 0 and shared.route == "round_robin"
+    assert len(shared.instances) == 4 and shared.shared_hits > 0 and shared.route is Route.ROUND_ROBIN
     assert [t.name for t in private.tiers] == ["hbm", "dram"] and private.instances is not None
     assert document.hardware == "h200-pcie5-nvme4+rdma-400g" and document.layout.name == "llama-3-8b"
     row = next(line.split() for line in printed.splitlines() if line.split()[:1] == ["all"])

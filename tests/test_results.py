@@ -16,6 +16,7 @@ from tiercache.results import (
     LayoutInfo,
     Mode,
     ResultsDocument,
+    Route,
     RunRecord,
     Semantics,
     TierRecord,
@@ -50,7 +51,7 @@ def full_document() -> ResultsDocument:
         InstanceRecord(1, 4, 600, 350, 250, {"hbm": 300, "dram": 20, "remote": 30}, {"remote->hbm": 3 << 20},
                        {"remote->hbm": 0.5}, 210_000, -2.25),
     )
-    fleet = dataclasses.replace(run, mode=Mode.EXCLUSIVE, instances=instances, route="prefix_affinity", shared_writes=42)
+    fleet = dataclasses.replace(run, mode=Mode.EXCLUSIVE, instances=instances, route=Route.PREFIX_AFFINITY, shared_writes=42)
     return ResultsDocument(
         tiercache_version="9.9.9", command="tiercache replay t.jsonl --policy s3fifo",
         trace=TraceInfo("/data/t.jsonl", "t.jsonl", "ab" * 16, TraceKind.STEPS, 12, 1000, 321),
@@ -213,6 +214,7 @@ def _mutated(change) -> dict:
         (lambda d: d["runs"][2]["instances"][0]["tier_hits"].update(hbm=-1), "r.json: run 3: instance 1: field 'tier_hits'"),
         (lambda d: d["runs"][2].update(route=None), "r.json: run 3: inconsistent counts: a fleet run has at least one"),
         (lambda d: d["runs"][0].update(route="round_robin"), "r.json: run 1: inconsistent counts: route and shared_writes"),
+        (lambda d: d["runs"][2].update(route="random"), "r.json: run 3: field 'route' must be null or round_robin/prefix_affinity"),
         (lambda d: d["runs"][2]["instances"][1].update(misses=0, accesses=350), "run 3: inconsistent counts: the instances'"),
         (lambda d: d["runs"][0]["tiers"][0].update(codec="int3"), "r.json: run 1: tier 1: field 'codec' must be one of none"),
         (lambda d: d["runs"][0]["tiers"][1].pop("codec"), "r.json: run 1: tier 2: missing field(s) codec"),

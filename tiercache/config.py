@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "ConfigError",
+    "Route",
     "DTYPE_BYTES",
     "KVLayout",
     "TierConfig",
@@ -242,6 +243,13 @@ class Mode(enum.Enum):
     SINGLE = "single"
     EXCLUSIVE = "exclusive"
     WRITE_THROUGH = "write_through"
+
+
+class Route(enum.Enum):
+    """How a fleet replay spreads requests over its engine instances."""
+
+    ROUND_ROBIN = "round_robin"  # request i to instance i % N
+    PREFIX_AFFINITY = "prefix_affinity"  # by a stable hash of the first block: shared prefixes meet
 
 
 class TraceKind(enum.Enum):

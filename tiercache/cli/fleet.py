@@ -14,11 +14,11 @@ import argparse
 import shlex
 from typing import Callable
 
-from ..config import REMOTE_TIER, Codec, KVLayout, TraceKind, parse_capacity, parse_tiers
+from ..config import REMOTE_TIER, Codec, KVLayout, Route, TraceKind, parse_capacity, parse_tiers
 from ..errors import UserError
 from ..report.fleet import fleet_pairs, fleet_table, gain_sentence
 from ..results import ResultsDocument
-from ..sim.fleet import FleetSpec, Route, check_fleet_policy, sweep_fleet
+from ..sim.fleet import FleetSpec, check_fleet_policy, sweep_fleet
 from ..sim.hardware import NETWORK_PRESETS, HardwareProfile, with_network
 from ..sim.loader import Trace, load_trace
 
@@ -149,7 +149,7 @@ def format_fleet(results: ResultsDocument) -> str:
         tiers = ",".join(f"{t.name}={t.capacity_blocks}" for t in run.tiers)
         shared = " (remote: shared)" if run.shared_writes is not None else " (no shared tier)"
         lines.append(f"{results.trace.name}: {results.trace.requests} requests over {len(run.instances)} instance(s) "
-                     f"({run.route}), {run.label}, tiers {tiers}{shared}, prefix semantics")
+                     f"({run.route.value}), {run.label}, tiers {tiers}{shared}, prefix semantics")
         lines += _aligned(fleet_table(run))
         if twin is not None:
             lines.append(gain_sentence(run, twin))

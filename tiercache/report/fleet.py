@@ -134,7 +134,7 @@ def _setting(run: RunRecord) -> str:
     private = " + ".join(f"{fmt.tier(n)} {fmt.integer(c)}" for n, c in _private_shape(run))
     remote = [t for t in run.tiers if t.name == "remote"]
     shared = f", one shared remote tier of {fmt.integer(remote[0].capacity_blocks)} blocks" if remote else ", no shared tier"
-    return f"{len(run.instances)} instances ({run.route}, {run.label}), private tiers {private} each{shared}"
+    return f"{len(run.instances)} instances ({run.route.value}, {run.label}), private tiers {private} each{shared}"
 
 
 def fleet_section(runs: list[RunRecord] | tuple[RunRecord, ...]) -> Section:

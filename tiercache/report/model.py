@@ -111,4 +111,4 @@ def _merge_runs(per_file: list[tuple[Run, ...]], sources: list[str]) -> list[Run
 def _sort_key(run: Run) -> tuple:
     # Policies are not part of the key: the stable sort keeps them in the order the sweep
     # listed them (the --policy order), which is also the legend order.
-    return (run.semantics.value, run.mode.value, run.capacity_blocks, run.key[5], len(run.instances or ()), run.route or "")
+    return (run.semantics.value, run.mode.value, run.capacity_blocks, run.key[5], len(run.instances or ()), run.route.value if run.route else "")

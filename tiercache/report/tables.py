@@ -69,7 +69,7 @@ def _base_columns() -> list[_Column]:
 
 def _fleet_text(run: Run) -> str:
     """``, 4 instances (round_robin)`` for a fleet run (private tiers are each instance's)."""
-    return f", {len(run.instances)} instances ({run.route})" if run.is_fleet else ""
+    return f", {len(run.instances)} instances ({run.route.value})" if run.is_fleet else ""
 
 
 def _tier_columns(runs: tuple[Run, ...]) -> list[_Column]:
@@ -193,7 +193,7 @@ def _csv_row(run: Run, gap: float | None) -> dict[str, object]:
         "ttft_saved_s": run.ttft_saved_s, "wall_seconds": run.wall_seconds,
     }
     if run.is_fleet:
-        row |= {"instances": len(run.instances), "route": run.route, "shared_writes": run.shared_writes}
+        row |= {"instances": len(run.instances), "route": run.route.value, "shared_writes": run.shared_writes}
     for tier in run.tiers:
         for field in _CSV_TIER_FIELDS:
             row[f"{tier.name}_{field}"] = getattr(tier, field)

@@ -8,6 +8,7 @@ from .records import (
     LayoutInfo,
     Mode,
     ResultsDocument,
+    Route,
     RunRecord,
     Semantics,
     TierRecord,
@@ -19,6 +20,6 @@ from .records import (
 )
 
 __all__ = [
-    "SCHEMA_VERSION", "READABLE_VERSIONS", "Semantics", "Mode", "TraceKind", "TraceInfo", "LayoutInfo", "TierRecord",
+    "SCHEMA_VERSION", "READABLE_VERSIONS", "Semantics", "Mode", "Route", "TraceKind", "TraceInfo", "LayoutInfo", "TierRecord",
     "InstanceRecord", "RunRecord", "ResultsDocument", "run_label", "read_results", "write_results",
 ]

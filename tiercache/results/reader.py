@@ -13,7 +13,7 @@ from typing import Any, Callable, Mapping
 from ..config import Codec
 from ..errors import UserError
 from .records import (
-    READABLE_VERSIONS, InstanceRecord, LayoutInfo, Mode, ResultsDocument, RunRecord, Semantics, TierRecord, TraceInfo, TraceKind,
+    READABLE_VERSIONS, InstanceRecord, LayoutInfo, Mode, Route, ResultsDocument, RunRecord, Semantics, TierRecord, TraceInfo, TraceKind,
 )
 
 __all__ = ["read_document"]
@@ -198,7 +198,7 @@ def _read_run(value: Any, source: str, label: str, version: int) -> RunRecord:
         "prefill_tokens_saved": obj.take("prefill_tokens_saved", _nullable(_count), "null or a non-negative integer"),
         "ttft_saved_s": obj.take("ttft_saved_s", _nullable(_number), "null or a number"),
         "instances": _read_instances(obj),
-        "route": obj.take("route", _nullable(_text), "null or a route name"),
+        "route": obj.take("route", _nullable(_member(Route)), "null or " + "/".join(r.value for r in Route)),
         "shared_writes": obj.take("shared_writes", _nullable(_count), "null or a non-negative integer"),
     }
     try:

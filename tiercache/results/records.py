@@ -49,11 +49,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..config import Codec, KVLayout, Mode, Semantics, TraceKind
+from ..config import Codec, KVLayout, Mode, Route, Semantics, TraceKind
 from ..errors import UserError
 
 __all__ = [
-    "SCHEMA_VERSION", "READABLE_VERSIONS", "Semantics", "Mode", "TraceKind", "TraceInfo", "LayoutInfo", "TierRecord",
+    "SCHEMA_VERSION", "READABLE_VERSIONS", "Semantics", "Mode", "Route", "TraceKind", "TraceInfo", "LayoutInfo", "TierRecord",
     "InstanceRecord", "RunRecord", "ResultsDocument", "run_label", "read_results", "write_results",
 ]
 
@@ -236,7 +236,7 @@ class RunRecord:
     prefill_tokens_saved: int | None = None
     ttft_saved_s: float | None = None
     instances: tuple[InstanceRecord, ...] | None = None
-    route: str | None = None
+    route: Route | None = None
     shared_writes: int | None = None
 
     def __post_init__(self) -> None:
@@ -292,7 +292,8 @@ class RunRecord:
         record = dict(self.__dict__)
         record |= {"semantics": self.semantics.value, "mode": self.mode.value, "tiers": [t.to_json() for t in self.tiers],
                    "bytes_moved": dict(self.bytes_moved), "modeled_seconds": dict(self.modeled_seconds),
-                   "instances": None if self.instances is None else [i.to_json() for i in self.instances]}
+                   "instances": None if self.instances is None else [i.to_json() for i in self.instances],
+                   "route": None if self.route is None else self.route.value}
         return record
 
 

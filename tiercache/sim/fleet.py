@@ -31,12 +31,11 @@ them (remote -> DRAM -> HBM included), counted serially, as ``tiercache replay``
 
 from __future__ import annotations
 
-import enum
 import time
 from dataclasses import dataclass
 
 import tiercache
-from tiercache.config import Codec, KVLayout, Mode, Semantics, TierConfig
+from tiercache.config import Codec, KVLayout, Mode, Route, Semantics, TierConfig
 from tiercache.core.manager import TierManager
 from tiercache.core.stats import HierarchyStats, TierCounters
 from tiercache.policies import get_eviction, make_admission, make_eviction
@@ -51,13 +50,6 @@ from .replay import tier_record
 from .traces import MOONCAKE_BLOCK_TOKENS
 
 __all__ = ["Route", "FleetSpec", "replay_fleet", "sweep_fleet", "check_fleet_policy"]
-
-
-class Route(enum.Enum):
-    """How requests are spread over the instances."""
-
-    ROUND_ROBIN = "round_robin"
-    PREFIX_AFFINITY = "prefix_affinity"
 
 
 @dataclass(frozen=True)
@@ -281,7 +273,7 @@ def _record(spec: FleetSpec, instances: list[_Instance], store: _Store | None, l
         tiers=tiers, wall_seconds=round(wall, 4), bytes_moved=_summed(r.bytes_moved for r in rows),
         modeled_seconds=seconds, prefill_tokens=prefill_tokens, prefill_tokens_saved=sum(r.prefill_tokens_saved for r in rows),
         ttft_saved_s=None if profile is None else round(sum(r.ttft_saved_s for r in rows), 6),
-        instances=rows, route=spec.route.value, shared_writes=None if store is None else store.writes)
+        instances=rows, route=spec.route, shared_writes=None if store is None else store.writes)
 
 
 def check_fleet_policy(policy: str) -> None:
