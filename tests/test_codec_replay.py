@@ -10,6 +10,7 @@ import pytest
 
 from tiercache.cli import main
 from tiercache.config import Codec, ConfigError, TierConfig, layout_preset, parse_tiers
+from tiercache.results import SCHEMA_VERSION
 from tiercache.sim.engine import SimEngine
 from tiercache.sim.hardware import PRESETS
 
@@ -47,7 +48,7 @@ def test_compare_reports_what_the_quantised_tier_holds(tmp_path):
     assert main(argv) == 0
     doc = json.loads((out / "results.json").read_text())
     nvme = doc["runs"][0]["tiers"][2]
-    assert doc["schema_version"] == 4 and nvme["codec"] == "int4"
+    assert doc["schema_version"] == SCHEMA_VERSION and nvme["codec"] == "int4"
     assert nvme["block_bytes"] == Codec.INT4.block_bytes(LAYOUT)
     assert nvme["capacity_blocks"] == 4 * 2**30 // Codec.INT4.block_bytes(LAYOUT)
     assert doc["runs"][0]["tiers"][0]["codec"] == "none" and doc["runs"][0]["tiers"][0]["block_bytes"] == LAYOUT.block_bytes

@@ -11,7 +11,7 @@ from conftest import DATA, SAMPLE_TRACE
 from tiercache.cli import main
 from tiercache.config import CacheConfig, layout_preset, parse_tiers
 from tiercache.policies import EVICTION
-from tiercache.results import Semantics
+from tiercache.results import SCHEMA_VERSION, Semantics
 from tiercache.sim.hardware import load_profile
 from tiercache.sim.loader import load_trace
 from tiercache.sim.sweep import SweepSpec, run_sweep, sweep
@@ -299,7 +299,7 @@ def test_step_trace_results_say_decode_and_count_every_counter(step_trace, tmp_p
     out = tmp_path / "r.json"
     assert main(["replay", str(step_trace), "--capacity", "6", "--no-progress", "--workers", "1", "--out", str(out)]) == 0
     doc = json.loads(out.read_text())
-    assert doc["schema_version"] == 4 and doc["trace"]["kind"] == "steps"
+    assert doc["schema_version"] == SCHEMA_VERSION and doc["trace"]["kind"] == "steps"
     (run,) = doc["runs"]  # a step trace replays once, in decode semantics
     assert run["semantics"] == "decode" and run["recomputed"] == 0
     assert {"failed_transfers", "promote_skipped", "lost"} <= set(run["tiers"][0])
