@@ -29,7 +29,7 @@ LEVELS = {
     "cli": 0,
     "report": 1, "live": 1, "bench": 1, "sim": 1,
     "core": 2, "data": 2, "policies": 2, "attention": 2, "cuda_ext": 2, "integrations": 2,
-    "config": 3, "keys": 3, "errors": 3, "results": 3,
+    "config": 3, "sizes": 3, "keys": 3, "errors": 3, "results": 3,
 }
 BOTTOM = max(LEVELS.values())
 PACKAGE_ROOT = "tiercache"  # tiercache/__init__.py: lazy facade, counts as the bottom level
@@ -46,12 +46,13 @@ SAME_LEVEL_ALLOWED: dict[str, tuple[str, ...]] = {
     "data": ("core.plans", "core.engine", "cuda_ext"),  # executes plans as a TransferEngine; kernels
     "attention": ("data", "cuda_ext"),  # decode attention reads tier buffers with the kernels
     # level 3
-    "config": ("errors",),
+    "config": ("errors", "sizes"),  # re-exports the capacity spellings
+    "sizes": ("errors", "config"),  # type hints only (TYPE_CHECKING)
     "keys": ("errors",),
     "results": ("errors", "config"),
 }
 
-METADATA_PLANE = frozenset({"core", "policies", "sim", "config", "keys", "errors", "results"})
+METADATA_PLANE = frozenset({"core", "policies", "sim", "config", "sizes", "keys", "errors", "results"})
 DATA_PLANE = frozenset({"data", "attention", "cuda_ext", "live", "bench", "integrations"})
 GPU_MODULES = frozenset({"torch", "cupy"})
 

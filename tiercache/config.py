@@ -12,8 +12,10 @@ from __future__ import annotations
 import enum
 import re
 
-from .errors import UserError
 from dataclasses import dataclass
+
+from .errors import ConfigError
+from .sizes import SPELLINGS, Capacity, parse_capacity, parse_size
 
 __all__ = [
     "ConfigError",
@@ -57,23 +59,6 @@ DTYPE_BYTES = {
     "int8": 1,
     "uint8": 1,
 }
-
-#: Byte units: decimal (kB = 1000 B) and binary (KiB = 1024 B); case-insensitive.
-_BYTE_UNITS = {
-    "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4,
-    "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4,
-}
-#: Block-count suffixes (decimal): ``4k`` is 4,000 blocks.
-_COUNT_UNITS = {"": 1, "k": 1000, "m": 1000**2, "g": 1000**3}
-_SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
-#: How capacities and sizes are spelled, for error messages.
-SPELLINGS = ("blocks: 4096, 4k (4,000), 2M (2,000,000); byte sizes need a B: "
-             "512MB, 16GB (powers of 1000), 512MiB, 16GiB (powers of 1024)")
-
-
-class ConfigError(UserError):
-    """A configuration value is invalid; the message names the field and the value."""
-
 
 class Semantics(enum.Enum):
     """How a trace is replayed.
@@ -257,101 +242,6 @@ class TraceKind(enum.Enum):
 
     REQUESTS = "requests"  # Mooncake request trace (tiercache.sim.traces)
     STEPS = "steps"  # decode step trace (tiercache.sim.steptrace)
-
-
-@dataclass(frozen=True)
-class Capacity:
-    """A capacity as written: a block count, or a byte size that a layout turns into blocks.
-
-    Invariants: exactly one of ``blocks`` and ``nbytes`` is set, and it is positive.
-    """
-
-    text: str
-    blocks: int | None = None
-    nbytes: int | None = None
-
-    def __post_init__(self) -> None:
-        if (self.blocks is None) == (self.nbytes is None):
-            raise ValueError("Capacity: exactly one of blocks and nbytes")
-
-    @classmethod
-    def parse(cls, value: int | str, what: str = "capacity") -> "Capacity":
-        """``4096``/``"4k"`` (blocks) or ``"16GiB"``/``"512MB"`` (bytes).
-
-        Raises:
-            ConfigError: unparsable, ambiguous (``"4Ki"``: neither spelling), or not positive.
-        """
-        number, unit = _split(value, what)
-        if unit in _COUNT_UNITS:
-            return cls(str(value), blocks=_positive(number * _COUNT_UNITS[unit], value, what))
-        return cls(str(value), nbytes=_positive(number * _BYTE_UNITS[unit], value, what))
-
-    def to_blocks(self, layout: "KVLayout | None", what: str = "capacity", codec: "Codec" = None) -> int:
-        """Blocks of this capacity; a byte size is divided by the bytes of one block stored
-        with ``codec`` (``layout.block_bytes`` without one; rounded down).
-
-        Raises:
-            ConfigError: a byte size without a layout, or under one block.
-        """
-        if self.blocks is not None:
-            return self.blocks
-        if layout is None:
-            raise ConfigError(f"{what}: {self.text!r} is a byte size; give --model or --layout to turn it into blocks")
-        block_bytes = (codec or Codec.NONE).block_bytes(layout)
-        blocks = self.nbytes // block_bytes
-        if blocks < 1:
-            raise ConfigError(f"{what}: {self.text!r} is less than one block of {block_bytes} bytes")
-        return blocks
-
-
-def _split(value: int | str, what: str) -> tuple[float, str]:
-    """``(number, unit)`` of a capacity or size; the unit lower-cased and known."""
-    if isinstance(value, bool):
-        raise ConfigError(f"{what}: expected a number, got {value!r}")
-    if isinstance(value, int):
-        return value, ""
-    match = _SIZE_RE.match(str(value))
-    if not match:
-        raise ConfigError(f"{what}: cannot parse {value!r} ({SPELLINGS})")
-    unit = match.group(2).lower()
-    if unit not in _COUNT_UNITS and unit not in _BYTE_UNITS:
-        raise ConfigError(f"{what}: {value!r} is ambiguous or unknown; spell {SPELLINGS}")
-    return float(match.group(1)), unit
-
-
-def _positive(number: float, value: int | str, what: str) -> int:
-    result = int(number)
-    if result <= 0:
-        raise ConfigError(f"{what}: must be positive, got {value!r}")
-    return result
-
-
-def parse_size(value: int | str, what: str = "size") -> int:
-    """Parses a byte size: an int (bytes), ``"8GiB"``, ``"1.5GB"``, ``"4096"``.
-
-    A suffix needs a B (``"4k"`` would read as 4,000 blocks elsewhere: refused here).
-
-    Raises:
-        ConfigError: the value is not a positive size; the message names ``what``.
-    """
-    number, unit = _split(value, what)
-    if unit not in ("", *_BYTE_UNITS):
-        raise ConfigError(f"{what}: {value!r} is not a byte size; write a unit with B ({SPELLINGS})")
-    return _positive(number * _BYTE_UNITS.get(unit, 1), value, what)
-
-
-def parse_capacity(value: int | str, layout: "KVLayout | None", what: str = "capacity", codec: Codec | None = None) -> int:
-    """Turns a capacity into blocks (``Capacity.parse`` then ``Capacity.to_blocks``).
-
-    A plain integer (or digit string, optionally with a ``k``/``M``/``G`` suffix, powers of
-    1000) counts blocks; a size with a byte unit (``"8GiB"``, ``"512MB"``) is divided by
-    the bytes of one block stored with ``codec`` (``layout.block_bytes`` without one).
-
-    Raises:
-        ConfigError: not positive, unparsable or ambiguous, a byte size without a layout, or
-            under one block.
-    """
-    return Capacity.parse(value, what).to_blocks(layout, what, codec)
 
 
 @dataclass(frozen=True)

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-__all__ = ["UserError", "TraceError"]
+__all__ = ["UserError", "TraceError", "ConfigError"]
 
 
 class UserError(ValueError):
     """Bad input from the user: an option, a file, a value. The message says what and where."""
+
+
+class ConfigError(UserError):
+    """A configuration value is invalid; the message names the field and the value."""
 
 
 class TraceError(UserError):

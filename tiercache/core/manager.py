@@ -38,73 +38,15 @@ from tiercache.policies.base import AdmissionPolicy, EvictionPolicy, Hints
 from .counts import CountError, decrement, increment
 from .directory import TierDirectory
 from .engine import ImmediateEngine, TransferEngine
+from .guards import _NOTHING, HeldWithoutCopy, Guard, distinct_prefix, pick_hints, slice_hints
 from .plans import Ev, EventLog, Room, TransferPlan
 from .transfers import TransferMixin
 
 __all__ = ["TierManager", "CountError", "Room"]
 
-_NOTHING: frozenset = frozenset()
 # Module constants: an enum member looked up on its class costs a descriptor call, and
 # _make_room runs once per insert in a replay.
 _MADE, _NO_VICTIMS, _WRITE_FAILED = Room.MADE, Room.NO_VICTIMS, Room.WRITE_FAILED
-
-
-class _Guard:
-    """Ids that may not be victims: pinned in the tier, referenced, explicitly protected, or
-    (in the last tier only) held by a live sequence."""
-
-    __slots__ = ("pins", "refs", "extra", "held")
-
-    def __init__(self, pins: dict, refs: dict, extra, held=_NOTHING) -> None:
-        self.pins, self.refs, self.extra, self.held = pins, refs, extra, held
-
-    def __contains__(self, block_id: int) -> bool:
-        return block_id in self.pins or block_id in self.refs or block_id in self.extra or block_id in self.held
-
-    def __bool__(self) -> bool:
-        return bool(self.pins or self.refs or self.extra or self.held)
-
-    def _union(self) -> set[int]:
-        return set(self.pins).union(self.refs, self.extra, self.held)
-
-    def __iter__(self):
-        # Policies count protected ids they track; all three sets are small (in-flight,
-        # referenced, the current run), so materialising the union is cheap.
-        return iter(self._union())
-
-    def __len__(self) -> int:
-        return len(self._union())
-
-
-class _HeldWithoutCopy:
-    """Held ids that no lower tier holds a copy of (write-through: dropping one of those
-    from an upper tier would take it out of the hierarchy)."""
-
-    __slots__ = ("held", "below")
-
-    def __init__(self, held: dict, below: list) -> None:
-        self.held, self.below = held, below
-
-    def __contains__(self, block_id: int) -> bool:
-        return block_id in self.held and not any(block_id in slots for slots in self.below)
-
-    def __bool__(self) -> bool:
-        return bool(self.held)
-
-    def __iter__(self):
-        return (b for b in self.held if b in self)
-
-    def __len__(self) -> int:
-        return sum(1 for _ in self)
-
-
-def _slice(hints: Hints | None, a: int, b: int) -> Hints | None:
-    """The hints of ids[a:b] (hints are aligned with the ids they came with)."""
-    if hints is None or (hints.next_use is None and hints.parents is None):
-        return hints
-    next_use = None if hints.next_use is None else hints.next_use[a:b]
-    parents = None if hints.parents is None else hints.parents[a:b]
-    return Hints(hints.time + a, next_use, parents)
 
 
 class TierManager(TransferMixin):
@@ -244,14 +186,14 @@ class TierManager(TransferMixin):
             while j < n and ids[j] in top:
                 j += 1
             if j > i:
-                self._touch_top(ids[i:j], _slice(hints, i, j), count_hits)
+                self._touch_top(ids[i:j], slice_hints(hints, i, j), count_hits)
                 if j == n:
                     break
             k = j + 1
             while k < n and ids[k] not in top:
                 k += 1
-            k = j + _distinct_prefix(ids, j, k)
-            self._bring_up(ids[j:k], _slice(hints, j, k), count_hits, store_misses, started, promote)
+            k = j + distinct_prefix(ids, j, k)
+            self._bring_up(ids[j:k], slice_hints(hints, j, k), count_hits, store_misses, started, promote)
             i = k
         return started or []
 
@@ -306,7 +248,7 @@ class TierManager(TransferMixin):
             end = position + 1
             while end < len(run) and self.locate(run[end]) == tier:
                 end += 1
-            segment, seg_hints = run[position:end], _slice(hints, position, end)
+            segment, seg_hints = run[position:end], slice_hints(hints, position, end)
             if tier is None:
                 self._miss(segment, seg_hints, store_misses)
             else:
@@ -332,7 +274,7 @@ class TierManager(TransferMixin):
         if lost:
             gone = set(lost)
             positions = [p for p, block_id in enumerate(ids) if block_id in gone]
-            self._miss(lost, None if hints is None else _pick(hints, positions), store_misses)
+            self._miss(lost, None if hints is None else pick_hints(hints, positions), store_misses)
 
     # -- placement -----------------------------------------------------------------------
     def _insert_new(self, ids: Sequence[int], hints: Hints | None, hold: bool = False) -> None:
@@ -342,17 +284,17 @@ class TierManager(TransferMixin):
             self.events.emit(Ev.REFUSED, 0, admitted.count(False))
             keep = [p for p, ok in enumerate(admitted) if ok]
             ids = [ids[p] for p in keep]
-            hints = None if hints is None else _pick(hints, keep)
+            hints = None if hints is None else pick_hints(hints, keep)
         for a, b in self._insert_chunks(0, len(ids)):
             chunk = ids[a:b]
             if self._make_room(0, len(chunk), self._no_extra) is not _MADE and not self._retry_room(0, len(chunk), self._no_extra):
                 self.events.emit(Ev.REFUSED, 0, len(chunk))  # everything pinned: not stored
                 continue
-            self._fill_and_publish(chunk, _slice(hints, a, b))
+            self._fill_and_publish(chunk, slice_hints(hints, a, b))
             if hold:
                 increment(self.held, chunk)
             if self.write_through:
-                self._copy_down(chunk, _slice(hints, a, b))
+                self._copy_down(chunk, slice_hints(hints, a, b))
 
     def _fill_and_publish(self, ids: Sequence[int], hints: Hints | None) -> None:
         """Writes new blocks into reserved top-tier slots, then publishes them.
@@ -408,7 +350,7 @@ class TierManager(TransferMixin):
         # membership test in C instead of a Python __contains__ per candidate.
         last = self.write_through or tier + 1 == len(self.dirs)
         held = self._held_guard(tier) if last and self.held else _NOTHING  # a held block may move down, never out
-        guard = _Guard(directory.pins, self.refs, protected, held) if (directory.pins or self.refs or protected or held) else _NOTHING
+        guard = Guard(directory.pins, self.refs, protected, held) if (directory.pins or self.refs or protected or held) else _NOTHING
         victims = self.policies[tier].victims(need, guard)
         if victims is None:
             return _NO_VICTIMS
@@ -422,7 +364,7 @@ class TierManager(TransferMixin):
         write-through mode, above it, only those without a copy in a lower tier."""
         if tier + 1 == len(self.dirs):
             return self.held
-        return _HeldWithoutCopy(self.held, [d.slot_of for d in self.dirs[tier + 1 :]])
+        return HeldWithoutCopy(self.held, [d.slot_of for d in self.dirs[tier + 1 :]])
 
     def _retry_room(self, tier: int, n: int, protected) -> bool:
         """After ``_make_room`` failed: if moves this manager started into or out of ``tier``
@@ -547,27 +489,3 @@ class TierManager(TransferMixin):
         for plan in self.inflight.values():
             assert all(b in self.dirs[plan.src_tier].pins for b in plan.ids), "in-flight source not pinned"
         assert self._running <= set(self.inflight), "a running job is not in flight"
-
-
-def _distinct_prefix(ids: Sequence[int], a: int, b: int) -> int:
-    """Length of the longest prefix of ids[a:b] without a repeated id.
-
-    A repeated id inside a run of misses would be a hit the second time; cutting the run
-    there keeps batching exactly equal to one-at-a-time handling.
-    """
-    run = ids[a:b]
-    if len(set(run)) == len(run):
-        return len(run)
-    seen: set[int] = set()
-    for offset, block_id in enumerate(run):
-        if block_id in seen:
-            return offset
-        seen.add(block_id)
-    return len(run)
-
-
-def _pick(hints: Hints, positions: list[int]) -> Hints:
-    """Hints of the ids at ``positions``."""
-    next_use = None if hints.next_use is None else [hints.next_use[p] for p in positions]
-    parents = None if hints.parents is None else [hints.parents[p] for p in positions]
-    return Hints(hints.time, next_use, parents)

@@ -37,9 +37,9 @@ from ..config import Codec, KVLayout
 from ..errors import UserError
 from . import chunkio
 from .codecs import codec_for
-from .buffers import PAGE, HostBytes, aligned_tensor, block_list, byte_array, is_aligned, round_up, torch_dtype
+from .buffers import PAGE, HostBytes, aligned_tensor, block_list, byte_array, round_up, torch_dtype
 from .iojobs import run_batch
-from .nvme_index import Entry
+from .nvme_read import NVMeReads
 from .nvme_open import TMP_PREFIX, check_arguments, check_key, check_keys, mark_clean, open_store
 from .nvme_results import PutResult, StoreFullError
 
@@ -52,7 +52,7 @@ _STAT_NAMES = (
 )
 
 
-class NVMeStore:
+class NVMeStore(NVMeReads):
     """A crash-consistent block store on local disk, in zarr v3 format.
 
     Invariants: never holds more than ``capacity`` blocks (a put that does not fit raises
@@ -296,113 +296,6 @@ class NVMeStore:
         self._local.block.copy_(block)
         return byte_array(self._local.block)
 
-    # ----- reads ---------------------------------------------------------------------
-
-    def submit_get(self, keys: Sequence[bytes], out: torch.Tensor | Sequence[torch.Tensor]) -> Future:
-        """Starts reading the blocks of ``keys`` into ``out``; returns a future of a bool array.
-
-        ``out`` is a tensor ``[len(keys), *block_shape]`` or a list of per-block tensors
-        (e.g. DRAM pool views). ``hits[i]`` False means absent, corrupt, or deleted while
-        being read: ``out[i]`` then holds no block (zeroed if bytes were read).
-
-        Raises:
-            UserError: keys not bytes, ``out`` of wrong dtype/shape/count.
-        """
-        self._check_open()
-        keys = self._check_keys(keys, "NVMeStore.get")
-        return self._submit_get(keys, block_list(out, self.layout, len(keys), "NVMeStore.get out"), encoded=False)
-
-    def submit_get_encoded(self, keys: Sequence[bytes], out: Sequence[torch.Tensor]) -> Future:
-        """``submit_get`` of the stored bytes as they are (the codec's encoding, not
-        dequantised) into 1-D uint8 host tensors of ``chunk_bytes``; a future of the hit mask.
-
-        Raises:
-            UserError: keys not bytes, or a buffer that is not ``chunk_bytes`` of uint8.
-        """
-        self._check_open()
-        keys = self._check_keys(keys, "NVMeStore.get_encoded")
-        return self._submit_get(keys, self._check_encoded(out, len(keys), "NVMeStore.get_encoded"), encoded=True)
-
-    def _submit_get(self, keys: list[bytes], dests: list[torch.Tensor], encoded: bool) -> Future:
-        with self._lock:
-            entries = [self._table.lookup(k) for k in keys]
-            self.stats["gets"] += len(keys)
-            self.stats["misses"] += sum(e is None for e in entries)
-        found = [i for i, e in enumerate(entries) if e is not None]
-
-        def finish(results: list[bool]) -> np.ndarray:
-            hits = np.zeros(len(keys), dtype=bool)
-            hits[found] = results
-            return hits
-
-        return run_batch(self._executor, self._io_threads, len(found),
-                         lambda j: self._read_one(keys[found[j]], entries[found[j]], dests[found[j]], encoded), finish)
-
-    def get(self, keys: Sequence[bytes], out: torch.Tensor | Sequence[torch.Tensor]) -> np.ndarray:
-        """Blocking ``submit_get``: returns the hit mask (bool array, one per key)."""
-        return self.submit_get(keys, out).result()
-
-    def _read_one(self, key: bytes, entry: Entry, dest: torch.Tensor, encoded: bool = False) -> bool:
-        """I/O thread: reads and verifies one chunk into ``dest``; True only for a good block.
-        With a codec, the chunk is dequantised into ``dest`` unless ``encoded`` asks for its bytes.
-
-        A missing file or failed read says nothing about the bytes: a miss, not corruption.
-        """
-        try:
-            if encoded or self._block_codec is None:
-                return self._finish_read(key, entry, dest, self._read_verified(entry, dest))
-            good = self._read_verified(entry, self._local.encoded)
-            if good:
-                self._block_codec.decode_from(self._local.encoded, self._dtype, dest)
-            return self._finish_read(key, entry, dest, good)
-        except OSError as exc:
-            with self._lock:
-                self.stats["misses"] += 1
-                # FileNotFoundError: the chunk went away with a concurrent delete
-                self.stats["read_errors"] += not isinstance(exc, FileNotFoundError)
-            dest.zero_()
-            return False
-
-    def _finish_read(self, key: bytes, entry: Entry, dest: torch.Tensor, good: bool) -> bool:
-        """Counts the read; a bad chunk still named by the index is corrupt and forgotten."""
-        with self._lock:
-            current = self._table.is_current(entry)
-            if good and current:
-                self.stats["hits"] += 1
-                self.stats["bytes_read"] += entry.length
-                return True
-            self.stats["misses"] += 1
-            if current:  # the index still names these bytes, so they are damaged on disk
-                self.stats["corrupt_reads"] += 1
-                self._table.delete(key)
-        dest.zero_()  # never leave bytes that look like a block in a miss
-        return False
-
-    def _read_verified(self, entry: Entry, dest: torch.Tensor) -> bool:
-        """Reads the chunk of ``entry`` and checks length and crc32c; decodes into ``dest``."""
-        path = self.chunk_path(entry.slot)
-        local = self._local
-        if self._can_read_in_place(dest):
-            data = self._host_bytes(dest)
-            n, _ = chunkio.read_chunk_file(path, [data, local.trailer], self.direct_io)
-            stored = int(local.trailer[:4].view("<u4")[0])
-            return n == entry.length and stored == entry.crc and chunkio.crc32c(data) == entry.crc
-        n, _ = chunkio.read_chunk_file(path, [local.chunk], self.direct_io)
-        chunk = local.chunk[:n]
-        if n != entry.length or self._codec.check(chunk) != entry.crc:
-            return False
-        if dest.device.type == "cpu" and dest.is_contiguous():
-            return self._codec.decode_into(chunk, byte_array(dest))
-        if not self._codec.decode_into(chunk, byte_array(local.block)):
-            return False
-        dest.copy_(local.block)
-        return True
-
-    def _can_read_in_place(self, dest: torch.Tensor) -> bool:
-        """O_DIRECT straight into the destination needs uncompressed chunks and a
-        page-aligned, contiguous host destination of a whole number of pages."""
-        return self._in_place_layout and dest.is_cpu and dest.is_contiguous() and is_aligned(dest)
-
     # ----- index -----------------------------------------------------------------------
 
     def chunk_path(self, slot: int) -> str:
@@ -430,14 +323,6 @@ class NVMeStore:
     # ----- the medium interface (``media.Medium``, shared with the pools) ---------------
 
     keyed = True  # blocks are named by content key: ``forget`` receives keys
-
-    def read_block(self, slot: int, key: bytes, dest: torch.Tensor) -> None:
-        """Reads ``key``'s block into ``dest`` (any device); KeyError if absent or unreadable."""
-        host = dest if dest.device.type == "cpu" else torch.empty_like(dest, device="cpu")
-        if not self.get([key], [host])[0]:
-            raise KeyError(f"key {key.hex()} is stored but unreadable (corrupt chunk)")
-        if host is not dest:
-            dest.copy_(host)
 
     def delete(self, keys: Sequence[bytes]) -> int:
         """Removes keys (absent ones are ignored); returns how many were stored.

@@ -1,0 +1,99 @@
+"""Small helpers of the tier manager: protection sets and hint slicing.
+
+``Guard`` and ``HeldWithoutCopy`` are the read-only sets ``_make_room`` passes to an
+eviction policy as ``protected`` (pinned, referenced, held blocks); they test membership
+without building a union. The hint helpers cut a request's ``Hints`` down to the ids a
+plan carries (hints are aligned with the ids they came with).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from tiercache.policies.base import Hints
+
+__all__ = ["Guard", "HeldWithoutCopy", "slice_hints", "distinct_prefix", "pick_hints"]
+
+_NOTHING: frozenset = frozenset()
+
+
+class Guard:
+    """Ids that may not be victims: pinned in the tier, referenced, explicitly protected, or
+    (in the last tier only) held by a live sequence."""
+
+    __slots__ = ("pins", "refs", "extra", "held")
+
+    def __init__(self, pins: dict, refs: dict, extra, held=_NOTHING) -> None:
+        self.pins, self.refs, self.extra, self.held = pins, refs, extra, held
+
+    def __contains__(self, block_id: int) -> bool:
+        return block_id in self.pins or block_id in self.refs or block_id in self.extra or block_id in self.held
+
+    def __bool__(self) -> bool:
+        return bool(self.pins or self.refs or self.extra or self.held)
+
+    def _union(self) -> set[int]:
+        return set(self.pins).union(self.refs, self.extra, self.held)
+
+    def __iter__(self):
+        # Policies count protected ids they track; all three sets are small (in-flight,
+        # referenced, the current run), so materialising the union is cheap.
+        return iter(self._union())
+
+    def __len__(self) -> int:
+        return len(self._union())
+
+
+class HeldWithoutCopy:
+    """Held ids that no lower tier holds a copy of (write-through: dropping one of those
+    from an upper tier would take it out of the hierarchy)."""
+
+    __slots__ = ("held", "below")
+
+    def __init__(self, held: dict, below: list) -> None:
+        self.held, self.below = held, below
+
+    def __contains__(self, block_id: int) -> bool:
+        return block_id in self.held and not any(block_id in slots for slots in self.below)
+
+    def __bool__(self) -> bool:
+        return bool(self.held)
+
+    def __iter__(self):
+        return (b for b in self.held if b in self)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
+def slice_hints(hints: Hints | None, a: int, b: int) -> Hints | None:
+    """The hints of ids[a:b] (hints are aligned with the ids they came with)."""
+    if hints is None or (hints.next_use is None and hints.parents is None):
+        return hints
+    next_use = None if hints.next_use is None else hints.next_use[a:b]
+    parents = None if hints.parents is None else hints.parents[a:b]
+    return Hints(hints.time + a, next_use, parents)
+
+
+def distinct_prefix(ids: Sequence[int], a: int, b: int) -> int:
+    """Length of the longest prefix of ids[a:b] without a repeated id.
+
+    A repeated id inside a run of misses would be a hit the second time; cutting the run
+    there keeps batching exactly equal to one-at-a-time handling.
+    """
+    run = ids[a:b]
+    if len(set(run)) == len(run):
+        return len(run)
+    seen: set[int] = set()
+    for offset, block_id in enumerate(run):
+        if block_id in seen:
+            return offset
+        seen.add(block_id)
+    return len(run)
+
+
+def pick_hints(hints: Hints, positions: list[int]) -> Hints:
+    """Hints of the ids at ``positions``."""
+    next_use = None if hints.next_use is None else [hints.next_use[p] for p in positions]
+    parents = None if hints.parents is None else [hints.parents[p] for p in positions]
+    return Hints(hints.time, next_use, parents)
