@@ -7,6 +7,11 @@ and describes the accesses only Belady hits: how long ago the block was last use
 capacities of block accesses), how often it was used before, and its depth in its request.
 An online policy has to keep those blocks that long, picked by what it can see then.
 
+It also reports a frequency oracle: a cache that only ever holds the ``capacity`` blocks
+accessed most often over the whole trace (it knows every block's future popularity, not when
+it comes). Where the oracle closes little of the gap, popularity alone cannot: the gap is in
+timing.
+
     python scripts/belady_gap.py tests/data/mooncake_synthetic_trace.jsonl --capacity 1000,4000,16000
 
 The miss ratios are the ones ``tiercache replay`` reports for ``lru`` and ``belady``
@@ -84,6 +89,25 @@ def belady_hits(ids: list[int], offsets: list[int], capacity: int, upcoming: lis
     return hit
 
 
+def frequency_oracle_hits(ids: list[int], offsets: list[int], capacity: int) -> np.ndarray:
+    """Per access, whether a cache holding only the ``capacity`` most accessed ids (ties: the
+    first seen) hits it: in that set, seen before, and every earlier block of the request hit."""
+    counts: dict[int, int] = {}
+    for block in ids:
+        counts[block] = counts.get(block, 0) + 1
+    keep = set(sorted(counts, key=lambda b: -counts[b])[:capacity])  # sorted() is stable: first seen wins ties
+    seen: set[int] = set()
+    hit = np.zeros(len(ids), dtype=bool)
+    for a, b in zip(offsets, offsets[1:]):
+        hitting = True
+        for position in range(a, b):
+            block = ids[position]
+            hitting = hitting and block in keep and block in seen
+            hit[position] = hitting
+            seen.add(block)
+    return hit
+
+
 def describe(ids: list[int], offsets: list[int], capacity: int, upcoming: list[int]) -> dict:
     """Miss ratios of LRU and Belady and the shape of the accesses only Belady hits."""
     lru, bel = lru_hits(ids, offsets, capacity), belady_hits(ids, offsets, capacity, upcoming)
@@ -105,7 +129,9 @@ def describe(ids: list[int], offsets: list[int], capacity: int, upcoming: list[i
     def q(values: list[float]) -> list[float]:
         return [round(float(v), 2) for v in np.quantile(values, quantiles)] if values else []
 
+    oracle = frequency_oracle_hits(ids, offsets, capacity)
     return {"capacity": capacity, "lru_miss": 1 - lru.mean(), "belady_miss": 1 - bel.mean(),
+            "frequency_oracle_miss": 1 - oracle.mean(),
             "belady_hits_lru_also": float((bel & lru).sum() / max(1, bel.sum())),
             "belady_only_share": float(only.sum() / len(ids)),
             "gap_capacities_q10_50_90": q(gaps), "prior_uses_q10_50_90": q(uses), "depth_q10_50_90": q(depths),
@@ -121,10 +147,11 @@ def main() -> None:
     ids, offsets = requests_of(args.trace)
     upcoming = next_uses(ids)
     rows = [describe(ids, offsets, int(c), upcoming) for c in args.capacity.split(",")]
-    print(f"{'capacity':>8} {'LRU':>7} {'Belady':>7} {'both':>6} {'B only':>7} "
+    print(f"{'capacity':>8} {'LRU':>7} {'Belady':>7} {'freq':>7} {'both':>6} {'B only':>7} "
           f"{'gap/capacity q10,50,90':>24} {'>2 cap':>7} {'prior uses q10,50,90':>21} {'depth q10,50,90':>18}")
     for row in rows:
-        print(f"{row['capacity']:>8} {row['lru_miss']:7.4f} {row['belady_miss']:7.4f} {row['belady_hits_lru_also']:6.2f} "
+        print(f"{row['capacity']:>8} {row['lru_miss']:7.4f} {row['belady_miss']:7.4f} {row['frequency_oracle_miss']:7.4f} "
+              f"{row['belady_hits_lru_also']:6.2f} "
               f"{row['belady_only_share']:7.4f} {str(row['gap_capacities_q10_50_90']):>24} {row['beyond_2_capacities']:7.2f} "
               f"{str(row['prior_uses_q10_50_90']):>21} {str(row['depth_q10_50_90']):>18}")
     if args.json:

@@ -45,3 +45,30 @@ def test_belady_hits_split_into_shared_and_belady_only(rows: list[dict]) -> None
             q10, q50, q90 = row["gap_capacities_q10_50_90"]
             assert 0 < q10 <= q50 <= q90
             assert row["prior_uses_q10_50_90"][0] >= 1  # a hit needs an earlier use
+
+
+def _script():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("belady_gap", ROOT / "scripts" / "belady_gap.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_frequency_oracle_holds_the_most_used_blocks_and_needs_a_first_use() -> None:
+    gap = _script()
+    requests = [[1, 2], [3], [1, 2], [3], [1, 2], [4, 1]]
+    ids = [b for r in requests for b in r]
+    offsets = [0]
+    for r in requests:
+        offsets.append(offsets[-1] + len(r))
+    hit = gap.frequency_oracle_hits(ids, offsets, 2)  # counts: 1 -> 4, 2 -> 3, 3 -> 2, 4 -> 1: keeps {1, 2}
+    assert hit.tolist() == [False, False, False, True, True, False, True, True, False, False]
+    # the request (4, 1) misses 1 too: its first block is not kept, so nothing after it hits
+    assert gap.frequency_oracle_hits(ids, offsets, 3)[5]  # with room for 3 it is kept, and seen at access 2
+
+
+def test_frequency_oracle_column(rows: list[dict]) -> None:
+    for row in rows:
+        assert 0.0 < row["frequency_oracle_miss"] <= 1.0
