@@ -178,8 +178,14 @@ class Session(LeafPriorityPolicy):
 
 
 def as_ordering(expert: Union[float, Ordering]) -> Ordering:
-    """An expert as (head start, frequency scale): a plain number is a head start."""
-    if isinstance(expert, tuple):
+    """An expert as (head start, frequency scale): a plain number is a head start.
+
+    Raises:
+        ValueError: a sequence that is not a pair.
+    """
+    if isinstance(expert, (tuple, list)):
+        if len(expert) != 2:
+            raise ValueError(f"session: an expert is a head start or a (head start, frequency scale) pair, got {expert!r}")
         bonus, scale = expert
         return float(bonus), float(scale)
     return float(expert), 0.0

@@ -91,6 +91,9 @@ def test_session_frequency_scale_keeps_the_most_used_block() -> None:
     assert run(Session(4, hot_bonus=0.0, experts=())) == [1, 2, 3]  # recency alone
     with pytest.raises(ValueError, match="freq_scale"):
         Session(4, experts=((0.0, -1.0),))
+    with pytest.raises(ValueError, match="pair"):
+        Session(4, experts=((0.0, 1.0, 2.0),))
+    assert Session(4, experts=[[0.0, 2.0]])._orderings == ((2.0, 0.0), (0.0, 2.0))
 
 
 def test_session_default_experts_include_a_frequency_ordering() -> None:
