@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
-from typing import Collection, Sequence
+from typing import Collection, Sequence, Union
 
 from ._checks import hint_values
 from ._leafprio import LeafPriorityPolicy
@@ -13,8 +14,11 @@ from .base import Hints
 DEFAULT_HOT_BONUS = 2.0
 #: Default ghost size, in capacities: evicted ids whose use counts are remembered.
 DEFAULT_GHOST = 8.0
-#: Default alternative head starts simulated beside the default one (see ``Session``).
-DEFAULT_EXPERTS = (0.0, 8.0)
+#: An ordering: (head start of a reused block, frequency scale), both in capacities of logical
+#: time (see ``Session``); a plain number is a head start with frequency scale 0.
+Ordering = tuple[float, float]
+#: Default alternative orderings simulated beside the default one (see ``Session``).
+DEFAULT_EXPERTS: tuple[Union[float, Ordering], ...] = (0.0, 8.0, (0.0, 2.0))
 #: Half-life of the shadows' miss counts, in capacities of logical time.
 SCORE_HALF_LIFE = 32.0
 #: Leaves the leader also holds that one victim search passes over before taking key order.
@@ -23,7 +27,7 @@ FOLLOW_BUDGET = 64
 
 class Session(LeafPriorityPolicy):
     """Evicts the coldest prefix-tree leaf; reused blocks get a head start; follows the best of
-    a few head starts simulated online.
+    a few orderings simulated online.
 
     A serving trace is a forest of sessions: every request starts at a root block (a system
     prompt, a document, a conversation's first turn) and extends a path of the tree. Most new
@@ -32,20 +36,26 @@ class Session(LeafPriorityPolicy):
     reused once is reused again with high probability. So:
 
     * A block's key is its last-use tick (one tick per id touched, as LRU), plus a head start of
-      ``hot_bonus x capacity`` ticks once the block has been used at least twice ("hot").
+      ``hot_bonus x capacity`` ticks once the block has been used at least twice ("hot"), plus
+      ``freq_scale x capacity x log2(uses)`` ticks (0 by default: a frequency term, so a block
+      used 2^k times outlives one used once by k x freq_scale capacities).
     * Only leaves are victims (:class:`LeafPriorityPolicy`): a cold request is evicted tail
       first, and a session's shared prefix outlives the one-off tails hanging under it.
     * Ghost scores: use counts outlive eviction in a FIFO ghost of ``ghost x capacity`` ids, so
       a session whose prefix was evicted and comes back is recognised as hot on recompute.
     * Experts: how long a hot path deserves to stay depends on the workload (where reused
-      paths die young, as finished multi-turn chats do, a long head start keeps dead paths).
-      So the policy also replays the access stream it is shown through full-size shadow caches
-      (prefix semantics, requests starting at a block without parent), one per head start in
-      ``(hot_bonus, *experts)``, counts their misses with a half-life of 32 capacities, and
-      takes the head start of the shadow with the fewest (the leader, re-picked at each
-      request start); its victims are its coldest leaves that the leader does not hold (up to
-      64 passed over, then plain key order), so its contents move toward the leader's.
-      ``experts=()`` turns this off (one ordering, a third of the work).
+      paths die young, as finished multi-turn chats do, a long head start keeps dead paths;
+      where shared documents and system prompts are read by many conversations over several
+      capacities of time, as in kv-cache-tester workloads, use counts should weigh more). So
+      the policy also replays the access stream it is shown through full-size shadow caches
+      (prefix semantics, requests starting at a block without parent), one per ordering in
+      ``((hot_bonus, freq_scale), *experts)`` (an expert is a head start, or a pair (head
+      start, frequency scale); the defaults are head starts 0 and 8 and the frequency
+      ordering (0, 2)), counts their misses with a half-life of 32 capacities, and takes the
+      ordering of the shadow with the fewest (the leader, re-picked at each request start);
+      its victims are its coldest leaves that the leader does not hold (up to 64 passed over,
+      then plain key order), so its contents move toward the leader's. ``experts=()`` turns
+      this off (one ordering, a quarter of the work).
 
     Sessions are not named in Mooncake traces; here they are the prefix tree itself (a block's
     session is its root path), which is what ``Hints.parents`` gives.
@@ -56,35 +66,40 @@ class Session(LeafPriorityPolicy):
     beats block LRU); leaf-first order follows SGLang's radix cache; the reuse-count split is
     the LRU-2 / 2Q observation (a block seen twice is far more likely to be seen again) with
     ARC-style ghosts; following the best simulated expert is ACME's / LeCaR's idea (caching
-    with online expert selection) with full shadows instead of sampled ones. Departures: no
-    explicit session ids (derived from the tree); one ordering with a head start measured in
-    capacities of logical time (it scales with the cache; no trace-specific constant) instead
-    of two queues; experts are whole shadow caches, not weights on one cache.
+    with online expert selection) with full shadows instead of sampled ones; the frequency
+    ordering is LRFU's middle ground between recency and frequency (Lee et al., 2001) in
+    additive form, as GDSF adds frequency to an aging clock. Departures: no explicit session
+    ids (derived from the tree); one ordering with a head start measured in capacities of
+    logical time (it scales with the cache; no trace-specific constant) instead of two
+    queues; experts are whole shadow caches, not weights on one cache.
 
-    Limits (measured with ``scripts/gap_closed.py``): the experts cost two more caches' worth
+    Limits (measured with ``scripts/gap_closed.py``): the experts cost three more caches' worth
     of policy work and memory (about 150 B per remembered id, ``ghost x capacity`` of them per
     cache); in a hierarchy's lower tiers the policy sees demotions, not requests, so its
     shadows judge a stream that is not the workload's.
 
     Invariants: those of :class:`LeafPriorityPolicy`; ``_uses`` holds a count for every tracked
     id and for at most ``ghost x capacity`` untracked ids, which are exactly ``_ghost``'s keys;
-    ``_leader`` indexes ``_shadows`` (or is 0 without them) and the head start in use is the
-    leader's.
+    ``_leader`` indexes ``_shadows`` (or is 0 without them) and the head start and frequency
+    scale in use are the leader's.
     """
 
     name = "session"
 
     def __init__(self, capacity: int, hot_bonus: float = DEFAULT_HOT_BONUS, ghost: float = DEFAULT_GHOST,
-                 experts: Sequence[float] = DEFAULT_EXPERTS) -> None:
+                 experts: Sequence[Union[float, Ordering]] = DEFAULT_EXPERTS, freq_scale: float = 0.0) -> None:
         super().__init__(capacity)
-        if hot_bonus < 0 or ghost < 0 or any(e < 0 for e in experts):
-            raise ValueError(f"session: hot_bonus, ghost and experts must be >= 0, got {hot_bonus}, {ghost}, {experts}")
-        self._bonuses = (hot_bonus, *experts) if experts else (hot_bonus,)
+        orderings = [(hot_bonus, freq_scale), *(as_ordering(e) for e in experts)]
+        if ghost < 0 or any(v < 0 for o in orderings for v in o):
+            raise ValueError(f"session: hot_bonus, freq_scale, ghost and experts must be >= 0, got {hot_bonus}, "
+                             f"{freq_scale}, {ghost}, {experts}")
+        self._orderings = tuple(orderings)
         self._bonus = hot_bonus * capacity
+        self._scale = freq_scale * capacity
         self._ghost_size = int(ghost * capacity)
         self._uses: dict[int, int] = {}
         self._ghost: OrderedDict[int, None] = OrderedDict()
-        self._shadows = [_Shadow(capacity, b, ghost) for b in self._bonuses] if experts else []
+        self._shadows = [_Shadow(capacity, o, ghost) for o in self._orderings] if experts else []
         self._leader = 0
         self._decay = 0.5 ** (1.0 / (SCORE_HALF_LIFE * capacity))
 
@@ -116,7 +131,10 @@ class Session(LeafPriorityPolicy):
             self._ghost.pop(block_id, None)
         uses = self._uses.get(block_id, 0) + 1
         self._uses[block_id] = uses
-        return self._clock + self._bonus if uses >= 2 else self._clock
+        if uses < 2:
+            return self._clock
+        key = self._clock + self._bonus
+        return key + self._scale * math.log2(uses) if self._scale else key
 
     def _forget(self, block_id: int) -> None:
         if self._ghost_size == 0:
@@ -142,8 +160,9 @@ class Session(LeafPriorityPolicy):
 
     def _pick_leader(self, clock: int) -> None:
         scores = [s.score(clock, self._decay) for s in self._shadows]
-        self._leader = min(range(len(scores)), key=scores.__getitem__)  # ties: the default head start
-        self._bonus = self._bonuses[self._leader] * self.capacity
+        self._leader = min(range(len(scores)), key=scores.__getitem__)  # ties: the default ordering
+        bonus, scale = self._orderings[self._leader]
+        self._bonus, self._scale = bonus * self.capacity, scale * self.capacity
 
     def check_invariants(self) -> None:
         super().check_invariants()
@@ -151,10 +170,25 @@ class Session(LeafPriorityPolicy):
         assert self._ghost.keys().isdisjoint(self._parent), "a tracked id is a ghost"
         assert self._uses.keys() == self._parent.keys() | self._ghost.keys(), "use counts != tracked + ghosts"
         assert 0 <= self._leader < max(1, len(self._shadows)), "leader out of range"
-        assert self._bonus == self._bonuses[self._leader] * self.capacity, "head start is not the leader's"
+        bonus, scale = self._orderings[self._leader]
+        assert (self._bonus, self._scale) == (bonus * self.capacity, scale * self.capacity), "ordering is not the leader's"
         for shadow in self._shadows:
             shadow.policy.check_invariants()
             assert len(shadow.policy) <= self.capacity, "a shadow over capacity"
+
+
+def as_ordering(expert: Union[float, Ordering]) -> Ordering:
+    """An expert as (head start, frequency scale): a plain number is a head start.
+
+    Raises:
+        ValueError: a sequence that is not a pair.
+    """
+    if isinstance(expert, (tuple, list)):
+        if len(expert) != 2:
+            raise ValueError(f"session: an expert is a head start or a (head start, frequency scale) pair, got {expert!r}")
+        bonus, scale = expert
+        return float(bonus), float(scale)
+    return float(expert), 0.0
 
 
 class _Either:
@@ -176,7 +210,7 @@ class _Either:
 
 
 class _Shadow:
-    """A full-size cache run by a ``Session`` with one fixed head start, in prefix semantics.
+    """A full-size cache run by a ``Session`` with one fixed ordering, in prefix semantics.
 
     ``step`` handles one access: a request starts at an id without parent; its ids hit while
     every earlier id of the request hit and the id is cached; a miss is stored (evicting one
@@ -185,8 +219,9 @@ class _Shadow:
 
     __slots__ = ("policy", "hitting", "misses", "last")
 
-    def __init__(self, capacity: int, bonus: float, ghost: float) -> None:
-        self.policy = Session(capacity, hot_bonus=bonus, ghost=ghost, experts=())
+    def __init__(self, capacity: int, ordering: Union[float, Ordering], ghost: float) -> None:
+        bonus, scale = as_ordering(ordering)
+        self.policy = Session(capacity, hot_bonus=bonus, ghost=ghost, experts=(), freq_scale=scale)
         self.hitting = False
         self.misses = 0.0
         self.last = 0

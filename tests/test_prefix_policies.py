@@ -74,6 +74,34 @@ def test_session_remembers_use_counts_of_evicted_blocks() -> None:
     no_ghost.check_invariants()
 
 
+def test_session_frequency_scale_keeps_the_most_used_block() -> None:
+    def run(policy: Session) -> list[int]:
+        _chain(policy, [1])
+        policy.on_access([1], Hints(parents=[None]))
+        policy.on_access([1], Hints(parents=[None]))
+        policy.on_access([1], Hints(parents=[None]))  # 4 uses, last at tick 4
+        _chain(policy, [2])
+        policy.on_access([2], Hints(parents=[None]))  # 2 uses, last at tick 6
+        _chain(policy, [3])  # 1 use, tick 7
+        policy.check_invariants()
+        return policy.victims(3)
+
+    # keys with freq_scale 1 (x capacity 4 ticks per doubling): 1 -> 4 + 8, 2 -> 6 + 4, 3 -> 7
+    assert run(Session(4, hot_bonus=0.0, experts=(), freq_scale=1.0)) == [3, 2, 1]
+    assert run(Session(4, hot_bonus=0.0, experts=())) == [1, 2, 3]  # recency alone
+    with pytest.raises(ValueError, match="freq_scale"):
+        Session(4, experts=((0.0, -1.0),))
+    with pytest.raises(ValueError, match="pair"):
+        Session(4, experts=((0.0, 1.0, 2.0),))
+    assert Session(4, experts=[[0.0, 2.0]])._orderings == ((2.0, 0.0), (0.0, 2.0))
+
+
+def test_session_default_experts_include_a_frequency_ordering() -> None:
+    policy = Session(8)
+    assert [s.policy._scale for s in policy._shadows] == [0.0, 0.0, 0.0, 16.0]
+    assert [s.policy._bonus for s in policy._shadows] == [16.0, 0.0, 64.0, 0.0]
+
+
 def test_cost_keeps_deeper_blocks_at_equal_use() -> None:
     policy = CostAware(8, depth_scale=1.0)
     _chain(policy, [1, 2, 3])  # depths 0, 1, 2: costs 1, 2, 3

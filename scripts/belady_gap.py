@@ -1,0 +1,163 @@
+#!/usr/bin/env python3
+"""Where the LRU-to-Belady gap lies: the accesses Belady hits and LRU misses, in prefix semantics.
+
+For each capacity, replays the trace through a plain LRU and a plain Belady (single tier,
+prefix semantics: a request's blocks hit until its first miss; every block is then stored)
+and describes the accesses only Belady hits: how long ago the block was last used (in
+capacities of block accesses), how often it was used before, and its depth in its request.
+An online policy has to keep those blocks that long, picked by what it can see then.
+
+It also reports a frequency oracle: a cache that only ever holds the ``capacity`` blocks
+accessed most often over the whole trace (it knows every block's future popularity, not when
+it comes). Where the oracle closes little of the gap, popularity alone cannot: the gap is in
+timing.
+
+    python scripts/belady_gap.py tests/data/mooncake_synthetic_trace.jsonl --capacity 1000,4000,16000
+
+The miss ratios are the ones ``tiercache replay`` reports for ``lru`` and ``belady``
+(``tests/test_belady_gap.py`` checks this on the bundled sample).
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import json
+from collections import OrderedDict
+
+import numpy as np
+
+from tiercache.sim.loader import load_trace
+
+#: Never used again (sorts after every position).
+NEVER = 1 << 62
+
+
+def requests_of(path: str) -> tuple[list[int], list[int]]:
+    """The trace's block ids in access order and its request offsets (``len(requests) + 1``)."""
+    trace = load_trace(path)
+    return [int(b) for b in trace.ids], [int(o) for o in trace.offsets]
+
+
+def next_uses(ids: list[int]) -> list[int]:
+    """Position of each access's next access to the same id (``NEVER`` if none)."""
+    upcoming: dict[int, int] = {}
+    result = [NEVER] * len(ids)
+    for position in range(len(ids) - 1, -1, -1):
+        result[position] = upcoming.get(ids[position], NEVER)
+        upcoming[ids[position]] = position
+    return result
+
+
+def lru_hits(ids: list[int], offsets: list[int], capacity: int) -> np.ndarray:
+    """Per access, whether LRU of ``capacity`` blocks hits it in prefix semantics."""
+    cache: OrderedDict[int, None] = OrderedDict()
+    hit = np.zeros(len(ids), dtype=bool)
+    for a, b in zip(offsets, offsets[1:]):
+        hitting = True
+        for position in range(a, b):
+            block = ids[position]
+            hitting = hitting and block in cache
+            hit[position] = hitting
+            if block in cache:
+                cache.move_to_end(block)
+            else:
+                if len(cache) >= capacity:
+                    cache.popitem(last=False)
+                cache[block] = None
+    return hit
+
+
+def belady_hits(ids: list[int], offsets: list[int], capacity: int, upcoming: list[int]) -> np.ndarray:
+    """Per access, whether Belady (evict the block used farthest in the future) hits it."""
+    cache: dict[int, int] = {}  # id -> next use
+    heap: list[tuple[int, int]] = []  # (-next use, id), stale entries skipped
+    hit = np.zeros(len(ids), dtype=bool)
+    for a, b in zip(offsets, offsets[1:]):
+        hitting = True
+        for position in range(a, b):
+            block = ids[position]
+            hitting = hitting and block in cache
+            hit[position] = hitting
+            if block not in cache:
+                while len(cache) >= capacity:
+                    negative, victim = heapq.heappop(heap)
+                    if cache.get(victim) == -negative:
+                        del cache[victim]
+            cache[block] = upcoming[position]
+            heapq.heappush(heap, (-upcoming[position], block))
+    return hit
+
+
+def frequency_oracle_hits(ids: list[int], offsets: list[int], capacity: int) -> np.ndarray:
+    """Per access, whether a cache holding only the ``capacity`` most accessed ids (ties: the
+    first seen) hits it: in that set, seen before, and every earlier block of the request hit."""
+    counts: dict[int, int] = {}
+    for block in ids:
+        counts[block] = counts.get(block, 0) + 1
+    keep = set(sorted(counts, key=lambda b: -counts[b])[:capacity])  # sorted() is stable: first seen wins ties
+    seen: set[int] = set()
+    hit = np.zeros(len(ids), dtype=bool)
+    for a, b in zip(offsets, offsets[1:]):
+        hitting = True
+        for position in range(a, b):
+            block = ids[position]
+            hitting = hitting and block in keep and block in seen
+            hit[position] = hitting
+            seen.add(block)
+    return hit
+
+
+def describe(ids: list[int], offsets: list[int], capacity: int, upcoming: list[int]) -> dict:
+    """Miss ratios of LRU and Belady and the shape of the accesses only Belady hits."""
+    lru, bel = lru_hits(ids, offsets, capacity), belady_hits(ids, offsets, capacity, upcoming)
+    only = bel & ~lru
+    gaps, uses, depths = [], [], []
+    last: dict[int, int] = {}
+    count: dict[int, int] = {}
+    for r, (a, b) in enumerate(zip(offsets, offsets[1:])):
+        for position in range(a, b):
+            block = ids[position]
+            if only[position]:
+                gaps.append((position - last[block]) / capacity)
+                uses.append(count[block])
+                depths.append(position - a)
+            last[block] = position
+            count[block] = count.get(block, 0) + 1
+    quantiles = (0.1, 0.5, 0.9)
+
+    def q(values: list[float]) -> list[float]:
+        return [round(float(v), 2) for v in np.quantile(values, quantiles)] if values else []
+
+    oracle = frequency_oracle_hits(ids, offsets, capacity)
+    return {"capacity": capacity, "lru_miss": 1 - lru.mean(), "belady_miss": 1 - bel.mean(),
+            "frequency_oracle_miss": 1 - oracle.mean(),
+            "belady_hits_lru_also": float((bel & lru).sum() / max(1, bel.sum())),
+            "belady_only_share": float(only.sum() / len(ids)),
+            "gap_capacities_q10_50_90": q(gaps), "prior_uses_q10_50_90": q(uses), "depth_q10_50_90": q(depths),
+            "beyond_2_capacities": float(np.mean(np.array(gaps) > 2.0)) if gaps else 0.0}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("trace", help="trace file or kv-cache-tester folder")
+    parser.add_argument("--capacity", default="1000,4000,16000", help="comma list of capacities in blocks")
+    parser.add_argument("--json", help="write the rows here")
+    args = parser.parse_args()
+    ids, offsets = requests_of(args.trace)
+    upcoming = next_uses(ids)
+    rows = [describe(ids, offsets, int(c), upcoming) for c in args.capacity.split(",")]
+    print(f"{'capacity':>8} {'LRU':>7} {'Belady':>7} {'freq':>7} {'both':>6} {'B only':>7} "
+          f"{'gap/capacity q10,50,90':>24} {'>2 cap':>7} {'prior uses q10,50,90':>21} {'depth q10,50,90':>18}")
+    for row in rows:
+        print(f"{row['capacity']:>8} {row['lru_miss']:7.4f} {row['belady_miss']:7.4f} {row['frequency_oracle_miss']:7.4f} "
+              f"{row['belady_hits_lru_also']:6.2f} "
+              f"{row['belady_only_share']:7.4f} {str(row['gap_capacities_q10_50_90']):>24} {row['beyond_2_capacities']:7.2f} "
+              f"{str(row['prior_uses_q10_50_90']):>21} {str(row['depth_q10_50_90']):>18}")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump(rows, fh, indent=2)
+
+
+if __name__ == "__main__":
+    main()
