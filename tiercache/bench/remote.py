@@ -4,11 +4,13 @@ One run, same bytes, same registered buffers, same client, side by side:
 
 * ``put``: tiercache publishes N blocks from the HBM pool (the CPU device here) into the
   remote tier through the manager's move API (plan, ``PoolToRemote`` handler: header,
-  xxh3 checksum, one ``batch_put_from_multi_buffers`` per 256 blocks, job settled and
-  completed by the manager) vs one raw ``batch_put_from`` of the same pool slots;
+  xxh3 checksum, ``batch_put_from_multi_buffers`` calls of up to 8 blocks pipelined with
+  the checksums, job settled and completed by the manager) vs one raw ``batch_put_from``
+  of the same pool slots;
 * ``get``: tiercache prefetches the N blocks from the remote tier into the pool (plan,
-  ``RemoteToPool``: ``batch_get_into_multi_buffers`` straight into the slots, checksum
-  verified, completion) vs one raw ``batch_get_into`` into the same slots.
+  ``RemoteToPool``: ``batch_get_into_multi_buffers`` calls of up to 8 blocks straight into
+  the slots, each piece verified while the next moves, completion) vs one raw
+  ``batch_get_into`` into the same slots.
 
 A third side, ``raw_mb``, is the raw two-buffer call tiercache makes (a 64-byte header
 buffer plus the slot, no checksum, no manager): how much of the gap is Mooncake's own cost
