@@ -59,8 +59,9 @@ _HEADER = struct.Struct("<4sHH16sQQQ")  # magic, version, reserved, key, payload
 _HEADER_SLOTS = 256  # headers registered per direction: the keys of one round
 # Keys per transfer call: piece k + 1 is on the wire while piece k is checksummed. Pieces
 # grow 2, 4, 8, 8, ... for puts (the wire starts once 2 blocks are hashed) and shrink
-# ..., 8, 8, 4, 2 for gets (only the last 2 blocks are verified after the wire is idle);
-# over TCP, calls of 8 values move data at least as fast as one call of 64.
+# ..., 8, 8, 4, 2 for gets (only the last 2 blocks are verified after the wire is idle).
+# Measured over TCP loopback (bench_remote's "raw 8/call" column): raw gets of 8 values a
+# call ran about 10% faster than one call of 64, raw puts about 5% slower.
 _FIRST_PIECE, _PIECE = 2, 8
 _NOT_FOUND = -704  # Mooncake's OBJECT_NOT_FOUND
 
@@ -424,9 +425,10 @@ def _transport_error(code: int) -> bool:
 def _pieces(n: int, shrinking: bool = False) -> list[tuple[int, int]]:
     """``[a, b)`` ranges covering ``n`` keys in order, of sizes 2, 4, 8, 8, ... (the last
     one what is left); ``shrinking`` reverses the sizes (..., 8, 8, 4, 2)."""
-    sizes, size = [], _FIRST_PIECE
-    while (left := n - sum(sizes)) > 0:
+    sizes, size, left = [], _FIRST_PIECE, n
+    while left > 0:
         sizes.append(min(size, left))
+        left -= sizes[-1]
         size = min(2 * size, _PIECE)
     if shrinking:
         sizes.reverse()
