@@ -40,7 +40,7 @@ def main() -> None:
         print(f"{op:<5}{gbps[f'raw_{op}']:>10.2f}{gbps[f'tc_{op}']:>16.2f}{result['ratios'][op]:>8.2f}{gbps[f'raw_mb_{op}']:>19.2f}"
               f"{gbps[f'raw8_{op}']:>17.2f}{result['ratios_vs_raw8'][op]:>17.2f}")
     print("ratio: median over repetitions of tiercache / raw (one batch call), measured side by side (the machine may be shared);")
-    print("ratio vs 8/call: the same against the raw calls made 8 blocks at a time, as tiercache sizes its calls")
+    print("ratio vs 8/call: the same against the raw calls made 8 blocks at a time (as tiercache sizes its get calls)")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as handle:
             json.dump(result, handle, indent=2)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import xxhash
 
-from tiercache.data.remote import _FIRST_PIECE, _PIECE, _checksum, _pieces
+from tiercache.data.remote import _FIRST_PIECE, _GET_PIECE, _PUT_PIECE, _checksum, _pieces
 
 
 def test_the_streaming_checksum_equals_the_one_shot_xxh3_on_random_inputs():
@@ -30,16 +30,19 @@ def test_the_streaming_checksum_equals_the_one_shot_xxh3_on_random_inputs():
 
 @pytest.mark.parametrize("n", [0, 1, 2, 3, 5, 7, 8, 14, 15, 64, 255, 256] + random.Random().sample(range(1, 300), 5))
 def test_pieces_cover_the_keys_in_order_small_at_the_start_of_puts_and_the_end_of_gets(n):
-    for shrinking in (False, True):
-        pieces = _pieces(n, shrinking)
-        bounds = [0] + [b for _, b in pieces]
-        assert pieces == list(zip(bounds[:-1], bounds[1:])) and bounds[-1] == n  # contiguous, in order, all n
-        assert all(0 < b - a <= _PIECE for a, b in pieces)
-    growing, shrinking = [b - a for a, b in _pieces(n)], [b - a for a, b in _pieces(n, True)]
-    assert shrinking == growing[::-1]
-    if n:
-        assert growing[0] == min(n, _FIRST_PIECE)  # a put's wire starts after hashing 2 blocks
-        assert shrinking[-1] == min(n, _FIRST_PIECE)  # a get verifies 2 blocks after the wire is idle
+    for most in (_PUT_PIECE, _GET_PIECE, 3):
+        for shrinking in (False, True):
+            pieces = _pieces(n, most, shrinking)
+            bounds = [0] + [b for _, b in pieces]
+            assert pieces == list(zip(bounds[:-1], bounds[1:])) and bounds[-1] == n  # contiguous, in order, all n
+            assert all(0 < b - a <= max(most, _FIRST_PIECE) for a, b in pieces)
+        growing, shrinking = [b - a for a, b in _pieces(n, most)], [b - a for a, b in _pieces(n, most, True)]
+        assert shrinking == growing[::-1]
+        if n:
+            assert growing[0] == min(n, _FIRST_PIECE)  # a put's wire starts after hashing 2 blocks
+            assert shrinking[-1] == min(n, _FIRST_PIECE)  # a get verifies 2 blocks after the wire is idle
+        if n >= 4 * most:
+            assert growing.count(most) >= 2  # full-size pieces in the middle
 
 
 def test_one_damaged_value_in_each_piece_is_a_miss_and_the_rest_read_bit_identical():
@@ -60,7 +63,7 @@ def test_one_damaged_value_in_each_piece_is_a_miss_and_the_rest_read_bit_identic
         store.register(dest)
         keys = [rng.bytes(16) for _ in range(n)]
         assert store.submit_put(keys, list(source)).result() == [True] * n
-        pieces = _pieces(n, shrinking=True)
+        pieces = _pieces(n, _GET_PIECE, shrinking=True)
         assert len(pieces) >= 4
         damaged = {a + (b - a) // 2 for a, b in pieces}  # one value inside every piece
         for i in damaged:

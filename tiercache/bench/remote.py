@@ -4,7 +4,7 @@ One run, same bytes, same registered buffers, same client, side by side:
 
 * ``put``: tiercache publishes N blocks from the HBM pool (the CPU device here) into the
   remote tier through the manager's move API (plan, ``PoolToRemote`` handler: header,
-  xxh3 checksum, ``batch_put_from_multi_buffers`` calls of up to 8 blocks pipelined with
+  xxh3 checksum, ``batch_put_from_multi_buffers`` calls of up to 16 blocks pipelined with
   the checksums, job settled and completed by the manager) vs one raw ``batch_put_from``
   of the same pool slots;
 * ``get``: tiercache prefetches the N blocks from the remote tier into the pool (plan,
@@ -15,9 +15,9 @@ One run, same bytes, same registered buffers, same client, side by side:
 A third side, ``raw_mb``, is the raw two-buffer call tiercache makes (a 64-byte header
 buffer plus the slot, no checksum, no manager): how much of the gap is Mooncake's own cost
 of a two-part value rather than tiercache's. A fourth, ``raw8``, is the plain raw calls made
-8 blocks at a time, as tiercache sizes its calls: over TCP they are often faster than one
-call of 64, so ``ratios_vs_raw8`` shows how much of a ratio is call sizing rather than
-tiercache. The ratios are against the plain raw calls (one call per batch).
+8 blocks at a time, as tiercache sizes its get calls: over TCP those gets are often faster
+than one call of 64, so ``ratios_vs_raw8`` shows how much of a ratio is call sizing rather
+than tiercache. The ratios are against the plain raw calls (one call per batch).
 
 By default the values live in another process's segment (a holder client started here,
 the bench's own client contributing none), so every byte crosses TCP loopback, as it
