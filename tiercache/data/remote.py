@@ -12,8 +12,8 @@ match (corrupt, truncated, written by something else) is a counted miss, never s
 
 Transfers are batched and zero-copy: ``batch_put_from_multi_buffers`` /
 ``batch_get_into_multi_buffers`` move the header from a registered header array and the
-payload straight from (into) the registered pool slots, up to 16 blocks a put call and 8 a
-get call, on a wire thread while the I/O thread checksums the previous (or next) piece. Both sides run without
+payload straight from (into) the registered pool slots, up to 16 blocks a call, on a wire
+thread while the I/O thread checksums the previous (or next) piece. Both sides run without
 the GIL (Mooncake's calls release it, and so does xxhash's streaming ``update``), so
 neither waits on the other; a put's first pieces and a get's last ones are small, so little
 hashing is left outside the transfer. Jobs return futures the engine settles; existence
@@ -59,11 +59,11 @@ _HEADER = struct.Struct("<4sHH16sQQQ")  # magic, version, reserved, key, payload
 _HEADER_SLOTS = 256  # headers registered per direction: the keys of one round
 # Keys per transfer call: piece k + 1 is on the wire while piece k is checksummed. Pieces
 # grow 2, 4, 8, 16, 16, ... for puts (the wire starts once 2 blocks are hashed) and shrink
-# ..., 8, 8, 4, 2 for gets (only the last 2 blocks are verified after the wire is idle).
-# The sizes follow raw calls timed over TCP loopback (1 MiB values, medians of 12 rounds,
-# against one call of 64): gets of 8 or 16 a call ran 5-20% faster, of 32 the same; puts of
-# 16 to 64 a call were within 5% of each other, of 8 about 10% slower.
-_FIRST_PIECE, _PUT_PIECE, _GET_PIECE = 2, 16, 8
+# ..., 16, 8, 4, 2 for gets (only the last 2 blocks are verified after the wire is idle).
+# 16 follows raw calls timed here (1 MiB values, against one call of 64): over TCP loopback
+# gets of 8 or 16 a call ran 5-20% faster, puts of 16-64 were within 5% of each other and of
+# 8 about 10% slower; within one segment (memory copies) calls of 8 were 10-20% slower.
+_FIRST_PIECE, _PUT_PIECE, _GET_PIECE = 2, 16, 16
 _NOT_FOUND = -704  # Mooncake's OBJECT_NOT_FOUND
 
 
