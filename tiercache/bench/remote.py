@@ -4,20 +4,15 @@ One run, same bytes, same registered buffers, same client, side by side:
 
 * ``put``: tiercache publishes N blocks from the HBM pool (the CPU device here) into the
   remote tier through the manager's move API (plan, ``PoolToRemote`` handler: header,
-  xxh3 checksum, ``batch_put_from_multi_buffers`` calls of up to 16 blocks pipelined with
-  the checksums, job settled and completed by the manager) vs one raw ``batch_put_from``
-  of the same pool slots;
+  xxh3 checksum, one ``batch_put_from_multi_buffers`` per 256 blocks, job settled and
+  completed by the manager) vs one raw ``batch_put_from`` of the same pool slots;
 * ``get``: tiercache prefetches the N blocks from the remote tier into the pool (plan,
-  ``RemoteToPool``: ``batch_get_into_multi_buffers`` calls of up to 16 blocks straight into
-  the slots, each piece verified while the next moves, completion) vs one raw
-  ``batch_get_into`` into the same slots.
+  ``RemoteToPool``: ``batch_get_into_multi_buffers`` straight into the slots, checksum
+  verified, completion) vs one raw ``batch_get_into`` into the same slots.
 
 A third side, ``raw_mb``, is the raw two-buffer call tiercache makes (a 64-byte header
 buffer plus the slot, no checksum, no manager): how much of the gap is Mooncake's own cost
-of a two-part value rather than tiercache's. A fourth, ``raw16``, is the plain raw calls made
-16 blocks at a time, as tiercache sizes its calls: over TCP those gets are often faster than
-one call of 64, so ``ratios_vs_raw16`` shows how much of a ratio is call sizing rather than
-tiercache. The ratios are against the plain raw calls (one call per batch).
+of a two-part value rather than tiercache's. The ratios are against the plain raw calls.
 
 By default the values live in another process's segment (a holder client started here,
 the bench's own client contributing none), so every byte crosses TCP loopback, as it
@@ -64,7 +59,7 @@ class RemoteBenchConfig:
 
     layout: KVLayout
     blocks: int = 64
-    reps: int = 25
+    reps: int = 15
     local_segment: bool = False
     seed: int = 0
 
@@ -112,22 +107,6 @@ class _Sides:
         codes = self.client.batch_get_into(names, self.pointers, [self.pool.block_bytes] * self.n)
         seconds = time.perf_counter() - start
         assert all(c == self.pool.block_bytes for c in codes), f"raw get failed: {sorted(set(codes))}"
-        return seconds
-
-    def raw16_put(self, names: list[str]) -> float:
-        start, codes = time.perf_counter(), []
-        for part in _parts(self.n, 16):
-            codes += self.client.batch_put_from(names[part], self.pointers[part], [self.pool.block_bytes] * len(names[part]))
-        seconds = time.perf_counter() - start
-        assert all(c == 0 for c in codes), f"raw put (16 per call) failed: {sorted(set(codes))}"
-        return seconds
-
-    def raw16_get(self, names: list[str]) -> float:
-        start, codes = time.perf_counter(), []
-        for part in _parts(self.n, 16):
-            codes += self.client.batch_get_into(names[part], self.pointers[part], [self.pool.block_bytes] * len(names[part]))
-        seconds = time.perf_counter() - start
-        assert all(c == self.pool.block_bytes for c in codes), f"raw get (16 per call) failed: {sorted(set(codes))}"
         return seconds
 
     def raw_mb_put(self, names: list[str]) -> float:
@@ -181,10 +160,6 @@ class _Sides:
         self.remote.close()
 
 
-def _parts(n: int, step: int) -> list[slice]:
-    return [slice(a, min(a + step, n)) for a in range(0, n, step)]
-
-
 def _start_holder(master: MasterProcess, segment: int) -> subprocess.Popen:
     holder = subprocess.Popen([sys.executable, "-c", _HOLDER, master.master, master.metadata, str(segment)],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
@@ -213,36 +188,30 @@ def run_remote_bench(config: RemoteBenchConfig) -> dict:
 
 
 def _measure(sides: _Sides, config: RemoteBenchConfig) -> dict:
-    rate = {f"{side}_{op}": [] for side in ("raw", "tc", "raw_mb", "raw16") for op in ("put", "get")}
-    ratios, ratios16 = {"put": [], "get": []}, {"put": [], "get": []}
+    rate = {k: [] for k in ("raw_put", "tc_put", "raw_mb_put", "raw_get", "tc_get", "raw_mb_get")}
+    ratios = {"put": [], "get": []}
     for rep in range(config.reps):
         keys = [bytes([rep % 256]) + i.to_bytes(15, "little") for i in range(sides.n)]
         raw_names = [f"bench-raw/{rep}/{i}" for i in range(sides.n)]
         mb_names = [f"bench-raw-mb/{rep}/{i}" for i in range(sides.n)]
-        names16 = [f"bench-raw16/{rep}/{i}" for i in range(sides.n)]
         tc_names = [value_name(sides.remote.tag, k) for k in keys]
-        put = {"raw": lambda: sides.raw_put(raw_names), "tc": lambda: sides.tc_put(keys), "raw_mb": lambda: sides.raw_mb_put(mb_names),
-               "raw16": lambda: sides.raw16_put(names16)}
-        get = {"raw": lambda: sides.raw_get(raw_names), "tc": sides.tc_get, "raw_mb": lambda: sides.raw_mb_get(mb_names),
-               "raw16": lambda: sides.raw16_get(names16)}
+        put = {"raw": lambda: sides.raw_put(raw_names), "tc": lambda: sides.tc_put(keys), "raw_mb": lambda: sides.raw_mb_put(mb_names)}
+        get = {"raw": lambda: sides.raw_get(raw_names), "tc": sides.tc_get, "raw_mb": lambda: sides.raw_mb_get(mb_names)}
         seconds = {}
-        for side in (("raw", "tc", "raw_mb", "raw16") if rep % 2 == 0 else ("tc", "raw", "raw_mb", "raw16")):
+        for side in (("raw", "tc", "raw_mb") if rep % 2 == 0 else ("tc", "raw", "raw_mb")):
             sides.fill()
             seconds[f"{side}_put"] = put[side]()
             sides.clear()
             seconds[f"{side}_get"] = get[side]()
             if side != "tc":
                 sides.check_raw()
-        sides.remove(raw_names + mb_names + names16 + tc_names)
+        sides.remove(raw_names + mb_names + tc_names)
         for name, value in seconds.items():
             rate[name].append(sides.nbytes / value / 1e9)
         ratios["put"].append(seconds["raw_put"] / seconds["tc_put"])
         ratios["get"].append(seconds["raw_get"] / seconds["tc_get"])
-        for op in ("put", "get"):
-            ratios16[op].append(seconds[f"raw16_{op}"] / seconds[f"tc_{op}"])
     return {"blocks": sides.n, "block_bytes": config.layout.block_bytes, "reps": config.reps,
             "values_in": "this client's segment" if config.local_segment else "another process's segment (TCP loopback)",
             "gbps": {k: statistics.median(v) for k, v in rate.items()},
             "ratios": {k: statistics.median(v) for k, v in ratios.items()},
-            "ratios_vs_raw16": {k: statistics.median(v) for k, v in ratios16.items()},
             "ratio_samples": ratios}

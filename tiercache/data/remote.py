@@ -12,12 +12,10 @@ match (corrupt, truncated, written by something else) is a counted miss, never s
 
 Transfers are batched and zero-copy: ``batch_put_from_multi_buffers`` /
 ``batch_get_into_multi_buffers`` move the header from a registered header array and the
-payload straight from (into) the registered pool slots, up to 16 blocks a call, on a wire
-thread while the I/O thread checksums the previous (or next) piece. Both sides run without
-the GIL (Mooncake's calls release it, and so does xxhash's streaming ``update``), so
-neither waits on the other; a put's first pieces and a get's last ones are small, so little
-hashing is left outside the transfer. Jobs return futures the engine settles; existence
-checks run on a third thread with a timeout.
+payload straight from (into) the registered pool slots, 16 blocks a call, on a wire thread
+while the I/O thread checksums the previous (or next) piece: Mooncake's calls release the
+GIL, xxhash does not. Jobs return futures the engine settles; existence checks run on a
+third thread with a timeout.
 
 Failures never raise to the caller: a failed call counts as an error, and for ``retry_s``
 after it every remote call is skipped (a miss) instead of waiting on a dead master; then the
@@ -32,7 +30,6 @@ reading it, and Mooncake's own eviction reclaims the space.
 from __future__ import annotations
 
 import hashlib
-import itertools
 import queue
 import socket
 import struct
@@ -57,13 +54,7 @@ HEADER_BYTES = 64
 _MAGIC, _VERSION = b"TCKV", 1
 _HEADER = struct.Struct("<4sHH16sQQQ")  # magic, version, reserved, key, payload bytes, layout tag, checksum
 _HEADER_SLOTS = 256  # headers registered per direction: the keys of one round
-# Keys per transfer call: piece k + 1 is on the wire while piece k is checksummed. Pieces
-# grow 2, 4, 8, 16, 16, ... for puts (the wire starts once 2 blocks are hashed) and shrink
-# ..., 16, 8, 4, 2 for gets (only the last 2 blocks are verified after the wire is idle).
-# 16 follows raw calls timed here (1 MiB values, against one call of 64): over TCP loopback
-# gets of 8 or 16 a call ran 5-20% faster, puts of 16-64 were within 5% of each other and of
-# 8 about 10% slower; within one segment (memory copies) calls of 8 were 10-20% slower.
-_FIRST_PIECE, _PUT_PIECE, _GET_PIECE = 2, 16, 16
+_PIECE = 16  # keys per transfer call: piece k + 1 is on the wire while piece k is checksummed
 _NOT_FOUND = -704  # Mooncake's OBJECT_NOT_FOUND
 
 
@@ -93,16 +84,7 @@ def value_name(tag: int, key: bytes) -> str:
 
 
 def _checksum(key: bytes, payload: np.ndarray) -> int:
-    """xxh3-64 of ``payload`` seeded by the key, without the GIL.
-
-    The streaming object's ``update`` releases the GIL while it hashes (the one-shot
-    ``xxh3_64_intdigest`` holds it), so the wire thread and the caller run meanwhile; the
-    digest equals the one-shot one (xxh3 streaming and one-shot agree by specification,
-    and a test checks it on random inputs).
-    """
-    hasher = xxhash.xxh3_64(seed=int.from_bytes(key[:8], "little"))
-    hasher.update(payload)
-    return hasher.intdigest()
+    return xxhash.xxh3_64_intdigest(payload, seed=int.from_bytes(key[:8], "little"))
 
 
 class Breaker:
@@ -318,7 +300,7 @@ class RemoteStore:
         piece is on the wire; one ``batch_put_from_multi_buffers`` per piece."""
         headers, names = self.headers[:_HEADER_SLOTS], [value_name(self.tag, k) for k in keys]
         moving = []
-        for a, b in _pieces(len(keys), _PUT_PIECE):
+        for a, b in _pieces(len(keys)):
             for i in range(a, b):
                 key, payload = keys[i], payloads[i]
                 _HEADER.pack_into(headers[i], 0, _MAGIC, _VERSION, 0, key, payload.nbytes, self.tag, _checksum(key, payload))
@@ -345,7 +327,7 @@ class RemoteStore:
         wire at once, and each piece is verified as soon as it landed (while the next moves)."""
         headers, names = self.headers[_HEADER_SLOTS:], [value_name(self.tag, k) for k in keys]
         moving = []
-        for a, b in _pieces(len(keys), _GET_PIECE, shrinking=True):
+        for a, b in _pieces(len(keys)):
             pointers = [[headers[i].ctypes.data, payloads[i].ctypes.data] for i in range(a, b)]
             sizes = [[HEADER_BYTES, payloads[i].nbytes] for i in range(a, b)]
             call = (lambda c, n=names[a:b], p=pointers, z=sizes: c.batch_get_into_multi_buffers(n, p, z))
@@ -423,18 +405,8 @@ def _transport_error(code: int) -> bool:
     return -1000 < code <= -900
 
 
-def _pieces(n: int, most: int, shrinking: bool = False) -> list[tuple[int, int]]:
-    """``[a, b)`` ranges covering ``n`` keys in order, of sizes 2, 4, 8, ... doubling up to
-    ``most`` (the last one what is left); ``shrinking`` reverses the sizes (..., 4, 2)."""
-    sizes, size, left = [], _FIRST_PIECE, n
-    while left > 0:
-        sizes.append(min(size, left))
-        left -= sizes[-1]
-        size = min(2 * size, most)
-    if shrinking:
-        sizes.reverse()
-    ends = list(itertools.accumulate(sizes))
-    return list(zip([0, *ends[:-1]], ends))
+def _pieces(n: int) -> list[tuple[int, int]]:
+    return [(a, min(a + _PIECE, n)) for a in range(0, n, _PIECE)]
 
 
 def _servers_accept(config: RemoteConfig) -> bool:
