@@ -19,7 +19,7 @@ tokens), what a real model's per-layer blocks weigh. Small blocks (``--kv-heads 
 64``: 128 KiB) make the read CPU-bound on a small machine: each block costs its I/O thread
 about 50 us of Python and syscalls whatever its size, time the compute thread then competes for.
 
-Usage: ``python scripts/bench_decode.py [--tokens 262144] [--repeats 5] [--json OUT]``
+Usage: ``python scripts/bench_decode.py [--tokens 262144] [--repeats 7] [--json OUT]``
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--q-heads", type=int, default=None, help="query heads (default: calibrated)")
     parser.add_argument("--window-blocks", type=int, default=32)
     parser.add_argument("--depth", type=int, default=4)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--path", default=None, help="folder for the temporary NVMe store")
     parser.add_argument("--threads", type=int, default=max(1, cpu_count() - 1),
                         help="torch compute threads (default: all CPUs but one, which serves the NVMe I/O threads)")

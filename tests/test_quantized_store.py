@@ -131,6 +131,23 @@ def test_a_store_written_before_codecs_were_recorded_reads_as_codec_none(tmp_pat
         NVMeStore(tmp_path, LAYOUT, codec="fp8")
 
 
+def test_an_int8_store_of_the_older_block_format_is_refused_and_left_intact(tmp_path):
+    """INT8's blocks changed layout (format 2: refined outlier key channels); a store that
+    records no format (format 1) is refused before anything is read, adopted or removed."""
+    with NVMeStore(tmp_path, LAYOUT, 4, codec="int8") as store:
+        store.put([key(1)], kv_blocks(1))
+        store.flush()
+    meta = tmp_path / "zarr.json"
+    doc = json.loads(meta.read_text())
+    assert doc["attributes"]["tiercache"]["codec_format"] == 2
+    del doc["attributes"]["tiercache"]["codec_format"]
+    meta.write_text(json.dumps(doc))
+    files = sorted(p.name for p in tmp_path.rglob("*"))
+    with pytest.raises(UserError, match="int8 blocks in format 1, this tiercache reads format 2"):
+        NVMeStore(tmp_path, LAYOUT, codec="int8")
+    assert sorted(p.name for p in tmp_path.rglob("*")) == files
+
+
 @pytest.mark.parametrize("codec", [Codec.INT8, Codec.FP8, Codec.INT4])
 def test_quantised_chunks_are_zarr_readable_encoded_bytes(tmp_path, codec):
     blocks = kv_blocks(3)

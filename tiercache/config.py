@@ -143,11 +143,13 @@ class Codec(enum.Enum):
         elements = 2 * lead * heads * tokens * dim
         k_groups = lead * heads * (tokens // codec_group(tokens)) * dim  # K: along tokens, per channel
         v_groups = lead * heads * tokens * (dim // codec_group(dim))  # V: along head_dim, per token
-        if self is Codec.INT8:
-            return elements + 2 * (k_groups + v_groups)  # int8 codes, fp16 scales
+        if self is Codec.INT8:  # int8 codes, fp16 scales (K per channel over up to 256 tokens),
+            k_scales = lead * heads * (tokens // codec_group(tokens, INT8_K_GROUP)) * dim
+            outliers = min(KEY_OUTLIER_CHANNELS, dim)  # an int8 residual per outlier key value, int16 channel ids
+            return elements + 2 * (k_scales + v_groups) + lead * heads * outliers * (tokens + 2)
         if self is Codec.INT4:
             return (elements + 1) // 2 + 3 * (k_groups + v_groups)  # two codes a byte, fp16 scale + uint8 zero
-        outliers = min(FP8_OUTLIER_CHANNELS, dim)  # FP8: e4m3 codes, fp32 scale per half, exact key channels
+        outliers = min(KEY_OUTLIER_CHANNELS, dim)  # FP8: e4m3 codes, fp32 scale per half, exact key channels
         return elements + 8 * lead + lead * heads * outliers * (tokens * layout.dtype_bytes + 2)
 
 
@@ -213,13 +215,18 @@ class RemoteConfig:
 
 #: Group size cap of the INT8 and INT4 codecs (the issue's groups of 64).
 CODEC_GROUP = 64
-#: Key channels per (layer, head) that the FP8 codec keeps exact.
-FP8_OUTLIER_CHANNELS = 4
+#: Token group cap of INT8's key scales: one scale per channel over a whole 256-token block.
+INT8_K_GROUP = 256
+#: Key channels per (layer, head) that FP8 keeps exact and INT8 refines to ~15 bits.
+KEY_OUTLIER_CHANNELS = 4
+FP8_OUTLIER_CHANNELS = KEY_OUTLIER_CHANNELS
+#: On-disk format of each codec's blocks (a store records it; another is refused on open).
+CODEC_FORMATS = {"none": 1, "int8": 2, "fp8": 1, "int4": 1}
 
 
-def codec_group(n: int) -> int:
-    """The codecs' group size along a dim of ``n``: its largest divisor up to ``CODEC_GROUP``."""
-    return max(g for g in range(1, min(n, CODEC_GROUP) + 1) if n % g == 0)
+def codec_group(n: int, cap: int = CODEC_GROUP) -> int:
+    """The codecs' group size along a dim of ``n``: its largest divisor up to ``cap``."""
+    return max(g for g in range(1, min(n, cap) + 1) if n % g == 0)
 
 
 class Mode(enum.Enum):

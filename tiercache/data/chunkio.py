@@ -29,7 +29,7 @@ import google_crc32c
 import numcodecs
 import numpy as np
 
-from ..config import Codec, KVLayout
+from ..config import CODEC_FORMATS, Codec, KVLayout
 from ..errors import UserError
 
 __all__ = [
@@ -121,6 +121,7 @@ def layout_attributes(layout: KVLayout, compression: str | None, codec: Codec = 
         },
         "compression": compression,
         "codec": codec.value,
+        "codec_format": CODEC_FORMATS[codec.value],
     }
 
 
@@ -213,6 +214,11 @@ def check_store(path: str, layout: KVLayout, compression: str | None, capacity: 
         raise UserError(f"{meta_path}: store holds blocks encoded with codec {stored_codec!r}, asked for codec "
                         f"{codec.value!r}; open it with codec {stored_codec!r} (its blocks cannot be re-encoded in "
                         "place) or give the tier another directory")
+    stored_format = attrs.get("codec_format", 1)  # stores from before the attribute hold format 1
+    if stored_format != CODEC_FORMATS[codec.value]:
+        raise UserError(f"{meta_path}: store holds {codec.value} blocks in format {stored_format}, this tiercache "
+                        f"reads format {CODEC_FORMATS[codec.value]} ({codec.value}'s block layout changed); open it with "
+                        "the tiercache that wrote it, or give the tier another directory")
     _check_geometry(meta_path, meta, shape, chunk_geometry(layout, codec))
     if capacity is not None and capacity != shape[0]:
         raise UserError(f"{meta_path}: store capacity is {shape[0]} blocks, asked for {capacity}")
