@@ -131,10 +131,11 @@ def test_a_store_written_before_codecs_were_recorded_reads_as_codec_none(tmp_pat
         NVMeStore(tmp_path, LAYOUT, codec="fp8")
 
 
-def test_an_int8_store_of_the_older_block_format_is_refused_and_left_intact(tmp_path):
-    """INT8's blocks changed layout (format 2: refined outlier key channels); a store that
-    records no format (format 1) is refused before anything is read, adopted or removed."""
-    with NVMeStore(tmp_path, LAYOUT, 4, codec="int8") as store:
+@pytest.mark.parametrize("codec", ["int8", "int4"])
+def test_a_store_of_the_codecs_older_block_format_is_refused_and_left_intact(tmp_path, codec):
+    """INT8 and INT4 blocks changed layout (format 2: refined outlier key channels); a store
+    that records no format (format 1) is refused before anything is read, adopted or removed."""
+    with NVMeStore(tmp_path, LAYOUT, 4, codec=codec) as store:
         store.put([key(1)], kv_blocks(1))
         store.flush()
     meta = tmp_path / "zarr.json"
@@ -143,8 +144,8 @@ def test_an_int8_store_of_the_older_block_format_is_refused_and_left_intact(tmp_
     del doc["attributes"]["tiercache"]["codec_format"]
     meta.write_text(json.dumps(doc))
     files = sorted(p.name for p in tmp_path.rglob("*"))
-    with pytest.raises(UserError, match="int8 blocks in format 1, this tiercache reads format 2"):
-        NVMeStore(tmp_path, LAYOUT, codec="int8")
+    with pytest.raises(UserError, match=f"{codec} blocks in format 1, this tiercache reads format 2"):
+        NVMeStore(tmp_path, LAYOUT, codec=codec)
     assert sorted(p.name for p in tmp_path.rglob("*")) == files
 
 

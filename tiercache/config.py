@@ -147,8 +147,9 @@ class Codec(enum.Enum):
             k_scales = lead * heads * (tokens // codec_group(tokens, INT8_K_GROUP)) * dim
             outliers = min(KEY_OUTLIER_CHANNELS, dim)  # an int8 residual per outlier key value, int16 channel ids
             return elements + 2 * (k_scales + v_groups) + lead * heads * outliers * (tokens + 2)
-        if self is Codec.INT4:
-            return (elements + 1) // 2 + 3 * (k_groups + v_groups)  # two codes a byte, fp16 scale + uint8 zero
+        if self is Codec.INT4:  # two codes a byte, fp16 scale + uint8 zero; outlier key channels: a nibble each
+            outliers = min(KEY_OUTLIER_CHANNELS, dim)
+            return (elements + 1) // 2 + 3 * (k_groups + v_groups) + (lead * heads * tokens * outliers + 1) // 2 + 2 * lead * heads * outliers
         outliers = min(KEY_OUTLIER_CHANNELS, dim)  # FP8: e4m3 codes, fp32 scale per half, exact key channels
         return elements + 8 * lead + lead * heads * outliers * (tokens * layout.dtype_bytes + 2)
 
@@ -221,7 +222,7 @@ INT8_K_GROUP = 256
 KEY_OUTLIER_CHANNELS = 4
 FP8_OUTLIER_CHANNELS = KEY_OUTLIER_CHANNELS
 #: On-disk format of each codec's blocks (a store records it; another is refused on open).
-CODEC_FORMATS = {"none": 1, "int8": 2, "fp8": 1, "int4": 1}
+CODEC_FORMATS = {"none": 1, "int8": 2, "fp8": 1, "int4": 2}
 
 
 def codec_group(n: int, cap: int = CODEC_GROUP) -> int:
