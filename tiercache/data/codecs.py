@@ -152,12 +152,14 @@ def _top_channels(amax: torch.Tensor, count: int) -> torch.Tensor:
 
 
 def _channel_scales(k_scale: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """The float32 K scale of every (token, outlier channel) of ``index`` (``[..., H, T, n]``)
-    from ``k_scale`` (``[..., H, T/g, 1, D]``)."""
-    *lead, groups, _, dim = k_scale.shape
-    tokens = index.shape[-2]
-    per_token = k_scale.float().expand(*lead, groups, tokens // groups, dim).reshape(*lead, tokens, dim)
-    return per_token.gather(-1, index)
+    """The float32 K scale of every (token, outlier channel) of ``index`` (``[..., H, T, n]``,
+    the same channels for every token) from ``k_scale`` (``[..., H, T/g, 1, D]``): the
+    channels are picked per group first, so only ``n`` of the ``D`` columns are expanded."""
+    *lead, groups, _, _ = k_scale.shape
+    tokens, n = index.shape[-2], index.shape[-1]
+    columns = index[..., :1, :].unsqueeze(-3).expand(*lead, groups, 1, n)
+    picked = k_scale.gather(-1, columns).float()
+    return picked.expand(*lead, groups, tokens // groups, n).reshape(*lead, tokens, n)
 
 
 def _sym_scale16(grouped: torch.Tensor, dim: int) -> torch.Tensor:
