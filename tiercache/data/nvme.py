@@ -114,8 +114,7 @@ class NVMeStore(NVMeReads):
         self._in_place_layout = compression is None and self.chunk_bytes % PAGE == 0
         self._host_bytes = HostBytes(self.chunk_bytes)
         self._dir_dirty = False  # a chunk was renamed into place since the last directory fsync
-        self._lock = threading.Lock()
-        self._flush_lock = threading.Lock()
+        self._lock, self._flush_lock = threading.Lock(), threading.Lock()
         self._closed = False
         self.capacity = self._open(capacity_blocks, create)  # takes the directory lock
         self._codec = chunkio.ChunkCodec(self.chunk_bytes, compression, layout.dtype_bytes if self._block_codec is None else 1)
