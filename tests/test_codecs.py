@@ -282,3 +282,19 @@ def test_re_encoding_a_decoded_block_settles_at_once_or_within_a_few_round_trips
             assert torch.equal(y, x)
         x = y
     assert rel_err(x, block) <= 1.05 * first
+
+
+@pytest.mark.parametrize("codec", QUANTISED)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_values_at_the_dtypes_limit_decode_finite_and_within_the_bound(codec, dtype):
+    """fp16 KV up to 65504: a code's value may lie half a step beyond the largest finite
+    value (INT4's integer zero point shifts its range); it decodes clamped, never to inf."""
+    block = (torch.randn(1, 2, 4, 256, 128) * 6e4).clamp(-65504, 65504)
+    block[0, 0, 0, 0, :4] = torch.tensor([65504.0, -65504.0, 65504.0, -65504.0])
+    block = block.to(dtype)
+    impl, out, reference = codec_for(codec), torch.empty_like(block), torch.empty_like(block)
+    impl.decode(impl.encode(block), out)
+    impl.decode_reference(impl.encode_reference(block), reference)
+    assert torch.isfinite(out).all() and torch.equal(out, reference)
+    for half in (0, 1):
+        assert rel_err(out[:, half], block[:, half]) <= ROUND_TRIP_BOUND[codec]

@@ -229,24 +229,25 @@ def _pack(codes, out, n, c, h, t):
 
 @numba.njit(**_JIT)
 def int4_decode(packed, gk, gv, k_scale, k_zero, v_scale, v_zero, bf16, out, h0, h1):
-    """``(code - zero) * scale`` rounded into the fp16 (bf16) bits ``out`` ``[n, 2, heads,
-    tokens, dim]``."""
+    """``(code - zero) * scale``, clamped to the dtype's finite range, rounded into the fp16
+    (bf16) bits ``out`` ``[n, 2, heads, tokens, dim]``."""
     n_, _, heads, tokens, dim = out.shape
     u32, half_u32, codes = np.empty(dim, np.uint32), np.empty(dim, np.uint32), np.empty(dim, np.float32)
     row, half_f32 = u32.view(np.float32), half_u32.view(np.float32)
+    limit = np.float32(3.3895313892515355e38) if bf16 else np.float32(65504.0)  # the dtype's largest finite
     for n in range(n_):
         for h in range(h0, h1):
             for t in range(tokens):
                 _unpack(packed, n, 0, h, t, codes)
                 tg = t // gk
                 for d in range(dim):
-                    row[d] = (codes[d] - k_zero[n, h, tg, d]) * k_scale[n, h, tg, d]
+                    row[d] = min(max((codes[d] - k_zero[n, h, tg, d]) * k_scale[n, h, tg, d], -limit), limit)
                 _store(row, u32, bf16, half_f32, half_u32, out, n, 0, h, t)
                 _unpack(packed, n, 1, h, t, codes)
                 for g in range(dim // gv):
                     s, z = v_scale[n, h, t, g], v_zero[n, h, t, g]
                     for d in range(g * gv, (g + 1) * gv):
-                        row[d] = (codes[d] - z) * s
+                        row[d] = min(max((codes[d] - z) * s, -limit), limit)
                 _store(row, u32, bf16, half_f32, half_u32, out, n, 1, h, t)
 
 

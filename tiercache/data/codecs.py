@@ -142,7 +142,16 @@ class Int8Codec(BlockCodec):
         _k_groups(k, INT8_K_GROUP).mul_(k_scale.float())
         _v_groups(x.select(-4, 1)).mul_(v_scale.float())
         k.scatter_(-1, index, refined)
-        out.copy_(x)
+        out.copy_(_finite(x, out.dtype))
+
+
+def _finite(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``x`` (float32) clamped in place to ``dtype``'s finite range: a value within half a
+    quantisation step of fp16's largest (65504) must not decode to infinity."""
+    if dtype in (torch.float16, torch.bfloat16):
+        limit = torch.finfo(dtype).max
+        x.clamp_(-limit, limit)
+    return x
 
 
 def _top_channels(amax: torch.Tensor, count: int) -> torch.Tensor:
@@ -355,7 +364,7 @@ class Int4Codec(BlockCodec):
         scale = _channel_scales(k_scale, index)
         level = (k.gather(-1, index).float() / scale).round_()
         fine = _unpack4(packed, tuple(index.shape)).float().sub_(8)
-        k.scatter_(-1, index, ((level + fine / self._FINE) * scale).to(out.dtype))
+        k.scatter_(-1, index, _finite((level + fine / self._FINE) * scale, out.dtype).to(out.dtype))
 
     def _encode(self, block):
         k, v = _k_groups(block.select(-4, 0)), _v_groups(block.select(-4, 1))
@@ -401,8 +410,9 @@ class Int4Codec(BlockCodec):
         k_scale, k_zero, v_scale, v_zero = q.scales[:4]
         x = _unpack4(q.payload, q.shape).to(torch.float32)
         k, v = _k_groups(x.select(-4, 0)), _v_groups(x.select(-4, 1))
-        torch.mul(k.sub_(k_zero), k_scale, out=_k_groups(out.select(-4, 0)))
-        torch.mul(v.sub_(v_zero), v_scale, out=_v_groups(out.select(-4, 1)))
+        torch.mul(k.sub_(k_zero), k_scale, out=k)
+        torch.mul(v.sub_(v_zero), v_scale, out=v)
+        out.copy_(_finite(x, out.dtype))
         self._finish(q, out)
 
 
