@@ -210,7 +210,7 @@ class Fp8Codec(BlockCodec):
 
     def _encode(self, block):
         k = block.select(-4, 0)
-        channels = self._outlier_channels(k.abs().amax(dim=-2, keepdim=True))
+        channels = _top_channels(k.abs().amax(dim=-2, keepdim=True), self._OUTLIERS)
         index = channels.expand(*k.shape[:-1], channels.shape[-1])
         outliers = k.gather(-1, index)
         x = block.to(torch.float32, copy=True)
@@ -219,17 +219,12 @@ class Fp8Codec(BlockCodec):
         x.div_(scale).clamp_(-self._MAX, self._MAX)  # clamp: rounding may pass 448
         return x.to(torch.float8_e4m3fn), (scale, outliers.contiguous(), channels.to(torch.int16))
 
-    def _outlier_channels(self, amax: torch.Tensor) -> torch.Tensor:
-        """The ``_OUTLIERS`` channels of largest ``amax`` (``[..., heads, 1, dim]``), ascending."""
-        n = min(self._OUTLIERS, amax.shape[-1])
-        return amax.topk(n, dim=-1, sorted=False).indices.sort(dim=-1).values
-
     def _encode_fast(self, block, x, bf16):
         n, _, heads, tokens, dim = x.shape
         lead = block.shape[:-4]
         amax = torch.zeros(n, heads, dim)
         _on_heads(kernels.channel_amax, heads, x, _lut(bf16), amax.numpy())
-        channels = self._outlier_channels(amax.view(*lead, heads, 1, dim))
+        channels = _top_channels(amax.view(*lead, heads, 1, dim), self._OUTLIERS)
         k = block.select(-4, 0)
         outliers = k.gather(-1, channels.expand(*k.shape[:-1], channels.shape[-1]))
         keep = torch.ones(n, heads, dim).scatter_(-1, channels.reshape(n, heads, -1), 0.0).numpy()
