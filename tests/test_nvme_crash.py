@@ -28,22 +28,26 @@ from tiercache.data.nvme import NVMeStore
 
 LAYOUT = KVLayout(layers=2, kv_heads=2, head_dim=64, block_tokens=16, dtype="bfloat16", per_layer=True)
 
-CHILD = textwrap.dedent("""
+def child_script(block_tensor: str, layout: str, store_options: str = "") -> str:
+    """The writer child's script: ``block(i)`` returns ``block_tensor`` (an expression of
+    ``i``) as a batch of one, the store has ``layout`` (a ``KVLayout(...)`` expression) and
+    ``store_options`` (extra ``NVMeStore`` keywords, e.g. ``, codec="int4"``)."""
+    return textwrap.dedent("""
     import sys, torch
     from tiercache.config import KVLayout
     from tiercache.data.nvme import NVMeStore
 
     def block(i):
         g = torch.Generator().manual_seed(i)
-        return torch.randint(-2**15, 2**15, (1, 1, 2, 2, 16, 64), dtype=torch.int16, generator=g).view(torch.bfloat16)
+        return BLOCK
 
     def say(kind, ids):
         sys.stdout.write(" ".join([kind, *map(str, ids)]) + "\\n")  # one write: no torn lines
         sys.stdout.flush()
 
     path, start, in_place = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
-    layout = KVLayout(layers=2, kv_heads=2, head_dim=64, block_tokens=16, dtype="bfloat16", per_layer=True)
-    store = NVMeStore(path, layout, 12, io_threads=2, overwrite_in_place=in_place)
+    layout = LAYOUT
+    store = NVMeStore(path, layout, 12, io_threads=2, overwrite_in_place=in_placeOPTIONS)
     live = sorted(int(k[1:]) for k, _ in store.items())
     i = start
     while True:
@@ -60,7 +64,12 @@ CHILD = textwrap.dedent("""
         live += ok
         say("P", ok)
         i += 2
-""")
+    """).replace("BLOCK", block_tensor).replace("LAYOUT", layout).replace("OPTIONS", store_options)
+
+
+CHILD = child_script(
+    "torch.randint(-2**15, 2**15, (1, 1, 2, 2, 16, 64), dtype=torch.int16, generator=g).view(torch.bfloat16)",
+    'KVLayout(layers=2, kv_heads=2, head_dim=64, block_tokens=16, dtype="bfloat16", per_layer=True)')
 
 
 def block(i: int) -> torch.Tensor:

@@ -199,38 +199,12 @@ def test_quantised_hbm_and_bad_codecs_are_refused(tmp_path):
 
 # ----- crash safety holds for a quantised NVMe store too ----------------------------------
 
-CRASH_CHILD = '''
-import sys, torch
-from tiercache.config import KVLayout
-from tiercache.data.nvme import NVMeStore
+def crash_child() -> str:
+    """The crash test's writer child (``test_nvme_crash.child_script``) on an INT4 store."""
+    from test_nvme_crash import child_script
 
-def block(i):
-    return torch.randn((1, 2, 2, 2, 64, 64), generator=torch.Generator().manual_seed(i)).half()
-
-def say(kind, ids):
-    sys.stdout.write(" ".join([kind, *map(str, ids)]) + "\\n")
-    sys.stdout.flush()
-
-path, start, in_place = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
-layout = KVLayout(layers=2, kv_heads=2, head_dim=64, dtype="float16", block_tokens=64)
-store = NVMeStore(path, layout, 12, io_threads=2, overwrite_in_place=in_place, codec="int4")
-live = sorted(int(k[1:]) for k, _ in store.items())
-i = start
-while True:
-    if len(live) >= 10:
-        gone, live = live[:2], live[2:]
-        say("d", gone)
-        store.delete([b"k%d" % j for j in gone])
-        store.flush()
-        say("D", gone)
-    say("p", [i, i + 1])
-    results = store.put([b"k%d" % i, b"k%d" % (i + 1)], torch.cat([block(i), block(i + 1)]))
-    store.flush()
-    ok = [j for j, r in zip((i, i + 1), results) if r.ok]
-    live += ok
-    say("P", ok)
-    i += 2
-'''
+    return child_script("torch.randn((1, 2, 2, 2, 64, 64), generator=g).half()",
+                        'KVLayout(layers=2, kv_heads=2, head_dim=64, dtype="float16", block_tokens=64)', ', codec="int4"')
 
 
 def crash_block(i: int) -> torch.Tensor:
@@ -243,7 +217,7 @@ def test_a_killed_writer_of_an_int4_store_loses_nothing_confirmed_and_serves_not
     from test_nvme_crash import confirmed, run_and_kill
 
     path = str(tmp_path / "store")
-    lines = run_and_kill(path, 0, True, random.Random(99), CRASH_CHILD)
+    lines = run_and_kill(path, 0, True, random.Random(99), crash_child())
     present, deleted = confirmed(lines)
     with NVMeStore(path, LAYOUT, codec=Codec.INT4) as store:
         store.check_invariants()
