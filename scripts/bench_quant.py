@@ -13,7 +13,9 @@ outlier channels (x10-x50 per head), as real keys do:
   ``attn_rel_err_sharp`` also reports it for the unit-normal query as drawn, whose logits
   the outlier channels make much sharper (``logit_std_sharp``, about 5);
 * ``throughput_ratio``: quantise + dequantise of a block vs one ``copy_`` of its fp16 bytes
-  (medians, same run); ``gbps`` is the codec's rate in fp16 bytes per second;
+  (medians, same run), as a tier runs them: ``encode_into`` a preallocated slot buffer and
+  ``decode_from`` it into a preallocated block; ``gbps`` is the codec's rate in fp16 bytes
+  per second;
   ``encode_gbps``/``decode_gbps`` and ``encode_ratio``/``decode_ratio`` (vs ``copy_``) time
   each direction alone, and ``reference_encode_gbps``/``reference_decode_gbps`` the plain
   torch reference the compiled loops are checked against (same block, same run);
@@ -23,7 +25,7 @@ outlier channels (x10-x50 per head), as real keys do:
   same KV at 8 and 4 bits, where transformers (and a quantisation backend) is installed; a
   note saying why not otherwise (``tiercache.bench.hf_quant``).
 
-Usage: ``python scripts/bench_quant.py [--json OUT] [--layers 4] [--blocks 16] [--repeats 9]
+Usage: ``python scripts/bench_quant.py [--json OUT] [--layers 4] [--blocks 16] [--repeats 25]
 [--logit-std 1.0] [--no-disk] [--torch-threads N]``
 """
 
@@ -104,14 +106,17 @@ def median_seconds(fn, repeats: int) -> float:
 
 
 def timings(codec: Codec, block: torch.Tensor, repeats: int) -> dict[str, float]:
-    """Median seconds of encode + decode, encode alone and decode alone of ``block``, by the
-    fast path and by the torch reference."""
+    """Median seconds of encode + decode, encode alone and decode alone of ``block`` as the
+    tiers run them (``encode_into`` a slot's byte buffer, ``decode_from`` it into a block
+    buffer, both preallocated), and of the plain torch reference the compiled loops are
+    checked against (``encode_reference``/``decode_reference``)."""
     impl, out = codec_for(codec), torch.empty_like(block)
-    encoded = impl.encode(block)
+    buf = torch.empty(impl.nbytes_of(tuple(block.shape), block.dtype), dtype=torch.uint8)
+    encoded = impl.from_bytes(impl.encode_into(block, buf), tuple(block.shape), block.dtype)
     return {
-        "both": median_seconds(lambda: impl.decode(impl.encode(block), out), repeats),
-        "encode": median_seconds(lambda: impl.encode(block), repeats),
-        "decode": median_seconds(lambda: impl.decode(encoded, out), repeats),
+        "both": median_seconds(lambda: impl.decode_from(impl.encode_into(block, buf), block.dtype, out), repeats),
+        "encode": median_seconds(lambda: impl.encode_into(block, buf), repeats),
+        "decode": median_seconds(lambda: impl.decode_from(buf, block.dtype, out), repeats),
         "reference_encode": median_seconds(lambda: impl.encode_reference(block), repeats),
         "reference_decode": median_seconds(lambda: impl.decode_reference(encoded, out), repeats),
     }
@@ -195,7 +200,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="write the result here")
     parser.add_argument("--layers", type=int, default=4, help="layers per block (default 4)")
     parser.add_argument("--blocks", type=int, default=16, help="blocks in the attention sequence (default 16)")
-    parser.add_argument("--repeats", type=int, default=9, help="timed runs per measurement (median; default 9)")
+    parser.add_argument("--repeats", type=int, default=25, help="timed runs per measurement (median; default 25)")
     parser.add_argument("--logit-std", type=float, default=1.0, help="std of the query's logits (default 1.0)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-disk", action="store_true", help="skip the raw NVMe read baseline")

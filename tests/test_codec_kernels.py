@@ -111,3 +111,21 @@ def test_float32_and_strided_blocks_take_the_reference_path():
     assert all(same_bits(a, b) for a, b in zip(impl.encode(block).tensors, impl.encode_reference(block).tensors))
     strided = synthetic_block(1, 2, 32, 32)[..., ::2]
     assert all(same_bits(a, b) for a, b in zip(impl.encode(strided).tensors, impl.encode_reference(strided).tensors))
+
+
+@pytest.mark.parametrize("codec", QUANTISED)
+@pytest.mark.parametrize("offset", [0, 1, 2, 3])
+def test_encode_into_writes_the_reference_bytes_at_any_buffer_offset(codec, offset):
+    """``encode_into`` writes each part in place where the slot is aligned and falls back to a
+    copy where it is not (odd offsets); either way the slot holds the reference's bytes and
+    nothing outside it changes."""
+    impl = codec_for(codec)
+    block = synthetic_block(2, 3, 48, 64, dtype=torch.float16)
+    expected = impl.to_bytes(impl.encode_reference(block))
+    backing = torch.full((expected.numel() + 8,), 0xA5, dtype=torch.uint8)
+    slot = backing[offset:offset + expected.numel()]
+    impl.encode_into(block, slot)
+    assert torch.equal(slot, expected)
+    assert bool((backing[:offset] == 0xA5).all()) and bool((backing[offset + expected.numel():] == 0xA5).all())
+    out = torch.empty_like(block)
+    assert same_bits(impl.decode_from(slot, block.dtype, out), impl.decode_reference(impl.encode_reference(block), out.clone()))

@@ -142,6 +142,32 @@ def _lut(bf16: bool) -> np.ndarray:
     return kernels.LUT_BF16 if bf16 else kernels.LUT_F16
 
 
+def _scale16_into(amax: np.ndarray, qmax: int, part: torch.Tensor) -> np.ndarray:
+    """fp16 ``amax / qmax`` (float32 division, rounded to nearest even as torch's
+    ``_scale16`` does; 1 where it is 0) written into the fp16 ``part`` (same element order);
+    returns the scales as float32, ``amax``'s shape."""
+    values = np.empty(amax.shape, np.float32)
+    kernels.half_scales(amax.reshape(-1), np.float32(qmax), _bits(part), values.reshape(-1))
+    return values
+
+
+def _asym_into(lo: np.ndarray, hi: np.ndarray, scale_part: torch.Tensor,
+               zero_part: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """``codecs._asym_from`` compiled (the same float32 operations): the fp16 scale and
+    uint8 zero point of each group of float32 min ``lo`` and max ``hi``, written into the
+    parts; returns both as float32 arrays of ``lo``'s shape."""
+    lo = np.minimum(lo, np.float32(0.0)).reshape(-1)
+    scale, zero = np.empty(lo.shape, np.float32), np.empty(lo.shape, np.float32)
+    kernels.half_scales(np.maximum(hi, np.float32(0.0)).reshape(-1) - lo, np.float32(15.0), _bits(scale_part), scale)
+    kernels.zero_points(lo, scale, zero_part.numpy().reshape(-1), zero)
+    return scale.reshape(hi.shape), zero.reshape(hi.shape)
+
+
+def _bits(part: torch.Tensor) -> np.ndarray:
+    """A contiguous fp16 CPU tensor's bits as a flat uint16 numpy view (writes land in it)."""
+    return part.view(torch.int16).numpy().view(np.uint16).reshape(-1)
+
+
 def _f32(t: torch.Tensor, *shape: int) -> np.ndarray:
     """A small CPU tensor (scales, zero points) as a float32 numpy array of ``shape``."""
     return t.to(torch.float32).reshape(shape).numpy()
@@ -164,10 +190,16 @@ class BlockCodec(ABC):
     def _decode(self, q: QuantizedBlock, out: torch.Tensor) -> None:
         """Writes the dequantised block into ``out`` (checked: same shape as ``q``)."""
 
-    def _encode_fast(self, block: torch.Tensor, x: np.ndarray, bf16: bool):
-        """``(payload, scales)`` from compiled loops, or None where the codec has none.
+    def _fast_ok(self, shape: tuple[int, ...]) -> bool:
+        """Whether ``_encode_fast`` takes a CPU fp16/bf16 block of ``shape`` (False: no
+        compiled encode)."""
+        return False
+
+    def _encode_fast(self, q: QuantizedBlock, block: torch.Tensor, x: np.ndarray, bf16: bool) -> None:
+        """Writes the encoding of ``block`` into ``q``'s tensors (contiguous CPU views of one
+        byte buffer, ``parts`` order) by compiled loops; only called where ``_fast_ok``.
         ``x`` is the block's uint16 bits ``[n, 2, heads, tokens, dim]`` (fp16, or bf16)."""
-        return None
+        raise NotImplementedError
 
     def _decode_fast(self, q: QuantizedBlock, out: torch.Tensor, bits: np.ndarray, bf16: bool) -> bool:
         """Dequantises into ``out`` (a contiguous CPU fp16/bf16 block; ``bits`` its uint16 view
@@ -185,10 +217,18 @@ class BlockCodec(ABC):
             UserError: ``block`` is not such a tensor.
         """
         check_block(block)
-        fast = _fast_input(block)
-        encoded = None if fast is None else self._encode_fast(block, *fast)
-        payload, scales = self._encode(block) if encoded is None else encoded
+        fast = self._fast_bits(block)
+        if fast is not None:  # one fresh buffer: every part's view is aligned in it
+            buf = torch.empty(self.nbytes_of(tuple(block.shape), block.dtype), dtype=torch.uint8)
+            q = self.from_bytes(buf, tuple(block.shape), block.dtype)
+            self._encode_fast(q, block, *fast)
+            return q
+        payload, scales = self._encode(block)
         return QuantizedBlock(self.codec, tuple(block.shape), block.dtype, payload, scales)
+
+    def _fast_bits(self, block: torch.Tensor) -> tuple[np.ndarray, bool] | None:
+        """``_fast_input(block)`` where this codec has a compiled encode for it, else None."""
+        return _fast_input(block) if self._fast_ok(tuple(block.shape)) else None
 
     def encode_reference(self, block: torch.Tensor) -> QuantizedBlock:
         """``encode`` in plain torch (the reference the compiled loops are checked against)."""
@@ -263,8 +303,20 @@ class BlockCodec(ABC):
         """
         check_block(block)
         self._check_buffer(buf, tuple(block.shape), block.dtype, "encode_into")
-        self._write_bytes(self.encode(block), buf)
+        fast = self._fast_bits(block) if buf.device.type == "cpu" else None
+        views = None if fast is None else self._views_in(buf, tuple(block.shape), block.dtype)
+        if views is None:
+            self._write_bytes(self.encode(block), buf)
+        else:  # the compiled loops write each part in place: no intermediate block
+            self._encode_fast(views, block, *fast)
         return buf
+
+    def _views_in(self, buf: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> QuantizedBlock | None:
+        """``from_bytes(buf)`` when every part is a view of ``buf`` itself (a write into it
+        lands in ``buf``); None where a misaligned part would have been a copy."""
+        q = self.from_bytes(buf, shape, dtype)
+        base = buf.untyped_storage().data_ptr()
+        return q if all(t.untyped_storage().data_ptr() == base for t in q.tensors) else None
 
     def decode_from(self, buf: torch.Tensor, dtype: torch.dtype, out: torch.Tensor) -> torch.Tensor:
         """Dequantises the bytes ``to_bytes``/``encode_into`` wrote for a ``dtype`` block of

@@ -27,8 +27,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-__all__ = ["LUT_F16", "LUT_BF16", "group_amax", "int8_encode", "group_minmax", "int4_encode",
-           "int4_decode", "channel_amax", "fp8_amax", "fp8_encode"]
+__all__ = ["LUT_F16", "LUT_BF16", "group_amax", "int8_encode", "int8_fine", "group_minmax", "int4_encode",
+           "int4_fine", "int4_decode", "half_scales", "zero_points", "channel_amax", "fp8_amax", "fp8_encode", "fp8_decode", "gather_channels"]
 
 # error_model "numpy": no ZeroDivisionError check per division (it stops LLVM vectorising;
 # scales are never 0: an all-zero group gets scale 1).
@@ -41,6 +41,10 @@ _JIT = dict(nogil=True, cache=True, boundscheck=False, error_model="numpy")
 #: float32 value of every fp16 / bf16 bit pattern (what a reduction's result is turned into).
 LUT_F16 = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
 LUT_BF16 = (np.arange(65536, dtype=np.uint32) << np.uint32(16)).view(np.float32)
+#: float32 value of every float8_e4m3fn code (0x7F and 0xFF are NaN).
+LUT_E4M3 = np.array([(-1.0 if c & 0x80 else 1.0) * ((2.0 ** (((c >> 3) & 15) - 7)) * (1 + (c & 7) / 8) if (c >> 3) & 15
+                     else 2.0 ** -6 * (c & 7) / 8) for c in range(256)], dtype=np.float32)
+LUT_E4M3[[0x7F, 0xFF]] = np.nan
 
 # Reductions (absmax, min, max) run on the 16-bit patterns as integers: for finite fp16 and
 # bf16, |x| orders as ``bits & 0x7FFF`` and x as that magnitude signed by the sign bit. An
@@ -119,6 +123,31 @@ def _store(f32, u32, bf16, half_f32, half_u32, out, n, c, h, t):
 # ----- INT8 ------------------------------------------------------------------------------
 
 @numba.njit(**_JIT)
+def half_scales(num, den, bits, values):
+    """Scales ``num / den`` (float32 division) rounded to fp16 as torch rounds, 1 where that
+    is 0: their bits into ``bits`` (uint16) and their values into ``values`` (float32); all
+    1-D of one length (``num >= 0``: absmax or range of each group)."""
+    size = num.shape[0]
+    u32, half_u32 = np.empty(size, np.uint32), np.empty(size, np.uint32)
+    row, half_f32 = u32.view(np.float32), half_u32.view(np.float32)
+    for i in range(size):
+        row[i] = num[i] / den
+    _store(row, u32, False, half_f32, half_u32, bits.reshape(1, 1, 1, 1, size), 0, 0, 0, 0)
+    for i in range(size):
+        bits[i] = bits[i] if bits[i] != 0 else np.uint16(0x3C00)
+        values[i] = LUT_F16[bits[i]]
+
+
+@numba.njit(**_JIT)
+def zero_points(lo, scale, zero, values):
+    """``clamp(round(-lo / scale), 0, 15)`` per group (``lo <= 0``) into ``zero`` (uint8) and
+    its float32 ``values``; all 1-D of one length."""
+    for i in range(lo.shape[0]):
+        z = min(max(np.rint(-lo[i] / scale[i]), np.float32(0.0)), np.float32(15.0))
+        zero[i], values[i] = np.uint8(z), z
+
+
+@numba.njit(**_JIT)
 def group_amax(x, lut, gk, gv, k_amax, v_amax, h0, h1):
     """Absmax of K per (n, head, token group of ``gk``, channel) into ``k_amax`` and of V per
     (n, head, token, channel group of ``gv``) into ``v_amax``, as float32 (``lut``: the
@@ -137,7 +166,8 @@ def group_amax(x, lut, gk, gv, k_amax, v_amax, h0, h1):
                         acc[d] = 0
                 for g in range(dim // gv):
                     m = np.uint16(0)
-                    for d in range(g * gv, (g + 1) * gv):
+                    for j in range(gv):  # from 0: range(g * gv, (g + 1) * gv) did not vectorise (5x slower)
+                        d = g * gv + j
                         a = x[n, 1, h, t, d] & np.uint16(0x7FFF)
                         m = a if a > m else m
                     v_amax[n, h, t, g] = lut[m]
@@ -160,8 +190,26 @@ def int8_encode(x, bf16, gk, gv, k_scale, v_scale, out, h0, h1):
                 _load(x, n, 1, h, t, bf16, u32, row)
                 for g in range(dim // gv):
                     s = v_scale[n, h, t, g]
-                    for d in range(g * gv, (g + 1) * gv):
+                    for j in range(gv):  # from 0: range(g * gv, (g + 1) * gv) did not vectorise (5x slower)
+                        d = g * gv + j
                         out[n, 1, h, t, d] = np.int8(min(max(np.rint(row[d] / s), lo), hi))
+
+
+@numba.njit(**_JIT)
+def int8_fine(x, lut, gk, k_scale, codes, channels, fine):
+    """The int8 residual ``clamp(round((x / scale - code) * 254), -127, 127)`` of the key
+    channels ``channels[n, h, j]`` into ``fine[n, h, t, j]`` (float32 operations in the
+    reference's order: ``Int8Codec._fine``)."""
+    n_, _, heads, tokens, _ = x.shape
+    count = channels.shape[2]
+    for n in range(n_):
+        for h in range(heads):
+            for t in range(tokens):
+                for j in range(count):
+                    c = channels[n, h, j]
+                    scaled = lut[x[n, 0, h, t, c]] / k_scale[n, h, t // gk, c]
+                    r = np.rint((scaled - np.float32(codes[n, 0, h, t, c])) * np.float32(254.0))
+                    fine[n, h, t, j] = np.int8(min(max(r, np.float32(-127.0)), np.float32(127.0)))
 
 
 # ----- INT4 ------------------------------------------------------------------------------
@@ -188,7 +236,8 @@ def group_minmax(x, lut, gk, gv, k_lo, k_hi, v_lo, v_hi, h0, h1):
                         k_hi[n, h, t // gk, d] = _unkey(hi[d], lut)
                 for g in range(dim // gv):
                     a, b = np.int32(0x7FFF), np.int32(-0x7FFF)
-                    for d in range(g * gv, (g + 1) * gv):
+                    for j in range(gv):  # from 0: range(g * gv, (g + 1) * gv) did not vectorise (5x slower)
+                        d = g * gv + j
                         key = _key(x[n, 1, h, t, d])
                         a = key if key < a else a
                         b = key if key > b else b
@@ -215,9 +264,36 @@ def int4_encode(x, bf16, gk, gv, k_scale, k_zero, v_scale, v_zero, out, h0, h1):
                 _load(x, n, 1, h, t, bf16, u32, row)
                 for g in range(dim // gv):
                     s, z = v_scale[n, h, t, g], v_zero[n, h, t, g]
-                    for d in range(g * gv, (g + 1) * gv):
+                    for j in range(gv):  # from 0: range(g * gv, (g + 1) * gv) did not vectorise (5x slower)
+                        d = g * gv + j
                         codes[d] = np.uint8(min(max(np.rint(row[d] / s) + z, zero_f), top))
                 _pack(codes, out, n, 1, h, t)
+
+
+@numba.njit(**_JIT)
+def int4_fine(x, lut, gk, k_scale, k_zero, channels, packed):
+    """The 4-bit residuals of the key channels ``channels[n, h, j]``, two a byte into the
+    flat ``packed`` (element ``2i`` of the ``[n, h, t, j]`` order in the low nibble; a last
+    odd element alone): ``level = clamp(round(x / scale) + zero, 0, 15) - zero``, then
+    ``clamp(round((x / scale - level) * 16), -8, 7) + 8`` (the float32 operations of
+    ``Int4Codec._refinement``, in its order)."""
+    n_, _, heads, tokens, _ = x.shape
+    count = channels.shape[2]
+    i = 0
+    for n in range(n_):
+        for h in range(heads):
+            for t in range(tokens):
+                for j in range(count):
+                    c = channels[n, h, j]
+                    s, z = k_scale[n, h, t // gk, c], k_zero[n, h, t // gk, c]
+                    scaled = lut[x[n, 0, h, t, c]] / s
+                    level = min(max(np.rint(scaled) + z, np.float32(0.0)), np.float32(15.0)) - z
+                    fine = np.uint8(min(max(np.rint((scaled - level) * np.float32(16.0)), np.float32(-8.0)), np.float32(7.0)) + np.float32(8.0))
+                    if i % 2 == 0:
+                        packed[i // 2] = fine
+                    else:
+                        packed[i // 2] |= fine << np.uint8(4)
+                    i += 1
 
 
 @numba.njit(inline="always", **_JIT)
@@ -246,7 +322,8 @@ def int4_decode(packed, gk, gv, k_scale, k_zero, v_scale, v_zero, bf16, out, h0,
                 _unpack(packed, n, 1, h, t, codes)
                 for g in range(dim // gv):
                     s, z = v_scale[n, h, t, g], v_zero[n, h, t, g]
-                    for d in range(g * gv, (g + 1) * gv):
+                    for j in range(gv):  # from 0: range(g * gv, (g + 1) * gv) did not vectorise (5x slower)
+                        d = g * gv + j
                         row[d] = min(max((codes[d] - z) * s, -limit), limit)
                 _store(row, u32, bf16, half_f32, half_u32, out, n, 1, h, t)
 
@@ -331,3 +408,32 @@ def fp8_encode(x, bf16, keep, scale, out, h0, h1):
                 _e4m3(row, scale[n, 0], keep, n, h, True, scaled, scaled_u32, out, 0, t)
                 _load(x, n, 1, h, t, bf16, u32, row)
                 _e4m3(row, scale[n, 1], keep, n, h, False, scaled, scaled_u32, out, 1, t)
+
+
+@numba.njit(**_JIT)
+def gather_channels(x, channels, out):
+    """The 16-bit patterns of the key channels ``channels[n, h, j]`` into ``out[n, h, t, j]``."""
+    n_, _, heads, tokens, _ = x.shape
+    for n in range(n_):
+        for h in range(heads):
+            for t in range(tokens):
+                for j in range(channels.shape[2]):
+                    out[n, h, t, j] = x[n, 0, h, t, channels[n, h, j]]
+
+
+@numba.njit(**_JIT)
+def fp8_decode(codes, lut, scale, bf16, out, h0, h1):
+    """``e4m3(code) * scale[n, half]`` in float32, rounded once into the fp16 (bf16) bits
+    ``out`` ``[n, 2, heads, tokens, dim]`` (``lut``: ``LUT_E4M3``), as the reference's one
+    float32 product does; the exact key channels are written afterwards."""
+    n_, _, heads, tokens, dim = out.shape
+    u32, half_u32 = np.empty(dim, np.uint32), np.empty(dim, np.uint32)
+    row, half_f32 = u32.view(np.float32), half_u32.view(np.float32)
+    for n in range(n_):
+        for c in range(2):
+            s = scale[n, c]
+            for h in range(h0, h1):
+                for t in range(tokens):
+                    for d in range(dim):
+                        row[d] = lut[codes[n, c, h, t, d]] * s
+                    _store(row, u32, bf16, half_f32, half_u32, out, n, c, h, t)

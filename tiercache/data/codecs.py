@@ -29,12 +29,13 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from ..config import CODEC_GROUP, FP8_OUTLIER_CHANNELS, INT8_K_GROUP, KEY_OUTLIER_CHANNELS, Codec, codec_group
 from . import codec_kernels as kernels
-from .codec_base import (FLOAT_DTYPES, BlockCodec, Part, QuantizedBlock, _f32, _halves, _lut, _on_heads,
-                         _sym_scale, check_block)
+from .codec_base import (FLOAT_DTYPES, BlockCodec, Part, QuantizedBlock, _asym_into, _f32, _halves, _lut, _on_heads,
+                         _scale16_into, _sym_scale, check_block)
 
 __all__ = ["Part", "QuantizedBlock", "BlockCodec", "codec_for", "check_block", "FLOAT_DTYPES", "fp8_as_fp16"]
 
@@ -108,20 +109,22 @@ class Int8Codec(BlockCodec):
         codes = x.round_().clamp_(-127, 127).to(torch.int8)
         return codes, (k_scale, v_scale, self._fine(block, codes, k_scale, channels), channels.to(torch.int16))
 
-    def _encode_fast(self, block, x, bf16):
+    def _fast_ok(self, shape):
+        return True
+
+    def _encode_fast(self, q, block, x, bf16):
         n, _, heads, tokens, dim = x.shape
         gk, gv = _group(tokens, INT8_K_GROUP), _group(dim)
-        k_amax = torch.zeros(n, heads, tokens // gk, dim)
-        v_amax = torch.zeros(n, heads, tokens, dim // gv)
-        _on_heads(kernels.group_amax, heads, x, _lut(bf16), gk, gv, k_amax.numpy(), v_amax.numpy())
-        lead = block.shape[:-4]
-        k_scale = _scale16(k_amax, 127).view(*lead, heads, tokens // gk, 1, dim)
-        v_scale = _scale16(v_amax, 127).view(*lead, heads, tokens, dim // gv, 1)
-        channels = _top_channels(k_amax.amax(dim=-2).view(*lead, heads, 1, dim), self._OUTLIERS)
-        codes = torch.empty(block.shape, dtype=torch.int8)
-        _on_heads(kernels.int8_encode, heads, x, bf16, gk, gv, _f32(k_scale, n, heads, tokens // gk, dim),
-                            _f32(v_scale, n, heads, tokens, dim // gv), codes.numpy().reshape(x.shape))
-        return codes, (k_scale, v_scale, self._fine(block, codes, k_scale, channels), channels.to(torch.int16))
+        k_amax = np.zeros((n, heads, tokens // gk, dim), np.float32)
+        v_amax = np.zeros((n, heads, tokens, dim // gv), np.float32)
+        _on_heads(kernels.group_amax, heads, x, _lut(bf16), gk, gv, k_amax, v_amax)
+        k_part, v_part, fine, channel_part = q.scales
+        k_scale, v_scale = _scale16_into(k_amax, 127, k_part), _scale16_into(v_amax, 127, v_part)
+        channels = _top_channels(torch.from_numpy(k_amax.max(axis=-2)).view(*block.shape[:-4], heads, 1, dim), self._OUTLIERS)
+        channel_part.copy_(channels)
+        codes = q.payload.numpy().reshape(x.shape)
+        _on_heads(kernels.int8_encode, heads, x, bf16, gk, gv, k_scale, v_scale, codes)
+        kernels.int8_fine(x, _lut(bf16), gk, k_scale, codes, channels.view(n, heads, -1).numpy(), fine.numpy().reshape(n, heads, tokens, -1))
 
     def _fine(self, block: torch.Tensor, codes: torch.Tensor, k_scale: torch.Tensor, channels: torch.Tensor) -> torch.Tensor:
         """The int8 residual ``round((x / scale - code) * 254)`` of the outlier key channels,
@@ -219,38 +222,40 @@ class Fp8Codec(BlockCodec):
         x.div_(scale).clamp_(-self._MAX, self._MAX)  # clamp: rounding may pass 448
         return x.to(torch.float8_e4m3fn), (scale, outliers.contiguous(), channels.to(torch.int16))
 
-    def _encode_fast(self, block, x, bf16):
+    def _fast_ok(self, shape):
+        return True
+
+    def _encode_fast(self, q, block, x, bf16):
         n, _, heads, tokens, dim = x.shape
-        lead = block.shape[:-4]
-        amax = torch.zeros(n, heads, dim)
-        _on_heads(kernels.channel_amax, heads, x, _lut(bf16), amax.numpy())
-        channels = _top_channels(amax.view(*lead, heads, 1, dim), self._OUTLIERS)
-        k = block.select(-4, 0)
-        outliers = k.gather(-1, channels.expand(*k.shape[:-1], channels.shape[-1]))
-        keep = torch.ones(n, heads, dim).scatter_(-1, channels.reshape(n, heads, -1), 0.0).numpy()
-        parts = torch.zeros(2, n, 2)  # one absmax per half of the heads (two threads), then the max
-        _on_heads(kernels.fp8_amax, heads, x, _lut(bf16), keep, lambda part: parts[part].numpy())
-        half_amax = parts.amax(dim=0)
-        scale = _sym_scale(half_amax, self._MAX)
-        codes = torch.empty(block.shape, dtype=torch.float8_e4m3fn)
-        _on_heads(kernels.fp8_encode, heads, x, bf16, keep, scale.numpy(), codes.view(torch.uint8).numpy().reshape(x.shape))
-        return codes, (scale.view(*lead, 2, 1, 1, 1), outliers.contiguous(), channels.to(torch.int16))
+        amax = np.zeros((n, heads, dim), np.float32)
+        _on_heads(kernels.channel_amax, heads, x, _lut(bf16), amax)
+        channels = _top_channels(torch.from_numpy(amax).view(*block.shape[:-4], heads, 1, dim), self._OUTLIERS)
+        scale_part, outliers, channel_part = q.scales
+        channel_part.copy_(channels)
+        picked = channels.view(n, heads, -1).numpy()
+        kernels.gather_channels(x, picked, outliers.view(torch.int16).numpy().view(np.uint16).reshape(n, heads, tokens, -1))
+        keep = np.ones((n, heads, dim), np.float32)
+        np.put_along_axis(keep, picked, 0.0, axis=-1)
+        halves = np.zeros((2, n, 2), np.float32)  # one absmax per half of the heads (two threads), then the max
+        _on_heads(kernels.fp8_amax, heads, x, _lut(bf16), keep, lambda part: halves[part])
+        scale = halves.max(axis=0) / np.float32(self._MAX)
+        scale = np.where(scale > 0, scale, np.float32(1.0)).astype(np.float32)
+        scale_part.numpy().reshape(n, 2)[...] = scale
+        _on_heads(kernels.fp8_encode, heads, x, bf16, keep, scale, q.payload.view(torch.uint8).numpy().reshape(x.shape))
 
     def _decode(self, q, out):
         torch.mul(fp8_as_fp16(q.payload), q.scales[0] * 256, out=out)
         self._finish(q, out)
 
     def _decode_fast(self, q, out, bits, bf16):
-        """fp16 out: one multiply by a Python float per (leading index, half) (a scale
-        tensor broadcast over the block took torch's slow mixed-dtype path, ~4x slower);
-        the product is computed in float32 and rounded once, as the reference does."""
-        if bf16:
-            return False  # fp16 x scalar rounds to fp16 first: not the reference's one rounding
-        values = fp8_as_fp16(q.payload).view(-1, *out.shape[-4:])
-        flat, scales = out.view(-1, *out.shape[-4:]), (q.scales[0] * 256).reshape(-1, 2).tolist()
-        for n, pair in enumerate(scales):
-            for half, scale in enumerate(pair):
-                torch.mul(values[n, half], scale, out=flat[n, half])
+        """One compiled pass into ``out``'s bits: each code's float32 value times its
+        scale, rounded once (the reference's single float32 product; torch's passes
+        allocated a block-sized temporary per pass, whose page faults cost more than the
+        arithmetic)."""
+        n = bits.shape[0]
+        scale = q.scales[0].reshape(n, 2).to(torch.float32).numpy()
+        _on_heads(kernels.fp8_decode, bits.shape[2], q.payload.view(torch.uint8).numpy().reshape(bits.shape),
+                  kernels.LUT_E4M3, scale, bf16, bits)
         return True
 
     def _finish(self, q, out):
@@ -371,23 +376,24 @@ class Int4Codec(BlockCodec):
         amax = block.select(-4, 0).abs().amax(dim=-2, keepdim=True).float()
         return _pack4(x.to(torch.uint8)), (k_scale, k_zero, v_scale, v_zero, *self._refinement(block, k_scale, k_zero, amax))
 
-    def _encode_fast(self, block, x, bf16):
+    def _fast_ok(self, shape):
+        return shape[-1] % 2 == 0  # the kernel packs the two codes of a byte from one row
+
+    def _encode_fast(self, q, block, x, bf16):
         n, _, heads, tokens, dim = x.shape
-        if dim % 2:
-            return None  # the kernel packs the two codes of a byte from one row
         gk, gv = _group(tokens), _group(dim)
-        k_lo, k_hi = torch.empty(n, heads, tokens // gk, dim), torch.empty(n, heads, tokens // gk, dim)
-        v_lo, v_hi = torch.empty(n, heads, tokens, dim // gv), torch.empty(n, heads, tokens, dim // gv)
-        _on_heads(kernels.group_minmax, heads, x, _lut(bf16), gk, gv, k_lo.numpy(), k_hi.numpy(), v_lo.numpy(), v_hi.numpy())
-        lead = block.shape[:-4]
-        k_scale, k_zero = (t.view(*lead, heads, tokens // gk, 1, dim) for t in _asym_from(k_lo, k_hi))
-        v_scale, v_zero = (t.view(*lead, heads, tokens, dim // gv, 1) for t in _asym_from(v_lo, v_hi))
-        packed = torch.empty(block.numel() // 2, dtype=torch.uint8)
-        _on_heads(kernels.int4_encode, heads, x, bf16, gk, gv, _f32(k_scale, n, heads, tokens // gk, dim), _f32(k_zero, n, heads, tokens // gk, dim),
-                            _f32(v_scale, n, heads, tokens, dim // gv), _f32(v_zero, n, heads, tokens, dim // gv),
-                            packed.numpy().reshape(n, 2, heads, tokens, dim // 2))
-        amax = torch.maximum(k_lo.abs(), k_hi.abs()).amax(dim=-2).view(*lead, heads, 1, dim)
-        return packed, (k_scale, k_zero, v_scale, v_zero, *self._refinement(block, k_scale, k_zero, amax))
+        k_lo, k_hi = np.empty((n, heads, tokens // gk, dim), np.float32), np.empty((n, heads, tokens // gk, dim), np.float32)
+        v_lo, v_hi = np.empty((n, heads, tokens, dim // gv), np.float32), np.empty((n, heads, tokens, dim // gv), np.float32)
+        _on_heads(kernels.group_minmax, heads, x, _lut(bf16), gk, gv, k_lo, k_hi, v_lo, v_hi)
+        k_scale_part, k_zero_part, v_scale_part, v_zero_part, fine, channel_part = q.scales
+        k_scale, k_zero = _asym_into(k_lo, k_hi, k_scale_part, k_zero_part)
+        v_scale, v_zero = _asym_into(v_lo, v_hi, v_scale_part, v_zero_part)
+        _on_heads(kernels.int4_encode, heads, x, bf16, gk, gv, k_scale, k_zero, v_scale, v_zero,
+                  q.payload.numpy().reshape(n, 2, heads, tokens, dim // 2))
+        amax = np.maximum(np.abs(k_lo), np.abs(k_hi)).max(axis=-2)
+        channels = _top_channels(torch.from_numpy(amax).view(*block.shape[:-4], heads, 1, dim), self._OUTLIERS)
+        channel_part.copy_(channels)
+        kernels.int4_fine(x, _lut(bf16), gk, k_scale, k_zero, channels.view(n, heads, -1).numpy(), fine.numpy())
 
     def _decode_fast(self, q, block, out, bf16):
         n, _, heads, tokens, dim = out.shape
