@@ -204,11 +204,9 @@ class BlockCodec(ABC):
     def _decode_fast(self, q: QuantizedBlock, out: torch.Tensor, bits: np.ndarray, bf16: bool) -> bool:
         """Dequantises into ``out`` (a contiguous CPU fp16/bf16 block; ``bits`` its uint16 view
         ``[n, 2, heads, tokens, dim]``) by a faster path than ``_decode``, with the same
-        result; False where the codec has none."""
+        result (the whole block: nothing is left to do after it); False where the codec
+        has none."""
         return False
-
-    def _finish(self, q: QuantizedBlock, out: torch.Tensor) -> None:
-        """What the fast decode leaves to torch (the exact FP8 key channels)."""
 
     def encode(self, block: torch.Tensor) -> QuantizedBlock:
         """Quantises ``block`` (``[..., 2, heads, tokens, head_dim]``, fp16/bf16/fp32).
@@ -246,8 +244,6 @@ class BlockCodec(ABC):
         fast = _fast_input(out) if q.payload.device.type == "cpu" else None
         if fast is None or not self._decode_fast(q, out, *fast):
             self._decode(q, out)
-            return out
-        self._finish(q, out)
         return out
 
     def decode_reference(self, q: QuantizedBlock, out: torch.Tensor) -> torch.Tensor:

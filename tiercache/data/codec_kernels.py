@@ -28,7 +28,7 @@ import numba
 import numpy as np
 
 __all__ = ["LUT_F16", "LUT_BF16", "group_amax", "int8_encode", "int8_fine", "group_minmax", "int4_encode",
-           "int4_fine", "int4_decode", "half_scales", "zero_points", "channel_amax", "fp8_amax", "fp8_encode", "fp8_decode", "gather_channels"]
+           "int4_fine", "int4_decode", "half_scales", "zero_points", "channel_amax", "fp8_amax", "fp8_encode", "fp8_decode", "gather_channels", "scatter_channels"]
 
 # error_model "numpy": no ZeroDivisionError check per division (it stops LLVM vectorising;
 # scales are never 0: an all-zero group gets scale 1).
@@ -304,12 +304,19 @@ def _pack(codes, out, n, c, h, t):
 
 
 @numba.njit(**_JIT)
-def int4_decode(packed, gk, gv, k_scale, k_zero, v_scale, v_zero, bf16, out, h0, h1):
+def int4_decode(packed, gk, gv, k_scale, k_zero, v_scale, v_zero, channels, fine, bf16, out, h0, h1):
     """``(code - zero) * scale``, clamped to the dtype's finite range, rounded into the fp16
-    (bf16) bits ``out`` ``[n, 2, heads, tokens, dim]``."""
+    (bf16) bits ``out`` ``[n, 2, heads, tokens, dim]``; then each key channel
+    ``channels[n, h, j]`` refined by its 4-bit residual (``fine``: the flat nibbles of
+    ``int4_fine``), in ``Int4Codec._finish``'s float32 operations: the level read back from
+    the rounded value, ``(level + (nibble - 8) / 16) * scale``, clamped, rounded."""
     n_, _, heads, tokens, dim = out.shape
     u32, half_u32, codes = np.empty(dim, np.uint32), np.empty(dim, np.uint32), np.empty(dim, np.float32)
     row, half_f32 = u32.view(np.float32), half_u32.view(np.float32)
+    count = channels.shape[2]
+    r32, rhalf32, refined = np.empty(count, np.uint32), np.empty(count, np.uint32), np.empty((1, 1, 1, 1, count), np.uint16)
+    rrow, rhalf = r32.view(np.float32), rhalf32.view(np.float32)
+    lut = LUT_BF16 if bf16 else LUT_F16
     limit = np.float32(3.3895313892515355e38) if bf16 else np.float32(65504.0)  # the dtype's largest finite
     for n in range(n_):
         for h in range(h0, h1):
@@ -319,6 +326,15 @@ def int4_decode(packed, gk, gv, k_scale, k_zero, v_scale, v_zero, bf16, out, h0,
                 for d in range(dim):
                     row[d] = min(max((codes[d] - k_zero[n, h, tg, d]) * k_scale[n, h, tg, d], -limit), limit)
                 _store(row, u32, bf16, half_f32, half_u32, out, n, 0, h, t)
+                for j in range(count):
+                    c, i = channels[n, h, j], ((n * heads + h) * tokens + t) * count + j
+                    s = k_scale[n, h, tg, c]
+                    nibble = (fine[i // 2] & np.uint8(15)) if i % 2 == 0 else (fine[i // 2] >> np.uint8(4))
+                    level = np.rint(lut[out[n, 0, h, t, c]] / s)
+                    rrow[j] = min(max((level + (np.float32(nibble) - np.float32(8.0)) / np.float32(16.0)) * s, -limit), limit)
+                _store(rrow, r32, bf16, rhalf, rhalf32, refined, 0, 0, 0, 0)
+                for j in range(count):
+                    out[n, 0, h, t, channels[n, h, j]] = refined[0, 0, 0, 0, j]
                 _unpack(packed, n, 1, h, t, codes)
                 for g in range(dim // gv):
                     s, z = v_scale[n, h, t, g], v_zero[n, h, t, g]
@@ -326,6 +342,18 @@ def int4_decode(packed, gk, gv, k_scale, k_zero, v_scale, v_zero, bf16, out, h0,
                         d = g * gv + j
                         row[d] = min(max((codes[d] - z) * s, -limit), limit)
                 _store(row, u32, bf16, half_f32, half_u32, out, n, 1, h, t)
+
+
+@numba.njit(**_JIT)
+def scatter_channels(out, channels, values):
+    """The 16-bit patterns ``values[n, h, t, j]`` into the key channels ``channels[n, h, j]``
+    of ``out`` ``[n, 2, heads, tokens, dim]`` (``gather_channels``' inverse)."""
+    n_, _, heads, tokens, _ = out.shape
+    for n in range(n_):
+        for h in range(heads):
+            for t in range(tokens):
+                for j in range(channels.shape[2]):
+                    out[n, 0, h, t, channels[n, h, j]] = values[n, h, t, j]
 
 
 @numba.njit(inline="always", **_JIT)

@@ -256,6 +256,12 @@ class Fp8Codec(BlockCodec):
         scale = q.scales[0].reshape(n, 2).to(torch.float32).numpy()
         _on_heads(kernels.fp8_decode, bits.shape[2], q.payload.view(torch.uint8).numpy().reshape(bits.shape),
                   kernels.LUT_E4M3, scale, bf16, bits)
+        _, outliers, channels = q.scales
+        if outliers.dtype != out.dtype:
+            self._finish(q, out)  # the exact channels need a conversion: torch's
+            return True
+        kernels.scatter_channels(bits, channels.reshape(n, bits.shape[2], -1).numpy(),
+                                 outliers.view(torch.int16).numpy().view(np.uint16).reshape(n, *bits.shape[2:4], -1))
         return True
 
     def _finish(self, q, out):
@@ -395,16 +401,16 @@ class Int4Codec(BlockCodec):
         channel_part.copy_(channels)
         kernels.int4_fine(x, _lut(bf16), gk, k_scale, k_zero, channels.view(n, heads, -1).numpy(), fine.numpy())
 
-    def _decode_fast(self, q, block, out, bf16):
-        n, _, heads, tokens, dim = out.shape
+    def _decode_fast(self, q, out, bits, bf16):
+        n, _, heads, tokens, dim = bits.shape
         if dim % 2:
             return False
         gk, gv = _group(tokens), _group(dim)
-        k_scale, k_zero, v_scale, v_zero = q.scales[:4]
+        k_scale, k_zero, v_scale, v_zero, fine, channels = q.scales
         _on_heads(kernels.int4_decode, heads, q.payload.numpy().reshape(n, 2, heads, tokens, dim // 2), gk, gv,
-                            _f32(k_scale, n, heads, tokens // gk, dim), _f32(k_zero, n, heads, tokens // gk, dim),
-                            _f32(v_scale, n, heads, tokens, dim // gv), _f32(v_zero, n, heads, tokens, dim // gv),
-                            bf16, out)
+                  _f32(k_scale, n, heads, tokens // gk, dim), _f32(k_zero, n, heads, tokens // gk, dim),
+                  _f32(v_scale, n, heads, tokens, dim // gv), _f32(v_zero, n, heads, tokens, dim // gv),
+                  channels.reshape(n, heads, -1).numpy(), fine.numpy(), bf16, bits)
         return True
 
     def _decode(self, q, out):
