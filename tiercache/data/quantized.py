@@ -1,14 +1,17 @@
-"""A quantised DRAM tier: ``QuantizedPool`` and its copy handlers.
+"""A quantised memory tier (DRAM, or HBM): ``QuantizedPool`` and its copy handlers.
 
 A ``QuantizedPool`` holds each block as the bytes of a block codec (``codecs.py``: INT8,
 FP8 or INT4, scales included), one uint8 row of ``Codec.block_bytes(layout)`` per slot, so
 the tier holds 2-4x the blocks of a plain pool in the same memory. Blocks are quantised
-when they are demoted into it and dequantised when they are promoted out of it:
+when they are demoted into it and dequantised when they are promoted out of it or read
+(a decode step's attention dequantises a quantised tier's blocks chunk by chunk):
 
 * pool -> quantised pool: encoded from the source slot (on the GPU for a GPU pool, then
   only the encoded bytes cross to the host);
 * quantised pool -> pool: decoded into the destination slot (a GPU destination gets the
   encoded bytes and dequantises on the GPU);
+* quantised pool <-> quantised pool (a quantised HBM over a quantised DRAM): the encoded
+  bytes as they are with the same codec, else decoded and re-encoded;
 * quantised pool <-> NVMe: with the NVMe tier's codec the same, the encoded bytes are
   written and read as they are (``submit_put_encoded``/``submit_get_encoded``: a block is
   never quantised twice); otherwise through a plain block, which the store encodes with
@@ -48,8 +51,10 @@ class QuantizedPool:
 
     keyed = False
 
-    def __init__(self, layout: KVLayout, capacity_blocks: int, codec: Codec, pin_memory: bool | None = None) -> None:
-        """Allocates ``capacity_blocks`` encoded slots (pinned when CUDA is available).
+    def __init__(self, layout: KVLayout, capacity_blocks: int, codec: Codec, pin_memory: bool | None = None,
+                 device: str | torch.device = "cpu") -> None:
+        """Allocates ``capacity_blocks`` encoded slots on ``device`` (host slots pinned when
+        CUDA is available).
 
         Raises:
             UserError: ``codec`` is ``Codec.NONE`` (use a ``BlockPool``) or not a Codec, or the
@@ -61,9 +66,9 @@ class QuantizedPool:
             raise UserError(f"QuantizedPool: capacity must be at least one block, got {capacity_blocks!r}")
         self.layout, self.codec, self.capacity = layout, codec, capacity_blocks
         self.block_bytes = codec.block_bytes(layout)
-        self.device = torch.device("cpu")
+        self.device = torch.device(device)
         self._impl = codec_for(codec)
-        self._dtype = torch_dtype(layout.dtype)
+        self.dtype = self._dtype = torch_dtype(layout.dtype)  # of the blocks it encodes and decodes
         pin = cuda_available() if pin_memory is None else pin_memory
         self.encoded, self._owner, self.pinned = _allocate((capacity_blocks, self.block_bytes), torch.uint8, self.device, pin)
 
@@ -76,14 +81,24 @@ class QuantizedPool:
         self._impl.encode_into(block, self.encoded[slot])
 
     def decode_into(self, slot: int, dest: torch.Tensor) -> None:
-        """Dequantises ``slot`` into ``dest``; on a GPU ``dest`` only the encoded bytes are
-        copied over and the GPU dequantises them."""
+        """Dequantises ``slot`` into ``dest``; where ``dest`` is on another device only the
+        encoded bytes are copied over and ``dest``'s device dequantises them."""
         src = self.encoded[slot]
-        if dest.device.type != "cpu":
+        if dest.device != src.device:
             # Synchronous: the job settles at once, so the slot may be rewritten right after;
             # an asynchronous copy could still be reading it then.
             src = src.to(dest.device)
         self._impl.decode_from(src, self._dtype, dest)
+
+    def copy_slot(self, slot: int, dst: "QuantizedPool", dst_slot: int) -> None:
+        """Moves the block of ``slot`` into ``dst``'s ``dst_slot``: the encoded bytes as
+        they are with the same codec, else decoded and re-encoded with ``dst``'s."""
+        if dst.codec is self.codec:
+            dst.encoded[dst_slot].copy_(self.encoded[slot])
+            return
+        block = torch.empty(self.layout.block_shape, dtype=self._dtype, device=self.device)
+        self.decode_into(slot, block)
+        dst.encode_into(dst_slot, block)
 
     @property
     def tensor(self) -> torch.Tensor:
@@ -94,9 +109,8 @@ class QuantizedPool:
         Raises:
             UserError: always, naming what to do instead.
         """
-        raise UserError(f"the DRAM tier is quantised ({self.codec.value}): its blocks cannot be read in place as "
-                        "plain KV (TieredKVCache reads memory tiers in place); use a plain DRAM tier there and "
-                        "quantise the NVMe tier, or read blocks through TieredKVStore.get")
+        raise UserError(f"this memory tier is quantised ({self.codec.value}): its blocks cannot be read in place as "
+                        "plain KV; read them through TieredKVStore.get (or decode_into), or use a plain tier")
 
     # ----- the medium interface ---------------------------------------------------------
 
@@ -132,6 +146,15 @@ def _ints(slots) -> list[int]:
     return [int(s) for s in slots]
 
 
+class QuantizedToQuantized:
+    """Quantised HBM <-> quantised DRAM: ``QuantizedPool.copy_slot`` per block (inline)."""
+
+    def start(self, plan: TransferPlan, src: QuantizedPool, dst: QuantizedPool, ctx: CopyContext) -> Job:
+        for src_slot, dst_slot in zip(_ints(plan.src_slots), _ints(plan.dst_slots), strict=True):
+            src.copy_slot(src_slot, dst, dst_slot)
+        return Job(plan, result=JobResult(plan.job_id))
+
+
 class PoolToQuantized:
     """HBM or DRAM -> quantised DRAM: each block encoded from its source slot (inline)."""
 
@@ -160,8 +183,8 @@ class QuantizedToStore:
     def start(self, plan: TransferPlan, src: QuantizedPool, store: NVMeStore, ctx: CopyContext) -> Job:
         keys = ctx.keys(plan.ids)
         slots = _ints(plan.src_slots)
-        if store.codec is src.codec:
-            future = _recycling(store.submit_put_encoded, store, keys, [src.view(s) for s in slots])
+        if store.codec is src.codec:  # a GPU pool's rows are copied to the host first
+            future = _recycling(store.submit_put_encoded, store, keys, [src.view(s).cpu() for s in slots])
         else:
             blocks = torch.empty((len(slots), *src.layout.block_shape), dtype=src._dtype)
             for index, slot in enumerate(slots):
@@ -177,9 +200,19 @@ class StoreToQuantized:
     def start(self, plan: TransferPlan, store: NVMeStore, dst: QuantizedPool, ctx: CopyContext) -> Job:
         keys = ctx.keys(plan.ids)
         slots = _ints(plan.dst_slots)
-        if store.codec is dst.codec:
+        if store.codec is dst.codec and dst.device.type == "cpu":
             future = store.submit_get_encoded(keys, [dst.view(s) for s in slots])
             return Job(plan, future=future, finish=lambda hits: _read_result(plan, hits))
+        if store.codec is dst.codec:  # a GPU pool: read into host rows, then copy them over
+            rows = torch.empty((len(slots), dst.block_bytes), dtype=torch.uint8)
+            future = store.submit_get_encoded(keys, list(rows.unbind(0)))
+
+            def finish_rows(hits: np.ndarray) -> JobResult:
+                for index in np.flatnonzero(hits).tolist():
+                    dst.encoded[slots[index]].copy_(rows[index])
+                return _read_result(plan, hits)
+
+            return Job(plan, future=future, finish=finish_rows)
         blocks = torch.empty((len(slots), *dst.layout.block_shape), dtype=dst._dtype)
         future = store.submit_get(keys, blocks)
 
@@ -192,6 +225,7 @@ class StoreToQuantized:
 
 
 register_handler(BlockPool, QuantizedPool, PoolToQuantized())
+register_handler(QuantizedPool, QuantizedPool, QuantizedToQuantized())
 register_handler(QuantizedPool, BlockPool, QuantizedToPool())
 register_handler(QuantizedPool, NVMeStore, QuantizedToStore())
 register_handler(NVMeStore, QuantizedPool, StoreToQuantized())

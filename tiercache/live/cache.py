@@ -97,7 +97,7 @@ class TieredKVCache:
         self.store = TieredKVStore(self.layout, tiers, eviction, admission, path, device, write_through)
         self.manager = self.store.manager
         self.driver = StepDriver(self.manager, self.prefetch_policy)
-        self.device = self.store.hbm_tensor.device
+        self.device = self.store.hbm_device
         self.dtype = torch_dtype(self.layout.dtype)
         self.window_blocks, self.depth = window_blocks, depth
         self.sink_blocks, self.recent_blocks = sink_blocks, recent_blocks

@@ -2,7 +2,8 @@
 
 ``TierChunks`` is the ``ChunkSource`` (``tiercache.attention``) of a decode cache's read:
 NVMe chunks are read by the store's I/O threads into the cache's host window; memory-tier
-chunks are read where they lie. ``split_kv`` turns stored blocks into the K and V that
+chunks are read where they lie (a quantised memory tier's blocks are dequantised one by one
+into the chunk's device buffer). ``split_kv`` turns stored blocks into the K and V that
 attention computes on.
 """
 
@@ -14,6 +15,8 @@ import numpy as np
 import torch
 
 from tiercache.attention import compute_dtype
+from tiercache.data.pools import BlockPool
+from tiercache.data.quantized import QuantizedPool
 
 if TYPE_CHECKING:
     from .cache import TieredKVCache
@@ -62,7 +65,8 @@ class TierChunks:
     def finish(self, handle) -> tuple[torch.Tensor, torch.Tensor]:
         _, k, v = self.cache._scratch(handle[1])
         index, _, pending = handle
-        if pending is None and self.cache.store._media[self.chunks[index][0]].tensor.device == k.device:
+        medium = self.cache.store._media[self.chunks[index][0]]
+        if pending is None and isinstance(medium, BlockPool) and medium.tensor.device == k.device:
             return self._convert_in_place(index, k, v)
         return split_kv(self.raw(handle), k, v)
 
@@ -95,7 +99,13 @@ class TierChunks:
         cache = self.cache
         if pending is None:
             slots = [cache.manager.dirs[tier].slot_of[b] for b in ids]
-            pool = cache.store._media[tier].tensor
+            medium = cache.store._media[tier]
+            if isinstance(medium, QuantizedPool):  # dequantised block by block, on the compute device
+                blocks = cache._scratch(buffer)[0][: len(slots)]
+                for row, slot in enumerate(slots):
+                    medium.decode_into(slot, blocks[row])
+                return blocks
+            pool = medium.tensor
             if pool.device == cache.device:
                 return _gather(pool, slots, cache._scratch(buffer)[0])
             width = cache.window_blocks  # a host tier under a GPU: gather on the host, then copy

@@ -11,7 +11,7 @@ import torch
 
 from tiercache.config import Codec, KVLayout, RemoteWrite, TierConfig
 from tiercache.data.nvme import NVMeStore
-from tiercache.data.pools import BlockPool, dram_pool, hbm_pool
+from tiercache.data.pools import BlockPool, cuda_available, dram_pool, hbm_pool
 from tiercache.data.quantized import QuantizedPool  # registers its copy handlers
 from tiercache.data.remote import RemoteStore
 from tiercache.errors import UserError
@@ -107,17 +107,17 @@ def check_online(eviction: str | None, tiers: Sequence[TierConfig]) -> None:
 
 def open_medium(tier: TierConfig, layout: KVLayout, path, device) -> BlockPool | QuantizedPool | NVMeStore | RemoteStore:
     """The medium of one tier: a GPU (or CPU) pool, a pinned host pool (a ``QuantizedPool``
-    with a codec), an NVMe store (encoding with the tier's codec), or a Mooncake Store
+    on its device, HBM or host, with a codec), an NVMe store (encoding with the tier's codec), or a Mooncake Store
     client (which never fails to open: an unreachable master is retried).
 
     Raises:
         UserError: the pool could not be allocated, or the store directory not opened
             (permissions, a read-only mount): the message names the tier and the reason.
     """
-    if tier.name == "hbm" and tier.codec is not Codec.NONE:
-        raise UserError(f"TieredKVStore: the hbm tier stores blocks as given (codec none), got codec {tier.codec.value!r}; "
-                        "quantise the dram or nvme tier instead")
     try:
+        if tier.name == "hbm" and tier.codec is not Codec.NONE:
+            return QuantizedPool(layout, tier.capacity_blocks, tier.codec, pin_memory=False,
+                                 device=device if device is not None else ("cuda" if cuda_available() else "cpu"))
         if tier.name == "hbm":
             return hbm_pool(layout, tier.capacity_blocks, device)
         if tier.name == "dram":

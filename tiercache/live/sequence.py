@@ -42,7 +42,8 @@ class StepReport:
         hbm_hits: of those, blocks found in HBM.
         from_dram, from_nvme: blocks found in DRAM / on NVMe (promoted, or read in place).
         prefetched: blocks whose moves to HBM the step started for later steps.
-        bytes_moved: bytes of the blocks read from lower tiers plus the prefetched ones.
+        bytes_moved: bytes of the blocks read from lower tiers (as each tier stores them:
+            a quantised tier's encoded bytes) plus the prefetched ones (at HBM's size).
         tail_tokens: tokens of the partial tail block (read from the sequence, no tier).
     """
 
@@ -440,10 +441,10 @@ class Sequence:
         names = [d.name for d in self.cache.manager.dirs]
         count = {name: found[t] for t, name in enumerate(names)}
         prefetched = ticket.prefetched if ticket is not None else 0
-        lower = selected - count.get("hbm", 0)
+        size = self.cache.store.tier_block_bytes
+        moved = sum(found[t] * size[t] for t in range(1, len(found))) + prefetched * size[0]
         self.reports.append(StepReport(step, layer, mode, selected, count.get("hbm", 0), count.get("dram", 0),
-                                       count.get("nvme", 0), prefetched,
-                                       (lower + prefetched) * self.cache.layout.block_bytes, tail))
+                                       count.get("nvme", 0), prefetched, moved, tail))
 
     # -- checks ---------------------------------------------------------------------------
     def _check_live(self, what: str) -> None:

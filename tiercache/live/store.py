@@ -12,9 +12,8 @@ the manager (there is no plan lifecycle outside it). A block is visible in a tie
 its bytes landed there.
 
 A ``remote`` tier (Mooncake Store, ``remote.RemoteLink``) completes lookups the local tiers
-miss. Thread safety: one lock serialises every public method; I/O threads touch only bytes. Durability: the NVMe tier is an ``NVMeStore``; ``flush``/``close`` make its index
-durable, and reopening the same path adopts every complete block into the NVMe tier.
-"""
+miss. Thread safety: one lock serialises every public method; I/O threads touch only bytes.
+Durability: ``flush``/``close`` make the NVMe index durable; reopening adopts every complete block."""
 
 from __future__ import annotations
 
@@ -31,6 +30,7 @@ from tiercache.core.plans import EventLog, TransferPlan
 from tiercache.core.stats import HierarchyStats
 from tiercache.data.buffers import check_blocks
 from tiercache.data.engine import LocalEngine
+from tiercache.data.pools import BlockPool
 from tiercache.errors import UserError
 from tiercache.keys import prefix_keys
 from tiercache.policies import make_admission, make_eviction
@@ -71,6 +71,7 @@ class TieredKVStore:
         device = resolve_device(device)
         check_host_memory(layout, tiers, device)
         self.layout = layout
+        self.tier_block_bytes = [t.codec.block_bytes(layout) for t in tiers]  # per tier: its codec's, scales included
         self._lock = threading.RLock()
         self._map = KeyMap()
         self._media = [open_medium(t, layout, path, device) for t in tiers]
@@ -87,8 +88,7 @@ class TieredKVStore:
         )
         self._remote = None if remote is None else RemoteLink(self.manager, self._map, self._media[-1], remote, hits)
         self._stats = HierarchyStats.for_tiers((t.name, t.capacity_blocks) for t in tiers)
-        self.token_mismatches = 0
-        self._closed = False
+        self.token_mismatches, self._closed = 0, False
         self._adopt_stored_blocks()
 
     @property
@@ -303,8 +303,11 @@ class TieredKVStore:
 
     @property
     def hbm_tensor(self) -> torch.Tensor:
-        """The HBM pool: ``[slots, *block_shape]`` (read it at slots from ``get_slots``)."""
+        """The HBM pool ``[slots, *block_shape]`` (index it with ``get_slots``'s slots); a
+        quantised HBM tier holds encoded bytes and raises UserError (use ``get``)."""
         return self._media[0].tensor
+
+    hbm_device = property(lambda self: self._media[0].device, doc="The HBM tier's device (where ``get`` returns blocks).")
 
     # -- asynchronous moves --------------------------------------------------------------
     def prefetch(self, keys: Sequence[bytes]) -> Pending:
@@ -371,12 +374,12 @@ class TieredKVStore:
 
     # -- reporting and lifetime ----------------------------------------------------------
     def stats(self) -> dict:
-        """Per-tier hits, inserts, evictions, demotions, promotions, bytes; queue depth; NVMe stats."""
+        """Per-tier hits, inserts, evictions, moves; bytes per link (its smaller encoding); queue depth; NVMe stats."""
         with self._lock:
             self._check_open()
             self._consume()
-            block_bytes = self.layout.block_bytes
-            moved = {f"{self._stats.tiers[s].name}->{self._stats.tiers[d].name}": n * block_bytes
+            size = self.tier_block_bytes  # a link moves the smaller encoding (the coarser side encodes)
+            moved = {f"{self._stats.tiers[s].name}->{self._stats.tiers[d].name}": n * min(size[s], size[d])
                      for (s, d), n in self._stats.blocks_moved().items()}
             names = [d.name for d in self.manager.dirs]
             nvme = self._media[names.index("nvme")].stats.copy() if "nvme" in names else None
@@ -459,7 +462,7 @@ class TieredKVStore:
         if out is None:
             out = torch.empty((len(ids), *self.layout.block_shape), dtype=top.dtype, device=top.device)
         slot_of = self.manager.dirs[0].slot_of
-        if all(i in slot_of for i in ids):  # the common case: one gather from the HBM pool
+        if isinstance(top, BlockPool) and all(i in slot_of for i in ids):  # the common case: one gather from the HBM pool
             index = torch.tensor([slot_of[i] for i in ids], dtype=torch.long, device=top.device)
             return torch.index_select(top.tensor, 0, index, out=out)
         for index, block_id in enumerate(ids):
