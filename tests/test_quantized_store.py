@@ -276,6 +276,20 @@ def test_quantised_tiers_under_a_gpu_hbm_tier_encode_and_decode_on_the_gpu(tmp_p
             assert_within(Codec.INT4, got[i], blocks[i])
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_quantised_hbm_tier_on_the_gpu_round_trips(tmp_path):
+    blocks, keys = kv_blocks(16), [key(i) for i in range(16)]
+    hierarchy = [TierConfig("hbm", 3, codec=Codec.INT8), TierConfig("dram", 4, codec=Codec.INT8),
+                 TierConfig("nvme", 64, codec=Codec.INT4)]
+    with TieredKVStore(LAYOUT, hierarchy, path=tmp_path, device="cuda") as store:
+        store.put(keys, blocks.cuda())
+        assert {"hbm", "dram", "nvme"} <= set(where(store, keys))
+        got = store.get(keys).cpu()
+        for i in range(16):
+            assert rel_err(got[i], blocks[i]) <= chain_bound([Codec.INT8, Codec.INT4, Codec.INT8])
+
+
 def test_stats_count_the_bytes_a_quantised_tier_really_moves(tmp_path):
     """A link moves the smaller of its tiers' encodings: plain HBM -> INT8 DRAM moves INT8
     bytes (encoded on the way), INT8 DRAM -> INT4 NVMe moves INT4 bytes."""
