@@ -28,7 +28,7 @@ import numba
 import numpy as np
 
 __all__ = ["LUT_F16", "LUT_BF16", "group_amax", "int8_encode", "int8_fine", "group_minmax", "int4_encode",
-           "int4_fine", "int4_decode", "half_scales", "zero_points", "channel_amax", "fp8_amax", "fp8_encode", "fp8_decode", "gather_channels", "scatter_channels"]
+           "int4_fine", "int4_decode", "half_scales", "zero_points", "channel_amax", "fp8_encode", "fp8_decode", "gather_channels", "scatter_channels"]
 
 # error_model "numpy": no ZeroDivisionError check per division (it stops LLVM vectorising;
 # scales are never 0: an all-zero group gets scale 1).
@@ -368,39 +368,25 @@ def _unpack(packed, n, c, h, t, codes):
 # ----- FP8 -------------------------------------------------------------------------------
 
 @numba.njit(**_JIT)
-def channel_amax(x, lut, out, h0, h1):
-    """Absmax of K per (n, head, channel) over the tokens, into ``out`` as float32."""
+def channel_amax(x, lut, k_out, v_out, h0, h1):
+    """Absmax of K per (n, head, channel) over the tokens into ``k_out`` and of V per (n,
+    head) into ``v_out``, as float32 (one pass: FP8's scales follow from both, K's without
+    its exact channels, since a max is exact in any order)."""
     n_, _, heads, tokens, dim = x.shape
-    acc = np.zeros(dim, np.uint16)
+    acc, acc_v = np.zeros(dim, np.uint16), np.zeros(dim, np.uint16)
     for n in range(n_):
         for h in range(h0, h1):
             acc[:] = 0
+            acc_v[:] = 0
             for t in range(tokens):
                 for d in range(dim):
                     a = x[n, 0, h, t, d] & np.uint16(0x7FFF)
                     acc[d] = a if a > acc[d] else acc[d]
-            for d in range(dim):
-                out[n, h, d] = lut[acc[d]]
-
-
-@numba.njit(**_JIT)
-def fp8_amax(x, lut, keep, out, h0, h1):
-    """Absmax per (n, half) over heads, tokens and channels into ``out`` ``[n, 2]`` as
-    float32; K's channels with ``keep[n, h, d]`` 0 (the exact outlier channels) left out."""
-    n_, _, heads, tokens, dim = x.shape
-    acc_k, acc_v = np.zeros(dim, np.uint16), np.zeros(dim, np.uint16)
-    for n in range(n_):
-        acc_k[:] = 0
-        acc_v[:] = 0
-        for h in range(h0, h1):
-            for t in range(tokens):
-                for d in range(dim):
-                    a = x[n, 0, h, t, d] & np.uint16(0x7FFF)
-                    a = a if keep[n, h, d] != 0 else np.uint16(0)
-                    acc_k[d] = a if a > acc_k[d] else acc_k[d]
                     b = x[n, 1, h, t, d] & np.uint16(0x7FFF)
                     acc_v[d] = b if b > acc_v[d] else acc_v[d]
-        out[n, 0], out[n, 1] = lut[acc_k.max()], lut[acc_v.max()]
+            for d in range(dim):
+                k_out[n, h, d] = lut[acc[d]]
+            v_out[n, h] = lut[acc_v.max()]
 
 
 @numba.njit(inline="always", **_JIT)

@@ -227,8 +227,8 @@ class Fp8Codec(BlockCodec):
 
     def _encode_fast(self, q, block, x, bf16):
         n, _, heads, tokens, dim = x.shape
-        amax = np.zeros((n, heads, dim), np.float32)
-        _on_heads(kernels.channel_amax, heads, x, _lut(bf16), amax)
+        amax, v_amax = np.zeros((n, heads, dim), np.float32), np.zeros((n, heads), np.float32)
+        _on_heads(kernels.channel_amax, heads, x, _lut(bf16), amax, v_amax)
         channels = _top_channels(torch.from_numpy(amax).view(*block.shape[:-4], heads, 1, dim), self._OUTLIERS)
         scale_part, outliers, channel_part = q.scales
         channel_part.copy_(channels)
@@ -236,9 +236,8 @@ class Fp8Codec(BlockCodec):
         kernels.gather_channels(x, picked, outliers.view(torch.int16).numpy().view(np.uint16).reshape(n, heads, tokens, -1))
         keep = np.ones((n, heads, dim), np.float32)
         np.put_along_axis(keep, picked, 0.0, axis=-1)
-        halves = np.zeros((2, n, 2), np.float32)  # one absmax per half of the heads (two threads), then the max
-        _on_heads(kernels.fp8_amax, heads, x, _lut(bf16), keep, lambda part: halves[part])
-        scale = halves.max(axis=0) / np.float32(self._MAX)
+        halves = np.stack(((amax * keep).max(axis=(1, 2)), v_amax.max(axis=1)), axis=1)  # [n, 2]: K without its exact channels, V
+        scale = halves / np.float32(self._MAX)
         scale = np.where(scale > 0, scale, np.float32(1.0)).astype(np.float32)
         scale_part.numpy().reshape(n, 2)[...] = scale
         _on_heads(kernels.fp8_encode, heads, x, bf16, keep, scale, q.payload.view(torch.uint8).numpy().reshape(x.shape))
