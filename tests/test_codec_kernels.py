@@ -129,3 +129,19 @@ def test_encode_into_writes_the_reference_bytes_at_any_buffer_offset(codec, offs
     assert bool((backing[:offset] == 0xA5).all()) and bool((backing[offset + expected.numel():] == 0xA5).all())
     out = torch.empty_like(block)
     assert same_bits(impl.decode_from(slot, block.dtype, out), impl.decode_reference(impl.encode_reference(block), out.clone()))
+
+
+@pytest.mark.parametrize("codec", QUANTISED)
+@pytest.mark.parametrize("dtype", [*HALF, torch.float32])
+@pytest.mark.parametrize("bad", [float("inf"), -float("inf"), float("nan")])
+def test_a_non_finite_block_is_refused_by_every_encode_path(codec, dtype, bad):
+    """One inf would turn its whole group into NaN: every path refuses it by name."""
+    from tiercache.errors import UserError
+
+    impl = codec_for(codec)
+    block = synthetic_block(1, 2, 64, 64, dtype=dtype)
+    block[0, 1, 1, 17, 5] = bad
+    buf = torch.empty(impl.nbytes_of(tuple(block.shape), block.dtype), dtype=torch.uint8)
+    for encode in (impl.encode, impl.encode_reference, lambda b: impl.encode_into(b, buf)):
+        with pytest.raises(UserError, match="inf or NaN"):
+            encode(block)

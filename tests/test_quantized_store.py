@@ -301,3 +301,28 @@ def test_stats_count_the_bytes_a_quantised_tier_really_moves(tmp_path):
         # 16 blocks put through HBM (3) and DRAM (4): 13 demoted to DRAM, 9 of them on to NVMe
         assert moved["hbm->dram"] == 13 * Codec.INT8.block_bytes(LAYOUT)
         assert moved["dram->nvme"] == 9 * Codec.INT4.block_bytes(LAYOUT)
+
+
+def test_non_finite_kv_is_refused_before_a_quantised_hierarchy_stores_it(tmp_path):
+    """inf or NaN in a block would spread over its whole quantisation group once demoted:
+    a hierarchy with a quantised tier refuses it at put (naming the block) and at append,
+    storing nothing; a plain hierarchy stores it as given."""
+    from tiercache import TieredKVCache
+
+    blocks, keys = kv_blocks(4), [key(i) for i in range(4)]
+    blocks[2, 1, 0, 1, 7, 3] = float("nan")
+    with TieredKVStore(LAYOUT, tiers(Codec.INT8, Codec.INT4), path=tmp_path / "q") as store:
+        with pytest.raises(UserError, match="block 2 holds inf or NaN"):
+            store.put(keys, blocks)
+        assert where(store, keys) == [None] * 4
+        store.check_invariants()
+    plain = [TierConfig("hbm", 3), TierConfig("dram", 4)]
+    with TieredKVStore(LAYOUT, plain) as store:
+        assert store.put(keys, blocks) == 4 and torch.isnan(store.get([keys[2]])).sum() == 1
+    layout = KVLayout(layers=1, kv_heads=2, head_dim=64, dtype="float16", block_tokens=64)
+    with TieredKVCache(layout, [TierConfig("hbm", 4, codec=Codec.INT8)]) as cache:
+        seq = cache.sequence()
+        k = torch.randn(2, 70, 64).half()
+        k[1, 3, 2] = float("inf")
+        with pytest.raises(UserError, match="k holds inf or NaN"):
+            seq.append(0, k, torch.randn(2, 70, 64).half())

@@ -114,12 +114,13 @@ def _shape_text(shape: Sequence[int]) -> str:
     return "[" + ", ".join(str(int(s)) for s in shape) + "]"
 
 
-def check_blocks(blocks: torch.Tensor, layout: KVLayout, count: int, what: str) -> None:
-    """Validates a batch tensor ``[count, *layout.block_shape]`` of the layout's dtype.
+def check_blocks(blocks: torch.Tensor, layout: KVLayout, count: int, what: str, finite: bool = False) -> None:
+    """Validates a batch tensor ``[count, *layout.block_shape]`` of the layout's dtype (and,
+    with ``finite``, free of inf and NaN: what a quantised tier needs).
 
     Raises:
         UserError: not a tensor, wrong dtype, or wrong shape; the message gives expected
-            and actual values.
+            and actual values; or a non-finite value, naming the first block holding one.
     """
     if not isinstance(blocks, torch.Tensor):
         raise UserError(f"{what}: expected a torch.Tensor, got {type(blocks).__name__}")
@@ -131,6 +132,16 @@ def check_blocks(blocks: torch.Tensor, layout: KVLayout, count: int, what: str) 
     expected = (count, *layout.block_shape)
     if tuple(blocks.shape) != expected:
         raise UserError(f"{what}: expected shape {_shape_text(expected)}, got {_shape_text(blocks.shape)}")
+    if finite:
+        check_finite(blocks, what)
+
+
+def check_finite(blocks: torch.Tensor, what: str) -> None:
+    """Raises UserError naming the first block (index along dim 0) holding inf or NaN: a
+    quantised tier cannot store either (one inf would turn its whole group into NaN)."""
+    if blocks.numel() and not bool(torch.isfinite(blocks).all()):
+        bad = int((~torch.isfinite(blocks.reshape(blocks.shape[0], -1))).any(dim=1).nonzero()[0, 0])
+        raise UserError(f"{what}: block {bad} holds inf or NaN values, which a quantised tier cannot store")
 
 
 def block_list(

@@ -142,6 +142,17 @@ def _lut(bf16: bool) -> np.ndarray:
     return kernels.LUT_BF16 if bf16 else kernels.LUT_F16
 
 
+_NON_FINITE = "encode: the block holds inf or NaN values; the codecs take finite blocks"
+
+
+def _require_finite(*stats: np.ndarray | torch.Tensor) -> None:
+    """Raises UserError unless every value of ``stats`` is finite. Given a block's
+    reductions (absmax, min, max), an inf or NaN anywhere in the block shows up in them,
+    at no extra pass over the block."""
+    if not all(bool(np.isfinite(a).all()) if isinstance(a, np.ndarray) else bool(torch.isfinite(a).all()) for a in stats):
+        raise UserError(_NON_FINITE)
+
+
 def _scale16_into(amax: np.ndarray, qmax: int, part: torch.Tensor) -> np.ndarray:
     """fp16 ``amax / qmax`` (float32 division, rounded to nearest even as torch's
     ``_scale16`` does; 1 where it is 0) written into the fp16 ``part`` (same element order);
@@ -221,6 +232,7 @@ class BlockCodec(ABC):
             q = self.from_bytes(buf, tuple(block.shape), block.dtype)
             self._encode_fast(q, block, *fast)
             return q
+        _require_finite(block)
         payload, scales = self._encode(block)
         return QuantizedBlock(self.codec, tuple(block.shape), block.dtype, payload, scales)
 
@@ -231,6 +243,7 @@ class BlockCodec(ABC):
     def encode_reference(self, block: torch.Tensor) -> QuantizedBlock:
         """``encode`` in plain torch (the reference the compiled loops are checked against)."""
         check_block(block)
+        _require_finite(block)
         payload, scales = self._encode(block)
         return QuantizedBlock(self.codec, tuple(block.shape), block.dtype, payload, scales)
 

@@ -35,7 +35,7 @@ import torch
 from ..config import CODEC_GROUP, FP8_OUTLIER_CHANNELS, INT8_K_GROUP, KEY_OUTLIER_CHANNELS, Codec, codec_group
 from . import codec_kernels as kernels
 from .codec_base import (FLOAT_DTYPES, BlockCodec, Part, QuantizedBlock, _asym_into, _f32, _halves, _lut, _on_heads,
-                         _scale16_into, _sym_scale, check_block)
+                         _require_finite, _scale16_into, _sym_scale, check_block)
 
 __all__ = ["Part", "QuantizedBlock", "BlockCodec", "codec_for", "check_block", "FLOAT_DTYPES", "fp8_as_fp16"]
 
@@ -118,6 +118,7 @@ class Int8Codec(BlockCodec):
         k_amax = np.zeros((n, heads, tokens // gk, dim), np.float32)
         v_amax = np.zeros((n, heads, tokens, dim // gv), np.float32)
         _on_heads(kernels.group_amax, heads, x, _lut(bf16), gk, gv, k_amax, v_amax)
+        _require_finite(k_amax, v_amax)
         k_part, v_part, fine, channel_part = q.scales
         k_scale, v_scale = _scale16_into(k_amax, 127, k_part), _scale16_into(v_amax, 127, v_part)
         channels = _top_channels(torch.from_numpy(k_amax.max(axis=-2)).view(*block.shape[:-4], heads, 1, dim), self._OUTLIERS)
@@ -229,6 +230,7 @@ class Fp8Codec(BlockCodec):
         n, _, heads, tokens, dim = x.shape
         amax, v_amax = np.zeros((n, heads, dim), np.float32), np.zeros((n, heads), np.float32)
         _on_heads(kernels.channel_amax, heads, x, _lut(bf16), amax, v_amax)
+        _require_finite(amax, v_amax)
         channels = _top_channels(torch.from_numpy(amax).view(*block.shape[:-4], heads, 1, dim), self._OUTLIERS)
         scale_part, outliers, channel_part = q.scales
         channel_part.copy_(channels)
@@ -390,6 +392,7 @@ class Int4Codec(BlockCodec):
         k_lo, k_hi = np.empty((n, heads, tokens // gk, dim), np.float32), np.empty((n, heads, tokens // gk, dim), np.float32)
         v_lo, v_hi = np.empty((n, heads, tokens, dim // gv), np.float32), np.empty((n, heads, tokens, dim // gv), np.float32)
         _on_heads(kernels.group_minmax, heads, x, _lut(bf16), gk, gv, k_lo, k_hi, v_lo, v_hi)
+        _require_finite(k_lo, k_hi, v_lo, v_hi)
         k_scale_part, k_zero_part, v_scale_part, v_zero_part, fine, channel_part = q.scales
         k_scale, k_zero = _asym_into(k_lo, k_hi, k_scale_part, k_zero_part)
         v_scale, v_zero = _asym_into(v_lo, v_hi, v_scale_part, v_zero_part)

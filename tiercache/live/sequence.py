@@ -467,6 +467,8 @@ class Sequence:
             raise UserError(f"Sequence.append: {name} must be {cache.dtype} (the layout's dtype), got {x.dtype}")
         if x.device != cache.device:
             raise UserError(f"Sequence.append: {name} must be on {cache.device} (the HBM tier's device), got {x.device}")
+        if cache.store.quantised and not bool(torch.isfinite(x).all()):
+            raise UserError(f"Sequence.append: {name} holds inf or NaN values, which a quantised tier cannot store")
 
     def _check_query(self, q: torch.Tensor) -> None:
         layout, cache = self.cache.layout, self.cache

@@ -24,7 +24,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from tiercache.config import KVLayout, TierConfig
+from tiercache.config import Codec, KVLayout, TierConfig
 from tiercache.core.manager import TierManager
 from tiercache.core.plans import EventLog, TransferPlan
 from tiercache.core.stats import HierarchyStats
@@ -72,6 +72,7 @@ class TieredKVStore:
         check_host_memory(layout, tiers, device)
         self.layout = layout
         self.tier_block_bytes = [t.codec.block_bytes(layout) for t in tiers]  # per tier: its codec's, scales included
+        self.quantised = any(t.codec is not Codec.NONE for t in tiers)  # then blocks must be finite
         self._lock = threading.RLock()
         self._map = KeyMap()
         self._media = [open_medium(t, layout, path, device) for t in tiers]
@@ -111,7 +112,7 @@ class TieredKVStore:
             UserError: keys not bytes or repeated; blocks of the wrong dtype or shape.
         """
         keys = self._map.check_keys(keys, "TieredKVStore.put")
-        check_blocks(kv_blocks, self.layout, len(keys), "TieredKVStore.put kv_blocks")
+        check_blocks(kv_blocks, self.layout, len(keys), "TieredKVStore.put kv_blocks", finite=self.quantised)
         if len(set(keys)) != len(keys):
             raise UserError("TieredKVStore.put: a key appears twice in one call")
         with self._lock:
@@ -146,7 +147,7 @@ class TieredKVStore:
         False promotions are left in flight and returned as a handle.
         """
         keys = self._map.check_keys(keys, "TieredKVStore.access")
-        check_blocks(kv_blocks, self.layout, len(keys), "TieredKVStore.access kv_blocks")
+        check_blocks(kv_blocks, self.layout, len(keys), "TieredKVStore.access kv_blocks", finite=self.quantised)
         with self._lock:
             self._check_open()
             ids = self._map.ids(keys, register=True)
@@ -303,8 +304,7 @@ class TieredKVStore:
 
     @property
     def hbm_tensor(self) -> torch.Tensor:
-        """The HBM pool ``[slots, *block_shape]`` (index it with ``get_slots``'s slots); a
-        quantised HBM tier holds encoded bytes and raises UserError (use ``get``)."""
+        """The HBM pool ``[slots, *block_shape]`` at ``get_slots``'s slots (a quantised HBM raises UserError)."""
         return self._media[0].tensor
 
     hbm_device = property(lambda self: self._media[0].device, doc="The HBM tier's device (where ``get`` returns blocks).")
