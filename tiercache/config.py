@@ -10,6 +10,7 @@ counts blocks, a byte size always ends in ``B``, and anything else (``4Ki``) is 
 from __future__ import annotations
 
 import enum
+import functools
 import re
 
 from dataclasses import dataclass
@@ -225,8 +226,10 @@ FP8_OUTLIER_CHANNELS = KEY_OUTLIER_CHANNELS
 CODEC_FORMATS = {"none": 1, "int8": 2, "fp8": 1, "int4": 2}
 
 
+@functools.lru_cache(maxsize=256)
 def codec_group(n: int, cap: int = CODEC_GROUP) -> int:
-    """The codecs' group size along a dim of ``n``: its largest divisor up to ``cap``."""
+    """The codecs' group size along a dim of ``n``: its largest divisor up to ``cap``
+    (cached: every encode asks for the same few)."""
     return max(g for g in range(1, min(n, cap) + 1) if n % g == 0)
 
 

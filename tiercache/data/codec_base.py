@@ -114,6 +114,7 @@ def _fast_input(block: torch.Tensor) -> tuple[np.ndarray, bool] | None:
 
 
 _POOL: ThreadPoolExecutor | None = None
+_CPUS = os.cpu_count() or 1
 
 
 def _on_heads(kernel, heads: int, *args) -> None:
@@ -122,7 +123,7 @@ def _on_heads(kernel, heads: int, *args) -> None:
     more per half). An argument that is a function gets the half's index (0, 1) and returns
     that half's own array (outputs the halves must not share)."""
     global _POOL
-    halves = [(0, heads // 2, 0), (heads // 2, heads, 1)] if heads >= 2 and (os.cpu_count() or 1) >= 2 else [(0, heads, 0)]
+    halves = [(0, heads // 2, 0), (heads // 2, heads, 1)] if heads >= 2 and _CPUS >= 2 else [(0, heads, 0)]
 
     def run(h0: int, h1: int, part: int) -> None:
         kernel(*(a(part) if callable(a) else a for a in args), h0, h1)
