@@ -12,6 +12,16 @@ accessed most often over the whole trace (it knows every block's future populari
 it comes). Where the oracle closes little of the gap, popularity alone cannot: the gap is in
 timing.
 
+Two more columns say what online information is worth. The dead-first oracle is an LRU that
+knows which blocks are never used again and evicts those first: the most a perfect dead-block
+predictor paired with plain recency reaches (a policy that also reorders live blocks can do
+better). The class accuracy is Hawkeye's view (Jain & Lin, 2016): each access is labelled by
+whether Belady keeps the block until its next use and grouped by what a policy sees then (the
+block's earlier uses and its request root's earlier requests, each capped at 3); answering each
+class's majority label is right on ``class_accuracy`` of the accesses, against
+``constant_accuracy`` for one answer for all. Equal figures mean those features say nothing
+about Belady's choices at that capacity.
+
     python scripts/belady_gap.py tests/data/mooncake_synthetic_trace.jsonl --capacity 1000,4000,16000
 
 The miss ratios are the ones ``tiercache replay`` reports for ``lru`` and ``belady``
@@ -108,6 +118,50 @@ def frequency_oracle_hits(ids: list[int], offsets: list[int], capacity: int) -> 
     return hit
 
 
+def dead_first_hits(ids: list[int], offsets: list[int], capacity: int, upcoming: list[int]) -> np.ndarray:
+    """Per access, whether an LRU that evicts never-used-again blocks first hits it (dead
+    blocks leave in LRU order, then live ones)."""
+    dead: OrderedDict[int, None] = OrderedDict()
+    live: OrderedDict[int, None] = OrderedDict()
+    hit = np.zeros(len(ids), dtype=bool)
+    for a, b in zip(offsets, offsets[1:]):
+        hitting = True
+        for position in range(a, b):
+            block = ids[position]
+            cached = block in dead or block in live
+            hitting = hitting and cached
+            hit[position] = hitting
+            dead.pop(block, None)
+            live.pop(block, None)
+            if not cached and len(dead) + len(live) >= capacity:
+                (dead if dead else live).popitem(last=False)
+            (live if upcoming[position] < NEVER else dead)[block] = None
+    return hit
+
+
+def class_accuracy(ids: list[int], offsets: list[int], belady: np.ndarray, upcoming: list[int]) -> tuple[float, float]:
+    """(majority-per-class accuracy, one-answer accuracy) of predicting, at each access, whether
+    Belady keeps the block until its next use, from (earlier uses, root's earlier requests)."""
+    uses: dict[int, int] = {}
+    requests: dict[int, int] = {}
+    counts: dict[tuple[int, int], list[int]] = {}
+    for a, b in zip(offsets, offsets[1:]):
+        root_seen = min(requests.get(ids[a], 0), 3)
+        requests[ids[a]] = requests.get(ids[a], 0) + 1
+        for position in range(a, b):
+            block = ids[position]
+            cls = (min(uses.get(block, 0), 3), root_seen)
+            uses[block] = uses.get(block, 0) + 1
+            kept = upcoming[position] < NEVER and bool(belady[upcoming[position]])
+            tally = counts.setdefault(cls, [0, 0])
+            tally[0] += 1
+            tally[1] += kept
+    total = sum(n for n, _ in counts.values())
+    kept_all = sum(k for _, k in counts.values())
+    majority = sum(max(k, n - k) for n, k in counts.values())
+    return majority / total, max(kept_all, total - kept_all) / total
+
+
 def describe(ids: list[int], offsets: list[int], capacity: int, upcoming: list[int]) -> dict:
     """Miss ratios of LRU and Belady and the shape of the accesses only Belady hits."""
     lru, bel = lru_hits(ids, offsets, capacity), belady_hits(ids, offsets, capacity, upcoming)
@@ -130,8 +184,11 @@ def describe(ids: list[int], offsets: list[int], capacity: int, upcoming: list[i
         return [round(float(v), 2) for v in np.quantile(values, quantiles)] if values else []
 
     oracle = frequency_oracle_hits(ids, offsets, capacity)
+    dead_first = dead_first_hits(ids, offsets, capacity, upcoming)
+    by_class, constant = class_accuracy(ids, offsets, bel, upcoming)
     return {"capacity": capacity, "lru_miss": 1 - lru.mean(), "belady_miss": 1 - bel.mean(),
-            "frequency_oracle_miss": 1 - oracle.mean(),
+            "frequency_oracle_miss": 1 - oracle.mean(), "dead_first_miss": 1 - dead_first.mean(),
+            "class_accuracy": by_class, "constant_accuracy": constant,
             "belady_hits_lru_also": float((bel & lru).sum() / max(1, bel.sum())),
             "belady_only_share": float(only.sum() / len(ids)),
             "gap_capacities_q10_50_90": q(gaps), "prior_uses_q10_50_90": q(uses), "depth_q10_50_90": q(depths),
@@ -147,10 +204,11 @@ def main() -> None:
     ids, offsets = requests_of(args.trace)
     upcoming = next_uses(ids)
     rows = [describe(ids, offsets, int(c), upcoming) for c in args.capacity.split(",")]
-    print(f"{'capacity':>8} {'LRU':>7} {'Belady':>7} {'freq':>7} {'both':>6} {'B only':>7} "
-          f"{'gap/capacity q10,50,90':>24} {'>2 cap':>7} {'prior uses q10,50,90':>21} {'depth q10,50,90':>18}")
+    print(f"{'capacity':>8} {'LRU':>7} {'Belady':>7} {'freq':>7} {'dead1st':>7} {'class':>5} {'const':>5} {'both':>6} "
+          f"{'B only':>7} {'gap/capacity q10,50,90':>24} {'>2 cap':>7} {'prior uses q10,50,90':>21} {'depth q10,50,90':>18}")
     for row in rows:
         print(f"{row['capacity']:>8} {row['lru_miss']:7.4f} {row['belady_miss']:7.4f} {row['frequency_oracle_miss']:7.4f} "
+              f"{row['dead_first_miss']:7.4f} {row['class_accuracy']:5.3f} {row['constant_accuracy']:5.3f} "
               f"{row['belady_hits_lru_also']:6.2f} "
               f"{row['belady_only_share']:7.4f} {str(row['gap_capacities_q10_50_90']):>24} {row['beyond_2_capacities']:7.2f} "
               f"{str(row['prior_uses_q10_50_90']):>21} {str(row['depth_q10_50_90']):>18}")

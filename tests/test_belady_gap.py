@@ -72,3 +72,27 @@ def test_frequency_oracle_holds_the_most_used_blocks_and_needs_a_first_use() -> 
 def test_frequency_oracle_column(rows: list[dict]) -> None:
     for row in rows:
         assert 0.0 < row["frequency_oracle_miss"] <= 1.0
+
+
+def test_dead_first_oracle_evicts_dead_blocks_before_live_ones() -> None:
+    gap = _script()
+    requests = [[1], [2], [3], [1], [3]]  # 2 is never used again: with room for 2, 1 survives 3's insert
+    ids = [b for r in requests for b in r]
+    offsets = list(range(len(ids) + 1))
+    upcoming = gap.next_uses(ids)
+    assert gap.dead_first_hits(ids, offsets, 2, upcoming).tolist() == [False, False, False, True, True]
+    assert gap.lru_hits(ids, offsets, 2).tolist() == [False, False, False, False, True]  # LRU drops 1 for 3
+
+
+def test_class_accuracy_is_at_least_the_constant_answer(rows: list[dict]) -> None:
+    gap = _script()
+    ids = [1, 2, 1, 2, 1, 2]
+    offsets = [0, 2, 4, 6]
+    upcoming = gap.next_uses(ids)
+    belady = gap.belady_hits(ids, offsets, 2, upcoming)
+    by_class, constant = gap.class_accuracy(ids, offsets, belady, upcoming)
+    # everything is kept; the last two accesses (no next use) are "not kept": classes (2, 2) split them off
+    assert (by_class, constant) == (1.0, 4 / 6)
+    for row in rows:
+        assert row["constant_accuracy"] <= row["class_accuracy"] <= 1.0
+        assert row["belady_miss"] <= row["dead_first_miss"] <= 1.0
