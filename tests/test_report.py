@@ -247,6 +247,10 @@ def test_results_of_different_traces_are_refused(tmp_path, capsys):
     assert main(["report", a, b, "-o", str(tmp_path / "report")]) == 2
     assert "another trace" in capsys.readouterr().err
     assert not (tmp_path / "report").exists()
+    older = write_json(tmp_path / "older.json", make_document(fingerprint="a" * 32))  # blake2b, before xxh3-128
+    newer = write_json(tmp_path / "newer.json", make_document(fingerprint="xxh3-128:" + "a" * 32))
+    assert main(["report", older, newer, "-o", str(tmp_path / "report")]) == 2
+    assert "fingerprint their traces differently" in capsys.readouterr().err
 
 
 def test_conflicting_counts_for_one_run_are_refused(tmp_path):

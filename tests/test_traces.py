@@ -157,8 +157,15 @@ def test_write_requests_round_trip(tmp_path):
         write_requests(tmp_path / "no" / "dir.jsonl", requests)
 
 
-def test_fingerprint_is_blake2b_of_the_bytes():
-    assert trace_fingerprint(HEAD) == hashlib.blake2b(HEAD.read_bytes(), digest_size=16).hexdigest()
+def test_fingerprint_is_xxh3_128_of_the_bytes_and_older_results_keep_theirs():
+    import xxhash
+
+    from tiercache.sim.loader import load_trace
+
+    fingerprint = trace_fingerprint(HEAD)
+    assert fingerprint == "xxh3-128:" + xxhash.xxh3_128_hexdigest(HEAD.read_bytes()) == load_trace(HEAD).fingerprint
+    legacy = hashlib.blake2b(HEAD.read_bytes(), digest_size=16).hexdigest()  # what results before it recorded
+    assert trace_fingerprint(HEAD, like=legacy) == legacy and trace_fingerprint(HEAD, like=fingerprint) == fingerprint
 
 
 def test_detect_kind(tmp_path):

@@ -15,7 +15,8 @@ import numpy as np
 
 from ..errors import UserError
 from ..sim.mrc import ReuseHistogram, reuse_histogram
-from ..sim.loader import Trace, load_trace
+from ..results.records import legacy_fingerprint
+from ..sim.loader import Trace, load_trace, trace_fingerprint
 from . import fmt
 from .model import Run, TraceInfo
 from .plots import Curve
@@ -65,7 +66,9 @@ def _load_same_trace(trace: TraceInfo, path: str) -> Trace | str:
         loaded = load_trace(path)
     except UserError as exc:
         return f"The dense one-pass LRU curve is left out: {exc}."
-    if loaded.fingerprint != trace.fingerprint:
+    same = (trace_fingerprint(path, like=trace.fingerprint) if legacy_fingerprint(trace.fingerprint)
+            else loaded.fingerprint) == trace.fingerprint  # results of earlier versions: their blake2b
+    if not same:
         return f"The dense one-pass LRU curve is left out: {path} is not the trace these results came from (fingerprint differs)."
     return loaded
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from ..errors import UserError
 from ..results import LayoutInfo, ResultsDocument, RunRecord, TraceInfo, read_results, run_label
+from ..results.records import legacy_fingerprint
 
 # The report shows the results records as they are: a run is a ``RunRecord``.
 Run = RunRecord
@@ -73,6 +74,9 @@ def from_documents(documents: list[ResultsDocument], sources: list[str]) -> Repo
 
 
 def _check_same_setup(first: ResultsDocument, first_src: str, doc: ResultsDocument, src: str) -> None:
+    if legacy_fingerprint(doc.trace.fingerprint) != legacy_fingerprint(first.trace.fingerprint):
+        raise UserError(f"{src} and {first_src} fingerprint their traces differently (written by tiercache versions before "
+                        "and after trace fingerprints became xxh3-128); re-run the older one to compare them in one report")
     if doc.trace.fingerprint != first.trace.fingerprint:
         raise UserError(
             f"{src} is from another trace than {first_src} (trace {doc.trace.name!r} fingerprint {doc.trace.fingerprint} "

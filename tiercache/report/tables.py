@@ -155,7 +155,7 @@ def trace_table(data: ReportData) -> Table:
     ]
     if not steps:  # a step trace's writes store new blocks: first accesses are not misses there
         rows.append(("compulsory-miss floor", f"{fmt.percent(trace.compulsory_miss_ratio, 2)} (distinct blocks / accesses)"))
-    rows.append(("fingerprint (blake2b)", trace.fingerprint))
+    rows.append(("fingerprint", trace.fingerprint))
     rows += _preset_rows(data)
     return Table(("", ""), tuple(rows), (False, False))
 

@@ -54,7 +54,8 @@ from ..errors import UserError
 
 __all__ = [
     "SCHEMA_VERSION", "READABLE_VERSIONS", "Semantics", "Mode", "Route", "TraceKind", "TraceInfo", "LayoutInfo", "TierRecord",
-    "InstanceRecord", "RunRecord", "ResultsDocument", "run_label", "read_results", "write_results",
+    "InstanceRecord", "RunRecord", "ResultsDocument", "run_label", "read_results", "write_results", "FINGERPRINT_PREFIX",
+    "legacy_fingerprint",
 ]
 
 _CODEC_NAMES = tuple(c.value for c in Codec)
@@ -65,11 +66,22 @@ SCHEMA_VERSION = 5
 READABLE_VERSIONS = (1, 2, 3, 4, 5)
 
 
+#: Prefix of a trace fingerprint (xxh3-128 of the file's bytes); a fingerprint without it is
+#: the blake2b-128 hex digest earlier versions recorded (``legacy_fingerprint``).
+FINGERPRINT_PREFIX = "xxh3-128:"
+
+
+def legacy_fingerprint(fingerprint: str) -> bool:
+    """Whether ``fingerprint`` is an earlier version's blake2b one (no algorithm prefix)."""
+    return not fingerprint.startswith(FINGERPRINT_PREFIX)
+
+
 @dataclass(frozen=True)
 class TraceInfo:
     """Identity and size of the replayed trace.
 
-    Invariants: ``fingerprint`` is the blake2b-128 hex digest of the file's bytes;
+    Invariants: ``fingerprint`` is ``xxh3-128:`` and the hex digest of the file's bytes (an earlier
+    version's file: the blake2b-128 hex digest, no prefix);
     ``requests`` counts requests (request traces) or step records (step traces).
     """
 

@@ -48,17 +48,29 @@ def _uint(buf, pos, out, k):
         return -1
     if buf[pos] == _ZERO and pos + 1 < n and _ZERO <= buf[pos + 1] <= _NINE:
         return -1  # a leading zero is not JSON
+    start = pos
     value = np.int64(0)
     while pos < n and _ZERO <= buf[pos] <= _NINE:
-        digit = np.int64(buf[pos]) - _ZERO
-        if value > (_INT64_MAX - digit) // 10:
-            return -1  # 2**63 or more
-        value = value * 10 + digit
+        value = value * 10 + (np.int64(buf[pos]) - _ZERO)
         pos += 1
+    if pos - start >= 19 and not _fits_int64(buf, start, pos):
+        return -1  # 2**63 or more (up to 18 digits always fit: no check per digit)
     if pos < n and (buf[pos] == 46 or buf[pos] == 101 or buf[pos] == 69):
         return -1  # '.', 'e', 'E': a float
     out[k] = value
     return pos
+
+
+@njit
+def _fits_int64(buf, start, end):
+    """Whether the digits ``buf[start:end]`` (no leading zero) are below 2**63."""
+    value = np.int64(0)
+    for pos in range(start, end):
+        digit = np.int64(buf[pos]) - _ZERO
+        if value > (_INT64_MAX - digit) // 10:
+            return False
+        value = value * 10 + digit
+    return True
 
 
 @njit
@@ -163,8 +175,7 @@ def scan_requests(data: bytes) -> FlatTrace | None:
     if not HAVE_NUMBA or not data:
         return None
     buf = np.frombuffer(data, dtype=np.uint8)
-    records_cap = data.count(b"{") + 1
-    ids_cap = data.count(b",") + records_cap
+    records_cap, ids_cap = _capacities(data)
     ids = np.empty(ids_cap, dtype=np.int64)
     lengths = np.empty(records_cap, dtype=np.int64)
     meta = np.empty((records_cap, 3), dtype=np.int64)
@@ -175,3 +186,19 @@ def scan_requests(data: bytes) -> FlatTrace | None:
     np.cumsum(lengths[: records - 1], out=offsets[1:])
     return FlatTrace(ids[:count].copy(), offsets, meta[:records, 0].copy(), meta[:records, 1].copy(),
                      meta[:records, 2].copy())
+
+
+#: Up to this size the output arrays are sized from the byte count alone (untouched pages
+#: cost no memory); beyond it the bytes are counted, so the reservation stays near the need.
+_SIZE_BOUND_BYTES = 256 << 20
+
+
+def _capacities(data: bytes) -> tuple[int, int]:
+    """Upper bounds of (records, ids) in ``data``: an id takes at least two bytes (a digit and
+    a separator) and a record at least 16 (``{"hash_ids":[]}`` plus its line break; a plain
+    record has four keys); a scan that would pass either falls back to the parsers, it never
+    writes past them."""
+    if len(data) <= _SIZE_BOUND_BYTES:
+        return len(data) // 16 + 1, len(data) // 2 + 1
+    records = data.count(b"{") + 1
+    return records, data.count(b",") + records

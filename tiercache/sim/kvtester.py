@@ -23,7 +23,6 @@ order) into one request trace with millisecond timestamps, like a Mooncake trace
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from dataclasses import dataclass
@@ -33,7 +32,7 @@ import numpy as np
 
 from tiercache.errors import TraceError
 
-from .traces import FlatTrace, id_list_field
+from .traces import FlatTrace, fingerprint_digest, fingerprint_of, id_list_field
 
 __all__ = ["Conversation", "is_kvtester", "read_conversation", "load_kvtester_flat", "DEFAULT_MEAN_GAP_S"]
 
@@ -154,14 +153,14 @@ def load_kvtester_flat(path: str | os.PathLike, seed: int = 0,
     """Reads a conversation file or a folder of them into one request trace.
 
     Returns:
-        (flat arrays in arrival order, block size in tokens, blake2b-128 fingerprint of the
-        files' bytes, their names, the seed and the mean gap).
+        (flat arrays in arrival order, block size in tokens, fingerprint (``traces.
+        fingerprint_digest``) of the files' bytes, their names, the seed and the mean gap).
 
     Raises:
         TraceError: unreadable or malformed file, or files with different block sizes.
     """
     name = os.fspath(path)
-    digest = hashlib.blake2b(digest_size=16)
+    digest = fingerprint_digest()
     convs = []
     for file in _files(name):
         try:
@@ -175,7 +174,7 @@ def load_kvtester_flat(path: str | os.PathLike, seed: int = 0,
     if len(sizes) != 1:
         raise TraceError(name, None, f"conversations disagree on block_size: {sorted(sizes)}")
     digest.update(f"seed={seed},gap={mean_gap_s}".encode())
-    return _merge(convs, _starts(convs, seed, mean_gap_s)), sizes.pop(), digest.hexdigest()
+    return _merge(convs, _starts(convs, seed, mean_gap_s)), sizes.pop(), fingerprint_of(digest)
 
 
 def _starts(convs: list[Conversation], seed: int, mean_gap_s: float) -> list[float]:

@@ -7,10 +7,8 @@ pass builds the flat arrays and hashes the bytes for the fingerprint. Replays, s
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import os
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,9 +20,10 @@ from .bulkparse import MAX_BULK_BYTES, bulk_requests
 from .fastscan import scan_requests
 from .kvtester import DEFAULT_MEAN_GAP_S, is_kvtester, load_kvtester_flat
 from .steptrace import FlatSteps, flat_steps, header_block_tokens, is_header
-from .traces import MOONCAKE_BLOCK_TOKENS, FlatTrace, flat_requests, iter_json_objects, kind_of
+from .traces import (MOONCAKE_BLOCK_TOKENS, FlatTrace, fingerprint_digest, fingerprint_of, flat_requests,
+                     iter_json_objects, kind_of, trace_fingerprint)
 
-__all__ = ["Trace", "load_trace"]
+__all__ = ["Trace", "load_trace", "trace_fingerprint"]
 
 
 @dataclass(frozen=True)
@@ -35,7 +34,7 @@ class Trace:
     ``offsets`` has one entry per record plus an end entry equal to ``len(ids)``, starts at 0
     and never decreases. Exactly one of ``requests`` (request traces: timestamps, token
     counts) and ``steps`` (step traces: write flags, steps, layers) is set, matching ``kind``.
-    ``fingerprint`` is the blake2b-128 hex digest of the file's bytes (``trace_fingerprint``).
+    ``fingerprint`` is the xxh3-128 of the file's bytes (``trace_fingerprint``).
     ``block_tokens`` is the tokens per block: 512 for Mooncake request traces, the
     ``block_size`` of a kv-cache-tester workload, a step trace's header value, or None for a
     step trace without a header. ``dense`` and ``next_use`` (``tiercache.sim.prep``), when
@@ -101,7 +100,7 @@ def load_trace(path: str | os.PathLike, arrival_seed: int = 0, mean_gap_s: float
     fast = _load_requests_bulk(name)
     if fast is not None:
         return fast
-    digest = hashlib.blake2b(digest_size=16)
+    digest = fingerprint_digest()
     objects = iter_json_objects(name, digest)
     first = next(objects, None)
     if first is None:
@@ -109,10 +108,10 @@ def load_trace(path: str | os.PathLike, arrival_seed: int = 0, mean_gap_s: float
     kind = kind_of(name, *first)
     if kind is TraceKind.REQUESTS:
         requests = flat_requests(name, itertools.chain([first], objects))
-        return Trace(name, kind, digest.hexdigest(), requests.ids, _with_end(requests.offsets, requests.ids), requests=requests)
+        return Trace(name, kind, fingerprint_of(digest), requests.ids, _with_end(requests.offsets, requests.ids), requests=requests)
     block_tokens = header_block_tokens(name, *first) if is_header(first[1]) else None
     steps = flat_steps(name, objects if block_tokens else itertools.chain([first], objects))
-    return Trace(name, kind, digest.hexdigest(), steps.ids, _with_end(steps.offsets, steps.ids), steps=steps,
+    return Trace(name, kind, fingerprint_of(digest), steps.ids, _with_end(steps.offsets, steps.ids), steps=steps,
                  block_tokens=block_tokens)
 
 
@@ -130,13 +129,12 @@ def _load_requests_bulk(name: str) -> Trace | None:
     head = data.lstrip()[:4096]
     if not head.startswith(b"{") or b'"hash_ids"' not in data[: data.find(b"\n") if b"\n" in data else len(data)]:
         return None
-    # hashlib releases the GIL on large inputs: the fingerprint is computed beside the parse.
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        digest = pool.submit(lambda: hashlib.blake2b(data, digest_size=16).hexdigest())
-        requests = scan_requests(data)  # compiled, releases the GIL: overlaps the hash
-        if requests is None:
-            requests = bulk_requests(data)
-        fingerprint = digest.result()
+    digest = fingerprint_digest()
+    digest.update(data)
+    fingerprint = fingerprint_of(digest)
+    requests = scan_requests(data)
+    if requests is None:
+        requests = bulk_requests(data)
     if requests is None:
         return None
     return Trace(name, TraceKind.REQUESTS, fingerprint, requests.ids, _with_end(requests.offsets, requests.ids),

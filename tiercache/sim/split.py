@@ -7,12 +7,11 @@ cache, as a trace of its own.
 
 from __future__ import annotations
 
-import hashlib
 
 from tiercache.results import TraceKind
 
 from .loader import Trace
-from .traces import FlatTrace
+from .traces import FlatTrace, fingerprint_digest, fingerprint_of
 
 __all__ = ["split_halves", "HALVES"]
 
@@ -24,7 +23,7 @@ def split_halves(trace: Trace) -> tuple[Trace, Trace]:
     """The first ``records // 2`` requests and the rest, each a ``Trace`` with its own fingerprint.
 
     A half's path is the trace's with ``#first-half`` / ``#second-half`` appended (no file is
-    written), its fingerprint the blake2b-128 of the whole trace's fingerprint and the half's name.
+    written), its fingerprint that of the whole trace's fingerprint and the half's name.
 
     Raises:
         ValueError: a step trace, or fewer than two requests.
@@ -45,6 +44,8 @@ def _part(trace: Trace, first: int, last: int, name: str) -> Trace:
     offsets = trace.offsets[first : last + 1] - a
     part = FlatTrace(ids, offsets[:-1].copy(), flat.timestamps[first:last].copy(), flat.input_lengths[first:last].copy(),
                      flat.output_lengths[first:last].copy())
-    fingerprint = hashlib.blake2b(f"{trace.fingerprint}#{name}".encode(), digest_size=16).hexdigest()
+    digest = fingerprint_digest()
+    digest.update(f"{trace.fingerprint}#{name}".encode())
+    fingerprint = fingerprint_of(digest)
     return Trace(f"{trace.path}#{name}", trace.kind, fingerprint, ids, offsets.copy(), requests=part,
                  block_tokens=trace.block_tokens)

@@ -1,6 +1,6 @@
 """A binary cache of parsed request traces, keyed by the trace's fingerprint.
 
-``load_trace_cached(path)`` hashes the file (blake2b-128, ``trace_fingerprint``), and when
+``load_trace_cached(path)`` hashes the file (xxh3-128, ``trace_fingerprint``), and when
 ``<cache>/<fingerprint>-v1/`` holds the parsed arrays it loads them (``.npy`` files, no JSON
 parsing at all); otherwise it parses the trace (``load_trace``), computes the replay's dense
 ids and next uses once, and writes them there (to a temporary folder renamed into place, so

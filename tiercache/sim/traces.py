@@ -24,10 +24,12 @@ from typing import Any, Iterable, Iterator
 
 import numpy as np
 import orjson
+import xxhash
 
 from tiercache.errors import TraceError, UserError
 from tiercache.policies.base import NO_NEXT_USE
 from tiercache.results import TraceKind
+from tiercache.results.records import FINGERPRINT_PREFIX, legacy_fingerprint
 
 __all__ = [
     "MOONCAKE_BLOCK_TOKENS",
@@ -40,6 +42,8 @@ __all__ = [
     "request_offsets",
     "next_use",
     "trace_fingerprint",
+    "fingerprint_digest",
+    "fingerprint_of",
     "write_requests",
     "request_json",
     "TraceKind",
@@ -103,7 +107,7 @@ class FlatTrace:
 def iter_json_objects(path: str | os.PathLike, digest: Any = None) -> Iterator[tuple[int, dict[str, Any]]]:
     """Yields ``(line, object)`` for each non-blank line of a JSONL file, streamed.
 
-    ``digest`` (a ``hashlib`` object), when given, is updated with every byte of the file
+    ``digest`` (a ``fingerprint_digest``), when given, is updated with every byte of the file
     (blank lines included), so a reader that runs to the end also has the file's digest.
 
     Raises:
@@ -280,8 +284,23 @@ def next_use(ids: np.ndarray) -> np.ndarray:
     return result
 
 
-def trace_fingerprint(path: str | os.PathLike) -> str:
-    """Hex blake2b-128 digest of the file's bytes, streamed in 1 MiB chunks.
+def fingerprint_digest(legacy: bool = False):
+    """A fresh streaming digest for a trace fingerprint (``fingerprint_of`` turns it into the
+    text): xxh3-128, ~60x faster than blake2b, which a cold load paid for on every trace;
+    ``legacy`` gives the blake2b-128 that results written before it recorded."""
+    return hashlib.blake2b(digest_size=16) if legacy else xxhash.xxh3_128()
+
+
+def fingerprint_of(digest) -> str:
+    """The fingerprint text of a finished ``fingerprint_digest``."""
+    text = digest.hexdigest()
+    return text if isinstance(digest, type(hashlib.blake2b())) else FINGERPRINT_PREFIX + text
+
+
+def trace_fingerprint(path: str | os.PathLike, like: str | None = None) -> str:
+    """The fingerprint of the file's bytes (``xxh3-128:<hex>``), streamed in 1 MiB chunks; with
+    ``like`` a legacy fingerprint, the blake2b-128 hex digest earlier versions recorded, so a
+    result written by one can still be matched to its trace.
 
     Identifies the exact trace a result came from (reports record it next to results).
 
@@ -289,14 +308,14 @@ def trace_fingerprint(path: str | os.PathLike) -> str:
         TraceError: the file cannot be read.
     """
     name = os.fspath(path)
-    digest = hashlib.blake2b(digest_size=16)
+    digest = fingerprint_digest(legacy=like is not None and legacy_fingerprint(like))
     try:
         with open(name, "rb") as handle:
             for chunk in iter(lambda: handle.read(1 << 20), b""):
                 digest.update(chunk)
     except OSError as exc:
         raise TraceError(name, None, f"cannot read trace: {exc.strerror or exc}") from None
-    return digest.hexdigest()
+    return fingerprint_of(digest)
 
 
 # ----------------------------------------------------------------------------- writer
