@@ -312,7 +312,7 @@ def test_non_finite_kv_is_refused_before_a_quantised_hierarchy_stores_it(tmp_pat
     blocks, keys = kv_blocks(4), [key(i) for i in range(4)]
     blocks[2, 1, 0, 1, 7, 3] = float("nan")
     with TieredKVStore(LAYOUT, tiers(Codec.INT8, Codec.INT4), path=tmp_path / "q") as store:
-        with pytest.raises(UserError, match="block 2 holds inf or NaN"):
+        with pytest.raises(UserError, match="block 2 holds inf, NaN or a value beyond"):
             store.put(keys, blocks)
         assert where(store, keys) == [None] * 4
         store.check_invariants()
@@ -324,5 +324,28 @@ def test_non_finite_kv_is_refused_before_a_quantised_hierarchy_stores_it(tmp_pat
         seq = cache.sequence()
         k = torch.randn(2, 70, 64).half()
         k[1, 3, 2] = float("inf")
-        with pytest.raises(UserError, match="k holds inf or NaN"):
+        with pytest.raises(UserError, match="append: k: block 0 holds inf, NaN"):
             seq.append(0, k, torch.randn(2, 70, 64).half())
+
+
+def test_bf16_values_beyond_the_fp16_scales_are_refused_at_put_not_lost_at_demotion(tmp_path):
+    """INT8 and INT4 keep fp16 scales: a bf16 value past ``SCALED_LIMIT`` cannot be encoded.
+    The put names the block and stores nothing, instead of the demotion failing later; an
+    FP8-only hierarchy (fp32 scales) takes it."""
+    from tiercache.data.codec_base import SCALED_LIMIT
+
+    layout = KVLayout(layers=1, kv_heads=2, head_dim=64, dtype="bfloat16", block_tokens=64)
+    blocks = torch.randn(4, *layout.block_shape).bfloat16()
+    blocks[1, 0, 1, 0, 5, 9] = 2 * SCALED_LIMIT
+    keys = [key(i) for i in range(4)]
+    with TieredKVStore(layout, [TierConfig("hbm", 2), TierConfig("dram", 8, codec="int4")]) as store:
+        with pytest.raises(UserError, match="block 1 holds inf, NaN or a value beyond"):
+            store.put(keys, blocks)
+        assert where(store, keys) == [None] * 4
+    with TieredKVStore(layout, [TierConfig("hbm", 2), TierConfig("dram", 8, codec="fp8")]) as store:
+        assert store.put(keys, blocks) == 4
+        assert rel_err(store.get([keys[1]])[0], blocks[1]) <= ROUND_TRIP_BOUND[Codec.FP8]
+    for codec in (Codec.INT8, Codec.INT4):  # the codecs themselves refuse it too, on every path
+        for encode in (codec_for(codec).encode, codec_for(codec).encode_reference):
+            with pytest.raises(UserError, match="too large for the codec's fp16 scales"):
+                encode(blocks[1] * 20)

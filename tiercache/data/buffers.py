@@ -6,6 +6,8 @@ the hot path only takes views of them.
 
 from __future__ import annotations
 
+import math
+
 import ctypes
 import mmap
 from typing import Sequence
@@ -114,13 +116,14 @@ def _shape_text(shape: Sequence[int]) -> str:
     return "[" + ", ".join(str(int(s)) for s in shape) + "]"
 
 
-def check_blocks(blocks: torch.Tensor, layout: KVLayout, count: int, what: str, finite: bool = False) -> None:
+def check_blocks(blocks: torch.Tensor, layout: KVLayout, count: int, what: str, limit: float | None = None) -> None:
     """Validates a batch tensor ``[count, *layout.block_shape]`` of the layout's dtype (and,
-    with ``finite``, free of inf and NaN: what a quantised tier needs).
+    with a ``limit``, finite with every ``|x| <= limit``: what a quantised tier needs).
 
     Raises:
         UserError: not a tensor, wrong dtype, or wrong shape; the message gives expected
-            and actual values; or a non-finite value, naming the first block holding one.
+            and actual values; or a value a quantised tier cannot hold, naming the first
+            block holding one.
     """
     if not isinstance(blocks, torch.Tensor):
         raise UserError(f"{what}: expected a torch.Tensor, got {type(blocks).__name__}")
@@ -132,16 +135,24 @@ def check_blocks(blocks: torch.Tensor, layout: KVLayout, count: int, what: str, 
     expected = (count, *layout.block_shape)
     if tuple(blocks.shape) != expected:
         raise UserError(f"{what}: expected shape {_shape_text(expected)}, got {_shape_text(blocks.shape)}")
-    if finite:
-        check_finite(blocks, what)
+    if limit is not None:
+        check_quantisable(blocks, what, limit)
 
 
-def check_finite(blocks: torch.Tensor, what: str) -> None:
-    """Raises UserError naming the first block (index along dim 0) holding inf or NaN: a
-    quantised tier cannot store either (one inf would turn its whole group into NaN)."""
-    if blocks.numel() and not bool(torch.isfinite(blocks).all()):
-        bad = int((~torch.isfinite(blocks.reshape(blocks.shape[0], -1))).any(dim=1).nonzero()[0, 0])
-        raise UserError(f"{what}: block {bad} holds inf or NaN values, which a quantised tier cannot store")
+def check_quantisable(blocks: torch.Tensor, what: str, limit: float) -> None:
+    """Raises UserError naming the first block (index along dim 0) holding inf, NaN or a
+    value beyond ``limit`` (the codecs' fp16 scales: ``codec_base.SCALED_LIMIT``): a quantised
+    tier cannot store it (one inf would turn its whole group into NaN)."""
+    if not blocks.numel():
+        return
+    flat = blocks.reshape(blocks.shape[0], -1)
+    bad = ~torch.isfinite(flat)
+    if math.isfinite(limit) and blocks.dtype != torch.float16:  # fp16 never passes the limit
+        bad |= flat.abs() > limit
+    if bool(bad.any()):
+        first = int(bad.any(dim=1).nonzero()[0, 0])
+        raise UserError(f"{what}: block {first} holds inf, NaN or a value beyond |x| <= {limit:g}, which a quantised "
+                        "tier cannot store")
 
 
 def block_list(

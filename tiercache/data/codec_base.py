@@ -154,12 +154,26 @@ def _require_finite(*stats: np.ndarray | torch.Tensor) -> None:
         raise UserError(_NON_FINITE)
 
 
+#: Largest |x| the INT8 and INT4 codecs take: their scales are fp16 (INT8: absmax / 127, INT4:
+#: range / 15, each at most 65504); every fp16 block fits, a bf16 or fp32 one may not.
+SCALED_LIMIT = 65504.0 * 7
+
+
+def _require_scales(*scales: np.ndarray | torch.Tensor) -> None:
+    """Raises UserError when an fp16 scale overflowed: the block's values are too large for
+    the codec (one inf scale would decode its whole group as NaN)."""
+    if not all(bool(np.isfinite(a).all()) if isinstance(a, np.ndarray) else bool(torch.isfinite(a).all()) for a in scales):
+        raise UserError(f"encode: the block holds values too large for the codec's fp16 scales (INT8 and INT4 take "
+                        f"|x| < {SCALED_LIMIT:g}; every fp16 block fits)")
+
+
 def _scale16_into(amax: np.ndarray, qmax: int, part: torch.Tensor) -> np.ndarray:
     """fp16 ``amax / qmax`` (float32 division, rounded to nearest even as torch's
     ``_scale16`` does; 1 where it is 0) written into the fp16 ``part`` (same element order);
     returns the scales as float32, ``amax``'s shape."""
     values = np.empty(amax.shape, np.float32)
     kernels.half_scales(amax.reshape(-1), np.float32(qmax), _bits(part), values.reshape(-1))
+    _require_scales(values)
     return values
 
 
@@ -171,6 +185,7 @@ def _asym_into(lo: np.ndarray, hi: np.ndarray, scale_part: torch.Tensor,
     lo = np.minimum(lo, np.float32(0.0)).reshape(-1)
     scale, zero = np.empty(lo.shape, np.float32), np.empty(lo.shape, np.float32)
     kernels.half_scales(np.maximum(hi, np.float32(0.0)).reshape(-1) - lo, np.float32(15.0), _bits(scale_part), scale)
+    _require_scales(scale)
     kernels.zero_points(lo, scale, zero_part.numpy().reshape(-1), zero)
     return scale.reshape(hi.shape), zero.reshape(hi.shape)
 

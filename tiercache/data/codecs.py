@@ -35,7 +35,7 @@ import torch
 from ..config import CODEC_GROUP, FP8_OUTLIER_CHANNELS, INT8_K_GROUP, KEY_OUTLIER_CHANNELS, Codec, codec_group
 from . import codec_kernels as kernels
 from .codec_base import (FLOAT_DTYPES, BlockCodec, Part, QuantizedBlock, _asym_into, _f32, _halves, _lut, _on_heads,
-                         _require_finite, _scale16_into, _sym_scale, check_block)
+                         _require_finite, _require_scales, _scale16_into, _sym_scale, check_block)
 
 __all__ = ["Part", "QuantizedBlock", "BlockCodec", "codec_for", "check_block", "FLOAT_DTYPES", "fp8_as_fp16"]
 
@@ -103,6 +103,7 @@ class Int8Codec(BlockCodec):
         x = block.to(torch.float32, copy=True)  # one conversion, then in place: mixed-dtype ops copy
         k, v = _k_groups(x.select(-4, 0), INT8_K_GROUP), _v_groups(x.select(-4, 1))
         k_scale, v_scale = _sym_scale16(k, -2), _sym_scale16(v, -1)
+        _require_scales(k_scale, v_scale)
         channels = _top_channels(k.abs().amax(dim=(-3, -2)).unsqueeze(-2), self._OUTLIERS)
         k.div_(k_scale.float())
         v.div_(v_scale.float())
@@ -377,6 +378,7 @@ class Int4Codec(BlockCodec):
         k, v = _k_groups(block.select(-4, 0)), _v_groups(block.select(-4, 1))
         k_scale, k_zero = _asym_params(k, -2)
         v_scale, v_zero = _asym_params(v, -1)
+        _require_scales(k_scale, v_scale)
         x = torch.empty(block.shape, dtype=torch.float32, device=block.device)
         _quantise4(k, _k_groups(x.select(-4, 0)), k_scale, k_zero)
         _quantise4(v, _v_groups(x.select(-4, 1)), v_scale, v_zero)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Sequence
@@ -10,6 +11,7 @@ import psutil
 import torch
 
 from tiercache.config import Codec, KVLayout, RemoteWrite, TierConfig
+from tiercache.data.codec_base import SCALED_LIMIT
 from tiercache.data.nvme import NVMeStore
 from tiercache.data.pools import BlockPool, cuda_available, dram_pool, hbm_pool
 from tiercache.data.quantized import QuantizedPool  # registers its copy handlers
@@ -156,3 +158,12 @@ def _open_nvme(tier: TierConfig, layout: KVLayout, path) -> NVMeStore:
         raise UserError(f"TieredKVStore: the NVMe store at {os.fspath(path)!r} has {store.capacity} slots, "
                         f"fewer than the nvme tier's {tier.capacity_blocks}")
     return store
+
+
+def value_limit(tiers: Sequence[TierConfig]) -> float | None:
+    """The largest |x| a block may hold in this hierarchy: None without a quantised tier,
+    ``codec_base.SCALED_LIMIT`` with an INT8 or INT4 one (fp16 scales), else any finite value."""
+    codecs = {t.codec for t in tiers} - {Codec.NONE}
+    if not codecs:
+        return None
+    return SCALED_LIMIT if codecs & {Codec.INT8, Codec.INT4} else math.inf

@@ -19,6 +19,7 @@ import torch
 from tiercache.attention import block_scores, block_summaries, compute_dtype, select_blocks, stream_attention
 from tiercache.config import AttentionMode
 from tiercache.core.decode import ReadTicket
+from tiercache.data.buffers import check_quantisable
 from tiercache.errors import UserError
 from tiercache.keys import block_key, layer_key
 
@@ -467,8 +468,8 @@ class Sequence:
             raise UserError(f"Sequence.append: {name} must be {cache.dtype} (the layout's dtype), got {x.dtype}")
         if x.device != cache.device:
             raise UserError(f"Sequence.append: {name} must be on {cache.device} (the HBM tier's device), got {x.device}")
-        if cache.store.quantised and not bool(torch.isfinite(x).all()):
-            raise UserError(f"Sequence.append: {name} holds inf or NaN values, which a quantised tier cannot store")
+        if cache.store.value_limit is not None:
+            check_quantisable(x.unsqueeze(0), f"Sequence.append: {name}", cache.store.value_limit)
 
     def _check_query(self, q: torch.Tensor) -> None:
         layout, cache = self.cache.layout, self.cache

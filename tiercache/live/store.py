@@ -24,7 +24,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from tiercache.config import Codec, KVLayout, TierConfig
+from tiercache.config import KVLayout, TierConfig
 from tiercache.core.manager import TierManager
 from tiercache.core.plans import EventLog, TransferPlan
 from tiercache.core.stats import HierarchyStats
@@ -38,7 +38,8 @@ from tiercache.policies import make_admission, make_eviction
 from .keymap import KeyMap
 from .lifecycle import adopt_stored_blocks, check_store, persist_to_nvme
 from .pending import Pending
-from .media import check_host_memory, check_layout, check_online, check_remote_write, check_tiers, open_medium, resolve_device
+from .media import (check_host_memory, check_layout, check_online, check_remote_write, check_tiers, open_medium, resolve_device,
+                    value_limit)
 from .remote import RemoteLink, remote_admission
 
 __all__ = ["TieredKVStore", "Pending"]
@@ -72,7 +73,7 @@ class TieredKVStore:
         check_host_memory(layout, tiers, device)
         self.layout = layout
         self.tier_block_bytes = [t.codec.block_bytes(layout) for t in tiers]  # per tier: its codec's, scales included
-        self.quantised = any(t.codec is not Codec.NONE for t in tiers)  # then blocks must be finite
+        self.value_limit = value_limit(tiers)  # what a quantised tier can hold (None: no quantised tier)
         self._lock = threading.RLock()
         self._map = KeyMap()
         self._media = [open_medium(t, layout, path, device) for t in tiers]
@@ -112,7 +113,7 @@ class TieredKVStore:
             UserError: keys not bytes or repeated; blocks of the wrong dtype or shape.
         """
         keys = self._map.check_keys(keys, "TieredKVStore.put")
-        check_blocks(kv_blocks, self.layout, len(keys), "TieredKVStore.put kv_blocks", finite=self.quantised)
+        check_blocks(kv_blocks, self.layout, len(keys), "TieredKVStore.put kv_blocks", limit=self.value_limit)
         if len(set(keys)) != len(keys):
             raise UserError("TieredKVStore.put: a key appears twice in one call")
         with self._lock:
@@ -147,7 +148,7 @@ class TieredKVStore:
         False promotions are left in flight and returned as a handle.
         """
         keys = self._map.check_keys(keys, "TieredKVStore.access")
-        check_blocks(kv_blocks, self.layout, len(keys), "TieredKVStore.access kv_blocks", finite=self.quantised)
+        check_blocks(kv_blocks, self.layout, len(keys), "TieredKVStore.access kv_blocks", limit=self.value_limit)
         with self._lock:
             self._check_open()
             ids = self._map.ids(keys, register=True)
@@ -404,9 +405,8 @@ class TieredKVStore:
         With ``persist`` (default), blocks held only in DRAM and HBM are first moved to free
         NVMe slots (DRAM first, then HBM; nothing already on NVMe is evicted for them), so a
         reopened store holds as much as fits. Every step runs even if an earlier one failed
-        (what can be flushed is flushed); the first error is raised at the end. Returns the
-        number of blocks persisted.
-        """
+        (what can be flushed is flushed); the first error is raised at the end. Returns how
+        many blocks were persisted."""
         with self._lock:
             if self._closed:
                 return 0
