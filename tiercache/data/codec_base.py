@@ -143,15 +143,17 @@ def _lut(bf16: bool) -> np.ndarray:
     return kernels.LUT_BF16 if bf16 else kernels.LUT_F16
 
 
-_NON_FINITE = "encode: the block holds inf or NaN values; the codecs take finite blocks"
+def _all_finite(*arrays: np.ndarray | torch.Tensor) -> bool:
+    """Whether every value of every array (numpy or torch) is finite."""
+    return all(bool(np.isfinite(a).all()) if isinstance(a, np.ndarray) else bool(torch.isfinite(a).all()) for a in arrays)
 
 
 def _require_finite(*stats: np.ndarray | torch.Tensor) -> None:
     """Raises UserError unless every value of ``stats`` is finite. Given a block's
     reductions (absmax, min, max), an inf or NaN anywhere in the block shows up in them,
     at no extra pass over the block."""
-    if not all(bool(np.isfinite(a).all()) if isinstance(a, np.ndarray) else bool(torch.isfinite(a).all()) for a in stats):
-        raise UserError(_NON_FINITE)
+    if not _all_finite(*stats):
+        raise UserError("encode: the block holds inf or NaN values; the codecs take finite blocks")
 
 
 #: Largest |x| the INT8 and INT4 codecs take: their scales are fp16 (INT8: absmax / 127, INT4:
@@ -162,7 +164,7 @@ SCALED_LIMIT = 65504.0 * 7
 def _require_scales(*scales: np.ndarray | torch.Tensor) -> None:
     """Raises UserError when an fp16 scale overflowed: the block's values are too large for
     the codec (one inf scale would decode its whole group as NaN)."""
-    if not all(bool(np.isfinite(a).all()) if isinstance(a, np.ndarray) else bool(torch.isfinite(a).all()) for a in scales):
+    if not _all_finite(*scales):
         raise UserError(f"encode: the block holds values too large for the codec's fp16 scales (INT8 and INT4 take "
                         f"|x| < {SCALED_LIMIT:g}; every fp16 block fits)")
 
@@ -239,7 +241,8 @@ class BlockCodec(ABC):
         """Quantises ``block`` (``[..., 2, heads, tokens, head_dim]``, fp16/bf16/fp32).
 
         Raises:
-            UserError: ``block`` is not such a tensor.
+            UserError: ``block`` is not such a tensor, holds inf or NaN, or (INT8, INT4)
+                values beyond ``SCALED_LIMIT``.
         """
         check_block(block)
         fast = self._fast_bits(block)
@@ -323,8 +326,9 @@ class BlockCodec(ABC):
         intermediate buffer; ``buf`` may be on another device) and returns ``buf``.
 
         Raises:
-            UserError: ``block`` is not a float KV block, or ``buf`` not a 1-D uint8 tensor
-                of ``nbytes_of(block.shape, block.dtype)`` bytes.
+            UserError: ``block`` is not a float KV block or is one ``encode`` refuses, or
+                ``buf`` not a 1-D uint8 tensor of ``nbytes_of(block.shape, block.dtype)``
+                bytes (a refused block may leave ``buf`` partly written).
         """
         check_block(block)
         self._check_buffer(buf, tuple(block.shape), block.dtype, "encode_into")
