@@ -349,3 +349,18 @@ def test_bf16_values_beyond_the_fp16_scales_are_refused_at_put_not_lost_at_demot
         for encode in (codec_for(codec).encode, codec_for(codec).encode_reference):
             with pytest.raises(UserError, match="too large for the codec's fp16 scales"):
                 encode(blocks[1] * 20)
+
+
+def test_quantised_memory_tiers_over_a_remote_tier_are_refused_at_open():
+    """The remote tier's values are plain blocks shared with other processes and it trades
+    blocks with the memory tiers directly, so those must be plain (refused before any
+    connection is tried); a quantised NVMe tier is fine there."""
+    from tiercache.config import RemoteConfig
+    from tiercache.live.media import check_remote_write
+
+    remote = TierConfig("remote", 100, remote=RemoteConfig("127.0.0.1:1", "http://127.0.0.1:2/metadata"))
+    for hierarchy, name in (([TierConfig("hbm", 2), TierConfig("dram", 2, codec="int8"), remote], "dram"),
+                            ([TierConfig("hbm", 2, codec="fp8"), remote], "hbm")):
+        with pytest.raises(UserError, match=f"{name} is quantised: quantise the nvme tier instead"):
+            TieredKVStore(LAYOUT, hierarchy)
+    check_remote_write([TierConfig("hbm", 2), TierConfig("nvme", 8, codec="int4"), remote], False)  # accepted

@@ -50,8 +50,14 @@ def check_tiers(tiers: Sequence[TierConfig], path) -> None:
 
 def check_remote_write(tiers: Sequence[TierConfig], write_through: bool) -> None:
     """``remote_write=back`` needs an exclusive hierarchy: write-through drops victims
-    instead of demoting them, so nothing would ever be written back."""
+    instead of demoting them, so nothing would ever be written back. The remote tier's
+    values are plain blocks, shared with other processes, and it exchanges blocks with the
+    memory tiers directly: those must be plain (an NVMe tier may be quantised)."""
     remote = tiers[-1].remote if tiers else None
+    quantised = [t.name for t in tiers if t.name in ("hbm", "dram") and t.codec is not Codec.NONE]
+    if remote is not None and quantised:
+        raise UserError(f"TieredKVStore: with a remote tier the memory tiers must be plain (its values are plain blocks "
+                        f"shared with other processes); {' and '.join(quantised)} is quantised: quantise the nvme tier instead")
     if remote is not None and write_through and remote.write is RemoteWrite.BACK:
         raise UserError("TieredKVStore: remote write 'back' needs the exclusive hierarchy (write_through=False); "
                         "use RemoteWrite.THROUGH or SELECTIVE with write_through=True")
