@@ -99,6 +99,32 @@ def _key(buf, pos, k0, k1, k2, k3):
 
 
 @njit
+def _id_list(buf, pos, ids, count):
+    """Parses the JSON list of integers at ``pos`` into ``ids[count:]``; (the position after
+    its ``]``, the new count), or (-1, count) when it is not a plain list that fits."""
+    n = len(buf)
+    if pos >= n or buf[pos] != _LBRACKET:
+        return -1, count
+    pos = _skip_inline(buf, pos + 1)
+    if pos < n and buf[pos] == _RBRACKET:
+        return pos + 1, count
+    while True:
+        if count >= len(ids):
+            return -1, count
+        pos = _uint(buf, pos, ids, count)
+        if pos < 0:
+            return -1, count
+        count += 1
+        pos = _skip_inline(buf, pos)
+        if pos < n and buf[pos] == _COMMA:
+            pos = _skip_inline(buf, pos + 1)
+        elif pos < n and buf[pos] == _RBRACKET:
+            return pos + 1, count
+        else:
+            return -1, count
+
+
+@njit
 def _scan(buf, k0, k1, k2, k3, ids, lengths, meta):
     """(records, ids) written, or (-1, 0) when the bytes are not in the plain form."""
     n = len(buf)
@@ -129,30 +155,10 @@ def _scan(buf, k0, k1, k2, k3, ids, lengths, meta):
             pos = _skip_inline(buf, pos + 1)
             if column < 3:
                 pos = _uint(buf, pos, meta[r], column)
-                if pos < 0:
-                    return -1, 0
             else:
-                if pos >= n or buf[pos] != _LBRACKET:
-                    return -1, 0
-                pos = _skip_inline(buf, pos + 1)
-                if pos < n and buf[pos] == _RBRACKET:
-                    pos += 1
-                else:
-                    while True:
-                        if count >= len(ids):
-                            return -1, 0
-                        pos = _uint(buf, pos, ids, count)
-                        if pos < 0:
-                            return -1, 0
-                        count += 1
-                        pos = _skip_inline(buf, pos)
-                        if pos < n and buf[pos] == _COMMA:
-                            pos = _skip_inline(buf, pos + 1)
-                        elif pos < n and buf[pos] == _RBRACKET:
-                            pos += 1
-                            break
-                        else:
-                            return -1, 0
+                pos, count = _id_list(buf, pos, ids, count)
+            if pos < 0:
+                return -1, 0
             pos = _skip_inline(buf, pos)
             if pos < n and buf[pos] == _COMMA:
                 pos += 1
