@@ -91,8 +91,10 @@ def test_blocks_moving_down_tiers_of_one_codec_are_quantised_once(tmp_path):
 @pytest.mark.parametrize("codec", [Codec.INT8, Codec.FP8, Codec.INT4])
 def test_blocks_moving_up_and_down_many_times_keep_their_error(tmp_path, codec):
     """A promoted block is dequantised in HBM and quantised again when it is demoted: INT8 and
-    FP8 re-encode a decoded block to the same bytes, INT4 settles within a few round trips,
-    so the error stays that of one round trip (INT4: within 5%; 1-2% seen on these small blocks)."""
+    FP8 re-encode a decoded block to the same bytes; INT4 does not (a decoded group's range
+    moves by up to half a step, so its grid moves) but settles within a few round trips: over
+    600 blocks the error grew by 1.8% at the median, 5.0% at the 99th percentile and 9.3% at
+    most, so the bound is 15% (it was 5%, which about one run in four broke)."""
     blocks, keys = kv_blocks(10), [key(i) for i in range(10)]
     with TieredKVStore(LAYOUT, tiers(codec, codec, nvme=16), eviction="lru", path=tmp_path) as store:
         store.put(keys, blocks)
@@ -103,7 +105,7 @@ def test_blocks_moving_up_and_down_many_times_keep_their_error(tmp_path, codec):
         store.check_invariants()
     for i in range(10):
         single = rel_err(once(codec, blocks[i]), blocks[i])
-        assert rel_err(got[i], blocks[i]) <= (1.05 if codec is Codec.INT4 else 1.0) * single + 1e-6
+        assert rel_err(got[i], blocks[i]) <= (1.15 if codec is Codec.INT4 else 1.0) * single + 1e-6
         assert_within(codec, got[i], blocks[i])
 
 
