@@ -147,3 +147,30 @@ def test_pinned_dram_to_hbm_copies_match_on_cuda():
     hbm.read(dst, out=back, non_blocking=True)
     torch.cuda.synchronize()
     assert torch.equal(bits(back), bits(dram.tensor[src]))
+
+
+@pytest.mark.parametrize("n", [1, 7])
+def test_a_pool_with_header_room_copies_like_a_plain_one_and_keeps_slots_page_aligned(n):
+    """Header room (kept before each slot above a remote tier) changes the slot pitch, not
+    what any copy does: every path between padded and plain pools moves exactly the blocks
+    named; slots stay page aligned; ``header`` is the 64 bytes right before a slot, and
+    writing it leaves every block as it was."""
+    padded = BlockPool(LAYOUT, 9, "cpu", header_room=pools.HEADER_ROOM)
+    plain = BlockPool(LAYOUT, 9, "cpu")
+    data = random_blocks(LAYOUT, n, seed=n)
+    rng = np.random.default_rng(n)
+    src, dst = rng.choice(9, n, replace=False), rng.choice(9, n, replace=False)
+    padded.write(src, data)
+    assert torch.equal(bits(padded.read(src)), bits(data))
+    padded.copy_to(plain, src, dst)
+    assert torch.equal(bits(plain.read(dst)), bits(data))
+    plain.copy_to(padded, dst, np.arange(n))  # a run of adjacent slots on the padded side
+    assert torch.equal(bits(padded.tensor[:n]), bits(data))
+    assert all(padded.view(s).data_ptr() % PAGE == 0 for s in range(9))
+    for s in range(9):
+        header = padded.header(s)
+        assert header.nbytes == pools.HEADER_BYTES and header.ctypes.data + pools.HEADER_BYTES == padded.view(s).data_ptr()
+        header[:] = 0xEE
+    assert torch.equal(bits(padded.tensor[:n]), bits(data))
+    with pytest.raises(UserError, match="no header room"):
+        plain.header(0)

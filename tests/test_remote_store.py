@@ -150,3 +150,60 @@ def test_remote_serve_prints_the_addresses_and_stops_its_master_on_sigterm():
         if serve.poll() is None:
             serve.kill()
 
+
+
+def test_one_buffer_and_two_buffer_values_are_the_same_bytes(pair):
+    """A pool with header room sends ``[header | block]`` as one buffer; a store without it
+    sends the header and the block as two: the value is the same either way, so each reads
+    what the other wrote, bit for bit, and a damaged one-buffer value is still refused."""
+    import numpy as np
+
+    from tiercache.data.pools import HEADER_ROOM, BlockPool
+
+    remote = pair[0]._media[-1]
+    padded = BlockPool(LAYOUT, 4, "cpu", header_room=HEADER_ROOM)
+    plain = np.zeros((2, LAYOUT.block_bytes), np.uint8)
+    remote.register(padded.host_buffer)
+    remote.register(plain)
+    data = blocks(4, seed=9)
+    padded.write(range(4), data)
+    expected = [data[i].contiguous().view(torch.uint8).reshape(-1).numpy().copy() for i in range(4)]
+    slot = lambda s: padded.view(s).view(torch.uint8).reshape(-1).numpy()  # noqa: E731
+    heads = lambda *slots: [padded.header(s) for s in slots]  # noqa: E731
+    one, two = [b"one-buffer-%05d" % i for i in range(2)], [b"two-buffer-%05d" % i for i in range(2)]
+    assert remote.submit_put(one, [slot(0), slot(1)], headers=heads(0, 1)).result() == [True, True]
+    assert remote.submit_put(two, [slot(2), slot(3)]).result() == [True, True]
+    assert remote.submit_get(one, [plain[0], plain[1]]).result() == [True, True]  # a two-buffer reader
+    assert np.array_equal(plain[0], expected[0]) and np.array_equal(plain[1], expected[1])
+    assert remote.submit_get(two, [slot(0), slot(1)], headers=heads(0, 1)).result() == [True, True]  # a one-buffer reader
+    assert np.array_equal(slot(0), expected[2]) and np.array_equal(slot(1), expected[3])
+    name = value_name(remote.tag, one[1])
+    value = bytearray(remote.client.get(name))
+    value[-3] ^= 0x01
+    _overwrite(remote.client, name, bytes(value))
+    corrupt = remote.stats["corrupt"]
+    assert remote.submit_get(one, [slot(2), slot(3)], headers=heads(2, 3)).result() == [True, False]
+    assert remote.stats["corrupt"] == corrupt + 1
+    remote.client.batch_remove([value_name(remote.tag, k) for k in one + two], True)
+
+
+def test_a_header_right_before_its_block_makes_one_buffer_per_value():
+    """Where every header lies right before its payload the call moves one buffer per value
+    (header + block); anywhere else, two (a header row and the block)."""
+    import numpy as np
+
+    from tiercache.data.pools import HEADER_BYTES, HEADER_ROOM, BlockPool
+    from tiercache.data.remote import _header_rows, _transfer_call
+
+    calls = []
+    client = SimpleNamespace(batch_get_into=lambda n, p, z: calls.append(("one", z)),
+                             batch_get_into_multi_buffers=lambda n, p, z: calls.append(("two", z)))
+    padded = BlockPool(LAYOUT, 2, "cpu", header_room=HEADER_ROOM)
+    payloads = [padded.view(s).view(torch.uint8).reshape(-1).numpy() for s in range(2)]
+    rows = np.zeros((2, HEADER_BYTES), np.uint8)
+    _transfer_call("get", ["a", "b"], _header_rows([padded.header(0), padded.header(1)], rows, payloads), payloads)(client)
+    _transfer_call("get", ["a", "b"], _header_rows([padded.header(1), padded.header(0)], rows, payloads), payloads)(client)
+    _transfer_call("get", ["a", "b"], _header_rows(None, rows, payloads), payloads)(client)
+    size = HEADER_BYTES + LAYOUT.block_bytes
+    assert calls == [("one", [size, size]), ("two", [[HEADER_BYTES, LAYOUT.block_bytes]] * 2),
+                     ("two", [[HEADER_BYTES, LAYOUT.block_bytes]] * 2)]

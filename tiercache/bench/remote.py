@@ -2,17 +2,18 @@
 
 One run, same bytes, same registered buffers, same client, side by side:
 
-* ``put``: tiercache publishes N blocks from the HBM pool (the CPU device here) into the
-  remote tier through the manager's move API (plan, ``PoolToRemote`` handler: header,
-  xxh3 checksum, one ``batch_put_from_multi_buffers`` per 256 blocks, job settled and
-  completed by the manager) vs one raw ``batch_put_from`` of the same pool slots;
+* ``put``: tiercache publishes N blocks from the HBM pool (the CPU device here, with the
+  header room a live pool keeps above a remote tier) into the remote tier through the
+  manager's move API (plan, ``PoolToRemote`` handler: header written before each block,
+  xxh3 checksum, one ``batch_put_from`` of ``[header | block]`` per 16 blocks, job settled
+  and completed by the manager) vs one raw ``batch_put_from`` of the same pool slots;
 * ``get``: tiercache prefetches the N blocks from the remote tier into the pool (plan,
-  ``RemoteToPool``: ``batch_get_into_multi_buffers`` straight into the slots, checksum
-  verified, completion) vs one raw ``batch_get_into`` into the same slots.
+  ``RemoteToPool``: ``batch_get_into`` of ``[header | block]`` straight into the slots,
+  checksum verified, completion) vs one raw ``batch_get_into`` into the same slots.
 
-A third side, ``raw_mb``, is the raw two-buffer call tiercache makes (a 64-byte header
-buffer plus the slot, no checksum, no manager): how much of the gap is Mooncake's own cost
-of a two-part value rather than tiercache's. The ratios are against the plain raw calls.
+A third side, ``raw_mb``, is the raw two-buffer call (a 64-byte header buffer plus the
+slot, no checksum, no manager) tiercache makes for memory without header room: what a
+two-part value costs in Mooncake itself. The ratios are against the plain raw calls.
 
 By default the values live in another process's segment (a holder client started here,
 the bench's own client contributing none), so every byte crosses TCP loopback, as it
@@ -36,7 +37,7 @@ import torch
 from ..config import KVLayout, RemoteConfig
 from ..core.manager import TierManager
 from ..data.engine import LocalEngine
-from ..data.pools import BlockPool
+from ..data.pools import HEADER_ROOM, BlockPool
 from ..data.remote import RemoteStore, value_name
 from ..data.remote_master import MasterProcess, start_master
 from ..policies import make_admission, make_eviction
@@ -72,9 +73,9 @@ class _Sides:
         segment = 0 if not config.local_segment else 6 * n * (layout.block_bytes + 64) + (64 << 20)
         remote_config = RemoteConfig(master.master, master.metadata, segment_bytes=segment, buffer_bytes=64 << 20, timeout_s=30)
         self.remote = RemoteStore(remote_config, layout)
-        self.pool = BlockPool(layout, n, "cpu")
+        self.pool = BlockPool(layout, n, "cpu", header_room=HEADER_ROOM)  # as a live tier above a remote tier
         self.client = self.remote.client
-        self.remote.register(self.pool.tensor)
+        self.remote.register(self.pool.host_buffer)
         self.keys: dict[int, bytes] = {}
         self.engine = LocalEngine([self.pool, self.remote], self.keys.__getitem__)
         self.manager = TierManager([("hbm", n), ("remote", n)], [make_eviction("lru", n), make_eviction("lru", n)],
@@ -82,8 +83,7 @@ class _Sides:
         gen = torch.Generator().manual_seed(config.seed)
         self.source = torch.randn((n, *layout.block_shape), generator=gen).to(self.pool.dtype)
         self.n, self.nbytes = n, n * layout.block_bytes
-        base = self.pool.tensor.data_ptr()
-        self.pointers = [base + i * layout.block_bytes for i in range(n)]
+        self.pointers = [self.pool.view(i).data_ptr() for i in range(n)]  # each slot's block
         self.headers = np.zeros((n, 64), np.uint8)
         self.remote.register(self.headers)
         self.two_part = [[self.headers[i].ctypes.data, p] for i, p in enumerate(self.pointers)]

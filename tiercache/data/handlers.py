@@ -218,13 +218,14 @@ def _remote_get_result(plan: TransferPlan, ok: list[bool]) -> JobResult:
 
 class PoolToRemote:
     """HBM or DRAM -> remote: host pools are put in place (registered slot memory, zero
-    copy); GPU pools pass through the medium's registered staging rows."""
+    copy; with header room, each value's header is written right before its block and both
+    go as one buffer); GPU pools pass through the medium's registered staging rows."""
 
     def start(self, plan: TransferPlan, src: BlockPool, remote: RemoteStore, ctx: CopyContext) -> Job:
         keys = ctx.keys(plan.ids)
         if src.device.type == "cpu":
-            remote.register(src.tensor)
-            future = remote.submit_put(keys, [_bytes(src.view(int(s))) for s in plan.src_slots])
+            remote.register(src.host_buffer)
+            future = remote.submit_put(keys, [_bytes(src.view(int(s))) for s in plan.src_slots], headers=_headers(src, plan.src_slots))
             return Job(plan, future=future, finish=lambda ok: _remote_put_result(plan, ok))
         rows = _take_rows(remote, len(keys), ctx)
         if rows is None:  # larger than the staging area: piece by piece, waiting
@@ -245,8 +246,8 @@ class RemoteToPool:
     def start(self, plan: TransferPlan, remote: RemoteStore, dst: BlockPool, ctx: CopyContext) -> Job:
         keys = ctx.keys(plan.ids)
         if dst.device.type == "cpu":
-            remote.register(dst.tensor)
-            future = remote.submit_get(keys, [_bytes(dst.view(int(s))) for s in plan.dst_slots])
+            remote.register(dst.host_buffer)
+            future = remote.submit_get(keys, [_bytes(dst.view(int(s))) for s in plan.dst_slots], headers=_headers(dst, plan.dst_slots))
             return Job(plan, future=future, finish=lambda ok: _remote_get_result(plan, ok))
         rows = _take_rows(remote, len(keys), ctx)
         if rows is None:
@@ -263,6 +264,11 @@ class RemoteToPool:
             return _remote_get_result(plan, ok)
 
         return Job(plan, future=remote.submit_get(keys, [remote.staging[r] for r in rows]), finish=finish)
+
+
+def _headers(pool: BlockPool, slots) -> list[np.ndarray] | None:
+    """The header place right before each slot's block, where the pool keeps header room."""
+    return [pool.header(int(s)) for s in slots] if pool.header_room else None
 
 
 class StoreToRemote:

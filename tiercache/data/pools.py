@@ -21,7 +21,7 @@ from ..config import KVLayout
 from ..errors import UserError
 from .buffers import aligned_tensor, check_blocks, torch_dtype
 
-__all__ = ["BlockPool", "dram_pool", "hbm_pool", "copy_runs", "cuda_available"]
+__all__ = ["BlockPool", "dram_pool", "hbm_pool", "copy_runs", "cuda_available", "HEADER_ROOM", "HEADER_BYTES"]
 
 log = logging.getLogger(__name__)
 _pin_fallback_logged = False
@@ -30,6 +30,12 @@ _pin_fallback_logged = False
 _HOST_PIECE = 4 << 20
 _host_copier: ThreadPoolExecutor | None = None
 _host_copier_lock = threading.Lock()
+#: Host bytes a pool keeps before each slot when a remote tier is below it (one page, so
+#: slots stay page aligned for O_DIRECT); the last ``HEADER_BYTES`` of it hold a remote
+#: value's header, so the header and the block go over the wire as one buffer.
+HEADER_ROOM = 4096
+#: The remote value header's size (``remote.HEADER_BYTES`` checks it is the same).
+HEADER_BYTES = 64
 
 
 def cuda_available() -> bool:
@@ -103,8 +109,10 @@ def _split(jobs: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
 
 
 def _host_copy(dst: torch.Tensor, src: torch.Tensor, runs: list[tuple[int, int, int]], block_bytes: int) -> None:
-    """Host to host copy of slot runs ``(src_start, dst_start, length)`` between contiguous
-    CPU tensors of one dtype (bounds checked by the caller).
+    """Host to host copy of slot runs ``(src_start, dst_start, length)`` between CPU tensors
+    of one dtype whose slots are contiguous (bounds checked by the caller); a run is one
+    memmove where both sides' slots are adjacent, one per slot where a pool keeps header
+    room between them.
 
     Plain memmove on as many threads as torch uses: per-block ``copy_`` calls pay torch's
     intra-op thread fork/join each, which costs a fifth of a 1 MiB copy and collapses when
@@ -112,7 +120,10 @@ def _host_copy(dst: torch.Tensor, src: torch.Tensor, runs: list[tuple[int, int, 
     """
     global _host_copier
     base_dst, base_src = dst.data_ptr(), src.data_ptr()
-    jobs = _split([(base_dst + d * block_bytes, base_src + s * block_bytes, n * block_bytes) for s, d, n in runs])
+    pitch_dst, pitch_src = _pitch(dst), _pitch(src)
+    if pitch_dst != block_bytes or pitch_src != block_bytes:
+        runs = [(s + i, d + i, 1) for s, d, n in runs for i in range(n)]
+    jobs = _split([(base_dst + d * pitch_dst, base_src + s * pitch_src, n * block_bytes) for s, d, n in runs])
     workers = min(torch.get_num_threads(), len(jobs))
     if workers < 2 or sum(j[2] for j in jobs) < 2 * _HOST_PIECE:
         _memmove_all(jobs)
@@ -126,9 +137,19 @@ def _host_copy(dst: torch.Tensor, src: torch.Tensor, runs: list[tuple[int, int, 
         future.result()
 
 
+def _pitch(tensor: torch.Tensor) -> int:
+    """Bytes from one slot of a ``[slots, ...]`` tensor to the next."""
+    return tensor.stride(0) * tensor.element_size()
+
+
+def _slots_contiguous(tensor: torch.Tensor) -> bool:
+    """Whether each slot of a ``[slots, ...]`` tensor is contiguous and slots do not overlap."""
+    return tensor.shape[0] == 0 or (tensor[0].is_contiguous() and _pitch(tensor) >= tensor[0].numel() * tensor.element_size())
+
+
 def _copy(dst: torch.Tensor, src: torch.Tensor, runs: list[tuple[int, int, int]], block_bytes: int, non_blocking: bool) -> None:
     """Copies slot runs from ``src`` to ``dst`` (both ``[slots, *block_shape]``, same dtype)."""
-    if dst.device.type == src.device.type == "cpu" and dst.is_contiguous() and src.is_contiguous():
+    if dst.device.type == src.device.type == "cpu" and _slots_contiguous(dst) and _slots_contiguous(src):
         _host_copy(dst, src, runs, block_bytes)
         return
     for src0, dst0, n in runs:
@@ -145,7 +166,8 @@ class BlockPool:
     and waits on it before reusing the source or reading the destination.
     """
 
-    def __init__(self, layout: KVLayout, capacity_blocks: int, device: str | torch.device = "cpu", pin_memory: bool = False):
+    def __init__(self, layout: KVLayout, capacity_blocks: int, device: str | torch.device = "cpu", pin_memory: bool = False,
+                 header_room: int = 0):
         """Allocates the pool.
 
         Args:
@@ -154,6 +176,10 @@ class BlockPool:
             device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``...
             pin_memory: page-lock host memory (only meaningful on the CPU device); falls
                 back to ordinary memory, logged once, when pinning is unavailable.
+            header_room: host bytes kept free before each slot (``HEADER_ROOM`` under a
+                remote tier: ``header`` gives a value header's place right before the
+                block); ``tensor`` is then ``[slots, *block_shape]`` with a slot pitch of
+                ``header_room + block_bytes`` (each slot contiguous).
 
         Raises:
             UserError: capacity below one block.
@@ -163,9 +189,20 @@ class BlockPool:
         self.layout = layout
         self.capacity = capacity_blocks
         self.dtype = torch_dtype(layout.dtype)
-        shape = (capacity_blocks, *layout.block_shape)
-        self.tensor, self._owner, self.pinned = _allocate(shape, self.dtype, torch.device(device), pin_memory)
+        device = torch.device(device)
+        self.header_room = header_room if device.type == "cpu" else 0
+        raw, self._owner, self.pinned = _allocate((capacity_blocks, self.header_room + layout.block_bytes), torch.uint8,
+                                                  device, pin_memory)
+        #: The pool's whole memory, header room included (what a transfer engine registers).
+        self.host_buffer = raw
+        self.tensor = raw[:, self.header_room:].view(self.dtype).view(capacity_blocks, *layout.block_shape)
         self.device = self.tensor.device
+
+    def header(self, slot: int) -> np.ndarray:
+        """The ``HEADER_BYTES`` right before ``slot``'s block (a numpy view; needs header room)."""
+        if self.header_room < HEADER_BYTES:
+            raise UserError("BlockPool.header: this pool keeps no header room (header_room=0)")
+        return self.host_buffer[slot, self.header_room - HEADER_BYTES : self.header_room].numpy()
 
     @property
     def block_bytes(self) -> int:
@@ -250,13 +287,13 @@ class BlockPool:
         return f"BlockPool({self.capacity} x {list(self.layout.block_shape)} {self.layout.dtype} on {self.device}, pinned={self.pinned})"
 
 
-def dram_pool(layout: KVLayout, capacity_blocks: int) -> BlockPool:
+def dram_pool(layout: KVLayout, capacity_blocks: int, header_room: int = 0) -> BlockPool:
     """The DRAM tier: host memory, pinned when CUDA is available (else ordinary, logged once)."""
-    return BlockPool(layout, capacity_blocks, "cpu", pin_memory=True)
+    return BlockPool(layout, capacity_blocks, "cpu", pin_memory=True, header_room=header_room)
 
 
-def hbm_pool(layout: KVLayout, capacity_blocks: int, device: str | torch.device | None = None) -> BlockPool:
+def hbm_pool(layout: KVLayout, capacity_blocks: int, device: str | torch.device | None = None, header_room: int = 0) -> BlockPool:
     """The HBM tier: on ``device``, default the current CUDA device, or the CPU without CUDA."""
     if device is None:
         device = "cuda" if cuda_available() else "cpu"
-    return BlockPool(layout, capacity_blocks, device)
+    return BlockPool(layout, capacity_blocks, device, header_room=header_room)

@@ -10,11 +10,13 @@ under a tag of the layout, and carries a 64-byte header in front of its bytes:
 The checksum is seeded with the key, so a value whose bytes, size, layout or key do not
 match (corrupt, truncated, written by something else) is a counted miss, never served.
 
-Transfers are batched and zero-copy: ``batch_put_from_multi_buffers`` /
-``batch_get_into_multi_buffers`` move the header from a registered header array and the
-payload straight from (into) the registered pool slots, 16 blocks a call, on a wire thread
-while the I/O thread checksums the previous (or next) piece: Mooncake's calls release the
-GIL, xxhash does not. Jobs return futures the engine settles; existence checks run on a
+Transfers are batched and zero-copy, 16 blocks a call, on a wire thread while the I/O
+thread checksums the previous (or next) piece (Mooncake's calls and xxhash release the GIL).
+Where the caller gives each payload's header place right before it (a pool's header room,
+``pools.HEADER_ROOM``), ``batch_put_from`` / ``batch_get_into`` move ``[header | block]`` as
+one buffer; otherwise ``batch_put_from_multi_buffers`` / ``batch_get_into_multi_buffers``
+move a header row of a registered array and the payload, two buffers a value (13-16% slower
+over TCP here). A value's bytes are the same either way. Jobs return futures the engine settles; existence checks run on a
 third thread with a timeout.
 
 Failures never raise to the caller: a failed call counts as an error, and for ``retry_s``
@@ -48,9 +50,10 @@ from urllib.parse import urlsplit
 from tiercache.config import KVLayout, RemoteConfig
 from tiercache.errors import UserError
 
+from .pools import HEADER_BYTES  # a pool's header room ends with exactly one header
+
 __all__ = ["RemoteStore", "HEADER_BYTES", "value_name", "layout_tag", "load_client", "Breaker"]
 
-HEADER_BYTES = 64
 _MAGIC, _VERSION = b"TCKV", 1
 _HEADER = struct.Struct("<4sHH16sQQQ")  # magic, version, reserved, key, payload bytes, layout tag, checksum
 _HEADER_SLOTS = 256  # headers registered per direction: the keys of one round
@@ -279,34 +282,38 @@ class RemoteStore:
         return found
 
     # -- transfers (futures of one bool per key) -----------------------------------------
-    def submit_put(self, keys: Sequence[bytes], payloads: Sequence[np.ndarray], then: Callable[[], None] | None = None) -> Future:
+    def submit_put(self, keys: Sequence[bytes], payloads: Sequence[np.ndarray], then: Callable[[], None] | None = None,
+                   headers: Sequence[np.ndarray] | None = None) -> Future:
         """Starts storing ``payloads[i]`` (contiguous uint8 views of registered memory)
-        under ``keys[i]``; the future holds one bool per key. ``then`` runs once it is done."""
-        return self._io.submit(_run_then, lambda: self._put(keys, payloads), then)
+        under ``keys[i]``; the future holds one bool per key. ``then`` runs once it is done.
+        ``headers[i]``, when given, is the registered ``HEADER_BYTES`` right before
+        ``payloads[i]`` (a pool's header room): header and block then go as one buffer."""
+        return self._io.submit(_run_then, lambda: self._put(keys, payloads, headers), then)
 
-    def submit_get(self, keys: Sequence[bytes], payloads: Sequence[np.ndarray], then: Callable[[], None] | None = None) -> Future:
+    def submit_get(self, keys: Sequence[bytes], payloads: Sequence[np.ndarray], then: Callable[[], None] | None = None,
+                   headers: Sequence[np.ndarray] | None = None) -> Future:
         """Starts reading the blocks of ``keys`` into ``payloads`` (registered uint8 views);
-        the future holds one bool per key, True only for a verified block."""
-        return self._io.submit(_run_then, lambda: self._get(keys, payloads), then)
+        the future holds one bool per key, True only for a verified block. ``headers`` as
+        in ``submit_put`` (the value's header lands right before its block)."""
+        return self._io.submit(_run_then, lambda: self._get(keys, payloads, headers), then)
 
-    def _put(self, keys: Sequence[bytes], payloads: Sequence[np.ndarray]) -> list[bool]:
+    def _put(self, keys: Sequence[bytes], payloads: Sequence[np.ndarray], inline: Sequence[np.ndarray] | None) -> list[bool]:
         ok: list[bool] = []
         for a in range(0, len(keys), _HEADER_SLOTS):
-            ok.extend(self._put_batch(keys[a : a + _HEADER_SLOTS], payloads[a : a + _HEADER_SLOTS]))
+            part = None if inline is None else inline[a : a + _HEADER_SLOTS]
+            ok.extend(self._put_batch(keys[a : a + _HEADER_SLOTS], payloads[a : a + _HEADER_SLOTS], part))
         return ok
 
-    def _put_batch(self, keys: Sequence[bytes], payloads: Sequence[np.ndarray]) -> list[bool]:
+    def _put_batch(self, keys: Sequence[bytes], payloads: Sequence[np.ndarray], inline: Sequence[np.ndarray] | None) -> list[bool]:
         """Up to 256 keys: each piece's headers (checksums) are made while the previous
-        piece is on the wire; one ``batch_put_from_multi_buffers`` per piece."""
-        headers, names = self.headers[:_HEADER_SLOTS], [value_name(self.tag, k) for k in keys]
+        piece is on the wire; one batch put per piece (``_transfer_call``)."""
+        headers, names = _header_rows(inline, self.headers[:_HEADER_SLOTS], payloads), [value_name(self.tag, k) for k in keys]
         moving = []
         for a, b in _pieces(len(keys)):
             for i in range(a, b):
                 key, payload = keys[i], payloads[i]
                 _HEADER.pack_into(headers[i], 0, _MAGIC, _VERSION, 0, key, payload.nbytes, self.tag, _checksum(key, payload))
-            pointers = [[headers[i].ctypes.data, payloads[i].ctypes.data] for i in range(a, b)]
-            sizes = [[HEADER_BYTES, payloads[i].nbytes] for i in range(a, b)]
-            call = (lambda c, n=names[a:b], p=pointers, z=sizes: c.batch_put_from_multi_buffers(n, p, z))
+            call = _transfer_call("put", names[a:b], headers[a:b], payloads[a:b])
             moving.append((b - a, self._wire.submit(self._call, "put", call, b - a)))
         ok = []
         for n, future in moving:
@@ -316,21 +323,20 @@ class RemoteStore:
         self.stats["put_failed"] += len(ok) - sum(ok)
         return ok
 
-    def _get(self, keys: Sequence[bytes], payloads: Sequence[np.ndarray]) -> list[bool]:
+    def _get(self, keys: Sequence[bytes], payloads: Sequence[np.ndarray], inline: Sequence[np.ndarray] | None) -> list[bool]:
         ok: list[bool] = []
         for a in range(0, len(keys), _HEADER_SLOTS):
-            ok.extend(self._get_batch(keys[a : a + _HEADER_SLOTS], payloads[a : a + _HEADER_SLOTS]))
+            part = None if inline is None else inline[a : a + _HEADER_SLOTS]
+            ok.extend(self._get_batch(keys[a : a + _HEADER_SLOTS], payloads[a : a + _HEADER_SLOTS], part))
         return ok
 
-    def _get_batch(self, keys: Sequence[bytes], payloads: Sequence[np.ndarray]) -> list[bool]:
-        """Up to 256 keys: every piece's ``batch_get_into_multi_buffers`` is queued on the
+    def _get_batch(self, keys: Sequence[bytes], payloads: Sequence[np.ndarray], inline: Sequence[np.ndarray] | None) -> list[bool]:
+        """Up to 256 keys: every piece's batch get (``_transfer_call``) is queued on the
         wire at once, and each piece is verified as soon as it landed (while the next moves)."""
-        headers, names = self.headers[_HEADER_SLOTS:], [value_name(self.tag, k) for k in keys]
+        headers, names = _header_rows(inline, self.headers[_HEADER_SLOTS:], payloads), [value_name(self.tag, k) for k in keys]
         moving = []
         for a, b in _pieces(len(keys)):
-            pointers = [[headers[i].ctypes.data, payloads[i].ctypes.data] for i in range(a, b)]
-            sizes = [[HEADER_BYTES, payloads[i].nbytes] for i in range(a, b)]
-            call = (lambda c, n=names[a:b], p=pointers, z=sizes: c.batch_get_into_multi_buffers(n, p, z))
+            call = _transfer_call("get", names[a:b], headers[a:b], payloads[a:b])
             moving.append((a, b, self._wire.submit(self._call, "get", call, b - a)))
         ok = []
         for a, b, future in moving:
@@ -403,6 +409,33 @@ def _transport_error(code: int) -> bool:
     """Mooncake's RPC failures (-900s): the master was not reached, as opposed to an
     answer about one key (not found -704, no space -200, a transfer that failed -800)."""
     return -1000 < code <= -900
+
+
+def _header_rows(inline: Sequence[np.ndarray] | None, rows: np.ndarray, payloads: Sequence[np.ndarray]):
+    """The header of each value: ``inline`` when every one lies right before its payload
+    (one buffer per value), else this store's own registered rows (two buffers per value)."""
+    if inline is not None and len(inline) == len(payloads) and all(
+            h.nbytes == HEADER_BYTES and h.ctypes.data + HEADER_BYTES == p.ctypes.data for h, p in zip(inline, payloads)):
+        return list(inline)
+    return rows
+
+
+def _transfer_call(what: str, names: list[str], headers, payloads: Sequence[np.ndarray]):
+    """The client call moving ``names``' values: one buffer ``[header | payload]`` per value
+    where each header lies right before its payload (measured 13-16% faster than two buffers
+    per value over TCP here), else a header row and the payload, two buffers per value. The
+    value's bytes are the same either way, so both kinds of reader and writer share it."""
+    if all(h.ctypes.data + HEADER_BYTES == p.ctypes.data for h, p in zip(headers, payloads)):
+        pointers = [h.ctypes.data for h in headers]
+        sizes = [HEADER_BYTES + p.nbytes for p in payloads]
+        if what == "put":
+            return lambda c: c.batch_put_from(names, pointers, sizes)
+        return lambda c: c.batch_get_into(names, pointers, sizes)
+    pointers = [[h.ctypes.data, p.ctypes.data] for h, p in zip(headers, payloads)]
+    sizes = [[HEADER_BYTES, p.nbytes] for p in payloads]
+    if what == "put":
+        return lambda c: c.batch_put_from_multi_buffers(names, pointers, sizes)
+    return lambda c: c.batch_get_into_multi_buffers(names, pointers, sizes)
 
 
 def _pieces(n: int) -> list[tuple[int, int]]:

@@ -13,13 +13,14 @@ import torch
 from tiercache.config import Codec, KVLayout, RemoteWrite, TierConfig
 from tiercache.data.codec_base import SCALED_LIMIT
 from tiercache.data.nvme import NVMeStore
-from tiercache.data.pools import BlockPool, cuda_available, dram_pool, hbm_pool
+from tiercache.data.pools import HEADER_ROOM, BlockPool, cuda_available, dram_pool, hbm_pool
 from tiercache.data.quantized import QuantizedPool  # registers its copy handlers
 from tiercache.data.remote import RemoteStore
 from tiercache.errors import UserError
 from tiercache.policies import get_eviction
 
-__all__ = ["check_layout", "check_tiers", "check_remote_write", "check_online", "resolve_device", "check_host_memory", "open_medium"]
+__all__ = ["check_layout", "check_tiers", "check_remote_write", "check_online", "resolve_device", "check_host_memory", "open_medium",
+           "open_media", "value_limit"]
 
 _ORDER = ("hbm", "dram", "nvme", "remote")
 
@@ -113,7 +114,15 @@ def check_online(eviction: str | None, tiers: Sequence[TierConfig]) -> None:
             raise UserError(f"TieredKVStore: eviction policy {name!r} needs the future (offline only); use it in tiercache replay")
 
 
-def open_medium(tier: TierConfig, layout: KVLayout, path, device) -> BlockPool | QuantizedPool | NVMeStore | RemoteStore:
+def open_media(tiers: Sequence[TierConfig], layout: KVLayout, path, device) -> list:
+    """The media of every tier (``open_medium``); above a remote tier, host pools keep
+    ``HEADER_ROOM`` before each slot, so a remote value's header and block move as one buffer."""
+    room = HEADER_ROOM if tiers[-1].remote is not None else 0
+    return [open_medium(t, layout, path, device, room) for t in tiers]
+
+
+def open_medium(tier: TierConfig, layout: KVLayout, path, device,
+                header_room: int = 0) -> BlockPool | QuantizedPool | NVMeStore | RemoteStore:
     """The medium of one tier: a GPU (or CPU) pool, a pinned host pool (a ``QuantizedPool``
     on its device, HBM or host, with a codec), an NVMe store (encoding with the tier's codec), or a Mooncake Store
     client (which never fails to open: an unreachable master is retried).
@@ -127,9 +136,9 @@ def open_medium(tier: TierConfig, layout: KVLayout, path, device) -> BlockPool |
             return QuantizedPool(layout, tier.capacity_blocks, tier.codec, pin_memory=False,
                                  device=device if device is not None else ("cuda" if cuda_available() else "cpu"))
         if tier.name == "hbm":
-            return hbm_pool(layout, tier.capacity_blocks, device)
+            return hbm_pool(layout, tier.capacity_blocks, device, header_room)
         if tier.name == "dram":
-            return dram_pool(layout, tier.capacity_blocks) if tier.codec is Codec.NONE else _quantized_pool(tier, layout)
+            return dram_pool(layout, tier.capacity_blocks, header_room) if tier.codec is Codec.NONE else _quantized_pool(tier, layout)
         if tier.name == "remote":
             return RemoteStore(tier.remote, layout)
         return _open_nvme(tier, layout, path)

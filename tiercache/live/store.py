@@ -38,7 +38,7 @@ from tiercache.policies import make_admission, make_eviction
 from .keymap import KeyMap
 from .lifecycle import adopt_stored_blocks, check_store, persist_to_nvme
 from .pending import Pending
-from .media import (check_host_memory, check_layout, check_online, check_remote_write, check_tiers, open_medium, resolve_device,
+from .media import (check_host_memory, check_layout, check_online, check_remote_write, check_tiers, open_media, resolve_device,
                     value_limit)
 from .remote import RemoteLink, remote_admission
 
@@ -76,7 +76,7 @@ class TieredKVStore:
         self.value_limit = value_limit(tiers)  # what a quantised tier can hold (None: no quantised tier)
         self._lock = threading.RLock()
         self._map = KeyMap()
-        self._media = [open_medium(t, layout, path, device) for t in tiers]
+        self._media = open_media(tiers, layout, path, device)
         self.engine = LocalEngine(self._media, self._map.key_of)
         self.events = EventLog(record_departures=True)
         remote, hits = tiers[-1].remote, {}
