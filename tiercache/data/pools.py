@@ -34,7 +34,7 @@ _host_copier_lock = threading.Lock()
 #: slots stay page aligned for O_DIRECT); the last ``HEADER_BYTES`` of it hold a remote
 #: value's header, so the header and the block go over the wire as one buffer.
 HEADER_ROOM = 4096
-#: The remote value header's size (``remote.HEADER_BYTES`` checks it is the same).
+#: The remote value header's size (``remote`` takes it from here).
 HEADER_BYTES = 64
 
 
@@ -193,7 +193,8 @@ class BlockPool:
         self.header_room = header_room if device.type == "cpu" else 0
         raw, self._owner, self.pinned = _allocate((capacity_blocks, self.header_room + layout.block_bytes), torch.uint8,
                                                   device, pin_memory)
-        #: The pool's whole memory, header room included (what a transfer engine registers).
+        #: The pool's whole memory on its device, header room included (what a transfer engine
+        #: registers for a host pool).
         self.host_buffer = raw
         self.tensor = raw[:, self.header_room:].view(self.dtype).view(capacity_blocks, *layout.block_shape)
         self.device = self.tensor.device
