@@ -15,7 +15,9 @@ timing.
 Two more columns say what online information is worth. The dead-first oracle is an LRU that
 knows which blocks are never used again and evicts those first: the most a perfect dead-block
 predictor paired with plain recency reaches (a policy that also reorders live blocks can do
-better). The class accuracy is Hawkeye's view (Jain & Lin, 2016): each access is labelled by
+better). The one-use-first oracle is the same LRU told only which blocks are used once in the
+whole trace: a perfect predictor of one-off blocks (the usual dead-block predictors' target),
+with no idea when a reused block's last use has come. The class accuracy is Hawkeye's view (Jain & Lin, 2016): each access is labelled by
 whether Belady keeps the block until its next use and grouped by what a policy sees then (the
 block's earlier uses and its request root's earlier requests, each capped at 3); answering each
 class's majority label is right on ``class_accuracy`` of the accesses, against
@@ -121,6 +123,22 @@ def frequency_oracle_hits(ids: list[int], offsets: list[int], capacity: int) -> 
 def dead_first_hits(ids: list[int], offsets: list[int], capacity: int, upcoming: list[int]) -> np.ndarray:
     """Per access, whether an LRU that evicts never-used-again blocks first hits it (dead
     blocks leave in LRU order, then live ones)."""
+    return _dead_first(ids, offsets, capacity, [u >= NEVER for u in upcoming])
+
+
+def one_use_first_hits(ids: list[int], offsets: list[int], capacity: int) -> np.ndarray:
+    """Per access, whether an LRU that evicts first the blocks used only once in the whole trace
+    hits it: the most a perfect predictor of single-use blocks, told at their one use, adds to
+    recency. It knows nothing about when a reused block's last use has come."""
+    counts: dict[int, int] = {}
+    for block in ids:
+        counts[block] = counts.get(block, 0) + 1
+    return _dead_first(ids, offsets, capacity, [counts[block] == 1 for block in ids])
+
+
+def _dead_first(ids: list[int], offsets: list[int], capacity: int, dead_after: list[bool]) -> np.ndarray:
+    """Prefix-semantics LRU whose victims are taken first among blocks whose latest access was
+    flagged in ``dead_after`` (in LRU order), then among the rest."""
     dead: OrderedDict[int, None] = OrderedDict()
     live: OrderedDict[int, None] = OrderedDict()
     hit = np.zeros(len(ids), dtype=bool)
@@ -135,7 +153,7 @@ def dead_first_hits(ids: list[int], offsets: list[int], capacity: int, upcoming:
             live.pop(block, None)
             if not cached and len(dead) + len(live) >= capacity:
                 (dead if dead else live).popitem(last=False)
-            (live if upcoming[position] < NEVER else dead)[block] = None
+            (dead if dead_after[position] else live)[block] = None
     return hit
 
 
@@ -185,9 +203,11 @@ def describe(ids: list[int], offsets: list[int], capacity: int, upcoming: list[i
 
     oracle = frequency_oracle_hits(ids, offsets, capacity)
     dead_first = dead_first_hits(ids, offsets, capacity, upcoming)
+    one_use_first = one_use_first_hits(ids, offsets, capacity)
     by_class, constant = class_accuracy(ids, offsets, bel, upcoming)
     return {"capacity": capacity, "lru_miss": 1 - lru.mean(), "belady_miss": 1 - bel.mean(),
             "frequency_oracle_miss": 1 - oracle.mean(), "dead_first_miss": 1 - dead_first.mean(),
+            "one_use_first_miss": 1 - one_use_first.mean(),
             "class_accuracy": by_class, "constant_accuracy": constant,
             "belady_hits_lru_also": float((bel & lru).sum() / max(1, bel.sum())),
             "belady_only_share": float(only.sum() / len(ids)),
@@ -204,11 +224,11 @@ def main() -> None:
     ids, offsets = requests_of(args.trace)
     upcoming = next_uses(ids)
     rows = [describe(ids, offsets, int(c), upcoming) for c in args.capacity.split(",")]
-    print(f"{'capacity':>8} {'LRU':>7} {'Belady':>7} {'freq':>7} {'dead1st':>7} {'class':>5} {'const':>5} {'both':>6} "
+    print(f"{'capacity':>8} {'LRU':>7} {'Belady':>7} {'freq':>7} {'dead1st':>7} {'1use1st':>7} {'class':>5} {'const':>5} {'both':>6} "
           f"{'B only':>7} {'gap/capacity q10,50,90':>24} {'>2 cap':>7} {'prior uses q10,50,90':>21} {'depth q10,50,90':>18}")
     for row in rows:
         print(f"{row['capacity']:>8} {row['lru_miss']:7.4f} {row['belady_miss']:7.4f} {row['frequency_oracle_miss']:7.4f} "
-              f"{row['dead_first_miss']:7.4f} {row['class_accuracy']:5.3f} {row['constant_accuracy']:5.3f} "
+              f"{row['dead_first_miss']:7.4f} {row['one_use_first_miss']:7.4f} {row['class_accuracy']:5.3f} {row['constant_accuracy']:5.3f} "
               f"{row['belady_hits_lru_also']:6.2f} "
               f"{row['belady_only_share']:7.4f} {str(row['gap_capacities_q10_50_90']):>24} {row['beyond_2_capacities']:7.2f} "
               f"{str(row['prior_uses_q10_50_90']):>21} {str(row['depth_q10_50_90']):>18}")

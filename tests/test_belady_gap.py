@@ -84,6 +84,18 @@ def test_dead_first_oracle_evicts_dead_blocks_before_live_ones() -> None:
     assert gap.lru_hits(ids, offsets, 2).tolist() == [False, False, False, False, True]  # LRU drops 1 for 3
 
 
+def test_one_use_first_oracle_knows_one_off_blocks_but_not_last_uses() -> None:
+    gap = _script()
+    ids = [1, 2, 3, 1]  # 2 and 3 are used once: with room for 2, 1 survives 3's insert
+    offsets = list(range(len(ids) + 1))
+    assert gap.one_use_first_hits(ids, offsets, 2).tolist() == [False, False, False, True]
+    assert gap.lru_hits(ids, offsets, 2).tolist() == [False, False, False, False]
+    ids = [1, 2, 1, 3, 2]  # 1's second use is its last: dead-first drops it for 3, one-use-first cannot tell
+    offsets = list(range(len(ids) + 1))
+    assert gap.dead_first_hits(ids, offsets, 2, gap.next_uses(ids)).tolist() == [False, False, True, False, True]
+    assert gap.one_use_first_hits(ids, offsets, 2).tolist() == [False, False, True, False, False]
+
+
 def test_class_accuracy_is_at_least_the_constant_answer(rows: list[dict]) -> None:
     gap = _script()
     ids = [1, 2, 1, 2, 1, 2]
@@ -96,3 +108,4 @@ def test_class_accuracy_is_at_least_the_constant_answer(rows: list[dict]) -> Non
     for row in rows:
         assert row["constant_accuracy"] <= row["class_accuracy"] <= 1.0
         assert row["belady_miss"] <= row["dead_first_miss"] <= 1.0
+        assert row["belady_miss"] <= row["one_use_first_miss"] <= 1.0

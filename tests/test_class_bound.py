@@ -57,3 +57,13 @@ def test_rows_lie_between_belady_and_a_full_miss(bound) -> None:
         assert row["belady_miss"] < row["lru_miss"]
         for name in ("coarse", "rich"):
             assert row["belady_miss"] - 1e-12 <= row[f"{name}_miss"] <= 1.0
+
+
+def test_first_half_fit_scores_the_second_half(bound) -> None:
+    ids, offsets = bound.requests_of(str(HEAD))
+    half = len(ids) // 2
+    for row in bound.bound_rows(str(HEAD), [200], 4.0, fit="first-half"):
+        assert row["fit"] == "first-half"
+        assert row["lru_miss"] == pytest.approx(1 - bound.lru_hits(ids, offsets, 200)[half:].mean(), abs=1e-12)
+        for name in ("coarse", "rich"):
+            assert 0.0 <= row[f"{name}_miss"] <= 1.0
