@@ -21,6 +21,7 @@ from tiercache.sim.fastscan import scan_requests
 from tiercache.sim.loader import load_trace
 from tiercache.sim.prep import dense_and_next_use_sorted
 from tiercache.sim.replay import ReplayData
+from tiercache.sim import tracecache
 from tiercache.sim.tracecache import load_trace_cached
 from tiercache.sim.traces import Request, load_flat, trace_fingerprint, write_requests
 
@@ -130,7 +131,7 @@ def test_cache_entry_is_written_once_and_read_back(tmp_path):
     cache = tmp_path / "cache"
     first = load_trace_cached(SAMPLE, cache)
     entries = sorted(p.name for p in cache.iterdir())
-    assert entries == [f"{first.fingerprint}-v1"]
+    assert entries == [f"{first.fingerprint}-v{tracecache.VERSION}"]
     again = load_trace_cached(SAMPLE, cache)
     assert_same_arrays(again, SAMPLE)
     dense, next_use, _ = dense_and_next_use_sorted(again.ids)

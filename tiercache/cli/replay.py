@@ -58,7 +58,7 @@ def capacity_text(args: argparse.Namespace) -> str | None:
 
 def add_common_options(parser: argparse.ArgumentParser) -> None:
     """Options shared by ``replay`` and ``compare`` (the sweep definition); each at most once."""
-    parser.add_argument("trace", help="Mooncake request trace (JSONL) or decode step trace")
+    parser.add_argument("trace", help="request trace (Mooncake or Bailian JSONL, or a kv-cache-tester file or folder) or decode step trace")
     parser.add_argument("--policy", action=Once, help="comma list of eviction policies (default: lru)")
     parser.add_argument("--capacity", action=Once, help="comma list of single-tier capacities: blocks (4096, 4k = 4,000) "
                                                         f"or sizes with a B unit (16GiB, 512MB; need --model or --layout) "

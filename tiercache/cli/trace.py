@@ -49,6 +49,7 @@ def format_stats(stats: TraceStats) -> str:
         ("prefix-tree depth (blocks)", None if stats.tree_depth_pct is None else _format_pct(stats.tree_depth_pct)),
         ("prefix-tree roots", None if stats.tree_roots is None else f"{stats.tree_roots:,}"),
         (f"blocks per {unit.split()[-1][:-1]}", _format_pct(stats.record_blocks_pct)),
+        ("tokens per block", None if stats.block_tokens is None else str(stats.block_tokens)),
         ("input tokens per request", None if stats.input_tokens_pct is None else _format_pct(stats.input_tokens_pct)),
         ("time span", stats.time_span),
     ]

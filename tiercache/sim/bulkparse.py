@@ -28,8 +28,11 @@ _META = itemgetter("timestamp", "input_length", "output_length")
 _INT64_MAX = (1 << 63) - 1
 
 
-def bulk_requests(data: bytes) -> FlatTrace | None:
+def bulk_requests(data: bytes, seconds: bool = False) -> FlatTrace | None:
     """The flat arrays of a request trace's bytes, or None to defer to the line reader.
+
+    With ``seconds`` (a Bailian trace, ``traces.request_format``) timestamps may be floats, in
+    seconds, and become milliseconds rounded to nearest, as the line reader converts them.
 
     The cyclic garbage collector is paused meanwhile: the parse makes one dict and one list
     per request and no cycles, and collections triggered by those allocations made a 10x
@@ -38,19 +41,19 @@ def bulk_requests(data: bytes) -> FlatTrace | None:
     paused = gc.isenabled()
     gc.disable()
     try:
-        return _bulk_requests(data)
+        return _bulk_requests(data, seconds)
     finally:
         if paused:
             gc.enable()
 
 
-def _bulk_requests(data: bytes) -> FlatTrace | None:
+def _bulk_requests(data: bytes, seconds: bool) -> FlatTrace | None:
     parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
     start = 0
     while start < len(data):
         cut = data.find(b"\n", start + _CHUNK_BYTES)
         end = len(data) if cut < 0 else cut + 1
-        part = _chunk(data[start:end])
+        part = _chunk(data[start:end], seconds)
         start = end
         if part is None:
             return None
@@ -66,7 +69,7 @@ def _bulk_requests(data: bytes) -> FlatTrace | None:
     return FlatTrace(ids, offsets, cols[:, 0].copy(), cols[:, 1].copy(), cols[:, 2].copy())
 
 
-def _chunk(text: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+def _chunk(text: bytes, seconds: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """(ids, ids per request, [timestamp, input, output] per request) of whole lines, or None.
 
     Chunks are converted to arrays one at a time, so the Python objects of only one chunk
@@ -94,7 +97,27 @@ def _chunk(text: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         meta = list(map(_META, objects))
     except KeyError:
         return None
+    if seconds:
+        stamps = _milliseconds([m[0] for m in meta])
+        if stamps is None:
+            return None
+        meta = [(ms, m[1], m[2]) for ms, m in zip(stamps, meta)]
     return _arrays(id_lists, meta, _only_the_four_integer_fields(text, records))
+
+
+#: Larger timestamps (in seconds) go to the line reader, which converts them exactly.
+_MAX_BULK_SECONDS = 1e12
+
+
+def _milliseconds(stamps: list) -> list[int] | None:
+    """Seconds (ints or floats) as integer milliseconds rounded to nearest, or None on
+    anything else (bools, strings, negatives, NaN, very large values)."""
+    if stamps and not set(map(type, stamps)) <= {int, float}:
+        return None
+    values = np.array(stamps, dtype=np.float64)
+    if len(values) and not (np.all(values >= 0) and float(values.max()) < _MAX_BULK_SECONDS):
+        return None
+    return np.rint(values * 1000).astype(np.int64).tolist()
 
 
 def _only_the_four_integer_fields(data: bytes, records: int) -> bool:

@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass
 
 import numpy as np
+import orjson
 
 from tiercache.errors import TraceError
 from tiercache.results import TraceInfo, TraceKind
@@ -21,7 +22,7 @@ from .fastscan import scan_requests
 from .kvtester import DEFAULT_MEAN_GAP_S, is_kvtester, load_kvtester_flat
 from .steptrace import FlatSteps, flat_steps, header_block_tokens, is_header
 from .traces import (MOONCAKE_BLOCK_TOKENS, FlatTrace, fingerprint_digest, fingerprint_of, flat_requests,
-                     iter_json_objects, kind_of, trace_fingerprint)
+                     format_block_tokens, iter_json_objects, kind_of, request_format, trace_fingerprint)
 
 __all__ = ["Trace", "load_trace", "trace_fingerprint"]
 
@@ -108,7 +109,8 @@ def load_trace(path: str | os.PathLike, arrival_seed: int = 0, mean_gap_s: float
     kind = kind_of(name, *first)
     if kind is TraceKind.REQUESTS:
         requests = flat_requests(name, itertools.chain([first], objects))
-        return Trace(name, kind, fingerprint_of(digest), requests.ids, _with_end(requests.offsets, requests.ids), requests=requests)
+        return Trace(name, kind, fingerprint_of(digest), requests.ids, _with_end(requests.offsets, requests.ids), requests=requests,
+                     block_tokens=format_block_tokens(request_format(first[1])))
     block_tokens = header_block_tokens(name, *first) if is_header(first[1]) else None
     steps = flat_steps(name, objects if block_tokens else itertools.chain([first], objects))
     return Trace(name, kind, fingerprint_of(digest), steps.ids, _with_end(steps.offsets, steps.ids), steps=steps,
@@ -127,18 +129,24 @@ def _load_requests_bulk(name: str) -> Trace | None:
     except OSError:
         return None  # the streaming reader reports it
     head = data.lstrip()[:4096]
-    if not head.startswith(b"{") or b'"hash_ids"' not in data[: data.find(b"\n") if b"\n" in data else len(data)]:
+    first_line = data[: data.find(b"\n") if b"\n" in data else len(data)]
+    if not head.startswith(b"{") or b'"hash_ids"' not in first_line:
         return None
+    try:
+        record = orjson.loads(first_line)
+    except orjson.JSONDecodeError:
+        return None  # the streaming reader names the line
+    bailian = isinstance(record, dict) and request_format(record) == "bailian"
     digest = fingerprint_digest()
     digest.update(data)
     fingerprint = fingerprint_of(digest)
-    requests = scan_requests(data)
+    requests = None if bailian else scan_requests(data)
     if requests is None:
-        requests = bulk_requests(data)
+        requests = bulk_requests(data, seconds=bailian)
     if requests is None:
         return None
     return Trace(name, TraceKind.REQUESTS, fingerprint, requests.ids, _with_end(requests.offsets, requests.ids),
-                 requests=requests)
+                 requests=requests, block_tokens=format_block_tokens("bailian" if bailian else "mooncake"))
 
 
 def _with_end(offsets: np.ndarray, ids: np.ndarray) -> np.ndarray:

@@ -10,6 +10,12 @@ prefix tree: an id names the whole prefix that ends with its block, so two reque
 id ``x`` at position ``i`` only when they share the first ``i + 1`` blocks. Other fields
 are ignored; blank lines are skipped.
 
+Alibaba's Bailian (Qwen) serving traces, released with "KVCache Cache in the Wild" (Wang et
+al., 2025), are read too: their records also carry ``chat_id`` and ``parent_chat_id`` (and
+``type``, ``turn``), ``timestamp`` is in seconds (a float) and each ``hash_ids`` entry is a
+16-token block. A file whose first record has both ``chat_id`` and ``parent_chat_id`` is read
+so (``request_format``): its timestamps become milliseconds (rounded) and its block size is 16.
+
 Every reader streams the file line by line (never loads it whole) and reports bad input as
 ``TraceError(path, line, message)`` with the 1-based line number.
 """
@@ -33,6 +39,9 @@ from tiercache.results.records import FINGERPRINT_PREFIX, legacy_fingerprint
 
 __all__ = [
     "MOONCAKE_BLOCK_TOKENS",
+    "BAILIAN_BLOCK_TOKENS",
+    "request_format",
+    "format_block_tokens",
     "Request",
     "FlatTrace",
     "iter_requests",
@@ -56,6 +65,8 @@ __all__ = [
 
 #: Tokens per ``hash_ids`` block in Mooncake traces.
 MOONCAKE_BLOCK_TOKENS = 512
+#: Tokens per ``hash_ids`` block in Alibaba's Bailian (Qwen) traces.
+BAILIAN_BLOCK_TOKENS = 16
 
 _INT64_MAX = (1 << 63) - 1
 #: The longest line a trace may have. A real record is kilobytes (a 4,096-block step record
@@ -154,6 +165,32 @@ def _parse_object(name: str, line: int, raw: bytes) -> dict[str, Any]:
     return obj
 
 
+def request_format(first: dict[str, Any]) -> str:
+    """``"bailian"`` when a request trace's first record names its chat and parent chat
+    (Alibaba's Bailian traces: seconds, 16-token blocks), else ``"mooncake"``."""
+    return "bailian" if "chat_id" in first and "parent_chat_id" in first else "mooncake"
+
+
+def format_block_tokens(fmt: str) -> int:
+    """Tokens per ``hash_ids`` block of a request-trace format (``request_format``)."""
+    return BAILIAN_BLOCK_TOKENS if fmt == "bailian" else MOONCAKE_BLOCK_TOKENS
+
+
+def seconds_field_ms(name: str, line: int, obj: dict[str, Any], field: str) -> int:
+    """A required non-negative number of seconds (int or float; bool rejected), as integer
+    milliseconds rounded to nearest.
+
+    Raises:
+        TraceError: missing, not a number, negative, not finite, or past 2**63 ms.
+    """
+    if field not in obj:
+        raise TraceError(name, line, f"missing field {field!r}")
+    value = obj[field]
+    if type(value) not in (int, float) or not 0 <= value < _INT64_MAX / 1000:  # NaN fails the comparison
+        raise TraceError(name, line, f"field {field!r} must be a non-negative number of seconds, got {value!r}")
+    return round(value * 1000)
+
+
 def int_field(name: str, line: int, obj: dict[str, Any], field: str) -> int:
     """A required non-negative integer field (``bool`` is rejected: JSON true is not a count).
 
@@ -228,16 +265,21 @@ def load_flat(path: str | os.PathLike) -> FlatTrace:
 
 
 def flat_requests(name: str, objects: Iterable[tuple[int, dict[str, Any]]]) -> FlatTrace:
-    """Flat arrays of the request records ``objects`` (``(line, object)`` of file ``name``).
+    """Flat arrays of the request records ``objects`` (``(line, object)`` of file ``name``);
+    timestamps in milliseconds (a Bailian trace's seconds converted, see ``request_format``).
 
     Raises:
         TraceError: as ``iter_requests``.
     """
     id_lists: list[list[int]] = []
     meta: list[tuple[int, int, int]] = []
+    stamp = int_field
     # Parse without building Request objects: this runs on every replay.
     for line, obj in objects:
-        meta.append(tuple(int_field(name, line, obj, f) for f in _REQUEST_FIELDS))
+        if not meta and request_format(obj) == "bailian":
+            stamp = seconds_field_ms
+        meta.append((stamp(name, line, obj, "timestamp"), int_field(name, line, obj, "input_length"),
+                     int_field(name, line, obj, "output_length")))
         id_lists.append(id_list_field(name, line, obj, "hash_ids"))
     if not meta:
         raise TraceError(name, None, "no requests: the trace is empty")

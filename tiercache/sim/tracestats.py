@@ -34,7 +34,8 @@ class TraceStats:
     more blocks than that hits), over the first ``REUSE_DISTANCE_LIMIT`` accesses.
     ``tree_depth_pct`` (request traces) is the depth of each distinct block in the prefix tree
     (0 for a request's first block, at its first sighting) and ``tree_roots`` the number of
-    distinct first blocks (sessions, documents, system prompts).
+    distinct first blocks (sessions, documents, system prompts). ``block_tokens`` is the trace's
+    tokens per block (None: a step trace without a header).
     Percentile maps hold ``p50``/``p90``/``p99``/``max`` (empty when there is nothing to count).
     """
 
@@ -55,6 +56,7 @@ class TraceStats:
     reuse_distance_pct: dict[str, float] | None = None
     tree_depth_pct: dict[str, float] | None = None
     tree_roots: int | None = None
+    block_tokens: int | None = None
 
 
 def _pct(values: np.ndarray) -> dict[str, float]:
@@ -161,5 +163,5 @@ def trace_stats(path: str | os.PathLike) -> TraceStats:
     return TraceStats(
         trace.kind, trace.records, len(ids), writes, reuse["unique_blocks"], reuse["unique_blocks"] / len(ids), prefix,
         reuse["blocks_accessed_once"], reuse["accesses_per_block_mean"], reuse["accesses_per_block_max"],
-        reuse["reuse_time_pct"], _pct(np.diff(trace.offsets)), tokens, span, distances, depth, roots,
+        reuse["reuse_time_pct"], _pct(np.diff(trace.offsets)), tokens, span, distances, depth, roots, trace.block_tokens,
     )  # fmt: skip
