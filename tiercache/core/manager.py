@@ -456,7 +456,9 @@ class TierManager(TransferMixin):
 
     # -- explicit removal ----------------------------------------------------------------
     def evict(self, ids: Sequence[int]) -> None:
-        """Drops resident, unreferenced, unpinned ids from every tier holding them."""
+        """Drops resident, unreferenced, unpinned ids from every tier holding them (an id
+        named twice is dropped once)."""
+        ids = list(dict.fromkeys(ids))
         for block_id in ids:
             if block_id in self.refs:
                 raise CountError(f"evict of block {block_id}, which has readers")

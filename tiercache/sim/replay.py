@@ -232,7 +232,13 @@ def _consume(manager: TierManager, stats: HierarchyStats, meter: HitMeter) -> No
 
 
 def _hints(data: ReplayData, a: int, b: int, needs_future: bool, needs_parents: bool) -> Hints:
-    parents = [None, *data.id_list[a : b - 1]] if needs_parents and b > a else None
+    """Hints of batch ``ids[a:b]``: next uses, and each id's parent (the id before it in the
+    request; None for the first, and for an id repeated right after itself, which traces whose
+    ids do not chain the prefix hold: a block is never its own parent)."""
+    parents = None
+    if needs_parents and b > a:
+        ids = data.id_list
+        parents = [None, *(None if ids[k - 1] == ids[k] else ids[k - 1] for k in range(a + 1, b))]
     return Hints(a, data.next_use_list[a:b] if needs_future else None, parents)
 
 
