@@ -18,8 +18,9 @@ Usage: python scripts/bench_replay.py [--trace T] [--capacity 4000] [--repeats 5
 2. A 3-tier hierarchy (HBM 1,000 / DRAM 4,000 / NVMe 16,000 blocks, llama-3-8b, H200 profile)
    in prefix semantics: block accesses per second of ``replay`` on the prepared trace.
 3. Time and peak RSS of load + prepare + replay (3-tier LRU, prefix, capacities scaled with
-   the trace) at 1x and 10x the trace (10 copies with disjoint ids), each in a fresh
-   interpreter: the process's peak RSS and how much RSS grew during the run (sampled).
+   the trace) at 1x and 10x the trace (10 copies with disjoint ids), each in three fresh
+   interpreters (medians): the process's peak RSS and how much RSS grew during a first run
+   (sampled), and the time of a second run without the sampling thread.
 4. The sweep of 7 policies x 3 capacities, wall time with one worker per core.
 
 numba: compiled once per machine into ``__pycache__`` (``cache=True``), and every policy is
@@ -161,25 +162,34 @@ def hierarchy_rates(trace: str, repeats: int) -> dict:
     return out
 
 
+#: Fresh interpreters per scale (1x, 10x); the figures are their medians.
+SCALE_REPEATS = 3
+
+
 def scale_case(trace: str, copies: int) -> dict:
     """(In a fresh interpreter.) Load + prepare + 3-tier LRU prefix replay of ``copies``
-    copies of the trace with disjoint ids: seconds, the process's peak RSS, and the peak
-    RSS growth over the run (sampled every 0.5 ms from just before it starts)."""
+    copies of the trace with disjoint ids: the process's peak RSS and the peak RSS growth
+    over a first run (sampled every 0.5 ms from just before it starts), then the seconds of a
+    second, unsampled run (the sampling thread competes for the GIL and made the time vary
+    2.5x between runs)."""
     from tiercache.config import TierConfig
     from tiercache.results import Semantics
     from tiercache.sim.loader import load_trace
     from tiercache.sim.replay import ReplayData, RunSpec, replay
 
     warm_up()
+    spec = RunSpec("lru", Semantics.PREFIX, tuple(TierConfig(n, c * copies) for n, c in HIERARCHY))
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "scaled.jsonl")
         _write_copies(trace, path, copies)
-        with _RssSampler() as rss:
-            started = time.perf_counter()
+        with _RssSampler() as rss:  # the sampling thread takes the GIL every 0.5 ms: not timed
             data = ReplayData.prepare(load_trace(path), None, None)
-            spec = RunSpec("lru", Semantics.PREFIX, tuple(TierConfig(n, c * copies) for n, c in HIERARCHY))
             record = replay(spec, data)
-            seconds = time.perf_counter() - started
+        del data
+        started = time.perf_counter()
+        data = ReplayData.prepare(load_trace(path), None, None)
+        replay(spec, data)
+        seconds = time.perf_counter() - started
     held = int(data.ids.nbytes + data.next_use.nbytes + data.dense.nbytes + data.offsets.nbytes)
     return {"seconds": seconds, "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             "peak_rss_growth_bytes": rss.growth, "accesses": record.accesses, "replay_array_bytes": held}
@@ -227,12 +237,14 @@ def _write_copies(trace: str, path: str, copies: int) -> None:
 
 
 def scaling(trace: str) -> dict:
-    """``scale_case`` at 1x and 10x, each in its own interpreter."""
+    """``scale_case`` at 1x and 10x, each ``SCALE_REPEATS`` times in its own interpreter;
+    every figure is the median over them."""
     out = {}
     for copies in (1, 10):
         cmd = [sys.executable, __file__, "--trace", trace, "--scale-case", str(copies)]
-        done = subprocess.run(cmd, capture_output=True, text=True, check=True)
-        row = json.loads(done.stdout.strip().splitlines()[-1])
+        rows = [json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1])
+                for _ in range(SCALE_REPEATS)]
+        row = {key: statistics.median(r[key] for r in rows) for key in rows[0]}
         row["rss_growth_per_access_bytes"] = row["peak_rss_growth_bytes"] / row["accesses"]
         out[f"{copies}x"] = row
     out["time_ratio_10x_to_1x"] = out["10x"]["seconds"] / out["1x"]["seconds"]
@@ -307,7 +319,8 @@ def print_table(result: dict) -> None:
     s = result["scaling"]
     for key in ("1x", "10x"):
         row = s[key]
-        print(f"{key:>4}: {row['accesses']:>9,} accesses, load+prepare+replay {row['seconds']:.3f} s, "
+        print(f"{key:>4}: {row['accesses']:>9,} accesses, load+prepare+replay {row['seconds']:.3f} s "
+              f"({row['seconds'] / row['accesses'] * 1e9:.0f} ns/access), "
               f"peak RSS {row['peak_rss_bytes'] / 2**20:.0f} MiB, grew {row['peak_rss_growth_bytes'] / 2**20:.1f} MiB "
               f"during the run ({row['rss_growth_per_access_bytes']:.0f} B/access; replay arrays "
               f"{row['replay_array_bytes'] / row['accesses']:.0f} B/access)")
