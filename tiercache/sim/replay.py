@@ -13,6 +13,7 @@ Step traces (long-sequence decode) replay their ``read`` ids as accesses and the
 
 from __future__ import annotations
 
+import operator
 import time
 from dataclasses import dataclass
 from functools import cached_property
@@ -238,7 +239,9 @@ def _hints(data: ReplayData, a: int, b: int, needs_future: bool, needs_parents: 
     parents = None
     if needs_parents and b > a:
         ids = data.id_list
-        parents = [None, *(None if ids[k - 1] == ids[k] else ids[k - 1] for k in range(a + 1, b))]
+        parents = [None, *ids[a : b - 1]]
+        if any(map(operator.eq, parents[1:], ids[a + 1 : b])):  # C-level check; the fix is rare
+            parents = [None if p == i else p for p, i in zip(parents, ids[a:b])]
     return Hints(a, data.next_use_list[a:b] if needs_future else None, parents)
 
 
