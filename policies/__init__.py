@@ -11,7 +11,7 @@ import importlib
 
 from tiercache.errors import UserError
 
-from .base import NO_NEXT_USE, AdmissionPolicy, EvictionPolicy, Hints, PrefetchPolicy, PrefetchView
+from .base import NO_NEXT_USE, AdmissionPolicy, EvictionPolicy, Hints, PlacementPolicy, PrefetchPolicy, PrefetchView
 
 __all__ = [
     "EVICTION",
@@ -24,6 +24,10 @@ __all__ = [
     "Hints",
     "EvictionPolicy",
     "AdmissionPolicy",
+    "PlacementPolicy",
+    "PLACEMENT",
+    "get_placement",
+    "make_placement",
     "PrefetchPolicy",
     "PrefetchView",
     "PREFETCH",
@@ -63,6 +67,12 @@ ADMISSION: dict[str, str] = {
     "always": "tiercache.policies.admission_always:AlwaysAdmit",
     "second_hit": "tiercache.policies.admission_second_hit:SecondHitAdmit",
     "tinylfu": "tiercache.policies.admission_tinylfu:TinyLFUAdmit",
+}
+
+#: Where blocks go in an exclusive hierarchy (new blocks, hits below the top).
+PLACEMENT: dict[str, str] = {
+    "top": "tiercache.policies.placement_top:TopPlacement",
+    "reuse": "tiercache.policies.placement_reuse:ReusePlacement",
 }
 
 PREFETCH: dict[str, str] = {
@@ -123,6 +133,16 @@ def make_eviction(name: str, capacity: int) -> EvictionPolicy:
 def make_admission(name: str) -> AdmissionPolicy:
     """Instantiates an admission policy."""
     return get_admission(name)()
+
+
+def get_placement(name: str) -> type[PlacementPolicy]:
+    """Returns the placement policy class for a registry name or ``module:Class``."""
+    return _load(name, PLACEMENT, "placement", PlacementPolicy)
+
+
+def make_placement(name: str, n_tiers: int) -> PlacementPolicy:
+    """Instantiates a placement policy for a hierarchy of ``n_tiers`` tiers."""
+    return get_placement(name)(n_tiers)
 
 
 def get_prefetch(name: str) -> type[PrefetchPolicy]:

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, ClassVar, Collection, Sequence
 
-__all__ = ["Hints", "EvictionPolicy", "AdmissionPolicy", "PrefetchPolicy", "PrefetchView", "NO_NEXT_USE"]
+__all__ = ["Hints", "EvictionPolicy", "AdmissionPolicy", "PlacementPolicy", "PrefetchPolicy", "PrefetchView", "NO_NEXT_USE"]
 
 #: ``next_use`` value for a block that is never accessed again (sorts after every time).
 NO_NEXT_USE = 1 << 62
@@ -102,6 +102,35 @@ class AdmissionPolicy:
     name: ClassVar[str] = "base"
 
     def admit(self, ids: Sequence[int]) -> list[bool]:
+        raise NotImplementedError
+
+    def check_invariants(self) -> None:
+        """Raises AssertionError when internal structures disagree (stateless: nothing)."""
+
+
+class PlacementPolicy:
+    """Decides which tier of an exclusive hierarchy a block goes to (``--placement``).
+
+    ``insert_tier(ids, hints)`` returns the tier (0 = the top) that a run of newly computed
+    ids is stored in; below the top the block is written down from where it was computed
+    (a simulated replay charges that write on the link from the top tier). ``promote_tier(ids,
+    tier, hints)`` is asked about a run of hits found in ``tier`` (> 0) and returns 0 to
+    promote them to the top tier or ``tier`` to read them where they lie (charged on the link
+    to the top tier, every time). Both see each id once, in access order, and may keep
+    state; the manager checks every answer (an index out of range is a ``ValueError``).
+    """
+
+    name: ClassVar[str] = "base"
+
+    def __init__(self, n_tiers: int) -> None:
+        if n_tiers < 1:
+            raise ValueError(f"{type(self).__name__}: at least one tier, got {n_tiers}")
+        self.n_tiers = n_tiers
+
+    def insert_tier(self, ids: Sequence[int], hints: Hints | None = None) -> int:
+        raise NotImplementedError
+
+    def promote_tier(self, ids: Sequence[int], tier: int, hints: Hints | None = None) -> int:
         raise NotImplementedError
 
     def check_invariants(self) -> None:

@@ -4,7 +4,8 @@
 Every figure comes from the same sweep ``tiercache replay`` runs (the manager, prefix
 semantics, default policy parameters, the whole trace): gap closed = (miss_LRU - miss_P) /
 (miss_LRU - miss_Belady). Then a 3-tier hierarchy (hbm, dram, nvme) with a model and a
-hardware profile, reporting the modeled TTFT saved of each policy against LRU.
+hardware profile, reporting the modeled TTFT saved of each policy against LRU, with the default
+placement and with ``--placement reuse`` (labelled ``policy@reuse``).
 
     python scripts/gap_closed.py                       # bundled Mooncake sample + kv-cache-tester sample
     python scripts/gap_closed.py --trace T1 --capacity 1000,4000,16000 --trace T2 --capacity 500,2000,8000
@@ -26,6 +27,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULTS = [(os.path.join(HERE, "..", "tests", "data", "mooncake_synthetic_trace.jsonl"), "1000,4000,16000"),
             (os.path.join(HERE, "..", "tests", "data", "kvtester_sample"), "500,1000,2000")]
 POLICIES = ("session", "cost", "leaf_lru", "arc", "s3fifo", "lfu")
+#: Placements of the 3-tier rows (``lru`` with the default one is the baseline).
+PLACEMENTS = ("top", "reuse")
 
 
 def gap_rows(path: str, capacities: list[int], policies: tuple[str, ...], workers: int) -> list[dict]:
@@ -44,16 +47,20 @@ def gap_rows(path: str, capacities: list[int], policies: tuple[str, ...], worker
 
 
 def ttft_rows(path: str, tiers: tuple[int, int, int], policies: tuple[str, ...], workers: int) -> list[dict]:
-    """Modeled TTFT saved (s) of each policy on a 3-tier exclusive hierarchy, and its gain over LRU."""
+    """Modeled TTFT saved (s) of each policy on a 3-tier exclusive hierarchy, with the default
+    placement and with ``reuse``, and its gain over LRU with the default placement."""
     trace = load_trace(path)
     layout = layout_preset("llama-3-8b", trace.block_tokens)
     cache = CacheConfig(tuple(TierConfig(n, c) for n, c in zip(("hbm", "dram", "nvme"), tiers)))
-    spec = SweepSpec(("lru", *policies), (Semantics.PREFIX,), (), cache, "always", layout, load_profile("h200-pcie5-nvme4").require_prefill())
-    runs = {r.policy: r for r in sweep(trace, spec, workers).runs}
+    profile = load_profile("h200-pcie5-nvme4").require_prefill()
+    runs = {}
+    for placement in PLACEMENTS:
+        spec = SweepSpec(("lru", *policies), (Semantics.PREFIX,), (), cache, "always", layout, profile, placement=placement)
+        runs |= {r.label: r for r in sweep(trace, spec, workers).runs}
     base = runs["lru"].ttft_saved_s
-    return [{"workload": os.path.basename(os.path.normpath(path)), "tiers": "/".join(map(str, tiers)), "policy": p,
-             "miss": runs[p].miss_ratio, "ttft_saved_s": runs[p].ttft_saved_s, "vs_lru_s": runs[p].ttft_saved_s - base}
-            for p in policies]
+    return [{"workload": os.path.basename(os.path.normpath(path)), "tiers": "/".join(map(str, tiers)), "policy": label,
+             "miss": run.miss_ratio, "ttft_saved_s": run.ttft_saved_s, "vs_lru_s": run.ttft_saved_s - base}
+            for label, run in runs.items() if label != "lru"]
 
 
 def main() -> None:
@@ -77,9 +84,9 @@ def main() -> None:
         mid = capacities[len(capacities) // 2]
         ttft.extend(ttft_rows(path, (mid // 4, mid, 4 * mid), policies, args.workers))
     print(f"\n3 tiers (hbm/dram/nvme blocks), llama-3-8b on h200-pcie5-nvme4, prefix semantics:")
-    print(f"{'workload':32} {'tiers':>16} {'policy':10} {'miss':>7} {'TTFT saved s':>12} {'vs LRU s':>9}")
+    print(f"{'workload':32} {'tiers':>16} {'policy':15} {'miss':>7} {'TTFT saved s':>12} {'vs LRU s':>9}")
     for row in ttft:
-        print(f"{row['workload'][:32]:32} {row['tiers']:>16} {row['policy']:10} {row['miss']:7.4f} {row['ttft_saved_s']:12.2f} "
+        print(f"{row['workload'][:32]:32} {row['tiers']:>16} {row['policy']:15} {row['miss']:7.4f} {row['ttft_saved_s']:12.2f} "
               f"{row['vs_lru_s']:+9.2f}")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:

@@ -10,7 +10,7 @@ import pytest
 
 from tiercache.cli import main
 from tiercache.config import TierConfig
-from tiercache.results import read_results
+from tiercache.results import SCHEMA_VERSION, read_results
 from tiercache.sim.fleet import FleetSpec, Route, replay_fleet
 from tiercache.sim.loader import load_trace
 
@@ -102,7 +102,7 @@ def test_replay_with_instances_prints_hits_and_writes_a_results_file_the_report_
     assert document.hardware == "h200-pcie5-nvme4+rdma-400g" and document.layout.name == "llama-3-8b"
     row = next(line.split() for line in printed.splitlines() if line.split()[:1] == ["all"])
     assert row[2:6] == [str(t.hits) for t in shared.tiers] + [str(shared.misses)]  # printed = recorded
-    assert json.loads(out.read_text())["schema_version"] == 5
+    assert json.loads(out.read_text())["schema_version"] == SCHEMA_VERSION
     assert main(["report", str(out), "-o", str(tmp_path / "report")]) == 0
     report = (tmp_path / "report" / "report.md").read_text()
     assert "## Fleet replay: per-instance and shared-tier hits" in report

@@ -41,7 +41,7 @@ def full_document() -> ResultsDocument:
         capacity_blocks=300, accesses=1000, hits=600, misses=400, recomputed=17, miss_ratio=0.4, hit_ratio=0.6,
         tiers=(tier("hbm", 500, 100), tier("dram", 100, 200)), wall_seconds=1.25,
         bytes_moved={"hbm->dram": 1 << 30, "dram->hbm": 12345}, modeled_seconds={"hbm->dram": 0.5, "recompute": 2.0, "total": 2.5},
-        prefill_tokens=5_000_000, prefill_tokens_saved=300_000, ttft_saved_s=-0.75,
+        prefill_tokens=5_000_000, prefill_tokens_saved=300_000, ttft_saved_s=-0.75, placement="reuse",
     )
     decode = dataclasses.replace(run, semantics=Semantics.DECODE, mode=Mode.EXCLUSIVE, prefill_tokens=None,
                                  prefill_tokens_saved=None, ttft_saved_s=None)
@@ -86,9 +86,36 @@ def test_every_counter_the_manager_keeps_is_in_the_schema():
 _SPLIT = ("hits_in_place", "hits_promoted", "in_place_bytes", "promoted_bytes", "in_place_seconds", "promoted_seconds")
 
 
+def v5_document() -> dict:
+    """A file as version 5 wrote it: no placement (every run placed blocks in the top tier)."""
+    data = full_document().to_json()
+    data["schema_version"] = 5
+    for run in data["runs"]:
+        del run["placement"]
+    return data
+
+
+def _placed_on_top(runs) -> list[RunRecord]:
+    return [dataclasses.replace(r, placement="top") for r in runs]
+
+
+def test_version_5_upgrade_places_every_run_on_top():
+    upgraded = ResultsDocument.from_json(v5_document(), "old.json")
+    assert [r.placement for r in upgraded.runs] == ["top"] * 3
+    assert list(upgraded.runs) == _placed_on_top(full_document().runs)
+    assert ResultsDocument.from_json(json.loads(json.dumps(upgraded.to_json())), "new.json") == upgraded
+
+
+def test_placement_names_and_keys_the_run():
+    document = full_document()
+    placed, top = document.runs[0], dataclasses.replace(document.runs[0], placement="top")
+    assert placed.label == "s3fifo+second_hit@reuse" and top.label == "s3fifo+second_hit"
+    assert placed.key != top.key
+
+
 def v4_document() -> dict:
     """A file as version 4 wrote it: one engine per run (no instances, route, shared writes)."""
-    data = full_document().to_json()
+    data = v5_document()
     data["schema_version"] = 4
     del data["runs"][2]  # version 4 had no fleet runs
     for run in data["runs"]:
@@ -99,7 +126,7 @@ def v4_document() -> dict:
 def test_version_4_upgrade_reads_every_run_as_one_engine():
     upgraded = ResultsDocument.from_json(v4_document(), "old.json")
     assert all(r.instances is None and r.route is None and r.shared_writes is None and not r.is_fleet for r in upgraded.runs)
-    assert upgraded.runs == full_document().runs[:2]
+    assert list(upgraded.runs) == _placed_on_top(full_document().runs[:2])
     assert ResultsDocument.from_json(json.loads(json.dumps(upgraded.to_json())), "new.json") == upgraded
 
 
@@ -206,7 +233,7 @@ def _mutated(change) -> dict:
 @pytest.mark.parametrize(
     "change, needle",
     [
-        (lambda d: d.update(schema_version=6), "r.json: results schema_version 6 is not one"),
+        (lambda d: d.update(schema_version=7), "r.json: results schema_version 7 is not one"),
         (lambda d: d["runs"][0].pop("instances"), "r.json: run 1: missing field(s) instances"),
         (lambda d: d["runs"][2].update(instances=[]), "r.json: run 3: field 'instances' must be null or a non-empty list"),
         (lambda d: d["runs"][2]["instances"][1].pop("tier_hits"), "r.json: run 3: instance 2: missing field(s) tier_hits"),

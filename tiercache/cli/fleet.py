@@ -69,6 +69,7 @@ def _check_options(args: argparse.Namespace, remote: str | None) -> None:
         raise UserError(f"--instances: must be at least 1, got {args.instances}")
     refused = ((f"--semantics {args.semantics}", args.semantics not in (None, "prefix"), "it runs in prefix semantics"),
                (f"--admission {args.admission}", args.admission not in (None, "always"), "its tiers admit every block"),
+               (f"--placement {args.placement}", args.placement not in (None, "top"), "new blocks and hits go to the top tier"),
                ("--write-through", args.write_through, "its private tiers are exclusive"),
                (f"--prefetch {args.prefetch}", args.prefetch not in (None, "none"), "prefetch plans decode steps"),
                ("--block-tokens", args.block_tokens is not None, "it replays request traces (512-token blocks)"),

@@ -14,11 +14,10 @@ from ..config import MODEL_PRESETS, SPELLINGS, CacheConfig, Capacity, KVLayout, 
 from ..errors import UserError
 from .fleet import add_fleet_options, fleet_from_args, format_fleet, is_fleet, refuse_fleet_only_options, split_remote
 from ..results import ResultsDocument, Semantics, TraceKind, write_results
-from ..policies import ADMISSION, EVICTION, PREFETCH, get_prefetch
+from ..policies import ADMISSION, EVICTION, PLACEMENT, PREFETCH, get_prefetch
 from ..sim.hardware import PRESETS, HardwareProfile, load_profile
 from ..sim.loader import Trace, load_trace
 from ..sim.sweep import SweepSpec, check_policy_names, sweep
-from ..sim.traces import MOONCAKE_BLOCK_TOKENS
 
 __all__ = ["add_parser", "add_common_options", "sweep_from_args", "spec_from_args", "format_table", "DEFAULT_CAPACITY"]
 
@@ -71,6 +70,9 @@ def add_common_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--semantics", action=Once, help="object, prefix, or both (= object,prefix) (default: object); "
                                                          "request traces only: step traces replay as decode")
     parser.add_argument("--admission", action=Once, help="admission policy of the lower tiers of --tiers (default: always)")
+    parser.add_argument("--placement", action=Once, help="which tier of --tiers new blocks and hits below the top go to: "
+                                                         "top (default) or reuse (new blocks start in the second tier; "
+                                                         "a hit moves to the top)")
     parser.add_argument("--write-through", action="store_true", help="inclusive hierarchy (default: exclusive)")
     parser.add_argument("--prefetch", action=Once, help="prefetch policy of a step-trace replay, e.g. topk_speculative "
                                                         "(default: none)")
@@ -96,7 +98,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def presets_epilog() -> str:
     """The policies, model presets and hardware presets, for ``--help``."""
-    return (f"policies: {', '.join(EVICTION)}\nadmission: {', '.join(ADMISSION)}\nprefetch: {', '.join(PREFETCH)}\n"
+    return (f"policies: {', '.join(EVICTION)}\nadmission: {', '.join(ADMISSION)}\nplacement: {', '.join(PLACEMENT)}\n"
+            f"prefetch: {', '.join(PREFETCH)}\n"
             f"models: {', '.join(MODEL_PRESETS)}\nhardware: {', '.join(PRESETS)} (or a profile JSON)\n"
             f"capacities: {SPELLINGS}")
 
@@ -123,7 +126,7 @@ def spec_from_args(args: argparse.Namespace) -> tuple[Trace, SweepSpec]:
     layout = _layout(args, trace)
     cache = _cache(args, layout)
     blocks = tuple(c.to_blocks(layout, f"--capacity {c.text!r}") for c in capacities)
-    return trace, SweepSpec(policies, semantics, blocks, cache, admission, layout, hardware, prefetch)
+    return trace, SweepSpec(policies, semantics, blocks, cache, admission, layout, hardware, prefetch, args.placement or "top")
 
 
 def parse_semantics(text: str | None) -> tuple[Semantics, ...]:
@@ -142,7 +145,7 @@ def _check_trace_options(args: argparse.Namespace, trace: Trace) -> None:
     if trace.kind is TraceKind.REQUESTS and args.prefetch not in (None, "none"):
         raise UserError(f"--prefetch {args.prefetch}: prefetch policies plan decode steps; {trace.path} is a request trace")
     if trace.kind is TraceKind.REQUESTS and args.block_tokens is not None:
-        raise UserError(f"--block-tokens: {trace.path} is a request trace, whose blocks are {MOONCAKE_BLOCK_TOKENS} tokens")
+        raise UserError(f"--block-tokens: {trace.path} is a request trace, whose blocks are {trace.block_tokens} tokens")
 
 
 def _cache(args: argparse.Namespace, layout: KVLayout | None) -> CacheConfig | None:
@@ -258,12 +261,13 @@ def format_table(results: ResultsDocument) -> str:
     else:
         summary = f"{trace.requests} requests, {trace.accesses} block accesses"
     lines = [f"{trace.name}: {summary}, {trace.unique_blocks} unique blocks"]
-    header = f"{'policy':<10} {'semantics':<9} {'capacity':>9} {'hits':>9} {'misses':>9} {'miss ratio':>10}  per-tier hits"
+    width = max([10, *(len(run.label) for run in results.runs)])
+    header = f"{'policy':<{width}} {'semantics':<9} {'capacity':>9} {'hits':>9} {'misses':>9} {'miss ratio':>10}  per-tier hits"
     lines += [header, "-" * len(header)]
     for run in results.runs:
         tiers = " ".join(f"{t.name}={t.hits}" for t in run.tiers)
         lines.append(
-            f"{run.policy:<10} {run.semantics.value:<9} {run.capacity_blocks:>9} {run.hits:>9} "
+            f"{run.label:<{width}} {run.semantics.value:<9} {run.capacity_blocks:>9} {run.hits:>9} "
             f"{run.misses:>9} {run.miss_ratio:>10.4f}  {tiers}"
         )
     return "\n".join(lines)

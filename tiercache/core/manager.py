@@ -5,7 +5,8 @@ simulator (with ``SimEngine``); only the injected engine differs.
 
 Hierarchy: tiers ordered fastest first. Exclusive (default): a block lives in at most one
 tier; a victim of tier ``t`` is demoted to ``t + 1`` (if that tier admits it) and a victim of
-the last tier leaves the hierarchy; a hit below the top is promoted to the top. Write-through
+the last tier leaves the hierarchy; a hit below the top is promoted to the top (a placement
+policy may store new blocks lower down, or read a hit where it lies instead). Write-through
 (inclusive): a new block is copied to every lower tier that admits it; victims are dropped
 from their tier only; a hit below the top is copied up.
 
@@ -33,12 +34,13 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from tiercache.policies.base import AdmissionPolicy, EvictionPolicy, Hints
+from tiercache.policies.base import AdmissionPolicy, EvictionPolicy, Hints, PlacementPolicy
 
 from .counts import CountError, decrement, increment
 from .directory import TierDirectory
 from .engine import ImmediateEngine, TransferEngine
 from .guards import _NOTHING, HeldWithoutCopy, Guard, distinct_prefix, pick_hints, slice_hints
+from .placing import check_placement, insert_tier, promotes
 from .plans import Ev, EventLog, Room, TransferPlan
 from .transfers import TransferMixin
 
@@ -66,15 +68,18 @@ class TierManager(TransferMixin):
         events: EventLog | None = None,
         write_through: bool = False,
         shared_last: bool = False,
+        placement: PlacementPolicy | None = None,
     ) -> None:
         if not (len(tiers) == len(evictions) == len(admissions)) or not tiers:
             raise ValueError("one eviction and one admission policy per tier, at least one tier")
+        check_placement(placement, write_through, shared_last)
         self.dirs = [TierDirectory(name, cap) for name, cap in tiers]
         self.policies = list(evictions)
         self.admissions = list(admissions)
         self.engine = engine if engine is not None else ImmediateEngine()
         self.events = events if events is not None else EventLog()
         self.write_through = write_through
+        self.placement = placement  # where new blocks and hits below the top go (None: the top)
         #: Index of the shared last tier (see the module docstring), or None.
         self.shared: int | None = len(tiers) - 1 if shared_last and len(tiers) > 1 else None
         self.refs: dict[int, int] = {}
@@ -264,7 +269,7 @@ class TierManager(TransferMixin):
                      started: list | None, promote: bool = True) -> None:
         """Promotes ids found in a lower tier (or, without ``promote``, reads them in place);
         ids whose copy proved unreadable are misses."""
-        if not promote:
+        if not (promote and promotes(self.placement, ids, tier, hints)):
             self.policies[tier].on_access(ids, hints)
             self.events.emit(Ev.PROMOTE_SKIPPED, tier, len(ids))
             self._count_found(tier, len(ids), count_hits)
@@ -278,41 +283,42 @@ class TierManager(TransferMixin):
 
     # -- placement -----------------------------------------------------------------------
     def _insert_new(self, ids: Sequence[int], hints: Hints | None, hold: bool = False) -> None:
-        """Places new blocks in the top tier (admission permitting), making room first."""
-        admitted = self.admissions[0].admit(ids)
+        """Places new blocks in the top tier (or the placement's), admission permitting, making room first."""
+        tier = insert_tier(self.placement, ids, hints, len(self.dirs))
+        admitted = self.admissions[tier].admit(ids)
         if not all(admitted):
-            self.events.emit(Ev.REFUSED, 0, admitted.count(False))
+            self.events.emit(Ev.REFUSED, tier, admitted.count(False))
             keep = [p for p, ok in enumerate(admitted) if ok]
             ids = [ids[p] for p in keep]
             hints = None if hints is None else pick_hints(hints, keep)
-        for a, b in self._insert_chunks(0, len(ids)):
+        for a, b in self._insert_chunks(tier, len(ids)):
             chunk = ids[a:b]
-            if self._make_room(0, len(chunk), self._no_extra) is not _MADE and not self._retry_room(0, len(chunk), self._no_extra):
-                self.events.emit(Ev.REFUSED, 0, len(chunk))  # everything pinned: not stored
+            if self._make_room(tier, len(chunk), self._no_extra) is not _MADE and not self._retry_room(tier, len(chunk), self._no_extra):
+                self.events.emit(Ev.REFUSED, tier, len(chunk))  # everything pinned: not stored
                 continue
-            self._fill_and_publish(chunk, slice_hints(hints, a, b))
+            self._fill_and_publish(chunk, slice_hints(hints, a, b), tier)
             if hold:
                 increment(self.held, chunk)
             if self.write_through:
                 self._copy_down(chunk, slice_hints(hints, a, b))
 
-    def _fill_and_publish(self, ids: Sequence[int], hints: Hints | None) -> None:
-        """Writes new blocks into reserved top-tier slots, then publishes them.
+    def _fill_and_publish(self, ids: Sequence[int], hints: Hints | None, tier: int = 0) -> None:
+        """Writes new blocks into reserved slots of ``tier`` (the top by default), then publishes them.
 
         Publish only what has landed: the slots stay reserved (invisible) while the engine
         writes the bytes, and any exception from the engine (KeyboardInterrupt included)
         returns them to the free stack and propagates, leaving no trace of the blocks.
         """
-        directory = self.dirs[0]
+        directory = self.dirs[tier]
         slots = directory.reserve(len(ids))
         try:
-            self.engine.fill(0, ids, slots)
+            self.engine.fill(tier, ids, slots)
         except BaseException:
             directory.release(slots)
             raise
         directory.publish(ids, slots)
-        self.policies[0].on_insert(ids, hints)
-        self.events.emit(Ev.INSERT, 0, len(ids))
+        self.policies[tier].on_insert(ids, hints)
+        self.events.emit(Ev.INSERT, tier, len(ids))
 
     def _insert_chunks(self, tier: int, n: int) -> list[tuple[int, int]]:
         """Splits n inserts so that batching them equals inserting one at a time.

@@ -29,10 +29,11 @@ _BAD = object()  # what a converter returns for a value of the wrong type
 
 _HIT_SPLIT = ("hits_in_place", "hits_promoted", "in_place_bytes", "promoted_bytes", "in_place_seconds", "promoted_seconds")
 # Keys a version did not write (version 1: or wrote only when they applied): their value when absent.
-_V4_ABSENT = {"instances": None, "route": None, "shared_writes": None}
+_V5_ABSENT = {"placement": "top"}
+_V4_ABSENT = _V5_ABSENT | {"instances": None, "route": None, "shared_writes": None}
 _V3_ABSENT = _V4_ABSENT | {"codec": "none", "block_bytes": None}
 _V2_ABSENT = _V3_ABSENT | dict.fromkeys(_HIT_SPLIT)
-_ABSENT = {5: {}, 4: _V4_ABSENT, 3: _V3_ABSENT, 2: _V2_ABSENT, 1: _V2_ABSENT | {
+_ABSENT = {6: {}, 5: _V5_ABSENT, 4: _V4_ABSENT, 3: _V3_ABSENT, 2: _V2_ABSENT, 1: _V2_ABSENT | {
     "recomputed": None, "failed_transfers": None, "promote_skipped": None, "lost": None,
     "bytes_moved": {}, "modeled_seconds": {}, "prefill_tokens": None, "prefill_tokens_saved": None, "ttft_saved_s": None,
 }}
@@ -108,7 +109,7 @@ _TIER_COUNTS = ("capacity_blocks", "hits", "inserts", "evictions", "demotions", 
 _TIER_COUNTS_V2 = ("failed_transfers", "promote_skipped", "lost")
 _RUN_KEYS = ("policy", "admission", "semantics", "mode", "capacity_blocks", "accesses", "hits", "misses",
              "miss_ratio", "hit_ratio", "tiers", "wall_seconds", "recomputed", "bytes_moved", "modeled_seconds",
-             "prefill_tokens", "prefill_tokens_saved", "ttft_saved_s", "instances", "route", "shared_writes")
+             "prefill_tokens", "prefill_tokens_saved", "ttft_saved_s", "instances", "route", "shared_writes", "placement")
 _INSTANCE_KEYS = ("instance", "requests", "accesses", "hits", "misses", "tier_hits", "bytes_moved", "modeled_seconds",
                   "prefill_tokens_saved", "ttft_saved_s")
 _LAYOUT_INTS = ("layers", "kv_heads", "head_dim", "block_tokens", "block_bytes")
@@ -185,7 +186,7 @@ def _read_run(value: Any, source: str, label: str, version: int) -> RunRecord:
     obj.require(_RUN_KEYS)
     tiers = obj.take("tiers", lambda v: v if isinstance(v, list) else _BAD, "a list of tier objects")
     fields = {
-        **{key: obj.take(key, _text) for key in ("policy", "admission")},
+        **{key: obj.take(key, _text) for key in ("policy", "admission", "placement")},
         "semantics": obj.take("semantics", _member(Semantics), "/".join(m.value for m in Semantics)),
         "mode": obj.take("mode", _member(Mode), "/".join(m.value for m in Mode)),
         **{key: obj.take(key, _count) for key in ("capacity_blocks", "accesses", "hits", "misses")},

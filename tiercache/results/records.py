@@ -7,7 +7,11 @@ manager keeps. Metadata plane: no torch, no numpy.
 
 Versions:
 
-* **5** (written now): ``"schema_version": 5``. New against version 4: each run's
+* **6** (written now): ``"schema_version": 6``. New against version 5: each run's
+  ``placement``, the placement policy of its hierarchy (``"top"``: new blocks and promoted hits
+  go to the top tier, as every earlier version did).
+* **5**: read with every field version 5 wrote required; the upgrade sets ``placement`` to
+  ``"top"``. New against version 4: each run's
   ``instances`` (null, or for a fleet replay over several engine instances one object per
   instance: ``instance``, ``requests``, ``accesses``, ``hits``, ``misses``, ``tier_hits``
   per tier, ``remote`` being the shared tier, ``bytes_moved`` and ``modeled_seconds`` per
@@ -61,9 +65,9 @@ __all__ = [
 _CODEC_NAMES = tuple(c.value for c in Codec)
 
 #: The version ``ResultsDocument.to_json`` writes.
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 #: Versions ``ResultsDocument.from_json`` reads (older ones upgraded on reading).
-READABLE_VERSIONS = (1, 2, 3, 4, 5)
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6)
 
 
 #: Prefix of a trace fingerprint (xxh3-128 of the file's bytes); a fingerprint without it is
@@ -250,6 +254,7 @@ class RunRecord:
     instances: tuple[InstanceRecord, ...] | None = None
     route: Route | None = None
     shared_writes: int | None = None
+    placement: str = "top"
 
     def __post_init__(self) -> None:
         if self.hits + self.misses != self.accesses:
@@ -284,8 +289,9 @@ class RunRecord:
 
     @property
     def label(self) -> str:
-        """The policy as named on the command line (with its admission policy if not the default)."""
-        return run_label(self.policy, self.admission)
+        """The policy as named on the command line (with its admission and placement policies
+        if not the defaults)."""
+        return run_label(self.policy, self.admission, self.placement)
 
     @property
     def is_hierarchy(self) -> bool:
@@ -297,7 +303,7 @@ class RunRecord:
         """What identifies a run among others of one trace (two runs with one key are the same run)."""
         shape = tuple((t.name, t.capacity_blocks, t.codec) for t in self.tiers)
         fleet = () if self.instances is None else (len(self.instances), self.route)
-        return (self.policy, self.admission, self.semantics, self.mode, self.capacity_blocks, shape) + fleet
+        return (self.policy, self.admission, self.placement, self.semantics, self.mode, self.capacity_blocks, shape) + fleet
 
     def to_json(self) -> dict:
         """One entry of results.json's ``runs`` list (every key present)."""
@@ -309,9 +315,11 @@ class RunRecord:
         return record
 
 
-def run_label(policy: str, admission: str | None) -> str:
-    """``lru``, or ``lru+second_hit`` when an admission policy other than ``always`` ran."""
-    return policy if admission in (None, "", "always") else f"{policy}+{admission}"
+def run_label(policy: str, admission: str | None, placement: str | None = None) -> str:
+    """``lru``; ``lru+second_hit`` when an admission policy other than ``always`` ran;
+    ``lru@reuse`` when a placement policy other than ``top`` did."""
+    label = policy if admission in (None, "", "always") else f"{policy}+{admission}"
+    return label if placement in (None, "", "top") else f"{label}@{placement}"
 
 
 @dataclass(frozen=True)

@@ -143,7 +143,11 @@ class SimEngine:
         raise KeyError(f"job {job_id} was not submitted or was already returned")
 
     def fill(self, tier: int, ids, slots) -> None:
-        """Computed blocks cost recompute time, accounted by the replay, not a link."""
+        """Computed blocks cost recompute time, accounted by the replay; one placed below the
+        top tier (a placement policy's choice) is written down from the top tier, where it was
+        computed, on that link."""
+        if tier and ids:
+            self._occupy(0, tier, len(ids))
 
     def discard(self, tier: int, ids, slots) -> None:
         """Nothing stored, nothing to forget."""

@@ -25,7 +25,7 @@ from tiercache.config import TIER_NAMES, Codec, KVLayout, TierConfig
 from tiercache.core.decode import StepDriver
 from tiercache.core.manager import TierManager
 from tiercache.core.stats import HierarchyStats, TierCounters
-from tiercache.policies import Hints, get_eviction, make_admission, make_eviction, make_prefetch
+from tiercache.policies import Hints, get_eviction, make_admission, make_eviction, make_placement, make_prefetch
 from tiercache.results import Mode, RunRecord, Semantics, TierRecord, TraceKind
 
 from .array_manager import ArrayTierManager, kernel_replay_possible
@@ -54,6 +54,7 @@ class RunSpec:
     admission: str = "always"
     write_through: bool = False
     prefetch: str = "none"
+    placement: str = "top"
 
     def __post_init__(self) -> None:
         if not isinstance(self.semantics, Semantics):
@@ -152,6 +153,7 @@ def build_manager(spec: RunSpec, data: ReplayData) -> tuple[TierManager, SimEngi
         [make_admission(spec.admission if i > 0 else "always") for i, _ in enumerate(spec.tiers)],
         engine=engine,
         write_through=spec.write_through,
+        placement=None if spec.placement == "top" else make_placement(spec.placement, len(spec.tiers)),
     )
     return manager, engine
 
@@ -192,8 +194,10 @@ def replay(spec: RunSpec, data: ReplayData, on_progress: Callable[[int], None] |
 
 def use_kernels(spec: RunSpec) -> bool:
     """Whether ``replay`` runs ``spec`` on the compiled kernels (``ArrayTierManager``): numba
-    installed, a kernel for the policy, request semantics, exclusive tiers admitting all."""
-    return spec.semantics is not Semantics.DECODE and kernel_replay_possible(spec.policy, spec.admission, spec.write_through)
+    installed, a kernel for the policy, request semantics, exclusive tiers admitting all, the
+    default placement."""
+    return (spec.semantics is not Semantics.DECODE and spec.placement == "top"
+            and kernel_replay_possible(spec.policy, spec.admission, spec.write_through))
 
 
 #: Requests per compiled call between progress reports.
@@ -338,7 +342,7 @@ def run_record(spec: RunSpec, data: ReplayData, stats: HierarchyStats, meter: Hi
         tiers=tiers, wall_seconds=round(wall, 4),
         bytes_moved={link: u.bytes for link, u in sorted(engine.usage.items())} if layout else {},
         modeled_seconds=_modeled_seconds(stats, engine, data) if layout and profile else {},
-        **_prefix_figures(spec, engine, data, saved_tokens),
+        **_prefix_figures(spec, engine, data, saved_tokens), placement=spec.placement,
     )
 
 

@@ -17,7 +17,7 @@ from tqdm import tqdm
 import tiercache
 from tiercache.config import CacheConfig, KVLayout, TierConfig, parse_tiers
 from tiercache.errors import UserError
-from tiercache.policies import get_admission, get_eviction, get_prefetch
+from tiercache.policies import get_admission, get_eviction, get_placement, get_prefetch
 from tiercache.results import LayoutInfo, ResultsDocument, RunRecord, Semantics, TraceKind
 
 from .hardware import HardwareProfile
@@ -58,6 +58,8 @@ class SweepSpec:
     * exactly one of ``capacities`` (single-tier sweep: each a positive block count) and
       ``cache`` (one hierarchy, each policy run on it once per semantics).
     * ``hardware`` only with a ``layout`` (modeled seconds need bytes per block).
+    * ``placement`` a registered placement policy; other than ``top`` only with an exclusive
+      hierarchy (``cache`` of two tiers or more, not write-through).
     """
 
     policies: tuple[str, ...]
@@ -68,10 +70,15 @@ class SweepSpec:
     layout: KVLayout | None = None
     hardware: HardwareProfile | None = None
     prefetch: str = "none"
+    placement: str = "top"
 
     def __post_init__(self) -> None:
         check_policy_names(self.policies, self.admission)
         get_prefetch(self.prefetch)
+        get_placement(self.placement)
+        if self.placement != "top" and (self.cache is None or len(self.cache.tiers) < 2 or self.cache.write_through):
+            raise UserError(f"--placement {self.placement}: places blocks among the tiers of an exclusive hierarchy; "
+                            "give --tiers with two tiers or more (not --write-through)")
         if not self.semantics or any(s not in (Semantics.OBJECT, Semantics.PREFIX) for s in self.semantics):
             raise UserError(f"--semantics: object and/or prefix, got {[getattr(s, 'value', s) for s in self.semantics]}")
         if self.cache is not None and self.capacities:
@@ -97,7 +104,7 @@ def plan_runs(spec: SweepSpec, kind: TraceKind) -> list[RunSpec]:
     """
     semantics = spec.semantics if kind is TraceKind.REQUESTS else (Semantics.DECODE,)
     return [
-        RunSpec(policy, s, tiers, spec.admission, write_through, spec.prefetch)
+        RunSpec(policy, s, tiers, spec.admission, write_through, spec.prefetch, spec.placement)
         for s in semantics
         for tiers, write_through in spec.hierarchies()
         for policy in spec.policies
