@@ -61,6 +61,9 @@ KERNELS: dict[str, str] = {
     "belady": "tiercache.policies.kernels.belady",
     "arc": "tiercache.policies.kernels.arc",
     "s3fifo": "tiercache.policies.kernels.s3fifo",
+    "leaf_lru": "tiercache.policies.kernels.leaf_lru",
+    "cost": "tiercache.policies.kernels.cost",
+    "session": "tiercache.policies.kernels.session",
 }
 
 ADMISSION: dict[str, str] = {
@@ -115,7 +118,7 @@ def get_eviction(name: str) -> type[EvictionPolicy]:
 
 def get_kernel(name: str):
     """The kernel module of a registered eviction policy, or None (no kernel: out-of-tree
-    policies, ``leaf_lru``). Imports the module (and numba, when installed)."""
+    policies). Imports the module (and numba, when installed)."""
     target = KERNELS.get(name.strip().lower())
     return None if target is None else importlib.import_module(target)
 

@@ -16,8 +16,13 @@ State layout, shared by every kernel so that one compiled hierarchy chain
   fields are adjacent (one cache line), since list and heap walks touch several per node.
 * ``M``: int64 ``[tiers + 1, W]``: columns ``0 .. META_SLOTS - 1`` of row ``t`` are the
   kernel's list heads, tails, sizes and parameters (the chain keeps its counters after them).
-* ``X``: float64 ``[tiers, 1]``: real-valued state (ARC's target ``p``).
-* ``G``: int64 ``[G_ROWS, L]``: per-id state shared by the tiers (``TIER_OF``, ``PROT``, ...).
+* ``X``: float64 ``[tiers, 1]``: real-valued state (ARC's target ``p``); a kernel with
+  ``X_EXTRA`` gets ``[rows, L + X_EXTRA]`` (a real key per id, then its parameters).
+* ``G``: int64 ``[G_ROWS, L]``: per-id state shared by the tiers (``TIER_OF``, ``PROT``, ...);
+  a kernel may ask for more rows (its own ``G_ROWS``: scratch).
+
+A kernel may keep more than one row of ``P`` and ``X`` per tier (``ROWS_PER_TIER``, default 1:
+``session``'s shadow caches); tier ``t``'s own row is always ``t``.
 
 Few arrays on purpose: every array argument of a compiled call is a dozen machine words, and
 a replay makes several such calls per miss.
@@ -36,7 +41,8 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["HAVE_NUMBA", "njit", "njit_inline", "NIL", "numba_disabled", "TIER_OF", "PROT", "STAMP", "FUT", "HINT", "G_ROWS", "META_SLOTS"]
+__all__ = ["HAVE_NUMBA", "njit", "njit_inline", "as_int", "NIL", "numba_disabled", "TIER_OF", "PROT", "STAMP", "FUT", "HINT", "G_ROWS",
+           "META_SLOTS", "S_PARENTS", "S_REQ"]
 
 #: "No node" in every link field and list head.
 NIL = -1
@@ -46,8 +52,14 @@ NIL = -1
 #: call passes (``Hints.next_use``: the access's own for trace ids, ``FUT`` for demotions).
 TIER_OF, PROT, STAMP, FUT, HINT = 0, 1, 2, 3, 4
 G_ROWS = 5
-#: Columns of ``M`` a kernel may use for its own meta state (the chain's counters follow).
-META_SLOTS = 20
+#: Columns of ``M`` a kernel may use for its own meta state (the chain's counters follow;
+#: ``session`` keeps its shadows' meta here too).
+META_SLOTS = 64
+#: Columns of ``M``'s last row the chain sets for the hooks that read parents (the prefix-tree
+#: kernels): ``S_PARENTS`` is 1 while hook calls get trace ids, whose parent is the id before
+#: (from ``S_REQ``, the position where the request starts), and 0 for blocks moved between
+#: tiers, which get no parents (as the manager's demotions).
+S_PARENTS, S_REQ = 5, 6
 
 
 def numba_disabled() -> bool:
@@ -102,8 +114,18 @@ try:
         called several times per miss: a call with these array arguments costs ~10 ns)."""
         return numba.njit(cache=True, nogil=True, _nrt=False, inline="always")(func)
 
+    @numba.njit(cache=True, nogil=True, _nrt=False, inline="always")
+    def as_int(x):
+        """``x`` as a plain int64: a constant passed straight to a kernel function would make
+        numba compile one more copy of it, and of all it calls, per constant value."""
+        return numba.int64(x)
+
 except ImportError:
     HAVE_NUMBA = False
+
+    def as_int(x):
+        """Without numba: ``x`` itself."""
+        return x
 
     def njit(func):
         """Without numba the kernels stay plain Python (used only by tests of the logic)."""

@@ -21,18 +21,30 @@ import numpy as np
 
 from tiercache.core.stats import HierarchyStats, TierCounters
 from tiercache.policies import get_eviction, get_kernel
-from tiercache.policies.kernels import G_ROWS, HAVE_NUMBA, PROT, TIER_OF
+from tiercache.policies.kernels import G_ROWS, HAVE_NUMBA, PROT, S_REQ, TIER_OF, leafprio
 
 from . import chain
 from .hitcost import HitCost
 
-__all__ = ["ArrayTierManager", "kernel_replay_possible", "HAVE_NUMBA"]
+__all__ = ["ArrayTierManager", "kernel_replay_possible", "state_bytes", "HAVE_NUMBA"]
 
 
 def kernel_replay_possible(policy: str, admission: str, write_through: bool) -> bool:
     """Whether a replay of ``policy`` can run on kernels (numba present, a kernel for the
     policy, every lower tier admitting everything, exclusive tiers)."""
     return HAVE_NUMBA and admission == "always" and not write_through and get_kernel(policy) is not None
+
+
+def state_bytes(policy: str, n_tiers: int, n_ids: int, max_count: int = 1) -> int:
+    """Bytes of the arrays an ``ArrayTierManager`` of ``policy`` allocates (grows with the
+    trace's distinct ids: about 72 B per id and tier for LRU, 570 for ``session``)."""
+    module = get_kernel(policy)
+    width = max(max(1, n_ids), max_count + 2) + 1
+    rows = n_tiers * getattr(module, "ROWS_PER_TIER", 1)
+    extra = getattr(module, "X_EXTRA", None)
+    x_cells = n_tiers if extra is None else rows * (width + extra)
+    cells = rows * width * (module.FIELDS + 1) + x_cells + getattr(module, "G_ROWS", G_ROWS) * width
+    return 8 * cells
 
 
 @dataclass
@@ -61,15 +73,26 @@ class ArrayTierManager:
             raise ValueError(f"at most {chain.MAX_TIERS} tiers, got {tiers}")
         self.kind = module.CODE
         width = max(n, self.max_count + 2) + 1
-        self.P = np.zeros((tiers, width, module.FIELDS + 1), dtype=np.int64)
+        rows = tiers * getattr(module, "ROWS_PER_TIER", 1)
+        self.P = np.zeros((rows, width, module.FIELDS + 1), dtype=np.int64)
         self.M = np.zeros((tiers + 1, chain.WIDTH), dtype=np.int64)
-        self.X = np.zeros((tiers, 1), dtype=np.float64)
-        self.G = np.zeros((G_ROWS, width), dtype=np.int64)
+        extra = getattr(module, "X_EXTRA", None)
+        self.X = np.zeros((tiers, 1) if extra is None else (rows, width + extra), dtype=np.float64)
+        self.G = np.zeros((getattr(module, "G_ROWS", G_ROWS), width), dtype=np.int64)
         self.G[TIER_OF] = -1
+        if len(self.G) > leafprio.ORIG:
+            self.G[leafprio.ORIG] = np.arange(width)  # ties by id: the dense id unless set_trace_ids
         self.M[:tiers, chain.CAP] = self.capacities
         self.M[tiers, chain.S_BATCH_SAFE] = module.BATCH_INSERT_SAFE
         self.M[tiers, chain.S_NEEDS_FUTURE] = get_eviction(self.policy).needs_future
+        self.M[tiers, chain.S_NEEDS_PARENTS] = get_eviction(self.policy).needs_parents
         chain.init_all(self.kind, self.P, self.M, self.X)
+
+    def set_trace_ids(self, dense: np.ndarray, ids: np.ndarray) -> None:
+        """Gives the kernels each dense id's id in the trace (``ids[k]`` is ``dense[k]``'s), so
+        that ties of key break by trace id as the Python classes break them."""
+        if len(self.G) > leafprio.ORIG and len(dense):
+            self.G[leafprio.ORIG, dense] = ids
 
     @property
     def n_tiers(self) -> int:
@@ -89,6 +112,7 @@ class ArrayTierManager:
         nus = np.zeros(len(ids), dtype=np.int64) if next_use is None else np.ascontiguousarray(next_use, dtype=np.int64)
         if self._totals[chain.S_NEEDS_FUTURE] and next_use is None:
             raise ValueError(f"{self.policy}: needs next_use with every access")
+        self._totals[S_REQ] = 0  # the ids are one request: the first has no parent
         chain.access(*self._state(), ids, nus, 0, len(ids), count_hits)
 
     def run(self, ids: np.ndarray, next_use: np.ndarray, offsets: np.ndarray, first: int, last: int, prefix: bool,
@@ -170,8 +194,10 @@ class ArrayTierManager:
 
 def _tracked(kind: int, M: np.ndarray, t: int) -> int:
     """Ids the tier's policy tracks, from its meta slots."""
-    from tiercache.policies.kernels import arc, belady, fifo, lfu, lru, s3fifo, sieve
+    from tiercache.policies.kernels import arc, belady, cost, fifo, leaf_lru, lfu, lru, s3fifo, session, sieve
 
+    if kind in (leaf_lru.CODE, cost.CODE, session.CODE):
+        return int(M[t, leafprio.SIZE])
     if kind in (lru.CODE, fifo.CODE):
         return int(M[t, lru.SIZE])
     if kind == lfu.CODE:

@@ -25,8 +25,8 @@ counted from the events of the Python manager.
 
 from __future__ import annotations
 
-from tiercache.policies.kernels import FUT, HINT, META_SLOTS, PROT, STAMP, TIER_OF, njit, njit_inline
-from tiercache.policies.kernels import arc, belady, fifo, lfu, lru, s3fifo, sieve
+from tiercache.policies.kernels import FUT, HINT, META_SLOTS, PROT, S_PARENTS, S_REQ, STAMP, TIER_OF, njit, njit_inline
+from tiercache.policies.kernels import arc, belady, cost, fifo, leaf_lru, lfu, lru, s3fifo, session, sieve
 
 __all__ = ["access", "run_requests", "prefix_length"]
 
@@ -38,8 +38,10 @@ C_IN_PLACE, C_HIT_PROMOTED, C_HIT_PROMOTE_RUNS, C_READ_THROUGHS = range(META_SLO
 LINK_BLOCKS = META_SLOTS + 14
 LINK_TRANSFERS = LINK_BLOCKS + MAX_TIERS
 WIDTH = LINK_TRANSFERS + MAX_TIERS
-# Columns of M's last row (totals and flags).
+# Columns of M's last row (totals and flags; S_PARENTS = 5 and S_REQ = 6 are read by the kernels,
+# and set only when S_NEEDS_PARENTS: the policy's kernel reads parents).
 S_EPOCH, S_MISSES, S_RECOMPUTED, S_BATCH_SAFE, S_NEEDS_FUTURE = 0, 1, 2, 3, 4
+S_NEEDS_PARENTS = 7
 MADE, NO_VICTIMS = 0, 1
 
 
@@ -58,6 +60,12 @@ def p_insert(kind, P, M, X, G, t, arr, a, b):
         s3fifo.on_insert(P, M, X, G, t, arr, a, b)
     elif kind == sieve.CODE:
         sieve.on_insert(P, M, X, G, t, arr, a, b)
+    elif kind == leaf_lru.CODE:
+        leaf_lru.on_insert(P, M, X, G, t, arr, a, b)
+    elif kind == cost.CODE:
+        cost.on_insert(P, M, X, G, t, arr, a, b)
+    elif kind == session.CODE:
+        session.on_insert(P, M, X, G, t, arr, a, b)
     else:
         belady.on_insert(P, M, X, G, t, arr, a, b)
 
@@ -76,6 +84,12 @@ def p_access(kind, P, M, X, G, t, arr, a, b):
         s3fifo.on_access(P, M, X, G, t, arr, a, b)
     elif kind == sieve.CODE:
         sieve.on_access(P, M, X, G, t, arr, a, b)
+    elif kind == leaf_lru.CODE:
+        leaf_lru.on_access(P, M, X, G, t, arr, a, b)
+    elif kind == cost.CODE:
+        cost.on_access(P, M, X, G, t, arr, a, b)
+    elif kind == session.CODE:
+        session.on_access(P, M, X, G, t, arr, a, b)
     else:
         belady.on_access(P, M, X, G, t, arr, a, b)
 
@@ -94,6 +108,12 @@ def p_remove(kind, P, M, X, G, t, arr, a, b):
         s3fifo.on_remove(P, M, X, G, t, arr, a, b)
     elif kind == sieve.CODE:
         sieve.on_remove(P, M, X, G, t, arr, a, b)
+    elif kind == leaf_lru.CODE:
+        leaf_lru.on_remove(P, M, X, G, t, arr, a, b)
+    elif kind == cost.CODE:
+        cost.on_remove(P, M, X, G, t, arr, a, b)
+    elif kind == session.CODE:
+        session.on_remove(P, M, X, G, t, arr, a, b)
     else:
         belady.on_remove(P, M, X, G, t, arr, a, b)
 
@@ -114,6 +134,12 @@ def p_victims(kind, P, M, X, G, t, n):
         return s3fifo.victims(P, M, X, G, t, n)
     if kind == sieve.CODE:
         return sieve.victims(P, M, X, G, t, n)
+    if kind == leaf_lru.CODE:
+        return leaf_lru.victims(P, M, X, G, t, n)
+    if kind == cost.CODE:
+        return cost.victims(P, M, X, G, t, n)
+    if kind == session.CODE:
+        return session.victims(P, M, X, G, t, n)
     return belady.victims(P, M, X, G, t, n)
 
 
@@ -131,6 +157,12 @@ def p_init(kind, P, M, X, t, capacity):
         s3fifo.init(P, M, X, t, capacity)
     elif kind == sieve.CODE:
         sieve.init(P, M, X, t, capacity)
+    elif kind == leaf_lru.CODE:
+        leaf_lru.init(P, M, X, t, capacity)
+    elif kind == cost.CODE:
+        cost.init(P, M, X, t, capacity)
+    elif kind == session.CODE:
+        session.init(P, M, X, t, capacity)
     else:
         belady.init(P, M, X, t, capacity)
 
@@ -144,16 +176,23 @@ def init_all(kind, P, M, X):
 # -- next-use hints (Belady) -----------------------------------------------------------------
 @njit_inline
 def _hint_trace(M, G, ids, nus, a, b):
-    """Hook calls on trace ids ``ids[a:b]`` pass each access's own next use."""
-    if M[M.shape[0] - 1, S_NEEDS_FUTURE]:
+    """Hook calls on trace ids ``ids[a:b]`` pass each access's own next use, and parents."""
+    T = M.shape[0] - 1
+    if M[T, S_NEEDS_PARENTS]:
+        M[T, S_PARENTS] = 1
+    if M[T, S_NEEDS_FUTURE]:
         for k in range(a, b):
             G[HINT, ids[k]] = nus[k]
 
 
 @njit_inline
 def _hint_future(M, G, arr, a, b):
-    """Demoted blocks carry their last known next use (the manager's ``_future_hints``)."""
-    if M[M.shape[0] - 1, S_NEEDS_FUTURE]:
+    """Demoted blocks carry their last known next use (the manager's ``_future_hints``) and
+    no parents."""
+    T = M.shape[0] - 1
+    if M[T, S_NEEDS_PARENTS]:
+        M[T, S_PARENTS] = 0
+    if M[T, S_NEEDS_FUTURE]:
         for k in range(a, b):
             G[HINT, arr[k]] = G[FUT, arr[k]]
 
@@ -375,6 +414,8 @@ def run_requests(kind, P, M, X, G, ids, nus, offsets, r0, r1, prefix, hit_len):
     for r in range(r0, r1):
         a = offsets[r]
         b = offsets[r + 1]
+        if M[M.shape[0] - 1, S_NEEDS_PARENTS]:
+            M[M.shape[0] - 1, S_REQ] = a
         if prefix:
             h = prefix_length(G, ids, a, b)
             hit_len[r] = h

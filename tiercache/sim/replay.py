@@ -20,6 +20,7 @@ from functools import cached_property
 from typing import Callable
 
 import numpy as np
+import psutil
 
 from tiercache.config import TIER_NAMES, Codec, KVLayout, TierConfig
 from tiercache.core.decode import StepDriver
@@ -28,7 +29,7 @@ from tiercache.core.stats import HierarchyStats, TierCounters
 from tiercache.policies import Hints, get_eviction, make_admission, make_eviction, make_placement, make_prefetch
 from tiercache.results import Mode, RunRecord, Semantics, TierRecord, TraceKind
 
-from .array_manager import ArrayTierManager, kernel_replay_possible
+from .array_manager import ArrayTierManager, kernel_replay_possible, state_bytes
 from .engine import SimEngine
 from .hitcost import HitCost, HitMeter
 from .hardware import HardwareProfile
@@ -166,7 +167,7 @@ def replay(spec: RunSpec, data: ReplayData, on_progress: Callable[[int], None] |
     """
     if (spec.semantics is Semantics.DECODE) != (data.trace.kind is TraceKind.STEPS):
         raise ValueError(f"replay: {spec.semantics.value} semantics on a {data.trace.kind.value} trace")
-    if use_kernels(spec):
+    if use_kernels(spec) and kernel_state_fits(spec, data):
         return _replay_kernels(spec, data, on_progress)
     manager, engine = build_manager(spec, data)
     stats = HierarchyStats.for_tiers((t.name, t.capacity_blocks) for t in spec.tiers)
@@ -200,6 +201,15 @@ def use_kernels(spec: RunSpec) -> bool:
             and kernel_replay_possible(spec.policy, spec.admission, spec.write_through))
 
 
+def kernel_state_fits(spec: RunSpec, data: ReplayData, available: int | None = None) -> bool:
+    """Whether the kernels' arrays for ``spec`` on ``data`` (they grow with the trace's
+    distinct ids, not the capacity) take at most a quarter of ``available`` (default: the
+    memory psutil reports available now); otherwise the Python manager replays it, whose
+    state grows with the capacity."""
+    available = psutil.virtual_memory().available if available is None else available
+    return state_bytes(spec.policy, len(spec.tiers), data.n_ids, data.max_count) <= available // 4
+
+
 #: Requests per compiled call between progress reports.
 _KERNEL_CHUNK = 4096
 
@@ -209,6 +219,7 @@ def _replay_kernels(spec: RunSpec, data: ReplayData, on_progress: Callable[[int]
     engine = _engine(spec, data)
     manager = ArrayTierManager(spec.policy, engine.tier_names, tuple(t.capacity_blocks for t in spec.tiers), data.n_ids,
                                data.max_count)
+    manager.set_trace_ids(data.dense, data.ids)
     prefix = spec.semantics is Semantics.PREFIX
     hit_len = np.zeros(max(data.n_batches, 1), dtype=np.int64)
     started = time.perf_counter()
