@@ -64,6 +64,20 @@ class LazyHeap:
         for entry in entries:
             heapq.heappush(self._heap, entry)
 
+    @property
+    def last_seq(self) -> int:
+        """The seq of the latest ``set`` (the next one gets a larger one)."""
+        return self._seq
+
+    def rebuild(self, entries: dict[int, tuple[int, int]], next_seq: int) -> None:
+        """Replaces every entry: ``entries`` maps each id to its (key, seq), seqs unique; later
+        ``set`` calls number from ``next_seq + 1``, which must exceed every given seq."""
+        self._heap = [(key, seq, block_id) for block_id, (key, seq) in entries.items()]
+        heapq.heapify(self._heap)
+        self._live = {block_id: seq for block_id, (_, seq) in entries.items()}
+        self._key = {block_id: key for block_id, (key, _) in entries.items()}
+        self._seq = next_seq
+
     def key(self, block_id: int) -> int:
         return self._key[block_id]
 

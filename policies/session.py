@@ -54,8 +54,12 @@ class Session(LeafPriorityPolicy):
       ordering (0, 2)), counts their misses with a half-life of 32 capacities, and takes the
       ordering of the shadow with the fewest (the leader, re-picked at each request start);
       its victims are its coldest leaves that the leader does not hold (up to 64 passed over,
-      then plain key order), so its contents move toward the leader's. ``experts=()`` turns
-      this off (one ordering, a quarter of the work).
+      then plain key order), so its contents move toward the leader's. When the leader changes,
+      every tracked block is re-keyed under the new ordering (``_rekey``): otherwise blocks
+      touched under a long head start keep it for capacities of time after the workload
+      showed it no longer pays (on Mooncake's public conversation trace that left the policy
+      15% of the gap *behind* LRU at 32k and 64k blocks, where the no-head-start ordering
+      leads). ``experts=()`` turns this off (one ordering, a quarter of the work).
 
     Sessions are not named in Mooncake traces; here they are the prefix tree itself (a block's
     session is its root path), which is what ``Hints.parents`` gives.
@@ -80,6 +84,7 @@ class Session(LeafPriorityPolicy):
 
     Invariants: those of :class:`LeafPriorityPolicy`; ``_uses`` holds a count for every tracked
     id and for at most ``ghost x capacity`` untracked ids, which are exactly ``_ghost``'s keys;
+    ``_tick`` holds the tick of every tracked id's last use, and each key is ``_key_of`` it;
     ``_leader`` indexes ``_shadows`` (or is 0 without them) and the head start and frequency
     scale in use are the leader's.
     """
@@ -98,6 +103,7 @@ class Session(LeafPriorityPolicy):
         self._scale = freq_scale * capacity
         self._ghost_size = int(ghost * capacity)
         self._uses: dict[int, int] = {}
+        self._tick: dict[int, int] = {}
         self._ghost: OrderedDict[int, None] = OrderedDict()
         self._shadows = [_Shadow(capacity, o, ghost) for o in self._orderings] if experts else []
         self._leader = 0
@@ -131,12 +137,30 @@ class Session(LeafPriorityPolicy):
             self._ghost.pop(block_id, None)
         uses = self._uses.get(block_id, 0) + 1
         self._uses[block_id] = uses
+        self._tick[block_id] = self._clock
+        return self._key_of(self._clock, uses)
+
+    def _key_of(self, tick: int, uses: int) -> float:
+        """The key of a block last used at ``tick``, used ``uses`` times, under the ordering in use."""
         if uses < 2:
-            return self._clock
-        key = self._clock + self._bonus
+            return tick
+        key = tick + self._bonus
         return key + self._scale * math.log2(uses) if self._scale else key
 
+    def _rekey(self) -> None:
+        """Every tracked id's key under the ordering now in use (the leader changed).
+
+        The leaves' heap entries are replaced with seqs in order of last use (ticks are unique),
+        above every earlier seq, so ties of key break the same way in the compiled kernel
+        (``kernels/leafprio.rekey``). O(tracked ids); leaders change a handful of times per trace.
+        """
+        for block_id, tick in self._tick.items():
+            self._key[block_id] = self._key_of(tick, self._uses[block_id])
+        base = self._leaves.last_seq
+        self._leaves.rebuild({b: (self._key[b], base + self._tick[b]) for b in self._leaves.ids()}, base + self._clock + 1)
+
     def _forget(self, block_id: int) -> None:
+        del self._tick[block_id]
         if self._ghost_size == 0:
             del self._uses[block_id]
             return
@@ -160,15 +184,21 @@ class Session(LeafPriorityPolicy):
 
     def _pick_leader(self, clock: int) -> None:
         scores = [s.score(clock, self._decay) for s in self._shadows]
-        self._leader = min(range(len(scores)), key=scores.__getitem__)  # ties: the default ordering
+        leader = min(range(len(scores)), key=scores.__getitem__)  # ties: the default ordering
+        changed = leader != self._leader
+        self._leader = leader
         bonus, scale = self._orderings[self._leader]
         self._bonus, self._scale = bonus * self.capacity, scale * self.capacity
+        if changed:
+            self._rekey()
 
     def check_invariants(self) -> None:
         super().check_invariants()
         assert len(self._ghost) <= self._ghost_size, "ghost over its size"
         assert self._ghost.keys().isdisjoint(self._parent), "a tracked id is a ghost"
         assert self._uses.keys() == self._parent.keys() | self._ghost.keys(), "use counts != tracked + ghosts"
+        assert self._tick.keys() == self._parent.keys(), "last-use ticks != tracked ids"
+        assert all(self._key[b] == self._key_of(t, self._uses[b]) for b, t in self._tick.items()), "a key not under the ordering in use"
         assert 0 <= self._leader < max(1, len(self._shadows)), "leader out of range"
         bonus, scale = self._orderings[self._leader]
         assert (self._bonus, self._scale) == (bonus * self.capacity, scale * self.capacity), "ordering is not the leader's"

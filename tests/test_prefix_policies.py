@@ -211,3 +211,24 @@ def test_session_follows_the_leading_shadow() -> None:
     leaves = [b for b in range(60) if b in policy and b not in policy._children]
     if any(b not in leader for b in leaves):
         assert victim not in leader  # a leaf the leader dropped goes first
+
+
+def test_session_rekeys_every_block_when_the_leader_changes() -> None:
+    """A head start given under one leader does not outlive it: after a change, every key is
+    the new ordering's (check_invariants), and a block made hot under the old leader is no
+    longer ranked above a newer cold one when the new ordering gives no head start."""
+    policy = Session(4, hot_bonus=8.0, experts=(0.0,))
+    hints = Hints(parents=[None])
+    policy.on_insert([1], hints)
+    policy.on_access([1], hints)  # hot under head start 8 capacities: key = tick + 32
+    policy.on_insert([2], hints)
+    assert policy.victims(1) == [2]
+    policy._shadows[0].misses, policy._shadows[1].misses = 10.0, 0.0  # the no-head-start shadow leads
+    policy._pick_leader(policy._clock)
+    assert policy._leader == 1 and policy._bonus == 0.0
+    policy.check_invariants()
+    assert policy.victims(1) == [1]  # now plain recency: 1 was used before 2
+    policy._shadows[1].misses = 20.0  # back to the default ordering: the head start returns
+    policy._pick_leader(policy._clock)
+    policy.check_invariants()
+    assert policy._leader == 0 and policy.victims(1) == [2]

@@ -13,8 +13,8 @@ are further rows of ``P`` and ``X`` with their meta beside the main one's in ``M
 Per id (fields of ``P[r]``): ``PAR`` the parent given on insert (NIL: a root), ``NCH`` how
 many tracked ids name it as parent (counted for untracked parents too, as the Python class
 does), ``HPOS`` its heap position (NIL: not a leaf, or untracked), ``SEQ`` its live entry's
-seq, ``STATE`` (untracked, tracked, or a ghost whose use count is kept), ``USES`` and
-``DEPTH`` (``cost``, ``session``), ghost FIFO links; the key is ``X[r, id]``. The heap itself
+seq, ``STATE`` (untracked, tracked, or a ghost whose use count is kept), ``USES``, ``DEPTH``
+(``cost``; ``session`` keeps the tick of the last use there), ghost FIFO links; the key is ``X[r, id]``. The heap itself
 is the ``HEAP`` field read by position. Columns ``L ..`` of ``X[r]`` hold real parameters.
 
 Victim walks use the scratch rows of ``G`` (``FREED``, ``TAKEN``, ``EXPO``, ``PICK``,
@@ -232,13 +232,40 @@ def _key_after(P, M, X, r, t, mb, x, parent, inserted):
             else:
                 P[r, x, DEPTH] = 0
         return X[r, L + INFL] + uses * (1.0 + P[r, x, DEPTH] / X[r, L + DSCALE])
+    P[r, x, DEPTH] = clock  # session: the tick of the last use (re-keying needs it)
+    return session_key(X, r, L, clock, uses)
+
+
+@njit
+def session_key(X, r, L, tick, uses):
+    """Session's key: the last-use tick, plus the head start once used twice, plus the
+    frequency term (``Session._key_after``)."""
     if uses < 2:
-        return float(clock)
-    key = clock + X[r, L + BONUS]
+        return float(tick)
+    key = tick + X[r, L + BONUS]
     scale = X[r, L + FSCALE]
     if scale != 0.0:
         return key + scale * math.log2(uses)
     return key
+
+
+@njit
+def rekey(P, M, X, r, t, mb):
+    """Every tracked id's key under the row's current head start and frequency scale (session,
+    after the leader changed); the leaves' entries get seqs in order of last use, above every
+    earlier seq, and the heap is rebuilt (``Session._rekey``)."""
+    L = P.shape[1]
+    base = M[t, mb + SEQC]
+    for x in range(L):
+        if P[r, x, STATE] == TRACKED:
+            tick = P[r, x, DEPTH]
+            X[r, x] = session_key(X, r, L, tick, P[r, x, USES])
+            if P[r, x, HPOS] != NIL:
+                P[r, x, SEQ] = base + tick
+    M[t, mb + SEQC] = base + M[t, mb + CLOCK] + 1
+    n = M[t, mb + HSIZE]
+    for pos in range(n // 2 - 1, -1, -1):
+        _sift_down(P, X, r, n, pos)
 
 
 # -- one id through a leaf cache -------------------------------------------------------------------

@@ -5,7 +5,8 @@ policy's own in row ``t`` (meta from column 0 of ``M[t]``), and one shadow per o
 rows ``T + t x SHADOWS + s`` (``T`` tiers; meta from column ``SHADOW_BASE + s x META``).
 Each shadow replays, in prefix semantics, the ids the policy's hooks see, one at a time, and
 counts its misses with a half-life; at each id without parent the policy takes the head
-start and frequency scale of the shadow with the fewest (the leader). Victims: the policy's
+start and frequency scale of the shadow with the fewest (the leader), and when the leader
+changes every tracked block is re-keyed under its ordering (``leafprio.rekey``). Victims: the policy's
 coldest leaves the leader does not hold (up to ``FOLLOW_BUDGET`` passed over), then leaves
 and key order as ``LeafPriorityPolicy.victims``. Real state per row in ``X[r, L + k]``
 (``BONUS``, ``FSCALE``, ``MISSES``; ``DECAY`` in the policy's row).
@@ -74,11 +75,14 @@ def _pick_leader(P, M, X, t, clock):
         score = _score(X, M, t, _shadow_row(P, t, s), SHADOW_BASE + s * META, clock)
         if score < best_score:
             best, best_score = s, score
+    changed = best != M[t, LEADER]
     M[t, LEADER] = best
     L = P.shape[1]
     r = _shadow_row(P, t, best)
     X[t, L + BONUS] = X[r, L + BONUS]
     X[t, L + FSCALE] = X[r, L + FSCALE]
+    if changed:
+        leafprio.rekey(P, M, X, t, t, as_int(0))
 
 
 @njit
