@@ -128,9 +128,10 @@ def get_admission(name: str) -> type[AdmissionPolicy]:
     return _load(name, ADMISSION, "admission", AdmissionPolicy)
 
 
-def make_eviction(name: str, capacity: int) -> EvictionPolicy:
-    """Instantiates an eviction policy for a tier of ``capacity`` blocks."""
-    return get_eviction(name)(capacity)
+def make_eviction(name: str, capacity: int, tier: int = 0) -> EvictionPolicy:
+    """Instantiates an eviction policy for tier ``tier`` (0: the top) of ``capacity`` blocks
+    (``EvictionPolicy.for_tier``)."""
+    return get_eviction(name).for_tier(capacity, tier)
 
 
 def make_admission(name: str) -> AdmissionPolicy:

@@ -70,6 +70,17 @@ class EvictionPolicy:
             raise ValueError(f"{type(self).__name__}: capacity must be >= 1, got {capacity}")
         self.capacity = capacity
 
+    @classmethod
+    def for_tier(cls, capacity: int, tier: int) -> "EvictionPolicy":
+        """The policy of tier ``tier`` of a hierarchy (0: the top), with default parameters.
+
+        Requests arrive at the top tier; below it a policy sees blocks demoted from above and
+        read or promoted back, never a request. A policy whose mechanism models the request
+        stream (``session``'s shadow caches) configures itself for that here; the default is
+        ``cls(capacity)`` at every tier.
+        """
+        return cls(capacity)
+
     def on_insert(self, ids: Sequence[int], hints: Hints | None = None) -> None:
         raise NotImplementedError
 

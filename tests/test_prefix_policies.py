@@ -232,3 +232,21 @@ def test_session_rekeys_every_block_when_the_leader_changes() -> None:
     policy._pick_leader(policy._clock)
     policy.check_invariants()
     assert policy._leader == 0 and policy.victims(1) == [2]
+
+
+def test_session_runs_its_experts_in_the_top_tier_only() -> None:
+    """Below the top tier a policy sees demotions, not requests: ``session`` drops its shadows
+    there (``for_tier``); every other built-in policy is the same at every tier."""
+    assert len(make_eviction("session", 100)._shadows) == 4
+    assert len(make_eviction("session", 100, tier=0)._shadows) == 4
+    lower = make_eviction("session", 100, tier=2)
+    assert lower._shadows == [] and lower._bonus == 2.0 * 100
+    for name in EVICTION:
+        if name != "session":
+            assert type(make_eviction(name, 50, tier=1)) is type(make_eviction(name, 50))
+    spec = RunSpec("session", Semantics.PREFIX, (TierConfig("hbm", 4), TierConfig("dram", 8)))
+    from tiercache.sim.replay import build_manager
+
+    data = ReplayData.prepare(load_trace(Path(__file__).parent / "data" / "mooncake_head.jsonl"), None, None)
+    manager, _ = build_manager(spec, data)
+    assert [len(p._shadows) for p in manager.policies] == [4, 0]

@@ -9,7 +9,8 @@ start and frequency scale of the shadow with the fewest (the leader), and when t
 changes every tracked block is re-keyed under its ordering (``leafprio.rekey``). Victims: the policy's
 coldest leaves the leader does not hold (up to ``FOLLOW_BUDGET`` passed over), then leaves
 and key order as ``LeafPriorityPolicy.victims``. Real state per row in ``X[r, L + k]``
-(``BONUS``, ``FSCALE``, ``MISSES``; ``DECAY`` in the policy's row).
+(``BONUS``, ``FSCALE``, ``MISSES``; ``DECAY`` in the policy's row). Below the top tier the
+shadows do not run (``EXPERTS``), as ``Session.for_tier`` builds the class there.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ ROWS_PER_TIER = 1 + SHADOWS
 LEADER = META
 CAPACITY = META + 1
 SHADOW_BASE = META + 2
+#: 1 where the shadows run: the top tier only (``Session.for_tier``: no experts below it).
+EXPERTS = SHADOW_BASE + SHADOWS * META
 
 
 @njit
@@ -51,6 +54,7 @@ def init(P, M, X, t, capacity):
     X[t, L + DECAY] = 0.5 ** (1.0 / (SCORE_HALF_LIFE * capacity))
     M[t, LEADER] = 0
     M[t, CAPACITY] = capacity
+    M[t, EXPERTS] = 1 if t == 0 else 0
     for s in range(SHADOWS):
         r = _shadow_row(P, t, s)
         mb = SHADOW_BASE + s * META
@@ -124,13 +128,15 @@ def _feed(P, M, X, G, t, arr, a, b):
 @njit
 def on_insert(P, M, X, G, t, arr, a, b):
     leafprio.insert_run(P, M, X, as_int(t), as_int(t), as_int(0), arr, as_int(a), as_int(b))
-    _feed(P, M, X, G, as_int(t), arr, as_int(a), as_int(b))
+    if M[t, EXPERTS]:
+        _feed(P, M, X, G, as_int(t), arr, as_int(a), as_int(b))
 
 
 @njit
 def on_access(P, M, X, G, t, arr, a, b):
     leafprio.access_run(P, M, X, as_int(t), as_int(t), as_int(0), arr, as_int(a), as_int(b))
-    _feed(P, M, X, G, as_int(t), arr, as_int(a), as_int(b))
+    if M[t, EXPERTS]:
+        _feed(P, M, X, G, as_int(t), arr, as_int(a), as_int(b))
 
 
 @njit
@@ -146,6 +152,8 @@ def victims(P, M, X, G, t, n):
 
 @njit
 def _victims(P, M, X, G, t, n):
+    if M[t, EXPERTS] == 0:
+        return leafprio.plain_victims(P, M, X, G, t, t, as_int(0), n, as_int(0), as_int(1), as_int(0))
     leader = _shadow_row(P, t, M[t, LEADER])
     found = leafprio.leaf_walk(P, M, X, G, t, t, as_int(0), n, as_int(0), as_int(1), as_int(0), leader, as_int(FOLLOW_BUDGET))
     if found == n:

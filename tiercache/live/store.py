@@ -85,7 +85,7 @@ class TieredKVStore:
             admissions[-1] = remote_admission(remote, hits)
         self.manager = TierManager(
             [(t.name, t.capacity_blocks) for t in tiers],
-            [make_eviction(eviction or t.eviction, t.capacity_blocks) for t in tiers],
+            [make_eviction(eviction or t.eviction, t.capacity_blocks, i) for i, t in enumerate(tiers)],
             admissions, engine=self.engine, events=self.events, write_through=write_through, shared_last=remote is not None,
         )
         self._remote = None if remote is None else RemoteLink(self.manager, self._map, self._media[-1], remote, hits)

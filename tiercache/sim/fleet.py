@@ -95,7 +95,7 @@ class _Instance:
         self.engine = SimEngine(tuple(n for n, _ in tiers), block_bytes, profile)
         self.demoted = _Recording()
         admissions = [make_admission("always") for _ in spec.tiers] + ([self.demoted] if shared else [])
-        self.manager = TierManager(tiers, [make_eviction(spec.policy, c) for _, c in tiers], admissions,
+        self.manager = TierManager(tiers, [make_eviction(spec.policy, c, i) for i, (_, c) in enumerate(tiers)], admissions,
                                    engine=self.engine, shared_last=shared)
         self.stats = HierarchyStats.for_tiers(tiers)
         self.meter = HitMeter(self.engine, len(tiers))

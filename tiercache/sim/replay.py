@@ -150,7 +150,7 @@ def build_manager(spec: RunSpec, data: ReplayData) -> tuple[TierManager, SimEngi
     engine = _engine(spec, data)
     manager = TierManager(
         [(t.name, t.capacity_blocks) for t in spec.tiers],
-        [make_eviction(spec.policy, t.capacity_blocks) for t in spec.tiers],
+        [make_eviction(spec.policy, t.capacity_blocks, i) for i, t in enumerate(spec.tiers)],
         [make_admission(spec.admission if i > 0 else "always") for i, _ in enumerate(spec.tiers)],
         engine=engine,
         write_through=spec.write_through,
