@@ -21,8 +21,8 @@ State layout, shared by every kernel so that one compiled hierarchy chain
 * ``G``: int64 ``[G_ROWS, L]``: per-id state shared by the tiers (``TIER_OF``, ``PROT``, ...);
   a kernel may ask for more rows (its own ``G_ROWS``: scratch).
 
-A kernel may keep more than one row of ``P`` and ``X`` per tier (``ROWS_PER_TIER``, default 1:
-``session``'s shadow caches); tier ``t``'s own row is always ``t``.
+A kernel may keep more rows of ``P`` and ``X`` than one per tier (``EXTRA_ROWS``, after
+them: ``session``'s shadow caches); tier ``t``'s own row is always ``t``.
 
 Few arrays on purpose: every array argument of a compiled call is a dozen machine words, and
 a replay makes several such calls per miss.

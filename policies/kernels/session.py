@@ -1,8 +1,8 @@
 """Kernel of ``tiercache.policies.session.Session`` with its default parameters.
 
-Per tier, ``ROWS_PER_TIER`` leaf caches (``leafprio``, key rule ``MODE_SESSION``): the
-policy's own in row ``t`` (meta from column 0 of ``M[t]``), and one shadow per ordering in
-rows ``T + t x SHADOWS + s`` (``T`` tiers; meta from column ``SHADOW_BASE + s x META``).
+Leaf caches (``leafprio``, key rule ``MODE_SESSION``): each tier's policy in row ``t`` (meta
+from column 0 of ``M[t]``), and the top tier's shadows, one per ordering, in the last
+``SHADOWS`` rows (meta from column ``SHADOW_BASE + s x META`` of ``M[0]``).
 Each shadow replays, in prefix semantics, the ids the policy's hooks see, one at a time, and
 counts its misses with a half-life; at each id without parent the policy takes the head
 start and frequency scale of the shadow with the fewest (the leader), and when the leader
@@ -30,7 +30,8 @@ _ORDERINGS = ((DEFAULT_HOT_BONUS, 0.0), *(as_ordering(e) for e in DEFAULT_EXPERT
 ORDER_BONUS = tuple(float(b) for b, _ in _ORDERINGS)
 ORDER_SCALE = tuple(float(s) for _, s in _ORDERINGS)
 SHADOWS = len(_ORDERINGS)
-ROWS_PER_TIER = 1 + SHADOWS
+#: Rows of P and X beyond one per tier: the top tier's shadows (no other tier runs them).
+EXTRA_ROWS = SHADOWS
 # Meta slots of M[t] after the policy's own leaf cache.
 LEADER = META
 CAPACITY = META + 1
@@ -41,7 +42,8 @@ EXPERTS = SHADOW_BASE + SHADOWS * META
 
 @njit
 def _shadow_row(P, t, s):
-    return P.shape[0] // ROWS_PER_TIER + t * SHADOWS + s
+    """Row of shadow ``s`` (of the top tier ``t = 0``: the only one with shadows)."""
+    return P.shape[0] - SHADOWS + s
 
 
 @njit
@@ -55,6 +57,8 @@ def init(P, M, X, t, capacity):
     M[t, LEADER] = 0
     M[t, CAPACITY] = capacity
     M[t, EXPERTS] = 1 if t == 0 else 0
+    if t != 0:
+        return
     for s in range(SHADOWS):
         r = _shadow_row(P, t, s)
         mb = SHADOW_BASE + s * META

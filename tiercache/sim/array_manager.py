@@ -37,10 +37,11 @@ def kernel_replay_possible(policy: str, admission: str, write_through: bool) -> 
 
 def state_bytes(policy: str, n_tiers: int, n_ids: int, max_count: int = 1) -> int:
     """Bytes of the arrays an ``ArrayTierManager`` of ``policy`` allocates (grows with the
-    trace's distinct ids: about 72 B per id and tier for LRU, 570 for ``session``)."""
+    trace's distinct ids: per id, 64 B for LRU plus 24 per further tier, 568 for ``session``
+    plus 96 per further tier)."""
     module = get_kernel(policy)
     width = max(max(1, n_ids), max_count + 2) + 1
-    rows = n_tiers * getattr(module, "ROWS_PER_TIER", 1)
+    rows = n_tiers + getattr(module, "EXTRA_ROWS", 0)
     extra = getattr(module, "X_EXTRA", None)
     x_cells = n_tiers if extra is None else rows * (width + extra)
     cells = rows * width * (module.FIELDS + 1) + x_cells + getattr(module, "G_ROWS", G_ROWS) * width
@@ -73,7 +74,7 @@ class ArrayTierManager:
             raise ValueError(f"at most {chain.MAX_TIERS} tiers, got {tiers}")
         self.kind = module.CODE
         width = max(n, self.max_count + 2) + 1
-        rows = tiers * getattr(module, "ROWS_PER_TIER", 1)
+        rows = tiers + getattr(module, "EXTRA_ROWS", 0)
         self.P = np.zeros((rows, width, module.FIELDS + 1), dtype=np.int64)
         self.M = np.zeros((tiers + 1, chain.WIDTH), dtype=np.int64)
         extra = getattr(module, "X_EXTRA", None)
