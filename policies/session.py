@@ -18,7 +18,7 @@ DEFAULT_GHOST = 8.0
 #: time (see ``Session``); a plain number is a head start with frequency scale 0.
 Ordering = tuple[float, float]
 #: Default alternative orderings simulated beside the default one (see ``Session``).
-DEFAULT_EXPERTS: tuple[Union[float, Ordering], ...] = (0.0, 8.0, (0.0, 2.0))
+DEFAULT_EXPERTS: tuple[Union[float, Ordering], ...] = (0.0, 8.0, (0.0, 2.0), (4.0, 2.0))
 #: Half-life of the shadows' miss counts, in capacities of logical time.
 SCORE_HALF_LIFE = 32.0
 #: Leaves the leader also holds that one victim search passes over before taking key order.
@@ -50,8 +50,9 @@ class Session(LeafPriorityPolicy):
       the policy also replays the access stream it is shown through full-size shadow caches
       (prefix semantics, requests starting at a block without parent), one per ordering in
       ``((hot_bonus, freq_scale), *experts)`` (an expert is a head start, or a pair (head
-      start, frequency scale); the defaults are head starts 0 and 8 and the frequency
-      ordering (0, 2)), counts their misses with a half-life of 32 capacities, and takes the
+      start, frequency scale); the defaults are head starts 0 and 8, the frequency ordering
+      (0, 2) and the mixed (4, 2), which on Mooncake's conversation trace is the best single
+      ordering at 4k blocks), counts their misses with a half-life of 32 capacities, and takes the
       ordering of the shadow with the fewest (the leader, re-picked at each request start);
       its victims are its coldest leaves that the leader does not hold (up to 64 passed over,
       then plain key order), so its contents move toward the leader's. When the leader changes,
@@ -59,7 +60,7 @@ class Session(LeafPriorityPolicy):
       touched under a long head start keep it for capacities of time after the workload
       showed it no longer pays (on Mooncake's public conversation trace that left the policy
       15% of the gap *behind* LRU at 32k and 64k blocks, where the no-head-start ordering
-      leads). ``experts=()`` turns this off (one ordering, a quarter of the work).
+      leads). ``experts=()`` turns this off (one ordering, a fifth of the work).
 
     Sessions are not named in Mooncake traces; here they are the prefix tree itself (a block's
     session is its root path), which is what ``Hints.parents`` gives.
@@ -77,7 +78,7 @@ class Session(LeafPriorityPolicy):
     logical time (it scales with the cache; no trace-specific constant) instead of two
     queues; experts are whole shadow caches, not weights on one cache.
 
-    Limits (measured with ``scripts/gap_closed.py``): the experts cost three more caches' worth
+    Limits (measured with ``scripts/gap_closed.py``): the experts cost four more caches' worth
     of policy work and memory (about 150 B per remembered id, ``ghost x capacity`` of them per
     cache). Below the top tier of a hierarchy (``for_tier``) the policy runs without experts:
     there it sees demotions and promotions, not requests, and shadows fed that stream chose

@@ -98,8 +98,8 @@ def test_session_frequency_scale_keeps_the_most_used_block() -> None:
 
 def test_session_default_experts_include_a_frequency_ordering() -> None:
     policy = Session(8)
-    assert [s.policy._scale for s in policy._shadows] == [0.0, 0.0, 0.0, 16.0]
-    assert [s.policy._bonus for s in policy._shadows] == [16.0, 0.0, 64.0, 0.0]
+    assert [s.policy._scale for s in policy._shadows] == [0.0, 0.0, 0.0, 16.0, 16.0]
+    assert [s.policy._bonus for s in policy._shadows] == [16.0, 0.0, 64.0, 0.0, 32.0]
 
 
 def test_cost_keeps_deeper_blocks_at_equal_use() -> None:
@@ -237,8 +237,8 @@ def test_session_rekeys_every_block_when_the_leader_changes() -> None:
 def test_session_runs_its_experts_in_the_top_tier_only() -> None:
     """Below the top tier a policy sees demotions, not requests: ``session`` drops its shadows
     there (``for_tier``); every other built-in policy is the same at every tier."""
-    assert len(make_eviction("session", 100)._shadows) == 4
-    assert len(make_eviction("session", 100, tier=0)._shadows) == 4
+    assert len(make_eviction("session", 100)._shadows) == 5
+    assert len(make_eviction("session", 100, tier=0)._shadows) == 5
     lower = make_eviction("session", 100, tier=2)
     assert lower._shadows == [] and lower._bonus == 2.0 * 100
     for name in EVICTION:
@@ -249,4 +249,4 @@ def test_session_runs_its_experts_in_the_top_tier_only() -> None:
 
     data = ReplayData.prepare(load_trace(Path(__file__).parent / "data" / "mooncake_head.jsonl"), None, None)
     manager, _ = build_manager(spec, data)
-    assert [len(p._shadows) for p in manager.policies] == [4, 0]
+    assert [len(p._shadows) for p in manager.policies] == [5, 0]

@@ -54,7 +54,7 @@ TIER_OF, PROT, STAMP, FUT, HINT = 0, 1, 2, 3, 4
 G_ROWS = 5
 #: Columns of ``M`` a kernel may use for its own meta state (the chain's counters follow;
 #: ``session`` keeps its shadows' meta here too).
-META_SLOTS = 64
+META_SLOTS = 72
 #: Columns of ``M``'s last row the chain sets for the hooks that read parents (the prefix-tree
 #: kernels): ``S_PARENTS`` is 1 while hook calls get trace ids, whose parent is the id before
 #: (from ``S_REQ``, the position where the request starts), and 0 for blocks moved between

@@ -16,7 +16,7 @@ shadows do not run (``EXPERTS``), as ``Session.for_tier`` builds the class there
 from __future__ import annotations
 
 from ..session import DEFAULT_EXPERTS, DEFAULT_GHOST, DEFAULT_HOT_BONUS, FOLLOW_BUDGET, SCORE_HALF_LIFE, as_ordering
-from . import NIL, as_int, leafprio, njit
+from . import META_SLOTS, NIL, as_int, leafprio, njit
 from .leafprio import BONUS, CLOCK, DECAY, FSCALE, GCAP, HITTING, LAST, META, MISSES, PICK, SIZE, STATE, TRACKED
 
 CODE = 9
@@ -38,6 +38,8 @@ CAPACITY = META + 1
 SHADOW_BASE = META + 2
 #: 1 where the shadows run: the top tier only (``Session.for_tier``: no experts below it).
 EXPERTS = SHADOW_BASE + SHADOWS * META
+if EXPERTS >= META_SLOTS:
+    raise ImportError(f"session kernel: {SHADOWS} shadows need {EXPERTS + 1} meta slots, META_SLOTS is {META_SLOTS}")
 
 
 @njit

@@ -37,7 +37,7 @@ def kernel_replay_possible(policy: str, admission: str, write_through: bool) -> 
 
 def state_bytes(policy: str, n_tiers: int, n_ids: int, max_count: int = 1) -> int:
     """Bytes of the arrays an ``ArrayTierManager`` of ``policy`` allocates (grows with the
-    trace's distinct ids: per id, 64 B for LRU plus 24 per further tier, 568 for ``session``
+    trace's distinct ids: per id, 64 B for LRU plus 24 per further tier, 664 for ``session``
     plus 96 per further tier)."""
     module = get_kernel(policy)
     width = max(max(1, n_ids), max_count + 2) + 1
