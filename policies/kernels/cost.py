@@ -9,14 +9,10 @@ from __future__ import annotations
 
 from ..cost_aware import DEFAULT_DEPTH_SCALE
 from . import as_int, leafprio, njit
-from .leaf_lru import on_access, on_insert, on_remove, victims  # noqa: F401  (the hooks of this kernel)
+# The hooks and the state layout of this kernel are leaf_lru's.
+from .leaf_lru import BATCH_INSERT_SAFE, FIELDS, G_ROWS, SIZE, X_EXTRA, on_access, on_insert, on_remove, victims  # noqa: F401
 
 CODE = 8
-BATCH_INSERT_SAFE = False
-FIELDS = leafprio.FIELDS
-X_EXTRA = leafprio.X_EXTRA
-G_ROWS = leafprio.G_ROWS
-SIZE = leafprio.SIZE
 
 
 @njit
