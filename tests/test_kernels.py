@@ -168,3 +168,30 @@ def test_without_numba_replays_take_the_python_path(tmp_path):
     assert runs["1"]["kernels"] is False and runs["1"]["numba"] is False
     assert runs["0"]["kernels"] is True
     assert runs["1"]["record"] == runs["0"]["record"]
+
+
+@pytest.mark.parametrize("policy", ["lru", "session"])
+def test_array_manager_refuses_ids_outside_its_dense_range(policy):
+    """The compiled code does not check bounds; the manager's entry points do, by name."""
+    manager = ArrayTierManager(policy, ("hbm", "dram"), (4, 8), 10)
+    for bad in ([3, 10], [-1], [2**40]):
+        with pytest.raises(ValueError, match="not a dense id"):
+            manager.access(np.array(bad))
+        with pytest.raises(ValueError, match="not a dense id"):
+            manager.prefix_length(bad)
+    with pytest.raises(ValueError, match="not a dense id"):
+        manager.locate(-1)
+    with pytest.raises(ValueError, match="next uses"):
+        manager.access(np.array([1, 2]), np.array([5]))
+    ids = np.array([0, 1, 2, 99], dtype=np.int32)
+    nus = np.zeros(4, dtype=np.int64)
+    with pytest.raises(ValueError, match="not a dense id"):
+        manager.run(ids, nus, np.array([0, 2, 4]), 0, 2, True, np.zeros(2, np.int64))
+    with pytest.raises(ValueError, match="offsets"):
+        manager.run(ids, nus, np.array([0, 3, 9]), 0, 2, True, np.zeros(2, np.int64))
+    with pytest.raises(ValueError, match="requests"):
+        manager.run(ids, nus, np.array([0, 2, 4]), 0, 5, True, np.zeros(2, np.int64))
+    manager.run(ids, nus, np.array([0, 2, 4]), 0, 1, True, np.zeros(2, np.int64))  # the first request is fine
+    manager.access(np.array([3, 9]))
+    manager.check_invariants()
+    assert manager.locate(9) == 0 and manager.prefix_length([3, 9, 5]) == 2

@@ -107,31 +107,76 @@ class ArrayTierManager:
         return self.M[self.n_tiers]
 
     # -- the access path -----------------------------------------------------------------
+    def _dense(self, ids, what: str) -> np.ndarray:
+        """``ids`` as the int32 array the kernels take, after checking each is a dense id of
+        this manager (the compiled code does not check bounds: a stray id would write outside
+        the state arrays).
+
+        Raises:
+            ValueError: an id outside ``0 .. n_ids - 1``, naming it.
+        """
+        wide = np.asarray(ids, dtype=np.int64).reshape(-1)
+        if wide.size and (wide.min() < 0 or wide.max() >= self.n_ids):
+            bad = int(wide[(wide < 0) | (wide >= self.n_ids)][0])
+            raise ValueError(f"{what}: block {bad} is not a dense id of this manager (0 .. {self.n_ids - 1})")
+        return np.ascontiguousarray(wide, dtype=np.int32)  # one compiled signature: ReplayData.dense's
+
     def access(self, ids: np.ndarray, next_use: np.ndarray | None = None, count_hits: bool = True) -> None:
-        """``TierManager.access(ids, Hints(next_use=...), count_hits)`` on dense ids."""
-        ids = np.ascontiguousarray(ids, dtype=np.int32)  # one compiled signature: ReplayData.dense's
-        nus = np.zeros(len(ids), dtype=np.int64) if next_use is None else np.ascontiguousarray(next_use, dtype=np.int64)
+        """``TierManager.access(ids, Hints(next_use=...), count_hits)`` on dense ids.
+
+        Raises:
+            ValueError: an id that is not a dense id of this manager, ``next_use`` of another
+                length, or none for a policy that needs it.
+        """
+        ids = self._dense(ids, "access")
+        nus = np.zeros(len(ids), dtype=np.int64) if next_use is None else np.ascontiguousarray(next_use, dtype=np.int64).reshape(-1)
+        if len(nus) != len(ids):
+            raise ValueError(f"access: {len(ids)} ids but {len(nus)} next uses")
         if self._totals[chain.S_NEEDS_FUTURE] and next_use is None:
             raise ValueError(f"{self.policy}: needs next_use with every access")
         self._totals[S_REQ] = 0  # the ids are one request: the first has no parent
         chain.access(*self._state(), ids, nus, 0, len(ids), count_hits)
 
     def run(self, ids: np.ndarray, next_use: np.ndarray, offsets: np.ndarray, first: int, last: int, prefix: bool,
-            hit_len: np.ndarray) -> None:
+            hit_len: np.ndarray, trusted: bool = False) -> None:
         # ids int32 (dense), next_use and offsets int64, hit_len int64: one compiled signature.
         """Requests ``first .. last - 1`` of a trace (request ``r`` is ``ids[offsets[r]:offsets[r+1]]``):
         one ``access`` each, or in prefix semantics the prefix lookup (length into
-        ``hit_len[r]``), an access of the cached prefix and one of the rest without hits."""
+        ``hit_len[r]``), an access of the cached prefix and one of the rest without hits.
+
+        The requests' bounds and ids are checked first (O(their accesses), in numpy): the
+        compiled code does not check bounds. ``trusted`` skips that for arrays whose ids and
+        bounds are known good (``ReplayData.prepare``'s: replay calls this once per chunk).
+
+        Raises:
+            ValueError: request bounds outside the arrays or not increasing, arrays of other
+                lengths, or an id that is not a dense id of this manager.
+        """
+        if not trusted:
+            self._check_run(ids, next_use, offsets, first, last, hit_len)
         chain.run_requests(*self._state(), ids, next_use, offsets, first, last, prefix, hit_len)
+
+    def _check_run(self, ids: np.ndarray, next_use: np.ndarray, offsets: np.ndarray, first: int, last: int,
+                   hit_len: np.ndarray) -> None:
+        """Raises ValueError unless requests ``first .. last - 1`` lie in the arrays and hold dense ids."""
+        if not 0 <= first <= last < len(offsets) or len(hit_len) < last or len(next_use) != len(ids):
+            raise ValueError(f"run: requests {first}..{last} with {len(offsets)} offsets, {len(hit_len)} hit lengths, "
+                             f"{len(ids)} ids and {len(next_use)} next uses")
+        bounds = offsets[first : last + 1]
+        if bounds[0] < 0 or bounds[-1] > len(ids) or np.any(np.diff(bounds) < 0):
+            raise ValueError(f"run: offsets of requests {first}..{last} leave 0 .. {len(ids)} or decrease")
+        chunk = ids[bounds[0] : bounds[-1]]
+        if chunk.size and (chunk.min() < 0 or chunk.max() >= self.n_ids):
+            self._dense(chunk, "run")  # raises, naming the id
 
     def prefix_length(self, ids: Sequence[int]) -> int:
         """Leading ids resident in some tier."""
-        ids = np.ascontiguousarray(ids, dtype=np.int32)
+        ids = self._dense(ids, "prefix_length")
         return int(chain.prefix_length(self.G, ids, 0, len(ids)))
 
     def locate(self, block_id: int) -> int | None:
         """The tier holding a dense id, or None."""
-        tier = int(self.G[TIER_OF, block_id])
+        tier = int(self.G[TIER_OF, self._dense([block_id], "locate")[0]])
         return None if tier < 0 else tier
 
     # -- results -------------------------------------------------------------------------

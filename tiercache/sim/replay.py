@@ -225,7 +225,9 @@ def _replay_kernels(spec: RunSpec, data: ReplayData, on_progress: Callable[[int]
     started = time.perf_counter()
     for first in range(0, data.n_batches, _KERNEL_CHUNK):
         last = min(first + _KERNEL_CHUNK, data.n_batches)
-        manager.run(data.dense, data.next_use, data.offsets, first, last, prefix, hit_len)
+        # prepare's arrays are good: dense ids in 0 .. n_ids - 1 (bincount refuses negatives, n_ids
+        # is the largest + 1), offsets from the loader.
+        manager.run(data.dense, data.next_use, data.offsets, first, last, prefix, hit_len, trusted=True)
         if on_progress is not None:
             on_progress(last - first)
     wall = time.perf_counter() - started
