@@ -240,7 +240,7 @@ def test_session_runs_its_experts_in_the_top_tier_only() -> None:
     assert len(make_eviction("session", 100)._shadows) == 5
     assert len(make_eviction("session", 100, tier=0)._shadows) == 5
     lower = make_eviction("session", 100, tier=2)
-    assert lower._shadows == [] and lower._bonus == 2.0 * 100
+    assert lower._shadows == [] and (lower._bonus, lower._scale) == (0.0, 1.0 * 100)
     for name in EVICTION:
         if name != "session":
             assert type(make_eviction(name, 50, tier=1)) is type(make_eviction(name, 50))

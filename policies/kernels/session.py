@@ -10,12 +10,14 @@ changes every tracked block is re-keyed under its ordering (``leafprio.rekey``).
 coldest leaves the leader does not hold (up to ``FOLLOW_BUDGET`` passed over), then leaves
 and key order as ``LeafPriorityPolicy.victims``. Real state per row in ``X[r, L + k]``
 (``BONUS``, ``FSCALE``, ``MISSES``; ``DECAY`` in the policy's row). Below the top tier the
-shadows do not run (``EXPERTS``), as ``Session.for_tier`` builds the class there.
+shadows do not run (``EXPERTS``) and the ordering is ``LOWER_TIER_ORDERING``, as
+``Session.for_tier`` builds the class there.
 """
 
 from __future__ import annotations
 
-from ..session import DEFAULT_EXPERTS, DEFAULT_GHOST, DEFAULT_HOT_BONUS, FOLLOW_BUDGET, SCORE_HALF_LIFE, as_ordering
+from ..session import (DEFAULT_EXPERTS, DEFAULT_GHOST, DEFAULT_HOT_BONUS, FOLLOW_BUDGET, LOWER_TIER_ORDERING,
+                       SCORE_HALF_LIFE, as_ordering)
 from . import META_SLOTS, NIL, as_int, leafprio, njit
 from .leafprio import BONUS, CLOCK, DECAY, FSCALE, GCAP, HITTING, LAST, META, MISSES, PICK, SIZE, STATE, TRACKED
 
@@ -29,6 +31,8 @@ _ORDERINGS = ((DEFAULT_HOT_BONUS, 0.0), *(as_ordering(e) for e in DEFAULT_EXPERT
 #: Head start and frequency scale of each shadow, in capacities (shadow 0: the default ordering).
 ORDER_BONUS = tuple(float(b) for b, _ in _ORDERINGS)
 ORDER_SCALE = tuple(float(s) for _, s in _ORDERINGS)
+#: Head start and frequency scale below the top tier, in capacities (``Session.for_tier``).
+LOWER_BONUS, LOWER_SCALE = (float(v) for v in LOWER_TIER_ORDERING)
 SHADOWS = len(_ORDERINGS)
 #: Rows of P and X beyond one per tier: the top tier's shadows (no other tier runs them).
 EXTRA_ROWS = SHADOWS
@@ -53,8 +57,8 @@ def init(P, M, X, t, capacity):
     L = P.shape[1]
     leafprio.init_row(P, M, X, t, t, as_int(0), leafprio.MODE_SESSION, capacity)
     M[t, GCAP] = int(DEFAULT_GHOST * capacity)
-    X[t, L + BONUS] = ORDER_BONUS[0] * capacity
-    X[t, L + FSCALE] = ORDER_SCALE[0] * capacity
+    X[t, L + BONUS] = (ORDER_BONUS[0] if t == 0 else LOWER_BONUS) * capacity
+    X[t, L + FSCALE] = (ORDER_SCALE[0] if t == 0 else LOWER_SCALE) * capacity
     X[t, L + DECAY] = 0.5 ** (1.0 / (SCORE_HALF_LIFE * capacity))
     M[t, LEADER] = 0
     M[t, CAPACITY] = capacity
