@@ -186,6 +186,16 @@ def _hint_trace(M, G, ids, nus, a, b):
 
 
 @njit_inline
+def _see_future(M, G, ids, nus, a, b):
+    """``FUT`` of ``ids[a:b]`` becomes their next use as they are accessed, not before (the
+    manager's ``_see_future``): a block of the request not reached yet keeps its next use as
+    last seen, the access about to come."""
+    if M[M.shape[0] - 1, S_NEEDS_FUTURE]:
+        for k in range(a, b):
+            G[FUT, ids[k]] = nus[k]
+
+
+@njit_inline
 def _hint_future(M, G, arr, a, b):
     """Demoted blocks carry their last known next use (the manager's ``_future_hints``) and
     no parents."""
@@ -367,15 +377,13 @@ def _bring_up(kind, P, M, X, G, ids, nus, a, b, count_hits):
 def access(kind, P, M, X, G, ids, nus, a, b, count_hits):
     """``TierManager.access(ids[a:b], count_hits=...)`` of a replay (see the module docstring)."""
     T = M.shape[0] - 1
-    if M[T, S_NEEDS_FUTURE]:
-        for k in range(a, b):
-            G[FUT, ids[k]] = nus[k]
     i = a
     while i < b:
         j = i
         while j < b and G[TIER_OF, ids[j]] == 0:
             j += 1
         if j > i:
+            _see_future(M, G, ids, nus, i, j)
             _hint_trace(M, G, ids, nus, i, j)
             p_access(kind, P, M, X, G, 0, ids, i, j)
             if count_hits:
@@ -393,6 +401,7 @@ def access(kind, P, M, X, G, ids, nus, a, b, count_hits):
         while end < k and G[STAMP, ids[end]] != epoch:
             G[STAMP, ids[end]] = epoch
             end += 1
+        _see_future(M, G, ids, nus, j, end)
         _bring_up(kind, P, M, X, G, ids, nus, j, end, count_hits)
         i = end
 
