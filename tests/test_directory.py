@@ -105,3 +105,41 @@ def test_claim_refuses_a_slot_out_of_range():
         directory.claim([2], [4])
     directory.check_invariants()
     assert directory.insert([5, 6]) == [0, 1]
+
+
+def test_invariant_check_of_a_huge_tier_costs_what_it_holds():
+    """A tier of 10**9 slots holding a few blocks checks in O(blocks), not O(slots): a replay
+    of a tiny trace with a huge tier ends with this check (it took 30 s and 9.8 GB before)."""
+    import time
+    import tracemalloc
+
+    directory = TierDirectory("dram", 10**9)
+    slots = directory.reserve(5)
+    directory.publish([10, 11, 12, 13, 14], slots)
+    directory.remove([12])
+    tracemalloc.start()
+    started = time.perf_counter()
+    directory.check_invariants()
+    elapsed = time.perf_counter() - started
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert peak < 1 << 20 and elapsed < 1.0
+
+
+@pytest.mark.parametrize("corrupt", ["fresh_past_capacity", "slot_freed_twice", "slot_above_fresh", "lost_slot"])
+def test_invariant_check_catches_a_corrupt_free_stack(corrupt):
+    directory = TierDirectory("hbm", 16)
+    directory.publish([1, 2, 3], directory.reserve(3))
+    directory.remove([2])
+    directory.check_invariants()
+    if corrupt == "fresh_past_capacity":
+        directory._fresh = 17
+    elif corrupt == "slot_freed_twice":
+        directory._spill.append(directory._spill[-1])
+        directory.n_free += 1
+    elif corrupt == "slot_above_fresh":
+        directory._spill[-1] = 9
+    else:
+        directory._spill.pop()
+    with pytest.raises(AssertionError):
+        directory.check_invariants()

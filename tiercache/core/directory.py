@@ -199,18 +199,21 @@ class TierDirectory:
 
     # -- checks --------------------------------------------------------------------------
     def check_invariants(self) -> None:
-        """Asserts the slot states, maps and counts agree (numpy passes over the slots)."""
-        never_used = np.arange(self._fresh, self.capacity, dtype=np.int64)
-        free = np.concatenate([never_used, self._stack[: self._top], np.asarray(self._spill, dtype=np.int64)])
+        """Asserts the slot states, maps and counts agree (numpy passes over the slots handed
+        out so far, ``_fresh`` of them: the never-used ``_fresh .. capacity - 1`` are checked
+        by their count, so a huge tier holding a few blocks checks in O(blocks))."""
+        fresh = self._fresh
+        free = np.concatenate([self._stack[: self._top], np.asarray(self._spill, dtype=np.int64)])
         used = np.fromiter(self.slot_of.values(), dtype=np.int64, count=len(self.slot_of))
         reserved = np.fromiter(self.reserved, dtype=np.int64, count=len(self.reserved))
-        assert self.n_free == len(free), f"{self.name}: free count disagrees with the stack"
+        assert 0 <= fresh <= self.capacity, f"{self.name}: never-used slots out of range"
+        assert self.n_free == self.capacity - fresh + len(free), f"{self.name}: free count disagrees with the stack"
         assert 0 <= self._top <= len(self._stack) <= self.capacity and len(self._spill) <= SPILL_SLOTS, \
             f"{self.name}: free stack overflows"
-        everything = np.concatenate([used, reserved, free])
-        assert len(everything) == self.capacity, f"{self.name}: slot count leak"
-        assert ((everything >= 0) & (everything < self.capacity)).all(), f"{self.name}: slot out of range"
-        assert (np.bincount(everything, minlength=self.capacity) == 1).all(), \
+        handed_out = np.concatenate([used, reserved, free])  # each slot below fresh once, none above
+        assert len(handed_out) == fresh, f"{self.name}: slot count leak"
+        assert ((handed_out >= 0) & (handed_out < fresh)).all(), f"{self.name}: slot out of range"
+        assert (np.bincount(handed_out, minlength=fresh) == 1).all(), \
             f"{self.name}: slot in two states, shared or freed twice"
         ids = np.fromiter(self.slot_of.keys(), dtype=np.int64, count=len(self.slot_of))
         assert (self.slot_block[used] == ids).all(), f"{self.name}: a slot does not map back to its block"
