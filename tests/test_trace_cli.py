@@ -67,7 +67,7 @@ def test_synth_seed_changes_sparse_trace(tmp_path, capsys):
 
 
 def test_synth_bad_values(tmp_path, capsys):
-    _assert_user_error(capsys, ["trace", "synth", "scan", "-o", tmp_path / "x", "--steps", "0"], "ScanSpec.steps")
+    _assert_user_error(capsys, ["trace", "synth", "scan", "-o", tmp_path / "x", "--steps", "0"], "--steps:")
     _assert_user_error(capsys, ["trace", "synth", "sparse", "-o", tmp_path / "x", "--locality", "2"], "locality")
     _assert_user_error(capsys, ["trace", "synth", "docs", "-o", tmp_path / "no" / "x.jsonl"], "cannot write")
 

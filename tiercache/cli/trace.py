@@ -14,16 +14,22 @@ Bad input raises ``UserError``/``TraceError``, which the dispatcher prints as on
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 from dataclasses import asdict, replace
+from typing import Callable
 
 from ..config import KVLayout, layout_preset
 from ..errors import UserError
+from ..results import TraceKind
 from ..sim import synth
-from ..sim.oracle import export_oracle_general
+from ..sim.loader import Trace, load_trace
+from ..sim.oracle import export_trace
 from ..sim.steptrace import write_steps
-from ..sim.traces import write_requests
+from ..sim.traces import MAX_LINE_BYTES, write_requests
 from ..sim.tracestats import TraceStats, trace_stats
+from .replay import _block_tokens as replay_block_tokens
 
 __all__ = ["add_parser", "format_stats"]
 
@@ -67,26 +73,129 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
-def _export_layout(args: argparse.Namespace) -> KVLayout | None:
-    """The KV layout that sizes exported records, or None (size 1 per block)."""
+def _export_layout(args: argparse.Namespace, trace: Trace) -> KVLayout | None:
+    """The KV layout that sizes exported records, or None (size 1 per block).
+
+    The block size is the trace's, as in ``tiercache replay``: a request trace's own (512
+    tokens for Mooncake, 16 for Bailian, a kv-cache-tester ``block_size``), a step trace's
+    header, or ``--block-tokens`` for a step trace without one.
+
+    Raises:
+        UserError: --block-tokens or --per-layer without --model, --block-tokens or
+            --per-layer on a request trace, a headerless step trace without --block-tokens,
+            or a --block-tokens that contradicts the header.
+    """
     if args.model is None:
         if args.block_tokens is not None or args.per_layer:
             raise UserError("--block-tokens and --per-layer need --model (they size blocks of a model's KV layout)")
         return None
-    layout = layout_preset(args.model, args.block_tokens)
+    if trace.kind is TraceKind.REQUESTS:
+        if args.block_tokens is not None:
+            raise UserError(f"--block-tokens: {trace.path} is a request trace, whose blocks are {trace.block_tokens} tokens")
+        if args.per_layer:
+            raise UserError(f"--per-layer: {trace.path} is a request trace, whose blocks hold every layer; "
+                            "per-layer blocks apply to step traces with per-layer block ids")
+    layout = layout_preset(args.model, replay_block_tokens(args, trace))
     return replace(layout, per_layer=True) if args.per_layer else layout
 
 
+def _refuse_input_as_output(trace: str, output: str) -> None:
+    """``-o`` must not name the input trace, nor a file inside an input folder (kv-cache-tester).
+
+    Raises:
+        UserError: it does.
+    """
+    source, target = os.path.realpath(trace), os.path.realpath(output)
+    same = target == source or (os.path.exists(output) and os.path.exists(trace) and os.path.samefile(trace, output))
+    if same:
+        raise UserError(f"-o {output}: is the input trace; give another output file")
+    if os.path.isdir(source) and target.startswith(source.rstrip(os.sep) + os.sep):
+        raise UserError(f"-o {output}: is inside the input trace folder {trace}; give a file outside it")
+
+
 def _cmd_export(args: argparse.Namespace) -> int:
-    result = export_oracle_general(args.trace, args.output, _export_layout(args))
+    trace = load_trace(args.trace)  # a bad input is reported first
+    _refuse_input_as_output(args.trace, args.output)
+    result = export_trace(trace, args.output, _export_layout(args, trace))
     blocks = f"{result.unique_blocks:,} unique blocks, size {result.obj_size} each"
     print(f"wrote {result.records:,} records ({blocks}) to {args.output}")
     return 0
 
 
+#: The ``trace synth`` option of each spec field whose name differs from the option's.
+_SYNTH_OPTIONS = {"prompt_blocks": "--blocks", "doc_blocks": "--blocks", "rate_per_s": "--rate"}
+
+
+def _synth_option(field: str) -> str:
+    """The ``trace synth`` option that sets spec field ``field``."""
+    return _SYNTH_OPTIONS.get(field, "--" + field.replace("_", "-"))
+
+
+def _synth_errors_name_options(command: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """Wraps a ``trace synth`` command so that a spec's error names the option, not the field."""
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return command(args)
+        except synth.SpecError as exc:
+            raise UserError(f"{_synth_option(exc.field)}: {exc.reason}") from None
+    run.__doc__ = command.__doc__
+    return run
+
+
+def _write_whole(output: str, write: Callable[[str], int]) -> int:
+    """Runs ``write`` on a temporary file beside ``output``, then renames it to ``output``.
+
+    A failure (an error, MemoryError, Ctrl-C) leaves no partial file and an older
+    ``output`` as it was. An existing ``output`` that is not a regular file (``/dev/null``)
+    is written directly.
+
+    Raises:
+        UserError: ``output`` cannot be written (named), or the trace does not fit in memory.
+    """
+    if os.path.exists(output) and not os.path.isfile(output) and not os.path.isdir(output):
+        return write(output)
+    folder = os.path.dirname(os.path.abspath(output))
+    if not os.path.isdir(folder):
+        raise UserError(f"{output}: cannot write trace: folder {folder} does not exist")
+    temp = os.path.join(folder, f".{os.path.basename(output)}.{os.getpid()}.partial")
+    try:
+        count = write(temp)
+        os.replace(temp, output)
+    except MemoryError:
+        raise UserError(f"{output}: the trace does not fit in memory; give smaller sizes") from None
+    except OSError as exc:
+        raise UserError(f"{output}: cannot write trace: {exc.strerror or exc}") from None
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)  # gone after the rename; a partial file after a failure
+    return count
+
+
+def _check_record_size(ids: int, largest_id: int, options: str) -> None:
+    """Refuses a trace whose ids pass int64 or whose longest line (``ids`` block ids, each at
+    most ``largest_id``) could pass the readers' line limit, before anything is generated.
+
+    Raises:
+        UserError: either happens; ``options`` names the options that set the sizes.
+    """
+    if largest_id > (1 << 63) - 1:
+        raise UserError(f"{options}: block ids would reach {largest_id:,}, past 2**63 - 1")
+    line_bytes = ids * (len(str(largest_id)) + 2)  # digits, ", " per id: an upper bound
+    if line_bytes > MAX_LINE_BYTES:
+        raise UserError(f"{options}: one record would list {ids:,} block ids, a line of up to "
+                        f"{line_bytes / (1 << 20):,.0f} MiB; trace readers refuse lines over {MAX_LINE_BYTES >> 20} MiB")
+
+
+def _check_step_sizes(args: argparse.Namespace, spec: synth.ScanSpec | synth.SparseSpec, per_record: int) -> None:
+    """``_check_record_size`` for a step trace whose records list at most ``per_record`` ids."""
+    options = f"--blocks {args.blocks}, --steps {args.steps}, --block-tokens {args.block_tokens}, --layers {args.layers}"
+    _check_record_size(per_record, (spec.most_blocks + 1) * spec.layers - 1, options)
+
+
 def _cmd_scan(args: argparse.Namespace) -> int:
     spec = synth.ScanSpec(args.steps, args.blocks, args.block_tokens, args.layers)
-    count = write_steps(args.output, synth.scan_trace(spec), spec.block_tokens)
+    _check_step_sizes(args, spec, spec.most_blocks)  # the last step reads every full block
+    count = _write_whole(args.output, lambda path: write_steps(path, synth.scan_trace(spec), spec.block_tokens))
     print(f"wrote {count:,} step records to {args.output}")
     return 0
 
@@ -95,12 +204,16 @@ def _cmd_sparse(args: argparse.Namespace) -> int:
     spec = synth.SparseSpec(
         args.steps, args.blocks, args.k, args.sink, args.window, args.locality, args.block_tokens, args.layers, args.seed
     )
+    if spec.most_blocks == 0:
+        raise UserError(f"--blocks 0 with --steps {spec.steps} and --block-tokens {spec.block_tokens}: no block fills "
+                        "before the last step, so no step reads a block; give --blocks >= 1 or more --steps")
     if not spec.is_sparse:
         raise UserError(
             f"--k {spec.k} + --sink {spec.sink} + --window {spec.window} cover all {spec.most_blocks} blocks the sequence "
             f"ever holds (--blocks {spec.prompt_blocks} + one per --block-tokens {spec.block_tokens} steps): every step "
-            "would read every block; give a smaller --k, or use 'trace synth scan'")
-    count = write_steps(args.output, synth.sparse_trace(spec), spec.block_tokens)
+            "would read every block; give a smaller --k, --sink or --window, more --blocks, or use 'trace synth scan'")
+    _check_step_sizes(args, spec, max(spec.prompt_blocks, spec.k + spec.sink + spec.window))
+    count = _write_whole(args.output, lambda path: write_steps(path, synth.sparse_trace(spec), spec.block_tokens))
     print(f"wrote {count:,} step records to {args.output}")
     return 0
 
@@ -109,7 +222,12 @@ def _cmd_docs(args: argparse.Namespace) -> int:
     spec = synth.DocsSpec(
         args.docs, args.blocks, args.requests, args.system_blocks, args.question_blocks, args.zipf, args.rate, args.seed
     )
-    count = write_requests(args.output, synth.docs_trace(spec))
+    per_request = spec.system_blocks + spec.doc_blocks + spec.question_blocks
+    largest = spec.system_blocks + spec.docs * spec.doc_blocks + spec.requests * spec.question_blocks - 1
+    options = (f"--docs {args.docs}, --blocks {args.blocks}, --requests {args.requests}, "
+               f"--system-blocks {args.system_blocks}, --question-blocks {args.question_blocks}")
+    _check_record_size(per_request, largest, options)  # also keeps input_length (512 per block) in int64
+    count = _write_whole(args.output, lambda path: write_requests(path, synth.docs_trace(spec)))
     print(f"wrote {count:,} requests to {args.output}")
     return 0
 
@@ -130,7 +248,7 @@ def _add_synth(subparsers: argparse._SubParsersAction) -> None:
     kinds = synth_parser.add_subparsers(dest="kind", metavar="KIND", required=True)
     scan = kinds.add_parser("scan", help="full-attention decode: every step reads every full block")
     _add_step_options(scan)
-    scan.set_defaults(func=_cmd_scan)
+    scan.set_defaults(func=_synth_errors_name_options(_cmd_scan))
     sparse = kinds.add_parser("sparse", help="sparse top-k decode: sinks + recent window + k blocks with locality")
     _add_step_options(sparse)
     sparse.add_argument("--k", type=int, default=8, help="middle blocks read per step (default 8)")
@@ -140,7 +258,7 @@ def _add_synth(subparsers: argparse._SubParsersAction) -> None:
         "--locality", type=float, default=0.9, help="probability a chosen block stays chosen next step (default 0.9)"
     )
     sparse.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    sparse.set_defaults(func=_cmd_sparse)
+    sparse.set_defaults(func=_synth_errors_name_options(_cmd_sparse))
     docs = kinds.add_parser("docs", help="Mooncake-format requests: many documents queried repeatedly")
     docs.add_argument("-o", "--output", required=True, help="output request trace (Mooncake JSONL)")
     docs.add_argument("--docs", type=int, default=100, help="documents (default 100)")
@@ -151,7 +269,7 @@ def _add_synth(subparsers: argparse._SubParsersAction) -> None:
     docs.add_argument("--zipf", type=float, default=1.0, help="Zipf exponent of document popularity; 0 is uniform (default 1.0)")
     docs.add_argument("--rate", type=float, default=1.0, help="mean arrivals per second, Poisson (default 1.0)")
     docs.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    docs.set_defaults(func=_cmd_docs)
+    docs.set_defaults(func=_synth_errors_name_options(_cmd_docs))
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -169,6 +287,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     export.add_argument("--format", choices=formats, default=formats[0], help="output format (libCacheSim oracleGeneral)")
     export.add_argument("-o", "--output", required=True, help="output file")
     export.add_argument("--model", help="model preset whose block bytes become the record size (default: size 1)")
-    export.add_argument("--block-tokens", type=int, help="tokens per block of step traces without a block_tokens header (request traces always use 512)")
-    export.add_argument("--per-layer", action="store_true", help="blocks hold one layer (step traces with per-layer ids)")
+    export.add_argument("--block-tokens", type=int,
+                        help="tokens per block of a step trace without a block_tokens header (other traces name their own)")
+    export.add_argument("--per-layer", action="store_true",
+                        help="blocks hold one layer (step traces with per-layer ids; refused on request traces)")
     export.set_defaults(func=_cmd_export)

@@ -19,6 +19,10 @@ Arrivals: when every file names ``start``, conversations begin there; otherwise 
 by a Poisson process (mean gap ``mean_gap_s``, seeded), in sorted file-name order. The
 requests of all conversations are merged by arrival time (ties by file order, then request
 order) into one request trace with millisecond timestamps, like a Mooncake trace.
+
+Limits (a file past one is refused, by name): UTF-8 without a byte order mark, as JSONL
+traces; ``block_size`` in ``[1, 2**31)``; ``in``/``out`` and ids in ``[0, 2**63)``; ``t``,
+``start`` and each arrival (``start + t``) below 2**63 ms; renumbered local ids below 2**63.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import numpy as np
 
 from tiercache.errors import TraceError
 
+from .steptrace import MAX_BLOCK_TOKENS
 from .traces import FlatTrace, fingerprint_digest, fingerprint_of, id_list_field
 
 __all__ = ["Conversation", "is_kvtester", "read_conversation", "load_kvtester_flat", "DEFAULT_MEAN_GAP_S"]
@@ -39,6 +44,10 @@ __all__ = ["Conversation", "is_kvtester", "read_conversation", "load_kvtester_fl
 #: Mean gap between conversation arrivals when the files name no ``start`` (seconds).
 DEFAULT_MEAN_GAP_S = 2.0
 _SCOPES = ("local", "global")
+_INT64_MAX = (1 << 63) - 1
+#: Times (``t``, ``start``) are kept as int64 milliseconds: they must stay below 2**63 ms.
+_MAX_SECONDS = _INT64_MAX / 1000
+_UTF8_BOM = b"\xef\xbb\xbf"
 
 
 @dataclass(frozen=True)
@@ -85,23 +94,22 @@ def is_kvtester(path: str | os.PathLike) -> bool:
 def read_conversation(path: str, raw: bytes) -> Conversation:
     """Parses one conversation file's bytes.
 
+    The bytes must be UTF-8 without a byte order mark, as every JSONL trace must be.
+
     Raises:
-        TraceError: malformed JSON or a missing/invalid field (the message names the field
-            and, for a request, its 0-based index).
+        TraceError: not UTF-8 (or with a BOM), malformed JSON, or a missing/invalid field
+            (the message names the field and, for a request, its 0-based index).
     """
-    try:
-        obj = json.loads(raw)
-    except (ValueError, RecursionError) as exc:
-        raise TraceError(path, None, f"malformed JSON: {exc}") from None
+    obj = _parse_json(path, raw)
     if not isinstance(obj, dict):
         raise TraceError(path, None, f"expected a JSON object, got {type(obj).__name__}")
-    block_size = _positive_int(path, obj, "block_size", "")
+    block_size = _positive_int(path, obj, "block_size", "", high=MAX_BLOCK_TOKENS)
     scope = obj.get("hash_id_scope", "local")
     if scope not in _SCOPES:
         raise TraceError(path, None, f"hash_id_scope must be one of {_SCOPES}, got {scope!r}")
     start = obj.get("start")
-    if start is not None and (not _is_number(start) or start < 0):
-        raise TraceError(path, None, f"start must be a non-negative number of seconds, got {start!r}")
+    if start is not None and not _is_seconds(start):
+        raise TraceError(path, None, f"start must be a non-negative number of seconds below 2**63 ms, got {_show(start)}")
     requests = obj.get("requests")
     if not isinstance(requests, list) or not requests:
         raise TraceError(path, None, "requests must be a non-empty list")
@@ -114,28 +122,57 @@ def read_conversation(path: str, raw: bytes) -> Conversation:
                         tuple(r[3] for r in rows))
 
 
+def _parse_json(path: str, raw: bytes) -> Any:
+    """The JSON value of a file's bytes: strict UTF-8, no BOM (as the JSONL readers require).
+
+    Raises:
+        TraceError: a BOM, bytes that are not UTF-8, or malformed JSON.
+    """
+    if raw.startswith(_UTF8_BOM):
+        raise TraceError(path, None, "malformed JSON: UTF-8 byte order mark (BOM) is not supported; save the file without it")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise TraceError(path, None, f"malformed JSON: not UTF-8 (byte {exc.start} is {raw[exc.start]:#04x})") from None
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise TraceError(path, None, f"malformed JSON: {exc}") from None
+
+
 def _request(path: str, index: int, req: Any) -> tuple[float, int, int, list[int]]:
     where = f"requests[{index}]"
     if not isinstance(req, dict):
         raise TraceError(path, None, f"{where} must be an object")
     t = req.get("t")
-    if not _is_number(t) or t < 0:
-        raise TraceError(path, None, f"{where}.t must be a non-negative number of seconds, got {t!r}")
+    if not _is_seconds(t):
+        raise TraceError(path, None, f"{where}.t must be a non-negative number of seconds below 2**63 ms, got {_show(t)}")
     tokens_in = _positive_int(path, req, "in", where + ".", allow_zero=True)
     tokens_out = _positive_int(path, req, "out", where + ".", allow_zero=True)
     ids = id_list_field(f"{path}: {where}", None, req, "hash_ids")  # the message names the request
     return float(t), tokens_in, tokens_out, ids
 
 
-def _is_number(value: Any) -> bool:
-    return type(value) in (int, float) and value == value and value not in (float("inf"), float("-inf"))
+def _is_seconds(value: Any) -> bool:
+    """A JSON number (bool rejected) in ``[0, 2**63 / 1000)``: NaN, infinities and huge
+    integers fail (Python compares an int of any size with a float exactly)."""
+    return type(value) in (int, float) and 0 <= value < _MAX_SECONDS
 
 
-def _positive_int(path: str, obj: dict, field: str, where: str, allow_zero: bool = False) -> int:
+def _show(value: Any) -> str:
+    """``repr`` of a value for a message, cut short (a JSON integer may have any length)."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:20]}...({len(text)} characters)"
+
+
+def _positive_int(path: str, obj: dict, field: str, where: str, allow_zero: bool = False,
+                  high: int = _INT64_MAX) -> int:
+    """A required integer field in ``[low, high]`` (low 0 or 1; high ``2**k - 1``, at most int64's max)."""
     value = obj.get(field)
     low = 0 if allow_zero else 1
-    if type(value) is not int or value < low:
-        raise TraceError(path, None, f"{where}{field} must be an integer >= {low}, got {value!r}")
+    if type(value) is not int or not low <= value <= high:
+        bound = "2**63" if high == _INT64_MAX else f"2**{(high + 1).bit_length() - 1}"
+        raise TraceError(path, None, f"{where}{field} must be an integer in [{low}, {bound}), got {_show(value)}")
     return value
 
 
@@ -181,14 +218,21 @@ def _starts(convs: list[Conversation], seed: int, mean_gap_s: float) -> list[flo
     """Given offsets when every file names one, else seeded Poisson arrivals."""
     if all(c.start is not None for c in convs):
         return [float(c.start) for c in convs]
-    if mean_gap_s <= 0:
-        raise ValueError(f"mean_gap_s must be > 0, got {mean_gap_s}")
+    if not 0 < mean_gap_s < float("inf"):  # NaN fails too
+        raise ValueError(f"mean_gap_s must be a finite number > 0, got {mean_gap_s}")
     gaps = np.random.default_rng(seed).exponential(mean_gap_s, size=len(convs))
     return list(np.cumsum(gaps) - gaps[0])
 
 
 def _global_ids(convs: list[Conversation]) -> list[list[list[int]]]:
-    """Each conversation's id lists with local ids renumbered above every global id."""
+    """Each conversation's id lists with local ids renumbered above every global id.
+
+    Conversation ``c``'s local id ``i`` becomes ``base_c + i``, where ``base_c`` is one past
+    the largest global id and every earlier local conversation's range.
+
+    Raises:
+        TraceError: a conversation's renumbered ids would pass 2**63 - 1 (names the file).
+    """
     top = max((max(ids) for c in convs if c.scope == "global" for ids in c.ids if ids), default=-1)
     base = top + 1
     out = []
@@ -196,16 +240,26 @@ def _global_ids(convs: list[Conversation]) -> list[list[list[int]]]:
         if conv.scope == "global":
             out.append(list(conv.ids))
             continue
+        largest = max((max(ids) for ids in conv.ids if ids), default=-1)
+        if base + largest > _INT64_MAX:
+            raise TraceError(conv.path, None, f"local hash_ids up to {largest}, renumbered from {base} (above every global "
+                             "id and the earlier conversations' local ids), would pass 2**63 - 1; use smaller local ids")
         out.append([[base + i for i in ids] for ids in conv.ids])
-        base += 1 + max((max(ids) for ids in conv.ids if ids), default=-1)
+        base += 1 + largest
     return out
 
 
 def _merge(convs: list[Conversation], starts: list[float]) -> FlatTrace:
-    """All requests in arrival order (ties: file order, then request order)."""
+    """All requests in arrival order (ties: file order, then request order).
+
+    Raises:
+        TraceError: renumbered ids past int64 (``_global_ids``), or an arrival (start + t)
+            past 2**63 ms (names the file and the request).
+    """
     ids = _global_ids(convs)
     rows = [(starts[c] + t, c, r) for c, conv in enumerate(convs) for r, t in enumerate(conv.times)]
     rows.sort()
+    _check_last_arrival(convs, rows[-1])
     lists = [ids[c][r] for _, c, r in rows]
     lengths = np.fromiter(map(len, lists), dtype=np.int64, count=len(lists))
     flat = np.fromiter((i for lst in lists for i in lst), dtype=np.int64, count=int(lengths.sum()))
@@ -215,3 +269,11 @@ def _merge(convs: list[Conversation], starts: list[float]) -> FlatTrace:
     inputs = np.array([convs[c].inputs[r] for _, c, r in rows], dtype=np.int64)
     outputs = np.array([convs[c].outputs[r] for _, c, r in rows], dtype=np.int64)
     return FlatTrace(flat, offsets, stamps, inputs, outputs)
+
+
+def _check_last_arrival(convs: list[Conversation], last: tuple[float, int, int]) -> None:
+    """The latest arrival (rows are sorted) must be below 2**63 ms, the timestamps' int64."""
+    when, c, r = last
+    if round(when * 1000) > _INT64_MAX:
+        raise TraceError(convs[c].path, None, f"requests[{r}] arrives at {when:g} s (conversation start + t), "
+                         "past the 2**63 ms a timestamp can hold")

@@ -25,10 +25,11 @@ import numpy as np
 from tiercache.config import KVLayout
 from tiercache.errors import UserError
 from tiercache.policies.base import NO_NEXT_USE
-from tiercache.sim.loader import load_trace
-from tiercache.sim.traces import MOONCAKE_BLOCK_TOKENS, next_use
+from tiercache.sim.loader import Trace, load_trace
+from tiercache.sim.traces import next_use
 
-__all__ = ["ORACLE_GENERAL_DTYPE", "write_oracle_general", "read_oracle_general", "export_oracle_general", "ExportResult"]
+__all__ = ["ORACLE_GENERAL_DTYPE", "write_oracle_general", "read_oracle_general", "export_oracle_general", "export_trace",
+           "trace_layout", "ExportResult"]
 
 #: One oracleGeneral record; numpy packs structured dtypes without padding (24 bytes).
 ORACLE_GENERAL_DTYPE = np.dtype(
@@ -49,6 +50,8 @@ class ExportResult:
 
 def _as_uint32(values: np.ndarray | int, n: int, what: str) -> np.ndarray:
     """Broadcasts to ``n`` entries and checks the uint32 range (libCacheSim's field width)."""
+    if isinstance(values, int) and n and not 0 <= values <= _UINT32_MAX:  # before numpy: any int size
+        raise UserError(f"oracleGeneral: {what} must be in [0, 2**32), got {values}")
     arr = np.broadcast_to(np.asarray(values, dtype=np.int64), (n,))
     if n and (arr.min() < 0 or arr.max() > _UINT32_MAX):
         raise UserError(f"oracleGeneral: {what} must be in [0, 2**32), got range [{arr.min()}, {arr.max()}]")
@@ -118,28 +121,52 @@ def read_oracle_general(path: str | os.PathLike) -> np.ndarray:
 def export_oracle_general(
     trace_path: str | os.PathLike, out_path: str | os.PathLike, layout: KVLayout | None = None
 ) -> ExportResult:
-    """Exports a Mooncake request trace or a step trace (detected) to oracleGeneral.
+    """Exports a request trace (Mooncake, Bailian, kv-cache-tester) or a step trace to oracleGeneral.
 
     Request traces: one record per ``hash_ids`` entry, time = the request's timestamp in ms.
     Step traces: one record per read then per write of each record, time = the step.
-    With a ``layout`` every record's size is one block's bytes (for request traces the
-    layout is taken at 512 tokens per block, Mooncake's block size; for a step trace with a
-    header, at the header's block size); without, size is 1.
+    With a ``layout`` every record's size is one block's bytes at the trace's block size
+    (``trace_layout``); without, size is 1.
 
     Raises:
         TraceError: the input trace is malformed.
-        UserError: the output cannot be written, or a value overflows a field.
+        UserError: the output cannot be written, a value overflows a field, or ``layout``
+            does not fit the trace (``trace_layout``).
     """
     trace = load_trace(trace_path)
+    return export_trace(trace, out_path, trace_layout(trace, layout))
+
+
+def trace_layout(trace: Trace, layout: KVLayout | None) -> KVLayout | None:
+    """``layout`` at the block size of ``trace``, or None when ``layout`` is None.
+
+    A trace that names its block size (every request trace: 512 tokens for Mooncake, 16 for
+    Bailian, a kv-cache-tester ``block_size``; a step trace with a header) sets it; a step
+    trace without a header keeps ``layout.block_tokens``.
+
+    Raises:
+        UserError: a per-layer layout for a request trace (its blocks hold every layer).
+    """
+    if layout is None:
+        return None
+    if trace.requests is not None and layout.per_layer:
+        raise UserError(f"{trace.path}: a request trace's blocks hold every layer; a per-layer layout applies to "
+                        "step traces with per-layer block ids")
+    return layout if trace.block_tokens is None else replace(layout, block_tokens=trace.block_tokens)
+
+
+def export_trace(trace: Trace, out_path: str | os.PathLike, layout: KVLayout | None = None) -> ExportResult:
+    """Writes a loaded trace as oracleGeneral (records as ``export_oracle_general``).
+
+    ``layout``, when given, sizes every record as one block of it, as given: the caller
+    sets its block size (``trace_layout``).
+
+    Raises:
+        UserError: the output cannot be written, or a value overflows a field.
+    """
     per_record = np.diff(trace.offsets)
-    if trace.requests is not None:
-        times = np.repeat(trace.requests.timestamps, per_record)
-        layout = layout and replace(layout, block_tokens=MOONCAKE_BLOCK_TOKENS)
-    else:
-        times = np.repeat(trace.steps.steps, per_record)
-        if trace.block_tokens is not None:  # the header names the block size
-            layout = layout and replace(layout, block_tokens=trace.block_tokens)
-    ids = trace.ids
+    stamps = trace.requests.timestamps if trace.requests is not None else trace.steps.steps
+    times = np.repeat(stamps, per_record)
     size = layout.block_bytes if layout else 1
-    records = write_oracle_general(out_path, ids, times, size)
-    return ExportResult(records, int(len(np.unique(ids))), size)
+    records = write_oracle_general(out_path, trace.ids, times, size)
+    return ExportResult(records, int(len(np.unique(trace.ids))), size)

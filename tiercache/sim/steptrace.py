@@ -61,10 +61,14 @@ from tiercache.errors import TraceError
 from tiercache.sim.traces import id_list_field, int_field, iter_json_objects, write_jsonl
 
 __all__ = ["StepRecord", "DecodeFields", "DECODE_FIELDS", "FlatSteps", "iter_steps", "steps_from_objects", "load_flat_steps", "flat_steps", "write_steps",
-           "step_json", "is_header", "header_block_tokens", "HEADER_FIELD"]
+           "step_json", "is_header", "header_block_tokens", "HEADER_FIELD", "MAX_BLOCK_TOKENS"]
 
 #: The field of a step trace's header record.
 HEADER_FIELD = "block_tokens"
+#: The largest block size (tokens) a trace may name: a step header's ``block_tokens`` or a
+#: kv-cache-tester ``block_size``. Below 2**31, so tokens = blocks x block size stays far
+#: inside int64 for any trace (replay multiplies them) and a block's bytes fit int64.
+MAX_BLOCK_TOKENS = (1 << 31) - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,11 +143,14 @@ def header_block_tokens(name: str, line: int, obj: dict) -> int:
     """The block size a header record names.
 
     Raises:
-        TraceError: not a positive integer.
+        TraceError: not an integer in ``[1, MAX_BLOCK_TOKENS]``.
     """
-    value = int_field(name, line, obj, HEADER_FIELD)
-    if value < 1:
-        raise TraceError(name, line, f"header: {HEADER_FIELD} must be a positive integer, got {value}")
+    if HEADER_FIELD not in obj:
+        raise TraceError(name, line, f"missing field {HEADER_FIELD!r}")
+    value = obj[HEADER_FIELD]
+    if type(value) is not int or not 1 <= value <= MAX_BLOCK_TOKENS:  # bool is not a count
+        shown = repr(value) if len(repr(value)) <= 40 else f"an integer of {len(repr(value))} digits"
+        raise TraceError(name, line, f"header: {HEADER_FIELD} must be an integer in [1, 2**31), got {shown}")
     return value
 
 

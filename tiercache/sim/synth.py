@@ -11,28 +11,42 @@ Block ids of the step generators: block ``b`` (0-based position in the sequence)
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 from typing import Iterator
 
 import numpy as np
 
 from tiercache.errors import UserError
-from tiercache.sim.steptrace import StepRecord
+from tiercache.sim.steptrace import MAX_BLOCK_TOKENS, StepRecord
 from tiercache.sim.traces import MOONCAKE_BLOCK_TOKENS, Request
 
-__all__ = ["ScanSpec", "SparseSpec", "DocsSpec", "scan_trace", "sparse_trace", "docs_trace"]
+__all__ = ["ScanSpec", "SparseSpec", "DocsSpec", "SpecError", "scan_trace", "sparse_trace", "docs_trace"]
+
+class SpecError(UserError):
+    """A spec field out of range. ``field`` names it and ``reason`` says why, so a caller
+    (the CLI) can name its own option for the field instead of ``Spec.field``."""
+
+    def __init__(self, spec: str, field: str, reason: str) -> None:
+        super().__init__(f"{spec}.{field}: {reason}")
+        self.field = field
+        self.reason = reason
 
 
-def _check(spec: object, minimums: dict[str, float]) -> None:
-    """Raises UserError naming the first field of the wrong type or below its minimum."""
+def _check(spec: object, bounds: dict[str, tuple[float, float | None]]) -> None:
+    """Raises SpecError naming the first field of the wrong type or outside ``[low, high]``
+    (``high`` None: no upper bound). Numbers must be finite: NaN and infinities fail."""
     for f in fields(spec):
-        if f.name not in minimums:
+        if f.name not in bounds:
             continue
         value = getattr(spec, f.name)
+        low, high = bounds[f.name]
         kind = (int,) if f.type == "int" else (int, float)  # annotations are strings here
-        if isinstance(value, bool) or not isinstance(value, kind) or value < minimums[f.name]:
+        ok = not isinstance(value, bool) and isinstance(value, kind) and math.isfinite(value)
+        if not ok or value < low or (high is not None and value > high):
             what = "an integer" if f.type == "int" else "a number"
-            raise UserError(f"{type(spec).__name__}.{f.name}: must be {what} >= {minimums[f.name]}, got {value!r}")
+            limit = f">= {low}" if high is None else f"in [{low}, {high}]"
+            raise SpecError(type(spec).__name__, f.name, f"must be {what} {limit}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -51,7 +65,13 @@ class ScanSpec:
     layers: int = 1
 
     def __post_init__(self) -> None:
-        _check(self, {"steps": 1, "prompt_blocks": 0, "block_tokens": 1, "layers": 1})
+        _check(self, {"steps": (1, None), "prompt_blocks": (0, None), "block_tokens": (1, MAX_BLOCK_TOKENS),
+                      "layers": (1, None)})
+
+    @property
+    def most_blocks(self) -> int:
+        """Full blocks the sequence holds at its last step."""
+        return _full_blocks(self.prompt_blocks, self.block_tokens, self.steps)
 
 
 @dataclass(frozen=True)
@@ -76,10 +96,9 @@ class SparseSpec:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        minimums = {"steps": 1, "prompt_blocks": 0, "k": 0, "sink": 0, "window": 0, "locality": 0.0}
-        _check(self, {**minimums, "block_tokens": 1, "layers": 1, "seed": 0})
-        if self.locality > 1:
-            raise UserError(f"SparseSpec.locality: must be in [0, 1], got {self.locality!r}")
+        counts = {"steps": (1, None), "prompt_blocks": (0, None), "k": (0, None), "sink": (0, None), "window": (0, None)}
+        _check(self, {**counts, "locality": (0.0, 1.0), "block_tokens": (1, MAX_BLOCK_TOKENS), "layers": (1, None),
+                      "seed": (0, None)})
 
     @property
     def most_blocks(self) -> int:
@@ -113,8 +132,9 @@ class DocsSpec:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        minimums = {"docs": 1, "doc_blocks": 1, "requests": 1, "system_blocks": 0, "question_blocks": 0}
-        _check(self, {**minimums, "zipf": 0.0, "rate_per_s": 1e-9, "seed": 0})
+        counts = {"docs": (1, None), "doc_blocks": (1, None), "requests": (1, None), "system_blocks": (0, None),
+                  "question_blocks": (0, None)}
+        _check(self, {**counts, "zipf": (0.0, None), "rate_per_s": (1e-9, None), "seed": (0, None)})
 
 
 # ----------------------------------------------------------------------------- step traces
@@ -197,12 +217,20 @@ def docs_trace(spec: DocsSpec) -> Iterator[Request]:
     """Requests of a many-documents QA workload (see ``DocsSpec``), in arrival order.
 
     ``input_length`` is consistent with the blocks: ``len(hash_ids) == ceil(input_length / 512)``.
+
+    Raises:
+        SpecError: the drawn arrivals run past 2**63 ms (``rate_per_s`` too low for ``requests``),
+            on the first ``next``.
     """
     rng = np.random.default_rng(spec.seed)
     n = spec.requests
     # All draws up front, in a fixed order, so the trace does not depend on iteration.
     doc = rng.choice(spec.docs, size=n, p=_zipf_probabilities(spec.docs, spec.zipf))
-    times = np.rint(np.cumsum(rng.exponential(1000.0 / spec.rate_per_s, size=n))).astype(np.int64)
+    arrivals = np.rint(np.cumsum(rng.exponential(1000.0 / spec.rate_per_s, size=n)))
+    if arrivals[-1] >= 2.0**63:  # the int64 millisecond timestamps of the trace format
+        raise SpecError("DocsSpec", "rate_per_s", f"{n:,} requests at {spec.rate_per_s:g} per second arrive past 2**63 ms; "
+                        "give a higher rate or fewer requests")
+    times = arrivals.astype(np.int64)
     tails = rng.integers(1, MOONCAKE_BLOCK_TOKENS + 1, size=n)
     outputs = rng.integers(1, 1024, size=n)
     system = list(range(spec.system_blocks))
