@@ -18,13 +18,13 @@ from pathlib import Path
 from ..errors import UserError
 from ..report.across import gap_markdown, gap_rows, split_rows
 from ..report.content import build_document
-from ..report.model import ReportData, from_documents, load_results
+from ..report.lru_curve import same_trace
+from ..report.model import ReportData, from_documents, load_results, read_documents
 from ..report.tables import results_csv
 from ..report.writer import MARKER, check_output_dir, write_report
-from ..results import ResultsDocument, read_results
+from ..results import ResultsDocument
 from ..sim.split import split_halves
 from ..sim.sweep import sweep
-from ..sim.traces import trace_fingerprint
 from .replay import add_common_options, capacity_text, spec_from_args, sweep_from_args
 
 __all__ = ["add_parser"]
@@ -50,8 +50,8 @@ def add_parser(subparsers) -> None:
     )
     report.add_argument("results", nargs="+", help="results JSON files, all from the same trace")
     report.add_argument("-o", "--out", default="report", help="report folder (default: report)")
-    report.add_argument("--trace", help="the trace file, if it is no longer at the path the results record "
-                                        "(needed only for the dense one-pass LRU curve)")
+    report.add_argument("--trace", help="the trace file (or kv-cache-tester folder), if it is no longer at the path "
+                                        "the results record (needed only for the dense one-pass LRU curve)")
     report.add_argument("--across", action="store_true",
                         help="results of different traces: write gaps.md, the best online policy and the gap it "
                              "closes per trace and capacity, instead of a one-trace report")
@@ -110,7 +110,7 @@ def _run_split(args: argparse.Namespace, command: str, started: float) -> int:
 
 def _run_across(args: argparse.Namespace) -> int:
     """``report --across``: one gap table over results files of any traces."""
-    rows = [row for path in args.results for row in gap_rows(read_results(path))]
+    rows = [row for document in read_documents(args.results) for row in gap_rows(document)]
     table = gap_markdown(rows)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     Path(args.out, "gaps.md").write_text("# Gap closed per trace and capacity\n\n" + table, encoding="utf-8")
@@ -129,8 +129,8 @@ def _write(out: str, data: ReportData, trace_path: str | None, command: str, res
 
 
 def _check_trace(path: str, data: ReportData) -> None:
-    """An explicit ``--trace`` must be the trace the results came from."""
-    if trace_fingerprint(path, like=data.trace.fingerprint) != data.trace.fingerprint:  # an older result's blake2b too
+    """An explicit ``--trace`` (a file, or a kv-cache-tester folder) must be the trace the results came from."""
+    if not same_trace(path, data.trace.fingerprint):  # an older result's blake2b too
         raise UserError(f"--trace {path}: not the trace of these results (fingerprint differs from {data.trace.fingerprint})")
 
 

@@ -2,8 +2,8 @@
 
 Replays give a handful of points per policy; the one-pass curve (``tiercache.sim.mrc``)
 shows LRU at hundreds of capacities for the cost of one replay. It needs the trace itself,
-so it is drawn only when the trace file is found and is byte-identical (same fingerprint)
-to the one the results came from.
+so it is drawn only when the trace (a file, or a kv-cache-tester folder) is found and has
+the fingerprint the results recorded (``same_trace``).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from . import fmt
 from .model import Run, TraceInfo
 from .plots import Curve
 
-__all__ = ["LRUCurve", "dense_lru_curve", "DENSE_POINTS"]
+__all__ = ["LRUCurve", "dense_lru_curve", "same_trace", "DENSE_POINTS"]
 
 #: Capacities on the dense curve (log-spaced over the plotted range).
 DENSE_POINTS = 200
@@ -58,16 +58,36 @@ def dense_lru_curve(trace: TraceInfo, trace_path: str | None, runs: list[Run]) -
     return LRUCurve(curve, histogram, _agreement_note(histogram, runs, len(capacities)))
 
 
+def same_trace(path: str, recorded: str) -> bool:
+    """Whether the trace at ``path`` has the fingerprint ``recorded`` that a results file holds.
+
+    A trace file's fingerprint is its bytes' (an earlier version's results: their blake2b);
+    a kv-cache-tester file's or folder's covers its files, their names and the arrival seed
+    and gap, so it is computed by loading the workload as ``tiercache replay`` does (seed 0,
+    the default gap). The cheap byte hash is tried first; only a file it does not match, or a
+    folder, is loaded.
+
+    Raises:
+        UserError: ``path`` cannot be read (or, when it must be loaded, is not a trace).
+    """
+    if legacy_fingerprint(recorded):
+        return not Path(path).is_dir() and trace_fingerprint(path, like=recorded) == recorded
+    if not Path(path).is_dir() and trace_fingerprint(path) == recorded:
+        return True
+    return load_trace(path).fingerprint == recorded
+
+
 def _load_same_trace(trace: TraceInfo, path: str) -> Trace | str:
-    """The trace at ``path`` (read once) when it is the results' trace; otherwise why not."""
-    if not path or not Path(path).is_file():
-        return f"The dense one-pass LRU curve is left out: the trace file {path or '(not recorded)'} was not found (give --trace)."
+    """The trace at ``path`` (a file or a kv-cache-tester folder) when it is the results'
+    trace; otherwise why not."""
+    if not path or not Path(path).exists():
+        return f"The dense one-pass LRU curve is left out: the trace {path or '(not recorded)'} was not found (give --trace)."
     try:
         loaded = load_trace(path)
+        same = (same_trace(path, trace.fingerprint) if legacy_fingerprint(trace.fingerprint)
+                else loaded.fingerprint == trace.fingerprint)
     except UserError as exc:
         return f"The dense one-pass LRU curve is left out: {exc}."
-    same = (trace_fingerprint(path, like=trace.fingerprint) if legacy_fingerprint(trace.fingerprint)
-            else loaded.fingerprint) == trace.fingerprint  # results of earlier versions: their blake2b
     if not same:
         return f"The dense one-pass LRU curve is left out: {path} is not the trace these results came from (fingerprint differs)."
     return loaded

@@ -10,15 +10,17 @@ with like.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..errors import UserError
+from ..policies import PLACEMENT
 from ..results import LayoutInfo, ResultsDocument, RunRecord, TraceInfo, read_results, run_label
 from ..results.records import legacy_fingerprint
 
 # The report shows the results records as they are: a run is a ``RunRecord``.
 Run = RunRecord
 
-__all__ = ["TraceInfo", "Run", "ReportData", "load_results", "from_documents", "run_label"]
+__all__ = ["TraceInfo", "Run", "ReportData", "load_results", "read_documents", "from_documents", "run_label"]
 
 
 @dataclass(frozen=True)
@@ -47,7 +49,39 @@ def load_results(paths: list[str]) -> ReportData:
     """
     if not paths:
         raise UserError("no results file given")
-    return from_documents([read_results(p) for p in paths], [str(p) for p in paths])
+    return from_documents(read_documents(paths), [str(p) for p in paths])
+
+
+def read_documents(paths: list[str]) -> list[ResultsDocument]:
+    """Reads results files strictly, each once, with the checks that need the policy registry
+    (which ``tiercache.results`` sits below): every run's placement is one tiercache knows.
+
+    Raises:
+        UserError: a file given twice (a report would count its runs twice), or as
+            ``read_results``, or a run with an unknown placement (names the file and run).
+    """
+    _check_distinct(paths)
+    documents = [read_results(p) for p in paths]
+    for document, path in zip(documents, paths):
+        _check_placements(document, str(path))
+    return documents
+
+
+def _check_distinct(paths: list[str]) -> None:
+    seen: dict[Path, str] = {}
+    for path in paths:
+        resolved = Path(path).resolve()
+        if resolved in seen:
+            raise UserError(f"{path}: results file given twice (as {seen[resolved]!r} and {str(path)!r}); give each file once")
+        seen[resolved] = str(path)
+
+
+def _check_placements(document: ResultsDocument, source: str) -> None:
+    """Every run's placement is a registered placement policy or an out-of-tree ``module:Class``."""
+    for i, run in enumerate(document.runs, start=1):
+        if run.placement.strip().lower() not in PLACEMENT and ":" not in run.placement:
+            raise UserError(f"{source}: run {i}: field 'placement' must be one of {', '.join(PLACEMENT)} "
+                            f"(or module:Class), got {run.placement!r}")
 
 
 def from_documents(documents: list[ResultsDocument], sources: list[str]) -> ReportData:

@@ -2,15 +2,20 @@
 
 Errors name the file and, for a run, its 1-based index; absent keys follow the version's
 rules (``_ABSENT``: what each older version did not write, read as "not recorded").
+Beyond types, values are checked against what a replay can write, so the report never meets
+a value it cannot draw: counts below 2**63 (what numpy's int64 holds), capacities of at least
+one block, finite seconds, ratios in [0, 1], tier names tiercache knows (distinct, fastest
+first), at least one tier per run, and ``decode`` semantics only on a step trace.
 Metadata plane: no torch, no numpy.
 """
 
 from __future__ import annotations
 
 import enum
+import math
 from typing import Any, Callable, Mapping
 
-from ..config import Codec
+from ..config import REMOTE_TIER, TIER_NAMES, Codec
 from ..errors import UserError
 from .records import (
     READABLE_VERSIONS, InstanceRecord, LayoutInfo, Mode, Route, ResultsDocument, RunRecord, Semantics, TierRecord, TraceInfo, TraceKind,
@@ -26,6 +31,20 @@ _V1_TRACE_KINDS = {"request": TraceKind.REQUESTS, "step": TraceKind.STEPS}
 # ----------------------------------------------------------------------------- strict reader
 
 _BAD = object()  # what a converter returns for a value of the wrong type
+#: Counts are held in int64 downstream (numpy, the LRU curve): every count is below this.
+_COUNT_LIMIT = 2**63
+#: Tier names in hierarchy order (fastest first; the shared remote tier last).
+_TIER_ORDER = TIER_NAMES + (REMOTE_TIER,)
+
+
+class _Refused(Exception):
+    """Raised by a converter for a value of the right type but out of range; ``rule`` says
+    what the value must be (the error message's ``must be ...``)."""
+
+    def __init__(self, rule: str) -> None:
+        super().__init__(rule)
+        self.rule = rule
+
 
 _HIT_SPLIT = ("hits_in_place", "hits_promoted", "in_place_bytes", "promoted_bytes", "in_place_seconds", "promoted_seconds")
 # Keys a version did not write (version 1: or wrote only when they applied): their value when absent.
@@ -40,11 +59,46 @@ _ABSENT = {6: {}, 5: _V5_ABSENT, 4: _V4_ABSENT, 3: _V3_ABSENT, 2: _V2_ABSENT, 1:
 
 
 def _count(value: Any) -> Any:
-    return value if type(value) is int and value >= 0 else _BAD
+    """A count: an integer in [0, 2**63)."""
+    if type(value) is not int or value < 0:
+        return _BAD
+    if value >= _COUNT_LIMIT:
+        raise _Refused("an integer in [0, 2**63)")
+    return value
+
+
+def _positive(value: Any) -> Any:
+    """A capacity or layout size: an integer in [1, 2**63)."""
+    if type(value) is not int:
+        return _BAD
+    if not 1 <= value < _COUNT_LIMIT:
+        raise _Refused("an integer in [1, 2**63)")
+    return value
 
 
 def _number(value: Any) -> Any:
-    return float(value) if type(value) in (int, float) else _BAD
+    """A finite number, as a float (NaN, infinities and integers beyond a float are refused)."""
+    if type(value) not in (int, float):
+        return _BAD
+    try:
+        out = float(value)
+    except OverflowError:  # an integer beyond the largest float
+        out = math.inf
+    if not math.isfinite(out):
+        raise _Refused("a finite number")
+    return out
+
+
+def _ratio(value: Any) -> Any:
+    """A ratio: a number in [0, 1]."""
+    out = _number(value)
+    if out is not _BAD and not 0.0 <= out <= 1.0:
+        raise _Refused("a number in [0, 1]")
+    return out
+
+
+def _tier_name(value: Any) -> Any:
+    return value if isinstance(value, str) and value in _TIER_ORDER else _BAD
 
 
 def _text(value: Any) -> Any:
@@ -70,7 +124,8 @@ def _member(kind: type[enum.Enum], aliases: Mapping[str, enum.Enum] | None = Non
     return lambda value: known.get(value, _BAD) if isinstance(value, str) else _BAD
 
 
-_DESCRIPTIONS = {_count: "a non-negative integer", _number: "a number", _text: "a string"}
+_DESCRIPTIONS = {_count: "a non-negative integer", _positive: "a positive integer", _number: "a number", _ratio: "a number",
+                 _text: "a string"}
 
 
 class _Object:
@@ -93,7 +148,10 @@ class _Object:
                 return _ABSENT[self.version][key]
             raise UserError(f"{self.where}: missing field {key!r}")
         raw = self.value[key]
-        out = convert(raw)
+        try:
+            out = convert(raw)
+        except _Refused as exc:
+            raise UserError(f"{self.where}: field {key!r} must be {exc.rule}, got {raw!r}") from None
         if out is _BAD:
             raise UserError(f"{self.where}: field {key!r} must be {description or _DESCRIPTIONS[convert]}, got {raw!r}")
         return out
@@ -137,25 +195,43 @@ def read_document(data: Any, source: str) -> ResultsDocument:
         raise UserError(f"{source}: not a results document (no 'runs' list)")
     if not runs:
         raise UserError(f"{source}: the results file has no runs")
+    trace = _read_trace(_Object(data["trace"], source, "trace", version))
+    records = tuple(_read_run(entry, source, f"run {i}", version) for i, entry in enumerate(runs, start=1))
+    _check_semantics_of_kind(records, trace.kind, source)
     return ResultsDocument(
         tiercache_version=top.take("tiercache_version", _text),
         command=top.take("command", _text),
-        trace=_read_trace(_Object(data["trace"], source, "trace", version)),
+        trace=trace,
         layout=_read_layout(top.take("layout", lambda v: v), source, version),
         hardware=top.take("hardware", _nullable(_text), "null or a preset name"),
-        runs=tuple(_read_run(entry, source, f"run {i}", version) for i, entry in enumerate(runs, start=1)),
+        runs=records,
     )
+
+
+def _check_semantics_of_kind(runs: tuple[RunRecord, ...], kind: TraceKind, source: str) -> None:
+    """``decode`` semantics is how a step trace replays; a request trace never gives it.
+
+    Raises:
+        UserError: a ``decode`` run in a results file of a request trace (names file and run).
+    """
+    for i, run in enumerate(runs, start=1):
+        if run.semantics is Semantics.DECODE and kind is TraceKind.REQUESTS:
+            raise UserError(f"{source}: run {i}: semantics 'decode' is how step traces replay, but the trace is a "
+                            "request trace (object or prefix semantics)")
 
 
 def _read_trace(obj: _Object) -> TraceInfo:
     aliases = _V1_TRACE_KINDS if obj.version == 1 else {}
     kinds = "/".join(aliases or [k.value for k in TraceKind])
-    return TraceInfo(
+    info = TraceInfo(
         path=obj.take("path", _text), name=obj.take("name", _text), fingerprint=obj.take("fingerprint", _text),
         kind=obj.take("kind", _member(TraceKind, aliases), kinds),
         requests=obj.take("requests", _count), accesses=obj.take("accesses", _count),
         unique_blocks=obj.take("unique_blocks", _count),
     )
+    if info.unique_blocks > info.accesses:
+        raise UserError(f"{obj.where}: inconsistent counts: unique_blocks {info.unique_blocks} > accesses {info.accesses}")
+    return info
 
 
 def _read_layout(value: Any, source: str, version: int) -> LayoutInfo | None:
@@ -163,20 +239,21 @@ def _read_layout(value: Any, source: str, version: int) -> LayoutInfo | None:
         return None
     obj = _Object(value, source, "layout", version)
     obj.require(("name", "dtype", *_LAYOUT_INTS))
-    ints = {key: obj.take(key, _count) for key in _LAYOUT_INTS}
+    ints = {key: obj.take(key, _positive) for key in _LAYOUT_INTS}
     return LayoutInfo(name=obj.take("name", _text), dtype=obj.take("dtype", _text), **ints)
 
 
 def _read_tier(value: Any, parent: str, label: str, version: int) -> TierRecord:
     obj = _Object(value, parent, label, version)
     obj.require(("name", *_TIER_COUNTS, *_TIER_COUNTS_V2, *_HIT_SPLIT, "codec", "block_bytes"))
-    counts = {key: obj.take(key, _count) for key in _TIER_COUNTS}
+    counts = {key: obj.take(key, _positive if key == "capacity_blocks" else _count) for key in _TIER_COUNTS}
     later = {key: obj.take(key, _nullable(_count), "null or a non-negative integer") for key in _TIER_COUNTS_V2 + _HIT_SPLIT[:4]}
     seconds = {key: obj.take(key, _nullable(_number), "null or a number") for key in _HIT_SPLIT[4:]}
     codec = obj.take("codec", lambda v: v if v in _CODEC_NAMES else _BAD, f"one of {', '.join(_CODEC_NAMES)}")
     block_bytes = obj.take("block_bytes", _nullable(_count), "null or a non-negative integer")
+    name = obj.take("name", _tier_name, f"one of {', '.join(_TIER_ORDER)}")
     try:
-        return TierRecord(name=obj.take("name", _text), **counts, **later, **seconds, codec=codec, block_bytes=block_bytes)
+        return TierRecord(name=name, **counts, **later, **seconds, codec=codec, block_bytes=block_bytes)
     except ValueError as exc:
         raise UserError(f"{obj.where}: inconsistent counts: {exc}") from None
 
@@ -184,15 +261,19 @@ def _read_tier(value: Any, parent: str, label: str, version: int) -> TierRecord:
 def _read_run(value: Any, source: str, label: str, version: int) -> RunRecord:
     obj = _Object(value, source, label, version)
     obj.require(_RUN_KEYS)
-    tiers = obj.take("tiers", lambda v: v if isinstance(v, list) else _BAD, "a list of tier objects")
+    tiers = obj.take("tiers", lambda v: v if isinstance(v, list) and v else _BAD, "a non-empty list of tier objects")
+    records = tuple(_read_tier(t, obj.where, f"tier {i}", version) for i, t in enumerate(tiers, start=1))
+    _check_tier_order(records, obj.where)
     fields = {
         **{key: obj.take(key, _text) for key in ("policy", "admission", "placement")},
         "semantics": obj.take("semantics", _member(Semantics), "/".join(m.value for m in Semantics)),
         "mode": obj.take("mode", _member(Mode), "/".join(m.value for m in Mode)),
-        **{key: obj.take(key, _count) for key in ("capacity_blocks", "accesses", "hits", "misses")},
+        "capacity_blocks": obj.take("capacity_blocks", _positive),
+        **{key: obj.take(key, _count) for key in ("accesses", "hits", "misses")},
         "recomputed": obj.take("recomputed", _nullable(_count), "null or a non-negative integer"),
-        **{key: obj.take(key, _number) for key in ("miss_ratio", "hit_ratio", "wall_seconds")},
-        "tiers": tuple(_read_tier(t, obj.where, f"tier {i}", version) for i, t in enumerate(tiers, start=1)),
+        **{key: obj.take(key, _ratio) for key in ("miss_ratio", "hit_ratio")},
+        "wall_seconds": obj.take("wall_seconds", _number),
+        "tiers": records,
         "bytes_moved": obj.take("bytes_moved", _mapping(_count), "an object of byte counts per link"),
         "modeled_seconds": obj.take("modeled_seconds", _mapping(_number), "an object of seconds"),
         "prefill_tokens": obj.take("prefill_tokens", _nullable(_count), "null or a non-negative integer"),
@@ -206,6 +287,18 @@ def _read_run(value: Any, source: str, label: str, version: int) -> RunRecord:
         return RunRecord(**fields)
     except ValueError as exc:  # the record's own invariants (counts that do not add up)
         raise UserError(f"{obj.where}: inconsistent counts: {exc}") from None
+
+
+def _check_tier_order(tiers: tuple[TierRecord, ...], where: str) -> None:
+    """A run's tiers are distinct and fastest first (``hbm, dram, nvme``, ``remote`` last).
+
+    Raises:
+        UserError: a tier repeated or out of order (names the run).
+    """
+    ranks = [_TIER_ORDER.index(t.name) for t in tiers]
+    if any(a >= b for a, b in zip(ranks, ranks[1:])):
+        raise UserError(f"{where}: tiers must be distinct and fastest first ({', '.join(_TIER_ORDER)}), "
+                        f"got {', '.join(t.name for t in tiers)}")
 
 
 def _read_instances(run: _Object) -> tuple[InstanceRecord, ...] | None:

@@ -42,13 +42,17 @@ Versions:
   (``bytes_moved``, ``modeled_seconds``, the prefill figures) read as absent: ``{}`` or
   ``None``, exactly as version 2 writes a run without them.
 
-Reading is strict: an unknown version, a missing key or a value of the wrong type raises a
-``UserError`` naming the file and, for a run, its 1-based index.
+Reading is strict: an unknown version, a missing key, a value of the wrong type or out of
+range (a count beyond 2**63, a capacity of 0, a non-finite number, a ratio that disagrees
+with the counts, an unknown tier; see ``reader``) raises a ``UserError`` naming the file and,
+for a run, its 1-based index.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -220,7 +224,8 @@ class RunRecord:
     """One replay: a policy at a capacity under one semantics and hierarchy mode.
 
     Invariants: ``accesses == hits + misses``; ``hits`` is the sum of the tiers' hits;
-    ``tiers`` fastest first. ``bytes_moved`` (per link) is empty without a layout and
+    ``tiers`` non-empty, fastest first; ``miss_ratio`` is ``misses / accesses`` and
+    ``hit_ratio`` ``hits / accesses`` (both 0.0 without accesses), to float rounding. ``bytes_moved`` (per link) is empty without a layout and
     ``modeled_seconds`` (per link, ``recompute`` and ``total``) without a layout and hardware.
     The prefill figures are None outside prefix semantics (``ttft_saved_s`` also without a
     layout and hardware); ``recomputed`` is None only when upgraded from version 1.
@@ -263,12 +268,22 @@ class RunRecord:
             self._check_instances()
         elif self.route is not None or self.shared_writes is not None:
             raise ValueError("route and shared_writes belong to fleet runs (with instances)")
-        if self.tiers and sum(t.hits for t in self.tiers) != self.hits:
+        if not self.tiers:
+            raise ValueError("a run has at least one tier")
+        if sum(t.hits for t in self.tiers) != self.hits:
             raise ValueError(f"the tiers' hits do not add up to hits {self.hits}")
+        self._check_ratios()
         object.__setattr__(self, "tiers", tuple(self.tiers))
         # Plain dict copies (not read-only proxies): records cross process boundaries by pickle.
         object.__setattr__(self, "bytes_moved", dict(self.bytes_moved))
         object.__setattr__(self, "modeled_seconds", dict(self.modeled_seconds))
+
+    def _check_ratios(self) -> None:
+        """The ratios agree with the counts (as ``replay`` computes them: 0.0 without accesses)."""
+        for name, count in (("miss_ratio", self.misses), ("hit_ratio", self.hits)):
+            expected = count / self.accesses if self.accesses else 0.0
+            if not math.isclose(getattr(self, name), expected, rel_tol=1e-9, abs_tol=1e-12):
+                raise ValueError(f"{name} {getattr(self, name)!r} is not {count} / {self.accesses} accesses ({expected!r})")
 
     def _check_instances(self) -> None:
         object.__setattr__(self, "instances", tuple(self.instances))
@@ -383,7 +398,9 @@ def read_results(path: str | Path) -> ResultsDocument:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise UserError(f"{path}: not a JSON results file ({exc.msg} at line {exc.lineno})") from None
+        raise UserError(f"{path}: not a JSON results file ({exc.msg}: line {exc.lineno} column {exc.colno})") from None
+    except ValueError:  # an integer literal of more digits than Python converts
+        raise UserError(f"{path}: not a results file (a number of more than {sys.get_int_max_str_digits()} digits)") from None
     except RecursionError:
         raise UserError(f"{path}: not a results file (JSON nested too deeply)") from None
     return ResultsDocument.from_json(data, str(path))
