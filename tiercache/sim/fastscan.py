@@ -5,11 +5,12 @@ fields ``timestamp``, ``input_length``, ``output_length`` (non-negative integers
 ``hash_ids`` (a list of them), in any order, with any JSON whitespace. ``scan_requests``
 reads that subset of JSON straight into arrays in one compiled pass (no Python object per
 id), and gives up, returning None, on anything else: another field, a repeated key, a
-string value, a float, a sign, a leading zero, a value of 2**63 or more, an escape, an
-object over two lines. ``load_trace`` then parses with orjson (``bulkparse``), and that in
-turn defers to the validating line reader, which names the file, line and field of any
-error. So the three paths accept the same traces and build the same arrays; the tests
-compare them on random traces with random whitespace and key order.
+string value, a float, a sign, a leading zero, a value of 2**63 or more, a token count over
+``MAX_TOKENS``, a line over ``MAX_LINE_BYTES``, an escape, an object over two lines.
+``load_trace`` then parses with orjson (``bulkparse``), and that in turn defers to the
+validating line reader, which names the file, line and field of any error. So the three
+paths accept the same traces and build the same arrays; the tests compare them on random
+traces with random whitespace and key order.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import numpy as np
 
 from tiercache.policies.kernels import HAVE_NUMBA, njit
 
-from .traces import FlatTrace
+from .traces import MAX_TOKENS, FlatTrace, first_long_line
 
 __all__ = ["scan_requests"]
 
@@ -178,7 +179,7 @@ def _scan(buf, k0, k1, k2, k3, ids, lengths, meta):
 
 def scan_requests(data: bytes) -> FlatTrace | None:
     """The flat arrays of a trace in the plain form (see the module docstring), or None."""
-    if not HAVE_NUMBA or not data:
+    if not HAVE_NUMBA or not data or first_long_line(data) is not None:
         return None
     buf = np.frombuffer(data, dtype=np.uint8)
     records_cap, ids_cap = _capacities(data)
@@ -186,8 +187,8 @@ def scan_requests(data: bytes) -> FlatTrace | None:
     lengths = np.empty(records_cap, dtype=np.int64)
     meta = np.empty((records_cap, 3), dtype=np.int64)
     records, count = _scan(buf, _KEY0, _KEY1, _KEY2, _KEY3, ids, lengths, meta)
-    if records <= 0:
-        return None
+    if records <= 0 or int(meta[:records, 1:].max()) > MAX_TOKENS:
+        return None  # not the plain form, or a token count the line reader refuses
     offsets = np.zeros(records, dtype=np.int64)
     np.cumsum(lengths[: records - 1], out=offsets[1:])
     return FlatTrace(ids[:count].copy(), offsets, meta[:records, 0].copy(), meta[:records, 1].copy(),

@@ -21,7 +21,7 @@ requests of all conversations are merged by arrival time (ties by file order, th
 order) into one request trace with millisecond timestamps, like a Mooncake trace.
 
 Limits (a file past one is refused, by name): UTF-8 without a byte order mark, as JSONL
-traces; ``block_size`` in ``[1, 2**31)``; ``in``/``out`` and ids in ``[0, 2**63)``; ``t``,
+traces; ``block_size`` in ``[1, 2**31)``; ``in``/``out`` in ``[0, 2**40]`` (as JSONL traces); ids in ``[0, 2**63)``; ``t``,
 ``start`` and each arrival (``start + t``) below 2**63 ms; renumbered local ids below 2**63.
 """
 
@@ -37,7 +37,7 @@ import numpy as np
 from tiercache.errors import TraceError
 
 from .steptrace import MAX_BLOCK_TOKENS
-from .traces import FlatTrace, fingerprint_digest, fingerprint_of, id_list_field
+from .traces import MAX_TOKENS, FlatTrace, fingerprint_digest, fingerprint_of, id_list_field
 
 __all__ = ["Conversation", "is_kvtester", "read_conversation", "load_kvtester_flat", "DEFAULT_MEAN_GAP_S"]
 
@@ -147,8 +147,8 @@ def _request(path: str, index: int, req: Any) -> tuple[float, int, int, list[int
     t = req.get("t")
     if not _is_seconds(t):
         raise TraceError(path, None, f"{where}.t must be a non-negative number of seconds below 2**63 ms, got {_show(t)}")
-    tokens_in = _positive_int(path, req, "in", where + ".", allow_zero=True)
-    tokens_out = _positive_int(path, req, "out", where + ".", allow_zero=True)
+    tokens_in = _positive_int(path, req, "in", where + ".", allow_zero=True, high=MAX_TOKENS)
+    tokens_out = _positive_int(path, req, "out", where + ".", allow_zero=True, high=MAX_TOKENS)
     ids = id_list_field(f"{path}: {where}", None, req, "hash_ids")  # the message names the request
     return float(t), tokens_in, tokens_out, ids
 
@@ -167,12 +167,16 @@ def _show(value: Any) -> str:
 
 def _positive_int(path: str, obj: dict, field: str, where: str, allow_zero: bool = False,
                   high: int = _INT64_MAX) -> int:
-    """A required integer field in ``[low, high]`` (low 0 or 1; high ``2**k - 1``, at most int64's max)."""
+    """A required integer field in ``[low, high]`` (low 0 or 1; high ``2**k`` or ``2**k - 1``,
+    at most int64's max)."""
     value = obj.get(field)
     low = 0 if allow_zero else 1
     if type(value) is not int or not low <= value <= high:
-        bound = "2**63" if high == _INT64_MAX else f"2**{(high + 1).bit_length() - 1}"
-        raise TraceError(path, None, f"{where}{field} must be an integer in [{low}, {bound}), got {_show(value)}")
+        if high & (high - 1) == 0:  # a power of two: inclusive
+            span = f"[{low}, 2**{high.bit_length() - 1}]"
+        else:
+            span = f"[{low}, 2**{(high + 1).bit_length() - 1})"
+        raise TraceError(path, None, f"{where}{field} must be an integer in {span}, got {_show(value)}")
     return value
 
 

@@ -21,8 +21,9 @@ from .bulkparse import MAX_BULK_BYTES, bulk_requests
 from .fastscan import scan_requests
 from .kvtester import DEFAULT_MEAN_GAP_S, is_kvtester, load_kvtester_flat
 from .steptrace import FlatSteps, flat_steps, header_block_tokens, is_header
-from .traces import (MOONCAKE_BLOCK_TOKENS, FlatTrace, fingerprint_digest, fingerprint_of, flat_requests,
-                     format_block_tokens, iter_json_objects, kind_of, request_format, trace_fingerprint)
+from .traces import (MAX_LINE_BYTES, MOONCAKE_BLOCK_TOKENS, FlatTrace, check_token_counts, fingerprint_digest,
+                     fingerprint_of, flat_requests, format_block_tokens, iter_json_objects, kind_of, request_format,
+                     trace_fingerprint)
 
 __all__ = ["Trace", "load_trace", "trace_fingerprint"]
 
@@ -90,12 +91,21 @@ def load_trace(path: str | os.PathLike, arrival_seed: int = 0, mean_gap_s: float
     conversations whose files give no ``start`` (ignored for every other trace).
 
     Raises:
-        TraceError: unreadable or empty file, a first record of neither kind, or any error
-            of the kind's reader (the message names the file and the 1-based line).
+        TraceError: unreadable or empty file, a first record of neither kind, any error of
+            the kind's reader (the message names the file and the 1-based line), a folder
+            without conversation files, or a trace without a single block access.
     """
-    name = os.fspath(path)
-    if is_kvtester(name):  # kv-cache-tester conversations: a folder or one .json file
+    trace = _load(os.fspath(path), arrival_seed, mean_gap_s)
+    if len(trace.ids) == 0:  # nothing to replay: every miss ratio would be 0 / 0
+        raise TraceError(trace.path, None, "the trace has records but no block accesses")
+    return trace
+
+
+def _load(name: str, arrival_seed: int, mean_gap_s: float) -> Trace:
+    """``load_trace`` without the check for block accesses."""
+    if _is_kvtester_workload(name):  # kv-cache-tester conversations: a folder or one .json file
         flat, block_size, fingerprint = load_kvtester_flat(name, arrival_seed, mean_gap_s)
+        check_token_counts(name, flat)
         return Trace(name, TraceKind.REQUESTS, fingerprint, flat.ids, _with_end(flat.offsets, flat.ids), requests=flat,
                      block_tokens=block_size)
     fast = _load_requests_bulk(name)
@@ -109,6 +119,7 @@ def load_trace(path: str | os.PathLike, arrival_seed: int = 0, mean_gap_s: float
     kind = kind_of(name, *first)
     if kind is TraceKind.REQUESTS:
         requests = flat_requests(name, itertools.chain([first], objects))
+        check_token_counts(name, requests)
         return Trace(name, kind, fingerprint_of(digest), requests.ids, _with_end(requests.offsets, requests.ids), requests=requests,
                      block_tokens=format_block_tokens(request_format(first[1])))
     block_tokens = header_block_tokens(name, *first) if is_header(first[1]) else None
@@ -145,8 +156,39 @@ def _load_requests_bulk(name: str) -> Trace | None:
         requests = bulk_requests(data, seconds=bailian)
     if requests is None:
         return None
+    check_token_counts(name, requests)
     return Trace(name, TraceKind.REQUESTS, fingerprint, requests.ids, _with_end(requests.offsets, requests.ids),
                  requests=requests, block_tokens=format_block_tokens("bailian" if bailian else "mooncake"))
+
+
+def _is_kvtester_workload(name: str) -> bool:
+    """Whether ``name`` is read as kv-cache-tester conversations: a folder holding ``*.json``
+    files, or a ``.json`` file ``is_kvtester`` takes whose first line is not a whole request
+    record (a Mooncake JSONL file named ``.json`` is not a conversation).
+
+    Raises:
+        TraceError: a folder without any ``*.json`` file (empty, or of other files).
+    """
+    if os.path.isdir(name):
+        try:
+            files = os.listdir(name)
+        except OSError as exc:
+            raise TraceError(name, None, f"cannot open trace: {exc.strerror or exc}") from None
+        if not any(f.endswith(".json") for f in files):
+            raise TraceError(name, None, "cannot open trace: a folder with no conversation files (*.json)")
+        return True
+    return is_kvtester(name) and not _first_line_is_request(name)
+
+
+def _first_line_is_request(name: str) -> bool:
+    """Whether the file's first line alone is a JSON object with ``hash_ids`` (JSON Lines of
+    requests; a conversation file's requests sit inside its ``requests`` list)."""
+    try:
+        with open(name, "rb") as handle:
+            record = orjson.loads(handle.readline(MAX_LINE_BYTES + 1))
+    except (OSError, orjson.JSONDecodeError):
+        return False
+    return isinstance(record, dict) and "hash_ids" in record
 
 
 def _with_end(offsets: np.ndarray, ids: np.ndarray) -> np.ndarray:

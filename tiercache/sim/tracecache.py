@@ -1,12 +1,20 @@
 """A binary cache of parsed request traces, keyed by the trace's fingerprint.
 
 ``load_trace_cached(path)`` hashes the file (xxh3-128, ``trace_fingerprint``), and when
-``<cache>/<fingerprint>-v2/`` holds the parsed arrays it loads them (``.npy`` files, no JSON
+``<cache>/<fingerprint>-v3/`` holds the parsed arrays it loads them (``.npy`` files, no JSON
 parsing at all); otherwise it parses the trace (``load_trace``), computes the replay's dense
 ids and next uses once, and writes them there (to a temporary folder renamed into place, so
 a reader never sees half a cache entry). A changed file has another fingerprint, so a stale
 entry is never used. The arrays are what a replay holds anyway: ids (8 B per access), next
 use (8 B), dense id (4 B), plus four 8-byte numbers per request and the block size.
+
+An entry is checked before use, since the replay kernels trust its arrays (an offset or a
+dense id out of range would make them read out of bounds): every array has its dtype and
+length, offsets run from 0 to ``len(ids)`` without decreasing, dense ids lie in
+``[0, len(ids))``, next uses are ``NO_NEXT_USE`` or accesses, token counts and the block
+size are in range, and the xxh3-128 digest of all arrays, written with them, matches (so an
+entry edited or damaged in place, even to values that pass the range checks, is caught). An
+entry that fails any check is a cache miss: the trace is parsed again and the entry replaced.
 
 The cache folder is ``$TIERCACHE_TRACE_CACHE``, or ``~/.cache/tiercache/traces``. Step traces
 are not cached (they are read as before).
@@ -20,17 +28,27 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+import xxhash
 
+from tiercache.policies.base import NO_NEXT_USE
 from tiercache.results import TraceKind
 
 from .loader import Trace, load_trace
 from .prep import dense_and_next_use
-from .traces import FlatTrace, trace_fingerprint
+from .traces import MAX_TOKENS, FlatTrace, trace_fingerprint
 
 __all__ = ["load_trace_cached", "default_cache_dir", "VERSION"]
 
-VERSION = 2  # 2: the trace's block size is kept (version 1 entries are ignored: the loader wrote 512 back)
-_ARRAYS = ("ids", "offsets", "timestamps", "input_lengths", "output_lengths", "dense", "next_use", "block_tokens")
+# 2: the trace's block size is kept (version 1 entries are ignored: the loader wrote 512 back);
+# 3: a digest of the arrays is kept and checked (version 2 entries are ignored).
+VERSION = 3
+#: Each array of an entry and its dtype.
+_DTYPES = {"ids": np.int64, "offsets": np.int64, "timestamps": np.int64, "input_lengths": np.int64,
+           "output_lengths": np.int64, "dense": np.int32, "next_use": np.int64, "block_tokens": np.int64}
+_ARRAYS = tuple(_DTYPES)
+_DIGEST = "digest"
+#: The largest block size an entry may record (tokens per block).
+_MAX_BLOCK_TOKENS = (1 << 31) - 1
 
 
 def default_cache_dir() -> Path:
@@ -43,7 +61,8 @@ def load_trace_cached(path: str | os.PathLike, cache_dir: str | os.PathLike | No
     """``load_trace(path)`` through the binary cache (see the module docstring).
 
     The returned trace carries ``dense`` and ``next_use``, so ``ReplayData.prepare`` computes
-    nothing. A cache that cannot be written (read-only disk) is skipped, not an error.
+    nothing. A cache that cannot be written (read-only disk) is skipped, not an error; an
+    entry that fails its checks (module docstring) is parsed again and replaced.
 
     Raises:
         TraceError: as ``load_trace`` (unreadable or invalid trace).
@@ -51,7 +70,7 @@ def load_trace_cached(path: str | os.PathLike, cache_dir: str | os.PathLike | No
     name = os.fspath(path)
     folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     entry = folder / f"{trace_fingerprint(name)}-v{VERSION}"
-    if (entry / "ids.npy").exists():
+    if entry.exists():
         cached = _read(name, entry)
         if cached is not None:
             return cached
@@ -66,10 +85,12 @@ def load_trace_cached(path: str | os.PathLike, cache_dir: str | os.PathLike | No
 
 
 def _read(name: str, entry: Path) -> Trace | None:
-    """The cached trace, or None when the entry is incomplete or unreadable."""
+    """The cached trace, or None when the entry is incomplete, unreadable or fails a check."""
     try:
-        arrays = {key: np.load(entry / f"{key}.npy", allow_pickle=False) for key in _ARRAYS}
-    except (OSError, ValueError):
+        arrays = {key: np.load(entry / f"{key}.npy", allow_pickle=False) for key in (*_ARRAYS, _DIGEST)}
+    except (OSError, ValueError, EOFError):
+        return None
+    if not _consistent(arrays) or arrays[_DIGEST].tobytes() != _digest(arrays):
         return None
     requests = FlatTrace(arrays["ids"], arrays["offsets"][:-1], arrays["timestamps"], arrays["input_lengths"],
                          arrays["output_lengths"])
@@ -77,20 +98,66 @@ def _read(name: str, entry: Path) -> Trace | None:
                  requests=requests, block_tokens=int(arrays["block_tokens"][0]), dense=arrays["dense"], next_use=arrays["next_use"])
 
 
+def _consistent(arrays: dict[str, np.ndarray]) -> bool:
+    """Whether an entry's arrays have the shapes, dtypes and ranges ``Trace`` and the replay
+    kernels rely on (see the module docstring); cheap vectorised checks, no digest."""
+    if any(arrays[key].dtype != dtype or arrays[key].ndim != 1 for key, dtype in _DTYPES.items()):
+        return False
+    ids, offsets, dense, nu = arrays["ids"], arrays["offsets"], arrays["dense"], arrays["next_use"]
+    n, requests = len(ids), len(offsets) - 1
+    if n == 0 or requests < 1 or len(dense) != n or len(nu) != n or len(arrays["block_tokens"]) != 1:
+        return False
+    if any(len(arrays[key]) != requests for key in ("timestamps", "input_lengths", "output_lengths")):
+        return False
+    if offsets[0] != 0 or offsets[-1] != n or not np.all(offsets[1:] >= offsets[:-1]):
+        return False
+    tokens = np.concatenate((arrays["input_lengths"], arrays["output_lengths"]))
+    return bool(ids.min() >= 0 and arrays["timestamps"].min() >= 0 and tokens.min() >= 0 and tokens.max() <= MAX_TOKENS
+                and 1 <= arrays["block_tokens"][0] <= _MAX_BLOCK_TOKENS and dense.min() >= 0 and dense.max() < n
+                and np.all((nu == NO_NEXT_USE) | ((nu > 0) & (nu < n))))
+
+
+def _digest(arrays: dict[str, np.ndarray]) -> bytes:
+    """The xxh3-128 digest of an entry's arrays: each one's name, dtype, length and bytes."""
+    digest = xxhash.xxh3_128()
+    for key in _ARRAYS:
+        value = np.ascontiguousarray(arrays[key])
+        digest.update(f"{key}:{value.dtype.str}:{value.shape}".encode())
+        digest.update(memoryview(value).cast("B"))
+    return digest.digest()
+
+
 def _write(trace: Trace, folder: Path, entry: Path) -> None:
-    """Writes the entry into a temporary folder and renames it into place (atomic)."""
+    """Writes the entry into a temporary folder and renames it into place (atomic); an entry
+    already there (one that failed its checks) is moved aside and removed first."""
     req = trace.requests
     arrays = {"ids": trace.ids, "offsets": trace.offsets, "timestamps": req.timestamps,
               "input_lengths": req.input_lengths, "output_lengths": req.output_lengths, "dense": trace.dense,
               "next_use": trace.next_use, "block_tokens": np.array([trace.block_tokens], dtype=np.int64)}
+    arrays = {key: np.ascontiguousarray(value, dtype=_DTYPES[key]) for key, value in arrays.items()}
+    arrays[_DIGEST] = np.frombuffer(_digest(arrays), dtype=np.uint8)
     try:
         folder.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=folder, prefix=".partial-"))
         for key, value in arrays.items():
-            np.save(tmp / f"{key}.npy", np.ascontiguousarray(value), allow_pickle=False)
+            np.save(tmp / f"{key}.npy", value, allow_pickle=False)
+        _discard(entry, folder)
         try:
             os.replace(tmp, entry)
         except OSError:  # another process wrote the entry first: theirs is the same
             shutil.rmtree(tmp, ignore_errors=True)
     except OSError:
         return
+
+
+def _discard(entry: Path, folder: Path) -> None:
+    """Removes a bad entry: renamed aside first (one atomic step, so no reader sees it half
+    deleted), then deleted. ``os.replace`` cannot replace a folder that holds files."""
+    if not entry.exists() and not entry.is_symlink():
+        return
+    stale = Path(tempfile.mkdtemp(dir=folder, prefix=".stale-"))
+    try:
+        os.replace(entry, stale / "entry")
+    except OSError:
+        pass  # another process moved it first
+    shutil.rmtree(stale, ignore_errors=True)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import json
 import os
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator
@@ -60,7 +61,13 @@ __all__ = [
     "kind_of",
     "iter_json_objects",
     "int_field",
+    "token_field",
     "id_list_field",
+    "check_token_counts",
+    "MAX_TOKENS",
+    "MAX_TOTAL_TOKENS",
+    "MAX_LINE_BYTES",
+    "first_long_line",
 ]
 
 #: Tokens per ``hash_ids`` block in Mooncake traces.
@@ -73,7 +80,13 @@ _INT64_MAX = (1 << 63) - 1
 #: about 80 KB); the bound keeps a file without newlines (``/dev/zero``) from being read
 #: into memory whole.
 MAX_LINE_BYTES = 64 << 20
-_REQUEST_FIELDS = ("timestamp", "input_length", "output_length")
+#: The most tokens one request's ``input_length`` or ``output_length`` may give (2**40, about
+#: 1.1e12: far beyond any context). With ``MAX_TOTAL_TOKENS`` it keeps every token sum of a
+#: replay (prefill tokens, tokens saved) inside int64.
+MAX_TOKENS = 1 << 40
+#: The most input tokens a whole request trace may give (their sum is kept as an int64).
+MAX_TOTAL_TOKENS = 1 << 62
+_TOKEN_FIELDS = ("input_length", "output_length")
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,7 +158,7 @@ def _read_lines(handle, name: str) -> Iterator[bytes]:
     try:
         for line, raw in enumerate(iter(lambda: handle.readline(MAX_LINE_BYTES + 1), b""), start=1):
             if len(raw) > MAX_LINE_BYTES:
-                raise TraceError(name, line, f"line longer than {MAX_LINE_BYTES >> 20} MiB: not a JSONL trace")
+                raise TraceError(name, line, f"line longer than {MAX_LINE_BYTES >> 20} MiB, the limit for one trace record")
             yield raw
     except OSError as exc:
         raise TraceError(name, line or None, f"cannot read trace: {exc.strerror or exc}") from None
@@ -159,10 +172,39 @@ def _parse_object(name: str, line: int, raw: bytes) -> dict[str, Any]:
     except orjson.JSONDecodeError as exc:
         if str(exc).startswith(("depth limit", "recursion limit")):
             raise TraceError(name, line, "malformed record: JSON nested too deeply") from None
-        raise TraceError(name, line, f"malformed JSON: {exc}") from None
+        raise TraceError(name, line, _not_utf8(raw) or f"malformed JSON: {exc}") from None
     if not isinstance(obj, dict):
         raise TraceError(name, line, f"expected a JSON object, got {type(obj).__name__}")
     return obj
+
+
+def _not_utf8(raw: bytes) -> str | None:
+    """Where and why a line's bytes are not UTF-8 (orjson's own message names neither: it
+    says "surrogates not allowed" at column 1 for any bad byte), or None if they are."""
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return (f"malformed JSON: not UTF-8: byte {raw[exc.start]:#04x} at column {exc.start + 1} "
+                f"({exc.reason})")
+    return None
+
+
+def first_long_line(data: bytes, limit: int | None = None) -> int | None:
+    """The 1-based number of the first line of ``data`` longer than ``limit`` bytes (its line
+    break included; default ``MAX_LINE_BYTES``), or None when every line fits: the bound
+    ``_read_lines`` enforces, so the bulk parsers defer such a file to it.
+
+    Jumps ``limit`` bytes at a time to the last line break before the mark, so a file of
+    short lines costs one ``rfind`` per ``limit`` bytes.
+    """
+    limit = MAX_LINE_BYTES if limit is None else limit
+    pos = 0
+    while len(data) - pos > limit:
+        cut = data.rfind(b"\n", pos, pos + limit)
+        if cut < 0:
+            return data.count(b"\n", 0, pos) + 1
+        pos = cut + 1
+    return None
 
 
 def request_format(first: dict[str, Any]) -> str:
@@ -187,7 +229,9 @@ def seconds_field_ms(name: str, line: int, obj: dict[str, Any], field: str) -> i
         raise TraceError(name, line, f"missing field {field!r}")
     value = obj[field]
     if type(value) not in (int, float) or not 0 <= value < _INT64_MAX / 1000:  # NaN fails the comparison
-        raise TraceError(name, line, f"field {field!r} must be a non-negative number of seconds, got {value!r}")
+        shown = _shown(name, line, value, (field,))
+        raise TraceError(name, line, f"field {field!r} must be a non-negative number of seconds below 2**63 ms "
+                                     f"(about {_INT64_MAX / 1000:.4g} s), got {shown}")
     return round(value * 1000)
 
 
@@ -195,16 +239,80 @@ def int_field(name: str, line: int, obj: dict[str, Any], field: str) -> int:
     """A required non-negative integer field (``bool`` is rejected: JSON true is not a count).
 
     Raises:
-        TraceError: missing, not an integer, or negative.
+        TraceError: missing, not an integer, or outside ``[0, 2**63)`` (an integer too large
+            for orjson, which reads it as a float, is named with its exact digits).
     """
     if field not in obj:
         raise TraceError(name, line, f"missing field {field!r}")
     value = obj[field]
+    if type(value) is float:
+        value = _exact_integer(name, line, (field,), value)
     if type(value) is not int:
         raise TraceError(name, line, f"field {field!r} must be a non-negative integer, got {value!r}")
     if not 0 <= value <= _INT64_MAX:
         raise TraceError(name, line, f"field {field!r} must be in [0, 2**63), got {value}")
     return value
+
+
+def token_field(name: str, line: int, obj: dict[str, Any], field: str) -> int:
+    """A required token count (``input_length``, ``output_length``): an integer in
+    ``[0, MAX_TOKENS]``.
+
+    Raises:
+        TraceError: as ``int_field``, or more than ``MAX_TOKENS`` (2**40) tokens.
+    """
+    value = int_field(name, line, obj, field)
+    if value > MAX_TOKENS:
+        raise TraceError(name, line, f"field {field!r} must be at most 2**40 tokens, got {value}")
+    return value
+
+
+def check_token_counts(name: str, requests: FlatTrace) -> None:
+    """Checks a parsed request trace's token counts: each at most ``MAX_TOKENS`` (the line
+    readers check it per line; this names a kv-cache-tester request by its arrival order) and
+    the input lengths summing to at most ``MAX_TOTAL_TOKENS`` (2**62), so the prefill token
+    sums of a replay stay inside int64.
+
+    Raises:
+        TraceError: naming the file and the first request past the bound.
+    """
+    for field in _TOKEN_FIELDS:
+        values = getattr(requests, field + "s")
+        if len(values) and int(values.max()) > MAX_TOKENS:
+            first = int(np.argmax(values > MAX_TOKENS))
+            raise TraceError(name, None, f"request {first} (in arrival order): {field} must be at most 2**40 tokens, "
+                                         f"got {int(values[first])}")
+    total = float(requests.input_lengths.sum(dtype=np.float64))  # a float sum cannot wrap
+    if total > MAX_TOTAL_TOKENS:
+        raise TraceError(name, None, f"the requests' input_length values sum to {total:.4g} tokens, more than 2**62")
+
+
+def _exact_integer(name: str, line: int | None, path: tuple, value: Any) -> Any:
+    """The integer the file holds where orjson read the float ``value``, else ``value``.
+
+    orjson reads an integer beyond 2**64 - 1 as a float, so messages would show
+    ``1.8446744073709552e+19`` for ``18446744073709551621``. On that error path only, line
+    ``line`` of file ``name`` is read again with Python's json module (integers of any size)
+    and the value at ``path`` (keys and list positions) is taken when it is an integer
+    equal to ``value`` as a float; anything unexpected keeps ``value``.
+    """
+    if type(value) is not float or not line:
+        return value
+    try:
+        with open(name, "rb") as handle:
+            raw = next(itertools.islice(_read_lines(handle, name), line - 1, None), b"")
+        exact = json.loads(raw)
+        for key in path:
+            exact = exact[key]
+    except (OSError, ValueError, TypeError, KeyError, IndexError, RecursionError):
+        return value
+    return exact if type(exact) is int and float(exact) == value else value
+
+
+def _shown(name: str, line: int | None, value: Any, path: tuple) -> str:
+    """A value for a message: the exact integer behind a float orjson made of it, else repr."""
+    exact = _exact_integer(name, line, path, value)
+    return str(exact) if type(exact) is int and type(value) is float else repr(value)
 
 
 def id_list_field(name: str, line: int, obj: dict[str, Any], field: str) -> list[int]:
@@ -227,6 +335,7 @@ def id_list_field(name: str, line: int, obj: dict[str, Any], field: str) -> list
 
 def _raise_bad_id(name: str, line: int, field: str, ids: list[Any]) -> None:
     for pos, value in enumerate(ids):
+        value = _exact_integer(name, line, (field, pos), value)
         if type(value) is not int:
             raise TraceError(name, line, f"{field}[{pos}] must be an integer block id, got {value!r}")
         if not 0 <= value <= _INT64_MAX:
@@ -246,7 +355,7 @@ def iter_requests(path: str | os.PathLike) -> Iterator[Request]:
     name = os.fspath(path)
     count = 0
     for line, obj in iter_json_objects(name):
-        ints = [int_field(name, line, obj, f) for f in _REQUEST_FIELDS]
+        ints = [int_field(name, line, obj, "timestamp")] + [token_field(name, line, obj, f) for f in _TOKEN_FIELDS]
         ids = id_list_field(name, line, obj, "hash_ids")
         count += 1
         yield Request(ints[0], ints[1], ints[2], tuple(ids), line)
@@ -274,12 +383,16 @@ def flat_requests(name: str, objects: Iterable[tuple[int, dict[str, Any]]]) -> F
     id_lists: list[list[int]] = []
     meta: list[tuple[int, int, int]] = []
     stamp = int_field
+    fmt = None
     # Parse without building Request objects: this runs on every replay.
     for line, obj in objects:
-        if not meta and request_format(obj) == "bailian":
-            stamp = seconds_field_ms
-        meta.append((stamp(name, line, obj, "timestamp"), int_field(name, line, obj, "input_length"),
-                     int_field(name, line, obj, "output_length")))
+        if fmt is None:
+            fmt = request_format(obj)
+            stamp = seconds_field_ms if fmt == "bailian" else int_field
+        elif request_format(obj) != fmt:
+            _raise_mixed_formats(name, line, fmt)
+        meta.append((stamp(name, line, obj, "timestamp"), token_field(name, line, obj, "input_length"),
+                     token_field(name, line, obj, "output_length")))
         id_lists.append(id_list_field(name, line, obj, "hash_ids"))
     if not meta:
         raise TraceError(name, None, "no requests: the trace is empty")
@@ -290,6 +403,19 @@ def flat_requests(name: str, objects: Iterable[tuple[int, dict[str, Any]]]) -> F
     np.cumsum(lengths[:-1], out=offsets[1:])
     cols = np.array(meta, dtype=np.int64).reshape(len(meta), 3)
     return FlatTrace(ids, offsets, cols[:, 0].copy(), cols[:, 1].copy(), cols[:, 2].copy())
+
+
+def _raise_mixed_formats(name: str, line: int, fmt: str) -> None:
+    """A record whose format (``request_format``) is not the first record's: a Bailian trace
+    counts seconds and 16-token blocks, a Mooncake trace milliseconds and 512-token blocks,
+    so one file cannot hold both."""
+    if fmt == "bailian":
+        found = "lacks 'chat_id' or 'parent_chat_id'"
+    else:
+        found = "has 'chat_id' and 'parent_chat_id' (a Bailian record)"
+    raise TraceError(name, line, f"the record {found}, but the first record is a {fmt.capitalize()} record: "
+                                 "one trace holds one format (Bailian: seconds, 16-token blocks; Mooncake: "
+                                 "milliseconds, 512-token blocks)")
 
 
 def flat_ids(path: str | os.PathLike) -> np.ndarray:
@@ -427,4 +553,7 @@ def kind_of(name: str, line: int, first: dict[str, Any]) -> TraceKind:
     if "step" in first or "block_tokens" in first:  # a step record, or a step trace's header
         return TraceKind.STEPS
     expected = "expected a Mooncake request (with 'hash_ids') or a step record (with 'step')"
+    if "requests" in first:
+        expected += ("; this looks like a kv-cache-tester conversation (with 'requests'): "
+                     "name the file *.json, or give its folder")
     raise TraceError(name, line, f"not a known trace: {expected}")
