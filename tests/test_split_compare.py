@@ -63,3 +63,14 @@ def test_split_refuses_a_trace_of_one_request(tmp_path: Path, capsys) -> None:
     code = main(["compare", str(path), "--policy", "session", "--capacity", "4", "--split", "--no-progress",
                  "-o", str(tmp_path / "r")])
     assert code == 2 and "a split needs at least two" in capsys.readouterr().err
+
+
+def test_split_refuses_a_half_without_block_accesses(tmp_path: Path, capsys) -> None:
+    """A half of empty requests would report a miss ratio of 0 (nothing to miss): refused."""
+    lines = [{"timestamp": t, "input_length": 512 * len(ids), "output_length": 1, "hash_ids": ids}
+             for t, ids in enumerate([[1, 2], [1, 3], [], []])]
+    path = tmp_path / "empty_half.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    code = main(["compare", str(path), "--policy", "lru,arc", "--capacity", "2", "--split", "--no-progress",
+                 "-o", str(tmp_path / "r")])
+    assert code == 2 and "the second half (requests 3-4) has no block access" in capsys.readouterr().err

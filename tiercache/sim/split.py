@@ -26,13 +26,17 @@ def split_halves(trace: Trace) -> tuple[Trace, Trace]:
     written), its fingerprint that of the whole trace's fingerprint and the half's name.
 
     Raises:
-        ValueError: a step trace, or fewer than two requests.
+        ValueError: a step trace, fewer than two requests, or a half without block accesses.
     """
     if trace.kind is not TraceKind.REQUESTS:
         raise ValueError(f"{trace.path}: only request traces split into halves (a step trace is one sequence)")
     if trace.records < 2:
         raise ValueError(f"{trace.path}: {trace.records} request(s); a split needs at least two")
     middle = trace.records // 2
+    for name, (first, last) in zip(HALVES, ((0, middle), (middle, trace.records))):
+        if trace.offsets[last] == trace.offsets[first]:
+            raise ValueError(f"{trace.path}: the {name.replace('-', ' ')} (requests {first + 1}-{last}) has no block access; "
+                             "a split needs block accesses in both halves")
     return _part(trace, 0, middle, HALVES[0]), _part(trace, middle, trace.records, HALVES[1])
 
 
