@@ -17,6 +17,7 @@ __all__ = [
     "EVICTION",
     "ADMISSION",
     "PolicyError",
+    "canonical_name",
     "get_eviction",
     "get_admission",
     "make_eviction",
@@ -85,15 +86,38 @@ PREFETCH: dict[str, str] = {
 }
 
 
+#: The methods each kind's base class leaves to its policies (the base raises
+#: NotImplementedError): a ``module:Class`` that does not define them all is refused.
+_REQUIRED: dict[type, tuple[str, ...]] = {
+    EvictionPolicy: ("on_insert", "on_access", "on_remove", "victims", "__len__", "__contains__"),
+    AdmissionPolicy: ("admit",),
+    PlacementPolicy: ("insert_tier", "promote_tier"),
+    PrefetchPolicy: ("plan",),
+}
+
+
 class PolicyError(UserError):
     """Unknown or unloadable policy name; the message lists the known names."""
 
 
+def canonical_name(name: str, table: dict[str, str]) -> str:
+    """The name a run records for policy ``name`` of ``table`` (``EVICTION``, ``ADMISSION``...).
+
+    A registered name is matched case-insensitively and given as registered (``" LRU"`` ->
+    ``"lru"``); anything else (a ``module:Class``) is returned stripped. The name is not
+    loaded: ``get_eviction`` and its siblings check it.
+    """
+    key = name.strip()
+    return key.lower() if key.lower() in table else key
+
+
 def _load(name: str, table: dict[str, str], kind: str, base: type) -> type:
-    """The class ``name`` maps to, checked to be a subclass of ``base``.
+    """The class ``name`` maps to, checked to be a concrete subclass of ``base``.
 
     Raises:
-        PolicyError: unknown name, unloadable target, or a target that is not a ``base`` class.
+        PolicyError: unknown name, a relative or unloadable target (whatever its module
+            raises on import), or a target that is not a subclass of ``base`` or leaves one
+            of ``base``'s methods unimplemented (``base`` itself, for instance).
     """
     key = name.strip()
     target = table.get(key.lower())
@@ -102,12 +126,18 @@ def _load(name: str, table: dict[str, str], kind: str, base: type) -> type:
     if target is None:
         raise PolicyError(f"unknown {kind} policy {name!r}; known: {', '.join(sorted(table))} (or module:Class)")
     module_name, _, class_name = target.partition(":")
+    if not module_name or module_name.startswith(".") or not class_name:
+        raise PolicyError(f"{kind} policy {name!r}: give an absolute module:Class, e.g. mypackage.mymodule:MyPolicy")
     try:
         loaded = getattr(importlib.import_module(module_name), class_name)
-    except (ImportError, AttributeError, ValueError) as exc:
-        raise PolicyError(f"cannot load {kind} policy {name!r} from {target!r}: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - the module is the user's: whatever its import raises is reported
+        raise PolicyError(f"cannot load {kind} policy {name!r} from {target!r}: {type(exc).__name__}: {exc}") from None
     if not isinstance(loaded, type) or not issubclass(loaded, base):
         raise PolicyError(f"{kind} policy {name!r}: {target!r} is not a subclass of {base.__name__}")
+    missing = [method for method in _REQUIRED[base] if getattr(loaded, method) is getattr(base, method)]
+    if missing:
+        raise PolicyError(f"{kind} policy {name!r}: {target!r} does not implement {', '.join(missing)} "
+                          f"(an abstract {base.__name__})")
     return loaded
 
 

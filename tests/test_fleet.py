@@ -176,3 +176,15 @@ def test_a_step_trace_is_refused_naming_the_fleet_options(tmp_path, capsys):
 def test_compare_refuses_a_remote_tier(capsys, tmp_path):
     err = _error(capsys, "compare", HEAD, "--tiers", "hbm=100,remote=500", "-o", tmp_path / "c", "--no-progress")
     assert "a shared remote tier is replayed by tiercache replay" in err
+
+
+def test_a_fleet_without_private_hits_states_no_infinite_gain(tmp_path, capsys):
+    """Every block is requested by one instance and again by another: the private tiers hit
+    nothing, so the gain sentence gives no percentage (it printed "+inf%")."""
+    path = tmp_path / "cross.jsonl"
+    path.write_text("".join(json.dumps({"timestamp": t, "input_length": 512, "output_length": 1, "hash_ids": [t // 2]}) + "\n"
+                            for t in range(8)))
+    assert main(["replay", str(path), "--tiers", "hbm=4,remote=16", "--instances", "2", "--semantics", "prefix",
+                 "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    assert "inf%" not in printed and "no private hits to compare with" in printed

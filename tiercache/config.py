@@ -33,6 +33,7 @@ __all__ = [
     "SPELLINGS",
     "parse_tiers",
     "parse_layout",
+    "split_items",
     "TIER_NAMES",
     "Semantics",
     "Mode",
@@ -402,17 +403,21 @@ def parse_tiers(spec: str, layout: KVLayout | None, eviction: str = "lru", admis
     dram, nvme).
 
     Raises:
-        ConfigError: empty spec, unknown or repeated tier, wrong order, missing ``=``, a
-            bad capacity or an unknown codec; the message names ``--tiers``.
+        ConfigError: empty spec or empty item (``hbm=2,,dram=2``), unknown or repeated tier,
+            wrong order, missing ``=``, a bad capacity, or an unknown or empty codec
+            (``hbm=2:``); the message names ``--tiers``.
     """
     tiers = []
-    for part in [p for p in spec.split(",") if p.strip()]:
+    for part in split_items(spec, "--tiers") if spec.strip() else []:
         if "=" not in part:
             raise ConfigError(f"--tiers: {part!r} should look like name=capacity[:codec] (e.g. hbm=4096, nvme=1TiB:int4)")
         name, value = (s.strip() for s in part.split("=", 1))
         if name not in TIER_NAMES:
             raise ConfigError(f"--tiers: unknown tier {name!r}; known: {', '.join(TIER_NAMES)}")
-        cap, _, codec_name = (s.strip() for s in value.partition(":"))
+        cap, colon, codec_name = (s.strip() for s in value.partition(":"))
+        if colon and not codec_name:
+            raise ConfigError(f"--tiers {name}: {value!r} has an empty codec after ':'; give one of "
+                              f"{', '.join(c.value for c in Codec)}, or leave out the ':'")
         codec = Codec.parse(codec_name, f"--tiers {name}") if codec_name else Codec.NONE
         tiers.append(TierConfig(name, parse_capacity(cap, layout, f"--tiers {name}", codec), eviction, admission, codec))
     if not tiers:
@@ -424,6 +429,20 @@ def parse_tiers(spec: str, layout: KVLayout | None, eviction: str = "lru", admis
     return tuple(tiers)
 
 
+def split_items(text: str, option: str) -> list[str]:
+    """The items of a comma list, stripped; an empty item (``"4,,5"``, ``"lru,"``) is refused.
+
+    Raises:
+        ConfigError: the list or one of its items is empty; the message names ``option``.
+    """
+    items = [item.strip() for item in text.split(",")]
+    if not any(items):
+        raise ConfigError(f"{option}: empty list")
+    if not all(items):
+        raise ConfigError(f"{option} {text!r}: empty item in the comma list")
+    return items
+
+
 _LAYOUT_FIELDS = {"layers": int, "kv_heads": int, "head_dim": int, "dtype": str, "block_tokens": int}
 
 
@@ -433,15 +452,18 @@ def parse_layout(spec: str, block_tokens: int | None = None) -> KVLayout:
     A model preset name is accepted too. ``block_tokens``, when given, overrides the spec's.
 
     Raises:
-        ConfigError: unknown key, missing key, or a non-integer where one is needed.
+        ConfigError: unknown, repeated or missing key, an empty item, or a non-integer where
+            one is needed.
     """
     if "=" not in spec:
         return layout_preset(spec, block_tokens)
     values: dict = {}
-    for part in [p for p in spec.split(",") if p.strip()]:
+    for part in split_items(spec, "--layout"):
         key, _, raw = (s.strip() for s in part.partition("="))
         if key not in _LAYOUT_FIELDS:
             raise ConfigError(f"--layout: unknown key {key!r}; known: {', '.join(_LAYOUT_FIELDS)}")
+        if key in values:
+            raise ConfigError(f"--layout: {key} given twice ({key}={values[key]} and {key}={raw}); give it once")
         try:
             values[key] = _LAYOUT_FIELDS[key](raw)
         except ValueError:

@@ -3,12 +3,14 @@
 A capacity is a block count (``4096``; ``4k`` = 4,000, powers of 1000) or a byte size, which
 needs a layout (and the tier's codec) to become blocks. The two spellings never overlap: a
 suffix without ``B`` counts blocks, a byte size always ends in ``B``, and anything else
-(``4Ki``) is refused with the accepted spellings.
+(``4Ki``) is refused with the accepted spellings. A value must come to a whole number of its
+unit: ``1.5k`` is 1,500 blocks, but ``1.5`` blocks or ``0.1B`` are refused, never rounded.
 """
 
 from __future__ import annotations
 
 import re
+from fractions import Fraction
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -26,7 +28,8 @@ _BYTE_UNITS = {
 }
 #: Block-count suffixes (decimal): ``4k`` is 4,000 blocks.
 _COUNT_UNITS = {"": 1, "k": 1000, "m": 1000**2, "g": 1000**3}
-_SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
+#: A number (a sign is read only to say that the value must be positive) and a unit.
+_SIZE_RE = re.compile(r"^\s*(-?[0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
 #: How capacities and sizes are spelled, for error messages.
 SPELLINGS = ("blocks: 4096, 4k (4,000), 2M (2,000,000); byte sizes need a B: "
              "512MB, 16GB (powers of 1000), 512MiB, 16GiB (powers of 1024)")
@@ -52,12 +55,13 @@ class Capacity:
         """``4096``/``"4k"`` (blocks) or ``"16GiB"``/``"512MB"`` (bytes).
 
         Raises:
-            ConfigError: unparsable, ambiguous (``"4Ki"``: neither spelling), or not positive.
+            ConfigError: unparsable, ambiguous (``"4Ki"``: neither spelling), not positive, or
+                not a whole number of blocks (``"1.5"``) or bytes (``"0.1B"``).
         """
         number, unit = _split(value, what)
         if unit in _COUNT_UNITS:
-            return cls(str(value), blocks=_positive(number * _COUNT_UNITS[unit], value, what))
-        return cls(str(value), nbytes=_positive(number * _BYTE_UNITS[unit], value, what))
+            return cls(str(value), blocks=_whole_positive(number * _COUNT_UNITS[unit], value, what, "blocks"))
+        return cls(str(value), nbytes=_whole_positive(number * _BYTE_UNITS[unit], value, what, "bytes"))
 
     def to_blocks(self, layout: "KVLayout | None", what: str = "capacity", codec: "Codec" = None) -> int:
         """Blocks of this capacity; a byte size is divided by the bytes of one block stored
@@ -77,26 +81,33 @@ class Capacity:
         return blocks
 
 
-def _split(value: int | str, what: str) -> tuple[float, str]:
-    """``(number, unit)`` of a capacity or size; the unit lower-cased and known."""
+def _split(value: int | str, what: str) -> tuple[Fraction, str]:
+    """``(number, unit)`` of a capacity or size: the number exact (``"1.2345"`` is not rounded
+    through a float), the unit lower-cased and known."""
     if isinstance(value, bool):
         raise ConfigError(f"{what}: expected a number, got {value!r}")
     if isinstance(value, int):
-        return value, ""
+        return Fraction(value), ""
     match = _SIZE_RE.match(str(value))
     if not match:
         raise ConfigError(f"{what}: cannot parse {value!r} ({SPELLINGS})")
     unit = match.group(2).lower()
     if unit not in _COUNT_UNITS and unit not in _BYTE_UNITS:
         raise ConfigError(f"{what}: {value!r} is ambiguous or unknown; spell {SPELLINGS}")
-    return float(match.group(1)), unit
+    return Fraction(match.group(1)), unit
 
 
-def _positive(number: float, value: int | str, what: str) -> int:
-    result = int(number)
-    if result <= 0:
+def _whole_positive(number: Fraction, value: int | str, what: str, unit: str) -> int:
+    """``number`` as an int: positive and whole (a fraction of a block or byte is refused).
+
+    Raises:
+        ConfigError: zero or negative, or not a whole number of ``unit``; names ``what``.
+    """
+    if number <= 0:
         raise ConfigError(f"{what}: must be positive, got {value!r}")
-    return result
+    if number.denominator != 1:
+        raise ConfigError(f"{what}: {value!r} is {float(number):g} {unit}, not a whole number of {unit}")
+    return int(number)
 
 
 def parse_size(value: int | str, what: str = "size") -> int:
@@ -105,12 +116,12 @@ def parse_size(value: int | str, what: str = "size") -> int:
     A suffix needs a B (``"4k"`` would read as 4,000 blocks elsewhere: refused here).
 
     Raises:
-        ConfigError: the value is not a positive size; the message names ``what``.
+        ConfigError: the value is not a positive whole number of bytes; the message names ``what``.
     """
     number, unit = _split(value, what)
     if unit not in ("", *_BYTE_UNITS):
         raise ConfigError(f"{what}: {value!r} is not a byte size; write a unit with B ({SPELLINGS})")
-    return _positive(number * _BYTE_UNITS.get(unit, 1), value, what)
+    return _whole_positive(number * _BYTE_UNITS.get(unit, 1), value, what, "bytes")
 
 
 def parse_capacity(value: int | str, layout: "KVLayout | None", what: str = "capacity", codec: "Codec | None" = None) -> int:
@@ -121,7 +132,7 @@ def parse_capacity(value: int | str, layout: "KVLayout | None", what: str = "cap
     the bytes of one block stored with ``codec`` (``layout.block_bytes`` without one).
 
     Raises:
-        ConfigError: not positive, unparsable or ambiguous, a byte size without a layout, or
-            under one block.
+        ConfigError: not positive, not a whole number of blocks or bytes, unparsable or
+            ambiguous, a byte size without a layout, or under one block.
     """
     return Capacity.parse(value, what).to_blocks(layout, what, codec)

@@ -39,19 +39,46 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _config(args: argparse.Namespace, directory: str) -> BenchConfig:
-    """Turns parsed options into a config; ``--quick`` overrides sizes."""
+    """Turns parsed options into a config; ``--quick`` overrides sizes.
+
+    Every option is checked first, with ``--quick`` too (which would otherwise ignore a
+    bad value silently).
+
+    Raises:
+        UserError: a bad option, named.
+    """
+    full = _full_config(args, directory)
     if args.quick:
         return BenchConfig(QUICK_LAYOUT, 16, 2, 2, directory, not args.no_zarr_api, args.seed)
-    layout = layout_preset(args.model, args.block_tokens)
+    return full
+
+
+def _full_config(args: argparse.Namespace, directory: str) -> BenchConfig:
+    """The config of the options as given (``--quick`` aside), validated.
+
+    Raises:
+        UserError: a bad ``--block-tokens``, ``--seed``, ``--model``, ``--blocks``, ``--threads``
+            or ``--reps``; the message names the option.
+    """
+    if args.block_tokens < 1:
+        raise UserError(f"--block-tokens: must be a positive integer, got {args.block_tokens}")
+    if args.seed < 0:
+        raise UserError(f"--seed: must be a non-negative integer, got {args.seed}")
+    try:
+        layout = layout_preset(args.model, args.block_tokens)
+    except UserError as exc:
+        raise UserError(f"--model: {exc}") from None
     if not args.all_layers:
         layout = KVLayout(layout.layers, layout.kv_heads, layout.head_dim, layout.dtype, layout.block_tokens, True, layout.name)
     return BenchConfig(layout, args.blocks, args.threads, args.reps, directory, not args.no_zarr_api, args.seed)
 
 
 def main(args: argparse.Namespace) -> int:
-    """Runs the benchmark, prints the table, writes the JSON (and the profile)."""
+    """Runs the benchmark, prints the table, writes the JSON (and the profile); the options
+    are checked before the temporary folder is made."""
     if not os.path.isdir(args.dir):
         raise UserError(f"--dir {args.dir}: not a directory")
+    _config(args, args.dir)
     workdir = tempfile.mkdtemp(prefix=".tiercache-bench-", dir=args.dir)
     try:
         result = run_bench(_config(args, workdir))

@@ -14,7 +14,8 @@ import argparse
 import shlex
 from typing import Callable
 
-from ..config import REMOTE_TIER, Codec, KVLayout, Route, TraceKind, parse_capacity, parse_tiers
+from ..config import REMOTE_TIER, Codec, KVLayout, Route, TraceKind, parse_capacity, parse_tiers, split_items
+from ..policies import ADMISSION, PLACEMENT, PREFETCH, canonical_name
 from ..errors import UserError
 from ..report.fleet import fleet_pairs, fleet_table, gain_sentence
 from ..results import ResultsDocument
@@ -41,11 +42,12 @@ def split_remote(tiers: str | None) -> tuple[str | None, str | None]:
     """``"hbm=1000,dram=4000,remote=16000"`` -> ``("hbm=1000,dram=4000", "16000")``.
 
     Raises:
-        UserError: the remote entry is not the last one, or repeats.
+        UserError: an empty item (``hbm=2,,remote=4``), or the remote entry is not the last
+            one, or repeats.
     """
     if not tiers:
         return tiers, None
-    parts = [p.strip() for p in tiers.split(",") if p.strip()]
+    parts = split_items(tiers, "--tiers")
     remote = [i for i, p in enumerate(parts) if p.partition("=")[0].strip() == REMOTE_TIER]
     if not remote:
         return tiers, None
@@ -67,16 +69,23 @@ def _check_options(args: argparse.Namespace, remote: str | None) -> None:
                         "remote=CAP to --tiers as its last tier (e.g. --tiers hbm=1000,dram=4000,remote=16000)")
     if args.instances is not None and args.instances < 1:
         raise UserError(f"--instances: must be at least 1, got {args.instances}")
-    refused = ((f"--semantics {args.semantics}", args.semantics not in (None, "prefix"), "it runs in prefix semantics"),
-               (f"--admission {args.admission}", args.admission not in (None, "always"), "its tiers admit every block"),
-               (f"--placement {args.placement}", args.placement not in (None, "top"), "new blocks and hits go to the top tier"),
+    semantics = None if args.semantics is None else [s.strip().lower() for s in args.semantics.split(",")]
+    refused = ((f"--semantics {args.semantics}", semantics not in (None, ["prefix"]), "it runs in prefix semantics"),
+               (f"--admission {args.admission}", _is_not(args.admission, "always", ADMISSION), "its tiers admit every block"),
+               (f"--placement {args.placement}", _is_not(args.placement, "top", PLACEMENT),
+                "new blocks and hits go to the top tier"),
                ("--write-through", args.write_through, "its private tiers are exclusive"),
-               (f"--prefetch {args.prefetch}", args.prefetch not in (None, "none"), "prefetch plans decode steps"),
+               (f"--prefetch {args.prefetch}", _is_not(args.prefetch, "none", PREFETCH), "prefetch plans decode steps"),
                ("--block-tokens", args.block_tokens is not None, "it replays request traces (512-token blocks)"),
                (f"--workers {args.workers}", args.workers not in (None, 1), "it runs in one process"))
     for option, given, why in refused:
         if given:
             raise UserError(f"{option}: does not apply to a fleet replay (remote=CAP in --tiers): {why}")
+
+
+def _is_not(value: str | None, default: str, table: dict[str, str]) -> bool:
+    """A policy option given as another policy than ``default`` (names matched as registered)."""
+    return value is not None and canonical_name(value, table) != default
 
 
 def refuse_fleet_only_options(args: argparse.Namespace) -> None:

@@ -12,6 +12,8 @@ import json
 import signal
 
 from ..data.remote_master import free_port, start_master
+from ..errors import UserError
+from .replay import check_output_file
 
 __all__ = ["add_parser", "main"]
 
@@ -22,15 +24,46 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                               description="Start mooncake_master (with its metadata server) on free ports and print "
                                           "the address a client needs; Ctrl-C stops it.")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on and to advertise (default 127.0.0.1)")
-    p.add_argument("--rpc-port", type=int, default=0, help="the master's RPC port (default: a free one)")
-    p.add_argument("--metadata-port", type=int, default=0, help="the metadata server's port (default: a free one)")
+    p.add_argument("--rpc-port", type=port_number, help="the master's RPC port, 1..65535 (default: a free one)")
+    p.add_argument("--metadata-port", type=port_number, help="the metadata server's port, 1..65535 (default: a free one)")
     p.add_argument("--log", help="append the master's output to this file (default: discarded)")
     p.add_argument("--json", action="store_true", help="print the addresses as one JSON line")
     p.set_defaults(func=main)
 
 
+def port_number(text: str) -> int:
+    """A TCP port as given on the command line: an integer in 1..65535.
+
+    Raises:
+        argparse.ArgumentTypeError: anything else (argparse prints it naming the option, exit 2).
+    """
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is in 1..65535, got {port}")
+    return port
+
+
+def _ports(args: argparse.Namespace) -> tuple[int, int, int]:
+    """The (rpc, metadata, metrics) ports: those given, free ones on ``--host`` otherwise.
+
+    Raises:
+        UserError: nothing can listen on ``--host`` (an unknown name, an address not on this machine).
+    """
+    try:
+        metrics = free_port(args.host)
+        return args.rpc_port or free_port(args.host), args.metadata_port or free_port(args.host), metrics
+    except OSError as exc:
+        raise UserError(f"--host {args.host}: cannot listen there: {exc.strerror or exc}") from None
+
+
 def main(args: argparse.Namespace) -> int:
-    ports = (args.rpc_port or free_port(args.host), args.metadata_port or free_port(args.host), free_port(args.host))
+    """Starts the master, prints its addresses, waits; options are checked before it starts."""
+    if args.log is not None:
+        check_output_file(args.log, "--log")
+    ports = _ports(args)
     master = start_master(args.host, ports=ports, log=args.log)
     # SIGTERM ends the command as Ctrl-C does, so the master never outlives it.
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))

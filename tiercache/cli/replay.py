@@ -10,36 +10,73 @@ import argparse
 import os
 import shlex
 
-from ..config import MODEL_PRESETS, SPELLINGS, CacheConfig, Capacity, KVLayout, layout_preset, parse_layout, parse_tiers
+from ..config import (
+    MODEL_PRESETS, SPELLINGS, CacheConfig, Capacity, KVLayout, layout_preset, parse_layout, parse_tiers, split_items,
+)
 from ..errors import UserError
 from .fleet import add_fleet_options, fleet_from_args, format_fleet, is_fleet, refuse_fleet_only_options, split_remote
 from ..results import ResultsDocument, Semantics, TraceKind, write_results
-from ..policies import ADMISSION, EVICTION, PLACEMENT, PREFETCH, get_prefetch
+from ..policies import ADMISSION, EVICTION, PLACEMENT, PREFETCH, canonical_name, get_prefetch
 from ..sim.hardware import PRESETS, HardwareProfile, load_profile
 from ..sim.loader import Trace, load_trace
 from ..sim.sweep import SweepSpec, check_policy_names, sweep
 
-__all__ = ["add_parser", "add_common_options", "sweep_from_args", "spec_from_args", "format_table", "DEFAULT_CAPACITY"]
+__all__ = ["add_parser", "add_common_options", "sweep_from_args", "spec_from_args", "format_table", "DEFAULT_CAPACITY",
+           "Once", "OnceFlag", "policy_names", "check_not_the_trace"]
 
 #: ``--capacity`` when neither it nor ``--tiers`` is given.
 DEFAULT_CAPACITY = "4000"
 
 
 def parse_list(text: str, option: str) -> list[str]:
-    """Splits a comma list, rejecting an empty one."""
-    items = [item.strip() for item in text.split(",") if item.strip()]
-    if not items:
-        raise UserError(f"{option}: empty list")
-    return items
+    """Splits a comma list, rejecting an empty one or an empty item (``"4,,5"``, ``"lru,"``)."""
+    return split_items(text, option)
+
+
+#: The namespace attribute where ``Once`` and ``OnceFlag`` note the options already given.
+_GIVEN = "_options_given"
+
+
+def _note_once(parser: argparse.ArgumentParser, namespace: argparse.Namespace, action: argparse.Action,
+               option_string: str | None, values) -> None:
+    """Records that ``action`` was given; a second time is a parser error naming the option
+    (both spellings when they differ, ``--out / -o``).
+
+    Counting occurrences, not comparing with the default, lets an option with a default
+    (``compare -o``) and an option spelled two ways (``-o``/``--out``) be refused alike.
+    """
+    given = getattr(namespace, _GIVEN, None)
+    if given is None:
+        given = {}
+        setattr(namespace, _GIVEN, given)
+    if action.dest in given:
+        first, before = given[action.dest]
+        shown = "" if values is None else f" ({before!r} and {values!r})"
+        same = option_string if first == option_string else f"{first} / {option_string}"
+        parser.error(f"{same} given twice{shown}; give it once")
+    given[action.dest] = (option_string, values)
 
 
 class Once(argparse.Action):
-    """Stores an option's value, refusing a second occurrence (argparse would keep the last)."""
+    """Stores an option's value, refusing a second occurrence (argparse would keep the last)
+    and an empty value (``--policy=``: argparse would store ``""``, read as not given)."""
 
     def __call__(self, parser, namespace, values, option_string=None) -> None:
-        if getattr(namespace, self.dest) is not None:
-            parser.error(f"{option_string} given twice ({getattr(namespace, self.dest)!r} and {values!r}); give it once")
+        _note_once(parser, namespace, self, option_string, values)
+        if isinstance(values, str) and not values.strip():
+            parser.error(f"{option_string}: empty value; give one or leave the option out")
         setattr(namespace, self.dest, values)
+
+
+class OnceFlag(argparse.Action):
+    """A ``store_true`` flag that refuses a second occurrence, as ``Once`` does for values."""
+
+    def __init__(self, option_strings, dest, default=False, help=None) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=default, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        _note_once(parser, namespace, self, option_string, None)
+        setattr(namespace, self.dest, True)
 
 
 def capacity_text(args: argparse.Namespace) -> str | None:
@@ -73,7 +110,7 @@ def add_common_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--placement", action=Once, help="which tier of --tiers new blocks and hits below the top go to: "
                                                          "top (default) or reuse (new blocks start in the second tier; "
                                                          "a hit moves to the top)")
-    parser.add_argument("--write-through", action="store_true", help="inclusive hierarchy (default: exclusive)")
+    parser.add_argument("--write-through", action=OnceFlag, help="inclusive hierarchy (default: exclusive)")
     parser.add_argument("--prefetch", action=Once, help="prefetch policy of a step-trace replay, e.g. topk_speculative "
                                                         "(default: none)")
     parser.add_argument("--model", action=Once, help="model preset turning blocks into bytes, e.g. llama-3-8b")
@@ -83,7 +120,7 @@ def add_common_options(parser: argparse.ArgumentParser) -> None:
                         help="tokens per block of a step trace without a block_tokens header")
     parser.add_argument("--hardware", action=Once, help="hardware preset or profile JSON for modeled seconds, e.g. h200-pcie5-nvme4")
     parser.add_argument("--workers", type=int, action=Once, help="worker processes, >= 1 (default: one per core)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--no-progress", action=OnceFlag, help="no progress bar")
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -92,7 +129,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                                    epilog=presets_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_options(parser)
     add_fleet_options(parser, Once)
-    parser.add_argument("--out", help="write results JSON here")
+    parser.add_argument("--out", action=Once, help="write results JSON here")
     parser.set_defaults(func=run)
 
 
@@ -113,11 +150,12 @@ def spec_from_args(args: argparse.Namespace) -> tuple[Trace, SweepSpec]:
     Raises:
         UserError: a bad option (named) or a malformed trace (file and line named).
     """
-    policies = tuple(parse_list(args.policy or "lru", "--policy"))
-    admission = args.admission or "always"
+    policies = policy_names(args)
+    admission = _named(args.admission, "always", ADMISSION)
     check_policy_names(policies, admission)
-    prefetch = args.prefetch or "none"
+    prefetch = _named(args.prefetch, "none", PREFETCH)
     get_prefetch(prefetch)
+    placement = _named(args.placement, "top", PLACEMENT)
     semantics = parse_semantics(args.semantics)
     capacities = _capacities(capacity_text(args))
     hardware = _hardware(args)
@@ -126,15 +164,35 @@ def spec_from_args(args: argparse.Namespace) -> tuple[Trace, SweepSpec]:
     layout = _layout(args, trace)
     cache = _cache(args, layout)
     blocks = tuple(c.to_blocks(layout, f"--capacity {c.text!r}") for c in capacities)
-    return trace, SweepSpec(policies, semantics, blocks, cache, admission, layout, hardware, prefetch, args.placement or "top")
+    return trace, SweepSpec(policies, semantics, blocks, cache, admission, layout, hardware, prefetch, placement)
+
+
+def policy_names(args: argparse.Namespace) -> tuple[str, ...]:
+    """``--policy`` (default ``lru``): the names as registered (``LRU`` -> ``lru``, see
+    ``canonical_name``), each once, in the order given. Not loaded here.
+
+    Raises:
+        UserError: an empty list or item.
+    """
+    names = parse_list("lru" if args.policy is None else args.policy, "--policy")
+    return tuple(dict.fromkeys(canonical_name(name, EVICTION) for name in names))
+
+
+def _named(value: str | None, default: str, table: dict[str, str]) -> str:
+    """A policy option's name as registered (``default`` when the option is not given)."""
+    return default if value is None else canonical_name(value, table)
 
 
 def parse_semantics(text: str | None) -> tuple[Semantics, ...]:
-    """``--semantics``: a comma list of object/prefix, or ``both`` (object, prefix)."""
-    names = parse_list(text or "object", "--semantics")
-    if [n.lower() for n in names] == ["both"]:
-        return (Semantics.OBJECT, Semantics.PREFIX)
-    return tuple(dict.fromkeys(Semantics.parse(s) for s in names))
+    """``--semantics``: a comma list of object/prefix, where ``both`` stands for object,prefix;
+    each semantics once, in the order given.
+
+    Raises:
+        UserError: an empty list or item, or an unknown name.
+    """
+    names = parse_list("object" if text is None else text, "--semantics")
+    expanded = [part for name in names for part in (("object", "prefix") if name.lower() == "both" else (name,))]
+    return tuple(dict.fromkeys(Semantics.parse(s) for s in expanded))
 
 
 def _check_trace_options(args: argparse.Namespace, trace: Trace) -> None:
@@ -142,7 +200,7 @@ def _check_trace_options(args: argparse.Namespace, trace: Trace) -> None:
     if trace.kind is TraceKind.STEPS and args.semantics is not None:
         raise UserError(f"--semantics {args.semantics}: {trace.path} is a step trace, which always replays as decode "
                         "(reads are accesses, writes new blocks); drop --semantics")
-    if trace.kind is TraceKind.REQUESTS and args.prefetch not in (None, "none"):
+    if trace.kind is TraceKind.REQUESTS and _named(args.prefetch, "none", PREFETCH) != "none":
         raise UserError(f"--prefetch {args.prefetch}: prefetch policies plan decode steps; {trace.path} is a request trace")
     if trace.kind is TraceKind.REQUESTS and args.block_tokens is not None:
         raise UserError(f"--block-tokens: {trace.path} is a request trace, whose blocks are {trace.block_tokens} tokens")
@@ -216,8 +274,10 @@ def check_output_file(path: str, option: str) -> None:
     """Checks, before any work, that ``path`` can receive a file.
 
     Raises:
-        UserError: ``path`` is a folder, its folder is missing or not writable (named).
+        UserError: ``path`` is empty or a folder, its folder is missing or not writable (named).
     """
+    if not path.strip():
+        raise UserError(f"{option}: empty file name")
     folder = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path):
         raise UserError(f"{option} {path}: is a folder; give a file name")
@@ -227,10 +287,26 @@ def check_output_file(path: str, option: str) -> None:
         raise UserError(f"{option} {path}: not writable")
 
 
+def check_not_the_trace(path: str, trace: str, option: str) -> None:
+    """Refuses an output file that is the trace itself, or lies in a trace folder (whose
+    ``*.json`` files are its kv-cache-tester conversations), before any work.
+
+    Raises:
+        UserError: writing ``path`` would overwrite or change the trace; names ``option``.
+    """
+    out, source = os.path.realpath(path), os.path.realpath(trace)
+    if out == source or (os.path.exists(out) and os.path.exists(source) and os.path.samefile(out, source)):
+        raise UserError(f"{option} {path}: is the trace being replayed; writing results there would overwrite it "
+                        "(give another file)")
+    if os.path.isdir(source) and os.path.dirname(out) == source:
+        raise UserError(f"{option} {path}: lies in the trace folder {trace}, whose files make up the trace; "
+                        "give a file outside it")
+
+
 def fleet_from_options(args: argparse.Namespace) -> ResultsDocument:
     """The fleet replay of ``--instances`` / ``remote=CAP`` (see ``tiercache.cli.fleet``);
     options that need no trace are checked first, as in ``spec_from_args``."""
-    policies = tuple(parse_list(args.policy or "lru", "--policy"))
+    policies = policy_names(args)
     check_policy_names(policies, "always")
     capacity_text(args)  # --capacity beside --tiers is an error here too
     return fleet_from_args(args, policies, _hardware(args), lambda trace: _layout(args, trace))
@@ -238,8 +314,9 @@ def fleet_from_options(args: argparse.Namespace) -> ResultsDocument:
 
 def run(args: argparse.Namespace) -> int:
     """``tiercache replay`` body. The output path is checked before the sweep."""
-    if args.out:
+    if args.out is not None:
         check_output_file(args.out, "--out")
+        check_not_the_trace(args.out, args.trace, "--out")
     if is_fleet(args):
         results = fleet_from_options(args)
         print(format_fleet(results))
@@ -247,7 +324,7 @@ def run(args: argparse.Namespace) -> int:
         refuse_fleet_only_options(args)
         results = sweep_from_args(args)
         print(format_table(results))
-    if args.out:
+    if args.out is not None:
         write_results(args.out, results, "--out")
         print(f"results written to {args.out}")
     return 0

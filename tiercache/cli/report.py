@@ -25,7 +25,7 @@ from ..report.writer import MARKER, check_output_dir, write_report
 from ..results import ResultsDocument
 from ..sim.split import split_halves
 from ..sim.sweep import sweep
-from .replay import add_common_options, capacity_text, spec_from_args, sweep_from_args
+from .replay import Once, OnceFlag, add_common_options, capacity_text, spec_from_args, sweep_from_args
 
 __all__ = ["add_parser"]
 
@@ -38,8 +38,8 @@ def add_parser(subparsers) -> None:
                     "then writes a report folder: index.html, report.md with PNG plots, results.csv, results.json.",
     )
     add_common_options(compare)
-    compare.add_argument("-o", "--out", default="report", help="report folder (default: report)")
-    compare.add_argument("--split", action="store_true",
+    compare.add_argument("-o", "--out", action=Once, default="report", help="report folder (default: report)")
+    compare.add_argument("--split", action=OnceFlag,
                          help="replay the first and second half of the trace apart (each from a cold cache); name the "
                               "winner per capacity on the first half and report the gap it closes on the second "
                               "(lru and belady are added to --policy); the report is of the second half")
@@ -49,10 +49,10 @@ def add_parser(subparsers) -> None:
         description="Merges results files of one trace (from tiercache replay --out or compare) into a report folder.",
     )
     report.add_argument("results", nargs="+", help="results JSON files, all from the same trace")
-    report.add_argument("-o", "--out", default="report", help="report folder (default: report)")
-    report.add_argument("--trace", help="the trace file (or kv-cache-tester folder), if it is no longer at the path "
+    report.add_argument("-o", "--out", action=Once, default="report", help="report folder (default: report)")
+    report.add_argument("--trace", action=Once, help="the trace file (or kv-cache-tester folder), if it is no longer at the path "
                                         "the results record (needed only for the dense one-pass LRU curve)")
-    report.add_argument("--across", action="store_true",
+    report.add_argument("--across", action=OnceFlag,
                         help="results of different traces: write gaps.md, the best online policy and the gap it "
                              "closes per trace and capacity, instead of a one-trace report")
     report.set_defaults(func=run_report)

@@ -90,12 +90,12 @@ def link_table(run: RunRecord) -> list[list[str]] | None:
 def gain_sentence(shared: RunRecord, private: RunRecord) -> str:
     """What the shared tier adds over the same fleet's private tiers alone."""
     extra = shared.hits - private.hits
-    relative = extra / private.hits if private.hits else float("inf")
+    relative = f"{extra / private.hits:+.1%}" if private.hits else "no private hits to compare with"
     remote = next(t for t in shared.tiers if t.name == "remote")
     tokens = (shared.prefill_tokens_saved or 0) - (private.prefill_tokens_saved or 0)
     sentence = (f"The shared tier ({remote.capacity_blocks} blocks) serves {shared.shared_hits} hits; with it the fleet "
                 f"reuses {shared.hits} blocks (hit ratio {shared.hit_ratio:.4f}) against {private.hits} "
-                f"({private.hit_ratio:.4f}) on private tiers alone: {extra:+d} blocks ({relative:+.1%}), "
+                f"({private.hit_ratio:.4f}) on private tiers alone: {extra:+d} blocks ({relative}), "
                 f"{tokens:+,d} prefill tokens saved.")
     if shared.ttft_saved_s is not None and private.ttft_saved_s is not None:
         sentence += f" Modeled TTFT saved: {shared.ttft_saved_s:.1f} s against {private.ttft_saved_s:.1f} s."

@@ -74,11 +74,13 @@ class HardwareProfile:
     rate at which recomputing a missed prefix costs time (tokens of the reference model), or
     None when the profile has none (``tiercache bench`` measures links, not prefill): such a
     profile models link seconds only, and ``require_prefill`` refuses recompute and TTFT.
+    ``source`` is the JSON file it was read from (None for a preset), named in its errors.
     """
 
     name: str
     links: Mapping[str, Link] = field(hash=False)
     prefill_tokens_per_s: float | None
+    source: str | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         missing = [n for n in REQUIRED_LINKS if n not in self.links]
@@ -94,11 +96,13 @@ class HardwareProfile:
         """This profile, checked to have a prefill speed (recompute time and TTFT need one).
 
         Raises:
-            UserError: ``prefill_tokens_per_s`` is null; the message says how to add it.
+            UserError: ``prefill_tokens_per_s`` is null; the message names the file (``source``)
+                and says how to add it.
         """
         if self.prefill_tokens_per_s is None:
+            where = f"{self.source}: " if self.source else ""
             raise UserError(
-                f"hardware profile {self.name!r} has no prefill speed (prefill_tokens_per_s is null: tiercache bench "
+                f"{where}hardware profile {self.name!r} has no prefill speed (prefill_tokens_per_s is null: tiercache bench "
                 "measures links, not prefill); recompute time and TTFT need one: set it in the profile JSON to the "
                 "measured prefill tokens/s of your model on your GPU")
         return self
@@ -180,7 +184,7 @@ def with_network(profile: HardwareProfile, network: str) -> HardwareProfile:
         raise UserError(f"unknown network preset {network!r}; known: {', '.join(NETWORK_PRESETS)}")
     link = NETWORK_PRESETS[network]
     links = {**profile.links, "remote->dram": link, "dram->remote": link}
-    return HardwareProfile(f"{profile.name}+{network}", links, profile.prefill_tokens_per_s)
+    return HardwareProfile(f"{profile.name}+{network}", links, profile.prefill_tokens_per_s, profile.source)
 
 
 def load_profile(name_or_path: str | os.PathLike) -> HardwareProfile:
@@ -214,7 +218,7 @@ def _profile_from_json(path: str, data: Any) -> HardwareProfile:
         raise UserError(f"{path}: 'name' must be a string and 'links' an object")
     try:
         links = {name: _link_from_json(name, spec) for name, spec in data["links"].items()}
-        return HardwareProfile(data["name"], links, data["prefill_tokens_per_s"])  # null: no prefill speed
+        return HardwareProfile(data["name"], links, data["prefill_tokens_per_s"], path)  # null: no prefill speed
     except UserError as exc:
         raise UserError(f"{path}: {exc}") from None
 

@@ -26,6 +26,7 @@ from tiercache.config import TIER_NAMES, Codec, KVLayout, TierConfig
 from tiercache.core.decode import StepDriver
 from tiercache.core.manager import TierManager
 from tiercache.core.stats import HierarchyStats, TierCounters
+from tiercache.errors import UserError
 from tiercache.policies import Hints, get_eviction, make_admission, make_eviction, make_placement, make_prefetch
 from tiercache.results import Mode, RunRecord, Semantics, TierRecord, TraceKind
 
@@ -38,7 +39,7 @@ from .prep import dense_and_next_use
 from .steptrace import DecodeFields
 from .traces import MOONCAKE_BLOCK_TOKENS
 
-__all__ = ["RunSpec", "ReplayData", "replay", "use_kernels", "tier_record", "Semantics"]
+__all__ = ["RunSpec", "ReplayData", "replay", "check_run", "use_kernels", "tier_record", "Semantics"]
 
 
 @dataclass(frozen=True)
@@ -191,6 +192,25 @@ def replay(spec: RunSpec, data: ReplayData, on_progress: Callable[[int], None] |
     wall = time.perf_counter() - started
     manager.check_invariants()
     return run_record(spec, data, stats, meter, saved_tokens, wall)
+
+
+def check_run(spec: RunSpec, trace: Trace) -> None:
+    """Refuses, before any replay, a run that ``replay`` could not carry out on ``trace``.
+
+    An offline policy (``needs_future``) cannot run a step trace through ``StepDriver``,
+    which a recorded decode run or a prefetch policy needs: the driver has no next uses.
+
+    Raises:
+        UserError: such a run; the message names ``--policy`` and what gives no future.
+    """
+    if trace.kind is not TraceKind.STEPS or not get_eviction(spec.policy).needs_future:
+        return
+    if spec.prefetch != "none":
+        raise UserError(f"--policy {spec.policy}: an offline policy needs the future (next uses), which a replay with "
+                        f"--prefetch {spec.prefetch} does not give; drop one of them")
+    if trace.steps is not None and trace.steps.decode:
+        raise UserError(f"--policy {spec.policy}: an offline policy needs the future (next uses), which the decode run "
+                        f"recorded in {trace.path} (its optional decode fields) does not give")
 
 
 def use_kernels(spec: RunSpec) -> bool:

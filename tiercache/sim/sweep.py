@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import multiprocessing
 from dataclasses import dataclass
+from typing import Callable
 
 import psutil
 from tqdm import tqdm
@@ -17,12 +18,14 @@ from tqdm import tqdm
 import tiercache
 from tiercache.config import CacheConfig, KVLayout, TierConfig, parse_tiers
 from tiercache.errors import UserError
-from tiercache.policies import get_admission, get_eviction, get_placement, get_prefetch
+from tiercache.policies import (
+    ADMISSION, EVICTION, PLACEMENT, PREFETCH, canonical_name, get_admission, get_eviction, get_placement, get_prefetch,
+)
 from tiercache.results import LayoutInfo, ResultsDocument, RunRecord, Semantics, TraceKind
 
 from .hardware import HardwareProfile
 from .loader import Trace, load_trace
-from .replay import ReplayData, RunSpec, replay
+from .replay import ReplayData, RunSpec, check_run, replay
 
 __all__ = ["SweepSpec", "check_policy_names", "plan_runs", "sweep", "run_sweep", "check_memory", "SLOT_BYTES"]
 
@@ -51,8 +54,12 @@ class SweepSpec:
 
     Invariants (checked when built, so a bad spec fails before any replay):
 
-    * ``policies`` non-empty, each a registered eviction policy; ``admission`` a registered
-      admission policy (it runs the lower tiers of a hierarchy).
+    * ``policies`` non-empty, each a registered eviction policy (or ``module:Class``);
+      ``admission`` a registered admission policy (it runs the lower tiers of a hierarchy).
+      Every policy name, ``placement`` and ``prefetch`` too, is stored as
+      ``canonical_name`` gives it (``LRU`` -> ``lru``), so runs are labelled alike.
+    * ``prefetch`` other than ``none`` only with online policies (an offline one needs
+      next uses, which a prefetching step replay does not give).
     * ``semantics`` non-empty, of ``OBJECT``/``PREFIX`` (request traces; a step trace
       replays every run as ``DECODE``).
     * exactly one of ``capacities`` (single-tier sweep: each a positive block count) and
@@ -73,9 +80,14 @@ class SweepSpec:
     placement: str = "top"
 
     def __post_init__(self) -> None:
+        self._canonicalise_names()
         check_policy_names(self.policies, self.admission)
         get_prefetch(self.prefetch)
         get_placement(self.placement)
+        offline = [p for p in self.policies if get_eviction(p).needs_future]
+        if self.prefetch != "none" and offline:
+            raise UserError(f"--policy {offline[0]}: an offline policy needs the future (next uses), which a replay "
+                            f"with --prefetch {self.prefetch} does not give; drop one of them")
         if self.placement != "top" and (self.cache is None or len(self.cache.tiers) < 2 or self.cache.write_through):
             raise UserError(f"--placement {self.placement}: places blocks among the tiers of an exclusive hierarchy; "
                             "give --tiers with two tiers or more (not --write-through)")
@@ -89,6 +101,12 @@ class SweepSpec:
             raise UserError(f"--capacity: block counts must be positive integers, got {list(self.capacities)}")
         if self.hardware is not None and self.layout is None:
             raise UserError("--hardware needs --model or --layout (bytes per block) to model seconds")
+
+    def _canonicalise_names(self) -> None:
+        """Stores every policy name as registered (see ``canonical_name``); frozen, hence setattr."""
+        for field, table in (("admission", ADMISSION), ("placement", PLACEMENT), ("prefetch", PREFETCH)):
+            object.__setattr__(self, field, canonical_name(getattr(self, field), table))
+        object.__setattr__(self, "policies", tuple(canonical_name(p, EVICTION) for p in self.policies))
 
     def hierarchies(self) -> list[tuple[tuple[TierConfig, ...], bool]]:
         """Each hierarchy the sweep runs on: (tiers, write_through), in sweep order."""
@@ -119,6 +137,8 @@ def sweep(trace: Trace, spec: SweepSpec, workers: int = 1, progress: bool = Fals
     if workers < 1:
         raise ValueError(f"sweep: workers must be >= 1, got {workers}")
     runs = plan_runs(spec, trace.kind)
+    for run in runs:
+        check_run(run, trace)
     check_memory(runs, workers)
     data = ReplayData.prepare(trace, spec.layout, spec.hardware)
     return ResultsDocument(
@@ -180,7 +200,33 @@ _WORKER_DATA: ReplayData | None = None  # set in the parent before forking worke
 
 
 def _run_in_worker(spec: RunSpec) -> RunRecord:
-    return replay(spec, _WORKER_DATA)
+    return _replay(spec, _WORKER_DATA)
+
+
+def _out_of_tree(spec: RunSpec) -> list[str]:
+    """The ``module:Class`` policies of a run (none of them in the registry)."""
+    named = ((spec.policy, EVICTION), (spec.admission, ADMISSION), (spec.placement, PLACEMENT), (spec.prefetch, PREFETCH))
+    return [name for name, table in named if canonical_name(name, table) not in table]
+
+
+def _replay(spec: RunSpec, data: ReplayData, on_progress: Callable[[int], None] | None = None) -> RunRecord:
+    """``replay``, where an exception raised with an out-of-tree policy in the run is a
+    ``UserError`` naming it (one line, no traceback); a built-in policy's is a bug and
+    propagates as it is.
+
+    Raises:
+        UserError: the run has a ``module:Class`` policy and the replay raised.
+    """
+    try:
+        return replay(spec, data, on_progress)
+    except UserError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - code outside tiercache failed: say whose, not where
+        outside = _out_of_tree(spec)
+        if not outside:
+            raise
+        raise UserError(f"out-of-tree policy {', '.join(outside)} failed in the replay of --policy {spec.policy}: "
+                        f"{type(exc).__name__}: {exc}") from None
 
 
 def _execute(runs: list[RunSpec], data: ReplayData, workers: int, progress: bool) -> list[RunRecord]:
@@ -188,11 +234,11 @@ def _execute(runs: list[RunSpec], data: ReplayData, workers: int, progress: bool
     global _WORKER_DATA
     if len(runs) == 1:  # one long replay: show progress over its requests instead
         with tqdm(total=data.n_batches, desc="replay", unit="req", disable=not progress, delay=2) as bar:
-            return [replay(runs[0], data, on_progress=bar.update)]
+            return [_replay(runs[0], data, on_progress=bar.update)]
     bar = tqdm(total=len(runs), desc="replays", unit="run", disable=not progress, delay=2)
     try:
         if workers <= 1:
-            return [_with_bar(bar, replay(spec, data)) for spec in runs]
+            return [_with_bar(bar, _replay(spec, data)) for spec in runs]
         _WORKER_DATA = data
         context = multiprocessing.get_context("fork")
         with context.Pool(min(workers, len(runs))) as pool:
