@@ -21,6 +21,7 @@ from tiercache.results import Semantics
 from tiercache.sim.hardware import load_profile
 from tiercache.sim.sweep import SweepSpec
 from tiercache.sizes import Capacity
+from test_cli_errors import _error  # runs the CLI, asserts exit 2 with one line
 
 REQUESTS = ('{"timestamp": 0, "input_length": 1024, "output_length": 1, "hash_ids": [1, 2]}\n'
             '{"timestamp": 1, "input_length": 1024, "output_length": 1, "hash_ids": [1, 3]}\n')
@@ -47,16 +48,6 @@ def steps(tmp_path: Path) -> Path:
     return path
 
 
-def _error(capsys, *argv) -> str:
-    """Runs the CLI, asserts exit 2 with one line and no traceback, returns that line."""
-    try:
-        code = main([str(a) for a in argv])
-    except SystemExit as exc:  # an argparse error: the same one line and status
-        code = exc.code
-    out, err = capsys.readouterr()
-    assert code == 2, (out, err)
-    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
-    return err
 
 
 def _spec(*argv) -> SweepSpec:
