@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tiercache.cli import build_parser, main
+from tiercache.cli import build_parser
 from tiercache.cli.replay import Once, OnceFlag, parse_semantics, spec_from_args
 from tiercache.config import KVLayout, parse_layout, parse_tiers
 from tiercache.errors import UserError
