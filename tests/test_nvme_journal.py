@@ -110,3 +110,29 @@ def test_damage_in_the_last_batch_is_still_a_torn_tail(tmp_path):
         good = served(store, keys, data)
         assert good == set(range((BATCHES - 1) * PER_BATCH))
         assert store.stats["journal_skipped"] == 0  # indistinguishable from a crash mid-append
+
+
+@pytest.mark.parametrize("batch", [2, 5, BATCHES - 1])
+@pytest.mark.parametrize("how", ["slot-bit", "length-bit", "crc-bit"])
+def test_one_flipped_bit_in_any_later_batch_is_repaired_and_the_scan_moves_on(tmp_path, batch, how):
+    """A repaired batch's end is an offset in the journal, not in the batch: counted from the
+    batch, the scan went back to the damaged batch and repaired it forever (reopen hung,
+    memory growing). The scan runs in a thread so a regression fails instead of hanging."""
+    import threading
+
+    from tiercache.data import nvme_journal
+
+    keys, data, offsets = fill(tmp_path / "s")
+    journal = tmp_path / "s" / nvme_index.JOURNAL_NAME
+    damage(journal, offsets[batch], how)
+    result = {}
+    scan = threading.Thread(target=lambda: result.update(scan=nvme_journal.scan_journal(journal.read_bytes(),
+                                                                                         nvme_index._decodes)),
+                            daemon=True)
+    scan.start()
+    scan.join(timeout=30)
+    assert "scan" in result, "the journal scan did not finish"
+    assert len(result["scan"].batches) == BATCHES and result["scan"].repaired == 1
+    with NVMeStore(tmp_path / "s", LAYOUT) as store:
+        assert served(store, keys, data) == set(range(len(keys)))
+        assert store.stats["journal_repaired"] == 1 and store.stats["journal_skipped"] == 0

@@ -69,9 +69,11 @@ def scan_journal(data: bytes, decodes) -> JournalScan:
             found = _repair_at(data, pos, decodes)
             scan.repaired += found is not None
         if found is not None:
-            seq, body, pos = found
+            seq, body, end = found
+            if end <= pos:  # cannot happen (a batch has a header): never loop on one offset
+                raise AssertionError(f"journal scan made no progress at offset {pos}")
             scan.batches.append((seq, body))
-            scan.end = pos
+            scan.end = pos = end
             continue
         pos = _next_batch(data, pos + 1)
         if pos is None:
@@ -104,6 +106,7 @@ def _repair_at(data: bytes, pos: int, decodes) -> tuple[int, bytes, int] | None:
 
     The bit may be in the length field (then the body's extent is wrong: each of its 32
     one-bit variants is tried), in the stored crc, or anywhere else (syndrome search).
+    Like ``_batch_at``, the end returned is an offset in ``data`` (past ``pos``).
     """
     stored_length = HEADER.unpack_from(data, pos)[2]
     for bit in range(32):
@@ -111,7 +114,7 @@ def _repair_at(data: bytes, pos: int, decodes) -> tuple[int, bytes, int] | None:
         if pos + HEADER.size + length <= len(data):
             fixed = bytearray(data[pos : pos + HEADER.size + length])
             fixed[_LENGTH_AT : _LENGTH_AT + 4] = length.to_bytes(4, "little")
-            found = _verified(bytes(fixed), decodes)
+            found = _verified(bytes(fixed), pos, decodes)
             if found is not None:
                 return found
     message = bytearray(data[pos : pos + HEADER.size + stored_length])
@@ -119,15 +122,17 @@ def _repair_at(data: bytes, pos: int, decodes) -> tuple[int, bytes, int] | None:
         return None
     if not _fix_one_bit(message):
         return None
-    return _verified(bytes(message), decodes)
+    return _verified(bytes(message), pos, decodes)
 
 
-def _verified(batch: bytes, decodes) -> tuple[int, bytes, int] | None:
-    """``_batch_at`` on a candidate repair, which must also decode."""
+def _verified(batch: bytes, pos: int, decodes) -> tuple[int, bytes, int] | None:
+    """``_batch_at`` on a candidate repair of the batch at ``pos``, which must also decode;
+    its end is an offset in the journal (``pos`` plus the batch's length)."""
     found = _batch_at(batch, 0)
     if found is None or not decodes(found[1]):
         return None
-    return found
+    seq, body, end = found
+    return seq, body, pos + end
 
 
 def _fix_one_bit(batch: bytearray) -> bool:
