@@ -142,6 +142,34 @@ def test_corrupt_nvme_chunk_is_a_counted_miss_never_data(tmp_path):
             assert torch.equal(store.get([key(i)])[0], data[i])
 
 
+@pytest.mark.parametrize("reader", ["get", "get_prefix"])
+def test_corrupt_chunk_read_in_place_leaves_the_hierarchy(tmp_path, reader):
+    """A run of blocks too long for HBM is read where it lies, past the manager: a corrupt
+    chunk found so must still leave the manager's directory (it kept answering lookups with a
+    block it could not serve, and the tier's slot count drifted)."""
+    data = blocks(12, 7)
+    with TieredKVStore(LAYOUT, tiers(hbm=2, dram=2), path=tmp_path / "nvme") as store:
+        keys = [key(i) for i in range(12)]
+        store.put(keys, data)
+        store.flush()
+        on_nvme = [i for i, t in enumerate(store.lookup(keys)[1]) if t == "nvme"]
+        victim = on_nvme[1]
+        medium = store._media[2]
+        chunk = medium.chunk_path(medium.slot_of(key(victim)))
+        raw = bytearray(open(chunk, "rb").read())
+        raw[50] ^= 0xFF
+        open(chunk, "wb").write(bytes(raw))
+        wanted = [key(i) for i in on_nvme[:3]]
+        if reader == "get":
+            with pytest.raises(KeyError):
+                store.get(wanted)
+        else:
+            assert len(store.get_prefix(wanted)) == 1  # the prefix ends at the unreadable block
+        assert store.lookup([key(victim)])[1] == [None]
+        assert store.stats()["tiers"][2]["lost"] == 1
+        store.check_invariants()
+
+
 def test_failed_nvme_write_keeps_the_victim_and_refuses_the_put(tmp_path, monkeypatch):
     """A full disk: the write-back that would make room fails, so nothing is dropped for it;
     the new block is refused, visibly (issue 8, items 7 and 8)."""

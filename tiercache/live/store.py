@@ -472,13 +472,22 @@ class TieredKVStore:
                     raise KeyError(f"key {keys[index].hex()} proved unreadable and was dropped")
                 self._media[tier].read_block(self.manager.dirs[tier].slot_of[block_id], keys[index], out[index])
             except KeyError:
+                if tier is not None:
+                    self._drop_unreadable(tier, block_id)
                 if not partial:
                     raise
-                if self._remote is not None and tier == self._remote.tier:
-                    self._remote.drop_unreadable(block_id)
-                    self._consume()
                 return out[:index]
         return out
+
+    def _drop_unreadable(self, tier: int, block_id: int) -> None:
+        """A block that proved unreadable where it lies (read in place, so the manager did not
+        see the read) leaves the hierarchy, counted as lost, as on a failed promotion: no lookup
+        may report it stored afterwards."""
+        if self._remote is not None and tier == self._remote.tier:
+            self._remote.drop_unreadable(block_id)
+        else:
+            self.manager.report_lost(tier, [block_id])
+        self._consume()
 
     def _consume(self) -> None:
         """Applies finished moves, counts the events, forgets blocks that left."""
