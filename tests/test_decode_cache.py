@@ -336,3 +336,17 @@ def test_exact_and_sparse_on_the_gpu_equal_the_float64_reference(tmp_path, dtype
             assert _rel(seq.attend(layer, q.cuda()).cpu(), ref) <= TOLERANCE[dtype]
             assert _rel(seq.attend(layer, q.cuda(), AttentionMode.SPARSE, budget=1.0).cpu(), ref) <= TOLERANCE[dtype]
         cache.check_invariants()
+
+
+@pytest.mark.parametrize("tokens, error", [([2**64] * 20, ValueError), ([1.5] * 20, TypeError), ([True] * 20, TypeError)])
+def test_sequence_refuses_token_ids_it_would_convert(tokens, error):
+    """Token ids past int64 raised a bare OverflowError; floats and bools were hashed as
+    silently converted integers. A ``[1, n]`` tensor of ids is still taken as it is."""
+    layout = KVLayout(layers=1, kv_heads=2, head_dim=64, dtype="float16", block_tokens=16)
+    cache = TieredKVCache(layout, [TierConfig("hbm", 8)])
+    try:
+        with pytest.raises(error, match="^tokens: "):
+            cache.sequence(tokens=tokens)
+        assert cache.sequence(tokens=torch.arange(20).view(1, 20)).cached_tokens == 0
+    finally:
+        cache.close()

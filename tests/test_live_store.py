@@ -275,6 +275,24 @@ def test_release_without_pin_raises_and_changes_nothing(tmp_path):
         store.check_invariants()
 
 
+def test_pin_release_and_wait_name_what_was_wrong(tmp_path):
+    """Errors name the caller's key, not the manager's internal id, and a wrong handle is a
+    TypeError saying what ``wait`` takes (it was an AttributeError from inside)."""
+    from tiercache.core.counts import CountError
+
+    with TieredKVStore(LAYOUT, tiers(), path=tmp_path / "nvme") as store:
+        store.put([key(0)], blocks(1, 16))
+        with pytest.raises(KeyError, match=f"key {key(9).hex()} is not stored"):
+            store.pin([key(9)])
+        store.pin([key(0)])
+        with pytest.raises(CountError, match=f"key {key(0).hex()} is released more often than it is pinned"):
+            store.release([key(0), key(0)])
+        with pytest.raises(TypeError, match="pending must be a Pending"):
+            store.wait(5)
+        store.release([key(0)])
+        store.check_invariants()
+
+
 @pytest.mark.parametrize("device", ["cuda", "cuda:7", "bogus", "meta", 3.5])
 def test_bad_devices_are_user_errors(tmp_path, device):
     if torch.cuda.is_available() and device == "cuda":

@@ -335,3 +335,16 @@ def test_device_blocks_go_through_host_staging(tmp_path):
         out = torch.empty((3, *LAYOUT.block_shape), dtype=torch.bfloat16, device="cuda")
         assert store.get(keys_for(3), out).all()
         assert torch.equal(bits(out.cpu()), bits(data))
+
+
+@pytest.mark.parametrize("slot", [1.5, True, "x", None])
+def test_put_refuses_slots_that_are_not_integers(tmp_path, slot):
+    """``slots=[1.5]`` and ``[True]`` wrote slot 1 by silent conversion; ``["x"]`` raised a raw
+    ValueError from ``int``."""
+    block = torch.zeros((1, *LAYOUT.block_shape), dtype=torch.bfloat16)
+    with NVMeStore(tmp_path / "s", LAYOUT, 4) as store:
+        with pytest.raises(UserError, match="slots must be integers"):
+            store.put([b"k"], block, slots=[slot])
+        assert len(store) == 0
+        store.put([b"k"], block, slots=[np.int64(2)])
+        assert store.slot_of(b"k") == 2

@@ -64,6 +64,8 @@ def _token_array(token_ids: Sequence[int] | np.ndarray) -> np.ndarray:
     arr = np.asarray(token_ids)
     if arr.size == 0:
         return np.zeros(0, dtype="<i8")
+    if arr.dtype == object and arr.ndim == 1 and all(isinstance(t, int) and not isinstance(t, bool) for t in arr):
+        raise ValueError("token_ids: a token id does not fit in int64")  # numpy keeps ints past uint64 as objects
     if arr.ndim != 1 or arr.dtype.kind not in "iu":
         raise TypeError(f"token_ids must be a 1-D sequence of integers, got dtype {arr.dtype} shape {arr.shape}")
     if arr.dtype == np.uint64 and arr.max() > np.iinfo(np.int64).max:

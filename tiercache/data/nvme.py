@@ -228,7 +228,7 @@ class NVMeStore(NVMeReads):
     def _reserve(self, n: int, slots: Sequence[int] | None) -> list[tuple[int, int]]:
         """Reserves ``n`` slots (the given ones, or free ones) and their generations."""
         if slots is not None:
-            slots = [int(s) for s in slots]
+            slots = _slot_numbers(slots)
             if len(slots) != n:
                 raise UserError(f"NVMeStore.put: {n} keys but {len(slots)} slots")
         with self._lock:
@@ -439,3 +439,16 @@ class NVMeStore(NVMeReads):
 
     def __repr__(self) -> str:
         return f"NVMeStore({self.path!r}, {len(self)}/{self.capacity} blocks, compression={self.compression!r})"
+
+
+def _slot_numbers(slots: Sequence[int]) -> list[int]:
+    """Slots given to ``put`` as Python ints (numpy integers too); a float, bool or string
+    would name a slot only by silent conversion.
+
+    Raises:
+        UserError: naming the first slot that is not an integer.
+    """
+    for slot in slots:
+        if isinstance(slot, (bool, np.bool_)) or not isinstance(slot, (int, np.integer)):
+            raise UserError(f"NVMeStore.put: slots must be integers, got {slot!r}")
+    return [int(s) for s in slots]

@@ -21,7 +21,7 @@ from tiercache.config import AttentionMode
 from tiercache.core.decode import ReadTicket
 from tiercache.data.buffers import check_quantisable
 from tiercache.errors import UserError
-from tiercache.keys import block_key, layer_key
+from tiercache.keys import _token_array, block_key, layer_key
 
 from .chunks import TierChunks
 
@@ -113,7 +113,7 @@ class Sequence:
         self.namespace = namespace
         self._layers = [_Layer(layout.kv_heads, layout.block_tokens, layout.head_dim, cache.dtype, cache.device)
                         for _ in range(layout.layers)]
-        self._tokens = np.zeros(0, dtype=np.int64) if tokens is None else np.asarray(tokens, dtype=np.int64).ravel()
+        self._tokens = np.zeros(0, dtype=np.int64) if tokens is None else _flat_token_ids(tokens, "tokens")
         self._content_keys: list[bytes] = []
         self._private = os.urandom(16)
         self.freed = False
@@ -140,7 +140,7 @@ class Sequence:
     def add_tokens(self, token_ids: Seq[int]) -> None:
         """Tells the sequence the ids of tokens it generated, so the blocks they fill get
         content keys a later request's ``match_prefix`` can find."""
-        self._tokens = np.concatenate([self._tokens, np.asarray(token_ids, dtype=np.int64).ravel()])
+        self._tokens = np.concatenate([self._tokens, _flat_token_ids(token_ids, "token_ids")])
 
     @torch.no_grad()  # KV caching is not differentiable: never keep an autograd graph alive
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -484,3 +484,17 @@ class Sequence:
             raise UserError(f"Sequence.attend: q must be {cache.dtype} (the layout's dtype), got {q.dtype}")
         if q.device != cache.device:
             raise UserError(f"Sequence.attend: q must be on {cache.device} (the HBM tier's device), got {q.device}")
+
+
+def _flat_token_ids(tokens, what: str) -> np.ndarray:
+    """Token ids as a flat int64 array: any integer array-like, such as a ``[1, n]``
+    ``input_ids`` tensor. Floats, bools and ids beyond int64 raise (TypeError / ValueError
+    naming ``what``) instead of hashing a silently converted value."""
+    if isinstance(tokens, torch.Tensor):
+        tokens = tokens.detach().cpu().numpy()
+    flat = np.asarray(tokens)
+    flat = flat.ravel() if flat.dtype != object or flat.ndim == 1 else flat
+    try:
+        return _token_array(flat)
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"{what}: {exc}") from None

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from tiercache.config import KVLayout, TierConfig
+from tiercache.core.counts import CountError
 from tiercache.core.manager import TierManager
 from tiercache.core.plans import EventLog, TransferPlan
 from tiercache.core.stats import HierarchyStats
@@ -333,6 +334,9 @@ class TieredKVStore:
 
         Moves already completed (by ``poll`` or a read) are skipped: a handle never dangles.
         """
+        if pending is not None and not isinstance(pending, Pending):
+            raise TypeError(f"TieredKVStore.wait: pending must be a Pending (from put or prefetch) or None, "
+                            f"got {type(pending).__name__}")
         with self._lock:
             if pending is None:
                 self.manager.wait_all()
@@ -358,7 +362,11 @@ class TieredKVStore:
         keys = self._map.check_keys(keys, "TieredKVStore.pin")
         with self._lock:
             self._check_open()
-            self.manager.ref(self._present_ids(keys))
+            ids = self._present_ids(keys)
+            for key, block_id in zip(keys, ids):
+                if self.manager.locate(block_id) is None:
+                    raise KeyError(f"TieredKVStore.pin: key {key.hex()} is not stored")
+            self.manager.ref(ids)
 
     def release(self, keys: Sequence[bytes]) -> None:
         """Undoes ``pin``.
@@ -371,7 +379,9 @@ class TieredKVStore:
         keys = self._map.check_keys(keys, "TieredKVStore.release")
         with self._lock:
             self._check_open()
-            self.manager.unref(self._present_ids(keys))
+            ids = self._present_ids(keys)
+            self._check_pinned(keys, ids)
+            self.manager.unref(ids)
 
     # -- reporting and lifetime ----------------------------------------------------------
     def stats(self) -> dict:
@@ -451,9 +461,20 @@ class TieredKVStore:
     # -- internals -----------------------------------------------------------------------
     def _present_ids(self, keys: Sequence[bytes]) -> list[int]:
         ids = self._map.ids(keys, register=False)
-        if any(i is None for i in ids):
-            raise KeyError("a key is not stored")
+        for key, block_id in zip(keys, ids):
+            if block_id is None:
+                raise KeyError(f"key {key.hex()} is not stored")
         return ids
+
+    def _check_pinned(self, keys: Sequence[bytes], ids: list[int]) -> None:
+        """Raises CountError naming the first key released more often than it is pinned (pins
+        on blocks lost while pinned count too: ``TierManager.unref``)."""
+        manager, asked = self.manager, {}
+        for key, block_id in zip(keys, ids):
+            asked[block_id] = asked.get(block_id, 0) + 1
+            counts = manager.orphan_refs if block_id in manager.orphan_refs else manager.refs
+            if asked[block_id] > counts.get(block_id, 0):
+                raise CountError(f"TieredKVStore.release: key {key.hex()} is released more often than it is pinned")
 
     def _gather(self, keys: Sequence[bytes], ids: list[int], out: torch.Tensor | None, partial: bool = False) -> torch.Tensor:
         """Reads blocks from wherever they now are into one tensor on the HBM device; with
