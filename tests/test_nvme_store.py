@@ -348,3 +348,30 @@ def test_put_refuses_slots_that_are_not_integers(tmp_path, slot):
         assert len(store) == 0
         store.put([b"k"], block, slots=[np.int64(2)])
         assert store.slot_of(b"k") == 2
+
+
+def test_a_store_dropped_without_close_releases_its_path_and_threads(tmp_path):
+    """A caller's bug, not a crash: the dropped store warns, its I/O threads stop and its lock
+    goes, so the path reopens in this process with what the last flush made durable (its
+    idle I/O threads used to keep it alive, holding the lock: "store in use by this process")."""
+    import gc
+    import threading
+    import warnings
+
+    block = torch.ones((1, *LAYOUT.block_shape), dtype=torch.bfloat16)
+    store = NVMeStore(tmp_path / "s", LAYOUT, 4)
+    store.put([b"kept"], block)
+    store.flush()
+    store.put([b"not flushed"], block)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        del store
+        gc.collect()
+    assert any(issubclass(w.category, ResourceWarning) for w in caught)
+    for _ in range(50):
+        if not any(t.name.startswith("tiercache-nvme") for t in threading.enumerate()):
+            break
+        time.sleep(0.02)
+    assert not any(t.name.startswith("tiercache-nvme") for t in threading.enumerate())
+    with NVMeStore(tmp_path / "s", LAYOUT) as reopened:
+        assert reopened.slot_of(b"kept") is not None

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import os
 import threading
+import warnings
+import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Sequence
 
@@ -121,7 +123,9 @@ class NVMeStore(NVMeReads):
         self.direct_io = direct_io and chunkio.supports_direct(os.path.join(self.path, "zarr.json"))
         self._local = threading.local()
         self._io_threads = io_threads
-        self._executor = ThreadPoolExecutor(io_threads, "tiercache-nvme", initializer=self._init_thread)
+        # The initializer holds the store weakly: an idle worker must not keep a dropped store alive.
+        self._executor = ThreadPoolExecutor(io_threads, "tiercache-nvme", initializer=_init_io_thread,
+                                            initargs=(weakref.ref(self),))
 
     # ----- opening -------------------------------------------------------------------
 
@@ -431,6 +435,24 @@ class NVMeStore(NVMeReads):
         finally:
             self._dir_lock.release()
 
+    def __del__(self) -> None:
+        """A store dropped without ``close`` (a caller's bug): its I/O threads stop and its
+        journal and directory lock are released, so the path reopens in this process; nothing
+        is flushed, so it reopens as after a killed process, with what the last flush made
+        durable. Warns (ResourceWarning)."""
+        if getattr(self, "_closed", True) or not hasattr(self, "_executor"):
+            return  # closed, or __init__ failed before there was anything to release
+        self._closed = True
+        try:
+            warnings.warn(f"NVMeStore({self.path!r}) was not closed: closed without a final flush", ResourceWarning,
+                          stacklevel=2)
+        except Exception:  # noqa: BLE001  (interpreter shutdown: the warnings machinery may be gone)
+            pass
+        try:
+            self._executor.shutdown(wait=False)  # the collector may run in a worker: never join it
+        finally:
+            self._release_files()
+
     def __enter__(self) -> "NVMeStore":
         return self
 
@@ -452,3 +474,10 @@ def _slot_numbers(slots: Sequence[int]) -> list[int]:
         if isinstance(slot, (bool, np.bool_)) or not isinstance(slot, (int, np.integer)):
             raise UserError(f"NVMeStore.put: slots must be integers, got {slot!r}")
     return [int(s) for s in slots]
+
+
+def _init_io_thread(store_ref: "weakref.ref[NVMeStore]") -> None:
+    """Thread initializer of a store's I/O pool (``NVMeStore._init_thread``), by weak reference."""
+    store = store_ref()
+    if store is not None:
+        store._init_thread()
