@@ -357,7 +357,10 @@ class TierConfig:
             raise ConfigError(f"tier name {self.name!r}: must be one of {', '.join(TIER_NAMES + (REMOTE_TIER,))}")
         if (self.name == REMOTE_TIER) != (self.remote is not None):
             raise ConfigError(f"tier {self.name}: remote=RemoteConfig(...) is given with the remote tier, and only with it")
-        if isinstance(self.capacity_blocks, bool) or not isinstance(self.capacity_blocks, int) or self.capacity_blocks < 1:
+        if isinstance(self.capacity_blocks, bool) or not isinstance(self.capacity_blocks, int):
+            raise ConfigError(f"tier {self.name}: capacity must be an integer number of blocks, got "
+                              f"{self.capacity_blocks!r} ({type(self.capacity_blocks).__name__})")
+        if self.capacity_blocks < 1:
             raise ConfigError(f"tier {self.name}: capacity must be at least one block, got {self.capacity_blocks!r}")
         if isinstance(self.codec, str):
             object.__setattr__(self, "codec", Codec.parse(self.codec, f"tier {self.name} codec"))

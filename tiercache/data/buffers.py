@@ -151,8 +151,8 @@ def check_quantisable(blocks: torch.Tensor, what: str, limit: float) -> None:
         bad |= flat.abs() > limit
     if bool(bad.any()):
         first = int(bad.any(dim=1).nonzero()[0, 0])
-        raise UserError(f"{what}: block {first} holds inf, NaN or a value beyond |x| <= {limit:g}, which a quantised "
-                        "tier cannot store")
+        held = f"inf, NaN or a value beyond |x| <= {limit:g}" if math.isfinite(limit) else "a non-finite value (inf or NaN)"
+        raise UserError(f"{what}: block {first} holds {held}, which a quantised tier cannot store")
 
 
 def block_list(

@@ -170,8 +170,9 @@ def _require_scales(*scales: np.ndarray | torch.Tensor) -> None:
 
 
 def _scale16_into(amax: np.ndarray, qmax: int, part: torch.Tensor) -> np.ndarray:
-    """fp16 ``amax / qmax`` (float32 division, rounded to nearest even as torch's
-    ``_scale16`` does; 1 where it is 0) written into the fp16 ``part`` (same element order);
+    """fp16 scales ``amax / qmax`` exactly as ``codecs._scale16`` makes them (float32
+    division, rounded to nearest even, the next fp16 up where a subnormal nearest falls
+    short; 1 where ``amax`` is 0) written into the fp16 ``part`` (same element order);
     returns the scales as float32, ``amax``'s shape."""
     values = np.empty(amax.shape, np.float32)
     kernels.half_scales(amax.reshape(-1), np.float32(qmax), _bits(part), values.reshape(-1))

@@ -124,9 +124,11 @@ def _store(f32, u32, bf16, half_f32, half_u32, out, n, c, h, t):
 
 @numba.njit(**_JIT)
 def half_scales(num, den, bits, values):
-    """Scales ``num / den`` (float32 division) rounded to fp16 as torch rounds, 1 where that
-    is 0: their bits into ``bits`` (uint16) and their values into ``values`` (float32); all
-    1-D of one length (``num >= 0``: absmax or range of each group)."""
+    """Scales ``num / den`` (float32 division) as ``codecs._scale16`` makes them: the fp16
+    rounded to nearest as torch rounds, the next fp16 up where ``num`` would lie beyond
+    ``den + 0.5`` of it (only below 2^-14: no scale flushes to 0, no code clips far), 1
+    where ``num`` is 0: their bits into ``bits`` (uint16) and their values into ``values``
+    (float32); all 1-D of one length (``num >= 0``: absmax or range of each group)."""
     size = num.shape[0]
     u32, half_u32 = np.empty(size, np.uint32), np.empty(size, np.uint32)
     row, half_f32 = u32.view(np.float32), half_u32.view(np.float32)
@@ -134,7 +136,8 @@ def half_scales(num, den, bits, values):
         row[i] = num[i] / den
     _store(row, u32, False, half_f32, half_u32, bits.reshape(1, 1, 1, 1, size), 0, 0, 0, 0)
     for i in range(size):
-        bits[i] = bits[i] if bits[i] != 0 else np.uint16(0x3C00)
+        short = LUT_F16[bits[i]] * (den + np.float32(0.5)) < num[i]  # positive: the next fp16 up is bits + 1
+        bits[i] = bits[i] + np.uint16(1) if short else (bits[i] if bits[i] != 0 else np.uint16(0x3C00))
         values[i] = LUT_F16[bits[i]]
 
 

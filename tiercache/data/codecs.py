@@ -22,7 +22,12 @@ A ``QuantizedBlock`` serialises to one flat uint8 buffer of exactly ``nbytes`` b
 dtypes first, so every part of a buffer read back is aligned for a zero-copy view).
 
 Invariants: inputs are finite; INT8 and INT4 need ``|x| < 65504 * 7`` (their scales are fp16:
-always true of fp16 blocks).
+always true of fp16 blocks). Their fp16 scales never round to 0 nor far below a group's
+``absmax / 127`` (``range / 15``): ``_scale16`` rounds up where the nearest fp16, in its
+subnormal range (spaced 2^-24), would. So small-magnitude KV keeps its relative error (an
+fp16 INT8 group of absmax <= 127 * 2^-24 ~ 7.6e-6 round-trips exactly) and an INT8 value's
+error is at most half a scale, about ``absmax / 254 + 2^-25``; only bf16/fp32 values near or
+below 2^-24 (~6e-8, below fp16's own range) lose most of their digits to that floor.
 """
 
 from __future__ import annotations
@@ -177,14 +182,32 @@ def _channel_scales(k_scale: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 
 
 def _sym_scale16(grouped: torch.Tensor, dim: int) -> torch.Tensor:
-    """fp16 ``absmax / 127`` per group along ``dim`` (1 for an all-zero group); codes are
-    computed with this rounded scale, so the rounding adds no error."""
+    """fp16 ``absmax / 127`` per group along ``dim`` (``_scale16``); codes are computed with
+    this rounded scale, so the rounding adds no error."""
     return _scale16(grouped.abs().amax(dim=dim, keepdim=True).float(), 127)
 
 
+#: fp16's spacing below 2^-14 (its subnormal range): its smallest positive value.
+_HALF_STEP = 2.0 ** -24
+
+
 def _scale16(amax: torch.Tensor, qmax: int) -> torch.Tensor:
-    """fp16 ``amax / qmax`` (float32 division first), 1 where it is 0."""
-    scale = (amax / qmax).to(torch.float16)
+    """fp16 scale ``amax / qmax`` (float32 division first) of each group (``amax >= 0``: its
+    absmax or range), 1 where ``amax`` is 0 (an all-zero group encodes to zeros).
+
+    The nearest fp16, as fp16 rounds, except where ``amax`` would then lie beyond
+    ``qmax + 0.5`` scales: there the next fp16 up. That only happens below 2^-14 (fp16's
+    subnormal range, spaced 2^-24; a normal fp16 is at most 2^-11 off), where the nearest
+    alone could fall far short (the largest values clipped) or to 0 (every value of the
+    group flushed to 0: INT8 groups of absmax < 3.8e-6). So the scale is at most
+    ``amax / qmax + 2^-24`` (a normal one at most 2^-11 above it), an INT8 code is within
+    half a step of its value (error at most about ``amax / 254 + 2^-25``), and normal
+    scales are the nearest, as they always were (same bytes). The compiled
+    ``codec_kernels.half_scales`` does the same float32 operations.
+    """
+    nearest = (amax / qmax).to(torch.float16).float()
+    short = nearest * (qmax + 0.5) < amax
+    scale = torch.where(short, nearest + _HALF_STEP, nearest).to(torch.float16)
     return torch.where(scale > 0, scale, torch.ones_like(scale))
 
 
@@ -294,8 +317,7 @@ def _asym_params(grouped: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.T
 def _asym_from(lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``_asym_params`` from each group's float32 min and max."""
     lo, hi = lo.clamp(max=0), hi.clamp(min=0)
-    scale = ((hi - lo) / 15).to(torch.float16)
-    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    scale = _scale16(hi - lo, 15)
     zero = (-lo / scale.float()).round_().clamp_(0, 15).to(torch.uint8)
     return scale, zero
 
