@@ -50,7 +50,7 @@ __all__ = ["NVMeStore", "PutResult", "StoreFullError"]
 _STAT_NAMES = (
     "puts", "failed_writes", "gets", "hits", "misses", "corrupt_reads", "read_errors", "deletes",
     "flushes", "failed_flushes", "bytes_written", "bytes_read", "garbage_removed", "recovered_dropped",
-    "journal_repaired", "journal_skipped",
+    "journal_repaired", "journal_skipped", "snapshot_repaired",
 )
 
 

@@ -31,7 +31,7 @@ from .chunkio import write_file_durably as _write_file_durably
 from .nvme_free import FreeSlots
 from .nvme_journal import HEADER as _JOURNAL_HEADER
 from .nvme_journal import MAGIC as _JOURNAL_MAGIC
-from .nvme_journal import scan_journal, sealed_crc
+from .nvme_journal import REPAIR_MAX_BYTES, fix_one_bit, scan_journal, sealed_crc
 
 __all__ = ["OP_PUT", "OP_DEL", "Entry", "SlotTable", "IndexFiles", "encode_ops", "decode_ops", "TABLE_SLOT_BYTES",
            "check_table_fits"]
@@ -338,6 +338,7 @@ class IndexFiles:
         self.need_snapshot = False  # set when a failed append may have left a torn tail
         self.repaired_batches = 0  # journal batches with one flipped bit, repaired at load
         self.lost_batches = 0  # journal batches damaged beyond repair, skipped at load
+        self.repaired_snapshot = False  # the snapshot had one flipped bit, repaired at load
         self._journal_fd: int | None = None
 
     def create(self) -> None:
@@ -366,17 +367,22 @@ class IndexFiles:
         table.finish_load()
 
     def _read_snapshot(self) -> list[Op]:
+        """The snapshot's operations; one flipped bit (a snapshot of at most
+        ``REPAIR_MAX_BYTES``) is repaired, counted in ``repaired_snapshot``, and makes the
+        next flush rewrite it (``need_snapshot``).
+
+        Raises:
+            UserError: damaged beyond one bit (or too large to search): naming the file.
+        """
         data = _read_file(self.snapshot_path, "index snapshot")
         try:
-            magic, seq, count, crc = _SNAPSHOT_HEADER.unpack_from(data, 0)
-            body = data[_SNAPSHOT_HEADER.size :]
-            if magic != _SNAPSHOT_MAGIC or sealed_crc(data[: _SNAPSHOT_HEADER.size - 4], body) != crc:
-                raise ValueError("bad magic or checksum")
-            ops = decode_ops(body)
-            if len(ops) != count:
-                raise ValueError("entry count mismatch")
+            seq, ops = _parse_snapshot(data)
         except (struct.error, ValueError) as exc:
-            raise UserError(f"{self.snapshot_path}: index snapshot damaged ({exc})") from None
+            repaired = _repair_snapshot(data)
+            if repaired is None:
+                raise UserError(f"{self.snapshot_path}: index snapshot damaged ({exc})") from None
+            seq, ops = repaired
+            self.repaired_snapshot = True
         self.seq, self.snapshot_bytes = seq, len(data)
         return ops
 
@@ -397,7 +403,7 @@ class IndexFiles:
                     table.apply(op)
                 self.seq = seq
         self.repaired_batches = scan.repaired
-        self.need_snapshot = bool(scan.repaired or self.lost_batches)
+        self.need_snapshot = bool(scan.repaired or self.lost_batches or self.repaired_snapshot)
         return scan.end
 
     def wants_snapshot(self) -> bool:
@@ -495,3 +501,33 @@ def _seal(header: struct.Struct, magic: bytes, seq: int, field: int, body: bytes
     """Packs a header whose last field is the crc of the fields before it and the body."""
     head = header.pack(magic, seq, field, 0)[:-4]
     return head + sealed_crc(head, body).to_bytes(4, "little")
+
+
+def _parse_snapshot(data: bytes) -> tuple[int, list[Op]]:
+    """``(seq, ops)`` of snapshot bytes whose magic, crc and entry count verify.
+
+    Raises:
+        ValueError, struct.error: they do not.
+    """
+    magic, seq, count, crc = _SNAPSHOT_HEADER.unpack_from(data, 0)
+    body = data[_SNAPSHOT_HEADER.size :]
+    if magic != _SNAPSHOT_MAGIC or sealed_crc(data[: _SNAPSHOT_HEADER.size - 4], body) != crc:
+        raise ValueError("bad magic or checksum")
+    ops = decode_ops(body)
+    if len(ops) != count:
+        raise ValueError("entry count mismatch")
+    return seq, ops
+
+
+def _repair_snapshot(data: bytes) -> tuple[int, list[Op]] | None:
+    """``_parse_snapshot`` of ``data`` with its one flipped bit fixed, or None (not one bit,
+    or larger than ``REPAIR_MAX_BYTES``: the search is Python)."""
+    if not _SNAPSHOT_HEADER.size <= len(data) <= REPAIR_MAX_BYTES:
+        return None
+    fixed = bytearray(data)
+    if not fix_one_bit(fixed, _SNAPSHOT_HEADER.size - 4, _SNAPSHOT_HEADER.size):
+        return None
+    try:
+        return _parse_snapshot(bytes(fixed))
+    except (struct.error, ValueError):
+        return None

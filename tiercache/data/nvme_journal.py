@@ -27,12 +27,12 @@ import numpy as np
 
 from .chunkio import crc32c
 
-__all__ = ["HEADER", "MAGIC", "JournalScan", "scan_journal", "sealed_crc"]
+__all__ = ["HEADER", "MAGIC", "REPAIR_MAX_BYTES", "JournalScan", "fix_one_bit", "scan_journal", "sealed_crc"]
 
 HEADER = struct.Struct("<4sQII")  # magic, sequence, payload length, crc
 MAGIC = b"TCJ1"
 _POLY = 0x82F63B78  # crc32c polynomial, bit-reflected
-_REPAIR_MAX_BYTES = 1 << 20  # the bit-by-bit syndrome search is Python: ~3 s per MiB
+REPAIR_MAX_BYTES = 1 << 20  # the bit-by-bit syndrome search is Python: ~3 s per MiB
 _CRC_AT = HEADER.size - 4
 _LENGTH_AT = 12
 
@@ -118,7 +118,7 @@ def _repair_at(data: bytes, pos: int, decodes) -> tuple[int, bytes, int] | None:
             if found is not None:
                 return found
     message = bytearray(data[pos : pos + HEADER.size + stored_length])
-    if len(message) != HEADER.size + stored_length or len(message) > _REPAIR_MAX_BYTES:
+    if len(message) != HEADER.size + stored_length or len(message) > REPAIR_MAX_BYTES:
         return None
     if not _fix_one_bit(message):
         return None
@@ -136,25 +136,31 @@ def _verified(batch: bytes, pos: int, decodes) -> tuple[int, bytes, int] | None:
 
 
 def _fix_one_bit(batch: bytearray) -> bool:
-    """Flips the one bit whose error explains the crc mismatch of ``batch`` in place.
+    """``fix_one_bit`` of a journal batch (crc field at ``_CRC_AT``)."""
+    return fix_one_bit(batch, _CRC_AT, HEADER.size)
 
-    The crc covers ``batch`` minus its crc field. Flipping input bit ``k`` of an
-    ``n``-bit message changes a reflected crc by ``step^(n-1-k)(POLY)``, independent of
-    the message, so walking that sequence finds ``k``. A mismatch of one bit in the crc
-    field itself means the covered bytes are intact. Returns False if no single bit
-    explains it.
+
+def fix_one_bit(record: bytearray, crc_at: int, header_size: int) -> bool:
+    """Flips the one bit whose error explains the crc mismatch of ``record`` in place.
+
+    ``record`` is a header of ``header_size`` bytes whose last 4 (from ``crc_at``) are a
+    crc32c sealing the rest of the header and the body after it (``sealed_crc``). Flipping
+    input bit ``k`` of an ``n``-bit message changes a reflected crc by
+    ``step^(n-1-k)(POLY)``, independent of the message, so walking that sequence finds
+    ``k``. A mismatch of one bit in the crc field itself means the covered bytes are
+    intact. Returns False if no single bit explains it. Python: ~3 s per MiB.
     """
-    stored = int.from_bytes(batch[_CRC_AT:HEADER.size], "little")
-    message = bytes(batch[:_CRC_AT]) + bytes(batch[HEADER.size :])
+    stored = int.from_bytes(record[crc_at:header_size], "little")
+    message = bytes(record[:crc_at]) + bytes(record[header_size:])
     syndrome = sealed_crc(message, b"") ^ stored
     if bin(syndrome).count("1") == 1:
-        batch[_CRC_AT:HEADER.size] = (stored ^ syndrome).to_bytes(4, "little")
+        record[crc_at:header_size] = (stored ^ syndrome).to_bytes(4, "little")
         return True
     bits, value = 8 * len(message), _POLY
     for distance in range(bits):
         if value == syndrome:
             byte, bit = divmod(bits - 1 - distance, 8)
-            batch[byte if byte < _CRC_AT else byte + 4] ^= 1 << bit
+            record[byte if byte < crc_at else byte + header_size - crc_at] ^= 1 << bit
             return True
         value = (value >> 1) ^ (_POLY if value & 1 else 0)
     return False

@@ -141,7 +141,8 @@ def _reopen(path: str, layout: KVLayout, compression: str | None, wanted: int | 
         files.close()
         raise
     counts = {"garbage_removed": removed, "recovered_dropped": dropped,
-              "journal_repaired": files.repaired_batches, "journal_skipped": files.lost_batches}
+              "journal_repaired": files.repaired_batches, "journal_skipped": files.lost_batches,
+              "snapshot_repaired": int(files.repaired_snapshot)}
     return Opened(capacity, table, files, lock, counts, bool(removed or dropped or files.need_snapshot))
 
 
