@@ -116,6 +116,8 @@ def test_bad_slots_and_capacity_raise_user_errors():
         pool.read([0.5])
     with pytest.raises(UserError, match="capacity must be at least one block"):
         BlockPool(LAYOUT, 0)
+    with pytest.raises(UserError, match=r"capacity must be an integer number of blocks, got 1.5 \(float\)"):
+        BlockPool(LAYOUT, 1.5)
     with pytest.raises(UserError, match="2 source slots but 1 destination"):
         pool.copy_to(BlockPool(LAYOUT, 4), [0, 1], [0])
     with pytest.raises(UserError, match="layouts differ"):

@@ -195,6 +195,8 @@ def test_bad_codecs_are_refused(tmp_path):
         TierConfig("dram", 2, codec="int2")
     with pytest.raises(UserError, match="int8, fp8 or int4"):
         QuantizedPool(LAYOUT, 2, Codec.NONE)
+    with pytest.raises(UserError, match=r"QuantizedPool: capacity must be an integer number of blocks, got 1.5"):
+        QuantizedPool(LAYOUT, 1.5, Codec.INT8)
 
 
 def chain_bound(codecs: list[Codec]) -> float:

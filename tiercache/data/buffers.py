@@ -175,3 +175,17 @@ def block_list(
         if not isinstance(block, torch.Tensor) or block.dtype != dtype or block.shape != shape:
             check_blocks(block.unsqueeze(0) if isinstance(block, torch.Tensor) else block, layout, 1, f"{what}[{i}]")
     return list(blocks)
+
+
+def check_capacity_blocks(capacity_blocks: object, where: str) -> int:
+    """A pool's capacity: an int (not a bool) of at least one block.
+
+    Raises:
+        UserError: naming ``where`` and whether the value is not an integer or below one.
+    """
+    if isinstance(capacity_blocks, bool) or not isinstance(capacity_blocks, int):
+        raise UserError(f"{where}: capacity must be an integer number of blocks, got {capacity_blocks!r} "
+                        f"({type(capacity_blocks).__name__})")
+    if capacity_blocks < 1:
+        raise UserError(f"{where}: capacity must be at least one block, got {capacity_blocks!r}")
+    return capacity_blocks

@@ -19,7 +19,7 @@ import torch
 
 from ..config import KVLayout
 from ..errors import UserError
-from .buffers import aligned_tensor, check_blocks, torch_dtype
+from .buffers import aligned_tensor, check_blocks, check_capacity_blocks, torch_dtype
 
 __all__ = ["BlockPool", "dram_pool", "hbm_pool", "copy_runs", "cuda_available", "HEADER_ROOM", "HEADER_BYTES"]
 
@@ -184,8 +184,7 @@ class BlockPool:
         Raises:
             UserError: capacity below one block.
         """
-        if isinstance(capacity_blocks, bool) or not isinstance(capacity_blocks, int) or capacity_blocks < 1:
-            raise UserError(f"BlockPool: capacity must be at least one block, got {capacity_blocks!r}")
+        check_capacity_blocks(capacity_blocks, "BlockPool")
         self.layout = layout
         self.capacity = capacity_blocks
         self.dtype = torch_dtype(layout.dtype)

@@ -32,7 +32,7 @@ from tiercache.core.plans import JobResult, TransferPlan
 
 from ..config import Codec, KVLayout
 from ..errors import UserError
-from .buffers import torch_dtype
+from .buffers import check_capacity_blocks, torch_dtype
 from .codecs import codec_for
 from .handlers import CopyContext, Job, _read_result, _recycling, _write_result, register_handler
 from .nvme import NVMeStore
@@ -62,8 +62,7 @@ class QuantizedPool:
         """
         if not isinstance(codec, Codec) or codec is Codec.NONE:
             raise UserError(f"QuantizedPool: codec must be int8, fp8 or int4, got {codec!r} (a plain tier is a BlockPool)")
-        if isinstance(capacity_blocks, bool) or not isinstance(capacity_blocks, int) or capacity_blocks < 1:
-            raise UserError(f"QuantizedPool: capacity must be at least one block, got {capacity_blocks!r}")
+        check_capacity_blocks(capacity_blocks, "QuantizedPool")
         self.layout, self.codec, self.capacity = layout, codec, capacity_blocks
         self.block_bytes = codec.block_bytes(layout)
         self.device = torch.device(device)
