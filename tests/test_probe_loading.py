@@ -14,7 +14,7 @@ import pytest
 
 from tiercache.cli import main
 from tiercache.errors import TraceError
-from tiercache.sim import traces, tracecache
+from tiercache.sim import traces, tracecache, tracelines
 from tiercache.sim.bulkparse import bulk_requests
 from tiercache.sim.fastscan import scan_requests
 from tiercache.sim.loader import load_trace
@@ -179,7 +179,7 @@ def test_first_long_line_matches_the_line_reader_bound():
 
 @pytest.mark.parametrize("second", [None, _line(ids=[True]), _line(extra=1.5)])
 def test_a_line_over_the_limit_is_refused_whatever_follows(tmp_path, monkeypatch, second):
-    monkeypatch.setattr(traces, "MAX_LINE_BYTES", 1000)
+    monkeypatch.setattr(tracelines, "MAX_LINE_BYTES", 1000)
     long_line = _line(ids=[1] * 400)
     assert len(long_line) > 1000
     path = _write(tmp_path / "long.jsonl", *([long_line] if second is None else [long_line, second]))
@@ -190,7 +190,7 @@ def test_a_line_over_the_limit_is_refused_whatever_follows(tmp_path, monkeypatch
 
 
 def test_an_error_before_a_long_line_is_named(tmp_path, monkeypatch):
-    monkeypatch.setattr(traces, "MAX_LINE_BYTES", 1000)
+    monkeypatch.setattr(tracelines, "MAX_LINE_BYTES", 1000)
     path = _write(tmp_path / "long.jsonl", _line(), _line(ids=[True]), _line(ids=[1] * 400))
     with pytest.raises(TraceError, match=r"long.jsonl:2: hash_ids\[0\] must be an integer"):
         load_trace(path)

@@ -30,13 +30,15 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Iterator
 
 import numpy as np
-import orjson
 import xxhash
 
 from tiercache.errors import TraceError, UserError
 from tiercache.policies.base import NO_NEXT_USE
 from tiercache.results import TraceKind
 from tiercache.results.records import FINGERPRINT_PREFIX, legacy_fingerprint
+
+from .tracelines import (MAX_LINE_BYTES, MAX_TOKENS, MAX_TOTAL_TOKENS, _TOKEN_FIELDS, check_token_counts,
+                         first_long_line, id_list_field, int_field, iter_json_objects, seconds_field_ms, token_field)
 
 __all__ = [
     "MOONCAKE_BLOCK_TOKENS",
@@ -75,18 +77,6 @@ MOONCAKE_BLOCK_TOKENS = 512
 #: Tokens per ``hash_ids`` block in Alibaba's Bailian (Qwen) traces.
 BAILIAN_BLOCK_TOKENS = 16
 
-_INT64_MAX = (1 << 63) - 1
-#: The longest line a trace may have. A real record is kilobytes (a 4,096-block step record
-#: about 80 KB); the bound keeps a file without newlines (``/dev/zero``) from being read
-#: into memory whole.
-MAX_LINE_BYTES = 64 << 20
-#: The most tokens one request's ``input_length`` or ``output_length`` may give (2**40, about
-#: 1.1e12: far beyond any context). With ``MAX_TOTAL_TOKENS`` it keeps every token sum of a
-#: replay (prefill tokens, tokens saved) inside int64.
-MAX_TOKENS = 1 << 40
-#: The most input tokens a whole request trace may give (their sum is kept as an int64).
-MAX_TOTAL_TOKENS = 1 << 62
-_TOKEN_FIELDS = ("input_length", "output_length")
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,85 +118,6 @@ class FlatTrace:
 # ----------------------------------------------------------------------------- parsing helpers
 
 
-def iter_json_objects(path: str | os.PathLike, digest: Any = None) -> Iterator[tuple[int, dict[str, Any]]]:
-    """Yields ``(line, object)`` for each non-blank line of a JSONL file, streamed.
-
-    ``digest`` (a ``fingerprint_digest``), when given, is updated with every byte of the file
-    (blank lines included), so a reader that runs to the end also has the file's digest.
-
-    Raises:
-        TraceError: the file cannot be opened (missing, a directory, unreadable), a line is
-            not valid JSON (or not UTF-8), or a line holds something other than an object.
-    """
-    name = os.fspath(path)
-    try:
-        handle = open(name, "rb")  # bytes: json.loads decodes UTF-8 itself, faster than text mode
-    except OSError as exc:
-        raise TraceError(name, None, f"cannot open trace: {exc.strerror or exc}") from None
-    with handle:
-        for line, raw in enumerate(_read_lines(handle, name), start=1):
-            if digest is not None:
-                digest.update(raw)
-            if raw.strip():
-                yield line, _parse_object(name, line, raw)
-
-
-def _read_lines(handle, name: str) -> Iterator[bytes]:
-    """Lines of an open file, each at most ``MAX_LINE_BYTES``; an I/O error mid-file or a
-    longer line becomes a TraceError."""
-    line = 0
-    try:
-        for line, raw in enumerate(iter(lambda: handle.readline(MAX_LINE_BYTES + 1), b""), start=1):
-            if len(raw) > MAX_LINE_BYTES:
-                raise TraceError(name, line, f"line longer than {MAX_LINE_BYTES >> 20} MiB, the limit for one trace record")
-            yield raw
-    except OSError as exc:
-        raise TraceError(name, line or None, f"cannot read trace: {exc.strerror or exc}") from None
-
-
-def _parse_object(name: str, line: int, raw: bytes) -> dict[str, Any]:
-    # orjson (a JSON parser built for speed, UTF-8 validated, integers up to 2**64 - 1):
-    # about 3x the json module on Mooncake lines, and parsing is most of a cold replay.
-    try:
-        obj = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        if str(exc).startswith(("depth limit", "recursion limit")):
-            raise TraceError(name, line, "malformed record: JSON nested too deeply") from None
-        raise TraceError(name, line, _not_utf8(raw) or f"malformed JSON: {exc}") from None
-    if not isinstance(obj, dict):
-        raise TraceError(name, line, f"expected a JSON object, got {type(obj).__name__}")
-    return obj
-
-
-def _not_utf8(raw: bytes) -> str | None:
-    """Where and why a line's bytes are not UTF-8 (orjson's own message names neither: it
-    says "surrogates not allowed" at column 1 for any bad byte), or None if they are."""
-    try:
-        raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        return (f"malformed JSON: not UTF-8: byte {raw[exc.start]:#04x} at column {exc.start + 1} "
-                f"({exc.reason})")
-    return None
-
-
-def first_long_line(data: bytes, limit: int | None = None) -> int | None:
-    """The 1-based number of the first line of ``data`` longer than ``limit`` bytes (its line
-    break included; default ``MAX_LINE_BYTES``), or None when every line fits: the bound
-    ``_read_lines`` enforces, so the bulk parsers defer such a file to it.
-
-    Jumps ``limit`` bytes at a time to the last line break before the mark, so a file of
-    short lines costs one ``rfind`` per ``limit`` bytes.
-    """
-    limit = MAX_LINE_BYTES if limit is None else limit
-    pos = 0
-    while len(data) - pos > limit:
-        cut = data.rfind(b"\n", pos, pos + limit)
-        if cut < 0:
-            return data.count(b"\n", 0, pos) + 1
-        pos = cut + 1
-    return None
-
-
 def request_format(first: dict[str, Any]) -> str:
     """``"bailian"`` when a request trace's first record names its chat and parent chat
     (Alibaba's Bailian traces: seconds, 16-token blocks), else ``"mooncake"``."""
@@ -216,130 +127,6 @@ def request_format(first: dict[str, Any]) -> str:
 def format_block_tokens(fmt: str) -> int:
     """Tokens per ``hash_ids`` block of a request-trace format (``request_format``)."""
     return BAILIAN_BLOCK_TOKENS if fmt == "bailian" else MOONCAKE_BLOCK_TOKENS
-
-
-def seconds_field_ms(name: str, line: int, obj: dict[str, Any], field: str) -> int:
-    """A required non-negative number of seconds (int or float; bool rejected), as integer
-    milliseconds rounded to nearest.
-
-    Raises:
-        TraceError: missing, not a number, negative, not finite, or past 2**63 ms.
-    """
-    if field not in obj:
-        raise TraceError(name, line, f"missing field {field!r}")
-    value = obj[field]
-    if type(value) not in (int, float) or not 0 <= value < _INT64_MAX / 1000:  # NaN fails the comparison
-        shown = _shown(name, line, value, (field,))
-        raise TraceError(name, line, f"field {field!r} must be a non-negative number of seconds below 2**63 ms "
-                                     f"(about {_INT64_MAX / 1000:.4g} s), got {shown}")
-    return round(value * 1000)
-
-
-def int_field(name: str, line: int, obj: dict[str, Any], field: str) -> int:
-    """A required non-negative integer field (``bool`` is rejected: JSON true is not a count).
-
-    Raises:
-        TraceError: missing, not an integer, or outside ``[0, 2**63)`` (an integer too large
-            for orjson, which reads it as a float, is named with its exact digits).
-    """
-    if field not in obj:
-        raise TraceError(name, line, f"missing field {field!r}")
-    value = obj[field]
-    if type(value) is float:
-        value = _exact_integer(name, line, (field,), value)
-    if type(value) is not int:
-        raise TraceError(name, line, f"field {field!r} must be a non-negative integer, got {value!r}")
-    if not 0 <= value <= _INT64_MAX:
-        raise TraceError(name, line, f"field {field!r} must be in [0, 2**63), got {value}")
-    return value
-
-
-def token_field(name: str, line: int, obj: dict[str, Any], field: str) -> int:
-    """A required token count (``input_length``, ``output_length``): an integer in
-    ``[0, MAX_TOKENS]``.
-
-    Raises:
-        TraceError: as ``int_field``, or more than ``MAX_TOKENS`` (2**40) tokens.
-    """
-    value = int_field(name, line, obj, field)
-    if value > MAX_TOKENS:
-        raise TraceError(name, line, f"field {field!r} must be at most 2**40 tokens, got {value}")
-    return value
-
-
-def check_token_counts(name: str, requests: FlatTrace) -> None:
-    """Checks a parsed request trace's token counts: each at most ``MAX_TOKENS`` (the line
-    readers check it per line; this names a kv-cache-tester request by its arrival order) and
-    the input lengths summing to at most ``MAX_TOTAL_TOKENS`` (2**62), so the prefill token
-    sums of a replay stay inside int64.
-
-    Raises:
-        TraceError: naming the file and the first request past the bound.
-    """
-    for field in _TOKEN_FIELDS:
-        values = getattr(requests, field + "s")
-        if len(values) and int(values.max()) > MAX_TOKENS:
-            first = int(np.argmax(values > MAX_TOKENS))
-            raise TraceError(name, None, f"request {first} (in arrival order): {field} must be at most 2**40 tokens, "
-                                         f"got {int(values[first])}")
-    total = float(requests.input_lengths.sum(dtype=np.float64))  # a float sum cannot wrap
-    if total > MAX_TOTAL_TOKENS:
-        raise TraceError(name, None, f"the requests' input_length values sum to {total:.4g} tokens, more than 2**62")
-
-
-def _exact_integer(name: str, line: int | None, path: tuple, value: Any) -> Any:
-    """The integer the file holds where orjson read the float ``value``, else ``value``.
-
-    orjson reads an integer beyond 2**64 - 1 as a float, so messages would show
-    ``1.8446744073709552e+19`` for ``18446744073709551621``. On that error path only, line
-    ``line`` of file ``name`` is read again with Python's json module (integers of any size)
-    and the value at ``path`` (keys and list positions) is taken when it is an integer
-    equal to ``value`` as a float; anything unexpected keeps ``value``.
-    """
-    if type(value) is not float or not line:
-        return value
-    try:
-        with open(name, "rb") as handle:
-            raw = next(itertools.islice(_read_lines(handle, name), line - 1, None), b"")
-        exact = json.loads(raw)
-        for key in path:
-            exact = exact[key]
-    except (OSError, ValueError, TypeError, KeyError, IndexError, RecursionError):
-        return value
-    return exact if type(exact) is int and float(exact) == value else value
-
-
-def _shown(name: str, line: int | None, value: Any, path: tuple) -> str:
-    """A value for a message: the exact integer behind a float orjson made of it, else repr."""
-    exact = _exact_integer(name, line, path, value)
-    return str(exact) if type(exact) is int and type(value) is float else repr(value)
-
-
-def id_list_field(name: str, line: int, obj: dict[str, Any], field: str) -> list[int]:
-    """A required list of block ids: integers in ``[0, 2**63)``, bools rejected.
-
-    Raises:
-        TraceError: missing, not a list, or an element that is not such an integer (the
-            message gives its position and value).
-    """
-    if field not in obj:
-        raise TraceError(name, line, f"missing field {field!r}")
-    ids = obj[field]
-    if type(ids) is not list:
-        raise TraceError(name, line, f"field {field!r} must be a list of block ids, got {type(ids).__name__}")
-    # One C-level pass over the types; the slow search below runs only on bad input.
-    if ids and (set(map(type, ids)) != {int} or min(ids) < 0 or max(ids) > _INT64_MAX):
-        _raise_bad_id(name, line, field, ids)
-    return ids
-
-
-def _raise_bad_id(name: str, line: int, field: str, ids: list[Any]) -> None:
-    for pos, value in enumerate(ids):
-        value = _exact_integer(name, line, (field, pos), value)
-        if type(value) is not int:
-            raise TraceError(name, line, f"{field}[{pos}] must be an integer block id, got {value!r}")
-        if not 0 <= value <= _INT64_MAX:
-            raise TraceError(name, line, f"{field}[{pos}] must be in [0, 2**63), got {value}")
 
 
 # ----------------------------------------------------------------------------- requests
