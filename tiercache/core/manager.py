@@ -96,9 +96,7 @@ class TierManager(TransferMixin):
         # Next-use times seen in hints, kept only when an offline policy needs them, so a
         # block demoted or promoted carries its future into the other tier's policy.
         self._future: dict[int, int] | None = {} if any(p.needs_future for p in evictions) else None
-        # Blocks dropped from the last tier whose future is forgotten once the access that
-        # dropped them ends (one later in the same request may come back and be demoted again).
-        self._departed: list[int] = []
+        self._departed: list[int] = []  # dropped blocks whose future goes when the access ends (_forget_departed)
 
     # -- queries -------------------------------------------------------------------------
     @property
@@ -206,14 +204,6 @@ class TierManager(TransferMixin):
             i = k
         self._forget_departed()
         return started or []
-
-    @staticmethod
-    def _see_future(future: dict[int, int] | None, ids: Sequence[int], hints: Hints | None, a: int, b: int) -> None:
-        """Records the next use of ``ids[a:b]`` as they are accessed, not before: a block
-        that a later id of the same request pushes down still carries the use it is about
-        to get (its next use as last seen), so a lower tier's Belady does not take it for dead."""
-        if future is not None:
-            future.update(zip(ids[a:b], hints.next_use[a:b]))
 
     def insert(self, ids: Sequence[int], hints: Hints | None = None, hold: bool = False) -> None:
         """Stores newly computed blocks, absent from every tier, in the top tier.
@@ -404,23 +394,6 @@ class TierManager(TransferMixin):
             self._report_departed(ids)
         if self._future is not None:
             self._departed.extend(ids)
-
-    def _forget_departed(self) -> None:
-        """Forgets the future of dropped blocks that are still out of the hierarchy.
-
-        Not at the drop itself: a block of the request being served, dropped before its turn,
-        comes back as a miss with its next use recorded only at its segment's start
-        (``_see_future``), and a later id of the request may push it down again; its future
-        must survive until then. Forgetting after the access changes no value ever read:
-        a block is read from ``_future`` only while resident, and re-entering the hierarchy
-        records it first.
-        """
-        if self._future is None or not self._departed:
-            return
-        for block_id in self._departed:
-            if self.locate(block_id) is None:
-                self._future.pop(block_id, None)
-        self._departed.clear()
 
     def _demote(self, tier: int, victims: list[int], protected) -> Room:
         """Moves victims one tier down; refused or unplaceable ones leave the hierarchy.

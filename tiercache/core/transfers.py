@@ -240,6 +240,31 @@ class TransferMixin:
         if self.events.records_departures:
             self._report_departed(ids)
 
+    @staticmethod
+    def _see_future(future: dict[int, int] | None, ids: Sequence[int], hints: Hints | None, a: int, b: int) -> None:
+        """Records the next use of ``ids[a:b]`` as they are accessed, not before: a block
+        that a later id of the same request pushes down still carries the use it is about
+        to get (its next use as last seen), so a lower tier's Belady does not take it for dead."""
+        if future is not None:
+            future.update(zip(ids[a:b], hints.next_use[a:b]))
+
+    def _forget_departed(self) -> None:
+        """Forgets the future of dropped blocks that are still out of the hierarchy.
+
+        Not at the drop itself: a block of the request being served, dropped before its turn,
+        comes back as a miss with its next use recorded only at its segment's start
+        (``_see_future``), and a later id of the request may push it down again; its future
+        must survive until then. Forgetting after the access changes no value ever read:
+        a block is read from ``_future`` only while resident, and re-entering the hierarchy
+        records it first.
+        """
+        if self._future is None or not self._departed:
+            return
+        for block_id in self._departed:
+            if self.locate(block_id) is None:
+                self._future.pop(block_id, None)
+        self._departed.clear()
+
     def _future_hints(self, ids: Sequence[int]) -> Hints | None:
         """Hints for blocks moved between tiers: their known next use, when tracked."""
         if self._future is None:
