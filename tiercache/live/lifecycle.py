@@ -6,13 +6,14 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from tiercache.core.counts import CountError
 from tiercache.core.manager import TierManager
 from tiercache.core.plans import EventLog
 from tiercache.keys import key_to_int
 
 from .keymap import KeyMap
 
-__all__ = ["adopt_stored_blocks", "persist_to_nvme", "check_store"]
+__all__ = ["adopt_stored_blocks", "persist_to_nvme", "check_store", "check_release"]
 
 
 def adopt_stored_blocks(manager: TierManager, media: Sequence[object], keymap: KeyMap, events: EventLog) -> None:
@@ -55,3 +56,19 @@ def check_store(manager: TierManager, keymap: KeyMap, media: Sequence[object]) -
         if medium.keyed and not getattr(medium, "shared", False):  # places bytes itself: check by key
             for block_id in manager.dirs[tier].slot_of:
                 assert medium.contains(keymap.keys[block_id]), f"{medium}: resident block {block_id} is not stored"
+
+
+def check_release(manager: TierManager, keys: Sequence[bytes], ids: Sequence[int]) -> None:
+    """Checks a ``release`` before it changes anything, naming the caller's key (the manager
+    names its internal id): each key released at most as often as it is pinned (pins on
+    blocks lost while pinned count too: ``TierManager.unref``).
+
+    Raises:
+        CountError: the first key released more often than it is pinned.
+    """
+    asked: dict[int, int] = {}
+    for key, block_id in zip(keys, ids):
+        asked[block_id] = asked.get(block_id, 0) + 1
+        counts = manager.orphan_refs if block_id in manager.orphan_refs else manager.refs
+        if asked[block_id] > counts.get(block_id, 0):
+            raise CountError(f"TieredKVStore.release: key {key.hex()} is released more often than it is pinned")

@@ -25,19 +25,18 @@ import numpy as np
 import torch
 
 from tiercache.config import KVLayout, TierConfig
-from tiercache.core.counts import CountError
 from tiercache.core.manager import TierManager
 from tiercache.core.plans import EventLog, TransferPlan
 from tiercache.core.stats import HierarchyStats
 from tiercache.data.buffers import check_blocks
 from tiercache.data.engine import LocalEngine
-from tiercache.data.pools import BlockPool
 from tiercache.errors import UserError
 from tiercache.keys import prefix_keys
 from tiercache.policies import make_admission, make_eviction
 
 from .keymap import KeyMap
-from .lifecycle import adopt_stored_blocks, check_store, persist_to_nvme
+from .lifecycle import adopt_stored_blocks, check_release, check_store, persist_to_nvme
+from .reads import read_blocks
 from .pending import Pending
 from .media import (check_host_memory, check_layout, check_online, check_remote_write, check_tiers, open_media, resolve_device,
                     value_limit)
@@ -380,7 +379,7 @@ class TieredKVStore:
         with self._lock:
             self._check_open()
             ids = self._present_ids(keys)
-            self._check_pinned(keys, ids)
+            check_release(self.manager, keys, ids)
             self.manager.unref(ids)
 
     # -- reporting and lifetime ----------------------------------------------------------
@@ -466,39 +465,9 @@ class TieredKVStore:
                 raise KeyError(f"key {key.hex()} is not stored")
         return ids
 
-    def _check_pinned(self, keys: Sequence[bytes], ids: list[int]) -> None:
-        """Raises CountError naming the first key released more often than it is pinned (pins
-        on blocks lost while pinned count too: ``TierManager.unref``)."""
-        manager, asked = self.manager, {}
-        for key, block_id in zip(keys, ids):
-            asked[block_id] = asked.get(block_id, 0) + 1
-            counts = manager.orphan_refs if block_id in manager.orphan_refs else manager.refs
-            if asked[block_id] > counts.get(block_id, 0):
-                raise CountError(f"TieredKVStore.release: key {key.hex()} is released more often than it is pinned")
-
     def _gather(self, keys: Sequence[bytes], ids: list[int], out: torch.Tensor | None, partial: bool = False) -> torch.Tensor:
-        """Reads blocks from wherever they now are into one tensor on the HBM device; with
-        ``partial`` a block unreadable in place ends the result (a remote one leaves the view)."""
-        top = self._media[0]
-        if out is None:
-            out = torch.empty((len(ids), *self.layout.block_shape), dtype=top.dtype, device=top.device)
-        slot_of = self.manager.dirs[0].slot_of
-        if isinstance(top, BlockPool) and all(i in slot_of for i in ids):  # the common case: one gather from the HBM pool
-            index = torch.tensor([slot_of[i] for i in ids], dtype=torch.long, device=top.device)
-            return torch.index_select(top.tensor, 0, index, out=out)
-        for index, block_id in enumerate(ids):
-            tier = self.manager.locate(block_id)
-            try:
-                if tier is None:
-                    raise KeyError(f"key {keys[index].hex()} proved unreadable and was dropped")
-                self._media[tier].read_block(self.manager.dirs[tier].slot_of[block_id], keys[index], out[index])
-            except KeyError:
-                if tier is not None:
-                    self._drop_unreadable(tier, block_id)
-                if not partial:
-                    raise
-                return out[:index]
-        return out
+        """``read_blocks`` from this store's tiers (see there)."""
+        return read_blocks(self.manager, self._media, self.layout, keys, ids, out, partial, self._drop_unreadable)
 
     def _drop_unreadable(self, tier: int, block_id: int) -> None:
         """A block that proved unreadable where it lies (read in place, so the manager did not
