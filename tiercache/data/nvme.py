@@ -121,9 +121,13 @@ class NVMeStore(NVMeReads):
         self.capacity = self._open(capacity_blocks, create)  # takes the directory lock
         self._codec = chunkio.ChunkCodec(self.chunk_bytes, compression, layout.dtype_bytes if self._block_codec is None else 1)
         self.direct_io = direct_io and chunkio.supports_direct(os.path.join(self.path, "zarr.json"))
+        self._start_io(io_threads)
+
+    def _start_io(self, io_threads: int) -> None:
+        """The I/O pool. Its thread initializer holds the store weakly: an idle worker must
+        not keep a dropped store alive (``__del__`` releases it)."""
         self._local = threading.local()
         self._io_threads = io_threads
-        # The initializer holds the store weakly: an idle worker must not keep a dropped store alive.
         self._executor = ThreadPoolExecutor(io_threads, "tiercache-nvme", initializer=_init_io_thread,
                                             initargs=(weakref.ref(self),))
 
