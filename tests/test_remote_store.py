@@ -207,3 +207,20 @@ def test_a_header_right_before_its_block_makes_one_buffer_per_value():
     size = HEADER_BYTES + LAYOUT.block_bytes
     assert calls == [("one", [size, size]), ("two", [[HEADER_BYTES, LAYOUT.block_bytes]] * 2),
                      ("two", [[HEADER_BYTES, LAYOUT.block_bytes]] * 2)]
+
+
+def test_back_to_back_puts_publish_every_block_under_through(master, pair):
+    """Local tiers of 2 + 2 blocks and puts of 24 blocks with no wait between them: the
+    previous put's publishing copies pin DRAM, so HBM's victims found no room below and were
+    dropped, neither local nor published (half the prompts lost 22 of 24 blocks, counted
+    nowhere). Now the demotion waits for those copies to land first."""
+    _, reader = pair
+    with open_store(remote_config(master), hbm=2, dram=2, nvme=0) as writer:
+        prompts = [prompt(24, seed=40 + s) for s in range(4)]
+        for tokens in prompts:
+            writer.put_tokens(tokens, blocks(24, seed=tokens[0] % 97), namespace="back-to-back")
+        writer.wait()
+        assert writer.stats()["tiers"][0]["evictions"] == 0  # every HBM victim went down, none dropped
+        for tokens in prompts:
+            assert reader.match_prefix(tokens, namespace="back-to-back") == len(tokens)
+        writer.check_invariants()

@@ -369,16 +369,14 @@ class TierManager(TransferMixin):
         return self._demote(tier, victims, protected)
 
     def _held_guard(self, tier: int):
-        """The held blocks ``tier`` may not drop: all of them in the last tier; in
-        write-through mode, above it, only those without a copy in a lower tier."""
+        """Held blocks ``tier`` may not drop: all in the last tier, else those without a lower copy."""
         if tier + 1 == len(self.dirs):
             return self.held
         return HeldWithoutCopy(self.held, [d.slot_of for d in self.dirs[tier + 1 :]])
 
     def _retry_room(self, tier: int, n: int, protected) -> bool:
-        """After ``_make_room`` failed: if moves this manager started into or out of ``tier``
-        are in flight (their slots are reserved or pinned), waits for them and tries once
-        more. Nothing is in flight in a replay, so this never changes a replay's decisions."""
+        """After ``_make_room`` failed: waits for this manager's moves in flight into or out of
+        ``tier`` (slots reserved or pinned) and tries once more. A replay has none in flight."""
         if not self._running:
             return False
         moving = [j for j in sorted(self._running) if tier in (self.inflight[j].src_tier, self.inflight[j].dst_tier)]
@@ -396,13 +394,13 @@ class TierManager(TransferMixin):
             self._departed.extend(ids)
 
     def _demote(self, tier: int, victims: list[int], protected) -> Room:
-        """Moves victims one tier down; refused or unplaceable ones leave the hierarchy.
+        """Moves victims one tier down; refused or unplaceable ones leave the hierarchy (a tier
+        below full of blocks pinned by moves in flight waits for them first: ``_retry_room``).
 
         Returns ``Room.WRITE_FAILED`` when a write-back (this one, or one further down the
         cascade) failed (a full or failing disk): the victims then stay where they are, so no
         block is ever dropped to make room for a write that did not land, and the caller's
-        placement is refused instead.
-        """
+        placement is refused instead."""
         below = tier + 1
         admitted = self.admissions[below].admit(victims)
         held = self.held
@@ -424,6 +422,8 @@ class TierManager(TransferMixin):
             pieces = [moving]
         for piece in pieces:
             room = self._make_room(below, len(piece), protected)
+            if room is _NO_VICTIMS and self._retry_room(below, len(piece), protected):
+                room = _MADE
             if room is _NO_VICTIMS:
                 if held and any(v in held for v in piece):
                     return _NO_VICTIMS  # a held block never leaves: the placement above is refused
