@@ -46,7 +46,8 @@ def test_remote_config_is_validated_and_only_the_remote_tier_takes_one():
     assert good.write is RemoteWrite.THROUGH  # the documented default
     assert TierConfig("remote", 8, remote=good).remote is good
     for bad in ({"master": "nohost"}, {"metadata": "127.0.0.1:5001"}, {"write": "through"}, {"timeout_s": 0},
-                {"segment_bytes": -1}, {"write_hits": 0}):
+                {"segment_bytes": -1}, {"write_hits": 0}, {"timeout_s": float("inf")}, {"timeout_s": float("nan")},
+                {"retry_s": float("nan")}, {"staging_blocks": 2.5}, {"write_hits": 2.5}):
         fields = {"master": "127.0.0.1:5000", "metadata": "http://127.0.0.1:5001/metadata", **bad}
         with pytest.raises(ConfigError, match="RemoteConfig"):
             RemoteConfig(**fields)
@@ -54,3 +55,7 @@ def test_remote_config_is_validated_and_only_the_remote_tier_takes_one():
         TierConfig("remote", 8)
     with pytest.raises(ConfigError, match="remote=RemoteConfig"):
         TierConfig("dram", 8, remote=good)
+    with pytest.raises(ConfigError, match="remote must be a RemoteConfig, got dict"):
+        TierConfig("remote", 8, remote={"master": "127.0.0.1:5000"})
+    with pytest.raises(ConfigError, match="codec int8 is not supported there"):
+        TierConfig("remote", 8, remote=good, codec="int8")

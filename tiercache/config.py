@@ -212,8 +212,13 @@ class RemoteConfig:
             raise ConfigError(f"RemoteConfig.metadata must be an http://host:port/metadata URL, got {self.metadata!r}")
         for name in ("segment_bytes", "buffer_bytes", "write_hits", "staging_blocks", "timeout_s", "retry_s"):
             value, may_be_zero = getattr(self, name), name in ("segment_bytes", "retry_s")
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (value == 0 and not may_be_zero):
-                raise ConfigError(f"RemoteConfig.{name} must be a {'non-negative' if may_be_zero else 'positive'} number, got {value!r}")
+            kind = "number of seconds" if name.endswith("_s") else "integer"
+            wrong_type = not isinstance(value, (int, float) if kind != "integer" else int) or isinstance(value, bool)
+            # ``0 <= value < inf`` is False for NaN too; seconds must fit the client's timers.
+            if wrong_type or not 0 <= value < (1e9 if kind != "integer" else float("inf")) or (value == 0 and not may_be_zero):
+                bound = "" if kind == "integer" else " below 1e9"
+                raise ConfigError(f"RemoteConfig.{name} must be a {'non-negative' if may_be_zero else 'positive'} "
+                                  f"{kind}{bound}, got {value!r}")
 
 
 #: Group size cap of the INT8 and INT4 codecs (the issue's groups of 64).
@@ -357,6 +362,8 @@ class TierConfig:
             raise ConfigError(f"tier name {self.name!r}: must be one of {', '.join(TIER_NAMES + (REMOTE_TIER,))}")
         if (self.name == REMOTE_TIER) != (self.remote is not None):
             raise ConfigError(f"tier {self.name}: remote=RemoteConfig(...) is given with the remote tier, and only with it")
+        if self.remote is not None and not isinstance(self.remote, RemoteConfig):
+            raise ConfigError(f"tier {self.name}: remote must be a RemoteConfig, got {type(self.remote).__name__}")
         if isinstance(self.capacity_blocks, bool) or not isinstance(self.capacity_blocks, int):
             raise ConfigError(f"tier {self.name}: capacity must be an integer number of blocks, got "
                               f"{self.capacity_blocks!r} ({type(self.capacity_blocks).__name__})")
@@ -366,6 +373,9 @@ class TierConfig:
             object.__setattr__(self, "codec", Codec.parse(self.codec, f"tier {self.name} codec"))
         if not isinstance(self.codec, Codec):
             raise ConfigError(f"tier {self.name}: codec must be a Codec or its name, got {self.codec!r}")
+        if self.name == REMOTE_TIER and self.codec is not Codec.NONE:
+            raise ConfigError(f"tier {self.name}: its values are plain blocks shared with other processes; "
+                              f"codec {self.codec.value} is not supported there")
 
 
 @dataclass(frozen=True)
