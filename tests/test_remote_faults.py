@@ -212,3 +212,20 @@ def test_an_unreachable_master_never_blocks_or_fails_the_store():
     assert time.monotonic() - start < 10  # setting up against a dead master takes Mooncake ~90 s: not waited for
     assert store.stats()["remote"]["skipped"] >= 1
     store.close()
+
+
+def test_an_unreachable_etcd_metadata_server_never_blocks_the_store(master):
+    """A live master but an ``etcd://`` metadata URL nothing listens on: the client's setup
+    held the whole process for more than 25 s (only ``http://`` URLs were checked first)."""
+    from tiercache.config import TierConfig
+    from tiercache.live.store import TieredKVStore
+
+    config = RemoteConfig(master.master, f"etcd://127.0.0.1:{free_port()}", timeout_s=0.5, retry_s=60)
+    start = time.monotonic()
+    store = TieredKVStore(LAYOUT, [TierConfig("hbm", 4), TierConfig("remote", 16, remote=config)], device="cpu")
+    kv, tokens = blocks(3, seed=13), prompt(3, seed=13)
+    assert store.put_tokens(tokens, kv, namespace="e") == 3
+    store.wait()
+    assert torch.equal(store.get(prefix_keys(tokens, BT, "e")), kv)
+    store.close()
+    assert time.monotonic() - start < 10

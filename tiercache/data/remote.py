@@ -443,17 +443,26 @@ def _pieces(n: int) -> list[tuple[int, int]]:
 
 
 def _servers_accept(config: RemoteConfig) -> bool:
-    """True when the master and (for an HTTP URL) the metadata server accept TCP connections."""
+    """True when the master and the metadata server (an HTTP URL, or at least one endpoint of
+    an ``etcd://host:port[,host:port...]`` list) accept TCP connections: the client's own
+    setup blocks the whole process on an unreachable server, so it is never called then."""
     host, port = config.master.rsplit(":", 1)
-    addresses = [(host, int(port))]
+    if not _accepts((host, int(port)), config.timeout_s):
+        return False
     if config.metadata.startswith("http://"):
         url = urlsplit(config.metadata)
-        addresses.append((url.hostname, url.port or 80))
-    for address in addresses:
-        try:
-            socket.create_connection(address, timeout=config.timeout_s).close()
-        except OSError:
-            return False
+        return _accepts((url.hostname, url.port or 80), config.timeout_s)
+    if config.metadata.startswith("etcd://"):
+        endpoints = [e.rsplit(":", 1) for e in config.metadata[len("etcd://"):].split(",") if ":" in e]
+        return any(_accepts((h, int(p)), config.timeout_s) for h, p in endpoints if p.isdigit())
+    return True
+
+
+def _accepts(address: tuple[str, int], timeout_s: float) -> bool:
+    try:
+        socket.create_connection(address, timeout=timeout_s).close()
+    except (OSError, ValueError):  # ValueError: a port out of range
+        return False
     return True
 
 
