@@ -224,3 +224,29 @@ def test_back_to_back_puts_publish_every_block_under_through(master, pair):
         for tokens in prompts:
             assert reader.match_prefix(tokens, namespace="back-to-back") == len(tokens)
         writer.check_invariants()
+
+
+def test_remote_serve_stops_its_master_on_sighup_and_refuses_a_taken_port():
+    """A closed terminal (SIGHUP) left mooncake_master running; a port another server held
+    printed the success line, then the master died on bind and the command exited 1 silently."""
+    import socket
+
+    command = "import sys; from tiercache.cli import main; sys.exit(main(sys.argv[1:]))"
+    serve = subprocess.Popen([sys.executable, "-c", command, "remote-serve", "--json"], stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, text=True)
+    try:
+        printed = json.loads(serve.stdout.readline())
+        serve.send_signal(signal.SIGHUP)
+        serve.wait(timeout=20)
+        with pytest.raises(ProcessLookupError):
+            os.kill(printed["pid"], 0)
+    finally:
+        if serve.poll() is None:
+            serve.kill()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        refused = subprocess.run([sys.executable, "-c", command, "remote-serve", "--rpc-port", str(port)],
+                                 capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and f"--rpc-port {port}: cannot listen there" in refused.stderr

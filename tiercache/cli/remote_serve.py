@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import signal
+import socket
 
 from ..data.remote_master import free_port, start_master
 from ..errors import UserError
@@ -54,9 +55,31 @@ def _ports(args: argparse.Namespace) -> tuple[int, int, int]:
     """
     try:
         metrics = free_port(args.host)
-        return args.rpc_port or free_port(args.host), args.metadata_port or free_port(args.host), metrics
+        rpc, metadata = args.rpc_port or free_port(args.host), args.metadata_port or free_port(args.host)
     except OSError as exc:
         raise UserError(f"--host {args.host}: cannot listen there: {exc.strerror or exc}") from None
+    if rpc == metadata:
+        raise UserError(f"--rpc-port and --metadata-port are both {rpc}; give two ports")
+    for option, port in (("--rpc-port", args.rpc_port), ("--metadata-port", args.metadata_port)):
+        if port is not None:
+            _check_free(args.host, port, option)
+    return rpc, metadata, metrics
+
+
+def _check_free(host: str, port: int, option: str) -> None:
+    """Refuses a port something already listens on: the master would die on bind after its
+    readiness check had been answered by that other process.
+
+    Raises:
+        UserError: naming the option and the port.
+    """
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise UserError(f"{option} {port}: cannot listen there on {host} ({exc.strerror or exc}); "
+                            "is another server using it?") from None
 
 
 def main(args: argparse.Namespace) -> int:
@@ -65,8 +88,10 @@ def main(args: argparse.Namespace) -> int:
         check_output_file(args.log, "--log")
     ports = _ports(args)
     master = start_master(args.host, ports=ports, log=args.log)
-    # SIGTERM ends the command as Ctrl-C does, so the master never outlives it.
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    # SIGTERM and SIGHUP (a closed terminal) end the command as Ctrl-C does, so the master
+    # never outlives it; a SIGKILL cannot be caught: the master then stays (stop it by its pid).
+    for stop in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(stop, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
         if args.json:
             print(json.dumps({"master": master.master, "metadata": master.metadata, "pid": master.pid}), flush=True)
