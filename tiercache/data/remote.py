@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import hashlib
 import queue
-import socket
 import struct
 import threading
 import time
@@ -45,12 +44,11 @@ import numpy as np
 import torch
 import xxhash
 
-from urllib.parse import urlsplit
-
 from tiercache.config import KVLayout, RemoteConfig
 from tiercache.errors import UserError
 
 from .pools import HEADER_BYTES  # a pool's header room ends with exactly one header
+from .remote_master import servers_accept
 
 __all__ = ["RemoteStore", "HEADER_BYTES", "value_name", "layout_tag", "load_client", "Breaker"]
 
@@ -193,7 +191,7 @@ class RemoteStore:
         are first checked to accept a TCP connection within ``timeout_s``.
         """
         try:
-            if not _servers_accept(self.config):
+            if not servers_accept(self.config):
                 raise ConnectionError("the master or the metadata server does not accept connections")
             client = self._make_client()
             c = self.config
@@ -440,30 +438,6 @@ def _transfer_call(what: str, names: list[str], headers, payloads: Sequence[np.n
 
 def _pieces(n: int) -> list[tuple[int, int]]:
     return [(a, min(a + _PIECE, n)) for a in range(0, n, _PIECE)]
-
-
-def _servers_accept(config: RemoteConfig) -> bool:
-    """True when the master and the metadata server (an HTTP URL, or at least one endpoint of
-    an ``etcd://host:port[,host:port...]`` list) accept TCP connections: the client's own
-    setup blocks the whole process on an unreachable server, so it is never called then."""
-    host, port = config.master.rsplit(":", 1)
-    if not _accepts((host, int(port)), config.timeout_s):
-        return False
-    if config.metadata.startswith("http://"):
-        url = urlsplit(config.metadata)
-        return _accepts((url.hostname, url.port or 80), config.timeout_s)
-    if config.metadata.startswith("etcd://"):
-        endpoints = [e.rsplit(":", 1) for e in config.metadata[len("etcd://"):].split(",") if ":" in e]
-        return any(_accepts((h, int(p)), config.timeout_s) for h, p in endpoints if p.isdigit())
-    return True
-
-
-def _accepts(address: tuple[str, int], timeout_s: float) -> bool:
-    try:
-        socket.create_connection(address, timeout=timeout_s).close()
-    except (OSError, ValueError):  # ValueError: a port out of range
-        return False
-    return True
 
 
 def _close_client(client, keep_alive: tuple) -> None:

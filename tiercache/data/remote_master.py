@@ -15,10 +15,15 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 from tiercache.errors import UserError
 
-__all__ = ["MasterProcess", "find_master", "start_master", "free_port"]
+if TYPE_CHECKING:
+    from tiercache.config import RemoteConfig
+
+__all__ = ["MasterProcess", "find_master", "start_master", "free_port", "servers_accept"]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -108,9 +113,26 @@ def start_master(host: str = "127.0.0.1", ports: tuple[int, int, int] | None = N
     return started
 
 
-def _accepts(host: str, port: int) -> bool:
+def _accepts(host: str, port: int, timeout_s: float = 0.2) -> bool:
+    """Whether ``host:port`` accepts a TCP connection within ``timeout_s``."""
     try:
-        socket.create_connection((host, port), timeout=0.2).close()
+        socket.create_connection((host, port), timeout=timeout_s).close()
         return True
-    except OSError:
+    except (OSError, ValueError):  # ValueError: a port out of range
         return False
+
+
+def servers_accept(config: "RemoteConfig") -> bool:
+    """True when the master and the metadata server (an HTTP URL, or at least one endpoint of
+    an ``etcd://host:port[,host:port...]`` list) accept TCP connections: the client's own
+    setup blocks the whole process on an unreachable server, so it is never called then."""
+    host, port = config.master.rsplit(":", 1)
+    if not _accepts(host, int(port), config.timeout_s):
+        return False
+    if config.metadata.startswith("http://"):
+        url = urlsplit(config.metadata)
+        return _accepts(url.hostname, url.port or 80, config.timeout_s)
+    if config.metadata.startswith("etcd://"):
+        endpoints = [e.rsplit(":", 1) for e in config.metadata[len("etcd://"):].split(",") if ":" in e]
+        return any(_accepts(h, int(p), config.timeout_s) for h, p in endpoints if p.isdigit())
+    return True
