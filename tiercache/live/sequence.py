@@ -492,9 +492,7 @@ def _flat_token_ids(tokens, what: str) -> np.ndarray:
     naming ``what``) instead of hashing a silently converted value."""
     if isinstance(tokens, torch.Tensor):
         tokens = tokens.detach().cpu().numpy()
-    flat = np.asarray(tokens)
-    flat = flat.ravel() if flat.dtype != object or flat.ndim == 1 else flat
     try:
-        return _token_array(flat)
+        return _token_array(np.asarray(tokens).ravel())
     except (TypeError, ValueError) as exc:
         raise type(exc)(f"{what}: {exc}") from None
