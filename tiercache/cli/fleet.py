@@ -76,7 +76,7 @@ def _check_options(args: argparse.Namespace, remote: str | None) -> None:
                 "new blocks and hits go to the top tier"),
                ("--write-through", args.write_through, "its private tiers are exclusive"),
                (f"--prefetch {args.prefetch}", _is_not(args.prefetch, "none", PREFETCH), "prefetch plans decode steps"),
-               ("--block-tokens", args.block_tokens is not None, "it replays request traces (512-token blocks)"),
+               ("--block-tokens", args.block_tokens is not None, "request traces name their own block size"),
                (f"--workers {args.workers}", args.workers not in (None, 1), "it runs in one process"))
     for option, given, why in refused:
         if given:

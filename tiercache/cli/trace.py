@@ -44,7 +44,8 @@ def format_stats(stats: TraceStats) -> str:
     rows = [
         ("kind", stats.kind.value),
         (unit, f"{stats.records:,}"),
-        ("accesses", f"{stats.accesses:,}" + (f" ({stats.writes:,} writes)" if stats.writes else "")),
+        ("accesses", f"{stats.accesses:,}" + (f" reads ({stats.writes:,} writes besides: stored, not accessed)"
+                                              if stats.prefix_hit_ratio_inf is None else "")),
         ("unique blocks", f"{stats.unique_blocks:,}"),
         ("compulsory miss ratio", f"{stats.compulsory_miss_ratio:.5f}"),
         ("inf. prefix-cache hit ratio", None if stats.prefix_hit_ratio_inf is None else f"{stats.prefix_hit_ratio_inf:.5f}"),

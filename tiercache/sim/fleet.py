@@ -26,7 +26,12 @@ A lower-tier hit is promoted to HBM or read in place, and charged on its link ei
 (``HitMeter``, as in ``tiercache replay``). With a hardware profile (``with_network`` for the
 remote links) each instance also carries modeled busy seconds per link and TTFT saved:
 prefill time of the tokens it reused minus the modeled seconds of the loads that brought
-them (remote -> DRAM -> HBM included), counted serially, as ``tiercache replay`` does.
+them (remote -> DRAM -> HBM included), counted serially, as ``tiercache replay`` does. A
+request reuses its hit blocks' tokens at the trace's block size (``block_tokens_of``: 512 in
+Mooncake, 64 in kv-cache-tester, 16 in Bailian), at most its prompt; the run's recompute
+seconds are the prefill time of every prompt token not reused (``prefill_tokens -
+prefill_tokens_saved``). Every request counts in its instance's ``requests``, one without
+blocks too (routed round-robin: it has no prefix).
 """
 
 from __future__ import annotations
@@ -46,8 +51,7 @@ from .engine import SimEngine
 from .hardware import HardwareProfile
 from .hitcost import HitCost, HitMeter
 from .loader import Trace
-from .replay import tier_record
-from .traces import MOONCAKE_BLOCK_TOKENS
+from .replay import block_tokens_of, modeled_seconds, tier_record
 
 __all__ = ["Route", "FleetSpec", "replay_fleet", "sweep_fleet", "check_fleet_policy"]
 
@@ -156,8 +160,12 @@ def _refresh_view(instance: _Instance, store: _Store, run: list[int]) -> None:
         m.events.drain()  # adoption is a lookup, not traffic
 
 
-def _request(instance: _Instance, store: _Store | None, run: list[int], input_length: int) -> int:
-    """One request in prefix semantics; returns the blocks reused (hits)."""
+def _request(instance: _Instance, store: _Store | None, run: list[int], input_length: int, block_tokens: int) -> int:
+    """One request in prefix semantics (blocks of ``block_tokens`` tokens); returns the blocks
+    reused (hits). A request without blocks is counted and reuses nothing."""
+    instance.requests += 1
+    if not run:
+        return 0
     m = instance.manager
     if store is not None:
         _refresh_view(instance, store, run)
@@ -171,15 +179,16 @@ def _request(instance: _Instance, store: _Store | None, run: list[int], input_le
         m.wait_all()
         store.write_back(instance.demoted.admitted)
         instance.demoted.admitted.clear()
-    instance.requests += 1
-    instance.saved_tokens += min(hit * MOONCAKE_BLOCK_TOKENS, input_length)
+    instance.saved_tokens += min(hit * block_tokens, input_length)
     return hit
 
 
-def _route(route: Route, request: int, first_block: int, n: int) -> int:
-    if route is Route.ROUND_ROBIN:
+def _route(route: Route, request: int, run: list[int], n: int) -> int:
+    """The instance of request number ``request`` (blocks ``run``); affinity sends a request
+    without blocks round-robin (it has no prefix to meet)."""
+    if route is Route.ROUND_ROBIN or not run:
         return request % n
-    return (first_block * 0x9E3779B97F4A7C15 >> 17) % n  # a stable mix of the first block's id
+    return (run[0] * 0x9E3779B97F4A7C15 >> 17) % n  # a stable mix of the first block's id
 
 
 def replay_fleet(spec: FleetSpec, trace: Trace, layout: KVLayout | None = None, shared: bool = True,
@@ -196,13 +205,12 @@ def replay_fleet(spec: FleetSpec, trace: Trace, layout: KVLayout | None = None, 
     instances = [_Instance(spec, shared, block_bytes, profile) for _ in range(spec.instances)]
     store = _Store(spec.remote_blocks, spec.policy) if shared else None
     ids, offsets, lengths = trace.ids.tolist(), trace.offsets.tolist(), trace.input_lengths
+    block_tokens = block_tokens_of(trace, layout)
     started = time.perf_counter()
     for request in range(trace.records):
         run = ids[offsets[request] : offsets[request + 1]]
-        if not run:
-            continue
-        instance = instances[_route(spec.route, request, run[0], spec.instances)]
-        _request(instance, store, run, int(lengths[request]))
+        instance = instances[_route(spec.route, request, run, spec.instances)]
+        _request(instance, store, run, int(lengths[request]), block_tokens)
         if request % 256 == 255:
             for each in instances:
                 each.consume()
@@ -261,17 +269,17 @@ def _record(spec: FleetSpec, instances: list[_Instance], store: _Store | None, l
     tiers = tuple(_summed_tier(instances, t, layout, profile is not None) for t in range(len(instances[0].stats.tiers)))
     accesses, hits = sum(r.accesses for r in rows), sum(r.hits for r in rows)
     misses = accesses - hits
-    seconds = {k: round(v, 6) for k, v in _summed(r.modeled_seconds for r in rows).items()}
-    if profile is not None:
-        seconds["recompute"] = round(misses * MOONCAKE_BLOCK_TOKENS / profile.prefill_tokens_per_s, 6)
-        seconds["total"] = round(sum(seconds.values()), 6)
+    saved = sum(r.prefill_tokens_saved for r in rows)
+    seconds = {}
+    if profile is not None:  # per link over all instances, and prefill time of every token not reused
+        seconds = modeled_seconds(_summed(r.modeled_seconds for r in rows), profile, prefill_tokens - saved)
     return RunRecord(
         policy=spec.policy, admission="always", semantics=Semantics.PREFIX,
         mode=Mode.EXCLUSIVE if len(tiers) > 1 else Mode.SINGLE, capacity_blocks=sum(t.capacity_blocks for t in tiers),
         accesses=accesses, hits=hits, misses=misses, recomputed=sum(i.stats.recomputed for i in instances),
         miss_ratio=misses / accesses if accesses else 0.0, hit_ratio=hits / accesses if accesses else 0.0,
         tiers=tiers, wall_seconds=round(wall, 4), bytes_moved=_summed(r.bytes_moved for r in rows),
-        modeled_seconds=seconds, prefill_tokens=prefill_tokens, prefill_tokens_saved=sum(r.prefill_tokens_saved for r in rows),
+        modeled_seconds=seconds, prefill_tokens=prefill_tokens, prefill_tokens_saved=saved,
         ttft_saved_s=None if profile is None else round(sum(r.ttft_saved_s for r in rows), 6),
         instances=rows, route=spec.route, shared_writes=None if store is None else store.writes)
 

@@ -39,7 +39,8 @@ from .prep import dense_and_next_use
 from .steptrace import DecodeFields
 from .traces import MOONCAKE_BLOCK_TOKENS
 
-__all__ = ["RunSpec", "ReplayData", "replay", "check_run", "use_kernels", "tier_record", "Semantics"]
+__all__ = ["RunSpec", "ReplayData", "replay", "check_run", "use_kernels", "tier_record", "block_tokens_of",
+           "modeled_seconds", "Semantics"]
 
 
 @dataclass(frozen=True)
@@ -100,10 +101,7 @@ class ReplayData:
         """The replay arrays of ``trace``; a request block is the trace's (512 tokens in Mooncake), a step block the layout's."""
         if profile is not None and layout is None:
             raise ValueError("ReplayData: a hardware profile needs a layout (bytes per block)")
-        if trace.kind is TraceKind.REQUESTS:
-            block_tokens = trace.block_tokens or MOONCAKE_BLOCK_TOKENS  # the trace's block size
-        else:
-            block_tokens = layout.block_tokens if layout else 1
+        block_tokens = block_tokens_of(trace, layout)
         if trace.dense is not None and trace.next_use is not None:  # from the binary trace cache
             dense, nu, n_ids = trace.dense, trace.next_use, int(trace.dense.max(initial=-1)) + 1
         else:
@@ -137,6 +135,14 @@ class ReplayData:
     @cached_property
     def next_use_list(self) -> list[int]:
         return self.next_use.tolist()
+
+
+def block_tokens_of(trace: Trace, layout: KVLayout | None) -> int:
+    """Tokens per block of a replay of ``trace``: a request trace's own (512 in Mooncake, 64 in
+    the kv-cache-tester sample, 16 in Bailian), a step block the layout's (1 without one)."""
+    if trace.kind is TraceKind.REQUESTS:
+        return trace.block_tokens or MOONCAKE_BLOCK_TOKENS
+    return layout.block_tokens if layout else 1
 
 
 def _engine(spec: RunSpec, data: ReplayData) -> SimEngine:
@@ -374,7 +380,8 @@ def run_record(spec: RunSpec, data: ReplayData, stats: HierarchyStats, meter: Hi
         miss_ratio=stats.misses / accesses if accesses else 0.0, hit_ratio=stats.hits / accesses if accesses else 0.0,
         tiers=tiers, wall_seconds=round(wall, 4),
         bytes_moved={link: u.bytes for link, u in sorted(engine.usage.items())} if layout else {},
-        modeled_seconds=_modeled_seconds(stats, engine, data) if layout and profile else {},
+        modeled_seconds=modeled_seconds({link: u.seconds for link, u in engine.usage.items()}, profile,
+                                        _recomputed_tokens(spec, data, stats, saved_tokens)) if layout and profile else {},
         **_prefix_figures(spec, engine, data, saved_tokens), placement=spec.placement,
     )
 
@@ -393,10 +400,20 @@ def tier_record(counters: TierCounters, cost: HitCost, has_bytes: bool, has_seco
     return TierRecord(**counters.as_dict(), **costs, codec=codec.value, block_bytes=codec.block_bytes(layout) if layout else None)
 
 
-def _modeled_seconds(stats: HierarchyStats, engine: SimEngine, data: ReplayData) -> dict:
-    """Busy seconds per link, recompute time of misses, and their serial sum ("total")."""
-    seconds = {link: round(u.seconds, 6) for link, u in sorted(engine.usage.items())}
-    seconds["recompute"] = round(stats.misses * data.block_tokens / data.profile.prefill_tokens_per_s, 6)
+def _recomputed_tokens(spec: RunSpec, data: ReplayData, stats: HierarchyStats, saved_tokens: int) -> int:
+    """Tokens the run recomputes. Prefix semantics: every prompt token not reused, the trace's
+    ``prefill_tokens - prefill_tokens_saved`` (a request's last block may be partial). Object and
+    decode semantics: a whole block per miss (they count blocks, not prompts)."""
+    if spec.semantics is Semantics.PREFIX:
+        return int(data.trace.input_lengths.sum()) - saved_tokens
+    return stats.misses * data.block_tokens
+
+
+def modeled_seconds(link_seconds: dict[str, float], profile: HardwareProfile, recomputed_tokens: int) -> dict:
+    """Busy seconds per link (``link_seconds``), prefill time of the ``recomputed_tokens``
+    ("recompute"), and their serial sum ("total"); each rounded to the microsecond."""
+    seconds = {link: round(value, 6) for link, value in sorted(link_seconds.items())}
+    seconds["recompute"] = round(profile.prefill_seconds(recomputed_tokens), 6)
     seconds["total"] = round(sum(seconds.values()), 6)
     return seconds
 

@@ -25,17 +25,27 @@ REUSE_DISTANCE_LIMIT = 2_000_000
 class TraceStats:
     """Summary of a trace, computed from its flat object stream.
 
+    Accesses are what ``tiercache replay`` counts as accesses: every block of a request trace,
+    the ``read`` blocks of a step trace. A step trace's ``write`` blocks (``writes``) are stored,
+    not accessed: they count in no figure below except ``unique_blocks`` and as the previous
+    touch of a block a later read reuses (the block is in the cache from its write on).
     ``records`` counts requests (request traces) or step records (step traces).
-    ``compulsory_miss_ratio`` = unique blocks / accesses (the miss ratio of an infinite
-    cache). ``prefix_hit_ratio_inf`` (request traces only) is the hit ratio of an infinite
-    *prefix* cache: a request hits only its leading blocks that were all seen before.
-    Reuse times count accesses between an access and the next access of the same block;
-    reuse distances count the *distinct* blocks in between (LRU stack distance: an LRU cache of
-    more blocks than that hits), over the first ``REUSE_DISTANCE_LIMIT`` accesses.
-    ``tree_depth_pct`` (request traces) is the depth of each distinct block in the prefix tree
-    (0 for a request's first block, at its first sighting) and ``tree_roots`` the number of
-    distinct first blocks (sessions, documents, system prompts). ``block_tokens`` is the trace's
-    tokens per block (None: a step trace without a header).
+    ``unique_blocks`` counts the distinct blocks the trace names (read or written).
+    ``compulsory_miss_ratio`` = accesses of a block not seen before / accesses: the miss ratio
+    of an infinite cache as ``replay`` counts it (unique blocks / accesses on a request trace;
+    0 on a step trace that writes every block before reading it). ``prefix_hit_ratio_inf``
+    (request traces only) is the hit ratio of an infinite *prefix* cache: a request hits only
+    its leading blocks that were all seen before. ``blocks_accessed_once`` is the share of the
+    unique blocks accessed exactly once; ``accesses_per_block_mean`` = accesses / unique blocks.
+    Reuse times count, for each access of a block seen before, the accesses since its previous
+    touch (1 for back-to-back accesses); reuse distances count the *distinct* blocks touched in
+    between (LRU stack distance: an LRU cache of more blocks than that hits), over the first
+    ``REUSE_DISTANCE_LIMIT`` blocks of the stream. ``tree_depth_pct`` (request traces) is the
+    depth of each distinct block in the prefix tree (0 for a request's first block, at its
+    first sighting) and ``tree_roots`` the number of distinct first blocks (sessions,
+    documents, system prompts). ``record_blocks_pct`` counts the blocks each record names
+    (a step record's reads and writes). ``block_tokens`` is the trace's tokens per block
+    (None: a step trace without a header).
     Percentile maps hold ``p50``/``p90``/``p99``/``max`` (empty when there is nothing to count).
     """
 
@@ -79,19 +89,32 @@ def _prefix_hits(ids: np.ndarray, offsets: np.ndarray) -> int:
     return int((np.minimum(first_new, ends) - offsets).sum())
 
 
-def _reuse_stats(ids: np.ndarray) -> dict[str, object]:
-    """Block-level reuse: counts per block and reuse times."""
-    _, counts = np.unique(ids, return_counts=True)
+def _reuse_stats(ids: np.ndarray, is_read: np.ndarray) -> dict[str, object]:
+    """Block-level figures over the accesses (``ids[is_read]``), a write being a touch (see ``TraceStats``)."""
+    blocks, first = np.unique(ids, return_index=True)
+    counts = np.bincount(np.searchsorted(blocks, ids[is_read]), minlength=len(blocks))
     nu = next_use(ids)
-    has_next = nu != NO_NEXT_USE
-    gaps = nu[has_next] - np.flatnonzero(has_next)
+    reused = np.flatnonzero(nu != NO_NEXT_USE)
+    reused = reused[is_read[nu[reused]]]  # previous touches of a block an access reuses
+    reads_so_far = np.cumsum(is_read)
+    accesses = int(is_read.sum())
     return {
-        "unique_blocks": len(counts),
+        "accesses": accesses,
+        "unique_blocks": len(blocks),
+        "compulsory_miss_ratio": int(is_read[first].sum()) / accesses if accesses else 0.0,
         "blocks_accessed_once": float(np.mean(counts == 1)),
-        "accesses_per_block_mean": float(counts.mean()),
+        "accesses_per_block_mean": accesses / len(blocks),
         "accesses_per_block_max": int(counts.max()),
-        "reuse_time_pct": _pct(gaps),
+        "reuse_time_pct": _pct(reads_so_far[nu[reused]] - reads_so_far[reused]),
     }
+
+
+def _read_reuse_distances(ids: np.ndarray, is_read: np.ndarray) -> np.ndarray:
+    """``reuse_distances`` of the re-touches that are accesses (reads), not writes."""
+    _, first = np.unique(ids, return_index=True)
+    retouch = np.ones(len(ids), dtype=bool)
+    retouch[first] = False
+    return reuse_distances(ids)[is_read[retouch]]
 
 
 def reuse_distances(ids: np.ndarray) -> np.ndarray:
@@ -146,22 +169,23 @@ def trace_stats(path: str | os.PathLike) -> TraceStats:
     trace = load_trace(path)
     ids, starts = trace.ids, trace.offsets[:-1]
     if trace.requests is not None:
-        flat, writes = trace.requests, 0
+        flat, writes, is_read = trace.requests, 0, np.ones(len(ids), dtype=bool)
         prefix = _prefix_hits(ids, starts) / len(ids) if len(ids) else 0.0
         tokens = _pct(flat.input_lengths)
         span = f"{(flat.timestamps.max() - flat.timestamps.min()) / 1000:.3f} s"
     else:
         steps, prefix, tokens = trace.steps, None, None
-        writes = int(steps.is_write.sum())
+        writes, is_read = int(steps.is_write.sum()), ~steps.is_write
         layers = len(np.unique(steps.layers))
         span = f"steps {steps.steps[0]}..{steps.steps[-1]} ({len(np.unique(steps.steps))} distinct; layers: {layers})"
     if len(ids) == 0:
         raise UserError(f"{os.fspath(path)}: the trace has records but no block accesses")
-    reuse = _reuse_stats(ids)
-    distances = _pct(reuse_distances(ids[:REUSE_DISTANCE_LIMIT]))
+    reuse = _reuse_stats(ids, is_read)
+    head = slice(0, REUSE_DISTANCE_LIMIT)
+    distances = _pct(_read_reuse_distances(ids[head], is_read[head]))
     depth, roots = _tree_shape(ids, trace.offsets) if trace.requests is not None else (None, None)
     return TraceStats(
-        trace.kind, trace.records, len(ids), writes, reuse["unique_blocks"], reuse["unique_blocks"] / len(ids), prefix,
+        trace.kind, trace.records, reuse["accesses"], writes, reuse["unique_blocks"], reuse["compulsory_miss_ratio"], prefix,
         reuse["blocks_accessed_once"], reuse["accesses_per_block_mean"], reuse["accesses_per_block_max"],
         reuse["reuse_time_pct"], _pct(np.diff(trace.offsets)), tokens, span, distances, depth, roots, trace.block_tokens,
     )  # fmt: skip
