@@ -16,8 +16,9 @@ from .fleet import fleet_section
 from .lru_curve import LRUCurve, dense_lru_curve
 from ..results import Mode, Semantics, TraceKind
 from .model import ReportData, Run
-from .summary import BASELINE, BELADY, CapacityBest, Payoff, best_per_capacity, by_group, hierarchy_payoffs, policy_labels
-from .tables import best_table, codec_sentences, runs_table, tier_table, tiers_text, trace_table
+from .summary import (BASELINE, BELADY, CapacityBest, Payoff, best_per_capacity, by_group, hierarchy_payoffs,
+                      layouts_need_naming, policy_labels)
+from .tables import MODELED_TIME, best_table, codec_sentences, runs_table, tier_table, tiers_text, trace_table
 
 __all__ = ["build_document"]
 
@@ -27,6 +28,15 @@ _SEMANTICS = {
               "the first miss is recomputed and stored again, as a serving engine's prefix cache does",
     Semantics.DECODE: "decode semantics: a long-sequence decode step trace; each step's reads are accesses and its "
               "writes are newly computed blocks",
+}
+# What "TTFT saved" counts, as sim/replay.py ``_prefix_figures`` computes it.
+_TTFT_SAVED = ("prefill time of the saved tokens minus the modeled time of the loads (every transfer from a slower "
+               "tier towards HBM, counted in full); write-backs and demotions run off the TTFT path and are not "
+               "subtracted")
+# What the payoff sentences compare, by ``Payoff.measure`` ("misses" needs no explanation).
+_MEASURE_NOTES = {
+    "ttft": f"Judged by modeled TTFT saved: {_TTFT_SAVED}.",
+    "time": MODELED_TIME,
 }
 _MODES = {
     Mode.SINGLE: "one tier",
@@ -89,16 +99,19 @@ def _summary(data: ReportData) -> Section:
     blocks.append(Bullets(tuple(f"{_SEMANTICS[s]}." for s in semantics)))
     best = best_per_capacity(data.runs)
     if best:
-        blocks += [Paragraph("Key findings:"), Bullets(tuple(_finding(b) for b in best))]
+        named = layouts_need_naming([b.best for b in best])
+        blocks += [Paragraph("Key findings:"), Bullets(tuple(_finding(b, named) for b in best))]
     blocks += _payoff_blocks(hierarchy_payoffs(data.runs))
     blocks += [Paragraph("The trace and the presets:"), trace_table(data)]
     if best:
-        blocks += [Paragraph("The best online policy at each capacity:"), best_table(best)]
+        blocks += [Paragraph("The best online policy in each cache (each capacity, or each hierarchy):"), best_table(best)]
     return Section("Summary", tuple(blocks))
 
 
-def _finding(best: CapacityBest) -> str:
-    where = f"At {fmt.integer(best.capacity_blocks)} blocks ({_group_title(best.semantics, best.mode)})"
+def _finding(best: CapacityBest, named: bool) -> str:
+    """One key finding; ``named``: the cache is named by its tiers, not its capacity alone."""
+    cache = f"In {tiers_text(best.best)}" if named else f"At {fmt.integer(best.capacity_blocks)}"
+    where = f"{cache} blocks ({_group_title(best.semantics, best.mode)})"
     text = f"{where}, {best.best.label} misses {fmt.percent(best.best.miss_ratio)} of accesses"
     refs = [f"{run.label} {fmt.percent(run.miss_ratio)}" for run in (best.lru, best.belady)
             if run is not None and run is not best.best]
@@ -119,25 +132,31 @@ def _payoff_blocks(payoffs: list[Payoff]) -> list:
         groups.setdefault((run.semantics, run.mode, tiers_text(run), payoff.hbm_only.capacity_blocks), []).append(payoff)
     blocks: list = []
     for (semantics, mode, tiers, hbm), group in groups.items():
+        notes = "".join(f" {_MEASURE_NOTES[m]}" for m in dict.fromkeys(p.measure for p in group) if m in _MEASURE_NOTES)
         blocks.append(Paragraph(f"Does the hierarchy pay off against HBM alone? The hierarchy {tiers} blocks "
                                 f"({_group_title(semantics, mode)}) against HBM {fmt.integer(hbm)} blocks alone, "
-                                "same trace, same policy:"))
+                                f"same trace, same policy.{notes}"))
         blocks.append(Bullets(tuple(_payoff_sentence(p) for p in group)))
     return blocks
 
 
 def _payoff_sentence(payoff: Payoff) -> str:
-    """E.g. "lru: the hierarchy pays off: it cuts misses from 85.6% to 36.0% and modeled time from 1,908 s to 1,203 s."."""
+    """E.g. "lru: the hierarchy pays off: it cuts misses from 85.6% to 36.0% and modeled time from 1,908 s to 1,203 s.",
+    or in prefix semantics "... and raises modeled TTFT saved from 1.55 s to 4.22 s." (the figure ``pays_off`` judges)."""
     tiered, alone = payoff.hierarchy, payoff.hbm_only
     fewer = tiered.miss_ratio < alone.miss_ratio
     misses = f"{'cuts' if fewer else 'takes'} misses from {fmt.percent(alone.miss_ratio)} to {fmt.percent(tiered.miss_ratio)}"
     head = f"{tiered.label}: the hierarchy {'pays off' if payoff.pays_off else 'does not pay off'}: it {misses}"
-    if payoff.seconds is None:
+    if payoff.measure == "misses":
         return f"{head} (no hardware given: time not modeled)."
-    before, after = (fmt.seconds(v) for v in payoff.seconds)
+    ttft = payoff.measure == "ttft"
+    figure = "modeled TTFT saved" if ttft else "modeled time"
+    before, after = payoff.ttft_saved if ttft else payoff.seconds
     if payoff.pays_off:
-        return f"{head} and modeled time from {before} to {after}."
-    return f"{head}, {'but' if fewer else 'and'} modeled time rises from {before} to {after}."
+        return f"{head} and {'raises ' if ttft else ''}{figure} from {fmt.seconds(before)} to {fmt.seconds(after)}."
+    change = f"stays at {fmt.seconds(before)}" if before == after else \
+        f"{'falls' if ttft else 'rises'} from {fmt.seconds(before)} to {fmt.seconds(after)}"
+    return f"{head}, {'but' if fewer else 'and'} {figure} {change}."
 
 
 def _curves(data: ReportData, colors: dict[str, str], trace_path: str | None) -> Section:
@@ -259,8 +278,7 @@ def _savings_caption(runs: list[Run]) -> str:
         return tokens + " No hardware preset was given, so no time-to-first-token is modeled."
     return (
         f"Left: {tokens[0].lower()}{tokens[1:]} Right: modeled time-to-first-token saved, summed over all requests: "
-        "prefill time of the saved tokens minus the modeled time of every transfer the cache made. Below zero, "
-        "moving blocks between tiers costs more than the prefill it saves."
+        f"{_TTFT_SAVED}. Below zero, loading blocks from slower tiers costs more than the prefill it saves."
     )
 
 

@@ -149,4 +149,6 @@ def _merge_runs(per_file: list[tuple[Run, ...]], sources: list[str]) -> list[Run
 def _sort_key(run: Run) -> tuple:
     # Policies are not part of the key: the stable sort keeps them in the order the sweep
     # listed them (the --policy order), which is also the legend order.
-    return (run.semantics.value, run.mode.value, run.capacity_blocks, run.key[5], len(run.instances or ()), run.route.value if run.route else "")
+    # key[6] is the tier layout ((name, capacity, codec) per tier): hierarchies of one total
+    # capacity sort by their split, each one's runs together.
+    return (run.semantics.value, run.mode.value, run.capacity_blocks, run.key[6], len(run.instances or ()), run.route.value if run.route else "")

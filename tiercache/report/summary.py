@@ -1,9 +1,11 @@
 """What a report concludes from its runs: groups, the best online policy, the gap it closes.
 
-The gap closed by a policy at one capacity is ``(miss_LRU - miss_policy) / (miss_LRU -
+The gap closed by a policy in one cache is ``(miss_LRU - miss_policy) / (miss_LRU -
 miss_Belady)``: 0 is no better than LRU, 1 is as good as the offline optimum. It is only
-defined where LRU and Belady ran at the same capacity, semantics and mode, and LRU is not
-already optimal.
+defined where LRU and Belady ran over the same tier layout (the tiers' names, capacities and
+codecs, fastest first), semantics and mode, and LRU is not already optimal. Two hierarchies
+with the same total capacity (HBM 5 + DRAM 35 and HBM 20 + DRAM 20) are different caches:
+each has its own LRU and Belady references.
 """
 
 from __future__ import annotations
@@ -12,11 +14,11 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from ..errors import UserError
-from ..results import Mode, Semantics
+from ..results import Mode, Semantics, TierRecord
 from .model import Run
 
-__all__ = ["BELADY", "BASELINE", "is_offline", "policy_labels", "by_group", "gap_closed", "CapacityBest", "best_per_capacity",
-           "Payoff", "hierarchy_payoffs"]
+__all__ = ["BELADY", "BASELINE", "is_offline", "policy_labels", "by_group", "tier_layout", "by_layout", "gap_closed",
+           "CapacityBest", "best_per_capacity", "layouts_need_naming", "Payoff", "hierarchy_payoffs"]
 
 BELADY = "belady"
 BASELINE = "lru"
@@ -51,9 +53,33 @@ def by_group(runs: tuple[Run, ...] | list[Run]) -> dict[tuple[Semantics, Mode], 
     return dict(groups)
 
 
-def _reference(runs: list[Run], policy: str) -> dict[int, Run]:
-    """Runs of one plain policy (default admission) by capacity."""
-    return {r.capacity_blocks: r for r in runs if r.policy == policy and r.label == policy}
+def tier_layout(run: Run) -> tuple[tuple[str, int, str], ...]:
+    """The run's tiers as (name, capacity in blocks, codec), fastest first.
+
+    Runs of one semantics and mode compare one-to-one only over the same layout; the total
+    capacity alone does not name a cache.
+    """
+    return tuple((t.name, t.capacity_blocks, t.codec) for t in run.tiers)
+
+
+def by_layout(runs: tuple[Run, ...] | list[Run]) -> dict[tuple[Semantics, Mode, tuple], list[Run]]:
+    """Runs keyed by (semantics, mode, tier layout): the runs one gap-closed figure compares.
+
+    Keys come in ``by_group`` order, and within a group by total capacity, then layout.
+    """
+    result: dict[tuple[Semantics, Mode, tuple], list[Run]] = {}
+    for (semantics, mode), group in by_group(runs).items():
+        layouts: dict[tuple, list[Run]] = defaultdict(list)
+        for run in group:
+            layouts[tier_layout(run)].append(run)
+        for layout in sorted(layouts, key=lambda shape: (sum(t[1] for t in shape), shape)):
+            result[(semantics, mode, layout)] = layouts[layout]
+    return result
+
+
+def _reference(runs: list[Run], policy: str) -> Run | None:
+    """The run of one plain policy (default admission and placement) among runs of one layout."""
+    return next((r for r in runs if r.policy == policy and r.label == policy), None)
 
 
 def gap_closed(run: Run, lru: Run | None, belady: Run | None) -> float | None:
@@ -67,19 +93,22 @@ def gap_closed(run: Run, lru: Run | None, belady: Run | None) -> float | None:
 
 
 def gaps_for(runs: list[Run]) -> dict[tuple, float | None]:
-    """Gap closed of every run, by run key, computed within each (semantics, mode) group."""
+    """Gap closed of every run, by run key, against LRU and Belady over the same (semantics,
+    mode, tier layout)."""
     gaps: dict[tuple, float | None] = {run.key: None for run in runs if run.is_fleet}  # a fleet is no capacity point
-    for group in by_group([run for run in runs if not run.is_fleet]).values():
+    for group in by_layout([run for run in runs if not run.is_fleet]).values():
         lru, belady = _reference(group, BASELINE), _reference(group, BELADY)
         for run in group:
-            cap = run.capacity_blocks
-            gaps[run.key] = gap_closed(run, lru.get(cap), belady.get(cap))
+            gaps[run.key] = gap_closed(run, lru, belady)
     return gaps
 
 
 @dataclass(frozen=True)
 class CapacityBest:
-    """The best online policy at one capacity of one (semantics, mode) group."""
+    """The best online policy in one cache: one (semantics, mode, tier layout).
+
+    Invariant: ``best``, ``lru`` and ``belady`` (where not None) share that tier layout.
+    """
 
     semantics: Semantics
     mode: Mode
@@ -93,31 +122,57 @@ class CapacityBest:
         """Share of the LRU-Belady gap the best policy closes."""
         return gap_closed(self.best, self.lru, self.belady)
 
+    @property
+    def tiers(self) -> tuple[TierRecord, ...]:
+        """The tiers of this cache, fastest first."""
+        return self.best.tiers
+
 
 def best_per_capacity(runs: tuple[Run, ...] | list[Run]) -> list[CapacityBest]:
-    """One entry per (semantics, mode, capacity) with at least one online run.
+    """One entry per (semantics, mode, tier layout) with at least one online run, in
+    ``by_layout`` order.
 
     Ties go to the policy listed first in legend order, so LRU wins a tie with itself.
     """
     runs = [r for r in runs if not r.is_fleet]  # a fleet replay is a configuration, not a capacity point
     order = {label: i for i, label in enumerate(policy_labels(runs))}
     result = []
-    for (semantics, mode), group in by_group(runs).items():
-        lru, belady = _reference(group, BASELINE), _reference(group, BELADY)
-        for cap in sorted({r.capacity_blocks for r in group}):
-            online = [r for r in group if r.capacity_blocks == cap and not is_offline(r.policy)]
-            if online:
-                best = min(online, key=lambda r: (r.miss_ratio, order[r.label]))
-                result.append(CapacityBest(semantics, mode, cap, best, lru.get(cap), belady.get(cap)))
+    for (semantics, mode, _), group in by_layout(runs).items():
+        online = [r for r in group if not is_offline(r.policy)]
+        if online:
+            best = min(online, key=lambda r: (r.miss_ratio, order[r.label]))
+            result.append(CapacityBest(semantics, mode, best.capacity_blocks, best,
+                                       _reference(group, BASELINE), _reference(group, BELADY)))
     return result
+
+
+def layouts_need_naming(runs: list[Run]) -> bool:
+    """Whether capacity alone does not name each run's cache, so a table must show its tiers:
+    some run is a hierarchy or quantised, or two layouts of one (semantics, mode) share a capacity."""
+    if any(r.is_hierarchy or r.tiers[0].codec != "none" for r in runs):
+        return True
+    layouts = {(r.semantics, r.mode, tier_layout(r)) for r in runs}
+    return len(layouts) != len({(s, m, sum(t[1] for t in shape)) for s, m, shape in layouts})
 
 
 @dataclass(frozen=True)
 class Payoff:
-    """A hierarchy run beside the HBM-only run of the same policy with the hierarchy's HBM capacity."""
+    """A hierarchy run beside the HBM-only run of the same policy with the hierarchy's HBM tier.
+
+    The figure that judges it (``measure``): in prefix semantics with hardware, modeled TTFT
+    saved (higher is better; background write-backs and demotions run off the TTFT path and
+    do not count); otherwise, with hardware, modeled total time (recompute of misses plus every
+    transfer, write-backs included; lower is better); without hardware, the miss ratio.
+    """
 
     hierarchy: Run
     hbm_only: Run
+
+    @property
+    def ttft_saved(self) -> tuple[float, float] | None:
+        """Modeled TTFT saved (HBM only, hierarchy), or None unless both runs have it."""
+        alone, tiered = self.hbm_only.ttft_saved_s, self.hierarchy.ttft_saved_s
+        return None if alone is None or tiered is None else (alone, tiered)
 
     @property
     def seconds(self) -> tuple[float, float] | None:
@@ -126,26 +181,36 @@ class Payoff:
         return None if alone is None or tiered is None else (alone, tiered)
 
     @property
+    def measure(self) -> str:
+        """``"ttft"``, ``"time"`` or ``"misses"``: the figure ``pays_off`` compares."""
+        if self.ttft_saved is not None:
+            return "ttft"
+        return "misses" if self.seconds is None else "time"
+
+    @property
     def pays_off(self) -> bool:
-        """Whether the hierarchy does better: less modeled time where modeled, else fewer misses."""
-        if self.seconds is not None:
+        """Whether the hierarchy does better by ``measure``: more TTFT saved, less modeled
+        time, or fewer misses."""
+        if self.measure == "ttft":
+            return self.ttft_saved[1] > self.ttft_saved[0]
+        if self.measure == "time":
             return self.seconds[1] < self.seconds[0]
         return self.hierarchy.miss_ratio < self.hbm_only.miss_ratio
 
 
 def hierarchy_payoffs(runs: tuple[Run, ...] | list[Run]) -> list[Payoff]:
-    """Every hierarchy run that has an HBM-only counterpart in ``runs``.
+    """Every one-engine hierarchy run that has an HBM-only counterpart in ``runs``.
 
-    The counterpart is a single-tier run of the same eviction policy and semantics whose one
-    tier is the hierarchy's top tier at the same capacity (what the hierarchy adds to HBM).
+    The counterpart is a one-engine single-tier run of the same eviction policy and semantics
+    whose one tier is the hierarchy's top tier (name, capacity and codec): what the hierarchy
+    adds to HBM. Fleet runs sum several engines, so they pair with nothing here.
     """
-    alone = {(r.policy, r.semantics, r.tiers[0].name, r.capacity_blocks): r
-             for r in runs if len(r.tiers) == 1}
+    engine = [r for r in runs if not r.is_fleet]
+    alone = {(r.policy, r.semantics, tier_layout(r)): r for r in engine if len(r.tiers) == 1}
     pairs = []
-    for run in runs:
+    for run in engine:
         if run.is_hierarchy:
-            top = run.tiers[0]
-            match = alone.get((run.policy, run.semantics, top.name, top.capacity_blocks))
+            match = alone.get((run.policy, run.semantics, tier_layout(run)[:1]))
             if match is not None:
                 pairs.append(Payoff(run, match))
     return pairs

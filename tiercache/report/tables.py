@@ -16,10 +16,13 @@ from ..results import LayoutInfo, TierRecord
 from . import fmt
 from .document import Table
 from .model import ReportData, Run
-from .summary import BASELINE, BELADY, CapacityBest, gaps_for
+from .summary import BASELINE, BELADY, CapacityBest, gaps_for, layouts_need_naming
 
-__all__ = ["runs_table", "tier_table", "tiers_text", "codec_sentences", "best_table", "trace_table", "results_csv"]
+__all__ = ["MODELED_TIME", "runs_table", "tier_table", "tiers_text", "codec_sentences", "best_table", "trace_table", "results_csv"]
 
+#: What a run's "modeled time" (``modeled_seconds.total``) counts.
+MODELED_TIME = ("Modeled time is the recompute time of the misses plus every transfer between tiers, background "
+                "write-backs and demotions included, counted serially.")
 # The hit split of item 13 (schema 3): None in files of older schemas, bytes without a layout,
 # seconds without hardware.
 _SPLIT_FIELDS = ("hits_in_place", "hits_promoted", "in_place_bytes", "promoted_bytes", "in_place_seconds", "promoted_seconds")
@@ -99,8 +102,10 @@ def runs_table(data: ReportData) -> Table:
     columns = _base_columns() + _tier_columns(data.runs) + _cost_columns(data.runs)
     gaps = gaps_for(list(data.runs))
     rows = tuple(tuple(c.cell(run, gaps[run.key]) for c in columns) for run in data.runs)
+    timed = f" {MODELED_TIME}" if any(r.modeled_seconds for r in data.runs) else ""
     return Table(tuple(c.header for c in columns), rows, tuple(c.numeric for c in columns),
-                 caption="All runs. Gap closed = (miss LRU − miss policy) / (miss LRU − miss Belady) at the same capacity.")
+                 caption="All runs. Gap closed = (miss LRU − miss policy) / (miss LRU − miss Belady) over the same tiers "
+                         f"(the same capacity of each tier, not only the same total).{timed}")
 
 
 def tier_table(runs: list[Run]) -> Table:
@@ -130,17 +135,23 @@ def _count(value: int | None) -> str:
 
 
 def best_table(best: list[CapacityBest]) -> Table:
-    """The best online policy at each capacity, against LRU and Belady."""
-    header = ("semantics", "hierarchy", "capacity (blocks)", "best online policy", "its miss ratio",
-              f"{BASELINE} miss ratio", f"{BELADY} miss ratio", "gap closed")
+    """The best online policy in each cache, against LRU and Belady over the same tiers.
+
+    A "tiers (blocks)" column names each cache where capacity alone does not
+    (``layouts_need_naming``): hierarchies of one total are different rows.
+    """
+    named = layouts_need_naming([b.best for b in best])
+    header = ("semantics", "hierarchy", "capacity (blocks)") + (("tiers (blocks)",) if named else ()) + (
+        "best online policy", "its miss ratio", f"{BASELINE} miss ratio", f"{BELADY} miss ratio", "gap closed")
     rows = tuple(
-        (b.semantics.value, b.mode.value, fmt.integer(b.capacity_blocks), b.best.label, fmt.percent(b.best.miss_ratio, 2),
+        (b.semantics.value, b.mode.value, fmt.integer(b.capacity_blocks)) + ((tiers_text(b.best),) if named else ()) + (
+         b.best.label, fmt.percent(b.best.miss_ratio, 2),
          fmt.optional(b.lru and b.lru.miss_ratio, lambda v: fmt.percent(v, 2)),
          fmt.optional(b.belady and b.belady.miss_ratio, lambda v: fmt.percent(v, 2)),
          fmt.optional(b.gap_closed, fmt.percent))
         for b in best
     )
-    return Table(header, rows, (False, False, True, False, True, True, True, True))
+    return Table(header, rows, (False, False, True) + ((False,) if named else ()) + (False, True, True, True, True))
 
 
 def trace_table(data: ReportData) -> Table:
