@@ -24,12 +24,15 @@ top ``budget`` blocks are read.
 Shapes: ``q`` is ``[q_heads, 1, head_dim]``; KV for attention is ``[kv_heads, tokens,
 head_dim]``; GQA/MQA when ``q_heads`` is a multiple of ``kv_heads`` (query head ``h`` reads
 KV head ``h // (q_heads // kv_heads)``). Compute runs in float32 (float64 for float64
-inputs), whatever the storage dtype.
+inputs), whatever the storage dtype; scores beyond float32's range (bf16 or fp32 KV and
+queries near 1e19 and above) are computed in float64 instead, so finite 16- or 32-bit inputs
+never give NaN.
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 from collections import deque
 from dataclasses import dataclass
 from typing import Protocol, Sequence
@@ -50,12 +53,28 @@ class Partial:
     """Attention of the query over a subset of the keys.
 
     Invariants: ``out`` is ``[kv_heads, group, head_dim]``, normalised over the subset;
-    ``lse`` is ``[kv_heads, group]``, the log-sum-exp of the subset's scaled scores (``-inf``
-    for an empty subset, whose ``out`` is zero).
+    ``peak`` and ``total`` are ``[kv_heads, group]``: the largest scaled score of the subset
+    and the sum of ``exp(score - peak)`` over it, so ``lse = peak + log(total)`` is the
+    subset's log-sum-exp (``-inf`` for an empty subset, whose ``out`` is zero). They are kept
+    apart because a merge must not round ``log(total)`` away: next to a peak of 1e8 in
+    float32 it would be, and keys tied across chunks would lose their count. A row with a
+    score that is not finite in the compute dtype (an overflow) has a NaN ``peak``: it must be
+    recomputed in float64. ``Partial(out, lse)`` (``total`` left out) is the subset with
+    log-sum-exp ``lse``.
     """
 
     out: torch.Tensor
-    lse: torch.Tensor
+    peak: torch.Tensor
+    total: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if self.total is None:
+            self.total = torch.ones_like(self.peak)
+
+    @property
+    def lse(self) -> torch.Tensor:
+        """``[kv_heads, group]``: the log-sum-exp of the subset's scaled scores."""
+        return self.peak + torch.log(self.total)
 
 
 def _grouped(q: torch.Tensor, kv_heads: int) -> torch.Tensor:
@@ -69,8 +88,13 @@ def partial_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: 
 
     Args:
         q: ``[kv_heads, group, D]`` in the compute dtype.
-        k, v: ``[kv_heads, n, D]`` (any float dtype; upcast to ``q``'s dtype).
+        k, v: ``[kv_heads, n, D]`` (any float dtype; upcast to ``q``'s dtype); the shapes
+            are the caller's to check (``stream_attention`` checks them).
         scale: score scale, ``1/sqrt(D)`` by default.
+
+    Returns:
+        The partial; a row whose scores overflow the compute dtype (or hold NaN) gets a NaN
+        ``peak`` (no host synchronisation here: the caller tests the merged ``lse`` once).
     """
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     if k.shape[1] == 0:
@@ -79,22 +103,23 @@ def partial_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: 
     v = v.to(q.dtype)
     scores = torch.matmul(q, k.transpose(1, 2)).mul_(scale)  # [kv_heads, group, n]
     peak = scores.amax(dim=-1, keepdim=True)
+    finite = torch.isfinite(scores.amin(dim=-1, keepdim=True)) & torch.isfinite(peak)  # every score of the row
     weights = scores.sub_(peak).exp_()
     total = weights.sum(dim=-1, keepdim=True)
     out = torch.matmul(weights, v).div_(total)
-    return Partial(out, (peak + total.log()).squeeze(-1))
+    return Partial(out, torch.where(finite, peak, math.nan).squeeze(-1), total.squeeze(-1))
 
 
 def merge(a: Partial, b: Partial) -> Partial:
-    """The exact attention over the union of two disjoint key subsets."""
-    peak = torch.maximum(a.lse, b.lse)
+    """The exact attention over the union of two disjoint key subsets (a NaN peak stays NaN)."""
+    peak = torch.maximum(a.peak, b.peak)
     safe = torch.where(torch.isfinite(peak), peak, torch.zeros_like(peak))
-    wa = torch.exp(a.lse - safe)
-    wb = torch.exp(b.lse - safe)
+    wa = a.total * torch.exp(a.peak - safe)
+    wb = b.total * torch.exp(b.peak - safe)
     total = wa + wb
     denom = torch.where(total > 0, total, torch.ones_like(total))
     out = (a.out * wa.unsqueeze(-1) + b.out * wb.unsqueeze(-1)) / denom.unsqueeze(-1)
-    return Partial(out, safe + torch.log(total))
+    return Partial(out, peak, total)
 
 
 class ChunkSource(Protocol):
@@ -103,6 +128,8 @@ class ChunkSource(Protocol):
     ``start(i, buffer)`` begins bringing chunk ``i`` into window buffer ``buffer`` (in
     ``[0, depth)``) and returns a handle; ``finish(handle)`` waits for it and returns the
     chunk's ``(k, v)``, each ``[kv_heads, tokens, D]``, valid until the buffer is reused.
+    A chunk may be started again once finished: ``stream_attention`` reads every chunk a
+    second time, in float64, when float32 scores overflow.
     """
 
     def start(self, index: int, buffer: int) -> object: ...
@@ -118,30 +145,71 @@ def stream_attention(q: torch.Tensor, kv_heads: int, source: ChunkSource, n_chun
     The schedule: the first ``depth`` fetches start at once; then, for each chunk ``i`` in
     order: wait for chunk ``i``, compute it (chunks ``i+1 .. i+depth-1`` are still being
     fetched meanwhile), and only then hand its buffer to chunk ``i + depth``. The window is
-    therefore ``depth`` chunk buffers, whatever the sequence length.
+    therefore ``depth`` chunk buffers, whatever the sequence length. If a score overflowed
+    ``dtype`` (one check of the merged log-sum-exp, after the last chunk), the whole
+    schedule runs again in float64: finite 16- or 32-bit inputs never give NaN.
 
     Returns:
         ``[q_heads, 1, D]`` in ``dtype``.
+
+    Raises:
+        ValueError: ``depth`` or ``kv_heads`` below 1; ``q`` not ``[q_heads, 1, D]`` with
+            ``q_heads`` a multiple of ``kv_heads``; a chunk whose K and V are not both
+            ``[kv_heads, tokens, D]``; no keys in any chunk.
     """
     if depth < 1:
         raise ValueError("stream_attention: depth must be at least 1")
+    _check_query(q, kv_heads)
+    extras = list(extra)
+    result = _streamed(q, kv_heads, source, n_chunks, depth, extras, dtype)
+    if dtype != torch.float64 and not bool(torch.isfinite(result.lse).all()):
+        result = _streamed(q, kv_heads, source, n_chunks, depth, extras, torch.float64)
+    return result.out.reshape(q.shape).to(dtype)
+
+
+def _streamed(q: torch.Tensor, kv_heads: int, source: ChunkSource, n_chunks: int, depth: int,
+              extras: list[tuple[torch.Tensor, torch.Tensor]], dtype: torch.dtype) -> Partial:
+    """One run of ``stream_attention``'s schedule in ``dtype``: the merged partial."""
     grouped = _grouped(q.to(dtype), kv_heads)
     result: Partial | None = None
+    keys = 0
     in_flight: deque = deque(source.start(i, i % depth) for i in range(min(depth, n_chunks)))
-    extras = list(extra)
     for index in range(n_chunks):
         k, v = source.finish(in_flight.popleft())
+        keys += _check_chunk(k, v, grouped, f"chunk {index}")
         part = partial_attention(grouped, k, v)  # compute chunk i while i+1.. are fetched
         result = part if result is None else merge(result, part)
         following = index + depth
         if following < n_chunks:  # its buffer is free only now that chunk i is computed
             in_flight.append(source.start(following, following % depth))
-    for k, v in extras:
+    for index, (k, v) in enumerate(extras):
+        keys += _check_chunk(k, v, grouped, f"extra chunk {index}")
         part = partial_attention(grouped, k, v)
         result = part if result is None else merge(result, part)
-    if result is None:
+    if result is None or keys == 0:
         raise ValueError("stream_attention: no keys to attend to")
-    return result.out.reshape(q.shape).to(dtype)
+    return result
+
+
+def _check_query(q: torch.Tensor, kv_heads: int) -> None:
+    """Raises ValueError unless ``kv_heads >= 1`` and ``q`` is ``[q_heads, 1, D]`` with
+    ``q_heads`` a positive multiple of ``kv_heads``."""
+    if isinstance(kv_heads, bool) or not isinstance(kv_heads, numbers.Integral) or kv_heads < 1:
+        raise ValueError(f"stream_attention: kv_heads must be a positive integer, got {kv_heads!r}")
+    if q.dim() != 3 or q.shape[1] != 1 or q.shape[0] < 1 or q.shape[0] % kv_heads:
+        raise ValueError(f"stream_attention: q must be [q_heads (a multiple of kv_heads={kv_heads}), 1, head_dim], "
+                         f"got {tuple(q.shape)}")
+
+
+def _check_chunk(k: torch.Tensor, v: torch.Tensor, grouped: torch.Tensor, where: str) -> int:
+    """The number of keys of a chunk, after checking that K and V are both ``[kv_heads,
+    tokens, D]`` for the grouped query ``[kv_heads, group, D]`` (torch would broadcast a
+    single head silently). Raises ValueError naming ``where``."""
+    kv_heads, _, head_dim = grouped.shape
+    if k.dim() != 3 or k.shape != v.shape or k.shape[0] != kv_heads or k.shape[2] != head_dim:
+        raise ValueError(f"stream_attention: {where}: k and v must both be [kv_heads={kv_heads}, tokens, head_dim={head_dim}], "
+                         f"got k {tuple(k.shape)} and v {tuple(v.shape)}")
+    return k.shape[1]
 
 
 def dense_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -181,26 +249,49 @@ def block_scores(q: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor) -> tor
         q: ``[q_heads, 1, D]``; kmin, kmax: ``[blocks, kv_heads, D]``.
 
     Returns:
-        ``[blocks]`` float32 scores.
+        ``[blocks]`` float32 scores, at most 0 (``-inf`` for a block whose bound lies more
+        than float32's range below the best block's: its keys weigh nothing).
     """
     bound = block_bounds(q, kmin, kmax)
     bound = bound - bound.amax(dim=1, keepdim=True)
-    return bound.amax(dim=2).amax(dim=0)
+    return bound.amax(dim=2).amax(dim=0).float()
 
 
 def block_bounds(q: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor) -> torch.Tensor:
-    """Per KV head, block and query head: ``max over keys k in the block of q.k / sqrt(D)``
-    bounded from above by ``sum_c max(q_c * min_c, q_c * max_c) / sqrt(D)``.
+    """Per KV head, block and query head: an upper bound on ``q.k / sqrt(D)`` over the keys
+    ``k`` of the block, ``sum_c max(q_c * min_c, q_c * max_c) / sqrt(D)``.
+
+    It is a true upper bound on every key's exact score, rounding included: the sum is
+    raised by ``(D + 8) * eps * sum_c |q_c| max(|min_c|, |max_c|) / sqrt(D)`` (over twice
+    the worst rounding error of a ``D``-term dot product in any summation order, ``eps``
+    the compute dtype's machine epsilon) and by ``(D + 1) * tiny`` (underflow, flushed
+    subnormals included). It is computed in float32; where float32 overflows (scores near
+    3e38 and beyond), in float64. Assumes IEEE matmuls (not TF32).
 
     Returns:
-        ``[kv_heads, blocks, group]`` float32.
+        ``[kv_heads, blocks, group]``: float32, or float64 where float32 overflowed.
     """
+    bound = _bounds_in(q, kmin, kmax, torch.float32)
+    if not bool(torch.isfinite(bound).all()):
+        bound = _bounds_in(q, kmin, kmax, torch.float64)
+    return bound
+
+
+def _bounds_in(q: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``block_bounds`` computed in ``dtype`` (see there for the rounding slack)."""
     _, kv_heads, head_dim = kmin.shape
-    qt = _grouped(q.float(), kv_heads).permute(0, 2, 1)  # [kv, D, g]
-    # max(q_c min_c, q_c max_c) = (q_c (min_c + max_c) + |q_c| (max_c - min_c)) / 2
-    mid = torch.matmul((kmax + kmin).transpose(0, 1), qt)  # [kv, blocks, g]
-    spread = torch.matmul((kmax - kmin).transpose(0, 1), qt.abs())
-    return (mid + spread).mul_(0.5 / math.sqrt(head_dim))
+    info = torch.finfo(dtype)
+    qt = _grouped(q.to(dtype), kv_heads).permute(0, 2, 1)  # [kv, D, g]
+    magnitude = qt.abs()
+    kmin, kmax = kmin.to(dtype), kmax.to(dtype)
+    centre = (kmax + kmin).transpose(0, 1)  # [kv, blocks, D]
+    spread = (kmax - kmin).transpose(0, 1)
+    # max(q_c min_c, q_c max_c) = (q_c (min_c + max_c) + |q_c| (max_c - min_c)) / 2, and
+    # |min_c + max_c| + (max_c - min_c) = 2 max(|min_c|, |max_c|)
+    mid = torch.matmul(centre, qt)  # [kv, blocks, g]
+    reach = torch.matmul(spread, magnitude)
+    slack = torch.matmul(centre.abs_(), magnitude).add_(reach).mul_((head_dim + 8) * info.eps)
+    return mid.add_(reach).add_(slack).mul_(0.5 / math.sqrt(head_dim)).add_((head_dim + 1) * info.tiny)
 
 
 def select_blocks(scores: torch.Tensor, budget: int, sink: int = 1, recent: int = 1,
@@ -209,26 +300,33 @@ def select_blocks(scores: torch.Tensor, budget: int, sink: int = 1, recent: int 
 
     Args:
         scores: ``[blocks]`` from ``block_scores``.
-        budget: blocks to read (at least 1); the ``sink`` first and ``recent`` last blocks
-            are always among them (as many as the budget allows).
+        budget: blocks to read (an integer, at least 1); the ``sink`` first and ``recent``
+            last blocks are always among them (as many as the budget allows).
         spare: how many of the next-ranked blocks to return as candidates (what a
             speculative prefetch may bring up for the next step).
 
     Returns:
         ``(selected, candidates)``: block indices in ascending order, and candidate indices
-        in rank order. Cost: one top-k over the scores; the rest is proportional to
-        ``budget + spare``.
+        in rank order. ``selected`` holds ``min(budget, blocks)`` distinct indices and no
+        candidate is among them, whatever the scores (``-inf`` and NaN included): the
+        always-kept blocks are left out of the ranking by index, not by a score. Cost: one
+        top-k over the scores; the rest is proportional to ``budget + spare``.
+
+    Raises:
+        TypeError: ``budget`` is not an integer (a bool is not); ValueError: below 1.
     """
-    n = scores.shape[0]
+    if isinstance(budget, bool) or not isinstance(budget, numbers.Integral):
+        raise TypeError(f"select_blocks: budget must be an integer block count, got {budget!r}")
     if budget < 1:
         raise ValueError("select_blocks: budget must be at least one block")
+    n, budget = scores.shape[0], int(budget)
     if budget >= n:
         return list(range(n)), []
     fixed = sorted(set(range(min(sink, n))) | set(range(max(0, n - recent), n)))[:budget]
-    ranked = scores.clone()
-    if fixed:
-        ranked[torch.tensor(fixed, dtype=torch.long, device=scores.device)] = -math.inf
     wanted = min(n - len(fixed), budget - len(fixed) + spare)
-    top = torch.topk(ranked, wanted).indices.tolist() if wanted > 0 else []
+    # the fixed blocks may rank anywhere: take as many more, then drop them by index
+    ranked = torch.topk(scores, wanted + len(fixed)).indices.tolist() if wanted > 0 else []
+    kept = set(fixed)
+    top = [index for index in ranked if index not in kept][:wanted]
     chosen = budget - len(fixed)
     return sorted(fixed + top[:chosen]), top[chosen:]

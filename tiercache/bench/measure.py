@@ -20,9 +20,10 @@ from ..data import chunkio
 from ..data.buffers import byte_array
 from ..data.nvme import NVMeStore
 from ..data.pools import BlockPool, dram_pool, hbm_pool
+from ..errors import UserError
 from . import rawio
 
-__all__ = ["Bench", "COMPARISONS"]
+__all__ = ["Bench", "COMPARISONS", "MIN_BLOCKS", "check_blocks"]
 
 COMPARISONS = ("host_to_device", "device_to_host", "disk_write", "disk_read_cold")
 # Disk comparisons alternate tiercache and raw slice by slice: the virtio disk's speed
@@ -31,6 +32,17 @@ COMPARISONS = ("host_to_device", "device_to_host", "disk_write", "disk_read_cold
 _SLICES = 8
 _COPY_ROUNDS = 4
 _READ_SIDES = ("tiercache", "raw", "raw_file")
+#: Fewest blocks per slice, and so per run: a cold-read slice is split between tiercache
+#: and the raw reads, and each side must get at least one block (an empty read is never timed).
+MIN_BLOCKS = 2
+
+
+def check_blocks(blocks: int) -> None:
+    """Raises UserError (naming ``--blocks``) when a run of ``blocks`` cannot give every
+    side of every compared round at least one block."""
+    if blocks < MIN_BLOCKS:
+        raise UserError(f"bench: --blocks must be at least {MIN_BLOCKS} (each cold-read round splits its blocks "
+                        f"between tiercache and the raw reads), got {blocks}")
 
 
 class _Tally:
@@ -66,6 +78,7 @@ class Bench:
     """
 
     def __init__(self, cfg) -> None:
+        check_blocks(cfg.blocks)
         self.cfg = cfg
         self.cuda = torch.cuda.is_available()
         n = cfg.blocks
@@ -109,8 +122,12 @@ class Bench:
 
     def _round(self, tally: "_Tally", ops: dict[str, tuple[Callable[[], object], int]], i: int, device: bool) -> None:
         """Runs one round: every side once, in an order that rotates with ``i`` and the
-        repetition, and adds each side's time and bytes to ``tally``."""
+        repetition, and adds each side's time and bytes to ``tally``. A side with no bytes
+        is refused before anything is timed (its ratio would be 0 or a division by zero)."""
         sides = list(ops)
+        empty = [side for side in sides if ops[side][1] <= 0]
+        if empty:
+            raise RuntimeError(f"bench: round {i} gives {', '.join(empty)} no blocks to move")
         rotation = (i + self._rep) % len(sides)
         seconds = {side: self._timed(ops[side][0], device) for side in sides[rotation:] + sides[:rotation]}
         tally.add(seconds, {side: ops[side][1] for side in sides})
@@ -126,8 +143,10 @@ class Bench:
         return tally
 
     def _slices(self) -> list[np.ndarray]:
-        """A random order of all blocks cut into slices that the sides alternate on."""
-        return np.array_split(self.rng.permutation(self.cfg.blocks), min(_SLICES, self.cfg.blocks))
+        """A random order of all blocks cut into at most ``_SLICES`` slices that the sides
+        alternate on, each of at least ``MIN_BLOCKS`` blocks (``cfg.blocks >= MIN_BLOCKS``)."""
+        count = max(1, min(_SLICES, self.cfg.blocks // MIN_BLOCKS))
+        return np.array_split(self.rng.permutation(self.cfg.blocks), count)
 
     def _disk_writes(self, raw: rawio.RawBlockFiles, tag: bytes) -> "_Tally":
         """(b): store put + flush vs raw durable pwrite of the same DRAM slots, slice by slice.

@@ -57,8 +57,8 @@ def _full_config(args: argparse.Namespace, directory: str) -> BenchConfig:
     """The config of the options as given (``--quick`` aside), validated.
 
     Raises:
-        UserError: a bad ``--block-tokens``, ``--seed``, ``--model``, ``--blocks``, ``--threads``
-            or ``--reps``; the message names the option.
+        UserError: a bad ``--block-tokens``, ``--seed``, ``--model``, ``--blocks`` (below
+            ``MIN_BLOCKS``, 2), ``--threads`` or ``--reps``; the message names the option.
     """
     if args.block_tokens < 1:
         raise UserError(f"--block-tokens: must be a positive integer, got {args.block_tokens}")
@@ -70,7 +70,11 @@ def _full_config(args: argparse.Namespace, directory: str) -> BenchConfig:
         raise UserError(f"--model: {exc}") from None
     if not args.all_layers:
         layout = KVLayout(layout.layers, layout.kv_heads, layout.head_dim, layout.dtype, layout.block_tokens, True, layout.name)
-    return BenchConfig(layout, args.blocks, args.threads, args.reps, directory, not args.no_zarr_api, args.seed)
+    config = BenchConfig(layout, args.blocks, args.threads, args.reps, directory, not args.no_zarr_api, args.seed)
+    from ..bench.measure import check_blocks  # loads torch: only once the command runs
+
+    check_blocks(config.blocks)
+    return config
 
 
 def main(args: argparse.Namespace) -> int:

@@ -51,7 +51,7 @@ from tiercache.policies import make_prefetch
 from tiercache.sim.steptrace import HEADER_FIELD, StepRecord, step_json
 
 from .chunks import split_kv
-from .sequence import Sequence, StepReport
+from .sequence import Sequence, StepReport, _flat_token_ids
 from .store import TieredKVStore
 
 __all__ = ["TieredKVCache", "Sequence", "StepReport", "AttentionMode", "split_kv"]
@@ -124,10 +124,19 @@ class TieredKVCache:
         return Sequence(self, tokens, namespace)
 
     def match_prefix(self, tokens: Seq[int] | np.ndarray, namespace: bytes | str = b"") -> int:
-        """How many leading tokens of ``tokens`` are stored for every layer (whole blocks)."""
+        """How many leading tokens of ``tokens`` are stored for every layer (whole blocks).
+
+        ``tokens`` is checked as ``sequence(tokens=...)`` checks it: any integer array-like,
+        such as a ``[1, n]`` ``input_ids`` tensor, flattened.
+
+        Raises:
+            TypeError: ``tokens`` are not integers (floats, bools); ValueError: an id does
+                not fit in int64. Both name ``tokens``.
+        """
+        token_ids = _flat_token_ids(tokens, "tokens")
         with self.store._lock:
             self._check_open()
-            return self._stored_blocks(np.asarray(tokens, dtype=np.int64), namespace)[0] * self.layout.block_tokens
+            return self._stored_blocks(token_ids, namespace)[0] * self.layout.block_tokens
 
     def _stored_blocks(self, tokens: np.ndarray, namespace: bytes | str) -> tuple[int, list[bytes]]:
         """Number of leading full blocks of ``tokens`` stored in every layer (confirmed by

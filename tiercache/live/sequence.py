@@ -9,6 +9,7 @@ tail block that is not stored yet; every tier operation goes through the cache's
 from __future__ import annotations
 
 import math
+import numbers
 import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence as Seq
@@ -359,15 +360,19 @@ class Sequence:
     # -- reading --------------------------------------------------------------------------
     def _budget_blocks(self, budget, n_blocks: int) -> int:
         """A sparse budget as a block count (at least 1)."""
-        if budget is None or isinstance(budget, bool) or not isinstance(budget, (int, float)):
-            raise UserError(f"Sequence.attend: AttentionMode.SPARSE needs a budget (share in (0, 1] or a block count), got {budget!r}")
-        if isinstance(budget, float):
-            if not 0.0 < budget <= 1.0 or math.isnan(budget):
+        if budget is None:
+            raise UserError("Sequence.attend: AttentionMode.SPARSE needs a budget (share in (0, 1] or a block count), got None")
+        if isinstance(budget, (bool, np.bool_)) or not isinstance(budget, numbers.Real):
+            raise UserError("Sequence.attend: a budget must be a share (float in (0, 1]) or a block count (integer), "
+                            f"got {type(budget).__name__} {budget!r}")
+        if not isinstance(budget, numbers.Integral):
+            share = float(budget)
+            if not 0.0 < share <= 1.0 or math.isnan(share):
                 raise UserError(f"Sequence.attend: a budget share must lie in (0, 1], got {budget}")
-            return max(1, math.ceil(budget * n_blocks))
+            return max(1, math.ceil(share * n_blocks))
         if budget < 1:
             raise UserError(f"Sequence.attend: a budget count must be at least one block, got {budget}")
-        return budget
+        return int(budget)
 
     def _select(self, state: _Layer, q: torch.Tensor, count: int) -> tuple[np.ndarray, list[int]]:
         """Block positions a sparse step reads (ascending) and the next-ranked candidates."""
