@@ -4,11 +4,14 @@ Metadata plane only. The same manager runs live (with a data-plane engine) and i
 simulator (with ``SimEngine``); only the injected engine differs.
 
 Hierarchy: tiers ordered fastest first. Exclusive (default): a block lives in at most one
-tier; a victim of tier ``t`` is demoted to ``t + 1`` (if that tier admits it) and a victim of
-the last tier leaves the hierarchy; a hit below the top is promoted to the top (a placement
-policy may store new blocks lower down, or read a hit where it lies instead). Write-through
-(inclusive): a new block is copied to every lower tier that admits it; victims are dropped
-from their tier only; a hit below the top is copied up.
+tier; a victim of tier ``t`` is demoted to ``t + 1`` (if that tier admits it; past it when it
+cannot make room) and a victim of the last tier leaves the hierarchy (the cascade:
+``tiercache.core.room``); a hit below the top is promoted to the top, or read where it lies
+when the run does not fit there or the tiers on its victims' way down cannot take them (a
+placement policy may store new blocks lower down, or read a hit where it lies instead). A
+block a prefix read recomputes moves to the top tier without a transfer, never loaded from
+below. Write-through (inclusive): a new block is copied to every lower tier that admits it;
+victims are dropped from their tier only; a hit below the top is copied up.
 
 Ordering: with one tier, ``access`` is exactly equivalent to handling its ids one at a time,
 in order (it batches runs of hits and, for policies whose ``batch_insert_safe`` is True, runs
@@ -21,7 +24,10 @@ Room in the top tier is made before a promoted block leaves its tier: when every
 full, a promotion from tier ``i`` can push one block out of the last tier even though the
 promoted block then frees a slot in tier ``i`` (a hole the next demotion fills without a
 drop). The bytes never need a staging buffer this way; on the sample trace the total miss
-count equals a single LRU of the hierarchy's total size.
+count equals a single LRU of the hierarchy's total size. When the tiers on the victims' way
+down cannot give up enough victims because they hold the promoted run itself (or pinned or
+referenced blocks), the promotion is declined and the run read in place, instead of pushing
+those victims out of the hierarchy while a tier below them still has room.
 
 Shared last tier (``shared_last``, the live store's remote tier): the last tier is this
 manager's view of a store other processes write to. It may hold a block a local tier holds
@@ -39,20 +45,18 @@ from tiercache.policies.base import AdmissionPolicy, EvictionPolicy, Hints, Plac
 from .counts import CountError, decrement, increment
 from .directory import TierDirectory
 from .engine import ImmediateEngine, TransferEngine
-from .guards import _NOTHING, HeldWithoutCopy, Guard, distinct_prefix, pick_hints, slice_hints
+from .guards import distinct_prefix, pick_hints, slice_hints
 from .placing import check_placement, insert_tier, promotes
 from .plans import Ev, EventLog, Room, TransferPlan
+from .room import _MADE, RoomMixin
 from .transfers import TransferMixin
 
 __all__ = ["TierManager", "CountError", "Room"]
 
-# Module constants: an enum member looked up on its class costs a descriptor call, and
-# _make_room runs once per insert in a replay.
-_MADE, _NO_VICTIMS, _WRITE_FAILED = Room.MADE, Room.NO_VICTIMS, Room.WRITE_FAILED
 
-
-class TierManager(TransferMixin):
-    """Blocks, tiers, policies and two-phase transfers (``TransferMixin``).
+class TierManager(RoomMixin, TransferMixin):
+    """Blocks, tiers, policies, the demotion cascade (``RoomMixin``) and two-phase transfers
+    (``TransferMixin``).
 
     Invariants (``check_invariants``): each tier's directory is consistent and holds exactly
     the ids its eviction policy tracks; in exclusive mode no id is in two tiers; reference
@@ -173,7 +177,9 @@ class TierManager(TransferMixin):
         counted as lost, not as misses. Demotions that make room always complete first.
 
         With ``count_hits`` False (prefix semantics after the first miss) every id counts as a
-        miss; resident ones are refreshed like hits and also counted as recomputed. With
+        miss and resident ones also as recomputed: one in the top tier is refreshed there,
+        one below moves to the top tier with no transfer (the engine wrote it there), or
+        stays where it lies (``_recompute_below``). With
         ``store_misses`` False misses are counted but not stored (a reader that has no bytes
         for them, such as the live store's ``get``). A hit whose stored copy proves unreadable
         on promotion is dropped and counted as a miss.
@@ -271,7 +277,11 @@ class TierManager(TransferMixin):
     def _found_below(self, ids: Sequence[int], tier: int, hints: Hints | None, count_hits: bool, store_misses: bool,
                      started: list | None, promote: bool = True) -> None:
         """Promotes ids found in a lower tier (or, without ``promote``, reads them in place);
-        ids whose copy proved unreadable are misses."""
+        ids whose copy proved unreadable are misses. Without ``count_hits`` they are
+        recomputed instead (``_recompute_below``): nothing crosses a link."""
+        if not count_hits:
+            self._recompute_below(ids, tier, hints, store_misses)
+            return
         if not (promote and promotes(self.placement, ids, tier, hints)):
             self.policies[tier].on_access(ids, hints)
             self.events.emit(Ev.PROMOTE_SKIPPED, tier, len(ids))
@@ -283,6 +293,35 @@ class TierManager(TransferMixin):
             gone = set(lost)
             positions = [p for p, block_id in enumerate(ids) if block_id in gone]
             self._miss(lost, None if hints is None else pick_hints(hints, positions), store_misses)
+
+    def _recompute_below(self, ids: Sequence[int], tier: int, hints: Hints | None, store_misses: bool) -> None:
+        """Ids found in ``tier`` by a read that recomputes them (prefix semantics after the
+        first miss): misses, counted as recomputed, never loaded from ``tier``.
+
+        The engine writes fresh KV into the top tier. With ``store_misses`` the block moves
+        there without a transfer, room made first as for a promotion: the fresh copy is
+        published (``_fill_and_publish``), then the stale one released (kept in
+        write-through), and no event but the recompute is counted, since the block neither
+        entered nor left the hierarchy. It stays where it lies, touched, when no room can be
+        made that way, when a placement policy stores new blocks lower down, when a move in
+        flight pins it, and without ``store_misses`` (a reader with no bytes to store). A copy
+        in the shared tier stays (valid, and other processes'); the fresh block is stored
+        above it as a new one (a local copy beside it is allowed).
+        """
+        self._count_found(tier, len(ids), False)
+        if tier == self.shared:
+            if store_misses:
+                self._insert_new(ids, hints)
+            return
+        pins, guard = self.dirs[tier].pins, frozenset(ids)
+        stays = not store_misses or insert_tier(self.placement, ids, hints, len(self.dirs)) != 0 or any(b in pins for b in ids)
+        if stays or not (self._make_room(0, len(ids), guard) is _MADE or self._retry_room(0, len(ids), guard)):
+            self.policies[tier].on_access(ids, hints)
+            return
+        self._fill_and_publish(ids, hints, 0, counted=False)
+        if not self.write_through:  # an inclusive hierarchy keeps its lower copies
+            self.policies[tier].on_remove(ids)
+            self.engine.discard(tier, ids, self.dirs[tier].remove(ids))
 
     # -- placement -----------------------------------------------------------------------
     def _insert_new(self, ids: Sequence[int], hints: Hints | None, hold: bool = False) -> None:
@@ -305,8 +344,9 @@ class TierManager(TransferMixin):
             if self.write_through:
                 self._copy_down(chunk, slice_hints(hints, a, b))
 
-    def _fill_and_publish(self, ids: Sequence[int], hints: Hints | None, tier: int = 0) -> None:
-        """Writes new blocks into reserved slots of ``tier`` (the top by default), then publishes them.
+    def _fill_and_publish(self, ids: Sequence[int], hints: Hints | None, tier: int = 0, counted: bool = True) -> None:
+        """Writes new blocks into reserved slots of ``tier`` (the top by default), then publishes
+        them (an ``INSERT``, unless not ``counted``: a recomputed block moving up).
 
         Publish only what has landed: the slots stay reserved (invisible) while the engine
         writes the bytes, and any exception from the engine (KeyboardInterrupt included)
@@ -321,7 +361,8 @@ class TierManager(TransferMixin):
             raise
         directory.publish(ids, slots)
         self.policies[tier].on_insert(ids, hints)
-        self.events.emit(Ev.INSERT, tier, len(ids))
+        if counted:
+            self.events.emit(Ev.INSERT, tier, len(ids))
 
     def _insert_chunks(self, tier: int, n: int) -> list[tuple[int, int]]:
         """Splits n inserts so that batching them equals inserting one at a time.
@@ -337,103 +378,6 @@ class TierManager(TransferMixin):
         bounds = [(0, first)]
         bounds.extend((a, min(a + step, n)) for a in range(first, n, step))
         return bounds
-
-    def make_room(self, tier: int, n: int, protected=frozenset()) -> bool:
-        """Ensures ``n`` free slots in ``tier`` by displacing victims; False when it cannot.
-
-        Victims of an exclusive tier are demoted (cascading down); victims of the last tier,
-        or of any tier in write-through mode, leave that tier. False with no victims changes
-        nothing; False because a write-back failed leaves every victim where it was (victims
-        refused by the admission below have left, as they would have anyway).
-        """
-        return self._make_room(tier, n, protected) is _MADE
-
-    def _make_room(self, tier: int, n: int, protected) -> Room:
-        directory = self.dirs[tier]
-        need = n - directory.n_free
-        if need <= 0:
-            return _MADE
-        if need > directory.capacity:
-            return _NO_VICTIMS
-        # The common case has nothing protected: a plain empty set keeps the policy's
-        # membership test in C instead of a Python __contains__ per candidate.
-        last = self.write_through or tier + 1 == len(self.dirs)
-        held = self._held_guard(tier) if last and self.held else _NOTHING  # a held block may move down, never out
-        guard = Guard(directory.pins, self.refs, protected, held) if (directory.pins or self.refs or protected or held) else _NOTHING
-        victims = self.policies[tier].victims(need, guard)
-        if victims is None:
-            return _NO_VICTIMS
-        if last:
-            self._drop(tier, victims)
-            return _MADE
-        return self._demote(tier, victims, protected)
-
-    def _held_guard(self, tier: int):
-        """Held blocks ``tier`` may not drop: all in the last tier, else those without a lower copy."""
-        if tier + 1 == len(self.dirs):
-            return self.held
-        return HeldWithoutCopy(self.held, [d.slot_of for d in self.dirs[tier + 1 :]])
-
-    def _retry_room(self, tier: int, n: int, protected) -> bool:
-        """After ``_make_room`` failed: waits for this manager's moves in flight into or out of
-        ``tier`` (slots reserved or pinned) and tries once more. A replay has none in flight."""
-        if not self._running:
-            return False
-        moving = [j for j in sorted(self._running) if tier in (self.inflight[j].src_tier, self.inflight[j].dst_tier)]
-        for job_id in moving:
-            self.wait(job_id)
-        return bool(moving) and self._make_room(tier, n, protected) is _MADE
-
-    def _drop(self, tier: int, ids: Sequence[int]) -> None:
-        self.policies[tier].on_remove(ids)
-        self.engine.discard(tier, ids, self.dirs[tier].remove(ids))
-        self.events.emit(Ev.EVICT, tier, len(ids))
-        if self.events.records_departures:
-            self._report_departed(ids)
-        if self._future is not None:
-            self._departed.extend(ids)
-
-    def _demote(self, tier: int, victims: list[int], protected) -> Room:
-        """Moves victims one tier down; refused or unplaceable ones leave the hierarchy (a tier
-        below full of blocks pinned by moves in flight waits for them first: ``_retry_room``).
-
-        Returns ``Room.WRITE_FAILED`` when a write-back (this one, or one further down the
-        cascade) failed (a full or failing disk): the victims then stay where they are, so no
-        block is ever dropped to make room for a write that did not land, and the caller's
-        placement is refused instead."""
-        below = tier + 1
-        admitted = self.admissions[below].admit(victims)
-        held = self.held
-        moving = [v for v, ok in zip(victims, admitted) if ok or v in held]
-        refused = [v for v, ok in zip(victims, admitted) if not ok and v not in held]
-        if refused:
-            self.events.emit(Ev.REFUSED, below, len(refused))
-            self._drop(tier, refused)
-        if below == self.shared:
-            moving = self._leave_for_shared(tier, moving)
-        if not moving:
-            return _MADE
-        room_below = self.dirs[below].capacity
-        if held and len(moving) > room_below and any(v in held for v in moving):
-            # More held victims than the tier below holds: move them in pieces, each piece
-            # pushing the previous one further down, instead of refusing the placement.
-            pieces = [moving[a : a + room_below] for a in range(0, len(moving), room_below)]
-        else:
-            pieces = [moving]
-        for piece in pieces:
-            room = self._make_room(below, len(piece), protected)
-            if room is _NO_VICTIMS and self._retry_room(below, len(piece), protected):
-                room = _MADE
-            if room is _NO_VICTIMS:
-                if held and any(v in held for v in piece):
-                    return _NO_VICTIMS  # a held block never leaves: the placement above is refused
-                self._drop(tier, piece)  # no room below (all pinned): they leave, a policy decision
-                continue
-            if room is _WRITE_FAILED or not self._transfer(piece, tier, below, False, None):
-                if below != self.shared or (held and any(v in held for v in piece)):
-                    return _WRITE_FAILED
-                self._drop(tier, [v for v in piece if v in self.dirs[tier].slot_of])  # best effort: an eviction
-        return _MADE
 
     def _promote(self, ids: Sequence[int], tier: int, hints: Hints | None, started: list | None) -> list[int]:
         """Brings hits up to the top tier; if no room can be made they stay (counted).

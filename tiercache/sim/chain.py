@@ -5,10 +5,13 @@ hierarchy whose tiers admit everything, with every move completing at once (a re
 runs of top-tier hits are touched in one ``on_access``; a run of distinct ids absent from
 the top is split into segments by the tier holding them; a missing segment is inserted in
 the chunks ``TierManager._insert_chunks`` uses (room made first, victims demoted down the
-chain, victims of the last tier dropped); a segment found below is touched there, room is
-made in the top tier (the segment protected all the way down) and it moves up in one
-transfer, or stays and is read in place when no room can be made. The Python manager is the
-reference: ``tests/test_kernels.py`` compares both on every registered policy.
+chain, past a tier that cannot give up victims, victims of the last tier dropped); a segment
+found below is touched there, room is made in the top tier (the segment protected all the
+way down) and it moves up in one transfer, or stays and is read in place when no room can be
+made without pushing blocks out past a full tier (``tiercache.core.room``). A segment found
+below by a read without hits (prefix semantics after the first miss) is recomputed: room is
+made the same way and it moves to the top tier with no transfer, or stays. The Python
+manager is the reference: ``tests/test_kernels.py`` compares both on every registered policy.
 
 State (layout in ``tiercache.policies.kernels``): ``P``, ``X`` and the first ``META_SLOTS``
 columns of ``M`` belong to the policy kernels; ``G`` holds per-id rows (``TIER_OF``: the one
@@ -37,7 +40,8 @@ C_HITS, C_INSERTS, C_EVICTIONS, C_DEMOTIONS, C_PROMOTIONS, C_REFUSED, C_PSKIP = 
 C_IN_PLACE, C_HIT_PROMOTED, C_HIT_PROMOTE_RUNS, C_READ_THROUGHS = range(META_SLOTS + 10, META_SLOTS + 14)
 LINK_BLOCKS = META_SLOTS + 14
 LINK_TRANSFERS = LINK_BLOCKS + MAX_TIERS
-WIDTH = LINK_TRANSFERS + MAX_TIERS
+DST = LINK_TRANSFERS + MAX_TIERS  # where the current cascade sends this tier's victims
+WIDTH = DST + 1
 # Columns of M's last row (totals and flags; S_PARENTS = 5 and S_REQ = 6 are read by the kernels,
 # and set only when S_NEEDS_PARENTS: the policy's kernel reads parents).
 S_EPOCH, S_MISSES, S_RECOMPUTED, S_BATCH_SAFE, S_NEEDS_FUTURE = 0, 1, 2, 3, 4
@@ -234,42 +238,52 @@ def _drop(kind, P, M, X, G, t, n):
 
 
 @njit
-def make_room(kind, P, M, X, G, tier, n):
-    """``TierManager._make_room`` with its demotion cascade; MADE or NO_VICTIMS.
+def make_room(kind, P, M, X, G, tier, n, guarded):
+    """``TierManager._make_room`` with its demotion cascade (``tiercache.core.room``); MADE or
+    NO_VICTIMS.
 
-    Victims are chosen top down (a tier's choice changes no other tier), then applied bottom
-    up in the order the recursive Python code completes them: the deepest victims dropped
-    (last tier, or no room could be made below them), then each tier's victims moved one down.
+    Victims are chosen top down (a tier's choice changes no other tier): a tier that cannot
+    give up enough victims is skipped, its slots untouched, and the victims waiting above it
+    try the next tier down; a ``guarded`` placement (a promotion: ``PROT`` marks) is declined
+    there instead, NO_VICTIMS with no block moved. Then they are applied bottom up in the
+    order the recursive Python code completes them: the deepest victims dropped (last tier,
+    or no tier below could take them), then each tier's victims moved to their ``DST``.
     """
     T = M.shape[0] - 1
     count = n
     level = tier
-    deepest = -1
-    failed = False
+    pending = -1  # the deepest tier whose victims have no destination yet
     while level < T:
         need = count - (M[level, CAP] - M[level, USED])
         if need <= 0:
             break
         if need > M[level, CAP] or not p_victims(kind, P, M, X, G, level, need):
-            if level == tier:
+            if level == tier or guarded:
                 return NO_VICTIMS
-            failed = True
-            break
+            M[level, VN] = 0  # skipped: the victims above go further down
+            level += 1
+            continue
+        if pending >= 0:
+            M[pending, DST] = level
         M[level, VN] = need
-        deepest = level
+        pending = level
         count = need
         level += 1
-    if deepest < 0:
+    if pending < 0:
         return MADE
-    first_move = deepest
-    if failed or deepest == T - 1:
-        _drop(kind, P, M, X, G, deepest, M[deepest, VN])
-        first_move = deepest - 1
+    if level < T:
+        M[pending, DST] = level
+        first_move = pending
+    else:  # the last tier's victims, or victims no tier below could take, leave
+        _drop(kind, P, M, X, G, pending, M[pending, VN])
+        first_move = pending - 1
     row = P.shape[2] - 1
     for lev in range(first_move, tier - 1, -1):
         cnt = M[lev, VN]
+        if cnt == 0:
+            continue
         _hint_future(M, G, P[lev, :, row], 0, cnt)
-        _move(kind, P, M, X, G, P[lev, :, row], 0, cnt, lev, lev + 1)
+        _move(kind, P, M, X, G, P[lev, :, row], 0, cnt, lev, M[lev, DST])
         M[lev, C_DEMOTIONS] += cnt
     return MADE
 
@@ -301,7 +315,7 @@ def _insert_new(kind, P, M, X, G, ids, nus, a, b):
     lo = 0
     hi = first
     while lo < n:
-        room = _room_single(kind, P, M, X, G, hi - lo) if T == 1 else make_room(kind, P, M, X, G, 0, hi - lo)
+        room = _room_single(kind, P, M, X, G, hi - lo) if T == 1 else make_room(kind, P, M, X, G, 0, hi - lo, False)
         if room == NO_VICTIMS:
             M[0, C_REFUSED] += hi - lo  # everything protected: not stored
         else:
@@ -326,13 +340,42 @@ def _count_found(M, tier, count, count_hits):
 
 
 @njit
+def _recompute_below(kind, P, M, X, G, ids, nus, a, b, tier):
+    """``TierManager._recompute_below``: room is made in the top tier as for a promotion and
+    the recomputed segment moves there with no transfer, or stays, touched, when no room
+    can be made."""
+    n = b - a
+    _count_found(M, tier, n, False)
+    _hint_trace(M, G, ids, nus, a, b)
+    for k in range(a, b):
+        G[PROT, ids[k]] = 1
+    room = make_room(kind, P, M, X, G, 0, n, True)
+    for k in range(a, b):
+        G[PROT, ids[k]] = 0
+    _hint_trace(M, G, ids, nus, a, b)
+    if room != MADE:
+        p_access(kind, P, M, X, G, tier, ids, a, b)
+        return
+    p_remove(kind, P, M, X, G, tier, ids, a, b)  # first, as ``_move``: kernels may share per-id rows
+    for k in range(a, b):
+        G[TIER_OF, ids[k]] = 0
+    M[tier, USED] -= n
+    M[0, USED] += n
+    p_insert(kind, P, M, X, G, 0, ids, a, b)
+
+
+@njit
 def _found_below(kind, P, M, X, G, ids, nus, a, b, tier, count_hits):
-    """``TierManager._found_below``: promote the segment, or read it in place."""
+    """``TierManager._found_below``: promote the segment, or read it in place (recompute it
+    without ``count_hits``)."""
+    if not count_hits:
+        _recompute_below(kind, P, M, X, G, ids, nus, a, b, tier)
+        return
     _hint_trace(M, G, ids, nus, a, b)
     p_access(kind, P, M, X, G, tier, ids, a, b)
     for k in range(a, b):
         G[PROT, ids[k]] = 1
-    room = make_room(kind, P, M, X, G, 0, b - a)
+    room = make_room(kind, P, M, X, G, 0, b - a, True)
     for k in range(a, b):
         G[PROT, ids[k]] = 0
     n = b - a
@@ -340,15 +383,13 @@ def _found_below(kind, P, M, X, G, ids, nus, a, b, tier, count_hits):
         _hint_trace(M, G, ids, nus, a, b)  # the promotion's plan carries the segment's hints
         _move(kind, P, M, X, G, ids, a, b, tier, 0)
         M[tier, C_PROMOTIONS] += n
-        if count_hits:
-            M[tier, C_HIT_PROMOTED] += n
-            M[tier, C_HIT_PROMOTE_RUNS] += 1
+        M[tier, C_HIT_PROMOTED] += n
+        M[tier, C_HIT_PROMOTE_RUNS] += 1
     else:
         M[tier, C_PSKIP] += n
-        if count_hits:  # read where it lies: the hit crosses the link to the top tier
-            M[tier, C_IN_PLACE] += n
-            M[tier, C_READ_THROUGHS] += 1
-    _count_found(M, tier, n, count_hits)
+        M[tier, C_IN_PLACE] += n  # read where it lies: the hit crosses the link to the top tier
+        M[tier, C_READ_THROUGHS] += 1
+    _count_found(M, tier, n, True)
 
 
 @njit
