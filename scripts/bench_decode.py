@@ -34,7 +34,7 @@ import tempfile
 import torch
 
 from tiercache import TieredKVCache
-from tiercache.bench.decode import NeedleKV, cpu_count, step_timings
+from tiercache.bench.decode import NeedleKV, balance_verdict, cpu_count, step_timings
 from tiercache.config import KVLayout, TierConfig
 
 
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
                                                             if cache.manager.locate(int(b)) == 2)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    balanced = 0.5 <= timing["io_compute_ratio"] <= 2.0
+    balanced = timing["balanced"]
     figures = {"tokens": kv.n_blocks * args.block_tokens, "blocks": kv.n_blocks, "blocks_read_from_nvme": on_nvme,
                "kv_bytes": kv.n_blocks * layout.block_bytes, "q_heads": heads, "kv_heads": args.kv_heads,
                "window_blocks": args.window_blocks, "depth": args.depth, "repeats": args.repeats,
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
                "torch_threads": torch.get_num_threads()}
     for name in ("io_only", "compute_only", "pipelined"):
         print(f"{name:<14} {figures[name]:.4f} s")
-    print(f"{'io/compute':<14} {figures['io_compute_ratio']:.2f} ({'balanced' if balanced else 'NOT within 2x: the figure says little'})")
+    print(f"{'io/compute':<14} {figures['io_compute_ratio']:.2f} ({balance_verdict(figures['io_compute_ratio'])})")
     print(f"{'overlap':<14} {figures['overlap_efficiency']:.3f}  (q_heads={heads}, {on_nvme:,} of {kv.n_blocks:,} blocks on NVMe)")
     if args.json_out:
         with open(args.json_out, "w", encoding="utf-8") as f:

@@ -13,13 +13,17 @@ the measured share is reported), so that sparse selection is tested for finding 
 It prints a table and writes (``--json OUT``): ``tokens``, ``exact_step_seconds`` and
 ``sparse_step_seconds`` (medians of append + attend), ``exact_max_rel_err`` (against a float64
 reference computed chunk by chunk from regenerated KV, on ``--reference-steps`` sampled
-steps), ``sparse_needle_recall``, ``rss_peak_bytes`` (``ru_maxrss``),
+steps, after everything else has run), ``sparse_needle_recall``, ``rss_peak_bytes`` (the
+whole process's ``ru_maxrss`` when the decode and the timings are done, before the float64
+check starts; ``rss_peak_with_reference_bytes`` is the peak after it),
 ``page_cache_growth_bytes`` (the page cache held by the run's own NVMe files, peak over
 checkpoints, by ``mincore``; ``system_page_cache_growth_bytes`` is the machine-wide file
 page cache, ``Cached - Shmem`` of /proc/meminfo, peak minus start, which other processes
 move too),
 ``bytes_read_per_step`` per tier and mode, and ``overlap_efficiency`` (as in
-``scripts/bench_decode.py``, measured on this run's sequence).
+``scripts/bench_decode.py``, measured on this run's sequence: the median of
+``--timing-repeats``, default 3, with ``io_compute_ratio`` and the same balanced / not
+balanced verdict; the query heads are ``--q-heads``, not calibrated).
 
 Quick check (most of the 512 MB of KV on NVMe, under a minute)::
 
@@ -40,9 +44,8 @@ import torch
 from tqdm import tqdm
 
 from tiercache import AttentionMode, TieredKVCache
-from tiercache.bench.decode import (NeedleKV, cached_bytes_of, cpu_count, median, page_cache_bytes, reference_attention,
-                                    rss_peak_bytes,
-                                    step_timings)
+from tiercache.bench.decode import (NeedleKV, balance_verdict, cached_bytes_of, cpu_count, median, page_cache_bytes,
+                                    reference_attention, rss_peak_bytes, step_timings)
 from tiercache.config import KVLayout, TierConfig, parse_capacity
 from tiercache.errors import UserError
 
@@ -74,7 +77,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--window-blocks", type=int, default=64)
     parser.add_argument("--depth", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--timing-repeats", type=int, default=1, help="repeats of the three-way overlap timing")
+    parser.add_argument("--timing-repeats", type=int, default=3,
+                        help="repeats of the three-way overlap timing; medians are reported (default 3)")
     parser.add_argument("--threads", type=int, default=cpu_count(),
                         help="torch compute threads (default: every CPU; bench_decode.py leaves one to the I/O threads)")
     parser.add_argument("--json", dest="json_out", help="write the figures here")
@@ -84,6 +88,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--tokens: at least two blocks")
     if args.q_heads % args.kv_heads:
         parser.error("--q-heads must be a multiple of --kv-heads")
+    if args.timing_repeats < 1:
+        parser.error(f"--timing-repeats: at least 1, got {args.timing_repeats}")
     return args
 
 
@@ -114,7 +120,9 @@ def build(seq, kvs: list[NeedleKV], args, progress: bool) -> float:
 
 def decode(seq, kvs: list[NeedleKV], args, mode: AttentionMode, steps: int, first_step: int, progress: bool,
            results: dict) -> None:
-    """Runs ``steps`` decode steps; fills ``results`` with times, errors and recalls."""
+    """Runs ``steps`` decode steps; fills ``results`` with times and recalls, and keeps the
+    first ``--reference-steps`` exact outputs in ``results["checks"]`` for ``check_exact``
+    (run later, so that its float64 work does not count in the cache's figures)."""
     budget = sparse_budget(args) if mode is AttentionMode.SPARSE else None
     for step in tqdm(range(first_step, first_step + steps), desc=mode.value, disable=not progress):
         started = time.perf_counter()
@@ -130,14 +138,19 @@ def decode(seq, kvs: list[NeedleKV], args, mode: AttentionMode, steps: int, firs
         results["seconds"].append(time.perf_counter() - started)
         results["reports"].extend(seq.reports[-len(kvs):])
         if mode is AttentionMode.EXACT and step - first_step < args.reference_steps:
-            for layer, q, target, out in outs:
-                kv = kvs[layer]
-                tail = [kv.decode_kv(s) for s in range(step + 1)]
-                ref, share = reference_attention(kv, q, torch.cat([t[0] for t in tail], 1), torch.cat([t[1] for t in tail], 1),
-                                                 needle_block=kv.needle_blocks[target])
-                err = float(((out.double() - ref).norm() / ref.norm()))
-                results["errors"].append(err)
-                results["needle_mass"].append(share)
+            results["checks"].extend((step, layer, q, target, out.double().cpu()) for layer, q, target, out in outs)
+
+
+def check_exact(kvs: list[NeedleKV], results: dict) -> None:
+    """Compares every kept exact output with the float64 reference over the KV regenerated
+    from its seed; fills ``results["errors"]`` (relative) and ``results["needle_mass"]``."""
+    for step, layer, q, target, out in results["checks"]:
+        kv = kvs[layer]
+        tail = [kv.decode_kv(s) for s in range(step + 1)]
+        ref, share = reference_attention(kv, q, torch.cat([t[0] for t in tail], 1), torch.cat([t[1] for t in tail], 1),
+                                         needle_block=kv.needle_blocks[target])
+        results["errors"].append(float((out - ref).norm() / ref.norm()))
+        results["needle_mass"].append(share)
 
 
 def sparse_budget(args: argparse.Namespace) -> float | int:
@@ -196,10 +209,10 @@ def run(args: argparse.Namespace) -> dict:
             seq = cache.sequence()
             build_seconds = build(seq, kvs, args, progress)
             checkpoint()
-            exact = {"seconds": [], "errors": [], "needle_mass": [], "reports": [], "recall": []}
+            exact = {"seconds": [], "errors": [], "needle_mass": [], "reports": [], "recall": [], "checks": []}
             decode(seq, kvs, args, AttentionMode.EXACT, args.exact_steps, 0, progress, exact)
             checkpoint()
-            sparse = {"seconds": [], "errors": [], "needle_mass": [], "reports": [], "recall": []}
+            sparse = {"seconds": [], "errors": [], "needle_mass": [], "reports": [], "recall": [], "checks": []}
             decode(seq, kvs, args, AttentionMode.SPARSE, args.steps, args.exact_steps, progress, sparse)
             checkpoint()
             q, _ = kvs[0].query(0, args.q_heads)
@@ -211,6 +224,8 @@ def run(args: argparse.Namespace) -> dict:
     finally:
         if not args.keep:
             shutil.rmtree(folder, ignore_errors=True)
+    rss_peak = rss_peak_bytes()  # before the float64 check: its regenerated KV is no part of the cache's footprint
+    check_exact(kvs, exact)
     sparse_reports = sparse["reports"]
     return {
         "tokens": args.tokens,
@@ -235,13 +250,16 @@ def run(args: argparse.Namespace) -> dict:
         "sparse_blocks_selected": median([r.selected for r in sparse_reports]) if sparse_reports else None,
         "sparse_hbm_hit_share": (sum(r.hbm_hits for r in sparse_reports) / max(1, sum(r.selected for r in sparse_reports))),
         "sparse_prefetched_blocks": sum(r.prefetched for r in sparse_reports),
-        "rss_peak_bytes": rss_peak_bytes(),
+        "rss_peak_bytes": rss_peak,
+        "rss_peak_with_reference_bytes": rss_peak_bytes(),
         "dram_budget_bytes": tiers[1].capacity_blocks * layout.block_bytes,
         "page_cache_growth_bytes": ours_peak,
         "system_page_cache_growth_bytes": max(0, cached_peak - cached_start),
         "bytes_read_per_step": {"exact": per_tier_bytes(exact["reports"], layout.block_bytes),
                                 "sparse": per_tier_bytes(sparse_reports, layout.block_bytes)},
         "overlap_efficiency": timings["overlap_efficiency"],
+        "io_compute_ratio": timings["io_compute_ratio"],
+        "timing_repeats": args.timing_repeats,
         "overlap_timings": timings,
         "tier_hits": {t["name"]: t["hits"] for t in stats["tiers"]},
         "torch_threads": torch.get_num_threads(),
@@ -261,8 +279,12 @@ def print_table(figures: dict) -> None:
                                  + ", ".join(f"{m:.3f}" for m in figures["needle_mass_measured"] if m is not None)),
         ("sparse needle recall", f"{figures['sparse_needle_recall']:.3f}"),
         ("sparse HBM hit share", f"{figures['sparse_hbm_hit_share']:.3f}"),
-        ("overlap efficiency", f"{figures['overlap_efficiency']:.3f}"),
-        ("peak RSS", f"{figures['rss_peak_bytes'] / 2**30:.2f} GiB (DRAM budget {figures['dram_budget_bytes'] / 2**30:.2f} GiB)"),
+        ("overlap efficiency", f"{figures['overlap_efficiency']:.3f}  (median of {figures['timing_repeats']}, "
+                               f"q_heads={figures['layout']['q_heads']})"),
+        ("io/compute", f"{figures['io_compute_ratio']:.2f} ({balance_verdict(figures['io_compute_ratio'])})"),
+        ("peak RSS, process", f"{figures['rss_peak_bytes'] / 2**30:.2f} GiB before the float64 check "
+                              f"(DRAM budget {figures['dram_budget_bytes'] / 2**30:.2f} GiB; with the check "
+                              f"{figures['rss_peak_with_reference_bytes'] / 2**30:.2f} GiB)"),
         ("page cache growth", f"{figures['page_cache_growth_bytes'] / 2**20:.0f} MiB of our files "
                               f"(machine-wide {figures['system_page_cache_growth_bytes'] / 2**20:.0f} MiB)"),
     ]

@@ -15,7 +15,13 @@ share on sampled steps is reported beside the target, never assumed.
 (every chunk fetched, nothing computed), compute only (the same chunks computed from
 memory, nothing fetched) and pipelined (the real ``attend``);
 ``overlap_efficiency = max(io_only, compute_only) / pipelined`` is 1.0 when the pipeline
-hides the shorter of the two completely.
+hides the shorter of the two completely; it says little unless the two sides are of similar
+size (``balance_verdict``). On CUDA every timer read waits for the device first
+(``_stopwatch``): kernels are asynchronous, and an unsynchronised clock would time their
+launches only.
+
+The page-cache helpers (``cached_bytes_of``, ``evict_from_page_cache``) let a benchmark
+check, with ``mincore``, that a "cold" read really starts with its files out of memory.
 """
 
 from __future__ import annotations
@@ -28,14 +34,21 @@ import resource
 import statistics
 import time
 from dataclasses import dataclass
+from typing import Callable, Iterable
 
 import numpy as np
 import torch
 
 from ..attention import _grouped, compute_dtype, merge, partial_attention
+from ..data.chunkio import drop_file_cache
 from ..live.cache import Sequence, split_kv
 
-__all__ = ["NeedleKV", "reference_attention", "step_timings", "rss_peak_bytes", "page_cache_bytes", "cached_bytes_of", "median"]
+__all__ = ["NeedleKV", "reference_attention", "step_timings", "rss_peak_bytes", "page_cache_bytes", "cached_bytes_of",
+           "cached_bytes_in", "evict_from_page_cache", "median", "BALANCED_RATIO", "is_balanced", "balance_verdict"]
+
+#: ``io_only / compute_only`` within this range (inclusive): both sides of similar size, so
+#: the overlap efficiency says something about overlap.
+BALANCED_RATIO = (0.5, 2.0)
 
 
 def median(values) -> float:
@@ -164,6 +177,31 @@ def reference_attention(kv: NeedleKV, q: torch.Tensor, extra_k: torch.Tensor, ex
     return result.out.reshape(q.shape), share
 
 
+def is_balanced(io_compute_ratio: float) -> bool:
+    """Whether I/O and compute are within ``BALANCED_RATIO`` of each other."""
+    low, high = BALANCED_RATIO
+    return low <= io_compute_ratio <= high
+
+
+def balance_verdict(io_compute_ratio: float) -> str:
+    """The words every script prints after ``io/compute``: is the overlap figure meaningful?"""
+    return "balanced" if is_balanced(io_compute_ratio) else "NOT within 2x: the figure says little"
+
+
+def _stopwatch(device: torch.device) -> Callable[[], float]:
+    """A clock for timing work on ``device``: ``time.perf_counter``, read after
+    ``torch.cuda.synchronize(device)`` on CUDA (kernels run asynchronously: without the wait
+    a region would time their launches only, not their work)."""
+    if device.type != "cuda":
+        return time.perf_counter
+
+    def now() -> float:
+        torch.cuda.synchronize(device)
+        return time.perf_counter()
+
+    return now
+
+
 def step_timings(seq: Sequence, layer: int, q: torch.Tensor, repeats: int = 3) -> dict:
     """Times one layer's exact attention three ways on the same data (medians, seconds).
 
@@ -172,16 +210,24 @@ def step_timings(seq: Sequence, layer: int, q: torch.Tensor, repeats: int = 3) -
     only: every chunk, of the same sizes, converted into the same scratch buffers and
     computed from blocks already in memory (the first window's, kept), nothing fetched
     (fresh buffers per chunk would page-fault and flatter the overlap). Pipelined: ``seq.attend``.
+
+    Every timer read goes through ``_stopwatch(cache.device)``, so on CUDA each region ends
+    only when its kernels have finished (and starts after earlier ones have).
+
+    Returns:
+        ``io_only_seconds``, ``compute_only_seconds``, ``pipelined_seconds``,
+        ``overlap_efficiency``, ``io_compute_ratio`` and ``balanced`` (``is_balanced``).
     """
     cache = seq.cache
+    now = _stopwatch(cache.device)
     grouped = _grouped(q.to(compute_dtype(cache.dtype)), cache.layout.kv_heads)
     io, compute, piped = [], [], []
     for _ in range(repeats):
         source = seq.stream_source(layer)
-        started = time.perf_counter()
+        started = now()
         kept = _fetch_all(source, cache.depth)
-        io.append(time.perf_counter() - started)
-        started = time.perf_counter()
+        io.append(now() - started)
+        started = now()
         result = None
         for index in range(source.n_chunks):
             n = len(source.chunks[index][1])
@@ -190,14 +236,15 @@ def step_timings(seq: Sequence, layer: int, q: torch.Tensor, repeats: int = 3) -
             k, v = split_kv(blocks[: min(n, blocks.shape[0])], k_out, v_out)
             part = partial_attention(grouped, k, v)
             result = part if result is None else merge(result, part)
-        compute.append(time.perf_counter() - started)
+        compute.append(now() - started)
         del kept
-        started = time.perf_counter()
+        started = now()
         seq.attend(layer, q)
-        piped.append(time.perf_counter() - started)
+        piped.append(now() - started)
     io_s, compute_s, piped_s = median(io), median(compute), median(piped)
+    ratio = io_s / compute_s
     return {"io_only_seconds": io_s, "compute_only_seconds": compute_s, "pipelined_seconds": piped_s,
-            "overlap_efficiency": max(io_s, compute_s) / piped_s, "io_compute_ratio": io_s / compute_s}
+            "overlap_efficiency": max(io_s, compute_s) / piped_s, "io_compute_ratio": ratio, "balanced": is_balanced(ratio)}
 
 
 def _fetch_all(source, depth: int) -> list[torch.Tensor]:
@@ -239,17 +286,40 @@ def page_cache_bytes() -> int:
 
 
 def cached_bytes_of(folder: str) -> int:
-    """Bytes of the files under ``folder`` that sit in the page cache now: ``mincore`` over a
-    read-only mapping of each file (the mapping itself reads nothing). 0 without libc."""
+    """Bytes of the files under ``folder`` that sit in the page cache now (``cached_bytes_in``
+    over every file below it); 0 without libc."""
+    paths = [os.path.join(root, name) for root, _, names in os.walk(folder) for name in names]
+    return cached_bytes_in(paths) or 0
+
+
+def cached_bytes_in(paths: Iterable[str]) -> int | None:
+    """Bytes of the files ``paths`` that sit in the page cache now: ``mincore`` over a
+    read-only mapping of each file (the mapping itself reads nothing; a file that vanished
+    counts 0). None without libc (residency unknown)."""
     libc = _libc()
     if libc is None:
-        return 0
+        return None
     page = mmap.PAGESIZE
-    total = 0
-    for root, _, names in os.walk(folder):
-        for name in names:
-            total += _cached_pages(libc, os.path.join(root, name), page) * page
-    return total
+    return sum(_cached_pages(libc, path, page) * page for path in paths)
+
+
+def evict_from_page_cache(paths: Iterable[str]) -> int | None:
+    """Makes each file's pages clean (``fsync``) and drops them (``POSIX_FADV_DONTNEED``,
+    which skips dirty pages: without the fsync freshly written files would stay cached);
+    returns the bytes still cached afterwards (``cached_bytes_in``: 0 means a read that
+    starts now is cold; None: unknown). Files that vanished are skipped."""
+    paths = list(paths)
+    for path in paths:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            continue
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        drop_file_cache(path)
+    return cached_bytes_in(paths)
 
 
 def _cached_pages(libc, path: str, page: int) -> int:

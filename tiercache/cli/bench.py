@@ -134,6 +134,7 @@ def format_table(result: dict) -> str:
                      "  new chunk files (temp+rename) vs new raw files; once, not a target")
     z = result["zarr_api"]
     if z:
-        lines.append(f"zarr API (per-chunk assignment, no fsync): write {z['write']:.2f} GB/s, cold read {z['read_cold']:.2f} GB/s;"
+        cold = f"cold read {z['read_cold']:.2f} GB/s" if z["read_cold"] is not None else f"cold read not timed ({z['cold_check']})"
+        lines.append(f"zarr API (per-chunk assignment, no fsync): write {z['write']:.2f} GB/s, {cold};"
                      f" direct chunk I/O: write {result['tiercache']['disk_write']:.2f} GB/s, cold read {result['tiercache']['disk_read_cold']:.2f} GB/s")
     return "\n".join(lines)
