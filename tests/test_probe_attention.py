@@ -246,3 +246,16 @@ def test_sequence_budget_takes_numpy_integers_and_names_a_wrong_type():
             seq.attend(0, q, AttentionMode.SPARSE, budget=True)
         with pytest.raises(UserError, match="got str"):
             seq.attend(0, q, AttentionMode.SPARSE, budget="2")
+
+
+def test_fp16_inputs_skip_the_overflow_check_because_their_scores_cannot_overflow():
+    from tiercache.attention import _wide
+
+    assert not _wide(torch.zeros(1, dtype=torch.float16), torch.zeros(1, dtype=torch.float16))
+    assert _wide(torch.zeros(1, dtype=torch.bfloat16)) and _wide(torch.zeros(1, dtype=torch.float32))
+    top = torch.finfo(torch.float16).max  # the worst fp16 case: every product at 65504**2
+    q = torch.full((4, 1, 256), top, dtype=torch.float16)
+    k = torch.full((2, 9, 256), top, dtype=torch.float16)
+    v = torch.full((2, 9, 256), top, dtype=torch.float16)
+    out, _ = _streamed(q, k, v)
+    assert torch.isfinite(out).all() and _rel(out, dense_reference(q, k, v)) <= 1e-3

@@ -147,7 +147,9 @@ def stream_attention(q: torch.Tensor, kv_heads: int, source: ChunkSource, n_chun
     fetched meanwhile), and only then hand its buffer to chunk ``i + depth``. The window is
     therefore ``depth`` chunk buffers, whatever the sequence length. If a score overflowed
     ``dtype`` (one check of the merged log-sum-exp, after the last chunk), the whole
-    schedule runs again in float64: finite 16- or 32-bit inputs never give NaN.
+    schedule runs again in float64: finite 16- or 32-bit inputs never give NaN. The check
+    (one host synchronisation on CUDA) is skipped when every input is fp16 or narrower, whose
+    float32 scores cannot overflow.
 
     Returns:
         ``[q_heads, 1, D]`` in ``dtype``.
@@ -161,22 +163,32 @@ def stream_attention(q: torch.Tensor, kv_heads: int, source: ChunkSource, n_chun
         raise ValueError("stream_attention: depth must be at least 1")
     _check_query(q, kv_heads)
     extras = list(extra)
-    result = _streamed(q, kv_heads, source, n_chunks, depth, extras, dtype)
-    if dtype != torch.float64 and not bool(torch.isfinite(result.lse).all()):
-        result = _streamed(q, kv_heads, source, n_chunks, depth, extras, torch.float64)
+    result, wide = _streamed(q, kv_heads, source, n_chunks, depth, extras, dtype)
+    if wide and dtype != torch.float64 and not bool(torch.isfinite(result.lse).all()):  # one host sync
+        result, _ = _streamed(q, kv_heads, source, n_chunks, depth, extras, torch.float64)
     return result.out.reshape(q.shape).to(dtype)
 
 
+def _wide(*tensors: torch.Tensor) -> bool:
+    """Whether float32 scores of these inputs can overflow: some dtype reaches beyond fp16's
+    65504 (bf16, fp32). fp16 (and fp8) inputs cannot: a score is at most ``D x 65504**2``,
+    so their results need no overflow check (and, on CUDA, no host synchronisation)."""
+    return any(torch.finfo(t.dtype).max > torch.finfo(torch.float16).max for t in tensors)
+
+
 def _streamed(q: torch.Tensor, kv_heads: int, source: ChunkSource, n_chunks: int, depth: int,
-              extras: list[tuple[torch.Tensor, torch.Tensor]], dtype: torch.dtype) -> Partial:
-    """One run of ``stream_attention``'s schedule in ``dtype``: the merged partial."""
+              extras: list[tuple[torch.Tensor, torch.Tensor]], dtype: torch.dtype) -> tuple[Partial, bool]:
+    """One run of ``stream_attention``'s schedule in ``dtype``: the merged partial, and whether
+    any input was ``_wide`` (its scores could overflow ``dtype``)."""
     grouped = _grouped(q.to(dtype), kv_heads)
     result: Partial | None = None
     keys = 0
+    wide = _wide(q)
     in_flight: deque = deque(source.start(i, i % depth) for i in range(min(depth, n_chunks)))
     for index in range(n_chunks):
         k, v = source.finish(in_flight.popleft())
         keys += _check_chunk(k, v, grouped, f"chunk {index}")
+        wide = wide or _wide(k, v)
         part = partial_attention(grouped, k, v)  # compute chunk i while i+1.. are fetched
         result = part if result is None else merge(result, part)
         following = index + depth
@@ -184,11 +196,12 @@ def _streamed(q: torch.Tensor, kv_heads: int, source: ChunkSource, n_chunks: int
             in_flight.append(source.start(following, following % depth))
     for index, (k, v) in enumerate(extras):
         keys += _check_chunk(k, v, grouped, f"extra chunk {index}")
+        wide = wide or _wide(k, v)
         part = partial_attention(grouped, k, v)
         result = part if result is None else merge(result, part)
     if result is None or keys == 0:
         raise ValueError("stream_attention: no keys to attend to")
-    return result
+    return result, wide
 
 
 def _check_query(q: torch.Tensor, kv_heads: int) -> None:
