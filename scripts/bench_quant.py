@@ -12,21 +12,33 @@ outlier channels (x10-x50 per head), as real keys do:
   the softmax is (about ``k_rel_err`` times the logit std, plus ``v_rel_err``), so
   ``attn_rel_err_sharp`` also reports it for the unit-normal query as drawn, whose logits
   the outlier channels make much sharper (``logit_std_sharp``, about 5);
-* ``throughput_ratio``: quantise + dequantise of a block vs one ``copy_`` of its fp16 bytes
-  (medians, same run), as a tier runs them: ``encode_into`` a preallocated slot buffer and
-  ``decode_from`` it into a preallocated block; ``gbps`` is the codec's rate in fp16 bytes
-  per second;
+* ``throughput_ratio``: quantise + dequantise of a block vs one ``copy_`` of its fp16 bytes,
+  as a tier runs them: ``encode_into`` a preallocated slot buffer and ``decode_from`` it into
+  a preallocated block. ``copy_`` and every codec operation alternate round by round (the
+  one that goes first rotating), and each ratio is the median over ``--repeats`` rounds of
+  ``copy_`` seconds / codec seconds in that round: torch's ``copy_`` on a shared machine
+  switches between regimes ~50x apart, and only neighbouring measurements see the same one
+  (``copy_gbps_range`` shows the spread). ``gbps`` is the codec's rate in fp16 bytes per
+  second (median over rounds);
   ``encode_gbps``/``decode_gbps`` and ``encode_ratio``/``decode_ratio`` (vs ``copy_``) time
   each direction alone, and ``reference_encode_gbps``/``reference_decode_gbps`` the plain
-  torch reference the compiled loops are checked against (same block, same run);
-* ``faster_than_nvme_read``: quantise and dequantise each faster than raw cold O_DIRECT
-  random block reads measured in this run (``tiercache.bench.rawio``; ``--no-disk`` skips it);
+  torch reference the compiled loops are checked against (same block, same rounds);
+* the disk, per codec, on blocks of that codec's encoded size (rounded up to 4 KiB pages):
+  ``decode_vs_disk_read`` is the median over ``--disk-rounds`` rounds of dequantise speed
+  over the speed at which cold random O_DIRECT reads deliver encoded blocks, both in fp16
+  bytes per second (the disk's raw rate over ``bytes_ratio``); ``encode_vs_disk_write`` is
+  the same for quantise against durable writes (``pwrite`` + ``fdatasync`` per block) of
+  encoded blocks, the demotion path; each disk run alternates with ``--disk-blocks`` codec
+  calls. Above 1 the codec keeps up (``decode_keeps_up_with_disk_read``,
+  ``encode_keeps_up_with_disk_write``). ``disk_read_gbps``/``disk_write_gbps`` are the raw
+  rates in bytes moved, ``*_fp16_gbps`` the same runs in fp16 bytes of the blocks moved
+  (``tiercache.bench.rawio``; ``--no-disk`` skips all of it);
 * ``transformers``: the error and bytes of ``transformers``' quantised KV cache layers on the
   same KV at 8 and 4 bits, where transformers (and a quantisation backend) is installed; a
   note saying why not otherwise (``tiercache.bench.hf_quant``).
 
 Usage: ``python scripts/bench_quant.py [--json OUT] [--layers 4] [--blocks 16] [--repeats 25]
-[--logit-std 1.0] [--no-disk] [--torch-threads N]``
+[--logit-std 1.0] [--no-disk] [--disk-rounds 5] [--disk-blocks 16] [--torch-threads N]``
 """
 
 from __future__ import annotations
@@ -37,16 +49,21 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
+import numpy as np
 import torch
 
 from tiercache.bench import hf_quant
-from tiercache.bench.rawio import direct_read, pwrite_loop
+from tiercache.bench.rounds import alternate, paired_ratio
+from tiercache.bench.rawio import SYNC_POLICY, RawBlockFiles, host_copy, read_buffers, source_block
 from tiercache.config import Codec
+from tiercache.data.buffers import PAGE
 from tiercache.data.codecs import codec_for
 
 HEADS, TOKENS, DIM = 8, 256, 128
 QUANTISED = (Codec.INT8, Codec.FP8, Codec.INT4)
+DISK_THREADS = 4
 
 
 def synthetic_kv(layers: int, tokens: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -94,40 +111,92 @@ def rel_err(approx: torch.Tensor, exact: torch.Tensor) -> float:
     return float((approx.double() - exact).norm() / exact.norm())
 
 
-def median_seconds(fn, repeats: int) -> float:
-    """Median wall time of ``fn()`` over ``repeats`` runs, after one warm-up."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def seconds_of(work: Callable[[], object]) -> float:
+    """Wall seconds of one ``work()`` (CPU tensors: nothing runs after it returns)."""
+    start = time.perf_counter()
+    work()
+    return time.perf_counter() - start
 
 
-def timings(codec: Codec, block: torch.Tensor, repeats: int) -> dict[str, float]:
-    """Median seconds of encode + decode, encode alone and decode alone of ``block`` as the
-    tiers run them (``encode_into`` a slot's byte buffer, ``decode_from`` it into a block
-    buffer, both preallocated), and of the plain torch reference the compiled loops are
-    checked against (``encode_reference``/``decode_reference``)."""
-    impl, out = codec_for(codec), torch.empty_like(block)
+def median_gbps(nbytes: int, seconds: list[float]) -> float:
+    """Median over rounds of ``nbytes / seconds`` in GB/s."""
+    return statistics.median(nbytes / s / 1e9 for s in seconds)
+
+
+def codec_rounds(codec: Codec, block: torch.Tensor, rounds: int) -> dict[str, list[float]]:
+    """Seconds per round of one ``copy_`` of ``block`` and of encode + decode, encode alone
+    and decode alone as the tiers run them (``encode_into`` a slot's byte buffer,
+    ``decode_from`` it into a block buffer, both preallocated), and of the plain torch
+    reference the compiled loops are checked against, alternated (``alternate``)."""
+    impl, out, dest = codec_for(codec), torch.empty_like(block), torch.empty_like(block)
     buf = torch.empty(impl.nbytes_of(tuple(block.shape), block.dtype), dtype=torch.uint8)
     encoded = impl.from_bytes(impl.encode_into(block, buf), tuple(block.shape), block.dtype)
+    return alternate({
+        "copy": lambda _: host_copy(dest, block).seconds,
+        "both": lambda _: seconds_of(lambda: impl.decode_from(impl.encode_into(block, buf), block.dtype, out)),
+        "encode": lambda _: seconds_of(lambda: impl.encode_into(block, buf)),
+        "decode": lambda _: seconds_of(lambda: impl.decode_from(buf, block.dtype, out)),
+        "reference_encode": lambda _: seconds_of(lambda: impl.encode_reference(block)),
+        "reference_decode": lambda _: seconds_of(lambda: impl.decode_reference(encoded, out)),
+    }, rounds)
+
+
+def codec_speed(t: dict[str, list[float]], nbytes: int) -> dict[str, float]:
+    """The speed metrics of one codec from ``codec_rounds``' seconds (fp16 bytes ``nbytes``)."""
     return {
-        "both": median_seconds(lambda: impl.decode_from(impl.encode_into(block, buf), block.dtype, out), repeats),
-        "encode": median_seconds(lambda: impl.encode_into(block, buf), repeats),
-        "decode": median_seconds(lambda: impl.decode_from(buf, block.dtype, out), repeats),
-        "reference_encode": median_seconds(lambda: impl.encode_reference(block), repeats),
-        "reference_decode": median_seconds(lambda: impl.decode_reference(encoded, out), repeats),
+        "throughput_ratio": paired_ratio(t["copy"], t["both"]), "gbps": median_gbps(nbytes, t["both"]),
+        "encode_gbps": median_gbps(nbytes, t["encode"]), "decode_gbps": median_gbps(nbytes, t["decode"]),
+        "encode_ratio": paired_ratio(t["copy"], t["encode"]), "decode_ratio": paired_ratio(t["copy"], t["decode"]),
+        "reference_encode_gbps": median_gbps(nbytes, t["reference_encode"]),
+        "reference_decode_gbps": median_gbps(nbytes, t["reference_decode"]),
     }
 
 
-def nvme_read_gbps(block_bytes: int, blocks: int = 64, threads: int = 4) -> float:
-    """Raw cold O_DIRECT random reads of whole blocks, GB/s (files in a temporary dir)."""
-    with tempfile.TemporaryDirectory(dir=Path.cwd()) as tmp:
-        prefix = str(Path(tmp) / "raw")
-        pwrite_loop(prefix, blocks, block_bytes, threads)
-        return direct_read(prefix, blocks, block_bytes, threads).gbps
+def disk_rounds(codec: Codec, block: torch.Tensor, directory: str, rounds: int, blocks: int) -> tuple[dict, int, bool]:
+    """Durable writes and cold random O_DIRECT reads of ``blocks`` blocks of the codec's
+    encoded size (rounded up to a page, as O_DIRECT needs), ``DISK_THREADS`` threads, each
+    alternated round by round with as many encodes (writes) or decodes (reads) of ``block``.
+
+    Returns:
+        ``({"disk_write"|"encode"|"disk_read"|"decode": [seconds per round]}, bytes per
+        disk block, whether every read was O_DIRECT)``.
+    """
+    impl, out = codec_for(codec), torch.empty_like(block)
+    buf = torch.empty(impl.nbytes_of(tuple(block.shape), block.dtype), dtype=torch.uint8)
+    impl.encode_into(block, buf)
+    size = -(-buf.numel() // PAGE) * PAGE
+    files = RawBlockFiles(str(Path(directory) / codec.value), size, DISK_THREADS, -(-blocks // DISK_THREADS))
+    files.lay_out()  # as fio does: the timed writes overwrite allocated space
+    sources = [source_block(size, seed) for seed in range(blocks)]  # distinct memory, as a tier writes from
+    dests = read_buffers(size, blocks)  # one page-aligned destination per block read
+    order = np.random.default_rng(0).permutation(files.capacity)[:blocks]
+
+    def cold_read(_: int) -> float:
+        files.drop_cache()
+        return files.read(order, dests, DISK_THREADS)
+
+    writes = alternate({"disk_write": lambda _: files.write(sources),
+                        "encode": lambda _: seconds_of(lambda: [impl.encode_into(block, buf) for _ in range(blocks)])}, rounds)
+    reads = alternate({"disk_read": cold_read,
+                       "decode": lambda _: seconds_of(lambda: [impl.decode_from(buf, block.dtype, out) for _ in range(blocks)])}, rounds)
+    files.reset()
+    return writes | reads, size, files.direct
+
+
+def disk_speed(t: dict[str, list[float]], nbytes: int, size: int, blocks: int) -> dict:
+    """The disk metrics of one codec from ``disk_rounds``' seconds: raw rates in bytes moved
+    (``size`` per block), the same runs in fp16 bytes (``nbytes`` per block), and the
+    codec's speed over the disk's, both in fp16 bytes (median of per-round ratios)."""
+    decode_vs_read, encode_vs_write = paired_ratio(t["disk_read"], t["decode"]), paired_ratio(t["disk_write"], t["encode"])
+    return {
+        "disk_block_bytes": size,
+        "disk_read_gbps": median_gbps(blocks * size, t["disk_read"]),
+        "disk_read_fp16_gbps": median_gbps(blocks * nbytes, t["disk_read"]),
+        "decode_vs_disk_read": decode_vs_read, "decode_keeps_up_with_disk_read": decode_vs_read > 1,
+        "disk_write_gbps": median_gbps(blocks * size, t["disk_write"]),
+        "disk_write_fp16_gbps": median_gbps(blocks * nbytes, t["disk_write"]),
+        "encode_vs_disk_write": encode_vs_write, "encode_keeps_up_with_disk_write": encode_vs_write > 1,
+    }
 
 
 def measure(args: argparse.Namespace) -> dict:
@@ -137,27 +206,27 @@ def measure(args: argparse.Namespace) -> dict:
     reference, reference_sharp = attention(q, k, v), attention(sharp, k, v)
     block = torch.stack((k, v), dim=1)[..., :TOKENS, :].contiguous()
     nbytes = block.numel() * block.element_size()
-    dest = torch.empty_like(block)
-    copy_s = median_seconds(lambda: dest.copy_(block), args.repeats)
-    disk = None if args.no_disk else nvme_read_gbps(nbytes)
-    codecs = {}
-    for codec in QUANTISED:
-        k_hat, v_hat = round_trip(codec, k, v)
-        t = timings(codec, block, args.repeats)
-        gbps = {name: nbytes / seconds / 1e9 for name, seconds in t.items()}
-        codecs[codec.value] = {
-            "bytes_ratio": codec_for(codec).nbytes_of(tuple(block.shape), block.dtype) / nbytes,
-            "k_rel_err": rel_err(k_hat, k), "v_rel_err": rel_err(v_hat, v),
-            "attn_rel_err": rel_err(attention(q, k_hat, v_hat), reference),
-            "attn_rel_err_sharp": rel_err(attention(sharp, k_hat, v_hat), reference_sharp),
-            "throughput_ratio": copy_s / t["both"], "gbps": gbps["both"],
-            "encode_gbps": gbps["encode"], "decode_gbps": gbps["decode"],
-            "encode_ratio": copy_s / t["encode"], "decode_ratio": copy_s / t["decode"],
-            "reference_encode_gbps": gbps["reference_encode"], "reference_decode_gbps": gbps["reference_decode"],
-            "faster_than_nvme_read": None if disk is None else min(gbps["encode"], gbps["decode"]) > disk,
-        }
-    return {"block_shape": list(block.shape), "dtype": "float16", "copy_gbps": nbytes / copy_s / 1e9,
-            "nvme_read_gbps": disk, "logit_std": args.logit_std,
+    codecs, copies, direct = {}, [], True
+    with tempfile.TemporaryDirectory(dir=Path.cwd()) as directory:
+        for codec in QUANTISED:
+            k_hat, v_hat = round_trip(codec, k, v)
+            t = codec_rounds(codec, block, args.repeats)
+            copies += [nbytes / s / 1e9 for s in t["copy"]]
+            codecs[codec.value] = {
+                "bytes_ratio": codec_for(codec).nbytes_of(tuple(block.shape), block.dtype) / nbytes,
+                "k_rel_err": rel_err(k_hat, k), "v_rel_err": rel_err(v_hat, v),
+                "attn_rel_err": rel_err(attention(q, k_hat, v_hat), reference),
+                "attn_rel_err_sharp": rel_err(attention(sharp, k_hat, v_hat), reference_sharp),
+                **codec_speed(t, nbytes),
+            }
+            if not args.no_disk:
+                samples, size, read_direct = disk_rounds(codec, block, directory, args.disk_rounds, args.disk_blocks)
+                codecs[codec.value].update(disk_speed(samples, nbytes, size, args.disk_blocks))
+                direct = direct and read_direct
+    disk = None if args.no_disk else {"blocks": args.disk_blocks, "rounds": args.disk_rounds, "threads": DISK_THREADS,
+                                      "o_direct": direct, "write_sync": SYNC_POLICY}
+    return {"block_shape": list(block.shape), "dtype": "float16", "copy_gbps": statistics.median(copies),
+            "copy_gbps_range": [min(copies), max(copies)], "rounds": args.repeats, "disk": disk, "logit_std": args.logit_std,
             "logit_std_sharp": float(logits(sharp, k).std(dim=-1).mean()), "threads": torch.get_num_threads(), "codecs": codecs,
             "transformers": compare_transformers(k, v, q, reference)}
 
@@ -171,42 +240,76 @@ def compare_transformers(k: torch.Tensor, v: torch.Tensor, q: torch.Tensor, refe
 
 
 def table(result: dict) -> str:
-    """The result as a fixed-width table, baselines last."""
+    """The result as fixed-width tables: the codecs, the disk per codec, then the baselines."""
     head = (f"{'codec':<6} {'bytes':>6} {'k_err':>8} {'v_err':>8} {'attn_err':>9} {'sharp':>7} {'enc GB/s':>9} "
-            f"{'dec GB/s':>9} {'enc+dec/copy_':>14} {'ref enc':>8} {'ref dec':>8} {'> nvme':>7}")
+            f"{'dec GB/s':>9} {'enc+dec/copy_':>14} {'ref enc':>8} {'ref dec':>8}")
     rows = [head]
     for name, m in result["codecs"].items():
-        faster = "-" if m["faster_than_nvme_read"] is None else ("yes" if m["faster_than_nvme_read"] else "NO")
         rows.append(f"{name:<6} {m['bytes_ratio']:>6.3f} {m['k_rel_err']:>8.4f} {m['v_rel_err']:>8.4f} "
                     f"{m['attn_rel_err']:>9.4f} {m['attn_rel_err_sharp']:>7.4f} {m['encode_gbps']:>9.2f} {m['decode_gbps']:>9.2f} "
-                    f"{m['throughput_ratio']:>14.4f} {m['reference_encode_gbps']:>8.2f} {m['reference_decode_gbps']:>8.2f} {faster:>7}")
+                    f"{m['throughput_ratio']:>14.4f} {m['reference_encode_gbps']:>8.2f} {m['reference_decode_gbps']:>8.2f}")
+    if result["disk"] is not None:
+        rows += disk_table(result)
     hf = result["transformers"]
     for entry in hf.get("layers", []):
         rows.append(f"hf {entry['name']:<24} bytes {entry['bytes_ratio'] if entry['bytes_ratio'] is not None else '-'} "
                     f"k_err {entry['k_rel_err']:.4f} v_err {entry['v_rel_err']:.4f} attn_err {entry['attn_rel_err']:.4f}")
     if hf.get("note"):
         rows.append(f"transformers: {hf['note']}")
-    disk = result["nvme_read_gbps"]
-    rows.append("GB/s in fp16 bytes; ref: the plain torch reference of the same codec\n"
-                f"block {result['block_shape']} fp16; copy_ {result['copy_gbps']:.2f} GB/s; raw O_DIRECT read "
-                + ("skipped" if disk is None else f"{disk:.2f} GB/s") + f"; torch threads {result['threads']}\n"
+    low, high = result["copy_gbps_range"]
+    rows.append("GB/s in fp16 bytes, medians over rounds; ref: the plain torch reference of the same codec\n"
+                f"enc+dec/copy_: (quantise+dequantise GB/s) / (copy_ GB/s), median of the ratios of {result['rounds']} "
+                "rounds that alternate them\n"
+                f"block {result['block_shape']} fp16; copy_ {result['copy_gbps']:.2f} GB/s (rounds: {low:.2f} to {high:.2f}); "
+                f"torch threads {result['threads']}" + ("; disk skipped" if result["disk"] is None else "") + "\n"
                 f"attn_err: query logits of std {result['logit_std']}; sharp: as drawn "
                 f"(logit std {result['logit_std_sharp']:.1f})")
     return "\n".join(rows)
 
 
-def main() -> None:
+def disk_table(result: dict) -> list[str]:
+    """The disk rows: each codec's encoded blocks read and written, and whether the codec keeps up."""
+    disk = result["disk"]
+    rows = [f"disk, {disk['blocks']} encoded blocks per run, {disk['rounds']} rounds, {disk['threads']} threads: cold random "
+            + ("O_DIRECT" if disk["o_direct"] else "BUFFERED (O_DIRECT refused)") + f" reads, writes with {disk['write_sync']}",
+            f"{'codec':<6} {'block KiB':>9} {'read GB/s':>10} {'= fp16':>8} {'dec/read':>9} "
+            f"{'write GB/s':>11} {'= fp16':>8} {'enc/write':>10}"]
+    for name, m in result["codecs"].items():
+        rows.append(f"{name:<6} {m['disk_block_bytes'] / 1024:>9.0f} {m['disk_read_gbps']:>10.2f} {m['disk_read_fp16_gbps']:>8.2f} "
+                    f"{m['decode_vs_disk_read']:>9.2f} {m['disk_write_gbps']:>11.2f} {m['disk_write_fp16_gbps']:>8.2f} "
+                    f"{m['encode_vs_disk_write']:>10.2f}")
+    rows.append("read/write GB/s: bytes moved; = fp16: the same runs in fp16 bytes of the blocks moved; dec/read, enc/write: "
+                "codec speed over disk speed, both in fp16 bytes, median of per-round ratios (above 1: the codec keeps up)")
+    return rows
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (a clear error otherwise)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, help="write the result here")
-    parser.add_argument("--layers", type=int, default=4, help="layers per block (default 4)")
-    parser.add_argument("--blocks", type=int, default=16, help="blocks in the attention sequence (default 16)")
-    parser.add_argument("--repeats", type=int, default=25, help="timed runs per measurement (median; default 25)")
+    parser.add_argument("--layers", type=positive_int, default=4, help="layers per block (default 4)")
+    parser.add_argument("--blocks", type=positive_int, default=16, help="blocks in the attention sequence (default 16)")
+    parser.add_argument("--repeats", type=positive_int, default=25,
+                        help="rounds alternating copy_ and every codec operation (medians; default 25)")
     parser.add_argument("--logit-std", type=float, default=1.0, help="std of the query's logits (default 1.0)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--no-disk", action="store_true", help="skip the raw NVMe read baseline")
-    parser.add_argument("--torch-threads", type=int, help="torch's intra-op threads (default: torch's own); 1 keeps "
-                                                           "torch's ops steady on a machine shared with other work")
-    args = parser.parse_args()
+    parser.add_argument("--no-disk", action="store_true", help="skip the disk comparisons")
+    parser.add_argument("--disk-rounds", type=positive_int, default=5,
+                        help="rounds alternating a disk run and the codec, per codec and direction (default 5)")
+    parser.add_argument("--disk-blocks", type=positive_int, default=16, help="encoded blocks per disk run (default 16)")
+    parser.add_argument("--torch-threads", type=positive_int, help="torch's intra-op threads (default: torch's own); 1 keeps "
+                                                                   "torch's ops steady on a machine shared with other work")
+    args = parser.parse_args(argv)
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
     result = measure(args)

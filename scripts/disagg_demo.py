@@ -5,22 +5,29 @@ CPU device here, DRAM, NVMe) and its own Mooncake client:
 
 * **prefill** runs a tiny random-weight Llama (``transformers``' ``LlamaConfig``, seeded:
   no weights are downloaded) over a long prompt, stores the prompt's KV blocks with
-  ``put_tokens`` (published to the remote tier at once: ``remote_write=through``) and waits;
-* **decode** builds the same model (same seed, same weights), finds the prompt's KV by prefix
-  (``match_prefix``: one batched existence check), reads it (``get_prefix``: remote -> HBM),
-  rebuilds the model's KV cache from the blocks, runs only the uncached tail and decodes.
-  It also recomputes the whole prefill, and checks that both paths give the same tokens.
+  ``put_tokens`` (published to the remote tier at once: ``remote_write=through``) and waits.
+  It stores them under ``--repeats + 1`` namespaces (the published figures are the first's),
+  so that every hand-off the decode process times is a real remote fetch, never a local hit;
+* **decode** builds the same model (same seed, same weights) and hands off: finds the
+  prompt's KV by prefix (``match_prefix``: one batched existence check), reads it
+  (``get_prefix``: remote -> HBM), rebuilds the model's KV cache from the blocks
+  (``from_blocks``), runs only the uncached tail and decodes. It also recomputes the whole
+  prefill, and checks that every hand-off gives the same tokens as every recompute.
 
-Prints time to first token with the hand-off against recomputing the prefill, and the bytes
-moved. Needs the ``remote`` and ``hf`` extras.
+Time to first token: each path runs once untimed (warm-up), then hand-off and recompute
+alternate ``--repeats`` times (5), the one that goes first swapping each time. The hand-off's
+TTFT is fetch + rebuild + tail forward; the figures are medians, and the speed-up is the
+median over pairs of recompute TTFT / hand-off TTFT (a pair ran right next to each other).
+Also prints the bytes moved by one hand-off. Needs the ``remote`` and ``hf`` extras.
 
-Usage: ``python scripts/disagg_demo.py [--tokens 2048] [--new-tokens 8] [--json OUT]``
+Usage: ``python scripts/disagg_demo.py [--tokens 2048] [--new-tokens 8] [--repeats 5] [--json OUT]``
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -29,6 +36,7 @@ import warnings
 
 import torch
 
+from tiercache.bench.rounds import alternate
 from tiercache.config import KVLayout, RemoteConfig, TierConfig
 from tiercache.data.remote_master import start_master
 from tiercache.keys import prefix_keys
@@ -53,11 +61,21 @@ def layout_of(model) -> KVLayout:
     return KVLayout(c.num_hidden_layers, c.num_key_value_heads, c.hidden_size // c.num_attention_heads, "float32", BLOCK_TOKENS)
 
 
-def open_store(model, master: str, metadata: str) -> TieredKVStore:
-    """Local tiers (HBM on the CPU device here, DRAM, NVMe) plus the shared remote tier."""
-    remote = RemoteConfig(master, metadata, segment_bytes=256 << 20, buffer_bytes=64 << 20)
-    tiers = [TierConfig("hbm", 64), TierConfig("dram", 64), TierConfig("nvme", 256), TierConfig("remote", 4096, remote=remote)]
-    return TieredKVStore(layout_of(model), tiers, path=tempfile.mkdtemp(prefix="tiercache-disagg-"), device="cpu")
+def open_store(model, master: str, metadata: str, blocks: int) -> TieredKVStore:
+    """Local tiers (HBM on the CPU device here, DRAM, NVMe) plus the shared remote tier, for
+    ``blocks`` blocks in all (every copy of the prompt): HBM and the remote tier hold them
+    all, so no timed fetch pays a local demotion or a remote eviction."""
+    layout = layout_of(model)
+    segment = max(256 << 20, 2 * blocks * layout.block_bytes)
+    remote = RemoteConfig(master, metadata, segment_bytes=segment, buffer_bytes=64 << 20)
+    tiers = [TierConfig("hbm", max(64, blocks)), TierConfig("dram", 64), TierConfig("nvme", 256),
+             TierConfig("remote", max(4096, blocks), remote=remote)]
+    return TieredKVStore(layout, tiers, path=tempfile.mkdtemp(prefix="tiercache-disagg-"), device="cpu")
+
+
+def namespace_of(copy: int) -> str:
+    """The namespace of copy ``copy`` of the prompt's KV (0: the warm-up hand-off's)."""
+    return f"{NAMESPACE}-{copy}"
 
 
 def prompt_ids(tokens: int, seed: int) -> list[int]:
@@ -111,46 +129,100 @@ def greedy(model, ids: list[int], cache, new_tokens: int) -> tuple[list[int], fl
 
 @torch.no_grad()
 def prefill(args) -> None:
+    """Prefills the prompt and publishes its KV once per namespace (``args.repeats + 1``);
+    prints the prefill's and the first publication's figures as one JSON line."""
     model = build_model(args.seed)
     ids = prompt_ids(args.tokens, args.seed)
     start = time.perf_counter()
     out = model(torch.tensor([ids]), use_cache=True)
     seconds = time.perf_counter() - start
-    n_blocks = len(ids) // BLOCK_TOKENS
-    with open_store(model, args.master, args.metadata) as store:
+    n_blocks, copies = len(ids) // BLOCK_TOKENS, args.repeats + 1
+    blocks = to_blocks(out.past_key_values, n_blocks)
+    with open_store(model, args.master, args.metadata, copies * n_blocks) as store:
         start = time.perf_counter()
-        stored = store.put_tokens(ids[: n_blocks * BLOCK_TOKENS], to_blocks(out.past_key_values, n_blocks), namespace=NAMESPACE)
+        stored = store.put_tokens(ids[: n_blocks * BLOCK_TOKENS], blocks, namespace=namespace_of(0))
         store.wait()  # the remote puts run in the background
         store_seconds = time.perf_counter() - start
-        remote = store.stats()["remote"]
-        print(json.dumps({"prefill_s": seconds, "store_s": store_seconds, "blocks": stored, "published": remote["puts"],
-                          "bytes_put": remote["puts"] * store.layout.block_bytes}), flush=True)
+        published = store.stats()["remote"]["puts"]
+        for copy in range(1, copies):  # the same KV under other keys, for the repeated hand-offs (not timed)
+            store.put_tokens(ids[: n_blocks * BLOCK_TOKENS], blocks, namespace=namespace_of(copy))
+        store.wait()
+        print(json.dumps({"prefill_s": seconds, "store_s": store_seconds, "blocks": stored, "published": published,
+                          "bytes_put": published * store.layout.block_bytes, "copies": copies,
+                          "published_all": store.stats()["remote"]["puts"]}), flush=True)
         sys.stdin.readline()  # this client's segment holds the values: stay until decode is done
 
 
+def handoff(store: TieredKVStore, model, ids: list[int], namespace: str, new_tokens: int) -> dict:
+    """One hand-off: finds the prompt's KV by prefix, fetches it, rebuilds the model cache
+    (``from_blocks``), runs the uncached tail and decodes ``new_tokens`` tokens.
+
+    Returns:
+        ``found_tokens``, ``cached_tokens``, ``tokens``, the seconds ``fetch_s``,
+        ``rebuild_s`` and ``tail_s``, and ``ttft_s``: their sum, everything from the prefix
+        lookup to the first token. Also this hand-off's ``bytes_fetched``, ``remote_gets``
+        and ``exists_calls`` (differences of the store's counters).
+    """
+    before = store.stats()
+    start = time.perf_counter()
+    found = store.match_prefix(ids, namespace=namespace)
+    cached = min(found, len(ids) - 1)  # the last prompt token always runs: it yields the first logits
+    blocks = store.get_prefix(prefix_keys(ids, BLOCK_TOKENS, namespace)[: cached // BLOCK_TOKENS])
+    cached = len(blocks) * BLOCK_TOKENS
+    fetched = time.perf_counter()
+    cache = from_blocks(blocks, model) if cached else None
+    rebuild = time.perf_counter() - fetched
+    tokens, tail = greedy(model, ids[cached:], cache, new_tokens)
+    after = store.stats()
+    moved = after["bytes_moved"].get("remote->hbm", 0) - before["bytes_moved"].get("remote->hbm", 0)
+    return {"found_tokens": found, "cached_tokens": cached, "tokens": tokens, "fetch_s": fetched - start,
+            "rebuild_s": rebuild, "tail_s": tail, "ttft_s": fetched - start + rebuild + tail, "bytes_fetched": moved,
+            "remote_gets": after["remote"]["gets"] - before["remote"]["gets"],
+            "exists_calls": after["remote"]["exists_calls"] - before["remote"]["exists_calls"]}
+
+
+def recompute(model, ids: list[int], new_tokens: int) -> dict:
+    """The whole prefill from scratch, then ``new_tokens`` tokens: ``tokens`` and ``ttft_s``."""
+    tokens, first = greedy(model, ids, None, new_tokens)
+    return {"tokens": tokens, "ttft_s": first}
+
+
+def summarise(handoffs: list[dict], recomputes: list[dict]) -> dict:
+    """Medians of the hand-off's parts and of both TTFTs, and the median over pairs of
+    recompute TTFT / hand-off TTFT (``ttft_speedup``); ``same_tokens`` is whether every run of
+    either path decoded the same tokens. The fetch counters are one hand-off's (the first)."""
+    def median(runs: list[dict], key: str) -> float:
+        return statistics.median(run[key] for run in runs)
+
+    runs = handoffs + recomputes
+    first = handoffs[0]
+    return {"found_tokens": first["found_tokens"], "cached_tokens": first["cached_tokens"], "repeats": len(handoffs),
+            "fetch_s": median(handoffs, "fetch_s"), "rebuild_s": median(handoffs, "rebuild_s"), "tail_s": median(handoffs, "tail_s"),
+            "ttft_handoff_s": median(handoffs, "ttft_s"), "ttft_recompute_s": median(recomputes, "ttft_s"),
+            "ttft_speedup": statistics.median(r["ttft_s"] / h["ttft_s"] for h, r in zip(handoffs, recomputes, strict=True)),
+            "same_tokens": all(run["tokens"] == first["tokens"] for run in runs), "tokens": first["tokens"],
+            "bytes_fetched": first["bytes_fetched"], "remote_gets": first["remote_gets"], "exists_calls": first["exists_calls"],
+            "samples": {"handoff": [{k: v for k, v in h.items() if k != "tokens"} for h in handoffs],
+                        "recompute_ttft_s": [r["ttft_s"] for r in recomputes]}}
+
+
 def decode(args) -> None:
+    """Hands off and recomputes, alternating (``alternate``); prints ``summarise``'s JSON."""
     model = build_model(args.seed)
     ids = prompt_ids(args.tokens, args.seed)
-    with open_store(model, args.master, args.metadata) as store:
-        start = time.perf_counter()
-        found = store.match_prefix(ids, namespace=NAMESPACE)
-        cached = min(found, len(ids) - 1)  # the last prompt token always runs: it yields the first logits
-        blocks = store.get_prefix(prefix_keys(ids, BLOCK_TOKENS, NAMESPACE)[: cached // BLOCK_TOKENS])
-        cached = len(blocks) * BLOCK_TOKENS
-        fetch = time.perf_counter() - start
-        handoff, first = greedy(model, ids[cached:], from_blocks(blocks, model) if cached else None, args.new_tokens)
-        stats = store.stats()
-    recomputed, recompute_first = greedy(model, ids, None, args.new_tokens)
-    print(json.dumps({"found_tokens": found, "cached_tokens": cached, "fetch_s": fetch, "tail_s": first,
-                      "ttft_handoff_s": fetch + first, "ttft_recompute_s": recompute_first, "same_tokens": handoff == recomputed,
-                      "tokens": handoff, "bytes_fetched": stats["bytes_moved"].get("remote->hbm", 0),
-                      "remote_gets": stats["remote"]["gets"], "exists_calls": stats["remote"]["exists_calls"]}), flush=True)
+    with open_store(model, args.master, args.metadata, (args.repeats + 1) * (len(ids) // BLOCK_TOKENS)) as store:
+        runs = alternate({"handoff": lambda i: handoff(store, model, ids, namespace_of(i), args.new_tokens),
+                          "recompute": lambda _: recompute(model, ids, args.new_tokens)}, args.repeats)
+    handoffs, recomputes = runs["handoff"], runs["recompute"]
+    print(json.dumps(summarise(handoffs, recomputes)), flush=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=2048, help="prompt length (default 2048)")
     parser.add_argument("--new-tokens", type=int, default=8, help="tokens to decode (default 8)")
+    parser.add_argument("--repeats", type=positive_int, default=5,
+                        help="timed hand-off/recompute pairs, after one untimed of each (medians; default 5)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", help="write both processes' results here")
     parser.add_argument("--role", choices=("prefill", "decode"), help=argparse.SUPPRESS)
@@ -167,7 +239,7 @@ def main() -> None:
 def run_demo(args) -> None:
     """The parent: a master, the prefill process, then the decode process."""
     master = start_master()
-    common = ["--tokens", str(args.tokens), "--new-tokens", str(args.new_tokens), "--seed", str(args.seed),
+    common = ["--tokens", str(args.tokens), "--new-tokens", str(args.new_tokens), "--seed", str(args.seed), "--repeats", str(args.repeats),
               "--master", master.master, "--metadata", master.metadata]
     prefill_process = subprocess.Popen([sys.executable, __file__, "--role", "prefill", *common], stdin=subprocess.PIPE,
                                        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
@@ -186,16 +258,29 @@ def run_demo(args) -> None:
 def report(produced: dict, consumed: dict, args) -> None:
     print(f"prompt {args.tokens} tokens, {BLOCK_TOKENS}-token blocks; tiny random Llama (4 layers, 4 KV heads, fp32 KV)")
     print(f"prefill process: prefill {produced['prefill_s'] * 1e3:.1f} ms, stored {produced['blocks']} blocks, "
-          f"published {produced['published']} ({produced['bytes_put'] / 2**20:.1f} MiB) in {produced['store_s'] * 1e3:.1f} ms")
+          f"published {produced['published']} ({produced['bytes_put'] / 2**20:.1f} MiB) in {produced['store_s'] * 1e3:.1f} ms "
+          f"(then {produced['copies'] - 1} untimed copies under other namespaces, one per further hand-off)")
     print(f"decode process:  found {consumed['found_tokens']} tokens by prefix ({consumed['exists_calls']} exists call), "
-          f"fetched {consumed['remote_gets']} blocks ({consumed['bytes_fetched'] / 2**20:.1f} MiB) in {consumed['fetch_s'] * 1e3:.1f} ms")
-    speedup = consumed["ttft_recompute_s"] / consumed["ttft_handoff_s"]
-    print(f"TTFT with hand-off {consumed['ttft_handoff_s'] * 1e3:.1f} ms (fetch {consumed['fetch_s'] * 1e3:.1f} + tail "
-          f"{consumed['tail_s'] * 1e3:.1f}) vs recompute {consumed['ttft_recompute_s'] * 1e3:.1f} ms: {speedup:.2f}x")
-    print(f"same {args.new_tokens} tokens decoded either way: {consumed['same_tokens']} {consumed['tokens']}")
+          f"fetched {consumed['remote_gets']} blocks ({consumed['bytes_fetched'] / 2**20:.1f} MiB) per hand-off")
+    ms = {key: consumed[key] * 1e3 for key in ("ttft_handoff_s", "fetch_s", "rebuild_s", "tail_s", "ttft_recompute_s")}
+    print(f"TTFT, medians of {consumed['repeats']} alternated runs after one warm-up each: hand-off {ms['ttft_handoff_s']:.1f} ms "
+          f"(fetch {ms['fetch_s']:.1f}, rebuild cache {ms['rebuild_s']:.1f}, tail {ms['tail_s']:.1f}) vs recompute "
+          f"{ms['ttft_recompute_s']:.1f} ms; speed-up (median of per-pair ratios) {consumed['ttft_speedup']:.2f}x")
+    print(f"same {args.new_tokens} tokens decoded by every run of either path: {consumed['same_tokens']} {consumed['tokens']}")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as handle:
             json.dump({"prefill": produced, "decode": consumed}, handle, indent=2)
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (a clear error otherwise)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
 
 
 if __name__ == "__main__":

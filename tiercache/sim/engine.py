@@ -53,7 +53,8 @@ class SimEngine:
             form of its two ends: a quantised tier's encoded bytes are what is written to it
             (encoded before the copy) and read from it (decoded after), so the codec's
             compute time is taken to hide behind the link (``scripts/bench_quant.py``
-            measures it against the NVMe read rate).
+            measures decode against the disk's cold read rate and encode against its durable
+            write rate, of encoded blocks, in fp16-equivalent bytes).
 
     A link missing from the profile is modeled as staged through DRAM (``nvme->hbm`` =
     ``nvme->dram`` then ``dram->hbm``), which is how such copies run on real machines.

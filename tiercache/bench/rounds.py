@@ -1,0 +1,47 @@
+"""Side-by-side timing in rounds: every operation once per round, the one that goes first
+rotating, so that entry ``i`` of two operations was measured right next to each other and a
+ratio of neighbours cancels the machine's regime switches (a shared VM's copy can run 50x
+slower for a while; a ratio of medians taken at different moments would not cancel that).
+
+Used by the scripts that compare against a baseline (``scripts/bench_quant.py``,
+``scripts/disagg_demo.py``); pure Python, no torch.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Callable, TypeVar
+
+__all__ = ["alternate", "paired_ratio"]
+
+T = TypeVar("T")
+
+
+def alternate(ops: dict[str, Callable[[int], T]], rounds: int) -> dict[str, list[T]]:
+    """Runs every op once untimed as ``op(0)`` (warm-up: first calls pay one-time costs), then
+    rounds ``1 .. rounds``, each calling every op once as ``op(i)``; round ``i`` starts at op
+    ``(i - 1) % len(ops)`` (in ``ops`` order) and goes round. Each op measures itself and
+    returns its result (seconds, or a record).
+
+    Returns:
+        Each op's results of rounds ``1 .. rounds`` in round order (the warm-up left out).
+
+    Raises:
+        ValueError: ``rounds`` below 1.
+    """
+    if rounds < 1:
+        raise ValueError(f"rounds must be at least 1, got {rounds}")
+    for op in ops.values():
+        op(0)
+    names, results = list(ops), {name: [] for name in ops}
+    for i in range(1, rounds + 1):
+        first = (i - 1) % len(names)
+        for name in names[first:] + names[:first]:
+            results[name].append(ops[name](i))
+    return results
+
+
+def paired_ratio(numerator: list[float], denominator: list[float]) -> float:
+    """Median over rounds of ``numerator[i] / denominator[i]`` (two ops' seconds in the same
+    round of ``alternate``): the ratio of neighbours. The lists must be of equal length."""
+    return statistics.median(a / b for a, b in zip(numerator, denominator, strict=True))
