@@ -55,7 +55,7 @@ import numpy as np
 import torch
 
 from tiercache.bench import hf_quant
-from tiercache.bench.rounds import alternate, paired_ratio
+from tiercache.bench.rounds import alternate, paired_ratio, positive_int
 from tiercache.bench.rawio import SYNC_POLICY, RawBlockFiles, host_copy, read_buffers, source_block
 from tiercache.config import Codec
 from tiercache.data.buffers import PAGE
@@ -281,17 +281,6 @@ def disk_table(result: dict) -> list[str]:
     rows.append("read/write GB/s: bytes moved; = fp16: the same runs in fp16 bytes of the blocks moved; dec/read, enc/write: "
                 "codec speed over disk speed, both in fp16 bytes, median of per-round ratios (above 1: the codec keeps up)")
     return rows
-
-
-def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1 (a clear error otherwise)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -36,7 +36,7 @@ import warnings
 
 import torch
 
-from tiercache.bench.rounds import alternate
+from tiercache.bench.rounds import alternate, positive_int
 from tiercache.config import KVLayout, RemoteConfig, TierConfig
 from tiercache.data.remote_master import start_master
 from tiercache.keys import prefix_keys
@@ -270,17 +270,6 @@ def report(produced: dict, consumed: dict, args) -> None:
     if args.json:
         with open(args.json, "w", encoding="utf-8") as handle:
             json.dump({"prefill": produced, "decode": consumed}, handle, indent=2)
-
-
-def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1 (a clear error otherwise)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
 
 
 if __name__ == "__main__":

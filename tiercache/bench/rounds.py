@@ -9,10 +9,11 @@ Used by the scripts that compare against a baseline (``scripts/bench_quant.py``,
 
 from __future__ import annotations
 
+import argparse
 import statistics
 from typing import Callable, TypeVar
 
-__all__ = ["alternate", "paired_ratio"]
+__all__ = ["alternate", "paired_ratio", "positive_int"]
 
 T = TypeVar("T")
 
@@ -45,3 +46,15 @@ def paired_ratio(numerator: list[float], denominator: list[float]) -> float:
     """Median over rounds of ``numerator[i] / denominator[i]`` (two ops' seconds in the same
     round of ``alternate``): the ratio of neighbours. The lists must be of equal length."""
     return statistics.median(a / b for a, b in zip(numerator, denominator, strict=True))
+
+
+def positive_int(text: str) -> int:
+    """argparse type of a count of rounds or blocks: an integer >= 1 (argparse names the option
+    and exits 2 otherwise)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
