@@ -51,7 +51,8 @@ from tiercache.policies import make_prefetch
 from tiercache.sim.steptrace import HEADER_FIELD, StepRecord, step_json
 
 from .chunks import split_kv
-from .sequence import Sequence, StepReport, _flat_token_ids
+from .arguments import flat_token_ids
+from .sequence import Sequence, StepReport
 from .store import TieredKVStore
 
 __all__ = ["TieredKVCache", "Sequence", "StepReport", "AttentionMode", "split_kv"]
@@ -133,7 +134,7 @@ class TieredKVCache:
             TypeError: ``tokens`` are not integers (floats, bools); ValueError: an id does
                 not fit in int64. Both name ``tokens``.
         """
-        token_ids = _flat_token_ids(tokens, "tokens")
+        token_ids = flat_token_ids(tokens, "tokens")
         with self.store._lock:
             self._check_open()
             return self._stored_blocks(token_ids, namespace)[0] * self.layout.block_tokens

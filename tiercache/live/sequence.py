@@ -9,7 +9,6 @@ tail block that is not stored yet; every tier operation goes through the cache's
 from __future__ import annotations
 
 import math
-import numbers
 import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence as Seq
@@ -22,8 +21,9 @@ from tiercache.config import AttentionMode
 from tiercache.core.decode import ReadTicket
 from tiercache.data.buffers import check_quantisable
 from tiercache.errors import UserError
-from tiercache.keys import _token_array, block_key, layer_key
+from tiercache.keys import block_key, layer_key
 
+from .arguments import flat_token_ids, sparse_budget_blocks
 from .chunks import TierChunks
 
 if TYPE_CHECKING:
@@ -114,7 +114,7 @@ class Sequence:
         self.namespace = namespace
         self._layers = [_Layer(layout.kv_heads, layout.block_tokens, layout.head_dim, cache.dtype, cache.device)
                         for _ in range(layout.layers)]
-        self._tokens = np.zeros(0, dtype=np.int64) if tokens is None else _flat_token_ids(tokens, "tokens")
+        self._tokens = np.zeros(0, dtype=np.int64) if tokens is None else flat_token_ids(tokens, "tokens")
         self._content_keys: list[bytes] = []
         self._private = os.urandom(16)
         self.freed = False
@@ -141,7 +141,7 @@ class Sequence:
     def add_tokens(self, token_ids: Seq[int]) -> None:
         """Tells the sequence the ids of tokens it generated, so the blocks they fill get
         content keys a later request's ``match_prefix`` can find."""
-        self._tokens = np.concatenate([self._tokens, _flat_token_ids(token_ids, "token_ids")])
+        self._tokens = np.concatenate([self._tokens, flat_token_ids(token_ids, "token_ids")])
 
     @torch.no_grad()  # KV caching is not differentiable: never keep an autograd graph alive
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -217,7 +217,7 @@ class Sequence:
                 positions = np.arange(state.n)
                 candidates: list[int] = []
             else:
-                count = self._budget_blocks(budget, state.n)
+                count = sparse_budget_blocks(budget, state.n)
                 positions, candidates = self._select(state, q, count)
             self.last_positions = positions
             return self._attend_blocks(layer, step, state, q, mode, positions, candidates)
@@ -358,22 +358,6 @@ class Sequence:
                 del cache._summaries[block_id]
 
     # -- reading --------------------------------------------------------------------------
-    def _budget_blocks(self, budget, n_blocks: int) -> int:
-        """A sparse budget as a block count (at least 1)."""
-        if budget is None:
-            raise UserError("Sequence.attend: AttentionMode.SPARSE needs a budget (share in (0, 1] or a block count), got None")
-        if isinstance(budget, (bool, np.bool_)) or not isinstance(budget, numbers.Real):
-            raise UserError("Sequence.attend: a budget must be a share (float in (0, 1]) or a block count (integer), "
-                            f"got {type(budget).__name__} {budget!r}")
-        if not isinstance(budget, numbers.Integral):
-            share = float(budget)
-            if not 0.0 < share <= 1.0 or math.isnan(share):
-                raise UserError(f"Sequence.attend: a budget share must lie in (0, 1], got {budget}")
-            return max(1, math.ceil(share * n_blocks))
-        if budget < 1:
-            raise UserError(f"Sequence.attend: a budget count must be at least one block, got {budget}")
-        return int(budget)
-
     def _select(self, state: _Layer, q: torch.Tensor, count: int) -> tuple[np.ndarray, list[int]]:
         """Block positions a sparse step reads (ascending) and the next-ranked candidates."""
         if state.n == 0:
@@ -489,15 +473,3 @@ class Sequence:
             raise UserError(f"Sequence.attend: q must be {cache.dtype} (the layout's dtype), got {q.dtype}")
         if q.device != cache.device:
             raise UserError(f"Sequence.attend: q must be on {cache.device} (the HBM tier's device), got {q.device}")
-
-
-def _flat_token_ids(tokens, what: str) -> np.ndarray:
-    """Token ids as a flat int64 array: any integer array-like, such as a ``[1, n]``
-    ``input_ids`` tensor. Floats, bools and ids beyond int64 raise (TypeError / ValueError
-    naming ``what``) instead of hashing a silently converted value."""
-    if isinstance(tokens, torch.Tensor):
-        tokens = tokens.detach().cpu().numpy()
-    try:
-        return _token_array(np.asarray(tokens).ravel())
-    except (TypeError, ValueError) as exc:
-        raise type(exc)(f"{what}: {exc}") from None
