@@ -27,7 +27,10 @@ drop). The bytes never need a staging buffer this way; on the sample trace the t
 count equals a single LRU of the hierarchy's total size. When the tiers on the victims' way
 down cannot give up enough victims because they hold the promoted run itself (or pinned or
 referenced blocks), the promotion is declined and the run read in place, instead of pushing
-those victims out of the hierarchy while a tier below them still has room.
+those victims out of the hierarchy while a tier below them still has room. While any tier
+has a free slot, a run whose promotion would push a block out of the last tier (only because
+the run still holds its own slots) moves in pieces instead, the first as large as the free
+slots, each leaving the room the next one needs: then nothing leaves.
 
 Shared last tier (``shared_last``, the live store's remote tier): the last tier is this
 manager's view of a store other processes write to. It may hold a block a local tier holds
@@ -94,6 +97,11 @@ class TierManager(RoomMixin, TransferMixin):
         self.orphan_refs: dict[int, int] = {}
         self.inflight: dict[int, TransferPlan] = {}
         self._running: set[int] = set()  # in-flight jobs this manager submitted (start_move)
+        self._may_block = True  # False while a prefetch makes room: no waiting for moves in flight
+        self._kept: frozenset = frozenset()  # ids of an access with keep_all: never last-tier victims
+        # Promotions move in pieces when the run holds its own room (``_promote``): in an exclusive
+        # hierarchy whose last tier is its own (a shared tier's victims only leave the view).
+        self._stages = not write_through and self.shared is None and len(tiers) > 1
         self._plan_hints: dict[int, Hints | None] = {}
         self._next_job = 0
         self._no_extra: frozenset = frozenset()
@@ -101,6 +109,8 @@ class TierManager(RoomMixin, TransferMixin):
         # block demoted or promoted carries its future into the other tier's policy.
         self._future: dict[int, int] | None = {} if any(p.needs_future for p in evictions) else None
         self._departed: list[int] = []  # dropped blocks whose future goes when the access ends (_forget_departed)
+        # Largest batch-safe insert chunk into each tier: the smallest capacity from it down.
+        self._chunk_caps = [min(d.capacity for d in self.dirs[t:]) for t in range(len(self.dirs))]
 
     # -- queries -------------------------------------------------------------------------
     @property
@@ -166,7 +176,7 @@ class TierManager(RoomMixin, TransferMixin):
 
     # -- the access path -----------------------------------------------------------------
     def access(self, ids: Sequence[int], hints: Hints | None = None, count_hits: bool = True, store_misses: bool = True,
-               wait: bool = True, promote: bool = True) -> list[TransferPlan]:
+               wait: bool = True, promote: bool = True, keep_all: bool = False) -> list[TransferPlan]:
         """Reads ``ids`` in order: hits are touched (and promoted), misses computed and stored.
 
         With ``wait`` (default) every promotion completes before the call returns, and the
@@ -187,7 +197,18 @@ class TierManager(RoomMixin, TransferMixin):
         With ``promote`` False hits below the top tier are read where they are (a streaming
         reader such as exact attention over a whole sequence): they are touched in their
         own tier's policy and counted as hits there, read in place, and nothing moves.
+
+        With ``keep_all`` no id of the call leaves the hierarchy while it runs, as if held
+        (``hold``): they may move down, never out. A serving engine pins the matched prefix
+        while it serves it, so each of its blocks is a hit, none pushed out by the promotion
+        of another.
         """
+        if keep_all:
+            self._kept = frozenset(ids)
+            try:
+                return self.access(ids, hints, count_hits, store_misses, wait, promote)
+            finally:
+                self._kept = frozenset()
         future = None if hints is None or hints.next_use is None else self._future
         started: list[TransferPlan] | None = None if wait else []
         top = self.dirs[0].slot_of
@@ -252,7 +273,9 @@ class TierManager(RoomMixin, TransferMixin):
 
     def _bring_up(self, run: Sequence[int], hints: Hints | None, count_hits: bool, store_misses: bool,
                   started: list | None, promote: bool = True) -> None:
-        """Handles a run of distinct ids absent from the top tier, in order."""
+        """Handles a run of distinct ids absent from the top tier, in order. One that a move in
+        flight brought to the top meanwhile (room made for an earlier segment waits for moves
+        out of a full last tier: ``tiercache.core.room``) is found there."""
         if len(self.dirs) == 1:
             self._miss(run, hints, store_misses)
             return
@@ -265,6 +288,8 @@ class TierManager(RoomMixin, TransferMixin):
             segment, seg_hints = run[position:end], slice_hints(hints, position, end)
             if tier is None:
                 self._miss(segment, seg_hints, store_misses)
+            elif tier == 0:
+                self._touch_top(segment, seg_hints, count_hits)
             else:
                 self._found_below(segment, tier, seg_hints, count_hits, store_misses, started, promote)
             position = end
@@ -287,12 +312,17 @@ class TierManager(RoomMixin, TransferMixin):
             self.events.emit(Ev.PROMOTE_SKIPPED, tier, len(ids))
             self._count_found(tier, len(ids), count_hits)
             return
-        lost = self._promote(ids, tier, hints, started)
-        self._count_found(tier, len(ids) - len(lost), count_hits)
-        if lost:
-            gone = set(lost)
-            positions = [p for p, block_id in enumerate(ids) if block_id in gone]
-            self._miss(lost, None if hints is None else pick_hints(hints, positions), store_misses)
+        self.policies[tier].on_access(ids, hints)
+        guard_ids = frozenset(ids)  # the whole segment, through every piece
+        start = 0
+        while start < len(ids):
+            end, lost = self._promote(ids, start, tier, hints, guard_ids, started)
+            self._count_found(tier, end - start - len(lost), count_hits)
+            if lost:
+                gone = set(lost)
+                positions = [p for p in range(start, end) if ids[p] in gone]
+                self._miss(lost, None if hints is None else pick_hints(hints, positions), store_misses)
+            start = end
 
     def _recompute_below(self, ids: Sequence[int], tier: int, hints: Hints | None, store_misses: bool) -> None:
         """Ids found in ``tier`` by a read that recomputes them (prefix semantics after the
@@ -367,32 +397,44 @@ class TierManager(RoomMixin, TransferMixin):
     def _insert_chunks(self, tier: int, n: int) -> list[tuple[int, int]]:
         """Splits n inserts so that batching them equals inserting one at a time.
 
-        Batch-safe policies take chunks up to the tier's capacity; others take what fits in
+        Batch-safe policies take chunks up to the capacity of the smallest tier from ``tier``
+        down (so a chunk's victims never outnumber the slots of a tier on their way down,
+        which would push them all out: ``tiercache.core.room``); others take what fits in
         free slots, then one id at a time (one eviction per insert, as sequential code does).
         """
         if n == 0:
             return []
         directory = self.dirs[tier]
-        step = directory.capacity if self.policies[tier].batch_insert_safe else 1
+        step = self._chunk_caps[tier] if self.policies[tier].batch_insert_safe else 1
         first = max(min(n, directory.n_free), min(n, step))
         bounds = [(0, first)]
         bounds.extend((a, min(a + step, n)) for a in range(first, n, step))
         return bounds
 
-    def _promote(self, ids: Sequence[int], tier: int, hints: Hints | None, started: list | None) -> list[int]:
-        """Brings hits up to the top tier; if no room can be made they stay (counted).
+    def _promote(self, ids: Sequence[int], start: int, tier: int, hints: Hints | None, guard_ids: frozenset,
+                 started: list | None) -> tuple[int, list[int]]:
+        """Brings hits ``ids[start:]`` of ``tier`` up to the top tier in one move, or only the
+        first of them when the hierarchy has fewer free slots than the run, but some (its
+        cascade would push a block out only because the run holds its own slots:
+        ``tiercache.core.room``): as many as there are free slots, whose move frees the room
+        the next piece needs; if no room can be made they stay (counted).
 
-        Returns the ids that left the hierarchy because their stored copy was unreadable.
-        With ``started`` (a list) the move is left in flight and its plan appended there.
+        Returns the end of the piece handled and the ids of it that left the hierarchy because
+        their stored copy was unreadable. With ``started`` (a list) the move of the last piece
+        is left in flight and its plan appended there.
         """
-        self.policies[tier].on_access(ids, hints)
-        guard_ids = frozenset(ids)
-        room = self._make_room(0, len(ids), guard_ids) is _MADE or self._retry_room(0, len(ids), guard_ids)
-        moved = room and self._transfer(ids, tier, 0, self.write_through, hints, started)
-        if moved:
-            return []
-        self.events.emit(Ev.PROMOTE_SKIPPED, tier, len(ids))
-        return [block_id for block_id in ids if self.locate(block_id) is None]
+        n = len(ids) - start
+        if self._stages and n > 1:
+            n = min(n, self._free_slots()) or n  # with no free slot at all, the victims leave
+        room = self._make_room(0, n, guard_ids)
+        end = start + n
+        piece = ids[start:end]
+        room_made = room is _MADE or self._retry_room(0, n, guard_ids)
+        pending = started if end == len(ids) else None  # a piece lands before the next: it frees their room
+        if room_made and self._transfer(piece, tier, 0, self.write_through, slice_hints(hints, start, end), pending):
+            return end, []
+        self.events.emit(Ev.PROMOTE_SKIPPED, tier, n)
+        return end, [block_id for block_id in piece if self.locate(block_id) is None]
 
     def _copy_down(self, ids: Sequence[int], hints: Hints | None) -> None:
         """Write-through: copies new top-tier blocks into every lower tier that admits them."""

@@ -13,11 +13,29 @@ hierarchy. Where the victims go:
   may be exactly what fills the tier below), the whole placement is declined instead
   (``Room.NO_VICTIMS``, no block has moved): the caller reads the run where it lies. A
   block is never pushed out of the hierarchy to make room for one it already holds while
-  a tier below still has room.
+  a tier below still has room;
+- a guarded cascade that would push a block out of the last tier (not a shared one,
+  whose victims only leave this manager's view) while any tier has a free slot is declined
+  the same way: the drop would be needed only because the run still holds its own slots
+  (room is made before a run leaves them, with no staging buffer). A promotion never gets
+  there: it moves a run longer than the free slots in pieces of as many blocks as there are
+  free slots, each leaving the room the next one needs (``TierManager._promote``). With
+  every tier full the victims leave, and the slots the run frees are the hole the next
+  demotion fills.
+
+Before a victim leaves the last tier, this manager's moves in flight out of that tier
+complete first (each frees a slot there); a caller that may not block (a prefetch) is
+refused instead. A replay has none in flight.
+
+An id a ``keep_all`` access reads (``TierManager.access``) never leaves while it runs, as a
+held one: the last tier never picks it as a victim (nor, in write-through, a tier holding its
+only copy) and the admission below never refuses it.
 
 Invariant: a victim leaves the hierarchy only as a victim of the last tier, when refused
 by the admission of the tier that would take it, or (unguarded placements only) when no
-tier below can make room for it.
+tier below can make room for it. Inserts come in chunks no larger than the smallest tier
+on their way down (``TierManager._insert_chunks``), so the victims of one chunk never
+outnumber the slots of a tier below.
 """
 
 from __future__ import annotations
@@ -38,9 +56,9 @@ class RoomMixin:
     """``make_room`` and the demotion cascade of ``TierManager`` (see the module docstring).
 
     Relies on the manager's ``dirs``, ``policies``, ``admissions``, ``engine``, ``events``,
-    ``refs``, ``held``, ``write_through``, ``shared``, ``inflight``, ``_running``, ``_future``
-    and ``_departed``, and on ``_transfer``, ``wait``, ``_leave_for_shared`` and
-    ``_report_departed`` (``TransferMixin``).
+    ``refs``, ``held``, ``write_through``, ``shared``, ``inflight``, ``_running``,
+    ``_may_block``, ``_kept``, ``_future`` and ``_departed``, and on ``_transfer``, ``wait``,
+    ``_leave_for_shared`` and ``_report_departed`` (``TransferMixin``).
     """
 
     def make_room(self, tier: int, n: int, protected=frozenset()) -> bool:
@@ -64,7 +82,13 @@ class RoomMixin:
         # The common case has nothing protected: a plain empty set keeps the policy's
         # membership test in C instead of a Python __contains__ per candidate.
         last = self.write_through or tier + 1 == len(self.dirs)
-        held = self._held_guard(tier) if last and self.held else _NOTHING  # a held block may move down, never out
+        if last and self._running and self._moves(tier, into=False):
+            # A move out of the tier is about to free a slot: never drop a block for it.
+            if not self._wait_moves(tier, into=False):
+                return _NO_VICTIMS  # a caller that may not block (a prefetch) goes without
+            return self._make_room(tier, n, protected)  # count the freed slots again
+        # A held block, or one a keep_all access reads, may move down, never out.
+        held = self._held_guard(tier) if last and (self.held or self._kept) else _NOTHING
         guard = Guard(directory.pins, self.refs, protected, held) if (directory.pins or self.refs or protected or held) else _NOTHING
         victims = self.policies[tier].victims(need, guard)
         if victims is None:
@@ -75,20 +99,50 @@ class RoomMixin:
         return self._demote(tier, victims, protected)
 
     def _held_guard(self, tier: int):
-        """Held blocks ``tier`` may not drop: all in the last tier, else those without a lower copy."""
+        """Blocks ``tier`` may not drop, held or read by a ``keep_all`` access: all in the last
+        tier, else those without a lower copy."""
+        staying = self._kept.union(self.held) if self._kept else self.held
         if tier + 1 == len(self.dirs):
-            return self.held
-        return HeldWithoutCopy(self.held, [d.slot_of for d in self.dirs[tier + 1 :]])
+            return staying
+        return HeldWithoutCopy(staying, [d.slot_of for d in self.dirs[tier + 1 :]])
 
     def _retry_room(self, tier: int, n: int, protected) -> bool:
         """After ``_make_room`` failed: waits for this manager's moves in flight into or out of
         ``tier`` (slots reserved or pinned) and tries once more. A replay has none in flight."""
-        if not self._running:
-            return False
-        moving = [j for j in sorted(self._running) if tier in (self.inflight[j].src_tier, self.inflight[j].dst_tier)]
+        return bool(self._running) and self._wait_moves(tier, into=True) and self._make_room(tier, n, protected) is _MADE
+
+    def _moves(self, tier: int, into: bool) -> list[int]:
+        """This manager's moves in flight out of ``tier`` (and, with ``into``, into it), oldest first."""
+        inflight = self.inflight
+        return [j for j in sorted(self._running) if inflight[j].src_tier == tier or (into and inflight[j].dst_tier == tier)]
+
+    def _wait_moves(self, tier: int, into: bool) -> bool:
+        """Waits for ``_moves(tier, into)``; True when it waited for any. False, waiting for
+        none, while the caller may not block (``_may_block`` False: a prefetch)."""
+        moving = self._moves(tier, into) if self._may_block else []
         for job_id in moving:
             self.wait(job_id)
-        return bool(moving) and self._make_room(tier, n, protected) is _MADE
+        return bool(moving)
+
+    def _free_slots(self) -> int:
+        """Free slots of the whole hierarchy. A guarded cascade of ``n`` blocks from the top
+        tier (which skips no tier) pushes a block out of the last tier exactly when
+        ``n`` exceeds them."""
+        return sum(d.n_free for d in self.dirs)
+
+    def _run_holds_the_room(self, tier: int, n: int, protected) -> bool:
+        """Whether a guarded cascade must stop before ``tier``: it is the last tier, too
+        full for ``n`` victims, while some tier has a free slot (see the module docstring).
+        Not a shared tier: its victims only leave this manager's view of the store. Moves in
+        flight out of ``tier`` complete first (a caller that may not block stops)."""
+        if not protected or tier + 1 != len(self.dirs) or tier == self.shared or n <= self.dirs[tier].n_free:
+            return False
+        if self._running and self._moves(tier, into=False):
+            if not self._wait_moves(tier, into=False):
+                return True
+            if n <= self.dirs[tier].n_free:
+                return False
+        return self._free_slots() > 0
 
     def _drop(self, tier: int, ids: Sequence[int]) -> None:
         self.policies[tier].on_remove(ids)
@@ -104,10 +158,14 @@ class RoomMixin:
 
         Tries the tier right below (after waiting for its moves in flight when it is full of
         pinned blocks: ``_retry_room``), then, for an unguarded placement only (empty
-        ``protected``), each tier further down. ``Room.NO_VICTIMS`` when none can take them.
+        ``protected``), each tier further down. ``Room.NO_VICTIMS`` when none can take them,
+        or when a guarded cascade would push a block out of the last tier while the hierarchy
+        has a free slot (``_run_holds_the_room``).
         """
         last = len(self.dirs) if not protected else tier + 2
         for dst in range(tier + 1, last):
+            if self._run_holds_the_room(dst, n, protected):
+                break
             room = self._make_room(dst, n, protected)
             if room is _NO_VICTIMS and self._retry_room(dst, n, protected):
                 room = _MADE
@@ -125,9 +183,9 @@ class RoomMixin:
         room for a write that did not land, and the caller's placement is refused instead."""
         below = tier + 1
         admitted = self.admissions[below].admit(victims)
-        held = self.held
-        moving = [v for v, ok in zip(victims, admitted) if ok or v in held]
-        refused = [v for v, ok in zip(victims, admitted) if not ok and v not in held]
+        held, kept = self.held, self._kept  # never refused: they may not leave
+        moving = [v for v, ok in zip(victims, admitted) if ok or v in held or v in kept]
+        refused = [v for v, ok in zip(victims, admitted) if not ok and v not in held and v not in kept]
         if refused:
             self.events.emit(Ev.REFUSED, below, len(refused))
             self._drop(tier, refused)
@@ -161,7 +219,7 @@ class RoomMixin:
         """Victims of ``tier`` bound for ``dst`` past a full tier: those ``dst`` admits (the
         refused leave, counted) and, for a shared ``dst``, those it does not hold yet."""
         admitted = self.admissions[dst].admit(piece)
-        refused = [v for v, ok in zip(piece, admitted) if not ok and v not in self.held]
+        refused = [v for v, ok in zip(piece, admitted) if not ok and v not in self.held and v not in self._kept]
         if refused:
             self.events.emit(Ev.REFUSED, dst, len(refused))
             self._drop(tier, refused)

@@ -32,11 +32,11 @@ class TransferMixin:
     """Two-phase moves of ``TierManager`` (split out to keep modules small).
 
     Relies on the manager's ``dirs``, ``policies``, ``engine``, ``events``, ``refs``,
-    ``orphan_refs``, ``write_through``, ``shared``, ``inflight``, ``_running``, ``_plan_hints``,
-    ``_next_job`` and ``_future``. Invariants: every plan in ``inflight`` has its sources
-    pinned and its destination slots reserved; a plan leaves ``inflight`` exactly once, in
-    ``complete``; ``_running`` (the jobs ``start_move`` submitted, the only ones the manager
-    waits for itself) is a subset of ``inflight``.
+    ``orphan_refs``, ``write_through``, ``shared``, ``inflight``, ``_running``, ``_may_block``,
+    ``_plan_hints``, ``_next_job`` and ``_future``. Invariants: every plan in ``inflight`` has
+    its sources pinned and its destination slots reserved; a plan leaves ``inflight`` exactly
+    once, in ``complete``; ``_running`` (the jobs ``start_move`` submitted, the only ones the
+    manager waits for itself) is a subset of ``inflight``.
     """
 
     # -- phase one: plan -----------------------------------------------------------------
@@ -107,11 +107,19 @@ class TransferMixin:
             below = [b for b in wanted if b in here and b not in pins and self.locate(b) == tier]
             # Never waits: a prefetch that finds no room now (slots held by moves in
             # flight, or everything pinned) skips those blocks instead of blocking.
-            if below and self._make_room(dst, len(below), frozenset(below)) is Room.MADE:
+            if below and self._room_without_waiting(dst, len(below), frozenset(below)):
                 plan = self.start_move(below, tier, dst, keep_source=self.write_through)
                 if plan is not None:
                     plans.append(plan)
         return plans
+
+    def _room_without_waiting(self, tier: int, n: int, protected) -> bool:
+        """``_make_room`` whose cascade never waits for a move in flight (it goes without)."""
+        self._may_block = False
+        try:
+            return self._make_room(tier, n, protected) is Room.MADE
+        finally:
+            self._may_block = True
 
     def publish(self, ids: Sequence[int]) -> list[TransferPlan]:
         """Starts copying resident ids into the shared last tier, keeping them where they are.

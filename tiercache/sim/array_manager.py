@@ -84,7 +84,7 @@ class ArrayTierManager:
         if len(self.G) > leafprio.ORIG:
             self.G[leafprio.ORIG] = np.arange(width)  # ties by id: the dense id unless set_trace_ids
         self.M[:tiers, chain.CAP] = self.capacities
-        self.M[tiers, chain.S_BATCH_SAFE] = module.BATCH_INSERT_SAFE
+        self.M[tiers, chain.S_CHUNK] = min(self.capacities) if module.BATCH_INSERT_SAFE else 1
         self.M[tiers, chain.S_NEEDS_FUTURE] = get_eviction(self.policy).needs_future
         self.M[tiers, chain.S_NEEDS_PARENTS] = get_eviction(self.policy).needs_parents
         chain.init_all(self.kind, self.P, self.M, self.X)

@@ -7,15 +7,16 @@ the top is split into segments by the tier holding them; a missing segment is in
 the chunks ``TierManager._insert_chunks`` uses (room made first, victims demoted down the
 chain, past a tier that cannot give up victims, victims of the last tier dropped); a segment
 found below is touched there, room is made in the top tier (the segment protected all the
-way down) and it moves up in one transfer, or stays and is read in place when no room can be
-made without pushing blocks out past a full tier (``tiercache.core.room``). A segment found
+way down) and it moves up in one transfer (in pieces when the run holds the room its victims
+need), or stays and is read in place when no room can be made without pushing blocks out
+past a full tier (``tiercache.core.room``). A segment found
 below by a read without hits (prefix semantics after the first miss) is recomputed: room is
 made the same way and it moves to the top tier with no transfer, or stays. The Python
 manager is the reference: ``tests/test_kernels.py`` compares both on every registered policy.
 
 State (layout in ``tiercache.policies.kernels``): ``P``, ``X`` and the first ``META_SLOTS``
 columns of ``M`` belong to the policy kernels; ``G`` holds per-id rows (``TIER_OF``: the one
-tier holding the id, -1 for none; ``PROT``: may not be a victim; ``STAMP``: scratch marks;
+tier holding the id, -1 for none; ``PROT``: guards on it, a victim only at 0; ``STAMP``: scratch marks;
 ``FUT``: next use as last seen, which a demoted block carries; ``HINT``: the next use the
 next hook call passes, as ``Hints.next_use``); the chain's columns of ``M``
 row ``t`` hold tier ``t``'s capacity, used slots, victims of the current cascade, counters
@@ -29,7 +30,8 @@ counted from the events of the Python manager.
 from __future__ import annotations
 
 from tiercache.policies.kernels import FUT, HINT, META_SLOTS, PROT, S_PARENTS, S_REQ, STAMP, TIER_OF, njit, njit_inline
-from tiercache.policies.kernels import arc, belady, cost, fifo, leaf_lru, lfu, lru, s3fifo, session, sieve
+
+from .dispatch import p_access, p_init, p_insert, p_remove, p_victims
 
 __all__ = ["access", "run_requests", "prefix_length"]
 
@@ -44,131 +46,14 @@ DST = LINK_TRANSFERS + MAX_TIERS  # where the current cascade sends this tier's 
 WIDTH = DST + 1
 # Columns of M's last row (totals and flags; S_PARENTS = 5 and S_REQ = 6 are read by the kernels,
 # and set only when S_NEEDS_PARENTS: the policy's kernel reads parents).
-S_EPOCH, S_MISSES, S_RECOMPUTED, S_BATCH_SAFE, S_NEEDS_FUTURE = 0, 1, 2, 3, 4
+# S_CHUNK: the largest insert chunk (``TierManager._insert_chunks``): the smallest tier's
+# capacity for a batch-safe policy, else 1.
+S_EPOCH, S_MISSES, S_RECOMPUTED, S_CHUNK, S_NEEDS_FUTURE = 0, 1, 2, 3, 4
 S_NEEDS_PARENTS = 7
+# ids[S_KEEP_A:S_KEEP_B]: the cached prefix being read (``keep_all`` of the manager's access),
+# never victims of the last tier.
+S_KEEP_A, S_KEEP_B = 8, 9
 MADE, NO_VICTIMS = 0, 1
-
-
-# -- dispatch to the policy kernels ----------------------------------------------------------
-@njit_inline
-def p_insert(kind, P, M, X, G, t, arr, a, b):
-    if kind == lru.CODE:
-        lru.on_insert(P, M, X, G, t, arr, a, b)
-    elif kind == fifo.CODE:
-        fifo.on_insert(P, M, X, G, t, arr, a, b)
-    elif kind == lfu.CODE:
-        lfu.on_insert(P, M, X, G, t, arr, a, b)
-    elif kind == arc.CODE:
-        arc.on_insert(P, M, X, G, t, arr, a, b)
-    elif kind == s3fifo.CODE:
-        s3fifo.on_insert(P, M, X, G, t, arr, a, b)
-    elif kind == sieve.CODE:
-        sieve.on_insert(P, M, X, G, t, arr, a, b)
-    elif kind == leaf_lru.CODE:
-        leaf_lru.on_insert(P, M, X, G, t, arr, a, b)
-    elif kind == cost.CODE:
-        cost.on_insert(P, M, X, G, t, arr, a, b)
-    elif kind == session.CODE:
-        session.on_insert(P, M, X, G, t, arr, a, b)
-    else:
-        belady.on_insert(P, M, X, G, t, arr, a, b)
-
-
-@njit_inline
-def p_access(kind, P, M, X, G, t, arr, a, b):
-    if kind == lru.CODE:
-        lru.on_access(P, M, X, G, t, arr, a, b)
-    elif kind == fifo.CODE:
-        fifo.on_access(P, M, X, G, t, arr, a, b)
-    elif kind == lfu.CODE:
-        lfu.on_access(P, M, X, G, t, arr, a, b)
-    elif kind == arc.CODE:
-        arc.on_access(P, M, X, G, t, arr, a, b)
-    elif kind == s3fifo.CODE:
-        s3fifo.on_access(P, M, X, G, t, arr, a, b)
-    elif kind == sieve.CODE:
-        sieve.on_access(P, M, X, G, t, arr, a, b)
-    elif kind == leaf_lru.CODE:
-        leaf_lru.on_access(P, M, X, G, t, arr, a, b)
-    elif kind == cost.CODE:
-        cost.on_access(P, M, X, G, t, arr, a, b)
-    elif kind == session.CODE:
-        session.on_access(P, M, X, G, t, arr, a, b)
-    else:
-        belady.on_access(P, M, X, G, t, arr, a, b)
-
-
-@njit_inline
-def p_remove(kind, P, M, X, G, t, arr, a, b):
-    if kind == lru.CODE:
-        lru.on_remove(P, M, X, G, t, arr, a, b)
-    elif kind == fifo.CODE:
-        fifo.on_remove(P, M, X, G, t, arr, a, b)
-    elif kind == lfu.CODE:
-        lfu.on_remove(P, M, X, G, t, arr, a, b)
-    elif kind == arc.CODE:
-        arc.on_remove(P, M, X, G, t, arr, a, b)
-    elif kind == s3fifo.CODE:
-        s3fifo.on_remove(P, M, X, G, t, arr, a, b)
-    elif kind == sieve.CODE:
-        sieve.on_remove(P, M, X, G, t, arr, a, b)
-    elif kind == leaf_lru.CODE:
-        leaf_lru.on_remove(P, M, X, G, t, arr, a, b)
-    elif kind == cost.CODE:
-        cost.on_remove(P, M, X, G, t, arr, a, b)
-    elif kind == session.CODE:
-        session.on_remove(P, M, X, G, t, arr, a, b)
-    else:
-        belady.on_remove(P, M, X, G, t, arr, a, b)
-
-
-@njit_inline
-def p_victims(kind, P, M, X, G, t, n):
-    """Chooses ``n`` victims of tier ``t`` into ``P[t, :n, -1]``; False (nothing changed) if
-    fewer than ``n`` unprotected ids are tracked."""
-    if kind == lru.CODE:
-        return lru.victims(P, M, X, G, t, n)
-    if kind == fifo.CODE:
-        return fifo.victims(P, M, X, G, t, n)
-    if kind == lfu.CODE:
-        return lfu.victims(P, M, X, G, t, n)
-    if kind == arc.CODE:
-        return arc.victims(P, M, X, G, t, n)
-    if kind == s3fifo.CODE:
-        return s3fifo.victims(P, M, X, G, t, n)
-    if kind == sieve.CODE:
-        return sieve.victims(P, M, X, G, t, n)
-    if kind == leaf_lru.CODE:
-        return leaf_lru.victims(P, M, X, G, t, n)
-    if kind == cost.CODE:
-        return cost.victims(P, M, X, G, t, n)
-    if kind == session.CODE:
-        return session.victims(P, M, X, G, t, n)
-    return belady.victims(P, M, X, G, t, n)
-
-
-@njit
-def p_init(kind, P, M, X, t, capacity):
-    if kind == lru.CODE:
-        lru.init(P, M, X, t, capacity)
-    elif kind == fifo.CODE:
-        fifo.init(P, M, X, t, capacity)
-    elif kind == lfu.CODE:
-        lfu.init(P, M, X, t, capacity)
-    elif kind == arc.CODE:
-        arc.init(P, M, X, t, capacity)
-    elif kind == s3fifo.CODE:
-        s3fifo.init(P, M, X, t, capacity)
-    elif kind == sieve.CODE:
-        sieve.init(P, M, X, t, capacity)
-    elif kind == leaf_lru.CODE:
-        leaf_lru.init(P, M, X, t, capacity)
-    elif kind == cost.CODE:
-        cost.init(P, M, X, t, capacity)
-    elif kind == session.CODE:
-        session.init(P, M, X, t, capacity)
-    else:
-        belady.init(P, M, X, t, capacity)
 
 
 @njit
@@ -238,14 +123,17 @@ def _drop(kind, P, M, X, G, t, n):
 
 
 @njit
-def make_room(kind, P, M, X, G, tier, n, guarded):
+def make_room(kind, P, M, X, G, ids, tier, n, guarded):
     """``TierManager._make_room`` with its demotion cascade (``tiercache.core.room``); MADE or
     NO_VICTIMS.
 
     Victims are chosen top down (a tier's choice changes no other tier): a tier that cannot
     give up enough victims is skipped, its slots untouched, and the victims waiting above it
     try the next tier down; a ``guarded`` placement (a promotion: ``PROT`` marks) is declined
-    there instead, NO_VICTIMS with no block moved. Then they are applied bottom up in the
+    there instead, NO_VICTIMS with no block moved, and so it is when its cascade would push a
+    block out of the last tier while some tier has a free slot (the manager's
+    ``_run_holds_the_room``: the run still holds its own slots). Then they are applied bottom
+    up in the
     order the recursive Python code completes them: the deepest victims dropped (last tier,
     or no tier below could take them), then each tier's victims moved to their ``DST``.
     """
@@ -257,7 +145,9 @@ def make_room(kind, P, M, X, G, tier, n, guarded):
         need = count - (M[level, CAP] - M[level, USED])
         if need <= 0:
             break
-        if need > M[level, CAP] or not p_victims(kind, P, M, X, G, level, need):
+        if guarded and level == T - 1 and level > tier and _free_slots(M) > 0:
+            return NO_VICTIMS
+        if need > M[level, CAP] or not _victims(kind, P, M, X, G, ids, level, need):
             if level == tier or guarded:
                 return NO_VICTIMS
             M[level, VN] = 0  # skipped: the victims above go further down
@@ -289,6 +179,29 @@ def make_room(kind, P, M, X, G, tier, n, guarded):
 
 
 @njit_inline
+def _victims(kind, P, M, X, G, ids, t, n):
+    """``p_victims`` of tier ``t``; in the last tier, never an id of ``ids[S_KEEP_A:S_KEEP_B]``."""
+    T = M.shape[0] - 1
+    a = M[T, S_KEEP_A]
+    b = M[T, S_KEEP_B] if t == T - 1 else a
+    for k in range(a, b):
+        G[PROT, ids[k]] += 1
+    found = p_victims(kind, P, M, X, G, t, n)
+    for k in range(a, b):
+        G[PROT, ids[k]] -= 1
+    return found
+
+
+@njit_inline
+def _free_slots(M):
+    """Free slots of the whole hierarchy."""
+    free = 0
+    for t in range(M.shape[0] - 1):
+        free += M[t, CAP] - M[t, USED]
+    return free
+
+
+@njit_inline
 def _room_single(kind, P, M, X, G, n):
     """``make_room(0, n)`` of a one-tier hierarchy (victims leave), inlined: a replay of a
     policy that inserts one block at a time calls it once per miss."""
@@ -304,18 +217,19 @@ def _room_single(kind, P, M, X, G, n):
 # -- the access path -------------------------------------------------------------------------
 @njit
 def _insert_new(kind, P, M, X, G, ids, nus, a, b):
-    """``TierManager._insert_new`` with admission always: chunks as ``_insert_chunks``."""
+    """``TierManager._insert_new`` with admission always: chunks as ``_insert_chunks`` (no
+    larger than the smallest tier, ``S_CHUNK``)."""
     n = b - a
     if n == 0:
         return
     T = M.shape[0] - 1
     free = M[0, CAP] - M[0, USED]
-    step = M[0, CAP] if M[T, S_BATCH_SAFE] else 1
+    step = M[T, S_CHUNK]
     first = max(min(n, free), min(n, step))
     lo = 0
     hi = first
     while lo < n:
-        room = _room_single(kind, P, M, X, G, hi - lo) if T == 1 else make_room(kind, P, M, X, G, 0, hi - lo, False)
+        room = _room_single(kind, P, M, X, G, hi - lo) if T == 1 else make_room(kind, P, M, X, G, ids, 0, hi - lo, False)
         if room == NO_VICTIMS:
             M[0, C_REFUSED] += hi - lo  # everything protected: not stored
         else:
@@ -348,10 +262,10 @@ def _recompute_below(kind, P, M, X, G, ids, nus, a, b, tier):
     _count_found(M, tier, n, False)
     _hint_trace(M, G, ids, nus, a, b)
     for k in range(a, b):
-        G[PROT, ids[k]] = 1
-    room = make_room(kind, P, M, X, G, 0, n, True)
+        G[PROT, ids[k]] += 1
+    room = make_room(kind, P, M, X, G, ids, 0, n, True)
     for k in range(a, b):
-        G[PROT, ids[k]] = 0
+        G[PROT, ids[k]] -= 1
     _hint_trace(M, G, ids, nus, a, b)
     if room != MADE:
         p_access(kind, P, M, X, G, tier, ids, a, b)
@@ -374,14 +288,29 @@ def _found_below(kind, P, M, X, G, ids, nus, a, b, tier, count_hits):
     _hint_trace(M, G, ids, nus, a, b)
     p_access(kind, P, M, X, G, tier, ids, a, b)
     for k in range(a, b):
-        G[PROT, ids[k]] = 1
-    room = make_room(kind, P, M, X, G, 0, b - a, True)
+        G[PROT, ids[k]] += 1  # the whole segment, through every piece
+    start = a
+    while start < b:
+        start = _promote(kind, P, M, X, G, ids, nus, start, b, tier)
     for k in range(a, b):
-        G[PROT, ids[k]] = 0
-    n = b - a
+        G[PROT, ids[k]] -= 1
+
+
+@njit
+def _promote(kind, P, M, X, G, ids, nus, start, b, tier):
+    """``TierManager._promote``: ``ids[start:b]`` up in one move, or the first of them (as
+    many as there are free slots, when fewer than the run but some), or read in place;
+    returns the piece's end."""
+    n = b - start
+    if n > 1:
+        free = _free_slots(M)
+        if 0 < free < n:
+            n = free
+    room = make_room(kind, P, M, X, G, ids, 0, n, True)
+    end = start + n
     if room == MADE:
-        _hint_trace(M, G, ids, nus, a, b)  # the promotion's plan carries the segment's hints
-        _move(kind, P, M, X, G, ids, a, b, tier, 0)
+        _hint_trace(M, G, ids, nus, start, end)  # the promotion's plan carries the piece's hints
+        _move(kind, P, M, X, G, ids, start, end, tier, 0)
         M[tier, C_PROMOTIONS] += n
         M[tier, C_HIT_PROMOTED] += n
         M[tier, C_HIT_PROMOTE_RUNS] += 1
@@ -390,6 +319,7 @@ def _found_below(kind, P, M, X, G, ids, nus, a, b, tier, count_hits):
         M[tier, C_IN_PLACE] += n  # read where it lies: the hit crosses the link to the top tier
         M[tier, C_READ_THROUGHS] += 1
     _count_found(M, tier, n, True)
+    return end
 
 
 @njit
@@ -460,7 +390,9 @@ def prefix_length(G, ids, a, b):
 def run_requests(kind, P, M, X, G, ids, nus, offsets, r0, r1, prefix, hit_len):
     """Requests ``r0 .. r1 - 1``, each one ``access`` (object semantics) or a prefix lookup
     then two ``access`` calls (prefix semantics, as ``replay``'s prefix step); the prefix
-    hit length of request ``r`` goes to ``hit_len[r]``."""
+    hit length of request ``r`` goes to ``hit_len[r]``. The cached prefix is never a victim
+    of the last tier while it is read (``S_KEEP_A``, ``S_KEEP_B``: the engine pins it), so its
+    own promotions push none of it out and each of its ``hit_len[r]`` blocks is a hit."""
     for r in range(r0, r1):
         a = offsets[r]
         b = offsets[r + 1]
@@ -469,7 +401,10 @@ def run_requests(kind, P, M, X, G, ids, nus, offsets, r0, r1, prefix, hit_len):
         if prefix:
             h = prefix_length(G, ids, a, b)
             hit_len[r] = h
+            M[M.shape[0] - 1, S_KEEP_A] = a  # pinned while served: ``keep_all`` of the manager
+            M[M.shape[0] - 1, S_KEEP_B] = a + h
             access(kind, P, M, X, G, ids, nus, a, a + h, True)
+            M[M.shape[0] - 1, S_KEEP_B] = a
             access(kind, P, M, X, G, ids, nus, a + h, b, False)
         else:
             access(kind, P, M, X, G, ids, nus, a, b, True)

@@ -301,7 +301,9 @@ def _step_function(spec: RunSpec, data: ReplayData, manager: TierManager, needs_
         a, b = data.bounds(batch)
         run, hints = ids[a:b], _hints(data, a, b, needs_future, needs_parents)
         hit = manager.prefix_length(run)
-        manager.access(run[:hit], _cut(hints, 0, hit))
+        # The engine pins the matched prefix while it serves it: its own promotions push none
+        # of it out of the hierarchy, so every block counted as reused below is a hit.
+        manager.access(run[:hit], _cut(hints, 0, hit), keep_all=True)
         manager.access(run[hit:], _cut(hints, hit, b - a), count_hits=False)
         return min(hit * data.block_tokens, int(input_lengths[batch]))
 
