@@ -165,3 +165,32 @@ def test_prefix_tokens_saved_never_exceed_the_blocks_served(tmp_path, monkeypatc
         for record in records:
             assert record.prefill_tokens_saved <= record.hits * data.block_tokens, (policy, caps, case)
         assert all(comparable(r) == comparable(records[0]) for r in records), (policy, caps, case)
+
+
+# -- moves in flight out of a middle tier ------------------------------------------------------
+def prefetched_out_of_dram():
+    """HBM 2 / DRAM 2 / NVMe 2 holding 5 blocks, with block 1's prefetch DRAM -> HBM in flight:
+    it holds a slot at both ends, so the hierarchy has no free slot until it lands."""
+    m = filled([2, 2, 2], 5)
+    assert contents(m) == [[3, 4], [1, 2], [0]]
+    m.prefetch([1])
+    assert contents(m) == [[4], [1, 3], [0, 2]] and m._running  # HBM: 4 and a slot reserved for 1
+    assert sum(d.n_free for d in m.dirs) == 0
+    return m
+
+
+def test_a_read_waits_for_a_move_out_of_a_middle_tier_instead_of_dropping():
+    m = prefetched_out_of_dram()
+    m.access([0])  # HBM's victim goes to the DRAM slot block 1's move frees, not down a full NVMe
+    m.wait_all()
+    assert sorted(b for tier in contents(m) for b in tier) == [0, 1, 2, 3, 4]
+    assert not [e for e in m.events.drain() if e[0] == Ev.EVICT]
+    m.check_invariants()
+
+
+def test_a_prefetch_pushes_nothing_out_while_moves_are_in_flight():
+    m = prefetched_out_of_dram()
+    m.prefetch([0])  # may not wait for block 1: it goes without rather than drop block 2
+    m.wait_all()
+    assert sorted(b for tier in contents(m) for b in tier) == [0, 1, 2, 3, 4]
+    m.check_invariants()

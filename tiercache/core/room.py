@@ -23,9 +23,11 @@ hierarchy. Where the victims go:
   every tier full the victims leave, and the slots the run frees are the hole the next
   demotion fills.
 
-Before a victim leaves the last tier, this manager's moves in flight out of that tier
-complete first (each frees a slot there); a caller that may not block (a prefetch) is
-refused instead. A replay has none in flight.
+Before a tier gives up a victim, this manager's moves in flight out of that tier complete
+first (each frees a slot there, which may be all the room needed). A caller that may not
+block (a prefetch) does not wait: it still demotes, but pushes nothing out of the last tier
+while any move is in flight (one may be about to free the slot it needs) and is refused
+instead. A replay has none in flight.
 
 An id a ``keep_all`` access reads (``TierManager.access``) never leaves while it runs, as a
 held one: the last tier never picks it as a victim (nor, in write-through, a tier holding its
@@ -82,11 +84,15 @@ class RoomMixin:
         # The common case has nothing protected: a plain empty set keeps the policy's
         # membership test in C instead of a Python __contains__ per candidate.
         last = self.write_through or tier + 1 == len(self.dirs)
-        if last and self._running and self._moves(tier, into=False):
-            # A move out of the tier is about to free a slot: never drop a block for it.
-            if not self._wait_moves(tier, into=False):
-                return _NO_VICTIMS  # a caller that may not block (a prefetch) goes without
-            return self._make_room(tier, n, protected)  # count the freed slots again
+        if self._running and self._moves(tier, into=False):
+            # A move out of the tier is about to free a slot: use it rather than displace a
+            # block for it (in the last tier, never drop one for it).
+            if self._wait_moves(tier, into=False):
+                return self._make_room(tier, n, protected)  # count the freed slots again
+        if last and self._running and not self._may_block:
+            # A prefetch (which may not wait) pushes nothing out of the hierarchy while moves
+            # are in flight: one of them may be about to free the slot it needs. It goes without.
+            return _NO_VICTIMS
         # A held block, or one a keep_all access reads, may move down, never out.
         held = self._held_guard(tier) if last and (self.held or self._kept) else _NOTHING
         guard = Guard(directory.pins, self.refs, protected, held) if (directory.pins or self.refs or protected or held) else _NOTHING
