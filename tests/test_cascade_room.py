@@ -24,9 +24,10 @@ import torch
 from store_helpers import LAYOUT, blocks, key, tiers
 from test_hierarchy_room import both_paths, comparable, contents, manager, random_requests, requests_file, tier_configs
 from tiercache.config import TierConfig, layout_preset
+from tiercache.core.manager import TierManager
 from tiercache.core.plans import Ev
 from tiercache.live.store import TieredKVStore
-from tiercache.policies import EVICTION
+from tiercache.policies import EVICTION, make_admission, make_eviction
 from tiercache.results import Semantics
 from tiercache.sim.hardware import PRESETS
 from tiercache.sim.loader import load_trace
@@ -193,4 +194,47 @@ def test_a_prefetch_pushes_nothing_out_while_moves_are_in_flight():
     m.prefetch([0])  # may not wait for block 1: it goes without rather than drop block 2
     m.wait_all()
     assert sorted(b for tier in contents(m) for b in tier) == [0, 1, 2, 3, 4]
+    m.check_invariants()
+
+
+def test_a_write_through_prefetch_starts_while_another_is_in_flight():
+    m = TierManager([("hbm", 2), ("dram", 2), ("nvme", 4)], [make_eviction("lru", c) for c in (2, 2, 4)],
+                    [make_admission("always") for _ in range(3)], write_through=True)
+    for block_id in range(4):
+        m.access([block_id])
+    first, second = m.prefetch([0]), m.prefetch([1])  # HBM copies may go: NVMe keeps every block
+    assert first and second
+    m.wait_all()
+    assert {0, 1} <= set(m.dirs[0].slot_of)
+    m.check_invariants()
+
+
+def test_a_copy_in_flight_out_of_a_tier_is_not_waited_for_room_there():
+    m = TierManager([("hbm", 2), ("dram", 2), ("nvme", 4)], [make_eviction("lru", c) for c in (2, 2, 4)],
+                    [make_admission("always") for _ in range(3)], write_through=True)
+    for block_id in range(4):
+        m.access([block_id])
+    m.prefetch([0])  # a copy out of NVMe: it frees no NVMe slot
+    copy = next(iter(m._running))
+    waited = []
+    m.wait, plain = (lambda job_id: waited.append(job_id) or plain(job_id)), m.wait
+    m.access([4])  # its copy down needs room in NVMe: an eviction there, not a wait for the copy
+    assert copy not in waited
+    m.wait_all()
+    m.check_invariants()
+
+
+def test_a_block_lost_twice_while_pinned_keeps_both_readers_counts():
+    m = filled([2, 2, 2], 5)
+    for _ in range(2):
+        m.ref([0])
+        m.report_lost(2, [0])  # its NVMe bytes proved unreadable
+        m.access([0])  # stored anew
+        m.check_invariants()
+        while 0 not in m.dirs[2].slot_of:  # push it back down to NVMe for the second loss
+            m.access([max(b for d in m.dirs for b in d.slot_of) + 1])
+    assert m.orphan_refs[0] == 2
+    m.unref([0])
+    m.unref([0])
+    assert 0 not in m.orphan_refs and 0 not in m.refs
     m.check_invariants()

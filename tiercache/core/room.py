@@ -89,7 +89,7 @@ class RoomMixin:
             # block for it (in the last tier, never drop one for it).
             if self._wait_moves(tier, into=False):
                 return self._make_room(tier, n, protected)  # count the freed slots again
-        if last and self._running and not self._may_block:
+        if self._running and not self._may_block and tier + 1 == len(self.dirs):
             # A prefetch (which may not wait) pushes nothing out of the hierarchy while moves
             # are in flight: one of them may be about to free the slot it needs. It goes without.
             return _NO_VICTIMS
@@ -118,9 +118,12 @@ class RoomMixin:
         return bool(self._running) and self._wait_moves(tier, into=True) and self._make_room(tier, n, protected) is _MADE
 
     def _moves(self, tier: int, into: bool) -> list[int]:
-        """This manager's moves in flight out of ``tier`` (and, with ``into``, into it), oldest first."""
+        """This manager's moves in flight that free a slot of ``tier`` when they land (out of it,
+        copies left out: they keep their source), or, with ``into``, any into or out of it
+        (slots reserved or pinned), oldest first."""
         inflight = self.inflight
-        return [j for j in sorted(self._running) if inflight[j].src_tier == tier or (into and inflight[j].dst_tier == tier)]
+        return [j for j in sorted(self._running)
+                if (inflight[j].src_tier == tier and (into or not inflight[j].keep_source)) or (into and inflight[j].dst_tier == tier)]
 
     def _wait_moves(self, tier: int, into: bool) -> bool:
         """Waits for ``_moves(tier, into)``; True when it waited for any. False, waiting for

@@ -238,8 +238,8 @@ class TransferMixin:
         if not ids:
             return
         for block_id in ids:
-            if block_id in self.refs:  # readers keep their counts: unref still balances
-                self.orphan_refs[block_id] = self.refs.pop(block_id)
+            if block_id in self.refs:  # readers keep their counts (added to any older ones): unref still balances
+                self.orphan_refs[block_id] = self.orphan_refs.get(block_id, 0) + self.refs.pop(block_id)
             if block_id in self.held:  # a live sequence lost a block: it sees it gone
                 self.held.pop(block_id)
         self.policies[tier].on_remove(ids)
