@@ -14,6 +14,7 @@ import zarr
 from tiercache.config import KVLayout
 from tiercache.data import nvme_index
 from tiercache.data.nvme import NVMeStore
+from tiercache.data.nvme_results import ReadIOError
 from tiercache.errors import UserError
 
 LAYOUT = KVLayout(layers=2, kv_heads=2, head_dim=64, block_tokens=16, dtype="bfloat16", per_layer=True)
@@ -231,14 +232,16 @@ def test_reopen_sweeps_orphans_and_forgets_missing_chunks(tmp_path):
         assert_serves(store, [b"a"], data[:1])
 
 
-def test_read_error_is_a_miss_not_a_crash(tmp_path, monkeypatch):
+def test_read_error_keeps_the_block_and_names_the_error(tmp_path, monkeypatch):
     data = blocks_for(LAYOUT, 1, seed=9)
     with NVMeStore(tmp_path / "s", LAYOUT, 1, io_threads=1) as store:
         store.put([b"a"], data)
         fail_next(monkeypatch, "preadv", code=errno.EIO)
-        assert not store.get([b"a"], torch.empty_like(data))[0]
+        with pytest.raises(ReadIOError, match=f"{b'a'.hex()} failed: Input/output error") as caught:
+            store.get([b"a"], torch.empty_like(data))
+        assert caught.value.errno == errno.EIO
         monkeypatch.undo()
-        assert store.stats["read_errors"] == 1 and store.contains(b"a")
+        assert store.stats["read_errors"] == 1 and store.stats["corrupt_reads"] == 0 and store.contains(b"a")
         assert_serves(store, [b"a"], data)
 
 

@@ -21,6 +21,7 @@ import torch
 from tiercache.core.plans import JobResult, TransferPlan
 
 from .handlers import CopyContext, CopyHandler, Job, handler_for
+from .nvme_results import ReadIOError
 from .pools import BlockPool
 
 __all__ = ["LocalEngine"]
@@ -133,9 +134,16 @@ class LocalEngine:
             return JobResult(job_id)
         try:
             outcome = job.future.result()
-        except OSError as exc:
-            return JobResult(job_id, f"I/O error: {exc}")
+        except OSError as exc:  # the move failed; its sources stay unless proven lost
+            return JobResult(job_id, f"I/O error: {exc}", self._proven_lost(job.plan, exc))
         return job.finish(outcome)
+
+    def _proven_lost(self, plan: TransferPlan, exc: OSError) -> tuple[int, ...]:
+        """Source blocks of a failed ``plan`` that its reads proved absent or corrupt. A
+        block whose read merely failed (``ReadIOError.failed``) is not lost: it stays stored."""
+        if not isinstance(exc, ReadIOError) or not exc.lost_keys:
+            return ()
+        return tuple(b for b, key in zip(plan.ids, self._ctx.keys(plan.ids)) if key in exc.lost_keys)
 
 
 def _finished(job: Job) -> bool:

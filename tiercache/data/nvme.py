@@ -18,7 +18,8 @@ trailer match it, and chunk files without an adopted entry are garbage and remov
 (``nvme_open``).
 
 Reads verify the chunk's length and crc32c against the index entry, so torn, stale or
-flipped bytes are reported as misses (``stats["corrupt_reads"]``), never as data. That
+flipped bytes are reported as misses (``stats["corrupt_reads"]``), never as data; a read
+that fails with an I/O error keeps the chunk and raises ``ReadIOError``. That
 check also covers a put that names a live slot: the old entry, durable until the next
 flush, no longer matches the rewritten chunk.
 """

@@ -4,7 +4,9 @@
 index, lock, stats, executor and per-thread buffers). A read verifies the chunk's length
 and crc32c against the index entry before the block counts as a hit: torn, stale or flipped
 bytes are a miss (``stats["corrupt_reads"]``; the entry is forgotten), never data, and a
-miss leaves zeros, not bytes that look like a block.
+miss leaves zeros, not bytes that look like a block. A read that fails with an I/O error
+(EIO, ...) proves nothing about the bytes: it is counted in ``stats["read_errors"]``, the
+entry stays, and the batch's future raises ``ReadIOError`` naming the block and the error.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from . import chunkio
 from .buffers import block_list, byte_array, is_aligned
 from .iojobs import run_batch
 from .nvme_index import Entry
+from .nvme_results import ReadIOError
 
 __all__ = ["NVMeReads"]
 
@@ -35,6 +38,8 @@ class NVMeReads:
 
         Raises:
             UserError: keys not bytes, ``out`` of wrong dtype/shape/count.
+            ReadIOError: (from the future) a read failed with an I/O error; those blocks
+                stay stored, and every block of the batch was still attempted.
         """
         self._check_open()
         keys = self._check_keys(keys, "NVMeStore.get")
@@ -58,23 +63,29 @@ class NVMeReads:
             self.stats["misses"] += sum(e is None for e in entries)
         found = [i for i, e in enumerate(entries) if e is not None]
 
-        def finish(results: list[bool]) -> np.ndarray:
+        def finish(results: list[bool | OSError]) -> np.ndarray:
             hits = np.zeros(len(keys), dtype=bool)
-            hits[found] = results
+            hits[found] = [r is True for r in results]
+            failed = {keys[found[j]]: r for j, r in enumerate(results) if isinstance(r, OSError)}
+            if failed:
+                raise ReadIOError(failed, frozenset(k for k, hit in zip(keys, hits) if not hit and k not in failed))
             return hits
 
         return run_batch(self._executor, self._io_threads, len(found),
                          lambda j: self._read_one(keys[found[j]], entries[found[j]], dests[found[j]], encoded), finish)
 
     def get(self, keys: Sequence[bytes], out: torch.Tensor | Sequence[torch.Tensor]) -> np.ndarray:
-        """Blocking ``submit_get``: returns the hit mask (bool array, one per key)."""
+        """Blocking ``submit_get``: returns the hit mask (bool array, one per key); raises
+        ``ReadIOError`` if a read failed with an I/O error (the block stays stored)."""
         return self.submit_get(keys, out).result()
 
-    def _read_one(self, key: bytes, entry: Entry, dest: torch.Tensor, encoded: bool = False) -> bool:
+    def _read_one(self, key: bytes, entry: Entry, dest: torch.Tensor, encoded: bool = False) -> bool | OSError:
         """I/O thread: reads and verifies one chunk into ``dest``; True only for a good block.
         With a codec, the chunk is dequantised into ``dest`` unless ``encoded`` asks for its bytes.
 
-        A missing file or failed read says nothing about the bytes: a miss, not corruption.
+        A missing file (a concurrent delete) is a miss (False). A failed read says nothing
+        about the bytes: not corruption, so the entry stays and the OSError is returned for
+        the batch to raise. Either way ``dest`` is zeroed.
         """
         try:
             if encoded or self._block_codec is None:
@@ -84,12 +95,12 @@ class NVMeReads:
                 self._block_codec.decode_from(self._local.encoded, self._dtype, dest)
             return self._finish_read(key, entry, dest, good)
         except OSError as exc:
+            gone = isinstance(exc, FileNotFoundError)  # the chunk went away with a concurrent delete
             with self._lock:
                 self.stats["misses"] += 1
-                # FileNotFoundError: the chunk went away with a concurrent delete
-                self.stats["read_errors"] += not isinstance(exc, FileNotFoundError)
+                self.stats["read_errors"] += not gone
             dest.zero_()
-            return False
+            return False if gone else exc
 
     def _finish_read(self, key: bytes, entry: Entry, dest: torch.Tensor, good: bool) -> bool:
         """Counts the read; a bad chunk still named by the index is corrupt and forgotten."""
@@ -132,9 +143,14 @@ class NVMeReads:
         return self._in_place_layout and dest.is_cpu and dest.is_contiguous() and is_aligned(dest)
 
     def read_block(self, slot: int, key: bytes, dest: torch.Tensor) -> None:
-        """Reads ``key``'s block into ``dest`` (any device); KeyError if absent or unreadable."""
+        """Reads ``key``'s block into ``dest`` (any device).
+
+        Raises:
+            ReadIOError: the read failed with an I/O error; the block stays stored.
+            KeyError: the chunk is absent, or proved corrupt (and was forgotten).
+        """
         host = dest if dest.device.type == "cpu" else torch.empty_like(dest, device="cpu")
         if not self.get([key], [host])[0]:
-            raise KeyError(f"key {key.hex()} is stored but unreadable (corrupt chunk)")
+            raise KeyError(f"key {key.hex()} is stored but unreadable (corrupt or missing chunk)")
         if host is not dest:
             dest.copy_(host)

@@ -1,4 +1,5 @@
-"""What NVMe store operations hand back: per-block write results and the store-full error."""
+"""What NVMe store operations hand back: per-block write results, the store-full error and
+the error of a read that failed with an I/O error."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from dataclasses import dataclass
 
 from ..errors import UserError
 
-__all__ = ["PutResult", "StoreFullError"]
+__all__ = ["PutResult", "ReadIOError", "StoreFullError"]
 
 
 class StoreFullError(UserError):
@@ -25,3 +26,27 @@ class PutResult:
     def ok(self) -> bool:
         """True when the block was written and published."""
         return self.error is None
+
+
+class ReadIOError(OSError, KeyError):
+    """Reading stored chunks failed with an I/O error (EIO, ...) on this attempt.
+
+    It says nothing about the stored bytes: those chunks stay stored (counted in
+    ``stats["read_errors"]``, not ``corrupt_reads``), so a later read or a reopen may still
+    serve them. Chunks of the same batch that proved corrupt (length or crc32c mismatch)
+    or absent were forgotten as usual; ``lost_keys`` names them, so a mover can report
+    them lost. Also a KeyError: a reader that treats an unreadable block as a miss goes on
+    doing so.
+
+    Attributes:
+        failed: the keys whose read failed, each with its OSError.
+        lost_keys: keys of the batch that are absent or were proven corrupt.
+    """
+
+    def __init__(self, failed: dict[bytes, OSError], lost_keys: frozenset[bytes] = frozenset()) -> None:
+        key, cause = next(iter(failed.items()))
+        more = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
+        reason = cause.strerror or str(cause)
+        super().__init__(cause.errno, f"reading stored block {key.hex()}{more} failed: {reason}; the block stays stored")
+        self.failed = dict(failed)
+        self.lost_keys = frozenset(lost_keys)

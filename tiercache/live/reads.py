@@ -8,6 +8,7 @@ import torch
 
 from tiercache.config import KVLayout
 from tiercache.core.manager import TierManager
+from tiercache.data.nvme_results import ReadIOError
 from tiercache.data.pools import BlockPool
 
 __all__ = ["read_blocks"]
@@ -19,11 +20,13 @@ def read_blocks(manager: TierManager, media: Sequence[object], layout: KVLayout,
     tensor on the top medium's device when None), without moving them: one gather when all
     are in an HBM pool, else block by block, each where it lies.
 
-    A block that proves unreadable is handed to ``drop_unreadable(tier, block_id)`` (the
-    manager never saw the read, so it must hear of the loss), then ends the result with
-    ``partial`` (the blocks before it are returned) or raises.
+    A block that proves unreadable (absent or corrupt) is handed to
+    ``drop_unreadable(tier, block_id)`` (the manager never saw the read, so it must hear of
+    the loss). A read that fails with an I/O error drops nothing: the block stays stored.
+    Either ends the result with ``partial`` (the blocks before it are returned) or raises.
 
     Raises:
+        ReadIOError: without ``partial``, a read failed with an I/O error (also a KeyError).
         KeyError: without ``partial``, a block unreadable or already dropped.
     """
     top = media[0]
@@ -39,6 +42,10 @@ def read_blocks(manager: TierManager, media: Sequence[object], layout: KVLayout,
             if tier is None:
                 raise KeyError(f"key {keys[index].hex()} proved unreadable and was dropped")
             media[tier].read_block(manager.dirs[tier].slot_of[block_id], keys[index], out[index])
+        except ReadIOError:  # this attempt failed; the block stays where it is
+            if not partial:
+                raise
+            return out[:index]
         except KeyError:
             if tier is not None:
                 drop_unreadable(tier, block_id)

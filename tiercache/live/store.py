@@ -230,7 +230,8 @@ class TieredKVStore:
         Raises:
             UserError: ``out`` of the wrong dtype or shape.
             KeyError: a key is not stored, or its stored copy proved unreadable (corrupt
-                NVMe chunk: dropped and counted, never returned as data).
+                NVMe chunk: dropped and counted, never returned as data). A read that failed
+                with an I/O error raises ``ReadIOError`` (a KeyError and OSError): the block stays.
         """
         keys = self._map.check_keys(keys, "TieredKVStore.get")
         with self._lock:
