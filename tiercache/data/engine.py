@@ -126,7 +126,22 @@ class LocalEngine:
         self._done[job_id] = self._settle(job_id)
 
     def _settle(self, job_id: int) -> JobResult:
-        job = self._jobs.pop(job_id)
+        """Waits for a job and forgets it. An interrupt (Ctrl-C) while waiting leaves the job
+        here: its copy still runs on its thread or stream, into slots the manager keeps
+        reserved, and a later wait settles it (forgetting it would let the manager free a slot
+        the copy is still writing)."""
+        job = self._jobs[job_id]
+        try:
+            result = self._outcome(job_id, job)
+        except KeyboardInterrupt:
+            raise  # the job stays: its copy still runs
+        except BaseException:
+            del self._jobs[job_id]  # the job itself failed: as before, it is gone
+            raise
+        del self._jobs[job_id]
+        return result
+
+    def _outcome(self, job_id: int, job: Job) -> JobResult:
         if job.result is not None:
             return job.result
         if job.event is not None:
