@@ -197,11 +197,17 @@ def test_a_prefetch_pushes_nothing_out_while_moves_are_in_flight():
     m.check_invariants()
 
 
-def test_a_write_through_prefetch_starts_while_another_is_in_flight():
+def write_through_filled() -> TierManager:
+    """Write-through HBM 2 / DRAM 2 / NVMe 4 after blocks 0..3: NVMe holds a copy of each."""
     m = TierManager([("hbm", 2), ("dram", 2), ("nvme", 4)], [make_eviction("lru", c) for c in (2, 2, 4)],
                     [make_admission("always") for _ in range(3)], write_through=True)
     for block_id in range(4):
         m.access([block_id])
+    return m
+
+
+def test_a_write_through_prefetch_starts_while_another_is_in_flight():
+    m = write_through_filled()
     first, second = m.prefetch([0]), m.prefetch([1])  # HBM copies may go: NVMe keeps every block
     assert first and second
     m.wait_all()
@@ -210,10 +216,7 @@ def test_a_write_through_prefetch_starts_while_another_is_in_flight():
 
 
 def test_a_copy_in_flight_out_of_a_tier_is_not_waited_for_room_there():
-    m = TierManager([("hbm", 2), ("dram", 2), ("nvme", 4)], [make_eviction("lru", c) for c in (2, 2, 4)],
-                    [make_admission("always") for _ in range(3)], write_through=True)
-    for block_id in range(4):
-        m.access([block_id])
+    m = write_through_filled()
     m.prefetch([0])  # a copy out of NVMe: it frees no NVMe slot
     copy = next(iter(m._running))
     waited = []

@@ -81,20 +81,19 @@ class RoomMixin:
             return _MADE
         if need > directory.capacity:
             return _NO_VICTIMS
-        # The common case has nothing protected: a plain empty set keeps the policy's
-        # membership test in C instead of a Python __contains__ per candidate.
         last = self.write_through or tier + 1 == len(self.dirs)
-        if self._running and self._moves(tier, into=False):
-            # A move out of the tier is about to free a slot: use it rather than displace a
+        if self._running and self._wait_moves(tier, into=False):
+            # A move out of the tier was about to free a slot: use it rather than displace a
             # block for it (in the last tier, never drop one for it).
-            if self._wait_moves(tier, into=False):
-                return self._make_room(tier, n, protected)  # count the freed slots again
+            return self._make_room(tier, n, protected)  # count the freed slots again
         if self._running and not self._may_block and tier + 1 == len(self.dirs):
             # A prefetch (which may not wait) pushes nothing out of the hierarchy while moves
             # are in flight: one of them may be about to free the slot it needs. It goes without.
             return _NO_VICTIMS
         # A held block, or one a keep_all access reads, may move down, never out.
         held = self._held_guard(tier) if last and (self.held or self._kept) else _NOTHING
+        # The common case has nothing protected: a plain empty set keeps the policy's
+        # membership test in C instead of a Python __contains__ per candidate.
         guard = Guard(directory.pins, self.refs, protected, held) if (directory.pins or self.refs or protected or held) else _NOTHING
         victims = self.policies[tier].victims(need, guard)
         if victims is None:
@@ -191,13 +190,8 @@ class RoomMixin:
         disk): the victims then stay where they are, so no block is ever dropped to make
         room for a write that did not land, and the caller's placement is refused instead."""
         below = tier + 1
-        admitted = self.admissions[below].admit(victims)
-        held, kept = self.held, self._kept  # never refused: they may not leave
-        moving = [v for v, ok in zip(victims, admitted) if ok or v in held or v in kept]
-        refused = [v for v, ok in zip(victims, admitted) if not ok and v not in held and v not in kept]
-        if refused:
-            self.events.emit(Ev.REFUSED, below, len(refused))
-            self._drop(tier, refused)
+        held = self.held
+        moving = self._admitted(tier, below, victims)
         if below == self.shared:
             moving = self._leave_for_shared(tier, moving)
         if not moving:
@@ -224,14 +218,22 @@ class RoomMixin:
                 self._drop(tier, [v for v in piece if v in self.dirs[tier].slot_of])  # best effort: an eviction
         return _MADE
 
+    def _admitted(self, tier: int, dst: int, victims: list[int]) -> list[int]:
+        """Victims of ``tier`` that ``dst``'s admission lets in, in order; the refused leave
+        the hierarchy, counted. Held blocks and those a ``keep_all`` access reads are never
+        refused: they may not leave."""
+        admitted = self.admissions[dst].admit(victims)
+        held, kept = self.held, self._kept
+        refused = [v for v, ok in zip(victims, admitted) if not ok and v not in held and v not in kept]
+        if not refused:
+            return list(victims)
+        self.events.emit(Ev.REFUSED, dst, len(refused))
+        self._drop(tier, refused)
+        gone = set(refused)
+        return [v for v in victims if v not in gone]
+
     def _admitted_further(self, tier: int, dst: int, piece: list[int]) -> list[int]:
-        """Victims of ``tier`` bound for ``dst`` past a full tier: those ``dst`` admits (the
-        refused leave, counted) and, for a shared ``dst``, those it does not hold yet."""
-        admitted = self.admissions[dst].admit(piece)
-        refused = [v for v, ok in zip(piece, admitted) if not ok and v not in self.held and v not in self._kept]
-        if refused:
-            self.events.emit(Ev.REFUSED, dst, len(refused))
-            self._drop(tier, refused)
-            gone = set(refused)
-            piece = [v for v in piece if v not in gone]
+        """Victims of ``tier`` bound for ``dst`` past a full tier: those ``dst`` admits
+        (``_admitted``) and, for a shared ``dst``, those it does not hold yet."""
+        piece = self._admitted(tier, dst, piece)
         return self._leave_for_shared(tier, piece) if dst == self.shared else piece
