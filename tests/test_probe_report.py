@@ -114,11 +114,11 @@ def test_truncated_results_file_names_line_and_column(tmp_path, capsys, base):
     assert code == 2 and "not a JSON results file (Unterminated string starting at: line " in err and "at at" not in err
 
 
-@pytest.mark.parametrize("across", [False, True], ids=["one-trace", "across"])
-def test_the_same_results_file_twice_is_refused(tmp_path, capsys, base, monkeypatch, across):
+def test_the_same_results_file_twice_is_refused(tmp_path, capsys, base, monkeypatch):
+    """(``report --across`` reads it once, with a note: tests/test_report_across_duplicates.py.)"""
     (tmp_path / "a.json").write_text(json.dumps(base))
     monkeypatch.chdir(tmp_path)
-    code, err = _report(capsys, *(["--across"] if across else []), "a.json", "./a.json", "-o", "out")
+    code, err = _report(capsys, "a.json", "./a.json", "-o", "out")
     assert code == 2 and "./a.json: results file given twice (as 'a.json' and './a.json')" in err
     assert not (tmp_path / "out").exists()
 

@@ -11,15 +11,16 @@ import argparse
 import json
 import os
 import shlex
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 
 from ..errors import UserError
-from ..report.across import gap_markdown, gap_rows, split_rows
+from ..report.across import across_documents, gap_markdown, gap_rows, split_rows
 from ..report.content import build_document
 from ..report.lru_curve import same_trace
-from ..report.model import ReportData, from_documents, load_results, read_documents
+from ..report.model import ReportData, from_documents, load_results
 from ..report.tables import results_csv
 from ..report.writer import MARKER, check_output_dir, write_report
 from ..results import ResultsDocument
@@ -109,8 +110,12 @@ def _run_split(args: argparse.Namespace, command: str, started: float) -> int:
 
 
 def _run_across(args: argparse.Namespace) -> int:
-    """``report --across``: one gap table over results files of any traces."""
-    rows = [row for document in read_documents(args.results) for row in gap_rows(document)]
+    """``report --across``: one gap table over results files of any traces, each trace's runs
+    once (notes on stderr name the files and runs counted once)."""
+    documents, notes = across_documents(args.results)
+    for note in notes:
+        print(f"tiercache report: note: {note}", file=sys.stderr)
+    rows = [row for document in documents for row in gap_rows(document)]
     table = gap_markdown(rows)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     Path(args.out, "gaps.md").write_text("# Gap closed per trace and capacity\n\n" + table, encoding="utf-8")

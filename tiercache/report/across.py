@@ -5,18 +5,28 @@ those tiers, the best online policy there (named) and the share of the LRU-to-Be
 closes. Two hierarchies of one total capacity are two rows, each against its own LRU and Belady. A split table
 adds what a comparison that cannot be fooled by hindsight reports: the winner picked on the
 first half of a trace and the gap it closes on the second half.
+
+A trace is its fingerprint (the digest of its bytes), not its file name: ``across_documents``
+merges every results file of one trace into one document, so a run given twice (a copied
+results file, a replay saved twice) is one run, and each trace and cache is one row.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import defaultdict
+from dataclasses import dataclass, replace
 
 from ..results import ResultsDocument
+from ..results.records import FINGERPRINT_PREFIX, legacy_fingerprint
 from . import fmt
+from .model import Repeat, distinct_paths, merge_runs, read_documents
 from .summary import CapacityBest, best_per_capacity, gap_closed, tier_layout
 from .tables import tiers_text
 
-__all__ = ["GapRow", "gap_rows", "split_rows", "gap_markdown"]
+__all__ = ["GapRow", "across_documents", "gap_rows", "split_rows", "gap_markdown"]
+
+#: Hex digits of a fingerprint shown where it tells traces of one name apart.
+_SHORT_DIGITS = 12
 
 
 @dataclass(frozen=True)
@@ -51,6 +61,81 @@ def _row(trace: str, entry: CapacityBest, **tuned) -> GapRow:
     return GapRow(trace, entry.semantics.value, entry.mode.value, entry.capacity_blocks, tiers_text(entry.best),
                   entry.lru.miss_ratio if entry.lru else None, entry.belady.miss_ratio if entry.belady else None,
                   entry.best.label, entry.best.miss_ratio, entry.gap_closed, **tuned)
+
+
+def across_documents(paths: list[str]) -> tuple[list[ResultsDocument], list[str]]:
+    """Reads results files of any traces as one document per trace, and notes (one line each)
+    on what was counted once and how traces are named.
+
+    Invariants: one document per trace fingerprint, in the order first given, holding the
+    runs of every file of that trace, each run (``RunRecord.key``) once (``merge_runs``); a
+    file given twice (by any spelling of its path) is read once; traces are named as their
+    first file names them, and traces of one name with different fingerprints are told apart
+    by a short fingerprint after the name. Every file left out or run counted once has a note.
+
+    Raises:
+        UserError: a file cannot be read (as ``read_documents``), or two files hold one run of
+            one trace with different counts (names both: one trace cannot have two rows).
+    """
+    kept, repeated = distinct_paths(paths)
+    notes = [f"{path} is {first} given again: read once" for path, first in repeated]
+    documents = read_documents(kept)
+    groups: dict[str, list[tuple[ResultsDocument, str]]] = defaultdict(list)
+    for document, source in zip(documents, kept):
+        groups[document.trace.fingerprint].append((document, source))
+    merged = [_merge_trace(group, notes) for group in groups.values()]
+    return _named_apart(merged, notes), notes
+
+
+def _merge_trace(group: list[tuple[ResultsDocument, str]], notes: list[str]) -> tuple[ResultsDocument, str]:
+    """The files of one trace (fingerprint) as one document (the first file's, with the
+    merged runs) and the first file's path; appends a note for each name and run counted once."""
+    first, first_source = group[0]
+    name = first.trace.name
+    for document, source in group[1:]:
+        if document.trace.name != name:
+            notes.append(f"{source} names its trace {document.trace.name!r}, the same trace (fingerprint "
+                         f"{first.trace.fingerprint}) as {first_source}'s {name!r}: its rows are labelled {name!r}")
+    runs, repeats = merge_runs([document.runs for document, _ in group], [source for _, source in group])
+    notes.extend(_repeat_note(repeat, name) for repeat in repeats)
+    return replace(first, runs=tuple(runs)), first_source
+
+
+def _repeat_note(repeat: Repeat, trace: str) -> str:
+    """One line on the runs of a file counted once, naming the files that held them first."""
+    earlier = ", ".join("runs before them in the same file" if s == repeat.source else s for s in repeat.earlier)
+    if repeat.runs == repeat.total and not repeat.differ:
+        return f"{repeat.source} duplicates {earlier} (trace {trace!r}: the same {repeat.total} runs): counted once"
+    note = (f"{repeat.source}: {repeat.runs} of its {repeat.total} runs repeat {earlier} (trace {trace!r}, same counts): "
+            "counted once")
+    if repeat.differ:
+        note += (f"; {repeat.differ} of them record other bytes, modeled seconds or tier counters "
+                 "(as under another layout or hardware), which gaps.md does not show")
+    return note
+
+
+def _named_apart(merged: list[tuple[ResultsDocument, str]], notes: list[str]) -> list[ResultsDocument]:
+    """The documents, those of traces that share a name with another trace renamed ``name
+    (fingerprint)``; appends a note for each such name."""
+    by_name: dict[str, list[tuple[ResultsDocument, str]]] = defaultdict(list)
+    for document, source in merged:
+        by_name[document.trace.name].append((document, source))
+    for name, group in by_name.items():
+        if len(group) > 1:
+            sources = ", ".join(source for _, source in group)
+            notes.append(f"{sources} hold different traces (fingerprints) named {name!r}: rows name each by its fingerprint")
+            if len({legacy_fingerprint(document.trace.fingerprint) for document, _ in group}) > 1:
+                notes.append(f"{sources}: some were written before trace fingerprints became xxh3-128, so one trace may be "
+                             "listed twice; re-run the older ones to tell")
+    return [replace(d, trace=replace(d.trace, name=f"{d.trace.name} ({_short(d.trace.fingerprint)})"))
+            if len(by_name[d.trace.name]) > 1 else d for d, _ in merged]
+
+
+def _short(fingerprint: str) -> str:
+    """The fingerprint's algorithm and first digits (``xxh3-128:8bb14f47022a``; older files: ``blake2b:...``)."""
+    if legacy_fingerprint(fingerprint):
+        return "blake2b:" + fingerprint[:_SHORT_DIGITS]
+    return fingerprint[:len(FINGERPRINT_PREFIX) + _SHORT_DIGITS]
 
 
 def gap_rows(document: ResultsDocument) -> list[GapRow]:

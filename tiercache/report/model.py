@@ -9,7 +9,7 @@ with like.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..errors import UserError
@@ -20,7 +20,8 @@ from ..results.records import legacy_fingerprint
 # The report shows the results records as they are: a run is a ``RunRecord``.
 Run = RunRecord
 
-__all__ = ["TraceInfo", "Run", "ReportData", "load_results", "read_documents", "from_documents", "run_label"]
+__all__ = ["TraceInfo", "Run", "ReportData", "Repeat", "load_results", "read_documents", "distinct_paths", "from_documents",
+           "merge_runs", "run_label"]
 
 
 @dataclass(frozen=True)
@@ -67,13 +68,25 @@ def read_documents(paths: list[str]) -> list[ResultsDocument]:
     return documents
 
 
-def _check_distinct(paths: list[str]) -> None:
+def distinct_paths(paths: list[str]) -> tuple[list[str], list[tuple[str, str]]]:
+    """``paths`` without those naming (once resolved) a file given earlier, and ``(path,
+    first)`` for each left out (``first``: how it was given earlier), both in the order given."""
     seen: dict[Path, str] = {}
-    for path in paths:
+    repeated = []
+    for path in map(str, paths):
         resolved = Path(path).resolve()
         if resolved in seen:
-            raise UserError(f"{path}: results file given twice (as {seen[resolved]!r} and {str(path)!r}); give each file once")
-        seen[resolved] = str(path)
+            repeated.append((path, seen[resolved]))
+        else:
+            seen[resolved] = path
+    return list(seen.values()), repeated
+
+
+def _check_distinct(paths: list[str]) -> None:
+    _, repeated = distinct_paths(paths)
+    if repeated:
+        path, first = repeated[0]
+        raise UserError(f"{path}: results file given twice (as {first!r} and {path!r}); give each file once")
 
 
 def _check_placements(document: ResultsDocument, source: str) -> None:
@@ -94,7 +107,7 @@ def from_documents(documents: list[ResultsDocument], sources: list[str]) -> Repo
     first = documents[0]
     for doc, src in zip(documents[1:], sources[1:]):
         _check_same_setup(first, sources[0], doc, src)
-    runs = _merge_runs([doc.runs for doc in documents], sources)
+    runs, _ = merge_runs([doc.runs for doc in documents], sources)
     commands = tuple(dict.fromkeys(d.command for d in documents if d.command))
     return ReportData(
         trace=first.trace,
@@ -130,20 +143,63 @@ def _preset_name(value: LayoutInfo | str | None) -> str:
     return "none" if value is None else value
 
 
-def _merge_runs(per_file: list[tuple[Run, ...]], sources: list[str]) -> list[Run]:
-    """Keeps one copy of runs repeated across files; the same run with other counts is an error."""
+@dataclass(frozen=True)
+class Repeat:
+    """Runs of one file that a file before it (or itself, earlier) already held, counted once.
+
+    Invariants: ``0 < runs <= total`` (``total``: the runs the file holds); every repeat has
+    the key and the counts (hits, misses) of the run it repeats; ``differ <= runs`` of them
+    differ from it in another recorded figure than ``wall_seconds`` (bytes or modeled time
+    under another layout or hardware, a tier's counters). ``earlier`` names the files that held
+    them first, in the order given.
+    """
+
+    source: str
+    earlier: tuple[str, ...]
+    runs: int
+    total: int
+    differ: int
+
+
+def merge_runs(per_file: list[tuple[Run, ...]], sources: list[str]) -> tuple[list[Run], list[Repeat]]:
+    """Keeps one copy (the first given) of runs repeated across files, and says which file
+    repeated which.
+
+    Invariant: the merged runs have distinct keys, in the order first given.
+
+    Raises:
+        UserError: two files hold one run (key) with different counts (names both files).
+    """
     merged: dict[tuple, tuple[Run, str]] = {}
+    repeats = []
     for runs, source in zip(per_file, sources):
+        earlier: dict[str, None] = {}  # an ordered set
+        repeated = differ = 0
         for run in runs:
             seen = merged.get(run.key)
             if seen is None:
                 merged[run.key] = (run, source)
-            elif (seen[0].hits, seen[0].misses) != (run.hits, run.misses):
-                raise UserError(
-                    f"{source} and {seen[1]} both hold {run.label} at {run.capacity_blocks} blocks "
-                    f"({run.semantics.value}, {run.mode.value}) with different counts; replays are deterministic, so one is stale"
-                )
-    return [run for run, _ in merged.values()]
+                continue
+            _check_same_counts(seen, run, source)
+            earlier[seen[1]] = None
+            repeated += 1
+            differ += not _same_record(seen[0], run)
+        if repeated:
+            repeats.append(Repeat(source, tuple(earlier), repeated, len(runs), differ))
+    return [run for run, _ in merged.values()], repeats
+
+
+def _check_same_counts(seen: tuple[Run, str], run: Run, source: str) -> None:
+    if (seen[0].hits, seen[0].misses) != (run.hits, run.misses):
+        raise UserError(
+            f"{source} and {seen[1]} both hold {run.label} at {run.capacity_blocks} blocks "
+            f"({run.semantics.value}, {run.mode.value}) with different counts; replays are deterministic, so one is stale"
+        )
+
+
+def _same_record(first: Run, run: Run) -> bool:
+    """Whether two runs recorded the same figures (the wall time of a replay varies from one to the next)."""
+    return replace(first, wall_seconds=0.0) == replace(run, wall_seconds=0.0)
 
 
 def _sort_key(run: Run) -> tuple:
