@@ -34,7 +34,6 @@ IMPORT_TO_DIST = {
     "matplotlib": "matplotlib",
     "numba": "numba",
     "orjson": "orjson",
-    "transformers": "transformers",
     "torch": "torch",
     "cupy": "cupy-cuda12x",
     "libcachesim": "libcachesim",

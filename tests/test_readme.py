@@ -21,5 +21,7 @@ def test_the_readme_has_python_examples():
 def test_readme_example_runs(index, tmp_path):
     if "RemoteConfig" in EXAMPLES[index]:  # the remote tier's example needs the `remote` extra (CI has it)
         pytest.importorskip("mooncake.store", reason="the README's remote-tier example needs pip install -e '.[remote]'")
+    if "from transformers" in EXAMPLES[index]:  # the drop-in cache's example needs the `hf` extra (CI has it)
+        pytest.importorskip("transformers", reason="the README's transformers example needs pip install -e '.[hf]'")
     done = subprocess.run([sys.executable, "-c", EXAMPLES[index]], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert done.returncode == 0, f"README example {index} failed:\n{EXAMPLES[index]}\n{done.stderr[-2000:]}"

@@ -39,7 +39,7 @@ from typing import Protocol, Sequence
 
 import torch
 
-__all__ = ["Partial", "partial_attention", "merge", "stream_attention", "ChunkSource", "dense_reference",
+__all__ = ["Partial", "partial_attention", "merge", "stream_attention", "stream_partial", "ChunkSource", "dense_reference",
            "compute_dtype", "block_summaries", "block_bounds", "block_scores", "select_blocks"]
 
 
@@ -83,7 +83,8 @@ def _grouped(q: torch.Tensor, kv_heads: int) -> torch.Tensor:
     return q.reshape(kv_heads, q_heads // kv_heads, head_dim)
 
 
-def partial_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None) -> Partial:
+def partial_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None,
+                      allowed: torch.Tensor | None = None) -> Partial:
     """Attention of the grouped query over one chunk of keys and values.
 
     Args:
@@ -91,10 +92,14 @@ def partial_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: 
         k, v: ``[kv_heads, n, D]`` (any float dtype; upcast to ``q``'s dtype); the shapes
             are the caller's to check (``stream_attention`` checks them).
         scale: score scale, ``1/sqrt(D)`` by default.
+        allowed: optional ``[group, n]`` bool mask (True: the row may see the key), the same
+            for every KV head; every row must allow at least one key (a causal mask over a
+            prefill chunk's own keys does).
 
     Returns:
-        The partial; a row whose scores overflow the compute dtype (or hold NaN) gets a NaN
-        ``peak`` (no host synchronisation here: the caller tests the merged ``lse`` once).
+        The partial; a row whose allowed scores overflow the compute dtype (or hold NaN)
+        gets a NaN ``peak`` (no host synchronisation here: the caller tests the merged
+        ``lse`` once).
     """
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     if k.shape[1] == 0:
@@ -102,8 +107,13 @@ def partial_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: 
     k = k.to(q.dtype)
     v = v.to(q.dtype)
     scores = torch.matmul(q, k.transpose(1, 2)).mul_(scale)  # [kv_heads, group, n]
+    if allowed is None:
+        finite = torch.isfinite(scores.amin(dim=-1, keepdim=True))  # every score of the row
+    else:
+        finite = ~(~torch.isfinite(scores) & allowed).any(dim=-1, keepdim=True)
+        scores.masked_fill_(~allowed, -math.inf)
     peak = scores.amax(dim=-1, keepdim=True)
-    finite = torch.isfinite(scores.amin(dim=-1, keepdim=True)) & torch.isfinite(peak)  # every score of the row
+    finite &= torch.isfinite(peak)
     weights = scores.sub_(peak).exp_()
     total = weights.sum(dim=-1, keepdim=True)
     out = torch.matmul(weights, v).div_(total)
@@ -159,6 +169,19 @@ def stream_attention(q: torch.Tensor, kv_heads: int, source: ChunkSource, n_chun
             ``q_heads`` a multiple of ``kv_heads``; a chunk whose K and V are not both
             ``[kv_heads, tokens, D]``; no keys in any chunk.
     """
+    return stream_partial(q, kv_heads, source, n_chunks, depth, extra, dtype).out.reshape(q.shape).to(dtype)
+
+
+def stream_partial(q: torch.Tensor, kv_heads: int, source: ChunkSource, n_chunks: int, depth: int = 2,
+                   extra: Sequence[tuple[torch.Tensor, torch.Tensor]] = (), dtype: torch.dtype = torch.float32) -> Partial:
+    """``stream_attention``'s schedule, returning the merged ``Partial`` (``out`` is
+    ``[kv_heads, group, D]``) so that a caller can merge it with attention over keys held
+    elsewhere (a prefill chunk's own causal keys). Its ``out``, ``peak`` and ``total`` are in
+    ``dtype``, or in float64 when a score overflowed ``dtype`` (the rerun); ``lse`` is finite.
+
+    Raises:
+        ValueError: as ``stream_attention``.
+    """
     if depth < 1:
         raise ValueError("stream_attention: depth must be at least 1")
     _check_query(q, kv_heads)
@@ -166,7 +189,7 @@ def stream_attention(q: torch.Tensor, kv_heads: int, source: ChunkSource, n_chun
     result, wide = _streamed(q, kv_heads, source, n_chunks, depth, extras, dtype)
     if wide and dtype != torch.float64 and not bool(torch.isfinite(result.lse).all()):  # one host sync
         result, _ = _streamed(q, kv_heads, source, n_chunks, depth, extras, torch.float64)
-    return result.out.reshape(q.shape).to(dtype)
+    return result
 
 
 def _wide(*tensors: torch.Tensor) -> bool:

@@ -1,5 +1,5 @@
-"""Checks of the decode API's arguments that several classes share: token ids and a sparse
-budget. Each turns what a caller may pass into one plain form, or raises naming what was wrong."""
+"""Checks of the decode API's arguments: token ids, a sparse budget, appended KV and queries.
+Each turns what a caller may pass into one plain form, or raises naming what was wrong."""
 
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ import numbers
 import numpy as np
 import torch
 
+from tiercache.data.buffers import check_quantisable
 from tiercache.errors import UserError
 from tiercache.keys import _token_array
 
-__all__ = ["flat_token_ids", "sparse_budget_blocks"]
+__all__ = ["flat_token_ids", "sparse_budget_blocks", "check_kv", "check_query"]
 
 
 def flat_token_ids(tokens, what: str) -> np.ndarray:
@@ -44,3 +45,41 @@ def sparse_budget_blocks(budget, n_blocks: int) -> int:
     if budget < 1:
         raise UserError(f"Sequence.attend: a budget count must be at least one block, got {budget}")
     return int(budget)
+
+
+def check_kv(cache, x: torch.Tensor, name: str) -> None:
+    """Raises UserError unless ``x`` is KV that ``Sequence.append`` of ``cache`` (a
+    ``TieredKVCache``) can store: ``[kv_heads, t >= 1, head_dim]`` in the layout's dtype, on
+    the HBM tier's device, and within a quantised tier's range."""
+    layout = cache.layout
+    if not isinstance(x, torch.Tensor):
+        raise UserError(f"Sequence.append: {name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() != 3 or x.shape[0] != layout.kv_heads or x.shape[2] != layout.head_dim or x.shape[1] < 1:
+        raise UserError(f"Sequence.append: {name} must be [kv_heads={layout.kv_heads}, t>=1, head_dim={layout.head_dim}], "
+                        f"got {tuple(x.shape)}")
+    if x.dtype != cache.dtype:
+        raise UserError(f"Sequence.append: {name} must be {cache.dtype} (the layout's dtype), got {x.dtype}")
+    if x.device != cache.device:
+        raise UserError(f"Sequence.append: {name} must be on {cache.device} (the HBM tier's device), got {x.device}")
+    if cache.store.value_limit is not None:
+        check_quantisable(x.unsqueeze(0), f"Sequence.append: {name}", cache.store.value_limit)
+
+
+def check_query(cache, q: torch.Tensor, what: str, one_token: bool) -> None:
+    """Raises UserError unless ``q`` is ``[q_heads, t, head_dim]`` (``t == 1`` when
+    ``one_token``, else ``t >= 1``) with ``q_heads`` a positive multiple of the layout's
+    ``kv_heads``, in the layout's dtype, on the HBM tier's device."""
+    layout = cache.layout
+    if not isinstance(q, torch.Tensor):
+        raise UserError(f"{what}: q must be a torch.Tensor, got {type(q).__name__}")
+    tokens = "1" if one_token else "t>=1"
+    if (q.dim() != 3 or q.shape[2] != layout.head_dim or q.shape[0] < 1 or q.shape[0] % layout.kv_heads
+            or q.shape[1] < 1 or (one_token and q.shape[1] != 1)):
+        raise UserError(f"{what}: q must be [q_heads (a multiple of kv_heads={layout.kv_heads}), {tokens}, "
+                        f"head_dim={layout.head_dim}], got {tuple(q.shape)}")
+    if not q.dtype.is_floating_point:
+        raise UserError(f"{what}: q must be a float tensor, got {q.dtype}")
+    if q.dtype != cache.dtype:
+        raise UserError(f"{what}: q must be {cache.dtype} (the layout's dtype), got {q.dtype}")
+    if q.device != cache.device:
+        raise UserError(f"{what}: q must be on {cache.device} (the HBM tier's device), got {q.device}")

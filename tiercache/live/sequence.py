@@ -16,14 +16,13 @@ from typing import TYPE_CHECKING, Sequence as Seq
 import numpy as np
 import torch
 
-from tiercache.attention import block_scores, block_summaries, compute_dtype, select_blocks, stream_attention
+from tiercache.attention import Partial, block_scores, block_summaries, compute_dtype, select_blocks, stream_partial
 from tiercache.config import AttentionMode
 from tiercache.core.decode import ReadTicket
-from tiercache.data.buffers import check_quantisable
 from tiercache.errors import UserError
 from tiercache.keys import block_key, layer_key
 
-from .arguments import flat_token_ids, sparse_budget_blocks
+from .arguments import check_kv, check_query, flat_token_ids, sparse_budget_blocks
 from .chunks import TierChunks
 
 if TYPE_CHECKING:
@@ -159,8 +158,8 @@ class Sequence:
             cache._check_open()
             self._check_live("append")
             self._check_layer(layer, "Sequence.append")
-            self._check_kv(k, "k")
-            self._check_kv(v, "v")
+            check_kv(self.cache, k, "k")
+            check_kv(self.cache, v, "v")
             if k.shape != v.shape:
                 raise UserError(f"Sequence.append: k {tuple(k.shape)} and v {tuple(v.shape)} differ in shape")
             state = self._layers[layer]
@@ -198,29 +197,58 @@ class Sequence:
             RuntimeError: a block of the sequence proved unreadable (a corrupt NVMe chunk:
                 it is dropped and counted; attention over the rest would be wrong).
         """
+        with self.cache.store._lock:
+            check_query(self.cache, q, "Sequence.attend", one_token=True)
+            part = self._attend(layer, q, mode, budget, "Sequence.attend")
+            return part.out.reshape(q.shape).to(compute_dtype(self.cache.dtype))
+
+    @torch.no_grad()
+    def attend_partial(self, layer: int, q: torch.Tensor, mode: AttentionMode = AttentionMode.EXACT,
+                       budget: float | int | None = None) -> Partial:
+        """Attention of ``t`` query tokens (``q``: ``[q_heads, t, head_dim]``) over every
+        token the layer holds, as a ``Partial`` to merge with attention over keys held
+        elsewhere (a prefill chunk's own causal keys, which no held token may see yet).
+
+        Every query sees every held token (they all come before the queries). One read of
+        the layer serves all ``t`` queries, as in ``attend`` (one step of the step trace).
+
+        Returns:
+            A ``Partial`` in the grouped layout: ``out`` ``[kv_heads, group * t, head_dim]``
+            (row ``g * t + i``: query head ``kv * group + g``, token ``i``), ``peak`` and
+            ``total`` ``[kv_heads, group * t]``; float32 (float64 for float64 KV, or after an
+            overflow).
+
+        Raises:
+            UserError, RuntimeError: as ``attend``.
+        """
+        with self.cache.store._lock:
+            check_query(self.cache, q, "Sequence.attend_partial", one_token=False)
+            return self._attend(layer, q.reshape(-1, 1, q.shape[-1]), mode, budget, "Sequence.attend_partial")
+
+    def _attend(self, layer: int, q: torch.Tensor, mode: AttentionMode, budget, what: str) -> Partial:
+        """``attend``'s work for a checked query ``[rows, 1, head_dim]`` (rows a multiple of
+        kv_heads), under the store's lock: the merged partial over the layer's blocks and tail."""
         cache = self.cache
-        with cache.store._lock:
-            cache._check_open()
-            self._check_live("attend")
-            self._check_layer(layer, "Sequence.attend")
-            self._check_query(q)
-            if not isinstance(mode, AttentionMode):
-                raise UserError(f"Sequence.attend: mode must be an AttentionMode (EXACT or SPARSE), got {mode!r}")
-            state = self._layers[layer]
-            if state.n == 0 and state.tail_len == 0:
-                raise UserError(f"Sequence.attend: layer {layer} has no KV yet (append first)")
-            step = state.attends
-            state.attends += 1
-            if mode is AttentionMode.EXACT:
-                if budget is not None:
-                    raise UserError("Sequence.attend: budget applies to AttentionMode.SPARSE only")
-                positions = np.arange(state.n)
-                candidates: list[int] = []
-            else:
-                count = sparse_budget_blocks(budget, state.n)
-                positions, candidates = self._select(state, q, count)
-            self.last_positions = positions
-            return self._attend_blocks(layer, step, state, q, mode, positions, candidates)
+        cache._check_open()
+        self._check_live("attend")
+        self._check_layer(layer, what)
+        if not isinstance(mode, AttentionMode):
+            raise UserError(f"{what}: mode must be an AttentionMode (EXACT or SPARSE), got {mode!r}")
+        state = self._layers[layer]
+        if state.n == 0 and state.tail_len == 0:
+            raise UserError(f"{what}: layer {layer} has no KV yet (append first)")
+        step = state.attends
+        state.attends += 1
+        if mode is AttentionMode.EXACT:
+            if budget is not None:
+                raise UserError(f"{what}: budget applies to AttentionMode.SPARSE only")
+            positions = np.arange(state.n)
+            candidates: list[int] = []
+        else:
+            count = sparse_budget_blocks(budget, state.n)
+            positions, candidates = self._select(state, q, count)
+        self.last_positions = positions
+        return self._attend_blocks(layer, step, state, q, mode, positions, candidates)
 
     def free(self) -> None:
         """Releases the sequence's blocks: they stay cached (a later ``match_prefix`` finds
@@ -382,7 +410,7 @@ class Sequence:
         return [int(b) for b in first if int(b) not in top]
 
     def _attend_blocks(self, layer: int, step: int, state: _Layer, q: torch.Tensor, mode: AttentionMode,
-                       positions: np.ndarray, candidates: list[int]) -> torch.Tensor:
+                       positions: np.ndarray, candidates: list[int]) -> Partial:
         """Reads the blocks at ``positions`` through the driver and attends over them and the tail."""
         cache = self.cache
         exact = mode is AttentionMode.EXACT
@@ -419,12 +447,12 @@ class Sequence:
         tiers = np.fromiter((locate(int(b)) for b in state.ids[positions]), dtype=np.int64, count=len(positions))
         return positions[np.argsort(tiers, kind="stable")]
 
-    def _stream(self, q: torch.Tensor, ids: list[int], keys: list[bytes], extra) -> torch.Tensor:
+    def _stream(self, q: torch.Tensor, ids: list[int], keys: list[bytes], extra) -> Partial:
         """Exact attention over the blocks ``ids`` wherever they lie, plus ``extra`` chunks."""
         cache = self.cache
         source = TierChunks(cache, ids, keys)
         dtype = compute_dtype(cache.dtype)
-        return stream_attention(q, cache.layout.kv_heads, source, source.n_chunks, cache.depth, extra, dtype)
+        return stream_partial(q, cache.layout.kv_heads, source, source.n_chunks, cache.depth, extra, dtype)
 
     def _report(self, layer: int, step: int, mode: AttentionMode, ticket: ReadTicket | None, selected: int, tail: int) -> None:
         found = ticket.found if ticket is not None else [0] * self.cache.manager.n_tiers
@@ -445,31 +473,3 @@ class Sequence:
         layers = self.cache.layout.layers
         if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < layers:
             raise UserError(f"{what}: layer must be an integer in [0, {layers}), got {layer!r}")
-
-    def _check_kv(self, x: torch.Tensor, name: str) -> None:
-        layout, cache = self.cache.layout, self.cache
-        if not isinstance(x, torch.Tensor):
-            raise UserError(f"Sequence.append: {name} must be a torch.Tensor, got {type(x).__name__}")
-        if x.dim() != 3 or x.shape[0] != layout.kv_heads or x.shape[2] != layout.head_dim or x.shape[1] < 1:
-            raise UserError(f"Sequence.append: {name} must be [kv_heads={layout.kv_heads}, t>=1, head_dim={layout.head_dim}], "
-                            f"got {tuple(x.shape)}")
-        if x.dtype != cache.dtype:
-            raise UserError(f"Sequence.append: {name} must be {cache.dtype} (the layout's dtype), got {x.dtype}")
-        if x.device != cache.device:
-            raise UserError(f"Sequence.append: {name} must be on {cache.device} (the HBM tier's device), got {x.device}")
-        if cache.store.value_limit is not None:
-            check_quantisable(x.unsqueeze(0), f"Sequence.append: {name}", cache.store.value_limit)
-
-    def _check_query(self, q: torch.Tensor) -> None:
-        layout, cache = self.cache.layout, self.cache
-        if not isinstance(q, torch.Tensor):
-            raise UserError(f"Sequence.attend: q must be a torch.Tensor, got {type(q).__name__}")
-        if q.dim() != 3 or q.shape[1] != 1 or q.shape[2] != layout.head_dim or q.shape[0] < 1 or q.shape[0] % layout.kv_heads:
-            raise UserError(f"Sequence.attend: q must be [q_heads (a multiple of kv_heads={layout.kv_heads}), 1, "
-                            f"head_dim={layout.head_dim}], got {tuple(q.shape)}")
-        if not q.dtype.is_floating_point:
-            raise UserError(f"Sequence.attend: q must be a float tensor, got {q.dtype}")
-        if q.dtype != cache.dtype:
-            raise UserError(f"Sequence.attend: q must be {cache.dtype} (the layout's dtype), got {q.dtype}")
-        if q.device != cache.device:
-            raise UserError(f"Sequence.attend: q must be on {cache.device} (the HBM tier's device), got {q.device}")

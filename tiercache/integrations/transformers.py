@@ -1,0 +1,358 @@
+"""A drop-in ``transformers`` cache over tiercache's tiers, and the attention that reads it.
+
+``TieredCache`` is a ``transformers`` ``Cache`` whose layers keep no tensors: every token's
+KV goes into a ``TieredKVCache`` sequence per batch row (HBM, then DRAM and NVMe as the
+policies decide), and the ``"tiercache"`` attention implementation reads it back from
+wherever it lies, chunk by chunk through a bounded window (``Sequence.attend_partial``).
+A model's KV is therefore bounded by the tiers, not by its device memory::
+
+    from tiercache.integrations.transformers import TieredCache, kv_layout, use_tiercache
+
+    use_tiercache(model)                             # attn_implementation="tiercache"
+    kv = TieredKVCache(kv_layout(model.config, torch.float32, block_tokens=16), tiers, device="cpu")
+    cache = TieredCache(kv, model.config, prompt=input_ids)   # reuses the stored prefix
+    out = model.generate(input_ids, past_key_values=cache, max_new_tokens=32)
+    cache.free()                                     # blocks stay stored for the next prompt
+
+How a forward pass goes through it: the model's attention calls ``cache.update`` with the
+new tokens' K and V; the layer stages them (nothing is stored yet) and returns them
+tagged; the ``"tiercache"`` attention then computes, for each batch row, attention over the
+tokens the sequence already holds (every query sees all of them) merged by log-sum-exp
+with causal attention over the new tokens, and only then appends the new tokens. Decode
+steps (one new token) use the cache's ``mode`` (``AttentionMode.SPARSE`` reads only the
+top blocks); a prefill chunk over a stored prefix is always exact.
+
+Invariants: every row's sequence holds the same number of tokens at every layer between
+forward passes; a staged update is consumed by the attention of the same layer before the
+next update of that layer (else the model's attention is not ``"tiercache"`` and the
+cache raises rather than return attention over the new tokens alone).
+
+Limits (each raises ``UserError`` naming it): one unpadded sequence per batch row (the
+attention mask must be causal; left padding is refused), no beam search, crop or batch
+reordering, no attention dropout, soft-capping or sliding window.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from transformers import AttentionInterface
+from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from tiercache.attention import Partial, compute_dtype, merge, partial_attention
+from tiercache.config import AttentionMode, KVLayout
+from tiercache.data.buffers import torch_dtype
+from tiercache.errors import UserError
+from tiercache.live.arguments import flat_token_ids
+from tiercache.live.cache import TieredKVCache
+from tiercache.live.sequence import Sequence
+
+__all__ = ["ATTENTION", "TieredCache", "kv_layout", "use_tiercache", "tiercache_attention"]
+
+#: The ``attn_implementation`` name this module registers.
+ATTENTION = "tiercache"
+_STAGE = "_tiercache_stage"  # attribute of the key tensor ``update`` returns: (cache, layer)
+_QUERY_CHUNK = 256  # prefill queries per causal-attention call (bounds the score matrix)
+
+
+def kv_layout(config: Any, dtype: torch.dtype, block_tokens: int = 256) -> KVLayout:
+    """The per-layer KV layout of a ``transformers`` decoder config (layers, KV heads,
+    head size) with KV stored as ``dtype``.
+
+    Raises:
+        UserError: the config lacks a field or ``dtype`` is not a dtype tiercache stores.
+    """
+    try:
+        layers, heads = config.num_hidden_layers, config.num_attention_heads
+        kv_heads = getattr(config, "num_key_value_heads", None) or heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    except AttributeError as exc:
+        raise UserError(f"kv_layout: the config has no {exc.name!r}: not a decoder config tiercache knows") from None
+    name = str(dtype).removeprefix("torch.")
+    try:
+        return KVLayout(layers, kv_heads, head_dim, name, block_tokens, per_layer=True, name=config.model_type)
+    except Exception as exc:  # ConfigError: name the argument that was wrong
+        raise UserError(f"kv_layout: {exc}") from None
+
+
+def use_tiercache(model: Any) -> Any:
+    """Switches ``model`` (a ``transformers`` model) to the ``"tiercache"`` attention
+    implementation, which a ``TieredCache`` needs; returns the model."""
+    register()
+    model.set_attn_implementation(ATTENTION)
+    if model.config._attn_implementation != ATTENTION:
+        raise UserError(f"use_tiercache: {type(model).__name__} cannot switch its attention implementation "
+                        "(it does not use transformers' AttentionInterface)")
+    return model
+
+
+def register() -> None:
+    """Registers the ``"tiercache"`` attention and its mask (transformers' boolean SDPA mask,
+    or none for a plain causal batch) with ``transformers``. Idempotent."""
+    AttentionInterface.register(ATTENTION, tiercache_attention)
+    AttentionMaskInterface.register(ATTENTION, sdpa_mask)
+
+
+class TieredLayer(CacheLayerMixin):
+    """One model layer of a ``TieredCache``: stages the layer's new K and V for the
+    attention and answers length queries from the cache's sequences. Holds no tensors."""
+
+    is_compileable = False
+    is_croppable = False
+    is_sliding = False
+
+    def __init__(self, owner: "TieredCache", index: int) -> None:
+        super().__init__()
+        self.owner, self.index = owner, index
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.device = key_states.device
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        """Stages the new tokens' K and V (``[batch, kv_heads, t, head_dim]``) for this
+        layer's ``"tiercache"`` attention and returns them, tagged for it."""
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        self.owner._stage(self.index, key_states, value_states)
+        setattr(key_states, _STAGE, (self.owner, self.index))
+        return key_states, value_states
+
+    def get_seq_length(self) -> int:
+        return self.owner.seq_length(self.index)
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.get_seq_length() + query_length, 0
+
+    def get_max_length(self) -> int:
+        return -1
+
+    def offload(self) -> None:  # the tiers move the blocks; there is nothing to offload
+        return None
+
+    def prefetch(self) -> None:
+        return None
+
+    def reset(self) -> None:
+        self.owner.free()
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        raise UserError("TieredCache: beam search (reorder_cache) is not supported; use greedy or sampling")
+
+    def crop(self, tokens_to_remove: int) -> None:
+        raise UserError("TieredCache: crop is not supported (stored blocks are not cut back)")
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        raise UserError("TieredCache: expanding the batch (num_return_sequences, beams) is not supported")
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        raise UserError("TieredCache: selecting batch rows is not supported")
+
+
+class TieredCache(Cache):
+    """A ``transformers`` cache whose KV lives in a ``TieredKVCache``.
+
+    Args:
+        kv: the tiered cache (its layout must match the model: ``kv_layout``).
+        config: the model's config; its attention implementation must be ``"tiercache"``
+            (``use_tiercache(model)``).
+        mode: attention of decode steps: ``AttentionMode.EXACT`` or ``SPARSE``.
+        budget: sparse only: blocks each decode step reads (``Sequence.attend``'s budget).
+        prompt: the prompt's token ids (``[batch, n]``): each row starts from the longest
+            prefix that every row has stored (whole blocks, at least one token left to
+            compute), and the prompt's blocks get content keys a later prompt finds. Pass
+            the same ids to ``generate``: it computes only from ``get_seq_length()`` on.
+        namespace: keeps prefixes of different models or adapters apart.
+
+    Raises:
+        UserError: the model's attention is not ``"tiercache"``; the layout does not match
+            the config; a bad mode, budget or prompt.
+    """
+
+    def __init__(self, kv: TieredKVCache, config: Any, mode: AttentionMode = AttentionMode.EXACT,
+                 budget: float | int | None = None, prompt=None, namespace: bytes | str = b"") -> None:
+        _check_config(kv, config)
+        if not isinstance(mode, AttentionMode):
+            raise UserError(f"TieredCache: mode must be an AttentionMode (EXACT or SPARSE), got {mode!r}")
+        if (mode is AttentionMode.SPARSE) != (budget is not None):
+            raise UserError("TieredCache: a budget is given with AttentionMode.SPARSE, and only with it")
+        super().__init__(layers=[TieredLayer(self, layer) for layer in range(kv.layout.layers)])
+        self.kv, self.mode, self.budget, self.namespace = kv, mode, budget, namespace
+        self.sequences: list[Sequence] = []
+        self._staged: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * kv.layout.layers
+        self._causal_mask: torch.Tensor | None = None  # the last mask found causal (identity)
+        if prompt is not None:
+            self._start(prompt)
+
+    # -- public -------------------------------------------------------------------------
+    @property
+    def cached_tokens(self) -> int:
+        """Prompt tokens each row reused from the tiers (0 without a prompt)."""
+        return self.sequences[0].cached_tokens if self.sequences else 0
+
+    def seq_length(self, layer: int = 0) -> int:
+        """Tokens of KV every row holds at ``layer`` (0 before the first forward)."""
+        return self.sequences[0].length(layer) if self.sequences else 0
+
+    def free(self) -> None:
+        """Releases every row's blocks (they stay stored for a later prompt's prefix until
+        the policies evict them); the cache starts empty again. Idempotent."""
+        for seq in self.sequences:
+            seq.free()
+        self.sequences = []
+        self._staged = [None] * len(self._staged)
+
+    # -- the forward pass ---------------------------------------------------------------
+    def _start(self, prompt) -> None:
+        """One sequence per prompt row, all starting from the prefix every row has stored."""
+        rows = _prompt_rows(prompt)
+        block = self.kv.layout.block_tokens
+        # whole blocks every row has stored, leaving each row at least one token to compute
+        common = min(min(self.kv.match_prefix(row, self.namespace), (len(row) - 1) // block * block) for row in rows)
+        self.sequences = []
+        for row in rows:
+            seq = self.kv.sequence(tokens=row[: common + 1], namespace=self.namespace)
+            seq.add_tokens(row[common + 1 :])
+            self.sequences.append(seq)
+
+    def _stage(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        if self._staged[layer] is not None:
+            raise UserError("TieredCache: the model's attention did not read the tiered KV (its attention "
+                            f"implementation is not {ATTENTION!r}); call use_tiercache(model) first")
+        if not self.sequences:
+            self.sequences = [self.kv.sequence(namespace=self.namespace) for _ in range(k.shape[0])]
+        if k.shape[0] != len(self.sequences):
+            raise UserError(f"TieredCache: batch of {k.shape[0]} rows, but the cache holds {len(self.sequences)} sequences")
+        self._staged[layer] = (k, v)
+
+    def _attend(self, layer: int, query: torch.Tensor, scaling: float) -> torch.Tensor:
+        """Attention of ``query`` (``[batch, heads, t, D]``) over each row's held tokens and
+        the staged new ones; appends the staged tokens. Returns ``[batch, t, heads, D]``."""
+        k_new, v_new = self._staged[layer]
+        self._staged[layer] = None
+        batch, heads, tokens, head_dim = query.shape
+        q = query * (scaling * math.sqrt(head_dim)) if not math.isclose(scaling * math.sqrt(head_dim), 1.0) else query
+        q = q.to(self.kv.dtype)
+        outs = []
+        for row, seq in enumerate(self.sequences):
+            part = _causal_partial(q[row], k_new[row], v_new[row], compute_dtype(self.kv.dtype))
+            if seq.length(layer):
+                part = merge(self._held_partial(seq, layer, q[row]), part)
+            outs.append(part.out.reshape(heads, tokens, head_dim))
+            seq.append(layer, k_new[row].contiguous(), v_new[row].contiguous())
+        return torch.stack(outs).transpose(1, 2).to(query.dtype)
+
+    def _held_partial(self, seq: Sequence, layer: int, q: torch.Tensor) -> Partial:
+        """Attention of one row's queries over the tokens its sequence holds at ``layer``."""
+        decode = q.shape[1] == 1 and self.mode is AttentionMode.SPARSE and seq.blocks(layer) > 0
+        if decode:
+            return seq.attend_partial(layer, q.contiguous(), AttentionMode.SPARSE, self.budget)
+        return seq.attend_partial(layer, q.contiguous())
+
+    def _check_mask(self, mask: torch.Tensor | None, held: int, tokens: int) -> None:
+        """Raises UserError unless ``mask`` lets every query see every held token and the
+        new tokens causally (a padded or custom mask would need per-row positions)."""
+        if mask is None or mask is self._causal_mask:
+            return
+        allowed = mask if mask.dtype == torch.bool else mask == 0
+        expected = torch.ones(tokens, held + tokens, dtype=torch.bool, device=mask.device).tril(held)
+        if allowed.shape[-2:] != expected.shape or not bool((allowed == expected).all()):
+            raise UserError("TieredCache: the attention mask is not causal over the whole sequence (padding or a "
+                            "custom mask); each batch row must be one unpadded sequence")
+        self._causal_mask = mask
+
+
+def tiercache_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                        attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
+                        **kwargs) -> tuple[torch.Tensor, None]:
+    """The ``"tiercache"`` attention implementation (``transformers``' AttentionInterface).
+
+    ``key`` and ``value`` are the new tokens a ``TieredCache`` layer staged; the attention
+    runs over what the cache holds plus them (see the module docstring).
+
+    Raises:
+        UserError: no ``TieredCache`` staged this layer; dropout, soft-capping or a sliding
+            window asked for; a mask that is not causal.
+    """
+    stage = getattr(key, _STAGE, None)
+    if stage is None:
+        raise UserError(f"attn_implementation={ATTENTION!r} needs a TieredCache as the model's cache "
+                        "(generate(..., past_key_values=TieredCache(...)))")
+    cache, layer = stage
+    if dropout:
+        raise UserError(f"{ATTENTION} attention: dropout {dropout} is not supported (inference only)")
+    for name in ("softcap", "sliding_window"):
+        if kwargs.get(name) is not None:
+            raise UserError(f"{ATTENTION} attention: {name}={kwargs[name]!r} is not supported")
+    scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
+    cache._check_mask(attention_mask, cache.seq_length(layer), query.shape[2])
+    with torch.no_grad():
+        return cache._attend(layer, query, scaling), None
+
+
+def _causal_partial(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dtype: torch.dtype) -> Partial:
+    """Causal attention of ``t`` queries (``[heads, t, D]``) over their own ``t`` keys
+    (``[kv_heads, t, D]``), as a ``Partial`` in ``Sequence.attend_partial``'s grouped
+    layout; computed ``_QUERY_CHUNK`` queries at a time, rerun in float64 on overflow."""
+    heads, tokens, head_dim = q.shape
+    kv_heads = k.shape[0]
+    grouped = q.reshape(kv_heads, heads // kv_heads, tokens, head_dim)
+    parts = [_causal_chunk(grouped, k, v, start, min(start + _QUERY_CHUNK, tokens), dtype)
+             for start in range(0, tokens, _QUERY_CHUNK)]
+    out = torch.cat([p.out for p in parts], dim=2)
+    peak = torch.cat([p.peak for p in parts], dim=2)
+    total = torch.cat([p.total for p in parts], dim=2)
+    flat = (kv_heads, -1)
+    return Partial(out.reshape(*flat, head_dim), peak.reshape(flat), total.reshape(flat))
+
+
+def _causal_chunk(grouped: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, stop: int,
+                  dtype: torch.dtype) -> Partial:
+    """Queries ``start:stop`` of ``grouped`` (``[kv_heads, group, t, D]``) over keys
+    ``0:stop``; the partial's tensors keep the ``[kv_heads, group, stop - start, ...]`` shape."""
+    kv_heads, group, _, head_dim = grouped.shape
+    rows = stop - start
+    allowed = torch.ones(rows, stop, dtype=torch.bool, device=k.device).tril(start)
+    allowed = allowed.expand(group, rows, stop).reshape(group * rows, stop)
+    keys, values = k[:, :stop], v[:, :stop]
+    wide = any(torch.finfo(t.dtype).max > torch.finfo(torch.float16).max for t in (grouped, k, v))
+    for kind in (dtype, torch.float64):
+        q = grouped[:, :, start:stop].reshape(kv_heads, group * rows, head_dim).to(kind)
+        part = partial_attention(q, keys, values, allowed=allowed)
+        # fp16 scores cannot overflow float32: check (one host sync) only wider inputs
+        if kind == torch.float64 or not wide or bool(torch.isfinite(part.peak).all()):
+            break
+    shape = (kv_heads, group, rows)
+    return Partial(part.out.reshape(*shape, head_dim), part.peak.reshape(shape), part.total.reshape(shape))
+
+
+def _check_config(kv: TieredKVCache, config: Any) -> None:
+    if not isinstance(kv, TieredKVCache):
+        raise UserError(f"TieredCache: kv must be a TieredKVCache, got {type(kv).__name__}")
+    if getattr(config, "_attn_implementation", None) != ATTENTION:
+        raise UserError(f"TieredCache: the model's attention implementation is "
+                        f"{getattr(config, '_attn_implementation', None)!r}, not {ATTENTION!r}; "
+                        "call use_tiercache(model) first")
+    want = kv_layout(config, torch_dtype(kv.layout.dtype), kv.layout.block_tokens)
+    got = kv.layout
+    for field in ("layers", "kv_heads", "head_dim"):
+        if getattr(want, field) != getattr(got, field):
+            raise UserError(f"TieredCache: the TieredKVCache's layout has {field}={getattr(got, field)}, the model "
+                            f"{getattr(want, field)} (build it with kv_layout(model.config, ...))")
+
+
+def _prompt_rows(prompt) -> list:
+    """The prompt as a list of flat int64 id arrays, one per batch row."""
+    if isinstance(prompt, torch.Tensor) and prompt.dim() == 2:
+        return [flat_token_ids(row, "TieredCache: prompt") for row in prompt]
+    if isinstance(prompt, torch.Tensor) and prompt.dim() != 1:
+        raise UserError(f"TieredCache: prompt must be [batch, n] or [n] token ids, got {tuple(prompt.shape)}")
+    if not isinstance(prompt, torch.Tensor) and prompt and not isinstance(prompt[0], int) and hasattr(prompt[0], "__len__"):
+        return [flat_token_ids(row, "TieredCache: prompt") for row in prompt]
+    return [flat_token_ids(prompt, "TieredCache: prompt")]
+
+
+register()
