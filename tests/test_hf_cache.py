@@ -211,6 +211,36 @@ def test_batch_rows_start_from_the_prefix_every_row_has_stored(tmp_path):
     assert torch.equal(tokens, want_tokens)
 
 
+def test_a_chat_turn_reuses_the_generated_tokens_of_the_turn_before(tmp_path):
+    model = use_tiercache(tiny_llama(seed=23))
+    gen = torch.Generator().manual_seed(24)
+    turn1 = torch.randint(1, VOCAB, (1, 21), generator=gen)
+    with tiered(model, tmp_path, hbm=6, dram=6) as kv:
+        cache = TieredCache(kv, model.config, prompt=turn1)
+        tokens, _ = generate(model, turn1, cache, new=20)  # 21 + 19 tokens of KV: 5 whole blocks
+        cache.free()
+        turn2 = torch.cat([tokens, torch.randint(1, VOCAB, (1, 6), generator=gen)], dim=1)
+        assert kv.match_prefix(turn2) == 40  # the blocks of generated tokens have content keys
+        want_tokens, want_logits = reference(model, turn2)
+        again = TieredCache(kv, model.config, prompt=turn2)
+        assert again.cached_tokens == 40
+        got_tokens, got_logits = generate(model, turn2, again)
+    assert torch.equal(got_tokens, want_tokens)
+    assert (got_logits - want_logits).abs().max().item() < 1e-5
+
+
+def test_ids_other_than_the_prompt_are_refused_before_anything_is_stored(tmp_path):
+    model = use_tiercache(tiny_llama(seed=25))
+    gen = torch.Generator().manual_seed(26)
+    prompt = torch.randint(1, VOCAB, (1, 30), generator=gen)
+    other = prompt.clone()
+    other[0, 5] = (other[0, 5] % (VOCAB - 1)) + 1
+    with tiered(model, tmp_path) as kv:
+        with pytest.raises(UserError, match="differ from the prompt"):
+            generate(model, other, TieredCache(kv, model.config, prompt=prompt))
+        assert kv.match_prefix(other) == 0 and kv.match_prefix(prompt) == 0
+
+
 # -- sparse decode ----------------------------------------------------------------------------
 def test_sparse_decode_with_every_block_in_budget_equals_exact(tmp_path):
     model = use_tiercache(tiny_llama(seed=14))

@@ -22,6 +22,10 @@ with causal attention over the new tokens, and only then appends the new tokens.
 steps (one new token) use the cache's ``mode`` (``AttentionMode.SPARSE`` reads only the
 top blocks); a prefill chunk over a stored prefix is always exact.
 
+``use_tiercache`` also registers a forward pre-hook that hands each pass's ``input_ids`` to
+the cache, so the blocks generated tokens fill get content keys (a chat's next turn finds the
+whole conversation so far); a pass without ids (``inputs_embeds``) leaves later blocks private.
+
 Invariants: every row's sequence holds the same number of tokens at every layer between
 forward passes; a staged update is consumed by the attention of the same layer before the
 next update of that layer (else the model's attention is not ``"tiercache"`` and the
@@ -37,6 +41,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
 import torch
 from transformers import AttentionInterface
 from transformers.cache_utils import Cache, CacheLayerMixin
@@ -56,6 +61,8 @@ __all__ = ["ATTENTION", "TieredCache", "kv_layout", "use_tiercache", "tiercache_
 ATTENTION = "tiercache"
 _STAGE = "_tiercache_stage"  # attribute of the key tensor ``update`` returns: (cache, layer)
 _QUERY_CHUNK = 256  # prefill queries per causal-attention call (bounds the score matrix)
+_HOOKED = "_tiercache_token_hook"  # set on a model once use_tiercache has hooked it
+_CACHE_KWARGS = ("cache", "past_key_values")  # the cache's keyword, in transformers 5 and before
 
 
 def kv_layout(config: Any, dtype: torch.dtype, block_tokens: int = 256) -> KVLayout:
@@ -80,13 +87,26 @@ def kv_layout(config: Any, dtype: torch.dtype, block_tokens: int = 256) -> KVLay
 
 def use_tiercache(model: Any) -> Any:
     """Switches ``model`` (a ``transformers`` model) to the ``"tiercache"`` attention
-    implementation, which a ``TieredCache`` needs; returns the model."""
+    implementation, which a ``TieredCache`` needs, and lets a ``TieredCache`` see the token
+    ids of each forward pass (a pre-hook), so that generated tokens' blocks get content keys
+    too; returns the model. Idempotent."""
     register()
     model.set_attn_implementation(ATTENTION)
     if model.config._attn_implementation != ATTENTION:
         raise UserError(f"use_tiercache: {type(model).__name__} cannot switch its attention implementation "
                         "(it does not use transformers' AttentionInterface)")
+    if not getattr(model, _HOOKED, False):
+        model.register_forward_pre_hook(_see_token_ids, with_kwargs=True)
+        setattr(model, _HOOKED, True)
     return model
+
+
+def _see_token_ids(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+    """Forward pre-hook: hands the pass's ``input_ids`` to the ``TieredCache`` it runs with."""
+    cache = next((kwargs[name] for name in _CACHE_KWARGS if isinstance(kwargs.get(name), TieredCache)), None)
+    ids = kwargs.get("input_ids", args[0] if args else None)
+    if cache is not None and isinstance(ids, torch.Tensor):
+        cache._see_tokens(ids)
 
 
 def register() -> None:
@@ -217,6 +237,33 @@ class TieredCache(Cache):
             seq = self.kv.sequence(tokens=row[: common + 1], namespace=self.namespace)
             seq.add_tokens(row[common + 1 :])
             self.sequences.append(seq)
+
+    def _see_tokens(self, ids: torch.Tensor) -> None:
+        """Tells each row's sequence the ids of the tokens this pass computes (``[batch, t]``,
+        positions ``seq_length()`` on), so the blocks they fill get content keys. Ids a row
+        already knows (its prompt) must match: KV stored under another prompt's content keys
+        would later be served for that prompt.
+
+        Raises:
+            UserError: the ids differ from the prompt the cache was made for, or the batch
+                from the cache's rows.
+        """
+        if not self.sequences:
+            self.sequences = [self.kv.sequence(namespace=self.namespace) for _ in range(ids.shape[0])]
+        if ids.dim() != 2 or ids.shape[0] != len(self.sequences):
+            raise UserError(f"TieredCache: input_ids of shape {tuple(ids.shape)} for a cache of {len(self.sequences)} rows")
+        start = self.seq_length(0)
+        for row, seq in enumerate(self.sequences):
+            known = seq.token_ids
+            if len(known) < start:
+                continue  # a pass without ids (inputs_embeds) came first: later blocks stay private
+            given = ids[row].detach().cpu().numpy()
+            overlap = min(len(known) - start, len(given))
+            if not np.array_equal(known[start : start + overlap], given[:overlap]):
+                raise UserError(f"TieredCache: row {row}: the input ids at positions {start}..{start + overlap - 1} "
+                                "differ from the prompt the cache was made for (pass generate the same ids)")
+            if overlap < len(given):
+                seq.add_tokens(given[overlap:])
 
     def _stage(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         if self._staged[layer] is not None:

@@ -137,6 +137,14 @@ class Sequence:
         self._check_layer(layer, "Sequence.blocks")
         return self._layers[layer].n
 
+    @property
+    def token_ids(self) -> np.ndarray:
+        """The ids of the tokens the sequence knows, by position (the prompt, then what
+        ``add_tokens`` added); a read-only view."""
+        view = self._tokens.view()
+        view.flags.writeable = False
+        return view
+
     def add_tokens(self, token_ids: Seq[int]) -> None:
         """Tells the sequence the ids of tokens it generated, so the blocks they fill get
         content keys a later request's ``match_prefix`` can find."""
