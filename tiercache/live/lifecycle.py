@@ -1,10 +1,11 @@
 """A live store's durable state: adopting stored blocks on reopen, persisting what the
-volatile tiers hold into NVMe on close, and checking that the media hold what the
-manager says."""
+volatile tiers hold into NVMe on close (and the close sequence itself), and checking that
+the media hold what the manager says."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Callable, Sequence
 
 from tiercache.core.counts import CountError
 from tiercache.core.manager import TierManager
@@ -13,7 +14,49 @@ from tiercache.keys import key_to_int
 
 from .keymap import KeyMap
 
-__all__ = ["adopt_stored_blocks", "persist_to_nvme", "check_store", "check_release"]
+__all__ = ["adopt_stored_blocks", "persist_to_nvme", "Persisted", "PersistError", "run_every_step", "check_store",
+           "check_release"]
+
+
+class PersistError(OSError):
+    """``close(persist=True)`` could not write every block it tried to persist into NVMe
+    (a full disk, an I/O error): those blocks are not in the reopened store.
+
+    Raised only once every close step ran without error, so the blocks counted as saved
+    are durable. ``errno`` is None: the engine reports a failed write as text, which the
+    message quotes (``reason``).
+
+    Attributes:
+        saved: blocks written into NVMe by the persist (they reopen).
+        failed: blocks the persist tried to write and could not (they do not reopen).
+        reason: the first failure, as the engine reported it (the OS error's text).
+    """
+
+    def __init__(self, saved: int, failed: int, reason: str) -> None:
+        super().__init__(f"TieredKVStore.close: {failed} of {saved + failed} blocks held only in HBM/DRAM could not "
+                         f"be persisted to NVMe ({reason}); {saved} were saved, the {failed} others are not in the "
+                         "reopened store")
+        self.saved, self.failed, self.reason = saved, failed, reason
+
+
+@dataclass(frozen=True)
+class Persisted:
+    """What ``persist_to_nvme`` did: blocks ``saved`` into NVMe, blocks whose write
+    ``failed`` (they stayed where they were), and the first failure's ``reason``."""
+
+    saved: int = 0
+    failed: int = 0
+    reason: str | None = None
+
+    def count(self) -> int:
+        """The blocks saved.
+
+        Raises:
+            PersistError: some blocks could not be written (``failed`` > 0).
+        """
+        if self.failed:
+            raise PersistError(self.saved, self.failed, self.reason or "unknown failure")
+        return self.saved
 
 
 def adopt_stored_blocks(manager: TierManager, media: Sequence[object], keymap: KeyMap, events: EventLog) -> None:
@@ -32,19 +75,58 @@ def adopt_stored_blocks(manager: TierManager, media: Sequence[object], keymap: K
     events.drain()  # adoption is not traffic
 
 
-def persist_to_nvme(manager: TierManager, events: EventLog) -> int:
-    """Moves unpinned DRAM, then HBM, blocks into free NVMe slots; returns how many."""
+def persist_to_nvme(manager: TierManager, events: EventLog) -> Persisted:
+    """Moves unpinned DRAM, then HBM, blocks into free NVMe slots (nothing on NVMe is
+    evicted for them; blocks that do not fit are neither saved nor failed).
+
+    One move per tier, and a move fails as a whole: when one of its writes fails, the
+    blocks of it that landed are taken back and all of them stay where they were, counted
+    in ``failed``. ``saved`` counts the blocks the NVMe tier holds afterwards, exactly.
+    """
     names = [d.name for d in manager.dirs]
     if "nvme" not in names or manager.write_through:
-        return 0
-    nvme, moved = names.index("nvme"), 0
+        return Persisted()
+    nvme, saved, failed, reason = names.index("nvme"), 0, 0, None
     for tier in reversed(range(nvme)):
         directory = manager.dirs[tier]
         ids = [i for i in directory.slot_of if i not in directory.pins][: manager.dirs[nvme].n_free]
-        if ids and manager.move(ids, tier, nvme):
-            moved += len(ids)
+        if not ids:
+            continue
+        error = _move_error(manager, ids, tier, nvme)
+        landed = sum(manager.locate(block_id) == nvme for block_id in ids)
+        saved, failed = saved + landed, failed + len(ids) - landed
+        reason = reason or error
     events.drain()  # shutting down is not traffic
-    return moved
+    return Persisted(saved, failed, reason)
+
+
+def _move_error(manager: TierManager, ids: list[int], src: int, dst: int) -> str | None:
+    """Moves ``ids`` from ``src`` to ``dst`` and waits (``TierManager.move``, keeping the
+    engine's reason for a failure); None on success."""
+    plan = manager.start_move(ids, src, dst)
+    if plan is None:
+        return "the move could not be started"
+    return manager.wait(plan.job_id).error
+
+
+def run_every_step(steps: Sequence[Callable[[], object]]) -> list[object]:
+    """Runs every step even when an earlier one raised (closing releases what it can);
+    returns their results (None for a step that raised).
+
+    Raises:
+        Exception: the first error a step raised, once every step has run.
+    """
+    errors: list[Exception] = []
+    results: list[object] = []
+    for step in steps:
+        try:
+            results.append(step())
+        except Exception as exc:  # noqa: BLE001 - keep closing; the first error is raised below
+            errors.append(exc)
+            results.append(None)
+    if errors:
+        raise errors[0]
+    return results
 
 
 def check_store(manager: TierManager, keymap: KeyMap, media: Sequence[object]) -> None:

@@ -35,14 +35,15 @@ from tiercache.keys import prefix_keys
 from tiercache.policies import make_admission, make_eviction
 
 from .keymap import KeyMap
-from .lifecycle import adopt_stored_blocks, check_release, check_store, persist_to_nvme
+from .lifecycle import (PersistError, Persisted, adopt_stored_blocks, check_release, check_store, persist_to_nvme,
+                        run_every_step)
 from .reads import read_blocks
 from .pending import Pending
 from .media import (check_host_memory, check_layout, check_online, check_remote_write, check_tiers, open_media, resolve_device,
                     value_limit)
 from .remote import RemoteLink, remote_admission
 
-__all__ = ["TieredKVStore", "Pending"]
+__all__ = ["TieredKVStore", "Pending", "PersistError"]
 
 
 class TieredKVStore:
@@ -415,36 +416,30 @@ class TieredKVStore:
         With ``persist`` (default), blocks held only in DRAM and HBM are first moved to free
         NVMe slots (DRAM first, then HBM; nothing already on NVMe is evicted for them), so a
         reopened store holds as much as fits. Every step runs even if an earlier one failed
-        (what can be flushed is flushed); the first error is raised at the end. Returns how
-        many blocks were persisted."""
+        (what can be flushed is flushed). Returns how many blocks were persisted.
+
+        Raises:
+            Exception: the first error a step raised, once every step has run (a failed
+                flush: nothing written since the last flush, persisted blocks included, is
+                durable; the store reopens with what its last flush made durable).
+            PersistError: every step ran, but some blocks could not be written to NVMe (a
+                full disk); an ``OSError`` whose ``saved`` and ``failed`` count the blocks
+                that reopen and those that do not, its message quoting the OS error."""
         with self._lock:
             if self._closed:
                 return 0
             self._closed = True
-            errors: list[Exception] = []
-
-            def attempt(step):
-                try:
-                    return step()
-                except Exception as exc:  # noqa: BLE001 - keep closing; the first error is raised below
-                    errors.append(exc)
-                    return None
-
-            attempt(self.manager.wait_all)
-            attempt(self._consume)
-            persisted = (attempt(self._persist) or 0) if persist else 0
-            attempt(self._flush_media)
-            attempt(self._close_media)
-            if errors:
-                raise errors[0]
-            return persisted
+            persisting = self._persist if persist else Persisted
+            _, _, persisted, _, _ = run_every_step([self.manager.wait_all, self._consume, persisting, self._flush_media,
+                                                    self._close_media])
+            return persisted.count()
 
     def _close_media(self) -> None:
         for medium in self._media:
             medium.close()
 
-    def _persist(self) -> int:
-        """Moves unpinned DRAM, then HBM, blocks into free NVMe slots; returns how many."""
+    def _persist(self) -> Persisted:
+        """Moves unpinned DRAM, then HBM, blocks into free NVMe slots (``persist_to_nvme``)."""
         return persist_to_nvme(self.manager, self.events)
 
     def __enter__(self) -> "TieredKVStore":
