@@ -18,9 +18,10 @@ How a forward pass goes through it: the model's attention calls ``cache.update``
 new tokens' K and V; the layer stages them (nothing is stored yet) and returns them
 tagged; the ``"tiercache"`` attention then computes, for each batch row, attention over the
 tokens the sequence already holds (every query sees all of them) merged by log-sum-exp
-with causal attention over the new tokens, and only then appends the new tokens. Decode
-steps (one new token) use the cache's ``mode`` (``AttentionMode.SPARSE`` reads only the
-top blocks); a prefill chunk over a stored prefix is always exact.
+with causal attention over the new tokens, and only then appends the new tokens. A decode
+step (one new token) appends first and reads once, in the cache's ``mode``
+(``AttentionMode.SPARSE`` reads only the top blocks, as ``Sequence.attend``); a prefill
+chunk over a stored prefix is always exact.
 
 ``use_tiercache`` also registers a forward pre-hook that hands each pass's ``input_ids`` to
 the cache, so the blocks generated tokens fill get content keys (a chat's next turn finds the
@@ -285,19 +286,24 @@ class TieredCache(Cache):
         q = q.to(self.kv.dtype)
         outs = []
         for row, seq in enumerate(self.sequences):
-            part = _causal_partial(q[row], k_new[row], v_new[row], compute_dtype(self.kv.dtype))
-            if seq.length(layer):
-                part = merge(self._held_partial(seq, layer, q[row]), part)
+            k_row, v_row = k_new[row].contiguous(), v_new[row].contiguous()
+            if tokens == 1:  # decode: the token joins its sequence first, and one read covers it
+                seq.append(layer, k_row, v_row)
+                part = self._decode_partial(seq, layer, q[row].contiguous())
+            else:
+                part = _causal_partial(q[row], k_row, v_row, compute_dtype(self.kv.dtype))
+                if seq.length(layer):
+                    part = merge(seq.attend_partial(layer, q[row].contiguous()), part)
+                seq.append(layer, k_row, v_row)
             outs.append(part.out.reshape(heads, tokens, head_dim))
-            seq.append(layer, k_new[row].contiguous(), v_new[row].contiguous())
         return torch.stack(outs).transpose(1, 2).to(query.dtype)
 
-    def _held_partial(self, seq: Sequence, layer: int, q: torch.Tensor) -> Partial:
-        """Attention of one row's queries over the tokens its sequence holds at ``layer``."""
-        decode = q.shape[1] == 1 and self.mode is AttentionMode.SPARSE and seq.blocks(layer) > 0
-        if decode:
-            return seq.attend_partial(layer, q.contiguous(), AttentionMode.SPARSE, self.budget)
-        return seq.attend_partial(layer, q.contiguous())
+    def _decode_partial(self, seq: Sequence, layer: int, q: torch.Tensor) -> Partial:
+        """One decode query's attention over everything its sequence holds at ``layer`` (the
+        new token included), in the cache's mode (exact while no block is full)."""
+        if self.mode is AttentionMode.SPARSE and seq.blocks(layer) > 0:
+            return seq.attend_partial(layer, q, AttentionMode.SPARSE, self.budget)
+        return seq.attend_partial(layer, q)
 
     def _check_mask(self, mask: torch.Tensor | None, held: int, tokens: int) -> None:
         """Raises UserError unless ``mask`` lets every query see every held token and the
