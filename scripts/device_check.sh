@@ -23,6 +23,9 @@ if ! python3 -c "import cupy" >/dev/null 2>&1; then
     python3 -m pip install "${pip_args[@]}" -e ".[gpu]" >>"$out/pip.txt" 2>&1 \
         || echo "note: the gpu extra (cupy) did not install; nothing imports cupy yet"
 fi
+# transformers for the drop-in cache's gpu test (skipped, not failed, where it cannot install)
+python3 -m pip install "${pip_args[@]}" -e ".[hf]" >>"$out/pip.txt" 2>&1 \
+    || echo "note: the hf extra (transformers) did not install; the transformers cache's gpu test skips"
 python3 -m pytest -q -m gpu tests 2>&1 | tee "$out/gpu_tests.txt" | tail -n 5
 python3 scripts/bench_tiers.py --json "$out/bench_tiers.json" 2>&1 | tee "$out/bench_tiers.txt" | tail -n 12
 echo "== summary =="

@@ -80,6 +80,21 @@ def test_generate_matches_dynamic_cache_while_kv_spills_to_nvme(tmp_path):
     assert nvme["hits"] > 0, "the KV never left HBM and DRAM: the test would not exercise the tiers"
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_generate_on_cuda_matches_dynamic_cache(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    model = tiny_llama(seed=27).cuda()
+    ids = torch.randint(1, VOCAB, (1, 45), generator=torch.Generator().manual_seed(28)).cuda()
+    want_tokens, want_logits = reference(model, ids, new=16)
+    tiers = [TierConfig("hbm", 4), TierConfig("dram", 6), TierConfig("nvme", 200)]
+    with TieredKVCache(kv_layout(model.config, torch.float32, BLOCK), tiers, path=tmp_path / "nvme") as kv:
+        assert kv.device.type == "cuda"
+        tokens, logits = generate(model, ids, TieredCache(kv, model.config), new=16)
+    assert torch.equal(tokens, want_tokens)
+    assert (logits - want_logits).abs().max().item() < 1e-4
+
+
 def test_float64_forward_agrees_with_sdpa_to_1e10(tmp_path):
     """Prefill then single-token steps in float64 (generate would hand back float32 logits;
     eager attention takes its softmax in float32, SDPA stays in float64)."""
