@@ -318,13 +318,55 @@ def test_tiercache_attention_without_a_tiered_cache_is_refused():
         model(torch.ones(1, 4, dtype=torch.long), use_cache=False)
 
 
-def test_left_padding_is_refused(tmp_path):
+def padded_batch(gen, lengths, width):
+    """Left-padded rows of random ids (pad id 0) and their attention mask."""
+    ids = torch.zeros(len(lengths), width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, n in enumerate(lengths):
+        ids[row, width - n :] = torch.randint(1, VOCAB, (n,), generator=gen)
+        mask[row, width - n :] = 1
+    return ids, mask
+
+
+def test_a_left_padded_batch_matches_dynamic_cache_and_each_row_alone(tmp_path):
+    model = use_tiercache(tiny_llama(seed=29))
+    model.generation_config.eos_token_id = None  # every row generates all 10 tokens
+    ids, mask = padded_batch(torch.Generator().manual_seed(30), [33, 21, 8], 33)
+    model.set_attn_implementation("sdpa")
+    want = model.generate(ids, attention_mask=mask, max_new_tokens=10, do_sample=False, pad_token_id=0)
+    alone = [model.generate(ids[r : r + 1, mask[r].bool()], max_new_tokens=10, do_sample=False, pad_token_id=0)[0, -10:]
+             for r in range(3)]
+    use_tiercache(model)
+    with tiered(model, tmp_path, hbm=8, dram=8) as kv:
+        cache = TieredCache(kv, model.config, prompt=ids, attention_mask=mask)
+        got = model.generate(ids, attention_mask=mask, cache=cache, max_new_tokens=10, do_sample=False, pad_token_id=0)
+        assert [seq.length(0) for seq in cache.sequences] == [33 + 9, 21 + 9, 8 + 9]  # padding is not stored
+        cache.free()
+        assert kv.match_prefix(ids[1, mask[1].bool()]) == 16  # the row's own tokens, keyed without padding
+    assert torch.equal(got, want)
+    for row in range(3):
+        assert torch.equal(got[row, -10:], alone[row])
+
+
+def test_padding_after_a_token_is_refused(tmp_path):
     model = use_tiercache(tiny_llama())
     ids = torch.randint(1, VOCAB, (2, 12), generator=torch.Generator().manual_seed(21))
     mask = torch.ones_like(ids)
-    mask[1, :3] = 0
-    with tiered(model, tmp_path) as kv, pytest.raises(UserError, match="not causal"):
+    mask[1, 9:] = 0  # right padding
+    with tiered(model, tmp_path) as kv, pytest.raises(UserError, match="only left padding"):
         model(ids, attention_mask=mask, cache=TieredCache(kv, model.config))
+    mask[1, 9:] = 1
+    mask[0, 4] = 0  # a hole
+    with tiered(model, tmp_path / "b") as kv, pytest.raises(UserError, match="only left padding"):
+        model(ids, attention_mask=mask, cache=TieredCache(kv, model.config))
+
+
+def test_a_custom_mask_is_refused(tmp_path):
+    model = use_tiercache(tiny_llama())
+    ids = torch.randint(1, VOCAB, (1, 6), generator=torch.Generator().manual_seed(31))
+    custom = torch.ones(1, 1, 6, 6, dtype=torch.bool)  # bidirectional: not causal
+    with tiered(model, tmp_path) as kv, pytest.raises(UserError, match="not causal"):
+        model(ids, attention_mask=custom, cache=TieredCache(kv, model.config))
 
 
 def test_beam_search_is_refused(tmp_path):

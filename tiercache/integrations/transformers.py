@@ -27,14 +27,18 @@ chunk over a stored prefix is always exact.
 the cache, so the blocks generated tokens fill get content keys (a chat's next turn finds the
 whole conversation so far); a pass without ids (``inputs_embeds``) leaves later blocks private.
 
-Invariants: every row's sequence holds the same number of tokens at every layer between
-forward passes; a staged update is consumed by the attention of the same layer before the
+Invariants: between forward passes every row has passed the same positions at every layer
+(its tokens of KV plus its unstored left padding); a staged update is consumed by the attention of the same layer before the
 next update of that layer (else the model's attention is not ``"tiercache"`` and the
 cache raises rather than return attention over the new tokens alone).
 
-Limits (each raises ``UserError`` naming it): one unpadded sequence per batch row (the
-attention mask must be causal; left padding is refused), no beam search, crop or batch
-reordering, no attention dropout, soft-capping or sliding window.
+Batches: each row is its own sequence. A row's left padding (0 in the 2-D attention mask the
+pre-hook sees) is not stored: ``seq_length()`` counts it (transformers' positions), the row's
+sequence holds only its tokens, and the attention gives padding queries a zero output.
+
+Limits (each raises ``UserError`` naming it): padding after a token or any other mask than
+causal-after-left-padding, beam search, crop or batch reordering, attention dropout,
+soft-capping or sliding window.
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ from transformers import AttentionInterface
 from transformers.cache_utils import Cache, CacheLayerMixin
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from tiercache.attention import Partial, compute_dtype, merge, partial_attention
+from tiercache.attention import Partial, compute_dtype, merge
 from tiercache.config import AttentionMode, KVLayout
 from tiercache.data.buffers import torch_dtype
 from tiercache.errors import UserError
@@ -56,12 +60,13 @@ from tiercache.live.arguments import flat_token_ids
 from tiercache.live.cache import TieredKVCache
 from tiercache.live.sequence import Sequence
 
+from .causal import causal_partial, expected_mask
+
 __all__ = ["ATTENTION", "TieredCache", "kv_layout", "use_tiercache", "tiercache_attention"]
 
 #: The ``attn_implementation`` name this module registers.
 ATTENTION = "tiercache"
 _STAGE = "_tiercache_stage"  # attribute of the key tensor ``update`` returns: (cache, layer)
-_QUERY_CHUNK = 256  # prefill queries per causal-attention call (bounds the score matrix)
 _HOOKED = "_tiercache_token_hook"  # set on a model once use_tiercache has hooked it
 _CACHE_KWARGS = ("cache", "past_key_values")  # the cache's keyword, in transformers 5 and before
 
@@ -107,7 +112,7 @@ def _see_token_ids(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
     cache = next((kwargs[name] for name in _CACHE_KWARGS if isinstance(kwargs.get(name), TieredCache)), None)
     ids = kwargs.get("input_ids", args[0] if args else None)
     if cache is not None and isinstance(ids, torch.Tensor):
-        cache._see_tokens(ids)
+        cache._see_tokens(ids, kwargs.get("attention_mask"))
 
 
 def register() -> None:
@@ -186,6 +191,9 @@ class TieredCache(Cache):
             prefix that every row has stored (whole blocks, at least one token left to
             compute), and the prompt's blocks get content keys a later prompt finds. Pass
             the same ids to ``generate``: it computes only from ``get_seq_length()`` on.
+        attention_mask: the prompt's ``[batch, n]`` mask (0: left padding), as given to
+            ``generate``: padding ids are not tokens of the row; a padded batch reuses no
+            stored prefix (its rows would start at different positions).
         namespace: keeps prefixes of different models or adapters apart.
 
     Raises:
@@ -194,7 +202,8 @@ class TieredCache(Cache):
     """
 
     def __init__(self, kv: TieredKVCache, config: Any, mode: AttentionMode = AttentionMode.EXACT,
-                 budget: float | int | None = None, prompt=None, namespace: bytes | str = b"") -> None:
+                 budget: float | int | None = None, prompt=None, attention_mask=None,
+                 namespace: bytes | str = b"") -> None:
         _check_config(kv, config)
         if not isinstance(mode, AttentionMode):
             raise UserError(f"TieredCache: mode must be an AttentionMode (EXACT or SPARSE), got {mode!r}")
@@ -204,9 +213,13 @@ class TieredCache(Cache):
         self.kv, self.mode, self.budget, self.namespace = kv, mode, budget, namespace
         self.sequences: list[Sequence] = []
         self._staged: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * kv.layout.layers
-        self._causal_mask: torch.Tensor | None = None  # the last mask found causal (identity)
+        self._checked_mask: torch.Tensor | None = None  # the last mask found as expected (identity)
+        self._pads = np.zeros((kv.layout.layers, 0), dtype=np.int64)  # [layer, row]: padding not stored
+        self._pass: tuple[int, torch.Tensor] | None = None  # (start, kept columns [batch, t]) of a padded pass
         if prompt is not None:
-            self._start(prompt)
+            self._start(prompt, attention_mask)
+        elif attention_mask is not None:
+            raise UserError("TieredCache: attention_mask is the prompt's mask: give it with prompt=")
 
     # -- public -------------------------------------------------------------------------
     @property
@@ -215,8 +228,9 @@ class TieredCache(Cache):
         return self.sequences[0].cached_tokens if self.sequences else 0
 
     def seq_length(self, layer: int = 0) -> int:
-        """Tokens of KV every row holds at ``layer`` (0 before the first forward)."""
-        return self.sequences[0].length(layer) if self.sequences else 0
+        """Positions every row has passed at ``layer``: its tokens of KV plus the left padding
+        it did not store (0 before the first forward)."""
+        return self.sequences[0].length(layer) + int(self._pads[layer, 0]) if self.sequences else 0
 
     def free(self) -> None:
         """Releases every row's blocks (they stay stored for a later prompt's prefix until
@@ -225,53 +239,90 @@ class TieredCache(Cache):
             seq.free()
         self.sequences = []
         self._staged = [None] * len(self._staged)
+        self._pads = np.zeros((len(self._staged), 0), dtype=np.int64)
+        self._pass = None
 
     # -- the forward pass ---------------------------------------------------------------
-    def _start(self, prompt) -> None:
+    def _open(self, rows: int) -> None:
+        """Empty sequences for a batch of ``rows`` (no prompt given)."""
+        self.sequences = [self.kv.sequence(namespace=self.namespace) for _ in range(rows)]
+        self._pads = np.zeros((len(self._staged), rows), dtype=np.int64)
+
+    def _start(self, prompt, attention_mask) -> None:
         """One sequence per prompt row, all starting from the prefix every row has stored."""
         rows = _prompt_rows(prompt)
+        if attention_mask is not None:
+            keep = _left_padding(attention_mask, [len(row) for row in rows])
+            rows = [row[kept] for row, kept in zip(rows, keep)]
         block = self.kv.layout.block_tokens
         # whole blocks every row has stored, leaving each row at least one token to compute
         common = min(min(self.kv.match_prefix(row, self.namespace), (len(row) - 1) // block * block) for row in rows)
+        if attention_mask is not None and not all(keep.all() for keep in keep):
+            common = 0  # padded rows start at different positions: no common stored prefix
         self.sequences = []
         for row in rows:
             seq = self.kv.sequence(tokens=row[: common + 1], namespace=self.namespace)
             seq.add_tokens(row[common + 1 :])
             self.sequences.append(seq)
+        self._pads = np.zeros((len(self._staged), len(rows)), dtype=np.int64)
 
-    def _see_tokens(self, ids: torch.Tensor) -> None:
+    def _see_tokens(self, ids: torch.Tensor, mask: torch.Tensor | None = None) -> None:
         """Tells each row's sequence the ids of the tokens this pass computes (``[batch, t]``,
-        positions ``seq_length()`` on), so the blocks they fill get content keys. Ids a row
-        already knows (its prompt) must match: KV stored under another prompt's content keys
-        would later be served for that prompt.
+        positions ``seq_length()`` on; left padding, 0 in the 2-D ``mask``, left out), so the
+        blocks they fill get content keys. Ids a row already knows (its prompt) must match:
+        KV stored under another prompt's content keys would later be served for that prompt.
 
         Raises:
-            UserError: the ids differ from the prompt the cache was made for, or the batch
-                from the cache's rows.
+            UserError: the ids differ from the prompt the cache was made for; the batch from
+                the cache's rows; padding that is not on the left of a row.
         """
         if not self.sequences:
-            self.sequences = [self.kv.sequence(namespace=self.namespace) for _ in range(ids.shape[0])]
+            self._open(ids.shape[0])
         if ids.dim() != 2 or ids.shape[0] != len(self.sequences):
             raise UserError(f"TieredCache: input_ids of shape {tuple(ids.shape)} for a cache of {len(self.sequences)} rows")
-        start = self.seq_length(0)
+        start, tokens = self.seq_length(0), ids.shape[1]
+        keep = self._kept_columns(mask, start, tokens)
+        self._pass = None if keep is None else (start, torch.as_tensor(keep, device=self.kv.device))
         for row, seq in enumerate(self.sequences):
-            known = seq.token_ids
-            if len(known) < start:
-                continue  # a pass without ids (inputs_embeds) came first: later blocks stay private
             given = ids[row].detach().cpu().numpy()
-            overlap = min(len(known) - start, len(given))
-            if not np.array_equal(known[start : start + overlap], given[:overlap]):
-                raise UserError(f"TieredCache: row {row}: the input ids at positions {start}..{start + overlap - 1} "
-                                "differ from the prompt the cache was made for (pass generate the same ids)")
-            if overlap < len(given):
-                seq.add_tokens(given[overlap:])
+            self._learn(row, seq, given if keep is None else given[keep[row]])
+
+    def _learn(self, row: int, seq: Sequence, given: np.ndarray) -> None:
+        """Adds the ids of a row's new tokens its sequence does not know yet (checking those it knows)."""
+        known, held = seq.token_ids, seq.length(0)
+        if len(known) < held:
+            return  # a pass without ids (inputs_embeds) came first: later blocks stay private
+        overlap = min(len(known) - held, len(given))
+        if not np.array_equal(known[held : held + overlap], given[:overlap]):
+            raise UserError(f"TieredCache: row {row}: the input ids of tokens {held}..{held + overlap - 1} differ "
+                            "from the prompt the cache was made for (pass generate the same ids)")
+        if overlap < len(given):
+            seq.add_tokens(given[overlap:])
+
+    def _kept_columns(self, mask: torch.Tensor | None, start: int, tokens: int) -> np.ndarray | None:
+        """The pass's columns that are not left padding (``[batch, t]`` bools), from the 2-D
+        attention mask of the whole sequence; None when every column is kept."""
+        if not isinstance(mask, torch.Tensor) or mask.dim() != 2:
+            return None
+        if mask.shape != (len(self.sequences), start + tokens):
+            raise UserError(f"TieredCache: attention_mask of shape {tuple(mask.shape)}, expected "
+                            f"({len(self.sequences)}, {start + tokens}) (the whole sequence so far)")
+        held = [seq.length(0) for seq in self.sequences]
+        keep = _left_padding(mask, [start + tokens] * len(held))
+        for row, kept in enumerate(keep):
+            pad = int(self._pads[0, row])
+            if kept[:pad].any() or not kept[pad:start].all() or (held[row] and not kept[start:].all()):
+                raise UserError(f"TieredCache: row {row}: the attention mask changes the row's past padding "
+                                "(only a prompt's left padding is supported)")
+        new = np.stack([kept[start:] for kept in keep])
+        return None if new.all() else new
 
     def _stage(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         if self._staged[layer] is not None:
             raise UserError("TieredCache: the model's attention did not read the tiered KV (its attention "
                             f"implementation is not {ATTENTION!r}); call use_tiercache(model) first")
         if not self.sequences:
-            self.sequences = [self.kv.sequence(namespace=self.namespace) for _ in range(k.shape[0])]
+            self._open(k.shape[0])
         if k.shape[0] != len(self.sequences):
             raise UserError(f"TieredCache: batch of {k.shape[0]} rows, but the cache holds {len(self.sequences)} sequences")
         self._staged[layer] = (k, v)
@@ -284,19 +335,39 @@ class TieredCache(Cache):
         batch, heads, tokens, head_dim = query.shape
         q = query * (scaling * math.sqrt(head_dim)) if not math.isclose(scaling * math.sqrt(head_dim), 1.0) else query
         q = q.to(self.kv.dtype)
+        keep = self._keep(layer, tokens)
         outs = []
         for row, seq in enumerate(self.sequences):
-            k_row, v_row = k_new[row].contiguous(), v_new[row].contiguous()
-            if tokens == 1:  # decode: the token joins its sequence first, and one read covers it
-                seq.append(layer, k_row, v_row)
+            k_row, v_row = k_new[row], v_new[row]
+            if tokens == 1 and keep is None:  # decode: the token joins its sequence first, one read covers it
+                seq.append(layer, k_row.contiguous(), v_row.contiguous())
                 part = self._decode_partial(seq, layer, q[row].contiguous())
             else:
-                part = _causal_partial(q[row], k_row, v_row, compute_dtype(self.kv.dtype))
-                if seq.length(layer):
-                    part = merge(seq.attend_partial(layer, q[row].contiguous()), part)
-                seq.append(layer, k_row, v_row)
+                part = self._prefill_partial(seq, layer, q[row], k_row, v_row, None if keep is None else keep[row])
+                self._pads[layer, row] += tokens - (tokens if keep is None else int(keep[row].sum()))
             outs.append(part.out.reshape(heads, tokens, head_dim))
         return torch.stack(outs).transpose(1, 2).to(query.dtype)
+
+    def _keep(self, layer: int, tokens: int) -> torch.Tensor | None:
+        """The kept (not padding) columns of this pass (``[batch, t]``), None: all of them."""
+        if self._pass is None:
+            return None
+        start, keep = self._pass
+        return keep if start == self.seq_length(layer) and keep.shape[1] == tokens else None
+
+    def _prefill_partial(self, seq: Sequence, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                         keep: torch.Tensor | None) -> Partial:
+        """A row's queries over what its sequence holds and, causally, over the pass's kept
+        keys; appends the kept keys."""
+        key_pos = None if keep is None else keep.nonzero().squeeze(1)
+        if key_pos is not None:
+            k, v = k[:, key_pos], v[:, key_pos]
+        part = causal_partial(q, k, v, compute_dtype(self.kv.dtype), key_pos)
+        if seq.length(layer):
+            part = merge(seq.attend_partial(layer, q.contiguous()), part)
+        if k.shape[1]:
+            seq.append(layer, k.contiguous(), v.contiguous())
+        return part
 
     def _decode_partial(self, seq: Sequence, layer: int, q: torch.Tensor) -> Partial:
         """One decode query's attention over everything its sequence holds at ``layer`` (the
@@ -305,17 +376,27 @@ class TieredCache(Cache):
             return seq.attend_partial(layer, q, AttentionMode.SPARSE, self.budget)
         return seq.attend_partial(layer, q)
 
-    def _check_mask(self, mask: torch.Tensor | None, held: int, tokens: int) -> None:
-        """Raises UserError unless ``mask`` lets every query see every held token and the
-        new tokens causally (a padded or custom mask would need per-row positions)."""
-        if mask is None or mask is self._causal_mask:
+    def _check_mask(self, mask: torch.Tensor | None, layer: int, tokens: int) -> None:
+        """Raises UserError unless ``mask`` lets every (non-padding) query see what the cache
+        gives it: the row's held positions after its left padding, and the pass's kept tokens
+        causally (``causal.expected_mask``). Padding queries' rows are not compared: their
+        output is thrown away."""
+        if mask is None or mask is self._checked_mask:
             return
-        allowed = mask if mask.dtype == torch.bool else mask == 0
-        expected = torch.ones(tokens, held + tokens, dtype=torch.bool, device=mask.device).tril(held)
-        if allowed.shape[-2:] != expected.shape or not bool((allowed == expected).all()):
-            raise UserError("TieredCache: the attention mask is not causal over the whole sequence (padding or a "
-                            "custom mask); each batch row must be one unpadded sequence")
-        self._causal_mask = mask
+        held = self.seq_length(layer)
+        keep = self._keep(layer, tokens)
+        allowed = (mask if mask.dtype == torch.bool else mask == 0)
+        expected = expected_mask([int(p) for p in self._pads[layer]], keep, held, tokens, mask.device)
+        if allowed.dim() != 4 or allowed.shape[2:] != expected.shape[1:] or allowed.shape[0] not in (1, len(self.sequences)):
+            raise UserError(f"TieredCache: an attention mask of shape {tuple(mask.shape)}, expected "
+                            f"({len(self.sequences)}, 1, {tokens}, {held + tokens})")
+        differ = allowed[:, 0] != expected
+        if keep is not None:
+            differ &= keep.unsqueeze(-1)
+        if bool(differ.any()):
+            raise UserError("TieredCache: the attention mask is not causal over each row's tokens (padding other than "
+                            "a prompt's left padding, or a custom mask)")
+        self._checked_mask = mask
 
 
 def tiercache_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -341,45 +422,9 @@ def tiercache_attention(module: torch.nn.Module, query: torch.Tensor, key: torch
         if kwargs.get(name) is not None:
             raise UserError(f"{ATTENTION} attention: {name}={kwargs[name]!r} is not supported")
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
-    cache._check_mask(attention_mask, cache.seq_length(layer), query.shape[2])
+    cache._check_mask(attention_mask, layer, query.shape[2])
     with torch.no_grad():
         return cache._attend(layer, query, scaling), None
-
-
-def _causal_partial(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dtype: torch.dtype) -> Partial:
-    """Causal attention of ``t`` queries (``[heads, t, D]``) over their own ``t`` keys
-    (``[kv_heads, t, D]``), as a ``Partial`` in ``Sequence.attend_partial``'s grouped
-    layout; computed ``_QUERY_CHUNK`` queries at a time, rerun in float64 on overflow."""
-    heads, tokens, head_dim = q.shape
-    kv_heads = k.shape[0]
-    grouped = q.reshape(kv_heads, heads // kv_heads, tokens, head_dim)
-    parts = [_causal_chunk(grouped, k, v, start, min(start + _QUERY_CHUNK, tokens), dtype)
-             for start in range(0, tokens, _QUERY_CHUNK)]
-    out = torch.cat([p.out for p in parts], dim=2)
-    peak = torch.cat([p.peak for p in parts], dim=2)
-    total = torch.cat([p.total for p in parts], dim=2)
-    flat = (kv_heads, -1)
-    return Partial(out.reshape(*flat, head_dim), peak.reshape(flat), total.reshape(flat))
-
-
-def _causal_chunk(grouped: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, stop: int,
-                  dtype: torch.dtype) -> Partial:
-    """Queries ``start:stop`` of ``grouped`` (``[kv_heads, group, t, D]``) over keys
-    ``0:stop``; the partial's tensors keep the ``[kv_heads, group, stop - start, ...]`` shape."""
-    kv_heads, group, _, head_dim = grouped.shape
-    rows = stop - start
-    allowed = torch.ones(rows, stop, dtype=torch.bool, device=k.device).tril(start)
-    allowed = allowed.expand(group, rows, stop).reshape(group * rows, stop)
-    keys, values = k[:, :stop], v[:, :stop]
-    wide = any(torch.finfo(t.dtype).max > torch.finfo(torch.float16).max for t in (grouped, k, v))
-    for kind in (dtype, torch.float64):
-        q = grouped[:, :, start:stop].reshape(kv_heads, group * rows, head_dim).to(kind)
-        part = partial_attention(q, keys, values, allowed=allowed)
-        # fp16 scores cannot overflow float32: check (one host sync) only wider inputs
-        if kind == torch.float64 or not wide or bool(torch.isfinite(part.peak).all()):
-            break
-    shape = (kv_heads, group, rows)
-    return Partial(part.out.reshape(*shape, head_dim), part.peak.reshape(shape), part.total.reshape(shape))
 
 
 def _check_config(kv: TieredKVCache, config: Any) -> None:
@@ -406,6 +451,24 @@ def _prompt_rows(prompt) -> list:
     if not isinstance(prompt, torch.Tensor) and prompt and not isinstance(prompt[0], int) and hasattr(prompt[0], "__len__"):
         return [flat_token_ids(row, "TieredCache: prompt") for row in prompt]
     return [flat_token_ids(prompt, "TieredCache: prompt")]
+
+
+def _left_padding(mask, lengths: list[int]) -> list[np.ndarray]:
+    """Each row's kept (not padding) columns of a ``[batch, n]`` 0/1 attention mask, checking
+    that zeros only lead a row (left padding).
+
+    Raises:
+        UserError: a mask of another shape, or a zero after a one in some row.
+    """
+    values = mask.detach().cpu().numpy() if isinstance(mask, torch.Tensor) else np.asarray(mask)
+    if values.ndim != 2 or values.shape[0] != len(lengths) or any(values.shape[1] != n for n in lengths):
+        raise UserError(f"TieredCache: attention_mask of shape {values.shape} for rows of {lengths} tokens")
+    keep = [row != 0 for row in values]
+    for index, kept in enumerate(keep):
+        if kept.any() and not kept[int(np.argmax(kept)):].all():
+            raise UserError(f"TieredCache: row {index} of the attention mask has padding after a token "
+                            "(only left padding is supported)")
+    return keep
 
 
 register()
