@@ -54,6 +54,23 @@ def generate(model, ids, cache=None, new: int = 12):
     return out.sequences, torch.stack(out.logits)
 
 
+def store(model, kv, ids, new: int = 12) -> torch.Tensor:
+    """Generates from ``ids`` through a TieredCache and frees it (its blocks stay stored);
+    returns the tokens."""
+    cache = TieredCache(kv, model.config, prompt=ids)
+    tokens, _ = generate(model, ids, cache, new)
+    cache.free()
+    return tokens
+
+
+def generate_reusing(model, kv, ids, cached: int, new: int = 12):
+    """Generates from ``ids`` through a new TieredCache after checking that it reuses
+    exactly ``cached`` stored tokens; returns (tokens, logits)."""
+    cache = TieredCache(kv, model.config, prompt=ids)
+    assert cache.cached_tokens == cached
+    return generate(model, ids, cache, new)
+
+
 def reference(model, ids, new: int = 12):
     """The same generation with transformers' DynamicCache and SDPA attention."""
     model.set_attn_implementation("sdpa")
@@ -187,10 +204,8 @@ def test_second_prompt_reuses_the_stored_whole_blocks_of_its_shared_prefix(tmp_p
         assert cache.cached_tokens == 0
         generate(model, first, cache)
         cache.free()
-        again = TieredCache(kv, model.config, prompt=second)
-        assert again.cached_tokens == 32  # 35 shared tokens: 4 whole blocks of 8
-        assert kv.match_prefix(second) == 32
-        tokens, logits = generate(model, second, again)
+        assert kv.match_prefix(second) == 32  # 35 shared tokens: 4 whole blocks of 8
+        tokens, logits = generate_reusing(model, kv, second, cached=32)
     assert torch.equal(tokens, want_tokens)
     assert (logits - want_logits).abs().max().item() < 1e-5
 
@@ -200,12 +215,8 @@ def test_a_fully_stored_prompt_still_leaves_one_token_to_compute(tmp_path):
     ids = torch.randint(1, VOCAB, (1, 32), generator=torch.Generator().manual_seed(11))
     want_tokens, _ = reference(model, ids)
     with tiered(model, tmp_path) as kv:
-        cache = TieredCache(kv, model.config, prompt=ids)
-        generate(model, ids, cache)
-        cache.free()
-        again = TieredCache(kv, model.config, prompt=ids)
-        assert again.cached_tokens == 24  # 32 stored, but the 32nd token's logits are needed
-        tokens, _ = generate(model, ids, again)
+        store(model, kv, ids)
+        tokens, _ = generate_reusing(model, kv, ids, cached=24)  # 32 stored; the 32nd token's logits are needed
     assert torch.equal(tokens, want_tokens)
 
 
@@ -214,15 +225,11 @@ def test_batch_rows_start_from_the_prefix_every_row_has_stored(tmp_path):
     gen = torch.Generator().manual_seed(13)
     base = torch.randint(1, VOCAB, (1, 40), generator=gen)
     with tiered(model, tmp_path, hbm=8, dram=8) as kv:
-        cache = TieredCache(kv, model.config, prompt=base)
-        generate(model, base, cache, new=2)
-        cache.free()
+        store(model, kv, base, new=2)
         rows = torch.cat([base[:, :30], base[:, :30]], dim=0)
         rows[1, 20:] = torch.randint(1, VOCAB, (10,), generator=gen)  # row 1 shares 20 tokens: 2 blocks
         want_tokens, _ = reference(model, rows)
-        both = TieredCache(kv, model.config, prompt=rows)
-        assert both.cached_tokens == 16
-        tokens, _ = generate(model, rows, both)
+        tokens, _ = generate_reusing(model, kv, rows, cached=16)
     assert torch.equal(tokens, want_tokens)
 
 
@@ -231,15 +238,11 @@ def test_a_chat_turn_reuses_the_generated_tokens_of_the_turn_before(tmp_path):
     gen = torch.Generator().manual_seed(24)
     turn1 = torch.randint(1, VOCAB, (1, 21), generator=gen)
     with tiered(model, tmp_path, hbm=6, dram=6) as kv:
-        cache = TieredCache(kv, model.config, prompt=turn1)
-        tokens, _ = generate(model, turn1, cache, new=20)  # 21 + 19 tokens of KV: 5 whole blocks
-        cache.free()
+        tokens = store(model, kv, turn1, new=20)  # 21 + 19 tokens of KV: 5 whole blocks
         turn2 = torch.cat([tokens, torch.randint(1, VOCAB, (1, 6), generator=gen)], dim=1)
         assert kv.match_prefix(turn2) == 40  # the blocks of generated tokens have content keys
         want_tokens, want_logits = reference(model, turn2)
-        again = TieredCache(kv, model.config, prompt=turn2)
-        assert again.cached_tokens == 40
-        got_tokens, got_logits = generate(model, turn2, again)
+        got_tokens, got_logits = generate_reusing(model, kv, turn2, cached=40)
     assert torch.equal(got_tokens, want_tokens)
     assert (got_logits - want_logits).abs().max().item() < 1e-5
 
