@@ -106,7 +106,7 @@ def tiered_side(model, args: argparse.Namespace, hbm_blocks: int, total_blocks: 
     def run(prompt):
         with tempfile.TemporaryDirectory() as path, \
                 TieredKVCache(layout, tiers, path=path, device=args.device) as kv:
-            return decode(model, prompt, TieredCache(kv, model.config), args.new, args.device)
+            return decode(model, prompt, TieredCache(kv, model), args.new, args.device)
     return run
 
 

@@ -25,7 +25,7 @@ from tiercache import TieredKVCache  # noqa: E402
 from tiercache.config import AttentionMode, TierConfig  # noqa: E402
 from tiercache.errors import UserError  # noqa: E402
 from tiercache.integrations.transformers import (  # noqa: E402
-    TieredCache, kv_layout, tiercache_attention, use_tiercache)
+    TieredCache, kv_layout, match_prefix, tiercache_attention, use_tiercache)
 
 BLOCK = 8
 VOCAB = 128
@@ -57,7 +57,7 @@ def generate(model, ids, cache=None, new: int = 12):
 def store(model, kv, ids, new: int = 12) -> torch.Tensor:
     """Generates from ``ids`` through a TieredCache and frees it (its blocks stay stored);
     returns the tokens."""
-    cache = TieredCache(kv, model.config, prompt=ids)
+    cache = TieredCache(kv, model, prompt=ids)
     tokens, _ = generate(model, ids, cache, new)
     cache.free()
     return tokens
@@ -66,7 +66,7 @@ def store(model, kv, ids, new: int = 12) -> torch.Tensor:
 def generate_reusing(model, kv, ids, cached: int, new: int = 12):
     """Generates from ``ids`` through a new TieredCache after checking that it reuses
     exactly ``cached`` stored tokens; returns (tokens, logits)."""
-    cache = TieredCache(kv, model.config, prompt=ids)
+    cache = TieredCache(kv, model, prompt=ids)
     assert cache.cached_tokens == cached
     return generate(model, ids, cache, new)
 
@@ -87,7 +87,7 @@ def test_generate_matches_dynamic_cache_while_kv_spills_to_nvme(tmp_path):
     want_tokens, want_logits = reference(model, ids, new=16)
     use_tiercache(model)
     with tiered(model, tmp_path) as kv:
-        cache = TieredCache(kv, model.config)
+        cache = TieredCache(kv, model)
         tokens, logits = generate(model, ids, cache, new=16)
         stats = kv.stats()
         assert cache.seq_length(0) == 45 + 16 - 1  # the last token's KV is never computed
@@ -107,7 +107,7 @@ def test_generate_on_cuda_matches_dynamic_cache(tmp_path, monkeypatch):
     tiers = [TierConfig("hbm", 4), TierConfig("dram", 6), TierConfig("nvme", 200)]
     with TieredKVCache(kv_layout(model.config, torch.float32, BLOCK), tiers, path=tmp_path / "nvme") as kv:
         assert kv.device.type == "cuda"
-        tokens, logits = generate(model, ids, TieredCache(kv, model.config), new=16)
+        tokens, logits = generate(model, ids, TieredCache(kv, model), new=16)
     assert torch.equal(tokens, want_tokens)
     assert (logits - want_logits).abs().max().item() < 1e-4
 
@@ -130,7 +130,7 @@ def test_float64_forward_agrees_with_sdpa_to_1e10(tmp_path):
         want = run(DynamicCache(config=model.config))
         use_tiercache(model)
         with tiered(model, tmp_path, dtype=torch.float64) as kv:
-            got = run(TieredCache(kv, model.config))
+            got = run(TieredCache(kv, model))
     assert got.dtype == torch.float64
     assert (got - want).abs().max().item() < 1e-10
 
@@ -140,7 +140,7 @@ def test_unpadded_batch_matches_dynamic_cache(tmp_path):
     ids = torch.randint(1, VOCAB, (2, 30), generator=torch.Generator().manual_seed(6))
     want_tokens, want_logits = reference(model, ids)
     with tiered(model, tmp_path, hbm=6, dram=8) as kv:
-        tokens, logits = generate(model, ids, TieredCache(kv, model.config))
+        tokens, logits = generate(model, ids, TieredCache(kv, model))
     assert torch.equal(tokens, want_tokens)
     assert (logits - want_logits).abs().max().item() < 1e-5
 
@@ -155,7 +155,7 @@ def test_attention_matches_float64_causal_reference(tmp_path, seed):
     v = torch.randn(1, kv_heads, held + new, dim, generator=gen)
     q = torch.randn(1, heads, new, dim, generator=gen) * 3
     with tiered(model, tmp_path, hbm=2, dram=2) as kv:
-        cache = TieredCache(kv, model.config)
+        cache = TieredCache(kv, model)
         for layer in range(2):  # hold the prefix at every layer (the invariant between passes)
             cache.update(k[:, :, :held], v[:, :, :held], layer)
             cache.sequences[0].append(layer, k[0, :, :held], v[0, :, :held])
@@ -185,7 +185,7 @@ def test_scaling_other_than_one_over_sqrt_d_is_applied(tmp_path):
     v = torch.randn(1, 2, 12, 16, generator=gen)
     q = torch.randn(1, 4, 12, 16, generator=gen)
     with tiered(model, tmp_path) as kv:
-        cache = TieredCache(kv, model.config)
+        cache = TieredCache(kv, model)
         key, value = cache.update(k, v, 0)
         out, _ = tiercache_attention(model.model.layers[0].self_attn, q, key, value, None, scaling=0.5)
     want = causal_reference(q[0] * (0.5 * 4.0), k[0], v[0], 0)
@@ -200,11 +200,11 @@ def test_second_prompt_reuses_the_stored_whole_blocks_of_its_shared_prefix(tmp_p
     second = torch.cat([first[:, :35], torch.randint(1, VOCAB, (1, 9), generator=gen)], dim=1)
     want_tokens, want_logits = reference(model, second)
     with tiered(model, tmp_path) as kv:
-        cache = TieredCache(kv, model.config, prompt=first)
+        cache = TieredCache(kv, model, prompt=first)
         assert cache.cached_tokens == 0
         generate(model, first, cache)
         cache.free()
-        assert kv.match_prefix(second) == 32  # 35 shared tokens: 4 whole blocks of 8
+        assert match_prefix(kv, model, second) == 32  # 35 shared tokens: 4 whole blocks of 8
         tokens, logits = generate_reusing(model, kv, second, cached=32)
     assert torch.equal(tokens, want_tokens)
     assert (logits - want_logits).abs().max().item() < 1e-5
@@ -240,7 +240,7 @@ def test_a_chat_turn_reuses_the_generated_tokens_of_the_turn_before(tmp_path):
     with tiered(model, tmp_path, hbm=6, dram=6) as kv:
         tokens = store(model, kv, turn1, new=20)  # 21 + 19 tokens of KV: 5 whole blocks
         turn2 = torch.cat([tokens, torch.randint(1, VOCAB, (1, 6), generator=gen)], dim=1)
-        assert kv.match_prefix(turn2) == 40  # the blocks of generated tokens have content keys
+        assert match_prefix(kv, model, turn2) == 40  # the blocks of generated tokens have content keys
         want_tokens, want_logits = reference(model, turn2)
         got_tokens, got_logits = generate_reusing(model, kv, turn2, cached=40)
     assert torch.equal(got_tokens, want_tokens)
@@ -255,8 +255,8 @@ def test_ids_other_than_the_prompt_are_refused_before_anything_is_stored(tmp_pat
     other[0, 5] = (other[0, 5] % (VOCAB - 1)) + 1
     with tiered(model, tmp_path) as kv:
         with pytest.raises(UserError, match="differ from the prompt"):
-            generate(model, other, TieredCache(kv, model.config, prompt=prompt))
-        assert kv.match_prefix(other) == 0 and kv.match_prefix(prompt) == 0
+            generate(model, other, TieredCache(kv, model, prompt=prompt))
+        assert match_prefix(kv, model, other) == 0 and match_prefix(kv, model, prompt) == 0
 
 
 # -- sparse decode ----------------------------------------------------------------------------
@@ -264,9 +264,9 @@ def test_sparse_decode_with_every_block_in_budget_equals_exact(tmp_path):
     model = use_tiercache(tiny_llama(seed=14))
     ids = torch.randint(1, VOCAB, (1, 50), generator=torch.Generator().manual_seed(15))
     with tiered(model, tmp_path, hbm=8, dram=8) as kv:
-        exact, _ = generate(model, ids, TieredCache(kv, model.config))
+        exact, _ = generate(model, ids, TieredCache(kv, model))
     with tiered(model, tmp_path / "b", hbm=8, dram=8) as kv:
-        sparse, _ = generate(model, ids, TieredCache(kv, model.config, AttentionMode.SPARSE, budget=1.0))
+        sparse, _ = generate(model, ids, TieredCache(kv, model, AttentionMode.SPARSE, budget=1.0))
     assert torch.equal(sparse, exact)
 
 
@@ -274,7 +274,7 @@ def test_sparse_decode_reads_only_its_budget(tmp_path):
     model = use_tiercache(tiny_llama(seed=16))
     ids = torch.randint(1, VOCAB, (1, 64), generator=torch.Generator().manual_seed(17))
     with tiered(model, tmp_path, hbm=8, dram=8) as kv:
-        cache = TieredCache(kv, model.config, AttentionMode.SPARSE, budget=3)
+        cache = TieredCache(kv, model, AttentionMode.SPARSE, budget=3)
         generate(model, ids, cache, new=6)
         decode = [r for r in cache.sequences[0].reports if r.mode is AttentionMode.SPARSE]
     assert decode and all(r.selected == 3 for r in decode)
@@ -285,7 +285,7 @@ def test_a_corrupt_nvme_chunk_raises_instead_of_attending_over_the_rest(tmp_path
     model = use_tiercache(tiny_llama(seed=18))
     ids = torch.randint(1, VOCAB, (1, 60), generator=torch.Generator().manual_seed(19))
     with tiered(model, tmp_path, hbm=2, dram=2) as kv:
-        cache = TieredCache(kv, model.config)
+        cache = TieredCache(kv, model)
         model(ids, cache=cache)
         chunks = sorted(p for p in (tmp_path / "nvme").rglob("*") if p.is_file() and p.stat().st_size > 1000)
         assert chunks, "no NVMe chunk was written"
@@ -301,17 +301,17 @@ def test_a_corrupt_nvme_chunk_raises_instead_of_attending_over_the_rest(tmp_path
 def test_a_model_not_switched_to_tiercache_is_refused(tmp_path):
     model = tiny_llama()
     with tiered(model, tmp_path) as kv, pytest.raises(UserError, match="use_tiercache"):
-        TieredCache(kv, model.config)
+        TieredCache(kv, model)
 
 
 def test_switching_attention_away_after_the_cache_is_made_raises_at_the_next_pass(tmp_path):
     model = use_tiercache(tiny_llama())
     ids = torch.randint(1, VOCAB, (1, 20), generator=torch.Generator().manual_seed(20))
     with tiered(model, tmp_path) as kv:
-        cache = TieredCache(kv, model.config)
+        cache = TieredCache(kv, model)
         model.set_attn_implementation("sdpa")
         model(ids, cache=cache)  # a first pass over an empty cache is plain causal attention
-        with pytest.raises(UserError, match="did not read the tiered KV"):
+        with pytest.raises(UserError, match="left new KV unread"):
             model(ids[:, :1], cache=cache)
 
 
@@ -341,11 +341,11 @@ def test_a_left_padded_batch_matches_dynamic_cache_and_each_row_alone(tmp_path):
              for r in range(3)]
     use_tiercache(model)
     with tiered(model, tmp_path, hbm=8, dram=8) as kv:
-        cache = TieredCache(kv, model.config, prompt=ids, attention_mask=mask)
+        cache = TieredCache(kv, model, prompt=ids, attention_mask=mask)
         got = model.generate(ids, attention_mask=mask, cache=cache, max_new_tokens=10, do_sample=False, pad_token_id=0)
         assert [seq.length(0) for seq in cache.sequences] == [33 + 9, 21 + 9, 8 + 9]  # padding is not stored
         cache.free()
-        assert kv.match_prefix(ids[1, mask[1].bool()]) == 16  # the row's own tokens, keyed without padding
+        assert match_prefix(kv, model, ids[1, mask[1].bool()]) == 16  # the row's own tokens, keyed without padding
     assert torch.equal(got, want)
     for row in range(3):
         assert torch.equal(got[row, -10:], alone[row])
@@ -357,11 +357,11 @@ def test_padding_after_a_token_is_refused(tmp_path):
     mask = torch.ones_like(ids)
     mask[1, 9:] = 0  # right padding
     with tiered(model, tmp_path) as kv, pytest.raises(UserError, match="only left padding"):
-        model(ids, attention_mask=mask, cache=TieredCache(kv, model.config))
+        model(ids, attention_mask=mask, cache=TieredCache(kv, model))
     mask[1, 9:] = 1
     mask[0, 4] = 0  # a hole
     with tiered(model, tmp_path / "b") as kv, pytest.raises(UserError, match="only left padding"):
-        model(ids, attention_mask=mask, cache=TieredCache(kv, model.config))
+        model(ids, attention_mask=mask, cache=TieredCache(kv, model))
 
 
 def test_a_custom_mask_is_refused(tmp_path):
@@ -369,14 +369,14 @@ def test_a_custom_mask_is_refused(tmp_path):
     ids = torch.randint(1, VOCAB, (1, 6), generator=torch.Generator().manual_seed(31))
     custom = torch.ones(1, 1, 6, 6, dtype=torch.bool)  # bidirectional: not causal
     with tiered(model, tmp_path) as kv, pytest.raises(UserError, match="not causal"):
-        model(ids, attention_mask=custom, cache=TieredCache(kv, model.config))
+        model(ids, attention_mask=custom, cache=TieredCache(kv, model))
 
 
 def test_beam_search_is_refused(tmp_path):
     model = use_tiercache(tiny_llama())
     ids = torch.randint(1, VOCAB, (1, 12), generator=torch.Generator().manual_seed(22))
     with tiered(model, tmp_path) as kv, pytest.raises(UserError, match="not supported"):
-        model.generate(ids, cache=TieredCache(kv, model.config), num_beams=2, max_new_tokens=3, pad_token_id=0)
+        model.generate(ids, cache=TieredCache(kv, model), num_beams=2, max_new_tokens=3, pad_token_id=0)
 
 
 @pytest.mark.parametrize("options, message", [
@@ -388,7 +388,7 @@ def test_beam_search_is_refused(tmp_path):
 def test_bad_options_are_named(tmp_path, options, message):
     model = use_tiercache(tiny_llama())
     with tiered(model, tmp_path) as kv, pytest.raises(UserError, match=message):
-        TieredCache(kv, model.config, **options)
+        TieredCache(kv, model, **options)
 
 
 def test_a_layout_that_does_not_match_the_model_is_refused(tmp_path):
@@ -398,7 +398,7 @@ def test_a_layout_that_does_not_match_the_model_is_refused(tmp_path):
     tiers = [TierConfig("hbm", 8)]
     with TieredKVCache(kv_layout(other, torch.float32, BLOCK), tiers, device="cpu") as kv:
         with pytest.raises(UserError, match="kv_heads=4"):
-            TieredCache(kv, model.config)
+            TieredCache(kv, model)
 
 
 def test_kv_layout_reads_the_config():

@@ -39,8 +39,13 @@ from typing import Protocol, Sequence
 
 import torch
 
-__all__ = ["Partial", "partial_attention", "merge", "stream_attention", "stream_partial", "ChunkSource", "dense_reference",
+__all__ = ["SCORE_BUDGET", "Partial", "partial_attention", "merge", "stream_attention", "stream_partial", "ChunkSource", "dense_reference",
            "compute_dtype", "block_summaries", "block_bounds", "block_scores", "select_blocks"]
+
+
+#: Scores one ``partial_attention`` call computes at most when the query has many rows (32 Mi:
+#: 128 MiB in float32); ``_sliced_partial`` cuts the rows to fit.
+SCORE_BUDGET = 1 << 25
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -212,7 +217,7 @@ def _streamed(q: torch.Tensor, kv_heads: int, source: ChunkSource, n_chunks: int
         k, v = source.finish(in_flight.popleft())
         keys += _check_chunk(k, v, grouped, f"chunk {index}")
         wide = wide or _wide(k, v)
-        part = partial_attention(grouped, k, v)  # compute chunk i while i+1.. are fetched
+        part = _sliced_partial(grouped, k, v)  # compute chunk i while i+1.. are fetched
         result = part if result is None else merge(result, part)
         following = index + depth
         if following < n_chunks:  # its buffer is free only now that chunk i is computed
@@ -220,11 +225,25 @@ def _streamed(q: torch.Tensor, kv_heads: int, source: ChunkSource, n_chunks: int
     for index, (k, v) in enumerate(extras):
         keys += _check_chunk(k, v, grouped, f"extra chunk {index}")
         wide = wide or _wide(k, v)
-        part = partial_attention(grouped, k, v)
+        part = _sliced_partial(grouped, k, v)
         result = part if result is None else merge(result, part)
     if result is None or keys == 0:
         raise ValueError("stream_attention: no keys to attend to")
     return result, wide
+
+
+def _sliced_partial(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Partial:
+    """``partial_attention`` of the grouped query over one chunk, ``SCORE_BUDGET`` scores at
+    a time: many query rows (a prefill chunk's tokens over a stored prefix) are cut into
+    slices, so the score matrix stays bounded whatever the number of queries; a decode
+    step's few rows are one slice."""
+    kv_heads, rows = q.shape[:2]
+    step = max(1, SCORE_BUDGET // max(1, kv_heads * k.shape[1]))
+    if rows <= step:
+        return partial_attention(q, k, v)
+    parts = [partial_attention(q[:, start : start + step], k, v) for start in range(0, rows, step)]
+    return Partial(torch.cat([p.out for p in parts], dim=1), torch.cat([p.peak for p in parts], dim=1),
+                   torch.cat([p.total for p in parts], dim=1))
 
 
 def _check_query(q: torch.Tensor, kv_heads: int) -> None:

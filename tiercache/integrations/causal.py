@@ -12,11 +12,9 @@ import math
 
 import torch
 
-from tiercache.attention import Partial, partial_attention
+from tiercache.attention import SCORE_BUDGET, Partial, partial_attention
 
 __all__ = ["causal_partial", "expected_mask"]
-
-_QUERY_CHUNK = 256  # queries per call: bounds the score matrix at [heads, 256, t]
 
 
 def causal_partial(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dtype: torch.dtype,
@@ -31,6 +29,9 @@ def causal_partial(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dtype: tor
             empty partial (``peak`` -inf, ``total`` 0).
         dtype: the compute dtype; a score that overflows it reruns the chunk in float64.
 
+    Queries are taken a slice at a time so that no call scores more than ``SCORE_BUDGET``
+    pairs.
+
     Returns:
         The partial in the grouped layout: ``out`` ``[kv_heads, group * t, D]`` (row
         ``g * t + i``), ``peak``/``total`` ``[kv_heads, group * t]``.
@@ -40,8 +41,9 @@ def causal_partial(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dtype: tor
     if key_pos is None:
         key_pos = torch.arange(tokens, device=k.device)
     grouped = q.reshape(kv_heads, heads // kv_heads, tokens, head_dim)
-    parts = [_causal_chunk(grouped, k, v, key_pos, start, min(start + _QUERY_CHUNK, tokens), dtype)
-             for start in range(0, tokens, _QUERY_CHUNK)]
+    step = max(1, SCORE_BUDGET // (heads * max(1, k.shape[1])))  # queries per call: bounded scores
+    parts = [_causal_chunk(grouped, k, v, key_pos, start, min(start + step, tokens), dtype)
+             for start in range(0, tokens, step)]
     out = torch.cat([p.out for p in parts], dim=2)
     peak = torch.cat([p.peak for p in parts], dim=2)
     total = torch.cat([p.total for p in parts], dim=2)

@@ -145,6 +145,19 @@ class Sequence:
         view.flags.writeable = False
         return view
 
+    def forget_tokens(self, keep: int) -> None:
+        """Forgets the ids of the tokens from position ``keep`` on, so the blocks they would
+        fill get private keys (their KV depends on more than the ids: an image, embeddings).
+
+        Raises:
+            UserError: ``keep`` is below the tokens of KV some layer already holds.
+        """
+        held = max(self.length(layer) for layer in range(len(self._layers)))
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < held:
+            raise UserError(f"Sequence.forget_tokens: keep must be an integer >= {held} (tokens of KV held), got {keep!r}")
+        self._tokens = self._tokens[:keep]
+        del self._content_keys[keep // self.cache.layout.block_tokens :]
+
     def add_tokens(self, token_ids: Seq[int]) -> None:
         """Tells the sequence the ids of tokens it generated, so the blocks they fill get
         content keys a later request's ``match_prefix`` can find."""

@@ -1,0 +1,436 @@
+"""``TieredCache``: the ``transformers`` ``Cache`` over a ``TieredKVCache`` (see
+``tiercache.integrations.transformers`` for the whole picture and the entry points).
+
+A forward pass, as the cache sees it: ``begin_pass`` (the model's forward pre-hook: checks the
+pass, learns its token ids, decides whether its KV may get content keys), then per layer
+``_stage`` (the layer's ``update``) and ``attend`` (the ``"tiercache"`` attention), then
+``end_pass`` (the forward hook). A pass that raised anywhere is found at the next
+``begin_pass``: if it stored nothing, what it learnt is undone; if it stored KV at some
+layers, the layers are out of step and the cache refuses every later pass (``free`` it).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+from tiercache.attention import Partial, compute_dtype, merge
+from tiercache.config import AttentionMode
+from tiercache.data.buffers import torch_dtype
+from tiercache.errors import UserError
+from tiercache.live.arguments import sparse_budget_blocks
+from tiercache.live.cache import TieredKVCache
+from tiercache.live.sequence import Sequence
+
+from .causal import causal_partial, expected_mask
+from .inputs import kv_layout, left_padding, other_inputs, prompt_rows, standard_positions, text_config
+
+__all__ = ["ATTENTION", "TieredCache", "TieredLayer", "HOOKED", "FINGERPRINT", "STAGE"]
+
+#: The ``attn_implementation`` name of the attention that reads a ``TieredCache``.
+ATTENTION = "tiercache"
+STAGE = "_tiercache_stage"  # attribute of the key tensor ``update`` returns: (cache, layer)
+HOOKED = "_tiercache_hooked"  # set on a model once use_tiercache has hooked it
+FINGERPRINT = "_tiercache_fingerprint"  # the model's weights fingerprint, set by use_tiercache
+
+
+class TieredLayer(CacheLayerMixin):
+    """One model layer of a ``TieredCache``: stages the layer's new K and V for the
+    attention and answers length queries from the cache's sequences. Holds no tensors."""
+
+    is_compileable = False
+    is_croppable = False
+    is_sliding = False
+
+    def __init__(self, owner: "TieredCache", index: int) -> None:
+        super().__init__()
+        self.owner, self.index = owner, index
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.device = key_states.device
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        """Stages the new tokens' K and V (``[batch, kv_heads, t, head_dim]``) for this
+        layer's ``"tiercache"`` attention and returns them, tagged for it."""
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        self.owner._stage(self.index, key_states, value_states)
+        setattr(key_states, STAGE, (self.owner, self.index))
+        return key_states, value_states
+
+    def get_seq_length(self) -> int:
+        return self.owner.seq_length(self.index)
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.get_seq_length() + query_length, 0
+
+    def get_max_length(self) -> int:
+        return -1
+
+    def offload(self) -> None:  # the tiers move the blocks; there is nothing to offload
+        return None
+
+    def prefetch(self) -> None:
+        return None
+
+    def reset(self) -> None:
+        self.owner.free()
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        raise UserError("TieredCache: beam search (reorder_cache) is not supported; use greedy or sampling")
+
+    def crop(self, tokens_to_remove: int) -> None:
+        raise UserError("TieredCache: crop is not supported (stored blocks are not cut back)")
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        raise UserError("TieredCache: expanding the batch (num_return_sequences, beams) is not supported")
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        raise UserError("TieredCache: selecting batch rows is not supported")
+
+
+class TieredCache(Cache):
+    """A ``transformers`` cache whose KV lives in a ``TieredKVCache``.
+
+    Args:
+        kv: the tiered cache (its layout must match the model: ``kv_layout``).
+        model: the model, switched with ``use_tiercache(model)``; its weights' fingerprint
+            is part of every content key, so models with other weights never share KV.
+        mode: attention of decode steps: ``AttentionMode.EXACT`` or ``SPARSE``.
+        budget: sparse only: blocks each decode step reads (``Sequence.attend``'s budget).
+        prompt: the prompt's token ids (``[batch, n]``): each row starts from the longest
+            prefix that every row has stored (whole blocks, at least one token left to
+            compute), and the prompt's blocks get content keys a later prompt finds. Give
+            ``generate`` the same ids (it checks them): it computes only from
+            ``get_seq_length()`` on.
+        attention_mask: the prompt's ``[batch, n]`` mask (0: left padding), as given to
+            ``generate``: padding ids are not tokens of the row; a padded batch reuses no
+            stored prefix (its rows would start at different positions).
+        namespace: keeps prefixes apart beyond the weights (an adapter, a tenant).
+
+    Raises:
+        UserError: the model is not switched (``use_tiercache``); the layout or dtype does
+            not match the model; a bad mode, budget, prompt or mask.
+    """
+
+    def __init__(self, kv: TieredKVCache, model: Any, mode: AttentionMode = AttentionMode.EXACT,
+                 budget: float | int | None = None, prompt=None, attention_mask=None,
+                 namespace: bytes | str = b"") -> None:
+        _check_model(kv, model)
+        _check_mode(mode, budget)
+        super().__init__(layers=[TieredLayer(self, layer) for layer in range(kv.layout.layers)])
+        self.kv, self.mode, self.budget = kv, mode, budget
+        self.namespace = getattr(model, FINGERPRINT) + (namespace.encode() if isinstance(namespace, str) else bytes(namespace))
+        self.sequences: list[Sequence] = []
+        self._staged: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * kv.layout.layers
+        self._checked_mask: torch.Tensor | None = None  # the last mask found as expected (identity)
+        self._pads = np.zeros((kv.layout.layers, 0), dtype=np.int64)  # [layer, row]: padding not stored
+        self._pass: tuple[int, torch.Tensor] | None = None  # (start, kept columns [batch, t]) of a padded pass
+        self._open_pass: list[int] | None = None  # token ids each row knew when the running pass began
+        self._stored_in_pass = False
+        self._broken: str | None = None
+        if prompt is not None:
+            self._start(prompt, attention_mask)
+        elif attention_mask is not None:
+            raise UserError("TieredCache: attention_mask is the prompt's mask: give it with prompt=")
+
+    # -- public -------------------------------------------------------------------------
+    @property
+    def cached_tokens(self) -> int:
+        """Prompt tokens each row reused from the tiers (0 without a prompt)."""
+        return self.sequences[0].cached_tokens if self.sequences else 0
+
+    def seq_length(self, layer: int = 0) -> int:
+        """Positions every row has passed at ``layer``: its tokens of KV plus the left padding
+        it did not store (0 before the first forward)."""
+        return self.sequences[0].length(layer) + int(self._pads[layer, 0]) if self.sequences else 0
+
+    def free(self) -> None:
+        """Releases every row's blocks (they stay stored for a later prompt's prefix until
+        the policies evict them); the cache starts empty again. Idempotent."""
+        for seq in self.sequences:
+            seq.free()
+        self.sequences = []
+        self._staged = [None] * len(self._staged)
+        self._pads = np.zeros((len(self._staged), 0), dtype=np.int64)
+        self._pass, self._open_pass, self._stored_in_pass, self._broken = None, None, False, None
+
+    # -- a forward pass ------------------------------------------------------------------
+    def begin_pass(self, module: torch.nn.Module, ids: torch.Tensor | None, kwargs: dict) -> None:
+        """The model's forward pre-hook: checks the pass, then tells each row the ids of its
+        kept (not padding) new tokens, or, when the pass's KV depends on more than ids at
+        their standard positions (embeddings, an image), makes the rows' KV private from
+        here on.
+
+        Raises:
+            UserError: the cache is out of step after a failed pass; attention weights asked
+                for; ids that differ from the prompt; padding other than left padding.
+        """
+        self._recover()
+        if kwargs.get("output_attentions"):
+            raise UserError("TieredCache: output_attentions is not supported (attention weights are never formed)")
+        tokens = _pass_tokens(ids, kwargs)
+        if not self.sequences:
+            self._open(tokens.shape[0])
+        if tokens.dim() < 2 or tokens.shape[0] != len(self.sequences):
+            raise UserError(f"TieredCache: inputs of shape {tuple(tokens.shape)} for a cache of {len(self.sequences)} rows")
+        start, count = self.seq_length(0), tokens.shape[1]
+        keep = self._kept_columns(kwargs.get("attention_mask"), start, count)
+        held = [seq.length(0) for seq in self.sequences]
+        keyed = ids is not None and not other_inputs(kwargs)
+        positioned = standard_positions(kwargs.get("position_ids"), keep, held, start, count)
+        new_ids = [self._new_ids(row, ids, keep) if keyed and positioned[row] else None for row in range(len(held))]
+        self._open_pass, self._stored_in_pass = [len(seq.token_ids) for seq in self.sequences], False
+        self._pass = None if keep is None else (start, torch.as_tensor(keep, device=self.kv.device))
+        for seq, given, before in zip(self.sequences, new_ids, held):
+            if given is None and len(seq.token_ids) > before:  # this pass's KV gets private keys
+                seq.forget_tokens(before)
+            elif given is not None and len(given):
+                seq.add_tokens(given)
+
+    def end_pass(self) -> None:
+        """The model's forward hook: the pass finished."""
+        self._open_pass = None
+
+    def check_prompt(self, ids: torch.Tensor, attention_mask) -> None:
+        """``generate``'s check that its ids are the prompt the cache was made for (only the
+        ids from ``seq_length()`` on reach the forward pass; a differing id before that
+        would get the stored prefix of another prompt).
+
+        Raises:
+            UserError: a row's ids (padding left out) differ from what the row knows.
+        """
+        if not self.sequences or ids.dim() != 2 or ids.shape[0] != len(self.sequences):
+            return
+        rows = [row.detach().cpu().numpy() for row in ids]
+        if attention_mask is not None:
+            rows = [row[kept] for row, kept in zip(rows, left_padding(attention_mask, [len(r) for r in rows]))]
+        for index, (row, seq) in enumerate(zip(rows, self.sequences)):
+            known = seq.token_ids
+            overlap = min(len(known), len(row))
+            if not np.array_equal(known[:overlap], row[:overlap]):
+                raise UserError(f"TieredCache: row {index}: generate's ids differ from the prompt the cache was made "
+                                "for (give generate the same ids as prompt=)")
+
+    def attend(self, layer: int, query: torch.Tensor, scaling: float) -> torch.Tensor:
+        """The ``"tiercache"`` attention of ``layer`` (see ``tiercache_attention``)."""
+        with torch.no_grad():
+            return self._attend(layer, query, scaling)
+
+    def check_window(self, layer: int, tokens: int, window: int | None) -> None:
+        """Raises UserError once a sliding window would cut the sequence (until then a
+        sliding-window layer attends to everything, as full attention does)."""
+        if window is not None and self.seq_length(layer) + tokens > window:
+            raise UserError(f"TieredCache: sliding_window={window} is not supported once the sequence outgrows it "
+                            f"({self.seq_length(layer) + tokens} positions)")
+
+    def check_mask(self, mask: torch.Tensor | None, layer: int, tokens: int) -> None:
+        """Raises UserError unless ``mask`` lets every (non-padding) query see what the cache
+        gives it: the row's held positions after its left padding, and the pass's kept tokens
+        causally (``causal.expected_mask``). Padding queries' rows are not compared: their
+        output is thrown away."""
+        if mask is None or mask is self._checked_mask:
+            return
+        held = self.seq_length(layer)
+        keep = self._keep(layer, tokens)
+        allowed = mask if mask.dtype == torch.bool else mask == 0
+        expected = expected_mask([int(p) for p in self._pads[layer]], keep, held, tokens, mask.device)
+        if allowed.dim() != 4 or allowed.shape[2:] != expected.shape[1:] or allowed.shape[0] not in (1, len(self.sequences)):
+            raise UserError(f"TieredCache: an attention mask of shape {tuple(mask.shape)}, expected "
+                            f"({len(self.sequences)}, 1, {tokens}, {held + tokens})")
+        differ = allowed[:, 0] != expected
+        if keep is not None:
+            differ &= keep.unsqueeze(-1)
+        if bool(differ.any()):
+            raise UserError("TieredCache: the attention mask is not causal over each row's tokens (padding other than "
+                            "a prompt's left padding, or a custom mask)")
+        self._checked_mask = mask
+
+    # -- inside a pass -------------------------------------------------------------------
+    def _recover(self) -> None:
+        """Before a pass: refuses a cache left out of step, and undoes what a pass that
+        raised before storing anything had learnt."""
+        if self._broken is None and len({self.seq_length(layer) for layer in range(len(self._staged))}) > 1:
+            self._broken = "its layers hold different lengths (a pass failed after storing some layers)"
+        if self._open_pass is not None and self._stored_in_pass:
+            self._broken = "a pass failed after storing some layers"
+        if self._open_pass is None and any(staged is not None for staged in self._staged):
+            self._broken = (f"a finished pass left new KV unread: the model's attention is not {ATTENTION!r} "
+                            "(call use_tiercache(model))")
+        if self._broken is not None:
+            raise UserError(f"TieredCache: {self._broken}; free() it and start a new one")
+        if self._open_pass is not None:  # the last pass failed before storing: forget its ids
+            for seq, known in zip(self.sequences, self._open_pass):
+                if len(seq.token_ids) > known:
+                    seq.forget_tokens(known)
+        self._staged = [None] * len(self._staged)
+        self._open_pass = None
+
+    def _new_ids(self, row: int, ids: torch.Tensor, keep: np.ndarray | None) -> np.ndarray | None:
+        """The ids of a row's kept new tokens that its sequence does not know yet, after
+        checking those it knows; None when the row's ids stopped being known (a pass
+        without them came first: its later blocks stay private)."""
+        seq = self.sequences[row]
+        given = ids[row].detach().cpu().numpy()
+        given = given if keep is None else given[keep[row]]
+        known, held = seq.token_ids, seq.length(0)
+        if len(known) < held:
+            return None
+        overlap = min(len(known) - held, len(given))
+        if not np.array_equal(known[held : held + overlap], given[:overlap]):
+            raise UserError(f"TieredCache: row {row}: the input ids of tokens {held}..{held + overlap - 1} differ "
+                            "from the prompt the cache was made for (pass generate the same ids)")
+        return given[overlap:]
+
+    def _kept_columns(self, mask, start: int, tokens: int) -> np.ndarray | None:
+        """The pass's columns that are not left padding (``[batch, t]`` bools), from the 2-D
+        attention mask of the whole sequence; None when every column is kept."""
+        if not isinstance(mask, torch.Tensor) or mask.dim() != 2:
+            return None
+        if mask.shape != (len(self.sequences), start + tokens):
+            raise UserError(f"TieredCache: attention_mask of shape {tuple(mask.shape)}, expected "
+                            f"({len(self.sequences)}, {start + tokens}) (the whole sequence so far)")
+        keep = left_padding(mask, [start + tokens] * len(self.sequences))
+        for row, kept in enumerate(keep):
+            pad = int(self._pads[0, row])
+            if kept[:pad].any() or not kept[pad:start].all() or (self.sequences[row].length(0) and not kept[start:].all()):
+                raise UserError(f"TieredCache: row {row}: the attention mask changes the row's past padding "
+                                "(only a prompt's left padding is supported)")
+            if not kept.any():
+                raise UserError(f"TieredCache: row {row} of the attention mask is padding only")
+        new = np.stack([kept[start:] for kept in keep])
+        return None if new.all() else new
+
+    def _stage(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        if self._staged[layer] is not None or self._broken is not None:
+            self._broken = self._broken or "a layer's new KV was never read by the tiercache attention"
+            raise UserError("TieredCache: the model's attention did not read the tiered KV (its attention "
+                            f"implementation is not {ATTENTION!r}: call use_tiercache(model)), or an earlier pass "
+                            "failed; free() the cache and start a new one")
+        if not self.sequences:
+            self._open(k.shape[0])
+        if k.shape[0] != len(self.sequences):
+            raise UserError(f"TieredCache: batch of {k.shape[0]} rows, but the cache holds {len(self.sequences)} sequences")
+        self._staged[layer] = (k, v)
+
+    def _attend(self, layer: int, query: torch.Tensor, scaling: float) -> torch.Tensor:
+        """Attention of ``query`` (``[batch, heads, t, D]``) over each row's held tokens and
+        the staged new ones; appends the staged tokens. Returns ``[batch, t, heads, D]``."""
+        k_new, v_new = self._staged[layer]
+        self._staged[layer] = None
+        batch, heads, tokens, head_dim = query.shape
+        factor = scaling * math.sqrt(head_dim)
+        q = (query if math.isclose(factor, 1.0) else query * factor).to(self.kv.dtype)
+        keep = self._keep(layer, tokens)
+        outs = []
+        for row, seq in enumerate(self.sequences):
+            k_row, v_row = k_new[row], v_new[row]
+            self._stored_in_pass = True  # from here on a failure leaves this layer ahead of the others
+            if tokens == 1 and keep is None:  # decode: the token joins its sequence first, one read covers it
+                seq.append(layer, k_row.contiguous(), v_row.contiguous())
+                part = self._decode_partial(seq, layer, q[row].contiguous())
+            else:
+                part = self._prefill_partial(seq, layer, q[row], k_row, v_row, None if keep is None else keep[row])
+                self._pads[layer, row] += tokens - (tokens if keep is None else int(keep[row].sum()))
+            outs.append(part.out.reshape(heads, tokens, head_dim))
+        return torch.stack(outs).transpose(1, 2).to(query.dtype)
+
+    def _keep(self, layer: int, tokens: int) -> torch.Tensor | None:
+        """The kept (not padding) columns of this pass (``[batch, t]``), None: all of them."""
+        if self._pass is None:
+            return None
+        start, keep = self._pass
+        return keep if start == self.seq_length(layer) and keep.shape[1] == tokens else None
+
+    def _decode_partial(self, seq: Sequence, layer: int, q: torch.Tensor) -> Partial:
+        """One decode query's attention over everything its sequence holds at ``layer`` (the
+        new token included), in the cache's mode (exact while no block is full)."""
+        if self.mode is AttentionMode.SPARSE and seq.blocks(layer) > 0:
+            return seq.attend_partial(layer, q, AttentionMode.SPARSE, self.budget)
+        return seq.attend_partial(layer, q)
+
+    def _prefill_partial(self, seq: Sequence, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                         keep: torch.Tensor | None) -> Partial:
+        """A row's queries over what its sequence holds and, causally, over the pass's kept
+        keys; appends the kept keys."""
+        key_pos = None if keep is None else keep.nonzero().squeeze(1)
+        if key_pos is not None:
+            k, v = k[:, key_pos], v[:, key_pos]
+        part = causal_partial(q, k, v, compute_dtype(self.kv.dtype), key_pos)
+        if seq.length(layer):
+            part = merge(seq.attend_partial(layer, q.contiguous()), part)
+        if k.shape[1]:
+            seq.append(layer, k.contiguous(), v.contiguous())
+        return part
+
+    # -- starting -------------------------------------------------------------------------
+    def _open(self, rows: int) -> None:
+        """Empty sequences for a batch of ``rows`` (no prompt given)."""
+        self.sequences = [self.kv.sequence(namespace=self.namespace) for _ in range(rows)]
+        self._pads = np.zeros((len(self._staged), rows), dtype=np.int64)
+
+    def _start(self, prompt, attention_mask) -> None:
+        """One sequence per prompt row, all starting from the prefix every row has stored."""
+        rows = prompt_rows(prompt)
+        padded = False
+        if attention_mask is not None:
+            keep = left_padding(attention_mask, [len(row) for row in rows])
+            if not all(kept.any() for kept in keep):
+                raise UserError("TieredCache: a row of the prompt's attention_mask is padding only")
+            padded = not all(kept.all() for kept in keep)
+            rows = [row[kept] for row, kept in zip(rows, keep)]
+        block = self.kv.layout.block_tokens
+        # whole blocks every row has stored, leaving each row at least one token to compute
+        common = min(min(self.kv.match_prefix(row, self.namespace), (len(row) - 1) // block * block) for row in rows)
+        common = 0 if padded else common  # padded rows start at different positions: no common prefix
+        self.sequences = []
+        for row in rows:
+            seq = self.kv.sequence(tokens=row[: common + 1], namespace=self.namespace)
+            seq.add_tokens(row[common + 1 :])
+            self.sequences.append(seq)
+        self._pads = np.zeros((len(self._staged), len(rows)), dtype=np.int64)
+
+
+def _pass_tokens(ids: torch.Tensor | None, kwargs: dict) -> torch.Tensor:
+    """What gives a pass its batch and token count: the ids, else the embeddings."""
+    tokens = ids if ids is not None else kwargs.get("inputs_embeds")
+    if not isinstance(tokens, torch.Tensor):
+        raise UserError("TieredCache: a forward pass needs input_ids or inputs_embeds")
+    return tokens
+
+
+def _check_model(kv: TieredKVCache, model: Any) -> None:
+    """Raises UserError unless ``model`` is switched to the tiercache attention and ``kv``'s
+    layout and dtype are the model's."""
+    if not isinstance(kv, TieredKVCache):
+        raise UserError(f"TieredCache: kv must be a TieredKVCache, got {type(kv).__name__}")
+    if not isinstance(model, torch.nn.Module) or not hasattr(model, "config"):
+        raise UserError(f"TieredCache: model must be a transformers model, got {type(model).__name__}")
+    config = text_config(model.config)
+    if getattr(config, "_attn_implementation", None) != ATTENTION or not getattr(model, HOOKED, False):
+        raise UserError(f"TieredCache: the model's attention implementation is "
+                        f"{getattr(config, '_attn_implementation', None)!r}, not {ATTENTION!r}; "
+                        "call use_tiercache(model) first")
+    want = kv_layout(config, torch_dtype(kv.layout.dtype), kv.layout.block_tokens)
+    for field in ("layers", "kv_heads", "head_dim"):
+        if getattr(want, field) != getattr(kv.layout, field):
+            raise UserError(f"TieredCache: the TieredKVCache's layout has {field}={getattr(kv.layout, field)}, the model "
+                            f"{getattr(want, field)} (build it with kv_layout(model.config, ...))")
+    dtype = getattr(model, "dtype", None)
+    if dtype is not None and dtype != kv.dtype:
+        raise UserError(f"TieredCache: the model computes in {dtype}, the TieredKVCache stores {kv.dtype}; "
+                        "build its layout with kv_layout(model.config, model.dtype)")
+
+
+def _check_mode(mode: AttentionMode, budget) -> None:
+    if not isinstance(mode, AttentionMode):
+        raise UserError(f"TieredCache: mode must be an AttentionMode (EXACT or SPARSE), got {mode!r}")
+    if (mode is AttentionMode.SPARSE) != (budget is not None):
+        raise UserError("TieredCache: a budget is given with AttentionMode.SPARSE, and only with it")
+    if budget is not None:
+        sparse_budget_blocks(budget, 1)  # a bad budget is refused here, not at the first decode step

@@ -1,0 +1,138 @@
+"""What a ``TieredCache`` reads from ``transformers``' side: prompts and their padding masks, a
+forward pass's keyword arguments (does its KV depend on anything but the token ids and their
+positions?), and a model's identity (its weights), which content keys must include.
+
+Content keys name KV by the tokens that produced it; they are right only if the same tokens
+always give the same KV. That holds within one model (same weights) for ids at their standard
+positions, and for nothing else: not for embeddings passed in place of ids, an image, other
+weights. Everything here decides, conservatively, when that holds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import torch
+
+from tiercache.config import KVLayout
+from tiercache.errors import UserError
+from tiercache.live.arguments import flat_token_ids
+
+__all__ = ["kv_layout", "prompt_rows", "left_padding", "model_fingerprint", "other_inputs", "standard_positions", "text_config"]
+
+#: Forward arguments that do not change a pass's KV (beyond ids, mask and cache).
+_NEUTRAL = frozenset({"input_ids", "attention_mask", "position_ids", "cache", "past_key_values", "use_cache",
+                      "return_dict", "logits_to_keep", "num_logits_to_keep", "cache_position", "output_hidden_states",
+                      "output_router_logits", "labels"})
+_SAMPLES = 64  # values read from each weight tensor for the model's fingerprint
+
+
+def kv_layout(config, dtype: torch.dtype, block_tokens: int = 256) -> KVLayout:
+    """The per-layer KV layout of a ``transformers`` model's config (its language model's, for
+    a composite one: layers, KV heads, head size) with KV stored as ``dtype``.
+
+    Raises:
+        UserError: the config lacks a field or ``dtype`` is not a dtype tiercache stores.
+    """
+    config = text_config(config)
+    try:
+        layers, heads = config.num_hidden_layers, config.num_attention_heads
+        kv_heads = getattr(config, "num_key_value_heads", None) or heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    except AttributeError as exc:
+        raise UserError(f"kv_layout: the config has no {exc.name!r}: not a decoder config tiercache knows") from None
+    name = str(dtype).removeprefix("torch.")
+    try:
+        return KVLayout(layers, kv_heads, head_dim, name, block_tokens, per_layer=True, name=config.model_type)
+    except Exception as exc:  # ConfigError: name the argument that was wrong
+        raise UserError(f"kv_layout: {exc}") from None
+
+
+def prompt_rows(prompt) -> list[np.ndarray]:
+    """A prompt's rows as flat int64 id arrays: a ``[batch, n]`` or ``[n]`` tensor or array,
+    a list of ids or a list of equal-length rows.
+
+    Raises:
+        UserError: an empty prompt or row, rows of different lengths (pad them and give the
+            attention mask), more than two dimensions, or ids that are not integers.
+    """
+    try:
+        if isinstance(prompt, torch.Tensor):
+            prompt = prompt.detach().cpu().numpy()
+        array = np.asarray(prompt)
+    except ValueError:  # ragged nested lists
+        raise UserError("TieredCache: prompt rows differ in length; pad them on the left and give attention_mask") from None
+    if array.dtype == object:
+        raise UserError("TieredCache: prompt rows differ in length; pad them on the left and give attention_mask")
+    if array.ndim not in (1, 2) or array.size == 0:
+        raise UserError(f"TieredCache: prompt must be [batch, n] or [n] token ids (n >= 1), got shape {array.shape}")
+    try:
+        return [flat_token_ids(row, "TieredCache: prompt") for row in np.atleast_2d(array)]
+    except (TypeError, ValueError) as exc:
+        raise UserError(str(exc)) from None
+
+
+def left_padding(mask, lengths: list[int]) -> list[np.ndarray]:
+    """Each row's kept (not padding) columns of a ``[batch, n]`` 0/1 attention mask, checking
+    that zeros only lead a row (left padding) and that every row keeps a token.
+
+    Raises:
+        UserError: a mask of another shape, a zero after a one, or a row of padding only.
+    """
+    values = mask.detach().cpu().numpy() if isinstance(mask, torch.Tensor) else np.asarray(mask)
+    if values.ndim != 2 or values.shape[0] != len(lengths) or any(values.shape[1] != n for n in lengths):
+        raise UserError(f"TieredCache: attention_mask of shape {values.shape} for rows of {lengths} tokens")
+    keep = [row != 0 for row in values]
+    for index, kept in enumerate(keep):
+        if kept.any() and not kept[int(np.argmax(kept)):].all():
+            raise UserError(f"TieredCache: row {index} of the attention mask has padding after a token "
+                            "(only left padding is supported)")
+    return keep
+
+
+def other_inputs(kwargs: dict) -> list[str]:
+    """The forward arguments given (not None) that can change a pass's KV besides the ids:
+    ``inputs_embeds``, images, audio, token types... (their KV must not get content keys)."""
+    return sorted(name for name, value in kwargs.items() if name not in _NEUTRAL and value is not None
+                  and value is not False)
+
+
+def standard_positions(position_ids: torch.Tensor | None, keep: np.ndarray | None, held: list[int],
+                       start: int, tokens: int) -> list[bool]:
+    """Per row, whether the pass's kept tokens sit at their standard positions (the row's
+    token count before them, then one more each), the positions their content keys assume.
+    ``position_ids`` None means transformers' default, ``start + i`` for column ``i``."""
+    if position_ids is None:
+        given = np.broadcast_to(np.arange(start, start + tokens), (len(held), tokens))
+    else:
+        given = position_ids.detach().cpu().numpy()
+        if given.ndim != 2 or given.shape[1] != tokens:
+            return [False] * len(held)  # e.g. multimodal rotary sections: not the plain positions
+        given = np.broadcast_to(given, (len(held), tokens))
+    result = []
+    for row, count in enumerate(held):
+        kept = given[row] if keep is None else given[row][keep[row]]
+        result.append(bool(np.array_equal(kept, np.arange(count, count + len(kept)))))
+    return result
+
+
+def model_fingerprint(model: torch.nn.Module) -> bytes:
+    """16 bytes that tell models apart by their weights: a hash of the class, every weight's
+    name, shape and dtype, and ``_SAMPLES`` evenly spaced values of each (read once per call:
+    a few kilobytes off the device). Two models with the same weights (the same checkpoint
+    loaded twice, in two processes) get the same fingerprint."""
+    digest = hashlib.blake2b(type(model).__name__.encode(), digest_size=16)
+    with torch.no_grad():
+        for name, weight in model.named_parameters():
+            digest.update(f"{name}:{tuple(weight.shape)}:{weight.dtype}".encode())
+            flat = weight.detach().reshape(-1)
+            sample = flat[:: max(1, flat.numel() // _SAMPLES)][:_SAMPLES]
+            digest.update(sample.to(torch.float64).cpu().numpy().tobytes())
+    return digest.digest()
+
+
+def text_config(config):
+    """The language model's config of a (possibly composite, e.g. vision-language) config."""
+    getter = getattr(config, "get_text_config", None)
+    return getter() if callable(getter) else config
