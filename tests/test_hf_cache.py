@@ -155,16 +155,24 @@ def test_attention_matches_float64_causal_reference(tmp_path, seed):
     v = torch.randn(1, kv_heads, held + new, dim, generator=gen)
     q = torch.randn(1, heads, new, dim, generator=gen) * 3
     with tiered(model, tmp_path, hbm=2, dram=2) as kv:
-        cache = TieredCache(kv, model)
-        for layer in range(2):  # hold the prefix at every layer (the invariant between passes)
-            cache.update(k[:, :, :held], v[:, :, :held], layer)
-            cache.sequences[0].append(layer, k[0, :, :held], v[0, :, :held])
-            cache._staged[layer] = None
-        key, value = cache.update(k[:, :, held:], v[:, :, held:], 0)
-        out, _ = tiercache_attention(model.model.layers[0].self_attn, q, key, value, None, scaling=dim ** -0.5)
+        out = attend_after(TieredCache(kv, model), model, q, k, v, held)
     assert out.shape == (1, new, heads, dim)
     want = causal_reference(q[0], k[0], v[0], held)
     assert torch.allclose(out[0].transpose(0, 1).double(), want, rtol=1e-5, atol=1e-5)
+
+
+def attend_after(cache, model, q, k, v, held: int, scaling: float | None = None):
+    """The tiercache attention of layer 0 for queries ``q`` over the new keys ``k[:, :, held:]``
+    after a pass that held ``k[:, :, :held]`` at every layer (appended as they are)."""
+    if held:  # passes of embeddings, not ids: private keys
+        cache.begin_pass(model.model, None, {"inputs_embeds": torch.zeros(1, held, 64)})
+        for layer in range(2):
+            cache.sequences[0].append(layer, k[0, :, :held], v[0, :, :held])
+        cache.end_pass()
+    cache.begin_pass(model.model, None, {"inputs_embeds": torch.zeros(1, q.shape[2], 64)})
+    key, value = cache.update(k[:, :, held:], v[:, :, held:], 0)
+    scaling = q.shape[-1] ** -0.5 if scaling is None else scaling
+    return tiercache_attention(model.model.layers[0].self_attn, q, key, value, None, scaling=scaling)[0]
 
 
 def causal_reference(q, k, v, held):
@@ -185,9 +193,7 @@ def test_scaling_other_than_one_over_sqrt_d_is_applied(tmp_path):
     v = torch.randn(1, 2, 12, 16, generator=gen)
     q = torch.randn(1, 4, 12, 16, generator=gen)
     with tiered(model, tmp_path) as kv:
-        cache = TieredCache(kv, model)
-        key, value = cache.update(k, v, 0)
-        out, _ = tiercache_attention(model.model.layers[0].self_attn, q, key, value, None, scaling=0.5)
+        out = attend_after(TieredCache(kv, model), model, q, k, v, 0, scaling=0.5)
     want = causal_reference(q[0] * (0.5 * 4.0), k[0], v[0], 0)
     assert torch.allclose(out[0].transpose(0, 1).double(), want, rtol=1e-5, atol=1e-5)
 

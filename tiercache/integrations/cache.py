@@ -27,14 +27,19 @@ from tiercache.live.cache import TieredKVCache
 from tiercache.live.sequence import Sequence
 
 from .causal import causal_partial, expected_mask
-from .inputs import kv_layout, left_padding, other_inputs, prompt_rows, standard_positions, text_config
+from .hooks import TIERED_CACHE, installed
+from .inputs import check_supported, kv_layout, left_padding, other_inputs, prompt_rows, standard_positions, text_config
 
-__all__ = ["ATTENTION", "TieredCache", "TieredLayer", "HOOKED", "FINGERPRINT", "STAGE"]
+__all__ = ["ATTENTION", "TieredCache", "TieredLayer", "FINGERPRINT", "STAGE"]
+
+# generate's tensor arguments that are ids, masks or positions (any other tensor is an input
+# the KV may depend on: embeddings, images, audio).
+_GENERATE_IDS = frozenset({"input_ids", "inputs", "attention_mask", "position_ids", "negative_prompt_ids",
+                           "negative_prompt_attention_mask"})
 
 #: The ``attn_implementation`` name of the attention that reads a ``TieredCache``.
 ATTENTION = "tiercache"
 STAGE = "_tiercache_stage"  # attribute of the key tensor ``update`` returns: (cache, layer)
-HOOKED = "_tiercache_hooked"  # set on a model once use_tiercache has hooked it
 FINGERPRINT = "_tiercache_fingerprint"  # the model's weights fingerprint, set by use_tiercache
 
 
@@ -132,7 +137,8 @@ class TieredCache(Cache):
         self._pads = np.zeros((kv.layout.layers, 0), dtype=np.int64)  # [layer, row]: padding not stored
         self._pass: tuple[int, torch.Tensor] | None = None  # (start, kept columns [batch, t]) of a padded pass
         self._open_pass: list[int] | None = None  # token ids each row knew when the running pass began
-        self._stored_in_pass = False
+        self._stored_in_pass = self._opened_in_pass = False
+        self._prompt_pads: list[int] | None = None  # each prompt row's left padding, when prompt= had a mask
         self._broken: str | None = None
         if prompt is not None:
             self._start(prompt, attention_mask)
@@ -159,6 +165,7 @@ class TieredCache(Cache):
         self._staged = [None] * len(self._staged)
         self._pads = np.zeros((len(self._staged), 0), dtype=np.int64)
         self._pass, self._open_pass, self._stored_in_pass, self._broken = None, None, False, None
+        self._opened_in_pass, self._prompt_pads = False, None
 
     # -- a forward pass ------------------------------------------------------------------
     def begin_pass(self, module: torch.nn.Module, ids: torch.Tensor | None, kwargs: dict) -> None:
@@ -175,16 +182,25 @@ class TieredCache(Cache):
         if kwargs.get("output_attentions"):
             raise UserError("TieredCache: output_attentions is not supported (attention weights are never formed)")
         tokens = _pass_tokens(ids, kwargs)
-        if not self.sequences:
-            self._open(tokens.shape[0])
-        if tokens.dim() < 2 or tokens.shape[0] != len(self.sequences):
+        if tokens.dim() < 2 or (self.sequences and tokens.shape[0] != len(self.sequences)):
             raise UserError(f"TieredCache: inputs of shape {tuple(tokens.shape)} for a cache of {len(self.sequences)} rows")
-        start, count = self.seq_length(0), tokens.shape[1]
-        keep = self._kept_columns(kwargs.get("attention_mask"), start, count)
-        held = [seq.length(0) for seq in self.sequences]
-        keyed = ids is not None and not other_inputs(kwargs)
+        batch, count, start = tokens.shape[0], tokens.shape[1], self.seq_length(0)
+        held = [seq.length(0) for seq in self.sequences] or [0] * batch
+        pads = self._pads[0] if self.sequences else np.zeros(batch, dtype=np.int64)
+        mask = kwargs.get("attention_mask")
+        if mask is None and pads.any():
+            raise UserError("TieredCache: rows hold left padding, so every pass needs the attention mask "
+                            "(without one the padding would be attended)")
+        keep = _kept_columns(mask, start, count, held, pads)
         positioned = standard_positions(kwargs.get("position_ids"), keep, held, start, count)
-        new_ids = [self._new_ids(row, ids, keep) if keyed and positioned[row] else None for row in range(len(held))]
+        if not any(held) and not pads.any() and _first_position(kwargs.get("position_ids"), count) > 0:
+            raise UserError("TieredCache: the cache holds no tokens but the pass's position_ids start past 0 "
+                            "(was it freed during generation?)")
+        self._opened_in_pass = not self.sequences
+        if self._opened_in_pass:
+            self._open(batch)
+        keyed = ids is not None and not other_inputs(kwargs)
+        new_ids = [self._new_ids(row, ids, keep) if keyed and positioned[row] else None for row in range(batch)]
         self._open_pass, self._stored_in_pass = [len(seq.token_ids) for seq in self.sequences], False
         self._pass = None if keep is None else (start, torch.as_tensor(keep, device=self.kv.device))
         for seq, given, before in zip(self.sequences, new_ids, held):
@@ -197,19 +213,32 @@ class TieredCache(Cache):
         """The model's forward hook: the pass finished."""
         self._open_pass = None
 
-    def check_prompt(self, ids: torch.Tensor, attention_mask) -> None:
-        """``generate``'s check that its ids are the prompt the cache was made for (only the
-        ids from ``seq_length()`` on reach the forward pass; a differing id before that
-        would get the stored prefix of another prompt).
+    def check_prompt(self, ids: torch.Tensor | None, attention_mask, kwargs: dict) -> None:
+        """``generate``'s check of its inputs against what the cache holds (only the ids from
+        ``seq_length()`` on reach the forward passes: a differing id before that, or inputs
+        other than ids, would be answered from KV computed for other inputs).
 
         Raises:
-            UserError: a row's ids (padding left out) differ from what the row knows.
+            UserError: a row's ids (padding left out) differ from what the row knows; the ids
+                do not reach past what the cache holds; embeddings or other model inputs
+                given while the rows hold reused KV.
         """
-        if not self.sequences or ids.dim() != 2 or ids.shape[0] != len(self.sequences):
+        self._recover()
+        others = sorted(name for name, value in kwargs.items()
+                        if isinstance(value, torch.Tensor) and name not in _GENERATE_IDS)
+        if others and self.cached_tokens:
+            raise UserError(f"TieredCache: {', '.join(others)} given with a reused prefix computed from ids alone; "
+                            "make the cache without prompt= for such inputs")
+        if ids is None or not self.sequences:
             return
+        if ids.dim() != 2 or ids.shape[0] != len(self.sequences) or ids.shape[1] <= self.seq_length(0):
+            raise UserError(f"TieredCache: generate's ids {tuple(ids.shape)} must be one row per sequence "
+                            f"({len(self.sequences)}) reaching past the {self.seq_length(0)} positions the cache holds")
         rows = [row.detach().cpu().numpy() for row in ids]
         if attention_mask is not None:
             rows = [row[kept] for row, kept in zip(rows, left_padding(attention_mask, [len(r) for r in rows]))]
+        elif self._prompt_pads is not None:  # generate infers the mask from the pad id: strip the prompt's padding
+            rows = [row[pad:] for row, pad in zip(rows, self._prompt_pads)]
         for index, (row, seq) in enumerate(zip(rows, self.sequences)):
             known = seq.token_ids
             overlap = min(len(known), len(row))
@@ -268,6 +297,8 @@ class TieredCache(Cache):
             for seq, known in zip(self.sequences, self._open_pass):
                 if len(seq.token_ids) > known:
                     seq.forget_tokens(known)
+            if self._opened_in_pass:  # and the rows it opened (the next pass may have another batch)
+                self.free()
         self._staged = [None] * len(self._staged)
         self._open_pass = None
 
@@ -284,36 +315,19 @@ class TieredCache(Cache):
         overlap = min(len(known) - held, len(given))
         if not np.array_equal(known[held : held + overlap], given[:overlap]):
             raise UserError(f"TieredCache: row {row}: the input ids of tokens {held}..{held + overlap - 1} differ "
-                            "from the prompt the cache was made for (pass generate the same ids)")
+                            "from the prompt the cache was made for (pass generate the same ids; a left-padded "
+                            "prompt= needs its attention_mask= too)")
         return given[overlap:]
 
-    def _kept_columns(self, mask, start: int, tokens: int) -> np.ndarray | None:
-        """The pass's columns that are not left padding (``[batch, t]`` bools), from the 2-D
-        attention mask of the whole sequence; None when every column is kept."""
-        if not isinstance(mask, torch.Tensor) or mask.dim() != 2:
-            return None
-        if mask.shape != (len(self.sequences), start + tokens):
-            raise UserError(f"TieredCache: attention_mask of shape {tuple(mask.shape)}, expected "
-                            f"({len(self.sequences)}, {start + tokens}) (the whole sequence so far)")
-        keep = left_padding(mask, [start + tokens] * len(self.sequences))
-        for row, kept in enumerate(keep):
-            pad = int(self._pads[0, row])
-            if kept[:pad].any() or not kept[pad:start].all() or (self.sequences[row].length(0) and not kept[start:].all()):
-                raise UserError(f"TieredCache: row {row}: the attention mask changes the row's past padding "
-                                "(only a prompt's left padding is supported)")
-            if not kept.any():
-                raise UserError(f"TieredCache: row {row} of the attention mask is padding only")
-        new = np.stack([kept[start:] for kept in keep])
-        return None if new.all() else new
-
     def _stage(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        if self._open_pass is None:
+            raise UserError("TieredCache: a layer ran without the pass's hooks (call the model readied by "
+                            "use_tiercache, or its decoder, with the cache)")
         if self._staged[layer] is not None or self._broken is not None:
             self._broken = self._broken or "a layer's new KV was never read by the tiercache attention"
             raise UserError("TieredCache: the model's attention did not read the tiered KV (its attention "
                             f"implementation is not {ATTENTION!r}: call use_tiercache(model)), or an earlier pass "
                             "failed; free() the cache and start a new one")
-        if not self.sequences:
-            self._open(k.shape[0])
         if k.shape[0] != len(self.sequences):
             raise UserError(f"TieredCache: batch of {k.shape[0]} rows, but the cache holds {len(self.sequences)} sequences")
         self._staged[layer] = (k, v)
@@ -384,6 +398,7 @@ class TieredCache(Cache):
                 raise UserError("TieredCache: a row of the prompt's attention_mask is padding only")
             padded = not all(kept.all() for kept in keep)
             rows = [row[kept] for row, kept in zip(rows, keep)]
+            self._prompt_pads = [int((~kept).sum()) for kept in keep]
         block = self.kv.layout.block_tokens
         # whole blocks every row has stored, leaving each row at least one token to compute
         common = min(min(self.kv.match_prefix(row, self.namespace), (len(row) - 1) // block * block) for row in rows)
@@ -394,6 +409,36 @@ class TieredCache(Cache):
             seq.add_tokens(row[common + 1 :])
             self.sequences.append(seq)
         self._pads = np.zeros((len(self._staged), len(rows)), dtype=np.int64)
+
+
+setattr(TieredCache, TIERED_CACHE, True)  # how the hooks recognise a TieredCache
+
+
+def _kept_columns(mask, start: int, tokens: int, held: list[int], pads: np.ndarray) -> np.ndarray | None:
+    """The pass's columns that are not left padding (``[batch, t]`` bools), from the 2-D
+    attention mask of the whole sequence (``held[b]`` tokens and ``pads[b]`` padding before
+    ``start``); None when every column is kept. A row may be all padding in a pass (a
+    chunk of a chunked prefill) until its first token."""
+    if not isinstance(mask, torch.Tensor) or mask.dim() != 2:
+        return None
+    if mask.shape != (len(held), start + tokens):
+        raise UserError(f"TieredCache: attention_mask of shape {tuple(mask.shape)}, expected "
+                        f"({len(held)}, {start + tokens}) (the whole sequence so far)")
+    keep = left_padding(mask, [start + tokens] * len(held))
+    for row, kept in enumerate(keep):
+        pad = int(pads[row])
+        if kept[:pad].any() or not kept[pad:start].all() or (held[row] and not kept[start:].all()):
+            raise UserError(f"TieredCache: row {row}: the attention mask changes the row's past padding "
+                            "(only a prompt's left padding is supported)")
+    new = np.stack([kept[start:] for kept in keep])
+    return None if new.all() else new
+
+
+def _first_position(position_ids: torch.Tensor | None, tokens: int) -> int:
+    """The smallest position of a pass's first column (0 when transformers picks them)."""
+    if not isinstance(position_ids, torch.Tensor) or position_ids.numel() == 0:
+        return 0
+    return int(position_ids.reshape(-1, tokens)[:, 0].min()) if position_ids.shape[-1] == tokens else 0
 
 
 def _pass_tokens(ids: torch.Tensor | None, kwargs: dict) -> torch.Tensor:
@@ -412,7 +457,8 @@ def _check_model(kv: TieredKVCache, model: Any) -> None:
     if not isinstance(model, torch.nn.Module) or not hasattr(model, "config"):
         raise UserError(f"TieredCache: model must be a transformers model, got {type(model).__name__}")
     config = text_config(model.config)
-    if getattr(config, "_attn_implementation", None) != ATTENTION or not getattr(model, HOOKED, False):
+    check_supported(model.config)
+    if getattr(config, "_attn_implementation", None) != ATTENTION or not installed(model) or not hasattr(model, FINGERPRINT):
         raise UserError(f"TieredCache: the model's attention implementation is "
                         f"{getattr(config, '_attn_implementation', None)!r}, not {ATTENTION!r}; "
                         "call use_tiercache(model) first")

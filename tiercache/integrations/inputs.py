@@ -11,6 +11,7 @@ weights. Everything here decides, conservatively, when that holds.
 from __future__ import annotations
 
 import hashlib
+import json
 
 import numpy as np
 import torch
@@ -19,13 +20,18 @@ from tiercache.config import KVLayout
 from tiercache.errors import UserError
 from tiercache.live.arguments import flat_token_ids
 
-__all__ = ["kv_layout", "prompt_rows", "left_padding", "model_fingerprint", "other_inputs", "standard_positions", "text_config"]
+__all__ = ["kv_layout", "prompt_rows", "left_padding", "model_fingerprint", "check_supported", "other_inputs",
+           "standard_positions", "text_config"]
 
 #: Forward arguments that do not change a pass's KV (beyond ids, mask and cache).
 _NEUTRAL = frozenset({"input_ids", "attention_mask", "position_ids", "cache", "past_key_values", "use_cache",
                       "return_dict", "logits_to_keep", "num_logits_to_keep", "cache_position", "output_hidden_states",
                       "output_router_logits", "labels"})
-_SAMPLES = 64  # values read from each weight tensor for the model's fingerprint
+# Config fields that name or date a model without changing its KV (left out of its fingerprint).
+_UNNAMED = frozenset({"_name_or_path", "name_or_path", "architectures", "transformers_version", "_commit_hash",
+                      "_attn_implementation", "_attn_implementation_internal", "attn_implementation"})
+_CHUNK = 1 << 20  # values per checksum step
+_SEED = 20261201  # of the checksums' weights
 
 
 def kv_layout(config, dtype: torch.dtype, block_tokens: int = 256) -> KVLayout:
@@ -118,18 +124,50 @@ def standard_positions(position_ids: torch.Tensor | None, keep: np.ndarray | Non
 
 
 def model_fingerprint(model: torch.nn.Module) -> bytes:
-    """16 bytes that tell models apart by their weights: a hash of the class, every weight's
-    name, shape and dtype, and ``_SAMPLES`` evenly spaced values of each (read once per call:
-    a few kilobytes off the device). Two models with the same weights (the same checkpoint
-    loaded twice, in two processes) get the same fingerprint."""
+    """16 bytes that tell models apart by what makes their KV: the class, the language
+    model's config (its JSON, less the fields that only name or date it) and every weight
+    and buffer, each by name, shape, dtype and three checksums over all its values (their
+    sum, their absolute sum and a sum weighted by a fixed pseudo-random sequence, in float64
+    on the weights' device, one host copy at the end). Any change of a value moves the
+    weighted sum; the same checkpoint loaded twice, in two processes, gets the same bytes."""
     digest = hashlib.blake2b(type(model).__name__.encode(), digest_size=16)
+    config = text_config(model.config).to_dict()
+    digest.update(json.dumps({k: v for k, v in config.items() if k not in _UNNAMED}, sort_keys=True, default=str).encode())
+    sums = []
     with torch.no_grad():
-        for name, weight in model.named_parameters():
-            digest.update(f"{name}:{tuple(weight.shape)}:{weight.dtype}".encode())
-            flat = weight.detach().reshape(-1)
-            sample = flat[:: max(1, flat.numel() // _SAMPLES)][:_SAMPLES]
-            digest.update(sample.to(torch.float64).cpu().numpy().tobytes())
+        for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+            digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}".encode())
+            sums.append(_checksums(tensor))
+    if sums:
+        digest.update(torch.stack(sums).cpu().numpy().tobytes())
     return digest.digest()
+
+
+def _checksums(tensor: torch.Tensor) -> torch.Tensor:
+    """``[3]`` float64 checksums of every value of ``tensor`` (see ``model_fingerprint``),
+    computed ``_CHUNK`` values at a time on the tensor's device."""
+    flat = tensor.detach().reshape(-1)
+    weights = _weights(min(_CHUNK, max(1, flat.numel())), flat.device)
+    total = torch.zeros(3, dtype=torch.float64, device=flat.device)
+    for start in range(0, flat.numel(), _CHUNK):
+        chunk = flat[start : start + _CHUNK].to(torch.float64)
+        total += torch.stack([chunk.sum(), chunk.abs().sum(), (chunk * weights[: len(chunk)]).sum()])
+    return total
+
+
+def _weights(count: int, device: torch.device) -> torch.Tensor:
+    """A fixed pseudo-random sequence in [0.5, 1.5) (the same in every process)."""
+    values = np.random.default_rng(_SEED).random(count) + 0.5
+    return torch.from_numpy(values).to(device)
+
+
+def check_supported(config) -> None:
+    """Raises UserError for a language model whose cache holds something else than K and V
+    per KV head (a latent cache: DeepSeek's multi-head latent attention)."""
+    text = text_config(config)
+    if getattr(text, "kv_lora_rank", None) is not None:
+        raise UserError(f"use_tiercache: {text.model_type} caches a latent (multi-head latent attention, "
+                        "kv_lora_rank), not per-head K and V: not supported")
 
 
 def text_config(config):

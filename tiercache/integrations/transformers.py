@@ -23,9 +23,10 @@ step (one new token) appends first and reads once, in the cache's ``mode``
 (``AttentionMode.SPARSE`` reads only the top blocks, as ``Sequence.attend``); a prefill
 chunk over a stored prefix is always exact.
 
-``use_tiercache`` also hooks the model: a forward pre-hook hands each pass's ``input_ids`` to
-the cache, so the blocks generated tokens fill get content keys (a chat's next turn finds the
-whole conversation so far), and ``generate`` checks its ids against the cache's ``prompt=``.
+``use_tiercache`` also hooks the model (``hooks``): its decoder's forward hooks hand every
+pass's inputs to the cache, however the model is called, so the blocks generated tokens fill
+get content keys (a chat's next turn finds the whole conversation so far), and ``generate``
+checks its inputs against the cache's ``prompt=``.
 Content keys are only given where the same ids always give the same KV: each includes the
 model's weights fingerprint (``inputs.model_fingerprint``), and a pass whose KV depends on more
 than ids at their standard positions (``inputs_embeds``, an image, custom positions) makes its
@@ -50,7 +51,6 @@ raises (the KV is stored without gradients).
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import torch
@@ -60,13 +60,13 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from tiercache.errors import UserError
 from tiercache.live.cache import TieredKVCache
 
-from .cache import ATTENTION, FINGERPRINT, HOOKED, STAGE, TieredCache, TieredLayer
-from .inputs import kv_layout, model_fingerprint, text_config
+from .cache import ATTENTION, FINGERPRINT, STAGE, TieredCache, TieredLayer
+from .hooks import install
+from .inputs import check_supported, kv_layout, model_fingerprint, text_config
 
 __all__ = ["ATTENTION", "TieredCache", "TieredLayer", "kv_layout", "use_tiercache", "register", "match_prefix",
            "tiercache_attention"]
 
-_CACHE_KWARGS = ("cache", "past_key_values")  # the cache's keyword, in transformers 5 and before
 # Attention arguments that do not change what attention computes; any other one given (not
 # None or False) is refused rather than ignored (attention sinks ``s_aux``/``sinks``, ...).
 _IGNORED = frozenset({"position_ids", "use_cache", "cache_position", "output_router_logits", "output_hidden_states",
@@ -76,21 +76,19 @@ _IGNORED = frozenset({"position_ids", "use_cache", "cache_position", "output_rou
 def use_tiercache(model: Any) -> Any:
     """Readies ``model`` (a ``transformers`` model) for a ``TieredCache``: switches its
     language model to the ``"tiercache"`` attention, fingerprints its weights (part of every
-    content key), hooks its forward passes (token ids, pass bookkeeping) and its
-    ``generate`` (the ids are checked against the cache's prompt). Returns the model.
+    content key), hooks its decoder's forward passes (token ids, pass bookkeeping) and its
+    ``generate`` (the inputs are checked against the cache's prompt). Returns the model.
     Idempotent; call it again after changing the weights.
 
     Raises:
-        UserError: the model cannot switch its attention implementation.
+        UserError: the model cannot switch its attention implementation, or caches something
+            else than per-head K and V.
     """
     register()
+    check_supported(model.config)
     _switch_attention(model)
     setattr(model, FINGERPRINT, model_fingerprint(model))
-    if not getattr(model, HOOKED, False):
-        model.register_forward_pre_hook(_begin_pass, with_kwargs=True)
-        model.register_forward_hook(_end_pass, with_kwargs=True)
-        model.generate = _checked_generate(model.generate)
-        setattr(model, HOOKED, True)
+    install(model)
     return model
 
 
@@ -98,8 +96,11 @@ def match_prefix(kv: TieredKVCache, model: Any, tokens, namespace: bytes | str =
     """Tokens of ``tokens``' prefix that ``kv`` holds for ``model`` (whole blocks), as a
     ``TieredCache(kv, model, prompt=tokens, namespace=namespace)`` would find them (before
     leaving a token to compute)."""
+    fingerprint = getattr(model, FINGERPRINT, None)
+    if fingerprint is None:
+        raise UserError("match_prefix: the model is not readied for tiercache; call use_tiercache(model) first")
     extra = namespace.encode() if isinstance(namespace, str) else bytes(namespace)
-    return kv.match_prefix(tokens, getattr(model, FINGERPRINT) + extra)
+    return kv.match_prefix(tokens, fingerprint + extra)
 
 
 def register() -> None:
@@ -129,6 +130,9 @@ def tiercache_attention(module: torch.nn.Module, query: torch.Tensor, key: torch
     cache, layer = stage
     if dropout:
         raise UserError(f"{ATTENTION} attention: dropout {dropout} is not supported (inference only)")
+    if not getattr(module, "is_causal", True):
+        raise UserError(f"{ATTENTION} attention: {type(module).__name__} is not causal (bidirectional attention "
+                        "is not supported)")
     unknown = sorted(name for name, value in kwargs.items() if name not in _IGNORED and value is not None and value is not False)
     if unknown:
         raise UserError(f"{ATTENTION} attention: {', '.join(unknown)} not supported ({type(module).__name__} passes "
@@ -170,35 +174,3 @@ def _switch_attention(model: Any) -> None:
     if text._attn_implementation != ATTENTION:
         raise UserError(f"use_tiercache: {type(model).__name__} cannot switch its attention implementation "
                         "(it does not use transformers' AttentionInterface)")
-
-
-def _cache_of(kwargs: dict) -> TieredCache | None:
-    return next((kwargs[name] for name in _CACHE_KWARGS if isinstance(kwargs.get(name), TieredCache)), None)
-
-
-def _begin_pass(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
-    """Forward pre-hook: hands the pass's inputs to the ``TieredCache`` it runs with."""
-    cache = _cache_of(kwargs)
-    if cache is not None:
-        ids = kwargs.get("input_ids", args[0] if args else None)
-        cache.begin_pass(module, ids if isinstance(ids, torch.Tensor) else None, kwargs)
-
-
-def _end_pass(module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
-    """Forward hook: the pass finished."""
-    cache = _cache_of(kwargs)
-    if cache is not None:
-        cache.end_pass()
-
-
-def _checked_generate(generate):
-    """``model.generate``, first checking its ids against a ``TieredCache``'s prompt."""
-
-    @functools.wraps(generate)
-    def run(*args, **kwargs):
-        cache = _cache_of(kwargs)
-        ids = kwargs.get("input_ids", args[0] if args else None)
-        if cache is not None and isinstance(ids, torch.Tensor):
-            cache.check_prompt(ids, kwargs.get("attention_mask"))
-        return generate(*args, **kwargs)
-    return run

@@ -1,0 +1,97 @@
+"""How a ``TieredCache`` sees a model's passes: hooks on the model's decoder (the module whose
+forward takes the token ids and the cache, whichever way the model is called) and a check
+in front of ``model.generate`` (the one place that sees a prompt's whole ids).
+
+The hooks are module-level functions and ``generate``'s check is a method bound to the model
+(``types.MethodType``), so a deep copy of the model checks itself, and pickling drops the
+check (the reloaded model is refused until ``use_tiercache`` readies it again) instead of
+failing. A cache is recognised by its ``TIERED_CACHE`` class attribute (this module does
+not import the cache).
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+import torch
+
+__all__ = ["TIERED_CACHE", "install", "installed"]
+
+#: Class attribute that marks a ``TieredCache``.
+TIERED_CACHE = "_is_tiered_cache"
+_CACHE_KWARGS = ("cache", "past_key_values")  # the cache's keyword, in transformers 5 and before
+
+
+def install(model: Any) -> None:
+    """Hooks the model's decoder (pass begin and end) and its ``generate`` (the prompt
+    check), where not hooked yet."""
+    decoder = decoder_of(model)
+    if not _hooked(decoder):
+        decoder.register_forward_pre_hook(_begin_pass, with_kwargs=True)
+        decoder.register_forward_hook(_end_pass, with_kwargs=True)
+    if not _generate_checked(model):
+        model.generate = types.MethodType(_checked_generate, model)
+
+
+def installed(model: Any) -> bool:
+    """Whether ``install`` readied this very model (not a copy that lost its check)."""
+    return _hooked(decoder_of(model)) and _generate_checked(model)
+
+
+def decoder_of(model: Any) -> torch.nn.Module:
+    """The module whose forward takes the ids and the cache (the language model's decoder)."""
+    getter = getattr(model, "get_decoder", None)
+    decoder = getter() if callable(getter) else None
+    return decoder if isinstance(decoder, torch.nn.Module) else model
+
+
+def _hooked(module: torch.nn.Module) -> bool:
+    return any(hook is _begin_pass for hook in module._forward_pre_hooks.values())
+
+
+def _generate_checked(model: Any) -> bool:
+    bound = vars(model).get("generate")
+    return isinstance(bound, types.MethodType) and bound.__func__ is _checked_generate and bound.__self__ is model
+
+
+def _cache_of(args: tuple, kwargs: dict):
+    """The ``TieredCache`` a call was given, by keyword or by position; None if none."""
+    given = [kwargs.get(name) for name in _CACHE_KWARGS] + list(args)
+    return next((value for value in given if getattr(type(value), TIERED_CACHE, False)), None)
+
+
+def _ids_of(args: tuple, kwargs: dict, names: tuple[str, ...]) -> torch.Tensor | None:
+    """The token ids of a call: the first of ``names`` given, else an integer first argument."""
+    for name in names:
+        if isinstance(kwargs.get(name), torch.Tensor):
+            return kwargs[name]
+    first = args[0] if args else None
+    return first if isinstance(first, torch.Tensor) and not first.is_floating_point() else None
+
+
+def _begin_pass(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+    """Forward pre-hook of the decoder: hands the pass's inputs to its ``TieredCache``."""
+    cache = _cache_of(args, kwargs)
+    if cache is not None:
+        cache.begin_pass(module, _ids_of(args, kwargs, ("input_ids",)), kwargs)
+
+
+def _end_pass(module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+    """Forward hook of the decoder: the pass finished."""
+    cache = _cache_of(args, kwargs)
+    if cache is not None:
+        cache.end_pass()
+
+
+def _checked_generate(self, *args, **kwargs):
+    """``generate`` of a readied model: first checks its inputs against a ``TieredCache``'s
+    prompt (``TieredCache.check_prompt``), then runs the model class's ``generate``."""
+    cache = _cache_of((), kwargs)
+    if cache is not None:
+        ids = _ids_of(args, kwargs, ("input_ids", "inputs"))
+        cache.check_prompt(ids, kwargs.get("attention_mask"), kwargs)
+    return type(self).generate(self, *args, **kwargs)
+
+
+_checked_generate.__name__ = "generate"  # pickled as getattr(model, "generate"): the class's, unchecked
