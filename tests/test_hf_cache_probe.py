@@ -412,3 +412,78 @@ def test_a_first_pass_refused_before_storing_leaves_room_for_another_batch(tmp_p
             model(ids_of(6, 48, batch=2), attention_mask=torch.ones(2, 1, 6, 6, dtype=torch.bool), cache=cache)
         model(ids_of(6, 49), cache=cache)
         assert len(cache.sequences) == 1 and cache.seq_length(0) == 6
+
+
+# -- a third probe ------------------------------------------------------------------------------
+def test_the_fingerprint_sees_values_moved_between_chunks():
+    from tiercache.integrations.inputs import model_fingerprint
+
+    torch.manual_seed(50)
+    config = transformers.LlamaConfig(vocab_size=32768, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                      num_attention_heads=4, num_key_value_heads=2)
+    model = transformers.LlamaForCausalLM(config).eval()
+    before = model_fingerprint(model)
+    with torch.no_grad():  # the embedding's two 2**20-value halves trade places
+        weight = model.model.embed_tokens.weight
+        weight.copy_(torch.cat([weight[16384:], weight[:16384]]))
+    assert model_fingerprint(model) != before
+
+
+def test_a_model_in_training_mode_is_refused(tmp_path):
+    model = use_tiercache(tiny_llama(seed=51)).train()
+    with tiered(model, tmp_path) as kv, torch.no_grad(), pytest.raises(UserError, match="training mode"):
+        model(ids_of(10, 52), cache=TieredCache(kv, model))
+
+
+def test_a_namespace_must_be_str_or_bytes(tmp_path):
+    model = use_tiercache(tiny_llama())
+    with tiered(model, tmp_path) as kv:
+        with pytest.raises(UserError, match="namespace must be str or bytes"):
+            TieredCache(kv, model, namespace=0)
+        with pytest.raises(UserError, match="namespace must be str or bytes"):
+            match_prefix(kv, model, [1, 2, 3], namespace=3)
+        assert TieredCache(kv, model, namespace="a").namespace == TieredCache(kv, model, namespace=b"a").namespace
+
+
+def test_generate_refuses_ids_shorter_than_the_prompt_before_computing(tmp_path):
+    model = use_tiercache(tiny_llama(seed=53))
+    ids = ids_of(40, 54)
+    with tiered(model, tmp_path) as kv:
+        cache = TieredCache(kv, model, prompt=ids)
+        with pytest.raises(UserError, match="fewer than"):
+            generate(model, ids[:, :36], cache)
+        assert cache.seq_length(0) == 0
+
+
+@pytest.mark.parametrize("config, message", [
+    (lambda: transformers.BartConfig(), "encoder-decoder"),
+    (lambda: transformers.Gemma3nTextConfig(), "shares KV"),
+    (lambda: transformers.JambaConfig(), "without attention KV"),
+])
+def test_models_whose_cache_is_not_per_layer_kv_are_refused(config, message):
+    from tiercache.integrations.inputs import check_supported
+
+    with pytest.raises(UserError, match=message):
+        check_supported(config())
+
+
+def test_classifier_free_guidance_is_refused_before_anything_runs(tmp_path):
+    model = use_tiercache(tiny_llama(seed=55))
+    ids = ids_of(20, 56)
+    with tiered(model, tmp_path) as kv:
+        cache = TieredCache(kv, model, prompt=ids)
+        with pytest.raises(UserError, match="guidance_scale"):
+            model.generate(ids, cache=cache, guidance_scale=1.5, max_new_tokens=3, pad_token_id=0)
+        assert cache.seq_length(0) == 0
+
+
+def test_blocks_another_sequence_holds_need_no_room(tmp_path):
+    model = use_tiercache(tiny_llama(seed=57))
+    ids = ids_of(25, 58)
+    tiers = [TierConfig("hbm", 3), TierConfig("dram", 3)]  # 6 per-layer blocks: one 24-token prompt's
+    with TieredKVCache(kv_layout(model.config, torch.float32, BLOCK), tiers, device="cpu") as kv, torch.no_grad():
+        first, second = TieredCache(kv, model, prompt=ids), TieredCache(kv, model, prompt=ids)
+        want = model(ids, cache=first).logits
+        got = model(ids, cache=second).logits  # the same content-keyed blocks: held twice, stored once
+        assert len(kv.manager.held) == 6
+    assert (got - want).abs().max().item() < 1e-6

@@ -28,7 +28,8 @@ from tiercache.live.sequence import Sequence
 
 from .causal import causal_partial, expected_mask
 from .hooks import TIERED_CACHE, installed
-from .inputs import check_supported, kv_layout, left_padding, other_inputs, prompt_rows, standard_positions, text_config
+from .inputs import (check_supported, kv_layout, left_padding, namespace_bytes, other_inputs, prompt_rows,
+                     standard_positions, text_config)
 
 __all__ = ["ATTENTION", "TieredCache", "TieredLayer", "FINGERPRINT", "STAGE"]
 
@@ -130,7 +131,7 @@ class TieredCache(Cache):
         _check_mode(mode, budget)
         super().__init__(layers=[TieredLayer(self, layer) for layer in range(kv.layout.layers)])
         self.kv, self.mode, self.budget = kv, mode, budget
-        self.namespace = getattr(model, FINGERPRINT) + (namespace.encode() if isinstance(namespace, str) else bytes(namespace))
+        self.namespace = getattr(model, FINGERPRINT) + namespace_bytes(namespace)
         self.sequences: list[Sequence] = []
         self._staged: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * kv.layout.layers
         self._checked_mask: torch.Tensor | None = None  # the last mask found as expected (identity)
@@ -181,6 +182,9 @@ class TieredCache(Cache):
         self._recover()
         if kwargs.get("output_attentions"):
             raise UserError("TieredCache: output_attentions is not supported (attention weights are never formed)")
+        if module.training:
+            raise UserError("TieredCache: the model is in training mode (dropout would change the KV it stores); "
+                            "call model.eval()")
         tokens = _pass_tokens(ids, kwargs)
         if tokens.dim() < 2 or (self.sequences and tokens.shape[0] != len(self.sequences)):
             raise UserError(f"TieredCache: inputs of shape {tuple(tokens.shape)} for a cache of {len(self.sequences)} rows")
@@ -224,6 +228,9 @@ class TieredCache(Cache):
                 given while the rows hold reused KV.
         """
         self._recover()
+        if kwargs.get("guidance_scale") not in (None, 1, 1.0):
+            raise UserError("TieredCache: guidance_scale (classifier-free guidance) runs an extra pass without the "
+                            "cache: not supported")
         others = sorted(name for name, value in kwargs.items()
                         if isinstance(value, torch.Tensor) and name not in _GENERATE_IDS)
         if others and self.cached_tokens:
@@ -241,8 +248,11 @@ class TieredCache(Cache):
             rows = [row[pad:] for row, pad in zip(rows, self._prompt_pads)]
         for index, (row, seq) in enumerate(zip(rows, self.sequences)):
             known = seq.token_ids
-            overlap = min(len(known), len(row))
-            if not np.array_equal(known[:overlap], row[:overlap]):
+            if len(row) < len(known):
+                raise UserError(f"TieredCache: row {index}: generate's {len(row)} ids are fewer than the "
+                                f"{len(known)} of the prompt the cache was made for (give generate the same ids)")
+            overlap = len(known)
+            if not np.array_equal(known, row[:overlap]):
                 raise UserError(f"TieredCache: row {index}: generate's ids differ from the prompt the cache was made "
                                 "for (give generate the same ids as prompt=)")
 

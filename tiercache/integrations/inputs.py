@@ -20,7 +20,8 @@ from tiercache.config import KVLayout
 from tiercache.errors import UserError
 from tiercache.live.arguments import flat_token_ids
 
-__all__ = ["kv_layout", "prompt_rows", "left_padding", "model_fingerprint", "check_supported", "other_inputs",
+__all__ = ["kv_layout", "prompt_rows", "left_padding", "model_fingerprint", "check_supported", "namespace_bytes",
+           "other_inputs",
            "standard_positions", "text_config"]
 
 #: Forward arguments that do not change a pass's KV (beyond ids, mask and cache).
@@ -31,6 +32,7 @@ _NEUTRAL = frozenset({"input_ids", "attention_mask", "position_ids", "cache", "p
 _UNNAMED = frozenset({"_name_or_path", "name_or_path", "architectures", "transformers_version", "_commit_hash",
                       "_attn_implementation", "_attn_implementation_internal", "attn_implementation"})
 _CHUNK = 1 << 20  # values per checksum step
+_ATTENTION_LAYERS = frozenset({"full_attention", "sliding_attention"})
 _SEED = 20261201  # of the checksums' weights
 
 
@@ -126,10 +128,12 @@ def standard_positions(position_ids: torch.Tensor | None, keep: np.ndarray | Non
 def model_fingerprint(model: torch.nn.Module) -> bytes:
     """16 bytes that tell models apart by what makes their KV: the class, the language
     model's config (its JSON, less the fields that only name or date it) and every weight
-    and buffer, each by name, shape, dtype and three checksums over all its values (their
+    and buffer, each by name, shape, dtype and three checksums per chunk of its values (their
     sum, their absolute sum and a sum weighted by a fixed pseudo-random sequence, in float64
     on the weights' device, one host copy at the end). Any change of a value moves the
-    weighted sum; the same checkpoint loaded twice, in two processes, gets the same bytes."""
+    weighted sum, and the checksums are kept per chunk of ``_CHUNK`` values, in order, so
+    moving values between chunks is seen too; the same checkpoint loaded twice, in two
+    processes, gets the same bytes."""
     digest = hashlib.blake2b(type(model).__name__.encode(), digest_size=16)
     config = text_config(model.config).to_dict()
     digest.update(json.dumps({k: v for k, v in config.items() if k not in _UNNAMED}, sort_keys=True, default=str).encode())
@@ -139,20 +143,20 @@ def model_fingerprint(model: torch.nn.Module) -> bytes:
             digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}".encode())
             sums.append(_checksums(tensor))
     if sums:
-        digest.update(torch.stack(sums).cpu().numpy().tobytes())
+        digest.update(torch.cat(sums).cpu().numpy().tobytes())
     return digest.digest()
 
 
 def _checksums(tensor: torch.Tensor) -> torch.Tensor:
-    """``[3]`` float64 checksums of every value of ``tensor`` (see ``model_fingerprint``),
-    computed ``_CHUNK`` values at a time on the tensor's device."""
+    """Three float64 checksums per chunk of ``_CHUNK`` values of ``tensor``, in order (see
+    ``model_fingerprint``), computed on the tensor's device; one row for an empty tensor."""
     flat = tensor.detach().reshape(-1)
     weights = _weights(min(_CHUNK, max(1, flat.numel())), flat.device)
-    total = torch.zeros(3, dtype=torch.float64, device=flat.device)
+    rows = [torch.zeros(3, dtype=torch.float64, device=flat.device)]
     for start in range(0, flat.numel(), _CHUNK):
         chunk = flat[start : start + _CHUNK].to(torch.float64)
-        total += torch.stack([chunk.sum(), chunk.abs().sum(), (chunk * weights[: len(chunk)]).sum()])
-    return total
+        rows.append(torch.stack([chunk.sum(), chunk.abs().sum(), (chunk * weights[: len(chunk)]).sum()]))
+    return torch.cat(rows)
 
 
 def _weights(count: int, device: torch.device) -> torch.Tensor:
@@ -162,12 +166,35 @@ def _weights(count: int, device: torch.device) -> torch.Tensor:
 
 
 def check_supported(config) -> None:
-    """Raises UserError for a language model whose cache holds something else than K and V
-    per KV head (a latent cache: DeepSeek's multi-head latent attention)."""
+    """Raises UserError for a model whose cache is not one K and V per KV head per layer of a
+    decoder: a latent cache (DeepSeek's multi-head latent attention), layers that share
+    another layer's KV (Gemma 3n), layers without attention KV (convolution, linear or state
+    space layers of hybrid models), or an encoder-decoder model."""
     text = text_config(config)
+    if getattr(config, "is_encoder_decoder", False):
+        raise UserError(f"use_tiercache: {config.model_type} is an encoder-decoder model: not supported")
     if getattr(text, "kv_lora_rank", None) is not None:
         raise UserError(f"use_tiercache: {text.model_type} caches a latent (multi-head latent attention, "
                         "kv_lora_rank), not per-head K and V: not supported")
+    if getattr(text, "num_kv_shared_layers", 0):
+        raise UserError(f"use_tiercache: {text.model_type} shares KV between layers (num_kv_shared_layers): not supported")
+    others = sorted(set(getattr(text, "layer_types", None) or ()) - _ATTENTION_LAYERS)
+    if others:
+        raise UserError(f"use_tiercache: {text.model_type} has layers without attention KV ({', '.join(others)}): "
+                        "not supported")
+
+
+def namespace_bytes(namespace) -> bytes:
+    """A namespace as bytes: a str (UTF-8) or bytes.
+
+    Raises:
+        UserError: anything else (an int would silently become that many zero bytes).
+    """
+    if isinstance(namespace, str):
+        return namespace.encode()
+    if isinstance(namespace, (bytes, bytearray)):
+        return bytes(namespace)
+    raise UserError(f"TieredCache: namespace must be str or bytes, got {type(namespace).__name__}")
 
 
 def text_config(config):

@@ -62,7 +62,7 @@ from tiercache.live.cache import TieredKVCache
 
 from .cache import ATTENTION, FINGERPRINT, STAGE, TieredCache, TieredLayer
 from .hooks import install
-from .inputs import check_supported, kv_layout, model_fingerprint, text_config
+from .inputs import check_supported, kv_layout, model_fingerprint, namespace_bytes, text_config
 
 __all__ = ["ATTENTION", "TieredCache", "TieredLayer", "kv_layout", "use_tiercache", "register", "match_prefix",
            "tiercache_attention"]
@@ -99,8 +99,7 @@ def match_prefix(kv: TieredKVCache, model: Any, tokens, namespace: bytes | str =
     fingerprint = getattr(model, FINGERPRINT, None)
     if fingerprint is None:
         raise UserError("match_prefix: the model is not readied for tiercache; call use_tiercache(model) first")
-    extra = namespace.encode() if isinstance(namespace, str) else bytes(namespace)
-    return kv.match_prefix(tokens, fingerprint + extra)
+    return kv.match_prefix(tokens, fingerprint + namespace_bytes(namespace))
 
 
 def register() -> None:
@@ -125,8 +124,9 @@ def tiercache_attention(module: torch.nn.Module, query: torch.Tensor, key: torch
     """
     stage = getattr(key, STAGE, None)
     if stage is None:
-        raise UserError(f"attn_implementation={ATTENTION!r} needs a TieredCache as the model's cache "
-                        "(generate(..., cache=TieredCache(kv, model)))")
+        raise UserError(f"attn_implementation={ATTENTION!r} needs a TieredCache as the model's cache, and this "
+                        "forward pass was given none (generate(..., cache=TieredCache(kv, model)); an extra pass "
+                        "of generate's own, such as guidance_scale's, cannot use it)")
     cache, layer = stage
     if dropout:
         raise UserError(f"{ATTENTION} attention: dropout {dropout} is not supported (inference only)")

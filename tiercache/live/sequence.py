@@ -187,7 +187,7 @@ class Sequence:
             block_tokens = cache.layout.block_tokens
             total = state.tail_len + k.shape[1]
             full = total // block_tokens
-            self._check_room(full)
+            self._check_room(layer, state.n, full)
             if full == 0:
                 state.tail[0, :, state.tail_len : total] = k
                 state.tail[1, :, state.tail_len : total] = v
@@ -346,11 +346,13 @@ class Sequence:
             if index < len(self._content_keys):
                 tokens[block_id] = self._tokens[index * block_tokens : (index + 1) * block_tokens].copy()
 
-    def _check_room(self, new_blocks: int) -> None:
-        """Refuses blocks the hierarchy cannot hold next to every live sequence's blocks."""
+    def _check_room(self, layer: int, first: int, count: int) -> None:
+        """Refuses blocks the hierarchy cannot hold next to every live sequence's blocks (a
+        block another sequence holds already, under the same content key, needs no room)."""
         cache = self.cache
-        held = len(cache.manager.held)
-        capacity = cache.capacity_blocks
+        ids = cache.store._map.ids([self._block_key(first + i, layer) for i in range(count)], register=False)
+        new_blocks = sum(1 for block_id in ids if block_id not in cache.manager.held)
+        held, capacity = len(cache.manager.held), cache.capacity_blocks
         if new_blocks and held + new_blocks > capacity:
             missing = held + new_blocks - capacity
             raise UserError(f"Sequence.append: {new_blocks} new block(s) do not fit: live sequences hold {held} of the "
