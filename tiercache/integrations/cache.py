@@ -228,6 +228,9 @@ class TieredCache(Cache):
                 given while the rows hold reused KV.
         """
         self._recover()
+        if (kwargs.get("num_return_sequences") or 1) > 1 and self.sequences:
+            raise UserError("TieredCache: num_return_sequences > 1 needs a cache without prompt= (each returned "
+                            "sequence is a row of its own)")
         if kwargs.get("guidance_scale") not in (None, 1, 1.0):
             raise UserError("TieredCache: guidance_scale (classifier-free guidance) runs an extra pass without the "
                             "cache: not supported")
@@ -294,6 +297,8 @@ class TieredCache(Cache):
     def _recover(self) -> None:
         """Before a pass: refuses a cache left out of step, and undoes what a pass that
         raised before storing anything had learnt."""
+        if self.kv._closed:
+            raise UserError("TieredCache: its TieredKVCache is closed")
         if self._broken is None and len({self.seq_length(layer) for layer in range(len(self._staged))}) > 1:
             self._broken = "its layers hold different lengths (a pass failed after storing some layers)"
         if self._open_pass is not None and self._stored_in_pass:
