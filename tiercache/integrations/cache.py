@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.cache_utils import Cache
 
 from tiercache.attention import Partial, compute_dtype, merge
 from tiercache.config import AttentionMode
@@ -28,10 +28,11 @@ from tiercache.live.sequence import Sequence
 
 from .causal import causal_partial, expected_mask
 from .hooks import TIERED_CACHE, installed
+from .layer import STAGE, TieredLayer
 from .inputs import (check_supported, kv_layout, left_padding, namespace_bytes, other_inputs, prompt_rows,
                      standard_positions, text_config)
 
-__all__ = ["ATTENTION", "TieredCache", "TieredLayer", "FINGERPRINT", "STAGE"]
+__all__ = ["ATTENTION", "TieredCache", "FINGERPRINT"]
 
 # generate's tensor arguments that are ids, masks or positions (any other tensor is an input
 # the KV may depend on: embeddings, images, audio).
@@ -40,64 +41,7 @@ _GENERATE_IDS = frozenset({"input_ids", "inputs", "attention_mask", "position_id
 
 #: The ``attn_implementation`` name of the attention that reads a ``TieredCache``.
 ATTENTION = "tiercache"
-STAGE = "_tiercache_stage"  # attribute of the key tensor ``update`` returns: (cache, layer)
 FINGERPRINT = "_tiercache_fingerprint"  # the model's weights fingerprint, set by use_tiercache
-
-
-class TieredLayer(CacheLayerMixin):
-    """One model layer of a ``TieredCache``: stages the layer's new K and V for the
-    attention and answers length queries from the cache's sequences. Holds no tensors."""
-
-    is_compileable = False
-    is_croppable = False
-    is_sliding = False
-
-    def __init__(self, owner: "TieredCache", index: int) -> None:
-        super().__init__()
-        self.owner, self.index = owner, index
-
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        self.device = key_states.device
-        self.is_initialized = True
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
-        """Stages the new tokens' K and V (``[batch, kv_heads, t, head_dim]``) for this
-        layer's ``"tiercache"`` attention and returns them, tagged for it."""
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        self.owner._stage(self.index, key_states, value_states)
-        setattr(key_states, STAGE, (self.owner, self.index))
-        return key_states, value_states
-
-    def get_seq_length(self) -> int:
-        return self.owner.seq_length(self.index)
-
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.get_seq_length() + query_length, 0
-
-    def get_max_length(self) -> int:
-        return -1
-
-    def offload(self) -> None:  # the tiers move the blocks; there is nothing to offload
-        return None
-
-    def prefetch(self) -> None:
-        return None
-
-    def reset(self) -> None:
-        self.owner.free()
-
-    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        raise UserError("TieredCache: beam search (reorder_cache) is not supported; use greedy or sampling")
-
-    def crop(self, tokens_to_remove: int) -> None:
-        raise UserError("TieredCache: crop is not supported (stored blocks are not cut back)")
-
-    def batch_repeat_interleave(self, repeats: int) -> None:
-        raise UserError("TieredCache: expanding the batch (num_return_sequences, beams) is not supported")
-
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        raise UserError("TieredCache: selecting batch rows is not supported")
 
 
 class TieredCache(Cache):

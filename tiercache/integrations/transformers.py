@@ -60,9 +60,10 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from tiercache.errors import UserError
 from tiercache.live.cache import TieredKVCache
 
-from .cache import ATTENTION, FINGERPRINT, STAGE, TieredCache, TieredLayer
+from .cache import ATTENTION, FINGERPRINT, TieredCache
 from .hooks import install
 from .inputs import check_supported, kv_layout, model_fingerprint, namespace_bytes, text_config
+from .layer import STAGE, TieredLayer
 
 __all__ = ["ATTENTION", "TieredCache", "TieredLayer", "kv_layout", "use_tiercache", "register", "match_prefix",
            "tiercache_attention"]
