@@ -14,8 +14,8 @@ from tiercache.keys import key_to_int
 
 from .keymap import KeyMap
 
-__all__ = ["adopt_stored_blocks", "persist_to_nvme", "Persisted", "PersistError", "run_every_step", "check_store",
-           "check_release"]
+__all__ = ["adopt_stored_blocks", "persist_to_nvme", "flush_and_close", "Persisted", "PersistError", "run_every_step",
+           "check_store", "check_release"]
 
 
 class PersistError(OSError):
@@ -24,38 +24,48 @@ class PersistError(OSError):
 
     Raised only once every close step ran without error, so the blocks counted as saved
     are durable. ``errno`` is None: the engine reports a failed write as text, which the
-    message quotes (``reason``).
+    message quotes (``reason``). Pickles and copies with its attributes (``__reduce__``).
 
     Attributes:
         saved: blocks written into NVMe by the persist (they reopen).
         failed: blocks the persist tried to write and could not (they do not reopen).
+        left_out: blocks not tried, for want of a free NVMe slot (they do not reopen);
+            ``saved + failed + left_out`` is every block held only in HBM/DRAM.
         reason: the first failure, as the engine reported it (the OS error's text).
     """
 
-    def __init__(self, saved: int, failed: int, reason: str) -> None:
-        super().__init__(f"TieredKVStore.close: {failed} of {saved + failed} blocks held only in HBM/DRAM could not "
-                         f"be persisted to NVMe ({reason}); {saved} were saved, the {failed} others are not in the "
-                         "reopened store")
-        self.saved, self.failed, self.reason = saved, failed, reason
+    def __init__(self, saved: int, failed: int, reason: str, left_out: int = 0) -> None:
+        unfit = f" and {left_out} did not fit in NVMe's free slots" if left_out else ""
+        super().__init__(f"TieredKVStore.close: {failed} of {saved + failed + left_out} blocks held only in HBM/DRAM "
+                         f"could not be persisted to NVMe ({reason}); {saved} were saved{unfit}: the "
+                         f"{failed + left_out} not saved are not in the reopened store")
+        self.saved, self.failed, self.left_out, self.reason = saved, failed, left_out, reason
+
+    def __reduce__(self) -> tuple:
+        """Rebuilds from the counts (``args`` holds only the message)."""
+        return type(self), (self.saved, self.failed, self.reason, self.left_out)
 
 
 @dataclass(frozen=True)
 class Persisted:
-    """What ``persist_to_nvme`` did: blocks ``saved`` into NVMe, blocks whose write
-    ``failed`` (they stayed where they were), and the first failure's ``reason``."""
+    """What ``persist_to_nvme`` did with the blocks held only in HBM/DRAM: ``saved`` into
+    NVMe, ``failed`` (their write failed: they stayed where they were, or were lost),
+    ``left_out`` (no free NVMe slot was left for them), and the first failure's ``reason``.
+    Each such block is counted in exactly one of the three."""
 
     saved: int = 0
     failed: int = 0
+    left_out: int = 0
     reason: str | None = None
 
     def count(self) -> int:
-        """The blocks saved.
+        """The blocks saved (blocks left out are no error: a reopened store holds what fits).
 
         Raises:
             PersistError: some blocks could not be written (``failed`` > 0).
         """
         if self.failed:
-            raise PersistError(self.saved, self.failed, self.reason or "unknown failure")
+            raise PersistError(self.saved, self.failed, self.reason or "unknown failure", self.left_out)
         return self.saved
 
 
@@ -77,27 +87,31 @@ def adopt_stored_blocks(manager: TierManager, media: Sequence[object], keymap: K
 
 def persist_to_nvme(manager: TierManager, events: EventLog) -> Persisted:
     """Moves unpinned DRAM, then HBM, blocks into free NVMe slots (nothing on NVMe is
-    evicted for them; blocks that do not fit are neither saved nor failed).
+    evicted for them; blocks that do not fit are ``left_out``).
 
-    One move per tier, and a move fails as a whole: when one of its writes fails, the
-    blocks of it that landed are taken back and all of them stay where they were, counted
-    in ``failed``. ``saved`` counts the blocks the NVMe tier holds afterwards, exactly.
+    One move per tier first; when one of its writes fails, the move is taken back whole
+    and its blocks are tried again one per move (``_move_one_by_one``), so a failed write
+    costs at most its own block. Every count is taken from where the blocks end up:
+    ``saved`` are in NVMe afterwards, ``failed`` were tried and are not, ``left_out`` were
+    never tried.
     """
     names = [d.name for d in manager.dirs]
     if "nvme" not in names or manager.write_through:
         return Persisted()
-    nvme, saved, failed, reason = names.index("nvme"), 0, 0, None
+    nvme, held, tried, reason = names.index("nvme"), [], 0, None
     for tier in reversed(range(nvme)):
         directory = manager.dirs[tier]
-        ids = [i for i in directory.slot_of if i not in directory.pins][: manager.dirs[nvme].n_free]
-        if not ids:
-            continue
-        error = _move_error(manager, ids, tier, nvme)
-        landed = sum(manager.locate(block_id) == nvme for block_id in ids)
-        saved, failed = saved + landed, failed + len(ids) - landed
-        reason = reason or error
+        here = [i for i in directory.slot_of if i not in directory.pins]
+        ids = here[: manager.dirs[nvme].n_free]
+        held += here
+        tried += len(ids)
+        error = _move_error(manager, ids, tier, nvme) if ids else None
+        if error is not None:
+            reason = reason or error
+            _move_one_by_one(manager, [i for i in ids if manager.locate(i) == tier], tier, nvme)
     events.drain()  # shutting down is not traffic
-    return Persisted(saved, failed, reason)
+    saved = sum(manager.locate(block_id) == nvme for block_id in held)
+    return Persisted(saved, tried - saved, len(held) - tried, reason)
 
 
 def _move_error(manager: TierManager, ids: list[int], src: int, dst: int) -> str | None:
@@ -107,6 +121,36 @@ def _move_error(manager: TierManager, ids: list[int], src: int, dst: int) -> str
     if plan is None:
         return "the move could not be started"
     return manager.wait(plan.job_id).error
+
+
+def _move_one_by_one(manager: TierManager, ids: list[int], src: int, dst: int) -> None:
+    """Moves each of ``ids`` from ``src`` to ``dst`` in a move of its own (all started,
+    then waited for, so they run in parallel): a write that fails again fails one block."""
+    plans = [manager.start_move([block_id], src, dst) for block_id in ids]
+    for plan in plans:
+        if plan is not None:
+            manager.wait(plan.job_id)
+
+
+def flush_and_close(media: Sequence[object]) -> None:
+    """Flushes every medium, then closes every one (even after an error).
+
+    A failed flush is not raised here: it keeps its batch pending (``NVMeStore.flush``),
+    and closing a durable medium flushes it again (``NVMeStore.close``), which raises if
+    that fails too. So a flush that fails once and then succeeds loses nothing and is no
+    error, and an error raised means the medium's final flush failed.
+
+    Raises:
+        Exception: the first error a close raised (for the NVMe tier, an ``OSError``
+            naming the store: what was written since its last successful flush is not
+            durable).
+    """
+    for medium in media:
+        try:
+            medium.flush()
+        except OSError:
+            pass  # retried by medium.close() below, which raises if it fails again
+    run_every_step([medium.close for medium in media])
 
 
 def run_every_step(steps: Sequence[Callable[[], object]]) -> list[object]:

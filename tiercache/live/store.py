@@ -35,8 +35,8 @@ from tiercache.keys import prefix_keys
 from tiercache.policies import make_admission, make_eviction
 
 from .keymap import KeyMap
-from .lifecycle import (PersistError, Persisted, adopt_stored_blocks, check_release, check_store, persist_to_nvme,
-                        run_every_step)
+from .lifecycle import (PersistError, Persisted, adopt_stored_blocks, check_release, check_store, flush_and_close,
+                        persist_to_nvme, run_every_step)
 from .reads import read_blocks
 from .pending import Pending
 from .media import (check_host_memory, check_layout, check_online, check_remote_write, check_tiers, open_media, resolve_device,
@@ -416,27 +416,27 @@ class TieredKVStore:
         With ``persist`` (default), blocks held only in DRAM and HBM are first moved to free
         NVMe slots (DRAM first, then HBM; nothing already on NVMe is evicted for them), so a
         reopened store holds as much as fits. Every step runs even if an earlier one failed
-        (what can be flushed is flushed). Returns how many blocks were persisted.
+        (what can be flushed is flushed). A flush that fails is tried again when the NVMe
+        tier closes; if that succeeds, nothing was lost and no error is raised
+        (``flush_and_close``). Returns how many blocks were persisted.
 
         Raises:
-            Exception: the first error a step raised, once every step has run (a failed
-                flush: nothing written since the last flush, persisted blocks included, is
-                durable; the store reopens with what its last flush made durable).
+            Exception: the first error a step raised, once every step has run. Closing the
+                NVMe tier is the last step: its ``OSError`` (naming the store) means the flush
+                failed twice, so nothing written since the last successful flush, blocks
+                persisted here included, is durable; the store reopens with what that made durable.
             PersistError: every step ran, but some blocks could not be written to NVMe (a
-                full disk); an ``OSError`` whose ``saved`` and ``failed`` count the blocks
-                that reopen and those that do not, its message quoting the OS error."""
+                full disk); an ``OSError`` whose ``saved``, ``failed`` and ``left_out``
+                count the blocks held only in HBM/DRAM that reopen, those whose write
+                failed and those that did not fit, its message quoting the OS error."""
         with self._lock:
             if self._closed:
                 return 0
             self._closed = True
             persisting = self._persist if persist else Persisted
-            _, _, persisted, _, _ = run_every_step([self.manager.wait_all, self._consume, persisting, self._flush_media,
-                                                    self._close_media])
+            _, _, persisted, _ = run_every_step([self.manager.wait_all, self._consume, persisting,
+                                                 lambda: flush_and_close(self._media)])
             return persisted.count()
-
-    def _close_media(self) -> None:
-        for medium in self._media:
-            medium.close()
 
     def _persist(self) -> Persisted:
         """Moves unpinned DRAM, then HBM, blocks into free NVMe slots (``persist_to_nvme``)."""
