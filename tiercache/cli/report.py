@@ -17,7 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..errors import UserError
-from ..report.across import across_documents, gap_markdown, gap_rows, split_rows
+from ..report.across import across_documents, gap_markdown, gap_notes, gap_rows, split_rows
 from ..report.content import build_document
 from ..report.lru_curve import same_trace
 from ..report.model import ReportData, from_documents, load_results
@@ -76,6 +76,9 @@ def run_compare(args: argparse.Namespace) -> int:
 
 def run_report(args: argparse.Namespace) -> int:
     """``tiercache report``: merge results files into a report."""
+    if args.across and args.trace:
+        raise UserError("--trace and --across are exclusive: gaps.md reads no trace (--trace only locates the trace of "
+                        "a one-trace report, for its one-pass LRU curve)")
     check_output_dir(args.out)
     if args.across:
         return _run_across(args)
@@ -111,11 +114,20 @@ def _run_split(args: argparse.Namespace, command: str, started: float) -> int:
 
 def _run_across(args: argparse.Namespace) -> int:
     """``report --across``: one gap table over results files of any traces, each trace's runs
-    once (notes on stderr name the files and runs counted once)."""
+    once (notes on stderr name the files and runs counted once, fleet runs left out and rows
+    without a gap for want of references made the same way).
+
+    Raises:
+        UserError: the table would have no row (nothing is written then).
+    """
     documents, notes = across_documents(args.results)
+    notes += [note for document in documents for note in gap_notes(document)]
     for note in notes:
         print(f"tiercache report: note: {note}", file=sys.stderr)
     rows = [row for document in documents for row in gap_rows(document)]
+    if not rows:
+        raise UserError("no row for gaps.md: no file holds a one-engine run of an online policy (fleet runs and "
+                        "offline policies alone give no best online policy); nothing written")
     table = gap_markdown(rows)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     Path(args.out, "gaps.md").write_text("# Gap closed per trace and capacity\n\n" + table, encoding="utf-8")

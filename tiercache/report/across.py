@@ -8,24 +8,31 @@ first half of a trace and the gap it closes on the second half.
 
 A trace is its fingerprint (the digest of its bytes), not its file name: ``across_documents``
 merges every results file of one trace into one document, so a run given twice (a copied
-results file, a replay saved twice) is one run, and each trace and cache is one row.
+results file, a replay saved twice) is one run, and each trace and cache is one row. A file
+written before fingerprints became xxh3-128 (blake2b) joins the trace whose file still lies at
+its recorded path with the bytes it fingerprinted (``same_trace``).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, replace
+from pathlib import Path
 
+from ..errors import UserError
 from ..results import ResultsDocument
 from ..results.records import FINGERPRINT_PREFIX, legacy_fingerprint
+from ..sim.loader import trace_fingerprint
 from . import fmt
+from .lru_curve import same_trace
+from .markdown import escape_cell
 from .model import Repeat, distinct_paths, merge_runs, read_documents
-from .summary import CapacityBest, best_per_capacity, gap_closed, tier_layout
+from .summary import CapacityBest, best_per_capacity, gap_closed, tier_layout, unreferenced_prefetch
 from .tables import tiers_text
 
-__all__ = ["GapRow", "across_documents", "gap_rows", "split_rows", "gap_markdown"]
+__all__ = ["GapRow", "across_documents", "gap_rows", "gap_notes", "split_rows", "gap_markdown"]
 
-#: Hex digits of a fingerprint shown where it tells traces of one name apart.
+#: Hex digits of a fingerprint shown (at least) where it tells traces of one name apart.
 _SHORT_DIGITS = 12
 
 
@@ -67,11 +74,14 @@ def across_documents(paths: list[str]) -> tuple[list[ResultsDocument], list[str]
     """Reads results files of any traces as one document per trace, and notes (one line each)
     on what was counted once and how traces are named.
 
-    Invariants: one document per trace fingerprint, in the order first given, holding the
-    runs of every file of that trace, each run (``RunRecord.key``) once (``merge_runs``); a
-    file given twice (by any spelling of its path) is read once; traces are named as their
-    first file names them, and traces of one name with different fingerprints are told apart
-    by a short fingerprint after the name. Every file left out or run counted once has a note.
+    Invariants: one document per trace fingerprint (``_trace_identity``: a blake2b one of a
+    trace file still at its recorded path counts as that file's xxh3-128 one), in the order
+    first given, holding the runs of every file of that trace, each run (``RunRecord.key``,
+    prefetch policy included) once (``merge_runs``); a file given twice (by any spelling of its
+    path) is read once; traces are named as their first file names them, and traces of one
+    name with different fingerprints are told apart by a short fingerprint after the name (as
+    many digits as tell them apart, at least 12). Every file left out, run counted once, older
+    fingerprint matched and file holding fleet runs (which gaps.md leaves out) has a note.
 
     Raises:
         UserError: a file cannot be read (as ``read_documents``), or two files hold one run of
@@ -82,23 +92,54 @@ def across_documents(paths: list[str]) -> tuple[list[ResultsDocument], list[str]
     documents = read_documents(kept)
     groups: dict[str, list[tuple[ResultsDocument, str]]] = defaultdict(list)
     for document, source in zip(documents, kept):
-        groups[document.trace.fingerprint].append((document, source))
-    merged = [_merge_trace(group, notes) for group in groups.values()]
+        groups[_trace_identity(document, source, notes)].append((document, source))
+    merged = [_merge_trace(fingerprint, group, notes) for fingerprint, group in groups.items()]
+    notes.extend(_fleet_note(document, source) for document, source in zip(documents, kept)
+                 if any(run.is_fleet for run in document.runs))
     return _named_apart(merged, notes), notes
 
 
-def _merge_trace(group: list[tuple[ResultsDocument, str]], notes: list[str]) -> tuple[ResultsDocument, str]:
-    """The files of one trace (fingerprint) as one document (the first file's, with the
-    merged runs) and the first file's path; appends a note for each name and run counted once."""
+def _trace_identity(document: ResultsDocument, source: str, notes: list[str]) -> str:
+    """The fingerprint the document's trace has now: as recorded, except for an earlier
+    version's blake2b one whose trace file still lies at the recorded path with those bytes
+    (``same_trace``), which is that file's xxh3-128 fingerprint (appends a note saying so).
+    A trace not found there, or changed since, keeps its blake2b fingerprint."""
+    trace = document.trace
+    if not legacy_fingerprint(trace.fingerprint) or not Path(trace.path).is_file():
+        return trace.fingerprint
+    try:
+        if not same_trace(trace.path, trace.fingerprint):
+            return trace.fingerprint
+        current = trace_fingerprint(trace.path)
+    except UserError:  # unreadable now: keep the recorded fingerprint
+        return trace.fingerprint
+    notes.append(f"{source} records its trace by an older (blake2b) fingerprint; {trace.path} still holds those bytes, "
+                 f"whose fingerprint is {current}: its runs join that trace's")
+    return current
+
+
+def _fleet_note(document: ResultsDocument, source: str) -> str:
+    """One line on the fleet runs of a file, which gaps.md leaves out."""
+    fleet = sum(run.is_fleet for run in document.runs)
+    return (f"{source}: {fleet} of its {len(document.runs)} runs are fleet runs (--instances), which are not in gaps.md "
+            "(a fleet is a configuration of several engines, not one cache with LRU and Belady references); "
+            "tiercache report shows them")
+
+
+def _merge_trace(fingerprint: str, group: list[tuple[ResultsDocument, str]],
+                 notes: list[str]) -> tuple[ResultsDocument, str]:
+    """The files of one trace (``fingerprint``, its identity) as one document (the first
+    file's, with that fingerprint and the merged runs) and the first file's path; appends a
+    note for each name and run counted once."""
     first, first_source = group[0]
     name = first.trace.name
     for document, source in group[1:]:
         if document.trace.name != name:
             notes.append(f"{source} names its trace {document.trace.name!r}, the same trace (fingerprint "
-                         f"{first.trace.fingerprint}) as {first_source}'s {name!r}: its rows are labelled {name!r}")
+                         f"{fingerprint}) as {first_source}'s {name!r}: its rows are labelled {name!r}")
     runs, repeats = merge_runs([document.runs for document, _ in group], [source for _, source in group])
     notes.extend(_repeat_note(repeat, name) for repeat in repeats)
-    return replace(first, runs=tuple(runs)), first_source
+    return replace(first, trace=replace(first.trace, fingerprint=fingerprint), runs=tuple(runs)), first_source
 
 
 def _repeat_note(repeat: Repeat, trace: str) -> str:
@@ -127,20 +168,38 @@ def _named_apart(merged: list[tuple[ResultsDocument, str]], notes: list[str]) ->
             if len({legacy_fingerprint(document.trace.fingerprint) for document, _ in group}) > 1:
                 notes.append(f"{sources}: some were written before trace fingerprints became xxh3-128, so one trace may be "
                              "listed twice; re-run the older ones to tell")
-    return [replace(d, trace=replace(d.trace, name=f"{d.trace.name} ({_short(d.trace.fingerprint)})"))
+    digits = {name: _distinct_digits([d.trace.fingerprint for d, _ in group]) for name, group in by_name.items()}
+    return [replace(d, trace=replace(d.trace, name=f"{d.trace.name} ({_short(d.trace.fingerprint, digits[d.trace.name])})"))
             if len(by_name[d.trace.name]) > 1 else d for d, _ in merged]
 
 
-def _short(fingerprint: str) -> str:
-    """The fingerprint's algorithm and first digits (``xxh3-128:8bb14f47022a``; older files: ``blake2b:...``)."""
+def _distinct_digits(fingerprints: list[str]) -> int:
+    """The fewest digits, at least ``_SHORT_DIGITS``, whose short labels tell ``fingerprints``
+    (distinct) apart; every digit when none fewer do."""
+    for digits in range(_SHORT_DIGITS, 32):
+        if len({_short(f, digits) for f in fingerprints}) == len(fingerprints):
+            return digits
+    return 32
+
+
+def _short(fingerprint: str, digits: int = _SHORT_DIGITS) -> str:
+    """The fingerprint's algorithm and first ``digits`` hex digits (``xxh3-128:8bb14f47022a``;
+    older files: ``blake2b:...``)."""
     if legacy_fingerprint(fingerprint):
-        return "blake2b:" + fingerprint[:_SHORT_DIGITS]
-    return fingerprint[:len(FINGERPRINT_PREFIX) + _SHORT_DIGITS]
+        return "blake2b:" + fingerprint[:digits]
+    return fingerprint[:len(FINGERPRINT_PREFIX) + digits]
 
 
 def gap_rows(document: ResultsDocument) -> list[GapRow]:
     """The best online policy in each cache (tier layout) of one results document."""
     return [_row(document.trace.name, entry) for entry in best_per_capacity(list(document.runs))]
+
+
+def gap_notes(document: ResultsDocument) -> list[str]:
+    """Notes on the rows of one document's gap table that have no gap for want of references
+    made the same way (decode runs with a prefetch policy, or one not recorded)."""
+    sentence = unreferenced_prefetch(best_per_capacity(list(document.runs)))
+    return [] if sentence is None else [f"trace {document.trace.name!r}: {sentence}"]
 
 
 def split_rows(tune: ResultsDocument, test: ResultsDocument) -> list[GapRow]:
@@ -176,5 +235,5 @@ def gap_markdown(rows: list[GapRow]) -> str:
                       _cell(r.best_gap, fmt.percent)]
         else:
             cells += [r.best, fmt.ratio(r.best_miss), _cell(r.best_gap, fmt.percent)]
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append("| " + " | ".join(map(escape_cell, cells)) + " |")
     return "\n".join(lines) + "\n"

@@ -17,7 +17,7 @@ from .lru_curve import LRUCurve, dense_lru_curve
 from ..results import Mode, Semantics, TraceKind
 from .model import ReportData, Run
 from .summary import (BASELINE, BELADY, CapacityBest, Payoff, best_per_capacity, by_group, hierarchy_payoffs,
-                      layouts_need_naming, policy_labels)
+                      layouts_need_naming, policy_labels, unreferenced_prefetch)
 from .tables import MODELED_TIME, best_table, codec_sentences, runs_table, tier_table, tiers_text, trace_table
 
 __all__ = ["build_document"]
@@ -105,6 +105,8 @@ def _summary(data: ReportData) -> Section:
     blocks += [Paragraph("The trace and the presets:"), trace_table(data)]
     if best:
         blocks += [Paragraph("The best online policy in each cache (each capacity, or each hierarchy):"), best_table(best)]
+        caveat = unreferenced_prefetch(best)
+        blocks += [Paragraph(caveat[0].upper() + caveat[1:] + ".")] if caveat else []
     return Section("Summary", tuple(blocks))
 
 
@@ -117,7 +119,7 @@ def _finding(best: CapacityBest, named: bool) -> str:
             if run is not None and run is not best.best]
     if refs:
         text += f" (vs {', '.join(refs)})"
-    if best.best.label == BASELINE:
+    if best.best is best.lru:
         return text + f"; no other online policy beats {BASELINE} here."
     if best.gap_closed is not None:
         text += f", closing {fmt.percent(best.gap_closed)} of the {BASELINE}–{BELADY} gap"

@@ -6,7 +6,7 @@ import re
 
 from .document import Block, Bullets, Code, Document, Image, Paragraph, Table
 
-__all__ = ["render_markdown", "escape_markdown"]
+__all__ = ["render_markdown", "escape_markdown", "escape_cell"]
 
 # Characters that start emphasis, code, links, HTML or table cells; escaping them keeps
 # trace names like "my_trace_v2" and link names like "dram->hbm" literal.
@@ -16,6 +16,13 @@ _SPECIAL = re.compile(r"([\\`*_\[\]<|])")
 def escape_markdown(text: str) -> str:
     """Plain text made safe to place in Markdown (also inside table cells)."""
     return _SPECIAL.sub(r"\\\1", text)
+
+
+def escape_cell(text: str) -> str:
+    """Text made safe as one cell of a Markdown table that is also read as plain text (gaps.md,
+    printed too): only what would end or join a cell, ``|`` and ``\\``, is escaped, so names
+    such as ``leaf_lru`` stay as typed."""
+    return text.replace("\\", "\\\\").replace("|", "\\|")
 
 
 def render_markdown(document: Document) -> str:

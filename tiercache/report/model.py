@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..errors import UserError
-from ..policies import PLACEMENT
+from ..policies import PLACEMENT, PREFETCH
 from ..results import LayoutInfo, ResultsDocument, RunRecord, TraceInfo, read_results, run_label
 from ..results.records import legacy_fingerprint
 
@@ -55,7 +55,9 @@ def load_results(paths: list[str]) -> ReportData:
 
 def read_documents(paths: list[str]) -> list[ResultsDocument]:
     """Reads results files strictly, each once, with the checks that need the policy registry
-    (which ``tiercache.results`` sits below): every run's placement is one tiercache knows.
+    (which ``tiercache.results`` sits below): every run's placement and prefetch policy is one
+    tiercache knows; a prefetch policy an older file did not record is told where the file's
+    own runs show it (``_with_known_prefetch``).
 
     Raises:
         UserError: a file given twice (a report would count its runs twice), or as
@@ -65,7 +67,21 @@ def read_documents(paths: list[str]) -> list[ResultsDocument]:
     documents = [read_results(p) for p in paths]
     for document, path in zip(documents, paths):
         _check_placements(document, str(path))
-    return documents
+    return [_with_known_prefetch(document) for document in documents]
+
+
+def _with_known_prefetch(document: ResultsDocument) -> ResultsDocument:
+    """``document`` with the prefetch policy of its decode runs told where a file of schema 3
+    to 6 did not record it (None) but it is known: one file is one sweep, run with one
+    ``--prefetch``, and an offline policy (Belady) refuses any prefetch policy but ``none``,
+    so a file holding an offline decode run was replayed without prefetch. Otherwise the
+    runs stay "not recorded"."""
+    from .summary import is_offline  # summary builds on this module
+
+    unknown = [r for r in document.runs if r.prefetch is None]
+    if not unknown or not any(is_offline(r.policy) for r in unknown):
+        return document
+    return replace(document, runs=tuple(replace(r, prefetch="none") if r.prefetch is None else r for r in document.runs))
 
 
 def distinct_paths(paths: list[str]) -> tuple[list[str], list[tuple[str, str]]]:
@@ -90,11 +106,13 @@ def _check_distinct(paths: list[str]) -> None:
 
 
 def _check_placements(document: ResultsDocument, source: str) -> None:
-    """Every run's placement is a registered placement policy or an out-of-tree ``module:Class``."""
+    """Every run's placement and (recorded) prefetch policy is a registered one or an
+    out-of-tree ``module:Class``."""
     for i, run in enumerate(document.runs, start=1):
-        if run.placement.strip().lower() not in PLACEMENT and ":" not in run.placement:
-            raise UserError(f"{source}: run {i}: field 'placement' must be one of {', '.join(PLACEMENT)} "
-                            f"(or module:Class), got {run.placement!r}")
+        for field, value, table in (("placement", run.placement, PLACEMENT), ("prefetch", run.prefetch, PREFETCH)):
+            if value is not None and value.strip().lower() not in table and ":" not in value:
+                raise UserError(f"{source}: run {i}: field {field!r} must be one of {', '.join(table)} "
+                                f"(or module:Class), got {value!r}")
 
 
 def from_documents(documents: list[ResultsDocument], sources: list[str]) -> ReportData:
@@ -190,11 +208,18 @@ def merge_runs(per_file: list[tuple[Run, ...]], sources: list[str]) -> tuple[lis
 
 
 def _check_same_counts(seen: tuple[Run, str], run: Run, source: str) -> None:
-    if (seen[0].hits, seen[0].misses) != (run.hits, run.misses):
-        raise UserError(
-            f"{source} and {seen[1]} both hold {run.label} at {run.capacity_blocks} blocks "
-            f"({run.semantics.value}, {run.mode.value}) with different counts; replays are deterministic, so one is stale"
-        )
+    if (seen[0].hits, seen[0].misses) == (run.hits, run.misses):
+        return
+    what = f"{run.label} at {run.capacity_blocks} blocks ({run.semantics.value}, {run.mode.value})"
+    if run.prefetch is None:
+        raise UserError(f"{source} and {seen[1]} both hold {what} with different counts; their files (results schema "
+                        "before 7) do not record the prefetch policy, so they may be replays with different --prefetch, "
+                        "or one is stale: re-run them to compare")
+    if seen[1] == source:
+        raise UserError(f"{source} holds {what} twice with different counts; replays are deterministic, so the file "
+                        "mixes runs of different replays (re-run the sweep)")
+    raise UserError(f"{source} and {seen[1]} both hold {what} with different counts; replays are deterministic, "
+                    "so one is stale")
 
 
 def _same_record(first: Run, run: Run) -> bool:
@@ -205,6 +230,6 @@ def _same_record(first: Run, run: Run) -> bool:
 def _sort_key(run: Run) -> tuple:
     # Policies are not part of the key: the stable sort keeps them in the order the sweep
     # listed them (the --policy order), which is also the legend order.
-    # key[6] is the tier layout ((name, capacity, codec) per tier): hierarchies of one total
-    # capacity sort by their split, each one's runs together.
-    return (run.semantics.value, run.mode.value, run.capacity_blocks, run.key[6], len(run.instances or ()), run.route.value if run.route else "")
+    # Hierarchies of one total capacity sort by their split (tier shape), each one's runs together.
+    return (run.semantics.value, run.mode.value, run.capacity_blocks, run.tier_shape, len(run.instances or ()),
+            run.route.value if run.route else "")

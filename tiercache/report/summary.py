@@ -3,9 +3,16 @@
 The gap closed by a policy in one cache is ``(miss_LRU - miss_policy) / (miss_LRU -
 miss_Belady)``: 0 is no better than LRU, 1 is as good as the offline optimum. It is only
 defined where LRU and Belady ran over the same tier layout (the tiers' names, capacities and
-codecs, fastest first), semantics and mode, and LRU is not already optimal. Two hierarchies
-with the same total capacity (HBM 5 + DRAM 35 and HBM 20 + DRAM 20) are different caches:
-each has its own LRU and Belady references.
+codecs, fastest first), semantics and mode, with the same prefetch policy as the run, and LRU
+is not already optimal. Two hierarchies with the same total capacity (HBM 5 + DRAM 35 and
+HBM 20 + DRAM 20) are different caches: each has its own LRU and Belady references. A decode
+replay with a prefetch policy is another cache again (what it misses is not what eviction
+alone misses); as Belady cannot prefetch, such a run gets no gap, and a run whose prefetch
+policy was not recorded (results versions 3 to 6) is compared with nothing.
+
+Ties for the best online policy go to LRU (a policy that only ties it does not beat it), then
+to the label first in alphabetical order: the same runs name the same winner, whatever the
+order of the files or of ``--policy``.
 """
 
 from __future__ import annotations
@@ -15,10 +22,10 @@ from dataclasses import dataclass
 
 from ..errors import UserError
 from ..results import Mode, Semantics, TierRecord
-from .model import Run
+from .model import Run, run_label
 
 __all__ = ["BELADY", "BASELINE", "is_offline", "policy_labels", "by_group", "tier_layout", "by_layout", "gap_closed",
-           "CapacityBest", "best_per_capacity", "layouts_need_naming", "Payoff", "hierarchy_payoffs"]
+           "CapacityBest", "best_per_capacity", "unreferenced_prefetch", "layouts_need_naming", "Payoff", "hierarchy_payoffs"]
 
 BELADY = "belady"
 BASELINE = "lru"
@@ -59,27 +66,37 @@ def tier_layout(run: Run) -> tuple[tuple[str, int, str], ...]:
     Runs of one semantics and mode compare one-to-one only over the same layout; the total
     capacity alone does not name a cache.
     """
-    return tuple((t.name, t.capacity_blocks, t.codec) for t in run.tiers)
+    return run.tier_shape
 
 
-def by_layout(runs: tuple[Run, ...] | list[Run]) -> dict[tuple[Semantics, Mode, tuple], list[Run]]:
-    """Runs keyed by (semantics, mode, tier layout): the runs one gap-closed figure compares.
+def by_layout(runs: tuple[Run, ...] | list[Run]) -> dict[tuple[Semantics, Mode, tuple, str | None], list[Run]]:
+    """Runs keyed by (semantics, mode, tier layout, prefetch policy): the runs one gap-closed
+    figure compares.
 
-    Keys come in ``by_group`` order, and within a group by total capacity, then layout.
+    Keys come in ``by_group`` order, and within a group by total capacity, then layout, then
+    prefetch (``none`` first, then by name, not recorded last).
     """
-    result: dict[tuple[Semantics, Mode, tuple], list[Run]] = {}
+    result: dict[tuple[Semantics, Mode, tuple, str | None], list[Run]] = {}
     for (semantics, mode), group in by_group(runs).items():
-        layouts: dict[tuple, list[Run]] = defaultdict(list)
+        caches: dict[tuple, list[Run]] = defaultdict(list)
         for run in group:
-            layouts[tier_layout(run)].append(run)
-        for layout in sorted(layouts, key=lambda shape: (sum(t[1] for t in shape), shape)):
-            result[(semantics, mode, layout)] = layouts[layout]
+            caches[(tier_layout(run), run.prefetch)].append(run)
+        for layout, prefetch in sorted(caches, key=_cache_order):
+            result[(semantics, mode, layout, prefetch)] = caches[(layout, prefetch)]
     return result
 
 
+def _cache_order(cache: tuple[tuple, str | None]) -> tuple:
+    layout, prefetch = cache
+    return sum(t[1] for t in layout), layout, prefetch is None, prefetch != "none", prefetch or ""
+
+
 def _reference(runs: list[Run], policy: str) -> Run | None:
-    """The run of one plain policy (default admission and placement) among runs of one layout."""
-    return next((r for r in runs if r.policy == policy and r.label == policy), None)
+    """The run of one plain policy (default admission and placement) among runs of one cache
+    (``by_layout``: one prefetch policy); None where that policy is not recorded, since runs
+    of unknown prefetch cannot be known to compare."""
+    return next((r for r in runs if r.policy == policy and r.prefetch is not None
+                 and run_label(r.policy, r.admission, r.placement) == policy), None)
 
 
 def gap_closed(run: Run, lru: Run | None, belady: Run | None) -> float | None:
@@ -94,7 +111,7 @@ def gap_closed(run: Run, lru: Run | None, belady: Run | None) -> float | None:
 
 def gaps_for(runs: list[Run]) -> dict[tuple, float | None]:
     """Gap closed of every run, by run key, against LRU and Belady over the same (semantics,
-    mode, tier layout)."""
+    mode, tier layout) made with the same prefetch policy."""
     gaps: dict[tuple, float | None] = {run.key: None for run in runs if run.is_fleet}  # a fleet is no capacity point
     for group in by_layout([run for run in runs if not run.is_fleet]).values():
         lru, belady = _reference(group, BASELINE), _reference(group, BELADY)
@@ -105,9 +122,10 @@ def gaps_for(runs: list[Run]) -> dict[tuple, float | None]:
 
 @dataclass(frozen=True)
 class CapacityBest:
-    """The best online policy in one cache: one (semantics, mode, tier layout).
+    """The best online policy in one cache: one (semantics, mode, tier layout, prefetch policy).
 
-    Invariant: ``best``, ``lru`` and ``belady`` (where not None) share that tier layout.
+    Invariant: ``best``, ``lru`` and ``belady`` (where not None) share that tier layout and
+    prefetch policy (a recorded one: runs whose prefetch was not recorded have no references).
     """
 
     semantics: Semantics
@@ -129,21 +147,36 @@ class CapacityBest:
 
 
 def best_per_capacity(runs: tuple[Run, ...] | list[Run]) -> list[CapacityBest]:
-    """One entry per (semantics, mode, tier layout) with at least one online run, in
-    ``by_layout`` order.
+    """One entry per cache (semantics, mode, tier layout, prefetch policy) with at least one
+    online run, in ``by_layout`` order.
 
-    Ties go to the policy listed first in legend order, so LRU wins a tie with itself.
+    Ties go to LRU (of that cache), then to the label first in alphabetical order: the winner
+    depends on the runs only, never on the order of files or policies.
     """
     runs = [r for r in runs if not r.is_fleet]  # a fleet replay is a configuration, not a capacity point
-    order = {label: i for i, label in enumerate(policy_labels(runs))}
     result = []
-    for (semantics, mode, _), group in by_layout(runs).items():
+    for (semantics, mode, _, _), group in by_layout(runs).items():
         online = [r for r in group if not is_offline(r.policy)]
         if online:
-            best = min(online, key=lambda r: (r.miss_ratio, order[r.label]))
-            result.append(CapacityBest(semantics, mode, best.capacity_blocks, best,
-                                       _reference(group, BASELINE), _reference(group, BELADY)))
+            lru = _reference(group, BASELINE)
+            best = min(online, key=lambda r: (r.miss_ratio, r is not lru, r.label))
+            result.append(CapacityBest(semantics, mode, best.capacity_blocks, best, lru, _reference(group, BELADY)))
     return result
+
+
+def unreferenced_prefetch(best: list[CapacityBest]) -> str | None:
+    """A sentence on the caches of ``best`` made with a prefetch policy (or with one not
+    recorded), which have no gap closed: Belady cannot prefetch, and runs made otherwise are
+    not their references; None when there are none."""
+    kinds = sorted({"not recorded" if b.best.prefetch is None else b.best.prefetch for b in best if b.best.prefetch != "none"})
+    if not kinds:
+        return None
+    count = sum(b.best.prefetch != "none" for b in best)
+    unknown = "; a prefetch policy not recorded, by results files before schema 7, matches none" \
+        if "not recorded" in kinds else ""
+    return (f"{count} of {len(best)} caches hold decode runs with prefetch {', '.join(kinds)}: their gap closed is left "
+            f"out, since their {BASELINE} and {BELADY} references must be made with the same prefetch policy "
+            f"({BELADY} cannot prefetch{unknown})")
 
 
 def layouts_need_naming(runs: list[Run]) -> bool:
@@ -201,16 +234,16 @@ class Payoff:
 def hierarchy_payoffs(runs: tuple[Run, ...] | list[Run]) -> list[Payoff]:
     """Every one-engine hierarchy run that has an HBM-only counterpart in ``runs``.
 
-    The counterpart is a one-engine single-tier run of the same eviction policy and semantics
-    whose one tier is the hierarchy's top tier (name, capacity and codec): what the hierarchy
+    The counterpart is a one-engine single-tier run of the same eviction policy, semantics and
+    (recorded) prefetch policy whose one tier is the hierarchy's top tier (name, capacity and codec): what the hierarchy
     adds to HBM. Fleet runs sum several engines, so they pair with nothing here.
     """
     engine = [r for r in runs if not r.is_fleet]
-    alone = {(r.policy, r.semantics, tier_layout(r)): r for r in engine if len(r.tiers) == 1}
+    alone = {(r.policy, r.semantics, r.prefetch, tier_layout(r)): r for r in engine if len(r.tiers) == 1}
     pairs = []
     for run in engine:
-        if run.is_hierarchy:
-            match = alone.get((run.policy, run.semantics, tier_layout(run)[:1]))
+        if run.is_hierarchy and run.prefetch is not None:
+            match = alone.get((run.policy, run.semantics, run.prefetch, tier_layout(run)[:1]))
             if match is not None:
                 pairs.append(Payoff(run, match))
     return pairs

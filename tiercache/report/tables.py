@@ -186,7 +186,7 @@ def _csv_header(data: ReportData) -> list[str]:
     tiers = [n for n in _TIERS if any(t.name == n for r in data.runs for t in r.tiers)]
     links = sorted({k for r in data.runs for k in r.bytes_moved})
     parts = sorted({k for r in data.runs for k in r.modeled_seconds})
-    header = ["policy", "admission", "placement", "semantics", "mode", "capacity_blocks", "accesses", "hits", "misses",
+    header = ["policy", "admission", "placement", "prefetch", "semantics", "mode", "capacity_blocks", "accesses", "hits", "misses",
               "miss_ratio", "hit_ratio", "gap_closed"]
     if any(r.is_fleet for r in data.runs):
         header += ["instances", "route", "shared_writes"]
@@ -197,7 +197,8 @@ def _csv_header(data: ReportData) -> list[str]:
 
 def _csv_row(run: Run, gap: float | None) -> dict[str, object]:
     row: dict[str, object] = {
-        "policy": run.policy, "admission": run.admission, "placement": run.placement, "semantics": run.semantics.value, "mode": run.mode.value,
+        "policy": run.policy, "admission": run.admission, "placement": run.placement, "prefetch": run.prefetch,
+        "semantics": run.semantics.value, "mode": run.mode.value,
         "capacity_blocks": run.capacity_blocks, "accesses": run.accesses, "hits": run.hits, "misses": run.misses,
         "miss_ratio": run.miss_ratio, "hit_ratio": run.hit_ratio, "gap_closed": gap,
         "prefill_tokens": run.prefill_tokens, "prefill_tokens_saved": run.prefill_tokens_saved,

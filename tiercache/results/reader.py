@@ -5,7 +5,9 @@ rules (``_ABSENT``: what each older version did not write, read as "not recorded
 Beyond types, values are checked against what a replay can write, so the report never meets
 a value it cannot draw: counts below 2**63 (what numpy's int64 holds), capacities of at least
 one block, finite seconds, ratios in [0, 1], tier names tiercache knows (distinct, fastest
-first), at least one tier per run, and ``decode`` semantics only on a step trace.
+first), at least one tier per run, ``decode`` semantics only on a step trace, a prefetch policy
+other than ``none`` only in ``decode`` semantics, and a trace fingerprint spelled as a replay
+records it (``xxh3-128:`` and 32 lower-case hex digits, or an earlier version's 32 of blake2b).
 Metadata plane: no torch, no numpy.
 """
 
@@ -13,12 +15,14 @@ from __future__ import annotations
 
 import enum
 import math
+import re
 from typing import Any, Callable, Mapping
 
 from ..config import REMOTE_TIER, TIER_NAMES, Codec
 from ..errors import UserError
 from .records import (
-    READABLE_VERSIONS, InstanceRecord, LayoutInfo, Mode, Route, ResultsDocument, RunRecord, Semantics, TierRecord, TraceInfo, TraceKind,
+    FINGERPRINT_PREFIX, READABLE_VERSIONS, InstanceRecord, LayoutInfo, Mode, Route, ResultsDocument, RunRecord, Semantics,
+    TierRecord, TraceInfo, TraceKind,
 )
 
 __all__ = ["read_document"]
@@ -31,6 +35,8 @@ _V1_TRACE_KINDS = {"request": TraceKind.REQUESTS, "step": TraceKind.STEPS}
 # ----------------------------------------------------------------------------- strict reader
 
 _BAD = object()  # what a converter returns for a value of the wrong type
+#: A 128-bit digest as ``hexdigest()`` spells it (the fingerprints' digests).
+_HEX_128 = re.compile(r"[0-9a-f]{32}")
 #: Counts are held in int64 downstream (numpy, the LRU curve): every count is below this.
 _COUNT_LIMIT = 2**63
 #: Tier names in hierarchy order (fastest first; the shared remote tier last).
@@ -48,11 +54,14 @@ class _Refused(Exception):
 
 _HIT_SPLIT = ("hits_in_place", "hits_promoted", "in_place_bytes", "promoted_bytes", "in_place_seconds", "promoted_seconds")
 # Keys a version did not write (version 1: or wrote only when they applied): their value when absent.
-_V5_ABSENT = {"placement": "top"}
+# Versions 3 to 6 could replay with --prefetch without recording it: None ("not recorded"), which
+# ``_read_run`` narrows to "none" outside decode semantics; versions 1 and 2 had no prefetch.
+_V6_ABSENT = {"prefetch": None}
+_V5_ABSENT = _V6_ABSENT | {"placement": "top"}
 _V4_ABSENT = _V5_ABSENT | {"instances": None, "route": None, "shared_writes": None}
 _V3_ABSENT = _V4_ABSENT | {"codec": "none", "block_bytes": None}
-_V2_ABSENT = _V3_ABSENT | dict.fromkeys(_HIT_SPLIT)
-_ABSENT = {6: {}, 5: _V5_ABSENT, 4: _V4_ABSENT, 3: _V3_ABSENT, 2: _V2_ABSENT, 1: _V2_ABSENT | {
+_V2_ABSENT = _V3_ABSENT | dict.fromkeys(_HIT_SPLIT) | {"prefetch": "none"}
+_ABSENT = {7: {}, 6: _V6_ABSENT, 5: _V5_ABSENT, 4: _V4_ABSENT, 3: _V3_ABSENT, 2: _V2_ABSENT, 1: _V2_ABSENT | {
     "recomputed": None, "failed_transfers": None, "promote_skipped": None, "lost": None,
     "bytes_moved": {}, "modeled_seconds": {}, "prefill_tokens": None, "prefill_tokens_saved": None, "ttft_saved_s": None,
 }}
@@ -103,6 +112,16 @@ def _tier_name(value: Any) -> Any:
 
 def _text(value: Any) -> Any:
     return value if isinstance(value, str) else _BAD
+
+
+def _fingerprint(value: Any) -> Any:
+    """A trace fingerprint as a replay records it: ``xxh3-128:`` and the 128-bit digest in
+    lower-case hex, or an earlier version's bare blake2b-128 hex digest (``legacy_fingerprint``).
+    Any other spelling (empty, upper case, a prefix alone) would name a trace no replay made."""
+    if not isinstance(value, str):
+        return _BAD
+    digest = value[len(FINGERPRINT_PREFIX):] if value.startswith(FINGERPRINT_PREFIX) else value
+    return value if _HEX_128.fullmatch(digest) else _BAD
 
 
 def _nullable(convert: Callable[[Any], Any]) -> Callable[[Any], Any]:
@@ -167,7 +186,8 @@ _TIER_COUNTS = ("capacity_blocks", "hits", "inserts", "evictions", "demotions", 
 _TIER_COUNTS_V2 = ("failed_transfers", "promote_skipped", "lost")
 _RUN_KEYS = ("policy", "admission", "semantics", "mode", "capacity_blocks", "accesses", "hits", "misses",
              "miss_ratio", "hit_ratio", "tiers", "wall_seconds", "recomputed", "bytes_moved", "modeled_seconds",
-             "prefill_tokens", "prefill_tokens_saved", "ttft_saved_s", "instances", "route", "shared_writes", "placement")
+             "prefill_tokens", "prefill_tokens_saved", "ttft_saved_s", "instances", "route", "shared_writes", "placement",
+             "prefetch")
 _INSTANCE_KEYS = ("instance", "requests", "accesses", "hits", "misses", "tier_hits", "bytes_moved", "modeled_seconds",
                   "prefill_tokens_saved", "ttft_saved_s")
 _LAYOUT_INTS = ("layers", "kv_heads", "head_dim", "block_tokens", "block_bytes")
@@ -224,7 +244,9 @@ def _read_trace(obj: _Object) -> TraceInfo:
     aliases = _V1_TRACE_KINDS if obj.version == 1 else {}
     kinds = "/".join(aliases or [k.value for k in TraceKind])
     info = TraceInfo(
-        path=obj.take("path", _text), name=obj.take("name", _text), fingerprint=obj.take("fingerprint", _text),
+        path=obj.take("path", _text), name=obj.take("name", _text),
+        fingerprint=obj.take("fingerprint", _fingerprint, f"'{FINGERPRINT_PREFIX}' and 32 lower-case hex digits (xxh3-128), "
+                             "or, from a tiercache before it, 32 lower-case hex digits (blake2b-128)"),
         kind=obj.take("kind", _member(TraceKind, aliases), kinds),
         requests=obj.take("requests", _count), accesses=obj.take("accesses", _count),
         unique_blocks=obj.take("unique_blocks", _count),
@@ -264,9 +286,10 @@ def _read_run(value: Any, source: str, label: str, version: int) -> RunRecord:
     tiers = obj.take("tiers", lambda v: v if isinstance(v, list) and v else _BAD, "a non-empty list of tier objects")
     records = tuple(_read_tier(t, obj.where, f"tier {i}", version) for i, t in enumerate(tiers, start=1))
     _check_tier_order(records, obj.where)
+    semantics = obj.take("semantics", _member(Semantics), "/".join(m.value for m in Semantics))
     fields = {
         **{key: obj.take(key, _text) for key in ("policy", "admission", "placement")},
-        "semantics": obj.take("semantics", _member(Semantics), "/".join(m.value for m in Semantics)),
+        "semantics": semantics,
         "mode": obj.take("mode", _member(Mode), "/".join(m.value for m in Mode)),
         "capacity_blocks": obj.take("capacity_blocks", _positive),
         **{key: obj.take(key, _count) for key in ("accesses", "hits", "misses")},
@@ -282,11 +305,30 @@ def _read_run(value: Any, source: str, label: str, version: int) -> RunRecord:
         "instances": _read_instances(obj),
         "route": obj.take("route", _nullable(_member(Route)), "null or " + "/".join(r.value for r in Route)),
         "shared_writes": obj.take("shared_writes", _nullable(_count), "null or a non-negative integer"),
+        "prefetch": _read_prefetch(obj, semantics),
     }
     try:
         return RunRecord(**fields)
     except ValueError as exc:  # the record's own invariants (counts that do not add up)
         raise UserError(f"{obj.where}: inconsistent counts: {exc}") from None
+
+
+def _read_prefetch(run: _Object, semantics: Semantics) -> str | None:
+    """A run's prefetch policy: ``"none"`` or, in ``decode`` semantics only (what a prefetch policy
+    plans), a policy name; an upgraded decode run's None ("not recorded") is kept, another's is
+    ``"none"``.
+
+    Raises:
+        UserError: not a string (null only where an older version did not record it), or a
+            policy other than ``none`` outside decode semantics (names the run).
+    """
+    prefetch = run.take("prefetch", _text, "a string (a prefetch policy, \"none\" for none)")
+    if semantics is not Semantics.DECODE:
+        if prefetch not in (None, "none"):
+            raise UserError(f"{run.where}: field 'prefetch' must be 'none' in {semantics.value} semantics (a prefetch "
+                            f"policy plans decode steps), got {prefetch!r}")
+        return "none"
+    return prefetch
 
 
 def _check_tier_order(tiers: tuple[TierRecord, ...], where: str) -> None:

@@ -7,9 +7,15 @@ manager keeps. Metadata plane: no torch, no numpy.
 
 Versions:
 
-* **6** (written now): ``"schema_version": 6``. New against version 5: each run's
+* **7** (written now): ``"schema_version": 7``. New against version 6: each run's
+  ``prefetch``, the prefetch policy of a decode replay (``"none"``; any other only in
+  ``decode`` semantics, the one semantics a prefetch policy plans for).
+* **6**: read with every field version 6 wrote required. New against version 5: each run's
   ``placement``, the placement policy of its hierarchy (``"top"``: new blocks and promoted hits
-  go to the top tier, as every earlier version did).
+  go to the top tier, as every earlier version did). Versions 3 to 6 could replay with
+  ``--prefetch`` but did not record it: the upgrade sets ``prefetch`` to ``None`` ("not
+  recorded") for a ``decode`` run, and to ``"none"`` for any other (no prefetch policy plans
+  object or prefix replays).
 * **5**: read with every field version 5 wrote required; the upgrade sets ``placement`` to
   ``"top"``. New against version 4: each run's
   ``instances`` (null, or for a fleet replay over several engine instances one object per
@@ -32,7 +38,8 @@ Versions:
   ``in_place_seconds``/``promoted_seconds`` (null without hardware); ``bytes_moved`` and
   ``modeled_seconds`` include the reads in place (version 2 charged them nothing).
 * **2**: read with every field version 2 wrote required; the upgrade sets the six fields
-  above to ``None`` ("not recorded": version 2 cannot tell them apart). New against
+  above to ``None`` ("not recorded": version 2 cannot tell them apart) and ``prefetch`` to
+  ``"none"`` (versions 1 and 2 came before prefetch policies). New against
   version 1: each run's ``recomputed``, each tier's ``failed_transfers``,
   ``promote_skipped`` and ``lost``; ``trace.kind`` is spelled ``"requests"``/``"steps"``.
 * **1** (files without ``schema_version``, written before the schema was versioned): read
@@ -69,9 +76,9 @@ __all__ = [
 _CODEC_NAMES = tuple(c.value for c in Codec)
 
 #: The version ``ResultsDocument.to_json`` writes.
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 #: Versions ``ResultsDocument.from_json`` reads (older ones upgraded on reading).
-READABLE_VERSIONS = (1, 2, 3, 4, 5, 6)
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7)
 
 
 #: Prefix of a trace fingerprint (xxh3-128 of the file's bytes); a fingerprint without it is
@@ -224,7 +231,8 @@ class RunRecord:
     """One replay: a policy at a capacity under one semantics and hierarchy mode.
 
     Invariants: ``accesses == hits + misses``; ``hits`` is the sum of the tiers' hits;
-    ``tiers`` non-empty, fastest first; ``miss_ratio`` is ``misses / accesses`` and
+    ``tiers`` non-empty, fastest first; ``prefetch`` is ``"none"`` outside ``decode`` semantics (None:
+    not recorded, a decode run upgraded from versions 3 to 6); ``miss_ratio`` is ``misses / accesses`` and
     ``hit_ratio`` ``hits / accesses`` (both 0.0 without accesses), to float rounding. ``bytes_moved`` (per link) is empty without a layout and
     ``modeled_seconds`` (per link, ``recompute`` and ``total``) without a layout and hardware.
     The prefill figures are None outside prefix semantics (``ttft_saved_s`` also without a
@@ -260,10 +268,14 @@ class RunRecord:
     route: Route | None = None
     shared_writes: int | None = None
     placement: str = "top"
+    prefetch: str | None = "none"
 
     def __post_init__(self) -> None:
         if self.hits + self.misses != self.accesses:
             raise ValueError(f"hits {self.hits} + misses {self.misses} != accesses {self.accesses}")
+        if self.prefetch != "none" and self.semantics is not Semantics.DECODE:
+            raise ValueError(f"prefetch {self.prefetch!r} belongs to decode runs (a prefetch policy plans decode steps), "
+                             f"not {self.semantics.value} semantics")
         if self.instances is not None:
             self._check_instances()
         elif self.route is not None or self.shared_writes is not None:
@@ -304,9 +316,9 @@ class RunRecord:
 
     @property
     def label(self) -> str:
-        """The policy as named on the command line (with its admission and placement policies
-        if not the defaults)."""
-        return run_label(self.policy, self.admission, self.placement)
+        """The policy as named on the command line (with its admission, placement and prefetch
+        policies if not the defaults)."""
+        return run_label(self.policy, self.admission, self.placement, self.prefetch)
 
     @property
     def is_hierarchy(self) -> bool:
@@ -314,11 +326,17 @@ class RunRecord:
         return len(self.tiers) > 1
 
     @property
+    def tier_shape(self) -> tuple[tuple[str, int, str], ...]:
+        """The tiers as (name, capacity in blocks, codec), fastest first: what names the cache."""
+        return tuple((t.name, t.capacity_blocks, t.codec) for t in self.tiers)
+
+    @property
     def key(self) -> tuple:
         """What identifies a run among others of one trace (two runs with one key are the same run)."""
-        shape = tuple((t.name, t.capacity_blocks, t.codec) for t in self.tiers)
+        shape = self.tier_shape
         fleet = () if self.instances is None else (len(self.instances), self.route)
-        return (self.policy, self.admission, self.placement, self.semantics, self.mode, self.capacity_blocks, shape) + fleet
+        return (self.policy, self.admission, self.placement, self.prefetch, self.semantics, self.mode, self.capacity_blocks,
+                shape) + fleet
 
     def to_json(self) -> dict:
         """One entry of results.json's ``runs`` list (every key present)."""
@@ -330,11 +348,16 @@ class RunRecord:
         return record
 
 
-def run_label(policy: str, admission: str | None, placement: str | None = None) -> str:
+def run_label(policy: str, admission: str | None, placement: str | None = None, prefetch: str | None = "none") -> str:
     """``lru``; ``lru+second_hit`` when an admission policy other than ``always`` ran;
-    ``lru@reuse`` when a placement policy other than ``top`` did."""
+    ``lru@reuse`` when a placement policy other than ``top`` did; ``lru (prefetch
+    topk_speculative)`` when a prefetch policy other than ``none`` did, ``lru (prefetch not
+    recorded)`` for a decode run of a file that did not record it (results versions 3 to 6)."""
     label = policy if admission in (None, "", "always") else f"{policy}+{admission}"
-    return label if placement in (None, "", "top") else f"{label}@{placement}"
+    label = label if placement in (None, "", "top") else f"{label}@{placement}"
+    if prefetch == "none":
+        return label
+    return f"{label} (prefetch {'not recorded' if prefetch is None else prefetch})"
 
 
 @dataclass(frozen=True)
@@ -390,6 +413,8 @@ def read_results(path: str | Path) -> ResultsDocument:
         UserError: missing, empty or non-JSON file, or as ``ResultsDocument.from_json``.
     """
     file = Path(path)
+    if file.is_dir():
+        raise UserError(f"{path}: is a directory, not a results file")
     if not file.is_file():
         raise UserError(f"{path}: no such results file")
     text = file.read_text(encoding="utf-8", errors="replace")

@@ -281,7 +281,7 @@ def _record(spec: FleetSpec, instances: list[_Instance], store: _Store | None, l
         tiers=tiers, wall_seconds=round(wall, 4), bytes_moved=_summed(r.bytes_moved for r in rows),
         modeled_seconds=seconds, prefill_tokens=prefill_tokens, prefill_tokens_saved=saved,
         ttft_saved_s=None if profile is None else round(sum(r.ttft_saved_s for r in rows), 6),
-        instances=rows, route=spec.route, shared_writes=None if store is None else store.writes)
+        instances=rows, route=spec.route, shared_writes=None if store is None else store.writes, prefetch="none")
 
 
 def check_fleet_policy(policy: str) -> None:

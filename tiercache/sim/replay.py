@@ -384,7 +384,7 @@ def run_record(spec: RunSpec, data: ReplayData, stats: HierarchyStats, meter: Hi
         bytes_moved={link: u.bytes for link, u in sorted(engine.usage.items())} if layout else {},
         modeled_seconds=modeled_seconds({link: u.seconds for link, u in engine.usage.items()}, profile,
                                         _recomputed_tokens(spec, data, stats, saved_tokens)) if layout and profile else {},
-        **_prefix_figures(spec, engine, data, saved_tokens), placement=spec.placement,
+        **_prefix_figures(spec, engine, data, saved_tokens), placement=spec.placement, prefetch=spec.prefetch,
     )
 
 
