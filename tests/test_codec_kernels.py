@@ -100,7 +100,7 @@ def test_e4m3_codes_round_as_torch_does():
     scaled = np.empty(values.numel(), np.float32)
     codes = np.empty(values.numel(), np.uint8)
     keep = np.ones((1, 1, values.numel()), np.float32)
-    kernels._e4m3(values.numpy(), np.float32(1.0), keep, 0, 0, False, scaled, scaled.view(np.uint32), codes.reshape(1, 1, 1, 1, -1), 0, 0)
+    kernels._e4m3(values.numpy(), np.float32(1.0), keep, keep, 0, 0, False, scaled, scaled.view(np.uint32), codes.reshape(1, 1, 1, 1, -1), 0, 0)
     assert np.array_equal(codes, values.to(torch.float8_e4m3fn).view(torch.uint8).numpy())
 
 

@@ -99,12 +99,6 @@ def _halves(shape: tuple[int, ...]) -> tuple[tuple[int, ...], int, int, int]:
     return tuple(lead), heads, tokens, dim
 
 
-def _sym_scale(amax: torch.Tensor, qmax: float) -> torch.Tensor:
-    """``amax / qmax``, with 1 where ``amax`` is 0 (an all-zero row encodes to zeros)."""
-    scale = amax / qmax
-    return torch.where(scale > 0, scale, torch.ones_like(scale))
-
-
 def _fast_input(block: torch.Tensor) -> tuple[np.ndarray, bool] | None:
     """``(uint16 bits [n, 2, heads, tokens, dim], is_bf16)`` of a contiguous CPU fp16 or bf16
     block, what the compiled loops read and write; None for any other block."""

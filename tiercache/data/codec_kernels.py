@@ -200,9 +200,10 @@ def int8_encode(x, bf16, gk, gv, k_scale, v_scale, out, h0, h1):
 
 @numba.njit(**_JIT)
 def int8_fine(x, lut, gk, k_scale, codes, channels, fine):
-    """The int8 residual ``clamp(round((x / scale - code) * 254), -127, 127)`` of the key
-    channels ``channels[n, h, j]`` into ``fine[n, h, t, j]`` (float32 operations in the
-    reference's order: ``Int8Codec._fine``)."""
+    """The int8 residual of the key channels ``channels[n, h, j]`` into ``fine[n, h, t, j]``,
+    their codes rewritten: ``steps = round(x / scale * 254)``, ``code = clamp(round(steps /
+    254), -127, 127)``, ``fine = clamp(steps - 254 * code, -127, 127)`` (float32 operations
+    in the reference's order: ``Int8Codec._fine``)."""
     n_, _, heads, tokens, _ = x.shape
     count = channels.shape[2]
     for n in range(n_):
@@ -210,8 +211,10 @@ def int8_fine(x, lut, gk, k_scale, codes, channels, fine):
             for t in range(tokens):
                 for j in range(count):
                     c = channels[n, h, j]
-                    scaled = lut[x[n, 0, h, t, c]] / k_scale[n, h, t // gk, c]
-                    r = np.rint((scaled - np.float32(codes[n, 0, h, t, c])) * np.float32(254.0))
+                    steps = np.rint(lut[x[n, 0, h, t, c]] / k_scale[n, h, t // gk, c] * np.float32(254.0))
+                    code = min(max(np.rint(steps / np.float32(254.0)), np.float32(-127.0)), np.float32(127.0))
+                    codes[n, 0, h, t, c] = np.int8(code)
+                    r = steps - code * np.float32(254.0)
                     fine[n, h, t, j] = np.int8(min(max(r, np.float32(-127.0)), np.float32(127.0)))
 
 
@@ -393,14 +396,17 @@ def channel_amax(x, lut, k_out, v_out, h0, h1):
 
 
 @numba.njit(inline="always", **_JIT)
-def _e4m3(row, scale, keep, n, h, masked, scaled, bits, out, c, t):
-    """e4m3 codes of ``clamp(row / scale, -448, 448)`` into ``out[n, c, h, t]``, +0 where
-    ``masked`` and ``keep[n, h, d]`` is 0 (round to nearest even, as torch converts);
-    ``scaled`` is a float32 scratch row, ``bits`` its view."""
+def _e4m3(row, scale, keep, bound, n, h, masked, scaled, bits, out, c, t):
+    """e4m3 codes of ``clamp(row / scale, -448, 448)`` into ``out[n, c, h, t]``; where
+    ``masked``, further clamped to ``bound[n, h, d]``, and +0 where ``keep[n, h, d]`` is 0
+    (round to nearest even, as torch converts); ``scaled`` is a float32 scratch row,
+    ``bits`` its view."""
     dim = row.shape[0]
     for d in range(dim):
         value = min(max(row[d] / scale, np.float32(-448.0)), np.float32(448.0))
-        scaled[d] = value if not masked or keep[n, h, d] != 0 else np.float32(0.0)
+        if masked:
+            value = min(max(value, -bound[n, h, d]), bound[n, h, d]) if keep[n, h, d] != 0 else np.float32(0.0)
+        scaled[d] = value
     for d in range(dim):
         u = bits[d] & np.uint32(0x7FFFFFFF)
         sign = np.uint8((bits[d] >> np.uint32(24)) & np.uint32(0x80))
@@ -412,9 +418,10 @@ def _e4m3(row, scale, keep, n, h, masked, scaled, bits, out, c, t):
 
 
 @numba.njit(**_JIT)
-def fp8_encode(x, bf16, keep, scale, out, h0, h1):
+def fp8_encode(x, bf16, keep, scale, bound, out, h0, h1):
     """e4m3 codes of ``clamp(x / scale[n, half], -448, 448)`` into ``out`` (uint8 view);
-    K's outlier channels (``keep`` 0) get code 0."""
+    K's values further clamped to ``bound[n, h, d]`` (``codec_fp8.fp8_bounds``), its outlier
+    channels (``keep`` 0) code 0."""
     n_, _, heads, tokens, dim = x.shape
     u32, scaled_u32 = np.empty(dim, np.uint32), np.empty(dim, np.uint32)
     row, scaled = u32.view(np.float32), scaled_u32.view(np.float32)
@@ -422,9 +429,9 @@ def fp8_encode(x, bf16, keep, scale, out, h0, h1):
         for h in range(h0, h1):
             for t in range(tokens):
                 _load(x, n, 0, h, t, bf16, u32, row)
-                _e4m3(row, scale[n, 0], keep, n, h, True, scaled, scaled_u32, out, 0, t)
+                _e4m3(row, scale[n, 0], keep, bound, n, h, True, scaled, scaled_u32, out, 0, t)
                 _load(x, n, 1, h, t, bf16, u32, row)
-                _e4m3(row, scale[n, 1], keep, n, h, False, scaled, scaled_u32, out, 1, t)
+                _e4m3(row, scale[n, 1], keep, bound, n, h, False, scaled, scaled_u32, out, 1, t)
 
 
 @numba.njit(**_JIT)

@@ -39,8 +39,9 @@ import torch
 
 from ..config import CODEC_GROUP, FP8_OUTLIER_CHANNELS, INT8_K_GROUP, KEY_OUTLIER_CHANNELS, Codec, codec_group
 from . import codec_kernels as kernels
+from .codec_fp8 import FP8_MAX, fp8_as_fp16, fp8_bounds, fp8_scale
 from .codec_base import (FLOAT_DTYPES, BlockCodec, Part, QuantizedBlock, _asym_into, _f32, _halves, _lut, _on_heads,
-                         _require_finite, _require_scales, _scale16_into, _sym_scale, check_block)
+                         _require_finite, _require_scales, _scale16_into, check_block)
 
 __all__ = ["Part", "QuantizedBlock", "BlockCodec", "codec_for", "check_block", "FLOAT_DTYPES", "fp8_as_fp16"]
 
@@ -134,14 +135,22 @@ class Int8Codec(BlockCodec):
         kernels.int8_fine(x, _lut(bf16), gk, k_scale, codes, channels.view(n, heads, -1).numpy(), fine.numpy().reshape(n, heads, tokens, -1))
 
     def _fine(self, block: torch.Tensor, codes: torch.Tensor, k_scale: torch.Tensor, channels: torch.Tensor) -> torch.Tensor:
-        """The int8 residual ``round((x / scale - code) * 254)`` of the outlier key channels,
-        computed from the block, its codes and scales alone (both encode paths share it, so
-        it is bit-identical whichever produced the codes)."""
+        """The int8 residual of the outlier key channels, rewriting their codes in place:
+        ``steps = round(x / scale * 254)``, ``code = round(steps / 254)``, ``fine = steps -
+        254 * code`` (float32, the order ``codec_kernels.int8_fine`` follows, so both paths
+        give the same bytes).
+
+        Invariant: the pair is a function of ``steps`` alone, the value it decodes to
+        (``steps / 254 * scale``): a value half a step between two codes has one encoding
+        (rounding ``x / scale`` first gave ``(c, 127)`` or ``(c + 1, -127)`` for the same
+        value, whichever side the decoded copy's rounding fell), so a decoded block
+        re-encodes to the same bytes."""
         k = block.select(-4, 0)
         index = channels.expand(*k.shape[:-1], channels.shape[-1])
-        scaled = k.gather(-1, index).float() / _channel_scales(k_scale, index)
-        residual = scaled - codes.select(-4, 0).gather(-1, index).float()
-        return residual.mul_(self._FINE).round_().clamp_(-127, 127).to(torch.int8)
+        steps = (k.gather(-1, index).float() / _channel_scales(k_scale, index)).mul_(self._FINE).round_()
+        code = (steps / self._FINE).round_().clamp_(-127, 127)
+        codes.select(-4, 0).scatter_(-1, index, code.to(torch.int8))
+        return steps.sub_(code.mul_(self._FINE)).clamp_(-127, 127).to(torch.int8)
 
     def _decode(self, q, out):
         k_scale, v_scale, fine, channels = q.scales
@@ -165,9 +174,13 @@ def _finite(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def _top_channels(amax: torch.Tensor, count: int) -> torch.Tensor:
-    """The ``count`` channels of largest ``amax`` (``[..., heads, 1, dim]``), ascending."""
+    """The ``count`` channels of largest ``amax`` (``[..., heads, 1, dim]``), ascending; of
+    channels of equal ``amax``, the lowest indices (a fixed rule, unlike ``topk``'s, so a
+    decoded block whose picked channels still lead, or tie at a higher index, picks them
+    again)."""
     n = min(count, amax.shape[-1])
-    return amax.topk(n, dim=-1, sorted=False).indices.sort(dim=-1).values
+    order = amax.float().argsort(dim=-1, descending=True, stable=True)
+    return order[..., :n].sort(dim=-1).values
 
 
 def _channel_scales(k_scale: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -226,7 +239,7 @@ class Fp8Codec(BlockCodec):
     """
 
     codec = Codec.FP8
-    _MAX = 448.0  # largest finite float8_e4m3fn
+    _MAX = FP8_MAX
     _OUTLIERS = FP8_OUTLIER_CHANNELS
 
     def parts(self, shape, dtype):
@@ -243,8 +256,14 @@ class Fp8Codec(BlockCodec):
         outliers = k.gather(-1, index)
         x = block.to(torch.float32, copy=True)
         x.select(-4, 0).scatter_(-1, index, 0.0)
-        scale = _sym_scale(x.abs().amax(dim=(-3, -2, -1), keepdim=True), self._MAX)
+        scale = fp8_scale(x.abs().amax(dim=(-3, -2, -1), keepdim=True))
         x.div_(scale).clamp_(-self._MAX, self._MAX)  # clamp: rounding may pass 448
+        picked = outliers.abs().amax(dim=-2).float()  # [..., H, n]: each exact channel's absmax
+        k_scale = scale.select(-4, 0).reshape(*picked.shape[:-2], 1, 1)
+        bound = fp8_bounds(k_scale, picked, channels.squeeze(-2), k.shape[-1], block.dtype).unsqueeze(-2)
+        k = x.select(-4, 0)
+        torch.minimum(k, bound, out=k)
+        torch.maximum(k, -bound, out=k)
         return x.to(torch.float8_e4m3fn), (scale, outliers.contiguous(), channels.to(torch.int16))
 
     def _fast_ok(self, shape):
@@ -263,10 +282,12 @@ class Fp8Codec(BlockCodec):
         keep = np.ones((n, heads, dim), np.float32)
         np.put_along_axis(keep, picked, 0.0, axis=-1)
         halves = np.stack(((amax * keep).max(axis=(1, 2)), v_amax.max(axis=1)), axis=1)  # [n, 2]: K without its exact channels, V
-        scale = halves / np.float32(self._MAX)
-        scale = np.where(scale > 0, scale, np.float32(1.0)).astype(np.float32)
+        scale = fp8_scale(torch.from_numpy(halves)).numpy()
         scale_part.numpy().reshape(n, 2)[...] = scale
-        _on_heads(kernels.fp8_encode, heads, x, bf16, keep, scale, q.payload.view(torch.uint8).numpy().reshape(x.shape))
+        exact = torch.from_numpy(np.take_along_axis(amax, picked.astype(np.int64), axis=-1))  # [n, heads, count]
+        bound = fp8_bounds(torch.from_numpy(scale[:, :1, None].copy()), exact, torch.from_numpy(picked.astype(np.int64)),
+                            dim, block.dtype).numpy()
+        _on_heads(kernels.fp8_encode, heads, x, bf16, keep, scale, bound, q.payload.view(torch.uint8).numpy().reshape(x.shape))
 
     def _decode(self, q, out):
         torch.mul(fp8_as_fp16(q.payload), q.scales[0] * 256, out=out)
@@ -293,19 +314,6 @@ class Fp8Codec(BlockCodec):
         _, outliers, channels = q.scales
         k = out.select(-4, 0)
         k.scatter_(-1, channels.long().expand(*k.shape[:-1], channels.shape[-1]), outliers.to(out.dtype))
-
-
-def fp8_as_fp16(codes: torch.Tensor) -> torch.Tensor:
-    """float8_e4m3fn codes as fp16 values 256 times smaller, exactly (NaN codes excepted).
-
-    Why: torch's own float8 -> float conversion runs ~4x slower on the CPU than these integer
-    ops. The e4m3 sign, exponent and mantissa bits moved into fp16's fields give
-    ``2^(e - 15) (1 + m / 8)``, and fp16 subnormals give ``2^-14 m / 8``: each the e4m3 value
-    (bias 7, subnormal ``2^-6 m / 8``) times ``2^-8``.
-    """
-    bits = codes.view(torch.uint8).to(torch.int16)
-    sign = (bits & 0x80).bitwise_left_shift_(8)
-    return bits.bitwise_and_(0x7F).bitwise_left_shift_(7).bitwise_or_(sign).view(torch.float16)
 
 
 def _asym_params(grouped: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
