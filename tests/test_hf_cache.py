@@ -47,9 +47,10 @@ def tiered(model, tmp_path, dtype=torch.float32, hbm: int = 4, dram: int = 6, **
 
 
 def generate(model, ids, cache=None, new: int = 12):
-    """Greedy generation; returns (tokens, logits per step as one tensor)."""
+    """Greedy generation of exactly ``new`` tokens (no early EOS: every step is compared);
+    returns (tokens, logits per step as one tensor)."""
     kwargs = {} if cache is None else {"cache": cache}
-    out = model.generate(ids, max_new_tokens=new, do_sample=False, output_logits=True,
+    out = model.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False, output_logits=True,
                          return_dict_in_generate=True, pad_token_id=0, **kwargs)
     return out.sequences, torch.stack(out.logits)
 

@@ -171,17 +171,26 @@ def check_supported(config) -> None:
     another layer's KV (Gemma 3n), layers without attention KV (convolution, linear or state
     space layers of hybrid models), or an encoder-decoder model."""
     text = text_config(config)
-    if getattr(config, "is_encoder_decoder", False):
+    if _field(config, "is_encoder_decoder", False):
         raise UserError(f"use_tiercache: {config.model_type} is an encoder-decoder model: not supported")
-    if getattr(text, "kv_lora_rank", None) is not None:
+    if _field(text, "kv_lora_rank", None) is not None:
         raise UserError(f"use_tiercache: {text.model_type} caches a latent (multi-head latent attention, "
                         "kv_lora_rank), not per-head K and V: not supported")
-    if getattr(text, "num_kv_shared_layers", 0):
+    if _field(text, "num_kv_shared_layers", 0):
         raise UserError(f"use_tiercache: {text.model_type} shares KV between layers (num_kv_shared_layers): not supported")
-    others = sorted(set(getattr(text, "layer_types", None) or ()) - _ATTENTION_LAYERS)
+    others = sorted(set(_field(text, "layer_types", None) or ()) - _ATTENTION_LAYERS)
     if others:
         raise UserError(f"use_tiercache: {text.model_type} has layers without attention KV ({', '.join(others)}): "
                         "not supported")
+
+
+def _field(config, name: str, default):
+    """A config field, ``default`` when absent; a config that cannot say (transformers raises
+    for a field it holds per layer) is refused, naming the field."""
+    try:
+        return getattr(config, name, default)
+    except Exception as exc:  # noqa: BLE001 - e.g. AmbiguousGlobalPerLayerAttributeError
+        raise UserError(f"use_tiercache: {config.model_type}'s config cannot give {name} ({exc}): not supported") from None
 
 
 def namespace_bytes(namespace) -> bytes:

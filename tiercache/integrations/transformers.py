@@ -9,7 +9,7 @@ A model's KV is therefore bounded by the tiers, not by its device memory::
     from tiercache.integrations.transformers import TieredCache, kv_layout, use_tiercache
 
     use_tiercache(model)                             # attn_implementation="tiercache"
-    kv = TieredKVCache(kv_layout(model.config, torch.float32, block_tokens=16), tiers, device="cpu")
+    kv = TieredKVCache(kv_layout(model.config, torch.float32, block_tokens=16), tiers, path=nvme_dir, device="cpu")
     cache = TieredCache(kv, model, prompt=input_ids)   # reuses the stored prefix
     out = model.generate(input_ids, cache=cache, max_new_tokens=32)
     cache.free()                                     # blocks stay stored for the next prompt

@@ -218,6 +218,15 @@ class TieredKVCache:
         store._stats.consume(store.events.drain())
         store._forget_departed()
 
+    def device_bytes(self) -> int:
+        """Bytes of device memory the cache holds now: its HBM tier's pool (when the HBM tier
+        is on the cache's device) and the read window's buffers, once a read allocated them."""
+        hbm = self.store._media[0]
+        pool = getattr(hbm, "tensor", getattr(hbm, "encoded", None))  # a plain or a quantised pool
+        held = pool.numel() * pool.element_size() if isinstance(pool, torch.Tensor) and pool.device == self.device else 0
+        scratch = sum(t.numel() * t.element_size() for buffers in self._scratches or () for t in buffers)
+        return held + scratch
+
     def _window_pool(self) -> BlockPool:
         """Host buffers NVMe chunks are read into (page aligned for O_DIRECT)."""
         if self._window is None:
