@@ -350,3 +350,16 @@ def test_sequence_refuses_token_ids_it_would_convert(tokens, error):
         assert cache.sequence(tokens=torch.arange(20).view(1, 20)).cached_tokens == 0
     finally:
         cache.close()
+
+
+def test_device_bytes_counts_the_hbm_pool_and_the_read_window_once_allocated():
+    layout = KVLayout(layers=2, kv_heads=2, head_dim=8, dtype="float16", block_tokens=4)
+    with TieredKVCache(layout, [TierConfig("hbm", 6), TierConfig("dram", 6)], device="cpu", window_blocks=3, depth=2) as cache:
+        block = 2 * 2 * 4 * 8 * 2  # K and V, kv heads, tokens, head dim, fp16 bytes (one layer's block)
+        assert cache.device_bytes() == 6 * block  # no read yet: the window is not allocated
+        seq = cache.sequence()
+        for layer in range(2):
+            seq.append(layer, torch.randn(2, 9, 8).half(), torch.randn(2, 9, 8).half())
+        seq.attend(0, torch.randn(4, 1, 8).half())
+        window = 2 * (3 * block + 2 * (2 * 3 * 4 * 8 * 4))  # depth x (raw blocks + float32 K and V)
+        assert cache.device_bytes() == 6 * block + window
