@@ -111,10 +111,18 @@ def test_a_failed_flush_after_a_partial_persist_is_the_error_raised(tmp_path, mo
     path = tmp_path / "nvme"
     store, data, on_nvme, volatile = filled_store(path)
     chunk_writes_fail_after(monkeypatch, landed=3)
+    error = close_with_every_flush_failing(store, monkeypatch)
+    assert not isinstance(error, PersistError) and error.errno == errno.ENOSPC
+    assert reopened_holds(path, data) == on_nvme
+
+
+def close_with_every_flush_failing(store, monkeypatch) -> OSError:
+    """Closes ``store`` with the disk full for every flush (the journal batch, and the
+    snapshot written instead); returns the error ``close`` raised."""
     real_flush = type(store._media[2]).flush
 
     def full_disk_flush(medium):
-        for name in ("pwrite", "write"):  # the journal batch, and the snapshot written instead
+        for name in ("pwrite", "write"):
             fail_next(monkeypatch, name, count=10**6)
         return real_flush(medium)
 
@@ -122,8 +130,7 @@ def test_a_failed_flush_after_a_partial_persist_is_the_error_raised(tmp_path, mo
     with pytest.raises(OSError) as caught:
         store.close()
     monkeypatch.undo()
-    assert not isinstance(caught.value, PersistError) and caught.value.errno == errno.ENOSPC
-    assert reopened_holds(path, data) == on_nvme
+    return caught.value
 
 
 def test_a_complete_persist_returns_its_count_and_persist_false_skips_it(tmp_path):

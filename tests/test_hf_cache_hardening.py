@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers", reason="the transformers cache needs the hf extra")
 
 from test_hf_cache import BLOCK, VOCAB, generate, reference, store, tiered, tiny_llama  # noqa: E402
-from test_hf_cache_probe import ids_of  # noqa: E402
+from test_hf_cache_probe import ids_of, one_changed  # noqa: E402
 
 from tiercache import TieredKVCache  # noqa: E402
 from tiercache.config import TierConfig  # noqa: E402
@@ -56,8 +56,7 @@ def test_a_pass_failing_half_way_with_a_positional_cache_is_refused_until_freed(
 def test_generate_checks_its_ids_however_they_are_given(tmp_path, keyword):
     model = use_tiercache(tiny_llama(seed=33))
     prompt = ids_of(40, 34)
-    other = prompt.clone()
-    other[0, 5] = other[0, 5] % (VOCAB - 1) + 1
+    other = one_changed(prompt, 5)
     with tiered(model, tmp_path) as kv:
         store(model, kv, prompt)
         cache = TieredCache(kv, model, prompt=prompt)

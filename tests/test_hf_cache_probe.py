@@ -25,12 +25,18 @@ def ids_of(n: int, seed: int, batch: int = 1) -> torch.Tensor:
     return torch.randint(1, VOCAB, (batch, n), generator=torch.Generator().manual_seed(seed))
 
 
+def one_changed(ids: torch.Tensor, position: int) -> torch.Tensor:
+    """``ids`` with the id at ``position`` (of row 0) replaced by another valid id."""
+    other = ids.clone()
+    other[0, position] = other[0, position] % (VOCAB - 1) + 1
+    return other
+
+
 # -- content keys only for KV the ids determine ------------------------------------------------
 def test_generate_refuses_ids_that_differ_from_the_prompt_inside_the_reused_prefix(tmp_path):
     model = use_tiercache(tiny_llama(seed=1))
     first = ids_of(40, 2)
-    other = first.clone()
-    other[0, 5] = other[0, 5] % (VOCAB - 1) + 1
+    other = one_changed(first, 5)
     with tiered(model, tmp_path) as kv:
         store(model, kv, first)
         cache = TieredCache(kv, model, prompt=first)

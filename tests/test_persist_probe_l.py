@@ -15,7 +15,7 @@ import pickle
 import pytest
 
 from store_helpers import LAYOUT, blocks, key, tiers
-from test_close_persist_errors import N, chunk_writes_fail_after, filled_store, reopened_holds
+from test_close_persist_errors import N, chunk_writes_fail_after, close_with_every_flush_failing, filled_store, reopened_holds
 from test_nvme_faults import fail_next
 from tiercache.data import chunkio
 from tiercache.live.lifecycle import Persisted, persist_to_nvme
@@ -133,19 +133,9 @@ def test_a_flush_that_fails_for_good_at_close_names_the_store_and_what_is_not_du
     saying what is not durable; the persisted blocks do not reopen."""
     path = tmp_path / "nvme"
     store, data, on_nvme, volatile = filled_store(path)
-    real_flush = type(store._media[2]).flush
-
-    def full_disk_flush(self):
-        for name in ("pwrite", "write"):  # the journal batch, and the snapshot written instead
-            fail_next(monkeypatch, name, count=10**6)
-        return real_flush(self)
-
-    monkeypatch.setattr(type(store._media[2]), "flush", full_disk_flush)
-    with pytest.raises(OSError) as caught:
-        store.close()
-    monkeypatch.undo()
-    assert not isinstance(caught.value, PersistError) and caught.value.errno == errno.ENOSPC
-    assert str(path) in str(caught.value) and "not durable" in str(caught.value)
+    error = close_with_every_flush_failing(store, monkeypatch)
+    assert not isinstance(error, PersistError) and error.errno == errno.ENOSPC
+    assert str(path) in str(error) and "not durable" in str(error)
     assert reopened_holds(path, data) == on_nvme
 
 
