@@ -284,3 +284,16 @@ def test_a_closed_store_and_several_returned_sequences_with_a_prompt_are_named(t
     for _ in range(2):  # the first refusal and every later one name the closed store
         with pytest.raises(UserError, match="closed"), torch.no_grad():
             model(ids, cache=cache)
+
+
+def test_a_pass_refused_for_room_before_storing_leaves_the_cache_usable(tmp_path):
+    model = use_tiercache(tiny_llama(seed=61))
+    ids = ids_of(40, 62)
+    want_tokens, _ = reference(model, ids[:, :12], new=3)
+    tiers = [TierConfig("hbm", 2), TierConfig("dram", 2)]  # 4 per-layer blocks: 2 blocks of 8 per layer
+    with TieredKVCache(kv_layout(model.config, torch.float32, BLOCK), tiers, device="cpu") as kv:
+        cache = TieredCache(kv, model)
+        with torch.no_grad(), pytest.raises(UserError, match="do not fit"):
+            model(ids, cache=cache)
+        tokens, _ = generate(model, ids[:, :12], cache, new=3)
+    assert torch.equal(tokens, want_tokens)

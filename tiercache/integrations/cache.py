@@ -78,11 +78,12 @@ class TieredCache(Cache):
         self.namespace = getattr(model, FINGERPRINT) + namespace_bytes(namespace)
         self.sequences: list[Sequence] = []
         self._staged: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * kv.layout.layers
-        self._checked_mask: torch.Tensor | None = None  # the last mask found as expected (identity)
+        self._checked_mask: tuple | None = None  # (mask, held, tokens) last found as expected
         self._pads = np.zeros((kv.layout.layers, 0), dtype=np.int64)  # [layer, row]: padding not stored
         self._pass: tuple[int, torch.Tensor] | None = None  # (start, kept columns [batch, t]) of a padded pass
         self._open_pass: list[int] | None = None  # token ids each row knew when the running pass began
-        self._stored_in_pass = self._opened_in_pass = False
+        self._pass_start = 0  # positions every layer had passed when the running pass began
+        self._opened_in_pass = False
         self._prompt_pads: list[int] | None = None  # each prompt row's left padding, when prompt= had a mask
         self._broken: str | None = None
         if prompt is not None:
@@ -109,7 +110,7 @@ class TieredCache(Cache):
         self.sequences = []
         self._staged = [None] * len(self._staged)
         self._pads = np.zeros((len(self._staged), 0), dtype=np.int64)
-        self._pass, self._open_pass, self._stored_in_pass, self._broken = None, None, False, None
+        self._pass, self._open_pass, self._pass_start, self._broken = None, None, 0, None
         self._opened_in_pass, self._prompt_pads = False, None
 
     # -- a forward pass ------------------------------------------------------------------
@@ -149,7 +150,7 @@ class TieredCache(Cache):
             self._open(batch)
         keyed = ids is not None and not other_inputs(kwargs)
         new_ids = [self._new_ids(row, ids, keep) if keyed and positioned[row] else None for row in range(batch)]
-        self._open_pass, self._stored_in_pass = [len(seq.token_ids) for seq in self.sequences], False
+        self._open_pass, self._pass_start = [len(seq.token_ids) for seq in self.sequences], start
         self._pass = None if keep is None else (start, torch.as_tensor(keep, device=self.kv.device))
         for seq, given, before in zip(self.sequences, new_ids, held):
             if given is None and len(seq.token_ids) > before:  # this pass's KV gets private keys
@@ -220,9 +221,10 @@ class TieredCache(Cache):
         gives it: the row's held positions after its left padding, and the pass's kept tokens
         causally (``causal.expected_mask``). Padding queries' rows are not compared: their
         output is thrown away."""
-        if mask is None or mask is self._checked_mask:
-            return
         held = self.seq_length(layer)
+        checked = self._checked_mask
+        if mask is None or (checked is not None and checked[0] is mask and checked[1:] == (held, tokens)):
+            return
         keep = self._keep(layer, tokens)
         allowed = mask if mask.dtype == torch.bool else mask == 0
         expected = expected_mask([int(p) for p in self._pads[layer]], keep, held, tokens, mask.device)
@@ -235,7 +237,7 @@ class TieredCache(Cache):
         if bool(differ.any()):
             raise UserError("TieredCache: the attention mask is not causal over each row's tokens (padding other than "
                             "a prompt's left padding, or a custom mask)")
-        self._checked_mask = mask
+        self._checked_mask = (mask, held, tokens)
 
     # -- inside a pass -------------------------------------------------------------------
     def _recover(self) -> None:
@@ -245,8 +247,8 @@ class TieredCache(Cache):
             raise UserError("TieredCache: its TieredKVCache is closed")
         if self._broken is None and len({self.seq_length(layer) for layer in range(len(self._staged))}) > 1:
             self._broken = "its layers hold different lengths (a pass failed after storing some layers)"
-        if self._open_pass is not None and self._stored_in_pass:
-            self._broken = "a pass failed after storing some layers"
+        if self._open_pass is not None and self.seq_length(0) != self._pass_start:
+            self._broken = "a pass failed after storing its KV (its output was lost)"
         if self._open_pass is None and any(staged is not None for staged in self._staged):
             self._broken = (f"a finished pass left new KV unread: the model's attention is not {ATTENTION!r} "
                             "(call use_tiercache(model))")
@@ -303,7 +305,6 @@ class TieredCache(Cache):
         outs = []
         for row, seq in enumerate(self.sequences):
             k_row, v_row = k_new[row], v_new[row]
-            self._stored_in_pass = True  # from here on a failure leaves this layer ahead of the others
             if tokens == 1 and keep is None:  # decode: the token joins its sequence first, one read covers it
                 seq.append(layer, k_row.contiguous(), v_row.contiguous())
                 part = self._decode_partial(seq, layer, q[row].contiguous())
