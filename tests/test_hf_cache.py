@@ -417,3 +417,25 @@ def test_kv_layout_reads_the_config():
     with pytest.raises(UserError, match="kv_layout"):
         kv_layout(tiny_llama().config, torch.int32)
     assert np.isfinite(layout.bytes_per_token)
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "sliced"])
+@pytest.mark.parametrize("seed", range(3))
+def test_both_causal_paths_match_a_float64_reference(monkeypatch, fused, seed):
+    """``causal_partial`` over fresh random inputs: the fused CPU flash path and the sliced
+    path (padding, other devices, overflow) against float64 causal attention."""
+    from tiercache.integrations import causal
+
+    if not fused:
+        monkeypatch.setattr(causal, "_fused_causal", lambda *args: None)
+    gen = torch.Generator().manual_seed(seed)
+    kv_heads, group, tokens, dim = 1 + seed, 3 - seed, 5 + 40 * seed, 8 * (1 + seed)
+    q = torch.randn(kv_heads * group, tokens, dim, generator=gen) * 4
+    k = torch.randn(kv_heads, tokens, dim, generator=gen) * 4
+    v = torch.randn(kv_heads, tokens, dim, generator=gen)
+    part = causal.causal_partial(q, k, v, torch.float32)
+    got = part.out.reshape(kv_heads * group, tokens, dim).double()
+    assert torch.allclose(got, causal_reference(q, k, v, 0), rtol=1e-5, atol=1e-5)
+    scores = (q.double() @ k.double().repeat_interleave(group, 0).transpose(1, 2)) / math.sqrt(dim)
+    lse = torch.logsumexp(scores.masked_fill(torch.ones(tokens, tokens, dtype=torch.bool).triu(1), -math.inf), -1)
+    assert torch.allclose(part.lse.reshape(kv_heads * group, tokens).double(), lse, rtol=1e-5, atol=1e-5)
