@@ -12,8 +12,9 @@ like with like). Reported: medians of prefill seconds and of per-token decode se
 median and the range over rounds of each side's ratio to ``DynamicCache`` in the same round,
 and the device memory each side holds for KV (``DynamicCache``: its tensors; ``TieredCache``:
 its HBM tier and read-window buffers, ``TieredKVCache.device_bytes``; on CUDA the peak
-allocated memory is printed too). Every side's logits must agree with ``DynamicCache``'s at
-every step within ``--tolerance`` (checked; the script exits 1 otherwise).
+allocated memory is printed too). Every side's logits must agree with ``DynamicCache``'s
+within ``--tolerance`` at the prefill's last position and at every decode step (checked; the
+script exits 1 otherwise).
 
     python scripts/bench_hf_cache.py --context 2048 --new 16 --rounds 3 --torch-threads 1 --out hf_cache.json
 """
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import tempfile
@@ -68,6 +70,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--context + --new must fill at least 4 blocks, or the spilled side would not spill")
     if args.tolerance is None:
         args.tolerance = 1e-4 if args.dtype == "float32" else 5e-2
+    if not math.isfinite(args.tolerance) or args.tolerance < 0:
+        parser.error(f"--tolerance must be a finite number >= 0, got {args.tolerance}")
     return args
 
 

@@ -439,3 +439,23 @@ def test_both_causal_paths_match_a_float64_reference(monkeypatch, fused, seed):
     scores = (q.double() @ k.double().repeat_interleave(group, 0).transpose(1, 2)) / math.sqrt(dim)
     lse = torch.logsumexp(scores.masked_fill(torch.ones(tokens, tokens, dtype=torch.bool).triu(1), -math.inf), -1)
     assert torch.allclose(part.lse.reshape(kv_heads * group, tokens).double(), lse, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("score", [1e1, 1e3, 1e5, 1e7])
+def test_keys_tied_across_the_held_and_the_new_part_keep_their_count(score):
+    """Held keys (value 0) and new keys (value 1) all score ``score``: query ``i`` sees 16
+    held and ``i + 1`` new keys, so its output is ``(i + 1) / (17 + i)`` whatever the score
+    (a merged log-sum-exp alone would round the counts away next to a large peak)."""
+    from tiercache.attention import merge, partial_attention
+    from tiercache.integrations.causal import causal_partial
+
+    tokens, held, dim = 16, 16, 2
+    side = math.sqrt(score * math.sqrt(dim))
+    key = torch.tensor([side, 0.0])
+    q = key.expand(1, tokens, dim).clone()
+    new = causal_partial(q, key.expand(1, tokens, dim).clone(), torch.tensor([0.0, 1.0]).expand(1, tokens, dim).clone(),
+                         torch.float32)
+    old = partial_attention(q.reshape(1, tokens, dim), key.expand(1, held, dim).clone(), torch.zeros(1, held, dim))
+    got = merge(old, new).out[0, :, 1]
+    exact = torch.tensor([(i + 1) / (held + i + 1) for i in range(tokens)])
+    assert (got - exact).abs().max().item() < 1e-5

@@ -297,3 +297,61 @@ def test_a_pass_refused_for_room_before_storing_leaves_the_cache_usable(tmp_path
             model(ids, cache=cache)
         tokens, _ = generate(model, ids[:, :12], cache, new=3)
     assert torch.equal(tokens, want_tokens)
+
+
+# -- a fourth probe: appends that fail half-way -------------------------------------------------
+def dense_logits(model, ids):
+    """Prefill logits of ``ids`` with transformers' DynamicCache and SDPA."""
+    model.set_attn_implementation("sdpa")
+    try:
+        with torch.no_grad():
+            return model(ids, cache=transformers.DynamicCache(config=model.config)).logits
+    finally:
+        use_tiercache(model)
+
+
+@pytest.mark.parametrize("failure", [OSError("write failed"), KeyboardInterrupt()], ids=["oserror", "interrupt"])
+def test_a_store_failing_inside_an_append_leaves_the_sequence_as_it_was(tmp_path, monkeypatch, failure):
+    """A block-aligned pass after a partial tail: a failed store at layer 0 used to overwrite
+    the tail first, so the retry attended over the failed chunk's tokens."""
+    model = use_tiercache(tiny_llama(seed=63))
+    ids = ids_of(40, 64)
+    want = dense_logits(model, ids)
+    with tiered(model, tmp_path) as kv, torch.no_grad():
+        cache = TieredCache(kv, model)
+        model(ids[:, :11], cache=cache)  # one block and a 3-token tail per layer
+        real, calls = kv.driver.write, []
+
+        def failing_once(*args, **kwargs):
+            calls.append(1)
+            if len(calls) == 1:
+                raise failure
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(kv.driver, "write", failing_once)
+        with pytest.raises(type(failure)):
+            model(ids[:, 11:19], cache=cache)  # 8 new tokens: exactly one block to store
+        monkeypatch.undo()
+        got = torch.cat([model(ids[:, 11:19], cache=cache).logits, model(ids[:, 19:30], cache=cache).logits], dim=1)
+    assert (got - want[:, 11:30]).abs().max().item() < 1e-5
+
+
+def test_an_interrupt_after_a_block_is_held_leaves_no_hold_behind(tmp_path, monkeypatch):
+    from tiercache.live.sequence import Sequence
+
+    model = use_tiercache(tiny_llama(seed=65))
+    ids = ids_of(40, 66)
+    with tiered(model, tmp_path) as kv, torch.no_grad():
+        cache = TieredCache(kv, model)
+        model(ids[:, :11], cache=cache)
+
+        def interrupted(self, first, layer, block_ids):
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(Sequence, "_keep_tokens", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            model(ids[:, 11:19], cache=cache)
+        monkeypatch.undo()
+        cache.free()
+        assert not any(kv.manager.held.values())
+        kv.check_invariants()

@@ -16,6 +16,10 @@ from tiercache.attention import SCORE_BUDGET, Partial, partial_attention
 
 __all__ = ["causal_partial", "expected_mask"]
 
+# The largest |log-sum-exp| the fused path hands on: float32's step there (3e-5) keeps the
+# merge weights within float32 attention's error; real models' scaled scores stay far below.
+_FUSED_LSE_LIMIT = 256.0
+
 
 def causal_partial(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dtype: torch.dtype,
                    key_pos: torch.Tensor | None = None) -> Partial:
@@ -58,7 +62,10 @@ def _fused_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dtype: torc
     """``causal_partial`` without padding through torch's fused CPU flash attention, which
     returns the log-sum-exp a merge needs (16x faster than the sliced path at 1k tokens on
     this CPU); None where it does not apply: another device, a torch without the operator,
-    or a score that overflowed ``dtype`` (the sliced path reruns it in float64)."""
+    or a log-sum-exp beyond ``_FUSED_LSE_LIMIT``. The operator gives the log-sum-exp alone,
+    not the peak and the sum apart (``Partial``): next to a large peak, float32 rounds the
+    log of the sum away, and keys tied with the held ones would lose their count in the
+    merge; the sliced path keeps them apart (and reruns an overflow in float64)."""
     op = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
     if op is None or q.device.type != "cpu":
         return None
@@ -71,7 +78,7 @@ def _fused_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dtype: torc
         out, lse = op(q.to(dtype).unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0), 0.0, True)
     except (RuntimeError, TypeError):  # an operator of another signature: the sliced path
         return None
-    if not bool(torch.isfinite(lse).all()):
+    if not bool((lse.abs() <= _FUSED_LSE_LIMIT).all()):  # one check: overflow (inf/NaN) or a large score
         return None
     return Partial(out[0].reshape(kv_heads, group * tokens, head_dim), lse[0].reshape(kv_heads, group * tokens))
 

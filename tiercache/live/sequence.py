@@ -24,6 +24,7 @@ from tiercache.keys import block_key, layer_key
 
 from .arguments import check_kv, check_query, flat_token_ids, sparse_budget_blocks
 from .chunks import TierChunks
+from .layerstate import LayerState
 
 if TYPE_CHECKING:
     from .cache import TieredKVCache
@@ -60,45 +61,6 @@ class StepReport:
     tail_tokens: int
 
 
-class _Layer:
-    """One layer of a sequence: its blocks in order, their summaries, its tail.
-
-    Invariants: ``ids[:n]`` and ``keys`` name the full blocks in position order; rows
-    ``[:n]`` of ``kmin``/``kmax`` are their summaries; ``tail_len < block_tokens``.
-    """
-
-    def __init__(self, kv_heads: int, block_tokens: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
-        self.n = 0
-        self.ids = np.zeros(64, dtype=np.int64)
-        self.keys: list[bytes] = []
-        self.kmin = torch.empty((64, kv_heads, head_dim), dtype=torch.float32, device=device)
-        self.kmax = torch.empty_like(self.kmin)
-        self.tail = torch.empty((2, kv_heads, block_tokens, head_dim), dtype=dtype, device=device)
-        self.tail_len = 0
-        self.attends = 0
-
-    def add(self, ids: list[int], keys: list[bytes], kmin: torch.Tensor, kmax: torch.Tensor) -> None:
-        """Appends full blocks (ids, keys and summaries aligned)."""
-        need = self.n + len(ids)
-        if need > len(self.ids):
-            size = max(need, 2 * len(self.ids))
-            self.ids = np.resize(self.ids, size)
-            self.kmin = _grow(self.kmin, size)
-            self.kmax = _grow(self.kmax, size)
-        self.ids[self.n : need] = ids
-        self.kmin[self.n : need] = kmin
-        self.kmax[self.n : need] = kmax
-        self.keys.extend(keys)
-        self.n = need
-
-
-def _grow(rows: torch.Tensor, size: int) -> torch.Tensor:
-    grown = torch.empty((size, *rows.shape[1:]), dtype=rows.dtype, device=rows.device)
-    grown[: rows.shape[0]] = rows
-    return grown
-
-
-
 class Sequence:
     """One decoding sequence of a ``TieredKVCache`` (made by ``cache.sequence``).
 
@@ -111,7 +73,7 @@ class Sequence:
         layout = cache.layout
         self.cache = cache
         self.namespace = namespace
-        self._layers = [_Layer(layout.kv_heads, layout.block_tokens, layout.head_dim, cache.dtype, cache.device)
+        self._layers = [LayerState(layout.kv_heads, layout.block_tokens, layout.head_dim, cache.dtype, cache.device)
                         for _ in range(layout.layers)]
         self._tokens = np.zeros(0, dtype=np.int64) if tokens is None else flat_token_ids(tokens, "tokens")
         self._content_keys: list[bytes] = []
@@ -193,8 +155,10 @@ class Sequence:
                 state.tail[1, :, state.tail_len : total] = v
                 state.tail_len = total
                 return
-            blocks = self._full_blocks(state, k, v, full)
+            blocks, rest = self._full_blocks(state, k, v, full)
             self._store_blocks(layer, state, blocks)
+            state.tail[:, :, : rest.shape[2]] = rest  # only once the blocks are stored: a failed
+            state.tail_len = rest.shape[2]  # store leaves the sequence as it was
 
     @torch.no_grad()  # KV caching is not differentiable: never keep an autograd graph alive
     def attend(self, layer: int, q: torch.Tensor, mode: AttentionMode = AttentionMode.EXACT,
@@ -291,21 +255,18 @@ class Sequence:
             cache._settle_events()
 
     # -- storing --------------------------------------------------------------------------
-    def _full_blocks(self, state: _Layer, k: torch.Tensor, v: torch.Tensor, full: int) -> torch.Tensor:
-        """The ``full`` blocks the tail and the new tokens fill, as ``[full, 1, 2, kv, T, D]``;
-        the leftover tokens become the new tail."""
+    def _full_blocks(self, state: LayerState, k: torch.Tensor, v: torch.Tensor, full: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The ``full`` blocks the tail and the new tokens fill, as ``[full, 1, 2, kv, T, D]``,
+        and the leftover tokens (``[2, kv, rest, D]``, the next tail); changes nothing."""
         block_tokens = self.cache.layout.block_tokens
         kv = torch.stack([k, v])  # [2, kv, t, D]
         if state.tail_len:
             kv = torch.cat([state.tail[:, :, : state.tail_len], kv], dim=2)
         used = full * block_tokens
         blocks = kv[:, :, :used].reshape(2, kv.shape[1], full, block_tokens, kv.shape[3]).permute(2, 0, 1, 3, 4)
-        rest = kv.shape[2] - used
-        state.tail[:, :, :rest] = kv[:, :, used:]
-        state.tail_len = rest
-        return blocks.unsqueeze(1).contiguous()
+        return blocks.unsqueeze(1).contiguous(), kv[:, :, used:].clone()
 
-    def _store_blocks(self, layer: int, state: _Layer, blocks: torch.Tensor) -> None:
+    def _store_blocks(self, layer: int, state: LayerState, blocks: torch.Tensor) -> None:
         """Stores full blocks of ``layer`` under their keys and holds them (one write record)."""
         cache = self.cache
         first = state.n
@@ -314,13 +275,19 @@ class Sequence:
         if any(i is None for i in ids):
             raise UserError("Sequence.append: a block key collides with another key's 63-bit id; the block cannot be stored")
         kmin, kmax = block_summaries(blocks[:, 0, 0])
-        cache.store._store_new(ids, blocks, lambda: cache.driver.write(ids, hold=ids))
-        missing = [i for i in ids if cache.manager.locate(i) is None]
-        if missing:
-            raise RuntimeError(f"Sequence.append: {len(missing)} block(s) of layer {layer} could not be stored "
-                               "(every HBM slot pinned, or a write-back failed); the sequence is incomplete")
-        self._keep_tokens(first, layer, ids)
-        state.add(ids, keys, kmin, kmax)
+        held = cache.manager.held
+        before = {i: held.get(i, 0) for i in ids}
+        try:
+            cache.store._store_new(ids, blocks, lambda: cache.driver.write(ids, hold=ids))
+            missing = [i for i in ids if cache.manager.locate(i) is None]
+            if missing:
+                raise RuntimeError(f"Sequence.append: {len(missing)} block(s) of layer {layer} could not be stored "
+                                   "(every HBM slot pinned, or a write-back failed); nothing was appended")
+            self._keep_tokens(first, layer, ids)
+            state.add(ids, keys, kmin, kmax)
+        except BaseException:  # an interrupt too: no hold without a sequence that releases it
+            cache.driver.release([i for i in ids if held.get(i, 0) > before[i]])
+            raise
         cache._emit(layer, state.attends, write=tuple(ids), hold=tuple(ids))
         cache._settle_events()
 
@@ -409,7 +376,7 @@ class Sequence:
                 del cache._summaries[block_id]
 
     # -- reading --------------------------------------------------------------------------
-    def _select(self, state: _Layer, q: torch.Tensor, count: int) -> tuple[np.ndarray, list[int]]:
+    def _select(self, state: LayerState, q: torch.Tensor, count: int) -> tuple[np.ndarray, list[int]]:
         """Block positions a sparse step reads (ascending) and the next-ranked candidates."""
         if state.n == 0:
             return np.zeros(0, dtype=np.int64), []
@@ -432,7 +399,7 @@ class Sequence:
         top = cache.manager.dirs[0].slot_of
         return [int(b) for b in first if int(b) not in top]
 
-    def _attend_blocks(self, layer: int, step: int, state: _Layer, q: torch.Tensor, mode: AttentionMode,
+    def _attend_blocks(self, layer: int, step: int, state: LayerState, q: torch.Tensor, mode: AttentionMode,
                        positions: np.ndarray, candidates: list[int]) -> Partial:
         """Reads the blocks at ``positions`` through the driver and attends over them and the tail."""
         cache = self.cache
@@ -463,7 +430,7 @@ class Sequence:
         state = self._layers[layer]
         return TierChunks(self.cache, state.ids[: state.n].tolist(), state.keys)
 
-    def _by_tier(self, state: _Layer, positions: np.ndarray) -> np.ndarray:
+    def _by_tier(self, state: LayerState, positions: np.ndarray) -> np.ndarray:
         """``positions`` reordered by the tier holding them, fastest first (stable): the
         read order a sparse step records, so promotions batch per tier."""
         locate = self.cache.manager.locate

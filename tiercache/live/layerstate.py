@@ -1,0 +1,49 @@
+"""A decoding sequence's state at one layer: its full blocks in order, their key summaries
+and its partial tail block (``tiercache.live.sequence``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+__all__ = ["LayerState"]
+
+
+class LayerState:
+    """One layer of a sequence: its blocks in order, their summaries, its tail.
+
+    Invariants: ``ids[:n]`` and ``keys`` name the full blocks in position order; rows
+    ``[:n]`` of ``kmin``/``kmax`` are their summaries; ``tail_len < block_tokens``.
+    """
+
+    def __init__(self, kv_heads: int, block_tokens: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
+        self.n = 0
+        self.ids = np.zeros(64, dtype=np.int64)
+        self.keys: list[bytes] = []
+        self.kmin = torch.empty((64, kv_heads, head_dim), dtype=torch.float32, device=device)
+        self.kmax = torch.empty_like(self.kmin)
+        self.tail = torch.empty((2, kv_heads, block_tokens, head_dim), dtype=dtype, device=device)
+        self.tail_len = 0
+        self.attends = 0
+
+    def add(self, ids: list[int], keys: list[bytes], kmin: torch.Tensor, kmax: torch.Tensor) -> None:
+        """Appends full blocks (ids, keys and summaries aligned)."""
+        need = self.n + len(ids)
+        if need > len(self.ids):
+            size = max(need, 2 * len(self.ids))
+            self.ids = np.resize(self.ids, size)
+            self.kmin = _grow(self.kmin, size)
+            self.kmax = _grow(self.kmax, size)
+        self.ids[self.n : need] = ids
+        self.kmin[self.n : need] = kmin
+        self.kmax[self.n : need] = kmax
+        self.keys.extend(keys)
+        self.n = need
+
+
+def _grow(rows: torch.Tensor, size: int) -> torch.Tensor:
+    """``rows`` copied into the first rows of a ``size``-row tensor."""
+    grown = torch.empty((size, *rows.shape[1:]), dtype=rows.dtype, device=rows.device)
+    grown[: rows.shape[0]] = rows
+    return grown
+
