@@ -212,16 +212,21 @@ def _streamed(q: torch.Tensor, kv_heads: int, source: ChunkSource, n_chunks: int
     result: Partial | None = None
     keys = 0
     wide = _wide(q)
-    in_flight: deque = deque(source.start(i, i % depth) for i in range(min(depth, n_chunks)))
-    for index in range(n_chunks):
-        k, v = source.finish(in_flight.popleft())
-        keys += _check_chunk(k, v, grouped, f"chunk {index}")
-        wide = wide or _wide(k, v)
-        part = _sliced_partial(grouped, k, v)  # compute chunk i while i+1.. are fetched
-        result = part if result is None else merge(result, part)
-        following = index + depth
-        if following < n_chunks:  # its buffer is free only now that chunk i is computed
-            in_flight.append(source.start(following, following % depth))
+    in_flight: deque = deque()
+    try:
+        in_flight.extend(source.start(i, i % depth) for i in range(min(depth, n_chunks)))
+        for index in range(n_chunks):
+            k, v = source.finish(in_flight.popleft())
+            keys += _check_chunk(k, v, grouped, f"chunk {index}")
+            wide = wide or _wide(k, v)
+            part = _sliced_partial(grouped, k, v)  # compute chunk i while i+1.. are fetched
+            result = part if result is None else merge(result, part)
+            following = index + depth
+            if following < n_chunks:  # its buffer is free only now that chunk i is computed
+                in_flight.append(source.start(following, following % depth))
+    except BaseException:
+        _drain(source, in_flight)
+        raise
     for index, (k, v) in enumerate(extras):
         keys += _check_chunk(k, v, grouped, f"extra chunk {index}")
         wide = wide or _wide(k, v)
@@ -244,6 +249,19 @@ def _sliced_partial(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Partia
     parts = [partial_attention(q[:, start : start + step], k, v) for start in range(0, rows, step)]
     return Partial(torch.cat([p.out for p in parts], dim=1), torch.cat([p.peak for p in parts], dim=1),
                    torch.cat([p.total for p in parts], dim=1))
+
+
+def _drain(source: ChunkSource, in_flight: deque) -> None:
+    """Waits for the fetches still in flight after a failure (their own errors are the
+    failure's consequence): a fetch left running would write its window buffer under the
+    next read. A source with ``settle(handle)`` (wait without converting) is asked that,
+    others ``finish``."""
+    settle = getattr(source, "settle", source.finish)
+    while in_flight:
+        try:
+            settle(in_flight.popleft())
+        except BaseException:  # noqa: BLE001 - the first failure is the one raised
+            pass
 
 
 def _check_query(q: torch.Tensor, kv_heads: int) -> None:

@@ -9,6 +9,7 @@ attention computes on.
 
 from __future__ import annotations
 
+from concurrent import futures
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -61,6 +62,13 @@ class TierChunks:
         width = self.cache.window_blocks
         window = self.cache._window_pool().tensor[buffer * width : buffer * width + len(ids)]
         return (index, buffer, (medium.submit_get(keys, window), window))
+
+    def settle(self, handle) -> None:
+        """Waits for a started chunk's read to land, taking nothing from it (a read abandoned
+        by a failed step must not write its window buffer under the next one)."""
+        pending = handle[2]
+        if pending is not None:
+            futures.wait([pending[0]])
 
     def finish(self, handle) -> tuple[torch.Tensor, torch.Tensor]:
         _, k, v = self.cache._scratch(handle[1])

@@ -155,10 +155,7 @@ class Sequence:
                 state.tail[1, :, state.tail_len : total] = v
                 state.tail_len = total
                 return
-            blocks, rest = self._full_blocks(state, k, v, full)
-            self._store_blocks(layer, state, blocks)
-            state.tail[:, :, : rest.shape[2]] = rest  # only once the blocks are stored: a failed
-            state.tail_len = rest.shape[2]  # store leaves the sequence as it was
+            self._store_blocks(layer, state, *self._full_blocks(state, k, v, full))
 
     @torch.no_grad()  # KV caching is not differentiable: never keep an autograd graph alive
     def attend(self, layer: int, q: torch.Tensor, mode: AttentionMode = AttentionMode.EXACT,
@@ -242,11 +239,12 @@ class Sequence:
         with cache.store._lock:
             if self.freed:
                 return
-            self.freed = True
             if cache._closed:
+                self.freed = True
                 return
             held = [int(i) for state in self._layers for i in state.ids[: state.n]]
             cache.driver.release(held)
+            self.freed = True  # only now: a release that raised is tried again by the next free
             cache._emit(0, cache._last_step, release=tuple(dict.fromkeys(held)))
             for state in self._layers:
                 for row, block_id in enumerate(state.ids[: state.n].tolist()):
@@ -266,8 +264,10 @@ class Sequence:
         blocks = kv[:, :, :used].reshape(2, kv.shape[1], full, block_tokens, kv.shape[3]).permute(2, 0, 1, 3, 4)
         return blocks.unsqueeze(1).contiguous(), kv[:, :, used:].clone()
 
-    def _store_blocks(self, layer: int, state: LayerState, blocks: torch.Tensor) -> None:
-        """Stores full blocks of ``layer`` under their keys and holds them (one write record)."""
+    def _store_blocks(self, layer: int, state: LayerState, blocks: torch.Tensor, rest: torch.Tensor) -> None:
+        """Stores full blocks of ``layer`` under their keys, holds them and makes ``rest`` the
+        tail, all or nothing (then one write record): a store that raises, an interrupt too,
+        leaves the sequence as it was and releases the holds it took."""
         cache = self.cache
         first = state.n
         keys = [self._block_key(first + i, layer) for i in range(blocks.shape[0])]
@@ -284,12 +284,14 @@ class Sequence:
                 raise RuntimeError(f"Sequence.append: {len(missing)} block(s) of layer {layer} could not be stored "
                                    "(every HBM slot pinned, or a write-back failed); nothing was appended")
             self._keep_tokens(first, layer, ids)
-            state.add(ids, keys, kmin, kmax)
+            cache._emit(layer, state.attends, write=tuple(ids), hold=tuple(ids))
+            cache._settle_events()
         except BaseException:  # an interrupt too: no hold without a sequence that releases it
             cache.driver.release([i for i in ids if held.get(i, 0) > before[i]])
             raise
-        cache._emit(layer, state.attends, write=tuple(ids), hold=tuple(ids))
-        cache._settle_events()
+        state.add(ids, keys, kmin, kmax)  # the commit: nothing below raises
+        state.tail[:, :, : rest.shape[2]] = rest
+        state.tail_len = rest.shape[2]
 
     def _block_key(self, index: int, layer: int) -> bytes:
         """Layer key of block ``index``: content-chained when its tokens are known."""
@@ -344,8 +346,12 @@ class Sequence:
             state.add(ids, lkeys, kmin, kmax)
             held.extend(ids)
         cache.driver.hold(held)
-        cache._emit(0, cache._last_step, hold=tuple(held))
-        cache._settle_events()
+        try:
+            cache._emit(0, cache._last_step, hold=tuple(held))
+            cache._settle_events()
+        except BaseException:  # no sequence is returned: nothing else would release the holds
+            cache.driver.release(held)
+            raise
         self.cached_tokens = found * layout.block_tokens
 
     def _summaries_of(self, ids: list[int], keys: list[bytes]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -414,10 +420,9 @@ class Sequence:
             extra = [(state.tail[0, :, : state.tail_len], state.tail[1, :, : state.tail_len])] if state.tail_len else []
             out = self._stream(q, ids, keys, extra)
         finally:
-            if ticket is not None:
+            if ticket is not None:  # the reads (and moves) happened even if attention failed: record them
                 cache.driver.end_read(ticket)
-        if ids:
-            cache._emit(layer, step, read=tuple(ids), in_place=exact, candidates=tuple(candidates), ahead=tuple(ahead))
+                cache._emit(layer, step, read=tuple(ids), in_place=exact, candidates=tuple(candidates), ahead=tuple(ahead))
         self._report(layer, step, mode, ticket, len(ids), state.tail_len)
         cache._settle_events()
         return out
@@ -433,8 +438,11 @@ class Sequence:
     def _by_tier(self, state: LayerState, positions: np.ndarray) -> np.ndarray:
         """``positions`` reordered by the tier holding them, fastest first (stable): the
         read order a sparse step records, so promotions batch per tier."""
-        locate = self.cache.manager.locate
-        tiers = np.fromiter((locate(int(b)) for b in state.ids[positions]), dtype=np.int64, count=len(positions))
+        located = [self.cache.manager.locate(int(b)) for b in state.ids[positions]]
+        if None in located:
+            raise RuntimeError(f"block {int(state.ids[positions][located.index(None)])} of this sequence is no longer "
+                               "stored (lost: unreadable)")
+        tiers = np.asarray(located, dtype=np.int64)
         return positions[np.argsort(tiers, kind="stable")]
 
     def _stream(self, q: torch.Tensor, ids: list[int], keys: list[bytes], extra) -> Partial:
