@@ -144,3 +144,26 @@ def test_a_sparse_read_of_a_lost_block_names_it(tmp_path):
         cache._settle_events()
         with pytest.raises(RuntimeError, match="no longer stored"):
             seq.attend(0, torch.randn(2, 1, 8), AttentionMode.SPARSE, budget=10)
+
+
+def test_a_corrupt_chunk_met_during_prefix_reuse_is_reported_lost_and_reuse_stops_before_it(tmp_path):
+    kv = Appended(5)
+    tokens = list(range(40))
+    with small_cache(tmp_path, layers=2) as cache:
+        first = cache.sequence(tokens=tokens)
+        for layer in range(2):
+            first.append(layer, *kv.kv(layer, 40))
+        first.free()
+        cache.close(persist=True)  # reopened, no block keeps its summary: reuse reads them
+    with small_cache(tmp_path, layers=2) as cache:
+        assert cache.match_prefix(tokens) == 40
+        nvme = cache.store._media[2]
+        with open(nvme.chunk_path(0), "r+b") as chunk:
+            chunk.seek(10)
+            chunk.write(b"\xff\xfe\xfd")
+        again = cache.sequence(tokens=tokens)  # no KeyError: the corrupt block is reported lost
+        assert again.cached_tokens < 36
+        assert cache.match_prefix(tokens) == again.cached_tokens
+        assert sum(tier["lost"] for tier in cache.stats()["tiers"]) == 1
+        again.free()
+        cache.check_invariants()

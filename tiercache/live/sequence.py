@@ -25,6 +25,7 @@ from tiercache.keys import block_key, layer_key
 from .arguments import check_kv, check_query, flat_token_ids, sparse_budget_blocks
 from .chunks import TierChunks
 from .layerstate import LayerState
+from .summaries import CorruptBlock, summaries_of
 
 if TYPE_CHECKING:
     from .cache import TieredKVCache
@@ -329,22 +330,22 @@ class Sequence:
                             "are needed (grow a tier, or free sequences)")
 
     def _reuse_prefix(self, namespace: bytes | str) -> None:
-        """Starts from the stored prefix of the prompt: holds its blocks (one record)."""
+        """Starts from the stored prefix of the prompt: holds its blocks (one record). A block
+        whose chunk proves corrupt while its summary is read is reported lost, and the prefix
+        is looked up again (it ends before that block)."""
         cache = self.cache
-        layout = cache.layout
-        usable = (len(self._tokens) - 1) // layout.block_tokens  # leave a token to compute
-        found, keys = cache._stored_blocks(self._tokens, namespace)
+        usable = (len(self._tokens) - 1) // cache.layout.block_tokens  # leave a token to compute
+        rows = None
+        while rows is None:
+            found, keys = cache._stored_blocks(self._tokens, namespace)
+            found = min(found, usable)
+            rows = self._prefix_rows(keys, found)
         self._content_keys = keys[:]
-        found = min(found, usable)
         if found == 0:
             return
-        held: list[int] = []
-        for layer, state in enumerate(self._layers):
-            lkeys = [layer_key(keys[b], layer) for b in range(found)]
-            ids = cache.store._map.ids(lkeys, register=False)
-            kmin, kmax = self._summaries_of(ids, lkeys)
-            state.add(ids, lkeys, kmin, kmax)
-            held.extend(ids)
+        held = [i for ids, _, _, _ in rows for i in ids]
+        for state, row in zip(self._layers, rows):
+            state.add(*row)
         cache.driver.hold(held)
         try:
             cache._emit(0, cache._last_step, hold=tuple(held))
@@ -352,27 +353,22 @@ class Sequence:
         except BaseException:  # no sequence is returned: nothing else would release the holds
             cache.driver.release(held)
             raise
-        self.cached_tokens = found * layout.block_tokens
+        self.cached_tokens = found * cache.layout.block_tokens
 
-    def _summaries_of(self, ids: list[int], keys: list[bytes]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Key summaries of stored blocks: kept from the sequence that wrote them, or
-        computed from the block read where it lies."""
-        cache = self.cache
-        layout = cache.layout
-        kmin = torch.empty((len(ids), layout.kv_heads, layout.head_dim), dtype=torch.float32, device=cache.device)
-        kmax = torch.empty_like(kmin)
-        scratch = None
-        for row, (block_id, key) in enumerate(zip(ids, keys)):
-            kept = cache._summaries.get(block_id)
-            if kept is None:
-                if scratch is None:
-                    scratch = torch.empty(layout.block_shape, dtype=cache.dtype)
-                tier = cache.manager.locate(block_id)
-                cache.store._media[tier].read_block(cache.manager.dirs[tier].slot_of[block_id], key, scratch)
-                kept = block_summaries(scratch[:, 0].to(cache.device))
-                kept = (kept[0][0], kept[1][0])
-            kmin[row], kmax[row] = kept
-        return kmin, kmax
+    def _prefix_rows(self, keys: list[bytes], found: int) -> list | None:
+        """Per layer, the ids, keys and summaries of the first ``found`` stored blocks; None
+        if a block proved corrupt (it is reported lost: look the prefix up again)."""
+        rows = []
+        for layer in range(len(self._layers)):
+            lkeys = [layer_key(keys[b], layer) for b in range(found)]
+            ids = self.cache.store._map.ids(lkeys, register=False)
+            try:
+                rows.append((ids, lkeys, *summaries_of(self.cache, ids, lkeys)))
+            except CorruptBlock as lost:
+                self.cache.manager.report_lost(lost.tier, [lost.block_id])
+                self.cache._settle_events()
+                return None
+        return rows
 
     def _prune_summaries(self) -> None:
         """Forgets kept summaries of blocks that left the hierarchy (bounded by what it holds)."""

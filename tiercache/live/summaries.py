@@ -1,0 +1,55 @@
+"""Key summaries (per-channel min and max, Quest-style) of a decode cache's stored blocks, for
+a sequence that starts from a stored prefix."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from tiercache.attention import block_summaries
+from tiercache.data.nvme_results import ReadIOError
+
+if TYPE_CHECKING:
+    from .cache import TieredKVCache
+
+__all__ = ["CorruptBlock", "summaries_of"]
+
+
+class CorruptBlock(Exception):
+    """A stored block proved corrupt while read (its medium dropped it)."""
+
+    def __init__(self, tier: int, block_id: int) -> None:
+        super().__init__(f"block {block_id} on tier {tier} is corrupt")
+        self.tier, self.block_id = tier, block_id
+
+
+def summaries_of(cache: "TieredKVCache", ids: list[int], keys: list[bytes]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Key summaries of stored blocks: kept from the sequence that wrote them, or
+    computed from the block read where it lies.
+
+    Raises:
+        CorruptBlock: a block's chunk proved corrupt (its medium dropped it; the caller
+            reports it lost).
+        ReadIOError: an I/O error (the block stays stored).
+    """
+    layout = cache.layout
+    kmin = torch.empty((len(ids), layout.kv_heads, layout.head_dim), dtype=torch.float32, device=cache.device)
+    kmax = torch.empty_like(kmin)
+    scratch = None
+    for row, (block_id, key) in enumerate(zip(ids, keys)):
+        kept = cache._summaries.get(block_id)
+        if kept is None:
+            if scratch is None:
+                scratch = torch.empty(layout.block_shape, dtype=cache.dtype)
+            tier = cache.manager.locate(block_id)
+            try:
+                cache.store._media[tier].read_block(cache.manager.dirs[tier].slot_of[block_id], key, scratch)
+            except ReadIOError:
+                raise  # an I/O error says nothing of the stored bytes: the block stays
+            except KeyError:  # a corrupt chunk: its medium dropped it
+                raise CorruptBlock(tier, block_id) from None
+            kept = block_summaries(scratch[:, 0].to(cache.device))
+            kept = (kept[0][0], kept[1][0])
+        kmin[row], kmax[row] = kept
+    return kmin, kmax
