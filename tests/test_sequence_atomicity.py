@@ -167,3 +167,31 @@ def test_a_corrupt_chunk_met_during_prefix_reuse_is_reported_lost_and_reuse_stop
         assert sum(tier["lost"] for tier in cache.stats()["tiers"]) == 1
         again.free()
         cache.check_invariants()
+
+
+def test_corrupt_chunks_of_a_read_that_also_met_an_io_error_are_reported_lost_at_once(tmp_path, monkeypatch):
+    from tiercache.data.nvme_results import ReadIOError
+
+    kv = Appended(6)
+    with small_cache(tmp_path, hbm=2) as cache:
+        seq = cache.sequence()
+        seq.append(0, *kv.kv(0, 40))
+        nvme = cache.store._media[2]
+        keys = [key for key in seq._layers[0].keys if nvme.contains(key)]
+        with open(nvme.chunk_path(nvme.slot_of(keys[0])), "r+b") as chunk:
+            chunk.seek(10)
+            chunk.write(b"\xff\xfe\xfd")
+        failing = nvme.slot_of(keys[1])
+        real = type(nvme)._read_verified
+
+        def io_error(self, entry, dest):
+            if entry.slot == failing:
+                raise OSError(5, "Input/output error")
+            return real(self, entry, dest)
+
+        monkeypatch.setattr(type(nvme), "_read_verified", io_error)
+        with pytest.raises(ReadIOError):
+            seq.attend(0, torch.randn(2, 1, 8))
+        monkeypatch.undo()
+        cache.check_invariants()  # the corrupt block is no longer listed as stored
+        assert sum(tier["lost"] for tier in cache.stats()["tiers"]) == 1

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from tiercache.attention import compute_dtype
+from tiercache.data.nvme_results import ReadIOError
 from tiercache.data.pools import BlockPool
 from tiercache.data.quantized import QuantizedPool
 
@@ -120,7 +121,14 @@ class TierChunks:
             blocks = _gather(pool, slots, cache._window_pool().tensor[buffer * width : (buffer + 1) * width])
         else:
             future, window = pending
-            good = future.result()
+            try:
+                good = future.result()
+            except ReadIOError as error:  # the batch's corrupt chunks are gone all the same: say so
+                lost = [b for b, key in zip(ids, self.chunks[index][2]) if key in error.lost_keys]
+                if lost:
+                    cache.manager.report_lost(tier, lost)
+                    cache._settle_events()
+                raise
             if not bool(np.all(good)):
                 lost = [b for b, ok in zip(ids, good) if not ok]
                 cache.manager.report_lost(tier, lost)
