@@ -355,3 +355,12 @@ def test_an_interrupt_after_a_block_is_held_leaves_no_hold_behind(tmp_path, monk
         cache.free()
         assert not any(kv.manager.held.values())
         kv.check_invariants()
+
+
+def test_a_pass_that_feeds_held_positions_again_is_refused(tmp_path):
+    model = use_tiercache(tiny_llama(seed=67))
+    ids = ids_of(20, 68)
+    with tiered(model, tmp_path) as kv:
+        cache = TieredCache(kv, model)
+        with pytest.raises(UserError, match="inside the 20 positions the cache holds"):
+            model.generate(ids, cache=cache, use_cache=False, max_new_tokens=3, pad_token_id=0)

@@ -142,9 +142,13 @@ class TieredCache(Cache):
                             "(without one the padding would be attended)")
         keep = _kept_columns(mask, start, count, held, pads)
         positioned = standard_positions(kwargs.get("position_ids"), keep, held, start, count)
-        if not any(held) and not pads.any() and _first_position(kwargs.get("position_ids"), count) > 0:
+        first = _first_position(kwargs.get("position_ids"), count)
+        if not any(held) and not pads.any() and first > 0:
             raise UserError("TieredCache: the cache holds no tokens but the pass's position_ids start past 0 "
                             "(was it freed during generation?)")
+        if any(held) and not pads.any() and keep is None and kwargs.get("position_ids") is not None and first < start:
+            raise UserError(f"TieredCache: the pass's position_ids start at {first}, inside the {start} positions the "
+                            "cache holds (use_cache=False with a cache, or the same tokens fed twice?)")
         self._opened_in_pass = not self.sequences
         if self._opened_in_pass:
             self._open(batch)
