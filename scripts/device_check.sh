@@ -28,8 +28,14 @@ python3 -m pip install "${pip_args[@]}" -e ".[hf]" >>"$out/pip.txt" 2>&1 \
     || echo "note: the hf extra (transformers) did not install; the transformers cache's gpu test skips"
 python3 -m pytest -q -m gpu tests 2>&1 | tee "$out/gpu_tests.txt" | tail -n 5
 python3 scripts/bench_tiers.py --json "$out/bench_tiers.json" 2>&1 | tee "$out/bench_tiers.txt" | tail -n 12
+# The transformers cache on the GPU against DynamicCache (logits checked; skipped without transformers)
+if python3 -c "import transformers" >/dev/null 2>&1; then
+    python3 scripts/bench_hf_cache.py --context 4096 --new 16 --rounds 3 --out "$out/bench_hf_cache.json" 2>&1 \
+        | tee "$out/bench_hf_cache.txt" | tail -n 8
+fi
 echo "== summary =="
 tail -n 1 "$out/gpu_tests.txt"
+[ -f "$out/bench_hf_cache.txt" ] && grep -E "^(tiered|dynamic|logits)" "$out/bench_hf_cache.txt"
 python3 - "$out/bench_tiers.json" <<'PY'
 import json, sys
 doc = json.load(open(sys.argv[1]))
