@@ -249,7 +249,7 @@ def test_sequence_budget_takes_numpy_integers_and_names_a_wrong_type():
 
 
 def test_fp16_inputs_skip_the_overflow_check_because_their_scores_cannot_overflow():
-    from tiercache.attention import _wide
+    from tiercache.attention import may_overflow as _wide
 
     assert not _wide(torch.zeros(1, dtype=torch.float16), torch.zeros(1, dtype=torch.float16))
     assert _wide(torch.zeros(1, dtype=torch.bfloat16)) and _wide(torch.zeros(1, dtype=torch.float32))

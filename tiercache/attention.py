@@ -39,7 +39,8 @@ from typing import Protocol, Sequence
 
 import torch
 
-__all__ = ["SCORE_BUDGET", "Partial", "partial_attention", "merge", "stream_attention", "stream_partial", "ChunkSource", "dense_reference",
+__all__ = ["SCORE_BUDGET", "Partial", "partial_attention", "merge", "stream_attention", "stream_partial", "may_overflow",
+           "ChunkSource", "dense_reference",
            "compute_dtype", "block_summaries", "block_bounds", "block_scores", "select_blocks"]
 
 
@@ -197,7 +198,7 @@ def stream_partial(q: torch.Tensor, kv_heads: int, source: ChunkSource, n_chunks
     return result
 
 
-def _wide(*tensors: torch.Tensor) -> bool:
+def may_overflow(*tensors: torch.Tensor) -> bool:
     """Whether float32 scores of these inputs can overflow: some dtype reaches beyond fp16's
     65504 (bf16, fp32). fp16 (and fp8) inputs cannot: a score is at most ``D x 65504**2``,
     so their results need no overflow check (and, on CUDA, no host synchronisation)."""
@@ -207,18 +208,18 @@ def _wide(*tensors: torch.Tensor) -> bool:
 def _streamed(q: torch.Tensor, kv_heads: int, source: ChunkSource, n_chunks: int, depth: int,
               extras: list[tuple[torch.Tensor, torch.Tensor]], dtype: torch.dtype) -> tuple[Partial, bool]:
     """One run of ``stream_attention``'s schedule in ``dtype``: the merged partial, and whether
-    any input was ``_wide`` (its scores could overflow ``dtype``)."""
+    any input ``may_overflow`` (its scores could overflow ``dtype``)."""
     grouped = _grouped(q.to(dtype), kv_heads)
     result: Partial | None = None
     keys = 0
-    wide = _wide(q)
+    wide = may_overflow(q)
     in_flight: deque = deque()
     try:
         in_flight.extend(source.start(i, i % depth) for i in range(min(depth, n_chunks)))
         for index in range(n_chunks):
             k, v = source.finish(in_flight.popleft())
             keys += _check_chunk(k, v, grouped, f"chunk {index}")
-            wide = wide or _wide(k, v)
+            wide = wide or may_overflow(k, v)
             part = _sliced_partial(grouped, k, v)  # compute chunk i while i+1.. are fetched
             result = part if result is None else merge(result, part)
             following = index + depth
@@ -229,7 +230,7 @@ def _streamed(q: torch.Tensor, kv_heads: int, source: ChunkSource, n_chunks: int
         raise
     for index, (k, v) in enumerate(extras):
         keys += _check_chunk(k, v, grouped, f"extra chunk {index}")
-        wide = wide or _wide(k, v)
+        wide = wide or may_overflow(k, v)
         part = _sliced_partial(grouped, k, v)
         result = part if result is None else merge(result, part)
     if result is None or keys == 0:

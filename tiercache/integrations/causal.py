@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from tiercache.attention import SCORE_BUDGET, Partial, partial_attention
+from tiercache.attention import SCORE_BUDGET, Partial, may_overflow, partial_attention
 
 __all__ = ["causal_partial", "expected_mask"]
 
@@ -98,7 +98,7 @@ def _causal_chunk(grouped: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_p
     allowed = key_pos[:seen].unsqueeze(0) <= queries.unsqueeze(1)  # [rows, seen]
     sees = allowed.any(dim=1).repeat(group)  # [group * rows]: queries that see a key
     allowed = allowed.repeat(group, 1) | ~sees.unsqueeze(1)  # a padding query computes a throwaway row
-    wide = any(torch.finfo(t.dtype).max > torch.finfo(torch.float16).max for t in (grouped, k, v))
+    wide = may_overflow(grouped, k, v)
     for kind in (dtype, torch.float64):
         q = grouped[:, :, start:stop].reshape(kv_heads, group * rows, head_dim).to(kind)
         part = partial_attention(q, k[:, :seen], v[:, :seen], allowed=allowed)
