@@ -140,3 +140,20 @@ def test_unparsable_profile_names_file(tmp_path, text):
 def test_save_to_missing_directory(tmp_path):
     with pytest.raises(UserError, match="cannot write"):
         save_profile(PRESETS["a100-pcie4-nvme4"], tmp_path / "no" / "p.json")
+
+
+def test_save_that_fails_part_way_keeps_the_previous_profile(tmp_path, monkeypatch):
+    """A failed write (a full disk) leaves an earlier profile file whole: it is written to a
+    temporary file and renamed over the old one."""
+    path = tmp_path / "p.json"
+    save_profile(PRESETS["a100-pcie4-nvme4"], path)
+    before = path.read_bytes()
+
+    def full_disk(fd, data):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("tiercache.results.outfile.os.write", full_disk)
+    with pytest.raises(UserError, match="cannot write"):
+        save_profile(PRESETS["h200-pcie5-nvme4"], path)
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["p.json"]

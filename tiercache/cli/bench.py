@@ -15,6 +15,7 @@ import tempfile
 from ..bench.tiers import QUICK_LAYOUT, BenchConfig, run_bench, save_measured_profile
 from ..config import KVLayout, layout_preset
 from ..errors import UserError
+from ..results.outfile import replace_file
 
 __all__ = ["add_parser", "main", "format_table"]
 
@@ -98,12 +99,8 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _write_json(path: str, data: dict) -> None:
-    try:
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=2)
-            f.write("\n")
-    except OSError as exc:
-        raise UserError(f"--json {path}: cannot write: {exc.strerror or exc}") from None
+    """Writes ``--json`` whole or not at all (an earlier file stays as it was on an error)."""
+    replace_file(path, json.dumps(data, indent=2) + "\n", f"--json {path}")
     print(f"results written to {path}")
 
 

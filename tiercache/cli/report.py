@@ -22,7 +22,7 @@ from ..report.content import build_document
 from ..report.lru_curve import same_trace
 from ..report.model import ReportData, from_documents, load_results
 from ..report.tables import results_csv
-from ..report.writer import MARKER, check_output_dir, write_report
+from ..report.writer import check_output_dir, write_folder, write_report
 from ..results import ResultsDocument
 from ..sim.split import split_halves
 from ..sim.sweep import sweep
@@ -62,6 +62,7 @@ def add_parser(subparsers) -> None:
 def run_compare(args: argparse.Namespace) -> int:
     """``tiercache compare``: sweep, then report. The output folder is checked before the sweep."""
     check_output_dir(args.out)
+    _check_inputs_outside(args.out, [args.trace])
     started = time.perf_counter()
     command = _compare_command(args)
     if args.split:
@@ -80,6 +81,7 @@ def run_report(args: argparse.Namespace) -> int:
         raise UserError("--trace and --across are exclusive: gaps.md reads no trace (--trace only locates the trace of "
                         "a one-trace report, for its one-pass LRU curve)")
     check_output_dir(args.out)
+    _check_inputs_outside(args.out, [*args.results, *([args.trace] if args.trace else [])])
     if args.across:
         return _run_across(args)
     data = load_results(args.results)
@@ -103,10 +105,11 @@ def _run_split(args: argparse.Namespace, command: str, started: float) -> int:
     workers = args.workers or os.cpu_count() or 1
     tune, test = (replace(sweep(h, spec, workers, not args.no_progress), command=command) for h in halves)
     data = from_documents([test], [str(Path(args.out) / "results.json")])
-    _write(args.out, data, None, command, test)
     table = gap_markdown(split_rows(tune, test))
-    Path(args.out, "results_first_half.json").write_text(json.dumps(tune.to_json(), indent=1), encoding="utf-8")
-    Path(args.out, "split.md").write_text("# Tuned on the first half, reported on the second\n\n" + table, encoding="utf-8")
+    _write(args.out, data, None, command, test, {
+        "results_first_half.json": json.dumps(tune.to_json(), indent=1),
+        "split.md": "# Tuned on the first half, reported on the second\n\n" + table,
+    })
     print(table, end="")
     print(f"{len(tune.runs) + len(test.runs)} runs in {time.perf_counter() - started:.1f} s")
     return 0
@@ -129,20 +132,34 @@ def _run_across(args: argparse.Namespace) -> int:
         raise UserError("no row for gaps.md: no file holds a one-engine run of an online policy (fleet runs and "
                         "offline policies alone give no best online policy); nothing written")
     table = gap_markdown(rows)
-    Path(args.out).mkdir(parents=True, exist_ok=True)
-    Path(args.out, "gaps.md").write_text("# Gap closed per trace and capacity\n\n" + table, encoding="utf-8")
-    Path(args.out, MARKER).write_text(json.dumps({"tiercache_report": 1}) + "\n", encoding="utf-8")
+    write_folder(args.out, {"gaps.md": "# Gap closed per trace and capacity\n\n" + table}, None)
     print(table, end="")
     return 0
 
 
-def _write(out: str, data: ReportData, trace_path: str | None, command: str, results: ResultsDocument | None) -> None:
+def _write(out: str, data: ReportData, trace_path: str | None, command: str, results: ResultsDocument | None,
+           extra: dict[str, str] | None = None) -> None:
+    """Writes the report folder (with the ``extra`` files, name -> text) all at once and says what it holds."""
     document = build_document(data, trace_path, command)
-    names = write_report(out, document, results_csv(data), results, data.version)
+    names = write_report(out, document, results_csv(data), results, data.version, extra)
     plots = sum(name.endswith(".png") for name in names)
     others = ", ".join(n for n in names if not n.endswith(".png"))
     folder = Path(out)
     print(f"report written to {folder}: {others} and {plots} plots (open {folder / 'index.html'})")
+
+
+def _check_inputs_outside(out: str, inputs: list[str]) -> None:
+    """Refuses an ``-o`` folder that holds one of the command's inputs, before any work: the
+    folder is replaced as a whole, which would delete that input.
+
+    Raises:
+        UserError: names the input and the folder.
+    """
+    folder = os.path.realpath(out)
+    for path in inputs:
+        if os.path.commonpath([folder, os.path.realpath(path)]) == folder:
+            raise UserError(f"-o {out}: holds {path}, an input of this command; writing the report replaces the "
+                            "folder and would delete it (give another folder)")
 
 
 def _check_trace(path: str, data: ReportData) -> None:

@@ -13,6 +13,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Mapping
 
 from ..errors import UserError
 from ..results import ResultsDocument
@@ -20,7 +21,7 @@ from .document import Document
 from .html import render_html
 from .markdown import render_markdown
 
-__all__ = ["MARKER", "check_output_dir", "write_report"]
+__all__ = ["MARKER", "check_output_dir", "write_folder", "write_report"]
 
 #: Marks a folder as written by ``tiercache compare/report`` (safe to replace).
 MARKER = ".tiercache-report"
@@ -49,7 +50,8 @@ def check_output_dir(out: str) -> Path:
     return target
 
 
-def write_report(out: str, document: Document, csv_text: str, results: ResultsDocument | None, version: str) -> list[str]:
+def write_report(out: str, document: Document, csv_text: str, results: ResultsDocument | None, version: str,
+                 extra: Mapping[str, str] | None = None) -> list[str]:
     """Writes ``index.html``, ``report.md``, the PNGs, ``results.csv`` (and ``results.json``).
 
     Args:
@@ -58,9 +60,42 @@ def write_report(out: str, document: Document, csv_text: str, results: ResultsDo
         csv_text: the contents of ``results.csv``.
         results: a results document to save as ``results.json`` (None: not written).
         version: tiercache version recorded in the marker.
+        extra: more files of the folder, name -> text (``compare --split``'s), written with the rest.
 
     Returns:
         The names of the files written, sorted.
+
+    Raises:
+        UserError: as ``write_folder``.
+    """
+    files: dict[str, str | bytes] = {image.filename: image.png for image in document.images()}
+    files["index.html"] = render_html(document)
+    files["report.md"] = render_markdown(document)
+    files["results.csv"] = csv_text
+    if results is not None:
+        files["results.json"] = json.dumps(results.to_json(), indent=1) + "\n"
+    files.update(extra or {})
+    return write_folder(out, files, version)
+
+
+def write_folder(out: str, files: Mapping[str, str | bytes], version: str | None) -> list[str]:
+    """Writes ``files`` (name -> contents; a str as UTF-8) and the marker as the folder ``out``.
+
+    Invariants: on return ``out`` holds exactly ``files`` and the marker; after any error
+    (a disk that fills up part-way, Ctrl-C) ``out`` is as it was, a previous report kept
+    whole, and no temporary folder is left.
+
+    Args:
+        out: the folder (``-o``); replaced if it holds a previous report.
+        files: the folder's files.
+        version: tiercache version recorded in the marker (None: not recorded).
+
+    Returns:
+        The names of the files written, sorted (the marker left out).
+
+    Raises:
+        UserError: ``out`` may not receive a report (``check_output_dir``) or cannot be
+            written; the message names ``out`` and the reason.
     """
     target = check_output_dir(out)
     try:
@@ -69,25 +104,25 @@ def write_report(out: str, document: Document, csv_text: str, results: ResultsDo
     except OSError as exc:
         raise UserError(f"-o {out}: cannot create the report folder: {exc.strerror or exc}") from None
     try:
-        _write_files(staging, document, csv_text, results, version)
-        names = sorted(p.name for p in staging.iterdir() if p.name != MARKER)
+        _write_files(staging, files, version)
         os.chmod(staging, 0o755)  # mkdtemp makes it private; a report is meant to be shared
         _swap_in(staging, target)
+    except OSError as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise UserError(f"-o {out}: cannot write the report: {exc.strerror or exc}; nothing written") from None
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    return names
+    return sorted(files)
 
 
-def _write_files(folder: Path, document: Document, csv_text: str, results: ResultsDocument | None, version: str) -> None:
-    for image in document.images():
-        (folder / image.filename).write_bytes(image.png)
-    (folder / "index.html").write_text(render_html(document), encoding="utf-8")
-    (folder / "report.md").write_text(render_markdown(document), encoding="utf-8")
-    (folder / "results.csv").write_text(csv_text, encoding="utf-8")
-    if results is not None:
-        (folder / "results.json").write_text(json.dumps(results.to_json(), indent=1) + "\n", encoding="utf-8")
-    (folder / MARKER).write_text(json.dumps({"tiercache_report": 1, "version": version}) + "\n", encoding="utf-8")
+def _write_files(folder: Path, files: Mapping[str, str | bytes], version: str | None) -> None:
+    marker = {"tiercache_report": 1} if version is None else {"tiercache_report": 1, "version": version}
+    for name, data in {**files, MARKER: json.dumps(marker) + "\n"}.items():
+        if isinstance(data, bytes):
+            (folder / name).write_bytes(data)
+        else:
+            (folder / name).write_text(data, encoding="utf-8")
 
 
 def _swap_in(staging: Path, target: Path) -> None:

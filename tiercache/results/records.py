@@ -66,6 +66,7 @@ from typing import Any, Mapping
 
 from ..config import Codec, KVLayout, Mode, Route, Semantics, TraceKind
 from ..errors import UserError
+from .outfile import replace_file
 
 __all__ = [
     "SCHEMA_VERSION", "READABLE_VERSIONS", "Semantics", "Mode", "Route", "TraceKind", "TraceInfo", "LayoutInfo", "TierRecord",
@@ -432,13 +433,10 @@ def read_results(path: str | Path) -> ResultsDocument:
 
 
 def write_results(path: str | Path, document: ResultsDocument, option: str) -> None:
-    """Writes ``document`` as results.json.
+    """Writes ``document`` as results.json, whole or not at all: a write that fails part-way
+    leaves an earlier file at ``path`` as it was (``outfile.replace_file``).
 
     Raises:
         UserError: the file cannot be written (the message names ``option`` and the file).
     """
-    try:
-        with open(path, "w", encoding="utf-8") as handle:
-            json.dump(document.to_json(), handle, indent=1)
-    except OSError as exc:
-        raise UserError(f"{option} {path}: cannot write: {exc.strerror or exc}") from None
+    replace_file(path, json.dumps(document.to_json(), indent=1), f"{option} {path}")

@@ -25,6 +25,7 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from tiercache.errors import UserError
+from tiercache.results.outfile import replace_file
 
 __all__ = ["Link", "HardwareProfile", "PRESETS", "REQUIRED_LINKS", "NETWORK_PRESETS", "with_network", "load_profile",
            "save_profile"]
@@ -242,9 +243,4 @@ def save_profile(profile: HardwareProfile, path: str | os.PathLike) -> None:
         "links": {n: {"bandwidth_Bps": l.bandwidth_Bps, "latency_s": l.latency_s} for n, l in profile.links.items()},
         "prefill_tokens_per_s": profile.prefill_tokens_per_s,
     }
-    try:
-        with open(os.fspath(path), "w", encoding="utf-8") as handle:
-            json.dump(data, handle, indent=2)
-            handle.write("\n")
-    except OSError as exc:
-        raise UserError(f"{os.fspath(path)}: cannot write hardware profile: {exc.strerror or exc}") from None
+    replace_file(path, json.dumps(data, indent=2) + "\n", f"{os.fspath(path)}: hardware profile")

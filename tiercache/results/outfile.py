@@ -1,0 +1,99 @@
+"""Writing one user-named output file whole, or leaving the previous one as it was.
+
+A file named with ``--out`` or ``--json`` may already hold earlier results. It is written
+to a temporary file in the same folder, flushed to disk (``fsync``) and renamed over the
+target in one step (``os.replace``), so a write that fails part-way (a full disk, a file
+size limit, Ctrl-C) leaves the target as it was and no temporary file behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import stat
+
+from ..errors import UserError
+
+__all__ = ["replace_file"]
+
+#: Longest part of the target's name kept in the temporary file's name (NAME_MAX is 255).
+_NAME_KEPT = 200
+
+
+def replace_file(path: str | os.PathLike, data: str | bytes, label: str) -> None:
+    """Writes ``data`` (a str as UTF-8) to ``path`` whole, or not at all.
+
+    Invariants: on return ``path`` holds exactly ``data``; on an error it holds what it held
+    before (or still does not exist) and no temporary file is left. A symlink is followed
+    (the file it points to is replaced); an existing path that is not a regular file
+    (``/dev/null``, a pipe) is written directly, as nothing can be renamed over it.
+
+    Args:
+        path: the file to write.
+        data: its whole contents.
+        label: names the file in the error, e.g. ``"--out results.json"``.
+
+    Raises:
+        UserError: ``f"{label}: cannot write: {reason}"`` when any step fails.
+    """
+    payload = data.encode("utf-8") if isinstance(data, str) else data
+    target = os.path.realpath(path)
+    try:
+        if os.path.exists(target) and not os.path.isfile(target):
+            _write_special(target, payload)
+        else:
+            _write_and_rename(target, payload)
+    except OSError as exc:
+        raise UserError(f"{label}: cannot write: {exc.strerror or exc}") from None
+
+
+def _write_and_rename(target: str, payload: bytes) -> None:
+    """Writes a new temporary file beside ``target``, syncs it, renames it over ``target``."""
+    folder, name = os.path.split(target)
+    temp = os.path.join(folder, f".{name[:_NAME_KEPT]}.{secrets.token_hex(4)}.partial")
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)  # the umask applies
+    try:
+        try:
+            _keep_mode(fd, target)
+            _write_all(fd, payload)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(temp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise
+    _sync_folder(folder)
+
+
+def _keep_mode(fd: int, target: str) -> None:
+    """Gives the temporary file the permission bits of the file it will replace, if any."""
+    with contextlib.suppress(FileNotFoundError):
+        os.fchmod(fd, stat.S_IMODE(os.stat(target).st_mode))
+
+
+def _write_special(target: str, payload: bytes) -> None:
+    fd = os.open(target, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        _write_all(fd, payload)
+    finally:
+        os.close(fd)
+
+
+def _write_all(fd: int, payload: bytes) -> None:
+    """``os.write`` until every byte is written (a short write is not an error)."""
+    view = memoryview(payload)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _sync_folder(folder: str) -> None:
+    """Makes the rename durable where the platform allows (best effort: it already happened)."""
+    with contextlib.suppress(OSError):
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
