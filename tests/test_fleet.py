@@ -168,7 +168,8 @@ def test_bad_fleet_options_name_the_option(capsys, argv, fragment):
 
 def test_a_step_trace_is_refused_naming_the_fleet_options(tmp_path, capsys):
     steps = tmp_path / "steps.jsonl"
-    steps.write_text('{"block_tokens": 16}\n{"step": 0, "layer": 0, "read": [], "write": [1]}\n')
+    steps.write_text('{"block_tokens": 16}\n{"step": 0, "layer": 0, "read": [], "write": [1]}\n'
+                     '{"step": 1, "layer": 0, "read": [1], "write": []}\n')
     err = _error(capsys, "replay", steps, "--instances", "2", "--tiers", "hbm=10,remote=50")
     assert "is a step trace; a fleet replay (--instances, remote=CAP in --tiers) replays request traces" in err
 

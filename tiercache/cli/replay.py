@@ -163,7 +163,7 @@ def spec_from_args(args: argparse.Namespace) -> tuple[Trace, SweepSpec]:
     _check_trace_options(args, trace)
     layout = _layout(args, trace)
     cache = _cache(args, layout)
-    blocks = tuple(c.to_blocks(layout, f"--capacity {c.text!r}") for c in capacities)
+    blocks = tuple(dict.fromkeys(c.to_blocks(layout, f"--capacity {c.text!r}") for c in capacities))  # each once
     return trace, SweepSpec(policies, semantics, blocks, cache, admission, layout, hardware, prefetch, placement)
 
 
@@ -220,7 +220,9 @@ def _cache(args: argparse.Namespace, layout: KVLayout | None) -> CacheConfig | N
 
 
 def _capacities(text: str | None) -> tuple[Capacity, ...]:
-    """``"1000,4k,16GiB"`` -> capacities (blocks, or sizes for the layout); None (``--tiers``) -> ()."""
+    """``"1000,4k,16GiB"`` -> capacities (blocks, or sizes for the layout), in the order given;
+    None (``--tiers``) -> (). ``spec_from_args`` replays each block count they come to once
+    (``100,0.1k``, or a size and the block count it holds, are one capacity), as policies."""
     if text is None:
         return ()
     return tuple(Capacity.parse(item, f"--capacity {item!r}") for item in parse_list(text, "--capacity"))

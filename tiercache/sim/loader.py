@@ -25,7 +25,7 @@ from .traces import (MAX_LINE_BYTES, MOONCAKE_BLOCK_TOKENS, FlatTrace, check_tok
                      fingerprint_of, flat_requests, format_block_tokens, iter_json_objects, kind_of, request_format,
                      trace_fingerprint)
 
-__all__ = ["Trace", "load_trace", "trace_fingerprint"]
+__all__ = ["Trace", "load_trace", "trace_fingerprint", "is_kvtester_workload"]
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,8 @@ class Trace:
     ``offsets`` has one entry per record plus an end entry equal to ``len(ids)``, starts at 0
     and never decreases. Exactly one of ``requests`` (request traces: timestamps, token
     counts) and ``steps`` (step traces: write flags, steps, layers) is set, matching ``kind``.
-    ``fingerprint`` is the xxh3-128 of the file's bytes (``trace_fingerprint``).
+    ``fingerprint`` is the xxh3-128 of the file's bytes (``trace_fingerprint``), or for a
+    kv-cache-tester workload of its files' names and bytes, the arrival seed and the gap.
     ``block_tokens`` is the tokens per block: 512 for Mooncake request traces, the
     ``block_size`` of a kv-cache-tester workload, a step trace's header value, or None for a
     step trace without a header. ``dense`` and ``next_use`` (``tiercache.sim.prep``), when
@@ -93,17 +94,25 @@ def load_trace(path: str | os.PathLike, arrival_seed: int = 0, mean_gap_s: float
     Raises:
         TraceError: unreadable or empty file, a first record of neither kind, any error of
             the kind's reader (the message names the file and the 1-based line), a folder
-            without conversation files, or a trace without a single block access.
+            without conversation files, or a trace without a single block access (as
+            ``_replay_accesses`` counts them: a step trace that only writes has none).
     """
     trace = _load(os.fspath(path), arrival_seed, mean_gap_s)
-    if len(trace.ids) == 0:  # nothing to replay: every miss ratio would be 0 / 0
-        raise TraceError(trace.path, None, "the trace has records but no block accesses")
+    if _replay_accesses(trace) == 0:  # nothing to replay: every miss ratio would be 0 / 0
+        only_writes = " (a step trace's accesses are its reads, and its records only write)" if len(trace.ids) else ""
+        raise TraceError(trace.path, None, f"the trace has records but no block accesses{only_writes}")
     return trace
+
+
+def _replay_accesses(trace: Trace) -> int:
+    """What a replay counts as accesses: every block of a request trace, the reads of a step
+    trace (its writes store new blocks and are not accessed)."""
+    return len(trace.ids) if trace.steps is None else int(np.count_nonzero(~trace.steps.is_write))
 
 
 def _load(name: str, arrival_seed: int, mean_gap_s: float) -> Trace:
     """``load_trace`` without the check for block accesses."""
-    if _is_kvtester_workload(name):  # kv-cache-tester conversations: a folder or one .json file
+    if is_kvtester_workload(name):  # kv-cache-tester conversations: a folder or one .json file
         flat, block_size, fingerprint = load_kvtester_flat(name, arrival_seed, mean_gap_s)
         check_token_counts(name, flat)
         return Trace(name, TraceKind.REQUESTS, fingerprint, flat.ids, _with_end(flat.offsets, flat.ids), requests=flat,
@@ -161,10 +170,12 @@ def _load_requests_bulk(name: str) -> Trace | None:
                  requests=requests, block_tokens=format_block_tokens("bailian" if bailian else "mooncake"))
 
 
-def _is_kvtester_workload(name: str) -> bool:
+def is_kvtester_workload(name: str) -> bool:
     """Whether ``name`` is read as kv-cache-tester conversations: a folder holding ``*.json``
     files, or a ``.json`` file ``is_kvtester`` takes whose first line is not a whole request
-    record (a Mooncake JSONL file named ``.json`` is not a conversation).
+    record (a Mooncake JSONL file named ``.json`` is not a conversation). Every other trace's
+    fingerprint is the digest of its file's bytes (``trace_fingerprint``); a workload's also
+    covers its files' names and the arrival seed and gap.
 
     Raises:
         TraceError: a folder without any ``*.json`` file (empty, or of other files).

@@ -1,12 +1,22 @@
 """A binary cache of parsed request traces, keyed by the trace's fingerprint.
 
 ``load_trace_cached(path)`` hashes the file (xxh3-128, ``trace_fingerprint``), and when
-``<cache>/<fingerprint>-v3/`` holds the parsed arrays it loads them (``.npy`` files, no JSON
+``<cache>/<fingerprint>-v4/`` holds the parsed arrays it loads them (``.npy`` files, no JSON
 parsing at all); otherwise it parses the trace (``load_trace``), computes the replay's dense
 ids and next uses once, and writes them there (to a temporary folder renamed into place, so
 a reader never sees half a cache entry). A changed file has another fingerprint, so a stale
 entry is never used. The arrays are what a replay holds anyway: ids (8 B per access), next
 use (8 B), dense id (4 B), plus four 8-byte numbers per request and the block size.
+
+Invariant: an entry named ``F`` holds the parse of file bytes whose digest is ``F``, which is
+the fingerprint ``load_trace`` gives those bytes, so a trace has one fingerprint whether it
+came from the cache or not. An entry is named by the fingerprint ``load_trace`` computed in
+the same pass as its parse, and written only when that equals the digest looked up before
+the parse: a file rewritten in between is returned as parsed but not cached.
+
+kv-cache-tester workloads (a folder of conversations, or one conversation file) are read by
+``load_trace`` directly, never cached: their fingerprint also covers the files' names, the
+arrival seed and the gap, so no digest of the path's bytes taken before the parse names them.
 
 An entry is checked before use, since the replay kernels trust its arrays (an offset or a
 dense id out of range would make them read out of bounds): every array has its dtype and
@@ -30,18 +40,21 @@ from pathlib import Path
 import numpy as np
 import xxhash
 
+from tiercache.errors import TraceError
 from tiercache.policies.base import NO_NEXT_USE
 from tiercache.results import TraceKind
 
-from .loader import Trace, load_trace
+from .loader import Trace, is_kvtester_workload, load_trace
 from .prep import dense_and_next_use
 from .traces import MAX_TOKENS, FlatTrace, trace_fingerprint
 
 __all__ = ["load_trace_cached", "default_cache_dir", "VERSION"]
 
 # 2: the trace's block size is kept (version 1 entries are ignored: the loader wrote 512 back);
-# 3: a digest of the arrays is kept and checked (version 2 entries are ignored).
-VERSION = 3
+# 3: a digest of the arrays is kept and checked (version 2 entries are ignored);
+# 4: named by the parse's own fingerprint (a version 3 entry may hold a kv-cache-tester parse
+#    under its file's digest, or the parse of other bytes than those it is named by).
+VERSION = 4
 #: Each array of an entry and its dtype.
 _DTYPES = {"ids": np.int64, "offsets": np.int64, "timestamps": np.int64, "input_lengths": np.int64,
            "output_lengths": np.int64, "dense": np.int32, "next_use": np.int64, "block_tokens": np.int64}
@@ -60,18 +73,22 @@ def default_cache_dir() -> Path:
 def load_trace_cached(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> Trace:
     """``load_trace(path)`` through the binary cache (see the module docstring).
 
-    The returned trace carries ``dense`` and ``next_use``, so ``ReplayData.prepare`` computes
-    nothing. A cache that cannot be written (read-only disk) is skipped, not an error; an
-    entry that fails its checks (module docstring) is parsed again and replaced.
+    The returned trace is the one ``load_trace(path)`` gives, fingerprint included, from the
+    cache or not; a cached one carries ``dense`` and ``next_use``, so ``ReplayData.prepare``
+    computes nothing. A kv-cache-tester workload (a folder) and a step trace bypass the cache.
+    A cache that cannot be written (read-only disk) is skipped, not an error; an entry that
+    fails its checks (module docstring) is parsed again and replaced.
 
     Raises:
         TraceError: as ``load_trace`` (unreadable or invalid trace).
     """
     name = os.fspath(path)
+    if is_kvtester_workload(name):  # fingerprinted with names, seed and gap: see the module docstring
+        return load_trace(name)
     folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    entry = folder / f"{trace_fingerprint(name)}-v{VERSION}"
-    if entry.exists():
-        cached = _read(name, entry)
+    looked_up = _file_fingerprint(name)
+    if looked_up is not None:
+        cached = _read(name, _entry(folder, looked_up), looked_up)
         if cached is not None:
             return cached
     trace = load_trace(name)
@@ -80,12 +97,30 @@ def load_trace_cached(path: str | os.PathLike, cache_dir: str | os.PathLike | No
     dense, next_use, _ = dense_and_next_use(trace.ids)
     trace = Trace(trace.path, trace.kind, trace.fingerprint, trace.ids, trace.offsets, requests=trace.requests,
                   block_tokens=trace.block_tokens, dense=dense, next_use=next_use)
-    _write(trace, folder, entry)
+    if trace.fingerprint == looked_up:  # else the file changed during the parse: not cached (module docstring)
+        _write(trace, folder, _entry(folder, trace.fingerprint))
     return trace
 
 
-def _read(name: str, entry: Path) -> Trace | None:
-    """The cached trace, or None when the entry is incomplete, unreadable or fails a check."""
+def _file_fingerprint(name: str) -> str | None:
+    """The digest of the file's bytes, or None when it cannot be read (``load_trace`` then
+    reports the error in its own words)."""
+    try:
+        return trace_fingerprint(name)
+    except TraceError:
+        return None
+
+
+def _entry(folder: Path, fingerprint: str) -> Path:
+    """The entry folder of the trace whose fingerprint is ``fingerprint``."""
+    return folder / f"{fingerprint}-v{VERSION}"
+
+
+def _read(name: str, entry: Path, fingerprint: str) -> Trace | None:
+    """The cached trace (fingerprint ``fingerprint``, the entry's), or None when the entry is
+    absent, incomplete, unreadable or fails a check."""
+    if not entry.exists():
+        return None
     try:
         arrays = {key: np.load(entry / f"{key}.npy", allow_pickle=False) for key in (*_ARRAYS, _DIGEST)}
     except (OSError, ValueError, EOFError):
@@ -94,8 +129,8 @@ def _read(name: str, entry: Path) -> Trace | None:
         return None
     requests = FlatTrace(arrays["ids"], arrays["offsets"][:-1], arrays["timestamps"], arrays["input_lengths"],
                          arrays["output_lengths"])
-    return Trace(name, TraceKind.REQUESTS, entry.name.rsplit("-v", 1)[0], arrays["ids"], arrays["offsets"],
-                 requests=requests, block_tokens=int(arrays["block_tokens"][0]), dense=arrays["dense"], next_use=arrays["next_use"])
+    return Trace(name, TraceKind.REQUESTS, fingerprint, arrays["ids"], arrays["offsets"], requests=requests,
+                 block_tokens=int(arrays["block_tokens"][0]), dense=arrays["dense"], next_use=arrays["next_use"])
 
 
 def _consistent(arrays: dict[str, np.ndarray]) -> bool:

@@ -7,18 +7,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tiercache.errors import UserError
 from tiercache.policies.base import NO_NEXT_USE
 from tiercache.results import TraceKind
 
 from .loader import load_trace
+from .mrc import stack_distances
 from .traces import next_use
 
 __all__ = ["TraceStats", "trace_stats"]
 
 _PERCENTILES = (50, 90, 99)
-#: Reuse distances are computed over at most this many leading accesses (a Python loop).
-REUSE_DISTANCE_LIMIT = 2_000_000
 
 
 @dataclass(frozen=True)
@@ -39,12 +37,11 @@ class TraceStats:
     unique blocks accessed exactly once; ``accesses_per_block_mean`` = accesses / unique blocks.
     Reuse times count, for each access of a block seen before, the accesses since its previous
     touch (1 for back-to-back accesses); reuse distances count the *distinct* blocks touched in
-    between (LRU stack distance: an LRU cache of more blocks than that hits), over the first
-    ``REUSE_DISTANCE_LIMIT`` blocks of the stream. ``tree_depth_pct`` (request traces) is the
-    depth of each distinct block in the prefix tree (0 for a request's first block, at its
-    first sighting) and ``tree_roots`` the number of distinct first blocks (sessions,
-    documents, system prompts). ``record_blocks_pct`` counts the blocks each record names
-    (a step record's reads and writes). ``block_tokens`` is the trace's tokens per block
+    between (LRU stack distance: an LRU cache of more blocks than that hits), over the whole
+    trace. ``tree_depth_pct`` (request traces) is the depth of each distinct block in the
+    prefix tree (0 for a request's first block, at its first sighting) and ``tree_roots`` the
+    number of distinct first blocks (sessions, documents, system prompts).
+    ``record_blocks_pct`` counts the blocks each record names (a step record's reads and writes). ``block_tokens`` is the trace's tokens per block
     (None: a step trace without a header).
     Percentile maps hold ``p50``/``p90``/``p99``/``max`` (empty when there is nothing to count).
     """
@@ -110,45 +107,17 @@ def _reuse_stats(ids: np.ndarray, is_read: np.ndarray) -> dict[str, object]:
 
 
 def _read_reuse_distances(ids: np.ndarray, is_read: np.ndarray) -> np.ndarray:
-    """``reuse_distances`` of the re-touches that are accesses (reads), not writes."""
-    _, first = np.unique(ids, return_index=True)
-    retouch = np.ones(len(ids), dtype=bool)
-    retouch[first] = False
-    return reuse_distances(ids)[is_read[retouch]]
+    """``reuse_distances`` of the re-touches that are accesses (reads), not writes (a write is
+    a touch: the blocks written in between count, and a write may be the previous touch)."""
+    distances = stack_distances(ids)  # distinct blocks in between + 1; 0 for a first touch
+    return distances[(distances > 0) & is_read] - 1
 
 
 def reuse_distances(ids: np.ndarray) -> np.ndarray:
-    """LRU stack distance of every re-access: distinct ids touched since the id's last access.
-
-    A Fenwick tree over positions marks each id's latest access; the distance of a re-access
-    at ``t`` whose previous access was at ``p`` is the number of marks in ``(p, t)``.
-    """
-    n = len(ids)
-    tree = [0] * (n + 1)
-    last: dict[int, int] = {}
-    out = []
-
-    def add(pos: int, delta: int) -> None:
-        pos += 1
-        while pos <= n:
-            tree[pos] += delta
-            pos += pos & -pos
-
-    def prefix(pos: int) -> int:  # marks at positions < pos
-        total = 0
-        while pos > 0:
-            total += tree[pos]
-            pos -= pos & -pos
-        return total
-
-    for t, block_id in enumerate(ids.tolist()):
-        p = last.get(block_id)
-        if p is not None:
-            out.append(prefix(t) - prefix(p + 1))
-            add(p, -1)
-        add(t, 1)
-        last[block_id] = t
-    return np.array(out, dtype=np.int64)
+    """LRU reuse distance of every re-access, in access order: the distinct ids touched
+    since the id's previous access (0 for back-to-back accesses of one id). One pass over the
+    whole of ``ids`` (``mrc.stack_distances``, O(N log N) numpy work)."""
+    return _read_reuse_distances(ids, np.ones(len(ids), dtype=bool))
 
 
 def _tree_shape(ids: np.ndarray, offsets: np.ndarray) -> tuple[dict[str, float], int]:
@@ -163,8 +132,8 @@ def trace_stats(path: str | os.PathLike) -> TraceStats:
     """Statistics of a request trace or a step trace (the kind is detected; one read).
 
     Raises:
-        TraceError: the trace is malformed.
-        UserError: the trace has records but no block access.
+        TraceError: the trace is malformed, or has records but no block access (a step
+            trace: no read), as ``load_trace`` refuses it.
     """
     trace = load_trace(path)
     ids, starts = trace.ids, trace.offsets[:-1]
@@ -178,11 +147,8 @@ def trace_stats(path: str | os.PathLike) -> TraceStats:
         writes, is_read = int(steps.is_write.sum()), ~steps.is_write
         layers = len(np.unique(steps.layers))
         span = f"steps {steps.steps[0]}..{steps.steps[-1]} ({len(np.unique(steps.steps))} distinct; layers: {layers})"
-    if len(ids) == 0:
-        raise UserError(f"{os.fspath(path)}: the trace has records but no block accesses")
     reuse = _reuse_stats(ids, is_read)
-    head = slice(0, REUSE_DISTANCE_LIMIT)
-    distances = _pct(_read_reuse_distances(ids[head], is_read[head]))
+    distances = _pct(_read_reuse_distances(ids, is_read))
     depth, roots = _tree_shape(ids, trace.offsets) if trace.requests is not None else (None, None)
     return TraceStats(
         trace.kind, trace.records, reuse["accesses"], writes, reuse["unique_blocks"], reuse["compulsory_miss_ratio"], prefix,
