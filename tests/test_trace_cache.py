@@ -118,13 +118,19 @@ def test_bulk_parse_defers_every_error_to_the_line_reader(tmp_path, bad):
 
 
 def test_scanner_declines_what_it_does_not_read_and_orjson_takes_it(tmp_path):
-    """A repeated key or an extra field is valid JSON: not the plain form, read by orjson."""
+    """An extra field is valid JSON: not the plain form, read by orjson. A repeated key is
+    not the plain form either, and refused (which value is meant is ambiguous; see
+    test_trace_parse_probe_b.py)."""
     path = tmp_path / "extra.jsonl"
-    path.write_text('{"timestamp": 1, "timestamp": 2, "input_length": 1, "output_length": 1, "hash_ids": [1]}\n'
+    path.write_text('{"timestamp": 2, "input_length": 1, "output_length": 1, "hash_ids": [1], "model": "x"}\n'
                     '{"timestamp": 3, "input_length": 1, "output_length": 1, "hash_ids": [2], "model": "x"}\n')
     assert scan_requests(path.read_bytes()) is None
     assert_same_arrays(load_trace(path), path)
     assert load_trace(path).requests.timestamps.tolist() == [2, 3]
+    path.write_text('{"timestamp": 1, "timestamp": 2, "input_length": 1, "output_length": 1, "hash_ids": [1]}\n')
+    assert scan_requests(path.read_bytes()) is None
+    with pytest.raises(TraceError, match=r"extra.jsonl:1: key 'timestamp' appears more than once"):
+        load_trace(path)
 
 
 def test_cache_entry_is_written_once_and_read_back(tmp_path):

@@ -5,20 +5,23 @@ fields out with C-level list operations and checks every type and range in bulk 
 over all ids). It returns None as soon as anything is unusual (a non-object line, a missing
 field, a non-integer, a negative or too large value, a token count over ``MAX_TOKENS``, a
 line over ``MAX_LINE_BYTES``, a record whose format is not the first one's, malformed
-JSON): the caller then reads the file with the validating line-by-line reader, which names
-the file, line and field of the error. So both paths accept exactly the same traces and
-build the same arrays (tested).
+JSON, a line that is not exactly one record, a record that may repeat a key): the caller
+then reads the file with the validating line-by-line reader, which names the file, line
+and field of the error. So both paths accept exactly the same traces and build the same
+arrays (tested).
 """
 
 from __future__ import annotations
 
 import gc
 import itertools
+import re
 from operator import itemgetter
 
 import numpy as np
 import orjson
 
+from .tracelines import keys_spelled_once
 from .traces import MAX_TOKENS, FlatTrace, first_long_line, request_format
 
 __all__ = ["bulk_requests", "MAX_BULK_BYTES"]
@@ -28,6 +31,9 @@ MAX_BULK_BYTES = 1 << 30
 _CHUNK_BYTES = 1 << 20
 _META = itemgetter("timestamp", "input_length", "output_length")
 _INT64_MAX = (1 << 63) - 1
+#: A comma right after an object's ``}`` (JSON whitespace between, no line break): where two
+#: records could sit on one line.
+_COMMA_AFTER_OBJECT = re.compile(rb"\}[ \t\r]*,")
 
 
 def bulk_requests(data: bytes, seconds: bool = False) -> FlatTrace | None:
@@ -77,24 +83,18 @@ def _chunk(text: bytes, seconds: bool = False) -> tuple[np.ndarray, np.ndarray, 
     """(ids, ids per request, [timestamp, input, output] per request) of whole lines, or None.
 
     Chunks are converted to arrays one at a time, so the Python objects of only one chunk
-    (about 1 MiB of text) exist at once: memory stays near the arrays' 8 B per id. Without
-    blank lines the newlines simply become commas of one JSON array.
+    (about 1 MiB of text) exist at once: memory stays near the arrays' 8 B per id. The
+    lines must hold one record each (``_one_record_per_line``) and no record may repeat a
+    key (``keys_spelled_once``), as the line reader requires.
     """
-    body = text.rstrip(b"\n")
-    if body and b"\n\n" not in body and not body.startswith(b"\n"):
-        records = body.count(b"\n") + 1
-        payload = b"[" + body.replace(b"\n", b",") + b"]"
-    else:
-        lines = [line for line in text.split(b"\n") if line.strip()]
-        records = len(lines)
-        payload = b"[" + b",".join(lines) + b"]"
-    try:
-        objects = orjson.loads(payload)
-    except orjson.JSONDecodeError:
+    parsed = _parse_lines(text)
+    if parsed is None:
         return None
-    if len(objects) != records:
+    objects, records = parsed
+    if len(objects) != records or set(map(type, objects)) != {dict}:
         return None
-    if set(map(type, objects)) != {dict}:
+    quotes = text.count(b'"')
+    if not _one_record_per_line(text) or not keys_spelled_once(text, objects, quotes):
         return None
     if not _one_format(objects, text, seconds):
         return None
@@ -108,7 +108,42 @@ def _chunk(text: bytes, seconds: bool = False) -> tuple[np.ndarray, np.ndarray, 
         if stamps is None:
             return None
         meta = [(ms, m[1], m[2]) for ms, m in zip(stamps, meta)]
-    return _arrays(id_lists, meta, _only_the_four_integer_fields(text, records))
+    return _arrays(id_lists, meta, _only_the_four_integer_fields(text, records, quotes))
+
+
+def _parse_lines(text: bytes) -> tuple[list, int] | None:
+    """(the JSON values of the non-blank lines of ``text``, parsed as one array, and how many
+    such lines there are), or None when that array is not valid JSON.
+
+    Without blank lines the newlines simply become the array's commas (a blank line would
+    make ``,,``, which fails: then the non-blank lines are joined instead, a rarer and
+    slower case). A line break inside a record reads as a comma too: the caller checks.
+    """
+    body = text.rstrip(b"\n")
+    try:
+        return orjson.loads(b"[" + body.replace(b"\n", b",") + b"]"), body.count(b"\n") + 1
+    except orjson.JSONDecodeError:
+        pass
+    lines = [line for line in text.split(b"\n") if line.strip()]
+    try:
+        return orjson.loads(b"[" + b",".join(lines) + b"]"), len(lines)
+    except orjson.JSONDecodeError:
+        return None
+
+
+def _one_record_per_line(text: bytes) -> bool:
+    """Whether the non-blank lines of ``text``, parsed joined by commas into as many objects
+    as there are lines (``_parse_lines``), each hold exactly one of them (as the line reader
+    requires).
+
+    The parsed array's ``records - 1`` separators follow an object's ``}`` (JSON whitespace
+    between, no line break: a line break became a comma). With no such comma in the text,
+    every separator is a joining comma, and there are only ``records - 1`` of those, so no
+    line break sits inside a record and no line holds two: a line ``{...}, {..."hash_ids": [1``
+    followed by ``4]}`` is rejected here, although its object count matches. One regular
+    expression scan, which ``}`` (once per record) makes fast.
+    """
+    return _COMMA_AFTER_OBJECT.search(text) is None
 
 
 def _is_bailian(record: dict) -> bool:
@@ -139,16 +174,17 @@ def _milliseconds(stamps: list) -> list[int] | None:
     return np.rint(values * 1000).astype(np.int64).tolist()
 
 
-def _only_the_four_integer_fields(data: bytes, records: int) -> bool:
+def _only_the_four_integer_fields(data: bytes, records: int, quotes: int) -> bool:
     """True when the bytes can hold nothing but integers besides the four keys.
 
     Each record's keys hold 8 double quotes and 3 letters ``e`` (``timestamp``,
     ``input_length``, ``output_length``): with exactly that many, no record has another
     field or a string value, and no value is ``true``/``false`` or a float (a float needs a
-    ``.``, an ``e`` or an ``E``). Byte counts run at memory speed; when this holds the ids go
-    straight into numpy without a Python type check per id.
+    ``.``, an ``e`` or an ``E``). Byte counts run at memory speed (``quotes``, the count of
+    double quotes, is the caller's); when this holds the ids go straight into numpy without
+    a Python type check per id.
     """
-    return (data.count(b'"') == 8 * records and data.count(b"e") == 3 * records and b"E" not in data
+    return (quotes == 8 * records and data.count(b"e") == 3 * records and b"E" not in data
             and b"." not in data)
 
 

@@ -22,7 +22,8 @@ order) into one request trace with millisecond timestamps, like a Mooncake trace
 
 Limits (a file past one is refused, by name): UTF-8 without a byte order mark, as JSONL
 traces; ``block_size`` in ``[1, 2**31)``; ``in``/``out`` in ``[0, 2**40]`` (as JSONL traces); ids in ``[0, 2**63)``; ``t``,
-``start`` and each arrival (``start + t``) below 2**63 ms; renumbered local ids below 2**63.
+``start`` and each arrival (``start + t``) below 2**63 ms; renumbered local ids below 2**63;
+no key twice in the conversation or in one request (which value is meant would be ambiguous).
 """
 
 from __future__ import annotations
@@ -33,10 +34,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import orjson
 
 from tiercache.errors import TraceError
 
 from .steptrace import MAX_BLOCK_TOKENS
+from .tracelines import MAX_LINE_BYTES, first_repeated_key
 from .traces import MAX_TOKENS, FlatTrace, fingerprint_digest, fingerprint_of, id_list_field
 
 __all__ = ["Conversation", "is_kvtester", "read_conversation", "load_kvtester_flat", "DEFAULT_MEAN_GAP_S"]
@@ -70,10 +73,15 @@ class Conversation:
 
 
 def is_kvtester(path: str | os.PathLike) -> bool:
-    """Whether ``path`` is a folder holding ``.json`` files, or a ``.json`` file with ``requests``.
+    """Whether ``path`` is a folder holding ``.json`` files, or a ``.json`` file read as a
+    conversation, as a folder's files are: any ``.json`` file but JSON Lines, which is
+    recognised by its first non-blank line alone being a JSON object that is a JSON Lines
+    record (one with ``hash_ids``, or one with neither ``requests`` nor ``block_size``).
 
-    A folder without any (empty, or of other files) is not a workload: the caller's usual
-    "cannot open trace" error names it.
+    So a conversation is recognised wherever its keys are (after a long first field, or
+    pretty-printed over many lines), and a broken or unusual ``.json`` file gets the
+    conversation reader's error. A folder without any ``.json`` file (empty, or of other
+    files) is not a workload: the caller's usual "cannot open trace" error names it.
     """
     name = os.fspath(path)
     if os.path.isdir(name):
@@ -85,10 +93,27 @@ def is_kvtester(path: str | os.PathLike) -> bool:
         return False
     try:
         with open(name, "rb") as handle:
-            head = handle.read(4096).lstrip()
+            first = _first_line(handle)
     except OSError:
         return False
-    return head.startswith(b"{") and (b'"requests"' in head or b'"block_size"' in head)
+    if not first:
+        return False  # empty: the JSON Lines reader says so
+    try:
+        record = orjson.loads(first)
+    except orjson.JSONDecodeError:
+        return True  # not a whole value on one line: one document over several lines (or malformed)
+    if not isinstance(record, dict):
+        return True
+    return "hash_ids" not in record and ("requests" in record or "block_size" in record)
+
+
+def _first_line(handle) -> bytes:
+    """The first line of an open file that is not blank (at most ``MAX_LINE_BYTES + 1``
+    bytes, so a file without line breaks is not read whole), or b"" at its end."""
+    for raw in iter(lambda: handle.readline(MAX_LINE_BYTES + 1), b""):
+        if raw.strip():
+            return raw
+    return b""
 
 
 def read_conversation(path: str, raw: bytes) -> Conversation:
@@ -97,12 +122,14 @@ def read_conversation(path: str, raw: bytes) -> Conversation:
     The bytes must be UTF-8 without a byte order mark, as every JSONL trace must be.
 
     Raises:
-        TraceError: not UTF-8 (or with a BOM), malformed JSON, or a missing/invalid field
-            (the message names the field and, for a request, its 0-based index).
+        TraceError: not UTF-8 (or with a BOM), malformed JSON, a missing/invalid field, or
+            a key repeated in the conversation or in a request (the message names the field
+            or key and, for a request, its 0-based index).
     """
     obj = _parse_json(path, raw)
     if not isinstance(obj, dict):
         raise TraceError(path, None, f"expected a JSON object, got {type(obj).__name__}")
+    _check_keys_once(path, obj, "the conversation")
     block_size = _positive_int(path, obj, "block_size", "", high=MAX_BLOCK_TOKENS)
     scope = obj.get("hash_id_scope", "local")
     if scope not in _SCOPES:
@@ -135,15 +162,47 @@ def _parse_json(path: str, raw: bytes) -> Any:
     except UnicodeDecodeError as exc:
         raise TraceError(path, None, f"malformed JSON: not UTF-8 (byte {exc.start} is {raw[exc.start]:#04x})") from None
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=_json_object)
     except (ValueError, RecursionError) as exc:
         raise TraceError(path, None, f"malformed JSON: {exc}") from None
+
+
+class _RepeatedKeyObject(dict):
+    """A JSON object that repeats a key (the last value kept, as ``json`` does); ``repeated``
+    is the first key seen twice."""
+
+    repeated: str
+
+
+def _json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json``'s ``object_pairs_hook``: the object as a dict, marked when it repeats a key,
+    so the reader can name where (a repeat deeper than a request, in a field nobody reads,
+    does not matter)."""
+    obj = dict(pairs)
+    if len(obj) == len(pairs):
+        return obj
+    marked = _RepeatedKeyObject(obj)
+    marked.repeated = first_repeated_key(pairs)
+    return marked
+
+
+def _check_keys_once(path: str, obj: dict, where: str) -> None:
+    """Refuses an object that repeats a key: which value is meant is ambiguous.
+
+    Raises:
+        TraceError: naming the key and ``where`` (``"requests[3]"``, or ``"the
+            conversation"``).
+    """
+    if isinstance(obj, _RepeatedKeyObject):
+        raise TraceError(path, None, f"key {obj.repeated!r} appears more than once in {where} "
+                                     "(which value is meant is ambiguous)")
 
 
 def _request(path: str, index: int, req: Any) -> tuple[float, int, int, list[int]]:
     where = f"requests[{index}]"
     if not isinstance(req, dict):
         raise TraceError(path, None, f"{where} must be an object")
+    _check_keys_once(path, req, where)
     t = req.get("t")
     if not _is_seconds(t):
         raise TraceError(path, None, f"{where}.t must be a non-negative number of seconds below 2**63 ms, got {_show(t)}")

@@ -2,9 +2,9 @@
 
 Lines are streamed with a length bound (``MAX_LINE_BYTES``), parsed with orjson, and each
 field checked for type and range; every error is a ``TraceError(path, line, message)``
-naming the 1-based line. Token counts are bounded (``MAX_TOKENS`` per request,
-``MAX_TOTAL_TOKENS`` summed) so a replay's token sums stay inside int64. ``traces`` re-exports
-the public names.
+naming the 1-based line. A record may not repeat a key (orjson would keep the last value
+silently). Token counts are bounded (``MAX_TOKENS`` per request, ``MAX_TOTAL_TOKENS``
+summed) so a replay's token sums stay inside int64. ``traces`` re-exports the public names.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+from collections import Counter
 from typing import TYPE_CHECKING, Any, Iterator
 
 import numpy as np
@@ -23,7 +24,8 @@ if TYPE_CHECKING:
     from .traces import FlatTrace
 
 __all__ = ["MAX_LINE_BYTES", "MAX_TOKENS", "MAX_TOTAL_TOKENS", "iter_json_objects", "first_long_line", "int_field",
-           "seconds_field_ms", "token_field", "id_list_field", "check_token_counts"]
+           "seconds_field_ms", "token_field", "id_list_field", "check_token_counts", "keys_spelled_once",
+           "first_repeated_key"]
 
 _INT64_MAX = (1 << 63) - 1
 #: The longest line a trace may have. A real record is kilobytes (a 4,096-block step record
@@ -47,7 +49,9 @@ def iter_json_objects(path: str | os.PathLike, digest: Any = None) -> Iterator[t
 
     Raises:
         TraceError: the file cannot be opened (missing, a directory, unreadable), a line is
-            not valid JSON (or not UTF-8), or a line holds something other than an object.
+            not valid JSON (or not UTF-8), a line holds something other than an object, or an
+            object repeats a key (orjson would keep the last value: which one was meant is
+            ambiguous).
     """
     name = os.fspath(path)
     try:
@@ -86,7 +90,62 @@ def _parse_object(name: str, line: int, raw: bytes) -> dict[str, Any]:
         raise TraceError(name, line, _not_utf8(raw) or f"malformed JSON: {exc}") from None
     if not isinstance(obj, dict):
         raise TraceError(name, line, f"expected a JSON object, got {type(obj).__name__}")
+    quotes = raw.count(b'"')
+    if quotes != 2 * len(obj) and not keys_spelled_once(raw, [obj], quotes):  # most lines pass the first test
+        repeated = _repeated_key(raw)
+        if repeated is not None:
+            raise TraceError(name, line, f"key {repeated!r} appears more than once in the record "
+                                         "(which value is meant is ambiguous)")
     return obj
+
+
+def keys_spelled_once(text: bytes, records: list[dict[str, Any]], quotes: int | None = None) -> bool:
+    """True when no object of ``records`` can repeat a key; False when one may (then
+    ``_repeated_key`` decides, line by line). orjson keeps a repeated key's last value
+    without a word, so the readers look for repeats themselves, cheaply.
+
+    ``text`` must hold the JSON text of ``records`` and nothing else but whitespace and
+    separators; ``quotes`` is its count of double quotes when the caller has it. Every
+    string, keys included, is spelled with at least two quotes (an escaped quote adds one),
+    and the text holds at least one string per key of each record plus one per top-level
+    string value: so ``quotes`` is at least twice that many, and exactly twice only if no
+    key is repeated (and no string sits deeper). Failing that, and without a backslash
+    (then every string is spelled as its bytes between two quotes), the spelling ``"key"``
+    of each key must occur exactly as often as records hold the key (a repeat, a nested key
+    or a string value equal to a key adds occurrences). Byte counts run at memory speed.
+    """
+    quotes = text.count(b'"') if quotes is None else quotes
+    keys = sum(map(len, records))
+    if quotes == 2 * keys:
+        return True
+    values = itertools.chain.from_iterable(map(dict.values, records))
+    if quotes == 2 * (keys + list(map(type, values)).count(str)):
+        return True
+    if b"\\" in text:
+        return False  # an escape can spell one key in two ways
+    held = Counter(itertools.chain.from_iterable(records))
+    return all(text.count(b'"' + key.encode() + b'"') == count for key, count in held.items())
+
+
+def _repeated_key(raw: bytes) -> str | None:
+    """The first key a line's top-level object repeats, or None (also when Python's json
+    module cannot read the line, which orjson could: too deeply nested)."""
+    try:
+        pairs = json.loads(raw, object_pairs_hook=list)  # the top-level object as (key, value) pairs
+    except (ValueError, RecursionError):
+        return None
+    return first_repeated_key(pairs)
+
+
+def first_repeated_key(pairs: list[tuple[str, Any]]) -> str | None:
+    """The first key of a JSON object's ``(key, value)`` pairs (in file order) that an
+    earlier pair already has, or None."""
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            return key
+        seen.add(key)
+    return None
 
 
 def _not_utf8(raw: bytes) -> str | None:
