@@ -12,7 +12,8 @@ costs a journal commit per block, which halves durable write throughput on ext4)
 visible to ``get`` in this process. ``flush`` fsyncs the directory if anything was renamed,
 then appends the new index entries to the journal: a block is stored across a crash only
 once its entry is durable, and no durable entry names a chunk that is not. Slots freed by
-``delete`` are reused only after the deletion is durable. One process at a time opens a
+``delete`` or by a replacing put are reused only after that is durable (a put naming such a
+slot is refused). One process at a time opens a
 store (``nvme_lock``); on reopen, an entry is adopted only if its chunk's length and crc
 trailer match it, and chunk files without an adopted entry are garbage and removed
 (``nvme_open``).
@@ -183,11 +184,12 @@ class NVMeStore(NVMeReads):
             keys: one distinct ``bytes`` key per block.
             blocks: a tensor ``[n, *block_shape]`` or a list of per-block tensors.
             slots: slots to write (a manager tracking NVMe slots itself, e.g. from a
-                ``TransferPlan``; a slot's previous key is dropped), or None: free slots.
+                ``TransferPlan``; a live slot's key is dropped), or None: free slots.
 
         Raises:
             UserError: keys not bytes or repeated, blocks of wrong dtype/shape/count, a
-                named slot out of range, repeated or already being written.
+                named slot out of range, repeated, already being written, or retired
+                (its old block's replacement or deletion not durable yet: ``flush`` first).
             StoreFullError: fewer free slots than blocks; nothing is written.
         """
         self._check_open()

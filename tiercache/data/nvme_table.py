@@ -71,8 +71,8 @@ class SlotTable:
     Every slot is in exactly one state: free, reserved (a write in flight), live (a key
     maps to it), retired (its key was deleted or replaced, and that fact is not yet
     durable) or releasing (retired, in a flush in progress). A retired slot becomes free
-    only after a flush made the retirement durable, so a crash can never leave the durable
-    index naming a slot that holds newer bytes.
+    only after a flush made the retirement durable (a put naming it is refused until then),
+    so a crash can never leave the durable index naming a retired slot that holds newer bytes.
 
     Memory per slot of capacity: 16 B of numpy (generation, chunk length, crc), 8 B for
     the slot's key pointer and 5 B of ``FreeSlots``: 29 B. Per live entry, the key's bytes
@@ -153,33 +153,51 @@ class SlotTable:
         return self._take(self._free.pop(n))
 
     def reserve_at(self, slots: list[int]) -> list[tuple[int, int]]:
-        """Takes the given slots for writes in flight, whatever they hold.
+        """Takes the given slots for writes in flight: free or live ones.
 
-        A live slot's key is dropped (a pending delete); a retired slot is taken back. Safe
-        before the drop is durable because reads check the chunk's crc against the index
-        entry: an old durable entry never serves the newer bytes.
+        A live slot's key is dropped (a pending delete). Safe before the drop is durable:
+        after a crash the durable entry no longer matches the rewritten chunk, so reopen
+        drops it and reads check the chunk's crc against the entry (the old entry never
+        serves the newer bytes); the caller asked for that key to go.
+
+        A retired or releasing slot is refused: until a flush makes its release durable,
+        the durable index may still name it as the only copy of a key that is live
+        elsewhere (replaced, or deleted and put again, since the last flush); rewriting
+        it would lose that key at a crash. Nothing changes when a slot is refused.
 
         Raises:
-            UserError: a slot out of range, repeated, or already being written.
+            UserError: a slot out of range, repeated, being written, or whose release is
+                not durable yet (naming the slot and what to do).
         """
         if len(set(slots)) != len(slots):
             raise UserError("NVMeStore.put: a slot appears twice in one batch")
         for slot in slots:
-            if not 0 <= slot < self.capacity or slot in self._reserved:
-                state = "being written" if slot in self._reserved else f"outside [0, {self.capacity})"
-                raise UserError(f"NVMeStore.put: slot {slot} is {state}")
+            refusal = self._named_slot_refusal(slot)
+            if refusal is not None:
+                raise UserError(f"NVMeStore.put: slot {slot} {refusal}")
         for slot in slots:
             self._take_back(slot)
         return self._take(slots)
 
+    def _named_slot_refusal(self, slot: int) -> str | None:
+        """Why a put may not name ``slot`` now, or None when it may (free or live)."""
+        if not 0 <= slot < self.capacity:
+            return f"is outside [0, {self.capacity})"
+        if slot in self._reserved:
+            return "is being written"
+        if slot in self._retired:
+            return ("is retired: the block it held was replaced or deleted, but not durably yet, so a crash "
+                    "would reopen that block from this slot; rewriting it now could lose the block's last "
+                    "durable copy. Call flush() first, or name a free slot")
+        if slot in self._releasing:
+            return ("is being released by a flush still in progress: its release is not durable yet. "
+                    "Call flush() first (it waits for that flush), or name a free slot")
+        return None
+
     def _take_back(self, slot: int) -> None:
-        """Removes ``slot`` from whichever state it is in (free, retired, releasing, live)."""
+        """Removes a free or live ``slot`` from its state (a live slot's key is dropped)."""
         if slot in self._free:
             self._free.discard(slot)
-        elif slot in self._retired:
-            del self._retired[slot]
-        elif slot in self._releasing:
-            self._releasing.discard(slot)  # the flush in progress will not free it
         else:
             key = self._slot_key[slot]
             self._unlink(key, slot)
@@ -237,16 +255,15 @@ class SlotTable:
         """A flush failed: its operations go back in front of newer ones, in order."""
         self._pending = ops + self._pending
         newer = self._retired
-        self._retired = dict.fromkeys(s for s in retired if s in self._releasing)
+        self._retired = dict.fromkeys(retired)  # a named put never takes a releasing slot
         self._retired.update(newer)
         self._releasing.difference_update(retired)
 
     def release(self, retired: list[int]) -> None:
         """A flush made these retirements durable: the slots may be reused."""
-        for slot in retired:
-            if slot in self._releasing:  # else a put naming this slot took it back meanwhile
-                self._releasing.discard(slot)
-                self._free.add(slot)
+        for slot in retired:  # all still releasing: a named put never takes one back
+            self._releasing.remove(slot)
+            self._free.add(slot)
 
     def live_ops(self) -> list[Op]:
         """One put operation per live entry (the content of a snapshot)."""
