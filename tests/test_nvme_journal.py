@@ -104,13 +104,20 @@ def test_a_smashed_early_batch_is_skipped_and_later_batches_kept(tmp_path):
         served(store, keys, data)
 
 
-def test_damage_in_the_last_batch_is_still_a_torn_tail(tmp_path):
+@pytest.mark.parametrize("clean", [True, False])
+def test_damage_in_the_last_batch_is_a_torn_tail_only_after_a_crash(tmp_path, clean):
+    """After a clean close its marker proves the last batch was acknowledged: its loss is
+    counted. Without the marker it is indistinguishable from a crash mid-append."""
+    from tiercache.data.nvme_open import CLEAN_NAME
+
     keys, data, offsets = fill(tmp_path / "s")
+    if not clean:
+        (tmp_path / "s" / CLEAN_NAME).unlink()
     damage(tmp_path / "s" / nvme_index.JOURNAL_NAME, offsets[-1], "smash")
     with NVMeStore(tmp_path / "s", LAYOUT) as store:
         good = served(store, keys, data)
         assert good == set(range((BATCHES - 1) * PER_BATCH))
-        assert store.stats["journal_skipped"] == 0  # indistinguishable from a crash mid-append
+        assert store.stats["journal_skipped"] == int(clean)
 
 
 @pytest.mark.parametrize("batch", [2, 5, BATCHES - 1])

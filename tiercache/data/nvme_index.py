@@ -38,6 +38,7 @@ __all__ = ["OP_PUT", "OP_DEL", "Entry", "SlotTable", "IndexFiles", "encode_ops",
 _SNAPSHOT_HEADER = struct.Struct("<4sQQI")  # magic, sequence, entry count, crc
 _SNAPSHOT_MAGIC = b"TCS1"
 SNAPSHOT_NAME = "tiercache.index"
+SNAPSHOT_TMP_NAME = SNAPSHOT_NAME + ".tmp"  # written, fsynced, then renamed over SNAPSHOT_NAME
 JOURNAL_NAME = "tiercache.journal"
 _JOURNAL_MIN_BYTES = 4 << 20
 
@@ -127,6 +128,17 @@ class IndexFiles:
         self.need_snapshot = bool(scan.repaired or self.lost_batches or self.repaired_snapshot)
         return scan.end
 
+    def lose_tail(self, acknowledged: int) -> None:
+        """Counts the batches after the replayed ones up to sequence ``acknowledged`` in
+        ``lost_batches``: the caller knows they were made durable (a clean close reached
+        that sequence number), so a journal tail missing them was damaged or cut, not torn
+        by a crash. Sets ``need_snapshot``, like any loss. ``load`` cut the damaged tail
+        off, so new batches follow the replayed ones without a gap (which a later replay
+        would count again)."""
+        if acknowledged > self.seq:
+            self.lost_batches += acknowledged - self.seq
+            self.need_snapshot = True
+
     def wants_snapshot(self) -> bool:
         """True when the next flush should rewrite the snapshot instead of appending."""
         return self.need_snapshot or self.journal_bytes > max(_JOURNAL_MIN_BYTES, self.snapshot_bytes)
@@ -153,7 +165,7 @@ class IndexFiles:
         below the new snapshot's and are skipped on replay."""
         body = encode_ops(ops)
         header = _seal(_SNAPSHOT_HEADER, _SNAPSHOT_MAGIC, self.seq + 1, len(ops), body)
-        tmp = self.snapshot_path + ".tmp"
+        tmp = os.path.join(self.root, SNAPSHOT_TMP_NAME)
         try:
             _write_file_durably(tmp, header + body)
             os.replace(tmp, self.snapshot_path)

@@ -7,6 +7,12 @@ them when the holder closes the file or dies (SIGKILL included), so a stale lock
 never blocks a reopen, and a second open in the same process is refused like one from
 another process. The lock file is never unlinked: removing it would let a third opener
 lock a fresh inode while the holder still has the old one.
+
+A ``fork`` would share the locked open file description with the child, which would then
+keep the store locked after the parent closes it (for as long as the child lives). So every
+held lock is registered, and an at-fork handler closes the child's copies of their
+descriptors (closing, never ``LOCK_UN``: unlocking would release the parent's lock too).
+``O_CLOEXEC`` does the same across ``exec``.
 """
 
 from __future__ import annotations
@@ -20,12 +26,18 @@ __all__ = ["LOCK_NAME", "StoreLock"]
 
 LOCK_NAME = "tiercache.lock"
 
+#: Every ``StoreLock`` of this process that holds its descriptor (strong references: a
+#: lock is only ever dropped by ``release``).
+_HELD: set["StoreLock"] = set()
+
 
 class StoreLock:
     """An exclusive lock on a store directory, held until ``release``.
 
     Invariant: while the object holds a file descriptor, this open file description holds
-    ``LOCK_EX`` on ``<root>/tiercache.lock`` and the file names this process's pid.
+    ``LOCK_EX`` on ``<root>/tiercache.lock``, the file names the pid of the process that
+    acquired it, and the object is in ``_HELD``. In a child forked meanwhile the object
+    holds no descriptor (``held`` is False there).
     """
 
     def __init__(self, fd: int, path: str) -> None:
@@ -55,7 +67,9 @@ class StoreLock:
                                 "close that store first, or use another path") from None
             raise UserError(f"{path}: cannot lock the store ({exc.strerror})") from None
         _write_holder(fd)
-        return cls(fd, path)
+        lock = cls(fd, path)
+        _HELD.add(lock)
+        return lock
 
     @property
     def held(self) -> bool:
@@ -66,7 +80,18 @@ class StoreLock:
         """Drops the lock (closing the descriptor releases the flock); idempotent."""
         if self._fd is not None:
             fd, self._fd = self._fd, None
+            _HELD.discard(self)
             os.close(fd)
+
+
+def _drop_inherited_locks() -> None:
+    """``os.register_at_fork`` child handler: the child holds no store lock. ``release``
+    closes only the child's copy of each descriptor; the parent's keeps its flock."""
+    for lock in list(_HELD):
+        lock.release()
+
+
+os.register_at_fork(after_in_child=_drop_inherited_locks)
 
 
 def _write_holder(fd: int) -> None:
@@ -80,7 +105,12 @@ def _write_holder(fd: int) -> None:
 
 
 def _read_holder(fd: int) -> str:
-    """Who holds the lock, in words: "pid N", "pid N (this process)" or unknown."""
+    """Who holds the lock, in words: "pid N", "pid N (this process)" or unknown.
+
+    The file names the pid that acquired the lock; "this process" is said only when this
+    process really holds a lock on the same file. Otherwise a lock acquired by this pid is
+    held by a process it forked outside ``os.fork`` (which runs no at-fork handler).
+    """
     try:
         text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
     except OSError:
@@ -88,4 +118,24 @@ def _read_holder(fd: int) -> str:
     if not text.isdigit():
         return "another process (pid unknown)"
     pid = int(text)
-    return f"pid {pid} (this process)" if pid == os.getpid() else f"pid {pid}"
+    if pid != os.getpid():
+        return f"pid {pid}"
+    if _held_here(fd):
+        return f"pid {pid} (this process: another open store on this path)"
+    return f"a process forked from this one (pid {pid}) while it had the store open"
+
+
+def _held_here(fd: int) -> bool:
+    """True if a lock this process holds is on the same file as ``fd``."""
+    mine = os.fstat(fd)
+    for lock in list(_HELD):
+        held = lock._fd
+        if held is None:
+            continue
+        try:
+            other = os.fstat(held)
+        except OSError:  # released meanwhile by another thread
+            continue
+        if (other.st_dev, other.st_ino) == (mine.st_dev, mine.st_ino):
+            return True
+    return False

@@ -6,6 +6,10 @@ Ordering (each step relies on the ones before it):
    a capacity that cannot be parsed) touch nothing on disk.
 2. The directory lock (``nvme_lock``) is taken before anything is read for recovery or
    changed: a second opener must never sweep the first one's unflushed chunks.
+   Creation happens under the lock too, ``zarr.json`` first and the empty index snapshot
+   last: the snapshot's atomic rename is what makes a store exist. A directory holding
+   only what a creation killed before that leaves (``_unfinished_creation``: no snapshot,
+   no journal, no chunk) never held a block, so it is created again, not refused.
 3. ``zarr.json`` and the index are validated and loaded; every malformed file gives a
    ``UserError`` naming it, before anything is deleted.
 4. The directory is reconciled with the index (``sweep_directory``): an entry is adopted
@@ -15,12 +19,17 @@ Ordering (each step relies on the ones before it):
    That check costs a 4-byte read per live chunk (cold: about 75 us each on this
    machine's virtio disk), so it runs only after an unclean shutdown: a store that
    closed cleanly left a marker naming its index sequence number (``mark_clean``), and
-   the marker is removed, durably, before the reopened store can write anything.
+   the marker is removed, durably, before the reopened store can write anything. The
+   marker also proves that every batch up to its sequence number was acknowledged: if the
+   journal's replay stops short of it (its tail damaged or cut after the clean close), the
+   missing batches are counted in ``journal_skipped`` like a damaged middle batch, never
+   taken for a torn, unacknowledged append.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import stat
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -28,7 +37,8 @@ from typing import Sequence
 from ..config import Codec, KVLayout, parse_capacity
 from ..errors import UserError
 from . import chunkio
-from .nvme_index import IndexFiles, SlotTable, check_table_fits
+from .nvme_index import SNAPSHOT_TMP_NAME, IndexFiles, SlotTable, check_table_fits
+from .nvme_journal import sealed_crc
 from .nvme_lock import LOCK_NAME, StoreLock
 
 __all__ = ["TMP_PREFIX", "CLEAN_NAME", "Opened", "open_store", "mark_clean", "sweep_directory", "check_arguments",
@@ -36,6 +46,8 @@ __all__ = ["TMP_PREFIX", "CLEAN_NAME", "Opened", "open_store", "mark_clean", "sw
 
 TMP_PREFIX = ".tc-tmp."
 CLEAN_NAME = "tiercache.clean"
+META_NAME = "zarr.json"
+_ZARR_PARTIAL = re.compile(r"zarr\.[0-9a-f]+\.partial")  # zarr's temp file while it writes zarr.json
 
 
 def check_arguments(layout: object, compression: object, io_threads: object) -> None:
@@ -87,7 +99,7 @@ def open_store(path: str, layout: KVLayout, compression: str | None,
     """
     if os.path.exists(path) and not os.path.isdir(path):
         raise UserError(f"{path}: is a file, not a store directory")
-    meta = os.path.join(path, "zarr.json")
+    meta = os.path.join(path, META_NAME)
     wanted = None if capacity_blocks is None else parse_capacity(capacity_blocks, layout, "NVMeStore capacity", codec)
     if wanted is not None:
         check_table_fits(wanted, path)  # before anything on disk is created
@@ -98,9 +110,11 @@ def open_store(path: str, layout: KVLayout, compression: str | None,
     except OSError as exc:
         raise UserError(f"{path}: cannot create the store directory ({exc.strerror or exc})") from None
     lock = StoreLock.acquire(path)
-    try:
-        if os.path.lexists(meta):  # again under the lock: a racing creator may have won
+    try:  # again under the lock: a racing creator may have won, or have been killed
+        if os.path.lexists(meta) and not _unfinished_creation(path):
             return _reopen(path, layout, compression, wanted, lock, codec)
+        if wanted is None and create and os.path.lexists(meta):
+            wanted = _recorded_capacity(path, layout, compression, codec)
         _check_creatable(path, wanted, create)
         return _create(path, layout, compression, wanted, lock, codec)
     except BaseException:
@@ -112,19 +126,75 @@ def _check_creatable(path: str, capacity: int | None, create: bool) -> None:
     """Refuses to create a store where none may be created; changes nothing."""
     if not create:
         raise UserError(f"{path}: no store there (create=False)")
-    if os.path.isdir(path) and set(os.listdir(path)) - {LOCK_NAME}:
+    if os.path.isdir(path) and not _unfinished_creation(path):
         raise UserError(f"{path}: directory is not empty and holds no tiercache store")
     if capacity is None:
         raise UserError(f"{path}: capacity_blocks is needed to create a store")
 
 
+def _is_creation_leftover(name: str) -> bool:
+    """True for the files a creation writes before its index snapshot: the lock,
+    ``zarr.json`` and zarr's temp file for it (``zarr.<hex>.partial``), the snapshot's
+    temp file."""
+    return name in (LOCK_NAME, META_NAME, SNAPSHOT_TMP_NAME) or _ZARR_PARTIAL.fullmatch(name) is not None
+
+
+def _unfinished_creation(path: str) -> bool:
+    """True if the directory ``path`` holds nothing but creation leftovers (an empty one
+    included). A store exists once its index snapshot does, and its blocks need chunk
+    files and index entries: such a directory never held a block, so creating a store
+    there discards nothing. Stops at the first other file (a store's directory may hold
+    millions of chunks)."""
+    with os.scandir(path) as entries:
+        return all(_is_creation_leftover(entry.name) for entry in entries)
+
+
+def _recorded_capacity(path: str, layout: KVLayout, compression: str | None, codec: Codec) -> int:
+    """The capacity an unfinished creation recorded in its ``zarr.json``, so that a reopen
+    without ``capacity_blocks`` finishes it.
+
+    Raises:
+        UserError: that ``zarr.json`` is unreadable or records another layout, compression
+            or codec (the caller's capacity_blocks would create the store anew).
+    """
+    try:
+        return chunkio.check_store(path, layout, compression, None, codec)
+    except UserError as exc:
+        raise UserError(f"{path}: holds a store whose creation was interrupted (no index yet), and it cannot be "
+                        f"finished: {exc}; pass capacity_blocks to create the store again") from None
+
+
 def _create(path: str, layout: KVLayout, compression: str | None, capacity: int, lock: StoreLock, codec: Codec) -> Opened:
-    """Writes ``zarr.json`` and an empty index into the locked, empty directory."""
+    """Creates the store in the locked directory, which is empty or holds an unfinished
+    creation (whose leftovers are removed first).
+
+    ``zarr.json`` is written (atomically, by zarr) and fsynced before the empty snapshot,
+    whose rename and directory fsync are the commit point: a kill before it leaves an
+    unfinished creation, never a ``zarr.json`` without an index behind a complete one.
+    """
+    _remove_leftovers(path)
     chunkio.create_array(path, layout, capacity, compression, codec)
+    _fsync_file(os.path.join(path, META_NAME))
     table, files = SlotTable(capacity), IndexFiles(path)
     files.create()
     table.finish_load()
     return Opened(capacity, table, files, lock)
+
+
+def _remove_leftovers(path: str) -> None:
+    """Deletes an unfinished creation's files (never the lock, never another file)."""
+    for name in os.listdir(path):
+        if name != LOCK_NAME and _is_creation_leftover(name):
+            os.unlink(os.path.join(path, name))
+
+
+def _fsync_file(path: str) -> None:
+    """Makes a file's bytes durable (the caller fsyncs the directory)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _reopen(path: str, layout: KVLayout, compression: str | None, wanted: int | None, lock: StoreLock,
@@ -134,7 +204,7 @@ def _reopen(path: str, layout: KVLayout, compression: str | None, wanted: int | 
     table, files = SlotTable(capacity), IndexFiles(path)
     files.load(table)
     try:
-        clean = _read_clean_mark(path, files.seq)
+        clean = _check_clean_mark(path, files)
         removed, dropped = sweep_directory(path, 1 + len(chunkio.chunk_geometry(layout, codec)[0]), table, verify=not clean)
         _remove_clean_mark(path)  # before the store can write: a crash from here on is unclean
     except BaseException:
@@ -148,23 +218,50 @@ def _reopen(path: str, layout: KVLayout, compression: str | None, wanted: int | 
 
 def mark_clean(root: str, seq: int) -> None:
     """Records that the store closed cleanly at index sequence ``seq``: no write in
-    flight, every chunk matches the durable index. Best effort (a full disk may refuse
-    it: the next open then checks every chunk's trailer)."""
+    flight, every chunk matches the durable index, every batch up to ``seq`` durable.
+    Best effort (a full disk may refuse it: the next open then checks every chunk's
+    trailer)."""
     try:
-        chunkio.write_file_durably(os.path.join(root, CLEAN_NAME), f"{seq}\n".encode())
+        chunkio.write_file_durably(os.path.join(root, CLEAN_NAME), _clean_mark(seq))
         chunkio.fsync_dir(root)
     except OSError:
         pass
 
 
-def _read_clean_mark(root: str, seq: int) -> bool:
-    """True if the last close was clean at index sequence ``seq`` (a marker from another
-    sequence number, or unreadable, counts as unclean)."""
+def _clean_mark(seq: int) -> bytes:
+    """The marker's bytes: ``seq`` and a crc32c of it, so that a damaged marker is never
+    read as another sequence number."""
+    text = str(seq).encode()
+    return text + b" %08x\n" % sealed_crc(text, b"")
+
+
+def _read_clean_mark(root: str) -> int | None:
+    """The index sequence number the last clean close reached, or None (no marker, or one
+    that is unreadable or fails its crc, such as one from an older tiercache)."""
     try:
         with open(os.path.join(root, CLEAN_NAME), "rb") as f:
-            return f.read(32) == f"{seq}\n".encode()
+            data = f.read(64)
     except OSError:
+        return None
+    try:
+        seq = int(data.split(b" ", 1)[0])
+    except ValueError:
+        return None
+    return seq if data == _clean_mark(seq) else None
+
+
+def _check_clean_mark(root: str, files: IndexFiles) -> bool:
+    """True if the last close was clean at the sequence number the replay of ``files``
+    reached. A marker naming a later one proves the batches between were acknowledged
+    and then lost from the journal's tail: counted (``IndexFiles.lose_tail``), and the
+    close counts as unclean (every chunk's trailer is checked)."""
+    marked = _read_clean_mark(root)
+    if marked is None or marked < files.seq:
         return False
+    if marked > files.seq:
+        files.lose_tail(marked)
+        return False
+    return True
 
 
 def _remove_clean_mark(root: str) -> None:
