@@ -67,22 +67,45 @@ def numba_disabled() -> bool:
     return os.environ.get("TIERCACHE_NO_NUMBA", "") not in ("", "0")
 
 
+#: The compiled replay's modules outside ``policies/`` (``policies/**/*.py`` are all stamped:
+#: kernels read constants of their Python classes, ``session.py``, ``cost_aware.py``, ``base.py``).
+#: numba freezes what a compiled function inlines (``dispatch.py``'s functions) and the module
+#: constants it reads (``traces.MAX_TOKENS``) into its cache: they are stamped with it.
+#: ``tests/test_kernel_cache_stamp.py`` checks that every module a compiled module imports is here.
+STAMPED_SIM_MODULES = ("chain", "dispatch", "prep", "fastscan", "traces")
+
+
+def stamped_sources() -> list:
+    """The source files whose edit must drop the compiled caches: every ``.py`` under
+    ``policies/`` and ``STAMPED_SIM_MODULES`` of ``tiercache/sim``, sorted."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    sim = root.parent / "tiercache" / "sim"
+    return sorted(root.rglob("*.py")) + [sim / f"{name}.py" for name in STAMPED_SIM_MODULES]
+
+
 def _drop_stale_caches() -> None:
     """Deletes numba's cache files of the kernels and the chain when any of their sources changed.
 
     numba keys a cached function on its own file only: after an edit of a kernel, the chain
-    (``tiercache/sim/chain.py``, which inlines the kernels) would load stale machine code. A
-    stamp of all their sources, kept beside the caches, catches that; only our own cache
-    files are removed.
+    (``tiercache/sim/chain.py``, which inlines the kernels through ``dispatch.py``) would load
+    stale machine code, and so would a kernel after an edit of a constant it reads from
+    another module. A stamp of all their sources (``stamped_sources``), kept beside the
+    caches, catches that; only our own cache files are removed.
     """
     import hashlib
     from pathlib import Path
 
+    sources = stamped_sources()
     here = Path(__file__).resolve().parent
-    sources = sorted(here.glob("*.py")) + [here.parents[1] / "tiercache" / "sim" / "chain.py",
-                                           here.parents[1] / "tiercache" / "sim" / "prep.py"]
     try:
-        digest = hashlib.blake2b(b"".join(p.read_bytes() for p in sources if p.exists()), digest_size=16).hexdigest()
+        digest = hashlib.blake2b(digest_size=16)
+        for source in sources:  # name and length first: moving code between files changes it too
+            data = source.read_bytes() if source.exists() else b""
+            digest.update(f"{source.name}:{len(data)}:".encode())
+            digest.update(data)
+        digest = digest.hexdigest()
         stamp = here / "__pycache__" / "kernels.stamp"
         if stamp.exists() and stamp.read_text() == digest:
             return
