@@ -33,6 +33,11 @@ outlier channels (x10-x50 per head), as real keys do:
   ``encode_keeps_up_with_disk_write``). ``disk_read_gbps``/``disk_write_gbps`` are the raw
   rates in bytes moved, ``*_fp16_gbps`` the same runs in fp16 bytes of the blocks moved
   (``tiercache.bench.rawio``; ``--no-disk`` skips all of it);
+* every timed ``encode_into``/``decode_from`` (and reference) call writes into an output
+  filled with a sentinel first (untimed), and what it wrote must equal, byte for byte, what
+  the untimed ``encode``/``decode`` the errors are measured on give for the same block
+  (``check_output``): otherwise the script stops with an error (exit 1) before any speed is
+  reported, since a fast path that writes wrong bytes (or none) would time nothing real;
 * ``transformers``: the error and bytes of ``transformers``' quantised KV cache layers on the
   same KV at 8 and 4 bits, where transformers (and a quantisation backend) is installed; a
   note saying why not otherwise (``tiercache.bench.hf_quant``).
@@ -46,6 +51,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -123,22 +129,84 @@ def median_gbps(nbytes: int, seconds: list[float]) -> float:
     return statistics.median(nbytes / s / 1e9 for s in seconds)
 
 
+class OutputMismatch(RuntimeError):
+    """A timed codec call wrote other bytes than the untimed ``encode``/``decode`` the errors
+    are measured on: its speed would not be the speed of what the errors describe."""
+
+
+#: Byte written over every timed call's output before the call (untimed): a call that writes
+#: nothing leaves it there, and no encoded block or fp16 decode of these blocks is all 0xA5.
+SENTINEL = 0xA5
+
+
+def expected_outputs(codec: Codec, block: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(encoded bytes, decoded block)`` of ``block`` through the untimed ``encode`` and
+    ``decode`` (the path ``round_trip``, hence every error figure, goes through)."""
+    impl = codec_for(codec)
+    q = impl.encode(block)
+    return impl.to_bytes(q), impl.decode(q, torch.empty_like(block))
+
+
+def check_output(what: str, output: torch.Tensor, expected: torch.Tensor) -> None:
+    """Raises ``OutputMismatch`` unless ``output`` holds exactly ``expected``'s bytes."""
+    if not torch.equal(output.reshape(-1).view(torch.uint8), expected.reshape(-1).view(torch.uint8)):
+        raise OutputMismatch(f"{what}: the timed call wrote other bytes than the untimed encode/decode the errors are "
+                             "measured on; its speed would mean nothing")
+
+
+def checked(what: str, work: Callable[[], object], output: torch.Tensor, expected: torch.Tensor) -> Callable[[int], float]:
+    """An ``alternate`` op: fills ``output`` with ``SENTINEL`` (untimed), times ``work()``
+    (``seconds_of``), then ``check_output``s what it left in ``output``."""
+    def op(_: int) -> float:
+        output.view(torch.uint8).fill_(SENTINEL)
+        seconds = seconds_of(work)
+        check_output(what, output, expected)
+        return seconds
+    return op
+
+
+def reference_encode_op(codec: Codec, block: torch.Tensor, want_bytes: torch.Tensor) -> Callable[[int], float]:
+    """An ``alternate`` op timing ``encode_reference(block)`` (it allocates its result), whose
+    result's bytes are then checked against ``want_bytes`` (untimed)."""
+    impl, what = codec_for(codec), f"{codec.value} encode_reference"
+
+    def op(_: int) -> float:
+        results = []
+        seconds = seconds_of(lambda: results.append(impl.encode_reference(block)))
+        if not results:
+            raise OutputMismatch(f"{what}: the timed call returned nothing")
+        check_output(what, impl.to_bytes(results[0]), want_bytes)
+        return seconds
+    return op
+
+
 def codec_rounds(codec: Codec, block: torch.Tensor, rounds: int) -> dict[str, list[float]]:
     """Seconds per round of one ``copy_`` of ``block`` and of encode + decode, encode alone
     and decode alone as the tiers run them (``encode_into`` a slot's byte buffer,
     ``decode_from`` it into a block buffer, both preallocated), and of the plain torch
-    reference the compiled loops are checked against, alternated (``alternate``)."""
-    impl, out, dest = codec_for(codec), torch.empty_like(block), torch.empty_like(block)
-    buf = torch.empty(impl.nbytes_of(tuple(block.shape), block.dtype), dtype=torch.uint8)
-    encoded = impl.from_bytes(impl.encode_into(block, buf), tuple(block.shape), block.dtype)
-    return alternate({
+    reference the compiled loops are checked against, alternated (``alternate``). Every
+    codec op writes into its own output, checked after each round against the untimed
+    ``encode``/``decode`` (``checked``; raises ``OutputMismatch``)."""
+    impl, dest = codec_for(codec), torch.empty_like(block)
+    want_bytes, want_block = expected_outputs(codec, block)
+    encoded = want_bytes.clone()  # the decodes' input: the bytes encode gives (decode_from must not write it)
+    q = impl.from_bytes(encoded, tuple(block.shape), block.dtype)
+    both_buf, enc_buf = torch.empty_like(want_bytes), torch.empty_like(want_bytes)
+    outs = {name: torch.empty_like(block) for name in ("both", "decode", "reference_decode")}
+    samples = alternate({
         "copy": lambda _: host_copy(dest, block).seconds,
-        "both": lambda _: seconds_of(lambda: impl.decode_from(impl.encode_into(block, buf), block.dtype, out)),
-        "encode": lambda _: seconds_of(lambda: impl.encode_into(block, buf)),
-        "decode": lambda _: seconds_of(lambda: impl.decode_from(buf, block.dtype, out)),
-        "reference_encode": lambda _: seconds_of(lambda: impl.encode_reference(block)),
-        "reference_decode": lambda _: seconds_of(lambda: impl.decode_reference(encoded, out)),
+        "both": checked(f"{codec.value} encode_into + decode_from",
+                        lambda: impl.decode_from(impl.encode_into(block, both_buf), block.dtype, outs["both"]),
+                        outs["both"], want_block),
+        "encode": checked(f"{codec.value} encode_into", lambda: impl.encode_into(block, enc_buf), enc_buf, want_bytes),
+        "decode": checked(f"{codec.value} decode_from", lambda: impl.decode_from(encoded, block.dtype, outs["decode"]),
+                          outs["decode"], want_block),
+        "reference_encode": reference_encode_op(codec, block, want_bytes),
+        "reference_decode": checked(f"{codec.value} decode_reference", lambda: impl.decode_reference(q, outs["reference_decode"]),
+                                    outs["reference_decode"], want_block),
     }, rounds)
+    check_output(f"{codec.value} decode input", encoded, want_bytes)
+    return samples
 
 
 def codec_speed(t: dict[str, list[float]], nbytes: int) -> dict[str, float]:
@@ -155,15 +223,16 @@ def codec_speed(t: dict[str, list[float]], nbytes: int) -> dict[str, float]:
 def disk_rounds(codec: Codec, block: torch.Tensor, directory: str, rounds: int, blocks: int) -> tuple[dict, int, bool]:
     """Durable writes and cold random O_DIRECT reads of ``blocks`` blocks of the codec's
     encoded size (rounded up to a page, as O_DIRECT needs), ``DISK_THREADS`` threads, each
-    alternated round by round with as many encodes (writes) or decodes (reads) of ``block``.
+    alternated round by round with as many encodes (writes) or decodes (reads) of ``block``,
+    whose outputs are checked after each round (``checked``; raises ``OutputMismatch``).
 
     Returns:
         ``({"disk_write"|"encode"|"disk_read"|"decode": [seconds per round]}, bytes per
         disk block, whether every read was O_DIRECT)``.
     """
     impl, out = codec_for(codec), torch.empty_like(block)
-    buf = torch.empty(impl.nbytes_of(tuple(block.shape), block.dtype), dtype=torch.uint8)
-    impl.encode_into(block, buf)
+    want_bytes, want_block = expected_outputs(codec, block)
+    buf, encoded = torch.empty_like(want_bytes), want_bytes.clone()
     size = -(-buf.numel() // PAGE) * PAGE
     files = RawBlockFiles(str(Path(directory) / codec.value), size, DISK_THREADS, -(-blocks // DISK_THREADS))
     files.lay_out()  # as fio does: the timed writes overwrite allocated space
@@ -175,10 +244,11 @@ def disk_rounds(codec: Codec, block: torch.Tensor, directory: str, rounds: int, 
         files.drop_cache()
         return files.read(order, dests, DISK_THREADS)
 
-    writes = alternate({"disk_write": lambda _: files.write(sources),
-                        "encode": lambda _: seconds_of(lambda: [impl.encode_into(block, buf) for _ in range(blocks)])}, rounds)
-    reads = alternate({"disk_read": cold_read,
-                       "decode": lambda _: seconds_of(lambda: [impl.decode_from(buf, block.dtype, out) for _ in range(blocks)])}, rounds)
+    encodes = checked(f"{codec.value} encode_into", lambda: [impl.encode_into(block, buf) for _ in range(blocks)], buf, want_bytes)
+    decodes = checked(f"{codec.value} decode_from", lambda: [impl.decode_from(encoded, block.dtype, out) for _ in range(blocks)],
+                      out, want_block)
+    writes = alternate({"disk_write": lambda _: files.write(sources), "encode": encodes}, rounds)
+    reads = alternate({"disk_read": cold_read, "decode": decodes}, rounds)
     files.reset()
     return writes | reads, size, files.direct
 
@@ -283,7 +353,7 @@ def disk_table(result: dict) -> list[str]:
     return rows
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, help="write the result here")
     parser.add_argument("--layers", type=positive_int, default=4, help="layers per block (default 4)")
@@ -301,11 +371,16 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
-    result = measure(args)
+    try:
+        result = measure(args)
+    except OutputMismatch as error:
+        print(f"error: {error}; no figures reported", file=sys.stderr)
+        return 1
     print(table(result))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

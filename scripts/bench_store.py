@@ -27,6 +27,7 @@ import torch
 
 from tiercache.config import KVLayout, TierConfig
 from tiercache.bench.rawio import read_files
+from tiercache.bench.rounds import positive_int
 from tiercache.live.store import TieredKVStore
 
 LAYOUT = KVLayout(layers=1, kv_heads=8, head_dim=128, dtype="bfloat16", block_tokens=256, name="llama-3-8b/layer")
@@ -77,14 +78,23 @@ def time_raw(store: TieredKVStore, keys: list[bytes], threads: int) -> float:
     return seconds
 
 
-def main() -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The options, checked before any work: counts are positive and ``--blocks`` is a whole
+    number of ``--batch`` (every get fills its ``--batch``-row buffer)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--blocks", type=int, default=256)
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--blocks", type=positive_int, default=256, help="blocks read per round (a multiple of --batch)")
+    parser.add_argument("--batch", type=positive_int, default=32)
+    parser.add_argument("--reps", type=positive_int, default=5)
     parser.add_argument("--dir", default=None, help="directory on the disk to measure (default: a temp dir)")
     parser.add_argument("--json", help="write the figures here")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if args.blocks % args.batch:
+        parser.error(f"--blocks: a multiple of --batch {args.batch}, got {args.blocks}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     nbytes = args.blocks * LAYOUT.block_bytes
     rows = []
     for _ in range(args.reps):

@@ -18,6 +18,8 @@ Time to first token: each path runs once untimed (warm-up), then hand-off and re
 alternate ``--repeats`` times (5), the one that goes first swapping each time. The hand-off's
 TTFT is fetch + rebuild + tail forward; the figures are medians, and the speed-up is the
 median over pairs of recompute TTFT / hand-off TTFT (a pair ran right next to each other).
+If any run of either path decodes other tokens, the hand-off did not hand off the prompt's
+KV: no TTFT or speed-up is printed, no JSON written, and the demo exits 1.
 Also prints the bytes moved by one hand-off. Needs the ``remote`` and ``hf`` extras.
 
 Usage: ``python scripts/disagg_demo.py [--tokens 2048] [--new-tokens 8] [--repeats 5] [--json OUT]``
@@ -190,17 +192,22 @@ def recompute(model, ids: list[int], new_tokens: int) -> dict:
 def summarise(handoffs: list[dict], recomputes: list[dict]) -> dict:
     """Medians of the hand-off's parts and of both TTFTs, and the median over pairs of
     recompute TTFT / hand-off TTFT (``ttft_speedup``); ``same_tokens`` is whether every run of
-    either path decoded the same tokens. The fetch counters are one hand-off's (the first)."""
+    either path decoded the same tokens, and ``ttft_speedup`` is None when not (a hand-off
+    that decodes other tokens did not hand off the prompt's KV: its time means nothing).
+    ``tokens`` are the first hand-off's, ``recompute_tokens`` the first recompute's. The fetch
+    counters are one hand-off's (the first)."""
     def median(runs: list[dict], key: str) -> float:
         return statistics.median(run[key] for run in runs)
 
     runs = handoffs + recomputes
     first = handoffs[0]
+    same = all(run["tokens"] == first["tokens"] for run in runs)
     return {"found_tokens": first["found_tokens"], "cached_tokens": first["cached_tokens"], "repeats": len(handoffs),
             "fetch_s": median(handoffs, "fetch_s"), "rebuild_s": median(handoffs, "rebuild_s"), "tail_s": median(handoffs, "tail_s"),
             "ttft_handoff_s": median(handoffs, "ttft_s"), "ttft_recompute_s": median(recomputes, "ttft_s"),
-            "ttft_speedup": statistics.median(r["ttft_s"] / h["ttft_s"] for h, r in zip(handoffs, recomputes, strict=True)),
-            "same_tokens": all(run["tokens"] == first["tokens"] for run in runs), "tokens": first["tokens"],
+            "ttft_speedup": statistics.median(r["ttft_s"] / h["ttft_s"] for h, r in zip(handoffs, recomputes, strict=True))
+            if same else None,
+            "same_tokens": same, "tokens": first["tokens"], "recompute_tokens": recomputes[0]["tokens"],
             "bytes_fetched": first["bytes_fetched"], "remote_gets": first["remote_gets"], "exists_calls": first["exists_calls"],
             "samples": {"handoff": [{k: v for k, v in h.items() if k != "tokens"} for h in handoffs],
                         "recompute_ttft_s": [r["ttft_s"] for r in recomputes]}}
@@ -217,10 +224,11 @@ def decode(args) -> None:
     print(json.dumps(summarise(handoffs, recomputes)), flush=True)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tokens", type=int, default=2048, help="prompt length (default 2048)")
-    parser.add_argument("--new-tokens", type=int, default=8, help="tokens to decode (default 8)")
+    parser.add_argument("--tokens", type=positive_int, default=2048,
+                        help=f"prompt length (default 2048; more than one {BLOCK_TOKENS}-token block)")
+    parser.add_argument("--new-tokens", type=positive_int, default=8, help="tokens to decode (default 8)")
     parser.add_argument("--repeats", type=positive_int, default=5,
                         help="timed hand-off/recompute pairs, after one untimed of each (medians; default 5)")
     parser.add_argument("--seed", type=int, default=0)
@@ -228,15 +236,19 @@ def main() -> None:
     parser.add_argument("--role", choices=("prefill", "decode"), help=argparse.SUPPRESS)
     parser.add_argument("--master", help=argparse.SUPPRESS)
     parser.add_argument("--metadata", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if args.tokens <= BLOCK_TOKENS:
+        parser.error(f"--tokens: more than one {BLOCK_TOKENS}-token block (a whole block to hand off), got {args.tokens}")
     if args.role == "prefill":
-        return prefill(args)
+        prefill(args)
+        return 0
     if args.role == "decode":
-        return decode(args)
-    run_demo(args)
+        decode(args)
+        return 0
+    return run_demo(args)
 
 
-def run_demo(args) -> None:
+def run_demo(args) -> int:
     """The parent: a master, the prefill process, then the decode process."""
     master = start_master()
     common = ["--tokens", str(args.tokens), "--new-tokens", str(args.new_tokens), "--seed", str(args.seed), "--repeats", str(args.repeats),
@@ -252,16 +264,23 @@ def run_demo(args) -> None:
     finally:
         prefill_process.communicate("done\n", timeout=60)
         master.stop()
-    report(produced, consumed, args)
+    return report(produced, consumed, args)
 
 
-def report(produced: dict, consumed: dict, args) -> None:
+def report(produced: dict, consumed: dict, args) -> int:
+    """Prints both processes' figures and writes the JSON; returns the exit status: 1 (no
+    TTFT, no speed-up, no JSON) when the hand-off decoded other tokens than the recompute."""
     print(f"prompt {args.tokens} tokens, {BLOCK_TOKENS}-token blocks; tiny random Llama (4 layers, 4 KV heads, fp32 KV)")
     print(f"prefill process: prefill {produced['prefill_s'] * 1e3:.1f} ms, stored {produced['blocks']} blocks, "
           f"published {produced['published']} ({produced['bytes_put'] / 2**20:.1f} MiB) in {produced['store_s'] * 1e3:.1f} ms "
           f"(then {produced['copies'] - 1} untimed copies under other namespaces, one per further hand-off)")
     print(f"decode process:  found {consumed['found_tokens']} tokens by prefix ({consumed['exists_calls']} exists call), "
           f"fetched {consumed['remote_gets']} blocks ({consumed['bytes_fetched'] / 2**20:.1f} MiB) per hand-off")
+    if not consumed["same_tokens"]:
+        print(f"error: the hand-off decoded other tokens than the recompute (first hand-off {consumed['tokens']}, "
+              f"first recompute {consumed['recompute_tokens']}; not every run of either path agrees): the KV it "
+              "fetched is not the prompt's; no TTFT or speed-up reported, no JSON written", file=sys.stderr)
+        return 1
     ms = {key: consumed[key] * 1e3 for key in ("ttft_handoff_s", "fetch_s", "rebuild_s", "tail_s", "ttft_recompute_s")}
     print(f"TTFT, medians of {consumed['repeats']} alternated runs after one warm-up each: hand-off {ms['ttft_handoff_s']:.1f} ms "
           f"(fetch {ms['fetch_s']:.1f}, rebuild cache {ms['rebuild_s']:.1f}, tail {ms['tail_s']:.1f}) vs recompute "
@@ -270,7 +289,8 @@ def report(produced: dict, consumed: dict, args) -> None:
     if args.json:
         with open(args.json, "w", encoding="utf-8") as handle:
             json.dump({"prefill": produced, "decode": consumed}, handle, indent=2)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

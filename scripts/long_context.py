@@ -23,7 +23,8 @@ move too),
 ``bytes_read_per_step`` per tier and mode, and ``overlap_efficiency`` (as in
 ``scripts/bench_decode.py``, measured on this run's sequence: the median of
 ``--timing-repeats``, default 3, with ``io_compute_ratio`` and the same balanced / not
-balanced verdict; the query heads are ``--q-heads``, not calibrated).
+balanced verdict; the query heads are ``--q-heads``, not calibrated; a pipelined output that
+differs from the serial one, or an efficiency impossible by construction, exits 1 with no JSON).
 
 Quick check (most of the 512 MB of KV on NVMe, under a minute)::
 
@@ -44,8 +45,9 @@ import torch
 from tqdm import tqdm
 
 from tiercache import AttentionMode, TieredKVCache
-from tiercache.bench.decode import (NeedleKV, balance_verdict, cached_bytes_of, cpu_count, median, page_cache_bytes,
-                                    reference_attention, rss_peak_bytes, step_timings)
+from tiercache.bench.decode import (NeedleKV, StepCheckError, balance_verdict, cached_bytes_of, cpu_count, median,
+                                    overlap_problem, page_cache_bytes, reference_attention, rss_peak_bytes, step_timings)
+from tiercache.bench.rounds import positive_int
 from tiercache.config import KVLayout, TierConfig, parse_capacity
 from tiercache.errors import UserError
 
@@ -57,29 +59,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dram", default="1GiB", help="DRAM tier budget (bytes or blocks)")
     parser.add_argument("--path", default=None, help="folder for the NVMe tier's temporary store (default: the system temp)")
     parser.add_argument("--keep", action="store_true", help="keep the NVMe store folder")
-    parser.add_argument("--block-tokens", type=int, default=256)
-    parser.add_argument("--layers", type=int, default=1)
-    parser.add_argument("--kv-heads", type=int, default=2)
-    parser.add_argument("--head-dim", type=int, default=64)
-    parser.add_argument("--q-heads", type=int, default=8, help="query heads (a multiple of --kv-heads: GQA)")
+    parser.add_argument("--block-tokens", type=positive_int, default=256)
+    parser.add_argument("--layers", type=positive_int, default=1)
+    parser.add_argument("--kv-heads", type=positive_int, default=2)
+    parser.add_argument("--head-dim", type=positive_int, default=64)
+    parser.add_argument("--q-heads", type=positive_int, default=8, help="query heads (a multiple of --kv-heads: GQA)")
     parser.add_argument("--budget", type=float, default=0.02,
                         help="sparse budget: a share of the blocks (<= 1), or a block count (> 1)")
-    parser.add_argument("--steps", type=int, default=32, help="sparse decode steps")
-    parser.add_argument("--exact-steps", type=int, default=3, help="exact decode steps")
+    parser.add_argument("--steps", type=positive_int, default=32, help="sparse decode steps (at least 1)")
+    parser.add_argument("--exact-steps", type=positive_int, default=3, help="exact decode steps (at least 1)")
     parser.add_argument("--reference-steps", type=int, default=2, help="exact steps checked against float64")
-    parser.add_argument("--needles", type=int, default=8)
+    parser.add_argument("--needles", type=positive_int, default=8)
     parser.add_argument("--mass", type=float, default=0.2, help="attention share a needle block aims at")
-    parser.add_argument("--chunk-tokens", type=int, default=65536, help="tokens per append while building")
+    parser.add_argument("--chunk-tokens", type=positive_int, default=65536, help="tokens per append while building")
     parser.add_argument("--prefetch", default="topk_speculative")
     parser.add_argument("--exclusive", dest="write_through", action="store_false",
                         help="exclusive hierarchy (default: write-through, so reads never write back)")
     parser.add_argument("--speculate", type=float, default=0.5, help="prefetch candidates as a share of the budget")
-    parser.add_argument("--window-blocks", type=int, default=64)
-    parser.add_argument("--depth", type=int, default=3)
+    parser.add_argument("--window-blocks", type=positive_int, default=64)
+    parser.add_argument("--depth", type=positive_int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timing-repeats", type=int, default=3,
                         help="repeats of the three-way overlap timing; medians are reported (default 3)")
-    parser.add_argument("--threads", type=int, default=cpu_count(),
+    parser.add_argument("--threads", type=positive_int, default=cpu_count(),
                         help="torch compute threads (default: every CPU; bench_decode.py leaves one to the I/O threads)")
     parser.add_argument("--json", dest="json_out", help="write the figures here")
     parser.add_argument("--no-progress", action="store_true")
@@ -302,7 +304,14 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except StepCheckError as exc:
+        print(f"error: {exc}; no figures reported", file=sys.stderr)
+        return 1
     print_table(figures)
+    problem = overlap_problem(figures["overlap_timings"])
+    if problem:
+        print(f"error: {problem}; no figures written", file=sys.stderr)
+        return 1
     if args.json_out:
         with open(args.json_out, "w", encoding="utf-8") as f:
             json.dump(figures, f, indent=2)

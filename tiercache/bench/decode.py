@@ -16,7 +16,10 @@ share on sampled steps is reported beside the target, never assumed.
 memory, nothing fetched) and pipelined (the real ``attend``);
 ``overlap_efficiency = max(io_only, compute_only) / pipelined`` is 1.0 when the pipeline
 hides the shorter of the two completely; it says little unless the two sides are of similar
-size (``balance_verdict``). On CUDA every timer read waits for the device first
+size (``balance_verdict``). Every pipelined output is checked against the same attention
+computed serially, untimed (``StepCheckError`` otherwise), and an efficiency above
+``OVERLAP_LIMIT``, which the pipeline cannot reach by construction, is flagged
+(``plausible``). On CUDA every timer read waits for the device first
 (``_stopwatch``): kernels are asynchronous, and an unsynchronised clock would time their
 launches only.
 
@@ -44,11 +47,27 @@ from ..data.chunkio import drop_file_cache
 from ..live.cache import Sequence, split_kv
 
 __all__ = ["NeedleKV", "reference_attention", "step_timings", "rss_peak_bytes", "page_cache_bytes", "cached_bytes_of",
-           "cached_bytes_in", "evict_from_page_cache", "median", "BALANCED_RATIO", "is_balanced", "balance_verdict"]
+           "cached_bytes_in", "evict_from_page_cache", "median", "BALANCED_RATIO", "is_balanced", "balance_verdict",
+           "OVERLAP_LIMIT", "StepCheckError", "overlap_problem"]
 
 #: ``io_only / compute_only`` within this range (inclusive): both sides of similar size, so
 #: the overlap efficiency says something about overlap.
 BALANCED_RATIO = (0.5, 2.0)
+
+#: The highest ``overlap_efficiency`` taken as measured. The pipelined step does the I/O and
+#: the compute of the other two regions, so it cannot take less than the longer of them
+#: (efficiency <= 1); the slack above 1 is for timing noise on a shared machine.
+OVERLAP_LIMIT = 1.5
+
+#: Largest relative (Frobenius) difference accepted between the pipelined output and the
+#: serial one, by compute dtype: the same chunks and merges in the same order, so only
+#: rounding may differ.
+OUTPUT_RTOL = {torch.float32: 1e-4, torch.float64: 1e-10}
+
+
+class StepCheckError(RuntimeError):
+    """The pipelined step (``Sequence.attend``) returned other attention than the same
+    chunks computed serially: its time would not be the time of the work it stands for."""
 
 
 def median(values) -> float:
@@ -209,19 +228,31 @@ def step_timings(seq: Sequence, layer: int, q: torch.Tensor, repeats: int = 3) -
     schedule, nothing converted or computed (chunks in memory tiers need no fetch). Compute
     only: every chunk, of the same sizes, converted into the same scratch buffers and
     computed from blocks already in memory (the first window's, kept), nothing fetched
-    (fresh buffers per chunk would page-fault and flatter the overlap). Pipelined: ``seq.attend``.
+    (fresh buffers per chunk would page-fault and flatter the overlap). Pipelined: ``seq.attend``,
+    whose every output must match ``_serial_output`` (computed once, untimed) within
+    ``OUTPUT_RTOL``.
 
     Every timer read goes through ``_stopwatch(cache.device)``, so on CUDA each region ends
     only when its kernels have finished (and starts after earlier ones have).
 
     Returns:
         ``io_only_seconds``, ``compute_only_seconds``, ``pipelined_seconds``,
-        ``overlap_efficiency``, ``io_compute_ratio`` and ``balanced`` (``is_balanced``).
+        ``overlap_efficiency``, ``io_compute_ratio``, ``balanced`` (``is_balanced``),
+        ``plausible`` (efficiency at most ``OVERLAP_LIMIT``) and ``output_rel_err`` (the
+        largest relative difference of a pipelined output from the serial one).
+
+    Raises:
+        ValueError: ``repeats`` below 1.
+        StepCheckError: a pipelined output differs from the serial one beyond ``OUTPUT_RTOL``.
     """
+    if repeats < 1:
+        raise ValueError(f"step_timings: repeats must be at least 1, got {repeats}")
     cache = seq.cache
     now = _stopwatch(cache.device)
-    grouped = _grouped(q.to(compute_dtype(cache.dtype)), cache.layout.kv_heads)
-    io, compute, piped = [], [], []
+    dtype = compute_dtype(cache.dtype)
+    grouped = _grouped(q.to(dtype), cache.layout.kv_heads)
+    expected = _serial_output(seq, layer, q)
+    io, compute, piped, errors = [], [], [], []
     for _ in range(repeats):
         source = seq.stream_source(layer)
         started = now()
@@ -239,12 +270,56 @@ def step_timings(seq: Sequence, layer: int, q: torch.Tensor, repeats: int = 3) -
         compute.append(now() - started)
         del kept
         started = now()
-        seq.attend(layer, q)
+        out = seq.attend(layer, q)
         piped.append(now() - started)
+        errors.append(_check_output(out, expected, OUTPUT_RTOL[dtype]))
     io_s, compute_s, piped_s = median(io), median(compute), median(piped)
-    ratio = io_s / compute_s
+    ratio, efficiency = io_s / compute_s, max(io_s, compute_s) / piped_s
     return {"io_only_seconds": io_s, "compute_only_seconds": compute_s, "pipelined_seconds": piped_s,
-            "overlap_efficiency": max(io_s, compute_s) / piped_s, "io_compute_ratio": ratio, "balanced": is_balanced(ratio)}
+            "overlap_efficiency": efficiency, "io_compute_ratio": ratio, "balanced": is_balanced(ratio),
+            "plausible": efficiency <= OVERLAP_LIMIT, "output_rel_err": max(errors)}
+
+
+def overlap_problem(timing: dict) -> str | None:
+    """What a script says (and exits non-zero for) when ``step_timings``' efficiency is
+    impossible by construction; None when it is plausible."""
+    if timing["plausible"]:
+        return None
+    return (f"overlap efficiency {timing['overlap_efficiency']:.3f} is above {OVERLAP_LIMIT}: the pipelined step "
+            f"({timing['pipelined_seconds']:.4f} s) cannot beat the longer of I/O only ({timing['io_only_seconds']:.4f} s) "
+            f"and compute only ({timing['compute_only_seconds']:.4f} s) of the same work; the timing is void")
+
+
+def _serial_output(seq: Sequence, layer: int, q: torch.Tensor) -> torch.Tensor:
+    """``seq.attend(layer, q)``'s exact result computed serially (untimed): each chunk of the
+    layer's ``stream_source`` read and converted as the pipeline does (``finish``), computed
+    by ``partial_attention`` and merged in chunk order, then the partial tail block."""
+    cache = seq.cache
+    dtype = compute_dtype(cache.dtype)
+    grouped = _grouped(q.to(dtype), cache.layout.kv_heads)
+    source = seq.stream_source(layer)
+    result = None
+    for index in range(source.n_chunks):
+        part = partial_attention(grouped, *source.finish(source.start(index, 0)))
+        result = part if result is None else merge(result, part)
+    state = seq._layers[layer]
+    if state.tail_len:
+        part = partial_attention(grouped, state.tail[0, :, : state.tail_len], state.tail[1, :, : state.tail_len])
+        result = part if result is None else merge(result, part)
+    return result.out.reshape(q.shape).to(dtype)
+
+
+def _check_output(out: torch.Tensor, expected: torch.Tensor, rtol: float) -> float:
+    """The relative Frobenius difference of ``out`` from ``expected``; raises
+    ``StepCheckError`` above ``rtol`` (or for a wrong shape, or a non-finite output)."""
+    if tuple(out.shape) != tuple(expected.shape):
+        raise StepCheckError(f"the pipelined step returned shape {tuple(out.shape)}, expected {tuple(expected.shape)}")
+    wanted = expected.double()
+    error = float((out.double() - wanted).norm() / wanted.norm())
+    if not error <= rtol:  # NaN fails too
+        raise StepCheckError(f"the pipelined step's output differs from the same attention computed serially "
+                             f"(relative error {error:.3g}, at most {rtol:g} accepted): its timing would mean nothing")
+    return error
 
 
 def _fetch_all(source, depth: int) -> list[torch.Tensor]:
