@@ -1,4 +1,6 @@
-"""Belady's MIN: the offline optimum, evicting the block whose next use is farthest away."""
+"""Belady's MIN, evicting the block whose next use is farthest away: the offline optimum of one
+tier in object semantics. In prefix semantics (it keeps blocks a request recomputes anyway) and
+per tier of a hierarchy it is a reference that a policy can beat, not a bound."""
 
 from __future__ import annotations
 

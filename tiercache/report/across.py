@@ -4,7 +4,9 @@ Each row is one (trace, semantics, mode, tier layout): LRU's and Belady's miss r
 those tiers, the best online policy there (named) and the share of the LRU-to-Belady gap it
 closes. Two hierarchies of one total capacity are two rows, each against its own LRU and Belady. A split table
 adds what a comparison that cannot be fooled by hindsight reports: the winner picked on the
-first half of a trace and the gap it closes on the second half.
+first half of a trace and the gap it closes on the second half. A gap closed above 100% (a
+policy that missed less than Belady's replay, possible in prefix semantics and in hierarchies,
+where Belady's MIN is not the optimum) is shown as it is, marked, with a note under the table.
 
 A trace is its fingerprint (the digest of its bytes), not its file name: ``across_documents``
 merges every results file of one trace into one document, so a run given twice (a copied
@@ -27,7 +29,7 @@ from . import fmt
 from .lru_curve import same_trace
 from .markdown import escape_cell
 from .model import Repeat, distinct_paths, merge_runs, read_documents
-from .summary import CapacityBest, best_per_capacity, gap_closed, tier_layout, unreferenced_prefetch
+from .summary import BEYOND_BELADY, CapacityBest, best_per_capacity, gap_closed, gap_text, tier_layout, unreferenced_prefetch
 from .tables import tiers_text
 
 __all__ = ["GapRow", "across_documents", "gap_rows", "gap_notes", "split_rows", "gap_markdown"]
@@ -220,8 +222,15 @@ def _cell(value: float | None, how) -> str:
     return "n/a" if value is None else how(value)
 
 
+def _beats_belady(row: GapRow) -> bool:
+    """Whether the row's best (or tuned) policy misses less than Belady's replay of its cache."""
+    misses = [row.best_miss] + ([row.tuned_miss] if row.tuned_miss is not None else [])
+    return row.belady is not None and min(misses) < row.belady
+
+
 def gap_markdown(rows: list[GapRow]) -> str:
-    """A Markdown table of ``rows`` (split columns when any row has a tuned policy)."""
+    """A Markdown table of ``rows`` (split columns when any row has a tuned policy), with a note
+    under it where a policy missed less than Belady's replay (a gap closed above 100%, shown as is)."""
     split = any(r.tuned is not None for r in rows)
     header = ["trace", "semantics", "mode", "capacity", "tiers (blocks)", "LRU miss", "Belady miss"]
     header += ["tuned on 1st half", "its miss", "its gap closed", "best in hindsight", "its gap closed"] if split else \
@@ -231,9 +240,11 @@ def gap_markdown(rows: list[GapRow]) -> str:
         cells = [r.trace, r.semantics, r.mode, fmt.integer(r.capacity_blocks), r.tiers, _cell(r.lru, fmt.ratio),
                  _cell(r.belady, fmt.ratio)]
         if split:
-            cells += [r.tuned or "n/a", _cell(r.tuned_miss, fmt.ratio), _cell(r.tuned_gap, fmt.percent), r.best,
-                      _cell(r.best_gap, fmt.percent)]
+            cells += [r.tuned or "n/a", _cell(r.tuned_miss, fmt.ratio), _cell(r.tuned_gap, gap_text), r.best,
+                      _cell(r.best_gap, gap_text)]
         else:
-            cells += [r.best, fmt.ratio(r.best_miss), _cell(r.best_gap, fmt.percent)]
+            cells += [r.best, fmt.ratio(r.best_miss), _cell(r.best_gap, gap_text)]
         lines.append("| " + " | ".join(map(escape_cell, cells)) + " |")
+    if any(_beats_belady(r) for r in rows):
+        lines.append(f"\nNote: {BEYOND_BELADY}.")
     return "\n".join(lines) + "\n"

@@ -16,8 +16,8 @@ from .fleet import fleet_section
 from .lru_curve import LRUCurve, dense_lru_curve
 from ..results import Mode, Semantics, TraceKind
 from .model import ReportData, Run
-from .summary import (BASELINE, BELADY, CapacityBest, Payoff, best_per_capacity, by_group, hierarchy_payoffs,
-                      layouts_need_naming, policy_labels, unreferenced_prefetch)
+from .summary import (BASELINE, BELADY, CapacityBest, Payoff, belady_caveat, belady_is_bound, best_per_capacity, by_group,
+                      hierarchy_payoffs, layouts_need_naming, policy_labels, unreferenced_prefetch)
 from .tables import MODELED_TIME, best_table, codec_sentences, runs_table, tier_table, tiers_text, trace_table
 
 __all__ = ["build_document"]
@@ -89,7 +89,7 @@ def _summary(data: ReportData) -> Section:
     )
     bound = (
         f"The policy {BELADY} (Belady's MIN) evicts the block needed furthest in the future. It must know the "
-        "future, so no serving system can run it, but no policy can miss less: it is the bound. The policy "
+        f"future, so no serving system can run it{_belady_claim(data.runs)} The policy "
         f"{BASELINE} (least recently used) is the usual baseline. "
         f"'Gap closed' is (miss {BASELINE} − miss policy) / (miss {BASELINE} − miss {BELADY}): 0% is no better "
         f"than {BASELINE}, 100% is as good as {BELADY}."
@@ -110,6 +110,17 @@ def _summary(data: ReportData) -> Section:
     return Section("Summary", tuple(blocks))
 
 
+def _belady_claim(runs: tuple[Run, ...]) -> str:
+    """What the summary claims for Belady (ends a sentence): the bound where every run's cache
+    is one (``belady_is_bound``), a reference beside the bound, or a reference only."""
+    caveat = belady_caveat(list(runs))
+    if caveat is None:
+        return ", but no policy can miss less: it is the bound."
+    if any(belady_is_bound(r) for r in runs):
+        return f", but in one tier in object semantics no policy can miss less: there it is the bound. {caveat}"
+    return f". Belady's MIN is the offline optimum, the bound, only in one tier in object semantics. {caveat}"
+
+
 def _finding(best: CapacityBest, named: bool) -> str:
     """One key finding; ``named``: the cache is named by its tiers, not its capacity alone."""
     cache = f"In {tiers_text(best.best)}" if named else f"At {fmt.integer(best.capacity_blocks)}"
@@ -120,9 +131,12 @@ def _finding(best: CapacityBest, named: bool) -> str:
     if refs:
         text += f" (vs {', '.join(refs)})"
     if best.best is best.lru:
-        return text + f"; no other online policy beats {BASELINE} here."
-    if best.gap_closed is not None:
+        text += f"; no other online policy beats {BASELINE} here"
+    elif best.gap_closed is not None:
         text += f", closing {fmt.percent(best.gap_closed)} of the {BASELINE}–{BELADY} gap"
+    if best.beats_belady:
+        text += (f"; it misses less than {BELADY}'s replay, which is no bound here (Belady's MIN is the offline "
+                 "optimum only in one tier in object semantics)")
     return text + "."
 
 
@@ -164,13 +178,15 @@ def _payoff_sentence(payoff: Payoff) -> str:
 def _curves(data: ReportData, colors: dict[str, str], trace_path: str | None) -> Section:
     block_bytes = data.layout.block_bytes if data.layout else None
     top_axis = " (the top axis gives the same capacities in bytes of KV cache)" if block_bytes else ""
+    curves = [r for r in data.runs if not r.is_hierarchy]
     blocks: list = [Paragraph(
         f"Miss ratio against cache capacity, one line per policy; capacity on a log scale{top_axis}. Lower is "
-        f"better. The dashed black line ({BELADY}) is the best any policy could do"
-        + ("; the dotted grey line, in object semantics, is the compulsory-miss floor." if data.trace.kind is TraceKind.REQUESTS
-           else ".")
+        "better." + (f" The dashed black line ({BELADY}) {_belady_line(curves)}." if curves else "")
+        + (" The dotted grey line, in object semantics, is the compulsory-miss floor." if data.trace.kind is TraceKind.REQUESTS
+           else "")
         + (" A hierarchy of tiers is one configuration, not a capacity range: its runs are bars, one per policy "
-           "and hierarchy." if any(r.is_hierarchy for r in data.runs) else "")
+           f"and hierarchy; there {BELADY}'s hatched bar is Belady's replay (MIN in each tier), a reference a policy "
+           "can beat, not a bound." if any(r.is_hierarchy for r in data.runs) else "")
     )]
     for (semantics, mode), runs in by_group(data.runs).items():
         dense = _dense_for(data, runs, semantics, mode, trace_path)
@@ -184,6 +200,19 @@ def _curves(data: ReportData, colors: dict[str, str], trace_path: str | None) ->
         if dense is not None:
             blocks.append(Paragraph(dense.note))
     return Section("Miss-ratio curves", tuple(blocks))
+
+
+def _belady_line(runs: list[Run]) -> str:
+    """What the dashed Belady line of the curves (single-tier runs) is: the best any policy
+    could do only where Belady is the bound (``belady_is_bound``)."""
+    kinds = sorted({r.semantics.value for r in runs if not belady_is_bound(r)})
+    if not kinds:
+        return "is the best any policy could do"
+    where = f"in {' and '.join(kinds)} semantics"
+    if any(belady_is_bound(r) for r in runs):
+        return (f"is Belady's replay: in object semantics the best any policy could do, {where} a reference a "
+                "policy can beat")
+    return f"is Belady's replay, {where} a reference a policy can beat, not the best any policy could do"
 
 
 def _hierarchy_image(runs: list[Run], colors: dict[str, str], group: tuple[Semantics, Mode], floor: float | None,

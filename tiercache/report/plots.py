@@ -18,7 +18,7 @@ from matplotlib.ticker import NullLocator, PercentFormatter
 
 from . import fmt
 from .model import Run
-from .summary import is_offline, policy_labels
+from .summary import belady_is_bound, is_offline, policy_labels
 
 __all__ = ["Curve", "policy_colors", "miss_ratio_curves", "hierarchy_miss_ratios", "tier_breakdown", "data_movement",
            "prefix_savings"]
@@ -87,7 +87,7 @@ def miss_ratio_curves(
     dense: Curve | None,
     block_bytes: int | None,
 ) -> bytes:
-    """Miss ratio against capacity (log x): one line per policy, Belady as the bound.
+    """Miss ratio against capacity (log x): one line per policy, Belady dashed (``_offline_label``).
 
     Args:
         runs: runs of one (semantics, mode) group.
@@ -114,12 +114,20 @@ def miss_ratio_curves(
     return _png(fig)
 
 
+def _offline_label(run: Run) -> str:
+    """The legend entry of an offline policy's run: the bound only where Belady's MIN is the
+    offline optimum (``belady_is_bound``), else Belady's replay, which a policy can beat."""
+    if belady_is_bound(run):
+        return f"{run.label} (offline optimum: the bound)"
+    return f"{run.label} (Belady's replay: a reference, not a bound)"
+
+
 def _plot_policy(ax, runs: list[Run], color: str) -> None:
     label = runs[0].label
     if is_offline(runs[0].policy):
         ax.plot([r.capacity_blocks for r in runs], [r.miss_ratio for r in runs], color=color,
                 ls="--" if len(runs) > 1 else "none", lw=1.8,
-                marker="D", ms=5, label=f"{label} (offline optimum: the bound)", zorder=3)
+                marker="D", ms=5, label=_offline_label(runs[0]), zorder=3)
         return
     # A policy replayed at one capacity is a point, and its legend key says so (no line).
     ax.plot([r.capacity_blocks for r in runs], [r.miss_ratio for r in runs], color=color, lw=1.8, marker="o", ms=5,
@@ -183,7 +191,7 @@ def _policy_bars(ax, runs: list[Run], splits: list, offset: float, width: float,
     xs = [i + offset for i, s in enumerate(splits) if s in by_split]
     values = [by_split[s].miss_ratio for s in splits if s in by_split]
     offline = is_offline(runs[0].policy)
-    label = f"{runs[0].label} (offline optimum: the bound)" if offline else runs[0].label
+    label = _offline_label(runs[0]) if offline else runs[0].label
     ax.bar(xs, values, width=width * 0.92, color=color, label=label, hatch="//" if offline else "",
            edgecolor="white" if offline else color, zorder=3)
     for x, value in zip(xs, values):

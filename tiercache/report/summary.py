@@ -1,10 +1,15 @@
 """What a report concludes from its runs: groups, the best online policy, the gap it closes.
 
 The gap closed by a policy in one cache is ``(miss_LRU - miss_policy) / (miss_LRU -
-miss_Belady)``: 0 is no better than LRU, 1 is as good as the offline optimum. It is only
+miss_Belady)``: 0 is no better than LRU, 1 is as good as Belady's replay. Only in one tier in
+object semantics is Belady's MIN the offline optimum, so that no gap closed passes 1
+(``belady_is_bound``). In prefix semantics it keeps blocks a request will recompute anyway
+after an earlier miss, and in a hierarchy MIN per tier, with promotions and demotions, is not
+the hierarchy's optimum: a policy can miss less than Belady's replay there, and its gap closed
+is then above 1 (reported as it is, never clipped, with a note: ``beats_belady``). It is only
 defined where LRU and Belady ran over the same tier layout (the tiers' names, capacities and
 codecs, fastest first), semantics and mode, with the same prefetch policy as the run, and LRU
-is not already optimal. Two hierarchies with the same total capacity (HBM 5 + DRAM 35 and
+misses more than Belady's replay. Two hierarchies with the same total capacity (HBM 5 + DRAM 35 and
 HBM 20 + DRAM 20) are different caches: each has its own LRU and Belady references. A decode
 replay with a prefetch policy is another cache again (what it misses is not what eviction
 alone misses); as Belady cannot prefetch, such a run gets no gap, and a run whose prefetch
@@ -22,9 +27,11 @@ from dataclasses import dataclass
 
 from ..errors import UserError
 from ..results import Mode, Semantics, TierRecord
+from . import fmt
 from .model import Run, run_label
 
 __all__ = ["BELADY", "BASELINE", "is_offline", "policy_labels", "by_group", "tier_layout", "by_layout", "gap_closed",
+           "belady_is_bound", "beats_belady", "gap_text", "belady_caveat", "BEYOND_BELADY",
            "CapacityBest", "best_per_capacity", "unreferenced_prefetch", "layouts_need_naming", "Payoff", "hierarchy_payoffs"]
 
 BELADY = "belady"
@@ -34,7 +41,7 @@ _OFFLINE_NAMES = frozenset({"belady", "min", "opt"})
 
 
 def is_offline(policy: str) -> bool:
-    """True for policies that read the future (Belady): they bound, they do not compete."""
+    """True for policies that read the future (Belady): they are references, they do not compete."""
     from tiercache.policies import get_eviction  # registry import is lazy and torch-free
 
     try:
@@ -100,13 +107,77 @@ def _reference(runs: list[Run], policy: str) -> Run | None:
 
 
 def gap_closed(run: Run, lru: Run | None, belady: Run | None) -> float | None:
-    """Fraction of the LRU-to-Belady miss-ratio gap that ``run`` closes, or None if undefined."""
+    """Fraction of the LRU-to-Belady miss-ratio gap that ``run`` closes, or None if undefined.
+
+    Above 1 where ``run`` misses less than Belady's replay, which only a cache where Belady is
+    no bound allows (``belady_is_bound``).
+    """
     if lru is None or belady is None:
         return None
     gap = lru.miss_ratio - belady.miss_ratio
     if gap <= 0:
-        return None  # LRU already optimal here: nothing to close
+        return None  # LRU misses no more than Belady's replay here: no gap to close
     return (lru.miss_ratio - run.miss_ratio) / gap
+
+
+def belady_is_bound(run: Run) -> bool:
+    """Whether Belady's MIN is the offline optimum of ``run``'s cache, so no policy can miss less.
+
+    True only for one tier in object semantics: every access is one lookup and every miss is
+    stored (no admission policy applies to one tier), which is the paging problem MIN solves.
+    In prefix semantics MIN keeps blocks a request recomputes anyway after an earlier miss, in a
+    hierarchy MIN per tier (with promotions and demotions) is not the hierarchy's optimum, and
+    in decode semantics it is not shown to be one: there Belady's replay is a reference only.
+    """
+    return run.semantics is Semantics.OBJECT and not run.is_hierarchy and not run.is_fleet
+
+
+def beats_belady(run: Run, belady: Run | None) -> bool:
+    """Whether ``run`` misses less than ``belady``, Belady's replay of the same cache (possible
+    only where ``belady_is_bound`` is False)."""
+    return belady is not None and run.miss_ratio < belady.miss_ratio
+
+
+def gap_text(gap: float) -> str:
+    """A gap closed as a percentage, as it is (never clipped); above 100% it says the policy
+    missed less than Belady's replay: ``200.0% (beats belady)``."""
+    text = fmt.percent(gap)
+    return f"{text} (beats {BELADY})" if gap > 1 else text
+
+
+#: Why Belady's replay is no bound, by kind of cache (``belady_caveat``).
+_NOT_BOUND_WHY = {
+    "prefix": "In prefix semantics MIN keeps blocks that a request recomputes anyway after an earlier miss.",
+    "hierarchy": "In a hierarchy, MIN in each tier (with promotions and demotions) is not the optimum of the whole.",
+}
+#: What a gap closed above 100% (or a miss ratio below Belady's) means, for table notes.
+BEYOND_BELADY = (f"a gap closed above 100% (or a miss ratio below {BELADY}'s) means the policy missed less than "
+                 f"{BELADY}'s replay, which is the offline optimum only in one tier in object semantics (in prefix "
+                 "semantics and in a hierarchy it is not)")
+
+
+def belady_caveat(runs: list[Run]) -> str | None:
+    """Sentences on the caches of ``runs`` where Belady's replay is no bound (``belady_is_bound``):
+    why, and that a policy may miss less than it there and close more than 100% of the gap;
+    None if there are none. Ends with a full stop."""
+    engine = [r for r in runs if not r.is_fleet]
+    where = _where_not_bound(engine)
+    if not where:
+        return None
+    why = [text for kind, text in _NOT_BOUND_WHY.items()
+           if any(r.is_hierarchy if kind == "hierarchy" else r.semantics.value == kind for r in engine)]
+    return " ".join(why + [f"In {where}, {BELADY} is a reference, Belady's replay, which a policy may beat: it then "
+                           f"misses less than {BELADY} and closes more than 100% of the gap (none is defined where {BASELINE} "
+                           f"itself misses no more than {BELADY})."])
+
+
+def _where_not_bound(runs: list[Run]) -> str:
+    """``prefix semantics and in hierarchies of tiers``: the kinds of cache of ``runs`` (one-engine
+    runs) where Belady is no bound (``belady_is_bound``); empty if none."""
+    kinds = [f"{s.value} semantics" for s in sorted({r.semantics for r in runs} - {Semantics.OBJECT}, key=lambda s: s.value)]
+    if any(r.is_hierarchy for r in runs):
+        kinds.append("hierarchies of tiers")
+    return " and in ".join(kinds)
 
 
 def gaps_for(runs: list[Run]) -> dict[tuple, float | None]:
@@ -137,8 +208,14 @@ class CapacityBest:
 
     @property
     def gap_closed(self) -> float | None:
-        """Share of the LRU-Belady gap the best policy closes."""
+        """Share of the LRU-Belady gap the best policy closes (above 1 where it beats Belady's replay)."""
         return gap_closed(self.best, self.lru, self.belady)
+
+    @property
+    def beats_belady(self) -> bool:
+        """Whether the best policy misses less than Belady's replay of this cache (never where
+        ``belady_is_bound``)."""
+        return beats_belady(self.best, self.belady)
 
     @property
     def tiers(self) -> tuple[TierRecord, ...]:

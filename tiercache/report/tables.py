@@ -16,7 +16,7 @@ from ..results import LayoutInfo, TierRecord
 from . import fmt
 from .document import Table
 from .model import ReportData, Run
-from .summary import BASELINE, BELADY, CapacityBest, gaps_for, layouts_need_naming
+from .summary import BASELINE, BELADY, BEYOND_BELADY, CapacityBest, gap_text, gaps_for, layouts_need_naming
 
 __all__ = ["MODELED_TIME", "runs_table", "tier_table", "tiers_text", "codec_sentences", "best_table", "trace_table", "results_csv"]
 
@@ -66,7 +66,7 @@ def _base_columns() -> list[_Column]:
         _Column("hits", True, lambda r, g: fmt.integer(r.hits)),
         _Column("misses", True, lambda r, g: fmt.integer(r.misses)),
         _Column("miss ratio", True, lambda r, g: fmt.ratio(r.miss_ratio)),
-        _Column("gap closed", True, lambda r, g: fmt.optional(g, fmt.percent)),
+        _Column("gap closed", True, lambda r, g: fmt.optional(g, gap_text)),
     ]
 
 
@@ -103,9 +103,15 @@ def runs_table(data: ReportData) -> Table:
     gaps = gaps_for(list(data.runs))
     rows = tuple(tuple(c.cell(run, gaps[run.key]) for c in columns) for run in data.runs)
     timed = f" {MODELED_TIME}" if any(r.modeled_seconds for r in data.runs) else ""
+    beyond = f" {_sentence(BEYOND_BELADY)}" if any(g is not None and g > 1 for g in gaps.values()) else ""
     return Table(tuple(c.header for c in columns), rows, tuple(c.numeric for c in columns),
                  caption="All runs. Gap closed = (miss LRU − miss policy) / (miss LRU − miss Belady) over the same tiers "
-                         f"(the same capacity of each tier, not only the same total).{timed}")
+                         f"(the same capacity of each tier, not only the same total).{beyond}{timed}")
+
+
+def _sentence(text: str) -> str:
+    """``text`` as a sentence: capitalised, with a full stop."""
+    return f"{text[0].upper()}{text[1:]}."
 
 
 def tier_table(runs: list[Run]) -> Table:
@@ -148,10 +154,12 @@ def best_table(best: list[CapacityBest]) -> Table:
          b.best.label, fmt.percent(b.best.miss_ratio, 2),
          fmt.optional(b.lru and b.lru.miss_ratio, lambda v: fmt.percent(v, 2)),
          fmt.optional(b.belady and b.belady.miss_ratio, lambda v: fmt.percent(v, 2)),
-         fmt.optional(b.gap_closed, fmt.percent))
+         fmt.optional(b.gap_closed, gap_text))
         for b in best
     )
-    return Table(header, rows, (False, False, True) + ((False,) if named else ()) + (False, True, True, True, True))
+    caption = _sentence(BEYOND_BELADY) if any(b.beats_belady for b in best) else ""
+    return Table(header, rows, (False, False, True) + ((False,) if named else ()) + (False, True, True, True, True),
+                 caption=caption)
 
 
 def trace_table(data: ReportData) -> Table:
