@@ -174,8 +174,19 @@ class _HangingClient:
         return 0
 
 
+def _close_each_connection(listener: socket.socket) -> None:
+    """Answers every connection by closing it (what a live server does to a probe it does
+    not understand), until ``listener`` is closed."""
+    while True:
+        try:
+            listener.accept()[0].close()
+        except OSError:
+            return
+
+
 def test_a_lookup_that_times_out_is_a_miss_and_later_calls_are_skipped_at_once():
-    client, listener = _HangingClient(), socket.create_server(("127.0.0.1", 0))  # it accepts, then never answers
+    client, listener = _HangingClient(), socket.create_server(("127.0.0.1", 0))  # answers the setup probe only
+    threading.Thread(target=_close_each_connection, args=(listener,), daemon=True).start()
     port = listener.getsockname()[1]
     config = RemoteConfig(f"127.0.0.1:{port}", f"http://127.0.0.1:{port}/metadata", timeout_s=0.3, retry_s=60)
     remote = RemoteStore(config, LAYOUT, client=client)

@@ -102,7 +102,7 @@ def _overwrite(client, name: str, value: bytes) -> None:
 @pytest.mark.parametrize("damage", ["garbage", "one_bit", "foreign_size", "removed"])
 def test_a_corrupt_foreign_or_lost_value_is_a_counted_miss_never_served(pair, damage):
     a, b = pair
-    kv, tokens = blocks(4, seed=5), prompt(4, seed=50 + len(damage))
+    kv, tokens = blocks(4, seed=5), prompt(4, seed=50 + sum(damage.encode()))  # a prompt of its own per case
     keys = prefix_keys(tokens, BT, "c")
     a.put_tokens(tokens, kv, namespace="c")
     a.wait()
@@ -193,7 +193,7 @@ def test_a_header_right_before_its_block_makes_one_buffer_per_value():
     import numpy as np
 
     from tiercache.data.pools import HEADER_BYTES, HEADER_ROOM, BlockPool
-    from tiercache.data.remote import _header_rows, _transfer_call
+    from tiercache.data.remote_values import header_rows as _header_rows, transfer_call as _transfer_call
 
     calls = []
     client = SimpleNamespace(batch_get_into=lambda n, p, z: calls.append(("one", z)),

@@ -3,12 +3,10 @@
 ``RemoteStore`` is one ``MooncakeDistributedStore`` client (``mooncake_master`` plus the
 clients' memory segments; TCP here, RDMA on clusters). A block is one value named by its
 full 16-byte content key (the key already chains the namespace, so tenants never share)
-under a tag of the layout, and carries a 64-byte header in front of its bytes:
-
-    magic "TCKV" | version | key (16 B) | payload bytes | layout tag | xxh3-64 of the payload
-
-The checksum is seeded with the key, so a value whose bytes, size, layout or key do not
-match (corrupt, truncated, written by something else) is a counted miss, never served.
+under a tag of the layout (and model), and carries a 64-byte header in front of its bytes
+(``remote_values``). The checksum is seeded with the key, so a value whose bytes, size,
+layout or key do not match (corrupt, truncated, written by something else) is a counted
+miss, never served.
 
 Transfers are batched and zero-copy, 16 blocks a call, on a wire thread while the I/O
 thread checksums the previous (or next) piece (Mooncake's calls and xxhash release the GIL).
@@ -20,43 +18,43 @@ over TCP here). A value's bytes are the same either way. Jobs return futures the
 third thread with a timeout.
 
 Failures never raise to the caller: a failed call counts as an error, and for ``retry_s``
-after it every remote call is skipped (a miss) instead of waiting on a dead master; then the
-next call tries again (reconnecting if the client had to be rebuilt). A transfer already in
-flight when the master stops answering ends when Mooncake's own RPC timeout fires (about
-30 s); lookups never wait longer than ``timeout_s``.
+after it, and for as long as a call is still hanging, every remote call is skipped (a miss)
+instead of waiting on a dead master (``remote_guard.Breaker``); then the next call tries
+again (reconnecting if the client had to be rebuilt). A transfer already in flight when the
+master stops answering ends when Mooncake's own RPC timeout fires (about 30 s); lookups,
+and the existence check that starts every put, never wait longer than ``timeout_s``.
 
-Leaving this process's view never deletes a value (``forget`` is a no-op): others may be
-reading it, and Mooncake's own eviction reclaims the space.
+A put writes only the names the store does not hold yet (Mooncake's put of an existing name
+is a no-op that reports success): ``puts`` counts values written, ``already`` the ones found
+there. A value that fails verification is removed (``removed``), so that the next publisher
+can write a good one. Otherwise leaving this process's view never deletes a value
+(``forget`` is a no-op): others may be reading it, and Mooncake's own eviction reclaims the space.
 """
 
 from __future__ import annotations
 
-import hashlib
-import queue
-import struct
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures import wait as wait_futures
 from typing import Callable, Sequence
 
 import numpy as np
 import torch
-import xxhash
 
 from tiercache.config import KVLayout, RemoteConfig
 from tiercache.errors import UserError
 
 from .pools import HEADER_BYTES  # a pool's header room ends with exactly one header
-from .remote_master import servers_accept
+from .remote_guard import Breaker, DaemonWorker, abandon_client, close_client
+from .remote_master import servers_answer
+from .remote_values import (header_rows, layout_tag, pack_header, pieces, transfer_call, transport_error, value_name,
+                            verdict_of)
 
 __all__ = ["RemoteStore", "HEADER_BYTES", "value_name", "layout_tag", "load_client", "Breaker"]
 
-_MAGIC, _VERSION = b"TCKV", 1
-_HEADER = struct.Struct("<4sHH16sQQQ")  # magic, version, reserved, key, payload bytes, layout tag, checksum
 _HEADER_SLOTS = 256  # headers registered per direction: the keys of one round
-_PIECE = 16  # keys per transfer call: piece k + 1 is on the wire while piece k is checksummed
-_NOT_FOUND = -704  # Mooncake's OBJECT_NOT_FOUND
 
 
 def load_client():
@@ -71,51 +69,6 @@ def load_client():
         raise UserError("the remote tier needs Mooncake Store: pip install -e '.[remote]' "
                         f"(and the Debian packages libibverbs1 libnuma1): {exc}") from None
     return MooncakeDistributedStore()
-
-
-def layout_tag(layout: KVLayout) -> int:
-    """A 64-bit tag of the block layout (shape and dtype): values of another layout differ."""
-    text = f"{layout.block_shape}/{layout.dtype}".encode()
-    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little")
-
-
-def value_name(tag: int, key: bytes) -> str:
-    """The Mooncake key of a block: the layout tag and the full content key."""
-    return f"tiercache/{tag:016x}/{key.hex()}"
-
-
-def _checksum(key: bytes, payload: np.ndarray) -> int:
-    return xxhash.xxh3_64_intdigest(payload, seed=int.from_bytes(key[:8], "little"))
-
-
-class Breaker:
-    """Skips remote calls for ``retry_s`` after a failure (a dead master costs nothing).
-
-    ``allow`` is True while closed, and again once ``retry_s`` passed since the last
-    failure (that call is the probe: a success closes the breaker, a failure re-opens it).
-    """
-
-    def __init__(self, retry_s: float, clock: Callable[[], float] = time.monotonic) -> None:
-        self._retry_s, self._clock = retry_s, clock
-        self._failed_at: float | None = None
-        self._lock = threading.Lock()
-
-    def allow(self) -> bool:
-        with self._lock:
-            return self._failed_at is None or self._clock() - self._failed_at >= self._retry_s
-
-    @property
-    def down(self) -> bool:
-        """True since a failure and until the next success."""
-        return self._failed_at is not None
-
-    def failed(self) -> None:
-        with self._lock:
-            self._failed_at = self._clock()
-
-    def succeeded(self) -> None:
-        with self._lock:
-            self._failed_at = None
 
 
 class RemoteStore:
@@ -140,24 +93,25 @@ class RemoteStore:
         self.tag = layout_tag(layout)
         self.block_bytes = layout.block_bytes
         self.breaker = Breaker(config.retry_s, clock)
-        self.stats = {"puts": 0, "put_failed": 0, "gets": 0, "missing": 0, "corrupt": 0, "unreadable": 0, "exists_calls": 0,
-                      "found": 0, "errors": 0, "skipped": 0, "recovered": 0}
+        self.stats = {"puts": 0, "already": 0, "put_failed": 0, "gets": 0, "missing": 0, "corrupt": 0, "removed": 0,
+                      "unreadable": 0, "exists_calls": 0, "found": 0, "errors": 0, "skipped": 0, "recovered": 0,
+                      "abandoned": 0}
         self._make_client = (lambda: client) if client is not None else load_client
         self.client = None
-        self._registered: dict[int, int] = {}  # pointer -> bytes registered with the current client
+        self._registered: dict[int, tuple] = {}  # pointer -> (bytes, array) registered with the current client
         # Payload rows for transfers that cannot use a pool in place (NVMe, GPU); the last
         # row is read_block's own (the engine thread reads one block at a time).
         self.staging = np.zeros((config.staging_blocks + 1, self.block_bytes), np.uint8)
         self._free_rows = list(range(config.staging_blocks))
         self._rows_lock = threading.Lock()
         self.headers = np.zeros((2 * _HEADER_SLOTS, HEADER_BYTES), np.uint8)
-        self._io = ThreadPoolExecutor(1, thread_name_prefix="tiercache-remote-io")
-        # Transfer calls (which release the GIL) run here, so the I/O thread checksums one
-        # piece while the next one moves.
-        self._wire = ThreadPoolExecutor(1, thread_name_prefix="tiercache-remote-wire")
-        # Daemon threads: a lookup or a setup stuck on a dead master never holds up exit.
-        self._lookups = _DaemonWorker("tiercache-remote-lookup")
-        self._connector = _DaemonWorker("tiercache-remote-connect")
+        # Daemon threads: a call stuck on a dead master never holds up exit. Transfer calls
+        # (which release the GIL) run on the wire, so the I/O thread checksums one piece
+        # while the next one moves.
+        self._io = DaemonWorker("tiercache-remote-io")
+        self._wire = DaemonWorker("tiercache-remote-wire")
+        self._lookups = DaemonWorker("tiercache-remote-lookup")
+        self._connector = DaemonWorker("tiercache-remote-connect")
         self._connect_lock = threading.Lock()
         self._connecting: Future | None = None
         self._make_client()  # fails here, clearly, when Mooncake is not installed
@@ -187,12 +141,12 @@ class RemoteStore:
         """Sets a new client up; False (counted, breaker open) if it failed.
 
         Mooncake's ``setup`` holds the GIL while it retries a master or metadata server
-        that does not answer (about 90 s), freezing every thread of the process; so both
-        are first checked to accept a TCP connection within ``timeout_s``.
+        that does not answer (90 s to 10 min), freezing every thread of the process; so
+        both are first checked to answer within ``timeout_s`` (``servers_answer``).
         """
         try:
-            if not servers_accept(self.config):
-                raise ConnectionError("the master or the metadata server does not accept connections")
+            if not servers_answer(self.config):
+                raise ConnectionError("the master or the metadata server does not answer")
             client = self._make_client()
             c = self.config
             rc = client.setup(c.local_host, c.metadata, c.segment_bytes, c.buffer_bytes, c.protocol, c.device, c.master)
@@ -204,30 +158,40 @@ class RemoteStore:
             return False
         self._registered = {}
         self.client = client
-        self.register(self.staging)
-        self.register(self.headers)
+        self.register(self.staging, answered=True)
+        self.register(self.headers, answered=True)
         self.breaker.succeeded()
         return True
 
-    def register(self, array: np.ndarray | torch.Tensor) -> None:
-        """Registers host memory (a pool's tensor, the staging rows) for zero-copy transfers."""
+    def register(self, array: np.ndarray | torch.Tensor, answered: bool = False) -> None:
+        """Registers host memory (a pool's tensor, the staging rows) for zero-copy transfers.
+
+        Mooncake's ``register_buffer`` publishes the segment to the metadata server and
+        holds the GIL while a master that stopped answering makes it wait (12 s measured),
+        so it is made only once the master ``answered`` just now, or answers an existence
+        check (at most ``timeout_s``); else it is left for the next transfer to retry."""
         pointer = array.ctypes.data if isinstance(array, np.ndarray) else array.data_ptr()
         size = array.nbytes
-        if self.client is None or self._registered.get(pointer) == size:
+        if self.client is None or self._registered.get(pointer, (None,))[0] == size:
+            return
+        if not answered and self._ask([value_name(self.tag, bytes(16))]) is None:
             return
         if self.client.register_buffer(pointer, size) == 0:
-            self._registered[pointer] = size
+            self._registered[pointer] = (size, array)  # kept: an abandoned client may still write there
 
     def _call(self, what: str, fn, n: int):
         """Runs one client call unless the breaker is open; None when skipped or failed."""
         if not self.breaker.allow() or not self._ready():
             self.stats["skipped"] += n
             return None
+        self.breaker.enter()
         try:
             codes = fn(self.client)
         except Exception:  # noqa: BLE001 - a client exception is a remote failure, never the caller's
             codes = None
-        if codes is None or (len(codes) and all(_transport_error(c) for c in codes)):
+        finally:
+            self.breaker.leave()
+        if codes is None or (len(codes) and all(transport_error(c) for c in codes)):
             self.stats["errors"] += 1
             self.breaker.failed()
             return None
@@ -263,21 +227,29 @@ class RemoteStore:
         """Which keys the store holds now (False for all when it cannot be asked in time)."""
         if not keys:
             return np.zeros(0, bool)
-        if not self.breaker.allow():  # never queue behind a call that is hanging
-            self.stats["skipped"] += len(keys)
+        found = self._ask([value_name(self.tag, k) for k in keys], "exists_calls")
+        if found is None:
             return np.zeros(len(keys), bool)
-        names = [value_name(self.tag, k) for k in keys]
-        self.stats["exists_calls"] += 1
-        future = self._lookups.submit(self._call, "exists", lambda c: c.batch_is_exist(names), len(keys))
-        try:
-            codes = future.result(timeout=self.config.timeout_s)
-        except FutureTimeout:
-            self.stats["errors"] += 1
-            self.breaker.failed()
-            return np.zeros(len(keys), bool)
-        found = np.zeros(len(keys), bool) if codes is None else np.asarray(codes) == 1
         self.stats["found"] += int(found.sum())
         return found
+
+    def _ask(self, names: list[str], counter: str | None = None) -> np.ndarray | None:
+        """Which of ``names`` the store holds: one ``batch_is_exist`` on the lookup thread,
+        waited for at most ``timeout_s``; None (counted) when skipped, failed or timed out.
+        ``counter`` counts the calls made."""
+        if not self.breaker.allow():  # never queue behind a call that is hanging
+            self.stats["skipped"] += len(names)
+            return None
+        if counter is not None:
+            self.stats[counter] += 1
+        future = self._lookups.submit(self._call, "exists", lambda c: c.batch_is_exist(names), len(names))
+        try:
+            codes = future.result(timeout=self.config.timeout_s)
+        except FutureTimeout:  # the call still hangs: the breaker stays open until it returns
+            self.stats["errors"] += 1
+            self.breaker.failed()
+            return None
+        return None if codes is None else np.asarray(codes) == 1
 
     # -- transfers (futures of one bool per key) -----------------------------------------
     def submit_put(self, keys: Sequence[bytes], payloads: Sequence[np.ndarray], then: Callable[[], None] | None = None,
@@ -303,22 +275,36 @@ class RemoteStore:
         return ok
 
     def _put_batch(self, keys: Sequence[bytes], payloads: Sequence[np.ndarray], inline: Sequence[np.ndarray] | None) -> list[bool]:
-        """Up to 256 keys: each piece's headers (checksums) are made while the previous
-        piece is on the wire; one batch put per piece (``_transfer_call``)."""
-        headers, names = _header_rows(inline, self.headers[:_HEADER_SLOTS], payloads), [value_name(self.tag, k) for k in keys]
+        """Up to 256 keys, True for each the store holds afterwards. One existence check
+        (at most ``timeout_s``; nothing is put when it fails) picks the names not there
+        yet: Mooncake's put of an existing name writes nothing and reports success. Each
+        piece's headers (checksums) are made while the previous piece is on the wire; one
+        batch put per piece (``transfer_call``)."""
+        names = [value_name(self.tag, k) for k in keys]
+        present = self._ask(names)
+        if present is None:
+            self.stats["put_failed"] += len(keys)
+            return [False] * len(keys)
+        todo = [i for i in range(len(keys)) if not present[i]]
+        rows = header_rows(inline, self.headers[:_HEADER_SLOTS], payloads)
+        headers, payloads = [rows[i] for i in todo], [payloads[i] for i in todo]
         moving = []
-        for a, b in _pieces(len(keys)):
+        for a, b in pieces(len(todo)):
             for i in range(a, b):
-                key, payload = keys[i], payloads[i]
-                _HEADER.pack_into(headers[i], 0, _MAGIC, _VERSION, 0, key, payload.nbytes, self.tag, _checksum(key, payload))
-            call = _transfer_call("put", names[a:b], headers[a:b], payloads[a:b])
+                key, payload = keys[todo[i]], payloads[i]
+                pack_header(headers[i], key, payload, self.tag)
+            call = transfer_call("put", [names[n] for n in todo[a:b]], headers[a:b], payloads[a:b])
             moving.append((b - a, self._wire.submit(self._call, "put", call, b - a)))
-        ok = []
+        written = []
         for n, future in moving:
             codes = future.result()
-            ok.extend([False] * n if codes is None else [code == 0 for code in codes])
-        self.stats["puts"] += sum(ok)
-        self.stats["put_failed"] += len(ok) - sum(ok)
+            written.extend([False] * n if codes is None else [code == 0 for code in codes])
+        self.stats["already"] += len(keys) - len(todo)
+        self.stats["puts"] += sum(written)
+        self.stats["put_failed"] += len(written) - sum(written)
+        ok = present.tolist()
+        for i, done in zip(todo, written):
+            ok[i] = done
         return ok
 
     def _get(self, keys: Sequence[bytes], payloads: Sequence[np.ndarray], inline: Sequence[np.ndarray] | None) -> list[bool]:
@@ -329,40 +315,38 @@ class RemoteStore:
         return ok
 
     def _get_batch(self, keys: Sequence[bytes], payloads: Sequence[np.ndarray], inline: Sequence[np.ndarray] | None) -> list[bool]:
-        """Up to 256 keys: every piece's batch get (``_transfer_call``) is queued on the
+        """Up to 256 keys: every piece's batch get (``transfer_call``) is queued on the
         wire at once, and each piece is verified as soon as it landed (while the next moves)."""
-        headers, names = _header_rows(inline, self.headers[_HEADER_SLOTS:], payloads), [value_name(self.tag, k) for k in keys]
+        headers, names = header_rows(inline, self.headers[_HEADER_SLOTS:], payloads), [value_name(self.tag, k) for k in keys]
         moving = []
-        for a, b in _pieces(len(keys)):
-            call = _transfer_call("get", names[a:b], headers[a:b], payloads[a:b])
+        for a, b in pieces(len(keys)):
+            call = transfer_call("get", names[a:b], headers[a:b], payloads[a:b])
             moving.append((a, b, self._wire.submit(self._call, "get", call, b - a)))
-        ok = []
+        ok, damaged = [], []
         for a, b, future in moving:
             codes = future.result()
             if codes is None:
                 ok.extend([False] * (b - a))
                 continue
-            ok.extend(self._verified(code, headers[i], keys[i], payloads[i]) for i, code in zip(range(a, b), codes))
+            for i, code in zip(range(a, b), codes):
+                verdict = verdict_of(code, headers[i], keys[i], payloads[i], self.tag)
+                ok.append(verdict is None)
+                if verdict is not None:
+                    self.stats[verdict] += 1
+                if verdict == "corrupt":
+                    damaged.append(names[i])
         self.stats["gets"] += sum(ok)
+        if damaged:
+            self._remove(damaged)
         return ok
 
-    def _verified(self, code: int, header: np.ndarray, key: bytes, payload: np.ndarray) -> bool:
-        """True when a read value is exactly this block: size, header and checksum match."""
-        if code == _NOT_FOUND:
-            self.stats["missing"] += 1
-            return False
-        if code < 0:  # a transfer that failed (the holder is gone, a size that does not fit)
-            self.stats["unreadable"] += 1
-            return False
-        if code != HEADER_BYTES + payload.nbytes:
-            self.stats["corrupt"] += 1
-            return False
-        magic, version, _, stored_key, size, tag, checksum = _HEADER.unpack_from(header, 0)
-        if (magic, version, stored_key, size, tag) != (_MAGIC, _VERSION, key, payload.nbytes, self.tag) \
-                or checksum != _checksum(key, payload):
-            self.stats["corrupt"] += 1
-            return False
-        return True
+    def _remove(self, names: list[str]) -> None:
+        """Removes values that failed verification (best effort; ``removed`` counts those
+        gone), so the next publisher of those blocks writes good ones instead of a no-op
+        put. Forced: the failed read itself holds a lease on them."""
+        codes = self._call("remove", lambda c: c.batch_remove(names, True), 0)
+        if codes is not None:
+            self.stats["removed"] += sum(code == 0 for code in codes)
 
     # -- the medium interface ------------------------------------------------------------
     def write(self, slots: Sequence[int], blocks: torch.Tensor) -> None:
@@ -387,90 +371,42 @@ class RemoteStore:
         """Nothing to make durable here (the store's own replication does that)."""
 
     def close(self) -> None:
-        """Finishes transfers and closes the client."""
-        self._io.shutdown(wait=True)
-        self._wire.shutdown(wait=True)
-        self._lookups.stop()
-        self._connector.stop()
-        if self.client is not None:
-            # Mooncake's close unmounts the segment and joins its heartbeat (1-2 s); it runs
-            # on a daemon thread (holding the registered arrays until it is done) instead of
-            # stalling the caller. Values this client held become misses for the others.
-            threading.Thread(target=_close_client, args=(self.client, (self.staging, self.headers)), daemon=True).start()
-            self.client = None
+        """Finishes the transfers queued so far and closes the client, waiting at most about
+        ``timeout_s`` on a master that stopped answering.
+
+        One existence check (at most ``timeout_s``) first tells whether the master answers.
+        If it does, queued transfers finish and the client is closed on a daemon thread
+        (``close_client``; values it held become misses for the others). If it does not, or
+        stops answering meanwhile, nothing more is waited for and the client is abandoned
+        (``abandon_client``, counted in ``abandoned``): Mooncake's close would hold the GIL,
+        freezing the whole process, for 70-100 s.
+        """
+        answers = self.client is not None and self._ask([value_name(self.tag, bytes(16))]) is not None  # a probe
+        drained = answers and self._drain()
+        for worker in (self._io, self._wire, self._lookups, self._connector):
+            worker.stop()
+        client, self.client = self.client, None
+        if client is None:
+            return
+        keep = (self.staging, self.headers, *(array for _, array in self._registered.values()))
+        if drained and not self.breaker.down:
+            close_client(client, keep)
+        else:
+            self.stats["abandoned"] += 1
+            abandon_client(client, keep)
+
+    def _drain(self) -> bool:
+        """Waits for the transfers queued so far; False as soon as the master is known not
+        to answer (a failure, with a call still in flight)."""
+        marker = self._io.submit(lambda: None)  # one I/O thread: done once every earlier job is
+        while not marker.done():
+            if self.breaker.down and self.breaker.in_flight:
+                return False
+            wait_futures([marker], timeout=0.05)
+        return True
 
     def __repr__(self) -> str:
         return f"RemoteStore(master={self.config.master}, layout tag {self.tag:016x})"
-
-
-def _transport_error(code: int) -> bool:
-    """Mooncake's RPC failures (-900s): the master was not reached, as opposed to an
-    answer about one key (not found -704, no space -200, a transfer that failed -800)."""
-    return -1000 < code <= -900
-
-
-def _header_rows(inline: Sequence[np.ndarray] | None, rows: np.ndarray, payloads: Sequence[np.ndarray]):
-    """The header of each value: ``inline`` when every one lies right before its payload
-    (one buffer per value), else this store's own registered rows (two buffers per value)."""
-    if inline is not None and len(inline) == len(payloads) and all(
-            h.nbytes == HEADER_BYTES and h.ctypes.data + HEADER_BYTES == p.ctypes.data for h, p in zip(inline, payloads)):
-        return list(inline)
-    return rows
-
-
-def _transfer_call(what: str, names: list[str], headers, payloads: Sequence[np.ndarray]):
-    """The client call moving ``names``' values: one buffer ``[header | payload]`` per value
-    where each header lies right before its payload (measured 13-16% faster than two buffers
-    per value over TCP here), else a header row and the payload, two buffers per value. The
-    value's bytes are the same either way, so both kinds of reader and writer share it."""
-    if all(h.ctypes.data + HEADER_BYTES == p.ctypes.data for h, p in zip(headers, payloads)):
-        pointers = [h.ctypes.data for h in headers]
-        sizes = [HEADER_BYTES + p.nbytes for p in payloads]
-        if what == "put":
-            return lambda c: c.batch_put_from(names, pointers, sizes)
-        return lambda c: c.batch_get_into(names, pointers, sizes)
-    pointers = [[h.ctypes.data, p.ctypes.data] for h, p in zip(headers, payloads)]
-    sizes = [[HEADER_BYTES, p.nbytes] for p in payloads]
-    if what == "put":
-        return lambda c: c.batch_put_from_multi_buffers(names, pointers, sizes)
-    return lambda c: c.batch_get_into_multi_buffers(names, pointers, sizes)
-
-
-def _pieces(n: int) -> list[tuple[int, int]]:
-    return [(a, min(a + _PIECE, n)) for a in range(0, n, _PIECE)]
-
-
-def _close_client(client, keep_alive: tuple) -> None:
-    try:
-        client.close()
-    except Exception:  # noqa: BLE001 - closing against a dead master must not raise
-        pass
-
-
-class _DaemonWorker:
-    """One daemon thread running submitted calls in order, each resolving a Future."""
-
-    def __init__(self, name: str) -> None:
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
-
-    def submit(self, fn: Callable, *args) -> Future:
-        future: Future = Future()
-        self._queue.put((future, fn, args))
-        return future
-
-    def stop(self) -> None:
-        """Lets the thread end once its current call returns (never waited for)."""
-        self._queue.put(None)
-
-    def _run(self) -> None:
-        while (item := self._queue.get()) is not None:
-            future, fn, args = item
-            try:
-                future.set_result(fn(*args))
-            except BaseException as exc:  # noqa: BLE001 - handed to whoever waits
-                future.set_exception(exc)
 
 
 def _run_then(work: Callable[[], list[bool]], then: Callable[[], None] | None) -> list[bool]:

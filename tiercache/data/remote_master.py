@@ -23,7 +23,7 @@ from tiercache.errors import UserError
 if TYPE_CHECKING:
     from tiercache.config import RemoteConfig
 
-__all__ = ["MasterProcess", "find_master", "start_master", "free_port", "servers_accept"]
+__all__ = ["MasterProcess", "find_master", "start_master", "free_port", "servers_answer"]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -122,17 +122,44 @@ def _accepts(host: str, port: int, timeout_s: float = 0.2) -> bool:
         return False
 
 
-def servers_accept(config: "RemoteConfig") -> bool:
+def _answers(host: str, port: int, timeout_s: float, hello: bytes) -> bool:
+    """Whether the server at ``host:port`` *answers* within ``timeout_s``: it accepts a TCP
+    connection and, once sent ``hello``, replies or closes the connection. A hung or frozen
+    server (or a silent listener) accepts through the kernel's backlog but never answers."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s) as sock:
+            sock.settimeout(timeout_s)
+            sock.sendall(hello)
+            sock.recv(1)  # any byte, or b"" for a close: it answered
+            return True
+    except ConnectionResetError:  # it dropped the connection: only a running server does
+        return True
+    except (OSError, ValueError):  # refused, unreachable, timed out; ValueError: a port out of range
+        return False
+
+
+#: Bytes the master's RPC server rejects at once (not its protocol's magic): it closes the
+#: connection, which proves it runs; a master that hangs says nothing.
+_RPC_HELLO = bytes(64)
+
+
+def _http_hello(host: str) -> bytes:
+    return f"HEAD / HTTP/1.0\r\nHost: {host}\r\n\r\n".encode()
+
+
+def servers_answer(config: "RemoteConfig") -> bool:
     """True when the master and the metadata server (an HTTP URL, or at least one endpoint of
-    an ``etcd://host:port[,host:port...]`` list) accept TCP connections: the client's own
-    setup blocks the whole process on an unreachable server, so it is never called then."""
+    an ``etcd://host:port[,host:port...]`` list) answer within ``timeout_s`` each: the client's
+    own setup blocks the whole process (GIL held, up to 10 min) on a server that does not
+    answer, so it is never called then. Accepting a TCP connection is not enough: a master
+    that hangs (or any listener on its port) still accepts through the kernel's backlog."""
     host, port = config.master.rsplit(":", 1)
-    if not _accepts(host, int(port), config.timeout_s):
+    if not _answers(host, int(port), config.timeout_s, _RPC_HELLO):
         return False
     if config.metadata.startswith("http://"):
         url = urlsplit(config.metadata)
-        return _accepts(url.hostname, url.port or 80, config.timeout_s)
+        return _answers(url.hostname, url.port or 80, config.timeout_s, _http_hello(url.hostname))
     if config.metadata.startswith("etcd://"):
         endpoints = [e.rsplit(":", 1) for e in config.metadata[len("etcd://"):].split(",") if ":" in e]
-        return any(_accepts(h, int(p), config.timeout_s) for h, p in endpoints if p.isdigit())
+        return any(_answers(h, int(p), config.timeout_s, _http_hello(h)) for h, p in endpoints if p.isdigit())
     return True

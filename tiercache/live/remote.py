@@ -68,7 +68,9 @@ class RemoteLink:
         self.manager, self.keymap, self.medium, self.config = manager, keymap, medium, config
         self.tier = manager.n_tiers - 1
         self.hits = hits  # shared with the remote tier's admission (``remote_admission``)
-        self.stats = {"adopted": 0, "stale": 0, "published": 0, "write": config.write.value}
+        # publish_queued: blocks whose publication (through / selective) was started; what
+        # landed in the store is the medium's ``puts`` (``already``: found there, not written).
+        self.stats = {"adopted": 0, "stale": 0, "publish_queued": 0, "write": config.write.value}
 
     # -- lookups -------------------------------------------------------------------------
     def refresh_prefix(self, keys: Sequence[bytes], ids: Sequence[int | None]) -> None:
@@ -144,7 +146,7 @@ class RemoteLink:
 
     def _publish(self, ids: Sequence[int]) -> list:
         plans = self.manager.publish(ids)
-        self.stats["published"] += sum(p.n_blocks for p in plans)
+        self.stats["publish_queued"] += sum(p.n_blocks for p in plans)
         return plans
 
     def departed(self, ids: Sequence[int]) -> None:
