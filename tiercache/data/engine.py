@@ -7,12 +7,22 @@ tracks the jobs until they settle and hands their results to the manager (``poll
 which applies them on its own thread. It also writes new blocks (``fill``) and forgets the
 stored bytes of blocks that left a tier (``discard``), through the media's own methods.
 
+Retained copies (exclusive hierarchy, ``retain_moved_up``): a block that moves up out of a
+keyed tier (NVMe) leaves its stored copy there, valid (a key names its content) and durable,
+instead of deleting it. So a read followed by a crash, a full disk at close, or a flush the
+store needs to recycle slots never makes the deletion of a block's only durable copy
+durable while the block is merely being read. The copy is taken up again, with no write,
+when the block comes back down; it is deleted when the block leaves the hierarchy (or moves
+below the tier), when the manager reserves the tier's last free slots (oldest first: the
+store never holds more entries than the tier's capacity), or at close (``RetainedCopies.drop_all``).
+
 In-flight work is bounded: ``submit`` settles the oldest job once ``max_inflight`` run.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from dataclasses import replace
 from typing import Callable, Sequence
 
 import numpy as np
@@ -24,7 +34,131 @@ from .handlers import CopyContext, CopyHandler, Job, handler_for
 from .nvme_results import ReadIOError
 from .pools import BlockPool
 
-__all__ = ["LocalEngine"]
+__all__ = ["LocalEngine", "RetainedCopies"]
+
+
+class RetainedCopies:
+    """The stored copies keyed tiers keep of blocks that moved up out of them (see the module
+    docstring), and the blocks deleted from such a tier during the current store call.
+
+    Invariants (``check``): a block is retained in a tier at most once, either held (oldest
+    first) or claimed by the one job in flight that brings it back down (a claim is settled
+    exactly once: taken up on success, held again on failure); every held copy is stored in
+    its tier's medium and its block held by the manager in a tier above; a tier holds no
+    more copies than the manager has free slots there (``bound``, enforced whenever slots
+    are reserved), so the store never holds more entries than the tier's capacity: a
+    reopened store adopts every durable entry, and a store-full flush always frees enough.
+    """
+
+    def __init__(self, media: Sequence[object], keys: Callable[[Sequence[int]], list[bytes]]) -> None:
+        self._media, self._keys = media, keys
+        self._locate: Callable[[int], int | None] | None = None  # None: not retaining
+        self._free: Callable[[int], int] | None = None
+        self._held: dict[int, dict[int, None]] = {}  # tier -> retained block ids, oldest first
+        self._claims: dict[int, tuple[int, list[int]]] = {}  # job id -> (tier, ids it takes up)
+        self._left: dict[int, dict[int, int]] = {}  # tier -> {block deleted from it this call: its flush count then}
+
+    def enable(self, locate: Callable[[int], int | None], free: Callable[[int], int]) -> None:
+        """Starts retaining: ``locate`` gives the tier a block is held in (None: none),
+        ``free`` the manager's free (unreserved) slots of a tier."""
+        self._locate, self._free = locate, free
+
+    def moved_out(self, tier: int, ids: Sequence[int]) -> list[int]:
+        """``ids`` left ``tier``: retains those held above it now (keyed, unshared tier);
+        returns the others, to be deleted (noted as left during this call)."""
+        if self._locate is None or getattr(self._media[tier], "shared", False):
+            return list(ids)
+        up = {block_id for block_id in ids if (where := self._locate(block_id)) is not None and where < tier}
+        self._held.setdefault(tier, {}).update(dict.fromkeys(b for b in ids if b in up))
+        gone = [block_id for block_id in ids if block_id not in up]
+        self._note_left(tier, gone)
+        return gone
+
+    def let_go(self, ids: Sequence[int]) -> None:
+        """Deletes the held copies of ``ids`` whose blocks are no longer held above them."""
+        for tier, held in list(self._held.items()):
+            if held:
+                self._delete(tier, [b for b in ids if b in held and ((where := self._locate(b)) is None or where >= tier)])
+
+    def bound(self, tier: int) -> None:
+        """Deletes the oldest held copies of ``tier`` beyond the manager's free slots there
+        (called once slots are reserved, before anything can flush)."""
+        held = self._held.get(tier)
+        if held:
+            self._delete(tier, list(held)[: max(0, len(held) - self._free(tier))])
+
+    def claim(self, job_id: int, tier: int, ids: Sequence[int]) -> set[int]:
+        """The ids of a job into ``tier`` whose copies are held there: the job takes them up
+        as they are (no write); until it settles they are not deleted by ``bound``."""
+        held = self._held.get(tier)
+        kept = [block_id for block_id in ids if held and block_id in held]
+        for block_id in kept:
+            del held[block_id]
+        if kept:
+            self._claims[job_id] = (tier, kept)
+        return set(kept)
+
+    def settle(self, job_id: int, ok: bool) -> None:
+        """A job settled: its claimed copies are taken up (``ok``) or held again."""
+        claim = self._claims.pop(job_id, None)
+        if claim is not None and not ok:
+            self._held.setdefault(claim[0], {}).update(dict.fromkeys(claim[1]))
+
+    def returned(self, tier: int, ids: Sequence[int]) -> None:
+        """``ids`` were written into ``tier`` (before the manager publishes them there). If one
+        left it earlier in this call and the store flushed since (to recycle slots: that made
+        the departure durable, not the return), the tier is flushed at once, so a crash cannot
+        lose a block that is in the tier both before and after the call. A flush that fails
+        keeps its batch pending for the next one."""
+        left = self._left.get(tier)
+        if not left:
+            return
+        flushed = self._media[tier].stats["flushes"]
+        if all([left.pop(block_id, flushed) == flushed for block_id in ids]):  # a list: pops every id
+            return
+        try:
+            self._media[tier].flush()
+        except OSError:
+            pass  # counted by the store (failed_flushes); the next flush retries the batch
+
+    def end_call(self) -> None:
+        """A store call ended: what left a tier during it is forgotten (a block that is not in
+        the tier at the end of a call need not be there after a crash)."""
+        self._left.clear()
+
+    def drop_all(self) -> int:
+        """Deletes every held copy (closing); returns how many."""
+        tiers = self._tiers()
+        for tier, ids in tiers:
+            self._delete(tier, ids)
+        return sum(len(ids) for _, ids in tiers)
+
+    def check(self, settled: bool = True) -> None:
+        """Asserts the invariants above; the bound only once every move is ``settled`` (a
+        failed move's claimed copies are held again before the manager frees its slots)."""
+        for tier, ids in self._tiers():
+            assert not settled or len(ids) <= self._free(tier), f"tier {tier} retains {len(ids)} copies, more than its free slots"
+            for block_id, key in zip(ids, self._keys(ids)):
+                where = self._locate(block_id)
+                assert where is not None and where < tier, f"retained block {block_id} is not held above tier {tier}"
+                assert self._media[tier].contains(key), f"retained block {block_id} is not stored in tier {tier}"
+
+    def _tiers(self) -> list[tuple[int, list[int]]]:
+        return [(tier, list(held)) for tier, held in self._held.items() if held]
+
+    def _delete(self, tier: int, ids: list[int]) -> None:
+        held = self._held.get(tier, {})
+        ids = [block_id for block_id in ids if block_id in held]
+        if ids:
+            for block_id in ids:
+                del held[block_id]
+            self._media[tier].forget(self._keys(ids))
+            self._note_left(tier, ids)
+
+    def _note_left(self, tier: int, ids: list[int]) -> None:
+        """Notes blocks deleted from ``tier`` (a keyed medium counting its flushes in ``stats``)."""
+        if ids:
+            self._left.setdefault(tier, {}).update(dict.fromkeys(ids, self._media[tier].stats["flushes"]))
 
 
 class LocalEngine:
@@ -47,6 +181,13 @@ class LocalEngine:
         self._staged: dict[int, torch.Tensor] = {}
         self._handlers: dict[tuple[int, int], CopyHandler] = {}
         self._ctx = _copy_context(self.tiers, key_of, staging_blocks, self._settle_all)
+        self.retained = RetainedCopies(self.tiers, self._ctx.keys)
+
+    def retain_moved_up(self, locate: Callable[[int], int | None], free: Callable[[int], int]) -> None:
+        """Keeps the stored copy of a block that moves up out of a keyed tier (see the module
+        docstring and ``RetainedCopies.enable``). Only for an exclusive hierarchy, where a
+        block is held in one tier at a time."""
+        self.retained.enable(locate, free)
 
     @property
     def cuda(self) -> bool:
@@ -69,22 +210,48 @@ class LocalEngine:
         # Read, not pop: an id can be placed twice in one access (evicted, then missed again);
         # the caller's unstage clears the bytes once the access is over.
         blocks = torch.stack([self._staged[block_id] for block_id in ids])
+        self.retained.bound(tier)
         self.tiers[tier].write(np.asarray(slots, dtype=np.int64), blocks)
+        self.retained.returned(tier, ids)
 
     def discard(self, tier: int, ids: Sequence[int], slots: Sequence[int]) -> None:
         """Forgets the stored bytes of ``ids``, which left ``tier`` (a durable medium deletes
-        them; a pool just reuses the slots)."""
+        them, unless they moved up and are retained; a pool just reuses the slots). Retained
+        copies of ``ids`` whose blocks are no longer above them are deleted."""
         medium = self.tiers[tier]
-        if len(ids):
-            medium.forget(self._ctx.keys(ids) if medium.keyed else [])
+        if not len(ids):
+            return
+        if not medium.keyed:
+            medium.forget([])
+        elif gone := self.retained.moved_out(tier, ids):
+            medium.forget(self._ctx.keys(gone))
+        self.retained.let_go(ids)
 
     # -- plans ---------------------------------------------------------------------------
     def submit(self, plan: TransferPlan) -> None:
         """Starts ``plan``; returns once it is queued (waits only to bound in-flight jobs)."""
         while len(self._jobs) >= self._max_inflight:
             self._settle_early(next(iter(self._jobs)))
+        kept = self.retained.claim(plan.job_id, plan.dst_tier, plan.ids)
+        self.retained.bound(plan.dst_tier)
+        try:
+            self._jobs[plan.job_id] = self._start(plan, kept)
+        except BaseException:
+            self.retained.settle(plan.job_id, False)
+            raise
+
+    def _start(self, plan: TransferPlan, kept: set[int]) -> Job:
+        """Starts the copy of the part of ``plan`` whose copies are not retained in its
+        destination (``kept`` are taken up as they are: no write)."""
         src, dst = self.tiers[plan.src_tier], self.tiers[plan.dst_tier]
-        self._jobs[plan.job_id] = self._handler(plan.src_tier, plan.dst_tier).start(plan, src, dst, self._ctx)
+        part = plan
+        if kept:
+            rest = [n for n, block_id in enumerate(plan.ids) if block_id not in kept]
+            if not rest:
+                return Job(plan, result=JobResult(plan.job_id))
+            part = replace(plan, ids=tuple(plan.ids[n] for n in rest), src_slots=plan.src_slots[rest],
+                           dst_slots=plan.dst_slots[rest])
+        return self._handler(plan.src_tier, plan.dst_tier).start(part, src, dst, self._ctx)
 
     def poll(self) -> list[JobResult]:
         """Results of finished jobs, in submission order; never blocks."""
@@ -137,8 +304,12 @@ class LocalEngine:
             raise  # the job stays: its copy still runs
         except BaseException:
             del self._jobs[job_id]  # the job itself failed: as before, it is gone
+            self.retained.settle(job_id, False)
             raise
         del self._jobs[job_id]
+        self.retained.settle(job_id, result.ok)
+        if result.ok:
+            self.retained.returned(job.plan.dst_tier, job.plan.ids)
         return result
 
     def _outcome(self, job_id: int, job: Job) -> JobResult:

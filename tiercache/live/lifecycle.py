@@ -10,6 +10,7 @@ from typing import Callable, Sequence
 from tiercache.core.counts import CountError
 from tiercache.core.manager import TierManager
 from tiercache.core.plans import EventLog
+from tiercache.data.engine import LocalEngine
 from tiercache.keys import key_to_int
 
 from .keymap import KeyMap
@@ -173,10 +174,13 @@ def run_every_step(steps: Sequence[Callable[[], object]]) -> list[object]:
     return results
 
 
-def check_store(manager: TierManager, keymap: KeyMap, media: Sequence[object]) -> None:
-    """Asserts the manager, the key map and the keyed media agree (a shared medium, the
-    remote store, is not checked by key: others may evict what this process's view lists)."""
+def check_store(manager: TierManager, keymap: KeyMap, media: Sequence[object], engine: LocalEngine | None = None) -> None:
+    """Asserts the manager, the key map, the keyed media and the ``engine``'s retained copies
+    agree (a shared medium, the remote store, is not checked by key: others may evict what
+    this process's view lists)."""
     manager.check_invariants()
+    if engine is not None:
+        engine.retained.check(settled=not manager.inflight)
     keymap.check({b for d in manager.dirs for b in d.slot_of})
     for tier, medium in enumerate(media):
         if medium.keyed and not getattr(medium, "shared", False):  # places bytes itself: check by key

@@ -61,7 +61,8 @@ class TieredKVStore:
 
     Invariants (``check_invariants``): the key map holds exactly the resident blocks; every
     block the NVMe tier's directory holds is stored in the NVMe store (which chooses its
-    physical slots itself); the manager's own invariants.
+    physical slots itself, and keeps the copies of blocks read up out of it as long as the
+    tier has free slots: ``engine.RetainedCopies``); the manager's own invariants.
     """
 
     def __init__(self, layout: KVLayout, tiers: Sequence[TierConfig], eviction: str | None = None, admission: str | None = None,
@@ -89,6 +90,8 @@ class TieredKVStore:
             [make_eviction(eviction or t.eviction, t.capacity_blocks, i) for i, t in enumerate(tiers)],
             admissions, engine=self.engine, events=self.events, write_through=write_through, shared_last=remote is not None,
         )
+        if not write_through:  # a block read up out of NVMe keeps its durable copy there (LocalEngine)
+            self.engine.retain_moved_up(self.manager.locate, lambda tier: self.manager.dirs[tier].n_free)
         self._remote = None if remote is None else RemoteLink(self.manager, self._map, self._media[-1], remote, hits)
         self._stats = HierarchyStats.for_tiers((t.name, t.capacity_blocks) for t in tiers)
         self.token_mismatches, self._closed = 0, False
@@ -434,8 +437,8 @@ class TieredKVStore:
                 return 0
             self._closed = True
             persisting = self._persist if persist else Persisted
-            _, _, persisted, _ = run_every_step([self.manager.wait_all, self._consume, persisting,
-                                                 lambda: flush_and_close(self._media)])
+            _, _, persisted, _, _ = run_every_step([self.manager.wait_all, self._consume, persisting, self.engine.retained.drop_all,
+                                                    lambda: flush_and_close(self._media)])
             return persisted.count()
 
     def _persist(self) -> Persisted:
@@ -451,7 +454,7 @@ class TieredKVStore:
     def check_invariants(self) -> None:
         """Asserts the manager, the key map and the NVMe tier agree."""
         with self._lock:
-            check_store(self.manager, self._map, self._media)
+            check_store(self.manager, self._map, self._media, self.engine)
 
     # -- internals -----------------------------------------------------------------------
     def _present_ids(self, keys: Sequence[bytes]) -> list[int]:
@@ -480,6 +483,7 @@ class TieredKVStore:
         self.manager.poll()
         self._stats.consume(self.events.drain())
         self._forget_departed()
+        self.engine.retained.end_call()
 
     def _forget_departed(self) -> None:
         departed = self.events.drain_departed()
