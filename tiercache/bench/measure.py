@@ -8,10 +8,15 @@ Every "cold" read starts after ``decode.evict_from_page_cache`` (fsync, then
 ``POSIX_FADV_DONTNEED``: dirty pages survive the drop) and a ``mincore`` check that the
 files left the cache; what that check found is reported with the figure, and the zarr API
 gives no cold-read figure at all when the files stayed cached.
+
+Every timed transfer is checked after its clock stops (``tiercache.bench.verify``): its
+destination blocks are poisoned first, and afterwards each must hold exactly its source's
+bytes; a mismatch raises ``BenchError`` and no figure is reported.
 """
 
 from __future__ import annotations
 
+import mmap
 import os
 import platform
 import time
@@ -28,6 +33,7 @@ from ..data.pools import BlockPool, dram_pool, hbm_pool
 from ..errors import UserError
 from . import rawio
 from .decode import evict_from_page_cache
+from .verify import BenchError, Side, block_digests, pool_rows, reference_digests, transfer_side, unchecked_side
 
 __all__ = ["Bench", "COMPARISONS", "MIN_BLOCKS", "check_blocks"]
 
@@ -79,8 +85,10 @@ class _Tally:
 class Bench:
     """Pools, a store and a raw file in the benchmark directory, and the timed operations.
 
-    Invariant: after ``_disk_writes`` the store holds exactly ``self._keys`` (one block per
-    DRAM slot), which ``_disk_reads`` reads back.
+    Invariants: the DRAM pool holds ``_reference`` (distinct random blocks, digests
+    ``_ref_digests``) whenever a comparison starts (``_restore_dram`` puts it back after one
+    that overwrites DRAM); after ``_disk_writes`` the store holds exactly ``self._keys``,
+    key ``i`` the block of DRAM slot ``i``, which ``_disk_reads`` reads back.
     """
 
     def __init__(self, cfg) -> None:
@@ -91,11 +99,16 @@ class Bench:
         self.dram = dram_pool(cfg.layout, n)
         self.hbm = hbm_pool(cfg.layout, n)
         self.dram.tensor.view(torch.int16).random_(generator=torch.Generator().manual_seed(cfg.seed))
+        self._reference = pool_rows(self.dram).clone()
+        self._ref_digests = reference_digests(self._reference)
         self.store = NVMeStore(os.path.join(cfg.directory, "store"), cfg.layout, n, io_threads=cfg.threads)
         per_file = -(-n // cfg.threads)
         self.raw = rawio.RawBlockFiles(os.path.join(cfg.directory, "raw"), cfg.layout.block_bytes, cfg.threads, per_file, cfg.seed)
         self.raw_fresh = rawio.RawBlockFiles(os.path.join(cfg.directory, "fresh"), cfg.layout.block_bytes, cfg.threads, per_file, cfg.seed)
+        self._src_digest = int(block_digests(torch.frombuffer(self.raw.source, dtype=torch.uint8)[: cfg.layout.block_bytes].view(1, -1))[0])
         self._tails = rawio.read_buffers(rawio.PAGE, cfg.threads)
+        self._readers = rawio.RawPool(cfg.threads)  # the chunk-file reads' threads, like the store's I/O pool
+        self._copiers = rawio.RawPool(torch.get_num_threads())  # as many as BlockPool.copy_to's host copies use
         self.raw.lay_out()  # as fio lays out its files: steady-state writes overwrite
         self.rng = np.random.default_rng(cfg.seed)
         self._keys: list[bytes] = []
@@ -104,8 +117,11 @@ class Bench:
         self._warm_up()
 
     def close(self) -> None:
-        """Closes the store (files are removed by the caller with the directory)."""
+        """Closes the store and stops the raw baselines' threads (files are removed by the
+        caller with the directory)."""
         self.store.close()
+        for closable in (self.raw, self.raw_fresh, self._readers, self._copiers):
+            closable.close()
 
     # ----- timing helpers -------------------------------------------------------------
 
@@ -125,29 +141,63 @@ class Bench:
     def _gbps(self, seconds: float, rounds: int = 1) -> float:
         return rounds * self.cfg.total_bytes / seconds / 1e9
 
+    # ----- checking what a timed transfer delivered -----------------------------------
+
+    def _restore_dram(self) -> None:
+        """Puts the reference blocks back into DRAM (off the clock)."""
+        pool_rows(self.dram).copy_(self._reference)
+
     # ----- the compared operations ----------------------------------------------------
 
-    def _round(self, tally: "_Tally", ops: dict[str, tuple[Callable[[], object], int]], i: int, device: bool) -> None:
+    def _round(self, tally: "_Tally", ops: dict[str, list[Side]], i: int, device: bool) -> None:
         """Runs one round: every side once, in an order that rotates with ``i`` and the
-        repetition, and adds each side's time and bytes to ``tally``. A side with no bytes
-        is refused before anything is timed (its ratio would be 0 or a division by zero)."""
+        repetition, and adds each side's time and bytes to ``tally``. A side given several
+        variants (equal bytes) counts its fastest. A side with no bytes is refused before
+        anything is timed (its ratio would be 0 or a division by zero)."""
         sides = list(ops)
-        empty = [side for side in sides if ops[side][1] <= 0]
+        empty = [side for side in sides if ops[side][0].nbytes <= 0]
         if empty:
             raise RuntimeError(f"bench: round {i} gives {', '.join(empty)} no blocks to move")
         rotation = (i + self._rep) % len(sides)
-        seconds = {side: self._timed(ops[side][0], device) for side in sides[rotation:] + sides[:rotation]}
-        tally.add(seconds, {side: ops[side][1] for side in sides})
+        seconds = {side: self._fastest(ops[side], device) for side in sides[rotation:] + sides[:rotation]}
+        tally.add(seconds, {side: ops[side][0].nbytes for side in sides})
+
+    def _fastest(self, variants: list[Side], device: bool) -> float:
+        """Seconds of the fastest variant; each is prepared, timed, then checked."""
+        times = []
+        for variant in variants:
+            variant.prepare()
+            times.append(self._timed(variant.work, device))
+            variant.check()
+        return min(times)
 
     def _copies(self, src: BlockPool, dst: BlockPool) -> "_Tally":
-        """(a): random slots to random slots through ``BlockPool.copy_to`` vs one raw
-        ``copy_`` of the same bytes, over ``_COPY_ROUNDS`` rounds."""
+        """(a): random slots to random slots through ``BlockPool.copy_to`` vs the raw copy
+        limit of the same bytes (``_raw_copies``), over ``_COPY_ROUNDS`` rounds."""
         n, tally = self.cfg.blocks, _Tally(("tiercache", "raw"))
+        every, src_digests = np.arange(n), block_digests(pool_rows(src))
+        what = "DRAM->HBM copies" if dst is self.hbm else "HBM->DRAM copies"
         for i in range(_COPY_ROUNDS):
             src_slots, dst_slots = self.rng.permutation(n), self.rng.permutation(n)
-            self._round(tally, {"tiercache": (lambda: src.copy_to(dst, src_slots, dst_slots, non_blocking=True), self.cfg.total_bytes),
-                                "raw": (lambda: dst.tensor.copy_(src.tensor, non_blocking=True), self.cfg.total_bytes)}, i, True)
+            moved = np.empty_like(src_digests)
+            moved[dst_slots] = src_digests[src_slots]
+            mine = transfer_side(lambda: src.copy_to(dst, src_slots, dst_slots, non_blocking=True), dst, every, moved, f"{what} (tiercache)")
+            raw = [transfer_side(work, dst, every, src_digests, f"{what} (raw)") for work in self._raw_copies(src, dst)]
+            self._round(tally, {"tiercache": [mine], "raw": raw}, i, True)
+        if dst is self.dram:
+            self._restore_dram()
         return tally
+
+    def _raw_copies(self, src: BlockPool, dst: BlockPool) -> list[Callable[[], object]]:
+        """The raw copies of the whole pool, of which a round counts the fastest: with CUDA
+        one ``copy_``; on the host one memmove and one memmove split over the copy threads."""
+        if src.device.type == "cuda" or dst.device.type == "cuda":
+            return [lambda: dst.tensor.copy_(src.tensor, non_blocking=True)]
+        to, frm, size = dst.tensor.data_ptr(), src.tensor.data_ptr(), self.cfg.total_bytes
+        works = [lambda: rawio.memmove_copy(to, frm, size)]
+        if self._copiers.threads > 1:
+            works.append(lambda: rawio.memmove_copy(to, frm, size, self._copiers))
+        return works
 
     def _slices(self) -> list[np.ndarray]:
         """A random order of all blocks cut into at most ``_SLICES`` slices that the sides
@@ -159,7 +209,9 @@ class Bench:
         """(b): store put + flush vs raw durable pwrite of the same DRAM slots, slice by slice.
 
         In steady state both sides overwrite space written before: the store reuses the
-        slots the previous repetition's blocks held, the raw files were laid out.
+        slots the previous repetition's blocks held, the raw files were laid out. What the
+        writes delivered is checked by the reads: ``_disk_reads`` reads every block the store
+        holds and the raw file slots it reads (``raw.holds`` says which block each holds).
         """
         if self._keys:
             self.store.delete(self._keys)
@@ -169,18 +221,24 @@ class Bench:
         sources = [byte_array(view) for view in views]
         tally, size = _Tally(("tiercache", "raw")), self.cfg.layout.block_bytes
         for i, part in enumerate(self._slices()):
-            self._round(tally, {"tiercache": (lambda: self._put([keys[b] for b in part], [views[b] for b in part]), part.size * size),
-                                "raw": (lambda: raw.write([sources[b] for b in part]), part.size * size)}, i, False)
+            self._round(tally, {"tiercache": [unchecked_side(lambda: self._put([keys[b] for b in part], [views[b] for b in part]), part.size * size)],
+                                "raw": [unchecked_side(lambda: raw.write([sources[b] for b in part], part.tolist()), part.size * size)]}, i, False)
         self._keys = keys
         return tally
 
     def first_fill(self) -> dict[str, float]:
         """Writes into never-used space on both sides (store: new chunk files, temp +
         rename; raw: new files), once; afterwards the store's slots all have chunk files,
-        as in steady state."""
+        as in steady state. The store's blocks are read back and checked (off the clock)."""
         self.raw_fresh.reset()
         tally = self._disk_writes(self.raw_fresh, b"fill")
         self.raw_fresh.reset()
+        every = np.arange(self.cfg.blocks)
+        outs = [self.dram.view(i) for i in every]
+        read_back = transfer_side(lambda: self._get(every, outs), self.dram, every, self._ref_digests, "NVMe first-fill writes read back (tiercache)")
+        read_back.prepare()
+        read_back.work()
+        read_back.check()
         return {"tiercache": tally.gbps("tiercache"), "raw": tally.gbps("raw"), "ratio": tally.median_ratio("raw")}
 
     def _put(self, keys: list[bytes], blocks: list[torch.Tensor]) -> None:
@@ -188,31 +246,40 @@ class Bench:
         self.store.flush()
         failed = [r for r in results if not r.ok]
         if failed:
-            raise OSError(f"bench: {len(failed)} store writes failed, first: {failed[0].error}")
+            raise BenchError(f"bench: {len(failed)} store writes failed, first: {failed[0].error}")
 
     def _disk_reads(self) -> "_Tally":
         """(c): cold reads, slice by slice, rotating which side goes first: ``tiercache``
         (store get) and ``raw`` (O_DIRECT preadv of the store's chunk files, bypassing the
         store) split each slice's blocks, so both read bytes of the same age and layout;
         ``raw_file`` reads as many blocks from the raw files (one big file per thread). All
-        three deliver each block into its own DRAM pool slot, as the tier must.
+        three deliver each block into its own DRAM pool slot, as the tier must, and each
+        slot is checked against the block written there.
         """
         outs = [self.dram.view(i) for i in range(self.cfg.blocks)]
         dests = [byte_array(view) for view in outs]
         chunk_paths = [self.store.chunk_path(self.store.slot_of(k)) for k in self._keys]
         self._make_cold(chunk_paths + self.raw.paths)  # the store's live chunks: every file the rounds read
         file_slots = self.rng.permutation(self.raw.capacity)
-        tally, size, missed = _Tally(_READ_SIDES), self.cfg.layout.block_bytes, []
+        tally, digests = _Tally(_READ_SIDES), self._ref_digests
         for i, part in enumerate(self._slices()):
             mine, theirs = (part[0::2], part[1::2]) if (i + self._rep) % 2 == 0 else (part[1::2], part[0::2])
             self._round(tally, {
-                "tiercache": (lambda: missed.append(self._get(mine, outs)), mine.size * size),
-                "raw": (lambda: self._read_chunks([chunk_paths[b] for b in theirs], [dests[b] for b in theirs]), theirs.size * size),
-                "raw_file": (lambda: self.raw.read(file_slots[theirs], [dests[b] for b in theirs], self.cfg.threads), theirs.size * size),
+                "tiercache": [transfer_side(lambda: self._get(mine, outs), self.dram, mine, digests[mine], "NVMe cold reads (tiercache)")],
+                "raw": [transfer_side(lambda: self._read_chunks([chunk_paths[b] for b in theirs], [dests[b] for b in theirs]),
+                                   self.dram, theirs, digests[theirs], "NVMe cold reads (raw chunk files)")],
+                "raw_file": [transfer_side(lambda: self.raw.read(file_slots[theirs], [dests[b] for b in theirs], self.cfg.threads),
+                                        self.dram, theirs, self._raw_file_digests(file_slots[theirs]), "NVMe cold reads (raw big files)")],
             }, i, False)
-        if sum(missed):
-            raise OSError(f"bench: {sum(missed)} stored blocks missed on read")
+        self._restore_dram()
         return tally
+
+    def _raw_file_digests(self, slots: np.ndarray) -> np.ndarray:
+        """Digests of what the raw files' ``slots`` hold (``RawBlockFiles.holds``)."""
+        holds = [self.raw.holds[int(g)] for g in slots]
+        if any(label is None for label in holds):
+            raise BenchError("bench: a raw file slot holds unknown bytes (written outside this benchmark)")
+        return np.array([self._src_digest if label == rawio.SOURCE else self._ref_digests[label] for label in holds], dtype=np.uint64)
 
     def _make_cold(self, paths: list[str]) -> int | None:
         """Evicts ``paths`` from the page cache (``evict_from_page_cache``) and records what
@@ -226,13 +293,18 @@ class Bench:
         return residue
 
     def _read_chunks(self, paths: list[str], dests: list) -> None:
-        _, direct = rawio.read_files(paths, dests, self._tails)
+        _, direct = rawio.read_files(paths, dests, self._tails, self._readers)
         self.raw.direct = self.raw.direct and direct
 
-    def _get(self, part: np.ndarray, outs: list[torch.Tensor]) -> int:
-        """Reads the blocks ``part`` into their DRAM slots; returns the number of misses."""
+    def _get(self, part: np.ndarray, outs: list[torch.Tensor]) -> None:
+        """Reads the blocks ``part`` into their DRAM slots.
+
+        Raises:
+            BenchError: the store missed some.
+        """
         hits = self.store.get([self._keys[b] for b in part], [outs[b] for b in part])
-        return int((~hits).sum())
+        if not hits.all():
+            raise BenchError(f"bench: {int((~hits).sum())} stored blocks missed on read")
 
     def repeat(self) -> dict[str, dict[str, list[float]]]:
         """Runs every comparison ``reps`` times.
@@ -260,39 +332,59 @@ class Bench:
 
     def _warm_up(self) -> None:
         """One small pass of every path: thread pools, staging buffers and first-touch costs
-        must not land in the first timed repetition."""
+        must not land in the first timed repetition. DRAM gets its reference blocks back."""
         k = min(self.cfg.blocks, self.cfg.threads)
         keys = [b"warm-%d" % i for i in range(k)]
+        dests = [byte_array(self.dram.view(i)) for i in range(k)]
         self.store.put(keys, [self.dram.view(i) for i in range(k)])
         self.store.get(keys, [self.hbm.view(i) for i in range(k)])
+        self._read_chunks([self.store.chunk_path(self.store.slot_of(key)) for key in keys], dests)
         self.store.delete(keys)
         self.store.flush()
         self.raw_fresh.write(k)
         self.raw_fresh.reset()
-        self.raw.read(np.arange(k), [byte_array(self.dram.view(i)) for i in range(k)], self.cfg.threads)
-        self.dram.copy_to(self.hbm, np.arange(k), np.arange(k))
-        self.hbm.copy_to(self.dram, np.arange(k), np.arange(k))
-        self.hbm.tensor.copy_(self.dram.tensor)
+        self.raw.read(np.arange(k), dests, self.cfg.threads)
+        every = np.arange(self.cfg.blocks)  # whole pools: copy_to starts its copy threads for large copies only
+        self.dram.copy_to(self.hbm, every, every)
+        self.hbm.copy_to(self.dram, every, every)
+        for work in self._raw_copies(self.dram, self.hbm):
+            work()
         if self.cuda:
             torch.cuda.synchronize()
+        self._restore_dram()
 
     # ----- latencies, zarr reference, machine ------------------------------------------
 
     def _copy_latency(self, src: BlockPool, dst: BlockPool) -> float:
-        """Median time of the smallest transfer on the path (one element)."""
-        a, b = src.tensor.view(-1)[:1], dst.tensor.view(-1)[:1]
-        return float(np.median([self._timed(lambda: b.copy_(a, non_blocking=True), True) for _ in range(32)]))
+        """Median time of the smallest transfer on the path (one element), each copy into
+        a destination first set to the source's complement and checked afterwards.
+
+        Raises:
+            BenchError: a copy left the destination different from the source.
+        """
+        a, b = src.tensor.view(-1)[:1].view(torch.uint8), dst.tensor.view(-1)[:1].view(torch.uint8)
+        expected = a.cpu()
+        complement = (~expected).to(b.device)
+        times = []
+        for _ in range(32):
+            b.copy_(complement)
+            times.append(self._timed(lambda: b.copy_(a, non_blocking=True), True))
+            if not torch.equal(b.cpu(), expected):
+                raise BenchError("bench: a one-element copy for the latency left its destination unchanged")
+        return float(np.median(times))
 
     def latencies(self) -> dict[str, float]:
         """Per-transfer latency of each link: tiny copies, raw 4 KiB disk I/O."""
         cfg = self.cfg
         self._make_cold(self.raw.paths)
-        return {
+        latency = {
             "host_to_device": self._copy_latency(self.dram, self.hbm),
             "device_to_host": self._copy_latency(self.hbm, self.dram),
             "disk_read_cold": rawio.read_latency(self.raw),
             "disk_write": rawio.write_latency(os.path.join(cfg.directory, "latency.bin")),
         }
+        self._restore_dram()
+        return latency
 
     def zarr_api(self) -> dict:
         """zarr's own API on the same blocks: per-chunk assignment (timed without fsync, as
@@ -300,6 +392,7 @@ class Bench:
 
         The read is timed only once ``evict_from_page_cache`` left none of the array's files
         in the page cache; otherwise ``read_cold`` is None (no figure) and ``cold_check`` says why.
+        Either way every block read must equal the block written (else BenchError).
         """
         import zarr
 
@@ -321,16 +414,21 @@ class Bench:
         check = _cold_check(residue, files) + ("" if residue == 0 else "; read not timed")
         result = {"write": self._gbps(write_s), "read_cold": None, "cold_check": check,
                   "method": "per-chunk assignment and reads, zarr " + zarr.__version__}
+        order, got = self.rng.permutation(cfg.blocks), []
+        read_s = self._timed(lambda: got.extend(array[int(i) : int(i) + 1] for i in order), False)
+        wrong = [int(i) for i, block in zip(order, got) if not np.array_equal(block.view(np.uint8), blocks[i].view(np.uint8))]
+        if wrong:
+            raise BenchError(f"bench: zarr API: {len(wrong)} of {cfg.blocks} blocks read back differ from the blocks written "
+                             f"(first: block {wrong[0]}); no figure is reported")
         if residue == 0:
-            order = self.rng.permutation(cfg.blocks)
-            result["read_cold"] = self._gbps(self._timed(lambda: [array[int(i) : int(i) + 1] for i in order], False))
+            result["read_cold"] = self._gbps(read_s)
         return result
 
     def machine(self) -> dict:
         """Where this ran: host, device, filesystem, and what each raw baseline is."""
         threads = self.cfg.threads
         read_kind = "O_DIRECT preadv" if self.raw.direct else "buffered preadv (filesystem refused O_DIRECT)"
-        copy_kind = "pinned->device copy_(non_blocking), CUDA events" if self.cuda else "torch copy_ (host memory; no CUDA)"
+        copy_kind = "one pinned->device copy_(non_blocking) of the same bytes, CUDA events" if self.cuda else _host_copy_kind(self._copiers.threads)
         return {
             "hostname": platform.node(),
             "platform": platform.platform(),
@@ -345,8 +443,8 @@ class Bench:
             "cold_read_check": _cold_check(self._cold_residue),
             "sync_policy": rawio.SYNC_POLICY + " (store chunks and raw pwrite alike); each store flush (one per slice of blocks) adds one journal append + fdatasync, and a directory fsync after renames",
             "baselines": {
-                "host_to_device": f"one {copy_kind} of the same bytes",
-                "device_to_host": f"one {copy_kind} of the same bytes",
+                "host_to_device": copy_kind,
+                "device_to_host": copy_kind,
                 "disk_write": f"pwrite loop over laid-out files from the same DRAM slots, {rawio.SYNC_POLICY}, {threads} threads",
                 "disk_read_cold": f"{read_kind} of the store's own chunk files into the same DRAM slots, {threads} threads"
                                   + ("" if self._cold_residue == 0 else f"; WARNING: {_cold_check(self._cold_residue)}"),
@@ -354,15 +452,33 @@ class Bench:
         }
 
 
+def _host_copy_kind(threads: int) -> str:
+    """The host copy baseline in words (host memory; no CUDA)."""
+    split = f"the faster of one memmove and {threads} memmoves on {threads} threads" if threads > 1 else "one memmove"
+    return f"{split} of the whole contiguous pool (host memory; no CUDA)"
+
+
 def _cold_check(residue: int | None, files: list[str] | None = None) -> str:
     """What the page-cache check before a cold read found, in words (``residue``: bytes
-    still cached after fsync + POSIX_FADV_DONTNEED, None when mincore is unavailable)."""
+    still cached after fsync + POSIX_FADV_DONTNEED, None when mincore is unavailable).
+
+    ``residue`` counts whole pages (mincore), so the files' total is page-rounded too:
+    the residue never exceeds it."""
     if residue is None:
         return "not verified cold: mincore unavailable, the files may still have been in the page cache"
-    of = f" of {sum(os.path.getsize(p) for p in files if os.path.exists(p))}" if files is not None else ""
+    of = f" of {sum(_page_rounded(p) for p in files)} page-rounded" if files is not None else ""
     if residue == 0:
         return f"verified cold: 0{of} bytes in the page cache after fsync + POSIX_FADV_DONTNEED (mincore)"
     return f"NOT cold: {residue}{of} bytes stayed in the page cache after fsync + POSIX_FADV_DONTNEED (mincore)"
+
+
+def _page_rounded(path: str) -> int:
+    """The size of ``path`` rounded up to whole pages (0 if it vanished)."""
+    try:
+        size = os.path.getsize(path)
+    except FileNotFoundError:
+        return 0
+    return -(-size // mmap.PAGESIZE) * mmap.PAGESIZE
 
 
 def _filesystem(directory: str) -> str:

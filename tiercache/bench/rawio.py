@@ -14,17 +14,26 @@ the tiercache path it is compared with, so the benchmark can report honest ratio
   to buffered reads (and says so) when the filesystem refuses O_DIRECT.
 * ``read_files``: the same O_DIRECT preadv loop over whole files (a store's own chunk
   files), so a comparison can read the very bytes tiercache reads;
+* ``memmove_copy``: the host copy limit: one ``memmove`` of a contiguous buffer, or the
+  buffer split over the threads of a ``RawPool``;
 * ``host_copy``: one ``dst.copy_(src)`` of the same bytes (timed with CUDA events when a
   CUDA tensor is involved).
+
+The threads of every multi-threaded baseline belong to a ``RawPool``, started once before
+anything is timed (as the store keeps its I/O pool): a timed call never pays thread
+start-up. Every read and write checks its byte count (a short transfer raises OSError).
 """
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch
@@ -33,12 +42,14 @@ from ..data.buffers import PAGE
 from ..data.chunkio import drop_file_cache, open_for_read
 
 __all__ = [
-    "RawRun", "RawBlockFiles", "SYNC_POLICY", "direct_read", "pwrite_loop", "host_copy", "read_latency",
-    "write_latency", "read_buffers", "read_files", "source_block",
+    "RawRun", "RawBlockFiles", "RawPool", "SOURCE", "SYNC_POLICY", "direct_read", "pwrite_loop", "host_copy",
+    "memmove_copy", "read_latency", "write_latency", "read_buffers", "read_files", "source_block",
 ]
 
 # The durability policy shared by the store's chunk writes and the raw write baseline.
 SYNC_POLICY = "fdatasync after every block"
+#: What ``RawBlockFiles.holds`` records for a slot holding the files' own random block.
+SOURCE = "source"
 
 
 @dataclass(frozen=True)
@@ -66,29 +77,69 @@ def _fill_random(buf: mmap.mmap, seed: int) -> None:
     array[:] = np.random.default_rng(seed).integers(0, 256, array.size, dtype=np.uint8)
 
 
-def _run_threads(worker, threads: int) -> float:
-    """Runs ``worker(i)`` on ``threads`` threads; returns the wall time of all.
+class RawPool:
+    """Worker threads for the raw baselines, started once, before anything is timed.
 
-    Raises:
-        OSError: the first error a worker hit (after every worker has stopped).
+    ``run(worker, count)`` runs ``worker(0)`` on the calling thread and ``worker(1)`` ..
+    ``worker(count - 1)`` on the pool's ``threads - 1`` threads, all at once. Invariant:
+    every thread exists before the first ``run`` (a timed call never starts a thread).
     """
-    errors: list[BaseException] = []
 
-    def guarded(index: int) -> None:
+    def __init__(self, threads: int) -> None:
+        self.threads = threads
+        self._executor = ThreadPoolExecutor(threads - 1, "tiercache-raw") if threads > 1 else None
+        if self._executor is not None:  # each task holds its thread until all have started
+            started = threading.Barrier(threads - 1)
+            for future in [self._executor.submit(started.wait) for _ in range(threads - 1)]:
+                future.result()
+
+    def run(self, worker: Callable[[int], object], count: int) -> float:
+        """Runs ``worker(i)`` for ``i in range(count)`` concurrently; returns the wall time of all.
+
+        Raises:
+            ValueError: ``count`` exceeds ``threads`` (the workers could not run at once).
+            OSError: the first error a worker hit (after every worker has stopped).
+        """
+        if not 1 <= count <= self.threads:
+            raise ValueError(f"RawPool.run: {count} workers on a pool of {self.threads} threads")
+        start = time.perf_counter()
+        futures = [self._executor.submit(worker, i) for i in range(1, count)] if count > 1 else []
+        errors: list[BaseException] = []
         try:
-            worker(index)
-        except BaseException as exc:  # re-raised on the calling thread below
+            worker(0)
+        except BaseException as exc:  # re-raised once every worker has stopped
             errors.append(exc)
+        errors += [exc for exc in (future.exception() for future in futures) if exc is not None]
+        seconds = time.perf_counter() - start
+        if errors:
+            raise errors[0]
+        return seconds
 
-    pool = [threading.Thread(target=guarded, args=(i,)) for i in range(threads)]
-    start = time.perf_counter()
-    for thread in pool:
-        thread.start()
-    for thread in pool:
-        thread.join()
-    if errors:
-        raise errors[0]
-    return time.perf_counter() - start
+    def close(self) -> None:
+        """Stops the threads (waits for them)."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+
+
+def memmove_copy(dst_address: int, src_address: int, nbytes: int, pool: RawPool | None = None) -> float:
+    """Copies ``nbytes`` contiguous host bytes: one ``memmove`` (no pool, or one thread),
+    else one ``memmove`` of an equal part per pool thread; returns seconds. ctypes drops
+    the GIL for the call, so the parts run in parallel."""
+    if pool is None or pool.threads == 1:
+        start = time.perf_counter()
+        ctypes.memmove(dst_address, src_address, nbytes)
+        return time.perf_counter() - start
+    part = -(-nbytes // pool.threads)
+
+    def worker(index: int) -> None:
+        offset = index * part
+        ctypes.memmove(dst_address + offset, src_address + offset, max(0, min(part, nbytes - offset)))
+
+    return pool.run(worker, pool.threads)
+
+
+def _nbytes(buffer) -> int:
+    return memoryview(buffer).nbytes
 
 
 def source_block(block_bytes: int, seed: int = 0) -> mmap.mmap:
@@ -110,7 +161,12 @@ class RawBlockFiles:
     ``g % files`` at offset ``(g // files) * block_bytes``. Writers and readers take work
     from one shared queue (as the store's I/O pool does), so no thread idles while another
     has a backlog. Each writer writes only its own file, at its next slot (wrapping), so
-    writers never queue on one inode's fdatasync.
+    writers never queue on one inode's fdatasync. Readers and writers are the threads of
+    one ``RawPool`` of ``files`` threads, started here; ``close`` stops them.
+
+    Invariant: ``holds[g]`` is the label of what slot ``g`` holds: ``SOURCE`` after
+    ``lay_out`` or ``write(n)``, the caller's label after ``write(sources, labels)``, None
+    when unknown (files not written through this object, or a write without labels).
     """
 
     def __init__(self, prefix: str, block_bytes: int, files: int, blocks_per_file: int, seed: int = 0) -> None:
@@ -120,6 +176,17 @@ class RawBlockFiles:
         self.direct = True
         self._src = source_block(block_bytes, seed)
         self._cursor = [0] * files
+        self.holds: list[object] = [None] * self.capacity
+        self._pool = RawPool(files)
+
+    @property
+    def source(self) -> mmap.mmap:
+        """The files' own random block (what ``lay_out`` and ``write(n)`` write)."""
+        return self._src
+
+    def close(self) -> None:
+        """Stops the reader/writer threads."""
+        self._pool.close()
 
     @property
     def capacity(self) -> int:
@@ -132,6 +199,7 @@ class RawBlockFiles:
             if os.path.exists(path):
                 os.unlink(path)
         self._cursor = [0] * len(self.paths)
+        self.holds = [None] * self.capacity
 
     def lay_out(self) -> None:
         """Writes every slot once (sequentially) and fsyncs, as fio lays out its files:
@@ -140,40 +208,53 @@ class RawBlockFiles:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
             try:
                 for i in range(self.blocks_per_file):
-                    os.pwrite(fd, self._src, i * self.block_bytes)
+                    _pwrite_all(fd, self._src, i * self.block_bytes)
                 os.fsync(fd)
             finally:
                 os.close(fd)
+        self.holds = [SOURCE] * self.capacity
         self.drop_cache()
 
-    def write(self, sources: list | int) -> float:
+    def write(self, sources: list | int, labels: list | None = None) -> float:
         """Writes one block per entry of ``sources`` (each one block of memory; an int
         ``n`` writes this object's random block ``n`` times), fdatasync after each, one
-        writer thread per file; returns seconds.
+        writer thread per file; returns seconds. ``holds`` then records ``labels[i]`` (None
+        without labels; ``SOURCE`` for an int) for the slot ``sources[i]`` went to.
 
         Pass the very memory the tier writes from: on this VM, writing the same small
         buffer over and over runs faster than writing distinct memory, as a tier does.
+
+        Raises:
+            OSError: a write failed or was short.
         """
-        tickets = iter([self._src] * sources if isinstance(sources, int) else sources)
+        if isinstance(sources, int):
+            sources, labels = [self._src] * sources, [SOURCE] * sources
+        tickets = iter(zip(sources, labels if labels is not None else [None] * len(sources)))
+        files = len(self.paths)
         fds = [os.open(p, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644) for p in self.paths]
 
         def worker(index: int) -> None:
-            for source in tickets:  # a shared iterator: each block goes to exactly one writer
+            for source, label in tickets:  # a shared iterator: each block goes to exactly one writer
                 slot = self._cursor[index] % self.blocks_per_file
                 self._cursor[index] += 1
-                os.pwrite(fds[index], source, slot * self.block_bytes)
+                _pwrite_all(fds[index], source, slot * self.block_bytes)
                 os.fdatasync(fds[index])
+                self.holds[slot * files + index] = label
 
         try:
-            return _run_threads(worker, len(fds))
+            return self._pool.run(worker, files)
         finally:
             for fd in fds:
                 os.close(fd)
 
     def read(self, slots: np.ndarray, dests: list, threads: int) -> float:
         """Reads global slot ``slots[i]`` into ``dests[i]`` (page aligned, one block) with
-        O_DIRECT preadv (buffered if refused), ``threads`` readers; returns seconds.
-        Sets ``direct``."""
+        O_DIRECT preadv (buffered if refused), ``threads`` readers (at most ``files``);
+        returns seconds. Sets ``direct``.
+
+        Raises:
+            OSError: a read failed or was short.
+        """
         files, size = len(self.paths), self.block_bytes
         opened = [open_for_read(p, True) for p in self.paths]
         fds = [fd for fd, _ in opened]
@@ -186,7 +267,7 @@ class RawBlockFiles:
                     raise OSError(f"short read of slot {slot}")
 
         try:
-            return _run_threads(worker, threads)
+            return self._pool.run(worker, threads)
         finally:
             for fd in fds:
                 os.close(fd)
@@ -197,28 +278,46 @@ class RawBlockFiles:
             drop_file_cache(path)
 
 
-def read_files(paths: list[str], dests: list, tails: list[mmap.mmap]) -> tuple[float, bool]:
+def read_files(paths: list[str], dests: list, tails: list[mmap.mmap], pool: RawPool | None = None) -> tuple[float, bool]:
     """Reads whole files (a store's chunk files) with one O_DIRECT preadv each:
     ``paths[i]`` into ``[dests[i], tails[t]]`` (the block, then the rest of the file into
-    reader ``t``'s page), one reader thread per tail buffer, from one shared queue.
+    reader ``t``'s page), one reader per tail buffer, from one shared queue, on ``pool``'s
+    threads (at least ``len(tails)``; without one, a pool is started before the clock).
 
     Returns:
         ``(seconds, whether O_DIRECT was in effect for every file)``.
+
+    Raises:
+        OSError: a read failed, or a file ended before filling its ``dests[i]``.
     """
-    tickets = iter(zip(paths, dests))
+    tickets = iter(zip(paths, dests, [_nbytes(dest) for dest in dests]))
     buffered: list[str] = []
+    readers = pool or RawPool(len(tails))
 
     def worker(index: int) -> None:
-        for path, dest in tickets:
+        for path, dest, want in tickets:
             fd, direct = open_for_read(path, True)
             try:
-                os.preadv(fd, [dest, tails[index]], 0)
+                got = os.preadv(fd, [dest, tails[index]], 0)
             finally:
                 os.close(fd)
+            if got < want:
+                raise OSError(f"short read of {path}: {got} bytes, the block needs {want}")
             if not direct:
                 buffered.append(path)
 
-    return _run_threads(worker, len(tails)), not buffered
+    try:
+        return readers.run(worker, len(tails)), not buffered
+    finally:
+        if pool is None:
+            readers.close()
+
+
+def _pwrite_all(fd: int, source, offset: int) -> None:
+    """One pwrite of the whole of ``source``; a short write raises OSError."""
+    want, done = _nbytes(source), os.pwrite(fd, source, offset)
+    if done != want:
+        raise OSError(f"short write at offset {offset}: {done} of {want} bytes")
 
 
 def _per_file(n_blocks: int, threads: int) -> int:
@@ -229,22 +328,28 @@ def pwrite_loop(prefix: str, n_blocks: int, block_bytes: int, threads: int, fres
     """Durable writes of ``n_blocks`` blocks, ``threads`` writers, into laid-out files
     (overwrite, as fio measures) or, with ``fresh``, into new files (allocating)."""
     files = RawBlockFiles(prefix, block_bytes, threads, _per_file(n_blocks, threads))
-    files.reset()
-    if not fresh:
-        files.lay_out()
-    return RawRun(n_blocks * block_bytes, files.write(n_blocks))
+    try:
+        files.reset()
+        if not fresh:
+            files.lay_out()
+        return RawRun(n_blocks * block_bytes, files.write(n_blocks))
+    finally:
+        files.close()
 
 
 def direct_read(prefix: str, n_blocks: int, block_bytes: int, threads: int, seed: int = 0) -> RawRun:
     """Cold random-order reads of the blocks of files written by ``pwrite_loop(prefix, ...)``,
     each into its own page-aligned block of one destination mapping."""
     files = RawBlockFiles(prefix, block_bytes, threads, _per_file(n_blocks, threads))
-    files.drop_cache()
-    order = np.random.default_rng(seed).permutation(files.capacity)
-    dest = np.frombuffer(_aligned(files.capacity * block_bytes), dtype=np.uint8)
-    dests = [dest[i * block_bytes : (i + 1) * block_bytes] for i in range(files.capacity)]
-    seconds = files.read(order, dests, threads)
-    return RawRun(files.capacity * block_bytes, seconds, files.direct)
+    try:
+        files.drop_cache()
+        order = np.random.default_rng(seed).permutation(files.capacity)
+        dest = np.frombuffer(_aligned(files.capacity * block_bytes), dtype=np.uint8)
+        dests = [dest[i * block_bytes : (i + 1) * block_bytes] for i in range(files.capacity)]
+        seconds = files.read(order, dests, threads)
+        return RawRun(files.capacity * block_bytes, seconds, files.direct)
+    finally:
+        files.close()
 
 
 def host_copy(dst: torch.Tensor, src: torch.Tensor) -> RawRun:
@@ -272,8 +377,10 @@ def read_latency(files: RawBlockFiles, samples: int = 32, seed: int = 0) -> floa
         fd, _ = open_for_read(files.paths[int(slot) % count], True)
         try:
             start = time.perf_counter()
-            os.preadv(fd, [buf], int(slot) // count * files.block_bytes)
+            got = os.preadv(fd, [buf], int(slot) // count * files.block_bytes)
             times.append(time.perf_counter() - start)
+            if got != PAGE:
+                raise OSError(f"short read of {files.paths[int(slot) % count]}: {got} of {PAGE} bytes")
         finally:
             os.close(fd)
     return float(np.median(times))
@@ -287,7 +394,7 @@ def write_latency(path: str, samples: int = 32) -> float:
     try:
         for i in range(samples):
             start = time.perf_counter()
-            os.pwrite(fd, buf, i * PAGE)
+            _pwrite_all(fd, buf, i * PAGE)
             os.fdatasync(fd)
             times.append(time.perf_counter() - start)
     finally:

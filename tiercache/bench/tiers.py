@@ -2,9 +2,10 @@
 
 Three comparisons, each over several repetitions (DESIGN.md section 8):
 
-(a) DRAM -> HBM block copies through ``BlockPool.copy_to`` (random slots) vs one raw
-    ``copy_`` of the same bytes (host copies without CUDA; pinned -> device with CUDA,
-    timed with CUDA events);
+(a) DRAM -> HBM block copies through ``BlockPool.copy_to`` (random slots) vs the raw
+    copy of the same bytes: with CUDA one pinned -> device ``copy_`` timed with CUDA
+    events; without, the host's copy limit, the faster of one ``memmove`` of the whole
+    pool and the pool split over as many threads as ``copy_to`` uses;
 (b) NVMe block writes through ``NVMeStore.put`` + ``flush`` vs a raw pwrite loop of the
     same blocks (from the same DRAM slots), block size, concurrency and sync policy;
 (c) cold NVMe block reads through ``NVMeStore.get`` (after dropping the store's own files
@@ -15,7 +16,10 @@ Tiercache and raw alternate round by round (disk: slice by slice of the blocks),
 that goes first rotating. GB/s figures are medians over repetitions; each ratio is the
 median over all rounds of the ratio of two neighbouring measurements, which cancels the
 disk's regime switches. zarr's own Python API is measured once on the same blocks for
-reference. Torch is imported only when the command runs.
+reference. Every timed transfer, tiercache's and the raw ones, is checked afterwards
+against its source (``tiercache.bench.verify``): one that did not deliver its bytes ends
+the run with ``BenchError`` and no figure. The raw baselines' threads are started once,
+before anything is timed, as the store's are. Torch is imported only when the command runs.
 """
 
 from __future__ import annotations

@@ -10,12 +10,14 @@ import argparse
 import json
 import os
 import shutil
+import sys
 import tempfile
 
 from ..bench.tiers import QUICK_LAYOUT, BenchConfig, run_bench, save_measured_profile
 from ..config import KVLayout, layout_preset
 from ..errors import UserError
 from ..results.outfile import replace_file
+from .replay import check_output_file
 
 __all__ = ["add_parser", "main", "format_table"]
 
@@ -79,14 +81,26 @@ def _full_config(args: argparse.Namespace, directory: str) -> BenchConfig:
 
 
 def main(args: argparse.Namespace) -> int:
-    """Runs the benchmark, prints the table, writes the JSON (and the profile); the options
-    are checked before the temporary folder is made."""
+    """Runs the benchmark, prints the table, writes the JSON (and the profile); the options,
+    the output paths included, are checked before the temporary folder is made.
+
+    Returns 1, with a one-line error and no table, when the benchmark could not measure
+    honestly (a timed transfer did not deliver its bytes, or the disk failed).
+    """
     if not os.path.isdir(args.dir):
         raise UserError(f"--dir {args.dir}: not a directory")
     _config(args, args.dir)
+    check_output_file(args.json, "--json")
+    if args.save_profile is not None:
+        check_output_file(args.save_profile, "--save-profile")
+    from ..bench.verify import BenchError  # loads torch: only once the command runs
+
     workdir = tempfile.mkdtemp(prefix=".tiercache-bench-", dir=args.dir)
     try:
         result = run_bench(_config(args, workdir))
+    except (BenchError, OSError) as exc:
+        print(f"tiercache bench: error: {exc}", file=sys.stderr)
+        return 1
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     print(format_table(result))
