@@ -327,8 +327,8 @@ def test_non_finite_kv_is_refused_before_a_quantised_hierarchy_stores_it(tmp_pat
     with TieredKVCache(layout, [TierConfig("hbm", 4, codec=Codec.INT8)]) as cache:
         seq = cache.sequence()
         k = torch.randn(2, 70, 64).half()
-        k[1, 3, 2] = float("inf")
-        with pytest.raises(UserError, match="append: k: block 0 holds inf, NaN"):
+        k[1, 3, 2] = float("inf")  # head 1, token 3: the error names the token
+        with pytest.raises(UserError, match="append: k: token 3 holds inf, NaN"):
             seq.append(0, k, torch.randn(2, 70, 64).half())
 
 

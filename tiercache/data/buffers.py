@@ -139,20 +139,20 @@ def check_blocks(blocks: torch.Tensor, layout: KVLayout, count: int, what: str, 
         check_quantisable(blocks, what, limit)
 
 
-def check_quantisable(blocks: torch.Tensor, what: str, limit: float) -> None:
-    """Raises UserError naming the first block (index along dim 0) holding inf, NaN or a
-    value beyond ``limit`` (the codecs' fp16 scales: ``codec_base.SCALED_LIMIT``): a quantised
-    tier cannot store it (one inf would turn its whole group into NaN)."""
+def check_quantisable(blocks: torch.Tensor, what: str, limit: float, unit: str = "block", dim: int = 0) -> None:
+    """Raises UserError naming the first ``unit`` (index along ``dim``: a block of a batch, a
+    token of a sequence's KV) holding inf, NaN or a value beyond ``limit`` (the codecs' fp16
+    scales: ``codec_base.SCALED_LIMIT``): a quantised tier cannot store it (one inf would
+    turn its whole group into NaN)."""
     if not blocks.numel():
         return
-    flat = blocks.reshape(blocks.shape[0], -1)
-    bad = ~torch.isfinite(flat)
+    bad = ~torch.isfinite(blocks)
     if math.isfinite(limit) and blocks.dtype != torch.float16:  # fp16 never passes the limit
-        bad |= flat.abs() > limit
+        bad |= blocks.abs() > limit
     if bool(bad.any()):
-        first = int(bad.any(dim=1).nonzero()[0, 0])
+        first = int(bad.movedim(dim, 0).reshape(blocks.shape[dim], -1).any(dim=1).nonzero()[0, 0])
         held = f"inf, NaN or a value beyond |x| <= {limit:g}" if math.isfinite(limit) else "a non-finite value (inf or NaN)"
-        raise UserError(f"{what}: block {first} holds {held}, which a quantised tier cannot store")
+        raise UserError(f"{what}: {unit} {first} holds {held}, which a quantised tier cannot store")
 
 
 def block_list(
