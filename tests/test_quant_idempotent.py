@@ -2,9 +2,9 @@
 so a block cycled through a quantised tier keeps its first encoding's values.
 
 FP8 is idempotent at ordinary magnitudes; so are the INT8 blocks that drifted before. Still
-open, and left out of these tests (README "Quantised tiers"): INT4 (group scales are
-recomputed from decoded extremes that the 4-bit grid, the fp16 rounding of decoded values
-and the refined key channels do not reproduce), INT8 (a decoded non-outlier key channel
+open, and left out of these tests (README "Quantised tiers"): INT4's refined key channels
+(their 8-bit decoded values do not pin their group's range, and which channels are refined
+can change; the rest of an INT4 block re-encodes to the same bytes: test_int4_idempotent), INT8 (a decoded non-outlier key channel
 can overtake an outlier one, so another channel is picked; with fp32 blocks the refined
 channels' decoded absmax moves their fp16 scale), and every codec on blocks below ~1e-4
 (decoded values in fp16's subnormal range lose the digits the codes had).
@@ -105,7 +105,7 @@ def test_block_cycled_through_quantised_dram_keeps_its_first_encoding(codec, tmp
 
 @pytest.mark.parametrize("seed", range(0, 120, 3))
 def test_int4_drift_stays_under_2_percent_of_the_absmax_over_ten_cycles(seed):
-    """INT4 is not idempotent (module docstring), but its drift does not accumulate: a block
+    """INT4's refined key channels are not idempotent (module docstring), but their drift does not accumulate: a block
     cycled ten times through encode and decode stays within 2% of its absmax (a fifth of a
     4-bit step) of its first decoding (most settle by the third cycle; some alternate between
     two encodings)."""

@@ -176,15 +176,46 @@ def _scale16_into(amax: np.ndarray, qmax: int, part: torch.Tensor) -> np.ndarray
 
 def _asym_into(lo: np.ndarray, hi: np.ndarray, scale_part: torch.Tensor,
                zero_part: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
-    """``codecs._asym_from`` compiled (the same float32 operations): the fp16 scale and
-    uint8 zero point of each group of float32 min ``lo`` and max ``hi``, written into the
-    parts; returns both as float32 arrays of ``lo``'s shape."""
-    lo = np.minimum(lo, np.float32(0.0)).reshape(-1)
+    """``codecs._asym_from`` compiled (the same float32 operations: ``half_scales``, then
+    ``int4_scales`` where ``int4_scale`` takes its 7-bit scale): the fp16 scale and uint8
+    zero point of each group of float32 min ``lo`` and max ``hi``, written into the parts;
+    returns both as float32 arrays of ``lo``'s shape."""
+    lo, top = np.minimum(lo, np.float32(0.0)).reshape(-1), np.maximum(hi, np.float32(0.0)).reshape(-1)
     scale, zero = np.empty(lo.shape, np.float32), np.empty(lo.shape, np.float32)
-    kernels.half_scales(np.maximum(hi, np.float32(0.0)).reshape(-1) - lo, np.float32(15.0), _bits(scale_part), scale)
+    kernels.half_scales(top - lo, np.float32(15.0), _bits(scale_part), scale)  # the fallback
+    kernels.int4_scales(lo, top, _bits(scale_part), scale)
     _require_scales(scale)
     kernels.zero_points(lo, scale, zero_part.numpy().reshape(-1), zero)
     return scale.reshape(hi.shape), zero.reshape(hi.shape)
+
+
+def int4_scale(lo: torch.Tensor, hi: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
+    """INT4's float32 scale of each group of min ``lo <= 0`` and max ``hi >= 0`` (range
+    ``r = hi - lo``): ``c = floor7(r / 15 * (1 + 2^-8))`` where it spans all 16 codes, else
+    ``floor7(r / 15 * (1 - 2^-9))`` where that does, else ``fallback`` (``_scale16(r, 15)``);
+    ``floor7`` rounds down to 7 significant bits, then to fp16's grid (multiples of 2^-24).
+    "Spans": ``lo`` gets code 0 and ``hi`` code 15 (zero point ``round(-lo / c)``), and
+    ``15.5 * c >= r`` (no value clipped by more than half a step beyond them).
+
+    Invariant: a decoded group maps back to its scale (so INT4 re-encodes it to the same
+    bytes). Its codes span 0..15, so its range is ``15 * c`` (fp16 and fp32 blocks hold
+    ``(code - zero) * c`` exactly: 4 + 7 bits; bf16 within 2^-8 of it), and ``c``, a 7-bit
+    value, is ``floor7`` of anything in ``[c, c * (1 + 2^-7))``: ``r / 15 * (1 + 2^-8)``
+    lies there (checked exhaustively for bf16's rounding). The second candidate, strictly
+    below ``r / 15``, spans all codes whenever the first does not (the first may fall short
+    by a rounding; the exact ``r / 15`` by a tie). Only groups whose scale would be
+    under ~30 * 2^-24 (range below ~2.7e-5, where fp16's grid is coarser than 7 bits)
+    take the fallback, which need not map back. ``codec_kernels.int4_scales`` does the same
+    float32 operations."""
+    r = hi - lo
+    scale = fallback
+    for factor in (kernels.INT4_DOWN, kernels.INT4_UP):  # UP last: it wins where both span all codes
+        bits = (r / 15 * float(factor)).view(torch.int32) & int(kernels.INT4_SCALE_MASK.view(np.int32))
+        c = torch.floor(bits.view(torch.float32) * 2.0**24) * 2.0**-24
+        z = (-lo / c).round().clamp(0, 15)
+        spans = (c > 0) & (c * 15.5 >= r) & ((lo / c).round() + z <= 0) & ((hi / c).round() + z >= 15)
+        scale = torch.where(spans, c, scale)
+    return scale
 
 
 def _bits(part: torch.Tensor) -> np.ndarray:

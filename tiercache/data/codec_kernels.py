@@ -28,7 +28,7 @@ import numba
 import numpy as np
 
 __all__ = ["LUT_F16", "LUT_BF16", "group_amax", "int8_encode", "int8_fine", "group_minmax", "int4_encode",
-           "int4_fine", "int4_decode", "half_scales", "zero_points", "channel_amax", "fp8_encode", "fp8_decode", "gather_channels", "scatter_channels"]
+           "int4_fine", "int4_decode", "half_scales", "int4_scales", "zero_points", "channel_amax", "fp8_encode", "fp8_decode", "gather_channels", "scatter_channels"]
 
 # error_model "numpy": no ZeroDivisionError check per division (it stops LLVM vectorising;
 # scales are never 0: an all-zero group gets scale 1).
@@ -139,6 +139,43 @@ def half_scales(num, den, bits, values):
         short = LUT_F16[bits[i]] * (den + np.float32(0.5)) < num[i]  # positive: the next fp16 up is bits + 1
         bits[i] = bits[i] + np.uint16(1) if short else (bits[i] if bits[i] != 0 else np.uint16(0x3C00))
         values[i] = LUT_F16[bits[i]]
+
+
+#: INT4 scales keep 7 significant bits (float32's 17 low ones cleared; ``codec_base.int4_scale``).
+INT4_SCALE_MASK = np.uint32(0xFFFE0000)
+INT4_UP, INT4_DOWN = np.float32(1.0 + 2.0**-8), np.float32(1.0 - 2.0**-9)
+
+
+@numba.njit(inline="always", **_JIT)
+def _spans_all_codes(lo, hi, c):
+    """Whether scale ``c`` maps ``lo`` to code 0 and ``hi`` to code 15 (zero point
+    ``round(-lo / c)``) without clipping more than half a step past them."""
+    z = min(max(np.rint(-lo / c), np.float32(0.0)), np.float32(15.0))
+    return c > 0 and c * np.float32(15.5) >= hi - lo and np.rint(lo / c) + z <= 0 and np.rint(hi / c) + z >= 15
+
+
+@numba.njit(**_JIT)
+def int4_scales(lo, hi, bits, values):
+    """INT4's 7-bit scales (``codec_base.int4_scale``, the same float32 operations) over the
+    fp16 ``bits`` and float32 ``values`` of ``half_scales``, where one spans all 16 codes
+    of its group (``lo <= 0 <= hi``); all 1-D of one length."""
+    size = lo.shape[0]
+    u32, out32, half_u32 = np.empty(size, np.uint32), np.zeros(size, np.uint32), np.empty(size, np.uint32)
+    row, out, half_f32 = u32.view(np.float32), out32.view(np.float32), half_u32.view(np.float32)
+    for factor in (INT4_DOWN, INT4_UP):  # UP last: it wins where both span all codes
+        for i in range(size):
+            row[i] = (hi[i] - lo[i]) / np.float32(15.0) * factor
+        for i in range(size):
+            u32[i] &= INT4_SCALE_MASK
+        for i in range(size):
+            c = np.floor(row[i] * np.float32(2.0**24)) * np.float32(2.0**-24)
+            if _spans_all_codes(lo[i], hi[i], c):
+                out[i] = c
+    chosen = np.empty(size, np.uint16)
+    _store(out, out32, False, half_f32, half_u32, chosen.reshape(1, 1, 1, 1, size), 0, 0, 0, 0)
+    for i in range(size):
+        if out[i] > 0:
+            bits[i], values[i] = chosen[i], LUT_F16[chosen[i]]
 
 
 @numba.njit(**_JIT)

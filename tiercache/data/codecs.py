@@ -16,7 +16,9 @@ block's device) and back. The reference is plain vectorised torch (``encode_refe
   per head, the 4 key channels of largest absmax are kept exact in the block's dtype.
 * ``INT4``: asymmetric, groups of up to 64 (K: along tokens, per channel, as KIVI; V: along
   head_dim, per token), an fp16 scale and a uint8 zero point per group, two codes per byte;
-  the 4 largest key channels of each head get a 4-bit residual (8 bits in all).
+  the 4 largest key channels of each head get a 4-bit residual (8 bits in all). Scales keep
+  7 significant bits and span all 16 codes (``codec_base.int4_scale``), so a decoded group
+  re-encodes to the same bytes (not yet the refined key channels).
 
 A ``QuantizedBlock`` serialises to one flat uint8 buffer of exactly ``nbytes`` bytes (wider
 dtypes first, so every part of a buffer read back is aligned for a zero-copy view).
@@ -41,7 +43,7 @@ from ..config import CODEC_GROUP, FP8_OUTLIER_CHANNELS, INT8_K_GROUP, KEY_OUTLIE
 from . import codec_kernels as kernels
 from .codec_fp8 import FP8_MAX, fp8_as_fp16, fp8_bounds, fp8_scale
 from .codec_base import (FLOAT_DTYPES, BlockCodec, Part, QuantizedBlock, _asym_into, _f32, _halves, _lut, _on_heads,
-                         _require_finite, _require_scales, _scale16_into, check_block)
+                         _require_finite, _require_scales, _scale16_into, check_block, int4_scale)
 
 __all__ = ["Part", "QuantizedBlock", "BlockCodec", "codec_for", "check_block", "FLOAT_DTYPES", "fp8_as_fp16"]
 
@@ -325,7 +327,7 @@ def _asym_params(grouped: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.T
 def _asym_from(lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``_asym_params`` from each group's float32 min and max."""
     lo, hi = lo.clamp(max=0), hi.clamp(min=0)
-    scale = _scale16(hi - lo, 15)
+    scale = int4_scale(lo, hi, _scale16(hi - lo, 15).float()).to(torch.float16)
     zero = (-lo / scale.float()).round_().clamp_(0, 15).to(torch.uint8)
     return scale, zero
 
