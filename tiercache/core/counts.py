@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-__all__ = ["CountError", "increment", "decrement"]
+__all__ = ["CountError", "increment", "decrement", "not_decremented"]
 
 
 class CountError(RuntimeError):
@@ -12,9 +12,12 @@ class CountError(RuntimeError):
 
 
 def increment(counts: dict[int, int], ids: Iterable[int]) -> None:
-    """Adds one to each id's count (absent ids start at zero)."""
+    """Adds one to each id's count (absent ids start at zero), in one ``dict.update``: an
+    interrupt never leaves part of the ids counted."""
+    new: dict[int, int] = {}
     for block_id in ids:
-        counts[block_id] = counts.get(block_id, 0) + 1
+        new[block_id] = new.get(block_id, counts.get(block_id, 0)) + 1
+    counts.update(new)
 
 
 def decrement(counts: dict[int, int], ids: Iterable[int], what: str) -> None:
@@ -35,3 +38,16 @@ def decrement(counts: dict[int, int], ids: Iterable[int], what: str) -> None:
             del counts[block_id]
         else:
             counts[block_id] = count - 1
+
+
+def not_decremented(ids: list[int], before: dict[int, int], counts: dict[int, int]) -> list[int]:
+    """The entries of ``ids`` (repeats included) a ``decrement`` of ``ids`` that stopped
+    part-way did not take off, given each id's count ``before`` it: what a retry still owes."""
+    done = {block_id: before[block_id] - counts.get(block_id, 0) for block_id in before}
+    left = []
+    for block_id in ids:
+        if done[block_id] > 0:
+            done[block_id] -= 1
+        else:
+            left.append(block_id)
+    return left

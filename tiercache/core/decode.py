@@ -84,22 +84,26 @@ class StepDriver:
             else:
                 found[tier] += 1
                 refs.append(block_id)
-        manager.ref(refs)
-        try:
+        referenced = False
+        try:  # whatever raises once the refs are taken (an interrupt too) takes them back
+            manager.ref(refs)  # all or nothing (``increment``)
+            referenced = True
             manager.access(list(reads), store_misses=self.store_misses, promote=not in_place)
             top = manager.dirs[0].slot_of
             view = PrefetchView(step, layer, reads, candidates, ahead, top.__contains__)
             wanted = self.prefetch.plan(view)
             plans = manager.prefetch(wanted) if wanted else []
         except BaseException:
-            manager.unref(refs)
+            if referenced:
+                manager.unref(refs)
             raise
         return ReadTicket(refs, found, absent, sum(p.n_blocks for p in plans), plans)
 
     def end_read(self, ticket: ReadTicket) -> None:
-        """Releases the read's references (blocks lost meanwhile release as orphans)."""
-        self.manager.unref(ticket.refs)
-        ticket.refs = []
+        """Releases the read's references (blocks lost meanwhile release as orphans); once
+        only: the ticket forgets them first, so an end that raised is never repeated."""
+        refs, ticket.refs = ticket.refs, []
+        self.manager.unref(refs)
 
     def write(self, ids: Sequence[int], hold: Sequence[int] = ()) -> list[int]:
         """Stores the blocks of ``ids`` not resident yet (the engine has their bytes staged),

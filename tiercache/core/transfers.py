@@ -23,6 +23,7 @@ import numpy as np
 
 from tiercache.policies.base import NO_NEXT_USE, Hints
 
+from .interrupts import interruptible_wait
 from .plans import Ev, JobResult, Room, TransferPlan
 
 __all__ = ["TransferMixin"]
@@ -60,10 +61,18 @@ class TransferMixin:
         if self.inflight and self._arriving(ids, dst):
             return None  # a copy of one of them is already on its way there
         src_dir.pin(ids)
-        dst_slots = np.asarray(dst_dir.reserve(len(ids)), dtype=np.int64)
-        plan = TransferPlan(self._next_job, tuple(ids), src, src_dir.slots(ids), dst, dst_slots, keep_source)
-        self._next_job += 1
-        self.inflight[plan.job_id] = plan
+        reserved: list[int] = []
+        try:  # pinned and reserved exactly when the plan is in flight, whatever raises in between
+            reserved = dst_dir.reserve(len(ids))
+            plan = TransferPlan(self._next_job, tuple(ids), src, src_dir.slots(ids), dst,
+                                np.asarray(reserved, dtype=np.int64), keep_source)
+            self._next_job += 1
+            self.inflight[plan.job_id] = plan
+        except BaseException:
+            if reserved:
+                dst_dir.release(reserved)
+            src_dir.unpin(ids)
+            raise
         return plan
 
     def _arriving(self, ids: Sequence[int], dst: int) -> bool:
@@ -83,13 +92,16 @@ class TransferMixin:
         plan = self.prepare_move(ids, src, dst, keep_source)
         if plan is None:
             return None
-        self._plan_hints[plan.job_id] = hints if hints is not None else self._future_hints(ids)
         try:
+            self._plan_hints[plan.job_id] = hints if hints is not None else self._future_hints(ids)
             self.engine.submit(plan)
-        except Exception as exc:  # noqa: BLE001 - a failed submit must not leave the plan pinned
+            self._running.add(plan.job_id)
+        except BaseException as exc:  # a failed submit, an interrupt too, must not leave the plan pinned
+            self._running.discard(plan.job_id)
             self.complete(JobResult(plan.job_id, f"engine failed: {type(exc).__name__}: {exc}"))
+            if not isinstance(exc, Exception):
+                raise  # KeyboardInterrupt, SystemExit: the plan is undone, the interrupt goes on
             return None
-        self._running.add(plan.job_id)
         return plan
 
     def prefetch(self, ids: Sequence[int], dst: int = 0) -> list[TransferPlan]:
@@ -176,7 +188,8 @@ class TransferMixin:
         if job_id not in self._running:
             raise KeyError(f"job {job_id} was prepared but not started by the manager (use start_move)")
         try:
-            result = self.engine.wait(job_id)
+            with interruptible_wait():  # a Ctrl-C while blocked leaves the job in flight (``engine.wait``)
+                result = self.engine.wait(job_id)
         except Exception as exc:  # noqa: BLE001 - an engine error fails the job, not the manager
             result = JobResult(job_id, f"engine failed: {type(exc).__name__}: {exc}")
         self.complete(result)

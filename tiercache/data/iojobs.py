@@ -9,10 +9,13 @@ on two cores), and no thread idles while another has a backlog.
 from __future__ import annotations
 
 import threading
-from concurrent.futures import Executor, Future
+import time
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from typing import Callable
 
-__all__ = ["run_batch", "gather"]
+from tiercache.core.interrupts import deferred_interrupts
+
+__all__ = ["run_batch", "gather", "shutdown_within"]
 
 
 def gather(futures: list[Future], finish: Callable[[list], object]) -> Future:
@@ -44,7 +47,8 @@ def run_batch(executor: Executor, threads: int, count: int, work: Callable[[int]
 
     Every index is processed even if some ``work`` call raises (so per-block cleanup in
     ``work`` always runs); the future then holds the first exception, else
-    ``finish(results)`` with ``results[i] = work(i)``.
+    ``finish(results)`` with ``results[i] = work(i)``. A Ctrl-C while the tasks are handed
+    to the pool is raised once they all are (the pool's locks stay whole; the batch runs).
     """
     results: list = [None] * count
     errors: list[BaseException] = []
@@ -62,5 +66,18 @@ def run_batch(executor: Executor, threads: int, count: int, work: Callable[[int]
             raise errors[0]
         return finish(results)
 
-    tasks = [executor.submit(drain) for _ in range(min(threads, count))]
+    with deferred_interrupts():  # a Ctrl-C inside the pool's pure-Python submit would break its locks
+        tasks = [executor.submit(drain) for _ in range(min(threads, count))]
     return gather(tasks, done)
+
+
+def shutdown_within(executor: ThreadPoolExecutor, timeout: float) -> bool:
+    """Shuts ``executor`` down: its queued tasks still run, but its owner waits at most
+    ``timeout`` seconds for the threads (a hung disk must not hang a ``close`` forever).
+    Returns True when every thread has finished."""
+    executor.shutdown(wait=False)
+    deadline = time.monotonic() + timeout
+    threads = list(getattr(executor, "_threads", ()))  # ThreadPoolExecutor's workers (CPython 3.8+)
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    return not any(thread.is_alive() for thread in threads)

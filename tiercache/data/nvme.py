@@ -27,6 +27,7 @@ flush, no longer matches the rewritten chunk.
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 import warnings
@@ -42,7 +43,7 @@ from ..errors import UserError
 from . import chunkio
 from .codecs import codec_for
 from .buffers import PAGE, HostBytes, aligned_tensor, block_list, byte_array, round_up, torch_dtype
-from .iojobs import run_batch
+from .iojobs import run_batch, shutdown_within
 from .nvme_read import NVMeReads
 from .nvme_open import TMP_PREFIX, check_arguments, check_key, check_keys, mark_clean, open_store
 from .nvme_results import PutResult, StoreFullError
@@ -65,6 +66,8 @@ class NVMeStore(NVMeReads):
     guards the index, I/O runs outside it). Callers of ``submit_put``/``submit_get`` keep
     the source/destination tensors alive and untouched until the future is done.
     """
+
+    close_timeout_s = 300.0  # how long ``close`` waits for its I/O threads (a hung disk)
 
     def __init__(
         self,
@@ -419,21 +422,26 @@ class NVMeStore(NVMeReads):
 
         Raises:
             OSError: the final flush failed (disk full, I/O error); same errno, and the
-                message names the store and says what is not durable.
+                message names the store and says what is not durable. ``ETIMEDOUT``: the
+                I/O threads did not finish within ``close_timeout_s`` (closed all the same).
         """
         if self._closed:
             return
         self._closed = True  # new submissions now fail; the ones in flight still finish
-        self._executor.shutdown(wait=True)
+        finished = shutdown_within(self._executor, self.close_timeout_s)
         try:
             self.flush()
         except OSError as exc:
             raise OSError(exc.errno, f"{self.path}: closed, but the final flush failed ({exc.strerror or exc}):"
                           " blocks put or deleted since the last successful flush are not durable") from exc
         else:
-            mark_clean(self.path, self._files.seq)  # the next open may skip the trailer checks
+            if finished:
+                mark_clean(self.path, self._files.seq)  # the next open may skip the trailer checks
         finally:
             self._release_files()
+        if not finished:
+            raise OSError(errno.ETIMEDOUT, f"{self.path}: closed, but I/O threads did not finish within "
+                          f"{self.close_timeout_s:g} s: the blocks they were writing are not durable")
 
     def _release_files(self) -> None:
         """Closes the journal, then drops the directory lock (even if closing failed)."""

@@ -28,7 +28,8 @@ A decode step per layer is ``seq.append(layer, k, v)`` then ``seq.attend(layer, 
   brings up what the next step will likely read (``topk_speculative``: the blocks ranked
   right after the cut).
 
-Thread safety: one lock (the store's) serialises every call.
+Thread safety: one lock (the store's) serialises every call; a Ctrl-C during a call is
+raised when it has finished (``tiercache.live.guard``).
 """
 
 from __future__ import annotations
@@ -170,14 +171,15 @@ class TieredKVCache:
         ``persist`` keeps DRAM and HBM blocks by moving them to NVMe (as
         ``TieredKVStore.close``); by default a decode cache's tiers are scratch space.
         """
-        if self._closed:
-            return
-        self._closed = True
-        try:
-            self.store.close(persist=persist)
-        finally:
-            if self._record is not None:
-                self._record.close()
+        with self.store._lock.closing():  # whole, even under Ctrl-C (``guard.CallGuard``)
+            if self._closed:
+                return
+            self._closed = True
+            try:
+                self.store.close(persist=persist)
+            finally:
+                if self._record is not None:
+                    self._record.close()
 
     def __enter__(self) -> "TieredKVCache":
         return self

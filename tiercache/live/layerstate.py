@@ -27,7 +27,9 @@ class LayerState:
         self.attends = 0
 
     def add(self, ids: list[int], keys: list[bytes], kmin: torch.Tensor, kmax: torch.Tensor) -> None:
-        """Appends full blocks (ids, keys and summaries aligned)."""
+        """Appends full blocks (ids, keys and summaries aligned). ``n`` is set last: an add
+        that stops part-way (an error growing the arrays) adds nothing, and the next add
+        overwrites whatever it wrote past ``n``."""
         need = self.n + len(ids)
         if need > len(self.ids):
             size = max(need, 2 * len(self.ids))
@@ -37,7 +39,7 @@ class LayerState:
         self.ids[self.n : need] = ids
         self.kmin[self.n : need] = kmin
         self.kmax[self.n : need] = kmax
-        self.keys.extend(keys)
+        self.keys[self.n :] = keys
         self.n = need
 
 

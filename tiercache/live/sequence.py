@@ -18,6 +18,7 @@ import torch
 
 from tiercache.attention import Partial, block_scores, block_summaries, compute_dtype, select_blocks, stream_partial
 from tiercache.config import AttentionMode
+from tiercache.core.counts import not_decremented
 from tiercache.core.decode import ReadTicket
 from tiercache.errors import UserError
 from tiercache.keys import block_key, layer_key
@@ -80,6 +81,7 @@ class Sequence:
         self._content_keys: list[bytes] = []
         self._private = os.urandom(16)
         self.freed = False
+        self._unreleased: list[int] | None = None  # holds a free that raised part-way left to release
         self.reports: list[StepReport] = []
         self.cached_tokens = 0
         #: Block positions the last ``attend`` read (every full block in exact mode).
@@ -243,15 +245,33 @@ class Sequence:
             if cache._closed:
                 self.freed = True
                 return
-            held = [int(i) for state in self._layers for i in state.ids[: state.n]]
-            cache.driver.release(held)
-            self.freed = True  # only now: a release that raised is tried again by the next free
+            pending = self._held_ids() if self._unreleased is None else self._unreleased
+            self._unreleased = self._release(pending)  # one that raised part-way leaves the next free the rest
+            self.freed = True
+            held = self._held_ids()
             cache._emit(0, cache._last_step, release=tuple(dict.fromkeys(held)))
             for state in self._layers:
                 for row, block_id in enumerate(state.ids[: state.n].tolist()):
                     cache._summaries[block_id] = (state.kmin[row].clone(), state.kmax[row].clone())
             self._prune_summaries()
             cache._settle_events()
+
+    def _held_ids(self) -> list[int]:
+        """The ids of every full block of every layer (a block held twice appears twice)."""
+        return [int(i) for state in self._layers for i in state.ids[: state.n]]
+
+    def _release(self, ids: list[int]) -> list[int]:
+        """Releases the sequence's holds on ``ids``; returns those left to release ([] once
+        done). On an error the ones it did release are counted out and the error re-raised,
+        so whatever retries releases only the rest (never another sequence's hold)."""
+        counts = self.cache.manager.held
+        before = {i: counts.get(i, 0) for i in ids}
+        try:
+            self.cache.driver.release(ids)
+        except BaseException:
+            self._unreleased = not_decremented(ids, before, counts)
+            raise
+        return []
 
     # -- storing --------------------------------------------------------------------------
     def _full_blocks(self, state: LayerState, k: torch.Tensor, v: torch.Tensor, full: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -268,17 +288,23 @@ class Sequence:
     def _store_blocks(self, layer: int, state: LayerState, blocks: torch.Tensor, rest: torch.Tensor) -> None:
         """Stores full blocks of ``layer`` under their keys, holds them and makes ``rest`` the
         tail, all or nothing (then one write record): a store that raises, an interrupt too,
-        leaves the sequence as it was and releases the holds it took."""
+        leaves the sequence as it was, releases the holds it took and keeps no key it
+        registered for a block it did not store.
+
+        A failed call may leave blocks it stored under the sequence's private keys (unheld:
+        the policies evict them). A retry must never take one for its own block (a write
+        never rewrites a stored key), so a failure gives the sequence new private keys.
+        """
         cache = self.cache
         first = state.n
         keys = [self._block_key(first + i, layer) for i in range(blocks.shape[0])]
-        ids = cache.store._map.ids(keys, register=True)
-        if any(i is None for i in ids):
-            raise UserError("Sequence.append: a block key collides with another key's 63-bit id; the block cannot be stored")
         kmin, kmax = block_summaries(blocks[:, 0, 0])
         held = cache.manager.held
-        before = {i: held.get(i, 0) for i in ids}
+        ids = cache.store._map.ids(keys, register=True)
+        before = {i: held.get(i, 0) for i in ids if i is not None}
         try:
+            if any(i is None for i in ids):
+                raise UserError("Sequence.append: a block key collides with another key's 63-bit id; the block cannot be stored")
             cache.store._store_new(ids, blocks, lambda: cache.driver.write(ids, hold=ids))
             missing = [i for i in ids if cache.manager.locate(i) is None]
             if missing:
@@ -287,10 +313,12 @@ class Sequence:
             self._keep_tokens(first, layer, ids)
             cache._emit(layer, state.attends, write=tuple(ids), hold=tuple(ids))
             cache._settle_events()
+            state.add(ids, keys, kmin, kmax)  # the commit (``n`` is set last): nothing below raises
         except BaseException:  # an interrupt too: no hold without a sequence that releases it
-            cache.driver.release([i for i in ids if held.get(i, 0) > before[i]])
+            self._private = os.urandom(16)
+            cache.store._map.forget_absent(before, cache.manager.locate)
+            cache.driver.release([i for i in before if held.get(i, 0) > before[i]])
             raise
-        state.add(ids, keys, kmin, kmax)  # the commit: nothing below raises
         state.tail[:, :, : rest.shape[2]] = rest
         state.tail_len = rest.shape[2]
 

@@ -18,7 +18,6 @@ Durability: ``flush``/``close`` make the NVMe index durable; reopening adopts ev
 from __future__ import annotations
 
 import os
-import threading
 from typing import Sequence
 
 import numpy as np
@@ -34,6 +33,7 @@ from tiercache.errors import UserError
 from tiercache.keys import prefix_keys
 from tiercache.policies import make_admission, make_eviction
 
+from .guard import CallGuard
 from .keymap import KeyMap
 from .lifecycle import (PersistError, Persisted, adopt_stored_blocks, check_release, check_store, flush_and_close,
                         persist_to_nvme, run_every_step)
@@ -76,7 +76,7 @@ class TieredKVStore:
         self.layout = layout
         self.tier_block_bytes = [t.codec.block_bytes(layout) for t in tiers]  # per tier: its codec's, scales included
         self.value_limit = value_limit(tiers)  # what a quantised tier can hold (None: no quantised tier)
-        self._lock = threading.RLock()
+        self._lock = CallGuard()  # one call at a time; Ctrl-C deferred to its end
         self._map = KeyMap()
         self._media = open_media(tiers, layout, path, device)
         self.engine = LocalEngine(self._media, self._map.key_of)
@@ -432,7 +432,7 @@ class TieredKVStore:
                 full disk); an ``OSError`` whose ``saved``, ``failed`` and ``left_out``
                 count the blocks held only in HBM/DRAM that reopen, those whose write
                 failed and those that did not fit, its message quoting the OS error."""
-        with self._lock:
+        with self._lock.closing():
             if self._closed:
                 return 0
             self._closed = True
