@@ -20,6 +20,8 @@ from tiercache.config import Codec, KVLayout, TierConfig
 from tiercache.data.codec_base import BlockCodec
 from tiercache.live.sequence import Sequence
 
+from test_bench_honesty import _small_sequence as _whole_blocks_sequence
+
 ROOT = Path(__file__).resolve().parents[1]
 HEAD_TRACE = ROOT / "tests" / "data" / "mooncake_head.jsonl"
 
@@ -138,12 +140,7 @@ _DECODE_ARGS = ["--tokens", "4096", "--block-tokens", "256", "--kv-heads", "2", 
 
 
 def _small_sequence(tmp_path):
-    layout = KVLayout(1, 2, 16, "float16", 16, per_layer=True, name="tiny")
-    cache = TieredKVCache(layout, [TierConfig("hbm", 2), TierConfig("dram", 2), TierConfig("nvme", 32)],
-                          path=tmp_path / "nvme", device="cpu", prefetch="none", window_blocks=2, depth=2, write_through=True)
-    kv = bdecode.NeedleKV(12 * 16, 2, 16, 16, 2, 0)
-    seq = cache.sequence()
-    seq.append(0, *kv.chunk(0, kv.n_blocks * 16))
+    cache, seq, kv = _whole_blocks_sequence(tmp_path)
     seq.append(0, *kv.decode_kv(0))  # a partial tail block: attend covers it too
     return cache, seq, kv
 

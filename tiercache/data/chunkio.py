@@ -464,7 +464,16 @@ def read_chunk_file(path: str, buffers: list, direct: bool) -> tuple[int, bool]:
 
 def fsync_dir(path: str) -> None:
     """Makes renames and unlinks inside directory ``path`` durable."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    _fsync_path(path, os.O_DIRECTORY)
+
+
+def fsync_file(path: str) -> None:
+    """Makes a file's bytes durable (the caller fsyncs its directory); a symlink is refused."""
+    _fsync_path(path, os.O_NOFOLLOW)
+
+
+def _fsync_path(path: str, flags: int) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | flags)
     try:
         os.fsync(fd)
     finally:

@@ -174,7 +174,7 @@ def _create(path: str, layout: KVLayout, compression: str | None, capacity: int,
     """
     _remove_leftovers(path)
     chunkio.create_array(path, layout, capacity, compression, codec)
-    _fsync_file(os.path.join(path, META_NAME))
+    chunkio.fsync_file(os.path.join(path, META_NAME))
     table, files = SlotTable(capacity), IndexFiles(path)
     files.create()
     table.finish_load()
@@ -186,15 +186,6 @@ def _remove_leftovers(path: str) -> None:
     for name in os.listdir(path):
         if name != LOCK_NAME and _is_creation_leftover(name):
             os.unlink(os.path.join(path, name))
-
-
-def _fsync_file(path: str) -> None:
-    """Makes a file's bytes durable (the caller fsyncs the directory)."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _reopen(path: str, layout: KVLayout, compression: str | None, wanted: int | None, lock: StoreLock,
