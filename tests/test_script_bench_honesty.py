@@ -14,9 +14,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tiercache import TieredKVCache
 from tiercache.bench import decode as bdecode
-from tiercache.config import Codec, KVLayout, TierConfig
+from tiercache.config import Codec
 from tiercache.data.codec_base import BlockCodec
 from tiercache.live.sequence import Sequence
 
