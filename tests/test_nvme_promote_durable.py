@@ -127,3 +127,23 @@ def test_a_block_evicted_and_stored_again_in_one_call_survives_a_kill(tmp_path):
     held = reopened(killed(path, tmp_path), SMALL, data)
     store.close(persist=False)
     assert 29 in held
+
+
+def test_read_blocks_survive_a_full_disk_close_that_also_has_new_blocks(tmp_path, monkeypatch):
+    """The probe's case: 10 blocks fill a 10-slot NVMe tier, the disk is full, 4 new blocks
+    are put and 4 durable ones read (to HBM; the new ones go down to DRAM, and NVMe keeps
+    4 retained copies in its 4 free slots). Reserving NVMe slots for the new blocks first
+    deleted the retained copies, then every write failed: the read blocks go back first now
+    (no write), and the new ones are left out."""
+    small, path, data = tiers(hbm=4, dram=4, nvme=10), tmp_path / "nvme", blocks(14, 9)
+    with TieredKVStore(LAYOUT, small, path=path, device="cpu") as store:
+        store.put([key(i) for i in range(10)], data[:10])
+    store = TieredKVStore(LAYOUT, small, path=path, device="cpu")
+    chunk_writes_fail_after(monkeypatch, landed=0)  # the disk is full for chunks
+    store.put([key(i) for i in range(10, 14)], data[10:])
+    assert torch.equal(store.get([key(i) for i in range(4)]), data[:4])
+    assert store.lookup([key(i) for i in range(14)])[1] == ["hbm"] * 4 + ["nvme"] * 6 + ["dram"] * 4
+    store.check_invariants()
+    assert store.close() == 4  # the read blocks: taken up again; the new ones did not fit
+    monkeypatch.undo()
+    assert reopened(path, small, data[:10]) == list(range(10))

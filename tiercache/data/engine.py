@@ -87,6 +87,10 @@ class RetainedCopies:
         if held:
             self._delete(tier, list(held)[: max(0, len(held) - self._free(tier))])
 
+    def held_in(self, tier: int) -> list[int]:
+        """The blocks whose copies ``tier`` holds now (oldest first); claimed ones excluded."""
+        return list(self._held.get(tier, ()))
+
     def claim(self, job_id: int, tier: int, ids: Sequence[int]) -> set[int]:
         """The ids of a job into ``tier`` whose copies are held there: the job takes them up
         as they are (no write); until it settles they are not deleted by ``bound``."""

@@ -88,7 +88,8 @@ def adopt_stored_blocks(manager: TierManager, media: Sequence[object], keymap: K
 
 def persist_to_nvme(manager: TierManager, events: EventLog) -> Persisted:
     """Moves unpinned DRAM, then HBM, blocks into free NVMe slots (nothing on NVMe is
-    evicted for them; blocks that do not fit are ``left_out``).
+    evicted for them; blocks that do not fit are ``left_out``), after the blocks whose NVMe
+    copies are retained (``_return_retained``: no write, counted with the others).
 
     One move per tier first; when one of its writes fails, the move is taken back whole
     and its blocks are tried again one per move (``_move_one_by_one``), so a failed write
@@ -99,7 +100,9 @@ def persist_to_nvme(manager: TierManager, events: EventLog) -> Persisted:
     names = [d.name for d in manager.dirs]
     if "nvme" not in names or manager.write_through:
         return Persisted()
-    nvme, held, tried, reason = names.index("nvme"), [], 0, None
+    nvme, reason = names.index("nvme"), None
+    held = _return_retained(manager, nvme)
+    tried = len(held)
     for tier in reversed(range(nvme)):
         directory = manager.dirs[tier]
         here = [i for i in directory.slot_of if i not in directory.pins]
@@ -113,6 +116,23 @@ def persist_to_nvme(manager: TierManager, events: EventLog) -> Persisted:
     events.drain()  # shutting down is not traffic
     saved = sum(manager.locate(block_id) == nvme for block_id in held)
     return Persisted(saved, tried - saved, len(held) - tried, reason)
+
+
+def _return_retained(manager: TierManager, nvme: int) -> list[int]:
+    """Moves back first the blocks whose NVMe copies are still retained (``RetainedCopies``)
+    and returns them: they cost no write, so a full disk cannot fail them, and no other
+    block's move can delete their copies to make room for itself."""
+    retained = getattr(manager.engine, "retained", None)
+    if retained is None:
+        return []
+    copies, moved = set(retained.held_in(nvme)), []
+    for tier in reversed(range(nvme)):
+        directory = manager.dirs[tier]
+        ids = [i for i in directory.slot_of if i in copies and i not in directory.pins]
+        if ids:
+            _move_error(manager, ids, tier, nvme)
+            moved += ids
+    return moved
 
 
 def _move_error(manager: TierManager, ids: list[int], src: int, dst: int) -> str | None:
