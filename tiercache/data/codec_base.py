@@ -111,6 +111,16 @@ _POOL: ThreadPoolExecutor | None = None
 _CPUS = os.cpu_count() or 1
 
 
+def _forget_pool_in_child() -> None:
+    """``os.register_at_fork`` child handler: a forked child has none of the parent's pool
+    threads, so it starts its own pool (the inherited one would never run a task)."""
+    global _POOL
+    _POOL = None
+
+
+os.register_at_fork(after_in_child=_forget_pool_in_child)
+
+
 def _on_heads(kernel, heads: int, *args) -> None:
     """Runs ``kernel(*args, h0, h1)`` over two halves of the heads at once: one on a helper
     thread, one here (the kernels release the GIL; the machines this targets have a core or

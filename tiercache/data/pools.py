@@ -9,6 +9,7 @@ straight between slots, ``read`` gathers into a caller-given ``out``.
 from __future__ import annotations
 
 import ctypes
+import os
 import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -30,6 +31,17 @@ _pin_fallback_logged = False
 _HOST_PIECE = 4 << 20
 _host_copier: ThreadPoolExecutor | None = None
 _host_copier_lock = threading.Lock()
+
+
+def _forget_copier_in_child() -> None:
+    """``os.register_at_fork`` child handler: a forked child has none of the parent's copy
+    threads (nor its lock's owner), so it starts its own pool."""
+    global _host_copier, _host_copier_lock
+    _host_copier, _host_copier_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_copier_in_child)
+
 #: Host bytes a pool keeps before each slot when a remote tier is below it (one page, so
 #: slots stay page aligned for O_DIRECT); the last ``HEADER_BYTES`` of it hold a remote
 #: value's header, so the header and the block go over the wire as one buffer.
