@@ -43,7 +43,7 @@ SAME_LEVEL_ALLOWED: dict[str, tuple[str, ...]] = {
     "report": ("sim.mrc", "sim.loader"),  # the exact LRU curve: reuse histogram over the trace's ids
     # level 2
     "core": ("policies.base",),  # the manager drives the policy interface, never the registry
-    "data": ("core.plans", "core.engine", "cuda_ext"),  # executes plans as a TransferEngine; kernels
+    "data": ("core.plans", "core.engine", "core.interrupts", "cuda_ext"),  # executes plans as a TransferEngine; Ctrl-C deferral; kernels
     "attention": ("data", "cuda_ext"),  # decode attention reads tier buffers with the kernels
     # level 3
     "config": ("errors", "sizes"),  # re-exports the capacity spellings

@@ -305,3 +305,80 @@ def _close_into(store: NVMeStore, errors: list) -> None:
         store.close()
     except OSError as exc:
         errors.append(exc)
+
+
+def _holder(guard):
+    """A thread that holds ``guard`` until released: (thread, held event, release event)."""
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with guard:
+            held.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    held.wait(5)
+    return thread, release
+
+
+def test_ctrl_c_interrupts_a_wait_for_a_store_busy_in_another_thread():
+    """The guard takes its lock before deferring Ctrl-C: a main thread blocked waiting for
+    another thread's call is interrupted at once, as with a plain lock."""
+    from tiercache.live.guard import CallGuard
+
+    guard = CallGuard()
+    thread, release = _holder(guard)
+    timer = threading.Timer(0.2, signal.pthread_kill, (threading.main_thread().ident, signal.SIGINT))
+    timer.start()
+    start = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with guard:
+                pass
+        assert time.monotonic() - start < 2.0
+    finally:
+        release.set()
+        thread.join()
+        timer.cancel()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_raising_handler_during_a_blocked_call_leaves_ctrl_c_working():
+    """A SIGALRM handler that raises while the main thread waits for the guard: nothing of
+    the deferral is left installed (Ctrl-C raises at once afterwards)."""
+    from tiercache.core import interrupts
+    from tiercache.live.guard import CallGuard
+
+    guard = CallGuard()
+    thread, release = _holder(guard)
+
+    def timeout(signum, frame):
+        raise TimeoutError("alarm")
+
+    previous = signal.signal(signal.SIGALRM, timeout)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        with pytest.raises(TimeoutError):
+            with guard:
+                pass
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        release.set()
+        thread.join()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler and interrupts._depth == 0
+
+
+def test_a_deferring_handler_left_behind_is_adopted_by_the_next_section():
+    """A section cut short between its handler swap and its depth update leaves ``_record``
+    installed at depth 0; the next section adopts it and restores Python's handler."""
+    from tiercache.core import interrupts
+
+    signal.signal(signal.SIGINT, interrupts._record)
+    try:
+        with interrupts.deferred_interrupts():
+            pass
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -48,16 +48,24 @@ def _record(signum, frame) -> None:
 
 
 def enter_deferred() -> None:
-    """Starts a deferred section (pair with ``exit_deferred``, which must run even on error)."""
+    """Starts a deferred section (pair with ``exit_deferred``, which must run even on error).
+
+    A section that an exception from another signal handler cut short between its handler
+    swap and its depth update leaves ``_record`` installed at depth 0: the next section
+    adopts it (so Ctrl-C is never left recorded-only outside a section for long)."""
     global _depth, _saved
     if threading.get_ident() != _MAIN:
         return
     if _depth:
         _depth += 1
         return
-    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+    current = signal.getsignal(signal.SIGINT)
+    if current is _record:  # left installed by a section cut short: adopt it
+        _saved = signal.default_int_handler
+    elif current is signal.default_int_handler:
+        _saved = signal.signal(signal.SIGINT, _record)  # from here a SIGINT is only recorded
+    else:
         return  # someone else's handler: left alone (and _depth stays 0, so exit does nothing)
-    _saved = signal.signal(signal.SIGINT, _record)  # from here a SIGINT is only recorded
     _depth = 1
 
 

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from tiercache.attention import compute_dtype
+from tiercache.core.interrupts import interruptible_wait
 from tiercache.data.nvme_results import ReadIOError
 from tiercache.data.pools import BlockPool
 from tiercache.data.quantized import QuantizedPool
@@ -69,7 +70,8 @@ class TierChunks:
         by a failed step must not write its window buffer under the next one)."""
         pending = handle[2]
         if pending is not None:
-            futures.wait([pending[0]])
+            with interruptible_wait():  # a hung disk must not make the call deaf to Ctrl-C
+                futures.wait([pending[0]])
 
     def finish(self, handle) -> tuple[torch.Tensor, torch.Tensor]:
         _, k, v = self.cache._scratch(handle[1])
@@ -122,7 +124,8 @@ class TierChunks:
         else:
             future, window = pending
             try:
-                good = future.result()
+                with interruptible_wait():  # a hung disk must not make the call deaf to Ctrl-C
+                    good = future.result()
             except ReadIOError as error:  # the batch's corrupt chunks are gone all the same: say so
                 lost = [b for b, key in zip(ids, self.chunks[index][2]) if key in error.lost_keys]
                 if lost:

@@ -39,8 +39,12 @@ class CallGuard:
         self._closing = False  # a ``closing`` block is running (a close inside it is part of it)
 
     def __enter__(self) -> "CallGuard":
-        enter_deferred()
-        self._lock.acquire()
+        self._lock.acquire()  # first: a Ctrl-C (or a raising handler) while blocked here leaves nothing behind
+        try:
+            enter_deferred()
+        except BaseException:
+            self._lock.release()
+            raise
         self._depth += 1
         return self
 
