@@ -464,15 +464,11 @@ def read_chunk_file(path: str, buffers: list, direct: bool) -> tuple[int, bool]:
 
 def fsync_dir(path: str) -> None:
     """Makes renames and unlinks inside directory ``path`` durable."""
-    _fsync_path(path, os.O_DIRECTORY)
+    fsync_path(path, os.O_DIRECTORY)
 
 
-def fsync_file(path: str) -> None:
-    """Makes a file's bytes durable (the caller fsyncs its directory); a symlink is refused."""
-    _fsync_path(path, os.O_NOFOLLOW)
-
-
-def _fsync_path(path: str, flags: int) -> None:
+def fsync_path(path: str, flags: int = os.O_NOFOLLOW) -> None:
+    """Makes a file durable (no symlink; the caller fsyncs its directory), or a directory's entries."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | flags)
     try:
         os.fsync(fd)

@@ -174,7 +174,7 @@ def _create(path: str, layout: KVLayout, compression: str | None, capacity: int,
     """
     _remove_leftovers(path)
     chunkio.create_array(path, layout, capacity, compression, codec)
-    chunkio.fsync_file(os.path.join(path, META_NAME))
+    chunkio.fsync_path(os.path.join(path, META_NAME))
     table, files = SlotTable(capacity), IndexFiles(path)
     files.create()
     table.finish_load()
