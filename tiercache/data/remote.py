@@ -330,6 +330,8 @@ class RemoteStore:
                 continue
             for i, code in zip(range(a, b), codes):
                 verdict = verdict_of(code, headers[i], keys[i], payloads[i], self.tag)
+                if verdict == "unreadable" and self._wrong_size(names[i], HEADER_BYTES + payloads[i].nbytes):
+                    verdict = "corrupt"  # truncated or oversized: removed like any damaged value
                 ok.append(verdict is None)
                 if verdict is not None:
                     self.stats[verdict] += 1
@@ -339,6 +341,13 @@ class RemoteStore:
         if damaged:
             self._remove(damaged)
         return ok
+
+    def _wrong_size(self, name: str, size: int) -> bool:
+        """Whether the store holds ``name`` at another size than ``size`` (a truncated or
+        oversized value: Mooncake fails its get with the same codes as a holder that is
+        gone, so the size is asked; False when it cannot be)."""
+        stored = self._call("size", lambda c: [c.get_size(name)], 0)
+        return stored is not None and stored[0] >= 0 and stored[0] != size
 
     def _remove(self, names: list[str]) -> None:
         """Removes values that failed verification (best effort; ``removed`` counts those
