@@ -47,14 +47,14 @@ def ctrl_c_after(real):
     return wrapper
 
 
-def ctrl_c_before(real):
-    """A Ctrl-C (once), then ``real``."""
+def ctrl_c_before(real, signum: int = signal.SIGINT):
+    """A Ctrl-C (or ``signum``, whose handler then runs inside the call), once, then ``real``."""
     fired = []
 
     def wrapper(*args, **kwargs):
         if not fired:
             fired.append(True)
-            signal.raise_signal(signal.SIGINT)
+            signal.raise_signal(signum)
         return real(*args, **kwargs)
 
     return wrapper
@@ -205,7 +205,7 @@ def test_a_close_from_a_signal_handler_fails_the_interrupted_call_clearly(tmp_pa
     store.put(keys[:2], data[:2])
     old = signal.signal(signal.SIGUSR1, lambda signum, frame: store.close())
     try:
-        monkeypatch.setattr(store.engine, "wait", ctrl_c_like_usr1(store.engine.wait))
+        monkeypatch.setattr(store.engine, "wait", ctrl_c_before(store.engine.wait, signal.SIGUSR1))
         with pytest.raises(UserError, match="closed during this call"):
             store.put(keys[2:], data[2:])  # waits for a demotion; the handler closes the store
     finally:
@@ -213,19 +213,6 @@ def test_a_close_from_a_signal_handler_fails_the_interrupted_call_clearly(tmp_pa
         monkeypatch.undo()
     with TieredKVStore(LAYOUT, tiers(hbm=2), path=tmp_path / "nvme", device="cpu") as store:
         assert store.lookup(keys[:2])[0] == 2  # the completed puts were persisted by that close
-
-
-def ctrl_c_like_usr1(real):
-    """A SIGUSR1 (once) before ``real``: its handler runs inside the call."""
-    fired = []
-
-    def wrapper(*args, **kwargs):
-        if not fired:
-            fired.append(True)
-            signal.raise_signal(signal.SIGUSR1)
-        return real(*args, **kwargs)
-
-    return wrapper
 
 
 @main_thread_only
