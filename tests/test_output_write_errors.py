@@ -4,7 +4,7 @@ A write that fails part-way (a full disk; here a file size limit, RLIMIT_FSIZE w
 ignored, so the write fails with EFBIG as a full disk fails with ENOSPC) must give a one-line
 error naming the output (exit 2, no traceback) and leave an earlier file or report folder as
 it was, with no temporary file or folder behind: ``replay --out``, ``compare -o``,
-``report -o``, ``report --across -o`` and ``bench --json``.
+``report -o``, ``report --across -o``, ``bench --json``, ``trace export -o`` and ``trace synth -o``.
 """
 
 from __future__ import annotations
@@ -170,3 +170,25 @@ def test_report_o_refuses_the_folder_that_holds_its_input(tmp_path, capsys, acro
     one_error_line(capsys, "report", f"-o {out}: holds {results}, an input of this command; writing the report "
                                      "replaces the folder and would delete it (give another folder)")
     assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("command", [
+    ["trace", "export", TRACE, "--model", "llama-3-8b"],
+    ["trace", "synth", "docs", "--docs", "20", "--blocks", "8", "--requests", "200"],
+])
+def test_trace_outputs_on_a_full_disk_keep_the_previous_file(tmp_path, capsys, command):
+    """``trace export`` wrote its binary trace in place: a full disk left a torn file."""
+    target = tmp_path / "out.trace"
+    target.write_bytes(b"previous")
+    with file_size_limit(1024):
+        assert main([*command, "-o", str(target)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"tiercache trace: error: {target} (") and "cannot write: File too large" in err, err
+    assert target.read_bytes() == b"previous"
+    assert os.listdir(tmp_path) == ["out.trace"]
+
+
+def test_trace_output_into_a_missing_folder_is_named(tmp_path, capsys):
+    target = tmp_path / "missing" / "out.trace"
+    assert main(["trace", "export", TRACE, "--model", "llama-3-8b", "-o", str(target)]) == 2
+    assert f"folder {tmp_path / 'missing'} does not exist" in capsys.readouterr().err

@@ -14,7 +14,6 @@ Bad input raises ``UserError``/``TraceError``, which the dispatcher prints as on
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 from dataclasses import asdict, replace
@@ -144,32 +143,15 @@ def _synth_errors_name_options(command: Callable[[argparse.Namespace], int]) -> 
 
 
 def _write_whole(output: str, write: Callable[[str], int]) -> int:
-    """Runs ``write`` on a temporary file beside ``output``, then renames it to ``output``.
-
-    A failure (an error, MemoryError, Ctrl-C) leaves no partial file and an older
-    ``output`` as it was. An existing ``output`` that is not a regular file (``/dev/null``)
-    is written directly.
+    """Runs ``write(output)``, whose writer replaces ``output`` whole (``write_jsonl``).
 
     Raises:
         UserError: ``output`` cannot be written (named), or the trace does not fit in memory.
     """
-    if os.path.exists(output) and not os.path.isfile(output) and not os.path.isdir(output):
-        return write(output)
-    folder = os.path.dirname(os.path.abspath(output))
-    if not os.path.isdir(folder):
-        raise UserError(f"{output}: cannot write trace: folder {folder} does not exist")
-    temp = os.path.join(folder, f".{os.path.basename(output)}.{os.getpid()}.partial")
     try:
-        count = write(temp)
-        os.replace(temp, output)
+        return write(output)
     except MemoryError:
         raise UserError(f"{output}: the trace does not fit in memory; give smaller sizes") from None
-    except OSError as exc:
-        raise UserError(f"{output}: cannot write trace: {exc.strerror or exc}") from None
-    finally:
-        with contextlib.suppress(OSError):
-            os.unlink(temp)  # gone after the rename; a partial file after a failure
-    return count
 
 
 def _check_record_size(ids: int, largest_id: int, options: str) -> None:

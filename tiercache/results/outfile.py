@@ -9,13 +9,17 @@ size limit, Ctrl-C) leaves the target as it was and no temporary file behind.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import secrets
 import stat
+from typing import Callable, TypeVar
 
 from ..errors import UserError
 
-__all__ = ["replace_file"]
+__all__ = ["replace_file", "replace_file_with"]
+
+T = TypeVar("T")
 
 #: Longest part of the target's name kept in the temporary file's name (NAME_MAX is 255).
 _NAME_KEPT = 200
@@ -24,10 +28,7 @@ _NAME_KEPT = 200
 def replace_file(path: str | os.PathLike, data: str | bytes, label: str) -> None:
     """Writes ``data`` (a str as UTF-8) to ``path`` whole, or not at all.
 
-    Invariants: on return ``path`` holds exactly ``data``; on an error it holds what it held
-    before (or still does not exist) and no temporary file is left. A symlink is followed
-    (the file it points to is replaced); an existing path that is not a regular file
-    (``/dev/null``, a pipe) is written directly, as nothing can be renamed over it.
+    Invariants: those of ``replace_file_with``.
 
     Args:
         path: the file to write.
@@ -38,48 +39,82 @@ def replace_file(path: str | os.PathLike, data: str | bytes, label: str) -> None
         UserError: ``f"{label}: cannot write: {reason}"`` when any step fails.
     """
     payload = data.encode("utf-8") if isinstance(data, str) else data
+
+    def write(name: str) -> None:
+        fd = os.open(name, os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            _write_all(fd, payload)
+        finally:
+            os.close(fd)
+
+    replace_file_with(path, write, label)
+
+
+def replace_file_with(path: str | os.PathLike, write: Callable[[str], T], label: str) -> T:
+    """Runs ``write(name)`` on a new temporary file beside ``path``, then renames it over ``path``.
+
+    Invariants: on return ``path`` holds exactly what ``write`` wrote; on an error (or
+    Ctrl-C, or MemoryError) it holds what it held before (or still does not exist) and no
+    temporary file is left. A symlink is followed (the file it points to is replaced); an
+    existing path that is not a regular file (``/dev/null``, a pipe) is written directly,
+    as nothing can be renamed over it.
+
+    Args:
+        path: the file to write.
+        write: writes the whole contents to the file it is given (it may open it anew).
+        label: names the file in the error, e.g. ``"--out results.json"``.
+
+    Returns:
+        What ``write`` returned.
+
+    Raises:
+        UserError: ``f"{label}: cannot write: {reason}"`` when any step fails.
+    """
     target = os.path.realpath(path)
     try:
-        if os.path.exists(target) and not os.path.isfile(target):
-            _write_special(target, payload)
-        else:
-            _write_and_rename(target, payload)
+        if os.path.exists(target) and not os.path.isfile(target) and not os.path.isdir(target):
+            return write(target)
+        return _write_and_rename(target, write)
     except OSError as exc:
         raise UserError(f"{label}: cannot write: {exc.strerror or exc}") from None
 
 
-def _write_and_rename(target: str, payload: bytes) -> None:
-    """Writes a new temporary file beside ``target``, syncs it, renames it over ``target``."""
+def _write_and_rename(target: str, write: Callable[[str], T]) -> T:
+    """Creates a temporary file beside ``target``, has ``write`` fill it, syncs it and renames
+    it over ``target``."""
     folder, name = os.path.split(target)
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(errno.ENOENT, f"folder {folder} does not exist")
     temp = os.path.join(folder, f".{name[:_NAME_KEPT]}.{secrets.token_hex(4)}.partial")
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)  # the umask applies
     try:
         try:
             _keep_mode(fd, target)
-            _write_all(fd, payload)
-            os.fsync(fd)
         finally:
             os.close(fd)
+        result = write(temp)
+        _fsync_file(temp)
         os.replace(temp, target)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(temp)
         raise
     _sync_folder(folder)
+    return result
+
+
+def _fsync_file(name: str) -> None:
+    fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _keep_mode(fd: int, target: str) -> None:
     """Gives the temporary file the permission bits of the file it will replace, if any."""
     with contextlib.suppress(FileNotFoundError):
         os.fchmod(fd, stat.S_IMODE(os.stat(target).st_mode))
-
-
-def _write_special(target: str, payload: bytes) -> None:
-    fd = os.open(target, os.O_WRONLY | os.O_CLOEXEC)
-    try:
-        _write_all(fd, payload)
-    finally:
-        os.close(fd)
 
 
 def _write_all(fd: int, payload: bytes) -> None:

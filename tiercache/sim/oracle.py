@@ -25,6 +25,7 @@ import numpy as np
 from tiercache.config import KVLayout
 from tiercache.errors import UserError
 from tiercache.policies.base import NO_NEXT_USE
+from tiercache.results.outfile import replace_file_with
 from tiercache.sim.loader import Trace, load_trace
 from tiercache.sim.traces import next_use
 
@@ -64,7 +65,7 @@ def write_oracle_general(
     """Writes accesses as an oracleGeneral trace; returns the number of records.
 
     Args:
-        path: output file (overwritten).
+        path: output file (replaced whole: a failed write leaves an earlier file as it was).
         ids: block ids in access order (non-negative int64).
         times: clock time of each access, or one value for all (uint32 range).
         sizes: object size of each access, or one value for all (1 to 2**32 - 1).
@@ -83,13 +84,14 @@ def write_oracle_general(
     never = nxt == NO_NEXT_USE
     nxt += 1  # libCacheSim counts requests from 1
     nxt[never] = -1
-    try:
-        with open(os.fspath(path), "wb") as handle:
+
+    def write(name: str) -> None:
+        with open(name, "wb") as handle:
             for start in range(0, len(ids), _CHUNK_RECORDS):
                 stop = min(start + _CHUNK_RECORDS, len(ids))
                 handle.write(_records(ids, times_arr, sizes_arr, nxt, start, stop).tobytes())
-    except OSError as exc:
-        raise UserError(f"{os.fspath(path)}: cannot write oracleGeneral trace: {exc.strerror or exc}") from None
+
+    replace_file_with(path, write, f"{os.fspath(path)} (oracleGeneral trace)")
     return len(ids)
 
 

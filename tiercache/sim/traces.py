@@ -35,6 +35,7 @@ import xxhash
 from tiercache.errors import TraceError, UserError
 from tiercache.policies.base import NO_NEXT_USE
 from tiercache.results import TraceKind
+from tiercache.results.outfile import replace_file_with
 from tiercache.results.records import FINGERPRINT_PREFIX, legacy_fingerprint
 
 from .tracelines import (MAX_LINE_BYTES, MAX_TOKENS, MAX_TOTAL_TOKENS, _TOKEN_FIELDS, check_token_counts,
@@ -295,21 +296,22 @@ def write_requests(path: str | os.PathLike, requests: Iterable[Request]) -> int:
 
 
 def write_jsonl(path: str | os.PathLike, lines: Iterable[str], what: str) -> int:
-    """Writes one JSON text per line; returns the number written.
+    """Writes one JSON text per line; returns the number written. The file is replaced whole:
+    a write that fails part-way leaves an earlier file as it was (``outfile.replace_file_with``).
 
     Raises:
         UserError: the file cannot be written (the message names it and ``what`` it is).
     """
-    name = os.fspath(path)
-    count = 0
-    try:
+
+    def write(name: str) -> int:
+        count = 0
         with open(name, "w", encoding="utf-8") as handle:
             for line in lines:
                 handle.write(line + "\n")
                 count += 1
-    except OSError as exc:
-        raise UserError(f"{name}: cannot write {what}: {exc.strerror or exc}") from None
-    return count
+        return count
+
+    return replace_file_with(path, write, f"{os.fspath(path)} ({what})")
 
 
 # ----------------------------------------------------------------------------- kind detection
