@@ -10,6 +10,9 @@ without a traceback, and exits 2. Nothing in the library imports this package.
 from __future__ import annotations
 
 import argparse
+import os
+import select
+import signal
 import sys
 from typing import NoReturn
 
@@ -52,13 +55,37 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.argv = argv
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # a reader that went away is reported here, not at exit
+        return code
     except UserError as exc:
         print(f"tiercache {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("tiercache: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        if not _stdout_closed_by_reader():
+            raise
+        return 128 + signal.SIGPIPE  # as a shell reports a command that a closed pipe stopped
+
+
+def _stdout_closed_by_reader() -> bool:
+    """True when standard output is a pipe whose reader went away (``tiercache ... | head``).
+    Standard output is then pointed at ``/dev/null``, so that the interpreter's last flush
+    does not fail again."""
+    try:
+        fd = sys.stdout.fileno()
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        closed = any(events & select.POLLERR for _, events in poller.poll(0))
+    except (OSError, ValueError, AttributeError):  # no real stdout, or no poll() on this platform
+        return False
+    if closed:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, fd)
+        os.close(devnull)
+    return closed
 
 
 if __name__ == "__main__":
