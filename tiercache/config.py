@@ -462,11 +462,13 @@ _LAYOUT_FIELDS = {"layers": int, "kv_heads": int, "head_dim": int, "dtype": str,
 def parse_layout(spec: str, block_tokens: int | None = None) -> KVLayout:
     """Parses ``"layers=32,kv_heads=8,head_dim=128[,dtype=bfloat16][,block_tokens=256]"``.
 
-    A model preset name is accepted too. ``block_tokens``, when given, overrides the spec's.
+    A model preset name is accepted too. ``block_tokens``, when given, is the trace's block
+    size: the layout takes it, and a spec that names another is refused (never silently
+    replaced).
 
     Raises:
-        ConfigError: unknown, repeated or missing key, an empty item, or a non-integer where
-            one is needed.
+        ConfigError: unknown, repeated or missing key, an empty item, a non-integer where
+            one is needed, or a ``block_tokens=`` other than ``block_tokens``.
     """
     if "=" not in spec:
         return layout_preset(spec, block_tokens)
@@ -485,5 +487,7 @@ def parse_layout(spec: str, block_tokens: int | None = None) -> KVLayout:
     if missing:
         raise ConfigError(f"--layout: missing {', '.join(missing)}")
     if block_tokens is not None:
-        values["block_tokens"] = block_tokens
+        if values.setdefault("block_tokens", block_tokens) != block_tokens:
+            raise ConfigError(f"--layout: block_tokens={values['block_tokens']}, but the trace's blocks are {block_tokens} "
+                              f"tokens; leave block_tokens out (the trace sets it) or give {block_tokens}")
     return KVLayout(**values)

@@ -11,9 +11,37 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass, field
 
+from tiercache.config import REMOTE_TIER
 from tiercache.core.plans import JobResult, TransferPlan
 
-__all__ = ["SimClock", "SimEngine", "LinkUsage"]
+__all__ = ["SimClock", "SimEngine", "LinkUsage", "STORAGE_TIERS", "hop_block_bytes"]
+
+#: Tiers on media that store and carry bytes but compute nothing (a drive, the network's
+#: shared store): the host encodes and decodes for them.
+STORAGE_TIERS = ("nvme", REMOTE_TIER)
+
+
+def hop_block_bytes(src: str, src_form: int, dst: str, dst_form: int, plain: int) -> int:
+    """Bytes one block takes on a hop from tier ``src`` to tier ``dst``, as the live data
+    plane (``tiercache/data/handlers.py``, ``quantized.py``) moves it.
+
+    Args:
+        src: source tier name; ``src_form`` the bytes of a block as it holds it.
+        dst: destination tier name; ``dst_form`` the bytes of a block as it holds it.
+        plain: bytes of an unquantised block (a form below it is a codec's).
+
+    Invariants: a hop to or from a storage tier (``STORAGE_TIERS``) carries that tier's
+    form, whatever the other end's (an INT4 DRAM block is decoded on the host and written
+    to a plain NVMe tier whole; a plain NVMe block is read whole and encoded on the host).
+    Between two memory tiers the converting side is the one that makes the encoded form
+    cross: a quantised destination's form (encoded where the block lies, then copied), else
+    the source's (an encoded block is copied, then decoded where it lands).
+    """
+    if dst in STORAGE_TIERS:
+        return dst_form
+    if src in STORAGE_TIERS:
+        return src_form
+    return dst_form if dst_form < plain else src_form
 
 
 @dataclass
@@ -49,15 +77,17 @@ class SimEngine:
         profile: a ``HardwareProfile`` (``links`` name -> ``Link``), or None for zero cost.
         clock: the shared simulated clock.
         tier_block_bytes: bytes of one block in each tier (its codec's, scales included), or
-            None when every tier holds ``block_bytes``. A block crosses a link in the smaller
-            form of its two ends: a quantised tier's encoded bytes are what is written to it
-            (encoded before the copy) and read from it (decoded after), so the codec's
-            compute time is taken to hide behind the link (``scripts/bench_quant.py``
-            measures decode against the disk's cold read rate and encode against its durable
-            write rate, of encoded blocks, in fp16-equivalent bytes).
+            None when every tier holds ``block_bytes``. A block crosses each hop in the form
+            the live data plane moves (``hop_block_bytes``); the codec's compute time is
+            taken to hide behind the link (``scripts/bench_quant.py`` measures decode against
+            the disk's cold read rate and encode against its durable write rate, of encoded
+            blocks, in fp16-equivalent bytes).
 
-    A link missing from the profile is modeled as staged through DRAM (``nvme->hbm`` =
-    ``nvme->dram`` then ``dram->hbm``), which is how such copies run on real machines.
+    A move between two tiers neither of which is DRAM (HBM and NVMe or remote, NVMe and
+    remote) that the profile gives no direct link for is staged through DRAM
+    (``nvme->hbm`` = ``nvme->dram`` then ``dram->hbm``), as the live data plane copies it;
+    each hop is charged at the bytes it carries, and the move's bytes are those of its last
+    hop (what arrives in the destination tier).
     """
 
     tier_names: tuple[str, ...]
@@ -86,10 +116,11 @@ class SimEngine:
 
     def cost(self, src_tier: int, dst_tier: int, n_blocks: int, n_transfers: int = 1) -> tuple[int, float]:
         """Bytes and modeled seconds of ``n_transfers`` transfers of ``n_blocks`` in all
-        between two tiers (one transfer by default); a block takes the smaller of its two
-        ends' forms on the link (``tier_block_bytes``: a quantised tier's encoded bytes)."""
-        nbytes = n_blocks * self._bytes_per_block(src_tier, dst_tier)
-        return nbytes, self._seconds(self._link(src_tier, dst_tier), nbytes, n_transfers)
+        between two tiers (one transfer by default): the seconds of every hop of the path
+        (``_path``), each at the bytes it carries; the bytes of the last hop."""
+        path = self._path(src_tier, dst_tier)
+        seconds = sum(self._seconds(link, n_blocks * per_block, n_transfers) for link, per_block in path)
+        return n_blocks * path[-1][1], seconds
 
     def charge(self, src_tier: int, dst_tier: int, n_blocks: int, n_transfers: int) -> None:
         """Books ``n_transfers`` completed transfers of ``n_blocks`` in all on a link, as many
@@ -102,11 +133,30 @@ class SimEngine:
         usage.transfers += n_transfers
         usage.seconds += seconds
 
-    def _bytes_per_block(self, src_tier: int, dst_tier: int) -> int:
-        """Bytes one block takes on the link between two tiers (see ``tier_block_bytes``)."""
-        if self.tier_block_bytes is None:
-            return self.block_bytes or 0
-        return min(self.tier_block_bytes[src_tier], self.tier_block_bytes[dst_tier])
+    def _path(self, src_tier: int, dst_tier: int) -> tuple[tuple[str, int], ...]:
+        """The hops of a move, each as (link name, bytes one block takes on it).
+
+        One hop, unless neither end is DRAM and the profile gives no direct link for the move
+        (GPUDirect): then two, through host memory, where the block is held in the memory
+        end's form (the live handlers stage a plain HBM's blocks plain and a quantised HBM's
+        encoded; between two storage tiers the destination's).
+        """
+        src, dst = self.tier_names[src_tier], self.tier_names[dst_tier]
+        src_form, dst_form = self._form(src_tier), self._form(dst_tier)
+        direct = f"{src}->{dst}"
+        if "dram" in (src, dst) or (self.profile is not None and direct in self.profile.links):
+            return ((direct, hop_block_bytes(src, src_form, dst, dst_form, self._plain())),)
+        host = dst_form if src in STORAGE_TIERS else src_form
+        return ((f"{src}->dram", hop_block_bytes(src, src_form, "dram", host, self._plain())),
+                (f"dram->{dst}", hop_block_bytes("dram", host, dst, dst_form, self._plain())))
+
+    def _plain(self) -> int:
+        """Bytes of an unquantised block (0 without a layout)."""
+        return self.block_bytes or 0
+
+    def _form(self, tier: int) -> int:
+        """Bytes of one block as ``tier`` stores it (see ``tier_block_bytes``)."""
+        return self._plain() if self.tier_block_bytes is None else self.tier_block_bytes[tier]
 
     def _link(self, src_tier: int, dst_tier: int) -> str:
         return f"{self.tier_names[src_tier]}->{self.tier_names[dst_tier]}"
@@ -158,13 +208,13 @@ class SimEngine:
         return sum(u.seconds for u in self.usage.values())
 
     def _seconds(self, link: str, nbytes: int, n_transfers: int = 1) -> float:
+        """Modeled seconds of one hop (0 without a profile or without bytes).
+
+        Raises:
+            KeyError: the profile has no such link.
+        """
         if self.profile is None or not nbytes:
             return 0.0
-        links = self.profile.links
-        if link in links:
-            return links[link].seconds(nbytes, n_transfers)
-        src, dst = link.split("->")
-        staged = (f"{src}->dram", f"dram->{dst}")
-        if all(part in links for part in staged):
-            return sum(links[part].seconds(nbytes, n_transfers) for part in staged)
-        raise KeyError(f"hardware profile {self.profile.name!r} has no link {link!r}")
+        if link not in self.profile.links:
+            raise KeyError(f"hardware profile {self.profile.name!r} has no link {link!r}")
+        return self.profile.links[link].seconds(nbytes, n_transfers)

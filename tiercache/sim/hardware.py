@@ -39,13 +39,54 @@ STAGED_LINKS = {"nvme->hbm": ("nvme->dram", "dram->hbm"), "hbm->nvme": ("hbm->dr
 NETWORK_LINKS = ("remote->dram", "dram->remote")
 
 
+#: What a profile JSON may give, (low, high, unit), both ends included. Physically sane
+#: ranges (a KV link between 1 MB/s and 1 PB/s, at most 10 s per transfer; a prefill of 1
+#: to 10^9 tokens/s); they also keep every modeled figure finite (a latency of 1e308 s or a
+#: bandwidth of 1e-300 B/s would turn a replay's seconds into infinity).
+BANDWIDTH_RANGE = (1e6, 1e15, "B/s")
+LATENCY_RANGE = (0.0, 10.0, "s")
+PREFILL_RANGE = (1.0, 1e9, "tokens/s")
+
+
+def _as_float(value: Any, what: str, bound: str) -> float:
+    """``value`` as a float: an int or a float, never a bool or a string; an int too large
+    for a float becomes infinity (so the caller's range check refuses it, by name)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise UserError(f"{what}: must be a number {bound}, got {value!r}")
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
+
+
+def _shown(value: Any) -> str:
+    """``value`` for an error message; an integer too long to read is shown by its length."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**30:
+        return f"an integer of {len(str(abs(value)))} digits"
+    return repr(value)
+
+
 def _positive_number(value: Any, what: str, allow_zero: bool = False) -> float:
     """A finite float > 0 (or >= 0); bools and strings are rejected."""
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if not ok or value < 0 or (value == 0 and not allow_zero):
-        bound = ">= 0" if allow_zero else "> 0"
-        raise UserError(f"{what}: must be a finite number {bound}, got {value!r}")
-    return float(value)
+    bound = ">= 0" if allow_zero else "> 0"
+    number = _as_float(value, what, f"(finite, {bound})")
+    if not math.isfinite(number) or number < 0 or (number == 0 and not allow_zero):
+        raise UserError(f"{what}: must be a finite number {bound}, got {_shown(value)}")
+    return number
+
+
+def _number_in(value: Any, what: str, accepted: tuple[float, float, str]) -> float:
+    """A float within ``accepted`` (low, high, unit; both ends included), for a profile JSON.
+
+    Raises:
+        UserError: not a number, or outside the range; names ``what`` and the range.
+    """
+    low, high, unit = accepted
+    bound = f"from {low:g} to {high:g} {unit}"
+    number = _as_float(value, what, bound)
+    if not low <= number <= high:  # NaN fails too
+        raise UserError(f"{what}: must be a number {bound}, got {_shown(value)}")
+    return number
 
 
 @dataclass(frozen=True)
@@ -71,9 +112,10 @@ class HardwareProfile:
     """A named machine: its links and prefill throughput.
 
     Invariants: ``links`` holds every name in ``REQUIRED_LINKS`` and only names of the form
-    ``"src->dst"`` over hbm/dram/nvme; it is read-only. ``prefill_tokens_per_s > 0`` is the
-    rate at which recomputing a missed prefix costs time (tokens of the reference model), or
-    None when the profile has none (``tiercache bench`` measures links, not prefill): such a
+    ``"src->dst"`` over hbm/dram/nvme (and remote: both ``NETWORK_LINKS`` or neither, never
+    one alone, which a fleet replay would otherwise replace by a preset); it is read-only.
+    ``prefill_tokens_per_s > 0`` is the rate at which recomputing a missed prefix costs time
+    (tokens of the reference model), or None when the profile has none (``tiercache bench`` measures links, not prefill): such a
     profile models link seconds only, and ``require_prefill`` refuses recompute and TTFT.
     ``source`` is the JSON file it was read from (None for a preset), named in its errors.
     """
@@ -88,6 +130,12 @@ class HardwareProfile:
         unknown = [n for n in self.links if n not in REQUIRED_LINKS and n not in STAGED_LINKS and n not in NETWORK_LINKS]
         if missing or unknown:
             raise UserError(f"hardware profile {self.name!r}: missing links {missing}, unknown links {unknown}")
+        network = [n for n in NETWORK_LINKS if n in self.links]
+        if len(network) == 1:
+            (given,) = network
+            (absent,) = [n for n in NETWORK_LINKS if n != given]
+            raise UserError(f"hardware profile {self.name!r}: links[{given!r}] is given but links[{absent!r}] is missing; "
+                            "a shared tier's network needs both directions (or neither: --network then picks a preset)")
         object.__setattr__(self, "links", MappingProxyType(dict(self.links)))
         if self.prefill_tokens_per_s is not None:
             rate = _positive_number(self.prefill_tokens_per_s, f"hardware profile {self.name!r}: prefill_tokens_per_s")
@@ -191,9 +239,13 @@ def with_network(profile: HardwareProfile, network: str) -> HardwareProfile:
 def load_profile(name_or_path: str | os.PathLike) -> HardwareProfile:
     """A preset by name, or a profile from a JSON file (see ``save_profile`` for the schema).
 
+    A file's bandwidths, latencies and prefill speed must lie in ``BANDWIDTH_RANGE``,
+    ``LATENCY_RANGE`` and ``PREFILL_RANGE``.
+
     Raises:
         UserError: neither a preset nor an existing file (the message lists the presets), or
-            a malformed file (the message names the file and the field).
+            a malformed file (the message names the file and the field, and the accepted
+            range of a value outside it).
     """
     text = os.fspath(name_or_path)
     if text in PRESETS:
@@ -219,16 +271,19 @@ def _profile_from_json(path: str, data: Any) -> HardwareProfile:
         raise UserError(f"{path}: 'name' must be a string and 'links' an object")
     try:
         links = {name: _link_from_json(name, spec) for name, spec in data["links"].items()}
-        return HardwareProfile(data["name"], links, data["prefill_tokens_per_s"], path)  # null: no prefill speed
+        rate = data["prefill_tokens_per_s"]  # null: no prefill speed
+        rate = None if rate is None else _number_in(rate, "prefill_tokens_per_s", PREFILL_RANGE)
+        return HardwareProfile(data["name"], links, rate, path)
     except UserError as exc:
         raise UserError(f"{path}: {exc}") from None
 
 
 def _link_from_json(name: str, spec: Any) -> Link:
+    """One link of a profile JSON, its values within ``BANDWIDTH_RANGE`` and ``LATENCY_RANGE``."""
     if not isinstance(spec, dict) or set(spec) != {"bandwidth_Bps", "latency_s"}:
         raise UserError(f"links[{name!r}]: must be an object with exactly 'bandwidth_Bps' and 'latency_s', got {spec!r}")
-    bandwidth = _positive_number(spec["bandwidth_Bps"], f"links[{name!r}].bandwidth_Bps")
-    latency = _positive_number(spec["latency_s"], f"links[{name!r}].latency_s", allow_zero=True)
+    bandwidth = _number_in(spec["bandwidth_Bps"], f"links[{name!r}].bandwidth_Bps", BANDWIDTH_RANGE)
+    latency = _number_in(spec["latency_s"], f"links[{name!r}].latency_s", LATENCY_RANGE)
     return Link(bandwidth, latency)
 
 
