@@ -274,3 +274,15 @@ def test_strict_reading_names_file_run_and_field(change, needle):
 def test_records_check_their_counts():
     with pytest.raises(ValueError, match="accesses"):
         dataclasses.replace(full_document().runs[0], misses=1)
+
+
+@pytest.mark.parametrize("figure", [float("inf"), float("nan")])
+def test_a_figure_the_reader_refuses_is_not_written(tmp_path, figure):
+    """A non-finite figure made a results file that ``tiercache report`` then refused."""
+    document = full_document()
+    bad = dataclasses.replace(document.runs[0], modeled_seconds={"hbm->dram": figure, "total": figure})
+    path = tmp_path / "results.json"
+    path.write_text("earlier")
+    with pytest.raises(UserError, match=r"^--out .*results.json: a figure of this run is not a finite number"):
+        write_results(path, dataclasses.replace(document, runs=(bad,)), "--out")
+    assert path.read_text() == "earlier"

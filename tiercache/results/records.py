@@ -436,7 +436,16 @@ def write_results(path: str | Path, document: ResultsDocument, option: str) -> N
     """Writes ``document`` as results.json, whole or not at all: a write that fails part-way
     leaves an earlier file at ``path`` as it was (``outfile.replace_file``).
 
+    Invariants: a file written here is one ``read_results`` accepts; a figure that is not a
+    finite number (which the reader refuses) fails the write instead.
+
     Raises:
-        UserError: the file cannot be written (the message names ``option`` and the file).
+        UserError: the file cannot be written, or a figure is NaN or infinite (the message
+            names ``option`` and the file).
     """
-    replace_file(path, json.dumps(document.to_json(), indent=1), f"{option} {path}")
+    try:
+        text = json.dumps(document.to_json(), indent=1, allow_nan=False)
+    except ValueError:
+        raise UserError(f"{option} {path}: a figure of this run is not a finite number (NaN or infinite); "
+                        "nothing was written") from None
+    replace_file(path, text, f"{option} {path}")
