@@ -12,8 +12,9 @@ it, so a recorded run replays to exactly the same decisions and per-tier counts:
    to the top tier, or in place for a streaming reader), then asks the prefetch policy what
    to bring up next and starts those moves, still holding the references: the caller
    computes attention while the prefetches run, then ends the read (``end_read``).
-3. A write stores the blocks that are not resident yet; the ones listed as held join their
-   sequence (they may move down, never out: ``TierManager.hold``).
+3. A write holds the listed blocks already resident, then stores the blocks that are not
+   resident yet, the listed ones held as they land: a sequence's blocks may move down,
+   never out (``TierManager.hold``), not even to make room for the same write's blocks.
 """
 
 from __future__ import annotations
@@ -106,11 +107,20 @@ class StepDriver:
         self.manager.unref(refs)
 
     def write(self, ids: Sequence[int], hold: Sequence[int] = ()) -> list[int]:
-        """Stores the blocks of ``ids`` not resident yet (the engine has their bytes staged),
-        then holds the ids of ``hold`` that are resident. Returns the ids newly stored."""
+        """Stores the blocks of ``ids`` not resident yet (the engine has their bytes staged)
+        and holds the ids of ``hold`` that are resident. Returns the ids newly stored.
+
+        The resident ids of ``hold`` are held before anything is inserted, and the new ones
+        as each chunk lands, so the write's own inserts can push a held block down but never
+        out of the hierarchy: a write whose held blocks fit never loses one of them. The
+        holds are taken first, so a write that raises part-way leaves some behind: its
+        caller releases the holds the write added (``Sequence._store_blocks``).
+        """
         manager = self.manager
         self.settle()
         fresh = [block_id for block_id in ids if manager.locate(block_id) is None]
+        new = set(fresh)
+        self.hold([block_id for block_id in hold if block_id not in new], settle=False)
         held = set(hold)
         fresh_held = [block_id for block_id in fresh if block_id in held]
         fresh_free = [block_id for block_id in fresh if block_id not in held]
@@ -118,10 +128,7 @@ class StepDriver:
             manager.insert(fresh_held, hold=True)
         if fresh_free:
             manager.insert(fresh_free)
-        stored = [block_id for block_id in fresh if manager.locate(block_id) is not None]
-        placed = set(fresh_held)
-        self.hold([block_id for block_id in hold if block_id not in placed], settle=False)
-        return stored
+        return [block_id for block_id in fresh if manager.locate(block_id) is not None]
 
     def hold(self, ids: Sequence[int], settle: bool = True) -> None:
         """Holds the resident ids of ``ids`` for a live sequence."""

@@ -1,5 +1,6 @@
-"""Checks of the decode API's arguments: token ids, a sparse budget, appended KV and queries.
-Each turns what a caller may pass into one plain form, or raises naming what was wrong."""
+"""Checks of the live API's arguments: token ids, a sparse budget, appended KV and queries of
+the decode API, and the store's flags. Each turns what a caller may pass into one plain form,
+or raises naming what was wrong."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from tiercache.data.buffers import check_quantisable
 from tiercache.errors import UserError
 from tiercache.keys import _token_array
 
-__all__ = ["flat_token_ids", "sparse_budget_blocks", "check_kv", "check_query"]
+__all__ = ["flat_token_ids", "sparse_budget_blocks", "check_kv", "check_query", "check_flag"]
 
 
 def flat_token_ids(tokens, what: str) -> np.ndarray:
@@ -83,3 +84,10 @@ def check_query(cache, q: torch.Tensor, what: str, one_token: bool) -> None:
         raise UserError(f"{what}: q must be {cache.dtype} (the layout's dtype), got {q.dtype}")
     if q.device != cache.device:
         raise UserError(f"{what}: q must be on {cache.device} (the HBM tier's device), got {q.device}")
+
+
+def check_flag(value, what: str) -> None:
+    """Raises UserError naming ``what`` unless ``value`` is a bool (numpy's too): a flag such
+    as ``wait="no"`` would otherwise be taken as true."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise UserError(f"{what} must be True or False, got {type(value).__name__} {value!r}")

@@ -71,6 +71,19 @@ class KeyMap:
             ids.append(block_id)
         return ids
 
+    def stored_ids(self, keys: Sequence[bytes], locate: Callable[[int], int | None], what: str) -> list[int]:
+        """Manager ids of ``keys``, each of a block some tier holds (``locate``).
+
+        Raises:
+            KeyError: naming ``what`` and the first key that is not stored (a key whose id
+                belongs to another key is not stored either).
+        """
+        ids = self.ids(keys, register=False)
+        for key, block_id in zip(keys, ids):
+            if block_id is None or locate(block_id) is None:
+                raise KeyError(f"{what}: key {key.hex()} is not stored")
+        return ids
+
     def adopt(self, ids: Sequence[int], keys: Sequence[bytes]) -> None:
         """Records the keys of blocks adopted from a durable tier on reopen."""
         self.keys.update(zip(ids, keys))

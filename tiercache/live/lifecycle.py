@@ -208,17 +208,22 @@ def check_store(manager: TierManager, keymap: KeyMap, media: Sequence[object], e
                 assert medium.contains(keymap.keys[block_id]), f"{medium}: resident block {block_id} is not stored"
 
 
-def check_release(manager: TierManager, keys: Sequence[bytes], ids: Sequence[int]) -> None:
+def check_release(manager: TierManager, keys: Sequence[bytes], ids: Sequence[int | None]) -> None:
     """Checks a ``release`` before it changes anything, naming the caller's key (the manager
-    names its internal id): each key released at most as often as it is pinned (pins on
-    blocks lost while pinned count too: ``TierManager.unref``).
+    names its internal id): each key stored or pinned, and released at most as often as it
+    is pinned (pins on blocks lost while pinned count too: ``TierManager.unref``). ``ids``
+    are the keys' ids (None: the id belongs to another key).
 
     Raises:
+        KeyError: the first key neither stored nor pinned.
         CountError: the first key released more often than it is pinned.
     """
     asked: dict[int, int] = {}
     for key, block_id in zip(keys, ids):
+        orphan = block_id in manager.orphan_refs
+        if block_id is None or not (orphan or manager.locate(block_id) is not None):
+            raise KeyError(f"TieredKVStore.release: key {key.hex()} is not stored")
         asked[block_id] = asked.get(block_id, 0) + 1
-        counts = manager.orphan_refs if block_id in manager.orphan_refs else manager.refs
+        counts = manager.orphan_refs if orphan else manager.refs
         if asked[block_id] > counts.get(block_id, 0):
             raise CountError(f"TieredKVStore.release: key {key.hex()} is released more often than it is pinned")

@@ -33,6 +33,7 @@ from tiercache.errors import UserError
 from tiercache.keys import prefix_keys
 from tiercache.policies import make_admission, make_eviction
 
+from .arguments import check_flag
 from .guard import CallGuard
 from .keymap import KeyMap
 from .lifecycle import (PersistError, Persisted, adopt_stored_blocks, check_release, check_store, flush_and_close,
@@ -104,10 +105,12 @@ class TieredKVStore:
 
     # -- storing -------------------------------------------------------------------------
     def put(self, keys: Sequence[bytes], kv_blocks: torch.Tensor) -> int:
-        """Stores blocks ``kv_blocks[i]`` under ``keys[i]``; returns how many new blocks were
-        stored. New blocks that could not be placed (every HBM slot pinned, a write-back that
-        failed on a full disk, a key whose id another key holds) are not counted: a caller
-        sees a refused put in the return value, and the reason in ``stats()``.
+        """Stores blocks ``kv_blocks[i]`` under ``keys[i]``; returns how many of the call's new
+        keys are stored when it returns. A new block that could not be placed (every HBM slot
+        pinned, a write-back that failed on a full disk, a key whose id another key holds), or
+        that the call's own later placements pushed out again (a batch larger than the room
+        left), is not counted: a caller sees a refused put in the return value, and the
+        reason in ``stats()``.
 
         Keys already stored are refreshed (touched), not rewritten: a key names its content.
         If the copy of new bytes fails, nothing of the failed blocks is kept and the error
@@ -127,21 +130,21 @@ class TieredKVStore:
             new_ids = [ids[n] for n in valid if self.manager.locate(ids[n]) is None]
             placed = set(new_ids)
             old = [ids[n] for n in valid if ids[n] not in placed]
-            stored: list[int] = []
 
             def insert_then_touch() -> None:
                 self.manager.insert(new_ids)
-                stored.append(sum(self.manager.locate(block_id) is not None for block_id in new_ids))
                 # An old block the insert pushed out of the hierarchy is stored again from
-                # these bytes (all of the call's blocks are staged), as any miss would be.
+                # these bytes (all of the call's blocks are staged), as any miss would be;
+                # that may push out some of the new ones again (counted only if they stay).
                 self.manager.access(old)
 
             staged = kv_blocks if len(valid) == len(ids) else kv_blocks[valid]  # no copy in the common case
             self._store_new([ids[n] for n in valid], staged, insert_then_touch)
+            stored = [block_id for block_id in new_ids if self.manager.locate(block_id) is not None]
             if self._remote is not None:
-                self._remote.stored([b for b in new_ids if self.manager.locate(b) is not None])
+                self._remote.stored(stored)
             self._consume()
-            return stored[0]
+            return len(stored)
 
     def access(self, keys: Sequence[bytes], kv_blocks: torch.Tensor, wait: bool = True) -> Pending:
         """Reads ``keys`` in order exactly as ``tiercache replay`` does (object semantics).
@@ -149,9 +152,10 @@ class TieredKVStore:
         Hits are touched and promoted; misses are stored from ``kv_blocks`` (aligned with
         ``keys``; a replay knows every block's bytes). This is what makes a trace replayed
         through the live store give the same per-tier hits as the simulator. With ``wait``
-        False promotions are left in flight and returned as a handle.
+        False promotions are left in flight and returned as a handle (``wait`` not a bool: UserError).
         """
         keys = self._map.check_keys(keys, "TieredKVStore.access")
+        check_flag(wait, "TieredKVStore.access: wait")
         check_blocks(kv_blocks, self.layout, len(keys), "TieredKVStore.access kv_blocks", limit=self.value_limit)
         with self._lock:
             self._check_open()
@@ -253,16 +257,18 @@ class TieredKVStore:
         """Promotes the blocks of ``keys`` and returns their HBM slots (zero copy).
 
         The slots index ``hbm_tensor``; pin the keys first if the blocks must stay there
-        while a kernel reads them. A block that could not be promoted raises KeyError.
+        while a kernel reads them. A key not stored, or whose block could not be brought to
+        HBM (no room, or unreadable), raises KeyError naming it.
         """
         keys = self._map.check_keys(keys, "TieredKVStore.get_slots")
         with self._lock:
             self._check_open()
-            ids = self._present_ids(keys)
+            ids = self._map.stored_ids(keys, self.manager.locate, "TieredKVStore.get_slots")
             self._promote_for_read(ids)
             top = self.manager.dirs[0].slot_of
-            if any(i not in top for i in ids):
-                raise KeyError("a block could not be brought to HBM (no room, or unreadable)")
+            absent = [k for k, i in zip(keys, ids) if i not in top]
+            if absent:
+                raise KeyError(f"TieredKVStore.get_slots: key {absent[0].hex()} could not be brought to HBM (no room, or unreadable)")
             return [top[i] for i in ids]
 
     def get_prefix(self, keys: Sequence[bytes], out: torch.Tensor | None = None) -> torch.Tensor:
@@ -310,8 +316,10 @@ class TieredKVStore:
 
     @property
     def hbm_tensor(self) -> torch.Tensor:
-        """The HBM pool ``[slots, *block_shape]`` at ``get_slots``'s slots (a quantised HBM raises UserError)."""
-        return self._media[0].tensor
+        """The HBM pool ``[slots, *block_shape]`` at ``get_slots``'s slots (a quantised HBM or a closed store raises UserError)."""
+        with self._lock:
+            self._check_open()
+            return self._media[0].tensor
 
     hbm_device = property(lambda self: self._media[0].device, doc="The HBM tier's device (where ``get`` returns blocks).")
 
@@ -342,6 +350,7 @@ class TieredKVStore:
             raise TypeError(f"TieredKVStore.wait: pending must be a Pending (from put or prefetch) or None, "
                             f"got {type(pending).__name__}")
         with self._lock:
+            self._check_open()
             if pending is None:
                 self.manager.wait_all()
             else:
@@ -352,6 +361,7 @@ class TieredKVStore:
     def poll(self) -> int:
         """Publishes finished background copies; returns how many jobs finished."""
         with self._lock:
+            self._check_open()
             finished = self.manager.poll()
             self._consume()
             return len(finished)
@@ -366,11 +376,7 @@ class TieredKVStore:
         keys = self._map.check_keys(keys, "TieredKVStore.pin")
         with self._lock:
             self._check_open()
-            ids = self._present_ids(keys)
-            for key, block_id in zip(keys, ids):
-                if self.manager.locate(block_id) is None:
-                    raise KeyError(f"TieredKVStore.pin: key {key.hex()} is not stored")
-            self.manager.ref(ids)
+            self.manager.ref(self._map.stored_ids(keys, self.manager.locate, "TieredKVStore.pin"))
 
     def release(self, keys: Sequence[bytes]) -> None:
         """Undoes ``pin``.
@@ -378,12 +384,13 @@ class TieredKVStore:
         Raises:
             CountError: releasing more than was pinned (counts never go negative); the
                 whole call then changes nothing.
-            KeyError: a key is not stored.
+            KeyError: a key is neither stored nor pinned (a pinned block that was lost
+                since is still released).
         """
         keys = self._map.check_keys(keys, "TieredKVStore.release")
         with self._lock:
             self._check_open()
-            ids = self._present_ids(keys)
+            ids = self._map.ids(keys, register=False)
             check_release(self.manager, keys, ids)
             self.manager.unref(ids)
 
@@ -452,18 +459,12 @@ class TieredKVStore:
         self.close()
 
     def check_invariants(self) -> None:
-        """Asserts the manager, the key map and the NVMe tier agree."""
+        """Asserts the manager, the key map and the NVMe tier agree (UserError once closed)."""
         with self._lock:
+            self._check_open()
             check_store(self.manager, self._map, self._media, self.engine)
 
     # -- internals -----------------------------------------------------------------------
-    def _present_ids(self, keys: Sequence[bytes]) -> list[int]:
-        ids = self._map.ids(keys, register=False)
-        for key, block_id in zip(keys, ids):
-            if block_id is None:
-                raise KeyError(f"key {key.hex()} is not stored")
-        return ids
-
     def _gather(self, keys: Sequence[bytes], ids: list[int], out: torch.Tensor | None, partial: bool = False) -> torch.Tensor:
         """``read_blocks`` from this store's tiers (see there)."""
         return read_blocks(self.manager, self._media, self.layout, keys, ids, out, partial, self._drop_unreadable)
