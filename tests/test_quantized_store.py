@@ -295,8 +295,9 @@ def test_a_quantised_hbm_tier_on_the_gpu_round_trips(tmp_path):
 
 
 def test_stats_count_the_bytes_a_quantised_tier_really_moves(tmp_path):
-    """A link moves the smaller of its tiers' encodings: plain HBM -> INT8 DRAM moves INT8
-    bytes (encoded on the way), INT8 DRAM -> INT4 NVMe moves INT4 bytes."""
+    """A link moves what the data plane moves (``sizes.hop_block_bytes``, as a replay charges
+    it): plain HBM -> INT8 DRAM moves INT8 bytes (encoded on the way), INT8 DRAM -> INT4 NVMe
+    INT4 bytes, and INT4 DRAM -> plain NVMe whole blocks (decoded on the host, written plain)."""
     blocks, keys = kv_blocks(16), [key(i) for i in range(16)]
     with TieredKVStore(LAYOUT, tiers(Codec.INT8, Codec.INT4), eviction="lru", path=tmp_path) as store:
         store.put(keys, blocks)
@@ -305,6 +306,11 @@ def test_stats_count_the_bytes_a_quantised_tier_really_moves(tmp_path):
         # 16 blocks put through HBM (3) and DRAM (4): 13 demoted to DRAM, 9 of them on to NVMe
         assert moved["hbm->dram"] == 13 * Codec.INT8.block_bytes(LAYOUT)
         assert moved["dram->nvme"] == 9 * Codec.INT4.block_bytes(LAYOUT)
+    with TieredKVStore(LAYOUT, tiers(Codec.INT4, Codec.NONE), eviction="lru", path=tmp_path / "plain") as store:
+        store.put(keys, blocks)
+        moved = store.stats()["bytes_moved"]
+        assert moved["hbm->dram"] == 13 * Codec.INT4.block_bytes(LAYOUT)
+        assert moved["dram->nvme"] == 9 * LAYOUT.block_bytes
 
 
 def test_non_finite_kv_is_refused_before_a_quantised_hierarchy_stores_it(tmp_path):

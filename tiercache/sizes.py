@@ -19,7 +19,7 @@ from .errors import ConfigError
 if TYPE_CHECKING:
     from .config import Codec, KVLayout
 
-__all__ = ["Capacity", "SPELLINGS", "parse_size", "parse_capacity"]
+__all__ = ["Capacity", "SPELLINGS", "STORAGE_TIERS", "hop_block_bytes", "parse_size", "parse_capacity"]
 
 #: Byte units: decimal (kB = 1000 B) and binary (KiB = 1024 B); case-insensitive.
 _BYTE_UNITS = {
@@ -136,3 +136,30 @@ def parse_capacity(value: int | str, layout: "KVLayout | None", what: str = "cap
             ambiguous, a byte size without a layout, or under one block.
     """
     return Capacity.parse(value, what).to_blocks(layout, what, codec)
+
+
+#: Tiers on media that store and carry bytes but compute nothing (a drive, the network's
+#: shared store): the host encodes and decodes for them.
+STORAGE_TIERS = ("nvme", "remote")  # config.REMOTE_TIER
+
+def hop_block_bytes(src: str, src_form: int, dst: str, dst_form: int, plain: int) -> int:
+    """Bytes one block takes on a hop from tier ``src`` to tier ``dst``, as the live data
+    plane (``tiercache/data/handlers.py``, ``quantized.py``) moves it.
+
+    Args:
+        src: source tier name; ``src_form`` the bytes of a block as it holds it.
+        dst: destination tier name; ``dst_form`` the bytes of a block as it holds it.
+        plain: bytes of an unquantised block (a form below it is a codec's).
+
+    Invariants: a hop to or from a storage tier (``STORAGE_TIERS``) carries that tier's
+    form, whatever the other end's (an INT4 DRAM block is decoded on the host and written
+    to a plain NVMe tier whole; a plain NVMe block is read whole and encoded on the host).
+    Between two memory tiers the converting side is the one that makes the encoded form
+    cross: a quantised destination's form (encoded where the block lies, then copied), else
+    the source's (an encoded block is copied, then decoded where it lands).
+    """
+    if dst in STORAGE_TIERS:
+        return dst_form
+    if src in STORAGE_TIERS:
+        return src_form
+    return dst_form if dst_form < plain else src_form

@@ -32,6 +32,7 @@ from tiercache.data.engine import LocalEngine
 from tiercache.errors import UserError
 from tiercache.keys import prefix_keys
 from tiercache.policies import make_admission, make_eviction
+from tiercache.sizes import hop_block_bytes
 
 from .arguments import check_flag
 from .guard import CallGuard
@@ -396,14 +397,13 @@ class TieredKVStore:
 
     # -- reporting and lifetime ----------------------------------------------------------
     def stats(self) -> dict:
-        """Per-tier hits, inserts, evictions, moves; bytes per link (its smaller encoding); queue depth; NVMe stats."""
+        """Per-tier hits, inserts, evictions, moves; bytes per link (``sizes.hop_block_bytes``); queue depth; NVMe stats."""
         with self._lock:
             self._check_open()
             self._consume()
-            size = self.tier_block_bytes  # a link moves the smaller encoding (the coarser side encodes)
-            moved = {f"{self._stats.tiers[s].name}->{self._stats.tiers[d].name}": n * min(size[s], size[d])
+            size, names = self.tier_block_bytes, [t.name for t in self._stats.tiers]
+            moved = {f"{names[s]}->{names[d]}": n * hop_block_bytes(names[s], size[s], names[d], size[d], self.layout.block_bytes)
                      for (s, d), n in self._stats.blocks_moved().items()}
-            names = [d.name for d in self.manager.dirs]
             nvme = self._media[names.index("nvme")].stats.copy() if "nvme" in names else None
             return {"tiers": [t.as_dict() for t in self._stats.tiers], "hits": self._stats.hits, "misses": self._stats.misses,
                     "bytes_moved": moved, "queue_depth": self.engine.inflight, "key_collisions": self.collisions,
