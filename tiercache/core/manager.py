@@ -44,6 +44,7 @@ victims as an eviction would: a remote failure never blocks a local placement.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Sequence
 
 from tiercache.policies.base import AdmissionPolicy, EvictionPolicy, Hints, PlacementPolicy
@@ -358,7 +359,9 @@ class TierManager(RoomMixin, TransferMixin):
 
     # -- placement -----------------------------------------------------------------------
     def _insert_new(self, ids: Sequence[int], hints: Hints | None, hold: bool = False) -> None:
-        """Places new blocks in the top tier (or the placement's), admission permitting, making room first."""
+        """Places new blocks in the top tier (or the placement's), admission permitting, making room
+        first, in chunks (``_insert_chunks``), cut smaller where fewer slots can be freed
+        (``_place_in_pieces``); only blocks no room can be made for are refused, counted."""
         tier = insert_tier(self.placement, ids, hints, len(self.dirs))
         admitted = self.admissions[tier].admit(ids)
         if not all(admitted):
@@ -366,16 +369,23 @@ class TierManager(RoomMixin, TransferMixin):
             keep = [p for p, ok in enumerate(admitted) if ok]
             ids = [ids[p] for p in keep]
             hints = None if hints is None else pick_hints(hints, keep)
-        for a, b in self._insert_chunks(tier, len(ids)):
-            chunk = ids[a:b]
-            if self._make_room(tier, len(chunk), self._no_extra) is not _MADE and not self._retry_room(tier, len(chunk), self._no_extra):
-                self.events.emit(Ev.REFUSED, tier, len(chunk))  # everything pinned: not stored
-                continue
-            self._fill_and_publish(chunk, slice_hints(hints, a, b), tier)
-            if hold:
-                increment(self.held, chunk)
-            if self.write_through:
-                self._copy_down(chunk, slice_hints(hints, a, b))
+        place = partial(self._place_new, ids, hints, tier, hold)
+        fit = partial(self._room_possible, tier, self._no_extra)  # what room can be made for: the unpinned slots
+        for a, b in self._place_in_pieces(self._insert_chunks(tier, len(ids)), place, fit):
+            self.events.emit(Ev.REFUSED, tier, b - a)  # no room: every slot pinned, referenced or held, or a write-back failed
+
+    def _place_new(self, ids: Sequence[int], hints: Hints | None, tier: int, hold: bool, a: int, b: int) -> bool:
+        """Makes room for new blocks ``ids[a:b]`` in ``tier`` and stores them there (held, with
+        ``hold``; copied down in write-through); False, nothing stored, when no room was made."""
+        chunk, chunk_hints = ids[a:b], slice_hints(hints, a, b)
+        if self._make_room(tier, b - a, self._no_extra) is not _MADE and not self._retry_room(tier, b - a, self._no_extra):
+            return False
+        self._fill_and_publish(chunk, chunk_hints, tier)
+        if hold:
+            increment(self.held, chunk)
+        if self.write_through:
+            self._copy_down(chunk, chunk_hints)
+        return True
 
     def _fill_and_publish(self, ids: Sequence[int], hints: Hints | None, tier: int = 0, counted: bool = True) -> None:
         """Writes new blocks into reserved slots of ``tier`` (the top by default), then publishes

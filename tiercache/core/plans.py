@@ -80,7 +80,7 @@ class Ev(enum.IntEnum):
     REFUSED = 7  # admission refused a placement; the block was not stored there
     TRANSFER_FAILED = 8  # a job failed; its blocks stayed where they were
     RECOMPUTE = 9  # prefix semantics: a resident block after the first miss was recomputed
-    PROMOTE_SKIPPED = 10  # a hit stayed in its tier because no room could be made above
+    PROMOTE_SKIPPED = 10  # a hit, or a prefetched block, stayed in its tier: no room could be made above
     LOST = 11  # a stored copy was unreadable (checksum or I/O) and was dropped
 
 

@@ -37,12 +37,15 @@ Invariant: a victim leaves the hierarchy only as a victim of the last tier, when
 by the admission of the tier that would take it, or (unguarded placements only) when no
 tier below can make room for it. Inserts come in chunks no larger than the smallest tier
 on their way down (``TierManager._insert_chunks``), so the victims of one chunk never
-outnumber the slots of a tier below.
+outnumber the slots of a tier below. A chunk (or a prefetch's run) refused because room can
+be made for fewer blocks than it has (some pinned, referenced or held; a run longer than a
+tier) is placed in pieces of what fits instead (``_place_in_pieces``): only what room cannot
+be made for is refused, counted.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 from .guards import _NOTHING, Guard, HeldWithoutCopy
 from .plans import Ev, Room
@@ -90,18 +93,67 @@ class RoomMixin:
             # A prefetch (which may not wait) pushes nothing out of the hierarchy while moves
             # are in flight: one of them may be about to free the slot it needs. It goes without.
             return _NO_VICTIMS
-        # A held block, or one a keep_all access reads, may move down, never out.
-        held = self._held_guard(tier) if last and (self.held or self._kept) else _NOTHING
-        # The common case has nothing protected: a plain empty set keeps the policy's
-        # membership test in C instead of a Python __contains__ per candidate.
-        guard = Guard(directory.pins, self.refs, protected, held) if (directory.pins or self.refs or protected or held) else _NOTHING
-        victims = self.policies[tier].victims(need, guard)
+        victims = self.policies[tier].victims(need, self._victim_guard(tier, protected, last))
         if victims is None:
             return _NO_VICTIMS
         if last:
             self._drop(tier, victims)
             return _MADE
         return self._demote(tier, victims, protected)
+
+    def _victim_guard(self, tier: int, protected, last: bool):
+        """Ids of ``tier`` that may not be its victims: pinned there by a move, referenced,
+        ``protected`` and, where they would leave the hierarchy (``last``: the last tier, any
+        tier in write-through), held or read by a ``keep_all`` access (they may move down,
+        never out). The common case has nothing protected: a plain empty set keeps the
+        policy's membership test in C instead of a Python ``__contains__`` per candidate."""
+        directory = self.dirs[tier]
+        held = self._held_guard(tier) if last and (self.held or self._kept) else _NOTHING
+        if directory.pins or self.refs or protected or held:
+            return Guard(directory.pins, self.refs, protected, held)
+        return _NOTHING
+
+    def _room_possible(self, tier: int, protected) -> int:
+        """Most slots room can be made for in ``tier`` now: its free slots plus those of its
+        blocks that may be victims (``_victim_guard``), the largest ``n`` for which its policy
+        can name the victims ``_make_room(tier, n, protected)`` needs. Slots reserved by moves
+        in flight into it count neither way. Walks the guard's ids, not the tier's."""
+        directory = self.dirs[tier]
+        last = self.write_through or tier + 1 == len(self.dirs)
+        guard = self._victim_guard(tier, protected, last)
+        resident = directory.slot_of
+        kept = sum(1 for block_id in guard if block_id in resident) if guard else 0
+        return directory.n_free + len(resident) - kept
+
+    def _place_in_pieces(self, bounds: list[tuple[int, int]], place: Callable[[int, int], bool],
+                         fit: Callable[[], int]) -> list[tuple[int, int]]:
+        """Places the pieces ``[a, b)`` of ``bounds`` in order with ``place(a, b)`` (False: no
+        room was made for it, nothing placed); returns the pieces refused, in order.
+
+        A piece refused while ``fit()``, the most room can be made for now (``_room_possible``:
+        some slots pinned, referenced or held, or a run longer than a tier), is smaller than
+        it is cut into pieces of ``fit()`` and those placed instead, and so is every later
+        piece larger than that; a piece refused though it fits (a failed write-back) is
+        refused whole, as before.
+
+        Invariants: the pieces cover ``bounds`` in order, none ever grows (a piece of one id
+        stays one id: one-at-a-time inserts stay so), and each cut strictly shrinks the piece
+        refused, so this ends. With every piece placed at its first try (a replay, where
+        nothing is pinned) ``place`` is called exactly once per piece of ``bounds``.
+        """
+        refused: list[tuple[int, int]] = []
+        pending = bounds[::-1]  # a stack: the next piece last
+        while pending:
+            a, b = pending.pop()
+            if place(a, b):
+                continue
+            size = fit()
+            if not 0 < size < b - a:
+                refused.append((a, b))
+                continue
+            pending.append((a, b))
+            pending = [cut for x, y in pending[::-1] for cut in _cut(x, y, size)][::-1]
+        return refused
 
     def _held_guard(self, tier: int):
         """Blocks ``tier`` may not drop, held or read by a ``keep_all`` access: all in the last
@@ -237,3 +289,8 @@ class RoomMixin:
         (``_admitted``) and, for a shared ``dst``, those it does not hold yet."""
         piece = self._admitted(tier, dst, piece)
         return self._leave_for_shared(tier, piece) if dst == self.shared else piece
+
+
+def _cut(a: int, b: int, size: int) -> list[tuple[int, int]]:
+    """``[a, b)`` cut into consecutive pieces of at most ``size`` ids, in order."""
+    return [(x, min(x + size, b)) for x in range(a, b, size)]

@@ -17,6 +17,7 @@ replay, so a prefetch measured in simulated time is the prefetch that runs live.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Sequence
 
 import numpy as np
@@ -34,10 +35,11 @@ class TransferMixin:
 
     Relies on the manager's ``dirs``, ``policies``, ``engine``, ``events``, ``refs``,
     ``orphan_refs``, ``write_through``, ``shared``, ``inflight``, ``_running``, ``_may_block``,
-    ``_plan_hints``, ``_next_job`` and ``_future``. Invariants: every plan in ``inflight`` has
-    its sources pinned and its destination slots reserved; a plan leaves ``inflight`` exactly
-    once, in ``complete``; ``_running`` (the jobs ``start_move`` submitted, the only ones the
-    manager waits for itself) is a subset of ``inflight``.
+    ``_plan_hints``, ``_next_job``, ``_future`` and ``_chunk_caps``, and on ``_make_room``,
+    ``_room_possible`` and ``_place_in_pieces`` (``RoomMixin``). Invariants: every plan in
+    ``inflight`` has its sources pinned and its destination slots reserved; a plan leaves
+    ``inflight`` exactly once, in ``complete``; ``_running`` (the jobs ``start_move``
+    submitted, the only ones the manager waits for itself) is a subset of ``inflight``.
     """
 
     # -- phase one: plan -----------------------------------------------------------------
@@ -111,19 +113,42 @@ class TransferMixin:
         ids already in ``dst`` or above, absent, or already moving are skipped. In an
         exclusive hierarchy the blocks move; in write-through they are copied up. Until a
         plan completes, lookups still find its blocks where they were.
+
+        The ids found in one tier move as one plan, or, when room cannot be made for all of
+        them at once (more than ``dst`` or a tier on its victims' way down holds, or slots
+        pinned), in pieces of what fits, first ids first (``_place_in_pieces``); the ids no
+        room is found for stay where they are, counted as ``PROMOTE_SKIPPED`` in their tier.
         """
-        plans = []
+        plans: list[TransferPlan] = []
         wanted = list(dict.fromkeys(ids))
         for tier in range(dst + 1, len(self.dirs)):
             pins, here = self.dirs[tier].pins, self.dirs[tier].slot_of
             below = [b for b in wanted if b in here and b not in pins and self.locate(b) == tier]
-            # Never waits: a prefetch that finds no room now (slots held by moves in
-            # flight, or everything pinned) skips those blocks instead of blocking.
-            if below and self._room_without_waiting(dst, len(below), frozenset(below)):
-                plan = self.start_move(below, tier, dst, keep_source=self.write_through)
-                if plan is not None:
-                    plans.append(plan)
+            if not below:
+                continue
+            guard = frozenset(below)  # the whole run, through every piece: no piece pushes down another
+            place = partial(self._prefetch_piece, below, tier, dst, guard, plans)
+            fit = partial(self._prefetch_fit, dst, guard)
+            for a, b in self._place_in_pieces([(0, len(below))], place, fit):
+                self.events.emit(Ev.PROMOTE_SKIPPED, tier, b - a)
         return plans
+
+    def _prefetch_piece(self, below: Sequence[int], tier: int, dst: int, guard: frozenset, plans: list, a: int, b: int) -> bool:
+        """Starts moving ``below[a:b]`` from ``tier`` up to ``dst`` (its plan appended to
+        ``plans``); False when no room could be made now. Never waits: a prefetch that finds
+        no room (slots held by moves in flight, or everything pinned) goes without."""
+        if not self._room_without_waiting(dst, b - a, guard):
+            return False
+        plan = self.start_move(below[a:b], tier, dst, keep_source=self.write_through)
+        if plan is not None:
+            plans.append(plan)
+        return True
+
+    def _prefetch_fit(self, dst: int, guard: frozenset) -> int:
+        """Most blocks one prefetch piece into ``dst`` can take now: no more than room can be
+        made for there (``_room_possible``) nor than the smallest tier from ``dst`` down holds
+        (so its victims never outnumber a tier's slots on their way down)."""
+        return min(self._room_possible(dst, guard), self._chunk_caps[dst])
 
     def _room_without_waiting(self, tier: int, n: int, protected) -> bool:
         """``_make_room`` whose cascade never waits for a move in flight (it goes without)."""
