@@ -21,6 +21,7 @@ from ..report.across import across_documents, gap_markdown, gap_notes, gap_rows,
 from ..report.content import build_document
 from ..report.lru_curve import same_trace
 from ..report.model import ReportData, from_documents, load_results
+from ..report.summary import BASELINE, BELADY
 from ..report.tables import results_csv
 from ..report.writer import check_output_dir, write_folder, write_report
 from ..results import ResultsDocument
@@ -43,7 +44,8 @@ def add_parser(subparsers) -> None:
     compare.add_argument("--split", action=OnceFlag,
                          help="replay the first and second half of the trace apart (each from a cold cache); name the "
                               "winner per capacity on the first half and report the gap it closes on the second "
-                              "(lru and belady are added to --policy); the report is of the second half")
+                              "(plain lru and belady runs are added as references, without --admission or "
+                              "--placement); the report is of the second half")
     compare.set_defaults(func=run_compare)
     report = subparsers.add_parser(
         "report", help="build a comparison report from saved results.json files",
@@ -93,15 +95,21 @@ def run_report(args: argparse.Namespace) -> int:
 
 
 def _run_split(args: argparse.Namespace, command: str, started: float) -> int:
-    """``compare --split``: tune on the first half, report on the second (see the option's help)."""
+    """``compare --split``: tune on the first half, report on the second (see the option's help).
+
+    The options are checked as given (an error quotes ``--policy`` as typed), and the trace
+    must split, before the references are added: plain ``lru`` and ``belady`` runs
+    (``SweepSpec.references``), the runs a gap closed is measured against, whatever
+    ``--admission`` and ``--placement`` the compared policies run with.
+    """
     if not args.policy:
         raise UserError("--split: give the policies to choose among with --policy")
-    args.policy = ",".join(dict.fromkeys(["lru", *args.policy.split(","), "belady"]))
     trace, spec = spec_from_args(args)
     try:
         halves = split_halves(trace)
     except ValueError as exc:
         raise UserError(f"--split: {exc}") from None
+    spec = replace(spec, references=(BASELINE, BELADY))
     workers = args.workers or os.cpu_count() or 1
     tune, test = (replace(sweep(h, spec, workers, not args.no_progress), command=command) for h in halves)
     data = from_documents([test], [str(Path(args.out) / "results.json")])
@@ -176,8 +184,9 @@ def _compare_command(args: argparse.Namespace) -> str:
         words.append("--write-through")
     if getattr(args, "split", False):
         words.append("--split")
-    options = (("--semantics", args.semantics), ("--admission", args.admission), ("--model", args.model),
-               ("--layout", args.layout), ("--block-tokens", args.block_tokens), ("--hardware", args.hardware))
+    options = (("--semantics", args.semantics), ("--admission", args.admission), ("--placement", args.placement),
+               ("--prefetch", args.prefetch), ("--model", args.model), ("--layout", args.layout),
+               ("--block-tokens", args.block_tokens), ("--hardware", args.hardware))
     for option, value in options:
         if value is not None and value != "always":
             words += [option, str(value)]

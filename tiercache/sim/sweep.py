@@ -9,6 +9,10 @@ from its options) and run over a ``Trace`` by ``sweep``, which returns the
 from __future__ import annotations
 
 import multiprocessing
+import os
+import signal
+from concurrent.futures import Future, ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Callable
 
@@ -16,12 +20,12 @@ import psutil
 from tqdm import tqdm
 
 import tiercache
-from tiercache.config import CacheConfig, KVLayout, TierConfig, parse_tiers
+from tiercache.config import CacheConfig, Codec, KVLayout, TierConfig, parse_tiers
 from tiercache.errors import UserError
 from tiercache.policies import (
     ADMISSION, EVICTION, PLACEMENT, PREFETCH, canonical_name, get_admission, get_eviction, get_placement, get_prefetch,
 )
-from tiercache.results import LayoutInfo, ResultsDocument, RunRecord, Semantics, TraceKind
+from tiercache.results import LayoutInfo, ResultsDocument, RunRecord, Semantics, TraceKind, run_label
 
 from .hardware import HardwareProfile
 from .loader import Trace, load_trace
@@ -67,6 +71,11 @@ class SweepSpec:
     * ``hardware`` only with a ``layout`` (modeled seconds need bytes per block).
     * ``placement`` a registered placement policy; other than ``top`` only with an exclusive
       hierarchy (``cache`` of two tiers or more, not write-through).
+    * ``references`` (registered eviction policies, canonical names, possibly empty) replay
+      plainly, with admission ``always`` and placement ``top``, beside ``policies`` in every
+      cache: the LRU and Belady runs a gap closed is measured against, whatever ``admission``
+      and ``placement`` the compared policies run with (``compare --split`` adds them). A
+      reference that ``policies`` already replays plainly is one run.
     """
 
     policies: tuple[str, ...]
@@ -78,13 +87,16 @@ class SweepSpec:
     hardware: HardwareProfile | None = None
     prefetch: str = "none"
     placement: str = "top"
+    references: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         self._canonicalise_names()
         check_policy_names(self.policies, self.admission)
+        for name in self.references:
+            get_eviction(name)
         get_prefetch(self.prefetch)
         get_placement(self.placement)
-        offline = [p for p in self.policies if get_eviction(p).needs_future]
+        offline = [p for p in dict.fromkeys(self.policies + self.references) if get_eviction(p).needs_future]
         if self.prefetch != "none" and offline:
             raise UserError(f"--policy {offline[0]}: an offline policy needs the future (next uses), which a replay "
                             f"with --prefetch {self.prefetch} does not give; drop one of them")
@@ -106,7 +118,8 @@ class SweepSpec:
         """Stores every policy name as registered (see ``canonical_name``); frozen, hence setattr."""
         for field, table in (("admission", ADMISSION), ("placement", PLACEMENT), ("prefetch", PREFETCH)):
             object.__setattr__(self, field, canonical_name(getattr(self, field), table))
-        object.__setattr__(self, "policies", tuple(canonical_name(p, EVICTION) for p in self.policies))
+        for field in ("policies", "references"):
+            object.__setattr__(self, field, tuple(canonical_name(p, EVICTION) for p in getattr(self, field)))
 
     def hierarchies(self) -> list[tuple[tuple[TierConfig, ...], bool]]:
         """Each hierarchy the sweep runs on: (tiers, write_through), in sweep order."""
@@ -116,17 +129,22 @@ class SweepSpec:
 
 
 def plan_runs(spec: SweepSpec, kind: TraceKind) -> list[RunSpec]:
-    """Every run of the sweep on a trace of ``kind``: semantics, then hierarchy, then policy.
+    """Every run of the sweep on a trace of ``kind``: semantics, then hierarchy, then policy
+    (``policies``, then the plain ``references`` not among them), each run once.
 
     A step trace replays in ``DECODE`` semantics only, so its runs are those of one semantics.
     """
     semantics = spec.semantics if kind is TraceKind.REQUESTS else (Semantics.DECODE,)
-    return [
-        RunSpec(policy, s, tiers, spec.admission, write_through, spec.prefetch, spec.placement)
+    runs = (
+        run
         for s in semantics
         for tiers, write_through in spec.hierarchies()
-        for policy in spec.policies
-    ]
+        for run in (*(RunSpec(policy, s, tiers, spec.admission, write_through, spec.prefetch, spec.placement)
+                      for policy in spec.policies),
+                    *(RunSpec(policy, s, tiers, "always", write_through, spec.prefetch, "top")
+                      for policy in spec.references))
+    )
+    return list(dict.fromkeys(runs))
 
 
 def sweep(trace: Trace, spec: SweepSpec, workers: int = 1, progress: bool = False, command: str = "") -> ResultsDocument:
@@ -197,10 +215,22 @@ def run_sweep(
 
 
 _WORKER_DATA: ReplayData | None = None  # set in the parent before forking workers
+_STARTED = None  # set in the parent before forking workers: _STARTED[i] is the pid of the worker that began run i (0: none)
 
 
-def _run_in_worker(spec: RunSpec) -> RunRecord:
-    return _replay(spec, _WORKER_DATA)
+def _init_worker() -> None:
+    """Leaves Ctrl-C to the parent, which stops every worker (an idle worker would otherwise
+    die of it, printing a traceback of its own)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _run_in_worker(index: int, spec: RunSpec) -> RunRecord:
+    """Replays run ``index`` in a forked worker, noting first which process replays it."""
+    _STARTED[index] = os.getpid()
+    try:
+        return _replay(spec, _WORKER_DATA, in_worker=True)
+    except UserError as exc:  # sent back as a plain UserError: a subclass need not unpickle (TraceError does not)
+        raise UserError(str(exc)) from None
 
 
 def _out_of_tree(spec: RunSpec) -> list[str]:
@@ -209,29 +239,44 @@ def _out_of_tree(spec: RunSpec) -> list[str]:
     return [name for name, table in named if canonical_name(name, table) not in table]
 
 
-def _replay(spec: RunSpec, data: ReplayData, on_progress: Callable[[int], None] | None = None) -> RunRecord:
-    """``replay``, where an exception raised with an out-of-tree policy in the run is a
-    ``UserError`` naming it (one line, no traceback); a built-in policy's is a bug and
-    propagates as it is.
+def _run_name(spec: RunSpec) -> str:
+    """A run as an error names it: ``arc+second_hit on --tiers hbm=2,dram=3 (object semantics)``,
+    ``lru at capacity 1000 (prefix semantics)``."""
+    label = run_label(spec.policy, spec.admission, spec.placement, spec.prefetch)
+    if len(spec.tiers) == 1 and spec.tiers[0].codec is Codec.NONE:
+        where = f"at capacity {spec.tiers[0].capacity_blocks}"
+    else:
+        codecs = ["" if t.codec is Codec.NONE else f":{t.codec.value}" for t in spec.tiers]
+        where = "on --tiers " + ",".join(f"{t.name}={t.capacity_blocks}{c}" for t, c in zip(spec.tiers, codecs))
+        where += " --write-through" if spec.write_through else ""
+    return f"{label} {where} ({spec.semantics.value} semantics)"
+
+
+def _replay(spec: RunSpec, data: ReplayData, on_progress: Callable[[int], None] | None = None,
+            in_worker: bool = False) -> RunRecord:
+    """``replay``, where what an out-of-tree policy in the run raises is a ``UserError`` naming
+    it and the run (one line, no traceback): an exception, ``SystemExit``, and in a worker
+    process (where Ctrl-C is ignored, so only code can raise it) ``KeyboardInterrupt``. A
+    built-in policy's exception is a bug and propagates as it is, as does Ctrl-C in the parent.
 
     Raises:
         UserError: the run has a ``module:Class`` policy and the replay raised.
     """
+    caught = (Exception, SystemExit, KeyboardInterrupt) if in_worker else (Exception, SystemExit)
     try:
         return replay(spec, data, on_progress)
     except UserError:
         raise
-    except Exception as exc:  # noqa: BLE001 - code outside tiercache failed: say whose, not where
+    except caught as exc:  # noqa: BLE001 - code outside tiercache failed: say whose, not where
         outside = _out_of_tree(spec)
         if not outside:
             raise
-        raise UserError(f"out-of-tree policy {', '.join(outside)} failed in the replay of --policy {spec.policy}: "
-                        f"{type(exc).__name__}: {exc}") from None
+        what = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        raise UserError(f"out-of-tree policy {', '.join(outside)} failed in the replay of {_run_name(spec)}: {what}") from None
 
 
 def _execute(runs: list[RunSpec], data: ReplayData, workers: int, progress: bool) -> list[RunRecord]:
     """Runs every replay, in worker processes when asked, with a progress bar over runs."""
-    global _WORKER_DATA
     if len(runs) == 1:  # one long replay: show progress over its requests instead
         with tqdm(total=data.n_batches, desc="replay", unit="req", disable=not progress, delay=2) as bar:
             return [_replay(runs[0], data, on_progress=bar.update)]
@@ -239,15 +284,87 @@ def _execute(runs: list[RunSpec], data: ReplayData, workers: int, progress: bool
     try:
         if workers <= 1:
             return [_with_bar(bar, _replay(spec, data)) for spec in runs]
-        _WORKER_DATA = data
-        context = multiprocessing.get_context("fork")
-        with context.Pool(min(workers, len(runs))) as pool:
-            return [_with_bar(bar, r) for r in pool.imap(_run_in_worker, runs)]
+        return _in_workers(runs, data, min(workers, len(runs)), bar)
     finally:
-        _WORKER_DATA = None
         bar.close()
 
 
 def _with_bar(bar: tqdm, record: RunRecord) -> RunRecord:
     bar.update(1)
     return record
+
+
+def _in_workers(runs: list[RunSpec], data: ReplayData, workers: int, bar: tqdm) -> list[RunRecord]:
+    """Replays ``runs`` in ``workers`` forked processes, which share ``data`` (its arrays are
+    not copied); returns the records in run order, the bar counting runs as they end.
+
+    The first failure ends the sweep at once, with no worker left running: a run that raised
+    raises here (an out-of-tree policy's failure is a ``UserError`` already), and Ctrl-C
+    propagates, after the other workers are killed.
+
+    Raises:
+        UserError: a worker process died (the OOM killer's SIGKILL, say); names the run it was
+            replaying and how it died.
+    """
+    global _WORKER_DATA, _STARTED
+    context = multiprocessing.get_context("fork")
+    _WORKER_DATA, _STARTED = data, context.RawArray("q", len(runs))
+    executor = ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker)
+    futures: list[Future] = []  # futures[i] replays runs[i]
+    try:
+        for index, spec in enumerate(runs):
+            futures.append(executor.submit(_run_in_worker, index, spec))
+        for future in as_completed(futures):
+            future.result()
+            bar.update(1)
+        return [future.result() for future in futures]
+    except BrokenProcessPool:
+        processes = _worker_processes(executor)
+        executor.shutdown(wait=True)  # the workers are reaped: their exit codes are known
+        raise UserError(_death(runs, futures, {p.pid: p.exitcode for p in processes})) from None
+    except BaseException:
+        for process in _worker_processes(executor):
+            process.kill()
+        raise
+    finally:
+        executor.shutdown(wait=True, cancel_futures=True)
+        _WORKER_DATA = _STARTED = None
+
+
+def _worker_processes(executor: ProcessPoolExecutor) -> list[multiprocessing.Process]:
+    """The executor's worker processes while it runs, to kill them or read how they ended.
+
+    ``concurrent.futures`` keeps them private (Python 3.14 adds ``kill_workers``; 3.15 names
+    the exit code in ``BrokenProcessPool``, gh-139462); without them, none: a death is then
+    reported without its cause, and a failed sweep waits for the runs in progress.
+    """
+    return list((getattr(executor, "_processes", None) or {}).values())
+
+
+def _death(runs: list[RunSpec], futures: list[Future], exit_codes: dict[int, int | None]) -> str:
+    """One line on a dead worker: the run it was replaying (the first such, when the executor's
+    own SIGTERM to the other workers cannot be told apart) and how it ended."""
+    unfinished = [i for i, f in enumerate(futures) if _STARTED[i] and f.done() and not f.cancelled()
+                  and isinstance(f.exception(), BrokenProcessPool)]
+    died = [i for i in unfinished if exit_codes.get(_STARTED[i]) not in (None, -signal.SIGTERM)] or unfinished
+    if died:
+        code = exit_codes.get(_STARTED[died[0]])
+        who = f"the worker process replaying {_run_name(runs[died[0]])}"
+    else:
+        code = next((c for c in exit_codes.values() if c not in (None, -signal.SIGTERM)), None)
+        who = "a replay worker process, between runs,"
+    hint = ("; SIGKILL is what the out-of-memory killer sends: try fewer --workers or smaller capacities"
+            if code == -signal.SIGKILL else "")
+    return f"{who} {_how_ended(code)}; the sweep was stopped{hint}"
+
+
+def _how_ended(exit_code: int | None) -> str:
+    """``was killed by signal 9 (SIGKILL)``, ``exited with status 3``, ``ended (how is unknown)``."""
+    if exit_code is None:
+        return "ended (how is unknown)"
+    if exit_code >= 0:
+        return f"exited with status {exit_code}"
+    try:
+        return f"was killed by signal {-exit_code} ({signal.Signals(-exit_code).name})"
+    except ValueError:
+        return f"was killed by signal {-exit_code}"
