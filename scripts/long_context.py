@@ -10,21 +10,26 @@ The keys carry needles (``tiercache.bench.decode.NeedleKV``): a few blocks that 
 aim at, each holding a share of that query's dense attention mass (``--mass`` aims at it;
 the measured share is reported), so that sparse selection is tested for finding them.
 
-It prints a table and writes (``--json OUT``): ``tokens``, ``exact_step_seconds`` and
-``sparse_step_seconds`` (medians of append + attend), ``exact_max_rel_err`` (against a float64
-reference computed chunk by chunk from regenerated KV, on ``--reference-steps`` sampled
-steps, after everything else has run), ``sparse_needle_recall``, ``rss_peak_bytes`` (the
-whole process's ``ru_maxrss`` when the decode and the timings are done, before the float64
-check starts; ``rss_peak_with_reference_bytes`` is the peak after it),
-``page_cache_growth_bytes`` (the page cache held by the run's own NVMe files, peak over
-checkpoints, by ``mincore``; ``system_page_cache_growth_bytes`` is the machine-wide file
-page cache, ``Cached - Shmem`` of /proc/meminfo, peak minus start, which other processes
-move too),
-``bytes_read_per_step`` per tier and mode, and ``overlap_efficiency`` (as in
-``scripts/bench_decode.py``, measured on this run's sequence: the median of
-``--timing-repeats``, default 3, with ``io_compute_ratio`` and the same balanced / not
-balanced verdict; the query heads are ``--q-heads``, not calibrated; a pipelined output that
-differs from the serial one, or an efficiency impossible by construction, exits 1 with no JSON).
+It prints a table and writes (``--json OUT``): ``tokens`` (the prompt built: ``--tokens``
+rounded down to whole blocks; ``tokens_requested`` is ``--tokens``), ``budget`` (as used: a
+share, or a whole block count), ``exact_step_seconds`` and ``sparse_step_seconds`` (medians
+of a decode step: append + attend of every layer), ``sparse_scoring_seconds`` (the median
+time a sparse step spends scoring and selecting, every layer), ``exact_max_rel_err``
+(against a float64 reference computed chunk by chunk from regenerated KV, on
+``--reference-steps`` sampled steps, after everything else has run),
+``sparse_needle_recall``, ``sparse_blocks_selected`` (the median blocks one sparse read of
+one layer selects), ``rss_peak_bytes`` (the whole process's ``ru_maxrss`` when the decode
+and the timings are done, before the float64 check starts; ``rss_peak_with_reference_bytes``
+is the peak after it), ``page_cache_growth_bytes`` (the page cache held by the run's own
+NVMe files, peak over checkpoints, by ``mincore``; ``system_page_cache_growth_bytes`` is the
+machine-wide file page cache, ``Cached - Shmem`` of /proc/meminfo, peak minus start, which
+other processes move too), ``bytes_read_per_step`` per tier and mode (the mean bytes one
+decode step, every layer, found in each tier, and the bytes it prefetched), and
+``overlap_efficiency`` (as in ``scripts/bench_decode.py``, measured on one exact read of
+layer ``overlap_layer`` (0) of this run's sequence: the median of ``--timing-repeats``,
+default 3, with ``io_compute_ratio`` and the same balanced / not balanced verdict; the query
+heads are ``--q-heads``, not calibrated; a pipelined output that differs from the serial
+one, or an efficiency impossible by construction, exits 1 with no JSON).
 
 Quick check (most of the 512 MB of KV on NVMe, under a minute)::
 
@@ -50,6 +55,7 @@ from tiercache.bench.decode import (NeedleKV, StepCheckError, balance_verdict, c
 from tiercache.bench.rounds import positive_int
 from tiercache.config import KVLayout, TierConfig, parse_capacity
 from tiercache.errors import UserError
+from tiercache.live.arguments import sparse_budget_blocks
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -65,7 +71,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--head-dim", type=positive_int, default=64)
     parser.add_argument("--q-heads", type=positive_int, default=8, help="query heads (a multiple of --kv-heads: GQA)")
     parser.add_argument("--budget", type=float, default=0.02,
-                        help="sparse budget: a share of the blocks (<= 1), or a block count (> 1)")
+                        help="sparse budget: a share of the blocks (<= 1), or a whole block count (> 1)")
     parser.add_argument("--steps", type=positive_int, default=32, help="sparse decode steps (at least 1)")
     parser.add_argument("--exact-steps", type=positive_int, default=3, help="exact decode steps (at least 1)")
     parser.add_argument("--reference-steps", type=int, default=2, help="exact steps checked against float64")
@@ -92,14 +98,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--q-heads must be a multiple of --kv-heads")
     if args.timing_repeats < 1:
         parser.error(f"--timing-repeats: at least 1, got {args.timing_repeats}")
+    if not (0 < args.budget <= 1 or (args.budget > 1 and args.budget.is_integer())):
+        parser.error(f"--budget: a share of the blocks in (0, 1] or a whole number of blocks above 1, got {args.budget:g}")
     return args
+
+
+def prompt_tokens(args: argparse.Namespace) -> int:
+    """The prompt the run builds: ``--tokens`` rounded down to whole blocks."""
+    return args.tokens // args.block_tokens * args.block_tokens
 
 
 def tiers_for(args: argparse.Namespace, layout: KVLayout) -> list[TierConfig]:
     """HBM and DRAM as budgeted; NVMe sized for the rest of the sequence plus slack."""
     hbm = parse_capacity(args.hbm, layout, "--hbm")
     dram = parse_capacity(args.dram, layout, "--dram")
-    blocks = (args.tokens // args.block_tokens + 1 + (args.steps + args.exact_steps) // args.block_tokens + 1) * args.layers
+    per_layer = prompt_tokens(args) // args.block_tokens + 1 + (args.steps + args.exact_steps) // args.block_tokens + 1
+    blocks = per_layer * args.layers
     below = 0 if args.write_through else hbm + dram  # write-through: NVMe holds a copy of every block
     nvme = max(64, blocks - below + max(64, blocks // 50))
     return [TierConfig("hbm", hbm), TierConfig("dram", dram), TierConfig("nvme", nvme)]
@@ -156,33 +170,31 @@ def check_exact(kvs: list[NeedleKV], results: dict) -> None:
 
 
 def sparse_budget(args: argparse.Namespace) -> float | int:
-    """``--budget`` as ``attend`` takes it: a share (float <= 1) or a block count (int)."""
+    """``--budget`` as ``attend`` takes it: a share (float <= 1) or a block count (int; a
+    whole number, as ``parse_args`` checks)."""
     return args.budget if args.budget <= 1 else int(args.budget)
 
 
-def per_tier_bytes(reports, block_bytes: int) -> dict:
-    """Mean bytes each tier served per attend (one layer's read), and the prefetched bytes."""
-    if not reports:
+def per_tier_bytes(reports, block_bytes: int, steps: int) -> dict:
+    """Mean bytes each tier served per decode step (the reads of every layer of the step;
+    ``reports`` holds every attend of ``steps`` steps), and the bytes prefetched per step."""
+    if not steps:
         return {}
-    n = len(reports)
-    return {"hbm": sum(r.hbm_hits for r in reports) * block_bytes / n,
-            "dram": sum(r.from_dram for r in reports) * block_bytes / n,
-            "nvme": sum(r.from_nvme for r in reports) * block_bytes / n,
-            "prefetched": sum(r.prefetched for r in reports) * block_bytes / n}
+    return {"hbm": sum(r.hbm_hits for r in reports) * block_bytes / steps,
+            "dram": sum(r.from_dram for r in reports) * block_bytes / steps,
+            "nvme": sum(r.from_nvme for r in reports) * block_bytes / steps,
+            "prefetched": sum(r.prefetched for r in reports) * block_bytes / steps}
 
 
-def sparse_scoring_seconds(seq, kv: NeedleKV, args) -> float:
-    """Median time of scoring every block's summary and selecting (no fetch), layer 0."""
-    from tiercache.attention import block_scores, select_blocks
-    state = seq._layers[0]
-    budget = sparse_budget(args)
-    count = budget if isinstance(budget, int) else max(1, int(np.ceil(budget * state.n)))
+def sparse_scoring_seconds(seq, kvs: list[NeedleKV], args) -> float:
+    """Median time a sparse step spends scoring every block's summary and selecting, over
+    every layer (the sequence's own selection, no fetch), over 5 queries."""
     times = []
     for step in range(5):
-        q, _ = kv.query(step, args.q_heads)
+        queries = [kv.query(step, args.q_heads)[0] for kv in kvs]
         started = time.perf_counter()
-        scores = block_scores(q, state.kmin[: state.n], state.kmax[: state.n])
-        select_blocks(scores, count, 1, 1, spare=max(1, int(np.ceil(args.speculate * count))))
+        for state, q in zip(seq._layers, queries):
+            seq._select(state, q, sparse_budget_blocks(sparse_budget(args), state.n))
         times.append(time.perf_counter() - started)
     return median(times)
 
@@ -192,8 +204,8 @@ def run(args: argparse.Namespace) -> dict:
     torch.set_num_threads(args.threads)
     layout = KVLayout(args.layers, args.kv_heads, args.head_dim, "float16", args.block_tokens, per_layer=True, name="long-context")
     tiers = tiers_for(args, layout)
-    kvs = [NeedleKV(args.tokens, args.kv_heads, args.head_dim, args.block_tokens, args.needles, args.seed + 1000 * layer,
-                    args.mass) for layer in range(args.layers)]
+    kvs = [NeedleKV(prompt_tokens(args), args.kv_heads, args.head_dim, args.block_tokens, args.needles,
+                    args.seed + 1000 * layer, args.mass) for layer in range(args.layers)]
     folder = tempfile.mkdtemp(prefix="tiercache-long-", dir=args.path)
     cached_start = page_cache_bytes()
     cached_peak = cached_start
@@ -219,7 +231,7 @@ def run(args: argparse.Namespace) -> dict:
             checkpoint()
             q, _ = kvs[0].query(0, args.q_heads)
             timings = step_timings(seq, 0, q, repeats=args.timing_repeats)
-            scoring = sparse_scoring_seconds(seq, kvs[0], args)
+            scoring = sparse_scoring_seconds(seq, kvs, args)
             checkpoint()
             stats = cache.stats()
             blocks = seq.blocks(0)
@@ -230,13 +242,14 @@ def run(args: argparse.Namespace) -> dict:
     check_exact(kvs, exact)
     sparse_reports = sparse["reports"]
     return {
-        "tokens": args.tokens,
+        "tokens": prompt_tokens(args),
+        "tokens_requested": args.tokens,
         "blocks_per_layer": blocks,
         "layout": {"layers": args.layers, "kv_heads": args.kv_heads, "q_heads": args.q_heads, "head_dim": args.head_dim,
                    "dtype": "float16", "block_tokens": args.block_tokens, "block_bytes": layout.block_bytes},
         "tiers": {t.name: t.capacity_blocks for t in tiers},
         "kv_bytes": blocks * args.layers * layout.block_bytes,
-        "budget": args.budget,
+        "budget": sparse_budget(args),
         "prefetch": args.prefetch,
         "speculate": args.speculate,
         "write_through": args.write_through,
@@ -257,8 +270,9 @@ def run(args: argparse.Namespace) -> dict:
         "dram_budget_bytes": tiers[1].capacity_blocks * layout.block_bytes,
         "page_cache_growth_bytes": ours_peak,
         "system_page_cache_growth_bytes": max(0, cached_peak - cached_start),
-        "bytes_read_per_step": {"exact": per_tier_bytes(exact["reports"], layout.block_bytes),
-                                "sparse": per_tier_bytes(sparse_reports, layout.block_bytes)},
+        "bytes_read_per_step": {"exact": per_tier_bytes(exact["reports"], layout.block_bytes, len(exact["seconds"])),
+                                "sparse": per_tier_bytes(sparse_reports, layout.block_bytes, len(sparse["seconds"]))},
+        "overlap_layer": 0,
         "overlap_efficiency": timings["overlap_efficiency"],
         "io_compute_ratio": timings["io_compute_ratio"],
         "timing_repeats": args.timing_repeats,
@@ -268,9 +282,17 @@ def run(args: argparse.Namespace) -> dict:
     }
 
 
+def tokens_text(figures: dict) -> str:
+    """The tokens row: the prompt built, and the request when rounding changed it."""
+    built, asked = figures["tokens"], figures["tokens_requested"]
+    if built == asked:
+        return f"{built:,}"
+    return f"{built:,} (--tokens {asked:,} rounded down to whole blocks of {figures['layout']['block_tokens']})"
+
+
 def print_table(figures: dict) -> None:
     rows = [
-        ("tokens", f"{figures['tokens']:,}"),
+        ("tokens", tokens_text(figures)),
         ("KV bytes", f"{figures['kv_bytes'] / 2**30:.2f} GiB in {figures['blocks_per_layer']:,} blocks/layer"),
         ("tiers (blocks)", ", ".join(f"{k}={v:,}" for k, v in figures["tiers"].items())),
         ("build", f"{figures['build_seconds']:.1f} s"),
@@ -282,7 +304,7 @@ def print_table(figures: dict) -> None:
         ("sparse needle recall", f"{figures['sparse_needle_recall']:.3f}"),
         ("sparse HBM hit share", f"{figures['sparse_hbm_hit_share']:.3f}"),
         ("overlap efficiency", f"{figures['overlap_efficiency']:.3f}  (median of {figures['timing_repeats']}, "
-                               f"q_heads={figures['layout']['q_heads']})"),
+                               f"layer {figures['overlap_layer']}'s read, q_heads={figures['layout']['q_heads']})"),
         ("io/compute", f"{figures['io_compute_ratio']:.2f} ({balance_verdict(figures['io_compute_ratio'])})"),
         ("peak RSS, process", f"{figures['rss_peak_bytes'] / 2**30:.2f} GiB before the float64 check "
                               f"(DRAM budget {figures['dram_budget_bytes'] / 2**30:.2f} GiB; with the check "

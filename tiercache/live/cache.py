@@ -18,10 +18,12 @@ per-tier counts.
 A decode step per layer is ``seq.append(layer, k, v)`` then ``seq.attend(layer, q, mode)``:
 
 * ``EXACT`` reads every block in place (nothing is promoted by a streaming read): the
-  blocks are cut into chunks of ``window_blocks``; chunks on NVMe are read by the store's
-  I/O threads into ``depth`` window buffers while earlier chunks compute
-  (``tiercache.attention.stream_attention``), chunks in DRAM and HBM are read where they
-  are. The result equals dense attention.
+  blocks are cut, in sequence order, into chunks of ``window_blocks``; a chunk's blocks on
+  NVMe are read by the store's I/O threads into ``depth`` window buffers while earlier
+  chunks compute (``tiercache.attention.stream_attention``), its blocks in DRAM and HBM are
+  read where they are. The result equals dense attention, and since the chunks do not
+  depend on where the blocks lie, the same KV gives the same bits whatever the tiers and
+  the prefetch policy did (``SPARSE`` too: it attends over its blocks in sequence order).
 * ``SPARSE`` scores every block's summary, keeps the sink and recent blocks and the top of
   the rest up to ``budget`` (a share of the blocks, or a count), promotes them to HBM (the
   policies decide what makes room) and attends over them alone. The prefetch policy then
@@ -34,6 +36,7 @@ raised when it has finished (``tiercache.live.guard``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import replace
 from typing import IO, Sequence as Seq
@@ -57,6 +60,31 @@ from .sequence import Sequence, StepReport
 from .store import TieredKVStore
 
 __all__ = ["TieredKVCache", "Sequence", "StepReport", "AttentionMode", "split_kv"]
+
+
+def _check_options(window_blocks, depth, sink_blocks, recent_blocks, speculate) -> None:
+    """Raises UserError naming the first of ``TieredKVCache``'s numeric options that is out of
+    range (checked before anything is opened)."""
+    for name, value, low in (("window_blocks", window_blocks, 1), ("depth", depth, 1),
+                             ("sink_blocks", sink_blocks, 0), ("recent_blocks", recent_blocks, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise UserError(f"TieredKVCache: {name} must be an integer >= {low}, got {value!r}")
+    if isinstance(speculate, bool) or not isinstance(speculate, (int, float)) or not 0 <= speculate <= 4:
+        raise UserError(f"TieredKVCache: speculate must be a share of the budget in [0, 4], got {speculate!r}")
+
+
+def _open_record(record: str | os.PathLike, block_tokens: int) -> IO[str]:
+    """The step-trace file ``record`` opened for writing, its ``block_tokens`` header written.
+
+    Raises:
+        UserError: it cannot be opened (naming ``record=``, the path and the OS's reason).
+    """
+    try:
+        f = open(record, "w", encoding="utf-8")  # noqa: SIM115 - closed by TieredKVCache.close()
+    except OSError as exc:
+        raise UserError(f"TieredKVCache: record={os.fspath(record)!r} cannot be written: {exc.strerror or exc}") from None
+    f.write(f'{{"{HEADER_FIELD}": {block_tokens}}}\n')
+    return f
 
 
 class TieredKVCache:
@@ -90,31 +118,30 @@ class TieredKVCache:
                  prefetch: str | None = "topk_speculative", path: str | os.PathLike | None = None, device: str | None = None,
                  record: str | os.PathLike | None = None, window_blocks: int = 64, depth: int = 2,
                  sink_blocks: int = 1, recent_blocks: int = 1, write_through: bool = False, speculate: float = 0.5) -> None:
-        for name, value, low in (("window_blocks", window_blocks, 1), ("depth", depth, 1),
-                                 ("sink_blocks", sink_blocks, 0), ("recent_blocks", recent_blocks, 0)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise UserError(f"TieredKVCache: {name} must be an integer >= {low}, got {value!r}")
+        _check_options(window_blocks, depth, sink_blocks, recent_blocks, speculate)
         self.layout = replace(layout, per_layer=True) if isinstance(layout, KVLayout) else layout
         self.prefetch_policy = make_prefetch(prefetch)
-        self.store = TieredKVStore(self.layout, tiers, eviction, admission, path, device, write_through)
-        self.manager = self.store.manager
-        self.driver = StepDriver(self.manager, self.prefetch_policy)
-        self.device = self.store.hbm_device
-        self.dtype = torch_dtype(self.layout.dtype)
         self.window_blocks, self.depth = window_blocks, depth
         self.sink_blocks, self.recent_blocks = sink_blocks, recent_blocks
-        if isinstance(speculate, bool) or not isinstance(speculate, (int, float)) or not 0 <= speculate <= 4:
-            raise UserError(f"TieredKVCache: speculate must be a share of the budget in [0, 4], got {speculate!r}")
         self.speculate = float(speculate)
         self._window: BlockPool | None = None
         self._scratches: list | None = None
         self._summaries: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._last_step = 0
         self._record: IO[str] | None = None
-        if record is not None:
-            self._record = open(record, "w", encoding="utf-8")  # noqa: SIM115 - closed by close()
-            self._record.write(f'{{"{HEADER_FIELD}": {self.layout.block_tokens}}}\n')
         self._closed = False
+        self.store = TieredKVStore(self.layout, tiers, eviction, admission, path, device, write_through)
+        try:  # a constructor that raises returns no cache to close: nothing it opened may stay open
+            self.manager = self.store.manager
+            self.driver = StepDriver(self.manager, self.prefetch_policy)
+            self.device = self.store.hbm_device
+            self.dtype = torch_dtype(self.layout.dtype)
+            if record is not None:
+                self._record = _open_record(record, self.layout.block_tokens)
+        except BaseException:
+            with contextlib.suppress(Exception):  # the error to report is the one that stopped the constructor
+                self.store.close(persist=False)
+            raise
 
     # -- sequences ----------------------------------------------------------------------
     def sequence(self, tokens: Seq[int] | np.ndarray | None = None, namespace: bytes | str = b"") -> "Sequence":

@@ -9,8 +9,8 @@ tail block that is not stored yet; every tier operation goes through the cache's
 from __future__ import annotations
 
 import math
+import operator
 import os
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence as Seq
 
 import numpy as np
@@ -19,13 +19,13 @@ import torch
 from tiercache.attention import Partial, block_scores, block_summaries, compute_dtype, select_blocks, stream_partial
 from tiercache.config import AttentionMode
 from tiercache.core.counts import not_decremented
-from tiercache.core.decode import ReadTicket
 from tiercache.errors import UserError
 from tiercache.keys import block_key, layer_key
 
 from .arguments import check_kv, check_query, flat_token_ids, sparse_budget_blocks
 from .chunks import TierChunks
 from .layerstate import LayerState
+from .steps import StepReport, step_report
 from .summaries import CorruptBlock, summaries_of
 
 if TYPE_CHECKING:
@@ -34,33 +34,6 @@ if TYPE_CHECKING:
 __all__ = ["Sequence", "StepReport"]
 
 _PRIVATE_NAMESPACE = b"tiercache.private-sequence"
-
-
-@dataclass(frozen=True)
-class StepReport:
-    """What one ``attend`` read, for the per-step table.
-
-    Attributes:
-        step, layer, mode: which attention call.
-        selected: blocks read from the tiers (every full block in exact mode).
-        hbm_hits: of those, blocks found in HBM.
-        from_dram, from_nvme: blocks found in DRAM / on NVMe (promoted, or read in place).
-        prefetched: blocks whose moves to HBM the step started for later steps.
-        bytes_moved: bytes of the blocks read from lower tiers (as each tier stores them:
-            a quantised tier's encoded bytes) plus the prefetched ones (at HBM's size).
-        tail_tokens: tokens of the partial tail block (read from the sequence, no tier).
-    """
-
-    step: int
-    layer: int
-    mode: AttentionMode
-    selected: int
-    hbm_hits: int
-    from_dram: int
-    from_nvme: int
-    prefetched: int
-    bytes_moved: int
-    tail_tokens: int
 
 
 class Sequence:
@@ -93,13 +66,13 @@ class Sequence:
     # -- public API ---------------------------------------------------------------------
     def length(self, layer: int = 0) -> int:
         """Tokens of KV the sequence holds at ``layer``."""
-        self._check_layer(layer, "Sequence.length")
+        layer = self._check_layer(layer, "Sequence.length")
         state = self._layers[layer]
         return state.n * self.cache.layout.block_tokens + state.tail_len
 
     def blocks(self, layer: int = 0) -> int:
         """Full (stored) blocks at ``layer``."""
-        self._check_layer(layer, "Sequence.blocks")
+        layer = self._check_layer(layer, "Sequence.blocks")
         return self._layers[layer].n
 
     @property
@@ -143,7 +116,7 @@ class Sequence:
         with cache.store._lock:
             cache._check_open()
             self._check_live("append")
-            self._check_layer(layer, "Sequence.append")
+            layer = self._check_layer(layer, "Sequence.append")
             check_kv(self.cache, k, "k")
             check_kv(self.cache, v, "v")
             if k.shape != v.shape:
@@ -216,7 +189,7 @@ class Sequence:
         cache = self.cache
         cache._check_open()
         self._check_live("attend")
-        self._check_layer(layer, what)
+        layer = self._check_layer(layer, what)
         if not isinstance(mode, AttentionMode):
             raise UserError(f"{what}: mode must be an AttentionMode (EXACT or SPARSE), got {mode!r}")
         state = self._layers[layer]
@@ -434,20 +407,20 @@ class Sequence:
         """Reads the blocks at ``positions`` through the driver and attends over them and the tail."""
         cache = self.cache
         exact = mode is AttentionMode.EXACT
-        if not exact:  # one promotion per tier, not one per run of neighbours in another tier
-            positions = self._by_tier(state, positions)
-        ids = state.ids[positions].tolist()
+        ids = state.ids[positions].tolist()  # block order: attention merges in it, wherever the blocks lie
         keys = state.keys if exact else [state.keys[p] for p in positions.tolist()]  # exact: every block, in order
+        # a sparse read is made (and recorded) by tier, fastest first: one promotion per tier
+        read = ids if exact else state.ids[self._by_tier(state, positions)].tolist()
         ahead = self._ahead(layer, mode)
-        ticket = cache.driver.begin_read(step, layer, ids, exact, candidates, ahead) if ids else None
+        ticket = cache.driver.begin_read(step, layer, read, exact, candidates, ahead) if read else None
         try:
             extra = [(state.tail[0, :, : state.tail_len], state.tail[1, :, : state.tail_len])] if state.tail_len else []
             out = self._stream(q, ids, keys, extra)
         finally:
             if ticket is not None:  # the reads (and moves) happened even if attention failed: record them
                 cache.driver.end_read(ticket)
-                cache._emit(layer, step, read=tuple(ids), in_place=exact, candidates=tuple(candidates), ahead=tuple(ahead))
-        self._report(layer, step, mode, ticket, len(ids), state.tail_len)
+                cache._emit(layer, step, read=tuple(read), in_place=exact, candidates=tuple(candidates), ahead=tuple(ahead))
+        self.reports.append(step_report(cache, layer, step, mode, ticket, len(ids), state.tail_len))
         cache._settle_events()
         return out
 
@@ -455,13 +428,14 @@ class Sequence:
         """The chunk source an exact read of ``layer`` streams from (for benchmarks that
         time its fetches and its compute apart); valid until the next call that moves
         blocks."""
-        self._check_layer(layer, "Sequence.stream_source")
+        layer = self._check_layer(layer, "Sequence.stream_source")
         state = self._layers[layer]
         return TierChunks(self.cache, state.ids[: state.n].tolist(), state.keys)
 
     def _by_tier(self, state: LayerState, positions: np.ndarray) -> np.ndarray:
         """``positions`` reordered by the tier holding them, fastest first (stable): the
-        read order a sparse step records, so promotions batch per tier."""
+        order a sparse step reads and records its blocks in, so promotions batch per tier
+        (attention still merges them in block order)."""
         located = [self.cache.manager.locate(int(b)) for b in state.ids[positions]]
         if None in located:
             raise RuntimeError(f"block {int(state.ids[positions][located.index(None)])} of this sequence is no longer "
@@ -476,22 +450,27 @@ class Sequence:
         dtype = compute_dtype(cache.dtype)
         return stream_partial(q, cache.layout.kv_heads, source, source.n_chunks, cache.depth, extra, dtype)
 
-    def _report(self, layer: int, step: int, mode: AttentionMode, ticket: ReadTicket | None, selected: int, tail: int) -> None:
-        found = ticket.found if ticket is not None else [0] * self.cache.manager.n_tiers
-        names = [d.name for d in self.cache.manager.dirs]
-        count = {name: found[t] for t, name in enumerate(names)}
-        prefetched = ticket.prefetched if ticket is not None else 0
-        size = self.cache.store.tier_block_bytes
-        moved = sum(found[t] * size[t] for t in range(1, len(found))) + prefetched * size[0]
-        self.reports.append(StepReport(step, layer, mode, selected, count.get("hbm", 0), count.get("dram", 0),
-                                       count.get("nvme", 0), prefetched, moved, tail))
-
     # -- checks ---------------------------------------------------------------------------
     def _check_live(self, what: str) -> None:
         if self.freed:
             raise UserError(f"Sequence.{what}: the sequence was freed")
 
-    def _check_layer(self, layer: int, what: str) -> None:
+    def _check_layer(self, layer: int, what: str) -> int:
+        """``layer`` as an int in ``[0, layers)``: any integer (a numpy one, a 0-d integer
+        tensor), never a bool. Raises UserError naming ``what`` otherwise."""
         layers = self.cache.layout.layers
-        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < layers:
+        index = _integer(layer)
+        if index is None or not 0 <= index < layers:
             raise UserError(f"{what}: layer must be an integer in [0, {layers}), got {layer!r}")
+        return index
+
+
+def _integer(value) -> int | None:
+    """``value`` as an int when it is an integer (``operator.index``: a numpy integer, a 0-d
+    integer tensor too), not a bool of any kind; else None."""
+    if isinstance(value, (bool, np.bool_)) or (isinstance(value, torch.Tensor) and (value.dim() or value.dtype == torch.bool)):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
