@@ -60,7 +60,7 @@ class Curve:
 def policy_colors(runs: list[Run] | tuple[Run, ...]) -> dict[str, str]:
     """One color per policy label, the same in every plot; offline policies are black."""
     palette = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2", "#bcbd22"]
-    offline = {r.label for r in runs if is_offline(r.policy)}
+    offline = {r.label for r in runs if is_offline(r)}
     online = [label for label in policy_labels(runs) if label not in offline]
     colors = {label: palette[i % len(palette)] for i, label in enumerate(online)}
     return colors | {label: _OFFLINE_COLOR for label in offline}
@@ -124,7 +124,7 @@ def _offline_label(run: Run) -> str:
 
 def _plot_policy(ax, runs: list[Run], color: str) -> None:
     label = runs[0].label
-    if is_offline(runs[0].policy):
+    if is_offline(runs[0]):
         ax.plot([r.capacity_blocks for r in runs], [r.miss_ratio for r in runs], color=color,
                 ls="--" if len(runs) > 1 else "none", lw=1.8,
                 marker="D", ms=5, label=_offline_label(runs[0]), zorder=3)
@@ -190,7 +190,7 @@ def _policy_bars(ax, runs: list[Run], splits: list, offset: float, width: float,
     by_split = {_split(r): r for r in runs}
     xs = [i + offset for i, s in enumerate(splits) if s in by_split]
     values = [by_split[s].miss_ratio for s in splits if s in by_split]
-    offline = is_offline(runs[0].policy)
+    offline = is_offline(runs[0])
     label = _offline_label(runs[0]) if offline else runs[0].label
     ax.bar(xs, values, width=width * 0.92, color=color, label=label, hatch="//" if offline else "",
            edgecolor="white" if offline else color, zorder=3)
@@ -359,7 +359,7 @@ def prefix_savings(runs: list[Run], colors: dict[str, str], title: str) -> bytes
     axes = fig.subplots(1, 2 if with_ttft else 1, squeeze=False)[0]
     for label in policy_labels(runs):
         mine = sorted((r for r in runs if r.label == label), key=lambda r: r.capacity_blocks)
-        line, marker = ("--", "D") if is_offline(mine[0].policy) else ("-", "o")
+        line, marker = ("--", "D") if is_offline(mine[0]) else ("-", "o")
         x = [r.capacity_blocks for r in mine]
         saved = [(r.prefill_tokens_saved or 0) / r.prefill_tokens if r.prefill_tokens else 0.0 for r in mine]
         axes[0].plot(x, saved, color=colors[label], label=label, ls=line, marker=marker, ms=5)

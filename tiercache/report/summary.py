@@ -40,8 +40,18 @@ BASELINE = "lru"
 _OFFLINE_NAMES = frozenset({"belady", "min", "opt"})
 
 
-def is_offline(policy: str) -> bool:
-    """True for policies that read the future (Belady): they are references, they do not compete."""
+def is_offline(run: Run | str) -> bool:
+    """True for a run whose policy reads the future (Belady): a reference, it does not compete.
+
+    A run says so itself (``Run.offline``, recorded since results version 8), so one results
+    file gives the same answer wherever the report is built, whether or not an out-of-tree
+    policy's module imports there. Where that is not recorded (older files), or given only a
+    policy name, the registry answers (importing an out-of-tree ``module:Class``), and failing
+    that the names ``belady``, ``min`` and ``opt``.
+    """
+    if not isinstance(run, str) and run.offline is not None:
+        return run.offline
+    policy = run if isinstance(run, str) else run.policy
     from tiercache.policies import get_eviction  # registry import is lazy and torch-free
 
     try:
@@ -53,7 +63,7 @@ def is_offline(policy: str) -> bool:
 def policy_labels(runs: tuple[Run, ...] | list[Run]) -> list[str]:
     """Policy labels in legend order: LRU first, others as first seen, offline ones last."""
     labels = list(dict.fromkeys(run.label for run in runs))
-    offline = {run.label for run in runs if is_offline(run.policy)}
+    offline = {run.label for run in runs if is_offline(run)}
     first = [label for label in labels if label == BASELINE]
     middle = [label for label in labels if label != BASELINE and label not in offline]
     return first + middle + [label for label in labels if label in offline]
@@ -227,16 +237,17 @@ def best_per_capacity(runs: tuple[Run, ...] | list[Run]) -> list[CapacityBest]:
     """One entry per cache (semantics, mode, tier layout, prefetch policy) with at least one
     online run, in ``by_layout`` order.
 
-    Ties go to LRU (of that cache), then to the label first in alphabetical order: the winner
+    Ties go to LRU (of that cache: the plain reference run, then an ``lru`` run with other
+    admission or placement), then to the label first in alphabetical order: the winner
     depends on the runs only, never on the order of files or policies.
     """
     runs = [r for r in runs if not r.is_fleet]  # a fleet replay is a configuration, not a capacity point
     result = []
     for (semantics, mode, _, _), group in by_layout(runs).items():
-        online = [r for r in group if not is_offline(r.policy)]
+        online = [r for r in group if not is_offline(r)]
         if online:
             lru = _reference(group, BASELINE)
-            best = min(online, key=lambda r: (r.miss_ratio, r is not lru, r.label))
+            best = min(online, key=lambda r: (r.miss_ratio, r is not lru, r.policy != BASELINE, r.label))
             result.append(CapacityBest(semantics, mode, best.capacity_blocks, best, lru, _reference(group, BELADY)))
     return result
 

@@ -56,12 +56,14 @@ _HIT_SPLIT = ("hits_in_place", "hits_promoted", "in_place_bytes", "promoted_byte
 # Keys a version did not write (version 1: or wrote only when they applied): their value when absent.
 # Versions 3 to 6 could replay with --prefetch without recording it: None ("not recorded"), which
 # ``_read_run`` narrows to "none" outside decode semantics; versions 1 and 2 had no prefetch.
-_V6_ABSENT = {"prefetch": None}
+# Versions before 8 did not record whether a run's policy is offline: None ("not recorded").
+_V7_ABSENT = {"offline": None}
+_V6_ABSENT = _V7_ABSENT | {"prefetch": None}
 _V5_ABSENT = _V6_ABSENT | {"placement": "top"}
 _V4_ABSENT = _V5_ABSENT | {"instances": None, "route": None, "shared_writes": None}
 _V3_ABSENT = _V4_ABSENT | {"codec": "none", "block_bytes": None}
 _V2_ABSENT = _V3_ABSENT | dict.fromkeys(_HIT_SPLIT) | {"prefetch": "none"}
-_ABSENT = {7: {}, 6: _V6_ABSENT, 5: _V5_ABSENT, 4: _V4_ABSENT, 3: _V3_ABSENT, 2: _V2_ABSENT, 1: _V2_ABSENT | {
+_ABSENT = {8: {}, 7: _V7_ABSENT, 6: _V6_ABSENT, 5: _V5_ABSENT, 4: _V4_ABSENT, 3: _V3_ABSENT, 2: _V2_ABSENT, 1: _V2_ABSENT | {
     "recomputed": None, "failed_transfers": None, "promote_skipped": None, "lost": None,
     "bytes_moved": {}, "modeled_seconds": {}, "prefill_tokens": None, "prefill_tokens_saved": None, "ttft_saved_s": None,
 }}
@@ -104,6 +106,11 @@ def _ratio(value: Any) -> Any:
     if out is not _BAD and not 0.0 <= out <= 1.0:
         raise _Refused("a number in [0, 1]")
     return out
+
+
+def _flag(value: Any) -> Any:
+    """A JSON boolean (not a number standing for one)."""
+    return value if type(value) is bool else _BAD
 
 
 def _tier_name(value: Any) -> Any:
@@ -187,7 +194,7 @@ _TIER_COUNTS_V2 = ("failed_transfers", "promote_skipped", "lost")
 _RUN_KEYS = ("policy", "admission", "semantics", "mode", "capacity_blocks", "accesses", "hits", "misses",
              "miss_ratio", "hit_ratio", "tiers", "wall_seconds", "recomputed", "bytes_moved", "modeled_seconds",
              "prefill_tokens", "prefill_tokens_saved", "ttft_saved_s", "instances", "route", "shared_writes", "placement",
-             "prefetch")
+             "prefetch", "offline")
 _INSTANCE_KEYS = ("instance", "requests", "accesses", "hits", "misses", "tier_hits", "bytes_moved", "modeled_seconds",
                   "prefill_tokens_saved", "ttft_saved_s")
 _LAYOUT_INTS = ("layers", "kv_heads", "head_dim", "block_tokens", "block_bytes")
@@ -306,6 +313,7 @@ def _read_run(value: Any, source: str, label: str, version: int) -> RunRecord:
         "route": obj.take("route", _nullable(_member(Route)), "null or " + "/".join(r.value for r in Route)),
         "shared_writes": obj.take("shared_writes", _nullable(_count), "null or a non-negative integer"),
         "prefetch": _read_prefetch(obj, semantics),
+        "offline": obj.take("offline", _nullable(_flag), "null or a boolean (whether the policy reads the future)"),
     }
     try:
         return RunRecord(**fields)

@@ -7,7 +7,13 @@ manager keeps. Metadata plane: no torch, no numpy.
 
 Versions:
 
-* **7** (written now): ``"schema_version": 7``. New against version 6: each run's
+* **8** (written now): ``"schema_version": 8``. New against version 7: each run's
+  ``offline``, whether its eviction policy reads the future (its class's ``needs_future``:
+  Belady, or an out-of-tree offline policy), so a report classifies it without importing the
+  policy; ``null`` only where the maker of the record did not say.
+* **7**: read with every field version 7 wrote required; the upgrade sets ``offline`` to
+  ``None`` ("not recorded": the report then knows offline policies by the registry, or by the
+  names ``belady``/``min``/``opt``), as for every older version. New against version 6: each run's
   ``prefetch``, the prefetch policy of a decode replay (``"none"``; any other only in
   ``decode`` semantics, the one semantics a prefetch policy plans for).
 * **6**: read with every field version 6 wrote required. New against version 5: each run's
@@ -77,9 +83,9 @@ __all__ = [
 _CODEC_NAMES = tuple(c.value for c in Codec)
 
 #: The version ``ResultsDocument.to_json`` writes.
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 #: Versions ``ResultsDocument.from_json`` reads (older ones upgraded on reading).
-READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7)
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8)
 
 
 #: Prefix of a trace fingerprint (xxh3-128 of the file's bytes); a fingerprint without it is
@@ -148,7 +154,8 @@ class TierRecord:
     """The counters of one tier in one run (``tiercache.core.stats.TierCounters``).
 
     Invariants: every count non-negative; ``hits_in_place + hits_promoted == hits`` (the top
-    tier's hits are all in place, at no cost). ``failed_transfers``, ``promote_skipped`` and
+    tier's hits are all in place: free when it is HBM, else charged on their link to HBM,
+    which files before version 8 did not do). ``failed_transfers``, ``promote_skipped`` and
     ``lost`` are None only in records upgraded from version 1; the hit split only in records
     upgraded from versions 1 and 2; its bytes also without a layout, its seconds without
     hardware. ``codec`` is a ``Codec`` value; ``block_bytes`` (with a layout) the bytes of one
@@ -238,6 +245,8 @@ class RunRecord:
     ``modeled_seconds`` (per link, ``recompute`` and ``total``) without a layout and hardware.
     The prefill figures are None outside prefix semantics (``ttft_saved_s`` also without a
     layout and hardware); ``recomputed`` is None only when upgraded from version 1.
+    ``offline`` is whether the policy reads the future (an offline reference such as Belady,
+    which never competes as online), None where not recorded (files before version 8).
 
     A fleet replay (``instances`` set, one record per engine instance, ``route`` how requests
     were spread) sums its instances: ``accesses``, ``hits``, ``misses`` and each tier's
@@ -270,6 +279,7 @@ class RunRecord:
     shared_writes: int | None = None
     placement: str = "top"
     prefetch: str | None = "none"
+    offline: bool | None = None
 
     def __post_init__(self) -> None:
         if self.hits + self.misses != self.accesses:

@@ -24,7 +24,8 @@ from tiercache.policies import get_eviction, get_kernel
 from tiercache.policies.kernels import G_ROWS, HAVE_NUMBA, PROT, S_REQ, TIER_OF, leafprio
 
 from . import chain
-from .hitcost import HitCost
+from .engine import GPU
+from .hitcost import HitCost, in_place_cost, promoted_cost
 
 __all__ = ["ArrayTierManager", "kernel_replay_possible", "state_bytes", "HAVE_NUMBA"]
 
@@ -207,23 +208,37 @@ class ArrayTierManager:
         return out
 
     def charge(self, engine) -> list[HitCost]:
-        """Books every move and read in place on ``engine``'s links (``SimEngine.charge``)
-        and returns each tier's hit costs, as ``HitMeter`` would have."""
-        M = self.M
+        """Books every move, read in place and write of a computed block on ``engine``'s links
+        (``SimEngine.charge``) and returns each tier's hit costs, as ``HitMeter`` and
+        ``SimEngine.fill`` would have (a top tier that is not HBM: its hits and the promoted
+        ones are read on to HBM, computed blocks written from HBM into it)."""
+        M, first_read = self.M, 1 if engine.gpu_is_top else 0  # an HBM top tier's hits read nothing
         for (src, dst), blocks, transfers in self._links():
             engine.charge(src, dst, blocks, transfers)
-        for t in range(1, self.n_tiers):
+        for t in range(first_read, self.n_tiers):
             if M[t, chain.C_READ_THROUGHS]:
-                engine.charge(t, 0, int(M[t, chain.C_IN_PLACE]), int(M[t, chain.C_READ_THROUGHS]))
+                engine.charge(t, GPU, int(M[t, chain.C_IN_PLACE]), int(M[t, chain.C_READ_THROUGHS]))
+        if not engine.gpu_is_top:
+            self._charge_top_to_gpu(engine)
         costs = []
         for t in range(self.n_tiers):
-            in_place, promoted = int(M[t, chain.C_IN_PLACE]), int(M[t, chain.C_HIT_PROMOTED])
-            cost = HitCost(in_place=in_place, promoted=promoted)
-            if t > 0:
-                cost.in_place_bytes, cost.in_place_seconds = engine.cost(t, 0, in_place, int(M[t, chain.C_READ_THROUGHS]))
-                cost.promoted_bytes, cost.promoted_seconds = engine.cost(t, 0, promoted, int(M[t, chain.C_HIT_PROMOTE_RUNS]))
+            cost = HitCost()
+            cost.add_in_place(int(M[t, chain.C_IN_PLACE]),
+                              *in_place_cost(engine, t, int(M[t, chain.C_IN_PLACE]), int(M[t, chain.C_READ_THROUGHS])))
+            cost.add_promoted(int(M[t, chain.C_HIT_PROMOTED]),
+                              *promoted_cost(engine, t, int(M[t, chain.C_HIT_PROMOTED]), int(M[t, chain.C_HIT_PROMOTE_RUNS])))
             costs.append(cost)
         return costs
+
+    def _charge_top_to_gpu(self, engine) -> None:
+        """Books, for a top tier that is not HBM, the reads of promoted hits on from it to HBM
+        (one per promotion) and the writes of computed blocks from HBM into it."""
+        M, lower = self.M, slice(1, self.n_tiers)
+        onward = int(M[lower, chain.C_HIT_PROMOTED].sum()), int(M[lower, chain.C_HIT_PROMOTE_RUNS].sum())
+        written = int(M[0, chain.C_FILLED]), int(M[0, chain.C_FILLS])
+        for src, dst, (blocks, transfers) in ((0, GPU, onward), (GPU, 0, written)):
+            if transfers:
+                engine.charge(src, dst, blocks, transfers)
 
     # -- checks --------------------------------------------------------------------------
     def check_invariants(self) -> None:

@@ -20,7 +20,8 @@ tier holding the id, -1 for none; ``PROT``: guards on it, a victim only at 0; ``
 ``FUT``: next use as last seen, which a demoted block carries; ``HINT``: the next use the
 next hook call passes, as ``Hints.next_use``); the chain's columns of ``M``
 row ``t`` hold tier ``t``'s capacity, used slots, victims of the current cascade, counters
-(``C_*``) and blocks / transfers moved to each tier (``LINK_BLOCKS + dst``,
+(``C_*``; a top tier that is not HBM also counts its hits' reads to HBM and the writes of
+computed blocks into it) and blocks / transfers moved to each tier (``LINK_BLOCKS + dst``,
 ``LINK_TRANSFERS + dst``); row ``tiers`` holds the totals (``S_*``).
 
 No plans, no events: the counters are what ``HierarchyStats`` and ``HitMeter`` would have
@@ -40,7 +41,10 @@ MAX_TIERS = 8
 CAP, USED, VN = META_SLOTS, META_SLOTS + 1, META_SLOTS + 2
 C_HITS, C_INSERTS, C_EVICTIONS, C_DEMOTIONS, C_PROMOTIONS, C_REFUSED, C_PSKIP = range(META_SLOTS + 3, META_SLOTS + 10)
 C_IN_PLACE, C_HIT_PROMOTED, C_HIT_PROMOTE_RUNS, C_READ_THROUGHS = range(META_SLOTS + 10, META_SLOTS + 14)
-LINK_BLOCKS = META_SLOTS + 14
+# Blocks written into the top tier from where they were computed (new and recomputed ones), and
+# the writes (``SimEngine.fill`` calls): charged when the top tier is not HBM.
+C_FILLED, C_FILLS = META_SLOTS + 14, META_SLOTS + 15
+LINK_BLOCKS = META_SLOTS + 16
 LINK_TRANSFERS = LINK_BLOCKS + MAX_TIERS
 DST = LINK_TRANSFERS + MAX_TIERS  # where the current cascade sends this tier's victims
 WIDTH = DST + 1
@@ -239,6 +243,8 @@ def _insert_new(kind, P, M, X, G, ids, nus, a, b):
             _hint_trace(M, G, ids, nus, a + lo, a + hi)
             p_insert(kind, P, M, X, G, 0, ids, a + lo, a + hi)
             M[0, C_INSERTS] += hi - lo
+            M[0, C_FILLED] += hi - lo
+            M[0, C_FILLS] += 1
         lo = hi
         hi = min(hi + step, n)
 
@@ -276,6 +282,8 @@ def _recompute_below(kind, P, M, X, G, ids, nus, a, b, tier):
     M[tier, USED] -= n
     M[0, USED] += n
     p_insert(kind, P, M, X, G, 0, ids, a, b)
+    M[0, C_FILLED] += n
+    M[0, C_FILLS] += 1
 
 
 @njit
@@ -316,7 +324,7 @@ def _promote(kind, P, M, X, G, ids, nus, start, b, tier):
         M[tier, C_HIT_PROMOTE_RUNS] += 1
     else:
         M[tier, C_PSKIP] += n
-        M[tier, C_IN_PLACE] += n  # read where it lies: the hit crosses the link to the top tier
+        M[tier, C_IN_PLACE] += n  # read where it lies: the hit crosses the link to HBM
         M[tier, C_READ_THROUGHS] += 1
     _count_found(M, tier, n, True)
     return end
@@ -359,6 +367,7 @@ def access(kind, P, M, X, G, ids, nus, a, b, count_hits):
             p_access(kind, P, M, X, G, 0, ids, i, j)
             if count_hits:
                 M[0, C_IN_PLACE] += j - i
+                M[0, C_READ_THROUGHS] += 1  # one read to HBM, when the top tier is not HBM
             _count_found(M, 0, j - i, count_hits)
             if j == b:
                 break

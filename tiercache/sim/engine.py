@@ -11,37 +11,17 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass, field
 
-from tiercache.config import REMOTE_TIER
 from tiercache.core.plans import JobResult, TransferPlan
+from tiercache.sizes import STORAGE_TIERS, hop_block_bytes
 
-__all__ = ["SimClock", "SimEngine", "LinkUsage", "STORAGE_TIERS", "hop_block_bytes"]
+__all__ = ["SimClock", "SimEngine", "LinkUsage", "STORAGE_TIERS", "hop_block_bytes", "GPU", "GPU_TIER"]
 
-#: Tiers on media that store and carry bytes but compute nothing (a drive, the network's
-#: shared store): the host encodes and decodes for them.
-STORAGE_TIERS = ("nvme", REMOTE_TIER)
-
-
-def hop_block_bytes(src: str, src_form: int, dst: str, dst_form: int, plain: int) -> int:
-    """Bytes one block takes on a hop from tier ``src`` to tier ``dst``, as the live data
-    plane (``tiercache/data/handlers.py``, ``quantized.py``) moves it.
-
-    Args:
-        src: source tier name; ``src_form`` the bytes of a block as it holds it.
-        dst: destination tier name; ``dst_form`` the bytes of a block as it holds it.
-        plain: bytes of an unquantised block (a form below it is a codec's).
-
-    Invariants: a hop to or from a storage tier (``STORAGE_TIERS``) carries that tier's
-    form, whatever the other end's (an INT4 DRAM block is decoded on the host and written
-    to a plain NVMe tier whole; a plain NVMe block is read whole and encoded on the host).
-    Between two memory tiers the converting side is the one that makes the encoded form
-    cross: a quantised destination's form (encoded where the block lies, then copied), else
-    the source's (an encoded block is copied, then decoded where it lands).
-    """
-    if dst in STORAGE_TIERS:
-        return dst_form
-    if src in STORAGE_TIERS:
-        return src_form
-    return dst_form if dst_form < plain else src_form
+#: The GPU's memory, where attention reads every hit and prefill writes every computed block.
+GPU_TIER = "hbm"
+#: ``SimEngine``'s index for the GPU's memory as one end of a move: tier 0 when the hierarchy's
+#: top tier is HBM, else an HBM outside the hierarchy holding plain KV (not a cache tier: a
+#: block must cross to it to be used, and a computed block crosses from it to be stored).
+GPU = -1
 
 
 @dataclass
@@ -88,6 +68,11 @@ class SimEngine:
     (``nvme->hbm`` = ``nvme->dram`` then ``dram->hbm``), as the live data plane copies it;
     each hop is charged at the bytes it carries, and the move's bytes are those of its last
     hop (what arrives in the destination tier).
+
+    Tier indices name the hierarchy's tiers, and ``GPU`` the GPU's memory (see ``GPU``): in a
+    hierarchy without HBM (``dram``, ``nvme``) a hit is read from its tier to HBM and a
+    computed block written from HBM to the tier storing it, each on its link
+    (``gpu_is_top`` False).
     """
 
     tier_names: tuple[str, ...]
@@ -99,25 +84,32 @@ class SimEngine:
     _pending: list[tuple[float, int]] = field(default_factory=list)
     tier_block_bytes: tuple[int, ...] | None = None
 
+    @property
+    def gpu_is_top(self) -> bool:
+        """Whether the top tier is HBM (the GPU's memory): hits there cross no link."""
+        return self.tier_names[0] == GPU_TIER
+
     def submit(self, plan: TransferPlan) -> None:
         """Queues ``plan`` on its link; returns at once."""
         done = self._occupy(plan.src_tier, plan.dst_tier, plan.n_blocks)
         heapq.heappush(self._pending, (done, plan.job_id))
 
     def read_through(self, src_tier: int, n_blocks: int) -> tuple[int, float]:
-        """Charges a read of blocks where they lie (a hit not promoted) on the link from
-        ``src_tier`` to the top tier, where attention reads them; returns (bytes, seconds).
+        """Charges a read of blocks where they lie (a hit not promoted, or any hit of a top
+        tier that is not HBM) on the link from ``src_tier`` to the GPU's memory (``GPU``),
+        where attention reads them; returns (bytes, seconds).
 
         The read is complete when the call returns (the replay reads synchronously); it
         occupies the link like a copy of the same blocks, and no tier changes.
         """
-        self._occupy(src_tier, 0, n_blocks)
-        return self.cost(src_tier, 0, n_blocks)
+        self._occupy(src_tier, GPU, n_blocks)
+        return self.cost(src_tier, GPU, n_blocks)
 
     def cost(self, src_tier: int, dst_tier: int, n_blocks: int, n_transfers: int = 1) -> tuple[int, float]:
         """Bytes and modeled seconds of ``n_transfers`` transfers of ``n_blocks`` in all
-        between two tiers (one transfer by default): the seconds of every hop of the path
-        (``_path``), each at the bytes it carries; the bytes of the last hop."""
+        between two tiers or a tier and ``GPU`` (one transfer by default): the seconds of
+        every hop of the path (``_path``), each at the bytes it carries; the bytes of the
+        last hop."""
         path = self._path(src_tier, dst_tier)
         seconds = sum(self._seconds(link, n_blocks * per_block, n_transfers) for link, per_block in path)
         return n_blocks * path[-1][1], seconds
@@ -141,8 +133,7 @@ class SimEngine:
         end's form (the live handlers stage a plain HBM's blocks plain and a quantised HBM's
         encoded; between two storage tiers the destination's).
         """
-        src, dst = self.tier_names[src_tier], self.tier_names[dst_tier]
-        src_form, dst_form = self._form(src_tier), self._form(dst_tier)
+        (src, src_form), (dst, dst_form) = self._end(src_tier), self._end(dst_tier)
         direct = f"{src}->{dst}"
         if "dram" in (src, dst) or (self.profile is not None and direct in self.profile.links):
             return ((direct, hop_block_bytes(src, src_form, dst, dst_form, self._plain())),)
@@ -158,8 +149,15 @@ class SimEngine:
         """Bytes of one block as ``tier`` stores it (see ``tier_block_bytes``)."""
         return self._plain() if self.tier_block_bytes is None else self.tier_block_bytes[tier]
 
+    def _end(self, tier: int) -> tuple[str, int]:
+        """(name, bytes of one block there) of one end of a move: a tier of the hierarchy, or
+        ``GPU``: the top tier when it is HBM, else an HBM holding plain KV."""
+        if tier == GPU:
+            return (GPU_TIER, self._plain()) if not self.gpu_is_top else self._end(0)
+        return self.tier_names[tier], self._form(tier)
+
     def _link(self, src_tier: int, dst_tier: int) -> str:
-        return f"{self.tier_names[src_tier]}->{self.tier_names[dst_tier]}"
+        return f"{self._end(src_tier)[0]}->{self._end(dst_tier)[0]}"
 
     def _occupy(self, src_tier: int, dst_tier: int, n_blocks: int) -> float:
         """Books one transfer on its link (usage and queue); returns when it completes."""
@@ -194,11 +192,12 @@ class SimEngine:
         raise KeyError(f"job {job_id} was not submitted or was already returned")
 
     def fill(self, tier: int, ids, slots) -> None:
-        """Computed blocks cost recompute time, accounted by the replay; one placed below the
-        top tier (a placement policy's choice) is written down from the top tier, where it was
-        computed, on that link."""
-        if tier and ids:
-            self._occupy(0, tier, len(ids))
+        """Computed blocks cost recompute time, accounted by the replay; one stored in a tier
+        other than HBM (below the top by a placement policy's choice, or in the top tier of a
+        hierarchy without HBM) is written down from HBM (``GPU``), where it was computed, on
+        that link."""
+        if ids and (tier or not self.gpu_is_top):
+            self._occupy(GPU, tier, len(ids))
 
     def discard(self, tier: int, ids, slots) -> None:
         """Nothing stored, nothing to forget."""

@@ -370,7 +370,8 @@ def _hints_for(data: ReplayData, a: int, b: int, writes: np.ndarray, want: bool,
 
 def run_record(spec: RunSpec, data: ReplayData, stats: HierarchyStats, meter: HitMeter, saved_tokens: int,
                wall: float) -> RunRecord:
-    """The record of one run (an entry of results.json's ``runs``)."""
+    """The record of one run (an entry of results.json's ``runs``), with whether its policy
+    is offline (reads the future) as its class says, so a report never has to import it."""
     accesses, engine = stats.accesses, meter.engine
     layout, profile = data.layout, data.profile
     tiers = tuple(tier_record(t, c, layout is not None, profile is not None, config.codec, layout)
@@ -385,6 +386,7 @@ def run_record(spec: RunSpec, data: ReplayData, stats: HierarchyStats, meter: Hi
         modeled_seconds=modeled_seconds({link: u.seconds for link, u in engine.usage.items()}, profile,
                                         _recomputed_tokens(spec, data, stats, saved_tokens)) if layout and profile else {},
         **_prefix_figures(spec, engine, data, saved_tokens), placement=spec.placement, prefetch=spec.prefetch,
+        offline=bool(get_eviction(spec.policy).needs_future),
     )
 
 
