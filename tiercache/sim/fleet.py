@@ -9,12 +9,20 @@ Mooncake master and its eviction. Per request, in prefix semantics (``tiercache 
 1. the instance checks the store for the blocks its local tiers miss (the live store's one
    batched existence check): the leading run the store holds joins its view, view entries
    the store evicted leave it;
-2. the longest prefix found locally or in the store is read (local hits per tier, remote
-   hits promoted into HBM through the manager's move API) and touched in the store;
+2. the longest prefix found locally or in the store is touched in the store and read,
+   pinned while it is read (``keep_all``, as in ``tiercache replay``: each of its blocks is a
+   hit, none pushed out by the promotion of another): local hits per tier, remote hits
+   promoted into HBM through the manager's move API;
 3. the rest is recomputed and stored locally, and written to the store at once
    (``remote_write=through``, the live default), the instance's view included; a victim of
-   the last local tier that the store no longer holds is written back when it is demoted
-   into the view (as the live remote tier's demotion puts it).
+   the last local tier is demoted into the view, or just leaves when the view holds it
+   (then nothing is put, as live, even where the view is stale).
+
+Every copy into the view is a put into the store (``_ViewEngine``), as the live medium's: a
+block the store holds is skipped (``already``: no bytes move, nothing is charged), the others
+are written, evicting as the store's policy says. So the store holds exactly what was put
+into it, and ``shared_writes`` (the blocks written) equals the blocks charged on the links
+into ``remote``.
 
 Routing: ``round_robin`` (request ``i`` to instance ``i % N``) or ``prefix_affinity`` (by a
 stable hash of the request's first block, so requests sharing a prefix meet). The result
@@ -32,19 +40,27 @@ Mooncake, 64 in kv-cache-tester, 16 in Bailian), at most its prompt; the run's r
 seconds are the prefill time of every prompt token not reused (``prefill_tokens -
 prefill_tokens_saved``). Every request counts in its instance's ``requests``, one without
 blocks too (routed round-robin: it has no prefix).
+
+Memory: a fleet is refused up front (``check_fleet_memory``) when its slot directories and
+instance state would need more than half the memory available, as ``tiercache replay``
+refuses a sweep (``check_memory``).
 """
 
 from __future__ import annotations
 
+import heapq
 import time
 from dataclasses import dataclass
+
+import psutil
 
 import tiercache
 from tiercache.config import Codec, KVLayout, Mode, Route, Semantics, TierConfig
 from tiercache.core.manager import TierManager
+from tiercache.core.plans import TransferPlan
 from tiercache.core.stats import HierarchyStats, TierCounters
+from tiercache.errors import UserError
 from tiercache.policies import get_eviction, make_admission, make_eviction
-from tiercache.policies.base import AdmissionPolicy
 from tiercache.results import InstanceRecord, LayoutInfo, ResultsDocument, RunRecord
 
 from .engine import SimEngine
@@ -52,8 +68,14 @@ from .hardware import HardwareProfile
 from .hitcost import HitCost, HitMeter
 from .loader import Trace
 from .replay import block_tokens_of, modeled_seconds, tier_record
+from .sweep import SLOT_BYTES, _gb
 
-__all__ = ["Route", "FleetSpec", "replay_fleet", "sweep_fleet", "check_fleet_policy"]
+__all__ = ["Route", "FleetSpec", "replay_fleet", "sweep_fleet", "check_fleet_policy", "check_fleet_memory",
+           "INSTANCE_BYTES"]
+
+#: Memory one instance costs besides its slot directories, before any block is stored: its
+#: manager, policies, engine and counters (about 6 KB, measured with tracemalloc).
+INSTANCE_BYTES = 8192
 
 
 @dataclass(frozen=True)
@@ -78,29 +100,70 @@ class FleetSpec:
             raise ValueError(f"FleetSpec.remote_blocks must be non-negative, got {self.remote_blocks}")
 
 
-class _Recording(AdmissionPolicy):
-    """The view's admission: admits every victim and records it (to write it back)."""
+class _Store:
+    """The shared store: one tier of ``capacity`` blocks under the fleet's policy.
 
-    name = "always"
+    Invariant: ``writes`` counts every block ``put`` added, each exactly once; nothing else
+    adds a block (``touch`` refreshes only blocks the store holds).
+    """
 
-    def __init__(self) -> None:
-        self.admitted: list[int] = []
+    def __init__(self, capacity: int, policy: str) -> None:
+        self.manager = TierManager([("remote", capacity)], [make_eviction(policy, capacity)], [make_admission("always")])
+        self.slot_of = self.manager.dirs[0].slot_of
+        self.writes = 0
 
-    def admit(self, ids) -> list[bool]:
-        self.admitted.extend(ids)
-        return [True] * len(ids)
+    def holds(self, block_id: int) -> bool:
+        return block_id in self.slot_of
+
+    def touch(self, ids: list[int]) -> None:
+        """Reads refresh the blocks the store holds in its policy (never a write)."""
+        self._access([b for b in ids if b in self.slot_of])
+
+    def put(self, ids) -> int:
+        """A put, as the live medium's: names the store holds are skipped (``already``), the
+        others written (evicting as the policy says); returns how many were written."""
+        new = [b for b in dict.fromkeys(ids) if b not in self.slot_of]
+        self.writes += len(new)
+        self._access(new)
+        return len(new)
+
+    def _access(self, ids: list[int]) -> None:
+        if ids:
+            self.manager.access(ids)
+            self.manager.events.drain()
+
+
+@dataclass
+class _ViewEngine(SimEngine):
+    """An instance's engine: with a ``store``, a copy into the last tier (the view) is a
+    ``_Store.put``, as the live remote tier's copy is a ``RemoteStore.put``
+    (``tiercache.data.remote``).
+
+    Invariant: such a copy is charged on its link for the blocks the put wrote alone (a put
+    that wrote none is no transfer); every other plan is ``SimEngine``'s.
+    """
+
+    store: _Store | None = None
+
+    def submit(self, plan: TransferPlan) -> None:
+        if self.store is None or plan.dst_tier != len(self.tier_names) - 1:
+            super().submit(plan)
+            return
+        written = self.store.put(plan.ids)
+        done = self._occupy(plan.src_tier, plan.dst_tier, written) if written else self.clock.now
+        heapq.heappush(self._pending, (done, plan.job_id))
 
 
 class _Instance:
     """One engine: its manager (private tiers + view of the store), counters, requests."""
 
-    def __init__(self, spec: FleetSpec, shared: bool, block_bytes: int | None, profile: HardwareProfile | None) -> None:
+    def __init__(self, spec: FleetSpec, store: _Store | None, block_bytes: int | None,
+                 profile: HardwareProfile | None) -> None:
+        shared = store is not None
         tiers = [(t.name, t.capacity_blocks) for t in spec.tiers] + ([("remote", spec.remote_blocks)] if shared else [])
-        self.engine = SimEngine(tuple(n for n, _ in tiers), block_bytes, profile)
-        self.demoted = _Recording()
-        admissions = [make_admission("always") for _ in spec.tiers] + ([self.demoted] if shared else [])
-        self.manager = TierManager(tiers, [make_eviction(spec.policy, c, i) for i, (_, c) in enumerate(tiers)], admissions,
-                                   engine=self.engine, shared_last=shared)
+        self.engine = _ViewEngine(tuple(n for n, _ in tiers), block_bytes, profile, store=store)
+        self.manager = TierManager(tiers, [make_eviction(spec.policy, c, i) for i, (_, c) in enumerate(tiers)],
+                                   [make_admission("always") for _ in tiers], engine=self.engine, shared_last=shared)
         self.stats = HierarchyStats.for_tiers(tiers)
         self.meter = HitMeter(self.engine, len(tiers))
         self.requests = 0
@@ -113,28 +176,6 @@ class _Instance:
         events = self.manager.events.drain()
         self.stats.consume(events)
         self.meter.consume(events)
-
-
-class _Store:
-    """The shared store: one tier of ``capacity`` blocks under the fleet's policy."""
-
-    def __init__(self, capacity: int, policy: str) -> None:
-        self.manager = TierManager([("remote", capacity)], [make_eviction(policy, capacity)], [make_admission("always")])
-        self.slot_of = self.manager.dirs[0].slot_of
-        self.writes = 0
-
-    def holds(self, block_id: int) -> bool:
-        return block_id in self.slot_of
-
-    def write_back(self, ids: list[int]) -> None:
-        """Victims demoted into a view: written only if the store lost them meanwhile."""
-        self.touch_or_store([b for b in dict.fromkeys(ids) if b not in self.slot_of])
-
-    def touch_or_store(self, ids: list[int]) -> None:
-        """Reads refresh, new blocks are written (evicting as the policy says)."""
-        self.writes += sum(1 for b in ids if b not in self.slot_of)
-        self.manager.access(ids)
-        self.manager.events.drain()
 
 
 def _refresh_view(instance: _Instance, store: _Store, run: list[int]) -> None:
@@ -170,15 +211,13 @@ def _request(instance: _Instance, store: _Store | None, run: list[int], input_le
     if store is not None:
         _refresh_view(instance, store, run)
     hit = m.prefix_length(run)
-    from_store = [b for b in run[:hit] if m.locate(b) == instance.remote] if store is not None else []
-    m.access(run[:hit])
+    if store is not None:
+        store.touch([b for b in run[:hit] if m.locate(b) == instance.remote])
+    m.access(run[:hit], keep_all=True)  # pinned: every block counted as reused below is a hit
     m.access(run[hit:], count_hits=False)
     if store is not None:
-        store.touch_or_store(from_store + run[hit:])
-        m.publish(run[hit:])  # through: the new blocks are in the store, and in the view
+        m.publish(run[hit:])  # through: the new blocks are put into the store, and join the view
         m.wait_all()
-        store.write_back(instance.demoted.admitted)
-        instance.demoted.admitted.clear()
     instance.saved_tokens += min(hit * block_tokens, input_length)
     return hit
 
@@ -197,13 +236,17 @@ def replay_fleet(spec: FleetSpec, trace: Trace, layout: KVLayout | None = None, 
 
     With ``layout`` the record carries bytes per link (blocks of ``layout.block_bytes``);
     with ``profile`` (which needs a layout) modeled seconds per link and TTFT saved.
+
+    Raises:
+        UserError: the fleet would not fit in memory (``check_fleet_memory``).
     """
     if profile is not None and layout is None:
         raise ValueError("replay_fleet: a hardware profile needs a layout (bytes per block)")
+    check_fleet_memory(spec)
     shared = shared and spec.remote_blocks > 0
     block_bytes = layout.block_bytes if layout else None
-    instances = [_Instance(spec, shared, block_bytes, profile) for _ in range(spec.instances)]
     store = _Store(spec.remote_blocks, spec.policy) if shared else None
+    instances = [_Instance(spec, store, block_bytes, profile) for _ in range(spec.instances)]
     ids, offsets, lengths = trace.ids.tolist(), trace.offsets.tolist(), trace.input_lengths
     block_tokens = block_tokens_of(trace, layout)
     started = time.perf_counter()
@@ -274,7 +317,7 @@ def _record(spec: FleetSpec, instances: list[_Instance], store: _Store | None, l
     if profile is not None:  # per link over all instances, and prefill time of every token not reused
         seconds = modeled_seconds(_summed(r.modeled_seconds for r in rows), profile, prefill_tokens - saved)
     return RunRecord(
-        policy=spec.policy, admission="always", semantics=Semantics.PREFIX,
+        policy=spec.policy, admission="always", semantics=Semantics.PREFIX, offline=False,
         mode=Mode.EXCLUSIVE if len(tiers) > 1 else Mode.SINGLE, capacity_blocks=sum(t.capacity_blocks for t in tiers),
         accesses=accesses, hits=hits, misses=misses, recomputed=sum(i.stats.recomputed for i in instances),
         miss_ratio=misses / accesses if accesses else 0.0, hit_ratio=hits / accesses if accesses else 0.0,
@@ -295,13 +338,46 @@ def check_fleet_policy(policy: str) -> None:
                          "its instances; give online policies")
 
 
+def check_fleet_memory(spec: FleetSpec, available: int | None = None) -> None:
+    """Refuses a fleet whose state would need more than half of ``available`` (default: the
+    memory psutil reports available now), the limit ``check_memory`` sets a sweep: per
+    instance ``SLOT_BYTES`` per slot of its tiers (its view of the shared tier included) and
+    ``INSTANCE_BYTES``, plus the shared store's slots. Stored blocks cost more on top, but
+    never more blocks than the trace holds.
+
+    Raises:
+        UserError: the need, the limit and the most instances that fit.
+    """
+    available = psutil.virtual_memory().available if available is None else available
+    slots = sum(t.capacity_blocks for t in spec.tiers) + spec.remote_blocks
+    each, store = slots * SLOT_BYTES + INSTANCE_BYTES, spec.remote_blocks * SLOT_BYTES
+    need = spec.instances * each + store
+    if need <= available // 2:
+        return
+    fits = max(0, (available // 2 - store) // each)
+    advice = (f"the most that fits is about {fits:,} instances" if fits
+              else "not one instance fits: lower the capacities in --tiers")
+    raise UserError(
+        f"--instances/--tiers: a fleet of {spec.instances:,} instance(s) needs about {_gb(need)} ({slots:,} slots per "
+        f"instance, its view of the shared tier included, at ~{SLOT_BYTES} B per slot, ~{INSTANCE_BYTES:,} B of state "
+        f"per instance, and the shared store's {spec.remote_blocks:,} slots), over half of the {_gb(available)} "
+        f"available; {advice}")
+
+
 def sweep_fleet(trace: Trace, specs: list[FleetSpec], layout: KVLayout | None, profile: HardwareProfile | None,
                 command: str) -> ResultsDocument:
     """A results document of fleet replays: per spec, the run with its shared tier (when it
-    has one) followed by the same fleet on private tiers alone (the shared tier's baseline)."""
+    has one) followed by the same fleet on private tiers alone (the shared tier's baseline).
+
+    Raises:
+        ValueError: a policy that reads the future (``check_fleet_policy``).
+        UserError: a fleet that would not fit in memory, before any replay runs.
+    """
+    for spec in specs:  # every fleet is checked before the first one runs
+        check_fleet_policy(spec.policy)
+        check_fleet_memory(spec)
     runs = []
     for spec in specs:
-        check_fleet_policy(spec.policy)
         if spec.remote_blocks:
             runs.append(replay_fleet(spec, trace, layout, profile=profile))
         runs.append(replay_fleet(spec, trace, layout, shared=False, profile=profile))
