@@ -75,6 +75,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def blocks_per_layer(tokens: int, block_tokens: int) -> int:
+    """Blocks one layer's KV of ``tokens`` tokens fills (every fed token's KV is stored; the
+    last block may be partly filled)."""
+    return -(-tokens // block_tokens)
+
+
 def build_model(args: argparse.Namespace) -> LlamaForCausalLM:
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=VOCAB, hidden_size=args.hidden, intermediate_size=2 * args.hidden,
@@ -148,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     gen = torch.Generator().manual_seed(1)
     prompt = torch.randint(1, VOCAB, (1, args.context), generator=gen).to(args.device)
     steps = torch.randint(1, VOCAB, (1, args.new), generator=gen).to(args.device)
-    total_blocks = (args.context + args.new) // args.block_tokens + 1
+    total_blocks = blocks_per_layer(args.context + args.new, args.block_tokens)
     spill_blocks = max(2, total_blocks // 8)
     sides = {"dynamic": dynamic_side(model, args),
              "tiered_all_hbm": tiered_side(model, args, total_blocks + 1, total_blocks),

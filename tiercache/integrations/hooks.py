@@ -2,6 +2,11 @@
 forward takes the token ids and the cache, whichever way the model is called) and a check
 in front of ``model.generate`` (the one place that sees a prompt's whole ids).
 
+The pre-hook binds a call's positional arguments to the decoder forward's parameter names
+(``inspect.signature``, once per module), so the cache sees exactly what the same call by
+keyword gives it (``decoder(ids, mask, positions, cache)`` is ``decoder(input_ids=ids,
+attention_mask=mask, position_ids=positions, cache=cache)``).
+
 The hooks are module-level functions and ``generate``'s check is a method bound to the model
 (``types.MethodType``), so a deep copy of the model checks itself, and pickling drops the
 check (the reloaded model is refused until ``use_tiercache`` readies it again) instead of
@@ -11,7 +16,9 @@ not import the cache).
 
 from __future__ import annotations
 
+import inspect
 import types
+import weakref
 from typing import Any
 
 import torch
@@ -21,6 +28,8 @@ __all__ = ["TIERED_CACHE", "install", "installed"]
 #: Class attribute that marks a ``TieredCache``.
 TIERED_CACHE = "_is_tiered_cache"
 _CACHE_KWARGS = ("cache", "past_key_values")  # the cache's keyword, in transformers 5 and before
+# Each hooked module's forward signature (None: not inspectable), computed at its first pass.
+_SIGNATURES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def install(model: Any) -> None:
@@ -70,8 +79,46 @@ def _ids_of(args: tuple, kwargs: dict, names: tuple[str, ...]) -> torch.Tensor |
     return first if isinstance(first, torch.Tensor) and not first.is_floating_point() else None
 
 
+def _signature(module: torch.nn.Module) -> inspect.Signature | None:
+    """The signature of ``module.forward``, computed once per module; None when it cannot
+    be inspected."""
+    if module not in _SIGNATURES:
+        try:
+            _SIGNATURES[module] = inspect.signature(module.forward)
+        except (TypeError, ValueError):
+            _SIGNATURES[module] = None
+    return _SIGNATURES[module]
+
+
+def _by_name(module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """A call's arguments as the same call by keyword gives them: ``(unnamed, named)``, where
+    ``named`` maps each given parameter of ``module.forward`` (positional ones bound to their
+    names, ``**kwargs`` merged in) to its value and ``unnamed`` holds what a ``*args`` took.
+    A call that does not fit the signature (the forward will raise for it) or a forward that
+    cannot be inspected is returned as given."""
+    signature = _signature(module)
+    try:
+        bound = signature.bind_partial(*args, **kwargs) if signature is not None else None
+    except TypeError:
+        bound = None
+    if bound is None:
+        return args, kwargs
+    unnamed, named = (), {}
+    for name, value in bound.arguments.items():
+        kind = signature.parameters[name].kind
+        if kind is inspect.Parameter.VAR_POSITIONAL:
+            unnamed = value
+        elif kind is inspect.Parameter.VAR_KEYWORD:
+            named.update(value)
+        else:
+            named[name] = value
+    return unnamed, named
+
+
 def _begin_pass(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
-    """Forward pre-hook of the decoder: hands the pass's inputs to its ``TieredCache``."""
+    """Forward pre-hook of the decoder: hands the pass's inputs, by name (``_by_name``), to
+    its ``TieredCache``."""
+    args, kwargs = _by_name(module, args, kwargs)
     cache = _cache_of(args, kwargs)
     if cache is not None:
         cache.begin_pass(module, _ids_of(args, kwargs, ("input_ids",)), kwargs)

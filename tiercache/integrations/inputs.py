@@ -10,11 +10,11 @@ weights. Everything here decides, conservatively, when that holds.
 
 from __future__ import annotations
 
-import hashlib
 import json
 
 import numpy as np
 import torch
+import xxhash
 
 from tiercache.config import KVLayout
 from tiercache.errors import UserError
@@ -31,9 +31,8 @@ _NEUTRAL = frozenset({"input_ids", "attention_mask", "position_ids", "cache", "p
 # Config fields that name or date a model without changing its KV (left out of its fingerprint).
 _UNNAMED = frozenset({"_name_or_path", "name_or_path", "architectures", "transformers_version", "_commit_hash",
                       "_attn_implementation", "_attn_implementation_internal", "attn_implementation"})
-_CHUNK = 1 << 20  # values per checksum step
+_CHUNK_BYTES = 1 << 26  # bytes of a tensor's values hashed (and copied to the host) at a time
 _ATTENTION_LAYERS = frozenset({"full_attention", "sliding_attention"})
-_SEED = 20261201  # of the checksums' weights
 
 
 def kv_layout(config, dtype: torch.dtype, block_tokens: int = 256) -> KVLayout:
@@ -57,26 +56,32 @@ def kv_layout(config, dtype: torch.dtype, block_tokens: int = 256) -> KVLayout:
         raise UserError(f"kv_layout: {exc}") from None
 
 
-def prompt_rows(prompt) -> list[np.ndarray]:
+def prompt_rows(prompt, what: str = "TieredCache: prompt",
+                ragged: str = "pad them on the left and give attention_mask") -> list[np.ndarray]:
     """A prompt's rows as flat int64 id arrays: a ``[batch, n]`` or ``[n]`` tensor or array,
-    a list of ids or a list of equal-length rows.
+    a list of ids or a list of equal-length rows (a ``[n]`` prompt is one row).
+
+    Args:
+        prompt: the token ids.
+        what: names the argument in errors.
+        ragged: the advice an error gives for rows of different lengths.
 
     Raises:
-        UserError: an empty prompt or row, rows of different lengths (pad them and give the
-            attention mask), more than two dimensions, or ids that are not integers.
+        UserError: an empty prompt or row, rows of different lengths, more than two
+            dimensions, or ids that are not integers.
     """
     try:
         if isinstance(prompt, torch.Tensor):
             prompt = prompt.detach().cpu().numpy()
         array = np.asarray(prompt)
     except ValueError:  # ragged nested lists
-        raise UserError("TieredCache: prompt rows differ in length; pad them on the left and give attention_mask") from None
+        raise UserError(f"{what} rows differ in length; {ragged}") from None
     if array.dtype == object:
-        raise UserError("TieredCache: prompt rows differ in length; pad them on the left and give attention_mask")
+        raise UserError(f"{what} rows differ in length; {ragged}")
     if array.ndim not in (1, 2) or array.size == 0:
-        raise UserError(f"TieredCache: prompt must be [batch, n] or [n] token ids (n >= 1), got shape {array.shape}")
+        raise UserError(f"{what} must be [batch, n] or [n] token ids (n >= 1), got shape {array.shape}")
     try:
-        return [flat_token_ids(row, "TieredCache: prompt") for row in np.atleast_2d(array)]
+        return [flat_token_ids(row, what) for row in np.atleast_2d(array)]
     except (TypeError, ValueError) as exc:
         raise UserError(str(exc)) from None
 
@@ -126,43 +131,54 @@ def standard_positions(position_ids: torch.Tensor | None, keep: np.ndarray | Non
 
 
 def model_fingerprint(model: torch.nn.Module) -> bytes:
-    """16 bytes that tell models apart by what makes their KV: the class, the language
-    model's config (its JSON, less the fields that only name or date it) and every weight
-    and buffer, each by name, shape, dtype and three checksums per chunk of its values (their
-    sum, their absolute sum and a sum weighted by a fixed pseudo-random sequence, in float64
-    on the weights' device, one host copy at the end). Any change of a value moves the
-    weighted sum, and the checksums are kept per chunk of ``_CHUNK`` values, in order, so
-    moving values between chunks is seen too; the same checkpoint loaded twice, in two
-    processes, gets the same bytes."""
-    digest = hashlib.blake2b(type(model).__name__.encode(), digest_size=16)
+    """16 bytes that tell models apart by what makes their KV: the XXH3-128 hash of the class,
+    the language model's config (its JSON, less the fields that only name or date it) and
+    every weight and buffer, each by name, shape, dtype and the raw bytes of its values in
+    order (``_hash_values``).
+
+    No arithmetic touches the values, so the bytes depend on the values alone, not on torch's
+    thread count, the weights' device or the BLAS: the same checkpoint loaded twice, in two
+    processes, gets the same bytes; any change of a value, or of where values sit, changes
+    them (except by a hash collision).
+
+    Raises:
+        UserError: a weight or buffer whose bytes cannot be read (e.g. one on the meta device).
+    """
+    digest = xxhash.xxh3_128()
+    _update_framed(digest, type(model).__name__.encode())
     config = text_config(model.config).to_dict()
-    digest.update(json.dumps({k: v for k, v in config.items() if k not in _UNNAMED}, sort_keys=True, default=str).encode())
-    sums = []
+    _update_framed(digest, json.dumps({k: v for k, v in config.items() if k not in _UNNAMED}, sort_keys=True,
+                                      default=str).encode())
     with torch.no_grad():
         for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
-            digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}".encode())
-            sums.append(_checksums(tensor))
-    if sums:
-        digest.update(torch.cat(sums).cpu().numpy().tobytes())
+            _update_framed(digest, f"{name}:{tuple(tensor.shape)}:{tensor.dtype}".encode())
+            _hash_values(digest, name, tensor)
     return digest.digest()
 
 
-def _checksums(tensor: torch.Tensor) -> torch.Tensor:
-    """Three float64 checksums per chunk of ``_CHUNK`` values of ``tensor``, in order (see
-    ``model_fingerprint``), computed on the tensor's device; one row for an empty tensor."""
+def _update_framed(digest, text: bytes) -> None:
+    """Adds ``text`` to ``digest`` after its length, so that consecutive fields cannot run
+    into each other (the values after a tensor's header have the length its shape and dtype
+    give)."""
+    digest.update(len(text).to_bytes(8, "little"))
+    digest.update(text)
+
+
+def _hash_values(digest, name: str, tensor: torch.Tensor) -> None:
+    """Adds the raw bytes of ``tensor``'s values, in row-major order, to ``digest``, at most
+    ``_CHUNK_BYTES`` at a time (one host copy per chunk for a tensor on another device).
+
+    Raises:
+        UserError: the bytes cannot be read (a meta tensor, a tensor subclass without storage).
+    """
     flat = tensor.detach().reshape(-1)
-    weights = _weights(min(_CHUNK, max(1, flat.numel())), flat.device)
-    rows = [torch.zeros(3, dtype=torch.float64, device=flat.device)]
-    for start in range(0, flat.numel(), _CHUNK):
-        chunk = flat[start : start + _CHUNK].to(torch.float64)
-        rows.append(torch.stack([chunk.sum(), chunk.abs().sum(), (chunk * weights[: len(chunk)]).sum()]))
-    return torch.cat(rows)
-
-
-def _weights(count: int, device: torch.device) -> torch.Tensor:
-    """A fixed pseudo-random sequence in [0.5, 1.5) (the same in every process)."""
-    values = np.random.default_rng(_SEED).random(count) + 0.5
-    return torch.from_numpy(values).to(device)
+    step = max(1, _CHUNK_BYTES // max(1, flat.element_size()))
+    try:
+        for start in range(0, flat.numel(), step):
+            digest.update(flat[start : start + step].contiguous().view(torch.uint8).cpu().numpy())
+    except (RuntimeError, NotImplementedError, TypeError) as exc:
+        raise UserError(f"use_tiercache: cannot read the values of {name} ({tensor.dtype} on {tensor.device}) "
+                        f"to fingerprint the model: {exc}") from None
 
 
 def check_supported(config) -> None:

@@ -62,7 +62,7 @@ from tiercache.live.cache import TieredKVCache
 
 from .cache import ATTENTION, FINGERPRINT, TieredCache
 from .hooks import install
-from .inputs import check_supported, kv_layout, model_fingerprint, namespace_bytes, text_config
+from .inputs import check_supported, kv_layout, model_fingerprint, namespace_bytes, prompt_rows, text_config
 from .layer import STAGE, TieredLayer
 
 __all__ = ["ATTENTION", "TieredCache", "TieredLayer", "kv_layout", "use_tiercache", "register", "match_prefix",
@@ -96,11 +96,24 @@ def use_tiercache(model: Any) -> Any:
 def match_prefix(kv: TieredKVCache, model: Any, tokens, namespace: bytes | str = b"") -> int:
     """Tokens of ``tokens``' prefix that ``kv`` holds for ``model`` (whole blocks), as a
     ``TieredCache(kv, model, prompt=tokens, namespace=namespace)`` would find them (before
-    leaving a token to compute)."""
+    leaving a token to compute).
+
+    ``tokens`` is one sequence: ``[n]`` or ``[1, n]`` ids (a list, array or tensor). A batch
+    is refused rather than answered for its rows run together: call it once per row (an
+    unpadded batch ``prompt=`` starts every row from the smallest of the rows' answers).
+
+    Raises:
+        UserError: the model is not readied; ``tokens`` is not one sequence of integer ids;
+            a bad namespace.
+    """
     fingerprint = getattr(model, FINGERPRINT, None)
     if fingerprint is None:
         raise UserError("match_prefix: the model is not readied for tiercache; call use_tiercache(model) first")
-    return kv.match_prefix(tokens, fingerprint + namespace_bytes(namespace))
+    rows = prompt_rows(tokens, "match_prefix: tokens", ragged="call match_prefix once per row")
+    if len(rows) != 1:
+        raise UserError(f"match_prefix: tokens has {len(rows)} rows; it answers for one sequence: call it once "
+                        "per row")
+    return kv.match_prefix(rows[0], fingerprint + namespace_bytes(namespace))
 
 
 def register() -> None:
