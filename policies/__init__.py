@@ -11,13 +11,14 @@ import importlib
 
 from tiercache.errors import UserError
 
-from .base import NO_NEXT_USE, AdmissionPolicy, EvictionPolicy, Hints, PlacementPolicy, PrefetchPolicy, PrefetchView
+from .base import NO_NEXT_USE, AdmissionPolicy, EvictionPolicy, Hints, PlacementPolicy, PrefetchPolicy, PrefetchView, in_tree
 
 __all__ = [
     "EVICTION",
     "ADMISSION",
     "PolicyError",
     "canonical_name",
+    "in_tree",
     "get_eviction",
     "get_admission",
     "make_eviction",
@@ -130,7 +131,7 @@ def _load(name: str, table: dict[str, str], kind: str, base: type) -> type:
         raise PolicyError(f"{kind} policy {name!r}: give an absolute module:Class, e.g. mypackage.mymodule:MyPolicy")
     try:
         loaded = getattr(importlib.import_module(module_name), class_name)
-    except Exception as exc:  # noqa: BLE001 - the module is the user's: whatever its import raises is reported
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - the module is the user's: whatever its import raises is reported (a script's sys.exit too)
         raise PolicyError(f"cannot load {kind} policy {name!r} from {target!r}: {type(exc).__name__}: {exc}") from None
     if not isinstance(loaded, type) or not issubclass(loaded, base):
         raise PolicyError(f"{kind} policy {name!r}: {target!r} is not a subclass of {base.__name__}")

@@ -6,9 +6,9 @@ Every hook validates its whole batch before changing anything, so a call that ra
 
 from __future__ import annotations
 
-from typing import Collection, Container, Iterable, Sequence
+from typing import Container, Sequence
 
-from .base import Hints
+from .base import Hints, enough_unprotected
 
 
 def require_new(name: str, ids: Sequence[int], tracked: Container[int]) -> None:
@@ -27,24 +27,6 @@ def require_tracked(name: str, ids: Sequence[int], tracked: Container[int], dist
             raise KeyError(f"{name}: block {block_id} is not tracked")
     if distinct and len(ids) > 1 and len(set(ids)) != len(ids):
         raise KeyError(f"{name}: duplicate ids in one on_remove call")
-
-
-def enough_unprotected(tracked: Iterable[int], protected: Collection[int], n: int) -> bool:
-    """Whether at least ``n`` tracked ids are not in ``protected``.
-
-    Walks the tracked ids and stops at the ``n``-th unprotected one, so it costs ``n`` plus
-    the protected ids met on the way, never a pass over ``protected`` (which the manager
-    builds from pins and references of every tier).
-    """
-    if n <= 0:
-        return True
-    found = 0
-    for block_id in tracked:
-        if block_id not in protected:
-            found += 1
-            if found == n:
-                return True
-    return False
 
 
 def hint_values(name: str, hints: Hints | None, field: str, count: int, required: bool) -> Sequence | None:

@@ -16,14 +16,20 @@ Eviction contract (checked for every registered policy by ``tests/test_policy_co
   reorganise internal order while choosing (S3-FIFO promotions, SIEVE bit clearing), as the
   algorithms do.
 * Misuse (inserting a tracked id, touching or removing an untracked id) raises ``KeyError``.
+
+The manager trusts tiercache's own policies and checks every ``victims`` and ``admit`` answer
+of one defined elsewhere (a ``module:Class``) where it asks: an answer that breaks its
+contract is a ``ValueError`` naming the policy, the method and what was wrong
+(``tiercache.core.answers``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, ClassVar, Collection, Sequence
+from typing import Callable, ClassVar, Collection, Iterable, Sequence
 
-__all__ = ["Hints", "EvictionPolicy", "AdmissionPolicy", "PlacementPolicy", "PrefetchPolicy", "PrefetchView", "NO_NEXT_USE"]
+__all__ = ["Hints", "EvictionPolicy", "AdmissionPolicy", "PlacementPolicy", "PrefetchPolicy", "PrefetchView", "NO_NEXT_USE", "in_tree",
+           "enough_unprotected"]
 
 #: ``next_use`` value for a block that is never accessed again (sorts after every time).
 NO_NEXT_USE = 1 << 62
@@ -204,3 +210,33 @@ class PrefetchPolicy:
                 if self.limit is not None and len(chosen) >= self.limit:
                     break
         return chosen
+
+
+def in_tree(policy: object) -> bool:
+    """Whether ``policy`` is an instance of a class defined in tiercache itself (a registered
+    policy, or one of tiercache's own such as the live store's remote admission).
+
+    Their answers are trusted (the contract tests run over the registry), so the manager
+    calls them directly; a policy defined anywhere else (a ``module:Class``, a subclass of a
+    registered one included) has every answer checked (``tiercache.core.answers``).
+    """
+    module = type(policy).__module__
+    return module == "tiercache" or module.startswith("tiercache.")
+
+
+def enough_unprotected(tracked: Iterable[int], protected: Collection[int], n: int) -> bool:
+    """Whether at least ``n`` tracked ids are not in ``protected``.
+
+    Walks the tracked ids and stops at the ``n``-th unprotected one, so it costs ``n`` plus
+    the protected ids met on the way, never a pass over ``protected`` (which the manager
+    builds from pins and references of every tier).
+    """
+    if n <= 0:
+        return True
+    found = 0
+    for block_id in tracked:
+        if block_id not in protected:
+            found += 1
+            if found == n:
+                return True
+    return False

@@ -24,6 +24,7 @@ from typing import Sequence
 
 from tiercache.policies.base import PrefetchPolicy, PrefetchView
 
+from .answers import plan_asker
 from .manager import TierManager
 from .plans import TransferPlan
 
@@ -60,6 +61,7 @@ class StepDriver:
     def __init__(self, manager: TierManager, prefetch: PrefetchPolicy, store_misses: bool = False) -> None:
         self.manager = manager
         self.prefetch = prefetch
+        self._plan = plan_asker(prefetch)  # checked answers unless the policy is tiercache's own
         self.store_misses = store_misses
 
     def settle(self) -> None:
@@ -92,7 +94,7 @@ class StepDriver:
             manager.access(list(reads), store_misses=self.store_misses, promote=not in_place)
             top = manager.dirs[0].slot_of
             view = PrefetchView(step, layer, reads, candidates, ahead, top.__contains__)
-            wanted = self.prefetch.plan(view)
+            wanted = self._plan(view)
             plans = manager.prefetch(wanted) if wanted else []
         except BaseException:
             if referenced:

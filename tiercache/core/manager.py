@@ -49,6 +49,7 @@ from typing import Sequence
 
 from tiercache.policies.base import AdmissionPolicy, EvictionPolicy, Hints, PlacementPolicy
 
+from .answers import askers
 from .counts import CountError, decrement, increment
 from .directory import TierDirectory
 from .engine import ImmediateEngine, TransferEngine
@@ -85,8 +86,8 @@ class TierManager(RoomMixin, TransferMixin):
             raise ValueError("one eviction and one admission policy per tier, at least one tier")
         check_placement(placement, write_through, shared_last)
         self.dirs = [TierDirectory(name, cap) for name, cap in tiers]
-        self.policies = list(evictions)
-        self.admissions = list(admissions)
+        self.policies, self.admissions = list(evictions), list(admissions)
+        self._victims, self._admit = askers(self.policies, self.admissions, self.dirs)  # out-of-tree: checked
         self.engine = engine if engine is not None else ImmediateEngine()
         self.events = events if events is not None else EventLog()
         self.write_through = write_through
@@ -363,7 +364,7 @@ class TierManager(RoomMixin, TransferMixin):
         first, in chunks (``_insert_chunks``), cut smaller where fewer slots can be freed
         (``_place_in_pieces``); only blocks no room can be made for are refused, counted."""
         tier = insert_tier(self.placement, ids, hints, len(self.dirs))
-        admitted = self.admissions[tier].admit(ids)
+        admitted = self._admit[tier](ids)
         if not all(admitted):
             self.events.emit(Ev.REFUSED, tier, admitted.count(False))
             keep = [p for p, ok in enumerate(admitted) if ok]
@@ -454,7 +455,7 @@ class TierManager(RoomMixin, TransferMixin):
         for tier in range(1, len(self.dirs)):
             if tier == self.shared:  # publishing to a shared tier is its owner's decision
                 continue
-            admitted = self.admissions[tier].admit(ids)
+            admitted = self._admit[tier](ids)
             wanted = [b for b, ok in zip(ids, admitted) if ok and b not in self.dirs[tier].slot_of]
             self.events.emit(Ev.REFUSED, tier, admitted.count(False))
             if wanted and self._make_room(tier, len(wanted), frozenset(wanted)) is _MADE:

@@ -60,9 +60,10 @@ _MADE, _NO_VICTIMS, _WRITE_FAILED = Room.MADE, Room.NO_VICTIMS, Room.WRITE_FAILE
 class RoomMixin:
     """``make_room`` and the demotion cascade of ``TierManager`` (see the module docstring).
 
-    Relies on the manager's ``dirs``, ``policies``, ``admissions``, ``engine``, ``events``,
-    ``refs``, ``held``, ``write_through``, ``shared``, ``inflight``, ``_running``,
-    ``_may_block``, ``_kept``, ``_future`` and ``_departed``, and on ``_transfer``, ``wait``,
+    Relies on the manager's ``dirs``, ``policies``, ``_victims`` and ``_admit`` (each tier's
+    ``victims`` and ``admit``, checked for an out-of-tree policy: ``tiercache.core.answers``),
+    ``engine``, ``events``, ``refs``, ``held``, ``write_through``, ``shared``, ``inflight``,
+    ``_running``, ``_may_block``, ``_kept``, ``_future`` and ``_departed``, and on ``_transfer``, ``wait``,
     ``_leave_for_shared`` and ``_report_departed`` (``TransferMixin``).
     """
 
@@ -93,7 +94,7 @@ class RoomMixin:
             # A prefetch (which may not wait) pushes nothing out of the hierarchy while moves
             # are in flight: one of them may be about to free the slot it needs. It goes without.
             return _NO_VICTIMS
-        victims = self.policies[tier].victims(need, self._victim_guard(tier, protected, last))
+        victims = self._victims[tier](need, self._victim_guard(tier, protected, last))
         if victims is None:
             return _NO_VICTIMS
         if last:
@@ -274,7 +275,7 @@ class RoomMixin:
         """Victims of ``tier`` that ``dst``'s admission lets in, in order; the refused leave
         the hierarchy, counted. Held blocks and those a ``keep_all`` access reads are never
         refused: they may not leave."""
-        admitted = self.admissions[dst].admit(victims)
+        admitted = self._admit[dst](victims)
         held, kept = self.held, self._kept
         refused = [v for v, ok in zip(victims, admitted) if not ok and v not in held and v not in kept]
         if not refused:
