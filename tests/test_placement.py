@@ -85,7 +85,7 @@ def test_a_hit_read_in_place_stays_and_counts_as_a_hit() -> None:
 def test_an_answer_outside_the_hierarchy_is_refused_by_name() -> None:
     manager = _manager(_Wrong(3))
     manager.access([1, 2, 3])
-    with pytest.raises(ValueError, match="placement wrong: promote_tier answered 5"):
+    with pytest.raises(ValueError, match="placement test_placement:_Wrong: promote_tier answered 5"):
         manager.access([1])
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from tiercache.policies.base import Hints, PlacementPolicy
+from tiercache.policies.base import Hints, PlacementPolicy, in_tree
 
 __all__ = ["check_placement", "insert_tier", "promotes"]
 
@@ -43,5 +43,7 @@ def promotes(placement: PlacementPolicy | None, ids: Sequence[int], tier: int, h
 
 def _checked(placement: PlacementPolicy, answer: int, allowed, call: str) -> int:
     if answer not in allowed:
-        raise ValueError(f"placement {placement.name}: {call} answered {answer!r}, not one of {list(allowed)}")
+        cls = type(placement)
+        who = placement.name if in_tree(placement) else f"{cls.__module__}:{cls.__qualname__}"
+        raise ValueError(f"placement {who}: {call} answered {answer!r}, not one of {list(allowed)}")
     return answer
