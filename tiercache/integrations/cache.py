@@ -12,6 +12,7 @@ layers, the layers are out of step and the cache refuses every later pass (``fre
 from __future__ import annotations
 
 import math
+import weakref
 from typing import Any
 
 import numpy as np
@@ -20,17 +21,17 @@ from transformers.cache_utils import Cache
 
 from tiercache.attention import Partial, compute_dtype, merge
 from tiercache.config import AttentionMode
-from tiercache.data.buffers import torch_dtype
 from tiercache.errors import UserError
-from tiercache.live.arguments import sparse_budget_blocks
 from tiercache.live.cache import TieredKVCache
 from tiercache.live.sequence import Sequence
 
 from .causal import causal_partial, expected_mask
-from .hooks import TIERED_CACHE, installed
-from .layer import STAGE, TieredLayer
-from .inputs import (check_supported, kv_layout, left_padding, namespace_bytes, other_inputs, prompt_rows,
-                     standard_positions, text_config)
+from .checks import (ATTENTION, FINGERPRINT, check_decoding, check_mode, check_model, first_position, kept_columns,
+                     pass_tokens)
+from .hooks import TIERED_CACHE, decoder_of
+from .layer import TieredLayer
+from .inputs import left_padding, namespace_bytes, other_inputs, prompt_rows, standard_positions
+from .release import release_deferred, release_when_dropped
 
 __all__ = ["ATTENTION", "TieredCache", "FINGERPRINT"]
 
@@ -38,10 +39,6 @@ __all__ = ["ATTENTION", "TieredCache", "FINGERPRINT"]
 # the KV may depend on: embeddings, images, audio).
 _GENERATE_IDS = frozenset({"input_ids", "inputs", "attention_mask", "position_ids", "negative_prompt_ids",
                            "negative_prompt_attention_mask"})
-
-#: The ``attn_implementation`` name of the attention that reads a ``TieredCache``.
-ATTENTION = "tiercache"
-FINGERPRINT = "_tiercache_fingerprint"  # the model's weights fingerprint, set by use_tiercache
 
 
 class TieredCache(Cache):
@@ -51,7 +48,9 @@ class TieredCache(Cache):
         kv: the tiered cache (its layout must match the model: ``kv_layout``).
         model: the model, switched with ``use_tiercache(model)``; its weights' fingerprint
             is part of every content key, so models with other weights never share KV.
-        mode: attention of decode steps: ``AttentionMode.EXACT`` or ``SPARSE``.
+        mode: attention of decode steps (a one-token pass past the prompt: ``generate``'s
+            ids, or ``prompt=``): ``AttentionMode.EXACT`` or ``SPARSE``; the prompt's own
+            passes are always exact.
         budget: sparse only: blocks each decode step reads (``Sequence.attend``'s budget).
         prompt: the prompt's token ids (``[batch, n]``): each row starts from the longest
             prefix that every row has stored (whole blocks, at least one token left to
@@ -63,6 +62,11 @@ class TieredCache(Cache):
             stored prefix (its rows would start at different positions).
         namespace: keeps prefixes apart beyond the weights (an adapter, a tenant).
 
+    A cache serves the model it was made for only: a pass by another model's decoder, or
+    after ``use_tiercache`` found other weights, is refused (its KV would be keyed by the
+    fingerprint the cache was made with). A cache dropped without ``free()`` releases its
+    rows when it is garbage-collected (``release``). It cannot be copied or pickled.
+
     Raises:
         UserError: the model is not switched (``use_tiercache``); the layout or dtype does
             not match the model; a bad mode, budget, prompt or mask.
@@ -71,12 +75,20 @@ class TieredCache(Cache):
     def __init__(self, kv: TieredKVCache, model: Any, mode: AttentionMode = AttentionMode.EXACT,
                  budget: float | int | None = None, prompt=None, attention_mask=None,
                  namespace: bytes | str = b"") -> None:
-        _check_model(kv, model)
-        _check_mode(mode, budget)
+        check_model(kv, model)
+        check_mode(mode, budget)
+        release_deferred()
         super().__init__(layers=[TieredLayer(self, layer) for layer in range(kv.layout.layers)])
         self.kv, self.mode, self.budget = kv, mode, budget
-        self.namespace = getattr(model, FINGERPRINT) + namespace_bytes(namespace)
-        self.sequences: list[Sequence] = []
+        # the model it serves, by reference only (a cache does not keep a model alive)
+        self._model, self._decoder = weakref.ref(model), weakref.ref(decoder_of(model))
+        self._fingerprint = getattr(model, FINGERPRINT)
+        self.namespace = self._fingerprint + namespace_bytes(namespace)
+        self.sequences: list[Sequence] = []  # changed in place, never replaced: its finalizer holds it
+        release_when_dropped(self, self.sequences)
+        self._prompt_end = 0  # positions generate's (or prompt='s) ids reach: a pass before it is no decode step
+        self._decoding = False  # the running pass is a decode step (the cache's mode applies)
+        self._freed_rows = False  # free() released rows since the last generate began
         self._staged: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * kv.layout.layers
         self._checked_mask: tuple | None = None  # (mask, held, tokens) last found as expected
         self._pads = np.zeros((kv.layout.layers, 0), dtype=np.int64)  # [layer, row]: padding not stored
@@ -104,14 +116,16 @@ class TieredCache(Cache):
 
     def free(self) -> None:
         """Releases every row's blocks (they stay stored for a later prompt's prefix until
-        the policies evict them); the cache starts empty again. Idempotent."""
-        for seq in self.sequences:
-            seq.free()
-        self.sequences = []
-        self._staged = [None] * len(self._staged)
-        self._pads = np.zeros((len(self._staged), 0), dtype=np.int64)
-        self._pass, self._open_pass, self._pass_start, self._broken = None, None, 0, None
-        self._opened_in_pass, self._prompt_pads = False, None
+        the policies evict them); the cache starts empty again. Idempotent. (A cache dropped
+        without it releases them when garbage-collected.)"""
+        freed = bool(self.sequences)
+        self._clear()
+        self._freed_rows = freed
+
+    def __reduce_ex__(self, protocol):
+        raise UserError("TieredCache: a cache cannot be copied or pickled (its rows hold blocks of a TieredKVCache); "
+                        "to reuse a prompt's KV, make a new TieredCache(kv, model, prompt=ids): it starts from the "
+                        "stored prefix")
 
     # -- a forward pass ------------------------------------------------------------------
     def begin_pass(self, module: torch.nn.Module, ids: torch.Tensor | None, kwargs: dict) -> None:
@@ -120,17 +134,24 @@ class TieredCache(Cache):
         their standard positions (embeddings, an image), makes the rows' KV private from
         here on.
 
+        A one-token pass past the prompt (``generate``'s ids, or ``prompt=``) is a decode
+        step, read in the cache's mode; every other pass is exact.
+
         Raises:
-            UserError: the cache is out of step after a failed pass; attention weights asked
-                for; ids that differ from the prompt; padding other than left padding.
+            UserError: the cache is out of step after a failed pass; a pass by another model
+                than the cache's, or after ``use_tiercache`` found other weights; attention
+                weights asked for; ids that differ from the prompt; padding other than left
+                padding; custom positions over a reused prefix.
         """
+        release_deferred()
         self._recover()
+        self._check_model_of(module)
         if kwargs.get("output_attentions"):
             raise UserError("TieredCache: output_attentions is not supported (attention weights are never formed)")
         if module.training:
             raise UserError("TieredCache: the model is in training mode (dropout would change the KV it stores); "
                             "call model.eval()")
-        tokens = _pass_tokens(ids, kwargs)
+        tokens = pass_tokens(ids, kwargs)
         if tokens.dim() < 2 or (self.sequences and tokens.shape[0] != len(self.sequences)):
             raise UserError(f"TieredCache: inputs of shape {tuple(tokens.shape)} for a cache of {len(self.sequences)} rows")
         batch, count, start = tokens.shape[0], tokens.shape[1], self.seq_length(0)
@@ -140,15 +161,10 @@ class TieredCache(Cache):
         if mask is None and pads.any():
             raise UserError("TieredCache: rows hold left padding, so every pass needs the attention mask "
                             "(without one the padding would be attended)")
-        keep = _kept_columns(mask, start, count, held, pads)
+        keep = kept_columns(mask, start, count, held, pads)
         positioned = standard_positions(kwargs.get("position_ids"), keep, held, start, count)
-        first = _first_position(kwargs.get("position_ids"), count)
-        if not any(held) and not pads.any() and first > 0:
-            raise UserError("TieredCache: the cache holds no tokens but the pass's position_ids start past 0 "
-                            "(was it freed during generation?)")
-        if any(held) and not pads.any() and keep is None and kwargs.get("position_ids") is not None and first < start:
-            raise UserError(f"TieredCache: the pass's position_ids start at {first}, inside the {start} positions the "
-                            "cache holds (use_cache=False with a cache, or the same tokens fed twice?)")
+        self._check_positions(kwargs.get("position_ids"), positioned, keep, held, pads, count)
+        self._decoding = count == 1 and start >= self._prompt_end  # one token past the prompt
         self._opened_in_pass = not self.sequences
         if self._opened_in_pass:
             self._open(batch)
@@ -174,9 +190,11 @@ class TieredCache(Cache):
         Raises:
             UserError: a row's ids (padding left out) differ from what the row knows; the ids
                 do not reach past what the cache holds; embeddings or other model inputs
-                given while the rows hold reused KV.
+                given while the rows hold reused KV; a decoding mode that crops, reorders or
+                expands rows (beam search, prompt lookup...), refused before any pass runs.
         """
         self._recover()
+        check_decoding(kwargs, self._model())
         if (kwargs.get("num_return_sequences") or 1) > 1 and self.sequences:
             raise UserError("TieredCache: num_return_sequences > 1 needs a cache without prompt= (each returned "
                             "sequence is a row of its own)")
@@ -188,11 +206,19 @@ class TieredCache(Cache):
         if others and self.cached_tokens:
             raise UserError(f"TieredCache: {', '.join(others)} given with a reused prefix computed from ids alone; "
                             "make the cache without prompt= for such inputs")
+        self._check_ids(ids, attention_mask)
+        prompt = ids if ids is not None else kwargs.get("inputs_embeds")
+        self._prompt_end = prompt.shape[1] if isinstance(prompt, torch.Tensor) and prompt.dim() >= 2 else 0
+        self._freed_rows = False  # a new generate: a free() before it was not during generation
+
+    def _check_ids(self, ids: torch.Tensor | None, attention_mask) -> None:
+        """``check_prompt``'s check of generate's ids against what each row knows."""
         if ids is None or not self.sequences:
             return
         if ids.dim() != 2 or ids.shape[0] != len(self.sequences) or ids.shape[1] <= self.seq_length(0):
             raise UserError(f"TieredCache: generate's ids {tuple(ids.shape)} must be one row per sequence "
-                            f"({len(self.sequences)}) reaching past the {self.seq_length(0)} positions the cache holds")
+                            f"({len(self.sequences)}) reaching past the {self.seq_length(0)} positions the cache holds "
+                            "(continue from the ids generate returned, or free() the cache to start over)")
         rows = [row.detach().cpu().numpy() for row in ids]
         if attention_mask is not None:
             rows = [row[kept] for row, kept in zip(rows, left_padding(attention_mask, [len(r) for r in rows]))]
@@ -263,9 +289,38 @@ class TieredCache(Cache):
                 if len(seq.token_ids) > known:
                     seq.forget_tokens(known)
             if self._opened_in_pass:  # and the rows it opened (the next pass may have another batch)
-                self.free()
+                self._clear()
         self._staged = [None] * len(self._staged)
         self._open_pass = None
+
+    def _check_model_of(self, module: torch.nn.Module) -> None:
+        """Raises UserError unless ``module`` is the decoder of the model this cache was made
+        for, with the weights fingerprint the cache's content keys include."""
+        if module is not self._decoder():
+            raise UserError(f"TieredCache: a pass by a {type(module).__name__} that is not the decoder of the model "
+                            "this cache was made for (its KV would be keyed by that model's weights); make a "
+                            "TieredCache(kv, model) for each model")
+        model = self._model()
+        if model is not None and getattr(model, FINGERPRINT, None) != self._fingerprint:
+            raise UserError("TieredCache: use_tiercache(model) found other weights since this cache was made (its KV "
+                            "and keys are the old weights'); free() it and make a new TieredCache")
+
+    def _check_positions(self, position_ids, positioned: list[bool], keep, held: list[int], pads: np.ndarray,
+                         count: int) -> None:
+        """Raises UserError for position_ids the rows' KV cannot follow: custom ones over a
+        reused prefix (computed at the standard positions), ones starting past 0 on a cache
+        freed during generation, or ones starting inside what the cache holds."""
+        start = self.seq_length(0)
+        if self.cached_tokens and start == self.cached_tokens and not all(positioned):
+            raise UserError(f"TieredCache: custom position_ids over a reused prefix (its {self.cached_tokens} tokens' "
+                            "KV was computed at the standard positions); make the cache without prompt= for them")
+        first = first_position(position_ids, count)
+        if not any(held) and not pads.any() and first > 0 and self._freed_rows:
+            raise UserError("TieredCache: the cache holds no tokens but the pass's position_ids start past 0 "
+                            "(was it freed during generation?)")
+        if any(held) and not pads.any() and keep is None and position_ids is not None and first < start:
+            raise UserError(f"TieredCache: the pass's position_ids start at {first}, inside the {start} positions the "
+                            "cache holds (use_cache=False with a cache, or the same tokens fed twice?)")
 
     def _new_ids(self, row: int, ids: torch.Tensor, keep: np.ndarray | None) -> np.ndarray | None:
         """The ids of a row's kept new tokens that its sequence does not know yet, after
@@ -326,9 +381,10 @@ class TieredCache(Cache):
         return keep if start == self.seq_length(layer) and keep.shape[1] == tokens else None
 
     def _decode_partial(self, seq: Sequence, layer: int, q: torch.Tensor) -> Partial:
-        """One decode query's attention over everything its sequence holds at ``layer`` (the
-        new token included), in the cache's mode (exact while no block is full)."""
-        if self.mode is AttentionMode.SPARSE and seq.blocks(layer) > 0:
+        """One query's attention over everything its sequence holds at ``layer`` (the new
+        token included): in the cache's mode for a decode step (exact while no block is
+        full), exact for a one-token pass of the prompt."""
+        if self._decoding and self.mode is AttentionMode.SPARSE and seq.blocks(layer) > 0:
             return seq.attend_partial(layer, q, AttentionMode.SPARSE, self.budget)
         return seq.attend_partial(layer, q)
 
@@ -349,12 +405,24 @@ class TieredCache(Cache):
     # -- starting -------------------------------------------------------------------------
     def _open(self, rows: int) -> None:
         """Empty sequences for a batch of ``rows`` (no prompt given)."""
-        self.sequences = [self.kv.sequence(namespace=self.namespace) for _ in range(rows)]
+        self.sequences[:] = [self.kv.sequence(namespace=self.namespace) for _ in range(rows)]
         self._pads = np.zeros((len(self._staged), rows), dtype=np.int64)
+        self._freed_rows = False
+
+    def _clear(self) -> None:
+        """Releases every row and forgets every pass: the cache as made, without a prompt."""
+        for seq in self.sequences:
+            seq.free()
+        self.sequences.clear()
+        self._staged = [None] * len(self._staged)
+        self._pads = np.zeros((len(self._staged), 0), dtype=np.int64)
+        self._pass, self._open_pass, self._pass_start, self._broken = None, None, 0, None
+        self._opened_in_pass, self._prompt_pads, self._prompt_end, self._decoding = False, None, 0, False
 
     def _start(self, prompt, attention_mask) -> None:
         """One sequence per prompt row, all starting from the prefix every row has stored."""
         rows = prompt_rows(prompt)
+        self._prompt_end = len(rows[0])  # positions, padding included
         padded = False
         if attention_mask is not None:
             keep = left_padding(attention_mask, [len(row) for row in rows])
@@ -367,80 +435,11 @@ class TieredCache(Cache):
         # whole blocks every row has stored, leaving each row at least one token to compute
         common = min(min(self.kv.match_prefix(row, self.namespace), (len(row) - 1) // block * block) for row in rows)
         common = 0 if padded else common  # padded rows start at different positions: no common prefix
-        self.sequences = []
-        for row in rows:
+        for row in rows:  # a row that fails leaves those made before it to free() or the finalizer
             seq = self.kv.sequence(tokens=row[: common + 1], namespace=self.namespace)
-            seq.add_tokens(row[common + 1 :])
             self.sequences.append(seq)
+            seq.add_tokens(row[common + 1 :])
         self._pads = np.zeros((len(self._staged), len(rows)), dtype=np.int64)
 
 
 setattr(TieredCache, TIERED_CACHE, True)  # how the hooks recognise a TieredCache
-
-
-def _kept_columns(mask, start: int, tokens: int, held: list[int], pads: np.ndarray) -> np.ndarray | None:
-    """The pass's columns that are not left padding (``[batch, t]`` bools), from the 2-D
-    attention mask of the whole sequence (``held[b]`` tokens and ``pads[b]`` padding before
-    ``start``); None when every column is kept. A row may be all padding in a pass (a
-    chunk of a chunked prefill) until its first token."""
-    if not isinstance(mask, torch.Tensor) or mask.dim() != 2:
-        return None
-    if mask.shape != (len(held), start + tokens):
-        raise UserError(f"TieredCache: attention_mask of shape {tuple(mask.shape)}, expected "
-                        f"({len(held)}, {start + tokens}) (the whole sequence so far)")
-    keep = left_padding(mask, [start + tokens] * len(held))
-    for row, kept in enumerate(keep):
-        pad = int(pads[row])
-        if kept[:pad].any() or not kept[pad:start].all() or (held[row] and not kept[start:].all()):
-            raise UserError(f"TieredCache: row {row}: the attention mask changes the row's past padding "
-                            "(only a prompt's left padding is supported)")
-    new = np.stack([kept[start:] for kept in keep])
-    return None if new.all() else new
-
-
-def _first_position(position_ids: torch.Tensor | None, tokens: int) -> int:
-    """The smallest position of a pass's first column (0 when transformers picks them)."""
-    if not isinstance(position_ids, torch.Tensor) or position_ids.numel() == 0:
-        return 0
-    return int(position_ids.reshape(-1, tokens)[:, 0].min()) if position_ids.shape[-1] == tokens else 0
-
-
-def _pass_tokens(ids: torch.Tensor | None, kwargs: dict) -> torch.Tensor:
-    """What gives a pass its batch and token count: the ids, else the embeddings."""
-    tokens = ids if ids is not None else kwargs.get("inputs_embeds")
-    if not isinstance(tokens, torch.Tensor):
-        raise UserError("TieredCache: a forward pass needs input_ids or inputs_embeds")
-    return tokens
-
-
-def _check_model(kv: TieredKVCache, model: Any) -> None:
-    """Raises UserError unless ``model`` is switched to the tiercache attention and ``kv``'s
-    layout and dtype are the model's."""
-    if not isinstance(kv, TieredKVCache):
-        raise UserError(f"TieredCache: kv must be a TieredKVCache, got {type(kv).__name__}")
-    if not isinstance(model, torch.nn.Module) or not hasattr(model, "config"):
-        raise UserError(f"TieredCache: model must be a transformers model, got {type(model).__name__}")
-    config = text_config(model.config)
-    check_supported(model.config)
-    if getattr(config, "_attn_implementation", None) != ATTENTION or not installed(model) or not hasattr(model, FINGERPRINT):
-        raise UserError(f"TieredCache: the model's attention implementation is "
-                        f"{getattr(config, '_attn_implementation', None)!r}, not {ATTENTION!r}; "
-                        "call use_tiercache(model) first")
-    want = kv_layout(config, torch_dtype(kv.layout.dtype), kv.layout.block_tokens)
-    for field in ("layers", "kv_heads", "head_dim"):
-        if getattr(want, field) != getattr(kv.layout, field):
-            raise UserError(f"TieredCache: the TieredKVCache's layout has {field}={getattr(kv.layout, field)}, the model "
-                            f"{getattr(want, field)} (build it with kv_layout(model.config, ...))")
-    dtype = getattr(model, "dtype", None)
-    if dtype is not None and dtype != kv.dtype:
-        raise UserError(f"TieredCache: the model computes in {dtype}, the TieredKVCache stores {kv.dtype}; "
-                        "build its layout with kv_layout(model.config, model.dtype)")
-
-
-def _check_mode(mode: AttentionMode, budget) -> None:
-    if not isinstance(mode, AttentionMode):
-        raise UserError(f"TieredCache: mode must be an AttentionMode (EXACT or SPARSE), got {mode!r}")
-    if (mode is AttentionMode.SPARSE) != (budget is not None):
-        raise UserError("TieredCache: a budget is given with AttentionMode.SPARSE, and only with it")
-    if budget is not None:
-        sparse_budget_blocks(budget, 1)  # a bad budget is refused here, not at the first decode step

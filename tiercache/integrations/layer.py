@@ -1,9 +1,12 @@
 """``TieredLayer``: one model layer of a ``TieredCache`` (``tiercache.integrations.cache``),
 the object ``transformers`` calls ``update`` on. It keeps no tensors: it stages the layer's new
-K and V for the ``"tiercache"`` attention and answers length queries from its cache."""
+K and V for the ``"tiercache"`` attention and answers length queries from its cache. It refers
+to its cache weakly, so that a dropped cache is collected (and its rows released) at once, not
+at the next cyclic garbage collection."""
 
 from __future__ import annotations
 
+import weakref
 from typing import TYPE_CHECKING
 
 import torch
@@ -29,7 +32,19 @@ class TieredLayer(CacheLayerMixin):
 
     def __init__(self, owner: "TieredCache", index: int) -> None:
         super().__init__()
-        self.owner, self.index = owner, index
+        self._owner, self.index = weakref.ref(owner), index
+
+    @property
+    def owner(self) -> "TieredCache":
+        """The layer's cache (the layer holds it weakly: no reference cycle).
+
+        Raises:
+            UserError: the cache was garbage-collected (a layer kept without its cache).
+        """
+        owner = self._owner()
+        if owner is None:
+            raise UserError("TieredCache: this layer's cache was garbage-collected (keep the cache, not its layers)")
+        return owner
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.device = key_states.device

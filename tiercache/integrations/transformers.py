@@ -19,9 +19,9 @@ new tokens' K and V; the layer stages them (nothing is stored yet) and returns t
 tagged; the ``"tiercache"`` attention then computes, for each batch row, attention over the
 tokens the sequence already holds (every query sees all of them) merged by log-sum-exp
 with causal attention over the new tokens, and only then appends the new tokens. A decode
-step (one new token) appends first and reads once, in the cache's ``mode``
-(``AttentionMode.SPARSE`` reads only the top blocks, as ``Sequence.attend``); a prefill
-chunk over a stored prefix is always exact.
+step (a one-token pass past the prompt) appends first and reads once, in the cache's ``mode``
+(``AttentionMode.SPARSE`` reads only the top blocks, as ``Sequence.attend``); every pass of
+the prompt is exact.
 
 ``use_tiercache`` also hooks the model (``hooks``): its decoder's forward hooks hand every
 pass's inputs to the cache, however the model is called, so the blocks generated tokens fill

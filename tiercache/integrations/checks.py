@@ -1,0 +1,130 @@
+"""What a ``TieredCache`` (``tiercache.integrations.cache``) checks before it stores anything:
+the model and the ``TieredKVCache`` it is made with, its attention mode, the decoding mode
+``generate`` asks for, and a forward pass's ids, padding and positions.
+
+Every check raises a ``UserError`` naming what was wrong; none changes the cache.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from tiercache.config import AttentionMode
+from tiercache.data.buffers import torch_dtype
+from tiercache.errors import UserError
+from tiercache.live.arguments import sparse_budget_blocks
+from tiercache.live.cache import TieredKVCache
+
+from .hooks import installed
+from .inputs import check_supported, kv_layout, left_padding, text_config
+
+__all__ = ["ATTENTION", "FINGERPRINT", "check_decoding", "check_mode", "check_model", "first_position",
+           "kept_columns", "pass_tokens"]
+
+#: The ``attn_implementation`` name of the attention that reads a ``TieredCache``.
+ATTENTION = "tiercache"
+FINGERPRINT = "_tiercache_fingerprint"  # the model's weights fingerprint, set by use_tiercache
+
+# generate's options that pick a decoding mode needing a cache that crops, reorders or expands
+# its rows (each refused before any pass, so the cache stays usable): (option, mode's name).
+_ASSISTED = (("assistant_model", "assisted decoding (assistant_model)"),
+             ("prompt_lookup_num_tokens", "prompt lookup decoding (prompt_lookup_num_tokens)"),
+             ("assistant_early_exit", "assisted decoding (assistant_early_exit)"),
+             ("use_mtp", "multi-token-prediction decoding (use_mtp)"))
+
+
+def check_model(kv: TieredKVCache, model: Any) -> None:
+    """Raises UserError unless ``model`` is switched to the tiercache attention and ``kv``'s
+    layout and dtype are the model's."""
+    if not isinstance(kv, TieredKVCache):
+        raise UserError(f"TieredCache: kv must be a TieredKVCache, got {type(kv).__name__}")
+    if not isinstance(model, torch.nn.Module) or not hasattr(model, "config"):
+        raise UserError(f"TieredCache: model must be a transformers model, got {type(model).__name__}")
+    config = text_config(model.config)
+    check_supported(model.config)
+    if getattr(config, "_attn_implementation", None) != ATTENTION or not installed(model) or not hasattr(model, FINGERPRINT):
+        raise UserError(f"TieredCache: the model's attention implementation is "
+                        f"{getattr(config, '_attn_implementation', None)!r}, not {ATTENTION!r}; "
+                        "call use_tiercache(model) first")
+    want = kv_layout(config, torch_dtype(kv.layout.dtype), kv.layout.block_tokens)
+    for field in ("layers", "kv_heads", "head_dim"):
+        if getattr(want, field) != getattr(kv.layout, field):
+            raise UserError(f"TieredCache: the TieredKVCache's layout has {field}={getattr(kv.layout, field)}, the model "
+                            f"{getattr(want, field)} (build it with kv_layout(model.config, ...))")
+    dtype = getattr(model, "dtype", None)
+    if dtype is not None and dtype != kv.dtype:
+        raise UserError(f"TieredCache: the model computes in {dtype}, the TieredKVCache stores {kv.dtype}; "
+                        "build its layout with kv_layout(model.config, model.dtype)")
+
+
+def check_mode(mode: AttentionMode, budget) -> None:
+    """Raises UserError for a mode that is not an ``AttentionMode``, a budget without SPARSE
+    (or SPARSE without one), or a bad budget."""
+    if not isinstance(mode, AttentionMode):
+        raise UserError(f"TieredCache: mode must be an AttentionMode (EXACT or SPARSE), got {mode!r}")
+    if (mode is AttentionMode.SPARSE) != (budget is not None):
+        raise UserError("TieredCache: a budget is given with AttentionMode.SPARSE, and only with it")
+    if budget is not None:
+        sparse_budget_blocks(budget, 1)  # a bad budget is refused here, not at the first decode step
+
+
+def check_decoding(kwargs: dict, model: Any | None) -> None:
+    """Raises UserError when ``generate``'s options (its keyword arguments, else the
+    ``generation_config`` given or the model's) pick beam search, contrastive search or an
+    assisted decoding (prompt lookup, an assistant model): they crop, reorder or expand the
+    cache's rows, which a ``TieredCache`` cannot, and transformers would refuse them only
+    after passes had stored KV."""
+    config = kwargs.get("generation_config")
+    config = getattr(model, "generation_config", None) if config is None else config
+
+    def option(name: str):
+        return kwargs[name] if kwargs.get(name) is not None else getattr(config, name, None)
+
+    mode = None
+    if (option("num_beams") or 1) > 1 or option("constraints") is not None or option("force_words_ids") is not None:
+        mode = "beam search (num_beams > 1)"
+    elif (option("penalty_alpha") or 0) > 0 and (option("top_k") or 0) > 1 and not option("do_sample"):
+        mode = "contrastive search (penalty_alpha)"
+    else:
+        mode = next((what for name, what in _ASSISTED if option(name) not in (None, False)), None)
+    if mode is not None:
+        raise UserError(f"TieredCache: {mode} is not supported (it crops, reorders or expands the cache's rows); "
+                        "nothing was run and the cache is unchanged: use greedy search or sampling")
+
+
+def kept_columns(mask, start: int, tokens: int, held: list[int], pads: np.ndarray) -> np.ndarray | None:
+    """The pass's columns that are not left padding (``[batch, t]`` bools), from the 2-D
+    attention mask of the whole sequence (``held[b]`` tokens and ``pads[b]`` padding before
+    ``start``); None when every column is kept. A row may be all padding in a pass (a
+    chunk of a chunked prefill) until its first token."""
+    if not isinstance(mask, torch.Tensor) or mask.dim() != 2:
+        return None
+    if mask.shape != (len(held), start + tokens):
+        raise UserError(f"TieredCache: attention_mask of shape {tuple(mask.shape)}, expected "
+                        f"({len(held)}, {start + tokens}) (the whole sequence so far)")
+    keep = left_padding(mask, [start + tokens] * len(held))
+    for row, kept in enumerate(keep):
+        pad = int(pads[row])
+        if kept[:pad].any() or not kept[pad:start].all() or (held[row] and not kept[start:].all()):
+            raise UserError(f"TieredCache: row {row}: the attention mask changes the row's past padding "
+                            "(only a prompt's left padding is supported)")
+    new = np.stack([kept[start:] for kept in keep])
+    return None if new.all() else new
+
+
+def first_position(position_ids: torch.Tensor | None, tokens: int) -> int:
+    """The smallest position of a pass's first column (0 when transformers picks them)."""
+    if not isinstance(position_ids, torch.Tensor) or position_ids.numel() == 0:
+        return 0
+    return int(position_ids.reshape(-1, tokens)[:, 0].min()) if position_ids.shape[-1] == tokens else 0
+
+
+def pass_tokens(ids: torch.Tensor | None, kwargs: dict) -> torch.Tensor:
+    """What gives a pass its batch and token count: the ids, else the embeddings."""
+    tokens = ids if ids is not None else kwargs.get("inputs_embeds")
+    if not isinstance(tokens, torch.Tensor):
+        raise UserError("TieredCache: a forward pass needs input_ids or inputs_embeds")
+    return tokens
