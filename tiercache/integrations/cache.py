@@ -30,7 +30,7 @@ from .checks import (ATTENTION, FINGERPRINT, check_decoding, check_mode, check_m
                      pass_tokens)
 from .hooks import TIERED_CACHE, decoder_of
 from .layer import TieredLayer
-from .inputs import left_padding, namespace_bytes, other_inputs, prompt_rows, standard_positions
+from .inputs import left_padding, length_dependent_rope, namespace_bytes, other_inputs, prompt_rows, standard_positions
 from .release import release_deferred, release_when_dropped
 
 __all__ = ["ATTENTION", "TieredCache", "FINGERPRINT"]
@@ -56,7 +56,9 @@ class TieredCache(Cache):
             prefix that every row has stored (whole blocks, at least one token left to
             compute), and the prompt's blocks get content keys a later prompt finds. Give
             ``generate`` the same ids (it checks them): it computes only from
-            ``get_seq_length()`` on.
+            ``get_seq_length()`` on. A model whose RoPE depends on the pass's length
+            (``inputs.length_dependent_rope``: "dynamic", "longrope") keeps all its KV
+            private: its prompts reuse and store no prefix.
         attention_mask: the prompt's ``[batch, n]`` mask (0: left padding), as given to
             ``generate``: padding ids are not tokens of the row; a padded batch reuses no
             stored prefix (its rows would start at different positions).
@@ -84,6 +86,8 @@ class TieredCache(Cache):
         self._model, self._decoder = weakref.ref(model), weakref.ref(decoder_of(model))
         self._fingerprint = getattr(model, FINGERPRINT)
         self.namespace = self._fingerprint + namespace_bytes(namespace)
+        # False for a RoPE whose KV depends on the pass's length: every row's KV is private
+        self._ids_decide_kv = not length_dependent_rope(model.config)
         self.sequences: list[Sequence] = []  # changed in place, never replaced: its finalizer holds it
         release_when_dropped(self, self.sequences)
         self._prompt_end = 0  # positions generate's (or prompt='s) ids reach: a pass before it is no decode step
@@ -131,8 +135,8 @@ class TieredCache(Cache):
     def begin_pass(self, module: torch.nn.Module, ids: torch.Tensor | None, kwargs: dict) -> None:
         """The model's forward pre-hook: checks the pass, then tells each row the ids of its
         kept (not padding) new tokens, or, when the pass's KV depends on more than ids at
-        their standard positions (embeddings, an image), makes the rows' KV private from
-        here on.
+        their standard positions (embeddings, an image, a length-dependent RoPE), makes the
+        rows' KV private from here on.
 
         A one-token pass past the prompt (``generate``'s ids, or ``prompt=``) is a decode
         step, read in the cache's mode; every other pass is exact.
@@ -168,7 +172,7 @@ class TieredCache(Cache):
         self._opened_in_pass = not self.sequences
         if self._opened_in_pass:
             self._open(batch)
-        keyed = ids is not None and not other_inputs(kwargs)
+        keyed = self._ids_decide_kv and ids is not None and not other_inputs(kwargs)
         new_ids = [self._new_ids(row, ids, keep) if keyed and positioned[row] else None for row in range(batch)]
         self._open_pass, self._pass_start = [len(seq.token_ids) for seq in self.sequences], start
         self._pass = None if keep is None else (start, torch.as_tensor(keep, device=self.kv.device))
@@ -191,16 +195,12 @@ class TieredCache(Cache):
             UserError: a row's ids (padding left out) differ from what the row knows; the ids
                 do not reach past what the cache holds; embeddings or other model inputs
                 given while the rows hold reused KV; a decoding mode that crops, reorders or
-                expands rows (beam search, prompt lookup...), refused before any pass runs.
+                expands rows (beam search, prompt lookup, num_return_sequences > 1 for rows
+                already held...) or classifier-free guidance, in generate's keyword arguments or
+                its generation config, refused before any pass runs (``check_decoding``).
         """
         self._recover()
-        check_decoding(kwargs, self._model())
-        if (kwargs.get("num_return_sequences") or 1) > 1 and self.sequences:
-            raise UserError("TieredCache: num_return_sequences > 1 needs a cache without prompt= (each returned "
-                            "sequence is a row of its own)")
-        if kwargs.get("guidance_scale") not in (None, 1, 1.0):
-            raise UserError("TieredCache: guidance_scale (classifier-free guidance) runs an extra pass without the "
-                            "cache: not supported")
+        check_decoding(kwargs, self._model(), holds_rows=bool(self.sequences))
         others = sorted(name for name, value in kwargs.items()
                         if isinstance(value, torch.Tensor) and name not in _GENERATE_IDS)
         if others and self.cached_tokens:
@@ -432,9 +432,12 @@ class TieredCache(Cache):
             rows = [row[kept] for row, kept in zip(rows, keep)]
             self._prompt_pads = [int((~kept).sum()) for kept in keep]
         block = self.kv.layout.block_tokens
-        # whole blocks every row has stored, leaving each row at least one token to compute
-        common = min(min(self.kv.match_prefix(row, self.namespace), (len(row) - 1) // block * block) for row in rows)
-        common = 0 if padded else common  # padded rows start at different positions: no common prefix
+        # whole blocks every row has stored, leaving each row at least one token to compute; none
+        # for a padded batch (its rows start at different positions) or a private-KV model
+        common = 0
+        if not padded and self._ids_decide_kv:
+            common = min(min(self.kv.match_prefix(row, self.namespace), (len(row) - 1) // block * block)
+                         for row in rows)
         for row in rows:  # a row that fails leaves those made before it to free() or the finalizer
             seq = self.kv.sequence(tokens=row[: common + 1], namespace=self.namespace)
             self.sequences.append(seq)

@@ -7,7 +7,7 @@ Every check raises a ``UserError`` naming what was wrong; none changes the cache
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -71,18 +71,15 @@ def check_mode(mode: AttentionMode, budget) -> None:
         sparse_budget_blocks(budget, 1)  # a bad budget is refused here, not at the first decode step
 
 
-def check_decoding(kwargs: dict, model: Any | None) -> None:
-    """Raises UserError when ``generate``'s options (its keyword arguments, else the
-    ``generation_config`` given or the model's) pick beam search, contrastive search or an
-    assisted decoding (prompt lookup, an assistant model): they crop, reorder or expand the
-    cache's rows, which a ``TieredCache`` cannot, and transformers would refuse them only
-    after passes had stored KV."""
-    config = kwargs.get("generation_config")
-    config = getattr(model, "generation_config", None) if config is None else config
-
-    def option(name: str):
-        return kwargs[name] if kwargs.get(name) is not None else getattr(config, name, None)
-
+def check_decoding(kwargs: dict, model: Any | None, holds_rows: bool) -> None:
+    """Raises UserError when ``generate``'s options (``_generate_option``) pick beam search,
+    contrastive search or an assisted decoding (prompt lookup, an assistant model): they crop,
+    reorder or expand the cache's rows, which a ``TieredCache`` cannot, and transformers would
+    refuse them only after passes had stored KV; classifier-free guidance (``guidance_scale``:
+    an extra pass without the cache); or, for a cache that already holds its rows
+    (``holds_rows``: made with ``prompt=``, or continued), more than one returned sequence per
+    row (``num_return_sequences``: generate makes a row of each)."""
+    option = _generate_option(kwargs, model)
     mode = None
     if (option("num_beams") or 1) > 1 or option("constraints") is not None or option("force_words_ids") is not None:
         mode = "beam search (num_beams > 1)"
@@ -93,6 +90,26 @@ def check_decoding(kwargs: dict, model: Any | None) -> None:
     if mode is not None:
         raise UserError(f"TieredCache: {mode} is not supported (it crops, reorders or expands the cache's rows); "
                         "nothing was run and the cache is unchanged: use greedy search or sampling")
+    if option("guidance_scale") not in (None, 1, 1.0):
+        raise UserError("TieredCache: guidance_scale (classifier-free guidance) runs an extra pass without the "
+                        "cache: not supported; nothing was run and the cache is unchanged")
+    if (option("num_return_sequences") or 1) > 1 and holds_rows:
+        raise UserError("TieredCache: num_return_sequences > 1 needs a cache that holds no rows yet, made without "
+                        "prompt= (each returned sequence is a row of its own); nothing was run and the cache is "
+                        "unchanged")
+
+
+def _generate_option(kwargs: dict, model: Any | None) -> Callable[[str], Any]:
+    """How ``generate`` reads an option: a reader of ``name`` that gives its keyword argument
+    when given (not None), else the ``generation_config`` passed, else the model's (None
+    where none sets it)."""
+    config = kwargs.get("generation_config")
+    config = getattr(model, "generation_config", None) if config is None else config
+
+    def option(name: str):
+        return kwargs[name] if kwargs.get(name) is not None else getattr(config, name, None)
+
+    return option
 
 
 def kept_columns(mask, start: int, tokens: int, held: list[int], pads: np.ndarray) -> np.ndarray | None:

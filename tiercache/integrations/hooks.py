@@ -96,7 +96,11 @@ def _by_name(module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[tuple,
     names, ``**kwargs`` merged in) to its value and ``unnamed`` holds what a ``*args`` took.
     A call that does not fit the signature (the forward will raise for it) or a forward that
     cannot be inspected is returned as given."""
-    signature = _signature(module)
+    return _bind(_signature(module), args, kwargs)
+
+
+def _bind(signature: inspect.Signature | None, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """``_by_name`` for a call of ``signature`` (None: cannot be inspected)."""
     try:
         bound = signature.bind_partial(*args, **kwargs) if signature is not None else None
     except TypeError:
@@ -136,9 +140,19 @@ def _checked_generate(self, *args, **kwargs):
     prompt (``TieredCache.check_prompt``), then runs the model class's ``generate``."""
     cache = _cache_of((), kwargs)
     if cache is not None:
-        ids = _ids_of(args, kwargs, ("input_ids", "inputs"))
-        cache.check_prompt(ids, kwargs.get("attention_mask"), kwargs)
+        unnamed, named = _bind(_generate_signature(self), args, kwargs)  # generation_config given second, say
+        ids = _ids_of(unnamed, named, ("input_ids", "inputs"))
+        cache.check_prompt(ids, named.get("attention_mask"), named)
     return type(self).generate(self, *args, **kwargs)
+
+
+def _generate_signature(model: Any) -> inspect.Signature | None:
+    """The signature of the model class's ``generate`` as a method of ``model`` (no ``self``);
+    None when it cannot be inspected."""
+    try:
+        return inspect.signature(type(model).generate.__get__(model))
+    except (TypeError, ValueError, AttributeError):
+        return None
 
 
 _checked_generate.__name__ = "generate"  # pickled as getattr(model, "generate"): the class's, unchecked

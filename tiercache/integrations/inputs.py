@@ -21,8 +21,7 @@ from tiercache.errors import UserError
 from tiercache.live.arguments import flat_token_ids
 
 __all__ = ["kv_layout", "prompt_rows", "left_padding", "model_fingerprint", "check_supported", "namespace_bytes",
-           "other_inputs",
-           "standard_positions", "text_config"]
+           "other_inputs", "length_dependent_rope", "standard_positions", "text_config"]
 
 #: Forward arguments that do not change a pass's KV (beyond ids, mask and cache).
 _NEUTRAL = frozenset({"input_ids", "attention_mask", "position_ids", "cache", "past_key_values", "use_cache",
@@ -33,6 +32,12 @@ _UNNAMED = frozenset({"_name_or_path", "name_or_path", "architectures", "transfo
                       "_attn_implementation", "_attn_implementation_internal", "attn_implementation"})
 _CHUNK_BYTES = 1 << 26  # bytes of a tensor's values hashed (and copied to the host) at a time
 _ATTENTION_LAYERS = frozenset({"full_attention", "sliding_attention"})
+# RoPE types whose frequencies are fixed by the config (transformers' modeling_rope_utils: their
+# inv_freq ignores the sequence length, and ``dynamic_rope_update`` leaves them alone). Every
+# other type is taken to depend on the pass's length: "dynamic" (NTK scaling recomputed for
+# the longest position seen) and "longrope" (short or long factors by whether the pass passes
+# original_max_position_embeddings) do; a type not known here is treated as they are.
+_STATIC_ROPE = frozenset({"default", "linear", "yarn", "llama3", "proportional"})
 
 
 def kv_layout(config, dtype: torch.dtype, block_tokens: int = 256) -> KVLayout:
@@ -130,6 +135,26 @@ def standard_positions(position_ids: torch.Tensor | None, keep: np.ndarray | Non
     return result
 
 
+def length_dependent_rope(config) -> list[str]:
+    """The rotary (RoPE) types of a model's language model whose frequencies depend on more
+    than a token's position (sorted; [] for none, or for a model without RoPE).
+
+    With such a type (``_STATIC_ROPE`` says which are not) a token's KV depends on the length
+    of the pass that computed it, and on what the rotary module saw before ("dynamic" keeps
+    the longest length seen): the same ids at the same positions give other KV in a longer
+    prompt, so that KV must never get content keys. Reads ``rope_parameters`` (or the older
+    ``rope_scaling``), flat or per layer type."""
+    text = text_config(config)
+    params = _field(text, "rope_parameters", None)
+    params = _field(text, "rope_scaling", None) if params is None else params
+    if not isinstance(params, dict):
+        return []
+    nested = "rope_type" not in params and "type" not in params
+    tables = [table for table in params.values() if isinstance(table, dict)] if nested else [params]
+    kinds = {str(table.get("rope_type", table.get("type", "default"))) for table in tables}
+    return sorted(kinds - _STATIC_ROPE)
+
+
 def model_fingerprint(model: torch.nn.Module) -> bytes:
     """16 bytes that tell models apart by what makes their KV: the XXH3-128 hash of the class,
     the language model's config (its JSON, less the fields that only name or date it) and
@@ -166,19 +191,49 @@ def _update_framed(digest, text: bytes) -> None:
 
 def _hash_values(digest, name: str, tensor: torch.Tensor) -> None:
     """Adds the raw bytes of ``tensor``'s values, in row-major order, to ``digest``, at most
-    ``_CHUNK_BYTES`` at a time (one host copy per chunk for a tensor on another device).
+    ``_CHUNK_BYTES`` at a time (``_pieces``: a chunk is copied, at most twice, only when it
+    is not contiguous or not on the host; the whole tensor never is).
 
     Raises:
         UserError: the bytes cannot be read (a meta tensor, a tensor subclass without storage).
     """
-    flat = tensor.detach().reshape(-1)
-    step = max(1, _CHUNK_BYTES // max(1, flat.element_size()))
     try:
-        for start in range(0, flat.numel(), step):
-            digest.update(flat[start : start + step].contiguous().view(torch.uint8).cpu().numpy())
+        for piece in _pieces(tensor.detach(), max(1, _CHUNK_BYTES // max(1, tensor.element_size()))):
+            digest.update(_row_major(piece).view(torch.uint8).cpu().numpy())
     except (RuntimeError, NotImplementedError, TypeError) as exc:
         raise UserError(f"use_tiercache: cannot read the values of {name} ({tensor.dtype} on {tensor.device}) "
                         f"to fingerprint the model: {exc}") from None
+
+
+def _pieces(tensor: torch.Tensor, step: int):
+    """Views of ``tensor`` that cover its values in row-major order, each of at most ``step``
+    values and each contiguous once copied on its own: runs of whole rows of the first
+    dimension where a row fits, else each row's own pieces; a 1-D (or contiguous) tensor is
+    cut flat. Nothing here copies."""
+    if tensor.numel() == 0:
+        return
+    if tensor.dim() <= 1 or tensor.is_contiguous():
+        flat = tensor.reshape(-1)  # a view: 1-D or contiguous
+        for start in range(0, flat.numel(), step):
+            yield flat[start : start + step]
+        return
+    row = tensor[0].numel()
+    if row > step:
+        for index in range(tensor.shape[0]):
+            yield from _pieces(tensor[index], step)
+        return
+    rows = step // row
+    for start in range(0, tensor.shape[0], rows):
+        yield tensor[start : start + rows]
+
+
+def _row_major(piece: torch.Tensor) -> torch.Tensor:
+    """``piece`` as a contiguous tensor (itself when it is). A column-major 2-D piece (a
+    slice of a transposed weight) goes through its transpose: torch copies a slice of a
+    transposed matrix value by value (3-4x slower) but a whole transposed matrix fast."""
+    if piece.dim() == 2 and not piece.is_contiguous() and piece.stride(0) < piece.stride(1):
+        return piece.t().contiguous().t().contiguous()
+    return piece.contiguous()
 
 
 def check_supported(config) -> None:

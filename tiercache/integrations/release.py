@@ -8,10 +8,19 @@ It runs when the cache is garbage-collected, not at interpreter exit (the proces
 releases everything), and a sequence of a closed store is only marked freed
 (``Sequence.free``).
 
-A collection can happen at any allocation, so also inside a store call of the same thread
-(a cache caught in a reference cycle): a release there would run in the middle of that call.
-While the store's lock is entered, the rows wait in a queue instead, released by the next
-``release_deferred`` (every ``TieredCache`` construction and forward pass calls it).
+A collection can happen at any allocation of any thread, so the finalizer never waits for
+the store's lock (a reentrant lock, ``CallGuard``). Per sequence, as its store's lock stands:
+
+* free: taken without waiting, and the rows are freed at once;
+* held by this thread (a cache caught in a reference cycle, collected inside a store call):
+  a release there would run in the middle of that call, so the rows wait in a queue,
+  released by the next ``release_deferred`` (every ``TieredCache`` construction and forward
+  pass calls it);
+* held by another thread: the rows are handed to one daemon thread (``DaemonWorker``) that
+  waits for the lock and frees them as soon as that call ends. The collecting thread itself
+  must not wait: it may be a thread the lock's holder is waiting for (an I/O pool thread
+  whose task allocated, or a thread the holder joins), and both would wait forever. The
+  daemon thread holds nothing else and nothing waits on it.
 """
 
 from __future__ import annotations
@@ -20,17 +29,24 @@ import threading
 import warnings
 import weakref
 
+from tiercache.data.remote_guard import DaemonWorker
 from tiercache.live.sequence import Sequence
 
 __all__ = ["release_deferred", "release_when_dropped"]
 
-_deferred: list[Sequence] = []  # rows of dropped caches whose release waits for a safe point
-_deferred_lock = threading.Lock()
+_deferred: list[Sequence] = []  # rows collected inside their store's call, released at a safe point
+_deferred_lock = threading.RLock()  # reentrant: a collection while it is held may queue rows
+_releaser: DaemonWorker | None = None  # frees rows whose store another thread is using; made once
+_releaser_lock = threading.Lock()
 
 
 def release_when_dropped(cache: object, sequences: list[Sequence]) -> None:
     """Frees every sequence in ``sequences`` (the list as it is then) when ``cache`` is
     garbage-collected; ``sequences`` must not refer back to ``cache``."""
+    global _releaser
+    with _releaser_lock:  # made here, not in a finalizer: every finalizer finds it made
+        if _releaser is None:
+            _releaser = DaemonWorker("tiercache-release")
     finalizer = weakref.finalize(cache, _release, sequences)
     finalizer.atexit = False
 
@@ -47,16 +63,29 @@ def release_deferred() -> None:
 
 
 def _release(sequences: list[Sequence]) -> None:
-    """Frees ``sequences`` now, or queues those whose store's lock is entered (a call in
-    progress, maybe this thread's). A finalizer must not raise: a failed release warns."""
+    """Frees ``sequences`` now where their store's lock is free, else queues them (lock held by
+    this thread) or hands them to the daemon releaser (held by another thread). Never waits
+    for a lock; a finalizer must not raise: a failed release warns."""
     for seq in list(sequences):
-        if seq.cache.store._lock._depth:
+        lock = seq.cache.store._lock._lock  # the CallGuard's RLock
+        if lock._is_owned():
             with _deferred_lock:
                 _deferred.append(seq)
-            continue
-        try:
-            seq.free()
-        except Exception as exc:  # noqa: BLE001 - reported, not raised, from a finalizer
-            warnings.warn(f"TieredCache: releasing a dropped cache's row failed ({exc}); its blocks stay held "
-                          "until the TieredKVCache closes", RuntimeWarning, stacklevel=2)
+        elif lock.acquire(blocking=False):
+            try:
+                _free(seq)
+            finally:
+                lock.release()
+        else:
+            _releaser.submit(_free, seq)
     sequences.clear()
+
+
+def _free(seq: Sequence) -> None:
+    """``seq.free()``, a failure reported as a warning (it runs in a finalizer or the daemon
+    releaser, where nothing could catch it)."""
+    try:
+        seq.free()
+    except Exception as exc:  # noqa: BLE001 - reported, not raised
+        warnings.warn(f"TieredCache: releasing a dropped cache's row failed ({exc}); its blocks stay held "
+                      "until the TieredKVCache closes", RuntimeWarning, stacklevel=2)

@@ -30,8 +30,9 @@ checks its inputs against the cache's ``prompt=``.
 Content keys are only given where the same ids always give the same KV: each includes the
 model's weights fingerprint (``inputs.model_fingerprint``), and a pass whose KV depends on more
 than ids at their standard positions (``inputs_embeds``, an image, custom positions) makes its
-rows' KV private from there on. A pass that raised is found at the next one: undone if it
-stored nothing, else the cache refuses further passes (``free`` it).
+rows' KV private from there on; so is all KV of a model whose RoPE depends on the pass's
+length (``inputs.length_dependent_rope``: "dynamic", "longrope"). A pass that raised is found at
+the next one: undone if it stored nothing, else the cache refuses further passes (``free`` it).
 
 Invariants: between forward passes every row has passed the same positions at every layer
 (its tokens of KV plus its unstored left padding); a staged update is consumed by the attention of the same layer before the
@@ -62,7 +63,8 @@ from tiercache.live.cache import TieredKVCache
 
 from .cache import ATTENTION, FINGERPRINT, TieredCache
 from .hooks import install
-from .inputs import check_supported, kv_layout, model_fingerprint, namespace_bytes, prompt_rows, text_config
+from .inputs import (check_supported, kv_layout, length_dependent_rope, model_fingerprint, namespace_bytes, prompt_rows,
+                     text_config)
 from .layer import STAGE, TieredLayer
 
 __all__ = ["ATTENTION", "TieredCache", "TieredLayer", "kv_layout", "use_tiercache", "register", "match_prefix",
@@ -113,6 +115,8 @@ def match_prefix(kv: TieredKVCache, model: Any, tokens, namespace: bytes | str =
     if len(rows) != 1:
         raise UserError(f"match_prefix: tokens has {len(rows)} rows; it answers for one sequence: call it once "
                         "per row")
+    if length_dependent_rope(model.config):  # its KV is never keyed: no prefix is reused
+        return 0
     return kv.match_prefix(rows[0], fingerprint + namespace_bytes(namespace))
 
 
