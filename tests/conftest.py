@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import threading
 from pathlib import Path
 
@@ -16,6 +17,18 @@ def sample_requests(path: Path = SAMPLE_TRACE) -> list[list[int]]:
     """The ``hash_ids`` of every request of a Mooncake trace, in order."""
     with open(path, encoding="utf-8") as handle:
         return [json.loads(line)["hash_ids"] for line in handle if line.strip()]
+
+
+@pytest.fixture(autouse=True)
+def python_default_ctrl_c():
+    """Every test runs under Python's default SIGINT handler, as an interactive process does: a
+    process started in the background by a non-interactive shell (``cmd &``) inherits SIGINT
+    ignored, Python then installs no handler, and the Ctrl-C tests would find it ignored."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 @pytest.fixture(scope="session")
