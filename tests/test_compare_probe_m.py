@@ -197,3 +197,33 @@ def test_compare_records_placement_in_the_command_that_reruns_it(tmp_path, trace
     assert main(["compare", str(trace), "--policy", "lru", "--tiers", "hbm=3,dram=7", "--placement", "reuse",
                  "--workers", "1", "--no-progress", "-o", str(out)]) == 0
     assert "--placement reuse" in json.loads((out / "results.json").read_text())["command"]
+
+
+def test_sigterm_to_a_sweep_stops_its_workers(trace, policies):
+    """``timeout`` or a scheduler's SIGTERM ended the parent at once and left its workers
+    orphaned, blocked forever; now they are killed on the way out (exit 143, as for SIGTERM)."""
+    import os
+    import subprocess
+
+    folder = next(p for p in sys.path if (Path(p) / f"{policies}.py").exists())
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([folder, os.environ.get("PYTHONPATH", "")])}
+    argv = [sys.executable, "-c", "import sys; from tiercache.cli import main; sys.exit(main())", "replay", str(trace),
+            "--policy", f"{policies}:Stalls", "--capacity", "4,5", "--workers", "2", "--no-progress"]
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    parent = psutil.Process(proc.pid)
+    try:
+        started = time.monotonic()
+        while len(parent.children()) < 2 and time.monotonic() - started < 60:
+            time.sleep(0.1)
+        workers = parent.children()
+        assert len(workers) >= 2, "the workers never started"
+        time.sleep(1.0)  # both are inside their stalled replay
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 143, err.decode()
+        gone, alive = psutil.wait_procs(workers, timeout=10)
+        assert not alive, f"workers outlived the sweep: {alive}"
+    finally:
+        proc.kill()
+        for child in psutil.Process(proc.pid).children() if psutil.pid_exists(proc.pid) else []:
+            child.kill()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import threading
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -220,8 +221,10 @@ _STARTED = None  # set in the parent before forking workers: _STARTED[i] is the 
 
 def _init_worker() -> None:
     """Leaves Ctrl-C to the parent, which stops every worker (an idle worker would otherwise
-    die of it, printing a traceback of its own)."""
+    die of it, printing a traceback of its own); SIGTERM kills a worker as by default (the
+    parent's handler, inherited through fork, is the parent's)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _run_in_worker(index: int, spec: RunSpec) -> RunRecord:
@@ -311,6 +314,7 @@ def _in_workers(runs: list[RunSpec], data: ReplayData, workers: int, bar: tqdm) 
     _WORKER_DATA, _STARTED = data, context.RawArray("q", len(runs))
     executor = ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker)
     futures: list[Future] = []  # futures[i] replays runs[i]
+    previous_term = _raise_on_sigterm()
     try:
         for index, spec in enumerate(runs):
             futures.append(executor.submit(_run_in_worker, index, spec))
@@ -329,6 +333,22 @@ def _in_workers(runs: list[RunSpec], data: ReplayData, workers: int, bar: tqdm) 
     finally:
         executor.shutdown(wait=True, cancel_futures=True)
         _WORKER_DATA = _STARTED = None
+        if previous_term is not None:
+            signal.signal(signal.SIGTERM, previous_term)
+
+
+def _raise_on_sigterm():
+    """While workers run, SIGTERM (``timeout``, systemd, a batch scheduler) raises ``SystemExit``
+    with the shell's code for it (143) in the parent, so the workers are killed on the way out
+    instead of outliving it. Only a default disposition is replaced, and only in the main
+    thread; returns the disposition to restore (None: left alone)."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return None
+
+    def stop(signum, frame):
+        raise SystemExit(128 + signum)
+
+    return signal.signal(signal.SIGTERM, stop)
 
 
 def _worker_processes(executor: ProcessPoolExecutor) -> list[multiprocessing.Process]:
