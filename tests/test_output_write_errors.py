@@ -25,6 +25,7 @@ from tiercache.cli.bench import _write_json
 from tiercache.errors import UserError
 from tiercache.results import read_results, write_results
 from tiercache.results.outfile import replace_file
+from tiercache.sim.hardware import load_profile, save_profile
 
 TRACE = str(DATA / "mooncake_head.jsonl")
 SWEEP = ["--policy", "lru,fifo", "--capacity", "100,200", "--workers", "1", "--no-progress"]
@@ -192,3 +193,17 @@ def test_trace_output_into_a_missing_folder_is_named(tmp_path, capsys):
     target = tmp_path / "missing" / "out.trace"
     assert main(["trace", "export", TRACE, "--model", "llama-3-8b", "-o", str(target)]) == 2
     assert f"folder {tmp_path / 'missing'} does not exist" in capsys.readouterr().err
+
+
+def test_compare_o_refuses_the_folder_that_holds_its_hardware_profile(tmp_path, capsys):
+    """The profile (``--hardware FILE``) kept in an earlier report folder was deleted by the new report."""
+    out = tmp_path / "rep"
+    assert main(["compare", TRACE, *SWEEP, "-o", str(out)]) == 0  # an earlier report, replaced by the next
+    profile = out / "profile.json"
+    save_profile(load_profile("h200-pcie5-nvme4"), profile)
+    before = profile.read_bytes()
+    capsys.readouterr()
+    assert main(["compare", TRACE, *SWEEP, "--model", "llama-3-8b", "--hardware", str(profile), "-o", str(out)]) == 2
+    one_error_line(capsys, "compare", f"-o {out}: holds {profile}, an input of this command; writing the report "
+                   "replaces the folder and would delete it (give another folder)")
+    assert profile.read_bytes() == before

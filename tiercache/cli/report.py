@@ -64,7 +64,8 @@ def add_parser(subparsers) -> None:
 def run_compare(args: argparse.Namespace) -> int:
     """``tiercache compare``: sweep, then report. The output folder is checked before the sweep."""
     check_output_dir(args.out)
-    _check_inputs_outside(args.out, [args.trace])
+    profile = [args.hardware] if args.hardware and os.path.exists(args.hardware) else []  # a preset names no file
+    _check_inputs_outside(args.out, [args.trace, *profile])
     started = time.perf_counter()
     command = _compare_command(args)
     if args.split:
