@@ -136,6 +136,7 @@ def test_step_timings_reads_every_timer_through_the_device_stopwatch(tmp_path, m
     assert timing["io_only_seconds"] == timing["compute_only_seconds"] == timing["pipelined_seconds"] == 1.0
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_step_timings_on_cuda_waits_for_the_kernels(tmp_path, monkeypatch):
     synced = []

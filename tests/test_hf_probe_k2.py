@@ -82,6 +82,7 @@ def test_the_fingerprint_is_the_same_whatever_torchs_thread_count():
     assert len(prints) == 1
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_the_fingerprint_is_the_same_on_the_cpu_and_on_cuda():
     model = tiny_llama(seed=68)
