@@ -19,7 +19,7 @@ from .errors import ConfigError
 if TYPE_CHECKING:
     from .config import Codec, KVLayout
 
-__all__ = ["Capacity", "SPELLINGS", "STORAGE_TIERS", "hop_block_bytes", "parse_size", "parse_capacity"]
+__all__ = ["Capacity", "SPELLINGS", "STORAGE_TIERS", "hop_block_bytes", "move_hops", "parse_size", "parse_capacity"]
 
 #: Byte units: decimal (kB = 1000 B) and binary (KiB = 1024 B); case-insensitive.
 _BYTE_UNITS = {
@@ -163,3 +163,21 @@ def hop_block_bytes(src: str, src_form: int, dst: str, dst_form: int, plain: int
     if src in STORAGE_TIERS:
         return src_form
     return dst_form if dst_form < plain else src_form
+
+
+def move_hops(src: str, src_form: int, dst: str, dst_form: int, plain: int,
+              direct: bool = False) -> tuple[tuple[str, int], ...]:
+    """The hops of a move from tier ``src`` to tier ``dst``, each as (link name, bytes one block
+    takes on it: ``hop_block_bytes``).
+
+    One hop when an end is DRAM or the link is ``direct`` (a profile's GPUDirect link); else
+    two, through host memory, where the block is held in the memory end's form when the
+    source is a storage tier, else in the source's (the live handlers stage a plain HBM's
+    blocks plain and a quantised HBM's encoded). What a move brings is its last hop's bytes.
+    """
+    if direct or "dram" in (src, dst):
+        return ((f"{src}->{dst}", hop_block_bytes(src, src_form, dst, dst_form, plain)),)
+    host = dst_form if src in STORAGE_TIERS else src_form
+    return ((f"{src}->dram", hop_block_bytes(src, src_form, "dram", host, plain)),
+            (f"dram->{dst}", hop_block_bytes("dram", host, dst, dst_form, plain)))
+

@@ -35,9 +35,12 @@ __all__ = ["StepDriver", "ReadTicket"]
 class ReadTicket:
     """A read in progress: the references it holds and what it found where.
 
-    Invariants: ``found[t]`` counts the read ids found in tier ``t`` before the read (so
-    ``sum(found) + absent == len(reads)``); ``refs`` are the ids referenced until
-    ``end_read``; ``prefetched`` is the number of blocks whose moves the read started.
+    Invariants: ``found[t]`` counts the distinct read ids found in tier ``t`` before the
+    read (so ``sum(found) + absent`` is the number of distinct ids read); ``refs`` are the
+    ids referenced until ``end_read``; ``accessed`` is True once the read's blocks were
+    read (``TierManager.access`` started: its hits and moves count, so the read is
+    recorded even if it fails afterwards); ``prefetched`` is the number of blocks whose
+    moves the read started.
     """
 
     refs: list[int]
@@ -45,6 +48,7 @@ class ReadTicket:
     absent: int
     prefetched: int = 0
     plans: list[TransferPlan] = field(default_factory=list)
+    accessed: bool = False
 
 
 class StepDriver:
@@ -70,11 +74,24 @@ class StepDriver:
 
     def begin_read(self, step: int, layer: int, reads: Sequence[int], in_place: bool,
                    candidates: Sequence[int] = (), ahead: Sequence[int] = ()) -> ReadTicket:
-        """Reads ``reads`` (promoting them, or in place) and starts the policy's prefetches.
+        """Reads ``reads`` (promoting them, or in place) and starts the policy's prefetches:
+        ``open_read`` then ``run_read``, the references taken back if the read raises.
 
         The read ids stay referenced until ``end_read``: nothing the prefetches displace
         can be one of them, and their bytes stay where the caller found them.
         """
+        ticket = self.open_read(reads)
+        try:  # whatever raises once the refs are taken (an interrupt too) takes them back
+            self.run_read(ticket, step, layer, reads, in_place, candidates, ahead)
+        except BaseException:
+            self.end_read(ticket)
+            raise
+        return ticket
+
+    def open_read(self, reads: Sequence[int]) -> ReadTicket:
+        """Completes the moves in flight and references the resident ids of ``reads`` (all
+        or nothing: one that raises references nothing); reads nothing yet (``run_read``).
+        The ticket holds the references until ``end_read``."""
         manager = self.manager
         self.settle()
         found = [0] * manager.n_tiers
@@ -87,20 +104,24 @@ class StepDriver:
             else:
                 found[tier] += 1
                 refs.append(block_id)
-        referenced = False
-        try:  # whatever raises once the refs are taken (an interrupt too) takes them back
-            manager.ref(refs)  # all or nothing (``increment``)
-            referenced = True
-            manager.access(list(reads), store_misses=self.store_misses, promote=not in_place)
-            top = manager.dirs[0].slot_of
-            view = PrefetchView(step, layer, reads, candidates, ahead, top.__contains__)
-            wanted = self._plan(view)
-            plans = manager.prefetch(wanted) if wanted else []
-        except BaseException:
-            if referenced:
-                manager.unref(refs)
-            raise
-        return ReadTicket(refs, found, absent, sum(p.n_blocks for p in plans), plans)
+        manager.ref(refs)  # all or nothing (``increment``)
+        return ReadTicket(refs, found, absent)
+
+    def run_read(self, ticket: ReadTicket, step: int, layer: int, reads: Sequence[int], in_place: bool,
+                 candidates: Sequence[int] = (), ahead: Sequence[int] = ()) -> None:
+        """Reads ``reads`` (promoting them, or in place) for an opened ``ticket``, then asks the
+        prefetch policy and starts its moves. ``ticket.accessed`` is set before the first
+        block is read, so a caller whose read raised knows whether it happened (a policy
+        that raises does so after the reads and their promotions); the references stay
+        with the ticket either way (``end_read``)."""
+        manager = self.manager
+        ticket.accessed = True
+        manager.access(list(reads), store_misses=self.store_misses, promote=not in_place)
+        top = manager.dirs[0].slot_of
+        view = PrefetchView(step, layer, reads, candidates, ahead, top.__contains__)
+        wanted = self._plan(view)
+        ticket.plans = manager.prefetch(wanted) if wanted else []
+        ticket.prefetched = sum(p.n_blocks for p in ticket.plans)
 
     def end_read(self, ticket: ReadTicket) -> None:
         """Releases the read's references (blocks lost meanwhile release as orphans); once

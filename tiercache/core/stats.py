@@ -7,7 +7,7 @@ from typing import Iterable
 
 from .plans import Ev
 
-__all__ = ["TierCounters", "HierarchyStats"]
+__all__ = ["TierCounters", "HierarchyStats", "InPlaceHits", "read_in_place"]
 
 
 @dataclass
@@ -91,6 +91,43 @@ class HierarchyStats:
         attr = _PLACEMENT_FIELDS.get(kind)
         if attr is not None:
             setattr(counters, attr, getattr(counters, attr) + count)
+
+
+def read_in_place(previous_kind: int, previous_source: int, tier: int) -> bool:
+    """Whether a ``HIT`` in ``tier`` was read where it lies, given the event right before it
+    (its kind and source tier): a top-tier hit, or a run whose promotion was skipped in its
+    own tier (``TierManager._found_below`` emits a run's ``HIT`` right after that event)."""
+    return tier == 0 or (previous_kind == Ev.PROMOTE_SKIPPED and previous_source == tier)
+
+
+@dataclass
+class InPlaceHits:
+    """Hits read where they lie, per tier, counted from the event stream.
+
+    A hit is read in place when it is in the top tier, or when its run was not promoted:
+    the manager emits a run's ``HIT`` right after the event that says how it was served
+    (``TierManager._found_below``), so a lower-tier ``HIT`` that follows a
+    ``PROMOTE_SKIPPED`` of its own tier was read where it lies. This is the rule
+    ``tiercache.sim.hitcost.HitMeter`` charges a replay's hits by.
+
+    Invariants: ``counts[t]`` never exceeds tier ``t``'s hits counted from the same events;
+    the top tier's hits are all in place.
+    """
+
+    counts: list[int]
+
+    @classmethod
+    def for_tiers(cls, n_tiers: int) -> "InPlaceHits":
+        """No hits yet in any of ``n_tiers`` tiers."""
+        return cls([0] * n_tiers)
+
+    def consume(self, events: Iterable[tuple[int, int, int, int]]) -> None:
+        """Adds the in-place hits of one drained batch (the order within a batch matters)."""
+        previous_kind, previous_tier = -1, -1
+        for kind, tier, count, _ in events:
+            if kind == Ev.HIT and read_in_place(previous_kind, previous_tier, tier):
+                self.counts[tier] += count
+            previous_kind, previous_tier = kind, tier
 
 
 _PLACEMENT_FIELDS = {

@@ -1,7 +1,8 @@
-"""Opening and checking the media of a live store's tiers."""
+"""Opening and checking the media of a live store's tiers, and making their policies."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from pathlib import Path
@@ -17,10 +18,13 @@ from tiercache.data.pools import HEADER_ROOM, BlockPool, cuda_available, dram_po
 from tiercache.data.quantized import QuantizedPool  # registers its copy handlers
 from tiercache.data.remote import RemoteStore
 from tiercache.errors import UserError
-from tiercache.policies import get_eviction
+from tiercache.policies import get_eviction, make_admission, make_eviction
+from tiercache.policies.base import AdmissionPolicy, EvictionPolicy
 
-__all__ = ["check_layout", "check_tiers", "check_remote_write", "check_online", "resolve_device", "check_host_memory", "open_medium",
-           "open_media", "value_limit"]
+from .remote import remote_admission
+
+__all__ = ["check_layout", "check_tiers", "check_remote_write", "check_online", "make_policies", "resolve_device",
+           "check_host_memory", "open_medium", "open_media", "close_quietly", "value_limit"]
 
 _ORDER = ("hbm", "dram", "nvme", "remote")
 
@@ -114,11 +118,41 @@ def check_online(eviction: str | None, tiers: Sequence[TierConfig]) -> None:
             raise UserError(f"TieredKVStore: eviction policy {name!r} needs the future (offline only); use it in tiercache replay")
 
 
+def make_policies(tiers: Sequence[TierConfig], eviction: str | None, admission: str | None,
+                  hits: dict[int, int]) -> tuple[list[EvictionPolicy], list[AdmissionPolicy]]:
+    """Every tier's eviction and admission policy: ``eviction``/``admission`` when given, else
+    the tier's own; the top tier admits everything, a remote tier as its write policy says
+    (``remote_admission``, counting in ``hits``). Made before any medium opens, so an
+    unknown name (``PolicyError``) leaves nothing to close."""
+    evictions = [make_eviction(eviction or t.eviction, t.capacity_blocks, i) for i, t in enumerate(tiers)]
+    admissions = [make_admission("always")] + [make_admission(admission or t.admission) for t in tiers[1:]]
+    if tiers[-1].remote is not None:
+        admissions[-1] = remote_admission(tiers[-1].remote, hits)
+    return evictions, admissions
+
+
 def open_media(tiers: Sequence[TierConfig], layout: KVLayout, path, device) -> list:
     """The media of every tier (``open_medium``); above a remote tier, host pools keep
-    ``HEADER_ROOM`` before each slot, so a remote value's header and block move as one buffer."""
+    ``HEADER_ROOM`` before each slot, so a remote value's header and block move as one buffer.
+    If one fails to open, those opened before it are closed (``close_quietly``) first."""
     room = HEADER_ROOM if tiers[-1].remote is not None else 0
-    return [open_medium(t, layout, path, device, room) for t in tiers]
+    media: list = []
+    try:
+        for tier in tiers:
+            media.append(open_medium(tier, layout, path, device, room))
+    except BaseException:
+        close_quietly(media)
+        raise
+    return media
+
+
+def close_quietly(media: Sequence[object]) -> None:
+    """Closes every medium of a store whose construction failed (an NVMe store's lock and I/O
+    threads are released), ignoring their errors: the error to report is the one that
+    stopped the constructor."""
+    for medium in media:
+        with contextlib.suppress(Exception):
+            medium.close()
 
 
 def open_medium(tier: TierConfig, layout: KVLayout, path, device,

@@ -412,14 +412,17 @@ class Sequence:
         # a sparse read is made (and recorded) by tier, fastest first: one promotion per tier
         read = ids if exact else state.ids[self._by_tier(state, positions)].tolist()
         ahead = self._ahead(layer, mode)
-        ticket = cache.driver.begin_read(step, layer, read, exact, candidates, ahead) if read else None
+        ticket = cache.driver.open_read(read) if read else None
         try:
+            if ticket is not None:
+                cache.driver.run_read(ticket, step, layer, read, exact, candidates, ahead)
             extra = [(state.tail[0, :, : state.tail_len], state.tail[1, :, : state.tail_len])] if state.tail_len else []
             out = self._stream(q, ids, keys, extra)
         finally:
-            if ticket is not None:  # the reads (and moves) happened even if attention failed: record them
+            if ticket is not None:  # the reads (and moves) happened even if the policy or attention failed: record them
                 cache.driver.end_read(ticket)
-                cache._emit(layer, step, read=tuple(read), in_place=exact, candidates=tuple(candidates), ahead=tuple(ahead))
+                if ticket.accessed:
+                    cache._emit(layer, step, read=tuple(read), in_place=exact, candidates=tuple(candidates), ahead=tuple(ahead))
         self.reports.append(step_report(cache, layer, step, mode, ticket, len(ids), state.tail_len))
         cache._settle_events()
         return out

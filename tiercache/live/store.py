@@ -26,13 +26,10 @@ import torch
 from tiercache.config import KVLayout, TierConfig
 from tiercache.core.manager import TierManager
 from tiercache.core.plans import EventLog, TransferPlan
-from tiercache.core.stats import HierarchyStats
 from tiercache.data.buffers import check_blocks
 from tiercache.data.engine import LocalEngine
 from tiercache.errors import UserError
 from tiercache.keys import prefix_keys
-from tiercache.policies import make_admission, make_eviction
-from tiercache.sizes import hop_block_bytes
 
 from .arguments import check_flag
 from .guard import CallGuard
@@ -41,9 +38,10 @@ from .lifecycle import (PersistError, Persisted, adopt_stored_blocks, check_rele
                         persist_to_nvme, run_every_step)
 from .reads import read_blocks
 from .pending import Pending
-from .media import (check_host_memory, check_layout, check_online, check_remote_write, check_tiers, open_media, resolve_device,
-                    value_limit)
-from .remote import RemoteLink, remote_admission
+from .media import (check_host_memory, check_layout, check_online, check_remote_write, check_tiers, close_quietly, make_policies,
+                    open_media, resolve_device, value_limit)
+from .remote import RemoteLink
+from .traffic import Traffic
 
 __all__ = ["TieredKVStore", "Pending", "PersistError"]
 
@@ -64,7 +62,8 @@ class TieredKVStore:
     Invariants (``check_invariants``): the key map holds exactly the resident blocks; every
     block the NVMe tier's directory holds is stored in the NVMe store (which chooses its
     physical slots itself, and keeps the copies of blocks read up out of it as long as the
-    tier has free slots: ``engine.RetainedCopies``); the manager's own invariants.
+    tier has free slots: ``engine.RetainedCopies``); the manager's own invariants. A
+    constructor that raises leaves nothing open (every name is checked before the media open).
     """
 
     def __init__(self, layout: KVLayout, tiers: Sequence[TierConfig], eviction: str | None = None, admission: str | None = None,
@@ -75,29 +74,28 @@ class TieredKVStore:
         check_online(eviction, tiers)
         device = resolve_device(device)
         check_host_memory(layout, tiers, device)
+        remote, hits = tiers[-1].remote, {}
+        evictions, admissions = make_policies(tiers, eviction, admission, hits)  # names checked before anything opens
         self.layout = layout
         self.tier_block_bytes = [t.codec.block_bytes(layout) for t in tiers]  # per tier: its codec's, scales included
         self.value_limit = value_limit(tiers)  # what a quantised tier can hold (None: no quantised tier)
         self._lock = CallGuard()  # one call at a time; Ctrl-C deferred to its end
         self._map = KeyMap()
         self._media = open_media(tiers, layout, path, device)
-        self.engine = LocalEngine(self._media, self._map.key_of)
-        self.events = EventLog(record_departures=True)
-        remote, hits = tiers[-1].remote, {}
-        admissions = [make_admission("always")] + [make_admission(admission or t.admission) for t in tiers[1:]]
-        if remote is not None:
-            admissions[-1] = remote_admission(remote, hits)
-        self.manager = TierManager(
-            [(t.name, t.capacity_blocks) for t in tiers],
-            [make_eviction(eviction or t.eviction, t.capacity_blocks, i) for i, t in enumerate(tiers)],
-            admissions, engine=self.engine, events=self.events, write_through=write_through, shared_last=remote is not None,
-        )
-        if not write_through:  # a block read up out of NVMe keeps its durable copy there (LocalEngine)
-            self.engine.retain_moved_up(self.manager.locate, lambda tier: self.manager.dirs[tier].n_free)
-        self._remote = None if remote is None else RemoteLink(self.manager, self._map, self._media[-1], remote, hits)
-        self._stats = HierarchyStats.for_tiers((t.name, t.capacity_blocks) for t in tiers)
-        self.token_mismatches, self._closed = 0, False
-        self._adopt_stored_blocks()
+        try:  # a constructor that raises returns no store to close: nothing it opened may stay open
+            self.engine = LocalEngine(self._media, self._map.key_of)
+            self.events = EventLog(record_departures=True)
+            self.manager = TierManager([(t.name, t.capacity_blocks) for t in tiers], evictions, admissions, engine=self.engine,
+                                       events=self.events, write_through=write_through, shared_last=remote is not None)
+            if not write_through:  # a block read up out of NVMe keeps its durable copy there (LocalEngine)
+                self.engine.retain_moved_up(self.manager.locate, lambda tier: self.manager.dirs[tier].n_free)
+            self._remote = None if remote is None else RemoteLink(self.manager, self._map, self._media[-1], remote, hits)
+            self._stats = Traffic(((t.name, t.capacity_blocks) for t in tiers), self.tier_block_bytes, layout.block_bytes)
+            self.token_mismatches, self._closed = 0, False
+            self._adopt_stored_blocks()
+        except BaseException:
+            close_quietly(self._media)
+            raise
 
     @property
     def collisions(self) -> int:
@@ -397,16 +395,15 @@ class TieredKVStore:
 
     # -- reporting and lifetime ----------------------------------------------------------
     def stats(self) -> dict:
-        """Per-tier hits, inserts, evictions, moves; bytes per link (``sizes.hop_block_bytes``); queue depth; NVMe stats."""
+        """Per-tier hits (``hits_in_place`` of them read where they lie), inserts, evictions,
+        moves; bytes per link, moves and reads in place alike, as a replay charges them
+        (``traffic.Traffic``); queue depth; NVMe stats."""
         with self._lock:
             self._check_open()
             self._consume()
-            size, names = self.tier_block_bytes, [t.name for t in self._stats.tiers]
-            moved = {f"{names[s]}->{names[d]}": n * hop_block_bytes(names[s], size[s], names[d], size[d], self.layout.block_bytes)
-                     for (s, d), n in self._stats.blocks_moved().items()}
+            names = self._stats.names
             nvme = self._media[names.index("nvme")].stats.copy() if "nvme" in names else None
-            return {"tiers": [t.as_dict() for t in self._stats.tiers], "hits": self._stats.hits, "misses": self._stats.misses,
-                    "bytes_moved": moved, "queue_depth": self.engine.inflight, "key_collisions": self.collisions,
+            return {**self._stats.summary(), "queue_depth": self.engine.inflight, "key_collisions": self.collisions,
                     "token_mismatches": self.token_mismatches, "nvme": nvme,
                     "remote": None if self._remote is None else self._remote.snapshot()}
 

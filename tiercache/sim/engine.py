@@ -12,7 +12,7 @@ import heapq
 from dataclasses import dataclass, field
 
 from tiercache.core.plans import JobResult, TransferPlan
-from tiercache.sizes import STORAGE_TIERS, hop_block_bytes
+from tiercache.sizes import STORAGE_TIERS, hop_block_bytes, move_hops
 
 __all__ = ["SimClock", "SimEngine", "LinkUsage", "STORAGE_TIERS", "hop_block_bytes", "GPU", "GPU_TIER"]
 
@@ -126,20 +126,11 @@ class SimEngine:
         usage.seconds += seconds
 
     def _path(self, src_tier: int, dst_tier: int) -> tuple[tuple[str, int], ...]:
-        """The hops of a move, each as (link name, bytes one block takes on it).
-
-        One hop, unless neither end is DRAM and the profile gives no direct link for the move
-        (GPUDirect): then two, through host memory, where the block is held in the memory
-        end's form (the live handlers stage a plain HBM's blocks plain and a quantised HBM's
-        encoded; between two storage tiers the destination's).
-        """
+        """The hops of a move (``sizes.move_hops``): one, unless neither end is DRAM and the
+        profile gives no direct link for the move (GPUDirect)."""
         (src, src_form), (dst, dst_form) = self._end(src_tier), self._end(dst_tier)
-        direct = f"{src}->{dst}"
-        if "dram" in (src, dst) or (self.profile is not None and direct in self.profile.links):
-            return ((direct, hop_block_bytes(src, src_form, dst, dst_form, self._plain())),)
-        host = dst_form if src in STORAGE_TIERS else src_form
-        return ((f"{src}->dram", hop_block_bytes(src, src_form, "dram", host, self._plain())),
-                (f"dram->{dst}", hop_block_bytes("dram", host, dst, dst_form, self._plain())))
+        direct = self.profile is not None and f"{src}->{dst}" in self.profile.links
+        return move_hops(src, src_form, dst, dst_form, self._plain(), direct)
 
     def _plain(self) -> int:
         """Bytes of an unquantised block (0 without a layout)."""

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from tiercache.core.plans import Ev
+from tiercache.core.stats import read_in_place
 
 from .engine import GPU, SimEngine
 
@@ -110,7 +111,7 @@ class HitMeter:
         in place, booked here (free in an HBM top tier)."""
         cost, engine = self.costs[tier], self.engine
         kind, source, _, destination = previous
-        if tier == 0 or (kind == Ev.PROMOTE_SKIPPED and source == tier):
+        if read_in_place(kind, source, tier):
             if tier or not engine.gpu_is_top:
                 engine.read_through(tier, count)
             cost.add_in_place(count, *in_place_cost(engine, tier, count))

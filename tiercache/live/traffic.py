@@ -1,0 +1,77 @@
+"""What a live store counts: the per-tier counters of the manager's event stream, and the
+bytes each link carried, defined as ``tiercache replay`` defines them.
+
+A block crosses a link when it moves (a demotion, a promotion, a write-through copy) and
+when it is read where it lies below HBM (a streaming read, or a promotion that found no
+room): attention and ``get`` use it in HBM, so it crosses its tier's link to HBM all the
+same. A replay charges both (``tiercache.sim.hitcost``); so does ``Traffic``.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+from tiercache.core.stats import HierarchyStats, InPlaceHits
+from tiercache.sizes import move_hops
+
+__all__ = ["Traffic"]
+
+
+class Traffic:
+    """A store's counters and bytes per link, fed by ``consume(events)``.
+
+    Args:
+        tiers: (name, capacity in blocks) of every tier, fastest first; the first is HBM
+            (the live store's tiers always start there).
+        tier_block_bytes: bytes of one block as each tier stores it (its codec's).
+        plain_bytes: bytes of an unquantised block.
+
+    Invariants: a link's bytes are the blocks moved over it plus, for a link into HBM, the
+    blocks read in place in its source tier, each at what one block brings into the
+    destination (``link_block_bytes``); top-tier hits are in place and cross no link.
+    """
+
+    def __init__(self, tiers: Iterable[tuple[str, int]], tier_block_bytes: Sequence[int], plain_bytes: int) -> None:
+        self.counters = HierarchyStats.for_tiers(tiers)
+        self.names = [t.name for t in self.counters.tiers]
+        self.in_place = InPlaceHits.for_tiers(len(self.names))
+        self._sizes = list(tier_block_bytes)
+        self._plain = plain_bytes
+
+    def consume(self, events: Sequence[tuple[int, int, int, int]]) -> None:
+        """Counts one drained batch of the manager's events (a list: it is read twice)."""
+        self.counters.consume(events)
+        self.in_place.consume(events)
+
+    def link_block_bytes(self, src: int, dst: int) -> int:
+        """Bytes one block brings from tier ``src`` into tier ``dst``, in the form the data
+        plane moves it (the last hop of ``sizes.move_hops``). A move between two tiers neither of which
+        is DRAM (NVMe or remote to HBM) is staged through host memory, where the block is held
+        in the memory end's form when the source is a storage tier, else in the source's; it
+        counts what arrives, its last hop, as ``tiercache.sim.engine.SimEngine`` charges a
+        staged move."""
+        names, sizes = self.names, self._sizes
+        return move_hops(names[src], sizes[src], names[dst], sizes[dst], self._plain)[-1][1]
+
+    def link_bytes(self) -> dict[str, int]:
+        """Bytes per link (``"src->dst"``): moves, and reads in place on their link to HBM."""
+        blocks = self.counters.blocks_moved()
+        for tier, count in enumerate(self.in_place.counts[1:], start=1):
+            if count:
+                blocks[(tier, 0)] = blocks.get((tier, 0), 0) + count
+        return {f"{self.names[s]}->{self.names[d]}": n * self.link_block_bytes(s, d) for (s, d), n in blocks.items()}
+
+    def tier_dicts(self) -> list[dict]:
+        """Per tier its counters (``TierCounters``), ``hits_in_place`` and their
+        ``in_place_bytes`` (what they carried to HBM: none for the top tier's), as a replay
+        records them."""
+        tiers = []
+        for tier, (counters, count) in enumerate(zip(self.counters.tiers, self.in_place.counts)):
+            nbytes = count * self.link_block_bytes(tier, 0) if tier else 0
+            tiers.append({**counters.as_dict(), "hits_in_place": count, "in_place_bytes": nbytes})
+        return tiers
+
+    def summary(self) -> dict:
+        """``tiers`` (``tier_dicts``), ``hits``, ``misses`` and ``bytes_moved`` (``link_bytes``)."""
+        return {"tiers": self.tier_dicts(), "hits": self.counters.hits, "misses": self.counters.misses,
+                "bytes_moved": self.link_bytes()}
