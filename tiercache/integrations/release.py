@@ -67,16 +67,15 @@ def _release(sequences: list[Sequence]) -> None:
     this thread) or hands them to the daemon releaser (held by another thread). Never waits
     for a lock; a finalizer must not raise: a failed release warns."""
     for seq in list(sequences):
-        lock = seq.cache.store._lock._lock  # the CallGuard's RLock
-        if lock._is_owned():
+        guard = seq.cache.store.guard
+        if guard.held_by_this_thread():
             with _deferred_lock:
                 _deferred.append(seq)
-        elif lock.acquire(blocking=False):
-            try:
+            continue
+        with guard.if_free() as free:
+            if free:
                 _free(seq)
-            finally:
-                lock.release()
-        else:
+        if not free:
             _releaser.submit(_free, seq)
     sequences.clear()
 

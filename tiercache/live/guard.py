@@ -60,6 +60,22 @@ class CallGuard:
             raise UserError("TieredKVStore: the store was closed during this call (close() from a signal handler?); "
                             "the call's outcome is unknown") from exc
 
+    def held_by_this_thread(self) -> bool:
+        """Whether this thread is inside a call (``threading.Condition`` asks an RLock the same way)."""
+        return self._lock._is_owned()
+
+    @contextmanager
+    def if_free(self) -> Iterator[bool]:
+        """Holds the lock for the block if no thread holds it, without waiting (yields True);
+        yields False, holding nothing, if another thread does. For a finalizer, which must
+        never wait for a call it may be running inside or be waited for by."""
+        acquired = self._lock.acquire(blocking=False)
+        try:
+            yield acquired
+        finally:
+            if acquired:
+                self._lock.release()
+
     @contextmanager
     def closing(self) -> Iterator["CallGuard"]:
         """The guard for ``close``: entered inside another call, it marks that call's

@@ -98,6 +98,11 @@ class TieredKVStore:
             raise
 
     @property
+    def guard(self) -> CallGuard:
+        """The store's call guard (one call at a time; ``guard.if_free`` for finalizers)."""
+        return self._lock
+
+    @property
     def collisions(self) -> int:
         """Keys refused because their 63-bit id belongs to another stored key."""
         return self._map.collisions
@@ -107,13 +112,11 @@ class TieredKVStore:
         """Stores blocks ``kv_blocks[i]`` under ``keys[i]``; returns how many of the call's new
         keys are stored when it returns. A new block that could not be placed (every HBM slot
         pinned, a write-back that failed on a full disk, a key whose id another key holds), or
-        that the call's own later placements pushed out again (a batch larger than the room
-        left), is not counted: a caller sees a refused put in the return value, and the
-        reason in ``stats()``.
+        that the call's own later placements pushed out again (a batch larger than the room left), is
+        not counted: a caller sees a refused put in the return value, and the reason in ``stats()``.
 
-        Keys already stored are refreshed (touched), not rewritten: a key names its content.
-        If the copy of new bytes fails, nothing of the failed blocks is kept and the error
-        propagates; blocks placed before it stay stored.
+        Keys already stored are refreshed (touched), not rewritten: a key names its content. If the copy
+        of new bytes fails, nothing of the failed blocks is kept and the error propagates; blocks placed before it stay stored.
 
         Raises:
             UserError: keys not bytes or repeated; blocks of the wrong dtype or shape.
