@@ -81,3 +81,16 @@ def kill_at_random(argv: list[str], rng, delay: tuple[float, float], first_timeo
         reader.join(10)
     assert child.returncode == -signal.SIGKILL, f"the child ended by itself: {child.stderr.read()}"
     return lines
+
+
+def random_request_trace(path: Path, requests: int, ids: int, seed: int, longest: int = 8) -> Path:
+    """A Mooncake JSONL trace at ``path``: ``requests`` requests of 1 to ``longest`` blocks drawn
+    from ``ids`` ids (seeded), so a small hierarchy evicts at once."""
+    import random
+
+    rng = random.Random(seed)
+    with path.open("w") as f:
+        for r in range(requests):
+            blocks = [rng.randint(0, ids - 1) for _ in range(rng.randint(1, longest))]
+            f.write(json.dumps({"timestamp": r, "input_length": 512 * len(blocks), "output_length": 1, "hash_ids": blocks}) + "\n")
+    return path

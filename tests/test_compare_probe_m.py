@@ -20,6 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from conftest import random_request_trace
 from tiercache.cli import main
 from tiercache.results import Semantics, TraceKind
 from tiercache.sim.sweep import SweepSpec, plan_runs
@@ -75,15 +76,7 @@ def policies(tmp_path_factory):
 @pytest.fixture
 def trace(tmp_path: Path) -> Path:
     """200 requests of 1-8 blocks over 26 ids: a hierarchy of 5 blocks evicts at once."""
-    import random
-
-    rng = random.Random(5)
-    path = tmp_path / "t.jsonl"
-    with path.open("w") as f:
-        for r in range(200):
-            ids = [rng.randint(0, 25) for _ in range(rng.randint(1, 8))]
-            f.write(json.dumps({"timestamp": r, "input_length": 512 * len(ids), "output_length": 1, "hash_ids": ids}) + "\n")
-    return path
+    return random_request_trace(tmp_path / "t.jsonl", requests=200, ids=26, seed=5)
 
 
 @contextmanager

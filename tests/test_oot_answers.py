@@ -11,13 +11,13 @@ in this test module, so they are out-of-tree.
 
 from __future__ import annotations
 
-import json
 import random
 import sys
 import textwrap
 
 import pytest
 
+from conftest import random_request_trace
 from tiercache.cli import main
 from tiercache.core.answers import plan_asker
 from tiercache.core.decode import StepDriver
@@ -248,12 +248,7 @@ def test_the_cli_reports_a_broken_contract_in_one_line(tmp_path, monkeypatch, ca
     (tmp_path / f"{module}.py").write_text(textwrap.dedent(OOT))
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, module, raising=False)
-    rng = random.Random(1)
-    trace = tmp_path / "t.jsonl"
-    with trace.open("w") as f:
-        for r in range(60):
-            ids = [rng.randint(0, 25) for _ in range(rng.randint(1, 8))]
-            f.write(json.dumps({"timestamp": r, "input_length": 512 * len(ids), "output_length": 1, "hash_ids": ids}) + "\n")
+    trace = random_request_trace(tmp_path / "t.jsonl", requests=60, ids=26, seed=1)
     code = main(["replay", str(trace), *(o.format(m=module) for o in option), "--workers", "1", "--no-progress"])
     err = capsys.readouterr().err
     assert code == 2, err
