@@ -96,7 +96,8 @@ def _chunk(text: bytes, seconds: bool = False) -> tuple[np.ndarray, np.ndarray, 
     quotes = text.count(b'"')
     if not _one_record_per_line(text) or not keys_spelled_once(text, objects, quotes):
         return None
-    if not _one_format(objects, text, seconds):
+    escaped = b"\\" in text  # an escape spells a key or a value in other bytes: no byte-count shortcut holds
+    if not _one_format(objects, text, seconds, escaped):
         return None
     try:
         id_lists = list(map(itemgetter("hash_ids"), objects))
@@ -108,7 +109,7 @@ def _chunk(text: bytes, seconds: bool = False) -> tuple[np.ndarray, np.ndarray, 
         if stamps is None:
             return None
         meta = [(ms, m[1], m[2]) for ms, m in zip(stamps, meta)]
-    return _arrays(id_lists, meta, _only_the_four_integer_fields(text, records, quotes))
+    return _arrays(id_lists, meta, _only_the_four_integer_fields(text, records, quotes, escaped))
 
 
 def _parse_lines(text: bytes) -> tuple[list, int] | None:
@@ -150,13 +151,20 @@ def _is_bailian(record: dict) -> bool:
     return request_format(record) == "bailian"
 
 
-def _one_format(objects: list[dict], text: bytes, seconds: bool) -> bool:
+def _one_format(objects: list[dict], text: bytes, seconds: bool, escaped: bool) -> bool:
     """Whether every record has the trace's format (``traces.request_format``): all Bailian
-    records for a Bailian trace (``seconds``), none for a Mooncake one (a byte search first,
-    so a Mooncake trace pays one scan of its bytes)."""
+    records for a Bailian trace (``seconds``), none for a Mooncake one.
+
+    For a Mooncake trace a byte search comes first, so it pays one scan of its bytes: with
+    no escape in ``text`` (``escaped`` False) a record can hold the key ``parent_chat_id``
+    only spelled as those bytes, so their absence proves no record is Bailian. With an
+    escape (``"parent\\u005fchat_id"``) every record is checked.
+    """
     if seconds:
         return all(map(_is_bailian, objects))
-    return b'"parent_chat_id"' not in text or not any(map(_is_bailian, objects))
+    if not escaped and b'"parent_chat_id"' not in text:
+        return True
+    return not any(map(_is_bailian, objects))
 
 
 #: Larger timestamps (in seconds) go to the line reader, which converts them exactly.
@@ -174,17 +182,20 @@ def _milliseconds(stamps: list) -> list[int] | None:
     return np.rint(values * 1000).astype(np.int64).tolist()
 
 
-def _only_the_four_integer_fields(data: bytes, records: int, quotes: int) -> bool:
+def _only_the_four_integer_fields(data: bytes, records: int, quotes: int, escaped: bool) -> bool:
     """True when the bytes can hold nothing but integers besides the four keys.
 
-    Each record's keys hold 8 double quotes and 3 letters ``e`` (``timestamp``,
-    ``input_length``, ``output_length``): with exactly that many, no record has another
-    field or a string value, and no value is ``true``/``false`` or a float (a float needs a
-    ``.``, an ``e`` or an ``E``). Byte counts run at memory speed (``quotes``, the count of
-    double quotes, is the caller's); when this holds the ids go straight into numpy without
-    a Python type check per id.
+    Never with an escape in ``data`` (``escaped``, the caller's ``b"\\\\" in data``).
+    Without one, each record's keys are spelled as their bytes, with 8 double quotes and 3
+    letters ``e`` (``timestamp``, ``input_length``, ``output_length``): with exactly that
+    many, no record has another field or a string value, and no value is ``true``/``false``
+    or a float (a float needs a ``.``, an ``e`` or an ``E``). An escaped key
+    (``tim\\u0065stamp``) would spell one ``e`` fewer and let a ``true`` or ``25e-1`` balance
+    the count. Byte counts run at memory speed (``quotes``, the count of double quotes, is
+    the caller's); when this holds the ids go straight into numpy without a Python type
+    check per id.
     """
-    return (quotes == 8 * records and data.count(b"e") == 3 * records and b"E" not in data
+    return (not escaped and quotes == 8 * records and data.count(b"e") == 3 * records and b"E" not in data
             and b"." not in data)
 
 

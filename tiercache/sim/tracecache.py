@@ -118,12 +118,18 @@ def _entry(folder: Path, fingerprint: str) -> Path:
 
 def _read(name: str, entry: Path, fingerprint: str) -> Trace | None:
     """The cached trace (fingerprint ``fingerprint``, the entry's), or None when the entry is
-    absent, incomplete, unreadable or fails a check."""
+    absent, incomplete, unreadable or fails a check.
+
+    Any ``Exception`` while loading counts as damage: numpy's ``.npy`` header parser alone
+    can raise ``ValueError``, ``MemoryError`` (a huge claimed shape), ``tokenize.TokenError``
+    or ``SyntaxError``. ``KeyboardInterrupt`` and ``SystemExit`` are not ``Exception`` s, so
+    they still stop the load.
+    """
     if not entry.exists():
         return None
     try:
         arrays = {key: np.load(entry / f"{key}.npy", allow_pickle=False) for key in (*_ARRAYS, _DIGEST)}
-    except (OSError, ValueError, EOFError):
+    except Exception:  # noqa: BLE001 - any damage is a miss (a bad header alone raises MemoryError, TokenError, ...)
         return None
     if not _consistent(arrays) or arrays[_DIGEST].tobytes() != _digest(arrays):
         return None
@@ -164,7 +170,11 @@ def _digest(arrays: dict[str, np.ndarray]) -> bytes:
 
 def _write(trace: Trace, folder: Path, entry: Path) -> None:
     """Writes the entry into a temporary folder and renames it into place (atomic); an entry
-    already there (one that failed its checks) is moved aside and removed first."""
+    already there (one that failed its checks) is moved aside and removed first.
+
+    An OSError (a read-only or full disk) skips the cache. The temporary folder never
+    outlives the call: it is the entry after the rename, and removed on any failure.
+    """
     req = trace.requests
     arrays = {"ids": trace.ids, "offsets": trace.offsets, "timestamps": req.timestamps,
               "input_lengths": req.input_lengths, "output_lengths": req.output_lengths, "dense": trace.dense,
@@ -174,15 +184,20 @@ def _write(trace: Trace, folder: Path, entry: Path) -> None:
     try:
         folder.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=folder, prefix=".partial-"))
+    except OSError:
+        return
+    renamed = False
+    try:
         for key, value in arrays.items():
             np.save(tmp / f"{key}.npy", value, allow_pickle=False)
         _discard(entry, folder)
-        try:
-            os.replace(tmp, entry)
-        except OSError:  # another process wrote the entry first: theirs is the same
+        os.replace(tmp, entry)
+        renamed = True
+    except OSError:  # a full disk; or another process wrote the entry first: theirs is the same
+        pass
+    finally:
+        if not renamed:
             shutil.rmtree(tmp, ignore_errors=True)
-    except OSError:
-        return
 
 
 def _discard(entry: Path, folder: Path) -> None:

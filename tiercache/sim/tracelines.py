@@ -39,6 +39,9 @@ MAX_TOKENS = 1 << 40
 #: The most input tokens a whole request trace may give (their sum is kept as an int64).
 MAX_TOTAL_TOKENS = 1 << 62
 _TOKEN_FIELDS = ("input_length", "output_length")
+#: The error for a record nested deeper than a parser can follow (orjson's limit is 1024
+#: levels, Python json's about 1000).
+_TOO_DEEP = "malformed record: JSON nested too deeply"
 
 
 def iter_json_objects(path: str | os.PathLike, digest: Any = None) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -86,13 +89,13 @@ def _parse_object(name: str, line: int, raw: bytes) -> dict[str, Any]:
         obj = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         if str(exc).startswith(("depth limit", "recursion limit")):
-            raise TraceError(name, line, "malformed record: JSON nested too deeply") from None
+            raise TraceError(name, line, _TOO_DEEP) from None
         raise TraceError(name, line, _not_utf8(raw) or f"malformed JSON: {exc}") from None
     if not isinstance(obj, dict):
         raise TraceError(name, line, f"expected a JSON object, got {type(obj).__name__}")
     quotes = raw.count(b'"')
     if quotes != 2 * len(obj) and not keys_spelled_once(raw, [obj], quotes):  # most lines pass the first test
-        repeated = _repeated_key(raw)
+        repeated = _repeated_key(name, line, raw)
         if repeated is not None:
             raise TraceError(name, line, f"key {repeated!r} appears more than once in the record "
                                          "(which value is meant is ambiguous)")
@@ -127,13 +130,21 @@ def keys_spelled_once(text: bytes, records: list[dict[str, Any]], quotes: int | 
     return all(text.count(b'"' + key.encode() + b'"') == count for key, count in held.items())
 
 
-def _repeated_key(raw: bytes) -> str | None:
-    """The first key a line's top-level object repeats, or None (also when Python's json
-    module cannot read the line, which orjson could: too deeply nested)."""
+def _repeated_key(name: str, line: int, raw: bytes) -> str | None:
+    """The first key the top-level object of line ``line`` (bytes ``raw``, which orjson
+    parsed) repeats, or None when it repeats none.
+
+    Raises:
+        TraceError: Python's json module cannot read the line (nested too deeply: its limit
+            is about 1,000 levels, below orjson's 1,024): whether it repeats a key cannot be
+            told, and a record that may repeat one is never accepted.
+    """
     try:
         pairs = json.loads(raw, object_pairs_hook=list)  # the top-level object as (key, value) pairs
-    except (ValueError, RecursionError):
-        return None
+    except RecursionError:
+        raise TraceError(name, line, _TOO_DEEP) from None
+    except ValueError as exc:
+        raise TraceError(name, line, f"malformed JSON: {exc}") from None
     return first_repeated_key(pairs)
 
 
