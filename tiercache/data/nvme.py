@@ -9,7 +9,10 @@ Writes: a new chunk goes to a temp file, is fdatasync'ed and renamed over the sl
 file; a reused slot whose chunk file has the same length is overwritten in place and
 fdatasync'ed, crc trailer first (``overwrite_in_place``, default on: allocating new space
 costs a journal commit per block, which halves durable write throughput on ext4). The block is then
-visible to ``get`` in this process. ``flush`` fsyncs the directory if anything was renamed,
+visible to ``get`` in this process. Before any of its data is written, a put reserves the
+journal space its index entry (and its later deletion's) will take (``IndexFiles.promise``),
+so a full disk fails the put (counted in ``failed_writes``), never the flush that would make
+complete blocks durable. ``flush`` fsyncs the directory if anything was renamed,
 then appends the new index entries to the journal: a block is stored across a crash only
 once its entry is durable, and no durable entry names a chunk that is not. Slots freed by
 ``delete`` or by a replacing put are reused only after that is durable (a put naming such a
@@ -45,7 +48,9 @@ from .codecs import codec_for
 from .buffers import PAGE, HostBytes, aligned_tensor, block_list, byte_array, round_up, torch_dtype
 from .iojobs import run_batch, shutdown_within
 from .nvme_read import NVMeReads
-from .nvme_open import TMP_PREFIX, check_arguments, check_key, check_keys, mark_clean, open_store
+from .nvme_index import put_cost, record_cost
+from .nvme_open import (TMP_PREFIX, check_arguments, check_encoded, check_key, check_keys, check_slots, mark_clean,
+                        open_store)
 from .nvme_results import PutResult, StoreFullError
 
 __all__ = ["NVMeStore", "PutResult", "StoreFullError"]
@@ -223,15 +228,7 @@ class NVMeStore(NVMeReads):
 
     def _check_encoded(self, buffers: Sequence[torch.Tensor], count: int, what: str) -> list[torch.Tensor]:
         """Encoded blocks must be ``count`` contiguous 1-D uint8 host tensors of ``chunk_bytes``."""
-        if not isinstance(buffers, (list, tuple)) or len(buffers) != count:
-            raise UserError(f"{what}: expected a list of {count} encoded blocks")
-        for i, buf in enumerate(buffers):
-            if not (isinstance(buf, torch.Tensor) and buf.dtype == torch.uint8 and buf.shape == (self.chunk_bytes,)
-                    and buf.is_cpu and buf.is_contiguous()):
-                got = f"{buf.dtype} {tuple(buf.shape)} on {buf.device}" if isinstance(buf, torch.Tensor) else type(buf).__name__
-                raise UserError(f"{what}[{i}]: expected a contiguous host uint8 tensor of {self.chunk_bytes} bytes "
-                                f"(codec {self.codec.value}), got {got}")
-        return list(buffers)
+        return check_encoded(buffers, count, self.chunk_bytes, self.codec, what)
 
     def put(
         self, keys: Sequence[bytes], blocks: torch.Tensor | Sequence[torch.Tensor], slots: Sequence[int] | None = None
@@ -242,7 +239,7 @@ class NVMeStore(NVMeReads):
     def _reserve(self, n: int, slots: Sequence[int] | None) -> list[tuple[int, int]]:
         """Reserves ``n`` slots (the given ones, or free ones) and their generations."""
         if slots is not None:
-            slots = _slot_numbers(slots)
+            slots = check_slots(slots)
             if len(slots) != n:
                 raise UserError(f"NVMeStore.put: {n} keys but {len(slots)} slots")
         with self._lock:
@@ -263,25 +260,34 @@ class NVMeStore(NVMeReads):
         """I/O thread: writes one chunk and publishes it; an OSError becomes the result.
         ``named``: the caller chose the slot (a durable entry may still name it);
         ``encoded``: ``block`` holds the codec's bytes already."""
+        promised = 0
         try:
+            self._files.promise(put_cost(key))  # a full disk refuses the block before its data
+            promised = put_cost(key)
             payload = self._codec.encode(self._chunk_payload(block, encoded))
             crc, renamed = self._write_chunk(slot, gen, payload, named)
             length = payload.size + 4
         except OSError as exc:
-            with self._lock:
-                self._table.abandon(slot)
-                self.stats["failed_writes"] += 1
+            self._abandon(slot, promised, failed=True)
             return PutResult(key, None, exc)
         except BaseException:
-            with self._lock:
-                self._table.abandon(slot)
+            self._abandon(slot, promised, failed=False)
             raise
         with self._lock:
+            if self._table.lookup(key) is not None:  # replaced: its deletion takes no record
+                self._files.settle(record_cost([key]))
             self._table.publish(key, slot, gen, length, crc)
             self._dir_dirty = self._dir_dirty or renamed
             self.stats["puts"] += 1
             self.stats["bytes_written"] += length
         return PutResult(key, slot)
+
+    def _abandon(self, slot: int, promised: int, failed: bool) -> None:
+        """A write that will not publish: its slot is free again, its journal space returned."""
+        with self._lock:
+            self._table.abandon(slot)
+            self._files.settle(promised)
+            self.stats["failed_writes"] += failed
 
     def _write_chunk(self, slot: int, gen: int, payload: np.ndarray, named: bool = True) -> tuple[int, bool]:
         """Durably writes one chunk: in place over a same-size chunk file when allowed (crc
@@ -357,7 +363,7 @@ class NVMeStore(NVMeReads):
 
         Order: directory fsync if a chunk was renamed into place since the last flush
         (renames durable before the index names them), then one journal batch (or a new
-        snapshot when the journal has grown past it), then retired slots are freed. On OSError nothing is lost: the batch stays pending for the next flush, the
+        snapshot when the journal has grown past it, and the disk has room for it), then retired slots are freed. On OSError nothing is lost: the batch stays pending for the next flush, the
         error is counted (``failed_flushes``) and re-raised.
         """
         with self._flush_lock:
@@ -372,7 +378,7 @@ class NVMeStore(NVMeReads):
                 if dir_dirty:  # in-place overwrites change no directory entry
                     chunkio.fsync_dir(self.path)
                 if compact:
-                    self._files.snapshot(snapshot)
+                    self._files.compact(snapshot, ops)
                 else:
                     self._files.append(ops)
             except OSError:
@@ -381,6 +387,7 @@ class NVMeStore(NVMeReads):
                     self._dir_dirty = self._dir_dirty or dir_dirty
                     self.stats["failed_flushes"] += 1
                 raise
+            self._files.settle(record_cost([op[1] for op in ops]))  # these records are written
             self._release(retired)
 
     def _release(self, retired: list[int]) -> None:
@@ -476,19 +483,6 @@ class NVMeStore(NVMeReads):
 
     def __repr__(self) -> str:
         return f"NVMeStore({self.path!r}, {len(self)}/{self.capacity} blocks, compression={self.compression!r})"
-
-
-def _slot_numbers(slots: Sequence[int]) -> list[int]:
-    """Slots given to ``put`` as Python ints (numpy integers too); a float, bool or string
-    would name a slot only by silent conversion.
-
-    Raises:
-        UserError: naming the first slot that is not an integer.
-    """
-    for slot in slots:
-        if isinstance(slot, (bool, np.bool_)) or not isinstance(slot, (int, np.integer)):
-            raise UserError(f"NVMeStore.put: slots must be integers, got {slot!r}")
-    return [int(s) for s in slots]
 
 
 def _init_io_thread(store_ref: "weakref.ref[NVMeStore]") -> None:

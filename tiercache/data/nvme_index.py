@@ -14,24 +14,35 @@ A flush appends one batch for all blocks published since the last flush (never o
 write per block); when the journal outgrows the snapshot, the flush writes a new snapshot
 instead and empties the journal. Batches whose sequence number is not above the
 snapshot's are stale and skipped on replay.
+
+Journal space is reserved before the data it will name is written (``IndexFiles.promise``:
+space is allocated past the journal's end in steps, ``reserve_space``), so on a full disk a
+block's write fails before any of its data is written, and a flush writes into space
+already allocated. The file's size stays the end of its last batch where the filesystem
+can allocate past it (``FALLOC_FL_KEEP_SIZE``); elsewhere the preallocated zero bytes
+after the last batch read as a torn tail: the scan stops there and ``load`` cuts them off.
 """
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import os
 import struct
+import threading
 
 from ..errors import UserError
+from .buffers import PAGE, round_up
 from .chunkio import fsync_dir
 from .chunkio import write_file_durably as _write_file_durably
 from .nvme_journal import HEADER as _JOURNAL_HEADER
 from .nvme_journal import MAGIC as _JOURNAL_MAGIC
 from .nvme_journal import REPAIR_MAX_BYTES, fix_one_bit, scan_journal, sealed_crc
 from .nvme_table import (OP_DEL, OP_PUT, TABLE_SLOT_BYTES, Entry, Op, SlotTable, check_table_fits, decode_ops,
-                         encode_ops)
+                         encode_ops, op_bytes)
 
 __all__ = ["OP_PUT", "OP_DEL", "Entry", "SlotTable", "IndexFiles", "encode_ops", "decode_ops", "TABLE_SLOT_BYTES",
-           "check_table_fits"]
+           "check_table_fits", "record_cost", "put_cost"]
 
 # Headers end with a crc32c over the header fields before it and the body, so a flipped
 # sequence number or count is caught like a flipped entry.
@@ -41,13 +52,60 @@ SNAPSHOT_NAME = "tiercache.index"
 SNAPSHOT_TMP_NAME = SNAPSHOT_NAME + ".tmp"  # written, fsynced, then renamed over SNAPSHOT_NAME
 JOURNAL_NAME = "tiercache.journal"
 _JOURNAL_MIN_BYTES = 4 << 20
+_RESERVE_STEP = 16 << 10  # the journal grows by this much at a time (or by the page it needs, on a full disk)
+
+
+def _load_fallocate():
+    """libc's ``fallocate`` through ctypes (Linux), or None."""
+    try:
+        function = ctypes.CDLL(None, use_errno=True).fallocate
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    function.restype = ctypes.c_int
+    return function
+
+
+_fallocate = _load_fallocate()
+_FALLOC_FL_KEEP_SIZE = 1
+
+
+def reserve_space(fd: int, offset: int, length: int) -> None:
+    """Allocates ``length`` bytes of the file at ``offset``, keeping its size where the
+    filesystem allows (``FALLOC_FL_KEEP_SIZE``), else with ``posix_fallocate`` (which
+    extends the file with zero bytes).
+
+    Raises:
+        OSError: the space cannot be allocated (ENOSPC, EDQUOT, EIO).
+    """
+    if _fallocate is not None:
+        if _fallocate(fd, _FALLOC_FL_KEEP_SIZE, offset, length) == 0:
+            return
+        code = ctypes.get_errno()
+        if code not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+            raise OSError(code, os.strerror(code))
+    os.posix_fallocate(fd, offset, length)
+
+
+def record_cost(keys: list[bytes]) -> int:
+    """Journal bytes that one operation on each of ``keys`` may take: its record and, at
+    worst, a batch header of its own."""
+    return sum(op_bytes(key) for key in keys) + len(keys) * _JOURNAL_HEADER.size
+
+
+def put_cost(key: bytes) -> int:
+    """Journal bytes promised for a put of ``key``: its own record and its deletion's."""
+    return 2 * record_cost([key])
 
 
 class IndexFiles:
     """The durable side of the index: snapshot plus journal in the store directory.
 
-    Invariant: the snapshot followed by the journal's valid batches with a higher sequence
-    number is exactly the state at the last successful ``append``/``snapshot``.
+    Invariants: the snapshot followed by the journal's valid batches with a higher sequence
+    number is exactly the state at the last successful ``append``/``snapshot``; the journal
+    has ``allocated >= journal_bytes + owed`` bytes allocated, where ``owed`` is what the
+    operations not yet written may take (``promise``), except after a reopen or snapshot
+    that could not allocate it all (best effort, ``owe``).
     """
 
     def __init__(self, root: str) -> None:
@@ -61,6 +119,9 @@ class IndexFiles:
         self.repaired_batches = 0  # journal batches with one flipped bit, repaired at load
         self.lost_batches = 0  # journal batches damaged beyond repair, skipped at load
         self.repaired_snapshot = False  # the snapshot had one flipped bit, repaired at load
+        self.allocated = 0  # journal bytes allocated on disk: appends below this need no new space
+        self.owed = 0  # journal bytes promised to operations not written yet
+        self._room_lock = threading.Lock()  # guards allocated/owed and the journal's end
         self._journal_fd: int | None = None
 
     def create(self) -> None:
@@ -85,7 +146,7 @@ class IndexFiles:
         if end != os.fstat(self._journal_fd).st_size:
             os.ftruncate(self._journal_fd, end)  # drop the torn tail so new batches follow valid ones
             os.fsync(self._journal_fd)
-        self.journal_bytes = end
+        self.journal_bytes = self.allocated = end
         table.finish_load()
 
     def _read_snapshot(self) -> list[Op]:
@@ -143,13 +204,61 @@ class IndexFiles:
         """True when the next flush should rewrite the snapshot instead of appending."""
         return self.need_snapshot or self.journal_bytes > max(_JOURNAL_MIN_BYTES, self.snapshot_bytes)
 
+    def promise(self, nbytes: int) -> None:
+        """Reserves ``nbytes`` of journal space for records to come (``put_cost`` before a
+        block's data is written), allocating more of the file when needed.
+
+        Raises:
+            OSError: the space cannot be allocated (ENOSPC); nothing is promised.
+        """
+        with self._room_lock:
+            self._allocate(self.journal_bytes + self.owed + nbytes)
+            self.owed += nbytes
+
+    def settle(self, nbytes: int) -> None:
+        """Returns promised journal space: its records were written, or will never be."""
+        with self._room_lock:
+            self.owed -= nbytes
+
+    def owe(self, nbytes: int) -> None:
+        """Promises ``nbytes`` that are owed already (the records a reopened index may still
+        write), allocating what fits: a full disk must not refuse the open."""
+        with self._room_lock:
+            self.owed += nbytes
+            self._allocate_quietly()
+
+    def _allocate_quietly(self) -> None:
+        """Allocates room for what is owed, if the disk has it (caller holds the lock)."""
+        try:
+            self._allocate(self.journal_bytes + self.owed)
+        except OSError:
+            pass
+
+    def _allocate(self, need: int) -> None:
+        """Grows the journal file to at least ``need`` allocated bytes, by a whole step if
+        the disk has it, else by the pages needed (caller holds ``_room_lock``)."""
+        if need <= self.allocated:
+            return
+        sizes = sorted({round_up(need, _RESERVE_STEP), round_up(need, PAGE)}, reverse=True)
+        for size in sizes:
+            try:
+                reserve_space(self._journal_fd, self.allocated, size - self.allocated)
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC or size == sizes[-1]:
+                    raise
+                continue
+            self.allocated = size
+            return
+
     def append(self, ops: list[Op]) -> None:
         """Appends one batch and makes it durable (fdatasync). On OSError the journal may
         hold a torn tail, so ``need_snapshot`` is set and the error re-raised."""
         body = encode_ops(ops)
         header = _seal(_JOURNAL_HEADER, _JOURNAL_MAGIC, self.seq + 1, len(body), body)
         try:
-            written = os.pwrite(self._journal_fd, header + body, self.journal_bytes)
+            with self._room_lock:  # never beside an emulated posix_fallocate at the same offsets
+                written = os.pwrite(self._journal_fd, header + body, self.journal_bytes)
+                self.allocated = max(self.allocated, self.journal_bytes + written)
             if written != len(header) + len(body):
                 raise OSError(f"short journal write ({written} bytes)")
             os.fdatasync(self._journal_fd)
@@ -158,6 +267,22 @@ class IndexFiles:
             raise
         self.seq += 1
         self.journal_bytes += written
+
+    def compact(self, live: list[Op], ops: list[Op]) -> None:
+        """Writes a snapshot of ``live`` (every live entry); on a full disk, appends ``ops``
+        (the operations since the last flush) instead, into the journal's reserved room.
+        Either makes the same state durable; ``need_snapshot`` stays set after the append,
+        so the next flush tries the snapshot again.
+
+        Raises:
+            OSError: the snapshot failed otherwise, or the append failed too.
+        """
+        try:
+            self.snapshot(live)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            self.append(ops)
 
     def snapshot(self, ops: list[Op]) -> None:
         """Atomically replaces the snapshot with ``ops`` (all live entries), then empties
@@ -181,17 +306,25 @@ class IndexFiles:
         if self._journal_fd is None:
             self._journal_fd = _open_journal(self.journal_path)
         try:
-            os.ftruncate(self._journal_fd, 0)
+            with self._room_lock:
+                os.ftruncate(self._journal_fd, 0)
+                self.journal_bytes = self.allocated = 0
             os.fsync(self._journal_fd)
         except OSError:
             self.need_snapshot = True  # stale batches are harmless, but appends must not follow them
             raise
-        self.journal_bytes = 0
         self.need_snapshot = False
+        with self._room_lock:  # the truncation freed the space promised: take it back
+            self._allocate_quietly()
 
     def close(self) -> None:
-        """Closes the journal file descriptor (idempotent)."""
+        """Returns the journal's unused allocation (best effort: a reopen cuts it anyway)
+        and closes its file descriptor (idempotent)."""
         if self._journal_fd is not None:
+            try:
+                os.ftruncate(self._journal_fd, self.journal_bytes)
+            except OSError:
+                pass
             os.close(self._journal_fd)
             self._journal_fd = None
 
@@ -225,7 +358,7 @@ def _read_file(path: str, what: str, missing_ok: bool = False) -> bytes:
 def _open_journal(path: str) -> int:
     """Opens the journal for appending; UserError naming it if that is impossible."""
     try:
-        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
     except OSError as exc:
         raise UserError(f"{path}: journal cannot be opened for writing ({exc.strerror or exc})") from None
 

@@ -34,15 +34,18 @@ import stat
 from dataclasses import dataclass, field
 from typing import Sequence
 
+import numpy as np
+import torch
+
 from ..config import Codec, KVLayout, parse_capacity
 from ..errors import UserError
 from . import chunkio
-from .nvme_index import SNAPSHOT_TMP_NAME, IndexFiles, SlotTable, check_table_fits
+from .nvme_index import SNAPSHOT_TMP_NAME, IndexFiles, SlotTable, check_table_fits, record_cost
 from .nvme_journal import sealed_crc
 from .nvme_lock import LOCK_NAME, StoreLock
 
 __all__ = ["TMP_PREFIX", "CLEAN_NAME", "Opened", "open_store", "mark_clean", "sweep_directory", "check_arguments",
-           "check_key", "check_keys"]
+           "check_key", "check_keys", "check_slots", "check_encoded"]
 
 TMP_PREFIX = ".tc-tmp."
 CLEAN_NAME = "tiercache.clean"
@@ -74,6 +77,37 @@ def check_keys(keys: Sequence[bytes], what: str) -> list[bytes]:
     if not isinstance(keys, (list, tuple)):
         raise UserError(f"{what}: keys must be a list of bytes, got {type(keys).__name__}")
     return [check_key(k, what) for k in keys]
+
+
+def check_slots(slots: Sequence[int]) -> list[int]:
+    """Slots given to ``put`` as Python ints (numpy integers too); a float, bool or string
+    would name a slot only by silent conversion.
+
+    Raises:
+        UserError: naming the first slot that is not an integer.
+    """
+    for slot in slots:
+        if isinstance(slot, (bool, np.bool_)) or not isinstance(slot, (int, np.integer)):
+            raise UserError(f"NVMeStore.put: slots must be integers, got {slot!r}")
+    return [int(s) for s in slots]
+
+
+def check_encoded(buffers: Sequence[torch.Tensor], count: int, chunk_bytes: int, codec: Codec,
+                  what: str) -> list[torch.Tensor]:
+    """Encoded blocks must be ``count`` contiguous 1-D uint8 host tensors of ``chunk_bytes``.
+
+    Raises:
+        UserError: naming the first buffer that is not, with what it is.
+    """
+    if not isinstance(buffers, (list, tuple)) or len(buffers) != count:
+        raise UserError(f"{what}: expected a list of {count} encoded blocks")
+    for i, buf in enumerate(buffers):
+        if not (isinstance(buf, torch.Tensor) and buf.dtype == torch.uint8 and buf.shape == (chunk_bytes,)
+                and buf.is_cpu and buf.is_contiguous()):
+            got = f"{buf.dtype} {tuple(buf.shape)} on {buf.device}" if isinstance(buf, torch.Tensor) else type(buf).__name__
+            raise UserError(f"{what}[{i}]: expected a contiguous host uint8 tensor of {chunk_bytes} bytes "
+                            f"(codec {codec.value}), got {got}")
+    return list(buffers)
 
 
 @dataclass
@@ -198,6 +232,7 @@ def _reopen(path: str, layout: KVLayout, compression: str | None, wanted: int | 
         clean = _check_clean_mark(path, files)
         removed, dropped = sweep_directory(path, 1 + len(chunkio.chunk_geometry(layout, codec)[0]), table, verify=not clean)
         _remove_clean_mark(path)  # before the store can write: a crash from here on is unclean
+        files.owe(record_cost(table.unwritten_keys()))  # what flushes may still write for these entries
     except BaseException:
         files.close()
         raise

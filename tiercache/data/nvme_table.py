@@ -15,7 +15,7 @@ import psutil
 from ..errors import UserError
 from .nvme_free import FreeSlots
 
-__all__ = ["OP_PUT", "OP_DEL", "Op", "Entry", "SlotTable", "encode_ops", "decode_ops", "TABLE_SLOT_BYTES",
+__all__ = ["OP_PUT", "OP_DEL", "Op", "Entry", "SlotTable", "encode_ops", "decode_ops", "op_bytes", "TABLE_SLOT_BYTES",
            "check_table_fits"]
 
 OP_PUT = 1
@@ -35,6 +35,11 @@ class Entry:
     generation: int
     length: int
     crc: int
+
+
+def op_bytes(key: bytes) -> int:
+    """Encoded size of one operation on ``key`` (``encode_ops``)."""
+    return _OP.size + len(key)
 
 
 def encode_ops(ops: list[Op]) -> bytes:
@@ -271,6 +276,11 @@ class SlotTable:
             (OP_PUT, key, slot, int(self._gen[slot]), int(self._length[slot]), int(self._crc[slot]))
             for key, slot in self._key_to_slot.items()
         ]
+
+    def unwritten_keys(self) -> list[bytes]:
+        """One key per journal record still to come from this state: each pending
+        operation's, and each live key's (its deletion)."""
+        return [op[1] for op in self._pending] + list(self._key_to_slot)
 
     def items(self) -> list[tuple[bytes, int]]:
         """``(key, slot)`` of every live entry."""
