@@ -31,6 +31,7 @@ import numpy as np
 
 from ..config import CODEC_FORMATS, Codec, KVLayout
 from ..errors import UserError
+from .libc import libc_function
 
 __all__ = [
     "FORMAT_VERSION",
@@ -309,18 +310,7 @@ def _pwrite_all(fd: int, data, offset: int) -> None:
         view, offset = view[done:], offset + done
 
 
-def _load_sync_file_range():
-    """libc's ``sync_file_range`` through ctypes (runs without the GIL), or None."""
-    try:
-        function = ctypes.CDLL(None, use_errno=True).sync_file_range
-    except (OSError, AttributeError):
-        return None
-    function.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
-    function.restype = ctypes.c_int
-    return function
-
-
-_sync_file_range = _load_sync_file_range()
+_sync_file_range = libc_function("sync_file_range", [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint])  # runs without the GIL
 _SYNC_FILE_RANGE_WRITE = 2  # start writeback of the range's dirty pages; do not wait
 
 

@@ -35,6 +35,7 @@ from ..errors import UserError
 from .buffers import PAGE, round_up
 from .chunkio import fsync_dir
 from .chunkio import write_file_durably as _write_file_durably
+from .libc import libc_function
 from .nvme_journal import HEADER as _JOURNAL_HEADER
 from .nvme_journal import MAGIC as _JOURNAL_MAGIC
 from .nvme_journal import REPAIR_MAX_BYTES, fix_one_bit, scan_journal, sealed_crc
@@ -55,18 +56,7 @@ _JOURNAL_MIN_BYTES = 4 << 20
 _RESERVE_STEP = 16 << 10  # the journal grows by this much at a time (or by the page it needs, on a full disk)
 
 
-def _load_fallocate():
-    """libc's ``fallocate`` through ctypes (Linux), or None."""
-    try:
-        function = ctypes.CDLL(None, use_errno=True).fallocate
-    except (OSError, AttributeError):
-        return None
-    function.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
-    function.restype = ctypes.c_int
-    return function
-
-
-_fallocate = _load_fallocate()
+_fallocate = libc_function("fallocate", [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64])
 _FALLOC_FL_KEEP_SIZE = 1
 
 
