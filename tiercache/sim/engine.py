@@ -83,6 +83,7 @@ class SimEngine:
     _link_free: dict[str, float] = field(default_factory=dict)
     _pending: list[tuple[float, int]] = field(default_factory=list)
     tier_block_bytes: tuple[int, ...] | None = None
+    _paths: dict[tuple[int, int], tuple[str, tuple[tuple[str, int], ...]]] = field(default_factory=dict, repr=False)
 
     @property
     def gpu_is_top(self) -> bool:
@@ -128,9 +129,18 @@ class SimEngine:
     def _path(self, src_tier: int, dst_tier: int) -> tuple[tuple[str, int], ...]:
         """The hops of a move (``sizes.move_hops``): one, unless neither end is DRAM and the
         profile gives no direct link for the move (GPUDirect)."""
-        (src, src_form), (dst, dst_form) = self._end(src_tier), self._end(dst_tier)
-        direct = self.profile is not None and f"{src}->{dst}" in self.profile.links
-        return move_hops(src, src_form, dst, dst_form, self._plain(), direct)
+        return self._route(src_tier, dst_tier)[1]
+
+    def _route(self, src_tier: int, dst_tier: int) -> tuple[str, tuple[tuple[str, int], ...]]:
+        """(link name, hops) of a move between two tiers, worked out once per pair (tiers,
+        forms and profile are fixed for an engine's life)."""
+        route = self._paths.get((src_tier, dst_tier))
+        if route is None:
+            (src, src_form), (dst, dst_form) = self._end(src_tier), self._end(dst_tier)
+            direct = self.profile is not None and f"{src}->{dst}" in self.profile.links
+            route = f"{src}->{dst}", move_hops(src, src_form, dst, dst_form, self._plain(), direct)
+            self._paths[(src_tier, dst_tier)] = route
+        return route
 
     def _plain(self) -> int:
         """Bytes of an unquantised block (0 without a layout)."""
@@ -148,7 +158,7 @@ class SimEngine:
         return self.tier_names[tier], self._form(tier)
 
     def _link(self, src_tier: int, dst_tier: int) -> str:
-        return f"{self._end(src_tier)[0]}->{self._end(dst_tier)[0]}"
+        return self._route(src_tier, dst_tier)[0]
 
     def _occupy(self, src_tier: int, dst_tier: int, n_blocks: int) -> float:
         """Books one transfer on its link (usage and queue); returns when it completes."""
