@@ -24,9 +24,9 @@ Usage: python scripts/bench_replay.py [--trace T] [--capacity 4000] [--repeats 5
 2. A 3-tier hierarchy (HBM 1,000 / DRAM 4,000 / NVMe 16,000 blocks, llama-3-8b, H200 profile)
    in prefix semantics: block accesses per second of ``replay`` on the prepared trace.
 3. Time and peak RSS of load + prepare + replay (3-tier LRU, prefix, capacities scaled with
-   the trace) at 1x and 10x the trace (10 copies with disjoint ids), each in three fresh
+   the trace) at 1x, 10x and 100x the trace (copies with disjoint ids), each in three fresh
    interpreters (medians): the process's peak RSS and how much RSS grew during a first run
-   (sampled), and the time of a second run without the sampling thread.
+   (sampled), and the median time of three more runs without the sampling thread.
 4. The sweep of 7 policies x 3 capacities, wall time with one worker per core.
 
 numba: compiled once per machine into ``__pycache__`` (``cache=True``), and every policy is
@@ -220,16 +220,22 @@ def hierarchy_rates(trace: str, repeats: int) -> dict:
     return out
 
 
-#: Fresh interpreters per scale (1x, 10x); the figures are their medians.
+#: Fresh interpreters per scale; the figures are their medians.
 SCALE_REPEATS = 3
+#: Unsampled runs timed in each interpreter after the sampled one (their median is its time).
+TIMED_RUNS = 3
+#: Trace copies timed for the scaling figures: 1x and 10x as the issue asks, and 100x so that a
+#: ratio between two sizes whose replay state is far past the CPU's L2 is printed too (a ratio
+#: near 10 per step is linear; one 1x run takes under 10 ms, so 10x/1x moves with the load).
+SCALES = (1, 10, 100)
 
 
 def scale_case(trace: str, copies: int) -> dict:
     """(In a fresh interpreter.) Load + prepare + 3-tier LRU prefix replay of ``copies``
     copies of the trace with disjoint ids: the process's peak RSS and the peak RSS growth
-    over a first run (sampled every 0.5 ms from just before it starts), then the seconds of a
-    second, unsampled run (the sampling thread competes for the GIL and made the time vary
-    2.5x between runs)."""
+    over a first run (sampled every 0.5 ms from just before it starts), then the median seconds
+    of ``TIMED_RUNS`` unsampled runs (the sampling thread competes for the GIL and made the time
+    vary 2.5x between runs)."""
     from tiercache.config import TierConfig
     from tiercache.results import Semantics
     from tiercache.sim.loader import load_trace
@@ -243,11 +249,14 @@ def scale_case(trace: str, copies: int) -> dict:
         with _RssSampler() as rss:  # the sampling thread takes the GIL every 0.5 ms: not timed
             data = ReplayData.prepare(load_trace(path), None, None)
             record = replay(spec, data)
-        del data
-        started = time.perf_counter()
-        data = ReplayData.prepare(load_trace(path), None, None)
-        replay(spec, data)
-        seconds = time.perf_counter() - started
+        times = []
+        for _ in range(TIMED_RUNS):
+            del data
+            started = time.perf_counter()
+            data = ReplayData.prepare(load_trace(path), None, None)
+            replay(spec, data)
+            times.append(time.perf_counter() - started)
+        seconds = statistics.median(times)
     held = int(data.ids.nbytes + data.next_use.nbytes + data.dense.nbytes + data.offsets.nbytes)
     return {"seconds": seconds, "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             "peak_rss_growth_bytes": rss.growth, "accesses": record.accesses, "replay_array_bytes": held}
@@ -295,18 +304,20 @@ def _write_copies(trace: str, path: str, copies: int) -> None:
 
 
 def scaling(trace: str) -> dict:
-    """``scale_case`` at 1x and 10x, each ``SCALE_REPEATS`` times in its own interpreter;
+    """``scale_case`` at each of ``SCALES``, each ``SCALE_REPEATS`` times in its own interpreter;
     every figure is the median over them."""
     out = {}
-    for copies in (1, 10):
+    for copies in SCALES:
         cmd = [sys.executable, __file__, "--trace", trace, "--scale-case", str(copies)]
         rows = [json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1])
                 for _ in range(SCALE_REPEATS)]
         row = {key: statistics.median(r[key] for r in rows) for key in rows[0]}
         row["rss_growth_per_access_bytes"] = row["peak_rss_growth_bytes"] / row["accesses"]
         out[f"{copies}x"] = row
-    out["time_ratio_10x_to_1x"] = out["10x"]["seconds"] / out["1x"]["seconds"]
-    out["rss_growth_ratio_10x_to_1x"] = out["10x"]["peak_rss_growth_bytes"] / max(out["1x"]["peak_rss_growth_bytes"], 1)
+    for small, large in zip(SCALES, SCALES[1:]):
+        a, b = out[f"{small}x"], out[f"{large}x"]
+        out[f"time_ratio_{large}x_to_{small}x"] = b["seconds"] / a["seconds"]
+        out[f"rss_growth_ratio_{large}x_to_{small}x"] = b["peak_rss_growth_bytes"] / max(a["peak_rss_growth_bytes"], 1)
     return out
 
 
@@ -375,14 +386,16 @@ def print_table(result: dict) -> None:
     print(f"3 tiers {h['tiers']} prefix semantics, prepared trace: " +
           ", ".join(f"{p} {r['accesses_per_s'] / 1e6:.1f}M/s" for p, r in h["policies"].items()))
     s = result["scaling"]
-    for key in ("1x", "10x"):
+    for key in (f"{copies}x" for copies in SCALES):
         row = s[key]
         print(f"{key:>4}: {row['accesses']:>9,} accesses, load+prepare+replay {row['seconds']:.3f} s "
               f"({row['seconds'] / row['accesses'] * 1e9:.0f} ns/access), "
               f"peak RSS {row['peak_rss_bytes'] / 2**20:.0f} MiB, grew {row['peak_rss_growth_bytes'] / 2**20:.1f} MiB "
               f"during the run ({row['rss_growth_per_access_bytes']:.0f} B/access; replay arrays "
               f"{row['replay_array_bytes'] / row['accesses']:.0f} B/access)")
-    print(f"10x / 1x: time {s['time_ratio_10x_to_1x']:.1f}x, peak RSS growth {s['rss_growth_ratio_10x_to_1x']:.1f}x")
+    for small, large in zip(SCALES, SCALES[1:]):
+        print(f"{large}x / {small}x: time {s[f'time_ratio_{large}x_to_{small}x']:.1f}x, "
+              f"peak RSS growth {s[f'rss_growth_ratio_{large}x_to_{small}x']:.1f}x")
     sweep = result["sweep"]
     print(f"sweep {len(sweep['policies'])} policies x {len(sweep['capacities'])} capacities = {sweep['runs']} runs: "
           f"{sweep['wall_s']:.2f} s wall with {sweep['workers']} workers")
