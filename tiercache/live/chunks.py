@@ -30,6 +30,11 @@ if TYPE_CHECKING:
 
 __all__ = ["TierChunks", "Chunk", "Piece", "split_kv"]
 
+#: A piece whose blocks form at most this many runs (consecutive in the chunk and in their
+#: source) is copied run by run (``_copy_blocks``: 2 x kv-heads copies per run); one with more
+#: is gathered and scattered with indexed copies (``_scatter_blocks``: 2 x kv-heads in all).
+MAX_RUN_COPIES = 2
+
 
 class Piece(NamedTuple):
     """The blocks of one chunk that one tier holds.
@@ -128,8 +133,12 @@ class TierChunks:
                 blocks, rows = medium.tensor, [self.cache.manager.dirs[piece.tier].slot_of[b] for b in piece.ids]
             else:
                 blocks, rows = self._piece_blocks(handle, number), range(len(piece.ids))
-            for offset, row, count in _runs(piece.offsets, rows):
-                _copy_blocks(blocks[row : row + count], k, v, offset)
+            runs = _runs(piece.offsets, rows)
+            if len(runs) <= MAX_RUN_COPIES:
+                for offset, row, count in runs:
+                    _copy_blocks(blocks[row : row + count], k, v, offset)
+            else:  # scattered: one gather and one indexed copy per head, whatever the runs
+                _scatter_blocks(_rows_of(blocks, rows), k, v, piece.offsets)
         return _flat(k), _flat(v)
 
     def raw(self, handle) -> torch.Tensor:
@@ -206,6 +215,23 @@ def _runs(offsets: list[int], rows) -> list[tuple[int, int, int]]:
         else:
             runs.append((offset, row, 1))
     return runs
+
+
+def _rows_of(blocks: torch.Tensor, rows) -> torch.Tensor:
+    """``blocks[rows]`` (a view when ``rows`` is ``range(len(blocks))``, else one gather)."""
+    if isinstance(rows, range) and rows == range(blocks.shape[0]):
+        return blocks
+    return blocks.index_select(0, torch.tensor(list(rows), dtype=torch.long, device=blocks.device))
+
+
+def _scatter_blocks(blocks: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets: list[int]) -> None:
+    """Copies ``[m, 1, 2, kv, T, D]`` blocks into blocks ``offsets`` (ascending) of ``[kv, n, T, D]``
+    K and V views, converting to their dtype: one ``index_copy_`` per head and K/V, so the
+    copies a chunk issues do not grow with how its blocks interleave across tiers."""
+    index = torch.tensor(offsets, dtype=torch.long, device=k.device)
+    for head in range(k.shape[0]):
+        k[head].index_copy_(0, index, blocks[:, 0, 0, head].to(k.dtype))
+        v[head].index_copy_(0, index, blocks[:, 0, 1, head].to(v.dtype))
 
 
 def _joined(reads: list[futures.Future]) -> futures.Future:
