@@ -14,8 +14,18 @@ completely hidden). Every pipelined output must match the same attention compute
 (untimed), and an efficiency above ``OVERLAP_LIMIT`` (1.5: the pipelined step cannot beat
 the longer side of the same work) is refused: the script exits 1 and writes no JSON. The
 figure only says something about overlap when both sides are of similar size, so the query
-heads (compute grows with them, I/O does not) are calibrated first until
-``io_only / compute_only`` lies within [0.5, 2] (``--q-heads`` fixes them instead).
+heads are calibrated first until ``io_only / compute_only`` lies within [0.5, 2]
+(``BALANCED_RATIO``). I/O does not depend on them; compute does, but weakly: a chunk's
+fp16 -> fp32 conversion, the same for any head count, is most of it at a model's own 8-32
+heads (16x the heads gave 1.9x the compute), so the calibration doubles them from
+``--kv-heads`` up to ``MAX_GROUP`` query heads per KV head (a head beyond a model's own
+stands for one more query row reading the same KV, as ``Sequence.attend_partial``'s query
+tokens do), on medians of ``CALIBRATION_REPEATS`` timings, and keeps the count whose ratio
+is closest to 1. When the measured step is still outside the band, the count moves one
+doubling towards it and the step is measured again, ``SETTLE_STEPS`` times at most; a
+calibrated run that still ends outside the band exits 1 and writes no JSON (its figure
+would not be the balanced one it stands for). ``--q-heads`` fixes the heads instead: the
+run then reports whatever ratio they give, with its verdict (``balanced`` in the JSON).
 
 The default layout is one layer of llama-3-8b (8 KV heads, head dim 128: 1 MiB blocks of 256
 tokens), what a real model's per-layer blocks weigh. Small blocks (``--kv-heads 2 --head-dim
@@ -39,7 +49,16 @@ import torch
 from tiercache import TieredKVCache
 from tiercache.bench.decode import NeedleKV, StepCheckError, balance_verdict, cpu_count, overlap_problem, step_timings
 from tiercache.bench.rounds import positive_int
+from tiercache.bench.script_args import existing_folder, refuse_bad_outputs
 from tiercache.config import KVLayout, TierConfig
+
+#: Calibration tries up to this many query heads per KV head (``kv_heads * MAX_GROUP`` in all).
+MAX_GROUP = 512
+#: Timings per calibration candidate: their median (two gave non-monotonic ratios).
+CALIBRATION_REPEATS = 3
+#: Re-measurements, one doubling or halving of the heads each, when the measured step lies
+#: outside ``BALANCED_RATIO``.
+SETTLE_STEPS = 2
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -55,7 +74,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--window-blocks", type=positive_int, default=32)
     parser.add_argument("--depth", type=positive_int, default=4)
     parser.add_argument("--repeats", type=positive_int, default=7)
-    parser.add_argument("--path", default=None, help="folder for the temporary NVMe store")
+    parser.add_argument("--path", type=existing_folder, default=None, help="folder for the temporary NVMe store")
     parser.add_argument("--threads", type=positive_int, default=max(1, cpu_count() - 1),
                         help="torch compute threads (default: all CPUs but one, which serves the NVMe I/O threads)")
     parser.add_argument("--json", dest="json_out")
@@ -64,24 +83,63 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--tokens: at least one block of --block-tokens {args.block_tokens}, got {args.tokens}")
     if args.q_heads is not None and args.q_heads % args.kv_heads:
         parser.error(f"--q-heads: a multiple of --kv-heads {args.kv_heads}, got {args.q_heads}")
+    refuse_bad_outputs(parser, {"--json": args.json_out})
     return args
 
 
-def calibrate(seq, kv: NeedleKV, args) -> tuple[int, dict]:
-    """The query-head count (compute grows with it, I/O does not) whose I/O-to-compute
-    ratio is closest to 1, trying counts upward until compute dominates."""
+def head_counts(kv_heads: int) -> list[int]:
+    """The query-head counts calibration may use: ``kv_heads`` times 1, 2, 4, ... ``MAX_GROUP``
+    (ascending; each a multiple of ``kv_heads``, as grouped attention needs)."""
+    return [kv_heads << k for k in range(MAX_GROUP.bit_length()) if 1 << k <= MAX_GROUP]
+
+
+def time_step(seq, kv: NeedleKV, heads: int, repeats: int) -> dict:
+    """``step_timings`` of layer 0 for step 0's query with ``heads`` query heads."""
+    q, _ = kv.query(0, heads)
+    return step_timings(seq, 0, q, repeats=repeats)
+
+
+def calibrate(seq, kv: NeedleKV, kv_heads: int) -> int:
+    """The query-head count of ``head_counts`` whose I/O-to-compute ratio (medians of
+    ``CALIBRATION_REPEATS``) is closest to 1, trying counts upward until compute dominates
+    (more heads only add compute)."""
     best = None
-    for heads in (2, 4, 8, 16, 32, 64, 128):
-        if heads % args.kv_heads:
-            continue
-        q, _ = kv.query(0, heads)
-        timing = step_timings(seq, 0, q, repeats=2)
-        distance = abs(math.log(timing["io_compute_ratio"]))
-        if best is None or distance < best[2]:
-            best = (heads, timing, distance)
-        if timing["io_compute_ratio"] < 1.0:  # compute dominates from here on
+    for heads in head_counts(kv_heads):
+        ratio = time_step(seq, kv, heads, CALIBRATION_REPEATS)["io_compute_ratio"]
+        distance = abs(math.log(ratio))
+        if best is None or distance < best[1]:
+            best = (heads, distance)
+        if ratio <= 1.0:
             break
-    return best[0], best[1]
+    return best[0]
+
+
+def settle(seq, kv: NeedleKV, heads: int, repeats: int, kv_heads: int) -> tuple[int, dict]:
+    """The step measured with ``heads`` query heads (medians of ``repeats``); while its ratio
+    lies outside ``BALANCED_RATIO`` (``SETTLE_STEPS`` times at most), the heads move one
+    step of ``head_counts`` towards it (up when I/O dominates) and the step is measured again.
+
+    Returns:
+        The last heads and their timing (``balanced`` says whether it reached the band).
+    """
+    counts = head_counts(kv_heads)
+    timing = time_step(seq, kv, heads, repeats)
+    for _ in range(SETTLE_STEPS):
+        if timing["balanced"]:
+            break
+        index = counts.index(heads) + (1 if timing["io_compute_ratio"] > 1 else -1)
+        if not 0 <= index < len(counts):
+            break
+        heads = counts[index]
+        timing = time_step(seq, kv, heads, repeats)
+    return heads, timing
+
+
+def unbalanced_problem(timing: dict, heads: int, kv_heads: int) -> str:
+    """What a calibrated run says (and exits 1 for) when its step ended outside ``BALANCED_RATIO``."""
+    return (f"io/compute {timing['io_compute_ratio']:.2f} with {heads} query heads is not within 2x after calibrating "
+            f"them ({kv_heads} to {kv_heads * MAX_GROUP} tried): the overlap figure would not be the balanced one it "
+            "stands for; give --q-heads to report it anyway")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -98,12 +156,11 @@ def main(argv: list[str] | None = None) -> int:
             seq = cache.sequence()
             for a in range(0, kv.n_blocks * args.block_tokens, 1 << 16):
                 seq.append(0, *kv.chunk(a, min(1 << 16, kv.n_blocks * args.block_tokens - a)))
-            heads = args.q_heads
             try:
-                if heads is None:
-                    heads, _ = calibrate(seq, kv, args)
-                q, _ = kv.query(0, heads)
-                timing = step_timings(seq, 0, q, repeats=args.repeats)
+                if args.q_heads is None:
+                    heads, timing = settle(seq, kv, calibrate(seq, kv, args.kv_heads), args.repeats, args.kv_heads)
+                else:
+                    heads, timing = args.q_heads, time_step(seq, kv, args.q_heads, args.repeats)
             except StepCheckError as error:
                 print(f"error: {error}; no figures reported", file=sys.stderr)
                 return 1
@@ -118,13 +175,16 @@ def main(argv: list[str] | None = None) -> int:
                "io_only": timing["io_only_seconds"], "compute_only": timing["compute_only_seconds"],
                "pipelined": timing["pipelined_seconds"], "overlap_efficiency": timing["overlap_efficiency"],
                "io_compute_ratio": timing["io_compute_ratio"], "balanced": balanced,
+               "q_heads_calibrated": args.q_heads is None,
                "output_rel_err": timing["output_rel_err"], "cpus": cpu_count(),
                "torch_threads": torch.get_num_threads()}
     for name in ("io_only", "compute_only", "pipelined"):
         print(f"{name:<14} {figures[name]:.4f} s")
     print(f"{'io/compute':<14} {figures['io_compute_ratio']:.2f} ({balance_verdict(figures['io_compute_ratio'])})")
-    print(f"{'overlap':<14} {figures['overlap_efficiency']:.3f}  (q_heads={heads}, {on_nvme:,} of {kv.n_blocks:,} blocks on NVMe)")
+    print(f"{'overlap':<14} {figures['overlap_efficiency']:.3f}  (q_heads={heads}{', calibrated' if args.q_heads is None else ''}, {on_nvme:,} of {kv.n_blocks:,} blocks on NVMe)")
     problem = overlap_problem(timing)
+    if problem is None and args.q_heads is None and not balanced:
+        problem = unbalanced_problem(timing, heads, args.kv_heads)
     if problem:
         print(f"error: {problem}; no figures written", file=sys.stderr)
         return 1

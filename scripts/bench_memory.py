@@ -4,9 +4,12 @@
 Usage: python scripts/bench_memory.py [--sizes 1000000,10000000] [--speed] [--json out.json]
 
 Each figure is measured in a fresh child process (``--case``), so one case's garbage never
-counts in another's. ``traced`` is what ``tracemalloc`` sees allocated by the case (numpy
-arrays included, untouched pages too); ``rss`` is the child's resident-set growth (psutil),
-which misses zero pages numpy never touched.
+counts in another's, and each case runs twice, in two children: ``traced`` is what
+``tracemalloc`` sees allocated by the case (numpy arrays included, untouched pages too);
+``rss`` is the resident-set growth (psutil) of the other child, which runs the case with
+``tracemalloc`` off (its own bookkeeping, a few hundred bytes per live allocation, would
+otherwise count as the structure's: 836 against 373 B/slot for a full ``SlotTable``); rss
+misses zero pages numpy never touched.
 
 * ``directory``: a ``TierDirectory`` of N slots, empty, and full (N blocks published, ids
   created before measuring: they belong to the caller, e.g. the replay's trace list).
@@ -38,31 +41,49 @@ from pathlib import Path
 import psutil
 
 from tiercache.bench.rounds import positive_int
+from tiercache.bench.script_args import positive_ints, refuse_bad_outputs
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACE = ROOT / "tests" / "data" / "mooncake_synthetic_trace.jsonl"
 SPEED_POLICIES = ("sieve", "arc", "lru")
 
 
+#: The two passes of a case, each in its own child: what ``Meter`` measures in it.
+PASSES = ("traced", "rss")
+
+
 class Meter:
-    """Traced bytes and RSS growth between ``start`` and ``stop`` (one per child)."""
+    """One pass's memory growth between ``start`` and ``stop`` (one per child).
+
+    Invariant: a ``"traced"`` meter reads only ``tracemalloc`` (``traced``, ``peak``); an
+    ``"rss"`` meter reads only the resident set (``rss``) and never runs ``tracemalloc``,
+    so the profiler's own memory is never counted as the case's.
+    """
+
+    def __init__(self, mode: str) -> None:
+        if mode not in PASSES:
+            raise ValueError(f"Meter: mode must be one of {PASSES}, got {mode!r}")
+        self.mode = mode
 
     def start(self) -> None:
-        self.rss0 = psutil.Process().memory_info().rss
-        tracemalloc.start()
+        if self.mode == "traced":
+            tracemalloc.start()
+        else:
+            self.rss0 = psutil.Process().memory_info().rss
 
     def stop(self) -> dict:
+        if self.mode == "rss":
+            return {"rss": psutil.Process().memory_info().rss - self.rss0}
         current, peak = tracemalloc.get_traced_memory()
         tracemalloc.stop()
-        return {"traced": current, "peak": peak, "rss": psutil.Process().memory_info().rss - self.rss0}
+        return {"traced": current, "peak": peak}
 
 
-def case_directory(n: int, full: bool) -> dict:
+def case_directory(meter: Meter, n: int, full: bool) -> dict:
     """A ``TierDirectory`` of ``n`` slots, optionally filled with ``n`` blocks."""
     from tiercache.core.directory import TierDirectory
 
     ids = list(range(n)) if full else []
-    meter = Meter()
     meter.start()
     directory = TierDirectory("t", n)
     for a in range(0, len(ids), 65536):
@@ -72,11 +93,10 @@ def case_directory(n: int, full: bool) -> dict:
     return out
 
 
-def case_slottable(n: int, full: bool) -> dict:
+def case_slottable(meter: Meter, n: int, full: bool) -> dict:
     """An NVMe ``SlotTable`` of ``n`` slots as ``finish_load`` leaves it, optionally full."""
     from tiercache.data.nvme_index import SlotTable
 
-    meter = Meter()
     meter.start()
     table = SlotTable(n)
     table.finish_load()
@@ -89,8 +109,8 @@ def case_slottable(n: int, full: bool) -> dict:
     return out
 
 
-def case_reopen(slots: int, blocks: int) -> dict:
-    """Seconds and traced bytes to reopen a cleanly closed store of ``slots`` slots."""
+def case_reopen(meter: Meter, slots: int, blocks: int) -> dict:
+    """Seconds and memory to reopen a cleanly closed store of ``slots`` slots."""
     import torch
 
     from tiercache.config import KVLayout
@@ -110,7 +130,6 @@ def case_reopen(slots: int, blocks: int) -> dict:
         started = time.perf_counter()  # untraced: tracemalloc slows allocation-heavy code
         NVMeStore(path, layout, direct_io=False).close()
         reopen = time.perf_counter() - started
-        meter = Meter()
         meter.start()
         store = NVMeStore(path, layout, direct_io=False)
         out = meter.stop()
@@ -119,14 +138,13 @@ def case_reopen(slots: int, blocks: int) -> dict:
     return {**out, "create_s": created, "reopen_s": reopen}
 
 
-def case_replay() -> dict:
-    """Peak traced bytes of load + prepare + replay of the bundled trace, per access."""
+def case_replay(meter: Meter) -> dict:
+    """Memory of load + prepare + replay of the bundled trace (peak traced, rss growth)."""
     from tiercache.config import TierConfig
     from tiercache.results import Semantics
     from tiercache.sim.loader import load_trace
     from tiercache.sim.replay import ReplayData, RunSpec, replay
 
-    meter = Meter()
     meter.start()
     data = ReplayData.prepare(load_trace(str(TRACE)), None, None)
     record = replay(RunSpec("lru", Semantics.OBJECT, (TierConfig("hbm", 4000),)), data)
@@ -158,8 +176,9 @@ def case_speed(repeats: int) -> dict:
     return out
 
 
-def run_case(*args: str) -> dict:
-    """Runs ``--case ARGS`` in a fresh interpreter and returns its JSON."""
+def run_child(*args: str) -> dict:
+    """Runs ``--case ARGS`` in a fresh interpreter and returns its JSON (``{"error": ...}``
+    with the child's last line of stderr when it failed)."""
     cmd = [sys.executable, __file__, "--case", *args]
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if done.returncode != 0:
@@ -167,20 +186,36 @@ def run_case(*args: str) -> dict:
     return json.loads(done.stdout)
 
 
+def run_case(kind: str, *args: str) -> dict:
+    """One memory case measured in both ``PASSES``, each in its own child: ``traced`` and
+    ``peak`` from the traced pass, ``rss`` (and any timings) from the untraced one."""
+    untraced = run_child("rss", kind, *args)
+    if "error" in untraced:
+        return untraced
+    traced = run_child("traced", kind, *args)
+    if "error" in traced:
+        return traced
+    return {**untraced, "traced": traced["traced"], "peak": traced["peak"]}
+
+
 def child(args: list[str]) -> int:
-    """The ``--case`` entry point: prints one case's JSON."""
-    kind, rest = args[0], [int(a) for a in args[1:]]
-    cases = {"directory": lambda: case_directory(rest[0], bool(rest[1])),
-             "slottable": lambda: case_slottable(rest[0], bool(rest[1])),
-             "reopen": lambda: case_reopen(rest[0], rest[1]), "replay": case_replay,
-             "speed": lambda: case_speed(rest[0])}
+    """The ``--case`` entry point: ``--case PASS KIND N...`` (``PASS`` one of ``PASSES``)
+    prints one pass of a memory case as JSON; ``--case speed REPEATS`` the CPU times."""
+    if args[0] == "speed":
+        print(json.dumps(case_speed(int(args[1]))))
+        return 0
+    meter, kind, rest = Meter(args[0]), args[1], [int(a) for a in args[2:]]
+    cases = {"directory": lambda: case_directory(meter, rest[0], bool(rest[1])),
+             "slottable": lambda: case_slottable(meter, rest[0], bool(rest[1])),
+             "reopen": lambda: case_reopen(meter, rest[0], rest[1]), "replay": lambda: case_replay(meter)}
     print(json.dumps(cases[kind]()))
     return 0
 
 
 def measure(sizes: list[int], store_slots: int, store_blocks: int, speed: bool, repeats: int, full_max: int) -> dict:
     """Every case of the module docstring, each in its own child (a full ``SlotTable`` only
-    up to ``full_max`` slots: before issue 8 item 12 it took ~750 B/slot resident while traced)."""
+    up to ``full_max`` slots: before issue 8 item 12 it took ~750 B/slot resident while traced).
+    ``sizes`` are positive (figures are per slot)."""
     result: dict = {"sizes": sizes, "directory": {}, "slottable": {}}
     for kind in ("directory", "slottable"):
         for n in sizes:
@@ -189,7 +224,7 @@ def measure(sizes: list[int], store_slots: int, store_blocks: int, speed: bool, 
     result["reopen"] = {"slots": store_slots, "blocks": store_blocks, **run_case("reopen", str(store_slots), str(store_blocks))}
     result["replay"] = run_case("replay")
     if speed:
-        result["speed"] = run_case("speed", str(repeats))
+        result["speed"] = run_child("speed", str(repeats))
         result["speed_repeats"] = repeats
     return result
 
@@ -212,6 +247,7 @@ def print_table(result: dict) -> None:
     if "error" not in rep:
         print(f"replay (bundled trace, lru 4000): {rep['accesses']:,} accesses, peak {rep['peak'] / rep['accesses']:.1f} B/access"
               f" traced, {rep['rss'] / rep['accesses']:.1f} B/access rss")
+    print("traced: tracemalloc's count; rss: resident-set growth in a separate run of the same case without tracemalloc")
     speed = result.get("speed", {})
     if "error" in speed:
         print(f"replay cpu: error: {speed['error']}")
@@ -221,22 +257,33 @@ def print_table(result: dict) -> None:
               f"(median of {result['speed_repeats']}, after one untimed warm-up replay: kernel load/compile excluded)")
 
 
-def main() -> int:
-    if len(sys.argv) > 1 and sys.argv[1] == "--case":
-        return child(sys.argv[2:])
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The options, checked before any work (one line and exit 2 otherwise): sizes and
+    counts positive, ``--store-blocks`` at most ``--store-slots``, ``--json`` writable."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", default="1000000,10000000", help="slot counts, comma separated")
-    parser.add_argument("--store-slots", type=int, default=1_000_000)
-    parser.add_argument("--store-blocks", type=int, default=4000)
+    parser.add_argument("--sizes", type=positive_ints, default=[1_000_000, 10_000_000],
+                        help="slot counts, comma separated (default 1000000,10000000)")
+    parser.add_argument("--store-slots", type=positive_int, default=1_000_000)
+    parser.add_argument("--store-blocks", type=positive_int, default=4000)
     parser.add_argument("--speed", action="store_true",
                         help="also time sieve/arc/lru replays (CPU seconds; one untimed warm-up replay per policy "
                              "first, so kernel load/compile is excluded)")
     parser.add_argument("--repeats", type=positive_int, default=5, help="timed replays per policy with --speed (median)")
     parser.add_argument("--full-max", type=int, default=2_000_000, help="largest full SlotTable measured")
     parser.add_argument("--json", help="write the figures here")
-    args = parser.parse_args()
-    sizes = [int(s) for s in args.sizes.split(",")]
-    result = measure(sizes, args.store_slots, args.store_blocks, args.speed, args.repeats, args.full_max)
+    args = parser.parse_args(argv)
+    if args.store_blocks > args.store_slots:
+        parser.error(f"--store-blocks: at most --store-slots {args.store_slots}, got {args.store_blocks}")
+    refuse_bad_outputs(parser, {"--json": args.json})
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "--case":
+        return child(argv[1:])
+    args = parse_args(argv)
+    result = measure(args.sizes, args.store_slots, args.store_blocks, args.speed, args.repeats, args.full_max)
     print_table(result)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))

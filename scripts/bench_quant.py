@@ -63,6 +63,7 @@ import torch
 from tiercache.bench import hf_quant
 from tiercache.bench.rounds import alternate, paired_ratio, positive_int
 from tiercache.bench.rawio import SYNC_POLICY, RawBlockFiles, host_copy, read_buffers, source_block
+from tiercache.bench.script_args import refuse_bad_outputs
 from tiercache.config import Codec
 from tiercache.data.buffers import PAGE
 from tiercache.data.codecs import codec_for
@@ -369,6 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--torch-threads", type=positive_int, help="torch's intra-op threads (default: torch's own); 1 keeps "
                                                                    "torch's ops steady on a machine shared with other work")
     args = parser.parse_args(argv)
+    refuse_bad_outputs(parser, {"--json": args.json})  # before the run, not after it
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
     try:

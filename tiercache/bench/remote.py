@@ -56,13 +56,21 @@ sys.stdin.read()
 
 @dataclass(frozen=True)
 class RemoteBenchConfig:
-    """What to measure: ``blocks`` blocks of ``layout`` per batch, ``reps`` repetitions."""
+    """What to measure: ``blocks`` blocks of ``layout`` per batch, ``reps`` repetitions.
+
+    Invariant: ``blocks`` and ``reps`` are at least 1 (checked here, before a master starts).
+    """
 
     layout: KVLayout
     blocks: int = 64
     reps: int = 15
     local_segment: bool = False
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("blocks", "reps"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"RemoteBenchConfig: {name} must be at least 1, got {getattr(self, name)}")
 
 
 class _Sides:

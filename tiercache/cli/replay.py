@@ -16,6 +16,7 @@ from ..config import (
 from ..errors import UserError
 from .fleet import add_fleet_options, fleet_from_args, format_fleet, is_fleet, refuse_fleet_only_options, split_remote
 from ..results import ResultsDocument, Semantics, TraceKind, write_results
+from ..results.outfile import check_output_file
 from ..policies import ADMISSION, EVICTION, PLACEMENT, PREFETCH, canonical_name, get_prefetch
 from ..sim.hardware import PRESETS, HardwareProfile, load_profile
 from ..sim.loader import Trace, load_trace
@@ -270,23 +271,6 @@ def sweep_from_args(args: argparse.Namespace) -> ResultsDocument:
     trace, spec = spec_from_args(args)
     workers = args.workers or os.cpu_count() or 1
     return sweep(trace, spec, workers, not args.no_progress, shlex.join(["tiercache", *args.argv]))
-
-
-def check_output_file(path: str, option: str) -> None:
-    """Checks, before any work, that ``path`` can receive a file.
-
-    Raises:
-        UserError: ``path`` is empty or a folder, its folder is missing or not writable (named).
-    """
-    if not path.strip():
-        raise UserError(f"{option}: empty file name")
-    folder = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
-        raise UserError(f"{option} {path}: is a folder; give a file name")
-    if not os.path.isdir(folder):
-        raise UserError(f"{option} {path}: folder {folder} does not exist")
-    if not os.access(folder, os.W_OK | os.X_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
-        raise UserError(f"{option} {path}: not writable")
 
 
 def check_not_the_trace(path: str, trace: str, option: str) -> None:

@@ -17,7 +17,7 @@ from typing import Callable, TypeVar
 
 from ..errors import UserError
 
-__all__ = ["replace_file", "replace_file_with"]
+__all__ = ["check_output_file", "replace_file", "replace_file_with"]
 
 T = TypeVar("T")
 
@@ -132,3 +132,20 @@ def _sync_folder(folder: str) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def check_output_file(path: str, option: str) -> None:
+    """Checks, before any work, that ``path`` can receive a file.
+
+    Raises:
+        UserError: ``path`` is empty or a folder, its folder is missing or not writable (named).
+    """
+    if not path.strip():
+        raise UserError(f"{option}: empty file name")
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise UserError(f"{option} {path}: is a folder; give a file name")
+    if not os.path.isdir(folder):
+        raise UserError(f"{option} {path}: folder {folder} does not exist")
+    if not os.access(folder, os.W_OK | os.X_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise UserError(f"{option} {path}: not writable")

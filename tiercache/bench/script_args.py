@@ -1,0 +1,68 @@
+"""Argument checks the benchmark scripts (``scripts/bench_*.py``) share: bad input ends
+before any work with one line naming the option (argparse's ``error``: exit 2), never a
+traceback, and never after a long run (an output file that cannot be written is refused
+first).
+
+``positive_int`` (``tiercache.bench.rounds``) checks one count; ``positive_ints`` a comma
+list of them; ``existing_folder`` a folder a script creates its temporary files in;
+``refuse_bad_outputs`` the files the figures go to.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Callable, Mapping
+
+from ..errors import UserError
+from ..results.outfile import check_output_file
+from .rounds import positive_int
+
+__all__ = ["existing_folder", "positive_ints", "refuse_bad_outputs"]
+
+
+def positive_ints(text: str) -> list[int]:
+    """argparse type of a comma list of counts (``1000,10000``): each an integer >= 1.
+
+    Raises:
+        argparse.ArgumentTypeError: an empty list, or an item that is not a positive integer
+            (argparse names the option and exits 2).
+    """
+    items = [item.strip() for item in text.split(",")]
+    if not any(items):
+        raise argparse.ArgumentTypeError(f"expected a comma list of positive integers, got {text!r}")
+    return [positive_int(item) for item in items]
+
+
+def existing_folder(text: str) -> str:
+    """argparse type of a folder the script writes its temporary files in: it must exist,
+    be a folder and be writable.
+
+    Raises:
+        argparse.ArgumentTypeError: naming the folder and what is wrong with it.
+    """
+    if not os.path.exists(text):
+        raise argparse.ArgumentTypeError(f"folder {text} does not exist")
+    if not os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text} is not a folder")
+    if not os.access(text, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"folder {text} is not writable")
+    return text
+
+
+def refuse_bad_outputs(parser: argparse.ArgumentParser, outputs: Mapping[str, str | os.PathLike | None],
+                       check_file: Callable[[str, str], None] = check_output_file) -> None:
+    """Checks, before any work, every output file given (``{option: path}``; None: not
+    given) with ``check_file(path, option)``; the ``UserError`` it raises becomes
+    ``parser.error`` (one line, exit 2).
+
+    By default the check is ``tiercache.results.outfile.check_output_file``, the one the CLI's
+    own ``--out``/``--json`` go through.
+    """
+    for option, path in outputs.items():
+        if path is None:
+            continue
+        try:
+            check_file(os.fspath(path), option)
+        except UserError as error:
+            parser.error(str(error))
