@@ -6,24 +6,25 @@ page cache happen outside it.
 
 Every "cold" read starts after ``decode.evict_from_page_cache`` (fsync, then
 ``POSIX_FADV_DONTNEED``: dirty pages survive the drop) and a ``mincore`` check that the
-files left the cache; what that check found is reported with the figure, and the zarr API
-gives no cold-read figure at all when the files stayed cached.
+files left the cache; what that check found is reported (``machine``), and no cold-read
+figure is given when any of the files stayed cached (``cold_refusal``; the zarr API does not
+even time its read then).
 
 Every timed transfer is checked after its clock stops (``tiercache.bench.verify``): its
 destination blocks are poisoned first, and afterwards each must hold exactly its source's
-bytes; a mismatch raises ``BenchError`` and no figure is reported.
+bytes; a raw write is read back into poisoned memory, every block it wrote; the store's
+writes are checked by reading every block back. A mismatch raises ``BenchError`` and no
+figure is reported.
 """
 
 from __future__ import annotations
 
 import mmap
 import os
-import platform
 import time
 from typing import Callable
 
 import numpy as np
-import psutil
 import torch
 
 from ..data import chunkio
@@ -33,11 +34,13 @@ from ..data.pools import BlockPool, dram_pool, hbm_pool
 from ..errors import UserError
 from . import rawio
 from .decode import evict_from_page_cache
-from .verify import BenchError, Side, block_digests, pool_rows, reference_digests, transfer_side, unchecked_side
+from .host import filesystem, host_copy_kind, host_facts
+from .rounds import Tally
+from .tiers import COMPARISONS
+from .verify import BenchError, Side, block_digests, pool_rows, reference_digests, transfer_side, unchecked_side, written_side
 
 __all__ = ["Bench", "COMPARISONS", "MIN_BLOCKS", "check_blocks"]
 
-COMPARISONS = ("host_to_device", "device_to_host", "disk_write", "disk_read_cold")
 # Disk comparisons alternate tiercache and raw slice by slice: the virtio disk's speed
 # swings several-fold within seconds, and fine interleaving makes both sides see the same
 # swings. Copies are short, so each repetition alternates a few whole rounds instead.
@@ -57,38 +60,14 @@ def check_blocks(blocks: int) -> None:
                         f"between tiercache and the raw reads), got {blocks}")
 
 
-class _Tally:
-    """Time and bytes per side over the rounds of one comparison, and every round's ratio
-    of tiercache throughput to each other side's (measured right next to each other)."""
-
-    def __init__(self, sides: tuple[str, ...]) -> None:
-        self.sides = sides
-        self.seconds = dict.fromkeys(sides, 0.0)
-        self.nbytes = dict.fromkeys(sides, 0)
-        self.ratios: dict[str, list[float]] = {side: [] for side in sides if side != "tiercache"}
-
-    def add(self, seconds: dict[str, float], nbytes: dict[str, int]) -> None:
-        for side in self.sides:
-            self.seconds[side] += seconds[side]
-            self.nbytes[side] += nbytes[side]
-        mine = nbytes["tiercache"] / seconds["tiercache"]
-        for side, ratios in self.ratios.items():
-            ratios.append(mine / (nbytes[side] / seconds[side]))
-
-    def gbps(self, side: str) -> float:
-        return self.nbytes[side] / self.seconds[side] / 1e9
-
-    def median_ratio(self, side: str) -> float:
-        return float(np.median(self.ratios[side]))
-
-
 class Bench:
     """Pools, a store and a raw file in the benchmark directory, and the timed operations.
 
     Invariants: the DRAM pool holds ``_reference`` (distinct random blocks, digests
     ``_ref_digests``) whenever a comparison starts (``_restore_dram`` puts it back after one
     that overwrites DRAM); after ``_disk_writes`` the store holds exactly ``self._keys``,
-    key ``i`` the block of DRAM slot ``i``, which ``_disk_reads`` reads back.
+    key ``i`` the block of DRAM slot ``i``, which ``_disk_reads`` reads back; ``_written``
+    has a slot per block of the largest slice (raw writes are read back into it).
     """
 
     def __init__(self, cfg) -> None:
@@ -98,13 +77,15 @@ class Bench:
         n = cfg.blocks
         self.dram = dram_pool(cfg.layout, n)
         self.hbm = hbm_pool(cfg.layout, n)
+        self._written = dram_pool(cfg.layout, -(-n // self._slice_count()))
         self.dram.tensor.view(torch.int16).random_(generator=torch.Generator().manual_seed(cfg.seed))
         self._reference = pool_rows(self.dram).clone()
         self._ref_digests = reference_digests(self._reference)
         self.store = NVMeStore(os.path.join(cfg.directory, "store"), cfg.layout, n, io_threads=cfg.threads)
         per_file = -(-n // cfg.threads)
         self.raw = rawio.RawBlockFiles(os.path.join(cfg.directory, "raw"), cfg.layout.block_bytes, cfg.threads, per_file, cfg.seed)
-        self.raw_fresh = rawio.RawBlockFiles(os.path.join(cfg.directory, "fresh"), cfg.layout.block_bytes, cfg.threads, per_file, cfg.seed)
+        # room for every block in each fresh file: however the writers share the blocks, the first fill never overwrites
+        self.raw_fresh = rawio.RawBlockFiles(os.path.join(cfg.directory, "fresh"), cfg.layout.block_bytes, cfg.threads, n, cfg.seed)
         self._src_digest = int(block_digests(torch.frombuffer(self.raw.source, dtype=torch.uint8)[: cfg.layout.block_bytes].view(1, -1))[0])
         self._tails = rawio.read_buffers(rawio.PAGE, cfg.threads)
         self._readers = rawio.RawPool(cfg.threads)  # the chunk-file reads' threads, like the store's I/O pool
@@ -149,7 +130,7 @@ class Bench:
 
     # ----- the compared operations ----------------------------------------------------
 
-    def _round(self, tally: "_Tally", ops: dict[str, list[Side]], i: int, device: bool) -> None:
+    def _round(self, tally: Tally, ops: dict[str, list[Side]], i: int, device: bool) -> None:
         """Runs one round: every side once, in an order that rotates with ``i`` and the
         repetition, and adds each side's time and bytes to ``tally``. A side given several
         variants (equal bytes) counts its fastest. A side with no bytes is refused before
@@ -171,10 +152,10 @@ class Bench:
             variant.check()
         return min(times)
 
-    def _copies(self, src: BlockPool, dst: BlockPool) -> "_Tally":
+    def _copies(self, src: BlockPool, dst: BlockPool) -> Tally:
         """(a): random slots to random slots through ``BlockPool.copy_to`` vs the raw copy
         limit of the same bytes (``_raw_copies``), over ``_COPY_ROUNDS`` rounds."""
-        n, tally = self.cfg.blocks, _Tally(("tiercache", "raw"))
+        n, tally = self.cfg.blocks, Tally(("tiercache", "raw"))
         every, src_digests = np.arange(n), block_digests(pool_rows(src))
         what = "DRAM->HBM copies" if dst is self.hbm else "HBM->DRAM copies"
         for i in range(_COPY_ROUNDS):
@@ -199,19 +180,25 @@ class Bench:
             works.append(lambda: rawio.memmove_copy(to, frm, size, self._copiers))
         return works
 
+    def _slice_count(self) -> int:
+        """How many slices ``_slices`` cuts the blocks into."""
+        return max(1, min(_SLICES, self.cfg.blocks // MIN_BLOCKS))
+
     def _slices(self) -> list[np.ndarray]:
         """A random order of all blocks cut into at most ``_SLICES`` slices that the sides
         alternate on, each of at least ``MIN_BLOCKS`` blocks (``cfg.blocks >= MIN_BLOCKS``)."""
-        count = max(1, min(_SLICES, self.cfg.blocks // MIN_BLOCKS))
-        return np.array_split(self.rng.permutation(self.cfg.blocks), count)
+        return np.array_split(self.rng.permutation(self.cfg.blocks), self._slice_count())
 
-    def _disk_writes(self, raw: rawio.RawBlockFiles, tag: bytes) -> "_Tally":
+    def _disk_writes(self, raw: rawio.RawBlockFiles, tag: bytes, what: str) -> Tally:
         """(b): store put + flush vs raw durable pwrite of the same DRAM slots, slice by slice.
 
-        In steady state both sides overwrite space written before: the store reuses the
-        slots the previous repetition's blocks held, the raw files were laid out. What the
-        writes delivered is checked by the reads: ``_disk_reads`` reads every block the store
-        holds and the raw file slots it reads (``raw.holds`` says which block each holds).
+        Both sides' blocks are durable when their clock stops: the store syncs every block
+        (``rawio.SYNC_POLICY``), the raw writer syncs each file once (``RAW_SYNC_POLICY``,
+        the raw limit for that durability). In steady state both sides overwrite space
+        written before: the store reuses the slots the previous repetition's blocks held,
+        the raw files were laid out. Every raw write is read back and checked after its
+        clock (``_raw_write_side``; ``what`` names it); the store's writes are checked by
+        reading every block back (``_disk_reads``, or ``first_fill``).
         """
         if self._keys:
             self.store.delete(self._keys)
@@ -219,19 +206,43 @@ class Bench:
         keys = [b"%s-%d-%d" % (tag, self._rep, i) for i in range(self.cfg.blocks)]
         views = [self.dram.view(i) for i in range(self.cfg.blocks)]
         sources = [byte_array(view) for view in views]
-        tally, size = _Tally(("tiercache", "raw")), self.cfg.layout.block_bytes
+        tally, size = Tally(("tiercache", "raw")), self.cfg.layout.block_bytes
         for i, part in enumerate(self._slices()):
             self._round(tally, {"tiercache": [unchecked_side(lambda: self._put([keys[b] for b in part], [views[b] for b in part]), part.size * size)],
-                                "raw": [unchecked_side(lambda: raw.write([sources[b] for b in part], part.tolist()), part.size * size)]}, i, False)
+                                "raw": [self._raw_write_side(raw, part, [sources[b] for b in part], what)]}, i, False)
         self._keys = keys
         return tally
+
+    def _raw_write_side(self, raw: rawio.RawBlockFiles, part: np.ndarray, sources: list, what: str) -> Side:
+        """The raw write of DRAM slots ``part`` (``sources``: their memory), one fdatasync
+        per file; afterwards every file slot it wrote is read back into ``_written`` and
+        checked against the reference digest of the DRAM slot written there."""
+        dests = [byte_array(self._written.view(j)) for j in range(part.size)]
+        labels = part.tolist()
+        return written_side(lambda: raw.write(sources, labels, sync_each_block=False), part.size * self.cfg.layout.block_bytes,
+                            lambda: self._written_by(raw, part.size, what), lambda slots: raw.read(slots, dests[: slots.size], self.cfg.threads),
+                            self._written, what)
+
+    def _written_by(self, raw: rawio.RawBlockFiles, count: int, what: str) -> tuple[np.ndarray, np.ndarray]:
+        """The file slots the latest ``raw.write`` (of ``count`` blocks) left blocks in, and
+        the digests of the blocks ``raw.holds`` says they hold. A writer that wrapped round
+        its file within the write left only its later block in a slot.
+
+        Raises:
+            BenchError: a block of the write went to no slot.
+        """
+        if raw.last_slots.size != count or (raw.last_slots < 0).any():
+            raise BenchError(f"bench: {what}: {count} blocks given, {int((raw.last_slots >= 0).sum())} written; no figure is reported")
+        slots = np.unique(raw.last_slots)
+        return slots, self._raw_file_digests(raw, slots)
 
     def first_fill(self) -> dict[str, float]:
         """Writes into never-used space on both sides (store: new chunk files, temp +
         rename; raw: new files), once; afterwards the store's slots all have chunk files,
-        as in steady state. The store's blocks are read back and checked (off the clock)."""
+        as in steady state. Both sides' blocks are read back and checked (off the clock):
+        the raw ones after each raw write, the store's at the end."""
         self.raw_fresh.reset()
-        tally = self._disk_writes(self.raw_fresh, b"fill")
+        tally = self._disk_writes(self.raw_fresh, b"fill", "NVMe first-fill writes (raw)")
         self.raw_fresh.reset()
         every = np.arange(self.cfg.blocks)
         outs = [self.dram.view(i) for i in every]
@@ -248,7 +259,7 @@ class Bench:
         if failed:
             raise BenchError(f"bench: {len(failed)} store writes failed, first: {failed[0].error}")
 
-    def _disk_reads(self) -> "_Tally":
+    def _disk_reads(self) -> Tally:
         """(c): cold reads, slice by slice, rotating which side goes first: ``tiercache``
         (store get) and ``raw`` (O_DIRECT preadv of the store's chunk files, bypassing the
         store) split each slice's blocks, so both read bytes of the same age and layout;
@@ -261,7 +272,7 @@ class Bench:
         chunk_paths = [self.store.chunk_path(self.store.slot_of(k)) for k in self._keys]
         self._make_cold(chunk_paths + self.raw.paths)  # the store's live chunks: every file the rounds read
         file_slots = self.rng.permutation(self.raw.capacity)
-        tally, digests = _Tally(_READ_SIDES), self._ref_digests
+        tally, digests = Tally(_READ_SIDES), self._ref_digests
         for i, part in enumerate(self._slices()):
             mine, theirs = (part[0::2], part[1::2]) if (i + self._rep) % 2 == 0 else (part[1::2], part[0::2])
             self._round(tally, {
@@ -269,14 +280,14 @@ class Bench:
                 "raw": [transfer_side(lambda: self._read_chunks([chunk_paths[b] for b in theirs], [dests[b] for b in theirs]),
                                    self.dram, theirs, digests[theirs], "NVMe cold reads (raw chunk files)")],
                 "raw_file": [transfer_side(lambda: self.raw.read(file_slots[theirs], [dests[b] for b in theirs], self.cfg.threads),
-                                        self.dram, theirs, self._raw_file_digests(file_slots[theirs]), "NVMe cold reads (raw big files)")],
+                                        self.dram, theirs, self._raw_file_digests(self.raw, file_slots[theirs]), "NVMe cold reads (raw big files)")],
             }, i, False)
         self._restore_dram()
         return tally
 
-    def _raw_file_digests(self, slots: np.ndarray) -> np.ndarray:
-        """Digests of what the raw files' ``slots`` hold (``RawBlockFiles.holds``)."""
-        holds = [self.raw.holds[int(g)] for g in slots]
+    def _raw_file_digests(self, raw: rawio.RawBlockFiles, slots: np.ndarray) -> np.ndarray:
+        """Digests of what ``raw``'s file ``slots`` hold (``RawBlockFiles.holds``)."""
+        holds = [raw.holds[int(g)] for g in slots]
         if any(label is None for label in holds):
             raise BenchError("bench: a raw file slot holds unknown bytes (written outside this benchmark)")
         return np.array([self._src_digest if label == rawio.SOURCE else self._ref_digests[label] for label in holds], dtype=np.uint64)
@@ -291,6 +302,15 @@ class Bench:
         else:
             self._cold_residue = max(self._cold_residue, residue)
         return residue
+
+    def cold_refusal(self) -> str | None:
+        """None when every cold read so far (compared reads, read latency) started with its
+        files verified out of the page cache (``_make_cold``); else why no cold-read figure
+        may be reported, in one line naming the folder and what the check found."""
+        if self._cold_residue == 0:
+            return None
+        where = self.cfg.directory
+        return f"cold-read check on {where} ({filesystem(where)}): {_cold_check(self._cold_residue)}; no cold-read figure is reported or saved"
 
     def _read_chunks(self, paths: list[str], dests: list) -> None:
         _, direct = rawio.read_files(paths, dests, self._tails, self._readers)
@@ -319,7 +339,7 @@ class Bench:
             tallies = {
                 "host_to_device": self._copies(self.dram, self.hbm),
                 "device_to_host": self._copies(self.hbm, self.dram),
-                "disk_write": self._disk_writes(self.raw, b"bench"),
+                "disk_write": self._disk_writes(self.raw, b"bench", "NVMe writes (raw)"),
                 "disk_read_cold": self._disk_reads(),  # reads what _disk_writes just wrote
             }
             for name, tally in tallies.items():
@@ -341,7 +361,7 @@ class Bench:
         self._read_chunks([self.store.chunk_path(self.store.slot_of(key)) for key in keys], dests)
         self.store.delete(keys)
         self.store.flush()
-        self.raw_fresh.write(k)
+        self.raw_fresh.write(k, sync_each_block=False)
         self.raw_fresh.reset()
         self.raw.read(np.arange(k), dests, self.cfg.threads)
         every = np.arange(self.cfg.blocks)  # whole pools: copy_to starts its copy threads for large copies only
@@ -428,34 +448,26 @@ class Bench:
         """Where this ran: host, device, filesystem, and what each raw baseline is."""
         threads = self.cfg.threads
         read_kind = "O_DIRECT preadv" if self.raw.direct else "buffered preadv (filesystem refused O_DIRECT)"
-        copy_kind = "one pinned->device copy_(non_blocking) of the same bytes, CUDA events" if self.cuda else _host_copy_kind(self._copiers.threads)
+        copy_kind = "one pinned->device copy_(non_blocking) of the same bytes, CUDA events" if self.cuda else host_copy_kind(self._copiers.threads)
         return {
-            "hostname": platform.node(),
-            "platform": platform.platform(),
-            "cpus": os.cpu_count(),
-            "memory_bytes": psutil.virtual_memory().total,
+            **host_facts(self.cfg.directory),
             "torch": torch.__version__,
             "device": torch.cuda.get_device_name() if self.cuda else "cpu (no CUDA)",
             "dram_pinned": self.dram.pinned,
-            "filesystem": _filesystem(self.cfg.directory),
             "store_direct_io": self.store.direct_io,
             "raw_direct_io": self.raw.direct,
             "cold_read_check": _cold_check(self._cold_residue),
-            "sync_policy": rawio.SYNC_POLICY + " (store chunks and raw pwrite alike); each store flush (one per slice of blocks) adds one journal append + fdatasync, and a directory fsync after renames",
+            "sync_policy": f"store: {rawio.SYNC_POLICY} (chunk files), and each store flush (one per slice of blocks) adds one journal append + "
+                           f"fdatasync, and a directory fsync after renames; raw pwrite: {rawio.RAW_SYNC_POLICY} (the raw limit for "
+                           "the same durability: every block on disk when the timed write returns)",
             "baselines": {
                 "host_to_device": copy_kind,
                 "device_to_host": copy_kind,
-                "disk_write": f"pwrite loop over laid-out files from the same DRAM slots, {rawio.SYNC_POLICY}, {threads} threads",
+                "disk_write": f"pwrite loop over laid-out files from the same DRAM slots, {rawio.RAW_SYNC_POLICY}, {threads} threads",
                 "disk_read_cold": f"{read_kind} of the store's own chunk files into the same DRAM slots, {threads} threads"
                                   + ("" if self._cold_residue == 0 else f"; WARNING: {_cold_check(self._cold_residue)}"),
             },
         }
-
-
-def _host_copy_kind(threads: int) -> str:
-    """The host copy baseline in words (host memory; no CUDA)."""
-    split = f"the faster of one memmove and {threads} memmoves on {threads} threads" if threads > 1 else "one memmove"
-    return f"{split} of the whole contiguous pool (host memory; no CUDA)"
 
 
 def _cold_check(residue: int | None, files: list[str] | None = None) -> str:
@@ -479,14 +491,3 @@ def _page_rounded(path: str) -> int:
     except FileNotFoundError:
         return 0
     return -(-size // mmap.PAGESIZE) * mmap.PAGESIZE
-
-
-def _filesystem(directory: str) -> str:
-    """Filesystem type and device of the mount holding ``directory``."""
-    path = os.path.realpath(directory)
-    best = None
-    for part in psutil.disk_partitions(all=True):
-        if path == part.mountpoint or path.startswith(part.mountpoint.rstrip("/") + "/"):
-            if best is None or len(part.mountpoint) > len(best.mountpoint):
-                best = part
-    return f"{best.fstype} on {best.device} at {best.mountpoint}" if best else "unknown"

@@ -5,8 +5,11 @@ the tiercache path it is compared with, so the benchmark can report honest ratio
 
 * ``RawBlockFiles.write`` / ``pwrite_loop``: ``os.pwrite`` of whole blocks over files laid
   out beforehand (as fio does; one file per writer thread, so writers do not queue on one
-  inode's fdatasync), K threads, with the store's durability policy: ``fdatasync`` after
-  every block. ``fresh=True`` writes new files instead (allocating space);
+  inode's fdatasync), K threads; durable when the call returns, either with the store's
+  policy (``SYNC_POLICY``: ``fdatasync`` after every block) or, with
+  ``sync_each_block=False``, the raw limit for the same durability (``RAW_SYNC_POLICY``:
+  one ``fdatasync`` per file once all its blocks are written). ``fresh=True`` writes new
+  files instead (allocating space);
 * ``RawBlockFiles.read`` / ``direct_read``: random-order O_DIRECT ``os.preadv`` of whole
   blocks into page-aligned (mmap) destinations, one distinct block of memory per block
   read, as a tier must deliver them (on this VM, reading every block into the same few
@@ -42,12 +45,15 @@ from ..data.buffers import PAGE
 from ..data.chunkio import drop_file_cache, open_for_read
 
 __all__ = [
-    "RawRun", "RawBlockFiles", "RawPool", "SOURCE", "SYNC_POLICY", "direct_read", "pwrite_loop", "host_copy",
+    "RawRun", "RawBlockFiles", "RawPool", "RAW_SYNC_POLICY", "SOURCE", "SYNC_POLICY", "direct_read", "pwrite_loop", "host_copy",
     "memmove_copy", "read_latency", "write_latency", "read_buffers", "read_files", "source_block",
 ]
 
-# The durability policy shared by the store's chunk writes and the raw write baseline.
+#: The store's durability policy for chunk writes (``RawBlockFiles.write``'s default).
 SYNC_POLICY = "fdatasync after every block"
+#: The same durability (every block on disk when the write returns) at the raw limit:
+#: DESIGN.md section 8, the raw writer syncs once per file (``sync_each_block=False``).
+RAW_SYNC_POLICY = "one fdatasync per file once all its blocks are written"
 #: What ``RawBlockFiles.holds`` records for a slot holding the files' own random block.
 SOURCE = "source"
 
@@ -164,9 +170,10 @@ class RawBlockFiles:
     writers never queue on one inode's fdatasync. Readers and writers are the threads of
     one ``RawPool`` of ``files`` threads, started here; ``close`` stops them.
 
-    Invariant: ``holds[g]`` is the label of what slot ``g`` holds: ``SOURCE`` after
+    Invariants: ``holds[g]`` is the label of what slot ``g`` holds: ``SOURCE`` after
     ``lay_out`` or ``write(n)``, the caller's label after ``write(sources, labels)``, None
-    when unknown (files not written through this object, or a write without labels).
+    when unknown (files not written through this object, or a write without labels);
+    ``last_slots[i]`` is the global slot that ``sources[i]`` of the latest ``write`` went to.
     """
 
     def __init__(self, prefix: str, block_bytes: int, files: int, blocks_per_file: int, seed: int = 0) -> None:
@@ -177,6 +184,7 @@ class RawBlockFiles:
         self._src = source_block(block_bytes, seed)
         self._cursor = [0] * files
         self.holds: list[object] = [None] * self.capacity
+        self.last_slots = np.empty(0, dtype=np.int64)
         self._pool = RawPool(files)
 
     @property
@@ -215,11 +223,14 @@ class RawBlockFiles:
         self.holds = [SOURCE] * self.capacity
         self.drop_cache()
 
-    def write(self, sources: list | int, labels: list | None = None) -> float:
+    def write(self, sources: list | int, labels: list | None = None, sync_each_block: bool = True) -> float:
         """Writes one block per entry of ``sources`` (each one block of memory; an int
-        ``n`` writes this object's random block ``n`` times), fdatasync after each, one
-        writer thread per file; returns seconds. ``holds`` then records ``labels[i]`` (None
-        without labels; ``SOURCE`` for an int) for the slot ``sources[i]`` went to.
+        ``n`` writes this object's random block ``n`` times), one writer thread per file,
+        every block durable when it returns: ``fdatasync`` after each block
+        (``SYNC_POLICY``), or without ``sync_each_block`` once per file after its last block
+        (``RAW_SYNC_POLICY``, the raw limit); returns seconds. ``holds`` then records
+        ``labels[i]`` (None without labels; ``SOURCE`` for an int) for the slot ``sources[i]``
+        went to, and ``last_slots[i]`` that global slot.
 
         Pass the very memory the tier writes from: on this VM, writing the same small
         buffer over and over runs faster than writing distinct memory, as a tier does.
@@ -229,17 +240,21 @@ class RawBlockFiles:
         """
         if isinstance(sources, int):
             sources, labels = [self._src] * sources, [SOURCE] * sources
-        tickets = iter(zip(sources, labels if labels is not None else [None] * len(sources)))
+        tickets = iter(enumerate(zip(sources, labels if labels is not None else [None] * len(sources))))
         files = len(self.paths)
         fds = [os.open(p, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644) for p in self.paths]
+        self.last_slots = np.full(len(sources), -1, dtype=np.int64)
 
         def worker(index: int) -> None:
-            for source, label in tickets:  # a shared iterator: each block goes to exactly one writer
+            for i, (source, label) in tickets:  # a shared iterator: each block goes to exactly one writer
                 slot = self._cursor[index] % self.blocks_per_file
                 self._cursor[index] += 1
                 _pwrite_all(fds[index], source, slot * self.block_bytes)
+                if sync_each_block:
+                    os.fdatasync(fds[index])
+                self.holds[slot * files + index], self.last_slots[i] = label, slot * files + index
+            if not sync_each_block:
                 os.fdatasync(fds[index])
-                self.holds[slot * files + index] = label
 
         try:
             return self._pool.run(worker, files)

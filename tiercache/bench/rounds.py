@@ -4,7 +4,7 @@ ratio of neighbours cancels the machine's regime switches (a shared VM's copy ca
 slower for a while; a ratio of medians taken at different moments would not cancel that).
 
 Used by the scripts that compare against a baseline (``scripts/bench_quant.py``,
-``scripts/disagg_demo.py``); pure Python, no torch.
+``scripts/disagg_demo.py``), and ``Tally`` by ``tiercache bench``; pure Python, no torch.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import argparse
 import statistics
 from typing import Callable, TypeVar
 
-__all__ = ["alternate", "paired_ratio", "positive_int"]
+__all__ = ["Tally", "alternate", "paired_ratio", "positive_int"]
 
 T = TypeVar("T")
 
@@ -40,6 +40,37 @@ def alternate(ops: dict[str, Callable[[int], T]], rounds: int) -> dict[str, list
         for name in names[first:] + names[:first]:
             results[name].append(ops[name](i))
     return results
+
+
+class Tally:
+    """Time and bytes per side over the rounds of one comparison, and every round's ratio
+    of ``"tiercache"`` throughput to each other side's (measured right next to each other).
+
+    Invariant: ``ratios[side]`` has one entry per ``add``, for every side but ``"tiercache"``.
+    """
+
+    def __init__(self, sides: tuple[str, ...]) -> None:
+        self.sides = sides
+        self.seconds = dict.fromkeys(sides, 0.0)
+        self.nbytes = dict.fromkeys(sides, 0)
+        self.ratios: dict[str, list[float]] = {side: [] for side in sides if side != "tiercache"}
+
+    def add(self, seconds: dict[str, float], nbytes: dict[str, int]) -> None:
+        """Adds one round: each side's seconds and bytes."""
+        for side in self.sides:
+            self.seconds[side] += seconds[side]
+            self.nbytes[side] += nbytes[side]
+        mine = nbytes["tiercache"] / seconds["tiercache"]
+        for side, ratios in self.ratios.items():
+            ratios.append(mine / (nbytes[side] / seconds[side]))
+
+    def gbps(self, side: str) -> float:
+        """``side``'s throughput over all rounds, GB/s (1e9 bytes per second)."""
+        return self.nbytes[side] / self.seconds[side] / 1e9
+
+    def median_ratio(self, side: str) -> float:
+        """The median over rounds of tiercache's throughput over ``side``'s."""
+        return float(statistics.median(self.ratios[side]))
 
 
 def paired_ratio(numerator: list[float], denominator: list[float]) -> float:

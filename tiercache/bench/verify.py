@@ -6,7 +6,8 @@ A timed transfer is a ``Side``: ``prepare`` poisons its destination blocks (ever
 (``block_digests``: xxh3-64, about 10 GB/s on one core). The benchmark's blocks are
 distinct random bytes (``reference_digests`` checks it), so a block left untouched, copied
 from the wrong slot or half written fails the check: no figure is reported for work that
-was not done.
+was not done. A write to disk (``written_side``) is checked by reading what it wrote back
+into poisoned memory.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ import xxhash
 
 from ..data.pools import BlockPool
 
-__all__ = ["POISON", "BenchError", "Side", "block_digests", "pool_rows", "reference_digests", "transfer_side", "unchecked_side"]
+__all__ = ["POISON", "BenchError", "Side", "block_digests", "pool_rows", "reference_digests", "transfer_side", "unchecked_side",
+           "written_side"]
 
 #: The byte every destination block is filled with before a timed transfer.
 POISON = 0xA5
@@ -79,8 +81,35 @@ def transfer_side(work: Callable[[], object], pool: BlockPool, slots: np.ndarray
                 lambda: _check_delivered(pool, slots, expected, what))
 
 
+def written_side(work: Callable[[], object], nbytes: int, written: Callable[[], tuple[np.ndarray, np.ndarray]],
+                 read_back: Callable[[np.ndarray], object], pool: BlockPool, what: str) -> Side:
+    """A write to disk checked after the clock by reading it back: ``written()`` gives the
+    disk slots the write left blocks in and the digests those blocks must have;
+    ``read_back(disk_slots)`` reads them into slots ``0 .. len(disk_slots) - 1`` of
+    ``pool``, poisoned first, which must then have those digests; ``what`` names the write
+    in the error. A read-back that fails (a short read: the block was never written)
+    raises BenchError too.
+
+    The disk slots are not poisoned before the write (that would be a second write of every
+    block), so a slot that already held the very block it is given passes whether or not
+    it was rewritten: its bytes are right either way.
+    """
+
+    def check() -> None:
+        disk_slots, expected = written()
+        slots = np.arange(disk_slots.size)
+        _poison(pool, slots)
+        try:
+            read_back(disk_slots)
+        except OSError as exc:
+            raise BenchError(f"bench: {what}: reading the written blocks back failed ({exc}); no figure is reported") from exc
+        _check_delivered(pool, slots, expected, what)
+
+    return Side(work, nbytes, _nothing, check)
+
+
 def unchecked_side(work: Callable[[], object], nbytes: int) -> Side:
-    """A transfer checked elsewhere (a write: by the reads of what it wrote)."""
+    """A transfer checked elsewhere (the store's writes: by the reads of what they wrote)."""
     return Side(work, nbytes, _nothing, _nothing)
 
 

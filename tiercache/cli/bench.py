@@ -85,7 +85,9 @@ def main(args: argparse.Namespace) -> int:
     the output paths included, are checked before the temporary folder is made.
 
     Returns 1, with a one-line error and no table, when the benchmark could not measure
-    honestly (a timed transfer did not deliver its bytes, or the disk failed).
+    honestly (a timed transfer did not deliver its bytes, or the disk failed); and 1, after
+    the table and the JSON, with a one-line error and no profile, when ``--save-profile``
+    was asked for but the cold reads were refused (not cold: no ``nvme->dram`` figure).
     """
     if not os.path.isdir(args.dir):
         raise UserError(f"--dir {args.dir}: not a directory")
@@ -105,10 +107,20 @@ def main(args: argparse.Namespace) -> int:
         shutil.rmtree(workdir, ignore_errors=True)
     print(format_table(result))
     _write_json(args.json, result)
-    if args.save_profile:
-        save_measured_profile(result, args.save_profile)
-        print(f"hardware profile written to {args.save_profile} (links only: set its prefill_tokens_per_s to your "
-              "model's measured prefill speed before modeling recompute time or TTFT with it)")
+    return _save_profile(result, args.save_profile) if args.save_profile else 0
+
+
+def _save_profile(result: dict, path: str) -> int:
+    """Writes ``--save-profile`` and returns 0; or, when the run refused its cold-read
+    figures (the profile's ``nvme->dram`` link), writes nothing, says why in one line and
+    returns 1."""
+    if result["cold_reads_refused"] is not None:
+        print(f"tiercache bench: error: --save-profile {path}: not written (its nvme->dram link needs a cold-read figure): "
+              f"{result['cold_reads_refused']}", file=sys.stderr)
+        return 1
+    save_measured_profile(result, path)
+    print(f"hardware profile written to {path} (links only: set its prefill_tokens_per_s to your "
+          "model's measured prefill speed before modeling recompute time or TTFT with it)")
     return 0
 
 
@@ -119,33 +131,57 @@ def _write_json(path: str, data: dict) -> None:
 
 
 def format_table(result: dict) -> str:
-    """The human-readable summary: one row per comparison, then the zarr API reference."""
-    labels = {
-        "host_to_device": "DRAM->HBM block copies",
-        "device_to_host": "HBM->DRAM block copies",
-        "disk_write": "NVMe block writes",
-        "disk_read_cold": "NVMe cold block reads",
-    }
+    """The human-readable summary: one row per comparison, then the zarr API reference.
+
+    When the cold reads were refused (``cold_reads_refused``), one line says why in place
+    of the cold-read rows, and the zarr line gives no direct cold-read figure.
+    """
     m, cfg = result["machine"], result["config"]
     lines = [
         f"tiercache bench: {cfg['blocks']} blocks of {cfg['block_bytes']} B ({cfg['layout']}, {cfg['dtype']}),"
         f" {cfg['threads']} threads, {cfg['reps']} reps, device {m['device']}; GB/s: medians over reps; ratio: median over paired rounds",
         f"{'path':<26}{'tiercache GB/s':>16}{'raw GB/s':>10}{'ratio':>8}  raw baseline",
+        *_comparison_rows(result),
     ]
-    ratios = {**result["ratios"], **result["other_ratios"]}
-    for name, label in labels.items():
-        lines.append(f"{label:<26}{result['tiercache'][name]:>16.2f}{result['raw'][name]:>10.2f}"
-                     f"{ratios[name]:>8.2f}  {m['baselines'][name]}")
-    big = result["disk_read_cold_one_big_file"]
-    lines.append(f"{'NVMe cold reads, big file':<26}{result['tiercache']['disk_read_cold']:>16.2f}{big['raw']:>10.2f}"
-                 f"{ratios['disk_read_cold_vs_one_big_file']:>8.2f}  O_DIRECT preadv from one laid-out file per thread (format cost included)")
     f = result.get("first_fill_write")
     if f:
         lines.append(f"{'NVMe writes, first fill':<26}{f['tiercache']:>16.2f}{f['raw']:>10.2f}{f['ratio']:>8.2f}"
                      "  new chunk files (temp+rename) vs new raw files; once, not a target")
-    z = result["zarr_api"]
-    if z:
-        cold = f"cold read {z['read_cold']:.2f} GB/s" if z["read_cold"] is not None else f"cold read not timed ({z['cold_check']})"
-        lines.append(f"zarr API (per-chunk assignment, no fsync): write {z['write']:.2f} GB/s, {cold};"
-                     f" direct chunk I/O: write {result['tiercache']['disk_write']:.2f} GB/s, cold read {result['tiercache']['disk_read_cold']:.2f} GB/s")
+    if result["zarr_api"]:
+        lines.append(_zarr_line(result))
     return "\n".join(lines)
+
+
+_LABELS = {
+    "host_to_device": "DRAM->HBM block copies",
+    "device_to_host": "HBM->DRAM block copies",
+    "disk_write": "NVMe block writes",
+    "disk_read_cold": "NVMe cold block reads",
+}
+
+
+def _comparison_rows(result: dict) -> list[str]:
+    """One row per comparison and the big-file cold reads; a refused cold read is one
+    ``refused:`` line saying why instead of both cold-read rows."""
+    ratios, refused, baselines = {**result["ratios"], **result["other_ratios"]}, result["cold_reads_refused"], result["machine"]["baselines"]
+    rows = []
+    for name, label in _LABELS.items():
+        if name == "disk_read_cold" and refused is not None:
+            rows.append(f"{label:<26}  refused: {refused}")
+            continue
+        rows.append(f"{label:<26}{result['tiercache'][name]:>16.2f}{result['raw'][name]:>10.2f}{ratios[name]:>8.2f}  {baselines[name]}")
+    if refused is None:
+        big = result["disk_read_cold_one_big_file"]
+        rows.append(f"{'NVMe cold reads, big file':<26}{result['tiercache']['disk_read_cold']:>16.2f}{big['raw']:>10.2f}"
+                    f"{ratios['disk_read_cold_vs_one_big_file']:>8.2f}  O_DIRECT preadv from one laid-out file per thread (format cost included)")
+    return rows
+
+
+def _zarr_line(result: dict) -> str:
+    """The zarr API reference next to tiercache's direct chunk I/O (no cold-read figure
+    where either side's cold read was refused)."""
+    z, tc = result["zarr_api"], result["tiercache"]
+    cold = f"cold read {z['read_cold']:.2f} GB/s" if z["read_cold"] is not None else f"cold read not timed ({z['cold_check']})"
+    direct = f"{tc['disk_read_cold']:.2f} GB/s" if result["cold_reads_refused"] is None else "refused (not cold, above)"
+    return (f"zarr API (per-chunk assignment, no fsync): write {z['write']:.2f} GB/s, {cold};"
+            f" direct chunk I/O: write {tc['disk_write']:.2f} GB/s, cold read {direct}")
