@@ -87,8 +87,9 @@ class RawPool:
     """Worker threads for the raw baselines, started once, before anything is timed.
 
     ``run(worker, count)`` runs ``worker(0)`` on the calling thread and ``worker(1)`` ..
-    ``worker(count - 1)`` on the pool's ``threads - 1`` threads, all at once. Invariant:
-    every thread exists before the first ``run`` (a timed call never starts a thread).
+    ``worker(count - 1)`` on the pool's ``threads - 1`` threads, all at once (they start
+    together at a barrier, so no thread runs two of them). Invariant: every thread exists
+    before the first ``run`` (a timed call never starts a thread).
     """
 
     def __init__(self, threads: int) -> None:
@@ -108,11 +109,17 @@ class RawPool:
         """
         if not 1 <= count <= self.threads:
             raise ValueError(f"RawPool.run: {count} workers on a pool of {self.threads} threads")
+        together = threading.Barrier(count)  # each task on its own thread: none picks up a second
+
+        def task(i: int) -> object:
+            together.wait()
+            return worker(i)
+
         start = time.perf_counter()
-        futures = [self._executor.submit(worker, i) for i in range(1, count)] if count > 1 else []
+        futures = [self._executor.submit(task, i) for i in range(1, count)] if count > 1 else []
         errors: list[BaseException] = []
         try:
-            worker(0)
+            task(0)
         except BaseException as exc:  # re-raised once every worker has stopped
             errors.append(exc)
         errors += [exc for exc in (future.exception() for future in futures) if exc is not None]
