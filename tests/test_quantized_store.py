@@ -207,7 +207,8 @@ def chain_bound(codecs: list[Codec]) -> float:
     return sum(ROUND_TRIP_BOUND[c] for c in distinct)
 
 
-@pytest.mark.parametrize("hbm_codec,dram_codec", [(Codec.INT8, Codec.INT8), (Codec.INT8, Codec.INT4), (Codec.FP8, Codec.NONE)])
+# (FP8 HBM over this INT4 NVMe is refused: the two codecs' re-encodes of each other do not settle, media.check_codec_mix)
+@pytest.mark.parametrize("hbm_codec,dram_codec", [(Codec.INT8, Codec.INT8), (Codec.INT8, Codec.INT4), (Codec.INT4, Codec.NONE)])
 def test_a_quantised_hbm_tier_round_trips_from_every_tier(tmp_path, hbm_codec, dram_codec):
     """HBM holds encoded blocks too: a put block is quantised into HBM and moves down as
     bytes (same codec) or decoded and re-encoded, so it reads back within the bounds of the

@@ -35,9 +35,7 @@ __all__ = [
     "parse_layout",
     "split_items",
     "TIER_NAMES",
-    "Semantics",
-    "Mode",
-    "TraceKind",
+    "Semantics", "Mode", "TraceKind",
     "REQUEST_SEMANTICS_NAMES",
     "Codec",
     "RemoteWrite",
@@ -61,6 +59,8 @@ DTYPE_BYTES = {
     "int8": 1,
     "uint8": 1,
 }
+#: Layout dtypes a quantised tier stores (``data.codec_base.FLOAT_DTYPES`` by name; a test keeps them equal).
+CODEC_DTYPES = ("float16", "bfloat16", "float32")
 
 class Semantics(enum.Enum):
     """How a trace is replayed.
@@ -132,6 +132,12 @@ class Codec(enum.Enum):
         if name not in known:
             raise ConfigError(f"{option}: unknown codec {text!r}; known: {', '.join(known)}")
         return cls(name)
+
+    def check_layout(self, layout: "KVLayout | None", where: str) -> None:
+        """Raises ConfigError naming ``where`` if this codec cannot store ``layout``'s dtype (``CODEC_DTYPES``; plain: any)."""
+        if layout is not None and self is not Codec.NONE and layout.dtype not in CODEC_DTYPES:
+            raise ConfigError(f"{where}: codec {self.value} cannot store layout dtype {layout.dtype!r}: the codecs take "
+                              "float16, bfloat16 or float32 blocks; keep the tier plain or use one of those dtypes")
 
     def block_bytes(self, layout: "KVLayout") -> int:
         """Exact bytes of one block of ``layout`` stored with this codec, scales included.
@@ -417,8 +423,8 @@ def parse_tiers(spec: str, layout: KVLayout | None, eviction: str = "lru", admis
 
     Raises:
         ConfigError: empty spec or empty item (``hbm=2,,dram=2``), unknown or repeated tier,
-            wrong order, missing ``=``, a bad capacity, or an unknown or empty codec
-            (``hbm=2:``); the message names ``--tiers``.
+            wrong order, missing ``=``, a bad capacity, an unknown or empty codec (``hbm=2:``)
+            or one that cannot store ``layout``'s dtype; the message names ``--tiers``.
     """
     tiers = []
     for part in split_items(spec, "--tiers") if spec.strip() else []:
@@ -432,6 +438,7 @@ def parse_tiers(spec: str, layout: KVLayout | None, eviction: str = "lru", admis
             raise ConfigError(f"--tiers {name}: {value!r} has an empty codec after ':'; give one of "
                               f"{', '.join(c.value for c in Codec)}, or leave out the ':'")
         codec = Codec.parse(codec_name, f"--tiers {name}") if codec_name else Codec.NONE
+        codec.check_layout(layout, f"--tiers {name}")
         tiers.append(TierConfig(name, parse_capacity(cap, layout, f"--tiers {name}", codec), eviction, admission, codec))
     if not tiers:
         raise ConfigError("--tiers: no tier given (e.g. hbm=4096,dram=16384)")

@@ -12,7 +12,7 @@ keyed tier (NVMe) leaves its stored copy there, valid (a key names its content) 
 instead of deleting it. So a read followed by a crash, a full disk at close, or a flush the
 store needs to recycle slots never makes the deletion of a block's only durable copy
 durable while the block is merely being read. The copy is taken up again, with no write,
-when the block comes back down; it is deleted when the block leaves the hierarchy (or moves
+when the block comes back down (counted per link in ``LocalEngine.taken_up``); it is deleted when the block leaves the hierarchy (or moves
 below the tier), when the manager reserves the tier's last free slots (oldest first: the
 store never holds more entries than the tier's capacity), or at close (``RetainedCopies.drop_all``).
 
@@ -102,11 +102,16 @@ class RetainedCopies:
             self._claims[job_id] = (tier, kept)
         return set(kept)
 
-    def settle(self, job_id: int, ok: bool) -> None:
-        """A job settled: its claimed copies are taken up (``ok``) or held again."""
+    def settle(self, job_id: int, ok: bool) -> int:
+        """A job settled: its claimed copies are taken up (``ok``) or held again; returns how
+        many it took up (blocks that entered the tier with no write)."""
         claim = self._claims.pop(job_id, None)
-        if claim is not None and not ok:
+        if claim is None:
+            return 0
+        if not ok:
             self._held.setdefault(claim[0], {}).update(dict.fromkeys(claim[1]))
+            return 0
+        return len(claim[1])
 
     def returned(self, tier: int, ids: Sequence[int]) -> None:
         """``ids`` were written into ``tier`` (before the manager publishes them there). If one
@@ -186,6 +191,9 @@ class LocalEngine:
         self._handlers: dict[tuple[int, int], CopyHandler] = {}
         self._ctx = _copy_context(self.tiers, key_of, staging_blocks, self._settle_all)
         self.retained = RetainedCopies(self.tiers, self._ctx.keys)
+        #: Per (source, destination) tier: blocks whose move settled by taking up the copy the
+        #: destination retained (``RetainedCopies``), so nothing crossed the link; only grows.
+        self.taken_up: dict[tuple[int, int], int] = {}
 
     def retain_moved_up(self, locate: Callable[[int], int | None], free: Callable[[int], int]) -> None:
         """Keeps the stored copy of a block that moves up out of a keyed tier (see the module
@@ -311,7 +319,9 @@ class LocalEngine:
             self.retained.settle(job_id, False)
             raise
         del self._jobs[job_id]
-        self.retained.settle(job_id, result.ok)
+        if taken := self.retained.settle(job_id, result.ok):
+            link = (job.plan.src_tier, job.plan.dst_tier)
+            self.taken_up[link] = self.taken_up.get(link, 0) + taken
         if result.ok:
             self.retained.returned(job.plan.dst_tier, job.plan.ids)
         return result

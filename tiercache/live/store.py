@@ -69,7 +69,7 @@ class TieredKVStore:
     def __init__(self, layout: KVLayout, tiers: Sequence[TierConfig], eviction: str | None = None, admission: str | None = None,
                  path: str | os.PathLike | None = None, device: str | None = None, write_through: bool = False) -> None:
         check_layout(layout)
-        check_tiers(tiers, path)
+        check_tiers(tiers, path, layout)
         check_remote_write(tiers, write_through)
         check_online(eviction, tiers)
         device = resolve_device(device)
@@ -90,7 +90,7 @@ class TieredKVStore:
             if not write_through:  # a block read up out of NVMe keeps its durable copy there (LocalEngine)
                 self.engine.retain_moved_up(self.manager.locate, lambda tier: self.manager.dirs[tier].n_free)
             self._remote = None if remote is None else RemoteLink(self.manager, self._map, self._media[-1], remote, hits)
-            self._stats = Traffic(((t.name, t.capacity_blocks) for t in tiers), self.tier_block_bytes, layout.block_bytes)
+            self._stats = Traffic(tiers, self.tier_block_bytes, layout.block_bytes, self.engine.taken_up)
             self.token_mismatches, self._closed = 0, False
             self._adopt_stored_blocks()
         except BaseException:
@@ -399,8 +399,8 @@ class TieredKVStore:
     # -- reporting and lifetime ----------------------------------------------------------
     def stats(self) -> dict:
         """Per-tier hits (``hits_in_place`` of them read where they lie), inserts, evictions,
-        moves; bytes per link, moves and reads in place alike, as a replay charges them
-        (``traffic.Traffic``); queue depth; NVMe stats."""
+        moves; bytes that crossed each link, moves and reads in place (``traffic.Traffic``), and
+        demotions that took up a retained NVMe copy, writing nothing (``retained_takeups``); queue depth; NVMe stats."""
         with self._lock:
             self._check_open()
             self._consume()

@@ -4,39 +4,50 @@ bytes each link carried, defined as ``tiercache replay`` defines them.
 A block crosses a link when it moves (a demotion, a promotion, a write-through copy) and
 when it is read where it lies below HBM (a streaming read, or a promotion that found no
 room): attention and ``get`` use it in HBM, so it crosses its tier's link to HBM all the
-same. A replay charges both (``tiercache.sim.hitcost``); so does ``Traffic``.
+same. A replay charges both (``tiercache.sim.hitcost``); so does ``Traffic``. A demotion
+into NVMe that takes up the copy the tier retained when the block moved up
+(``data.engine.RetainedCopies``) writes nothing, so it crosses nothing: a replay, which keeps
+no such copies, charges it; ``Traffic`` counts it apart (``retained_takeups``), so adding
+those back gives the replay's figure.
 """
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
+from tiercache.config import TierConfig
 from tiercache.core.stats import HierarchyStats, InPlaceHits
 from tiercache.sizes import move_hops
 
-__all__ = ["Traffic"]
+__all__ = ["Traffic", "as_replay_charges"]
 
 
 class Traffic:
     """A store's counters and bytes per link, fed by ``consume(events)``.
 
     Args:
-        tiers: (name, capacity in blocks) of every tier, fastest first; the first is HBM
-            (the live store's tiers always start there).
+        tiers: the store's tiers (their names and capacities), fastest first; the first is
+            HBM (the live store's tiers always start there).
         tier_block_bytes: bytes of one block as each tier stores it (its codec's).
         plain_bytes: bytes of an unquantised block.
+        taken_up: per (source, destination) tier, the moves that took up a retained copy
+            with no write (``LocalEngine.taken_up``, read live; None: none are taken up).
 
-    Invariants: a link's bytes are the blocks moved over it plus, for a link into HBM, the
-    blocks read in place in its source tier, each at what one block brings into the
-    destination (``link_block_bytes``); top-tier hits are in place and cross no link.
+    Invariants: a link's bytes are the blocks moved over it, less those taken up from a
+    retained copy, plus, for a link into HBM, the blocks read in place in its source tier,
+    each at what one block brings into the destination (``link_block_bytes``); top-tier hits
+    are in place and cross no link. Moves and take-ups are counted once a move settles, so
+    at every ``summary`` a link's take-ups are among its moves.
     """
 
-    def __init__(self, tiers: Iterable[tuple[str, int]], tier_block_bytes: Sequence[int], plain_bytes: int) -> None:
-        self.counters = HierarchyStats.for_tiers(tiers)
+    def __init__(self, tiers: Iterable[TierConfig], tier_block_bytes: Sequence[int], plain_bytes: int,
+                 taken_up: Mapping[tuple[int, int], int] | None = None) -> None:
+        self.counters = HierarchyStats.for_tiers((t.name, t.capacity_blocks) for t in tiers)
         self.names = [t.name for t in self.counters.tiers]
         self.in_place = InPlaceHits.for_tiers(len(self.names))
         self._sizes = list(tier_block_bytes)
         self._plain = plain_bytes
+        self._taken_up = {} if taken_up is None else taken_up
 
     def consume(self, events: Sequence[tuple[int, int, int, int]]) -> None:
         """Counts one drained batch of the manager's events (a list: it is read twice)."""
@@ -54,12 +65,25 @@ class Traffic:
         return move_hops(names[src], sizes[src], names[dst], sizes[dst], self._plain)[-1][1]
 
     def link_bytes(self) -> dict[str, int]:
-        """Bytes per link (``"src->dst"``): moves, and reads in place on their link to HBM."""
+        """Bytes per link (``"src->dst"``): what crossed it, moves (less those taken up from a
+        retained copy) and reads in place on their link to HBM."""
         blocks = self.counters.blocks_moved()
+        for link, count in self._taken_up.items():
+            blocks[link] = blocks.get(link, 0) - count
         for tier, count in enumerate(self.in_place.counts[1:], start=1):
             if count:
                 blocks[(tier, 0)] = blocks.get((tier, 0), 0) + count
-        return {f"{self.names[s]}->{self.names[d]}": n * self.link_block_bytes(s, d) for (s, d), n in blocks.items()}
+        return {self._link_name(s, d): n * self.link_block_bytes(s, d) for (s, d), n in blocks.items()}
+
+    def retained_takeups(self) -> dict[str, dict[str, int]]:
+        """Per link (``"src->dst"``), the demotions that took up the copy their destination
+        retained: ``demotions`` and ``bytes_not_written`` (what they would have moved, as a
+        replay charges them: ``link_bytes`` plus these is the replay's figure)."""
+        return {self._link_name(s, d): {"demotions": n, "bytes_not_written": n * self.link_block_bytes(s, d)}
+                for (s, d), n in self._taken_up.items() if n}
+
+    def _link_name(self, src: int, dst: int) -> str:
+        return f"{self.names[src]}->{self.names[dst]}"
 
     def tier_dicts(self) -> list[dict]:
         """Per tier its counters (``TierCounters``), ``hits_in_place`` and their
@@ -72,6 +96,17 @@ class Traffic:
         return tiers
 
     def summary(self) -> dict:
-        """``tiers`` (``tier_dicts``), ``hits``, ``misses`` and ``bytes_moved`` (``link_bytes``)."""
+        """``tiers`` (``tier_dicts``), ``hits``, ``misses``, ``bytes_moved`` (``link_bytes``)
+        and ``retained_takeups``."""
         return {"tiers": self.tier_dicts(), "hits": self.counters.hits, "misses": self.counters.misses,
-                "bytes_moved": self.link_bytes()}
+                "bytes_moved": self.link_bytes(), "retained_takeups": self.retained_takeups()}
+
+
+def as_replay_charges(stats: dict) -> dict[str, int]:
+    """A store's ``stats()["bytes_moved"]`` with its ``retained_takeups`` added back: bytes per
+    link as a replay of the same accesses charges them (``SimEngine`` keeps no retained copies,
+    so it charges every demotion)."""
+    charged = dict(stats["bytes_moved"])
+    for link, taken in stats["retained_takeups"].items():
+        charged[link] = charged.get(link, 0) + taken["bytes_not_written"]
+    return charged
