@@ -66,6 +66,7 @@ class _Client:
     def batch_put_from_multi_buffers(self, names, pointers, sizes):
         self._wait()
         self.put_names += names
+        self.names.update(names)  # what a put wrote is there afterwards (RemoteStore checks)
         return [0] * len(names)
 
     def batch_get_into_multi_buffers(self, names, pointers, sizes):  # values of the right size, zero headers
@@ -113,6 +114,7 @@ def test_a_value_that_fails_verification_is_removed(answering):
     keys = prefix_keys(list(range(2 * BT)), BT, "c")
     client = _Client()
     remote = _store(client)
+    client.names.update(value_name(remote.tag, k) for k in keys)  # there, so read (and found damaged)
     try:
         assert remote.submit_get(keys, _payloads(2)).result(timeout=5) == [False, False]
         assert client.removed == [value_name(remote.tag, k) for k in keys]

@@ -98,8 +98,8 @@ class TierManager(RoomMixin, TransferMixin):
         # Blocks of live sequences: they may move between tiers but never leave the
         # hierarchy (the last tier never picks them as victims).
         self.held: dict[int, int] = {}
-        # References held on blocks that were lost (unreadable) while referenced.
-        self.orphan_refs: dict[int, int] = {}
+        self.orphan_refs: dict[int, int] = {}  # references held on blocks lost (unreadable) while referenced
+        self.left_for_shared: dict[tuple[int, int], int] = {}  # per (tier, shared): victims it already held (no copy)
         self.inflight: dict[int, TransferPlan] = {}
         self._running: set[int] = set()  # in-flight jobs this manager submitted (start_move)
         self._may_block = True  # False while a prefetch makes room: no waiting for moves in flight

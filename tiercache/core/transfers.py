@@ -183,7 +183,8 @@ class TransferMixin:
 
     def _leave_for_shared(self, tier: int, victims: list[int]) -> list[int]:
         """Victims the shared tier below already holds leave ``tier`` without a copy (counted
-        as demoted, touched below); returns the others, which still need their copy."""
+        as demoted, touched below, and per link in ``left_for_shared``: nothing crosses);
+        returns the others, which still need their copy."""
         shared = self.dirs[self.shared].slot_of
         held = [v for v in victims if v in shared]
         if held:
@@ -191,6 +192,8 @@ class TransferMixin:
             self.engine.discard(tier, held, self.dirs[tier].remove(held))
             self.policies[self.shared].on_access(held, None)
             self.events.emit(Ev.DEMOTE, tier, len(held), self.shared)
+            link = (tier, self.shared)
+            self.left_for_shared[link] = self.left_for_shared.get(link, 0) + len(held)
         return [v for v in victims if v not in shared] if held else victims
 
     # -- phase three: finish -------------------------------------------------------------

@@ -22,11 +22,14 @@ after it, and for as long as a call is still hanging, every remote call is skipp
 instead of waiting on a dead master (``remote_guard.Breaker``); then the next call tries
 again (reconnecting if the client had to be rebuilt). A transfer already in flight when the
 master stops answering ends when Mooncake's own RPC timeout fires (about 30 s); lookups,
-and the existence check that starts every put, never wait longer than ``timeout_s``.
+and the existence check that starts every put and every read, never wait longer than
+``timeout_s`` (so a read or put started after the master froze waits no longer).
 
 A put writes only the names the store does not hold yet (Mooncake's put of an existing name
 is a no-op that reports success): ``puts`` counts values written, ``already`` the ones found
-there. A value that fails verification is removed (``removed``), so that the next publisher
+there. A second check confirms what a put wrote: Mooncake also reports success for a name whose
+put a killed writer left unfinished (until the master discards it, 15-30 s), and nothing is
+stored; such a put counts in ``put_failed``. A value that fails verification is removed (``removed``), so that the next publisher
 can write a good one. Otherwise leaving this process's view never deletes a value
 (``forget`` is a no-op): others may be reading it, and Mooncake's own eviction reclaims the space.
 """
@@ -43,7 +46,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from tiercache.config import KVLayout, RemoteConfig
+from tiercache.config import Codec, KVLayout, RemoteConfig
 from tiercache.errors import UserError
 
 from .pools import HEADER_BYTES  # a pool's header room ends with exactly one header
@@ -82,15 +85,19 @@ class RemoteStore:
         config: how to reach the store (``RemoteConfig``).
         layout: the block layout.
         client: an unconnected client to use (tests inject faults); default a new one.
+        codec: the codec whose error this store's values may carry (``live.remote.lossy_codec``:
+            a quantised tier above the remote one publishes decoded lossy blocks); part of the
+            layout tag, so only stores that accept that error share them. Default exact.
     """
 
     keyed = True
     #: Leaving this process's view never deletes a value others may read.
     shared = True
 
-    def __init__(self, config: RemoteConfig, layout: KVLayout, client=None, clock: Callable[[], float] = time.monotonic) -> None:
-        self.config, self.layout = config, layout
-        self.tag = layout_tag(layout)
+    def __init__(self, config: RemoteConfig, layout: KVLayout, client=None, clock: Callable[[], float] = time.monotonic,
+                 codec: Codec = Codec.NONE) -> None:
+        self.config, self.layout, self.codec = config, layout, codec
+        self.tag = layout_tag(layout, codec)
         self.block_bytes = layout.block_bytes
         self.breaker = Breaker(config.retry_s, clock)
         self.stats = {"puts": 0, "already": 0, "put_failed": 0, "gets": 0, "missing": 0, "corrupt": 0, "removed": 0,
@@ -225,12 +232,17 @@ class RemoteStore:
     # -- lookups -------------------------------------------------------------------------
     def exists(self, keys: Sequence[bytes]) -> np.ndarray:
         """Which keys the store holds now (False for all when it cannot be asked in time)."""
+        found = self.present(keys)
+        return np.zeros(len(keys), bool) if found is None else found
+
+    def present(self, keys: Sequence[bytes]) -> np.ndarray | None:
+        """Which keys the store holds now; None when it could not be asked (skipped, failed
+        or timed out after ``timeout_s``): no answer, which says nothing about what it holds."""
         if not keys:
             return np.zeros(0, bool)
         found = self._ask([value_name(self.tag, k) for k in keys], "exists_calls")
-        if found is None:
-            return np.zeros(len(keys), bool)
-        self.stats["found"] += int(found.sum())
+        if found is not None:
+            self.stats["found"] += int(found.sum())
         return found
 
     def _ask(self, names: list[str], counter: str | None = None) -> np.ndarray | None:
@@ -279,7 +291,8 @@ class RemoteStore:
         (at most ``timeout_s``; nothing is put when it fails) picks the names not there
         yet: Mooncake's put of an existing name writes nothing and reports success. Each
         piece's headers (checksums) are made while the previous piece is on the wire; one
-        batch put per piece (``transfer_call``)."""
+        batch put per piece (``transfer_call``); a second check confirms what landed
+        (``_landed``)."""
         names = [value_name(self.tag, k) for k in keys]
         present = self._ask(names)
         if present is None:
@@ -299,6 +312,7 @@ class RemoteStore:
         for n, future in moving:
             codes = future.result()
             written.extend([False] * n if codes is None else [code == 0 for code in codes])
+        written = self._landed([names[n] for n in todo], written)
         self.stats["already"] += len(keys) - len(todo)
         self.stats["puts"] += sum(written)
         self.stats["put_failed"] += len(written) - sum(written)
@@ -306,6 +320,19 @@ class RemoteStore:
         for i, done in zip(todo, written):
             ok[i] = done
         return ok
+
+    def _landed(self, names: list[str], written: list[bool]) -> list[bool]:
+        """``written`` (Mooncake's answers: 0 for each name put) less the names the store
+        does not hold right after: Mooncake also answers 0 for a name whose put another
+        writer started and never finished (a client killed mid-put) until the master
+        discards that put (15-30 s), and nothing was stored. One existence check (at most
+        ``timeout_s``); when it gets no answer, Mooncake's answers stand."""
+        asked = [n for n, done in zip(names, written) if done]
+        there = self._ask(asked) if asked else None
+        if there is None:
+            return written
+        held = dict(zip(asked, there.tolist()))
+        return [done and held[name] for name, done in zip(names, written)]
 
     def _get(self, keys: Sequence[bytes], payloads: Sequence[np.ndarray], inline: Sequence[np.ndarray] | None) -> list[bool]:
         ok: list[bool] = []
@@ -315,9 +342,28 @@ class RemoteStore:
         return ok
 
     def _get_batch(self, keys: Sequence[bytes], payloads: Sequence[np.ndarray], inline: Sequence[np.ndarray] | None) -> list[bool]:
-        """Up to 256 keys: every piece's batch get (``transfer_call``) is queued on the
-        wire at once, and each piece is verified as soon as it landed (while the next moves)."""
-        headers, names = header_rows(inline, self.headers[_HEADER_SLOTS:], payloads), [value_name(self.tag, k) for k in keys]
+        """Up to 256 keys. One existence check first (at most ``timeout_s``; nothing is read
+        when it fails), so a read started after the master stopped answering waits no longer
+        than a lookup, and names the store does not hold count as ``missing`` with no
+        transfer. Then every piece's batch get (``transfer_call``) of the names there is
+        queued on the wire at once, and each piece is verified as soon as it landed (while
+        the next moves)."""
+        names = [value_name(self.tag, k) for k in keys]
+        present = self._ask(names)
+        if present is None:
+            return [False] * len(keys)
+        self.stats["missing"] += int((~present).sum())
+        todo = np.flatnonzero(present).tolist()
+        ok = [False] * len(keys)
+        for i, good in zip(todo, self._get_present([keys[i] for i in todo], [names[i] for i in todo],
+                                                   [payloads[i] for i in todo], None if inline is None else [inline[i] for i in todo])):
+            ok[i] = good
+        return ok
+
+    def _get_present(self, keys: Sequence[bytes], names: list[str], payloads: Sequence[np.ndarray],
+                     inline: Sequence[np.ndarray] | None) -> list[bool]:
+        """Reads and verifies the values of ``names`` (just found there), True for each served."""
+        headers = header_rows(inline, self.headers[_HEADER_SLOTS:], payloads)
         moving = []
         for a, b in pieces(len(keys)):
             call = transfer_call("get", names[a:b], headers[a:b], payloads[a:b])

@@ -115,7 +115,9 @@ class DaemonWorker:
 def close_client(client, keep_alive: tuple) -> None:
     """Closes a client of a master that answers, on a daemon thread (Mooncake unmounts the
     segment and joins its heartbeat: 1-2 s) with ``keep_alive`` (the memory registered with
-    it) held until it is done."""
+    it) held until it is done. Mooncake's ``close`` holds the GIL throughout, so the caller
+    and every other thread of the process wait those 1-2 s all the same (no Python-side
+    thread can take a call that holds the GIL off the process)."""
     threading.Thread(target=_close, args=(client, keep_alive), daemon=True).start()
 
 

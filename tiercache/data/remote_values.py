@@ -32,17 +32,18 @@ PIECE = 16  # keys per transfer call: piece k + 1 is on the wire while piece k i
 NOT_FOUND = -704  # Mooncake's OBJECT_NOT_FOUND
 
 
-def layout_tag(layout: KVLayout) -> int:
+def layout_tag(layout: KVLayout, codec: Codec = Codec.NONE) -> int:
     """A 64-bit tag of everything that gives a value's bytes their meaning.
 
     That is the whole layout as the NVMe tier records it (layers, per-layer or not, kv
-    heads, head dim, dtype, block tokens), the codec of the stored bytes (always plain
-    here: a remote tier with a codec is refused), the model's name and the value format
-    (header version): values of two layouts that differ in any of these never share a name,
-    so neither is served as the other's (a 2-layer per-layer model's blocks have the same
-    shape as a 4-layer one's).
+    heads, head dim, dtype, block tokens), the ``codec`` whose error the values may carry
+    (a store with a quantised tier above its remote tier publishes decoded lossy blocks:
+    ``Codec.NONE`` only for exact ones), the model's name and the value format (header
+    version): values of two layouts or codecs that differ in any of these never share a
+    name, so neither is served as the other's (a 2-layer per-layer model's blocks have the
+    same shape as a 4-layer one's; an INT8-rounded block is never served as exact).
     """
-    described = layout_attributes(layout, None, Codec.NONE)
+    described = layout_attributes(layout, None, codec)
     described = {"layout": described["layout"], "codec": described["codec"], "codec_format": described["codec_format"],
                  "model": layout.name, "value_format": VERSION}
     text = json.dumps(described, sort_keys=True).encode()

@@ -21,7 +21,7 @@ from tiercache.errors import UserError
 from tiercache.policies import get_eviction, make_admission, make_eviction
 from tiercache.policies.base import AdmissionPolicy, EvictionPolicy
 
-from .remote import remote_admission
+from .remote import lossy_codec, remote_admission
 
 __all__ = ["check_layout", "check_tiers", "check_codec_mix", "check_remote_write", "check_online", "make_policies", "resolve_device",
            "check_host_memory", "open_medium", "open_media", "close_quietly", "value_limit"]
@@ -168,7 +168,7 @@ def open_media(tiers: Sequence[TierConfig], layout: KVLayout, path, device) -> l
     media: list = []
     try:
         for tier in tiers:
-            media.append(open_medium(tier, layout, path, device, room))
+            media.append(open_medium(tier, layout, path, device, room, lossy_codec(tiers)))
     except BaseException:
         close_quietly(media)
         raise
@@ -185,7 +185,7 @@ def close_quietly(media: Sequence[object]) -> None:
 
 
 def open_medium(tier: TierConfig, layout: KVLayout, path, device,
-                header_room: int = 0) -> BlockPool | QuantizedPool | NVMeStore | RemoteStore:
+                header_room: int = 0, remote_codec: Codec = Codec.NONE) -> BlockPool | QuantizedPool | NVMeStore | RemoteStore:
     """The medium of one tier: a GPU (or CPU) pool, a pinned host pool (a ``QuantizedPool``
     on its device, HBM or host, with a codec), an NVMe store (encoding with the tier's codec), or a Mooncake Store
     client (which never fails to open: an unreachable master is retried).
@@ -203,7 +203,7 @@ def open_medium(tier: TierConfig, layout: KVLayout, path, device,
         if tier.name == "dram":
             return dram_pool(layout, tier.capacity_blocks, header_room) if tier.codec is Codec.NONE else _quantized_pool(tier, layout)
         if tier.name == "remote":
-            return RemoteStore(tier.remote, layout)
+            return RemoteStore(tier.remote, layout, codec=remote_codec)
         return _open_nvme(tier, layout, path)
     except OSError as exc:
         raise UserError(f"TieredKVStore: cannot open the {tier.name} tier at {os.fspath(path)!r}: {exc.strerror or exc}") from None

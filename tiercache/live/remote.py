@@ -18,14 +18,14 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from tiercache.config import RemoteConfig, RemoteWrite
+from tiercache.config import Codec, RemoteConfig, RemoteWrite, TierConfig
 from tiercache.core.manager import TierManager
 from tiercache.data.remote import RemoteStore
 from tiercache.policies.base import AdmissionPolicy
 
 from .keymap import KeyMap
 
-__all__ = ["RemoteLink", "remote_admission"]
+__all__ = ["RemoteLink", "remote_admission", "lossy_codec"]
 
 
 class _PublishedOnly(AdmissionPolicy):
@@ -55,6 +55,18 @@ def remote_admission(config: RemoteConfig, hits: dict[int, int]) -> AdmissionPol
     return _Always()
 
 
+def lossy_codec(tiers: Sequence[TierConfig]) -> Codec:
+    """The codec whose error a store's remote values may carry: that of its quantised local
+    tier (only NVMe may be, ``media.check_remote_write``), else ``Codec.NONE``.
+
+    Under every write mode a block can reach the remote tier from that tier, decoded (``back``
+    and ``selective`` write its victims back; ``through`` writes back a victim whose view
+    entry was dropped meanwhile), so all of the store's values are tagged with it
+    (``RemoteStore(codec=...)``): only stores with the same codec share them, and none is
+    ever served as exact KV to a store with plain tiers."""
+    return next((t.codec for t in tiers if t.remote is None and t.codec is not Codec.NONE), Codec.NONE)
+
+
 class RemoteLink:
     """Lookups, adoption and the write policy of the remote tier (the manager's last tier).
 
@@ -73,15 +85,20 @@ class RemoteLink:
         self.stats = {"adopted": 0, "stale": 0, "publish_queued": 0, "write": config.write.value}
 
     # -- lookups -------------------------------------------------------------------------
-    def refresh_prefix(self, keys: Sequence[bytes], ids: Sequence[int | None]) -> None:
+    def refresh_prefix(self, keys: Sequence[bytes], ids: Sequence[int | None]) -> bool:
         """Brings the view in line with the store for the prefix of ``keys`` the local
         tiers miss: one existence check over the keys not held locally; the leading run
-        the store holds is adopted, view entries the store lost are dropped."""
+        the store holds is adopted (never pushing the prefix's own view entries out), view
+        entries the store lost are dropped. A check that got no answer changes nothing and
+        returns False: the view entries it asked about are then unconfirmed (a miss)."""
         where = [None if b is None else self.manager.locate(b) for b in ids]
         ask = [n for n, t in enumerate(where) if ids[n] is not None and (t is None or t == self.tier)]
         if not ask:
-            return
-        present = dict(zip(ask, self.medium.exists([keys[n] for n in ask]).tolist()))
+            return True
+        found = self.medium.present([keys[n] for n in ask])
+        if found is None:  # no answer: nothing is known lost, nothing new known there
+            return False
+        present = dict(zip(ask, found.tolist()))
         self._drop_stale([ids[n] for n in ask if where[n] == self.tier and not present[n]])
         run = []
         for n, tier in enumerate(where):
@@ -89,23 +106,30 @@ class RemoteLink:
                 break  # a collision, or the first block neither here nor in the store
             if tier is None:
                 run.append(n)
-        self._adopt([keys[n] for n in run])
+        if run:  # the prefix's view entries up to the run's end stay; those past its break may go
+            self._adopt([keys[n] for n in run], [b for b in ids[: run[-1] + 1] if b is not None])
+        return True
 
-    def adopt_present(self, keys: Sequence[bytes]) -> None:
-        """Adopts those of ``keys`` (held by no tier) that the store holds now."""
-        if keys:
-            present = self.medium.exists(list(keys)).tolist()
-            self._adopt([k for k, there in zip(keys, present) if there])
+    def adopt_present(self, keys: Sequence[bytes], protect: Sequence[int] = ()) -> None:
+        """Adopts those of ``keys`` (held by no tier) that the store holds now, in order,
+        never pushing the view entries of ``protect`` (the request's other blocks) out."""
+        found = self.medium.present(list(keys)) if keys else None
+        if found is not None:
+            self._adopt([k for k, there in zip(keys, found.tolist()) if there], protect)
 
-    def _adopt(self, keys: list[bytes]) -> None:
-        """Adds blocks the store holds to the view (room made by dropping view entries)."""
+    def _adopt(self, keys: list[bytes], protect: Sequence[int] = ()) -> None:
+        """Adds blocks the store holds to the view, the first ones first: room is made by
+        dropping view entries other than ``protect`` and the adopted blocks themselves;
+        those beyond the room are forgotten (a request longer than the view gets its head)."""
         ids = self.keymap.ids(keys, register=True)
         fresh = [b for b in ids if b is not None and self.manager.locate(b) is None]
         if not fresh:
             self.keymap.forget_absent([b for b in ids if b is not None], self.manager.locate)
             return
         directory = self.manager.dirs[self.tier]
-        self.manager.make_room(self.tier, min(len(fresh), directory.capacity), frozenset(fresh))
+        kept = frozenset(protect) | frozenset(fresh)
+        room = directory.capacity - sum(1 for b in kept if b in directory.slot_of)
+        self.manager.make_room(self.tier, min(len(fresh), room), kept)
         taken, rest = fresh[: directory.n_free], fresh[directory.n_free :]
         if taken:
             self.manager.restore(self.tier, taken)

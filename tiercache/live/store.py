@@ -90,7 +90,7 @@ class TieredKVStore:
             if not write_through:  # a block read up out of NVMe keeps its durable copy there (LocalEngine)
                 self.engine.retain_moved_up(self.manager.locate, lambda tier: self.manager.dirs[tier].n_free)
             self._remote = None if remote is None else RemoteLink(self.manager, self._map, self._media[-1], remote, hits)
-            self._stats = Traffic(tiers, self.tier_block_bytes, layout.block_bytes, self.engine.taken_up)
+            self._stats = Traffic(tiers, self.tier_block_bytes, layout.block_bytes, self.engine.taken_up, self.manager.left_for_shared)
             self.token_mismatches, self._closed = 0, False
             self._adopt_stored_blocks()
         except BaseException:
@@ -183,8 +183,7 @@ class TieredKVStore:
         """Stores the KV of a prompt's full blocks under their chained keys; returns how many
         were new. The blocks' token ids are kept, so ``match_prefix`` confirms hits by
         comparing tokens, not by trusting the hash alone."""
-        block_tokens = self.layout.block_tokens
-        keys = prefix_keys(token_ids, block_tokens, namespace)
+        keys = prefix_keys(token_ids, block_tokens := self.layout.block_tokens, namespace)
         tokens = np.asarray(token_ids, dtype=np.int64)
         with self._lock:
             new = self.put(keys, kv_blocks)
@@ -200,10 +199,11 @@ class TieredKVStore:
         with self._lock:
             self._check_open()
             ids = self._map.ids(keys, register=False)
-            if self._remote is not None:  # the part the local tiers miss: ask the store
-                self._remote.refresh_prefix(keys, ids)
+            confirmed = self._remote is None or self._remote.refresh_prefix(keys, ids)  # ask the store what we miss
+            if self._remote is not None:
                 self._consume()
             tiers = [None if i is None else self.manager.locate(i) for i in ids]
+            tiers = tiers if confirmed else [None if t == self._remote.tier else t for t in tiers]  # no answer: misses
             names = [None if t is None else self.manager.dirs[t].name for t in tiers]
             prefix = next((n for n, name in enumerate(names) if name is None), len(names))
             return prefix, names
@@ -216,8 +216,7 @@ class TieredKVStore:
         blocks put by key alone, or adopted from NVMe on reopen, are confirmed by their full
         16-byte key.
         """
-        block_tokens = self.layout.block_tokens
-        keys = prefix_keys(token_ids, block_tokens, namespace)
+        keys = prefix_keys(token_ids, block_tokens := self.layout.block_tokens, namespace)
         tokens = np.asarray(token_ids, dtype=np.int64)
         with self._lock:
             found, _ = self.lookup(keys)
@@ -294,7 +293,8 @@ class TieredKVStore:
         """Ids of ``keys`` once those the remote store holds are adopted; counts local hits."""
         ids = self._map.ids(keys, register=False)
         if self._remote is not None:
-            self._remote.adopt_present([k for k, i in zip(keys, ids) if i is not None and self.manager.locate(i) is None])
+            self._remote.adopt_present([k for k, i in zip(keys, ids) if i is not None and self.manager.locate(i) is None],
+                                       protect=[i for i in ids if i is not None])
             ids = self._map.ids(keys, register=False)
             self._remote.read([i for i in ids if i is not None])
         return ids
@@ -400,7 +400,7 @@ class TieredKVStore:
     def stats(self) -> dict:
         """Per-tier hits (``hits_in_place`` of them read where they lie), inserts, evictions,
         moves; bytes that crossed each link, moves and reads in place (``traffic.Traffic``), and
-        demotions that took up a retained NVMe copy, writing nothing (``retained_takeups``); queue depth; NVMe stats."""
+        moves that wrote nothing (``retained_takeups``, ``shared_already_held``); queue depth; NVMe stats."""
         with self._lock:
             self._check_open()
             self._consume()

@@ -32,6 +32,8 @@ class Traffic:
         plain_bytes: bytes of an unquantised block.
         taken_up: per (source, destination) tier, the moves that took up a retained copy
             with no write (``LocalEngine.taken_up``, read live; None: none are taken up).
+        already_held: per (tier, shared tier), the victims that left for a shared tier which
+            already held them, with no copy (``TierManager.left_for_shared``, read live).
 
     Invariants: a link's bytes are the blocks moved over it, less those taken up from a
     retained copy, plus, for a link into HBM, the blocks read in place in its source tier,
@@ -41,13 +43,15 @@ class Traffic:
     """
 
     def __init__(self, tiers: Iterable[TierConfig], tier_block_bytes: Sequence[int], plain_bytes: int,
-                 taken_up: Mapping[tuple[int, int], int] | None = None) -> None:
+                 taken_up: Mapping[tuple[int, int], int] | None = None,
+                 already_held: Mapping[tuple[int, int], int] | None = None) -> None:
         self.counters = HierarchyStats.for_tiers((t.name, t.capacity_blocks) for t in tiers)
         self.names = [t.name for t in self.counters.tiers]
         self.in_place = InPlaceHits.for_tiers(len(self.names))
         self._sizes = list(tier_block_bytes)
         self._plain = plain_bytes
         self._taken_up = {} if taken_up is None else taken_up
+        self._already_held = {} if already_held is None else already_held
 
     def consume(self, events: Sequence[tuple[int, int, int, int]]) -> None:
         """Counts one drained batch of the manager's events (a list: it is read twice)."""
@@ -66,10 +70,12 @@ class Traffic:
 
     def link_bytes(self) -> dict[str, int]:
         """Bytes per link (``"src->dst"``): what crossed it, moves (less those taken up from a
-        retained copy) and reads in place on their link to HBM."""
+        retained copy, and victims a shared tier already held) and reads in place on their
+        link to HBM."""
         blocks = self.counters.blocks_moved()
-        for link, count in self._taken_up.items():
-            blocks[link] = blocks.get(link, 0) - count
+        for not_copied in (self._taken_up, self._already_held):
+            for link, count in not_copied.items():
+                blocks[link] = blocks.get(link, 0) - count
         for tier, count in enumerate(self.in_place.counts[1:], start=1):
             if count:
                 blocks[(tier, 0)] = blocks.get((tier, 0), 0) + count
@@ -81,6 +87,11 @@ class Traffic:
         replay charges them: ``link_bytes`` plus these is the replay's figure)."""
         return {self._link_name(s, d): {"demotions": n, "bytes_not_written": n * self.link_block_bytes(s, d)}
                 for (s, d), n in self._taken_up.items() if n}
+
+    def shared_already_held(self) -> dict[str, int]:
+        """Per link into the shared tier (``"src->dst"``), the victims that left for it while
+        it already held them: demoted, nothing copied (a replay charges none either)."""
+        return {self._link_name(s, d): n for (s, d), n in self._already_held.items() if n}
 
     def _link_name(self, src: int, dst: int) -> str:
         return f"{self.names[src]}->{self.names[dst]}"
@@ -96,10 +107,11 @@ class Traffic:
         return tiers
 
     def summary(self) -> dict:
-        """``tiers`` (``tier_dicts``), ``hits``, ``misses``, ``bytes_moved`` (``link_bytes``)
-        and ``retained_takeups``."""
+        """``tiers`` (``tier_dicts``), ``hits``, ``misses``, ``bytes_moved`` (``link_bytes``),
+        ``retained_takeups`` and ``shared_already_held``."""
         return {"tiers": self.tier_dicts(), "hits": self.counters.hits, "misses": self.counters.misses,
-                "bytes_moved": self.link_bytes(), "retained_takeups": self.retained_takeups()}
+                "bytes_moved": self.link_bytes(), "retained_takeups": self.retained_takeups(),
+                "shared_already_held": self.shared_already_held()}
 
 
 def as_replay_charges(stats: dict) -> dict[str, int]:
