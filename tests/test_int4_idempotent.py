@@ -2,10 +2,10 @@
 ``codec_base.int4_scale``): before, a group whose codes reached only 0..14 came back with
 a range of 14 steps and shrank by 1/15 on each demotion (29% of its absmax after five).
 
-What stays open (module docstring of ``test_quant_idempotent``): the 4 refined key channels
-of each head (their 8-bit values do not pin their group's range) and which channels are
-refined. So V is checked whole, K on the channels refined in neither encoding, and the
-rest for drift that does not grow.
+These tests check V whole, K on the channels refined in neither encoding, and the rest for
+drift that does not grow; the refined key channels now re-encode to the same bytes too
+(``test_codec_probe_x``: which channels are refined follows the coarse codes' absmax, and a
+refined group's extremes are chosen so that they map back to its scale and zero point).
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """Re-encoding a decoded block gives the bytes it was decoded from (``encode(decode(q)) == q``),
 so a block cycled through a quantised tier keeps its first encoding's values.
 
-FP8 is idempotent at ordinary magnitudes; so are the INT8 blocks that drifted before. Still
-open, and left out of these tests (README "Quantised tiers"): INT4's refined key channels
-(their 8-bit decoded values do not pin their group's range, and which channels are refined
-can change; the rest of an INT4 block re-encodes to the same bytes: test_int4_idempotent), INT8 (a decoded non-outlier key channel
-can overtake an outlier one, so another channel is picked; with fp32 blocks the refined
-channels' decoded absmax moves their fp16 scale), and every codec on blocks below ~1e-4
+FP8 is idempotent at ordinary magnitudes; so are the INT8 blocks that drifted before. Whole
+INT8 and INT4 blocks, refined key channels included, are checked over many cycles in
+``test_codec_probe_x``. Left out (README "Quantised tiers"): every codec on blocks below ~1e-4
 (decoded values in fp16's subnormal range lose the digits the codes had).
 """
 

@@ -27,12 +27,24 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-__all__ = ["LUT_F16", "LUT_BF16", "group_amax", "int8_encode", "int8_fine", "group_minmax", "int4_encode",
-           "int4_fine", "int4_decode", "half_scales", "int4_scales", "zero_points", "channel_amax", "fp8_encode", "fp8_decode", "gather_channels", "scatter_channels"]
+__all__ = ["LUT_F16", "LUT_BF16", "group_amax", "int8_encode", "group_minmax", "int4_encode",
+           "int4_decode", "half_scales", "int4_scales", "zero_points", "channel_amax", "fp8_encode", "fp8_decode", "gather_channels", "scatter_channels"]
+
+
+def _disk_cache_usable() -> bool:
+    """Whether numba can keep this file's compiled code on disk: not where no cache folder is
+    writable (a read-only install with no writable home); the kernels then compile in each
+    process, silently (``tiercache.policies.kernels`` warns about the same once)."""
+    try:
+        numba.njit(cache=True)(lambda: None)  # a function of this file: numba looks for its cache folder
+    except RuntimeError:  # "cannot cache function ...: no locator available for file ..."
+        return False
+    return True
+
 
 # error_model "numpy": no ZeroDivisionError check per division (it stops LLVM vectorising;
 # scales are never 0: an all-zero group gets scale 1).
-_JIT = dict(nogil=True, cache=True, boundscheck=False, error_model="numpy")
+_JIT = dict(nogil=True, cache=_disk_cache_usable(), boundscheck=False, error_model="numpy")
 # The per-row helpers are inlined into the kernels (inline="always"): called per row as
 # functions, each call's array arguments cost reference counting that LLVM cannot remove,
 # and the rows were several times slower.
@@ -235,26 +247,6 @@ def int8_encode(x, bf16, gk, gv, k_scale, v_scale, out, h0, h1):
                         out[n, 1, h, t, d] = np.int8(min(max(np.rint(row[d] / s), lo), hi))
 
 
-@numba.njit(**_JIT)
-def int8_fine(x, lut, gk, k_scale, codes, channels, fine):
-    """The int8 residual of the key channels ``channels[n, h, j]`` into ``fine[n, h, t, j]``,
-    their codes rewritten: ``steps = round(x / scale * 254)``, ``code = clamp(round(steps /
-    254), -127, 127)``, ``fine = clamp(steps - 254 * code, -127, 127)`` (float32 operations
-    in the reference's order: ``Int8Codec._fine``)."""
-    n_, _, heads, tokens, _ = x.shape
-    count = channels.shape[2]
-    for n in range(n_):
-        for h in range(heads):
-            for t in range(tokens):
-                for j in range(count):
-                    c = channels[n, h, j]
-                    steps = np.rint(lut[x[n, 0, h, t, c]] / k_scale[n, h, t // gk, c] * np.float32(254.0))
-                    code = min(max(np.rint(steps / np.float32(254.0)), np.float32(-127.0)), np.float32(127.0))
-                    codes[n, 0, h, t, c] = np.int8(code)
-                    r = steps - code * np.float32(254.0)
-                    fine[n, h, t, j] = np.int8(min(max(r, np.float32(-127.0)), np.float32(127.0)))
-
-
 # ----- INT4 ------------------------------------------------------------------------------
 
 @numba.njit(**_JIT)
@@ -313,32 +305,6 @@ def int4_encode(x, bf16, gk, gv, k_scale, k_zero, v_scale, v_zero, out, h0, h1):
                 _pack(codes, out, n, 1, h, t)
 
 
-@numba.njit(**_JIT)
-def int4_fine(x, lut, gk, k_scale, k_zero, channels, packed):
-    """The 4-bit residuals of the key channels ``channels[n, h, j]``, two a byte into the
-    flat ``packed`` (element ``2i`` of the ``[n, h, t, j]`` order in the low nibble; a last
-    odd element alone): ``level = clamp(round(x / scale) + zero, 0, 15) - zero``, then
-    ``clamp(round((x / scale - level) * 16), -8, 7) + 8`` (the float32 operations of
-    ``Int4Codec._refinement``, in its order)."""
-    n_, _, heads, tokens, _ = x.shape
-    count = channels.shape[2]
-    i = 0
-    for n in range(n_):
-        for h in range(heads):
-            for t in range(tokens):
-                for j in range(count):
-                    c = channels[n, h, j]
-                    s, z = k_scale[n, h, t // gk, c], k_zero[n, h, t // gk, c]
-                    scaled = lut[x[n, 0, h, t, c]] / s
-                    level = min(max(np.rint(scaled) + z, np.float32(0.0)), np.float32(15.0)) - z
-                    fine = np.uint8(min(max(np.rint((scaled - level) * np.float32(16.0)), np.float32(-8.0)), np.float32(7.0)) + np.float32(8.0))
-                    if i % 2 == 0:
-                        packed[i // 2] = fine
-                    else:
-                        packed[i // 2] |= fine << np.uint8(4)
-                    i += 1
-
-
 @numba.njit(inline="always", **_JIT)
 def _pack(codes, out, n, c, h, t):
     """Two 4-bit codes a byte into the row ``out[n, c, h, t]``, the even one in the low nibble."""
@@ -351,8 +317,8 @@ def int4_decode(packed, gk, gv, k_scale, k_zero, v_scale, v_zero, channels, fine
     """``(code - zero) * scale``, clamped to the dtype's finite range, rounded into the fp16
     (bf16) bits ``out`` ``[n, 2, heads, tokens, dim]``; then each key channel
     ``channels[n, h, j]`` refined by its 4-bit residual (``fine``: the flat nibbles of
-    ``int4_fine``), in ``Int4Codec._finish``'s float32 operations: the level read back from
-    the rounded value, ``(level + (nibble - 8) / 16) * scale``, clamped, rounded."""
+    ``codec_refine.int4_fine``), in ``Int4Codec._finish``'s float32 operations: the level
+    read back from the rounded value, ``(level + (nibble - 8) / 16) * scale``, clamped, rounded."""
     n_, _, heads, tokens, dim = out.shape
     u32, half_u32, codes = np.empty(dim, np.uint32), np.empty(dim, np.uint32), np.empty(dim, np.float32)
     row, half_f32 = u32.view(np.float32), half_u32.view(np.float32)
@@ -442,7 +408,8 @@ def _e4m3(row, scale, keep, bound, n, h, masked, scaled, bits, out, c, t):
     for d in range(dim):
         value = min(max(row[d] / scale, np.float32(-448.0)), np.float32(448.0))
         if masked:
-            value = min(max(value, -bound[n, h, d]), bound[n, h, d]) if keep[n, h, d] != 0 else np.float32(0.0)
+            b = bound[n, h, d]  # explicit: a value within the bound keeps its own sign of zero (as the reference)
+            value = (b if value > b else (-b if value < -b else value)) if keep[n, h, d] != 0 else np.float32(0.0)
         scaled[d] = value
     for d in range(dim):
         u = bits[d] & np.uint32(0x7FFFFFFF)

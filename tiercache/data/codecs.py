@@ -18,7 +18,11 @@ block's device) and back. The reference is plain vectorised torch (``encode_refe
   head_dim, per token), an fp16 scale and a uint8 zero point per group, two codes per byte;
   the 4 largest key channels of each head get a 4-bit residual (8 bits in all). Scales keep
   7 significant bits and span all 16 codes (``codec_base.int4_scale``), so a decoded group
-  re-encodes to the same bytes (not yet the refined key channels).
+  re-encodes to the same bytes.
+
+INT8 and INT4 pick their refined channels, and choose their residuals, so that a decoded
+block re-encodes to the same bytes too (``codec_refine``); INT8's scales may still move
+once, at the first re-encode (an fp16 block's ``127 * scale`` rounds).
 
 A ``QuantizedBlock`` serialises to one flat uint8 buffer of exactly ``nbytes`` bytes (wider
 dtypes first, so every part of a buffer read back is aligned for a zero-copy view).
@@ -41,9 +45,15 @@ import torch
 
 from ..config import CODEC_GROUP, FP8_OUTLIER_CHANNELS, INT8_K_GROUP, KEY_OUTLIER_CHANNELS, Codec, codec_group
 from . import codec_kernels as kernels
+from . import codec_refine as refine
+from .codec_scales import _asym_from, _asym_params, _finite, _scale16, _sym_scale16
 from .codec_fp8 import FP8_MAX, fp8_as_fp16, fp8_bounds, fp8_scale
+from .codec_refine import (channel_groups, int4_coarse_amax, int4_level_fine, int4_pins, int4_steps, int8_coarse_amax, int8_pins,
+                           int8_steps, per_token)
+from .codec_refine import channel_scales as _channel_scales
+from .codec_refine import top_channels as _top_channels
 from .codec_base import (FLOAT_DTYPES, BlockCodec, Part, QuantizedBlock, _asym_into, _f32, _halves, _lut, _on_heads,
-                         _require_finite, _require_scales, _scale16_into, check_block, int4_scale)
+                         _require_finite, _require_scales, _scale16_into, check_block)
 
 __all__ = ["Part", "QuantizedBlock", "BlockCodec", "codec_for", "check_block", "FLOAT_DTYPES", "fp8_as_fp16"]
 
@@ -84,7 +94,7 @@ class Int8Codec(BlockCodec):
     """INT8, symmetric (codes in [-127, 127]) with fp16 scales: K per (head, channel) over
     the block's tokens (groups of up to 256), V per (head, token) over groups of up to 64
     channels (keys have outlier channels, values do not: KIVI); plus, per (leading index,
-    head), the ``_OUTLIERS`` key channels of largest absmax refined by an int8 residual.
+    head), the ``_OUTLIERS`` key channels of largest (coarse) absmax refined by an int8 residual.
 
     Why the residual: the outlier channels (x10-x50) carry most of each logit, so their
     codes' absolute error dominated the logit error, and it grows with the query's logit
@@ -110,13 +120,15 @@ class Int8Codec(BlockCodec):
     def _encode(self, block):
         x = block.to(torch.float32, copy=True)  # one conversion, then in place: mixed-dtype ops copy
         k, v = _k_groups(x.select(-4, 0), INT8_K_GROUP), _v_groups(x.select(-4, 1))
-        k_scale, v_scale = _sym_scale16(k, -2), _sym_scale16(v, -1)
+        k_amax = k.abs().amax(dim=-2, keepdim=True)
+        k_scale, v_scale = _scale16(k_amax, 127), _sym_scale16(v, -1)
         _require_scales(k_scale, v_scale)
-        channels = _top_channels(k.abs().amax(dim=(-3, -2)).unsqueeze(-2), self._OUTLIERS)
+        channels, ends = self._pick(k_amax, k_scale, block.dtype)
         k.div_(k_scale.float())
         v.div_(v_scale.float())
         codes = x.round_().clamp_(-127, 127).to(torch.int8)
-        return codes, (k_scale, v_scale, self._fine(block, codes, k_scale, channels), channels.to(torch.int16))
+        fine = self._fine(block, codes, k_scale, channels, ends)
+        return codes, (k_scale, v_scale, fine, channels.to(torch.int16))
 
     def _fast_ok(self, shape):
         return True
@@ -130,26 +142,38 @@ class Int8Codec(BlockCodec):
         _require_finite(k_amax, v_amax)
         k_part, v_part, fine, channel_part = q.scales
         k_scale, v_scale = _scale16_into(k_amax, 127, k_part), _scale16_into(v_amax, 127, v_part)
-        channels = _top_channels(torch.from_numpy(k_amax.max(axis=-2)).view(*block.shape[:-4], heads, 1, dim), self._OUTLIERS)
+        grouped = (*block.shape[:-4], heads, tokens // gk, 1, dim)
+        channels, ends = self._pick(torch.from_numpy(k_amax).view(grouped), torch.from_numpy(k_scale).view(grouped), block.dtype)
         channel_part.copy_(channels)
         codes = q.payload.numpy().reshape(x.shape)
         _on_heads(kernels.int8_encode, heads, x, bf16, gk, gv, k_scale, v_scale, codes)
-        kernels.int8_fine(x, _lut(bf16), gk, k_scale, codes, channels.view(n, heads, -1).numpy(), fine.numpy().reshape(n, heads, tokens, -1))
+        refine.int8_fine(x, _lut(bf16), gk, k_scale, channels.view(n, heads, -1).numpy(),
+                         torch.stack(ends).view(2, n, heads, tokens // gk, -1).numpy(), codes, fine.numpy().reshape(n, heads, tokens, -1))
 
-    def _fine(self, block: torch.Tensor, codes: torch.Tensor, k_scale: torch.Tensor, channels: torch.Tensor) -> torch.Tensor:
+    def _pick(self, amax: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """``(channels, ends)`` from K's per-group absmax and scale (``[..., H, T/g, 1, D]``):
+        the refined channels (largest coarse absmax, ``codec_refine.int8_coarse_amax``) and
+        their groups' ``codec_refine.int8_pins``."""
+        channels = _top_channels(int8_coarse_amax(amax, scale).amax(dim=-3), self._OUTLIERS)
+        return channels, int8_pins(*(channel_groups(t, channels) for t in (amax, scale)), dtype, self._FINE)
+
+    def _fine(self, block: torch.Tensor, codes: torch.Tensor, k_scale: torch.Tensor, channels: torch.Tensor,
+              ends: tuple[torch.Tensor, ...]) -> torch.Tensor:
         """The int8 residual of the outlier key channels, rewriting their codes in place:
-        ``steps = round(x / scale * 254)``, ``code = round(steps / 254)``, ``fine = steps -
-        254 * code`` (float32, the order ``codec_kernels.int8_fine`` follows, so both paths
-        give the same bytes).
+        ``steps`` (``codec_refine.int8_steps``: ``round(x / scale * 254)``, ``ends`` from
+        ``int8_pins``), ``code = round(steps / 254)``, ``fine = steps - 254 *
+        code`` (float32, the order ``codec_refine.int8_fine`` follows, so both paths give
+        the same bytes).
 
         Invariant: the pair is a function of ``steps`` alone, the value it decodes to
         (``steps / 254 * scale``): a value half a step between two codes has one encoding
         (rounding ``x / scale`` first gave ``(c, 127)`` or ``(c + 1, -127)`` for the same
         value, whichever side the decoded copy's rounding fell), so a decoded block
-        re-encodes to the same bytes."""
+        re-encodes to the same bytes; with ``ends``, so does its scale (``codec_refine``)."""
         k = block.select(-4, 0)
         index = channels.expand(*k.shape[:-1], channels.shape[-1])
-        steps = (k.gather(-1, index).float() / _channel_scales(k_scale, index)).mul_(self._FINE).round_()
+        steps = int8_steps(k.gather(-1, index), _channel_scales(k_scale, index),
+                           tuple(per_token(e, k.shape[-2]) for e in ends), self._FINE)
         code = (steps / self._FINE).round_().clamp_(-127, 127)
         codes.select(-4, 0).scatter_(-1, index, code.to(torch.int8))
         return steps.sub_(code.mul_(self._FINE)).clamp_(-127, 127).to(torch.int8)
@@ -164,66 +188,6 @@ class Int8Codec(BlockCodec):
         _v_groups(x.select(-4, 1)).mul_(v_scale.float())
         k.scatter_(-1, index, refined)
         out.copy_(_finite(x, out.dtype))
-
-
-def _finite(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``x`` (float32) clamped in place to ``dtype``'s finite range: a value within half a
-    quantisation step of fp16's largest (65504) must not decode to infinity."""
-    if dtype in (torch.float16, torch.bfloat16):
-        limit = torch.finfo(dtype).max
-        x.clamp_(-limit, limit)
-    return x
-
-
-def _top_channels(amax: torch.Tensor, count: int) -> torch.Tensor:
-    """The ``count`` channels of largest ``amax`` (``[..., heads, 1, dim]``), ascending; of
-    channels of equal ``amax``, the lowest indices (a fixed rule, unlike ``topk``'s, so a
-    decoded block whose picked channels still lead, or tie at a higher index, picks them
-    again)."""
-    n = min(count, amax.shape[-1])
-    order = amax.float().argsort(dim=-1, descending=True, stable=True)
-    return order[..., :n].sort(dim=-1).values
-
-
-def _channel_scales(k_scale: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """The float32 K scale of every (token, outlier channel) of ``index`` (``[..., H, T, n]``,
-    the same channels for every token) from ``k_scale`` (``[..., H, T/g, 1, D]``): the
-    channels are picked per group first, so only ``n`` of the ``D`` columns are expanded."""
-    *lead, groups, _, _ = k_scale.shape
-    tokens, n = index.shape[-2], index.shape[-1]
-    columns = index[..., :1, :].unsqueeze(-3).expand(*lead, groups, 1, n)
-    picked = k_scale.gather(-1, columns).float()
-    return picked.expand(*lead, groups, tokens // groups, n).reshape(*lead, tokens, n)
-
-
-def _sym_scale16(grouped: torch.Tensor, dim: int) -> torch.Tensor:
-    """fp16 ``absmax / 127`` per group along ``dim`` (``_scale16``); codes are computed with
-    this rounded scale, so the rounding adds no error."""
-    return _scale16(grouped.abs().amax(dim=dim, keepdim=True).float(), 127)
-
-
-#: fp16's spacing below 2^-14 (its subnormal range): its smallest positive value.
-_HALF_STEP = 2.0 ** -24
-
-
-def _scale16(amax: torch.Tensor, qmax: int) -> torch.Tensor:
-    """fp16 scale ``amax / qmax`` (float32 division first) of each group (``amax >= 0``: its
-    absmax or range), 1 where ``amax`` is 0 (an all-zero group encodes to zeros).
-
-    The nearest fp16, as fp16 rounds, except where ``amax`` would then lie beyond
-    ``qmax + 0.5`` scales: there the next fp16 up. That only happens below 2^-14 (fp16's
-    subnormal range, spaced 2^-24; a normal fp16 is at most 2^-11 off), where the nearest
-    alone could fall far short (the largest values clipped) or to 0 (every value of the
-    group flushed to 0: INT8 groups of absmax < 3.8e-6). So the scale is at most
-    ``amax / qmax + 2^-24`` (a normal one at most 2^-11 above it), an INT8 code is within
-    half a step of its value (error at most about ``amax / 254 + 2^-25``), and normal
-    scales are the nearest, as they always were (same bytes). The compiled
-    ``codec_kernels.half_scales`` does the same float32 operations.
-    """
-    nearest = (amax / qmax).to(torch.float16).float()
-    short = nearest * (qmax + 0.5) < amax
-    scale = torch.where(short, nearest + _HALF_STEP, nearest).to(torch.float16)
-    return torch.where(scale > 0, scale, torch.ones_like(scale))
 
 
 class Fp8Codec(BlockCodec):
@@ -263,9 +227,8 @@ class Fp8Codec(BlockCodec):
         picked = outliers.abs().amax(dim=-2).float()  # [..., H, n]: each exact channel's absmax
         k_scale = scale.select(-4, 0).reshape(*picked.shape[:-2], 1, 1)
         bound = fp8_bounds(k_scale, picked, channels.squeeze(-2), k.shape[-1], block.dtype).unsqueeze(-2)
-        k = x.select(-4, 0)
-        torch.minimum(k, bound, out=k)
-        torch.maximum(k, -bound, out=k)
+        k = x.select(-4, 0)  # where, not minimum/maximum: a value within the bound keeps its sign of zero
+        k.copy_(torch.where(k > bound, bound, torch.where(k < -bound, -bound, k)))
         return x.to(torch.float8_e4m3fn), (scale, outliers.contiguous(), channels.to(torch.int16))
 
     def _fast_ok(self, shape):
@@ -318,20 +281,6 @@ class Fp8Codec(BlockCodec):
         k.scatter_(-1, channels.long().expand(*k.shape[:-1], channels.shape[-1]), outliers.to(out.dtype))
 
 
-def _asym_params(grouped: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(scale fp16, zero uint8)`` per group along ``dim``; the range always holds 0, so the
-    zero point lies in [0, 15] and an exact 0 stays exact."""
-    return _asym_from(grouped.amin(dim=dim, keepdim=True).float(), grouped.amax(dim=dim, keepdim=True).float())
-
-
-def _asym_from(lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``_asym_params`` from each group's float32 min and max."""
-    lo, hi = lo.clamp(max=0), hi.clamp(min=0)
-    scale = int4_scale(lo, hi, _scale16(hi - lo, 15).float()).to(torch.float16)
-    zero = (-lo / scale.float()).round_().clamp_(0, 15).to(torch.uint8)
-    return scale, zero
-
-
 def _quantise4(grouped: torch.Tensor, out: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> None:
     """Codes ``round(x / scale) + zero`` clamped to [0, 15], written (as floats) into ``out``."""
     torch.div(grouped, scale.float(), out=out)
@@ -355,9 +304,10 @@ def _unpack4(packed: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
 
 class Int4Codec(BlockCodec):
     """INT4, asymmetric, groups of up to 64: K along tokens per channel, V along head_dim;
-    plus, per (leading index, head), the ``_OUTLIERS`` key channels of largest absmax
-    refined by a 4-bit residual (``fine = round((x / scale - (code - zero)) * 16)``, two a
-    byte): those values get 8 bits in all.
+    plus, per (leading index, head), the ``_OUTLIERS`` key channels of largest (coarse)
+    absmax refined by a 4-bit residual (``steps = round(x / scale * 16)``, ``code - zero =
+    floor((steps + 8) / 16)``, ``fine = steps - 16 * (code - zero)``, two a byte;
+    ``codec_refine``): those values get 8 bits in all.
 
     Why: the outlier channels (x10-x50) carry most of each logit, so their 16-level codes'
     error dominated the attention error (0.13 at logit std 1, 0.24 at 5.6 on the synthetic
@@ -380,19 +330,28 @@ class Int4Codec(BlockCodec):
                 Part("k_fine", ((math.prod((*lead, heads, tokens, n)) + 1) // 2,), torch.uint8),
                 Part("k_channels", (*lead, heads, 1, n), torch.int16))
 
-    def _refinement(self, block: torch.Tensor, k_scale: torch.Tensor, k_zero: torch.Tensor,
-                    amax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(packed fine nibbles, int16 channels)`` of the outlier key channels, from the
-        block and its K scales and zero points alone (the codes are recomputed with the
-        encoder's float32 operations, so both encode paths give the same bytes)."""
-        channels = _top_channels(amax, self._OUTLIERS)
+    def _pick(self, lo: torch.Tensor, hi: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor,
+              dtype: torch.dtype) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """``(channels, ends)`` from K's per-group min, max, scale and zero point (each
+        ``[..., H, T/g, 1, D]``): the refined channels (largest coarse absmax,
+        ``codec_refine.int4_coarse_amax``) and their groups' ``codec_refine.int4_pins``."""
+        channels = _top_channels(int4_coarse_amax(lo, hi, scale, zero).amax(dim=-3), self._OUTLIERS)
+        return channels, int4_pins(*(channel_groups(t, channels) for t in (lo, hi, scale, zero)), dtype, self._FINE)
+
+    def _refinement(self, block: torch.Tensor, codes: torch.Tensor, k_scale: torch.Tensor, k_zero: torch.Tensor,
+                    channels: torch.Tensor, ends: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """The packed fine nibbles of the refined key channels, their codes rewritten in
+        ``codes`` (float, before packing): ``codec_refine.int4_steps`` with ``ends``, then
+        ``int4_level_fine`` (the float32 operations ``codec_refine.int4_fine`` follows, so
+        both encode paths give the same bytes)."""
         k = block.select(-4, 0)
         index = channels.expand(*k.shape[:-1], channels.shape[-1])
-        scale, zero = _channel_scales(k_scale, index), _channel_scales(k_zero, index)
-        scaled = k.gather(-1, index).float() / scale
-        level = scaled.round().add_(zero).clamp_(0, 15).sub_(zero)
-        fine = (scaled - level).mul_(self._FINE).round_().clamp_(-8, 7).add_(8)
-        return _pack4(fine.to(torch.uint8)), channels.to(torch.int16)
+        zero = _channel_scales(k_zero, index)
+        steps = int4_steps(k.gather(-1, index), _channel_scales(k_scale, index),
+                           tuple(per_token(e, k.shape[-2]) for e in ends), self._FINE)
+        level, fine = int4_level_fine(steps, zero, self._FINE)
+        codes.select(-4, 0).scatter_(-1, index, level.add_(zero))
+        return _pack4(fine.add_(self._FINE / 2).to(torch.uint8))
 
     def _finish(self, q, out):
         """Rewrites the outlier key channels of a decoded block as ``(level + fine / 16) *
@@ -408,14 +367,16 @@ class Int4Codec(BlockCodec):
 
     def _encode(self, block):
         k, v = _k_groups(block.select(-4, 0)), _v_groups(block.select(-4, 1))
-        k_scale, k_zero = _asym_params(k, -2)
+        k_lo, k_hi = k.amin(dim=-2, keepdim=True).float(), k.amax(dim=-2, keepdim=True).float()
+        k_scale, k_zero = _asym_from(k_lo, k_hi)
         v_scale, v_zero = _asym_params(v, -1)
         _require_scales(k_scale, v_scale)
         x = torch.empty(block.shape, dtype=torch.float32, device=block.device)
         _quantise4(k, _k_groups(x.select(-4, 0)), k_scale, k_zero)
         _quantise4(v, _v_groups(x.select(-4, 1)), v_scale, v_zero)
-        amax = block.select(-4, 0).abs().amax(dim=-2, keepdim=True).float()
-        return _pack4(x.to(torch.uint8)), (k_scale, k_zero, v_scale, v_zero, *self._refinement(block, k_scale, k_zero, amax))
+        channels, ends = self._pick(k_lo, k_hi, k_scale, k_zero, block.dtype)
+        fine = self._refinement(block, x, k_scale, k_zero, channels, ends)
+        return _pack4(x.to(torch.uint8)), (k_scale, k_zero, v_scale, v_zero, fine, channels.to(torch.int16))
 
     def _fast_ok(self, shape):
         return shape[-1] % 2 == 0  # the kernel packs the two codes of a byte from one row
@@ -430,12 +391,13 @@ class Int4Codec(BlockCodec):
         k_scale_part, k_zero_part, v_scale_part, v_zero_part, fine, channel_part = q.scales
         k_scale, k_zero = _asym_into(k_lo, k_hi, k_scale_part, k_zero_part)
         v_scale, v_zero = _asym_into(v_lo, v_hi, v_scale_part, v_zero_part)
-        _on_heads(kernels.int4_encode, heads, x, bf16, gk, gv, k_scale, k_zero, v_scale, v_zero,
-                  q.payload.numpy().reshape(n, 2, heads, tokens, dim // 2))
-        amax = np.maximum(np.abs(k_lo), np.abs(k_hi)).max(axis=-2)
-        channels = _top_channels(torch.from_numpy(amax).view(*block.shape[:-4], heads, 1, dim), self._OUTLIERS)
+        payload = q.payload.numpy().reshape(n, 2, heads, tokens, dim // 2)
+        _on_heads(kernels.int4_encode, heads, x, bf16, gk, gv, k_scale, k_zero, v_scale, v_zero, payload)
+        grouped = (*block.shape[:-4], heads, tokens // gk, 1, dim)
+        channels, ends = self._pick(*(torch.from_numpy(a).view(grouped) for a in (k_lo, k_hi, k_scale, k_zero)), block.dtype)
         channel_part.copy_(channels)
-        kernels.int4_fine(x, _lut(bf16), gk, k_scale, k_zero, channels.view(n, heads, -1).numpy(), fine.numpy())
+        refine.int4_fine(x, _lut(bf16), gk, k_scale, k_zero, channels.view(n, heads, -1).numpy(),
+                         torch.stack(ends).view(4, n, heads, tokens // gk, -1).numpy(), fine.numpy(), payload)
 
     def _decode_fast(self, q, out, bits, bf16):
         n, _, heads, tokens, dim = bits.shape
