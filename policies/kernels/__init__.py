@@ -31,17 +31,22 @@ Every kernel module defines ``CODE`` (its number in the chain's dispatch), ``BAT
 (as the class's ``batch_insert_safe``), ``init(P, M, X, t, capacity)`` and the four hooks.
 ``KERNELS`` (in ``tiercache.policies``) links a registry name to its kernel module.
 
-numba compiles them (``cache=True``: compiled once per machine, into ``__pycache__``). Without
-numba (not installed, or ``TIERCACHE_NO_NUMBA=1``) ``HAVE_NUMBA`` is False, the decorators
-leave plain Python functions, and replays take the Python manager with the reference
-classes instead (correct, and as fast as before).
+numba compiles them (``cache=True``: compiled once per machine, into ``__pycache__``, else
+``$HOME/.cache/numba`` or ``NUMBA_CACHE_DIR``). Where numba finds none of those writable (a
+read-only install with no writable home) they compile without the on-disk cache, anew in each
+process, after one ``NO_DISK_CACHE`` warning. Without numba (not installed, or
+``TIERCACHE_NO_NUMBA=1``) ``HAVE_NUMBA`` is False, the decorators leave plain Python
+functions, and replays take the Python manager with the reference classes instead (correct,
+and as fast as before).
 """
 
 from __future__ import annotations
 
+import functools
 import os
+import warnings
 
-__all__ = ["HAVE_NUMBA", "njit", "njit_inline", "as_int", "NIL", "numba_disabled", "TIER_OF", "PROT", "STAMP", "FUT", "HINT", "G_ROWS",
+__all__ = ["HAVE_NUMBA", "njit", "njit_inline", "as_int", "NIL", "numba_disabled", "NO_DISK_CACHE", "TIER_OF", "PROT", "STAMP", "FUT", "HINT", "G_ROWS",
            "META_SLOTS", "S_PARENTS", "S_REQ"]
 
 #: "No node" in every link field and list head.
@@ -80,8 +85,11 @@ def stamped_sources() -> list:
     ``policies/`` and ``STAMPED_SIM_MODULES`` of ``tiercache/sim``, sorted."""
     from pathlib import Path
 
+    import tiercache  # the package root (already imported: this module is inside it)
+
     root = Path(__file__).resolve().parents[1]
-    sim = root.parent / "tiercache" / "sim"
+    # Beside ``policies/`` in the checkout, around it in an install: ask the package where it is.
+    sim = Path(tiercache.__file__).resolve().parent / "sim"
     return sorted(root.rglob("*.py")) + [sim / f"{name}.py" for name in STAMPED_SIM_MODULES]
 
 
@@ -118,6 +126,17 @@ def _drop_stale_caches() -> None:
         pass  # a read-only install: nothing was compiled there to go stale
 
 
+#: The one warning when numba can keep no compiled code on disk (then every process compiles).
+NO_DISK_CACHE = ("tiercache: numba has no writable cache folder (__pycache__, ~/.cache/numba or NUMBA_CACHE_DIR): "
+                 "kernels compile without the on-disk cache, on every start")
+
+
+@functools.lru_cache(maxsize=None)
+def _warn_no_disk_cache() -> None:
+    """Warns once per process (lru_cache) that the kernels compile without the on-disk cache."""
+    warnings.warn(NO_DISK_CACHE, RuntimeWarning, stacklevel=2)
+
+
 try:
     if numba_disabled():
         raise ImportError("TIERCACHE_NO_NUMBA is set")
@@ -126,18 +145,27 @@ try:
     HAVE_NUMBA = True
     _drop_stale_caches()
 
-    def njit(func):
-        """numba's ``njit`` with the on-disk cache (compile once per machine)."""
+    def _jit(func, **options):
+        """numba's ``njit`` of ``func`` with the on-disk cache, or without it (compiled anew in
+        each process, after one ``NO_DISK_CACHE`` warning) where numba has nowhere to keep it."""
         # No reference counting: the kernels allocate nothing, and counting the array
         # arguments of every internal call cost ~70 ns per call (a replay makes several per miss).
-        return numba.njit(cache=True, nogil=True, _nrt=False)(func)
+        try:
+            return numba.njit(cache=True, nogil=True, _nrt=False, **options)(func)
+        except RuntimeError:  # numba: "cannot cache function ...: no locator available for file ..."
+            _warn_no_disk_cache()
+            return numba.njit(nogil=True, _nrt=False, **options)(func)
+
+    def njit(func):
+        """numba's ``njit`` with the on-disk cache (compile once per machine)."""
+        return _jit(func)
 
     def njit_inline(func):
         """``njit`` inlined into its callers at numba's IR level (small dispatch functions
         called several times per miss: a call with these array arguments costs ~10 ns)."""
-        return numba.njit(cache=True, nogil=True, _nrt=False, inline="always")(func)
+        return _jit(func, inline="always")
 
-    @numba.njit(cache=True, nogil=True, _nrt=False, inline="always")
+    @njit_inline
     def as_int(x):
         """``x`` as a plain int64: a constant passed straight to a kernel function would make
         numba compile one more copy of it, and of all it calls, per constant value."""

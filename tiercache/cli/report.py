@@ -18,7 +18,6 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..report.across import across_documents, gap_markdown, gap_notes, gap_rows, split_rows
-from ..report.content import build_document
 from ..report.lru_curve import same_trace
 from ..report.model import ReportData, from_documents, load_results
 from ..report.summary import BASELINE, BELADY
@@ -149,6 +148,8 @@ def _run_across(args: argparse.Namespace) -> int:
 def _write(out: str, data: ReportData, trace_path: str | None, command: str, results: ResultsDocument | None,
            extra: dict[str, str] | None = None) -> None:
     """Writes the report folder (with the ``extra`` files, name -> text) all at once and says what it holds."""
+    from ..report.content import build_document  # loads matplotlib: only a command that draws plots needs it
+
     document = build_document(data, trace_path, command)
     names = write_report(out, document, results_csv(data), results, data.version, extra)
     plots = sum(name.endswith(".png") for name in names)

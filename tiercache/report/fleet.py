@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import io
 
-from matplotlib.figure import Figure
-
 from ..results import RunRecord
 from . import fmt
 from .document import Image, Paragraph, Section, Table
@@ -105,6 +103,8 @@ def gain_sentence(shared: RunRecord, private: RunRecord) -> str:
 def fleet_plot(shared: RunRecord, private: RunRecord | None) -> bytes:
     """Stacked bars per instance: hits per local tier and from the shared tier, beside the
     private-only run's hits (hatched) when there is one."""
+    from matplotlib.figure import Figure  # here, not at module level: the CLI starts without matplotlib
+
     figure = Figure(figsize=(7, 3.6), dpi=110)
     axes = figure.add_subplot()
     alone = private.instances if private is not None else [None] * len(shared.instances)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -19,7 +20,9 @@ from ..results.records import legacy_fingerprint
 from ..sim.loader import Trace, load_trace, trace_fingerprint
 from . import fmt
 from .model import Run, TraceInfo
-from .plots import Curve
+
+if TYPE_CHECKING:  # plots loads matplotlib: only a drawn report needs it
+    from .plots import Curve
 
 __all__ = ["LRUCurve", "dense_lru_curve", "same_trace", "DENSE_POINTS"]
 
@@ -52,6 +55,8 @@ def dense_lru_curve(trace: TraceInfo, trace_path: str | None, runs: list[Run]) -
     loaded = _load_same_trace(trace, path)
     if isinstance(loaded, str):
         return LRUCurve(None, None, loaded)
+    from .plots import Curve  # loads matplotlib: the curve is about to be drawn
+
     histogram = reuse_histogram(loaded.ids)
     capacities = _dense_capacities([r.capacity_blocks for r in runs])
     curve = Curve(capacities, histogram.miss_ratios(capacities), f"lru, one-pass curve ({len(capacities)} capacities)")
