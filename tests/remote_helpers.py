@@ -40,3 +40,14 @@ def open_store(config: RemoteConfig, layout: KVLayout = LAYOUT, **sizes):
     tiers = remote_tiers(config, **sizes)
     path = tempfile.mkdtemp(prefix="tiercache-remote-") if any(t.name == "nvme" for t in tiers) else None
     return TieredKVStore(layout, tiers, path=path, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def master():
+    """A Mooncake master on loopback for one test module, stopped by its pid afterwards (a
+    module imports this fixture by name)."""
+    from tiercache.data.remote_master import start_master
+
+    started = start_master()
+    yield started
+    started.stop()

@@ -9,35 +9,22 @@ with one line before any work.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import tracemalloc
 from pathlib import Path
 
 import pytest
-import torch
 
 from tiercache.bench import decode as bdecode
 from tiercache.bench.remote import RemoteBenchConfig
 from tiercache.config import KVLayout
 from tiercache.live.store import TieredKVStore
 
+from test_script_bench_honesty import _script, keep_torch_threads  # noqa: F401 (keep_torch_threads: a fixture)
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _script(name: str):
-    spec = importlib.util.spec_from_file_location(f"probe_v_{name}", ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.fixture
-def keep_torch_threads():
-    """Scripts set torch's thread count for the whole process: put it back."""
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
 
 
 # ----- bench_memory: rss measured without tracemalloc (finding 1) ---------------------------

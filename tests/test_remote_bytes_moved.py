@@ -5,22 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from remote_helpers import open_store, remote_config, require_mooncake
+from remote_helpers import master, open_store, remote_config, require_mooncake  # noqa: F401 (master: a fixture)
 from store_helpers import LAYOUT, blocks
 from tiercache.config import RemoteWrite
-from tiercache.data.remote_master import start_master
 from tiercache.keys import prefix_keys
 
 require_mooncake()
 
 BT = LAYOUT.block_tokens
-
-
-@pytest.fixture(scope="module")
-def master():
-    started = start_master()
-    yield started
-    started.stop()
 
 
 def test_victims_the_remote_tier_already_holds_are_not_charged_again(master):

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from remote_helpers import open_store, remote_config, require_mooncake
+from remote_helpers import master, open_store, remote_config, require_mooncake  # noqa: F401 (master: a fixture)
 from store_helpers import LAYOUT, blocks
 from tiercache.config import KVLayout, RemoteConfig
 from tiercache.data.remote import RemoteStore
@@ -28,13 +28,6 @@ from tiercache.keys import prefix_keys
 require_mooncake()
 
 BT = LAYOUT.block_tokens
-
-
-@pytest.fixture(scope="module")
-def master():
-    started = start_master()
-    yield started
-    started.stop()
 
 
 def prompt(n_blocks: int, seed: int = 0) -> list[int]:
