@@ -127,7 +127,7 @@ class NVMeStore(NVMeReads):
         self._host_bytes = HostBytes(self.chunk_bytes)
         self._dir_dirty = False  # a chunk was renamed into place since the last directory fsync
         self._lock, self._flush_lock = threading.Lock(), threading.Lock()
-        self._closed = False
+        self._closed, self._pid = False, os.getpid()  # only this process may use or close it (_check_owner)
         self.capacity = self._open(capacity_blocks, create)  # takes the directory lock
         self._codec = chunkio.ChunkCodec(self.chunk_bytes, compression, layout.dtype_bytes if self._block_codec is None else 1)
         self.direct_io = direct_io and chunkio.supports_direct(os.path.join(self.path, "zarr.json"))
@@ -170,7 +170,13 @@ class NVMeStore(NVMeReads):
 
     # ----- validation ----------------------------------------------------------------
 
+    def _check_owner(self) -> None:
+        """Refuses a child forked while the store was open: the I/O threads are the parent's."""
+        if self._pid != os.getpid():
+            raise UserError(f"{self.path}: this store was opened by process {self._pid}; a forked child must open a store of its own")
+
     def _check_open(self) -> None:
+        self._check_owner()
         if self._closed:
             raise UserError(f"{self.path}: store is closed")
 
@@ -366,6 +372,7 @@ class NVMeStore(NVMeReads):
         snapshot when the journal has grown past it, and the disk has room for it), then retired slots are freed. On OSError nothing is lost: the batch stays pending for the next flush, the
         error is counted (``failed_flushes``) and re-raised.
         """
+        self._check_owner()
         with self._flush_lock:
             with self._lock:
                 ops, retired = self._table.take_pending()
@@ -425,14 +432,15 @@ class NVMeStore(NVMeReads):
         """Waits for I/O in flight, flushes, and releases threads, files and the lock.
 
         Idempotent. Every file descriptor (journal, lock) is closed even when the flush
-        fails; the store then reopens with what its last successful flush made durable.
+        fails; the store then reopens with what its last successful flush made durable. In a
+        child forked while the store was open it does nothing: the parent still owns the store.
 
         Raises:
             OSError: the final flush failed (disk full, I/O error); same errno, and the
                 message names the store and says what is not durable. ``ETIMEDOUT``: the
                 I/O threads did not finish within ``close_timeout_s`` (closed all the same).
         """
-        if self._closed:
+        if self._closed or self._pid != os.getpid():
             return
         self._closed = True  # new submissions now fail; the ones in flight still finish
         finished = shutdown_within(self._executor, self.close_timeout_s)
@@ -461,9 +469,9 @@ class NVMeStore(NVMeReads):
         """A store dropped without ``close`` (a caller's bug): its I/O threads stop and its
         journal and directory lock are released, so the path reopens in this process; nothing
         is flushed, so it reopens as after a killed process, with what the last flush made
-        durable. Warns (ResourceWarning)."""
-        if getattr(self, "_closed", True) or not hasattr(self, "_executor"):
-            return  # closed, or __init__ failed before there was anything to release
+        durable. Warns (ResourceWarning). In a forked child it does nothing (the parent owns all that)."""
+        if getattr(self, "_closed", True) or not hasattr(self, "_executor") or self._pid != os.getpid():
+            return  # closed, __init__ failed before there was anything to release, or a forked child
         self._closed = True
         try:
             warnings.warn(f"NVMeStore({self.path!r}) was not closed: closed without a final flush", ResourceWarning,

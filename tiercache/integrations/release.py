@@ -21,10 +21,16 @@ the store's lock (a reentrant lock, ``CallGuard``). Per sequence, as its store's
   must not wait: it may be a thread the lock's holder is waiting for (an I/O pool thread
   whose task allocated, or a thread the holder joins), and both would wait forever. The
   daemon thread holds nothing else and nothing waits on it.
+
+A child forked meanwhile has none of the parent's threads: an at-fork handler gives it a
+releaser of its own (made at its first cache) and fresh locks, and drops the rows queued in the
+parent. Rows of a store the child did not open are never released there: the parent owns them
+(``tiercache.live.ownership``).
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import warnings
 import weakref
@@ -38,6 +44,18 @@ _deferred: list[Sequence] = []  # rows collected inside their store's call, rele
 _deferred_lock = threading.RLock()  # reentrant: a collection while it is held may queue rows
 _releaser: DaemonWorker | None = None  # frees rows whose store another thread is using; made once
 _releaser_lock = threading.Lock()
+
+
+def _forget_releaser_in_child() -> None:
+    """``os.register_at_fork`` child handler: the parent's releaser thread does not exist in the
+    child (rows handed to it would never be freed), nor do the owners of the parent's locks;
+    the rows queued in the parent belong to the parent's stores."""
+    global _releaser, _releaser_lock, _deferred_lock
+    _releaser, _releaser_lock, _deferred_lock = None, threading.Lock(), threading.RLock()
+    del _deferred[:]
+
+
+os.register_at_fork(after_in_child=_forget_releaser_in_child)
 
 
 def release_when_dropped(cache: object, sequences: list[Sequence]) -> None:
@@ -64,10 +82,13 @@ def release_deferred() -> None:
 
 def _release(sequences: list[Sequence]) -> None:
     """Frees ``sequences`` now where their store's lock is free, else queues them (lock held by
-    this thread) or hands them to the daemon releaser (held by another thread). Never waits
-    for a lock; a finalizer must not raise: a failed release warns."""
+    this thread) or hands them to the daemon releaser (held by another thread); skips those of
+    a store another process opened (a forked child's copy of the parent's cache: the parent
+    owns them). Never waits for a lock; a finalizer must not raise: a failed release warns."""
     for seq in list(sequences):
         guard = seq.cache.store.guard
+        if not guard.owned:
+            continue
         if guard.held_by_this_thread():
             with _deferred_lock:
                 _deferred.append(seq)

@@ -55,6 +55,7 @@ from tiercache.policies import make_prefetch
 from tiercache.sim.steptrace import HEADER_FIELD, StepRecord, step_json
 
 from .chunks import split_kv
+from .ownership import NoCopies
 from .arguments import flat_token_ids
 from .sequence import Sequence, StepReport
 from .store import TieredKVStore
@@ -87,7 +88,7 @@ def _open_record(record: str | os.PathLike, block_tokens: int) -> IO[str]:
     return f
 
 
-class TieredKVCache:
+class TieredKVCache(NoCopies):
     """KV of decoding sequences over HBM, DRAM and NVMe tiers.
 
     Args:
@@ -110,9 +111,15 @@ class TieredKVCache:
             stored, so a promotion copies up and an upper tier's victim is simply dropped
             (reads never write back); the last tier then bounds what live sequences hold.
 
+    Only the process that opened it may use it: in a forked child every call raises UserError
+    and ``close`` does nothing. It cannot be copied or pickled (TypeError).
+
     Raises:
         UserError: a bad layout, tier list, policy name or option (named).
     """
+
+    copy_refusal = ("a cache cannot be copied or pickled (it owns its store's tiers and its sequences' blocks); "
+                    "to use its blocks in another process, open a TieredKVCache on the same path there, once this one is closed")
 
     def __init__(self, layout: KVLayout, tiers: Seq[TierConfig], eviction: str | None = None, admission: str | None = None,
                  prefetch: str | None = "topk_speculative", path: str | os.PathLike | None = None, device: str | None = None,
@@ -196,8 +203,11 @@ class TieredKVCache:
         """Finishes moves, closes the record file and the store; idempotent.
 
         ``persist`` keeps DRAM and HBM blocks by moving them to NVMe (as
-        ``TieredKVStore.close``); by default a decode cache's tiers are scratch space.
+        ``TieredKVStore.close``); by default a decode cache's tiers are scratch space. In a
+        child forked while the cache was open it does nothing (the parent still owns the cache).
         """
+        if not self.store.guard.owned:
+            return
         with self.store._lock.closing():  # whole, even under Ctrl-C (``guard.CallGuard``)
             if self._closed:
                 return
@@ -222,6 +232,7 @@ class TieredKVCache:
 
     # -- internals shared by sequences -------------------------------------------------
     def _check_open(self) -> None:
+        self.store.guard.check_owner()
         if self._closed:
             raise UserError("TieredKVCache: the cache is closed")
 

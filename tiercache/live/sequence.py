@@ -25,6 +25,7 @@ from tiercache.keys import block_key, layer_key
 from .arguments import check_kv, check_query, flat_token_ids, sparse_budget_blocks
 from .chunks import TierChunks
 from .layerstate import LayerState
+from .ownership import NoCopies
 from .steps import StepReport, step_report
 from .summaries import CorruptBlock, summaries_of
 
@@ -36,13 +37,17 @@ __all__ = ["Sequence", "StepReport"]
 _PRIVATE_NAMESPACE = b"tiercache.private-sequence"
 
 
-class Sequence:
+class Sequence(NoCopies):
     """One decoding sequence of a ``TieredKVCache`` (made by ``cache.sequence``).
 
     Invariants: every full block of every layer is stored in the hierarchy and held (it
     may move between tiers, never leave) until ``free``; each layer's tail holds fewer than
     ``block_tokens`` tokens; ``length(layer)`` tokens of KV were appended (or reused) per layer.
+    It cannot be copied or pickled (TypeError).
     """
+
+    copy_refusal = ("a sequence cannot be copied or pickled (it holds blocks of its TieredKVCache); "
+                    "to reuse its KV, start a new cache.sequence(tokens=...): it starts from the stored prefix")
 
     def __init__(self, cache: TieredKVCache, tokens, namespace: bytes | str) -> None:
         layout = cache.layout

@@ -32,12 +32,12 @@ from tiercache.errors import UserError
 from tiercache.keys import prefix_keys
 
 from .arguments import check_flag
-from .guard import CallGuard
 from .keymap import KeyMap
 from .lifecycle import (PersistError, Persisted, adopt_stored_blocks, check_release, check_store, flush_and_close,
                         persist_to_nvme, run_every_step)
 from .reads import read_blocks
 from .pending import Pending
+from .ownership import NoCopies, OwnerGuard
 from .media import (check_host_memory, check_layout, check_online, check_remote_write, check_tiers, close_quietly, make_policies,
                     open_media, resolve_device, value_limit)
 from .remote import RemoteLink
@@ -46,7 +46,7 @@ from .traffic import Traffic
 __all__ = ["TieredKVStore", "Pending", "PersistError"]
 
 
-class TieredKVStore:
+class TieredKVStore(NoCopies):
     """Put, find and get KV blocks across HBM, DRAM and NVMe.
 
     Args:
@@ -79,7 +79,7 @@ class TieredKVStore:
         self.layout = layout
         self.tier_block_bytes = [t.codec.block_bytes(layout) for t in tiers]  # per tier: its codec's, scales included
         self.value_limit = value_limit(tiers)  # what a quantised tier can hold (None: no quantised tier)
-        self._lock = CallGuard()  # one call at a time; Ctrl-C deferred to its end
+        self._lock = OwnerGuard()  # one call at a time, by this process only; Ctrl-C deferred to its end
         self._map = KeyMap()
         self._media = open_media(tiers, layout, path, device)
         try:  # a constructor that raises returns no store to close: nothing it opened may stay open
@@ -92,13 +92,13 @@ class TieredKVStore:
             self._remote = None if remote is None else RemoteLink(self.manager, self._map, self._media[-1], remote, hits)
             self._stats = Traffic(tiers, self.tier_block_bytes, layout.block_bytes, self.engine.taken_up, self.manager.left_for_shared)
             self.token_mismatches, self._closed = 0, False
-            self._adopt_stored_blocks()
+            adopt_stored_blocks(self.manager, self._media, self._map, self.events)
         except BaseException:
             close_quietly(self._media)
             raise
 
     @property
-    def guard(self) -> CallGuard:
+    def guard(self) -> OwnerGuard:
         """The store's call guard (one call at a time; ``guard.if_free`` for finalizers)."""
         return self._lock
 
@@ -141,12 +141,14 @@ class TieredKVStore:
                 self.manager.access(old)
 
             staged = kv_blocks if len(valid) == len(ids) else kv_blocks[valid]  # no copy in the common case
-            self._store_new([ids[n] for n in valid], staged, insert_then_touch)
-            stored = [block_id for block_id in new_ids if self.manager.locate(block_id) is not None]
-            if self._remote is not None:
-                self._remote.stored(stored)
-            self._consume()
-            return len(stored)
+            try:
+                self._store_new([ids[n] for n in valid], staged, insert_then_touch)
+                stored = [block_id for block_id in new_ids if self.manager.locate(block_id) is not None]
+                if self._remote is not None:
+                    self._remote.stored(stored)
+                return len(stored)
+            finally:  # interrupted too: the keys of blocks evicted to make room are forgotten
+                self._consume()
 
     def access(self, keys: Sequence[bytes], kv_blocks: torch.Tensor, wait: bool = True) -> Pending:
         """Reads ``keys`` in order exactly as ``tiercache replay`` does (object semantics).
@@ -165,8 +167,10 @@ class TieredKVStore:
             if any(i is None for i in ids):
                 raise UserError("TieredKVStore.access: a key collides with another key's id")
             plans: list[TransferPlan] = []
-            self._store_new(ids, kv_blocks, lambda: plans.extend(self.manager.access(ids, wait=wait)))
-            self._consume()
+            try:
+                self._store_new(ids, kv_blocks, lambda: plans.extend(self.manager.access(ids, wait=wait)))
+            finally:  # interrupted too: the keys of blocks evicted to make room are forgotten
+                self._consume()
             return self._pending(plans)
 
     def _store_new(self, ids: list[int], kv_blocks: torch.Tensor, run) -> None:
@@ -414,14 +418,12 @@ class TieredKVStore:
         """Makes every NVMe block written so far durable."""
         with self._lock:
             self._check_open()
-            self._flush_media()
-
-    def _flush_media(self) -> None:
-        for medium in self._media:
-            medium.flush()
+            for medium in self._media:
+                medium.flush()
 
     def close(self, persist: bool = True) -> int:
-        """Finishes in-flight work, makes the NVMe tier durable and closes it; idempotent.
+        """Finishes in-flight work, makes the NVMe tier durable and closes it; idempotent. In a
+        child forked while the store was open: nothing, returns 0 (the parent still owns the store).
 
         With ``persist`` (default), blocks held only in DRAM and HBM are first moved to free
         NVMe slots (DRAM first, then HBM; nothing already on NVMe is evicted for them), so a
@@ -439,6 +441,8 @@ class TieredKVStore:
                 full disk); an ``OSError`` whose ``saved``, ``failed`` and ``left_out``
                 count the blocks held only in HBM/DRAM that reopen, those whose write
                 failed and those that did not fit, its message quoting the OS error."""
+        if not self._lock.owned:
+            return 0
         with self._lock.closing():
             if self._closed:
                 return 0
@@ -470,9 +474,8 @@ class TieredKVStore:
         return read_blocks(self.manager, self._media, self.layout, keys, ids, out, partial, self._drop_unreadable)
 
     def _drop_unreadable(self, tier: int, block_id: int) -> None:
-        """A block that proved unreadable where it lies (read in place, so the manager did not
-        see the read) leaves the hierarchy, counted as lost, as on a failed promotion: no lookup
-        may report it stored afterwards."""
+        """A block that proved unreadable where it lies (read in place, so the manager did not see the read)
+        leaves the hierarchy, counted as lost, as on a failed promotion: no lookup may report it stored afterwards."""
         if self._remote is not None and tier == self._remote.tier:
             self._remote.drop_unreadable(block_id)
         else:
@@ -491,9 +494,6 @@ class TieredKVStore:
         self._map.forget_absent(departed, self.manager.locate)
         if self._remote is not None:
             self._remote.departed(departed)
-
-    def _adopt_stored_blocks(self) -> None:
-        adopt_stored_blocks(self.manager, self._media, self._map, self.events)
 
     def _check_open(self) -> None:
         if self._closed:
