@@ -28,3 +28,19 @@ def test_victims_the_remote_tier_already_holds_are_not_charged_again(master):
         assert sum(held.values()) >= 4 and all(link.endswith("->remote") for link in held)
         demoted_to_remote = sum(t["demotions"] for t in stats["tiers"][:-1])
         assert demoted_to_remote >= sum(held.values())  # still counted as demotions
+
+
+@pytest.mark.parametrize("write", [RemoteWrite.THROUGH, RemoteWrite.BACK])
+def test_blocks_another_store_already_put_are_not_charged(master, write):
+    tokens, kv = list(range(6 * BT)), blocks(6, seed=3)
+    config = remote_config(master, write=write)
+    with open_store(config, hbm=2, dram=2, nvme=0) as a, open_store(config, hbm=2, dram=2, nvme=0) as b:
+        a.put_tokens(tokens, kv, namespace=f"both-{write.value}")
+        a.wait()
+        b.put_tokens(tokens, kv, namespace=f"both-{write.value}")  # b never looked them up: its puts find them there
+        b.wait()
+        stats = b.stats()
+        into_remote = sum(n for link, n in stats["bytes_moved"].items() if link.endswith("->remote"))
+        assert stats["remote"]["puts"] == 0 and stats["remote"]["already"] > 0
+        assert into_remote == 0
+        assert sum(stats["shared_already_held"].values()) == stats["remote"]["already"]

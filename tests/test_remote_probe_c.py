@@ -18,7 +18,7 @@ import torch
 from store_helpers import LAYOUT, blocks
 from tiercache.config import KVLayout, RemoteConfig, RemoteWrite
 from tiercache.data import remote as remote_module
-from tiercache.data.remote import RemoteStore, layout_tag, value_name
+from tiercache.data.remote import ALREADY_THERE, RemoteStore, layout_tag, value_name
 from tiercache.data.remote_guard import Breaker
 from tiercache.data.remote_master import free_port, servers_answer
 from tiercache.keys import prefix_keys
@@ -103,7 +103,8 @@ def test_a_put_of_a_name_already_there_is_not_counted_as_written(answering):
     remote = _store(client)
     client.names.add(value_name(remote.tag, keys[0]))
     try:
-        assert remote.submit_put(keys, _payloads(2)).result(timeout=5) == [True, True]  # both are in the store
+        answers = remote.submit_put(keys, _payloads(2)).result(timeout=5)
+        assert answers == [ALREADY_THERE, True] and all(answers)  # both are in the store, the first was there
         assert client.put_names == [value_name(remote.tag, keys[1])]  # only the missing one was written
         assert (remote.stats["puts"], remote.stats["already"], remote.stats["put_failed"]) == (1, 1, 0)
     finally:

@@ -44,11 +44,14 @@ class JobResult:
 
     ``lost`` names source blocks found unreadable (a corrupt or missing NVMe chunk): the
     manager drops them instead of leaving them resident, so they are never served.
+    ``present`` counts blocks the destination already held (a shared tier another process
+    wrote them to): nothing was copied for them.
     """
 
     job_id: int
     error: str | None = None
     lost: tuple[int, ...] = ()
+    present: int = 0
 
     @property
     def ok(self) -> bool:

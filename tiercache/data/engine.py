@@ -194,6 +194,7 @@ class LocalEngine:
         #: Per (source, destination) tier: blocks whose move settled by taking up the copy the
         #: destination retained (``RetainedCopies``), so nothing crossed the link; only grows.
         self.taken_up: dict[tuple[int, int], int] = {}
+        self.already_there: dict[tuple[int, int], int] = {}  # per link: blocks a shared destination already held
 
     def retain_moved_up(self, locate: Callable[[int], int | None], free: Callable[[int], int]) -> None:
         """Keeps the stored copy of a block that moves up out of a keyed tier (see the module
@@ -319,9 +320,11 @@ class LocalEngine:
             self.retained.settle(job_id, False)
             raise
         del self._jobs[job_id]
+        link = (job.plan.src_tier, job.plan.dst_tier)
         if taken := self.retained.settle(job_id, result.ok):
-            link = (job.plan.src_tier, job.plan.dst_tier)
             self.taken_up[link] = self.taken_up.get(link, 0) + taken
+        if result.ok and result.present:
+            self.already_there[link] = self.already_there.get(link, 0) + result.present
         if result.ok:
             self.retained.returned(job.plan.dst_tier, job.plan.ids)
         return result

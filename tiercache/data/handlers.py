@@ -24,7 +24,7 @@ from tiercache.core.plans import JobResult, TransferPlan
 from .buffers import torch_dtype
 from .nvme import NVMeStore, PutResult, StoreFullError
 from .pools import BlockPool
-from .remote import RemoteStore
+from .remote import ALREADY_THERE, RemoteStore
 
 __all__ = ["Job", "CopyContext", "CopyHandler", "HANDLERS", "register_handler", "handler_for"]
 
@@ -203,9 +203,10 @@ def _take_rows(remote: RemoteStore, n: int, ctx: CopyContext) -> list[int] | Non
 def _remote_put_result(plan: TransferPlan, ok: list[bool], lost: tuple[int, ...] = ()) -> JobResult:
     """A remote write fails as a whole (the copies that landed stay, harmless: same key,
     same bytes); it never reports its sources lost unless their own copy was unreadable."""
+    present = sum(1 for answer in ok if answer == ALREADY_THERE)
     if all(ok) and not lost:
-        return JobResult(plan.job_id)
-    return JobResult(plan.job_id, f"remote put failed for {ok.count(False)} of {len(ok)} block(s)", lost)
+        return JobResult(plan.job_id, present=present)
+    return JobResult(plan.job_id, f"remote put failed for {ok.count(False)} of {len(ok)} block(s)", lost, present)
 
 
 def _remote_get_result(plan: TransferPlan, ok: list[bool]) -> JobResult:
@@ -315,7 +316,7 @@ def _remote_get_ok(job: Job) -> list[bool]:
 def _merge(plan: TransferPlan, results: list[JobResult]) -> JobResult:
     errors = [r.error for r in results if not r.ok]
     lost = tuple(b for r in results for b in r.lost)
-    return JobResult(plan.job_id, errors[0] if errors else None, lost)
+    return JobResult(plan.job_id, errors[0] if errors else None, lost, sum(r.present for r in results))
 
 
 #: The one registry: (source medium class, destination medium class) -> handler.

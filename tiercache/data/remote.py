@@ -55,7 +55,10 @@ from .remote_master import servers_answer
 from .remote_values import (header_rows, layout_tag, pack_header, pieces, transfer_call, transport_error, value_name,
                             verdict_of)
 
-__all__ = ["RemoteStore", "HEADER_BYTES", "value_name", "layout_tag", "load_client", "Breaker"]
+__all__ = ["RemoteStore", "ALREADY_THERE", "HEADER_BYTES", "value_name", "layout_tag", "load_client", "Breaker"]
+
+#: A put's answer for a key the store already held: truthy (the key is there), no write.
+ALREADY_THERE = 2
 
 _HEADER_SLOTS = 256  # headers registered per direction: the keys of one round
 
@@ -267,7 +270,9 @@ class RemoteStore:
     def submit_put(self, keys: Sequence[bytes], payloads: Sequence[np.ndarray], then: Callable[[], None] | None = None,
                    headers: Sequence[np.ndarray] | None = None) -> Future:
         """Starts storing ``payloads[i]`` (contiguous uint8 views of registered memory)
-        under ``keys[i]``; the future holds one bool per key. ``then`` runs once it is done.
+        under ``keys[i]``; the future holds one answer per key: True (written), False (not
+        stored) or ``ALREADY_THERE`` (truthy: the store held it, nothing was written). ``then``
+        runs once it is done.
         ``headers[i]``, when given, is the registered ``HEADER_BYTES`` right before
         ``payloads[i]`` (a pool's header room): header and block then go as one buffer."""
         return self._io.submit(_run_then, lambda: self._put(keys, payloads, headers), then)
@@ -316,7 +321,7 @@ class RemoteStore:
         self.stats["already"] += len(keys) - len(todo)
         self.stats["puts"] += sum(written)
         self.stats["put_failed"] += len(written) - sum(written)
-        ok = present.tolist()
+        ok = [ALREADY_THERE if there else False for there in present.tolist()]
         for i, done in zip(todo, written):
             ok[i] = done
         return ok

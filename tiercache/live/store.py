@@ -90,7 +90,7 @@ class TieredKVStore(NoCopies):
             if not write_through:  # a block read up out of NVMe keeps its durable copy there (LocalEngine)
                 self.engine.retain_moved_up(self.manager.locate, lambda tier: self.manager.dirs[tier].n_free)
             self._remote = None if remote is None else RemoteLink(self.manager, self._map, self._media[-1], remote, hits)
-            self._stats = Traffic(tiers, self.tier_block_bytes, layout.block_bytes, self.engine.taken_up, self.manager.left_for_shared)
+            self._stats = Traffic.for_store(tiers, self.tier_block_bytes, layout.block_bytes, self.engine, self.manager)
             self.token_mismatches, self._closed = 0, False
             adopt_stored_blocks(self.manager, self._media, self._map, self.events)
         except BaseException:

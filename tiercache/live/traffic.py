@@ -32,8 +32,10 @@ class Traffic:
         plain_bytes: bytes of an unquantised block.
         taken_up: per (source, destination) tier, the moves that took up a retained copy
             with no write (``LocalEngine.taken_up``, read live; None: none are taken up).
-        already_held: per (tier, shared tier), the victims that left for a shared tier which
-            already held them, with no copy (``TierManager.left_for_shared``, read live).
+        already_held: mappings per (tier, shared tier) of blocks that left for a shared tier
+            which already held them, with no copy: in this process's view
+            (``TierManager.left_for_shared``) or put there by another process
+            (``LocalEngine.already_there``); read live.
 
     Invariants: a link's bytes are the blocks moved over it, less those taken up from a
     retained copy, plus, for a link into HBM, the blocks read in place in its source tier,
@@ -44,14 +46,21 @@ class Traffic:
 
     def __init__(self, tiers: Iterable[TierConfig], tier_block_bytes: Sequence[int], plain_bytes: int,
                  taken_up: Mapping[tuple[int, int], int] | None = None,
-                 already_held: Mapping[tuple[int, int], int] | None = None) -> None:
+                 already_held: Sequence[Mapping[tuple[int, int], int]] = ()) -> None:
         self.counters = HierarchyStats.for_tiers((t.name, t.capacity_blocks) for t in tiers)
         self.names = [t.name for t in self.counters.tiers]
         self.in_place = InPlaceHits.for_tiers(len(self.names))
         self._sizes = list(tier_block_bytes)
         self._plain = plain_bytes
         self._taken_up = {} if taken_up is None else taken_up
-        self._already_held = {} if already_held is None else already_held
+        self._already_held = tuple(already_held)
+
+    @classmethod
+    def for_store(cls, tiers: Iterable[TierConfig], tier_block_bytes: Sequence[int], plain_bytes: int,
+                  engine, manager) -> "Traffic":
+        """The ``Traffic`` of a live store: its engine's take-ups and shared-tier blocks
+        already there, and its manager's victims its view already held, read live."""
+        return cls(tiers, tier_block_bytes, plain_bytes, engine.taken_up, (manager.left_for_shared, engine.already_there))
 
     def consume(self, events: Sequence[tuple[int, int, int, int]]) -> None:
         """Counts one drained batch of the manager's events (a list: it is read twice)."""
@@ -73,7 +82,7 @@ class Traffic:
         retained copy, and victims a shared tier already held) and reads in place on their
         link to HBM."""
         blocks = self.counters.blocks_moved()
-        for not_copied in (self._taken_up, self._already_held):
+        for not_copied in (self._taken_up, *self._already_held):
             for link, count in not_copied.items():
                 blocks[link] = blocks.get(link, 0) - count
         for tier, count in enumerate(self.in_place.counts[1:], start=1):
@@ -91,7 +100,11 @@ class Traffic:
     def shared_already_held(self) -> dict[str, int]:
         """Per link into the shared tier (``"src->dst"``), the victims that left for it while
         it already held them: demoted, nothing copied (a replay charges none either)."""
-        return {self._link_name(s, d): n for (s, d), n in self._already_held.items() if n}
+        held: dict[tuple[int, int], int] = {}
+        for counts in self._already_held:
+            for link, n in counts.items():
+                held[link] = held.get(link, 0) + n
+        return {self._link_name(s, d): n for (s, d), n in held.items() if n}
 
     def _link_name(self, src: int, dst: int) -> str:
         return f"{self.names[src]}->{self.names[dst]}"
