@@ -138,7 +138,7 @@ def settle(seq, kv: NeedleKV, heads: int, repeats: int, kv_heads: int) -> tuple[
 def unbalanced_problem(timing: dict, heads: int, kv_heads: int) -> str:
     """What a calibrated run says (and exits 1 for) when its step ended outside ``BALANCED_RATIO``."""
     return (f"io/compute {timing['io_compute_ratio']:.2f} with {heads} query heads is not within 2x after calibrating "
-            f"them ({kv_heads} to {kv_heads * MAX_GROUP} tried): the overlap figure would not be the balanced one it "
+            f"them (between {kv_heads} and {kv_heads * MAX_GROUP}): the overlap figure would not be the balanced one it "
             "stands for; give --q-heads to report it anyway")
 
 

@@ -222,3 +222,32 @@ def test_remote_bench_config_refuses_a_zero_count(field):
     layout = KVLayout(1, 8, 128, "bfloat16", 256, per_layer=True)
     with pytest.raises(ValueError, match=f"{field} must be at least 1, got 0"):
         RemoteBenchConfig(layout, **{field: 0})
+
+
+def test_bench_memory_exits_1_when_a_case_failed(monkeypatch, capsys):
+    bm = _script("bench_memory")
+    ok = {"traced": 8, "rss": 8, "peak": 8}
+    result = {"directory": {"10": {"empty": ok}}, "slottable": {"10": {"full": ok}},
+              "reopen": {"error": "OSError: no such folder"}, "replay": {**ok, "accesses": 4}}
+    monkeypatch.setattr(bm, "measure", lambda *args: result)
+    assert bm.main(["--sizes", "10"]) == 1
+    captured = capsys.readouterr()
+    assert "NVMeStore reopen: error: OSError" in captured.out and "reopen failed" in captured.err
+
+
+def test_bench_memory_replay_case_warms_up_on_another_trace_first(monkeypatch):
+    bm = _script("bench_memory")
+    import tiercache.sim.loader as loader
+
+    loaded, real = [], loader.load_trace
+    monkeypatch.setattr(loader, "load_trace", lambda path, *a, **k: (loaded.append(path), real(path, *a, **k))[1])
+
+    class Meter:
+        def start(self):
+            loaded.append("start")
+
+        def stop(self):
+            return {"peak": 0}
+
+    bm.case_replay(Meter())
+    assert loaded == [str(bm.WARM_UP_TRACE), "start", str(bm.TRACE)]

@@ -245,3 +245,31 @@ def test_a_store_a_cache_and_a_sequence_refuse_copies_and_pickles(tmp_path, how)
         with pytest.raises(TypeError, match=r"^Sequence: a sequence cannot be copied or pickled .*cache\.sequence\(tokens="):
             how(seq)
         seq.free()
+
+
+@needs_fork
+def test_a_forked_child_that_exits_writes_none_of_the_parents_record_lines(tmp_path):
+    """The step record is line-buffered: a child leaving normally (``sys.exit``, which flushes
+    inherited buffers) has no lines of the parent's left to write a second time."""
+    record = tmp_path / "steps.jsonl"
+    script = textwrap.dedent(f'''
+        import os, sys, torch
+        from tiercache.config import KVLayout, TierConfig
+        from tiercache.live.cache import TieredKVCache
+        layout = KVLayout(layers=2, kv_heads=2, head_dim=64, dtype="float16", block_tokens=16)
+        tiers = [TierConfig("hbm", 4), TierConfig("dram", 4), TierConfig("nvme", 64)]
+        cache = TieredKVCache(layout, tiers, path={str(tmp_path / "c")!r}, device="cpu", record={str(record)!r})
+        seq = cache.sequence(tokens=list(range(64)))
+        for layer in range(2):
+            seq.append(layer, torch.randn(2, 64, 64).half(), torch.randn(2, 64, 64).half())
+        for layer in range(2):
+            seq.attend(layer, torch.randn(2, 1, 64).half())
+        pid = os.fork()
+        if pid == 0:
+            sys.exit(0)
+        os.waitpid(pid, 0)
+        cache.close()
+    ''')
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
+    lines = record.read_text().splitlines()
+    assert len(lines) == len(set(lines)) and len(lines) > 1

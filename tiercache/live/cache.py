@@ -76,12 +76,15 @@ def _check_options(window_blocks, depth, sink_blocks, recent_blocks, speculate) 
 
 def _open_record(record: str | os.PathLike, block_tokens: int) -> IO[str]:
     """The step-trace file ``record`` opened for writing, its ``block_tokens`` header written.
+    Line-buffered: every record line is in the file once written, so a forked child holds no
+    unwritten lines of the parent's to write out again when it exits, and a killed process
+    leaves whole lines.
 
     Raises:
         UserError: it cannot be opened (naming ``record=``, the path and the OS's reason).
     """
     try:
-        f = open(record, "w", encoding="utf-8")  # noqa: SIM115 - closed by TieredKVCache.close()
+        f = open(record, "w", encoding="utf-8", buffering=1)  # noqa: SIM115 - closed by TieredKVCache.close()
     except OSError as exc:
         raise UserError(f"TieredKVCache: record={os.fspath(record)!r} cannot be written: {exc.strerror or exc}") from None
     f.write(f'{{"{HEADER_FIELD}": {block_tokens}}}\n')
