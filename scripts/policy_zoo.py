@@ -1,0 +1,151 @@
+#!/usr/bin/env python3
+"""Policy zoo: how much of the LRU-to-Belady gap the field's known online policies close.
+
+Every online eviction policy tiercache registers, and every online policy of libCacheSim's
+that needs no training or tuning, replays the same trace at the same capacities in object
+semantics (one access per block id, one tier; libCacheSim has no prefix semantics). Gap
+closed = (miss_LRU - miss_P) / (miss_LRU - miss_Belady), with LRU and Belady from tiercache's
+replay. Both sides' LRU and Belady are replayed, and their miss counts must agree (a check of
+the common ground: the script exits 1 when they differ). This is the evidence behind "no
+known online policy reaches 30% here": it puts tiercache's best next to twenty others.
+
+Left out of libCacheSim's set: its learned policies (GLCache, LRB, 3L-Cache: their training
+intervals are set for day-long CDN traces, and they learn nothing on a trace of minutes) and
+its size-aware ones (GDSF, AdaptSize: every block here has one size). ``Belady`` and
+``BeladySize`` are offline.
+
+    python scripts/policy_zoo.py                      # bundled Mooncake sample + kv-cache-tester sample
+    python scripts/policy_zoo.py --trace T --capacity 1000,4000,16000 --json zoo.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+
+from tiercache.bench.script_args import positive_ints, refuse_bad_outputs
+from tiercache.errors import UserError
+from tiercache.policies import EVICTION, get_eviction
+from tiercache.results import Semantics
+from tiercache.sim.loader import load_trace
+from tiercache.sim.oracle import export_oracle_general
+from tiercache.sim.sweep import SweepSpec, sweep
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DEFAULTS = [(os.path.join(HERE, "..", "tests", "data", "mooncake_synthetic_trace.jsonl"), [1000, 4000, 16000]),
+            (os.path.join(HERE, "..", "tests", "data", "kvtester_sample"), [500, 1000, 2000])]
+#: libCacheSim's online policies that take a cache size and nothing else (their defaults).
+LIBCACHESIM_ONLINE = ("FIFO", "Clock", "Sieve", "LFU", "LFUDA", "LRUK", "TwoQ", "SLRU", "ARC", "LIRS", "ClockPro",
+                      "Clock2QPlus", "MQ", "S3FIFO", "WTinyLFU", "LeCaR", "Cacheus", "LHD", "Hyperbolic")
+#: The two sides of the common ground, checked count for count.
+CHECKED = {"lru": "LRU", "belady": "Belady"}
+
+
+def online_policies() -> tuple[str, ...]:
+    """tiercache's registered eviction policies that do not read the future."""
+    return tuple(name for name in EVICTION if not get_eviction(name).needs_future)
+
+
+def tiercache_misses(path: str, capacities: list[int], workers: int) -> dict[tuple[str, int], tuple[int, int]]:
+    """(policy, capacity) -> (misses, accesses) of tiercache's replay, object semantics, one tier."""
+    policies = tuple(dict.fromkeys(("lru", "belady", *online_policies())))
+    runs = sweep(load_trace(path), SweepSpec(policies, (Semantics.OBJECT,), tuple(capacities)), workers).runs
+    return {(r.policy, r.capacity_blocks): (r.misses, r.accesses) for r in runs}
+
+
+def libcachesim_misses(path: str, capacities: list[int]) -> dict[tuple[str, int], tuple[int, int]]:
+    """(policy, capacity) -> (misses, accesses) of libCacheSim's C replay of the same trace
+    (exported to oracleGeneral, which carries next-use times for its Belady)."""
+    import libcachesim as lcs
+
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        oracle = os.path.join(tmp, "trace.oracleGeneral")
+        export_oracle_general(path, oracle)
+        for name in (*CHECKED.values(), *LIBCACHESIM_ONLINE):
+            for capacity in capacities:
+                cache = getattr(lcs, name)(cache_size=capacity)
+                miss_ratio, _ = cache.process_trace(lcs.TraceReader(oracle, lcs.TraceType.ORACLE_GENERAL_TRACE))
+                accesses = int(cache._cache.n_req)  # no public getter in the Python wrapper
+                out[(name, capacity)] = (round(float(miss_ratio) * accesses), accesses)
+    return out
+
+
+def zoo_rows(path: str, capacities: list[int], workers: int) -> tuple[list[dict], list[str]]:
+    """One row per (capacity, policy) of both sides, best first within a capacity, and the
+    problems found checking the common ground (empty when LRU and Belady agree)."""
+    ours, theirs = tiercache_misses(path, capacities, workers), libcachesim_misses(path, capacities)
+    name = os.path.basename(os.path.normpath(path))
+    rows, problems = [], []
+    for capacity in capacities:
+        for policy, their_name in CHECKED.items():
+            if ours[(policy, capacity)] != theirs[(their_name, capacity)]:
+                problems.append(f"{name} at {capacity}: {policy} misses/accesses {ours[(policy, capacity)]} here, "
+                                f"{theirs[(their_name, capacity)]} in libCacheSim")
+        (lru, accesses), (belady, _) = ours[("lru", capacity)], ours[("belady", capacity)]
+        entries = [("tiercache", p, ours[(p, capacity)][0]) for p in online_policies()]
+        entries += [("libCacheSim", p, theirs[(p, capacity)][0]) for p in LIBCACHESIM_ONLINE]
+        for side, policy, misses in sorted(entries, key=lambda e: e[2]):
+            gap = (lru - misses) / (lru - belady) if lru > belady else float("nan")
+            rows.append({"workload": name, "capacity": capacity, "side": side, "policy": policy,
+                         "miss_ratio": misses / accesses, "lru": lru / accesses, "belady": belady / accesses,
+                         "gap_closed": gap})
+    return rows, problems
+
+
+def print_rows(rows: list[dict], top: int) -> None:
+    """Per (workload, capacity): LRU and Belady, the ``top`` best policies, and the best of
+    each side."""
+    groups: dict[tuple[str, int], list[dict]] = {}
+    for row in rows:
+        groups.setdefault((row["workload"], row["capacity"]), []).append(row)
+    for (workload, capacity), group in groups.items():
+        print(f"\n{workload} at {capacity} blocks: LRU {group[0]['lru']:.4f}, Belady {group[0]['belady']:.4f} (miss ratios)")
+        for row in group[:top]:
+            print(f"  {row['side']:11} {row['policy']:12} {row['miss_ratio']:.4f}  gap closed {row['gap_closed'] * 100:6.1f}%")
+        for side in ("tiercache", "libCacheSim"):
+            best = next(r for r in group if r["side"] == side)
+            print(f"  best of {side}: {best['policy']} {best['gap_closed'] * 100:.1f}%")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--trace", action="append", help="trace file or kv-cache-tester folder (repeatable)")
+    parser.add_argument("--capacity", action="append", type=positive_ints,
+                        help="comma list of capacities (blocks) for the --trace before it")
+    parser.add_argument("--workers", type=int, default=2, help="processes for tiercache's sweep")
+    parser.add_argument("--top", type=int, default=8, help="policies printed per capacity")
+    parser.add_argument("--json", help="write every row here")
+    args = parser.parse_args(argv)
+    if len(args.trace or []) != len(args.capacity or []):
+        parser.error("give one --capacity per --trace")
+    refuse_bad_outputs(parser, {"--json": args.json})
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    pairs = list(zip(args.trace, args.capacity)) if args.trace else DEFAULTS
+    rows, problems = [], []
+    try:
+        for path, capacities in pairs:
+            more, found = zoo_rows(path, capacities, args.workers)
+            rows += more
+            problems += found
+    except UserError as exc:
+        print(f"policy_zoo: {exc}", file=sys.stderr)
+        return 2
+    print_rows(rows, args.top)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump({"rows": rows, "problems": problems}, fh, indent=2)
+    for problem in problems:
+        print(f"MISMATCH: {problem}", file=sys.stderr)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
