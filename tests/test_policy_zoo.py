@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from test_mrc import lru_misses
 from test_script_bench_honesty import _script
 
 pytest.importorskip("libcachesim")
@@ -22,22 +23,6 @@ def zoo(tmp_path_factory):
     code = _script("policy_zoo").main(["--trace", HEAD, "--capacity", ",".join(map(str, CAPACITIES)),
                                       "--workers", "1", "--json", str(out)])
     return code, json.loads(out.read_text())
-
-
-def _plain_lru_misses(ids: list[int], capacity: int) -> int:
-    """A plain-Python LRU, the reference for the gap's denominator."""
-    from collections import OrderedDict
-
-    held, misses = OrderedDict(), 0
-    for block in ids:
-        if block in held:
-            held.move_to_end(block)
-            continue
-        misses += 1
-        held[block] = None
-        if len(held) > capacity:
-            held.popitem(last=False)
-    return misses
 
 
 def test_zoo_agrees_on_common_ground_and_exits_0(zoo):
@@ -60,9 +45,9 @@ def test_zoo_agrees_on_common_ground_and_exits_0(zoo):
 def test_zoo_gap_is_computed_from_its_own_misses(zoo):
     from tiercache.sim.loader import load_trace
 
-    ids = load_trace(HEAD).ids.tolist()
+    ids = load_trace(HEAD).ids
     for row in zoo[1]["rows"]:
-        assert row["lru"] == _plain_lru_misses(ids, row["capacity"]) / len(ids)
+        assert row["lru"] == lru_misses(ids, row["capacity"]) / len(ids)
         assert row["belady"] < row["lru"]
         assert row["gap_closed"] == pytest.approx((row["lru"] - row["miss_ratio"]) / (row["lru"] - row["belady"]))
 
