@@ -13,8 +13,10 @@ instead of deleting it. So a read followed by a crash, a full disk at close, or 
 store needs to recycle slots never makes the deletion of a block's only durable copy
 durable while the block is merely being read. The copy is taken up again, with no write,
 when the block comes back down (counted per link in ``LocalEngine.taken_up``); it is deleted when the block leaves the hierarchy (or moves
-below the tier), when the manager reserves the tier's last free slots (oldest first: the
-store never holds more entries than the tier's capacity), or at close (``RetainedCopies.drop_all``).
+below the tier), when a move into the tier that reserved its last free slots has written its
+blocks (oldest first: the store never holds more entries than the tier's capacity once that
+move settles; a move whose write fails, a full disk, leaves them retained), or at close
+(``RetainedCopies.drop_all``).
 
 In-flight work is bounded: ``submit`` settles the oldest job once ``max_inflight`` run.
 """
@@ -42,12 +44,17 @@ class RetainedCopies:
     docstring), and the blocks deleted from such a tier during the current store call.
 
     Invariants (``check``): a block is retained in a tier at most once, either held (oldest
-    first) or claimed by the one job in flight that brings it back down (a claim is settled
-    exactly once: taken up on success, held again on failure); every held copy is stored in
-    its tier's medium and its block held by the manager in a tier above; a tier holds no
-    more copies than the manager has free slots there (``bound``, enforced whenever slots
-    are reserved), so the store never holds more entries than the tier's capacity: a
-    reopened store adopts every durable entry, and a store-full flush always frees enough.
+    first), claimed by the one job in flight that brings it back down (a claim is settled
+    exactly once: taken up on success, held again on failure), or displaced by the one job
+    in flight whose reservation needs its room (``bound``; settled exactly once: deleted
+    once the job's write succeeded, held again if it failed, so a failed write, a full
+    disk, never costs a block its durable copy); every held or displaced copy is stored in
+    its tier's medium and its block held by the manager in a tier above; once every job has
+    settled a tier holds no more copies than the manager has free slots there, so the
+    store never holds more entries than the tier's capacity: a reopened store adopts every
+    durable entry, and a store-full flush always frees enough. While a job with displaced
+    copies runs, no other job into its tier runs (``LocalEngine.submit``), so no flush makes
+    its written blocks durable beside the copies they displace.
     """
 
     def __init__(self, media: Sequence[object], keys: Callable[[Sequence[int]], list[bytes]]) -> None:
@@ -56,6 +63,7 @@ class RetainedCopies:
         self._free: Callable[[int], int] | None = None
         self._held: dict[int, dict[int, None]] = {}  # tier -> retained block ids, oldest first
         self._claims: dict[int, tuple[int, list[int]]] = {}  # job id -> (tier, ids it takes up)
+        self._displaced: dict[int, tuple[int, list[int]]] = {}  # job id -> (tier, copies deleted once it wrote)
         self._left: dict[int, dict[int, int]] = {}  # tier -> {block deleted from it this call: its flush count then}
 
     def enable(self, locate: Callable[[int], int | None], free: Callable[[int], int]) -> None:
@@ -75,17 +83,46 @@ class RetainedCopies:
         return gone
 
     def let_go(self, ids: Sequence[int]) -> None:
-        """Deletes the held copies of ``ids`` whose blocks are no longer held above them."""
+        """Deletes the held or displaced copies of ``ids`` whose blocks are no longer held above them."""
         for tier, held in list(self._held.items()):
             if held:
-                self._delete(tier, [b for b in ids if b in held and ((where := self._locate(b)) is None or where >= tier)])
+                self._delete(tier, [b for b in ids if b in held and not self._above(b, tier)])
+        for job_id, (tier, kept) in list(self._displaced.items()):
+            if gone := [b for b in ids if b in kept and not self._above(b, tier)]:
+                self._displaced[job_id] = (tier, [b for b in kept if b not in gone])
+                self._forget(tier, gone)
 
-    def bound(self, tier: int) -> None:
-        """Deletes the oldest held copies of ``tier`` beyond the manager's free slots there
-        (called once slots are reserved, before anything can flush)."""
+    def bound(self, tier: int, job_id: int | None = None) -> None:
+        """The oldest held copies of ``tier`` beyond the manager's free slots there (called
+        once slots are reserved, before anything can flush): deleted now, or, for a job
+        (``job_id``), displaced by it: kept until it settles (``settle``)."""
         held = self._held.get(tier)
-        if held:
-            self._delete(tier, list(held)[: max(0, len(held) - self._free(tier))])
+        extra = list(held)[: max(0, len(held) - self._free(tier))] if held else []
+        if job_id is None or not extra:
+            self._delete(tier, extra)
+            return
+        for block_id in extra:
+            del held[block_id]
+        self._displaced[job_id] = (tier, extra)
+
+    def displaced(self, job_id: int) -> int:
+        """How many copies ``job_id`` displaced and still keeps."""
+        return len(self._displaced.get(job_id, (0, ()))[1])
+
+    def give_up(self, job_id: int, n: int) -> None:
+        """Deletes the ``n`` oldest copies ``job_id`` displaced now, before its write: the
+        store has no physical slot for its blocks until their deletion is flushed."""
+        tier, kept = self._displaced.pop(job_id)
+        if kept[n:]:
+            self._displaced[job_id] = (tier, kept[n:])
+        self._forget(tier, kept[:n])
+
+    def crowded(self, tier: int) -> bool:
+        """True when a job into ``tier`` may displace copies (more held than free slots), or
+        one in flight keeps copies it displaced."""
+        if self._free is None:
+            return False
+        return len(self._held.get(tier, ())) > self._free(tier) or any(where == tier for where, _ in self._displaced.values())
 
     def held_in(self, tier: int) -> list[int]:
         """The blocks whose copies ``tier`` holds now (oldest first); claimed ones excluded."""
@@ -103,8 +140,10 @@ class RetainedCopies:
         return set(kept)
 
     def settle(self, job_id: int, ok: bool) -> int:
-        """A job settled: its claimed copies are taken up (``ok``) or held again; returns how
-        many it took up (blocks that entered the tier with no write)."""
+        """A job settled: its claimed copies are taken up (``ok``) or held again, the copies
+        it displaced deleted (``ok``: its blocks took their room) or held again, oldest
+        first; returns how many it took up (blocks that entered the tier with no write)."""
+        self._settle_displaced(job_id, ok)
         claim = self._claims.pop(job_id, None)
         if claim is None:
             return 0
@@ -112,6 +151,15 @@ class RetainedCopies:
             self._held.setdefault(claim[0], {}).update(dict.fromkeys(claim[1]))
             return 0
         return len(claim[1])
+
+    def _settle_displaced(self, job_id: int, ok: bool) -> None:
+        """The copies ``job_id`` displaced: deleted (``ok``, or their blocks left the tiers
+        above), else held again as the oldest."""
+        tier, displaced = self._displaced.pop(job_id, (0, []))
+        back = [] if ok else [block_id for block_id in displaced if self._above(block_id, tier)]
+        if back:
+            self._held[tier] = {**dict.fromkeys(back), **self._held.get(tier, {})}
+        self._forget(tier, [block_id for block_id in displaced if block_id not in back])
 
     def returned(self, tier: int, ids: Sequence[int]) -> None:
         """``ids`` were written into ``tier`` (before the manager publishes them there). If one
@@ -137,6 +185,8 @@ class RetainedCopies:
 
     def drop_all(self) -> int:
         """Deletes every held copy (closing); returns how many."""
+        for job_id in list(self._displaced):
+            self._settle_displaced(job_id, False)  # a job still in flight at close: held again, deleted below
         tiers = self._tiers()
         for tier, ids in tiers:
             self._delete(tier, ids)
@@ -145,12 +195,19 @@ class RetainedCopies:
     def check(self, settled: bool = True) -> None:
         """Asserts the invariants above; the bound only once every move is ``settled`` (a
         failed move's claimed copies are held again before the manager frees its slots)."""
+        assert not settled or not self._displaced, f"jobs settled but still displace copies: {self._displaced}"
         for tier, ids in self._tiers():
             assert not settled or len(ids) <= self._free(tier), f"tier {tier} retains {len(ids)} copies, more than its free slots"
-            for block_id, key in zip(ids, self._keys(ids)):
-                where = self._locate(block_id)
-                assert where is not None and where < tier, f"retained block {block_id} is not held above tier {tier}"
-                assert self._media[tier].contains(key), f"retained block {block_id} is not stored in tier {tier}"
+            self._check_stored(tier, ids)
+        for tier, ids in self._displaced.values():
+            assert len(set(ids) & set(self._held.get(tier, ()))) == 0, f"tier {tier}: a displaced copy is also held"
+            self._check_stored(tier, ids)
+
+    def _check_stored(self, tier: int, ids: list[int]) -> None:
+        """Asserts every copy of ``ids`` is stored in ``tier`` and its block held above it."""
+        for block_id, key in zip(ids, self._keys(ids)):
+            assert self._above(block_id, tier), f"retained block {block_id} is not held above tier {tier}"
+            assert self._media[tier].contains(key), f"retained block {block_id} is not stored in tier {tier}"
 
     def _tiers(self) -> list[tuple[int, list[int]]]:
         return [(tier, list(held)) for tier, held in self._held.items() if held]
@@ -158,11 +215,20 @@ class RetainedCopies:
     def _delete(self, tier: int, ids: list[int]) -> None:
         held = self._held.get(tier, {})
         ids = [block_id for block_id in ids if block_id in held]
+        for block_id in ids:
+            del held[block_id]
+        self._forget(tier, ids)
+
+    def _forget(self, tier: int, ids: list[int]) -> None:
+        """Deletes the copies of ``ids`` (no longer held nor displaced) from ``tier``'s medium."""
         if ids:
-            for block_id in ids:
-                del held[block_id]
             self._media[tier].forget(self._keys(ids))
             self._note_left(tier, ids)
+
+    def _above(self, block_id: int, tier: int) -> bool:
+        """True while the manager holds ``block_id`` in a tier above ``tier``."""
+        where = self._locate(block_id)
+        return where is not None and where < tier
 
     def _note_left(self, tier: int, ids: list[int]) -> None:
         """Notes blocks deleted from ``tier`` (a keyed medium counting its flushes in ``stats``)."""
@@ -245,13 +311,31 @@ class LocalEngine:
         """Starts ``plan``; returns once it is queued (waits only to bound in-flight jobs)."""
         while len(self._jobs) >= self._max_inflight:
             self._settle_early(next(iter(self._jobs)))
+        if self.retained.crowded(plan.dst_tier):  # one job at a time into it (``RetainedCopies``)
+            for job_id in [j for j, job in self._jobs.items() if job.plan.dst_tier == plan.dst_tier]:
+                self._settle_early(job_id)
         kept = self.retained.claim(plan.job_id, plan.dst_tier, plan.ids)
-        self.retained.bound(plan.dst_tier)
+        self.retained.bound(plan.dst_tier, plan.job_id)
         try:
-            self._jobs[plan.job_id] = self._start(plan, kept)
+            self._jobs[plan.job_id] = self._start_in_room(plan, kept)
         except BaseException:
             self.retained.settle(plan.job_id, False)
             raise
+
+    def _start_in_room(self, plan: TransferPlan, kept: set[int]) -> Job:
+        """``_start``, once the store has a physical slot for each block to write beside the
+        copies the job displaced (``RetainedCopies.bound``): its spare slots beyond the tier's
+        capacity, freed by a flush if retired. Where the job displaced more copies than that,
+        the oldest it needs are deleted (and flushed) first: those alone a failed write can
+        still cost. Every flush here precedes the job's writes."""
+        if self.retained.displaced(plan.job_id):
+            medium, need = self.tiers[plan.dst_tier], len(plan.ids) - len(kept)
+            if getattr(medium, "free_blocks", need) < need:
+                _flush_quietly(medium)
+            if (short := need - getattr(medium, "free_blocks", need)) > 0:
+                self.retained.give_up(plan.job_id, short)
+                _flush_quietly(medium)
+        return self._start(plan, kept)
 
     def _start(self, plan: TransferPlan, kept: set[int]) -> Job:
         """Starts the copy of the part of ``plan`` whose copies are not retained in its
@@ -347,6 +431,14 @@ class LocalEngine:
         if not isinstance(exc, ReadIOError) or not exc.lost_keys:
             return ()
         return tuple(b for b, key in zip(plan.ids, self._ctx.keys(plan.ids)) if key in exc.lost_keys)
+
+
+def _flush_quietly(medium) -> None:
+    """Flushes ``medium``; a failure is counted by the store and its batch kept for the next flush."""
+    try:
+        medium.flush()
+    except OSError:
+        pass
 
 
 def _finished(job: Job) -> bool:
