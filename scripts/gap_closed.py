@@ -16,23 +16,32 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 
+from tiercache.bench.rounds import positive_int
+from tiercache.bench.script_args import positive_ints, refuse_bad_outputs
 from tiercache.config import CacheConfig, TierConfig, layout_preset
+from tiercache.errors import UserError
 from tiercache.results import Semantics
 from tiercache.sim.hardware import load_profile
 from tiercache.sim.loader import load_trace
 from tiercache.sim.sweep import SweepSpec, sweep
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-DEFAULTS = [(os.path.join(HERE, "..", "tests", "data", "mooncake_synthetic_trace.jsonl"), "1000,4000,16000"),
-            (os.path.join(HERE, "..", "tests", "data", "kvtester_sample"), "500,1000,2000")]
+DEFAULTS = [(os.path.join(HERE, "..", "tests", "data", "mooncake_synthetic_trace.jsonl"), [1000, 4000, 16000]),
+            (os.path.join(HERE, "..", "tests", "data", "kvtester_sample"), [500, 1000, 2000])]
 POLICIES = ("session", "cost", "leaf_lru", "arc", "s3fifo", "lfu")
 #: Placements of the 3-tier rows (``lru`` with the default one is the baseline).
 PLACEMENTS = ("top", "reuse")
+#: The 3-tier rows' HBM tier is a quarter of the middle capacity: it needs at least this many blocks.
+MIN_MIDDLE = 4
+#: The model and hardware of the 3-tier rows.
+MODEL, HARDWARE = "llama-3-8b", "h200-pcie5-nvme4"
 
 
 def gap_rows(path: str, capacities: list[int], policies: tuple[str, ...], workers: int) -> list[dict]:
-    """One row per (capacity, policy): LRU, policy and Belady miss ratios and the gap closed."""
+    """One row per (capacity, policy): LRU, policy and Belady miss ratios and the gap closed
+    (None where LRU misses no more than Belady: no gap to close, "n/a" as the reports say)."""
     spec = SweepSpec(("lru", "belady", *policies), (Semantics.PREFIX,), tuple(capacities))
     runs = sweep(load_trace(path), spec, workers).runs
     miss = {(r.policy, r.capacity_blocks): r.miss_ratio for r in runs}
@@ -40,7 +49,7 @@ def gap_rows(path: str, capacities: list[int], policies: tuple[str, ...], worker
     for cap in capacities:
         lru, bel = miss[("lru", cap)], miss[("belady", cap)]
         for policy in policies:
-            gap = (lru - miss[(policy, cap)]) / (lru - bel) if lru > bel else float("nan")
+            gap = (lru - miss[(policy, cap)]) / (lru - bel) if lru > bel else None
             rows.append({"workload": os.path.basename(os.path.normpath(path)), "capacity": cap, "policy": policy,
                          "lru": lru, "miss": miss[(policy, cap)], "belady": bel, "gap_closed": gap})
     return rows
@@ -50,12 +59,8 @@ def ttft_rows(path: str, tiers: tuple[int, int, int], policies: tuple[str, ...],
     """Modeled TTFT saved (s) of each policy on a 3-tier exclusive hierarchy, with the default
     placement and with ``reuse``, and its gain over LRU with the default placement."""
     trace = load_trace(path)
-    layout = layout_preset("llama-3-8b", trace.block_tokens)
-    cache = CacheConfig(tuple(TierConfig(n, c) for n, c in zip(("hbm", "dram", "nvme"), tiers)))
-    profile = load_profile("h200-pcie5-nvme4").require_prefill()
     runs = {}
-    for placement in PLACEMENTS:
-        spec = SweepSpec(("lru", *policies), (Semantics.PREFIX,), (), cache, "always", layout, profile, placement=placement)
+    for spec in ttft_specs(tiers, policies, trace.block_tokens):
         runs |= {r.label: r for r in sweep(trace, spec, workers).runs}
     base = runs["lru"].ttft_saved_s
     return [{"workload": os.path.basename(os.path.normpath(path)), "tiers": "/".join(map(str, tiers)), "policy": label,
@@ -63,35 +68,83 @@ def ttft_rows(path: str, tiers: tuple[int, int, int], policies: tuple[str, ...],
             for label, run in runs.items() if label != "lru"]
 
 
-def main() -> None:
+def ttft_specs(tiers: tuple[int, int, int], policies: tuple[str, ...], block_tokens: int | None) -> list[SweepSpec]:
+    """The sweeps of the 3-tier rows, one per placement.
+
+    Raises:
+        UserError: a policy name the sweep refuses (unknown, offline with ``reuse``...).
+    """
+    layout = layout_preset(MODEL, block_tokens)
+    cache = CacheConfig(tuple(TierConfig(n, c) for n, c in zip(("hbm", "dram", "nvme"), tiers)))
+    profile = load_profile(HARDWARE).require_prefill()
+    return [SweepSpec(("lru", *policies), (Semantics.PREFIX,), (), cache, "always", layout, profile, placement=placement)
+            for placement in PLACEMENTS]
+
+
+def three_tiers(capacities: list[int]) -> tuple[int, int, int]:
+    """The 3-tier row's (hbm, dram, nvme) blocks: a quarter, one and four times the middle capacity."""
+    mid = capacities[len(capacities) // 2]
+    return mid // 4, mid, 4 * mid
+
+
+def gap_text(gap: float | None) -> str:
+    """A gap closed as printed: a percentage, "n/a" where there is no gap to close."""
+    return "n/a" if gap is None else f"{gap * 100:.1f}%"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The options, every one checked before any replay: a bad one ends in one line (exit 2)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--trace", action="append", help="trace file or kv-cache-tester folder (repeatable)")
-    parser.add_argument("--capacity", action="append", help="comma list of capacities for the --trace before it")
+    parser.add_argument("--capacity", action="append", type=positive_ints,
+                        help="comma list of capacities (blocks) for the --trace before it")
     parser.add_argument("--policy", default=",".join(POLICIES))
-    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--workers", type=positive_int, default=2)
     parser.add_argument("--json", help="write the rows here")
-    args = parser.parse_args()
-    pairs = list(zip(args.trace, args.capacity)) if args.trace else DEFAULTS
-    policies = tuple(args.policy.split(","))
+    args = parser.parse_args(argv)
+    if len(args.trace or []) != len(args.capacity or []):
+        parser.error("give one --capacity per --trace")
+    args.pairs = list(zip(args.trace, args.capacity)) if args.trace else DEFAULTS
+    for path, capacities in args.pairs:
+        if not os.path.exists(path):
+            parser.error(f"--trace {path}: no such file or folder")
+        if three_tiers(capacities)[0] < 1:
+            parser.error(f"--capacity {','.join(map(str, capacities))}: the 3-tier rows put a quarter of the middle "
+                         f"capacity ({capacities[len(capacities) // 2]}) in HBM; give a middle capacity of at least "
+                         f"{MIN_MIDDLE} blocks")
+    try:  # the names as registered (``ARC`` is ``arc``), which the runs carry
+        args.policies = SweepSpec(("lru", "belady", *args.policy.split(",")), (Semantics.PREFIX,), (1,)).policies[2:]
+        ttft_specs((1, 1, 1), args.policies, None)
+    except UserError as exc:
+        parser.error(f"--policy {args.policy}: {exc}")
+    refuse_bad_outputs(parser, {"--json": args.json})
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     gaps, ttft = [], []
-    print(f"{'workload':32} {'capacity':>8} {'policy':10} {'LRU':>7} {'policy':>7} {'Belady':>7} {'gap closed':>10}")
-    for path, caps in pairs:
-        capacities = [int(c) for c in caps.split(",")]
-        for row in gap_rows(path, capacities, policies, args.workers):
-            gaps.append(row)
-            print(f"{row['workload'][:32]:32} {row['capacity']:>8} {row['policy']:10} {row['lru']:7.4f} {row['miss']:7.4f} "
-                  f"{row['belady']:7.4f} {row['gap_closed'] * 100:9.1f}%")
-        mid = capacities[len(capacities) // 2]
-        ttft.extend(ttft_rows(path, (mid // 4, mid, 4 * mid), policies, args.workers))
-    print(f"\n3 tiers (hbm/dram/nvme blocks), llama-3-8b on h200-pcie5-nvme4, prefix semantics:")
+    try:
+        print(f"{'workload':32} {'capacity':>8} {'policy':10} {'LRU':>7} {'policy':>7} {'Belady':>7} {'gap closed':>10}")
+        for path, capacities in args.pairs:
+            for row in gap_rows(path, capacities, args.policies, args.workers):
+                gaps.append(row)
+                print(f"{row['workload'][:32]:32} {row['capacity']:>8} {row['policy']:10} {row['lru']:7.4f} "
+                      f"{row['miss']:7.4f} {row['belady']:7.4f} {gap_text(row['gap_closed']):>10}")
+            ttft.extend(ttft_rows(path, three_tiers(capacities), args.policies, args.workers))
+    except UserError as exc:
+        print(f"gap_closed: {exc}", file=sys.stderr)
+        return 2
+    print(f"\n3 tiers (hbm/dram/nvme blocks), {MODEL} on {HARDWARE}, prefix semantics:")
     print(f"{'workload':32} {'tiers':>16} {'policy':15} {'miss':>7} {'TTFT saved s':>12} {'vs LRU s':>9}")
     for row in ttft:
         print(f"{row['workload'][:32]:32} {row['tiers']:>16} {row['policy']:15} {row['miss']:7.4f} {row['ttft_saved_s']:12.2f} "
               f"{row['vs_lru_s']:+9.2f}")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump({"gap_closed": gaps, "ttft": ttft}, fh, indent=2)
+            json.dump({"gap_closed": gaps, "ttft": ttft}, fh, indent=2, allow_nan=False)  # strict JSON: no gap is null
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -89,7 +89,7 @@ def zoo_rows(path: str, capacities: list[int], workers: int) -> tuple[list[dict]
         entries = [("tiercache", p, ours[(p, capacity)][0]) for p in online_policies()]
         entries += [("libCacheSim", p, theirs[(p, capacity)][0]) for p in LIBCACHESIM_ONLINE]
         for side, policy, misses in sorted(entries, key=lambda e: e[2]):
-            gap = (lru - misses) / (lru - belady) if lru > belady else float("nan")
+            gap = (lru - misses) / (lru - belady) if lru > belady else None  # n/a: LRU already optimal
             rows.append({"workload": name, "capacity": capacity, "side": side, "policy": policy,
                          "miss_ratio": misses / accesses, "lru": lru / accesses, "belady": belady / accesses,
                          "gap_closed": gap})
@@ -105,10 +105,15 @@ def print_rows(rows: list[dict], top: int) -> None:
     for (workload, capacity), group in groups.items():
         print(f"\n{workload} at {capacity} blocks: LRU {group[0]['lru']:.4f}, Belady {group[0]['belady']:.4f} (miss ratios)")
         for row in group[:top]:
-            print(f"  {row['side']:11} {row['policy']:12} {row['miss_ratio']:.4f}  gap closed {row['gap_closed'] * 100:6.1f}%")
+            print(f"  {row['side']:11} {row['policy']:12} {row['miss_ratio']:.4f}  gap closed {_percent(row['gap_closed']):>6}")
         for side in ("tiercache", "libCacheSim"):
             best = next(r for r in group if r["side"] == side)
-            print(f"  best of {side}: {best['policy']} {best['gap_closed'] * 100:.1f}%")
+            print(f"  best of {side}: {best['policy']} {_percent(best['gap_closed'])}")
+
+
+def _percent(gap: float | None) -> str:
+    """A gap closed as a percentage; ``n/a`` where LRU misses no more than Belady."""
+    return "n/a" if gap is None else f"{gap * 100:.1f}%"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -141,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     print_rows(rows, args.top)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump({"rows": rows, "problems": problems}, fh, indent=2)
+            json.dump({"rows": rows, "problems": problems}, fh, indent=2, allow_nan=False)
     for problem in problems:
         print(f"MISMATCH: {problem}", file=sys.stderr)
     return 1 if problems else 0

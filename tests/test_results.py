@@ -38,7 +38,7 @@ def full_document() -> ResultsDocument:
     """Every field set, none to its default."""
     run = RunRecord(
         policy="s3fifo", admission="second_hit", semantics=Semantics.PREFIX, mode=Mode.WRITE_THROUGH,
-        capacity_blocks=300, accesses=1000, hits=600, misses=400, recomputed=17, miss_ratio=0.4, hit_ratio=0.6,
+        capacity_blocks=302, accesses=1000, hits=600, misses=400, recomputed=17, miss_ratio=0.4, hit_ratio=0.6,
         tiers=(tier("hbm", 500, 100), tier("dram", 100, 200)), wall_seconds=1.25,
         bytes_moved={"hbm->dram": 1 << 30, "dram->hbm": 12345}, modeled_seconds={"hbm->dram": 0.5, "recompute": 2.0, "total": 2.5},
         prefill_tokens=5_000_000, prefill_tokens_saved=300_000, ttft_saved_s=-0.75, placement="reuse",

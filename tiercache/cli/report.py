@@ -17,7 +17,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..errors import UserError
-from ..report.across import across_documents, gap_markdown, gap_notes, gap_rows, split_rows
+from ..report.across import across_documents, gap_markdown, gap_notes, gap_rows, escape_table_text, left_out, split_rows
+from ..report.document import Paragraph, Section
 from ..report.lru_curve import same_trace
 from ..report.model import ReportData, from_documents, load_results
 from ..report.summary import BASELINE, BELADY
@@ -114,43 +115,61 @@ def _run_split(args: argparse.Namespace, command: str, started: float) -> int:
     tune, test = (replace(sweep(h, spec, workers, not args.no_progress), command=command) for h in halves)
     data = from_documents([test], [str(Path(args.out) / "results.json")])
     table = gap_markdown(split_rows(tune, test))
+    first, total = tune.trace.requests, tune.trace.requests + test.trace.requests
+    cold = _cold_halves(first, total)
     _write(args.out, data, None, command, test, {
         "results_first_half.json": json.dumps(tune.to_json(), indent=1),
-        "split.md": "# Tuned on the first half, reported on the second\n\n" + table,
-    })
+        "split.md": "# Tuned on the first half, reported on the second\n\n" + escape_table_text(cold) + "\n\n" + table,
+    }, Section("Split halves", (Paragraph(f"This report is of the second half of the trace. {cold} The first half's runs "
+                                          "are in results_first_half.json; split.md names the policy tuned on them."),)))
     print(table, end="")
+    print(cold)
     print(f"{len(tune.runs) + len(test.runs)} runs in {time.perf_counter() - started:.1f} s")
     return 0
+
+
+def _cold_halves(first: int, total: int) -> str:
+    """The sentence split.md and the split report state: how the halves were replayed."""
+    return (f"Each half is replayed from a cold cache, as a trace of its own: the first half is requests 1-{first}, the "
+            f"second requests {first + 1}-{total}, and nothing the first half stored carries over, so the second half's "
+            "figures (LRU's, Belady's and every policy's) count as misses the first uses of blocks the first half had "
+            "already used. Every miss ratio and gap closed in split.md is of the second half; the policy tuned on the "
+            "first half is the one with the lowest miss ratio there.")
 
 
 def _run_across(args: argparse.Namespace) -> int:
     """``report --across``: one gap table over results files of any traces, each trace's runs
     once (notes on stderr name the files and runs counted once, fleet runs left out and rows
-    without a gap for want of references made the same way).
+    without a gap for want of references made the same way; a trace, or a cache of one, with no
+    row is named on stderr and under the table).
 
     Raises:
         UserError: the table would have no row (nothing is written then).
     """
-    documents, notes = across_documents(args.results)
+    documents, notes, sources = across_documents(args.results)
     notes += [note for document in documents for note in gap_notes(document)]
-    for note in notes:
+    missing = [sentence for document, files in zip(documents, sources) if (sentence := left_out(document, files))]
+    for note in notes + missing:
         print(f"tiercache report: note: {note}", file=sys.stderr)
     rows = [row for document in documents for row in gap_rows(document)]
     if not rows:
         raise UserError("no row for gaps.md: no file holds a one-engine run of an online policy (fleet runs and "
                         "offline policies alone give no best online policy); nothing written")
-    table = gap_markdown(rows)
+    table = gap_markdown(rows, missing)
     write_folder(args.out, {"gaps.md": "# Gap closed per trace and capacity\n\n" + table}, None)
     print(table, end="")
     return 0
 
 
 def _write(out: str, data: ReportData, trace_path: str | None, command: str, results: ResultsDocument | None,
-           extra: dict[str, str] | None = None) -> None:
-    """Writes the report folder (with the ``extra`` files, name -> text) all at once and says what it holds."""
+           extra: dict[str, str] | None = None, first: Section | None = None) -> None:
+    """Writes the report folder (with the ``extra`` files, name -> text, and ``first`` as the
+    report's first section) all at once and says what it holds."""
     from ..report.content import build_document  # loads matplotlib: only a command that draws plots needs it
 
     document = build_document(data, trace_path, command)
+    if first is not None:
+        document = replace(document, sections=(first, *document.sections))
     names = write_report(out, document, results_csv(data), results, data.version, extra)
     plots = sum(name.endswith(".png") for name in names)
     others = ", ".join(n for n in names if not n.endswith(".png"))

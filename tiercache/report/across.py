@@ -27,12 +27,16 @@ from ..results.records import FINGERPRINT_PREFIX, legacy_fingerprint
 from ..sim.loader import trace_fingerprint
 from . import fmt
 from .lru_curve import same_trace
-from .markdown import escape_cell
+from .markdown import escape_markdown
 from .model import Repeat, distinct_paths, merge_runs, read_documents
-from .summary import BEYOND_BELADY, CapacityBest, best_per_capacity, gap_closed, gap_text, tier_layout, unreferenced_prefetch
+from .summary import (
+    BEYOND_BELADY, CapacityBest, best_per_capacity, by_layout, gap_closed, gap_text, is_offline, tier_layout,
+    unreferenced_prefetch,
+)
 from .tables import tiers_text
 
-__all__ = ["GapRow", "across_documents", "gap_rows", "gap_notes", "split_rows", "gap_markdown"]
+__all__ = ["GapRow", "across_documents", "gap_rows", "gap_notes", "left_out", "split_rows", "gap_markdown", "escape_table_text",
+           "SPLIT_HEADER"]
 
 #: Hex digits of a fingerprint shown (at least) where it tells traces of one name apart.
 _SHORT_DIGITS = 12
@@ -72,9 +76,9 @@ def _row(trace: str, entry: CapacityBest, **tuned) -> GapRow:
                   entry.best.label, entry.best.miss_ratio, entry.gap_closed, **tuned)
 
 
-def across_documents(paths: list[str]) -> tuple[list[ResultsDocument], list[str]]:
-    """Reads results files of any traces as one document per trace, and notes (one line each)
-    on what was counted once and how traces are named.
+def across_documents(paths: list[str]) -> tuple[list[ResultsDocument], list[str], list[list[str]]]:
+    """Reads results files of any traces as one document per trace, notes (one line each)
+    on what was counted once and how traces are named, and each document's files.
 
     Invariants: one document per trace fingerprint (``_trace_identity``: a blake2b one of a
     trace file still at its recorded path counts as that file's xxh3-128 one), in the order
@@ -84,6 +88,7 @@ def across_documents(paths: list[str]) -> tuple[list[ResultsDocument], list[str]
     name with different fingerprints are told apart by a short fingerprint after the name (as
     many digits as tell them apart, at least 12). Every file left out, run counted once, older
     fingerprint matched and file holding fleet runs (which gaps.md leaves out) has a note.
+    The third list holds, for each document, the files its runs came from (first given first).
 
     Raises:
         UserError: a file cannot be read (as ``read_documents``), or two files hold one run of
@@ -98,7 +103,7 @@ def across_documents(paths: list[str]) -> tuple[list[ResultsDocument], list[str]
     merged = [_merge_trace(fingerprint, group, notes) for fingerprint, group in groups.items()]
     notes.extend(_fleet_note(document, source) for document, source in zip(documents, kept)
                  if any(run.is_fleet for run in document.runs))
-    return _named_apart(merged, notes), notes
+    return _named_apart(merged, notes), notes, [[source for _, source in group] for group in groups.values()]
 
 
 def _trace_identity(document: ResultsDocument, source: str, notes: list[str]) -> str:
@@ -204,6 +209,26 @@ def gap_notes(document: ResultsDocument) -> list[str]:
     return [] if sentence is None else [f"trace {document.trace.name!r}: {sentence}"]
 
 
+def left_out(document: ResultsDocument, sources: list[str]) -> str | None:
+    """A sentence on what of one document gaps.md has no row for, naming the trace and its files:
+    the whole trace when no cache of it holds a one-engine run of an online policy (only Belady,
+    or fleet runs), else its caches that hold only offline runs; None when every cache has a row.
+    """
+    single = [r for r in document.runs if not r.is_fleet]
+    where = f"trace {document.trace.name!r} ({', '.join(sources)})"
+    if not best_per_capacity(single):
+        policies = ", ".join(dict.fromkeys(r.label + (" (fleet)" if r.is_fleet else "") for r in document.runs))
+        return (f"{where}: no row: none of its {len(document.runs)} runs ({policies}) is a one-engine run of an online "
+                "policy, which a best online policy needs")
+    offline_only = [group for group in by_layout(single).values() if all(is_offline(r) for r in group)]
+    if not offline_only:
+        return None
+    caches = ", ".join(f"{g[0].semantics.value} {g[0].mode.value} {tiers_text(g[0])}" for g in offline_only)
+    policies = ", ".join(dict.fromkeys(r.label for g in offline_only for r in g))
+    return (f"{where}: no row for {len(offline_only)} of its caches ({caches}): they hold only offline runs ({policies}), "
+            "no online policy")
+
+
 def split_rows(tune: ResultsDocument, test: ResultsDocument) -> list[GapRow]:
     """Rows of ``test`` (the reported half) with the winner picked on ``tune`` (the first half)
     over the same (semantics, mode, tier layout)."""
@@ -218,6 +243,11 @@ def split_rows(tune: ResultsDocument, test: ResultsDocument) -> list[GapRow]:
     return rows
 
 
+def escape_table_text(text: str) -> str:
+    """Text of gaps.md and split.md: ``escape_markdown``'s, underscores inside words kept."""
+    return escape_markdown(text, keep_intraword_underscores=True)
+
+
 def _cell(value: float | None, how) -> str:
     return "n/a" if value is None else how(value)
 
@@ -228,13 +258,22 @@ def _beats_belady(row: GapRow) -> bool:
     return row.belady is not None and min(misses) < row.belady
 
 
-def gap_markdown(rows: list[GapRow]) -> str:
+#: The split table's columns after the cache's: the policy tuned on the first half and the
+#: hindsight winner of the second, each with its figures on the second half.
+SPLIT_HEADER = ("tuned on 1st half", "tuned miss", "tuned gap closed", "best in hindsight", "best gap closed")
+
+
+def gap_markdown(rows: list[GapRow], missing: list[str] | tuple[str, ...] = ()) -> str:
     """A Markdown table of ``rows`` (split columns when any row has a tuned policy), with a note
-    under it where a policy missed less than Belady's replay (a gap closed above 100%, shown as is)."""
+    under it where a policy missed less than Belady's replay (a gap closed above 100%, shown as is),
+    and one line per sentence of ``missing`` (what has no row, as ``left_out`` says).
+
+    Every cell is escaped as report.md escapes text (``escape_markdown``; an underscore inside a
+    word, which Markdown never reads as emphasis, stays as typed, since the table is printed
+    too): a trace named ``a_*b*`` or ``<b>`` shows as named, never as emphasis, HTML, code or a link."""
     split = any(r.tuned is not None for r in rows)
     header = ["trace", "semantics", "mode", "capacity", "tiers (blocks)", "LRU miss", "Belady miss"]
-    header += ["tuned on 1st half", "its miss", "its gap closed", "best in hindsight", "its gap closed"] if split else \
-        ["best online policy", "its miss", "gap closed"]
+    header += list(SPLIT_HEADER) if split else ["best online policy", "its miss", "gap closed"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in rows:
         cells = [r.trace, r.semantics, r.mode, fmt.integer(r.capacity_blocks), r.tiers, _cell(r.lru, fmt.ratio),
@@ -244,7 +283,9 @@ def gap_markdown(rows: list[GapRow]) -> str:
                       _cell(r.best_gap, gap_text)]
         else:
             cells += [r.best, fmt.ratio(r.best_miss), _cell(r.best_gap, gap_text)]
-        lines.append("| " + " | ".join(map(escape_cell, cells)) + " |")
+        lines.append("| " + " | ".join(escape_table_text(cell) for cell in cells) + " |")
     if any(_beats_belady(r) for r in rows):
         lines.append(f"\nNote: {BEYOND_BELADY}.")
+    if missing:
+        lines.append("\nNot in this table:\n" + "\n".join(f"- {escape_table_text(sentence)}" for sentence in missing))
     return "\n".join(lines) + "\n"

@@ -6,23 +6,28 @@ import re
 
 from .document import Block, Bullets, Code, Document, Image, Paragraph, Table
 
-__all__ = ["render_markdown", "escape_markdown", "escape_cell"]
+__all__ = ["render_markdown", "escape_markdown"]
 
 # Characters that start emphasis, code, links, HTML or table cells; escaping them keeps
 # trace names like "my_trace_v2" and link names like "dram->hbm" literal.
 _SPECIAL = re.compile(r"([\\`*_\[\]<|])")
+# A run of underscores between two letters or digits: CommonMark (GFM) never reads it as
+# emphasis (it is both left- and right-flanking and touches no punctuation).
+_INTRAWORD = re.compile(r"(?<=[^\W_])(_+)(?=[^\W_])")
 
 
-def escape_markdown(text: str) -> str:
-    """Plain text made safe to place in Markdown (also inside table cells)."""
-    return _SPECIAL.sub(r"\\\1", text)
+def escape_markdown(text: str, keep_intraword_underscores: bool = False) -> str:
+    """Plain text made safe to place in Markdown (also inside table cells): report.md's text and
+    every cell of gaps.md and split.md.
 
-
-def escape_cell(text: str) -> str:
-    """Text made safe as one cell of a Markdown table that is also read as plain text (gaps.md,
-    printed too): only what would end or join a cell, ``|`` and ``\\``, is escaped, so names
-    such as ``leaf_lru`` stay as typed."""
-    return text.replace("\\", "\\\\").replace("|", "\\|")
+    ``keep_intraword_underscores`` leaves underscores between two letters or digits as typed
+    (``leaf_lru``, ``my_trace.jsonl``), which renders the same, for tables that are also read
+    as plain text (gaps.md and split.md, printed too); every other special character is escaped
+    either way."""
+    if not keep_intraword_underscores:
+        return _SPECIAL.sub(r"\\\1", text)
+    parts = _INTRAWORD.split(text)  # odd items: the underscore runs kept
+    return "".join(part if i % 2 else _SPECIAL.sub(r"\\\1", part) for i, part in enumerate(parts))
 
 
 def render_markdown(document: Document) -> str:

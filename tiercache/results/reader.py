@@ -4,10 +4,12 @@ Errors name the file and, for a run, its 1-based index; absent keys follow the v
 rules (``_ABSENT``: what each older version did not write, read as "not recorded").
 Beyond types, values are checked against what a replay can write, so the report never meets
 a value it cannot draw: counts below 2**63 (what numpy's int64 holds), capacities of at least
-one block, finite seconds, ratios in [0, 1], tier names tiercache knows (distinct, fastest
-first), at least one tier per run, ``decode`` semantics only on a step trace, a prefetch policy
-other than ``none`` only in ``decode`` semantics, and a trace fingerprint spelled as a replay
-records it (``xxh3-128:`` and 32 lower-case hex digits, or an earlier version's 32 of blake2b).
+one block, finite seconds (a run's wall time not negative), ratios in [0, 1], tier names
+tiercache knows (distinct, fastest first), at least one tier per run, a run's capacity the sum
+of its tiers', mode ``single`` exactly for one tier, non-empty policy names, ``decode``
+semantics only on a step trace, a prefetch policy other than ``none`` only in ``decode``
+semantics, and a trace fingerprint spelled as a replay records it (``xxh3-128:`` and 32
+lower-case hex digits, or an earlier version's 32 of blake2b).
 Metadata plane: no torch, no numpy.
 """
 
@@ -108,6 +110,19 @@ def _ratio(value: Any) -> Any:
     return out
 
 
+def _duration(value: Any) -> Any:
+    """Seconds a run took: a finite number >= 0."""
+    out = _number(value)
+    if out is not _BAD and out < 0:
+        raise _Refused("a number >= 0 (seconds)")
+    return out
+
+
+def _name(value: Any) -> Any:
+    """A policy's name: a string with something besides spaces in it."""
+    return value if isinstance(value, str) and value.strip() else _BAD
+
+
 def _flag(value: Any) -> Any:
     """A JSON boolean (not a number standing for one)."""
     return value if type(value) is bool else _BAD
@@ -151,7 +166,7 @@ def _member(kind: type[enum.Enum], aliases: Mapping[str, enum.Enum] | None = Non
 
 
 _DESCRIPTIONS = {_count: "a non-negative integer", _positive: "a positive integer", _number: "a number", _ratio: "a number",
-                 _text: "a string"}
+                 _text: "a string", _duration: "a number"}
 
 
 class _Object:
@@ -295,14 +310,14 @@ def _read_run(value: Any, source: str, label: str, version: int) -> RunRecord:
     _check_tier_order(records, obj.where)
     semantics = obj.take("semantics", _member(Semantics), "/".join(m.value for m in Semantics))
     fields = {
-        **{key: obj.take(key, _text) for key in ("policy", "admission", "placement")},
+        **{key: obj.take(key, _name, "a non-empty string (a policy name)") for key in ("policy", "admission", "placement")},
         "semantics": semantics,
-        "mode": obj.take("mode", _member(Mode), "/".join(m.value for m in Mode)),
-        "capacity_blocks": obj.take("capacity_blocks", _positive),
+        "mode": _read_mode(obj, records),
+        "capacity_blocks": _read_capacity(obj, records),
         **{key: obj.take(key, _count) for key in ("accesses", "hits", "misses")},
         "recomputed": obj.take("recomputed", _nullable(_count), "null or a non-negative integer"),
         **{key: obj.take(key, _ratio) for key in ("miss_ratio", "hit_ratio")},
-        "wall_seconds": obj.take("wall_seconds", _number),
+        "wall_seconds": obj.take("wall_seconds", _duration),
         "tiers": records,
         "bytes_moved": obj.take("bytes_moved", _mapping(_count), "an object of byte counts per link"),
         "modeled_seconds": obj.take("modeled_seconds", _mapping(_number), "an object of seconds"),
@@ -319,6 +334,38 @@ def _read_run(value: Any, source: str, label: str, version: int) -> RunRecord:
         return RunRecord(**fields)
     except ValueError as exc:  # the record's own invariants (counts that do not add up)
         raise UserError(f"{obj.where}: inconsistent counts: {exc}") from None
+
+
+def _read_mode(run: _Object, tiers: tuple[TierRecord, ...]) -> Mode:
+    """A run's ``mode``: ``single`` exactly for one tier (as every replay and fleet replay writes
+    it; a fleet's shared ``remote`` tier counts as a tier), ``exclusive`` or ``write_through``
+    for more.
+
+    Raises:
+        UserError: not a mode, or one its tiers contradict (names the run).
+    """
+    mode = run.take("mode", _member(Mode), "/".join(m.value for m in Mode))
+    if (mode is Mode.SINGLE) != (len(tiers) == 1):
+        want = Mode.SINGLE.value if len(tiers) == 1 else f"{Mode.EXCLUSIVE.value} or {Mode.WRITE_THROUGH.value}"
+        raise UserError(f"{run.where}: field 'mode' is {mode.value!r}, but the run has {len(tiers)} tier(s) "
+                        f"({', '.join(t.name for t in tiers)}): must be {want}")
+    return mode
+
+
+def _read_capacity(run: _Object, tiers: tuple[TierRecord, ...]) -> int:
+    """A run's ``capacity_blocks``: the sum of its tiers' (a fleet's private tiers counted once,
+    as one instance's, plus the shared tier), as every replay writes it.
+
+    Raises:
+        UserError: not a positive integer, or not the sum of the tiers' (names the run).
+    """
+    capacity = run.take("capacity_blocks", _positive)
+    held = sum(t.capacity_blocks for t in tiers)
+    if capacity != held:
+        raise UserError(f"{run.where}: field 'capacity_blocks' is {capacity}, but its tiers hold {held} blocks "
+                        f"({', '.join(f'{t.name} {t.capacity_blocks}' for t in tiers)}): a run's capacity is the sum "
+                        "of its tiers'")
+    return capacity
 
 
 def _read_prefetch(run: _Object, semantics: Semantics) -> str | None:

@@ -247,6 +247,9 @@ class RunRecord:
     layout and hardware); ``recomputed`` is None only when upgraded from version 1.
     ``offline`` is whether the policy reads the future (an offline reference such as Belady,
     which never competes as online), None where not recorded (files before version 8).
+    ``wall_seconds`` (>= 0) is the replay's own time, the compiled kernels loaded before its
+    clock starts. As every replay writes them (the reader checks): ``capacity_blocks`` is the
+    sum of the tiers', ``mode`` is ``single`` exactly for one tier.
 
     A fleet replay (``instances`` set, one record per engine instance, ``route`` how requests
     were spread) sums its instances: ``accesses``, ``hits``, ``misses`` and each tier's
