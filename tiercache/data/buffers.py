@@ -27,7 +27,9 @@ __all__ = [
     "HostBytes",
     "is_aligned",
     "check_blocks",
+    "check_out",
     "block_list",
+    "normal_tensors",
 ]
 
 # Alignment that satisfies O_DIRECT on every Linux filesystem we target (logical block
@@ -58,6 +60,21 @@ def torch_dtype(name: str) -> torch.dtype:
         raise UserError(f"unknown dtype {name!r}; known: {', '.join(_TORCH_DTYPES)}") from None
 
 
+def normal_tensors() -> torch.inference_mode:
+    """A context manager (or decorator) under which new tensors are normal tensors, even
+    inside a caller's ``torch.inference_mode()``.
+
+    Every tensor a store, cache, sequence or pool keeps and later updates in place (pool
+    slots, window and scratch buffers, a sequence's tail and summaries, I/O threads'
+    staging) is allocated under it: an inference tensor could not be updated outside
+    inference mode (nor by an I/O thread, which never runs in it), so a store first used
+    under ``torch.inference_mode()`` would break every later call outside it. Writing into
+    a normal tensor inside inference mode is allowed, so the hot path needs no context of
+    its own; only allocation sites use this (about 2 us each).
+    """
+    return torch.inference_mode(False)
+
+
 def round_up(n: int, align: int = PAGE) -> int:
     """``n`` rounded up to a multiple of ``align``."""
     return (n + align - 1) // align * align
@@ -67,16 +84,18 @@ def aligned_tensor(shape: Sequence[int], dtype: torch.dtype) -> tuple[torch.Tens
     """A zeroed, page-aligned CPU tensor backed by an anonymous mmap.
 
     Page alignment lets O_DIRECT read straight into the tensor. The pages are touched here
-    (``zero_``) so that the first use on the hot path does not pay page faults.
+    (``zero_``) so that the first use on the hot path does not pay page faults. The tensor
+    is a normal tensor even under ``torch.inference_mode()`` (``normal_tensors``).
 
     Returns:
         The tensor and the mmap that owns its memory; keep the mmap alive with the tensor.
     """
     nbytes = int(np.prod(shape)) * torch.empty((), dtype=dtype).element_size()
     buf = mmap.mmap(-1, max(round_up(nbytes), PAGE))
-    flat = torch.frombuffer(buf, dtype=torch.uint8, count=nbytes)
-    tensor = flat.view(dtype).view(*shape)
-    tensor.view(torch.uint8).zero_()
+    with normal_tensors():
+        flat = torch.frombuffer(buf, dtype=torch.uint8, count=nbytes)
+        tensor = flat.view(dtype).view(*shape)
+        tensor.view(torch.uint8).zero_()
     return tensor, buf
 
 
@@ -137,6 +156,21 @@ def check_blocks(blocks: torch.Tensor, layout: KVLayout, count: int, what: str, 
         raise UserError(f"{what}: expected shape {_shape_text(expected)}, got {_shape_text(blocks.shape)}")
     if limit is not None:
         check_quantisable(blocks, what, limit)
+
+
+def check_out(out: torch.Tensor, layout: KVLayout, count: int, what: str) -> None:
+    """``check_blocks`` for a caller's tensor a call writes into (an ``out=``): also refuses
+    an inference tensor outside inference mode, which torch forbids writing (its I/O threads
+    would fail part-way otherwise).
+
+    Raises:
+        UserError: as ``check_blocks``, or ``out`` is an inference tensor and the caller is
+            not in ``torch.inference_mode()``.
+    """
+    check_blocks(out, layout, count, what)
+    if out.is_inference() and not torch.is_inference_mode_enabled():
+        raise UserError(f"{what}: an inference tensor (made under torch.inference_mode()) cannot be written outside "
+                        "inference mode; pass a normal tensor, or call under torch.inference_mode()")
 
 
 def check_quantisable(blocks: torch.Tensor, what: str, limit: float, unit: str = "block", dim: int = 0) -> None:

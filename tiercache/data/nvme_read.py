@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from . import chunkio
-from .buffers import block_list, byte_array, is_aligned
+from .buffers import block_list, byte_array, is_aligned, normal_tensors
 from .iojobs import run_batch
 from .nvme_index import Entry
 from .nvme_results import ReadIOError
@@ -149,7 +149,11 @@ class NVMeReads:
             ReadIOError: the read failed with an I/O error; the block stays stored.
             KeyError: the chunk is absent, or proved corrupt (and was forgotten).
         """
-        host = dest if dest.device.type == "cpu" else torch.empty_like(dest, device="cpu")
+        if dest.device.type == "cpu":
+            host = dest
+        else:
+            with normal_tensors():  # the I/O threads fill it, outside any inference mode
+                host = torch.empty_like(dest, device="cpu")
         if not self.get([key], [host])[0]:
             raise KeyError(f"key {key.hex()} is stored but unreadable (corrupt or missing chunk)")
         if host is not dest:

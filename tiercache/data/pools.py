@@ -20,7 +20,7 @@ import torch
 
 from ..config import KVLayout
 from ..errors import UserError
-from .buffers import aligned_tensor, check_blocks, check_capacity_blocks, torch_dtype
+from .buffers import aligned_tensor, check_blocks, check_capacity_blocks, check_out, normal_tensors, torch_dtype
 
 __all__ = ["BlockPool", "dram_pool", "hbm_pool", "copy_runs", "cuda_available", "HEADER_ROOM", "HEADER_BYTES"]
 
@@ -59,14 +59,18 @@ def _allocate(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, 
     """Allocates the pool tensor; returns ``(tensor, owner, pinned)``.
 
     CPU memory comes from an anonymous mmap (page aligned, so O_DIRECT reads can land in a
-    slot directly) unless it is pinned, in which case CUDA's host allocator owns it.
+    slot directly) unless it is pinned, in which case CUDA's host allocator owns it. The
+    tensor is a normal tensor even under ``torch.inference_mode()`` (``normal_tensors``): the
+    pool's slots are written in place by every later call, in inference mode or not.
     """
     global _pin_fallback_logged
     if device.type != "cpu":
-        return torch.zeros(shape, dtype=dtype, device=device), None, False
+        with normal_tensors():
+            return torch.zeros(shape, dtype=dtype, device=device), None, False
     if pin:
         try:
-            return torch.zeros(shape, dtype=dtype, pin_memory=True), None, True
+            with normal_tensors():
+                return torch.zeros(shape, dtype=dtype, pin_memory=True), None, True
         except RuntimeError as exc:  # no CUDA driver: pinning is impossible, not an error
             if not _pin_fallback_logged:
                 log.info("pinned host memory unavailable (%s); DRAM pools use ordinary memory", str(exc).splitlines()[0])
@@ -172,7 +176,8 @@ class BlockPool:
     """A preallocated pool of KV blocks on one device.
 
     Invariants: ``tensor`` has shape ``[capacity, *layout.block_shape]`` and the layout's
-    dtype, is allocated once in ``__init__`` and never reallocated; every slot argument is
+    dtype, is allocated once in ``__init__`` and never reallocated, as a normal tensor even
+    under ``torch.inference_mode()`` (so it is writable in and out of it); every slot argument is
     checked against ``[0, capacity)``. Copies to or from CUDA run on the current stream and
     are asynchronous when ``non_blocking`` is set: the caller records an event after them
     and waits on it before reusing the source or reading the destination.
@@ -207,7 +212,8 @@ class BlockPool:
         #: The pool's whole memory on its device, header room included (what a transfer engine
         #: registers for a host pool).
         self.host_buffer = raw
-        self.tensor = raw[:, self.header_room:].view(self.dtype).view(capacity_blocks, *layout.block_shape)
+        with normal_tensors():  # views made in inference mode would carry its mark
+            self.tensor = raw[:, self.header_room:].view(self.dtype).view(capacity_blocks, *layout.block_shape)
         self.device = self.tensor.device
 
     def header(self, slot: int) -> np.ndarray:
@@ -247,12 +253,13 @@ class BlockPool:
         the hot path passes a preallocated ``out`` (which may be on another device).
 
         Raises:
-            UserError: wrong dtype or shape of ``out``, or a slot out of range.
+            UserError: wrong dtype or shape of ``out`` (or an inference tensor outside
+                inference mode), or a slot out of range.
         """
         src = _as_slots(slots, self.capacity, "BlockPool.read slots")
         if out is None:
             out = torch.empty((src.size, *self.layout.block_shape), dtype=self.dtype, device=self.device)
-        check_blocks(out, self.layout, src.size, "BlockPool.read out")
+        check_out(out, self.layout, src.size, "BlockPool.read out")
         _copy(out, self.tensor, copy_runs(src, np.arange(src.size)), self.block_bytes, non_blocking)
         return out
 

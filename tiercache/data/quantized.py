@@ -32,7 +32,7 @@ from tiercache.core.plans import JobResult, TransferPlan
 
 from ..config import Codec, KVLayout
 from ..errors import UserError
-from .buffers import check_capacity_blocks, torch_dtype
+from .buffers import check_capacity_blocks, normal_tensors, torch_dtype
 from .codecs import codec_for
 from .handlers import CopyContext, Job, _read_result, _recycling, _write_result, register_handler
 from .nvme import NVMeStore
@@ -45,7 +45,8 @@ class QuantizedPool:
     """Preallocated host slots of encoded blocks (the ``Medium`` protocol, unkeyed).
 
     Invariants: ``encoded`` is ``[capacity, block_bytes]`` uint8 with ``block_bytes ==
-    codec.block_bytes(layout)``; a slot holds the ``BlockCodec.encode_into`` bytes of one
+    codec.block_bytes(layout)``, a normal tensor even when the pool is built under
+    ``torch.inference_mode()`` (``pools._allocate``); a slot holds the ``BlockCodec.encode_into`` bytes of one
     ``layout`` block; the pool never decides which slot holds what (plans do).
     """
 
@@ -185,7 +186,8 @@ class QuantizedToStore:
         if store.codec is src.codec:  # a GPU pool's rows are copied to the host first
             future = _recycling(store.submit_put_encoded, store, keys, [src.view(s).cpu() for s in slots])
         else:
-            blocks = torch.empty((len(slots), *src.layout.block_shape), dtype=src._dtype)
+            with normal_tensors():  # the I/O threads (never in inference mode) read it
+                blocks = torch.empty((len(slots), *src.layout.block_shape), dtype=src._dtype)
             for index, slot in enumerate(slots):
                 src.decode_into(slot, blocks[index])
             future = _recycling(store.submit_put, store, keys, blocks)
@@ -203,7 +205,8 @@ class StoreToQuantized:
             future = store.submit_get_encoded(keys, [dst.view(s) for s in slots])
             return Job(plan, future=future, finish=lambda hits: _read_result(plan, hits))
         if store.codec is dst.codec:  # a GPU pool: read into host rows, then copy them over
-            rows = torch.empty((len(slots), dst.block_bytes), dtype=torch.uint8)
+            with normal_tensors():  # written by the I/O threads, which never run in inference mode
+                rows = torch.empty((len(slots), dst.block_bytes), dtype=torch.uint8)
             future = store.submit_get_encoded(keys, list(rows.unbind(0)))
 
             def finish_rows(hits: np.ndarray) -> JobResult:
@@ -212,7 +215,8 @@ class StoreToQuantized:
                 return _read_result(plan, hits)
 
             return Job(plan, future=future, finish=finish_rows)
-        blocks = torch.empty((len(slots), *dst.layout.block_shape), dtype=dst._dtype)
+        with normal_tensors():  # written by the I/O threads, which never run in inference mode
+            blocks = torch.empty((len(slots), *dst.layout.block_shape), dtype=dst._dtype)
         future = store.submit_get(keys, blocks)
 
         def finish(hits: np.ndarray) -> JobResult:

@@ -49,6 +49,7 @@ import torch
 from tiercache.config import Codec, KVLayout, RemoteConfig
 from tiercache.errors import UserError
 
+from .buffers import normal_tensors
 from .pools import HEADER_BYTES  # a pool's header room ends with exactly one header
 from .remote_guard import Breaker, DaemonWorker, abandon_client, close_client
 from .remote_master import servers_answer
@@ -229,8 +230,11 @@ class RemoteStore:
         return len(self._free_rows)
 
     def row_block(self, row: int, dtype: torch.dtype) -> torch.Tensor:
-        """A staging row as a block tensor (a view of the registered row)."""
-        return torch.from_numpy(self.staging[row]).view(dtype).view(self.layout.block_shape)
+        """A staging row as a block tensor (a view of the registered row): a normal tensor
+        even under the caller's ``torch.inference_mode()``, since NVMe I/O threads (never in
+        inference mode) decode into it (``buffers.normal_tensors``)."""
+        with normal_tensors():
+            return torch.from_numpy(self.staging[row]).view(dtype).view(self.layout.block_shape)
 
     # -- lookups -------------------------------------------------------------------------
     def exists(self, keys: Sequence[bytes]) -> np.ndarray:

@@ -47,7 +47,7 @@ import torch
 from tiercache.attention import compute_dtype
 from tiercache.config import AttentionMode, KVLayout, TierConfig
 from tiercache.core.decode import StepDriver
-from tiercache.data.buffers import torch_dtype
+from tiercache.data.buffers import normal_tensors, torch_dtype
 from tiercache.data.pools import BlockPool
 from tiercache.errors import UserError
 from tiercache.keys import layer_key, prefix_keys
@@ -271,7 +271,8 @@ class TieredKVCache(NoCopies):
         return held + scratch
 
     def _window_pool(self) -> BlockPool:
-        """Host buffers NVMe chunks are read into (page aligned for O_DIRECT)."""
+        """Host buffers NVMe chunks are read into (page aligned for O_DIRECT; a normal tensor
+        even when first needed under ``torch.inference_mode()``, as every pool is)."""
         if self._window is None:
             self._window = BlockPool(self.layout, self.window_blocks * self.depth, "cpu", pin_memory=self.device.type == "cuda")
         return self._window
@@ -279,13 +280,16 @@ class TieredKVCache(NoCopies):
     def _scratch(self, buffer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Window buffer ``buffer``'s device memory, allocated once: a block gather target
         ``[W, *block_shape]`` and K and V in the compute dtype, ``[kv, W*T, D]`` (fresh
-        allocations per chunk would page-fault their way through every step)."""
+        allocations per chunk would page-fault their way through every step). Normal tensors
+        even when first needed under ``torch.inference_mode()``: every later step writes them
+        in place, in inference mode or not."""
         if self._scratches is None:
             layout, width = self.layout, self.window_blocks
             dtype = compute_dtype(self.dtype)
-            self._scratches = [
-                (torch.empty((width, *layout.block_shape), dtype=self.dtype, device=self.device),
-                 torch.empty((layout.kv_heads, width * layout.block_tokens, layout.head_dim), dtype=dtype, device=self.device),
-                 torch.empty((layout.kv_heads, width * layout.block_tokens, layout.head_dim), dtype=dtype, device=self.device))
-                for _ in range(self.depth)]
+            rows = (layout.kv_heads, width * layout.block_tokens, layout.head_dim)
+            with normal_tensors():
+                self._scratches = [
+                    (torch.empty((width, *layout.block_shape), dtype=self.dtype, device=self.device),
+                     torch.empty(rows, dtype=dtype, device=self.device), torch.empty(rows, dtype=dtype, device=self.device))
+                    for _ in range(self.depth)]
         return self._scratches[buffer]

@@ -6,6 +6,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from tiercache.data.buffers import normal_tensors
+
 __all__ = ["LayerState"]
 
 
@@ -14,15 +16,18 @@ class LayerState:
 
     Invariants: ``ids[:n]`` and ``keys`` name the full blocks in position order; rows
     ``[:n]`` of ``kmin``/``kmax`` are their summaries; ``tail_len < block_tokens``.
+    ``kmin``, ``kmax`` and ``tail`` are normal tensors even when made under
+    ``torch.inference_mode()`` (they are written in place by later calls, in it or not).
     """
 
     def __init__(self, kv_heads: int, block_tokens: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
         self.n = 0
         self.ids = np.zeros(64, dtype=np.int64)
         self.keys: list[bytes] = []
-        self.kmin = torch.empty((64, kv_heads, head_dim), dtype=torch.float32, device=device)
-        self.kmax = torch.empty_like(self.kmin)
-        self.tail = torch.empty((2, kv_heads, block_tokens, head_dim), dtype=dtype, device=device)
+        with normal_tensors():
+            self.kmin = torch.empty((64, kv_heads, head_dim), dtype=torch.float32, device=device)
+            self.kmax = torch.empty_like(self.kmin)
+            self.tail = torch.empty((2, kv_heads, block_tokens, head_dim), dtype=dtype, device=device)
         self.tail_len = 0
         self.attends = 0
 
@@ -44,8 +49,9 @@ class LayerState:
 
 
 def _grow(rows: torch.Tensor, size: int) -> torch.Tensor:
-    """``rows`` copied into the first rows of a ``size``-row tensor."""
-    grown = torch.empty((size, *rows.shape[1:]), dtype=rows.dtype, device=rows.device)
-    grown[: rows.shape[0]] = rows
+    """``rows`` copied into the first rows of a ``size``-row tensor (a normal tensor, as ``rows``)."""
+    with normal_tensors():
+        grown = torch.empty((size, *rows.shape[1:]), dtype=rows.dtype, device=rows.device)
+        grown[: rows.shape[0]] = rows
     return grown
 

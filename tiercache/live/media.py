@@ -12,6 +12,7 @@ import psutil
 import torch
 
 from tiercache.config import Codec, KVLayout, RemoteWrite, TierConfig
+from tiercache.data.buffers import normal_tensors
 from tiercache.data.codec_base import SCALED_LIMIT
 from tiercache.data.nvme import NVMeStore
 from tiercache.data.pools import HEADER_ROOM, BlockPool, cuda_available, dram_pool, hbm_pool
@@ -163,12 +164,15 @@ def make_policies(tiers: Sequence[TierConfig], eviction: str | None, admission: 
 def open_media(tiers: Sequence[TierConfig], layout: KVLayout, path, device) -> list:
     """The media of every tier (``open_medium``); above a remote tier, host pools keep
     ``HEADER_ROOM`` before each slot, so a remote value's header and block move as one buffer.
-    If one fails to open, those opened before it are closed (``close_quietly``) first."""
+    If one fails to open, those opened before it are closed (``close_quietly``) first. Every
+    tensor they make is a normal tensor, even in a store built under ``torch.inference_mode()``
+    (``normal_tensors``): the store is then usable in and out of inference mode."""
     room = HEADER_ROOM if tiers[-1].remote is not None else 0
     media: list = []
     try:
-        for tier in tiers:
-            media.append(open_medium(tier, layout, path, device, room, lossy_codec(tiers)))
+        with normal_tensors():
+            for tier in tiers:
+                media.append(open_medium(tier, layout, path, device, room, lossy_codec(tiers)))
     except BaseException:
         close_quietly(media)
         raise

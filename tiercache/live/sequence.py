@@ -19,6 +19,7 @@ import torch
 from tiercache.attention import Partial, block_scores, block_summaries, compute_dtype, select_blocks, stream_partial
 from tiercache.config import AttentionMode
 from tiercache.core.counts import not_decremented
+from tiercache.data.buffers import normal_tensors
 from tiercache.errors import UserError
 from tiercache.keys import block_key, layer_key
 
@@ -228,9 +229,10 @@ class Sequence(NoCopies):
             self.freed = True
             held = self._held_ids()
             cache._emit(0, cache._last_step, release=tuple(dict.fromkeys(held)))
-            for state in self._layers:
-                for row, block_id in enumerate(state.ids[: state.n].tolist()):
-                    cache._summaries[block_id] = (state.kmin[row].clone(), state.kmax[row].clone())
+            with normal_tensors():  # kept past this call: normal tensors, in inference mode or not
+                for state in self._layers:
+                    for row, block_id in enumerate(state.ids[: state.n].tolist()):
+                        cache._summaries[block_id] = (state.kmin[row].clone(), state.kmax[row].clone())
             self._prune_summaries()
             cache._settle_events()
 

@@ -26,7 +26,7 @@ import torch
 from tiercache.config import KVLayout, TierConfig
 from tiercache.core.manager import TierManager
 from tiercache.core.plans import EventLog, TransferPlan
-from tiercache.data.buffers import check_blocks
+from tiercache.data.buffers import check_blocks, check_out
 from tiercache.data.engine import LocalEngine
 from tiercache.errors import UserError
 from tiercache.keys import prefix_keys
@@ -241,7 +241,7 @@ class TieredKVStore(NoCopies):
         flight (prefetches) are completed first, so the read sees the final placement.
 
         Raises:
-            UserError: ``out`` of the wrong dtype or shape.
+            UserError: ``out`` of the wrong dtype or shape, or an inference tensor outside inference mode.
             KeyError: a key is not stored, or its stored copy proved unreadable (corrupt
                 NVMe chunk: dropped and counted, never returned as data). A read that failed
                 with an I/O error raises ``ReadIOError`` (a KeyError and OSError): the block stays.
@@ -254,7 +254,7 @@ class TieredKVStore(NoCopies):
             if missing:
                 raise KeyError(f"{len(missing)} of {len(keys)} keys are not stored (first: {missing[0].hex()})")
             if out is not None:
-                check_blocks(out, self.layout, len(keys), "TieredKVStore.get out")
+                check_out(out, self.layout, len(keys), "TieredKVStore.get out")
             self._promote_for_read(ids)
             return self._gather(keys, ids, out)
 
@@ -289,7 +289,7 @@ class TieredKVStore(NoCopies):
             self._promote_for_read(ids[:n])
             n = next((p for p, i in enumerate(ids[:n]) if self.manager.locate(i) is None), n)
             if out is not None:
-                check_blocks(out, self.layout, len(keys), "TieredKVStore.get_prefix out")
+                check_out(out, self.layout, len(keys), "TieredKVStore.get_prefix out")
                 out = out[:n]
             return self._gather(keys[:n], ids[:n], out, partial=True)
 

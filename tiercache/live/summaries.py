@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from tiercache.attention import block_summaries
+from tiercache.data.buffers import normal_tensors
 from tiercache.data.nvme_results import ReadIOError
 
 if TYPE_CHECKING:
@@ -40,8 +41,9 @@ def summaries_of(cache: "TieredKVCache", ids: list[int], keys: list[bytes]) -> t
     for row, (block_id, key) in enumerate(zip(ids, keys)):
         kept = cache._summaries.get(block_id)
         if kept is None:
-            if scratch is None:
-                scratch = torch.empty(layout.block_shape, dtype=cache.dtype)
+            if scratch is None:  # normal even in inference mode: a keyed medium's I/O thread writes it
+                with normal_tensors():
+                    scratch = torch.empty(layout.block_shape, dtype=cache.dtype)
             tier = cache.manager.locate(block_id)
             try:
                 cache.store._media[tier].read_block(cache.manager.dirs[tier].slot_of[block_id], key, scratch)
