@@ -19,9 +19,10 @@ import os
 import sys
 
 from tiercache.bench.rounds import positive_int
-from tiercache.bench.script_args import positive_ints, refuse_bad_outputs
+from tiercache.bench.script_args import add_trace_capacities, refuse_bad_outputs, trace_pairs
 from tiercache.config import CacheConfig, TierConfig, layout_preset
 from tiercache.errors import UserError
+from tiercache.report.fmt import percent_or_na
 from tiercache.results import Semantics
 from tiercache.sim.hardware import load_profile
 from tiercache.sim.loader import load_trace
@@ -87,27 +88,16 @@ def three_tiers(capacities: list[int]) -> tuple[int, int, int]:
     return mid // 4, mid, 4 * mid
 
 
-def gap_text(gap: float | None) -> str:
-    """A gap closed as printed: a percentage, "n/a" where there is no gap to close."""
-    return "n/a" if gap is None else f"{gap * 100:.1f}%"
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """The options, every one checked before any replay: a bad one ends in one line (exit 2)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--trace", action="append", help="trace file or kv-cache-tester folder (repeatable)")
-    parser.add_argument("--capacity", action="append", type=positive_ints,
-                        help="comma list of capacities (blocks) for the --trace before it")
+    add_trace_capacities(parser)
     parser.add_argument("--policy", default=",".join(POLICIES))
     parser.add_argument("--workers", type=positive_int, default=2)
     parser.add_argument("--json", help="write the rows here")
     args = parser.parse_args(argv)
-    if len(args.trace or []) != len(args.capacity or []):
-        parser.error("give one --capacity per --trace")
-    args.pairs = list(zip(args.trace, args.capacity)) if args.trace else DEFAULTS
+    args.pairs = trace_pairs(parser, args, DEFAULTS)
     for path, capacities in args.pairs:
-        if not os.path.exists(path):
-            parser.error(f"--trace {path}: no such file or folder")
         if three_tiers(capacities)[0] < 1:
             parser.error(f"--capacity {','.join(map(str, capacities))}: the 3-tier rows put a quarter of the middle "
                          f"capacity ({capacities[len(capacities) // 2]}) in HBM; give a middle capacity of at least "
@@ -130,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
             for row in gap_rows(path, capacities, args.policies, args.workers):
                 gaps.append(row)
                 print(f"{row['workload'][:32]:32} {row['capacity']:>8} {row['policy']:10} {row['lru']:7.4f} "
-                      f"{row['miss']:7.4f} {row['belady']:7.4f} {gap_text(row['gap_closed']):>10}")
+                      f"{row['miss']:7.4f} {row['belady']:7.4f} {percent_or_na(row['gap_closed']):>10}")
             ttft.extend(ttft_rows(path, three_tiers(capacities), args.policies, args.workers))
     except UserError as exc:
         print(f"gap_closed: {exc}", file=sys.stderr)

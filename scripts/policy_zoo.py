@@ -26,8 +26,10 @@ import os
 import sys
 import tempfile
 
-from tiercache.bench.script_args import positive_ints, refuse_bad_outputs
+from tiercache.bench.rounds import positive_int
+from tiercache.bench.script_args import add_trace_capacities, refuse_bad_outputs, trace_pairs
 from tiercache.errors import UserError
+from tiercache.report.fmt import percent_or_na
 from tiercache.policies import EVICTION, get_eviction
 from tiercache.results import Semantics
 from tiercache.sim.loader import load_trace
@@ -105,38 +107,30 @@ def print_rows(rows: list[dict], top: int) -> None:
     for (workload, capacity), group in groups.items():
         print(f"\n{workload} at {capacity} blocks: LRU {group[0]['lru']:.4f}, Belady {group[0]['belady']:.4f} (miss ratios)")
         for row in group[:top]:
-            print(f"  {row['side']:11} {row['policy']:12} {row['miss_ratio']:.4f}  gap closed {_percent(row['gap_closed']):>6}")
+            print(f"  {row['side']:11} {row['policy']:12} {row['miss_ratio']:.4f}  gap closed {percent_or_na(row['gap_closed']):>6}")
         for side in ("tiercache", "libCacheSim"):
             best = next(r for r in group if r["side"] == side)
-            print(f"  best of {side}: {best['policy']} {_percent(best['gap_closed'])}")
+            print(f"  best of {side}: {best['policy']} {percent_or_na(best['gap_closed'])}")
 
-
-def _percent(gap: float | None) -> str:
-    """A gap closed as a percentage; ``n/a`` where LRU misses no more than Belady."""
-    return "n/a" if gap is None else f"{gap * 100:.1f}%"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--trace", action="append", help="trace file or kv-cache-tester folder (repeatable)")
-    parser.add_argument("--capacity", action="append", type=positive_ints,
-                        help="comma list of capacities (blocks) for the --trace before it")
-    parser.add_argument("--workers", type=int, default=2, help="processes for tiercache's sweep")
-    parser.add_argument("--top", type=int, default=8, help="policies printed per capacity")
+    add_trace_capacities(parser)
+    parser.add_argument("--workers", type=positive_int, default=2, help="processes for tiercache's sweep")
+    parser.add_argument("--top", type=positive_int, default=8, help="policies printed per capacity")
     parser.add_argument("--json", help="write every row here")
     args = parser.parse_args(argv)
-    if len(args.trace or []) != len(args.capacity or []):
-        parser.error("give one --capacity per --trace")
+    args.pairs = trace_pairs(parser, args, DEFAULTS)
     refuse_bad_outputs(parser, {"--json": args.json})
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    pairs = list(zip(args.trace, args.capacity)) if args.trace else DEFAULTS
     rows, problems = [], []
     try:
-        for path, capacities in pairs:
+        for path, capacities in args.pairs:
             more, found = zoo_rows(path, capacities, args.workers)
             rows += more
             problems += found

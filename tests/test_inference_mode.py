@@ -83,11 +83,16 @@ def store_run(kind: str, order: tuple[str, str, str], path) -> list[torch.Tensor
 @pytest.mark.parametrize("kind", TIER_KINDS)
 @pytest.mark.parametrize("order", ORDERS, ids="-".join)
 def test_store_in_and_out_of_inference_mode(kind, order, tmp_path):
-    want = reference(store_run, kind, tmp_path / "reference")
-    got = store_run(kind, order, tmp_path / "nvme")
+    assert_same_as_outside(store_run, kind, order, tmp_path)
+
+
+def assert_same_as_outside(run, kind: str, order: tuple[str, str, str], tmp_path) -> None:
+    """``run`` under ``order`` gives bit for bit what it gives outside inference mode throughout."""
+    want = reference(run, kind, tmp_path / "reference")
+    got = run(kind, order, tmp_path / "nvme")
     assert len(got) == len(want)
     for number, (a, b) in enumerate(zip(got, want)):
-        assert torch.equal(a, b), f"read {number} differs from the run outside inference mode"
+        assert torch.equal(a, b), f"{run.__name__}: output {number} differs from the run outside inference mode"
 
 
 def decode_run(kind: str, order: tuple[str, str, str], path) -> list[torch.Tensor]:
@@ -135,11 +140,7 @@ def decode_run(kind: str, order: tuple[str, str, str], path) -> list[torch.Tenso
 @pytest.mark.parametrize("kind", TIER_KINDS)
 @pytest.mark.parametrize("order", ORDERS, ids="-".join)
 def test_decode_api_in_and_out_of_inference_mode(kind, order, tmp_path):
-    want = reference(decode_run, kind, tmp_path / "reference")
-    got = decode_run(kind, order, tmp_path / "nvme")
-    assert len(got) == len(want)
-    for number, (a, b) in enumerate(zip(got, want)):
-        assert torch.equal(a, b), f"output {number} differs from the run outside inference mode"
+    assert_same_as_outside(decode_run, kind, order, tmp_path)
 
 
 def test_reading_quantised_nvme_in_place_into_inference_tensors(tmp_path):

@@ -5,7 +5,8 @@ first).
 
 ``positive_int`` (``tiercache.bench.rounds``) checks one count; ``positive_ints`` a comma
 list of them; ``existing_folder`` a folder a script creates its temporary files in;
-``refuse_bad_outputs`` the files the figures go to.
+``refuse_bad_outputs`` the files the figures go to; ``add_trace_capacities`` and
+``trace_pairs`` the repeatable ``--trace T --capacity 1000,4000`` pairs of the policy scripts.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from ..errors import UserError
 from ..results.outfile import check_output_file
 from .rounds import positive_int
 
-__all__ = ["existing_folder", "positive_ints", "refuse_bad_outputs"]
+__all__ = ["add_trace_capacities", "existing_folder", "positive_ints", "refuse_bad_outputs", "trace_pairs"]
 
 
 def positive_ints(text: str) -> list[int]:
@@ -66,3 +67,28 @@ def refuse_bad_outputs(parser: argparse.ArgumentParser, outputs: Mapping[str, st
             check_file(os.fspath(path), option)
         except UserError as error:
             parser.error(str(error))
+
+
+def add_trace_capacities(parser: argparse.ArgumentParser) -> None:
+    """Adds the repeatable ``--trace`` and ``--capacity`` options (one comma list of
+    capacities per trace); ``trace_pairs`` checks and pairs them."""
+    parser.add_argument("--trace", action="append", help="trace file or kv-cache-tester folder (repeatable)")
+    parser.add_argument("--capacity", action="append", type=positive_ints,
+                        help="comma list of capacities (blocks) for the --trace before it")
+
+
+def trace_pairs(parser: argparse.ArgumentParser, args: argparse.Namespace,
+                defaults: list[tuple[str, list[int]]]) -> list[tuple[str, list[int]]]:
+    """The (trace, capacities) pairs of ``args`` (``defaults`` where no ``--trace`` is given).
+
+    Raises:
+        SystemExit: through ``parser.error`` (one line, exit 2): a ``--trace`` without its
+            ``--capacity`` (or the reverse), or a trace that does not exist.
+    """
+    if len(args.trace or []) != len(args.capacity or []):
+        parser.error("give one --capacity per --trace")
+    pairs = list(zip(args.trace, args.capacity)) if args.trace else defaults
+    for path, _ in pairs:
+        if not os.path.exists(path):
+            parser.error(f"--trace {path}: no such file or folder")
+    return pairs

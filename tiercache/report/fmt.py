@@ -33,6 +33,11 @@ def percent(value: float, digits: int = 1) -> str:
     return f"{100 * value:.{digits}f}%"
 
 
+def percent_or_na(value: float | None, digits: int = 1) -> str:
+    """``percent``, or ``n/a`` for None (a gap closed where there is no gap to close)."""
+    return "n/a" if value is None else percent(value, digits)
+
+
 def size(num_bytes: float) -> str:
     """Bytes in binary units with at most one decimal: ``1.5 GiB``, ``64 MiB``."""
     value = float(num_bytes)
