@@ -53,17 +53,26 @@ from tiercache import AttentionMode, TieredKVCache
 from tiercache.bench.decode import (NeedleKV, StepCheckError, balance_verdict, cached_bytes_of, cpu_count, median,
                                     overlap_problem, page_cache_bytes, reference_attention, rss_peak_bytes, step_timings)
 from tiercache.bench.rounds import positive_int
+from tiercache.bench.script_args import existing_folder, non_negative_int, open_share, refuse_bad_outputs, seed_int
 from tiercache.config import KVLayout, TierConfig, parse_capacity
 from tiercache.errors import UserError
 from tiercache.live.arguments import sparse_budget_blocks
+from tiercache.policies import get_prefetch
+from tiercache.results.outfile import replace_file
+
+#: The range ``TieredKVCache`` takes ``speculate`` in (a share of the sparse budget).
+MAX_SPECULATE = 4
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The options, every one checked before any work: a bad one (the output file included)
+    ends in one line naming it (exit 2), never a traceback or a failure after the run."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, default=10_000_000, help="prompt tokens (rounded down to whole blocks)")
     parser.add_argument("--hbm", default="256MiB", help="HBM tier budget (bytes or blocks)")
     parser.add_argument("--dram", default="1GiB", help="DRAM tier budget (bytes or blocks)")
-    parser.add_argument("--path", default=None, help="folder for the NVMe tier's temporary store (default: the system temp)")
+    parser.add_argument("--path", type=existing_folder, default=None,
+                        help="folder for the NVMe tier's temporary store (default: the system temp)")
     parser.add_argument("--keep", action="store_true", help="keep the NVMe store folder")
     parser.add_argument("--block-tokens", type=positive_int, default=256)
     parser.add_argument("--layers", type=positive_int, default=1)
@@ -74,17 +83,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="sparse budget: a share of the blocks (<= 1), or a whole block count (> 1)")
     parser.add_argument("--steps", type=positive_int, default=32, help="sparse decode steps (at least 1)")
     parser.add_argument("--exact-steps", type=positive_int, default=3, help="exact decode steps (at least 1)")
-    parser.add_argument("--reference-steps", type=int, default=2, help="exact steps checked against float64")
+    parser.add_argument("--reference-steps", type=non_negative_int, default=2,
+                        help="exact steps checked against float64 (0: none)")
     parser.add_argument("--needles", type=positive_int, default=8)
-    parser.add_argument("--mass", type=float, default=0.2, help="attention share a needle block aims at")
+    parser.add_argument("--mass", type=open_share, default=0.2,
+                        help="attention share a needle block aims at, strictly between 0 and 1")
     parser.add_argument("--chunk-tokens", type=positive_int, default=65536, help="tokens per append while building")
     parser.add_argument("--prefetch", default="topk_speculative")
     parser.add_argument("--exclusive", dest="write_through", action="store_false",
                         help="exclusive hierarchy (default: write-through, so reads never write back)")
-    parser.add_argument("--speculate", type=float, default=0.5, help="prefetch candidates as a share of the budget")
+    parser.add_argument("--speculate", type=float, default=0.5,
+                        help=f"prefetch candidates as a share of the budget, 0 to {MAX_SPECULATE}")
     parser.add_argument("--window-blocks", type=positive_int, default=64)
     parser.add_argument("--depth", type=positive_int, default=3)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=seed_int, default=0)
     parser.add_argument("--timing-repeats", type=int, default=3,
                         help="repeats of the three-way overlap timing; medians are reported (default 3)")
     parser.add_argument("--threads", type=positive_int, default=cpu_count(),
@@ -92,6 +104,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--json", dest="json_out", help="write the figures here")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
+    check_args(parser, args)
+    return args
+
+
+def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The checks across options and of values argparse's types do not see; each failure is
+    ``parser.error`` naming the option (one line, exit 2), before any work."""
     if args.tokens < 2 * args.block_tokens:
         parser.error("--tokens: at least two blocks")
     if args.q_heads % args.kv_heads:
@@ -100,12 +119,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--timing-repeats: at least 1, got {args.timing_repeats}")
     if not (0 < args.budget <= 1 or (args.budget > 1 and args.budget.is_integer())):
         parser.error(f"--budget: a share of the blocks in (0, 1] or a whole number of blocks above 1, got {args.budget:g}")
-    return args
+    if not 0 <= args.speculate <= MAX_SPECULATE:  # nan fails both comparisons
+        parser.error(f"--speculate: a share of the budget from 0 to {MAX_SPECULATE}, got {args.speculate:g}")
+    try:
+        get_prefetch(args.prefetch)
+    except UserError as exc:
+        parser.error(f"--prefetch: {exc}")
+    try:
+        tiers_for(args, layout_of(args))  # --hbm and --dram: blocks or sizes of this layout, >= 1
+    except UserError as exc:
+        parser.error(str(exc))
+    refuse_bad_outputs(parser, {"--json": args.json_out})
 
 
 def prompt_tokens(args: argparse.Namespace) -> int:
     """The prompt the run builds: ``--tokens`` rounded down to whole blocks."""
     return args.tokens // args.block_tokens * args.block_tokens
+
+
+def layout_of(args: argparse.Namespace) -> KVLayout:
+    """The run's layout: per-layer fp16 blocks of ``--block-tokens`` tokens."""
+    return KVLayout(args.layers, args.kv_heads, args.head_dim, "float16", args.block_tokens, per_layer=True,
+                    name="long-context")
 
 
 def tiers_for(args: argparse.Namespace, layout: KVLayout) -> list[TierConfig]:
@@ -202,7 +237,7 @@ def sparse_scoring_seconds(seq, kvs: list[NeedleKV], args) -> float:
 def run(args: argparse.Namespace) -> dict:
     progress = not args.no_progress
     torch.set_num_threads(args.threads)
-    layout = KVLayout(args.layers, args.kv_heads, args.head_dim, "float16", args.block_tokens, per_layer=True, name="long-context")
+    layout = layout_of(args)
     tiers = tiers_for(args, layout)
     kvs = [NeedleKV(prompt_tokens(args), args.kv_heads, args.head_dim, args.block_tokens, args.needles,
                     args.seed + 1000 * layer, args.mass) for layer in range(args.layers)]
@@ -335,8 +370,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {problem}; no figures written", file=sys.stderr)
         return 1
     if args.json_out:
-        with open(args.json_out, "w", encoding="utf-8") as f:
-            json.dump(figures, f, indent=2)
+        try:  # checked before the run; a disk that fills now leaves an earlier file as it was
+            replace_file(args.json_out, json.dumps(figures, indent=2), f"--json {args.json_out}")
+        except UserError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
     return 0
 
 

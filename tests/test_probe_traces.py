@@ -138,7 +138,7 @@ def test_export_refuses_what_replay_refuses(tmp_path, capsys):
     headerless = _steps(tmp_path, header=False)
     assert "give --block-tokens" in _user_error(capsys, "trace", "export", headerless, "-o", out, "--model", "llama-3-8b")
     assert _run(capsys, "trace", "export", headerless, "-o", out, "--model", "llama-3-8b", "--block-tokens", "32")[0] == 0
-    assert set(read_oracle_general(out)["obj_size"].tolist()) == {layout_preset("llama-3-8b", 32).block_bytes}
+    assert set(read_oracle_general(out)["obj_size"].tolist()) == {layout_preset("llama-3-8b", 32).block_bytes // 32}  # one layer of 32
     headed = _steps(tmp_path, header=True)
     err = _user_error(capsys, "trace", "export", headed, "-o", out, "--model", "llama-3-8b", "--block-tokens", "32")
     assert "--block-tokens 32" in err and "16" in err

@@ -112,8 +112,8 @@ def test_version_6_decode_runs_read_as_prefetch_not_recorded_unless_belady_shows
     code, table, err = _across(capsys, tmp_path / "g", old_plain, old_prefetch)
     assert code == 0
     rows = _rows(table)
-    assert rows[0][7] == "lru" and rows[0][9] != "n/a"  # Belady in the file: replayed without prefetch
-    assert rows[1][9] == "n/a" and "prefetch not recorded" in err
+    assert "prefetch" not in rows[0][7] and rows[0][9] != "n/a"  # Belady in the file: replayed without prefetch
+    assert rows[1][7] == "lru (prefetch not recorded)" and rows[1][9] == "n/a" and "prefetch not recorded" in err
 
 
 def test_older_versions_read_prefetch_as_none_where_it_cannot_have_run(tmp_path):

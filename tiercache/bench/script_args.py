@@ -4,7 +4,8 @@ traceback, and never after a long run (an output file that cannot be written is 
 first).
 
 ``positive_int`` (``tiercache.bench.rounds``) checks one count; ``positive_ints`` a comma
-list of them; ``existing_folder`` a folder a script creates its temporary files in;
+list of them; ``non_negative_int`` a count that may be 0; ``seed_int`` a random seed;
+``open_share`` a share strictly between 0 and 1; ``existing_folder`` a folder a script creates its temporary files in;
 ``refuse_bad_outputs`` the files the figures go to; ``add_trace_capacities`` and
 ``trace_pairs`` the repeatable ``--trace T --capacity 1000,4000`` pairs of the policy scripts.
 """
@@ -19,7 +20,12 @@ from ..errors import UserError
 from ..results.outfile import check_output_file
 from .rounds import positive_int
 
-__all__ = ["add_trace_capacities", "existing_folder", "positive_ints", "refuse_bad_outputs", "trace_pairs"]
+__all__ = ["add_trace_capacities", "existing_folder", "non_negative_int", "open_share", "positive_ints",
+           "refuse_bad_outputs", "seed_int", "trace_pairs"]
+
+#: The largest seed ``seed_int`` takes: numpy's and torch's generators take any 32-bit seed,
+#: and a script may still add offsets and multiply it without leaving torch's 64 bits.
+MAX_SEED = 2**32 - 1
 
 
 def positive_ints(text: str) -> list[int]:
@@ -33,6 +39,54 @@ def positive_ints(text: str) -> list[int]:
     if not any(items):
         raise argparse.ArgumentTypeError(f"expected a comma list of positive integers, got {text!r}")
     return [positive_int(item) for item in items]
+
+
+def non_negative_int(text: str) -> int:
+    """argparse type of a count that may be 0: an integer >= 0.
+
+    Raises:
+        argparse.ArgumentTypeError: not an integer, or negative (argparse names the option
+            and exits 2).
+    """
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {value}")
+    return value
+
+
+def seed_int(text: str) -> int:
+    """argparse type of a random seed: an integer in ``[0, MAX_SEED]`` (numpy refuses a
+    negative seed, torch one past 64 bits).
+
+    Raises:
+        argparse.ArgumentTypeError: not an integer, or out of range.
+    """
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer seed, got {text!r}") from None
+    if not 0 <= value <= MAX_SEED:
+        raise argparse.ArgumentTypeError(f"expected a seed from 0 to 2**32 - 1, got {value}")
+    return value
+
+
+def open_share(text: str) -> float:
+    """argparse type of a share strictly between 0 and 1 (``0.2``): 0, 1, nan and inf are
+    refused, for a share whose odds ``p / (1 - p)`` or logarithm a script takes.
+
+    Raises:
+        argparse.ArgumentTypeError: not a number, or not in (0, 1).
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number between 0 and 1, got {text!r}") from None
+    if not 0 < value < 1:  # nan fails both comparisons
+        raise argparse.ArgumentTypeError(f"expected a share strictly between 0 and 1, got {text}")
+    return value
 
 
 def existing_folder(text: str) -> str:

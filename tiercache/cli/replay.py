@@ -15,11 +15,12 @@ from ..config import (
 )
 from ..errors import UserError
 from .fleet import add_fleet_options, fleet_from_args, format_fleet, is_fleet, refuse_fleet_only_options, split_remote
-from ..results import ResultsDocument, Semantics, TraceKind, write_results
+from ..results import LayoutInfo, ResultsDocument, Semantics, TraceKind, write_results
 from ..results.outfile import check_output_file
 from ..policies import ADMISSION, EVICTION, PLACEMENT, PREFETCH, canonical_name, get_prefetch
 from ..sim.hardware import PRESETS, HardwareProfile, load_profile
 from ..sim.loader import Trace, load_trace
+from ..sim.oracle import trace_layout
 from ..sim.sweep import SweepSpec, check_policy_names, sweep
 
 __all__ = ["add_parser", "add_common_options", "sweep_from_args", "spec_from_args", "format_table", "DEFAULT_CAPACITY",
@@ -238,10 +239,11 @@ def _hardware(args: argparse.Namespace) -> HardwareProfile | None:
 
 
 def _layout(args: argparse.Namespace, trace: Trace) -> KVLayout | None:
-    """The KV layout of ``--model`` or ``--layout`` at the trace's block size, or None.
+    """The KV layout of ``--model`` or ``--layout`` as one block of the trace holds it, or None.
 
-    A request trace's block is 512 tokens (a Mooncake ``hash_ids`` entry); a step trace names
-    its own in its header, or ``--block-tokens`` does for a file without one.
+    ``trace_layout`` decides the block: a request trace's holds every layer (512 tokens for
+    a Mooncake ``hash_ids`` entry), a step trace's one layer (its ids are per-layer blocks),
+    of the tokens its header names, or ``--block-tokens`` for a file without one.
 
     Raises:
         UserError: a step trace of unknown block size, or two sizes that disagree.
@@ -249,7 +251,7 @@ def _layout(args: argparse.Namespace, trace: Trace) -> KVLayout | None:
     if not (args.model or args.layout):
         return None
     tokens = _block_tokens(args, trace)
-    return layout_preset(args.model, tokens) if args.model else parse_layout(args.layout, tokens)
+    return trace_layout(trace, layout_preset(args.model, tokens) if args.model else parse_layout(args.layout, tokens))
 
 
 def _block_tokens(args: argparse.Namespace, trace: Trace) -> int:
@@ -324,6 +326,8 @@ def format_table(results: ResultsDocument) -> str:
     else:
         summary = f"{trace.requests} requests, {trace.accesses} block accesses"
     lines = [f"{trace.name}: {summary}, {trace.unique_blocks} unique blocks"]
+    if results.layout is not None:
+        lines.append(layout_line(results.layout))
     width = max([10, *(len(run.label) for run in results.runs)])
     header = f"{'policy':<{width}} {'semantics':<9} {'capacity':>9} {'hits':>9} {'misses':>9} {'miss ratio':>10}  per-tier hits"
     lines += [header, "-" * len(header)]
@@ -334,3 +338,21 @@ def format_table(results: ResultsDocument) -> str:
             f"{run.misses:>9} {run.miss_ratio:>10.4f}  {tiers}"
         )
     return "\n".join(lines)
+
+
+def layout_line(info: LayoutInfo) -> str:
+    """What one block of the recorded layout holds and costs, e.g. ``layout llama-3-8b: a
+    block is 16 tokens of one of its 32 layers' KV, 65,536 B`` (a step trace's per-layer
+    block) or ``... 512 tokens of all 32 layers' KV, 67,108,864 B`` (a request trace's).
+
+    Read from the bytes recorded, not from the trace's kind: a block of one layer's bytes
+    is one layer's KV.
+    """
+    one_layer = KVLayout(info.layers, info.kv_heads, info.head_dim, info.dtype, info.block_tokens, per_layer=True)
+    if info.layers == 1:
+        holds = "its one layer's KV"
+    elif info.block_bytes == one_layer.block_bytes:
+        holds = f"one of its {info.layers} layers' KV"
+    else:
+        holds = f"all {info.layers} layers' KV"
+    return f"layout {info.name}: a block is {info.block_tokens:,} tokens of {holds}, {info.block_bytes:,} B"

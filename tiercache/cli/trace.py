@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from typing import Callable
 
 from ..config import KVLayout, layout_preset
@@ -24,7 +24,7 @@ from ..errors import UserError
 from ..results import TraceKind
 from ..sim import synth
 from ..sim.loader import Trace, load_trace
-from ..sim.oracle import export_trace
+from ..sim.oracle import export_trace, trace_layout
 from ..sim.steptrace import write_steps
 from ..sim.traces import MAX_LINE_BYTES, write_requests
 from ..sim.tracestats import TraceStats, trace_stats
@@ -76,9 +76,10 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 def _export_layout(args: argparse.Namespace, trace: Trace) -> KVLayout | None:
     """The KV layout that sizes exported records, or None (size 1 per block).
 
-    The block size is the trace's, as in ``tiercache replay``: a request trace's own (512
-    tokens for Mooncake, 16 for Bailian, a kv-cache-tester ``block_size``), a step trace's
-    header, or ``--block-tokens`` for a step trace without one.
+    The block is the one ``tiercache replay`` charges (``trace_layout``): a request trace's
+    holds every layer, at its own block size (512 tokens for Mooncake, 16 for Bailian, a
+    kv-cache-tester ``block_size``); a step trace's holds one layer (its ids are per-layer
+    blocks, with or without ``--per-layer``), at its header's size or ``--block-tokens``.
 
     Raises:
         UserError: --block-tokens or --per-layer without --model, --block-tokens or
@@ -95,8 +96,7 @@ def _export_layout(args: argparse.Namespace, trace: Trace) -> KVLayout | None:
         if args.per_layer:
             raise UserError(f"--per-layer: {trace.path} is a request trace, whose blocks hold every layer; "
                             "per-layer blocks apply to step traces with per-layer block ids")
-    layout = layout_preset(args.model, replay_block_tokens(args, trace))
-    return replace(layout, per_layer=True) if args.per_layer else layout
+    return trace_layout(trace, layout_preset(args.model, replay_block_tokens(args, trace)))
 
 
 def _refuse_input_as_output(trace: str, output: str) -> None:
@@ -273,5 +273,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     export.add_argument("--block-tokens", type=int,
                         help="tokens per block of a step trace without a block_tokens header (other traces name their own)")
     export.add_argument("--per-layer", action="store_true",
-                        help="blocks hold one layer (step traces with per-layer ids; refused on request traces)")
+                        help="blocks hold one layer: what a step trace's blocks always are (its ids are per layer), "
+                             "so it changes nothing there; refused on request traces, whose blocks hold every layer")
     export.set_defaults(func=_cmd_export)

@@ -11,23 +11,28 @@ import io
 from dataclasses import dataclass
 from typing import Callable
 
-from ..config import REMOTE_TIER, TIER_NAMES, TraceKind
+from ..config import REMOTE_TIER, TIER_NAMES, KVLayout, Semantics, TraceKind
 from ..results import LayoutInfo, TierRecord
 from . import fmt
 from .document import Table
 from .model import ReportData, Run
 from .summary import BASELINE, BELADY, BEYOND_BELADY, CapacityBest, gap_text, gaps_for, layouts_need_naming
 
-__all__ = ["MODELED_TIME", "runs_table", "tier_table", "tiers_text", "codec_sentences", "best_table", "trace_table", "results_csv"]
+__all__ = ["MODELED_TIME", "PREFETCHED", "runs_table", "tier_table", "tiers_text", "codec_sentences", "best_table", "trace_table", "results_csv"]
 
 #: What a run's "modeled time" (``modeled_seconds.total``) counts.
 MODELED_TIME = ("Modeled time is the recompute time of the misses plus every transfer between tiers, background "
                 "write-backs and demotions included, counted serially.")
+#: What a decode run's "prefetched (used / wasted)" counts.
+PREFETCHED = ("Prefetched (used / wasted): blocks the run's prefetch policy moved up, those a later read found where "
+              "the prefetch put them, and those pushed back down or out before any read (the rest were in place, "
+              "unread, at the end).")
 # The hit split of item 13 (schema 3): None in files of older schemas, bytes without a layout,
 # seconds without hardware.
 _SPLIT_FIELDS = ("hits_in_place", "hits_promoted", "in_place_bytes", "promoted_bytes", "in_place_seconds", "promoted_seconds")
 # Tier names in column order (the shared remote tier of a fleet replay last).
 _TIERS = TIER_NAMES + (REMOTE_TIER,)
+_CSV_PREFETCH = ("prefetched", "prefetch_used", "prefetch_wasted")
 _CSV_TIER_FIELDS = ("capacity_blocks", "codec", "block_bytes", "hits", "evictions", "demotions", "promotions") + _SPLIT_FIELDS
 
 
@@ -83,6 +88,22 @@ def _tier_columns(runs: tuple[Run, ...]) -> list[_Column]:
             for n in present]
 
 
+def _prefetch_columns(runs: tuple[Run, ...]) -> list[_Column]:
+    """What the prefetch policy of each decode run did, where some run had one."""
+    if not any(r.prefetch not in (None, "none") for r in runs):
+        return []
+    return [_Column("prefetched (used / wasted)", True, lambda r, g: _prefetch_text(r))]
+
+
+def _prefetch_text(run: Run) -> str:
+    """``33 (11 / 14)``: blocks moved up by the run's prefetches, those a later read found
+    there, those pushed down or out unread; "not recorded" for a decode run of a file without
+    them, a dash outside decode semantics."""
+    if run.prefetched is None:
+        return "not recorded" if run.semantics is Semantics.DECODE else "–"
+    return f"{fmt.integer(run.prefetched)} ({fmt.integer(run.prefetch_used)} / {fmt.integer(run.prefetch_wasted)})"
+
+
 def _cost_columns(runs: tuple[Run, ...]) -> list[_Column]:
     columns = []
     if any(r.bytes_moved for r in runs):
@@ -99,14 +120,16 @@ def _cost_columns(runs: tuple[Run, ...]) -> list[_Column]:
 
 def runs_table(data: ReportData) -> Table:
     """Every run with its exact counts (the CSV has the same numbers unrounded)."""
-    columns = _base_columns() + _tier_columns(data.runs) + _cost_columns(data.runs)
+    prefetch = _prefetch_columns(data.runs)
+    columns = _base_columns() + _tier_columns(data.runs) + prefetch + _cost_columns(data.runs)
     gaps = gaps_for(list(data.runs))
     rows = tuple(tuple(c.cell(run, gaps[run.key]) for c in columns) for run in data.runs)
     timed = f" {MODELED_TIME}" if any(r.modeled_seconds for r in data.runs) else ""
     beyond = f" {_sentence(BEYOND_BELADY)}" if any(g is not None and g > 1 for g in gaps.values()) else ""
+    moved = f" {PREFETCHED}" if prefetch else ""
     return Table(tuple(c.header for c in columns), rows, tuple(c.numeric for c in columns),
                  caption="All runs. Gap closed = (miss LRU − miss policy) / (miss LRU − miss Belady) over the same tiers "
-                         f"(the same capacity of each tier, not only the same total).{beyond}{timed}")
+                         f"(the same capacity of each tier, not only the same total).{beyond}{moved}{timed}")
 
 
 def _sentence(text: str) -> str:
@@ -179,10 +202,18 @@ def trace_table(data: ReportData) -> Table:
     return Table(("", ""), tuple(rows), (False, False))
 
 
+def _kv_scope(layout: LayoutInfo) -> str:
+    """Whose KV one block holds, read from the recorded bytes: one layer's (a step trace's
+    per-layer blocks) or every layer's (a request trace's, and step traces replayed before
+    blocks were charged per layer)."""
+    whole = KVLayout(layout.layers, layout.kv_heads, layout.head_dim, layout.dtype, layout.block_tokens).block_bytes
+    return "one layer's KV" if layout.layers > 1 and layout.block_bytes * layout.layers == whole else "KV (every layer)"
+
+
 def _preset_rows(data: ReportData) -> list[tuple[str, str]]:
     layout, rows = data.layout, []
     if layout:
-        block = f"{fmt.integer(layout.block_tokens)} tokens = {fmt.size(layout.block_bytes)} of KV"
+        block = f"{fmt.integer(layout.block_tokens)} tokens = {fmt.size(layout.block_bytes)} of {_kv_scope(layout)}"
         rows += [("model (KV layout)", layout.name), ("one block", block)]
     else:
         rows.append(("model (KV layout)", "none given: capacities in blocks only, no bytes"))
@@ -196,6 +227,8 @@ def _csv_header(data: ReportData) -> list[str]:
     parts = sorted({k for r in data.runs for k in r.modeled_seconds})
     header = ["policy", "admission", "placement", "prefetch", "semantics", "mode", "capacity_blocks", "accesses", "hits", "misses",
               "miss_ratio", "hit_ratio", "gap_closed"]
+    if any(r.prefetched is not None for r in data.runs):
+        header += list(_CSV_PREFETCH)
     if any(r.is_fleet for r in data.runs):
         header += ["instances", "route", "shared_writes"]
     header += [f"{n}_{field}" for n in tiers for field in _CSV_TIER_FIELDS]
@@ -212,6 +245,8 @@ def _csv_row(run: Run, gap: float | None) -> dict[str, object]:
         "prefill_tokens": run.prefill_tokens, "prefill_tokens_saved": run.prefill_tokens_saved,
         "ttft_saved_s": run.ttft_saved_s, "wall_seconds": run.wall_seconds,
     }
+    if run.prefetched is not None:
+        row |= {key: getattr(run, key) for key in _CSV_PREFETCH}
     if run.is_fleet:
         row |= {"instances": len(run.instances), "route": run.route.value, "shared_writes": run.shared_writes}
     for tier in run.tiers:

@@ -59,13 +59,16 @@ _HIT_SPLIT = ("hits_in_place", "hits_promoted", "in_place_bytes", "promoted_byte
 # Versions 3 to 6 could replay with --prefetch without recording it: None ("not recorded"), which
 # ``_read_run`` narrows to "none" outside decode semantics; versions 1 and 2 had no prefetch.
 # Versions before 8 did not record whether a run's policy is offline: None ("not recorded").
-_V7_ABSENT = {"offline": None}
+# Version 8 files written before the prefetch counts lack them (optional there): None ("not recorded").
+_PREFETCH_COUNTS = ("prefetched", "prefetch_used", "prefetch_wasted")
+_V8_ABSENT = dict.fromkeys(_PREFETCH_COUNTS)
+_V7_ABSENT = _V8_ABSENT | {"offline": None}
 _V6_ABSENT = _V7_ABSENT | {"prefetch": None}
 _V5_ABSENT = _V6_ABSENT | {"placement": "top"}
 _V4_ABSENT = _V5_ABSENT | {"instances": None, "route": None, "shared_writes": None}
 _V3_ABSENT = _V4_ABSENT | {"codec": "none", "block_bytes": None}
 _V2_ABSENT = _V3_ABSENT | dict.fromkeys(_HIT_SPLIT) | {"prefetch": "none"}
-_ABSENT = {8: {}, 7: _V7_ABSENT, 6: _V6_ABSENT, 5: _V5_ABSENT, 4: _V4_ABSENT, 3: _V3_ABSENT, 2: _V2_ABSENT, 1: _V2_ABSENT | {
+_ABSENT = {8: _V8_ABSENT, 7: _V7_ABSENT, 6: _V6_ABSENT, 5: _V5_ABSENT, 4: _V4_ABSENT, 3: _V3_ABSENT, 2: _V2_ABSENT, 1: _V2_ABSENT | {
     "recomputed": None, "failed_transfers": None, "promote_skipped": None, "lost": None,
     "bytes_moved": {}, "modeled_seconds": {}, "prefill_tokens": None, "prefill_tokens_saved": None, "ttft_saved_s": None,
 }}
@@ -329,6 +332,7 @@ def _read_run(value: Any, source: str, label: str, version: int) -> RunRecord:
         "shared_writes": obj.take("shared_writes", _nullable(_count), "null or a non-negative integer"),
         "prefetch": _read_prefetch(obj, semantics),
         "offline": obj.take("offline", _nullable(_flag), "null or a boolean (whether the policy reads the future)"),
+        **{key: obj.take(key, _nullable(_count), "null or a non-negative integer") for key in _PREFETCH_COUNTS},
     }
     try:
         return RunRecord(**fields)

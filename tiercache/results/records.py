@@ -10,7 +10,13 @@ Versions:
 * **8** (written now): ``"schema_version": 8``. New against version 7: each run's
   ``offline``, whether its eviction policy reads the future (its class's ``needs_future``:
   Belady, or an out-of-tree offline policy), so a report classifies it without importing the
-  policy; ``null`` only where the maker of the record did not say.
+  policy; ``null`` only where the maker of the record did not say. Optional in version 8 (added
+  after its first files; a file without them reads them as ``None``, "not recorded", and a
+  reader that predates them ignores them): each run's ``prefetched``, ``prefetch_used`` and
+  ``prefetch_wasted``, a decode run's blocks moved up by its prefetch policy, those a later read
+  found where the prefetch put them, and those pushed back down or out unread
+  (``tiercache.sim.decode_replay.PrefetchTally``; all 0 with ``--prefetch none``); ``null``
+  outside decode semantics.
 * **7**: read with every field version 7 wrote required; the upgrade sets ``offline`` to
   ``None`` ("not recorded": the report then knows offline policies by the registry, or by the
   names ``belady``/``min``/``opt``), as for every older version. New against version 6: each run's
@@ -248,7 +254,9 @@ class RunRecord:
     ``offline`` is whether the policy reads the future (an offline reference such as Belady,
     which never competes as online), None where not recorded (files before version 8).
     ``wall_seconds`` (>= 0) is the replay's own time, the compiled kernels loaded before its
-    clock starts. As every replay writes them (the reader checks): ``capacity_blocks`` is the
+    clock starts. ``prefetched``, ``prefetch_used`` and ``prefetch_wasted`` are all None (not
+    recorded; always outside ``decode`` semantics) or all counts, with ``prefetch_used +
+    prefetch_wasted <= prefetched`` (the rest were in place, unread, when the run ended). As every replay writes them (the reader checks): ``capacity_blocks`` is the
     sum of the tiers', ``mode`` is ``single`` exactly for one tier.
 
     A fleet replay (``instances`` set, one record per engine instance, ``route`` how requests
@@ -283,6 +291,9 @@ class RunRecord:
     placement: str = "top"
     prefetch: str | None = "none"
     offline: bool | None = None
+    prefetched: int | None = None
+    prefetch_used: int | None = None
+    prefetch_wasted: int | None = None
 
     def __post_init__(self) -> None:
         if self.hits + self.misses != self.accesses:
@@ -290,6 +301,7 @@ class RunRecord:
         if self.prefetch != "none" and self.semantics is not Semantics.DECODE:
             raise ValueError(f"prefetch {self.prefetch!r} belongs to decode runs (a prefetch policy plans decode steps), "
                              f"not {self.semantics.value} semantics")
+        self._check_prefetch_counts()
         if self.instances is not None:
             self._check_instances()
         elif self.route is not None or self.shared_writes is not None:
@@ -303,6 +315,20 @@ class RunRecord:
         # Plain dict copies (not read-only proxies): records cross process boundaries by pickle.
         object.__setattr__(self, "bytes_moved", dict(self.bytes_moved))
         object.__setattr__(self, "modeled_seconds", dict(self.modeled_seconds))
+
+    def _check_prefetch_counts(self) -> None:
+        """The prefetch counts are all recorded or none, only in decode semantics, and the used
+        and wasted blocks are among the prefetched."""
+        counts = (self.prefetched, self.prefetch_used, self.prefetch_wasted)
+        if counts == (None, None, None):
+            return
+        if None in counts:
+            raise ValueError("prefetched, prefetch_used and prefetch_wasted are recorded together (all or none)")
+        if self.semantics is not Semantics.DECODE:
+            raise ValueError(f"prefetch counts belong to decode runs, not {self.semantics.value} semantics")
+        if self.prefetch_used + self.prefetch_wasted > self.prefetched:
+            raise ValueError(f"prefetch_used {self.prefetch_used} + prefetch_wasted {self.prefetch_wasted} > "
+                             f"prefetched {self.prefetched}")
 
     def _check_ratios(self) -> None:
         """The ratios agree with the counts (as ``replay`` computes them: 0.0 without accesses)."""

@@ -11,7 +11,11 @@ Each access is one packed little-endian 24-byte record (struct ``<IQIq``)::
 same id, as libCacheSim's own ``traceConv`` writes it ("reference count starts with 1"),
 so tiercache's 0-based ``next_use`` index ``i`` is written as ``i + 1``. ``-1`` is
 libCacheSim's "never again" (its reader maps it to an infinite reuse distance); tiercache's
-``NO_NEXT_USE`` is translated to it on the way out. Records are built as numpy structured
+``NO_NEXT_USE`` is translated to it on the way out. A step trace's records are its reads and
+writes, and each one's next access is the one ``tiercache replay`` gives an offline policy
+there (``prep.step_next_use``): the next *read* of the id before any later write of it, else
+``-1`` (a write stores a new block under the id; the copy before it is never read again), so a
+Belady run over the export plans with the replay's future. Records are built as numpy structured
 arrays and written in chunks, so exporting millions of accesses needs no Python per-record work.
 """
 
@@ -27,6 +31,7 @@ from tiercache.errors import UserError
 from tiercache.policies.base import NO_NEXT_USE
 from tiercache.results.outfile import replace_file_with
 from tiercache.sim.loader import Trace, load_trace
+from tiercache.sim.prep import step_next_use
 from tiercache.sim.traces import next_use
 
 __all__ = ["ORACLE_GENERAL_DTYPE", "write_oracle_general", "read_oracle_general", "export_oracle_general", "export_trace",
@@ -60,7 +65,8 @@ def _as_uint32(values: np.ndarray | int, n: int, what: str) -> np.ndarray:
 
 
 def write_oracle_general(
-    path: str | os.PathLike, ids: np.ndarray, times: np.ndarray | int = 0, sizes: np.ndarray | int = 1
+    path: str | os.PathLike, ids: np.ndarray, times: np.ndarray | int = 0, sizes: np.ndarray | int = 1,
+    following: np.ndarray | None = None,
 ) -> int:
     """Writes accesses as an oracleGeneral trace; returns the number of records.
 
@@ -69,6 +75,8 @@ def write_oracle_general(
         ids: block ids in access order (non-negative int64).
         times: clock time of each access, or one value for all (uint32 range).
         sizes: object size of each access, or one value for all (1 to 2**32 - 1).
+        following: each access's 0-based next use (``NO_NEXT_USE`` for none), aligned with
+            ``ids``; default the next access of the same id (``traces.next_use``).
 
     Raises:
         UserError: a negative id, a time or size out of range, or an unwritable file.
@@ -80,7 +88,9 @@ def write_oracle_general(
     sizes_arr = _as_uint32(sizes, len(ids), "object sizes")
     if len(ids) and sizes_arr.min() < 1:
         raise UserError("oracleGeneral: object sizes must be >= 1 (libCacheSim skips size-0 requests)")
-    nxt = next_use(ids)
+    nxt = next_use(ids) if following is None else np.array(following, dtype=np.int64)
+    if len(nxt) != len(ids):
+        raise ValueError(f"write_oracle_general: {len(nxt)} next uses for {len(ids)} ids")
     never = nxt == NO_NEXT_USE
     nxt += 1  # libCacheSim counts requests from 1
     nxt[never] = -1
@@ -126,9 +136,10 @@ def export_oracle_general(
     """Exports a request trace (Mooncake, Bailian, kv-cache-tester) or a step trace to oracleGeneral.
 
     Request traces: one record per ``hash_ids`` entry, time = the request's timestamp in ms.
-    Step traces: one record per read then per write of each record, time = the step.
-    With a ``layout`` every record's size is one block's bytes at the trace's block size
-    (``trace_layout``); without, size is 1.
+    Step traces: one record per read then per write of each record, time = the step, next
+    access the next read before any write of the id (module docstring).
+    With a ``layout`` every record's size is one block's bytes at the trace's block size,
+    one layer's for a step trace (``trace_layout``); without, size is 1.
 
     Raises:
         TraceError: the input trace is malformed.
@@ -140,11 +151,20 @@ def export_oracle_general(
 
 
 def trace_layout(trace: Trace, layout: KVLayout | None) -> KVLayout | None:
-    """``layout`` at the block size of ``trace``, or None when ``layout`` is None.
+    """``layout`` as one block of ``trace`` holds it, or None when ``layout`` is None.
 
-    A trace that names its block size (every request trace: 512 tokens for Mooncake, 16 for
-    Bailian, a kv-cache-tester ``block_size``; a step trace with a header) sets it; a step
-    trace without a header keeps ``layout.block_tokens``.
+    The one place that decides what a trace's block costs; every replay, compare and export
+    of a trace with a layout goes through it, so that bytes, modeled seconds and capacities
+    given as sizes count the same block:
+
+    * a step trace's block is one layer's KV (``per_layer``): its ids are per-layer blocks
+      (the live cache records ``layer_key(block, layer)``, the generators ``block * layers +
+      layer``), so ``block_bytes`` is the whole model's divided by ``layers``;
+    * a request trace's block (Mooncake, Bailian, kv-cache-tester) holds every layer.
+
+    The block size is the trace's where it names one (every request trace: 512 tokens for
+    Mooncake, 16 for Bailian, a kv-cache-tester ``block_size``; a step trace with a header);
+    a step trace without a header keeps ``layout.block_tokens``.
 
     Raises:
         UserError: a per-layer layout for a request trace (its blocks hold every layer).
@@ -154,7 +174,8 @@ def trace_layout(trace: Trace, layout: KVLayout | None) -> KVLayout | None:
     if trace.requests is not None and layout.per_layer:
         raise UserError(f"{trace.path}: a request trace's blocks hold every layer; a per-layer layout applies to "
                         "step traces with per-layer block ids")
-    return layout if trace.block_tokens is None else replace(layout, block_tokens=trace.block_tokens)
+    tokens = layout.block_tokens if trace.block_tokens is None else trace.block_tokens
+    return replace(layout, block_tokens=tokens, per_layer=trace.requests is None)
 
 
 def export_trace(trace: Trace, out_path: str | os.PathLike, layout: KVLayout | None = None) -> ExportResult:
@@ -170,5 +191,6 @@ def export_trace(trace: Trace, out_path: str | os.PathLike, layout: KVLayout | N
     stamps = trace.requests.timestamps if trace.requests is not None else trace.steps.steps
     times = np.repeat(stamps, per_record)
     size = layout.block_bytes if layout else 1
-    records = write_oracle_general(out_path, trace.ids, times, size)
+    following = None if trace.is_write is None else step_next_use(next_use(trace.ids), trace.is_write)
+    records = write_oracle_general(out_path, trace.ids, times, size, following)
     return ExportResult(records, int(len(np.unique(trace.ids))), size)

@@ -5,6 +5,10 @@ access and gives each access the index of the next access to the same id
 (``NO_NEXT_USE`` if none), in one compiled pass over a direct-address table when the ids
 are small (Mooncake's are: ids < 4 x accesses) and one stable argsort otherwise. Both
 paths give the same arrays (tested); the argsort is also the path without numba.
+
+``step_next_use(next_use, is_write)`` turns a step trace's flat next uses into the ones an
+offline policy reads there: a write stores a new block under its id, so the copy cached
+before it is dead from that write on.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import numpy as np
 from tiercache.policies.base import NO_NEXT_USE
 from tiercache.policies.kernels import HAVE_NUMBA, njit
 
-__all__ = ["dense_and_next_use", "dense_and_next_use_sorted"]
+__all__ = ["dense_and_next_use", "dense_and_next_use_sorted", "step_next_use"]
 
 #: Largest id (relative to the number of accesses) the direct-address table is used for.
 TABLE_FACTOR = 4
@@ -67,3 +71,28 @@ def dense_and_next_use_sorted(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, 
     rank[np.argsort(first, kind="stable")] = np.arange(len(first))  # groups in first-access order
     dense[order] = rank[group]
     return dense, next_use, len(first)
+
+
+def step_next_use(next_use: np.ndarray, is_write: np.ndarray) -> np.ndarray:
+    """Next uses of a step trace's flat read + write stream, given its flat ``next_use``
+    (the next access of each id, reads and writes alike) and ``is_write`` (aligned).
+
+    A read is the only use of a block: an access's next use is the next *read* of its id
+    before any later write of it, ``NO_NEXT_USE`` when a write of the id comes first (that
+    write stores a new block under the id; the cached copy is never read again) or nothing
+    follows. Every access gets one, writes included (what the block a write stores is read
+    next). Returns a new array; the inputs are unchanged.
+
+    Invariants of the result ``nu``: ``nu[i]`` is ``next_use[i]`` or ``NO_NEXT_USE``;
+    ``is_write[nu[i]]`` is False wherever ``nu[i] != NO_NEXT_USE``.
+    """
+    next_use = np.asarray(next_use, dtype=np.int64)
+    is_write = np.asarray(is_write, dtype=bool)
+    if next_use.shape != is_write.shape:
+        raise ValueError(f"step_next_use: {len(next_use)} next uses, {len(is_write)} write flags")
+    out = next_use.copy()
+    follows = out != NO_NEXT_USE
+    dead = np.zeros(len(out), dtype=bool)
+    dead[follows] = is_write[out[follows]]
+    out[dead] = NO_NEXT_USE
+    return out

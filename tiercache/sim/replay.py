@@ -8,7 +8,9 @@ Two semantics for request traces (Mooncake format):
   is recomputed and stored, as a real prefix cache does.
 
 Step traces (long-sequence decode) replay their ``read`` ids as accesses and their
-``write`` ids as newly computed blocks.
+``write`` ids as newly computed blocks, one record at a time through the live decode
+protocol whatever the prefetch policy (``tiercache.sim.decode_replay``); an offline policy's
+next use of a block there is its next read before any later write of its id.
 """
 
 from __future__ import annotations
@@ -23,20 +25,19 @@ import numpy as np
 import psutil
 
 from tiercache.config import TIER_NAMES, Codec, KVLayout, TierConfig
-from tiercache.core.decode import StepDriver
 from tiercache.core.manager import TierManager
 from tiercache.core.stats import HierarchyStats, TierCounters
 from tiercache.errors import UserError
-from tiercache.policies import Hints, get_eviction, make_admission, make_eviction, make_placement, make_prefetch
+from tiercache.policies import Hints, get_eviction, make_admission, make_eviction, make_placement
 from tiercache.results import Mode, RunRecord, Semantics, TierRecord, TraceKind
 
 from .array_manager import ArrayTierManager, kernel_replay_possible, state_bytes
+from .decode_replay import DecodeReplay
 from .engine import SimEngine
 from .hitcost import HitCost, HitMeter
 from .hardware import HardwareProfile
 from .loader import Trace
-from .prep import dense_and_next_use
-from .steptrace import DecodeFields
+from .prep import dense_and_next_use, step_next_use
 from .traces import MOONCAKE_BLOCK_TOKENS
 
 __all__ = ["RunSpec", "ReplayData", "replay", "check_run", "use_kernels", "tier_record", "block_tokens_of",
@@ -78,7 +79,9 @@ class ReplayData:
     """A trace prepared once for many runs, plus what turns blocks into bytes and seconds.
 
     Invariants: batch ``b`` (a request or a step record) owns ``ids[offsets[b]:offsets[b + 1]]``
-    (``offsets`` ends with ``len(ids)``); ``next_use`` and ``dense`` are aligned with ``ids``;
+    (``offsets`` ends with ``len(ids)``); ``next_use`` and ``dense`` are aligned with ``ids``
+    (a step trace's ``next_use`` is the next read of an id before any later write of it:
+    ``prep.step_next_use``);
     ``dense`` numbers the distinct ids ``0 .. n_ids - 1`` in first-access order; ``profile``
     is set only with a ``layout`` (seconds need bytes). Arrays, not lists: 20 B per access
     (ids 8, next use 8, dense 4), shared with forked workers; the Python manager's path
@@ -106,6 +109,8 @@ class ReplayData:
             dense, nu, n_ids = trace.dense, trace.next_use, int(trace.dense.max(initial=-1)) + 1
         else:
             dense, nu, n_ids = dense_and_next_use(trace.ids)
+        if trace.is_write is not None:  # a step trace: a read is a use, a write a new block (step_next_use)
+            nu = step_next_use(nu, trace.is_write)
         max_count = int(np.bincount(dense, minlength=1).max()) if len(dense) else 0
         return cls(trace, trace.ids, trace.offsets, nu, layout, profile, block_tokens, dense, n_ids, max_count)
 
@@ -192,19 +197,21 @@ def replay(spec: RunSpec, data: ReplayData, on_progress: Callable[[int], None] |
             if on_progress is not None:
                 on_progress(256)
     manager.wait_all()  # moves still in flight (a decode run's last prefetches) land, as at the end of a live run
+    prefetch_counts = step.finish() if isinstance(step, DecodeReplay) else None
     _consume(manager, stats, meter)
     if on_progress is not None:
         on_progress(data.n_batches % 256)
     wall = time.perf_counter() - started
     manager.check_invariants()
-    return run_record(spec, data, stats, meter, saved_tokens, wall)
+    return run_record(spec, data, stats, meter, saved_tokens, wall, prefetch_counts)
 
 
 def check_run(spec: RunSpec, trace: Trace) -> None:
     """Refuses, before any replay, a run that ``replay`` could not carry out on ``trace``.
 
-    An offline policy (``needs_future``) cannot run a step trace through ``StepDriver``,
-    which a recorded decode run or a prefetch policy needs: the driver has no next uses.
+    An offline policy (``needs_future``) runs a plain step trace with next-use hints
+    (``DecodeReplay``), but not a recorded decode run's fields nor a prefetch policy: the
+    driver's prefetch planning and a recorded run give no next uses.
 
     Raises:
         UserError: such a run; the message names ``--policy`` and what gives no future.
@@ -319,53 +326,9 @@ def _step_function(spec: RunSpec, data: ReplayData, manager: TierManager, needs_
         manager.access(run[hit:], _cut(hints, hit, b - a), count_hits=False)
         return min(hit * data.block_tokens, int(input_lengths[batch]))
 
-    def decode_step(batch: int, needs_future: bool) -> int:
-        a, b = data.bounds(batch)
-        writes = data.is_write[a:b]
-        reads = [i for i, w in zip(ids[a:b], writes) if not w]
-        manager.access(reads, _hints_for(data, a, b, writes, False, needs_future))
-        fresh = [k for k in range(a, b) if writes[k - a] and manager.locate(ids[k]) is None]
-        future = [data.next_use_list[k] for k in fresh] if needs_future else None
-        manager.insert([ids[k] for k in fresh], Hints(a, future, None) if needs_future else None)
-        return 0
-
-    if spec.semantics is Semantics.DECODE:
-        decode = data.trace.steps.decode if data.trace.steps is not None else None
-        if decode or spec.prefetch != "none":
-            return _driven_decode_step(spec, data, manager, decode or {})
-        return decode_step
+    if spec.semantics is Semantics.DECODE:  # one protocol for every --prefetch (decode_replay)
+        return DecodeReplay(spec.policy, spec.prefetch, data, manager)
     return prefix_step if spec.semantics is Semantics.PREFIX else object_step
-
-
-def _driven_decode_step(spec: RunSpec, data: ReplayData, manager: TierManager, decode: dict) -> Callable[[int, bool], int]:
-    """The per-record handler of a decode trace run through ``StepDriver`` (the protocol of
-    the live decode cache: a trace it recorded replays to its exact counts).
-
-    Raises:
-        ValueError: an offline policy (it would need next-use hints the protocol has none of).
-    """
-    if get_eviction(spec.policy).needs_future:
-        raise ValueError(f"replay: {spec.policy} needs the future, which a recorded decode run or --prefetch does not give")
-    driver = StepDriver(manager, make_prefetch(spec.prefetch), store_misses=True)
-    ids, steps, layers = data.id_list, data.trace.steps.steps, data.trace.steps.layers
-    plain = DecodeFields()
-
-    def driven_step(batch: int, needs_future: bool) -> int:
-        a, b = data.bounds(batch)
-        writes = data.is_write[a:b]
-        fields = decode.get(batch, plain)
-        if fields.release:
-            driver.release(fields.release)
-        reads = [i for i, w in zip(ids[a:b], writes) if not w]
-        if reads:
-            driver.end_read(driver.begin_read(int(steps[batch]), int(layers[batch]), reads, fields.in_place,
-                                              fields.candidates, fields.ahead))
-        written = [i for i, w in zip(ids[a:b], writes) if w]
-        if written or fields.hold:
-            driver.write(written, fields.hold)
-        return 0
-
-    return driven_step
 
 
 def _cut(hints: Hints, a: int, b: int) -> Hints:
@@ -374,16 +337,11 @@ def _cut(hints: Hints, a: int, b: int) -> Hints:
     return Hints(hints.time + a, next_use, parents)
 
 
-def _hints_for(data: ReplayData, a: int, b: int, writes: np.ndarray, want: bool, needs_future: bool) -> Hints | None:
-    if not needs_future:
-        return None
-    return Hints(a, [n for n, w in zip(data.next_use_list[a:b], writes) if bool(w) == want], None)
-
-
 def run_record(spec: RunSpec, data: ReplayData, stats: HierarchyStats, meter: HitMeter, saved_tokens: int,
-               wall: float) -> RunRecord:
+               wall: float, prefetch_counts: dict[str, int] | None = None) -> RunRecord:
     """The record of one run (an entry of results.json's ``runs``), with whether its policy
-    is offline (reads the future) as its class says, so a report never has to import it."""
+    is offline (reads the future) as its class says, so a report never has to import it, and
+    a decode run's ``prefetch_counts`` (``PrefetchTally.counts``; None for other runs)."""
     accesses, engine = stats.accesses, meter.engine
     layout, profile = data.layout, data.profile
     tiers = tuple(tier_record(t, c, layout is not None, profile is not None, config.codec, layout)
@@ -398,7 +356,7 @@ def run_record(spec: RunSpec, data: ReplayData, stats: HierarchyStats, meter: Hi
         modeled_seconds=modeled_seconds({link: u.seconds for link, u in engine.usage.items()}, profile,
                                         _recomputed_tokens(spec, data, stats, saved_tokens)) if layout and profile else {},
         **_prefix_figures(spec, engine, data, saved_tokens), placement=spec.placement, prefetch=spec.prefetch,
-        offline=bool(get_eviction(spec.policy).needs_future),
+        offline=bool(get_eviction(spec.policy).needs_future), **(prefetch_counts or {}),
     )
 
 

@@ -30,6 +30,7 @@ from tiercache.results import LayoutInfo, ResultsDocument, RunRecord, Semantics,
 
 from .hardware import HardwareProfile
 from .loader import Trace, load_trace
+from .oracle import trace_layout
 from .replay import ReplayData, RunSpec, check_run, replay
 
 __all__ = ["SweepSpec", "check_policy_names", "plan_runs", "sweep", "run_sweep", "check_memory", "SLOT_BYTES"]
@@ -159,12 +160,13 @@ def sweep(trace: Trace, spec: SweepSpec, workers: int = 1, progress: bool = Fals
     for run in runs:
         check_run(run, trace)
     check_memory(runs, workers)
-    data = ReplayData.prepare(trace, spec.layout, spec.hardware)
+    layout = trace_layout(trace, spec.layout)  # a step trace's block is one layer's KV
+    data = ReplayData.prepare(trace, layout, spec.hardware)
     return ResultsDocument(
         tiercache_version=tiercache.__version__,
         command=command,
         trace=trace.info(),
-        layout=None if spec.layout is None else LayoutInfo.from_layout(spec.layout),
+        layout=None if layout is None else LayoutInfo.from_layout(layout),
         hardware=None if spec.hardware is None else spec.hardware.name,
         runs=tuple(_execute(runs, data, workers, progress)),
     )
