@@ -82,10 +82,20 @@ def paired_ratio(numerator: list[float], denominator: list[float]) -> float:
 def positive_int(text: str) -> int:
     """argparse type of a count of rounds or blocks: an integer >= 1 (argparse names the option
     and exits 2 otherwise)."""
+    return checked_int(text, 1, None, "a positive integer")
+
+
+def checked_int(text: str, low: int, high: int | None, expected: str, in_range: str | None = None) -> int:
+    """``text`` as an integer in ``[low, high]`` (no upper bound for None), for argparse types.
+
+    Raises:
+        argparse.ArgumentTypeError: "expected {expected}" (not an integer) or "expected
+            {in_range}" (out of range; ``expected`` again when None), with what was given.
+    """
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+    if value < low or (high is not None and value > high):
+        raise argparse.ArgumentTypeError(f"expected {in_range or expected}, got {value}")
     return value

@@ -18,7 +18,7 @@ from typing import Callable, Mapping
 
 from ..errors import UserError
 from ..results.outfile import check_output_file
-from .rounds import positive_int
+from .rounds import checked_int, positive_int
 
 __all__ = ["add_trace_capacities", "existing_folder", "non_negative_int", "open_share", "positive_ints",
            "refuse_bad_outputs", "seed_int", "trace_pairs"]
@@ -48,13 +48,7 @@ def non_negative_int(text: str) -> int:
         argparse.ArgumentTypeError: not an integer, or negative (argparse names the option
             and exits 2).
     """
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {value}")
-    return value
+    return checked_int(text, 0, None, "a non-negative integer")
 
 
 def seed_int(text: str) -> int:
@@ -64,13 +58,7 @@ def seed_int(text: str) -> int:
     Raises:
         argparse.ArgumentTypeError: not an integer, or out of range.
     """
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer seed, got {text!r}") from None
-    if not 0 <= value <= MAX_SEED:
-        raise argparse.ArgumentTypeError(f"expected a seed from 0 to 2**32 - 1, got {value}")
-    return value
+    return checked_int(text, 0, MAX_SEED, "an integer seed", "a seed from 0 to 2**32 - 1")
 
 
 def open_share(text: str) -> float:
