@@ -37,6 +37,14 @@ def _format_pct(pct: dict[str, float] | None) -> str:
     return "  ".join(f"{k}={v:g}" for k, v in pct.items()) if pct else "-"
 
 
+def _format_repeats(stats: TraceStats) -> str | None:
+    """How many requests list a block id more than once, and where the first is (None: a step trace)."""
+    if stats.repeat_requests is None:
+        return None
+    where = f" (first: {stats.first_repeat})" if stats.first_repeat else ""
+    return f"{stats.repeat_requests:,}{where}"
+
+
 def format_stats(stats: TraceStats) -> str:
     """Human-readable table of ``TraceStats``, one ``name: value`` per line."""
     unit = "requests" if stats.prefix_hit_ratio_inf is not None else "step records"
@@ -54,6 +62,7 @@ def format_stats(stats: TraceStats) -> str:
         ("reuse distance (blocks)", None if stats.reuse_distance_pct is None else _format_pct(stats.reuse_distance_pct)),
         ("prefix-tree depth (blocks)", None if stats.tree_depth_pct is None else _format_pct(stats.tree_depth_pct)),
         ("prefix-tree roots", None if stats.tree_roots is None else f"{stats.tree_roots:,}"),
+        ("requests repeating an id", _format_repeats(stats)),
         (f"blocks per {unit.split()[-1][:-1]}", _format_pct(stats.record_blocks_pct)),
         ("tokens per block", None if stats.block_tokens is None else str(stats.block_tokens)),
         ("input tokens per request", None if stats.input_tokens_pct is None else _format_pct(stats.input_tokens_pct)),

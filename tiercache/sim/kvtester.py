@@ -17,19 +17,27 @@ system prompt, a shared document) are shared on purpose.
 
 Arrivals: when every file names ``start``, conversations begin there; otherwise they arrive
 by a Poisson process (mean gap ``mean_gap_s``, seeded), in sorted file-name order. The
-requests of all conversations are merged by arrival time (ties by file order, then request
-order) into one request trace with millisecond timestamps, like a Mooncake trace.
+requests of all conversations are merged by their arrival in whole milliseconds (ties by file
+order, then request order) into one request trace with millisecond timestamps, like a
+Mooncake trace.
 
 Limits (a file past one is refused, by name): UTF-8 without a byte order mark, as JSONL
 traces; ``block_size`` in ``[1, 2**31)``; ``in``/``out`` in ``[0, 2**40]`` (as JSONL traces); ids in ``[0, 2**63)``; ``t``,
 ``start`` and each arrival (``start + t``) below 2**63 ms; renumbered local ids below 2**63;
-no key twice in the conversation or in one request (which value is meant would be ambiguous).
+no key twice in the conversation or in one request (which value is meant would be ambiguous);
+a conversation file is a regular file of at most ``MAX_CONVERSATION_BYTES`` (256 MiB; a device,
+a FIFO or a bigger file is refused unread).
+
+A request may list an id more than once (no real trace does; it is read as listed, and
+``tiercache trace inspect`` counts such requests: ``tracestats``).
 """
 
 from __future__ import annotations
 
 import json
+import numbers
 import os
+import stat
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,7 +50,8 @@ from .steptrace import MAX_BLOCK_TOKENS
 from .tracelines import MAX_LINE_BYTES, first_repeated_key
 from .traces import MAX_TOKENS, FlatTrace, fingerprint_digest, fingerprint_of, id_list_field
 
-__all__ = ["Conversation", "is_kvtester", "read_conversation", "load_kvtester_flat", "DEFAULT_MEAN_GAP_S"]
+__all__ = ["Conversation", "is_kvtester", "read_conversation", "load_kvtester_flat", "request_origin",
+           "DEFAULT_MEAN_GAP_S", "MAX_CONVERSATION_BYTES"]
 
 #: Mean gap between conversation arrivals when the files name no ``start`` (seconds).
 DEFAULT_MEAN_GAP_S = 2.0
@@ -51,6 +60,10 @@ _INT64_MAX = (1 << 63) - 1
 #: Times (``t``, ``start``) are kept as int64 milliseconds: they must stay below 2**63 ms.
 _MAX_SECONDS = _INT64_MAX / 1000
 _UTF8_BOM = b"\xef\xbb\xbf"
+#: The largest conversation file read (bytes): the bundled sample's are at most 24 KB, and even a
+#: conversation of 100 turns of 100k-token prompts lists ids in a few MiB; the bound
+#: keeps an endless or huge file (``/dev/zero``, a mistaken dump) from exhausting memory.
+MAX_CONVERSATION_BYTES = 256 << 20
 
 
 @dataclass(frozen=True)
@@ -92,6 +105,8 @@ def is_kvtester(path: str | os.PathLike) -> bool:
     if not name.endswith(".json"):
         return False
     try:
+        if not stat.S_ISREG(os.stat(name).st_mode):
+            return True  # a device or FIFO named .json: the conversation reader refuses it by name, unread
         with open(name, "rb") as handle:
             first = _first_line(handle)
     except OSError:
@@ -254,27 +269,94 @@ def load_kvtester_flat(path: str | os.PathLike, seed: int = 0,
 
     Returns:
         (flat arrays in arrival order, block size in tokens, fingerprint (``traces.
-        fingerprint_digest``) of the files' bytes, their names, the seed and the mean gap).
+        fingerprint_digest``) of the files' bytes, their names, the seed and the mean gap, the
+        last two in canonical form: ``mean_gap_s`` 2 and 2.0 give one fingerprint).
 
     Raises:
-        TraceError: unreadable or malformed file, or files with different block sizes.
+        TypeError: ``seed`` is not an integer (None would draw fresh arrivals on every load
+            under one fingerprint), or ``mean_gap_s`` not a real number.
+        ValueError: ``seed`` negative, or ``mean_gap_s`` not finite and > 0 where it is used.
+        TraceError: unreadable, oversized, non-regular or malformed file, or files with
+            different block sizes.
     """
+    seed, mean_gap_s = _arrival_args(seed, mean_gap_s)
     name = os.fspath(path)
     digest = fingerprint_digest()
     convs = []
     for file in _files(name):
-        try:
-            with open(file, "rb") as handle:
-                raw = handle.read()
-        except OSError as exc:
-            raise TraceError(file, None, f"cannot open trace: {exc.strerror or exc}") from None
+        raw = _read_file(file)
         digest.update(os.path.basename(file).encode() + b"\0" + raw)
         convs.append(read_conversation(file, raw))
     sizes = {c.block_size for c in convs}
     if len(sizes) != 1:
         raise TraceError(name, None, f"conversations disagree on block_size: {sorted(sizes)}")
-    digest.update(f"seed={seed},gap={mean_gap_s}".encode())
+    digest.update(f"seed={seed},gap={mean_gap_s!r}".encode())
     return _merge(convs, _starts(convs, seed, mean_gap_s)), sizes.pop(), fingerprint_of(digest)
+
+
+def request_origin(path: str | os.PathLike, index: int, seed: int = 0,
+                   mean_gap_s: float = DEFAULT_MEAN_GAP_S) -> tuple[str, int]:
+    """Where request ``index`` (0-based, in arrival order) of a workload comes from: its
+    conversation file and its index in that file's ``requests``. Reads the workload again
+    (for messages about one request; the replay's loading path never calls it).
+
+    Raises:
+        IndexError: ``index`` is not a request of the workload.
+        TypeError, ValueError, TraceError: as ``load_kvtester_flat``.
+    """
+    seed, mean_gap_s = _arrival_args(seed, mean_gap_s)
+    convs = [read_conversation(file, _read_file(file)) for file in _files(os.fspath(path))]
+    _, c, r = _arrival_rows(convs, _starts(convs, seed, mean_gap_s))[index]
+    return convs[c].path, r
+
+
+def _arrival_args(seed: object, mean_gap_s: object) -> tuple[int, float]:
+    """``seed`` as an int and ``mean_gap_s`` as a float, the forms the fingerprint hashes.
+
+    Raises:
+        TypeError: ``seed`` not an integer (bool and None included), ``mean_gap_s`` not a real
+            number (bool included).
+        ValueError: ``seed`` negative (numpy's generators refuse it).
+    """
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise TypeError(f"arrival_seed must be an integer (the fingerprint names it), got {seed!r}")
+    if seed < 0:
+        raise ValueError(f"arrival_seed must be >= 0, got {seed}")
+    if isinstance(mean_gap_s, bool) or not isinstance(mean_gap_s, numbers.Real):
+        raise TypeError(f"mean_gap_s must be a number of seconds, got {mean_gap_s!r}")
+    return int(seed), float(mean_gap_s)
+
+
+def _read_file(file: str) -> bytes:
+    """The bytes of one conversation file, read only if it is a regular file, at most
+    ``MAX_CONVERSATION_BYTES + 1`` of them (never a whole endless or huge file).
+
+    Opened non-blocking, so a FIFO is refused at once rather than waited on.
+
+    Raises:
+        TraceError: (naming the file) it cannot be opened or read, is not a regular file (a
+            folder, a device, a FIFO, a socket), or is larger than the limit.
+    """
+    try:
+        fd = os.open(file, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+    except OSError as exc:
+        raise TraceError(file, None, f"cannot open trace: {exc.strerror or exc}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise TraceError(file, None, "cannot open trace: a folder, not a conversation file")
+        if not stat.S_ISREG(mode):
+            raise TraceError(file, None, "cannot open trace: not a regular file (a device, FIFO or socket); "
+                                         "a conversation must be a JSON file")
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            raw = handle.read(MAX_CONVERSATION_BYTES + 1)
+    except OSError as exc:
+        raise TraceError(file, None, f"cannot read trace: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    if len(raw) > MAX_CONVERSATION_BYTES:
+        raise TraceError(file, None, f"larger than {MAX_CONVERSATION_BYTES >> 20} MiB, the limit for one conversation file")
+    return raw
 
 
 def _starts(convs: list[Conversation], seed: int, mean_gap_s: float) -> list[float]:
@@ -312,31 +394,39 @@ def _global_ids(convs: list[Conversation]) -> list[list[list[int]]]:
     return out
 
 
+def _arrival_rows(convs: list[Conversation], starts: list[float]) -> list[tuple[int, int, int]]:
+    """``(arrival in ms, conversation, request)`` of every request, sorted: by the millisecond
+    time the trace stores (``round((start + t) * 1000)``), ties by file order, then request
+    order (float sums would break some ties by rounding noise: 0.1 + 0.2 > 0.3)."""
+    rows = [(round((starts[c] + t) * 1000), c, r) for c, conv in enumerate(convs) for r, t in enumerate(conv.times)]
+    rows.sort()
+    return rows
+
+
 def _merge(convs: list[Conversation], starts: list[float]) -> FlatTrace:
-    """All requests in arrival order (ties: file order, then request order).
+    """All requests in arrival order (``_arrival_rows``).
 
     Raises:
         TraceError: renumbered ids past int64 (``_global_ids``), or an arrival (start + t)
             past 2**63 ms (names the file and the request).
     """
     ids = _global_ids(convs)
-    rows = [(starts[c] + t, c, r) for c, conv in enumerate(convs) for r, t in enumerate(conv.times)]
-    rows.sort()
-    _check_last_arrival(convs, rows[-1])
+    rows = _arrival_rows(convs, starts)
+    _check_last_arrival(convs, starts, rows[-1])
     lists = [ids[c][r] for _, c, r in rows]
     lengths = np.fromiter(map(len, lists), dtype=np.int64, count=len(lists))
     flat = np.fromiter((i for lst in lists for i in lst), dtype=np.int64, count=int(lengths.sum()))
     offsets = np.zeros(len(rows), dtype=np.int64)
     np.cumsum(lengths[:-1], out=offsets[1:])
-    stamps = np.array([round(when * 1000) for when, _, _ in rows], dtype=np.int64)
+    stamps = np.array([stamp for stamp, _, _ in rows], dtype=np.int64)
     inputs = np.array([convs[c].inputs[r] for _, c, r in rows], dtype=np.int64)
     outputs = np.array([convs[c].outputs[r] for _, c, r in rows], dtype=np.int64)
     return FlatTrace(flat, offsets, stamps, inputs, outputs)
 
 
-def _check_last_arrival(convs: list[Conversation], last: tuple[float, int, int]) -> None:
+def _check_last_arrival(convs: list[Conversation], starts: list[float], last: tuple[int, int, int]) -> None:
     """The latest arrival (rows are sorted) must be below 2**63 ms, the timestamps' int64."""
-    when, c, r = last
-    if round(when * 1000) > _INT64_MAX:
-        raise TraceError(convs[c].path, None, f"requests[{r}] arrives at {when:g} s (conversation start + t), "
-                         "past the 2**63 ms a timestamp can hold")
+    stamp, c, r = last
+    if stamp > _INT64_MAX:
+        raise TraceError(convs[c].path, None, f"requests[{r}] arrives at {starts[c] + convs[c].times[r]:g} s "
+                         "(conversation start + t), past the 2**63 ms a timestamp can hold")

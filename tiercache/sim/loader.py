@@ -21,7 +21,7 @@ from .bulkparse import MAX_BULK_BYTES, bulk_requests
 from .fastscan import scan_requests
 from .kvtester import DEFAULT_MEAN_GAP_S, is_kvtester, load_kvtester_flat
 from .steptrace import FlatSteps, flat_steps, header_block_tokens, is_header
-from .traces import (MAX_LINE_BYTES, MOONCAKE_BLOCK_TOKENS, FlatTrace, check_token_counts, fingerprint_digest,
+from .traces import (MAX_LINE_BYTES, MOONCAKE_BLOCK_TOKENS, FlatTrace, check_token_counts, fingerprint_digest, refuse_special_file,
                      fingerprint_of, flat_requests, format_block_tokens, iter_json_objects, kind_of, request_format,
                      trace_fingerprint)
 
@@ -112,6 +112,7 @@ def _replay_accesses(trace: Trace) -> int:
 
 def _load(name: str, arrival_seed: int, mean_gap_s: float) -> Trace:
     """``load_trace`` without the check for block accesses."""
+    refuse_special_file(name)  # before anything opens it: a FIFO would block the first read
     if is_kvtester_workload(name):  # kv-cache-tester conversations: a folder or one .json file
         flat, block_size, fingerprint = load_kvtester_flat(name, arrival_seed, mean_gap_s)
         check_token_counts(name, flat)

@@ -46,7 +46,7 @@ from tiercache.results import TraceKind
 
 from .loader import Trace, is_kvtester_workload, load_trace
 from .prep import dense_and_next_use
-from .traces import MAX_TOKENS, FlatTrace, trace_fingerprint
+from .traces import MAX_TOKENS, FlatTrace, refuse_special_file, trace_fingerprint
 
 __all__ = ["load_trace_cached", "default_cache_dir", "VERSION"]
 
@@ -83,6 +83,7 @@ def load_trace_cached(path: str | os.PathLike, cache_dir: str | os.PathLike | No
         TraceError: as ``load_trace`` (unreadable or invalid trace).
     """
     name = os.fspath(path)
+    refuse_special_file(name)
     if is_kvtester_workload(name):  # fingerprinted with names, seed and gap: see the module docstring
         return load_trace(name)
     folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()

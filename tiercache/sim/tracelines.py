@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 __all__ = ["MAX_LINE_BYTES", "MAX_TOKENS", "MAX_TOTAL_TOKENS", "iter_json_objects", "first_long_line", "int_field",
            "seconds_field_ms", "token_field", "id_list_field", "check_token_counts", "keys_spelled_once",
-           "first_repeated_key"]
+           "first_repeated_key", "record_line"]
 
 _INT64_MAX = (1 << 63) - 1
 #: The longest line a trace may have. A real record is kilobytes (a 4,096-block step record
@@ -80,6 +80,28 @@ def _read_lines(handle, name: str) -> Iterator[bytes]:
             yield raw
     except OSError as exc:
         raise TraceError(name, line or None, f"cannot read trace: {exc.strerror or exc}") from None
+
+
+def record_line(path: str | os.PathLike, index: int) -> int:
+    """The 1-based line of record ``index`` (0-based) of a JSONL trace: its ``index``-th
+    non-blank line, as every reader counts records (``iter_json_objects``). Streams the file
+    without parsing it (for messages about one record, after a successful load).
+
+    Raises:
+        IndexError: the file has at most ``index`` records.
+        TraceError: the file cannot be opened or read, or has a line over ``MAX_LINE_BYTES``.
+    """
+    name = os.fspath(path)
+    try:
+        handle = open(name, "rb")
+    except OSError as exc:
+        raise TraceError(name, None, f"cannot open trace: {exc.strerror or exc}") from None
+    with handle:
+        records = (line for line, raw in enumerate(_read_lines(handle, name), start=1) if raw.strip())
+        line = next(itertools.islice(records, index, None), None)
+    if line is None:
+        raise IndexError(f"{name}: no record {index}")
+    return line
 
 
 def _parse_object(name: str, line: int, raw: bytes) -> dict[str, Any]:

@@ -26,6 +26,7 @@ import hashlib
 import itertools
 import json
 import os
+import stat
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator
 
@@ -42,6 +43,7 @@ from .tracelines import (MAX_LINE_BYTES, MAX_TOKENS, MAX_TOTAL_TOKENS, _TOKEN_FI
                          first_long_line, id_list_field, int_field, iter_json_objects, seconds_field_ms, token_field)
 
 __all__ = [
+    "refuse_special_file",
     "MOONCAKE_BLOCK_TOKENS",
     "BAILIAN_BLOCK_TOKENS",
     "request_format",
@@ -253,6 +255,22 @@ def fingerprint_of(digest) -> str:
     return text if isinstance(digest, type(hashlib.blake2b())) else FINGERPRINT_PREFIX + text
 
 
+def refuse_special_file(name: str) -> None:
+    """Refuses a trace path that names a device, FIFO or socket, before anything opens it
+    (reading one would block forever or never end). A missing path, a regular file and a
+    folder pass: their readers say what is wrong with them.
+
+    Raises:
+        TraceError: ``name`` is neither a regular file nor a folder.
+    """
+    try:
+        mode = os.stat(name).st_mode
+    except OSError:
+        return
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        raise TraceError(name, None, "cannot open trace: not a regular file (a device, FIFO or socket)")
+
+
 def trace_fingerprint(path: str | os.PathLike, like: str | None = None) -> str:
     """The fingerprint of the file's bytes (``xxh3-128:<hex>``), streamed in 1 MiB chunks; with
     ``like`` a legacy fingerprint, the blake2b-128 hex digest earlier versions recorded, so a
@@ -264,6 +282,7 @@ def trace_fingerprint(path: str | os.PathLike, like: str | None = None) -> str:
         TraceError: the file cannot be read.
     """
     name = os.fspath(path)
+    refuse_special_file(name)
     digest = fingerprint_digest(legacy=like is not None and legacy_fingerprint(like))
     try:
         with open(name, "rb") as handle:

@@ -10,8 +10,10 @@ import numpy as np
 from tiercache.policies.base import NO_NEXT_USE
 from tiercache.results import TraceKind
 
-from .loader import load_trace
+from .kvtester import request_origin
+from .loader import is_kvtester_workload, load_trace
 from .mrc import stack_distances
+from .tracelines import record_line
 from .traces import next_use
 
 __all__ = ["TraceStats", "trace_stats"]
@@ -41,6 +43,14 @@ class TraceStats:
     trace. ``tree_depth_pct`` (request traces) is the depth of each distinct block in the
     prefix tree (0 for a request's first block, at its first sighting) and ``tree_roots`` the
     number of distinct first blocks (sessions, documents, system prompts).
+    ``repeat_requests`` (request traces) counts the requests that list a block id more than
+    once (no real trace does; they are replayed as listed) and ``first_repeat`` names the
+    first one in the trace's order (``file:line``, or ``file requests[i]`` in a kv-cache-tester
+    workload; None when there is none). In such a request a repeated id is one block: it counts
+    once in ``unique_blocks`` and in ``tree_depth_pct`` (at its first position), each listing is
+    an access (``record_blocks_pct``, ``accesses``; a repeat is a reuse at distance 0), and
+    ``compulsory_miss_ratio`` counts a repeat as a hit, as object semantics replays it, while
+    ``prefix_hit_ratio_inf`` stops at the request's first new block, as prefix semantics does.
     ``record_blocks_pct`` counts the blocks each record names (a step record's reads and writes). ``block_tokens`` is the trace's tokens per block
     (None: a step trace without a header).
     Percentile maps hold ``p50``/``p90``/``p99``/``max`` (empty when there is nothing to count).
@@ -64,6 +74,8 @@ class TraceStats:
     tree_depth_pct: dict[str, float] | None = None
     tree_roots: int | None = None
     block_tokens: int | None = None
+    repeat_requests: int | None = None
+    first_repeat: str | None = None
 
 
 def _pct(values: np.ndarray) -> dict[str, float]:
@@ -86,11 +98,11 @@ def _prefix_hits(ids: np.ndarray, offsets: np.ndarray) -> int:
     return int((np.minimum(first_new, ends) - offsets).sum())
 
 
-def _reuse_stats(ids: np.ndarray, is_read: np.ndarray) -> dict[str, object]:
-    """Block-level figures over the accesses (``ids[is_read]``), a write being a touch (see ``TraceStats``)."""
+def _reuse_stats(ids: np.ndarray, is_read: np.ndarray, nu: np.ndarray) -> dict[str, object]:
+    """Block-level figures over the accesses (``ids[is_read]``), a write being a touch (see
+    ``TraceStats``); ``nu`` is ``next_use(ids)``."""
     blocks, first = np.unique(ids, return_index=True)
     counts = np.bincount(np.searchsorted(blocks, ids[is_read]), minlength=len(blocks))
-    nu = next_use(ids)
     reused = np.flatnonzero(nu != NO_NEXT_USE)
     reused = reused[is_read[nu[reused]]]  # previous touches of a block an access reuses
     reads_so_far = np.cumsum(is_read)
@@ -128,6 +140,33 @@ def _tree_shape(ids: np.ndarray, offsets: np.ndarray) -> tuple[dict[str, float],
     return _pct(depth[first]), roots
 
 
+def _repeat_requests(nu: np.ndarray, offsets: np.ndarray) -> tuple[int, int | None]:
+    """Requests that list a block id more than once, and the index of the first (None: none).
+
+    A request repeats an id exactly when some access's next use of its id (``nu``, from
+    ``next_use``; ``NO_NEXT_USE`` is past every end) lies before the request's end.
+    """
+    lengths = np.diff(offsets)
+    ends = np.repeat(offsets[1:], lengths)
+    owners = np.repeat(np.arange(len(lengths)), lengths)[nu < ends]
+    if len(owners) == 0:
+        return 0, None
+    return len(np.unique(owners)), int(owners.min())
+
+
+def _request_source(path: str, index: int) -> str | None:
+    """Where request ``index`` of a request trace is written: ``file:line`` for JSONL, ``file
+    requests[i]`` for a kv-cache-tester workload (arrivals as ``load_trace``'s defaults); None
+    when the trace, read again, has no such request any more (it changed since the load)."""
+    try:
+        if is_kvtester_workload(path):
+            file, request = request_origin(path, index)
+            return f"{file} requests[{request}]"
+        return f"{path}:{record_line(path, index)}"
+    except IndexError:
+        return None
+
+
 def trace_stats(path: str | os.PathLike) -> TraceStats:
     """Statistics of a request trace or a step trace (the kind is detected; one read).
 
@@ -147,11 +186,17 @@ def trace_stats(path: str | os.PathLike) -> TraceStats:
         writes, is_read = int(steps.is_write.sum()), ~steps.is_write
         layers = len(np.unique(steps.layers))
         span = f"steps {steps.steps[0]}..{steps.steps[-1]} ({len(np.unique(steps.steps))} distinct; layers: {layers})"
-    reuse = _reuse_stats(ids, is_read)
+    nu = next_use(ids)
+    reuse = _reuse_stats(ids, is_read, nu)
     distances = _pct(_read_reuse_distances(ids, is_read))
-    depth, roots = _tree_shape(ids, trace.offsets) if trace.requests is not None else (None, None)
+    depth, roots, repeats, first_repeat = None, None, None, None
+    if trace.requests is not None:
+        depth, roots = _tree_shape(ids, trace.offsets)
+        repeats, first = _repeat_requests(nu, trace.offsets)
+        first_repeat = None if first is None else _request_source(trace.path, first)
     return TraceStats(
         trace.kind, trace.records, reuse["accesses"], writes, reuse["unique_blocks"], reuse["compulsory_miss_ratio"], prefix,
         reuse["blocks_accessed_once"], reuse["accesses_per_block_mean"], reuse["accesses_per_block_max"],
         reuse["reuse_time_pct"], _pct(np.diff(trace.offsets)), tokens, span, distances, depth, roots, trace.block_tokens,
+        repeats, first_repeat,
     )  # fmt: skip
