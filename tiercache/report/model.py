@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from ..config import KVLayout, TraceKind
 from ..errors import UserError
 from ..policies import PLACEMENT, PREFETCH
 from ..results import LayoutInfo, ResultsDocument, RunRecord, TraceInfo, read_results, run_label
@@ -21,7 +22,7 @@ from ..results.records import legacy_fingerprint
 Run = RunRecord
 
 __all__ = ["TraceInfo", "Run", "ReportData", "Repeat", "load_results", "read_documents", "distinct_paths", "from_documents",
-           "merge_runs", "run_label"]
+           "merge_runs", "run_label", "per_layer_block"]
 
 
 @dataclass(frozen=True)
@@ -147,18 +148,59 @@ def _check_same_setup(first: ResultsDocument, first_src: str, doc: ResultsDocume
             f"{src} is from another trace than {first_src} (trace {doc.trace.name!r} fingerprint {doc.trace.fingerprint} "
             f"vs {first.trace.name!r} fingerprint {first.trace.fingerprint}); one report compares runs of one trace"
         )
-    for what in ("layout", "hardware"):
-        if getattr(doc, what) != getattr(first, what):
-            raise UserError(
-                f"{src} used another {what} ({_preset_name(getattr(doc, what))}) than {first_src} "
-                f"({_preset_name(getattr(first, what))}); modeled bytes and times would not compare"
-            )
+    if doc.layout != first.layout:
+        raise UserError(f"{src} used another layout than {first_src} ({_layout_difference(doc.layout, first.layout)}); "
+                        f"modeled bytes and times would not compare{_stale_step_bytes(doc, src, first, first_src)}")
+    if doc.hardware != first.hardware:
+        raise UserError(f"{src} used another hardware ({doc.hardware or 'none'}) than {first_src} "
+                        f"({first.hardware or 'none'}); modeled bytes and times would not compare")
 
 
-def _preset_name(value: LayoutInfo | str | None) -> str:
-    if isinstance(value, LayoutInfo):
-        return value.name
-    return "none" if value is None else value
+#: The fields of a recorded layout a message names where two differ.
+_LAYOUT_FIELDS = ("name", "layers", "kv_heads", "head_dim", "dtype", "block_tokens", "block_bytes")
+
+
+def per_layer_block(layout: LayoutInfo) -> bool:
+    """Whether ``layout``'s recorded block holds one layer's KV (its bytes are the whole
+    model's block over the layer count: a step trace's block), not every layer's (a request
+    trace's, and a step trace's in files written before step-trace blocks were charged one
+    layer's bytes)."""
+    whole = KVLayout(layout.layers, layout.kv_heads, layout.head_dim, layout.dtype, layout.block_tokens).block_bytes
+    return layout.layers > 1 and layout.block_bytes * layout.layers == whole
+
+
+def _layout_difference(layout: LayoutInfo | None, other: LayoutInfo | None) -> str:
+    """``block_bytes 2097152 (every layer's KV) vs 65536 (one layer's KV)``: the fields in
+    which two recorded layouts differ, first's value first, or the names where one is none."""
+    if layout is None or other is None:
+        return f"{layout.name if layout else 'none'} vs {other.name if other else 'none'}"
+    parts = []
+    for field in _LAYOUT_FIELDS:
+        mine, theirs = getattr(layout, field), getattr(other, field)
+        if mine != theirs:
+            if field == "block_bytes":
+                mine, theirs = f"{mine} ({_scope(layout)})", f"{theirs} ({_scope(other)})"
+            parts.append(f"{field} {mine} vs {theirs}")
+    return f"{layout.name}: " + ", ".join(parts)
+
+
+def _scope(layout: LayoutInfo) -> str:
+    return "one layer's KV" if per_layer_block(layout) else "every layer's KV"
+
+
+def _stale_step_bytes(doc: ResultsDocument, src: str, first: ResultsDocument, first_src: str) -> str:
+    """The sentence saying which file of a step trace charged a block the whole model's KV
+    (written before step-trace blocks were charged one layer's: stale), where the two
+    layouts differ in that alone; empty otherwise."""
+    a, b = doc.layout, first.layout
+    if doc.trace.kind is not TraceKind.STEPS or a is None or b is None or per_layer_block(a) == per_layer_block(b):
+        return ""
+    if any(getattr(a, f) != getattr(b, f) for f in _LAYOUT_FIELDS if f != "block_bytes"):
+        return ""
+    stale = src if per_layer_block(b) else first_src
+    return (f". {stale} charged each block of this step trace the whole model's KV ({a.layers} layers; a step trace's "
+            "block is one layer's): it was written before step-trace blocks were charged one layer's bytes, so its bytes "
+            "and modeled seconds are the layer count too high; re-run it")
 
 
 @dataclass(frozen=True)

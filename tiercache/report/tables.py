@@ -11,11 +11,11 @@ import io
 from dataclasses import dataclass
 from typing import Callable
 
-from ..config import REMOTE_TIER, TIER_NAMES, KVLayout, Semantics, TraceKind
+from ..config import REMOTE_TIER, TIER_NAMES, Semantics, TraceKind
 from ..results import LayoutInfo, TierRecord
 from . import fmt
 from .document import Table
-from .model import ReportData, Run
+from .model import ReportData, Run, per_layer_block
 from .summary import BASELINE, BELADY, BEYOND_BELADY, CapacityBest, gap_text, gaps_for, layouts_need_naming
 
 __all__ = ["MODELED_TIME", "PREFETCHED", "runs_table", "tier_table", "tiers_text", "codec_sentences", "best_table", "trace_table", "results_csv"]
@@ -205,9 +205,20 @@ def trace_table(data: ReportData) -> Table:
 def _kv_scope(layout: LayoutInfo) -> str:
     """Whose KV one block holds, read from the recorded bytes: one layer's (a step trace's
     per-layer blocks) or every layer's (a request trace's, and step traces replayed before
-    blocks were charged per layer)."""
-    whole = KVLayout(layout.layers, layout.kv_heads, layout.head_dim, layout.dtype, layout.block_tokens).block_bytes
-    return "one layer's KV" if layout.layers > 1 and layout.block_bytes * layout.layers == whole else "KV (every layer)"
+    blocks were charged per layer: ``model.per_layer_block``)."""
+    return "one layer's KV" if per_layer_block(layout) else "KV (every layer)"
+
+
+def _stale_step_block(data: ReportData) -> str | None:
+    """The note on a step trace's file whose block holds every layer's KV (written before a
+    step trace's block, one layer's KV, was charged one layer's bytes), or None."""
+    layout = data.layout
+    if data.trace.kind is not TraceKind.STEPS or layout is None or layout.layers <= 1 or per_layer_block(layout):
+        return None
+    return (f"stale: a step trace's block is one layer's KV, but these results (written before step-trace blocks were "
+            f"charged one layer's bytes) charged each block every layer's, so their bytes and modeled seconds are "
+            f"{fmt.integer(layout.layers)}x (the layer count) too high, and a capacity given as a size held that many "
+            f"times too few blocks; re-run the replay")
 
 
 def _preset_rows(data: ReportData) -> list[tuple[str, str]]:
@@ -215,6 +226,9 @@ def _preset_rows(data: ReportData) -> list[tuple[str, str]]:
     if layout:
         block = f"{fmt.integer(layout.block_tokens)} tokens = {fmt.size(layout.block_bytes)} of {_kv_scope(layout)}"
         rows += [("model (KV layout)", layout.name), ("one block", block)]
+        stale = _stale_step_block(data)
+        if stale:
+            rows.append(("note", stale))
     else:
         rows.append(("model (KV layout)", "none given: capacities in blocks only, no bytes"))
     rows.append(("hardware (link model)", data.hardware or "none given: no bytes or times modeled"))

@@ -317,8 +317,8 @@ class RunRecord:
         object.__setattr__(self, "modeled_seconds", dict(self.modeled_seconds))
 
     def _check_prefetch_counts(self) -> None:
-        """The prefetch counts are all recorded or none, only in decode semantics, and the used
-        and wasted blocks are among the prefetched."""
+        """The prefetch counts are all recorded or none, only in decode semantics, all 0 with
+        prefetch ``none`` (it plans nothing), and the used and wasted blocks are among the prefetched."""
         counts = (self.prefetched, self.prefetch_used, self.prefetch_wasted)
         if counts == (None, None, None):
             return
@@ -326,6 +326,9 @@ class RunRecord:
             raise ValueError("prefetched, prefetch_used and prefetch_wasted are recorded together (all or none)")
         if self.semantics is not Semantics.DECODE:
             raise ValueError(f"prefetch counts belong to decode runs, not {self.semantics.value} semantics")
+        if self.prefetch == "none" and any(counts):
+            raise ValueError(f"prefetch 'none' moves no block ahead of a read, so its prefetch counts are 0; got prefetched "
+                             f"{self.prefetched}, prefetch_used {self.prefetch_used}, prefetch_wasted {self.prefetch_wasted}")
         if self.prefetch_used + self.prefetch_wasted > self.prefetched:
             raise ValueError(f"prefetch_used {self.prefetch_used} + prefetch_wasted {self.prefetch_wasted} > "
                              f"prefetched {self.prefetched}")

@@ -2,17 +2,28 @@
 
 Every record of a step trace runs through ``StepDriver`` (``tiercache.core.decode``), the
 protocol of the live decode cache, whatever ``--prefetch`` names, ``none`` included: a
-record's reads are one step of attention over those blocks, so they are referenced while the
-record reads them and its own misses and promotions never push out a block the same record
-reads a moment later (a serving engine does not evict what the kernel it is running still
-needs). A prefetch policy that plans nothing therefore replays to exactly the counts of
-``--prefetch none``; any difference between the two is the prefetch's own moves.
+record's reads are one step of attention over those blocks, so the blocks it reads that are
+cached when it starts are referenced while it reads them, and its own misses and promotions
+never push one of those out (a miss that finds every slot of the top tier referenced is
+counted in that tier's ``refused``, not stored). The blocks its own misses store are not
+referenced: a later miss of the same record may push them out (the live cache stores no miss:
+it has no bytes for an absent block, so there the question never arises).
+A prefetch policy that plans nothing therefore replays to exactly the counts of ``--prefetch
+none``; any difference between the two is the prefetch's own moves.
+
+A write stores the blocks not cached yet; a write of an id already cached stores nothing
+(keys name content: it is the same block).
 
 An offline policy (``needs_future``, Belady) runs the same protocol with next-use hints: it
 reads through ``TierManager.access`` with hints between the driver's ``open_read`` and
-``end_read`` (the driver asks no policy for hints), and stores writes with hints. It runs only
-without prefetch and without a recorded run's decode fields (``replay.check_run`` refuses
-those: neither gives the future).
+``end_read`` (the driver asks no policy for hints), and stores writes with hints. A step
+trace's next use of an access is the next read of its id before any later write of it
+(``prep.step_next_use``): the read before a write of its id is the last use of that copy,
+since the write supplies the block again. A write of an id still cached therefore refreshes
+the policy's next use of it to the write's own (the next read after that write), without
+counting an access, as the write's record in the oracleGeneral export does for libCacheSim
+(``sim.oracle``). It runs only without prefetch and without a recorded run's decode fields
+(``replay.check_run`` refuses those: neither gives the future).
 
 ``PrefetchTally`` counts, per run, the blocks the prefetch policy moved up, those a later
 read found where the prefetch put them (used), and those pushed back down or out before any
@@ -23,6 +34,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
 
 from tiercache.core.decode import StepDriver
 from tiercache.core.manager import TierManager
@@ -43,9 +56,12 @@ class PrefetchTally:
 
     A block counts once per prefetch of it: ``used`` when the first read of it after the
     prefetch finds it in the tier the prefetch brought it to (or a faster one), ``wasted``
-    when it left that tier before any read of it (that read, or a later prefetch of it,
-    finds it below; or the run ends with it below or gone). A block still in place, unread
-    at the end of the run, is neither.
+    when it left that tier before any read of it (that read, a later prefetch of it or a
+    write of its id finds it below or gone; or the run ends with it below or gone). A block
+    still in place, unread at the end of the run, is neither. A pending block leaves its
+    tier only by being pushed down or out, and comes back only by a read, a prefetch or a
+    write of its id (a block evicted, then stored anew), each of which settles it first: so
+    a read never credits a prefetch with a block stored after the prefetched one left.
 
     Invariants: ``used + wasted + len(pending) == prefetched``; ``pending`` maps each
     prefetched block not yet settled to the tier its prefetch brought it to.
@@ -76,6 +92,20 @@ class PrefetchTally:
             tier = self.pending.pop(block_id, None)
             if tier is not None:
                 self._settle(manager, block_id, tier)
+
+    def writing(self, manager: TierManager, writes: Sequence[int]) -> None:
+        """Settles the pending blocks among ``writes`` (a record's writes, moves in flight
+        completed) that left their tier: wasted, before the write stores a new block under the
+        id. One still in place stays pending: the write of a cached id stores nothing (it is
+        the same block), so a later read of it reads what the prefetch brought up."""
+        pending = self.pending
+        for block_id in writes:
+            tier = pending.get(block_id)
+            if tier is not None:
+                where = manager.locate(block_id)
+                if where is None or where > tier:
+                    del pending[block_id]
+                    self.wasted += 1
 
     def finish(self, manager: TierManager) -> None:
         """Settles what the run's end leaves: pending blocks below their tier are wasted."""
@@ -120,17 +150,18 @@ class DecodeReplay:
             raise ValueError(f"replay: {policy} needs the future, which a recorded decode run or --prefetch does not give")
         self.data, self.manager, self.decode = data, manager, decode or {}
         self.driver = StepDriver(manager, make_prefetch(prefetch), store_misses=True)
+        self.plans = prefetch != "none"  # NoPrefetch plans nothing: read without asking it (_read)
         self.tally = PrefetchTally()
         self._ids, self._steps, self._layers = data.id_list, data.trace.steps.steps, data.trace.steps.layers
+        self._n_reads = _reads_per_record(data)
         self._plain = DecodeFields()
 
     def __call__(self, batch: int, needs_future: bool) -> int:
         a, b = self.data.bounds(batch)
-        writes = self.data.is_write[a:b].tolist()
-        fields = self.decode.get(batch, self._plain)
+        fields = self.decode.get(batch, self._plain) if self.decode else self._plain
         if fields.release:
             self.driver.release(fields.release)
-        n_reads = writes.count(False)  # a record lists its reads, then its writes (steptrace)
+        n_reads = self._n_reads[batch]  # a record lists its reads, then its writes (steptrace)
         if n_reads:
             self._read(batch, a, a + n_reads, fields)
         if n_reads < b - a or fields.hold:
@@ -144,12 +175,14 @@ class DecodeReplay:
         return self.tally.counts()
 
     def _read(self, batch: int, a: int, b: int, fields: DecodeFields) -> None:
-        """Reads the blocks ``ids[a:b]`` with their references held."""
+        """Reads the blocks ``ids[a:b]`` with their references held (``StepDriver.begin_read``;
+        without a prefetch policy, or offline with next-use hints, its ``open_read``, the
+        manager's access and ``end_read``: the same calls, no plan asked for)."""
         ids = self._ids[a:b]
         if self.tally.pending:  # where the prefetched blocks lie once the moves in flight land
             self.driver.settle()
             self.tally.reading(self.manager, ids)
-        if not self.offline:
+        if self.plans:
             ticket = self.driver.begin_read(int(self._steps[batch]), int(self._layers[batch]), ids, fields.in_place,
                                             fields.candidates, fields.ahead)
             if ticket.plans:
@@ -158,23 +191,66 @@ class DecodeReplay:
             return
         ticket = self.driver.open_read(ids)
         try:
-            self.manager.access(ids, self._hints(a, b), store_misses=True)
+            if self.offline:
+                self.manager.access(ids, Hints(a, self.data.next_use_list[a:b], None), store_misses=True)
+            else:
+                self.manager.access(ids, store_misses=True, promote=not fields.in_place)
         finally:
             self.driver.end_read(ticket)
 
     def _write(self, a: int, b: int, hold: Sequence[int]) -> None:
-        """Stores the blocks ``ids[a:b]`` not resident yet (``StepDriver.write``; an offline
-        policy's with their next uses)."""
+        """Stores the blocks ``ids[a:b]`` not cached yet (``StepDriver.write``); a prefetched
+        block that left its tier is settled first (``PrefetchTally.writing``). Offline, the
+        new blocks are stored with their next uses and a cached id's next use is refreshed to
+        the write's (``_refresh``)."""
         ids = self._ids[a:b]
         if not self.offline:
+            if self.tally.pending:
+                self.driver.settle()
+                self.tally.writing(self.manager, ids)
             self.driver.write(ids, hold)
             return
         self.driver.settle()
-        fresh = [k for k in range(a, b) if self.manager.locate(self._ids[k]) is None]
+        locate, next_use = self.manager.locate, self.data.next_use_list
+        fresh, cached = [], []
+        for k in range(a, b):
+            (fresh if locate(self._ids[k]) is None else cached).append(k)
+        if cached:
+            self._refresh(cached)
         if fresh:
-            next_use = self.data.next_use_list
-            self.manager.insert([self._ids[k] for k in fresh], Hints(fresh[0], [next_use[k] for k in fresh], None))
+            new = [self._ids[k] for k in fresh]
+            uses = [next_use[k] for k in fresh]
+            _see_future(self.manager, new, uses)
+            self.manager.insert(new, Hints(fresh[0], uses, None))
 
-    def _hints(self, a: int, b: int) -> Hints:
-        """Next uses of the accesses ``a .. b - 1`` (``ReplayData.next_use``: reads only)."""
-        return Hints(a, self.data.next_use_list[a:b], None)
+    def _refresh(self, accesses: Sequence[int]) -> None:
+        """Sets the next use of the cached ids written at ``accesses`` (indices into ``ids``) to
+        the write's own, in every tier that holds one, counting no access (the write stores
+        nothing: it is the same block). The read before the write told the policy that copy
+        was dead (``prep.step_next_use``); left so, Belady would evict a block that the reads
+        after the write hit."""
+        manager, next_use = self.manager, self.data.next_use_list
+        ids = [self._ids[k] for k in accesses]
+        uses = [next_use[k] for k in accesses]
+        _see_future(manager, ids, uses)
+        for tier, directory in enumerate(manager.dirs):
+            here = [p for p, block_id in enumerate(ids) if block_id in directory.slot_of]
+            if here:
+                manager.policies[tier].on_access([ids[p] for p in here],
+                                                 Hints(accesses[here[0]], [uses[p] for p in here], None))
+
+
+def _see_future(manager: TierManager, ids: Sequence[int], uses: Sequence[int]) -> None:
+    """Records the next uses of blocks stored or refreshed by a write where the manager keeps
+    them for blocks moved between tiers (as ``TierManager.access`` records a read's), so a
+    lower tier's offline policy is told the same future as the top's."""
+    future = manager._future  # None unless some tier's policy needs the future
+    if future is not None:
+        future.update(zip(ids, uses))
+
+
+def _reads_per_record(data: "ReplayData") -> list[int]:
+    """How many of each record's accesses are reads (a record lists its reads first)."""
+    reads = np.concatenate(([0], np.cumsum(~np.asarray(data.is_write, dtype=bool))))
+    offsets = np.asarray(data.offsets)
+    return (reads[offsets[1:]] - reads[offsets[:-1]]).tolist()

@@ -14,9 +14,14 @@ libCacheSim's "never again" (its reader maps it to an infinite reuse distance); 
 ``NO_NEXT_USE`` is translated to it on the way out. A step trace's records are its reads and
 writes, and each one's next access is the one ``tiercache replay`` gives an offline policy
 there (``prep.step_next_use``): the next *read* of the id before any later write of it, else
-``-1`` (a write stores a new block under the id; the copy before it is never read again), so a
-Belady run over the export plans with the replay's future. Records are built as numpy structured
-arrays and written in chunks, so exporting millions of accesses needs no Python per-record work.
+``-1``. The read before a write of its id is thus that copy's last use (the write supplies the
+block again), and the write's own record carries the next read after it: libCacheSim, which
+takes the write's record as a request, then holds exactly the next use the replay sets for a
+cached id at a write (``DecodeReplay._write`` refreshes it, counting no access; an id evicted
+before the write is stored anew with it), so a Belady run over the export plans with the
+replay's future. (libCacheSim counts the write records as requests too; the replay counts
+reads only.) Records are built as numpy structured arrays and written in chunks, so exporting
+millions of accesses needs no Python per-record work.
 """
 
 from __future__ import annotations

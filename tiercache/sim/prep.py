@@ -7,8 +7,9 @@ are small (Mooncake's are: ids < 4 x accesses) and one stable argsort otherwise.
 paths give the same arrays (tested); the argsort is also the path without numba.
 
 ``step_next_use(next_use, is_write)`` turns a step trace's flat next uses into the ones an
-offline policy reads there: a write stores a new block under its id, so the copy cached
-before it is dead from that write on.
+offline policy reads there: a write supplies its id's block again, so the read before it is
+the last use of the copy cached then (the replay refreshes a copy still cached at the write
+to the write's next use: ``decode_replay``).
 """
 
 from __future__ import annotations
@@ -78,10 +79,13 @@ def step_next_use(next_use: np.ndarray, is_write: np.ndarray) -> np.ndarray:
     (the next access of each id, reads and writes alike) and ``is_write`` (aligned).
 
     A read is the only use of a block: an access's next use is the next *read* of its id
-    before any later write of it, ``NO_NEXT_USE`` when a write of the id comes first (that
-    write stores a new block under the id; the cached copy is never read again) or nothing
-    follows. Every access gets one, writes included (what the block a write stores is read
-    next). Returns a new array; the inputs are unchanged.
+    before any later write of it, ``NO_NEXT_USE`` when a write of the id comes first or
+    nothing follows. A write supplies the block again (stored anew if it was evicted), so
+    keeping a copy for a read after the write is the write's business: a replay that finds
+    the id still cached at the write stores nothing and sets its next use to the write's
+    (``DecodeReplay._write``), as libCacheSim does with the write's oracleGeneral record.
+    Every access gets one, writes included (when the block a write supplies is read next).
+    Returns a new array; the inputs are unchanged.
 
     Invariants of the result ``nu``: ``nu[i]`` is ``next_use[i]`` or ``NO_NEXT_USE``;
     ``is_write[nu[i]]`` is False wherever ``nu[i] != NO_NEXT_USE``.

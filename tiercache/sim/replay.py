@@ -10,7 +10,8 @@ Two semantics for request traces (Mooncake format):
 Step traces (long-sequence decode) replay their ``read`` ids as accesses and their
 ``write`` ids as newly computed blocks, one record at a time through the live decode
 protocol whatever the prefetch policy (``tiercache.sim.decode_replay``); an offline policy's
-next use of a block there is its next read before any later write of its id.
+next use of a block there is its next read before any later write of its id, and a write of
+an id still cached refreshes it to the write's own.
 """
 
 from __future__ import annotations
