@@ -341,6 +341,8 @@ def main() -> int:
     parser.add_argument("--json", help="write the figures here")
     parser.add_argument("--scale-case", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if not os.path.isfile(args.trace):  # its copies and its oracleGeneral export need a request trace file
+        parser.error(f"--trace {args.trace}: not a trace file (missing, a folder, a device or a FIFO)")
     if args.scale_case is not None:
         print(json.dumps(scale_case(args.trace, args.scale_case)))
         return 0

@@ -49,9 +49,19 @@ def test_deeply_nested_json_is_a_trace_error(tmp_path, capsys):
     assert f"{path}:1:" in err and "nested too deeply" in err
 
 
-def test_endless_line_is_refused_without_reading_it_whole(capsys):
+def test_endless_line_is_refused_without_reading_it_whole(capsys, tmp_path):
+    from tiercache.sim.traces import MAX_LINE_BYTES
+
+    path = tmp_path / "zeros.jsonl"
+    with open(path, "wb") as handle:
+        handle.truncate(MAX_LINE_BYTES + (1 << 20))  # sparse: one line of NUL bytes, no disk used
+    err = _error(capsys, "replay", str(path))
+    assert f"{path}:1:" in err and "longer than" in err
+
+
+def test_a_device_as_the_trace_is_refused_unread(capsys):
     err = _error(capsys, "replay", "/dev/zero")
-    assert "/dev/zero:1:" in err and "longer than" in err
+    assert "/dev/zero: cannot open trace: not a regular file" in err
 
 
 @pytest.mark.parametrize("capacity", [str(10**12), "1000000000k"])

@@ -459,7 +459,8 @@ def read_results(path: str | Path) -> ResultsDocument:
     if file.is_dir():
         raise UserError(f"{path}: is a directory, not a results file")
     if not file.is_file():
-        raise UserError(f"{path}: no such results file")
+        raise UserError(f"{path}: no such results file" if not file.exists() else
+                        f"{path}: not a regular file (a device, FIFO or socket), not a results file")
     text = file.read_text(encoding="utf-8", errors="replace")
     if not text.strip():
         raise UserError(f"{path}: the results file is empty (no runs)")

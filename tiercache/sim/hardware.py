@@ -252,6 +252,8 @@ def load_profile(name_or_path: str | os.PathLike) -> HardwareProfile:
         return PRESETS[text]
     if not os.path.exists(text):
         raise UserError(f"unknown hardware profile {text!r}: not a preset (known: {', '.join(PRESETS)}) nor a JSON file")
+    if not os.path.isfile(text):  # a FIFO would block the read, a device never end it
+        raise UserError(f"{text}: cannot read hardware profile: not a regular file (a folder, device, FIFO or socket)")
     try:
         with open(text, encoding="utf-8") as handle:
             data = json.load(handle)
