@@ -114,6 +114,10 @@ def test_prefetch_counts_reach_the_results_file_the_reader_and_the_report(tmp_pa
     assert table.rows[0][column] == "2 (1 / 1)"
     csv_header, csv_row = results_csv(report).splitlines()[:2]
     assert dict(zip(csv_header.split(","), csv_row.split(",")))["prefetch_wasted"] == "1"
+    from tiercache.cli.replay import format_table
+
+    assert format_table(back).splitlines()[-1] == (
+        "lru (prefetch topk_speculative): prefetched 2 blocks, 1 read where it put them, 1 pushed down or out unread")
     # A version 8 file written before the counts, and a version 7 one, read them as not recorded.
     for version in (8, 7):
         old = json.loads(json.dumps(data))

@@ -337,6 +337,9 @@ def format_table(results: ResultsDocument) -> str:
             f"{run.label:<{width}} {run.semantics.value:<9} {run.capacity_blocks:>9} {run.hits:>9} "
             f"{run.misses:>9} {run.miss_ratio:>10.4f}  {tiers}"
         )
+    lines += [f"{run.label}: prefetched {run.prefetched} blocks, {run.prefetch_used} read where it put them, "
+              f"{run.prefetch_wasted} pushed down or out unread" for run in results.runs
+              if run.prefetched is not None and run.prefetch not in (None, "none")]
     return "\n".join(lines)
 
 
@@ -348,10 +351,9 @@ def layout_line(info: LayoutInfo) -> str:
     Read from the bytes recorded, not from the trace's kind: a block of one layer's bytes
     is one layer's KV.
     """
-    one_layer = KVLayout(info.layers, info.kv_heads, info.head_dim, info.dtype, info.block_tokens, per_layer=True)
     if info.layers == 1:
         holds = "its one layer's KV"
-    elif info.block_bytes == one_layer.block_bytes:
+    elif info.one_layer:
         holds = f"one of its {info.layers} layers' KV"
     else:
         holds = f"all {info.layers} layers' KV"

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ..config import KVLayout, TraceKind
+from ..config import TraceKind
 from ..errors import UserError
 from ..policies import PLACEMENT, PREFETCH
 from ..results import LayoutInfo, ResultsDocument, RunRecord, TraceInfo, read_results, run_label
@@ -165,8 +165,7 @@ def per_layer_block(layout: LayoutInfo) -> bool:
     model's block over the layer count: a step trace's block), not every layer's (a request
     trace's, and a step trace's in files written before step-trace blocks were charged one
     layer's bytes)."""
-    whole = KVLayout(layout.layers, layout.kv_heads, layout.head_dim, layout.dtype, layout.block_tokens).block_bytes
-    return layout.layers > 1 and layout.block_bytes * layout.layers == whole
+    return layout.layers > 1 and layout.one_layer
 
 
 def _layout_difference(layout: LayoutInfo | None, other: LayoutInfo | None) -> str:

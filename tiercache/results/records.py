@@ -150,6 +150,12 @@ class LayoutInfo:
         return cls(layout.name, layout.layers, layout.kv_heads, layout.head_dim, layout.dtype,
                    layout.block_tokens, layout.block_bytes)
 
+    @property
+    def one_layer(self) -> bool:
+        """A block holds one layer's KV (a step trace's), read from the bytes recorded."""
+        return self.block_bytes * self.layers == KVLayout(self.layers, self.kv_heads, self.head_dim, self.dtype,
+                                                          self.block_tokens).block_bytes
+
     def to_json(self) -> dict:
         """The ``layout`` object of results.json."""
         return dict(self.__dict__)
