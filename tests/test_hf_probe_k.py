@@ -183,11 +183,12 @@ def test_decoding_modes_that_crop_or_reorder_are_refused_before_any_pass(tmp_pat
 
 
 # -- finding 11 (probe's 10): copies ------------------------------------------------------------
-@pytest.mark.parametrize("duplicate", [copy.deepcopy, copy.copy, pickle.dumps])
+@pytest.mark.parametrize("duplicate", [copy.copy, pickle.dumps])
 def test_a_cache_cannot_be_copied_and_says_what_to_do_instead(tmp_path, duplicate):
+    """(A deep copy forks the rows: tests/test_fork.py.)"""
     model = use_tiercache(tiny_llama(seed=82))
     with tiered(model, tmp_path) as kv:
         cache = TieredCache(kv, model)
         generate(model, ids_of(20, 83), cache, new=2)
-        with pytest.raises(UserError, match=r"cannot be copied.*prompt=ids"):
+        with pytest.raises(UserError, match=r"cannot be shallow-copied.*prompt=ids"):
             duplicate(cache)

@@ -28,6 +28,7 @@ from tiercache.live.sequence import Sequence
 from .causal import causal_partial, expected_mask
 from .checks import (ATTENTION, FINGERPRINT, check_decoding, check_mode, check_model, first_position, kept_columns,
                      pass_tokens)
+from .copying import deep_copy
 from .hooks import TIERED_CACHE, decoder_of
 from .layer import TieredLayer
 from .inputs import left_padding, length_dependent_rope, namespace_bytes, other_inputs, prompt_rows, standard_positions
@@ -67,7 +68,8 @@ class TieredCache(Cache):
     A cache serves the model it was made for only: a pass by another model's decoder, or
     after ``use_tiercache`` found other weights, is refused (its KV would be keyed by the
     fingerprint the cache was made with). A cache dropped without ``free()`` releases its
-    rows when it is garbage-collected (``release``). It cannot be copied or pickled.
+    rows when it is garbage-collected (``release``). ``copy.deepcopy`` makes a second cache
+    with its rows' KV (``copying``); it cannot be shallow-copied or pickled.
 
     Raises:
         UserError: the model is not switched (``use_tiercache``); the layout or dtype does
@@ -126,10 +128,17 @@ class TieredCache(Cache):
         self._clear()
         self._freed_rows = freed
 
+    def __deepcopy__(self, memo: dict) -> "TieredCache":
+        """A second cache whose rows hold this one's KV so far (``copying``: blocks shared, the
+        rows' tails copied); made between passes only."""
+        twin = deep_copy(self, TieredLayer)
+        memo[id(self)] = twin
+        return twin
+
     def __reduce_ex__(self, protocol):
-        raise UserError("TieredCache: a cache cannot be copied or pickled (its rows hold blocks of a TieredKVCache); "
-                        "to reuse a prompt's KV, make a new TieredCache(kv, model, prompt=ids): it starts from the "
-                        "stored prefix")
+        raise UserError("TieredCache: a cache cannot be shallow-copied or pickled (its rows hold blocks of a "
+                        "TieredKVCache); copy.deepcopy(cache) makes a second cache with its KV, and a new "
+                        "TieredCache(kv, model, prompt=ids) starts from the stored prefix")
 
     # -- a forward pass ------------------------------------------------------------------
     def begin_pass(self, module: torch.nn.Module, ids: torch.Tensor | None, kwargs: dict) -> None:
@@ -287,7 +296,7 @@ class TieredCache(Cache):
         if self._open_pass is not None:  # the last pass failed before storing: forget its ids
             for seq, known in zip(self.sequences, self._open_pass):
                 if len(seq.token_ids) > known:
-                    seq.forget_tokens(known)
+                    seq.forget_tokens(known, private=False)
             if self._opened_in_pass:  # and the rows it opened (the next pass may have another batch)
                 self._clear()
         self._staged = [None] * len(self._staged)

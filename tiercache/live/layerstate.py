@@ -48,6 +48,17 @@ class LayerState:
         self.n = need
 
 
+    def copy(self) -> "LayerState":
+        """An independent copy: the same blocks (ids, keys, summaries) and a copy of the tail,
+        as normal tensors (in inference mode or not); the block ids are shared, not the arrays."""
+        twin = LayerState.__new__(LayerState)
+        twin.n, twin.ids, twin.keys = self.n, self.ids.copy(), list(self.keys)
+        with normal_tensors():
+            twin.kmin, twin.kmax, twin.tail = self.kmin.clone(), self.kmax.clone(), self.tail.clone()
+        twin.tail_len, twin.attends = self.tail_len, self.attends
+        return twin
+
+
 def _grow(rows: torch.Tensor, size: int) -> torch.Tensor:
     """``rows`` copied into the first rows of a ``size``-row tensor (a normal tensor, as ``rows``)."""
     with normal_tensors():

@@ -25,6 +25,7 @@ from tiercache.keys import block_key, layer_key
 
 from .arguments import check_kv, check_query, flat_token_ids, sparse_budget_blocks
 from .chunks import TierChunks
+from .forking import fork, hold_recorded
 from .layerstate import LayerState
 from .ownership import NoCopies
 from .steps import StepReport, step_report
@@ -44,11 +45,11 @@ class Sequence(NoCopies):
     Invariants: every full block of every layer is stored in the hierarchy and held (it
     may move between tiers, never leave) until ``free``; each layer's tail holds fewer than
     ``block_tokens`` tokens; ``length(layer)`` tokens of KV were appended (or reused) per layer.
-    It cannot be copied or pickled (TypeError).
+    It cannot be copied or pickled (TypeError): ``fork`` makes a second sequence with its KV.
     """
 
     copy_refusal = ("a sequence cannot be copied or pickled (it holds blocks of its TieredKVCache); "
-                    "to reuse its KV, start a new cache.sequence(tokens=...): it starts from the stored prefix")
+                    "to go on from its KV in a second sequence, use seq.fork()")
 
     def __init__(self, cache: TieredKVCache, tokens, namespace: bytes | str) -> None:
         layout = cache.layout
@@ -58,6 +59,7 @@ class Sequence(NoCopies):
                         for _ in range(layout.layers)]
         self._tokens = np.zeros(0, dtype=np.int64) if tokens is None else flat_token_ids(tokens, "tokens")
         self._content_keys: list[bytes] = []
+        self._keyed_end: int | None = None  # content keys only for blocks ending by it (forget_tokens)
         self._private = os.urandom(16)
         self.freed = False
         self._unreleased: list[int] | None = None  # holds a free that raised part-way left to release
@@ -89,22 +91,32 @@ class Sequence(NoCopies):
         view.flags.writeable = False
         return view
 
-    def forget_tokens(self, keep: int) -> None:
-        """Forgets the ids of the tokens from position ``keep`` on, so the blocks they would
-        fill get private keys (their KV depends on more than the ids: an image, embeddings).
+    def fork(self) -> "Sequence":
+        """A second sequence with this one's KV so far: blocks shared, tail copied (``forking``)."""
+        return fork(self, Sequence)
+
+    def forget_tokens(self, keep: int, private: bool = True) -> None:
+        """Forgets the ids of the tokens from position ``keep`` on. ``private``: the KV from
+        there on depends on more than the ids (an image, embeddings; later tokens attend over
+        it), so every block reaching past ``keep`` gets a private key for good, whatever ids
+        ``add_tokens`` tells later. ``private=False`` only takes back ids told ahead of their KV.
 
         Raises:
-            UserError: ``keep`` is below the tokens of KV some layer already holds.
+            UserError: ``keep`` is not an integer, or is below the tokens of KV some layer holds.
         """
         held = max(self.length(layer) for layer in range(len(self._layers)))
-        if isinstance(keep, bool) or not isinstance(keep, int) or keep < held:
+        index = _integer(keep)
+        if index is None or index < held:
             raise UserError(f"Sequence.forget_tokens: keep must be an integer >= {held} (tokens of KV held), got {keep!r}")
-        self._tokens = self._tokens[:keep]
-        del self._content_keys[keep // self.cache.layout.block_tokens :]
+        self._tokens = self._tokens[:index]
+        del self._content_keys[index // self.cache.layout.block_tokens :]
+        if private:
+            self._keyed_end = index if self._keyed_end is None else min(self._keyed_end, index)
 
     def add_tokens(self, token_ids: Seq[int]) -> None:
         """Tells the sequence the ids of tokens it generated, so the blocks they fill get
-        content keys a later request's ``match_prefix`` can find."""
+        content keys a later request's ``match_prefix`` can find (none past a private
+        ``forget_tokens``)."""
         self._tokens = np.concatenate([self._tokens, flat_token_ids(token_ids, "token_ids")])
 
     @torch.no_grad()  # KV caching is not differentiable: never keep an autograd graph alive
@@ -305,7 +317,8 @@ class Sequence(NoCopies):
     def _block_key(self, index: int, layer: int) -> bytes:
         """Layer key of block ``index``: content-chained when its tokens are known."""
         block_tokens = self.cache.layout.block_tokens
-        while len(self._content_keys) <= index and len(self._tokens) >= (len(self._content_keys) + 1) * block_tokens:
+        known = len(self._tokens) if self._keyed_end is None else min(len(self._tokens), self._keyed_end)
+        while len(self._content_keys) <= index and known >= (len(self._content_keys) + 1) * block_tokens:
             n = len(self._content_keys)
             parent = self._content_keys[-1] if n else None
             self._content_keys.append(block_key(parent, self._tokens[n * block_tokens : (n + 1) * block_tokens], self.namespace))
@@ -354,13 +367,7 @@ class Sequence(NoCopies):
         held = [i for ids, _, _, _ in rows for i in ids]
         for state, row in zip(self._layers, rows):
             state.add(*row)
-        cache.driver.hold(held)
-        try:
-            cache._emit(0, cache._last_step, hold=tuple(held))
-            cache._settle_events()
-        except BaseException:  # no sequence is returned: nothing else would release the holds
-            cache.driver.release(held)
-            raise
+        hold_recorded(cache, held)
         self.cached_tokens = found * cache.layout.block_tokens
 
     def _prefix_rows(self, keys: list[bytes], found: int) -> list | None:

@@ -1,0 +1,74 @@
+"""``copy.deepcopy`` of a ``TieredCache``: transformers' recipe for reusing a prompt's cache
+(run the shared prompt once, then ``copy.deepcopy`` the cache for each continuation), as with a
+``DynamicCache``.
+
+A copy is a second cache over the same ``TieredKVCache`` and model whose rows are forks of the
+original's (``Sequence.fork``): every stored block is shared, held once more by the copy, and
+only each row's partial tail block is copied, so a copy costs no room in the tiers until it
+appends. Everything the cache learnt from its passes (token ids, left padding, the prompt's
+end, whether rows were freed) is copied too, so the copy checks and answers ``generate``
+exactly as the original would; after the copy each goes its own way (a pass, ``free()`` or
+garbage collection of one never changes the other). A copy is made between passes only.
+``copy.copy`` (it would share the rows) and pickling stay refused.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+from tiercache.errors import UserError
+
+from .release import release_deferred, release_when_dropped
+
+if TYPE_CHECKING:
+    from .cache import TieredCache
+
+__all__ = ["deep_copy"]
+
+
+def deep_copy(cache: "TieredCache", make_layer: Callable) -> "TieredCache":
+    """A copy of ``cache`` whose rows hold the same KV (see the module docstring).
+
+    Args:
+        cache: the cache to copy, between passes.
+        make_layer: the layer class (``TieredLayer``), called as ``make_layer(copy, index)``.
+
+    Raises:
+        UserError: the ``TieredKVCache`` is closed; the cache is out of step after a failed
+            pass; a pass is running (or one failed: the next pass, or ``free()``, settles it).
+            Nothing is held then.
+    """
+    release_deferred()
+    if cache.kv._closed:
+        raise UserError("TieredCache: its TieredKVCache is closed; a closed cache cannot be copied")
+    if cache._broken is not None:
+        raise UserError(f"TieredCache: {cache._broken}; it cannot be copied (free() it and start a new one)")
+    if cache._open_pass is not None or any(staged is not None for staged in cache._staged):
+        raise UserError("TieredCache: a cache is copied between passes only (a pass is running, or the last one "
+                        "failed: run the next pass or free() the cache first)")
+    twin = object.__new__(type(cache))
+    twin.__dict__.update(cache.__dict__)
+    twin.layers = [_layer_like(make_layer(twin, index), layer) for index, layer in enumerate(cache.layers)]
+    twin._pads = cache._pads.copy()
+    twin._prompt_pads = None if cache._prompt_pads is None else list(cache._prompt_pads)
+    twin._staged = [None] * len(cache._staged)
+    twin._checked_mask = None
+    twin.sequences = []  # changed in place, never replaced: its finalizer holds it
+    release_when_dropped(twin, twin.sequences)
+    try:
+        for seq in cache.sequences:
+            twin.sequences.append(seq.fork())
+    except BaseException:  # an interrupt too: release the forks made so far
+        for seq in twin.sequences:
+            seq.free()
+        twin.sequences.clear()
+        raise
+    return twin
+
+
+def _layer_like(layer, original):
+    """``layer`` with ``original``'s initialisation (whether a pass has run, on which device)."""
+    layer.is_initialized = original.is_initialized
+    if hasattr(original, "device"):
+        layer.device = original.device
+    return layer
