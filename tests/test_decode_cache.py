@@ -302,7 +302,8 @@ def test_exact_mode_reads_in_place_and_moves_nothing(tmp_path):
         seq.attend(0, torch.randn(1, 1, 8))
         assert [cache.manager.locate(int(b)) for b in seq._layers[0].ids[:10]] == where
         tiers = cache.stats()["tiers"]
-        assert tiers[2]["hits"] == 6 and tiers[2]["promotions"] == 0 and tiers[2]["promote_skipped"] == 6
+        assert tiers[2]["hits"] == 6 and tiers[2]["promotions"] == 0 and tiers[2]["hits_in_place"] == 6
+        assert tiers[2]["promote_skipped"] == 0  # a streaming read tries no promotion: none skipped
 
 
 def test_readme_style_decode_loop_runs(tmp_path):

@@ -306,15 +306,15 @@ class TierManager(RoomMixin, TransferMixin):
 
     def _found_below(self, ids: Sequence[int], tier: int, hints: Hints | None, count_hits: bool, store_misses: bool,
                      started: list | None, promote: bool = True) -> None:
-        """Promotes ids found in a lower tier (or, without ``promote``, reads them in place);
-        ids whose copy proved unreadable are misses. Without ``count_hits`` they are
-        recomputed instead (``_recompute_below``): nothing crosses a link."""
+        """Promotes ids found in a lower tier, or reads them in place without ``promote`` or when the
+        placement says so (``READ_IN_PLACE``: no promotion tried, none skipped); ids whose copy proved
+        unreadable are misses. Without ``count_hits``: recomputed (``_recompute_below``), no link crossed."""
         if not count_hits:
             self._recompute_below(ids, tier, hints, store_misses)
             return
         if not (promote and promotes(self.placement, ids, tier, hints)):
             self.policies[tier].on_access(ids, hints)
-            self.events.emit(Ev.PROMOTE_SKIPPED, tier, len(ids))
+            self.events.emit(Ev.READ_IN_PLACE, tier, len(ids))
             self._count_found(tier, len(ids), count_hits)
             return
         self.policies[tier].on_access(ids, hints)

@@ -85,6 +85,7 @@ class Ev(enum.IntEnum):
     RECOMPUTE = 9  # prefix semantics: a resident block after the first miss was recomputed
     PROMOTE_SKIPPED = 10  # a hit, or a prefetched block, stayed in its tier: no room could be made above
     LOST = 11  # a stored copy was unreadable (checksum or I/O) and was dropped
+    READ_IN_PLACE = 12  # hits read where they lie by choice (a streaming read, or the placement's answer): no promotion tried
 
 
 class EventLog:

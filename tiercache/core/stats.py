@@ -18,7 +18,10 @@ class TierCounters:
     ``evictions``: blocks that left the hierarchy from here (victims of the last tier, or
     refused by the tier below). ``demotions`` / ``promotions``: blocks this tier sent down /
     up. ``copies``: write-through copies sent from here. ``refused``: placements this tier's
-    admission refused. ``lost``: stored copies found unreadable and dropped.
+    admission refused. ``promote_skipped``: hits and prefetched blocks of this tier that were
+    to move up but stayed, no room could be made above (a streaming read, or a placement that
+    keeps a hit where it lies, tries no promotion and counts none). ``lost``: stored copies
+    found unreadable and dropped.
     """
 
     name: str
@@ -93,11 +96,17 @@ class HierarchyStats:
             setattr(counters, attr, getattr(counters, attr) + count)
 
 
+#: Events that say a run of hits stays where it lies: read in place by choice (a streaming read,
+#: the placement's answer; no promotion tried) or because no room could be made above.
+_STAYED = (Ev.READ_IN_PLACE, Ev.PROMOTE_SKIPPED)
+
+
 def read_in_place(previous_kind: int, previous_source: int, tier: int) -> bool:
     """Whether a ``HIT`` in ``tier`` was read where it lies, given the event right before it
-    (its kind and source tier): a top-tier hit, or a run whose promotion was skipped in its
-    own tier (``TierManager._found_below`` emits a run's ``HIT`` right after that event)."""
-    return tier == 0 or (previous_kind == Ev.PROMOTE_SKIPPED and previous_source == tier)
+    (its kind and source tier): a top-tier hit, or a run of its own tier read in place
+    (``READ_IN_PLACE``) or whose promotion found no room (``PROMOTE_SKIPPED``):
+    ``TierManager._found_below`` emits a run's ``HIT`` right after that event."""
+    return tier == 0 or (previous_kind in _STAYED and previous_source == tier)
 
 
 @dataclass
@@ -106,9 +115,9 @@ class InPlaceHits:
 
     A hit is read in place when it is in the top tier, or when its run was not promoted:
     the manager emits a run's ``HIT`` right after the event that says how it was served
-    (``TierManager._found_below``), so a lower-tier ``HIT`` that follows a
-    ``PROMOTE_SKIPPED`` of its own tier was read where it lies. This is the rule
-    ``tiercache.sim.hitcost.HitMeter`` charges a replay's hits by.
+    (``TierManager._found_below``), so a lower-tier ``HIT`` that follows a ``READ_IN_PLACE``
+    or a ``PROMOTE_SKIPPED`` of its own tier was read where it lies (``read_in_place``). This
+    is the rule ``tiercache.sim.hitcost.HitMeter`` charges a replay's hits by.
 
     Invariants: ``counts[t]`` never exceeds tier ``t``'s hits counted from the same events;
     the top tier's hits are all in place.

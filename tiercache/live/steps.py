@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 from tiercache.config import AttentionMode
 from tiercache.core.decode import ReadTicket
 
+from .traffic import link_block_bytes
+
 if TYPE_CHECKING:
     from .cache import TieredKVCache
 
@@ -25,9 +27,16 @@ class StepReport:
         hbm_hits: of those, blocks found in HBM.
         from_dram, from_nvme: blocks found in DRAM / on NVMe (promoted, or read in place).
         prefetched: blocks whose moves to HBM the step started for later steps.
-        bytes_moved: bytes of the blocks read from lower tiers (as each tier stores them:
-            a quantised tier's encoded bytes) plus the prefetched ones (at HBM's size).
+        bytes_moved: bytes the step brought into HBM: the blocks read from lower tiers
+            (promoted or read in place) and the prefetched ones, each at what one block
+            brings over its link to HBM, the rule of ``stats()["bytes_moved"]``
+            (``traffic.link_block_bytes``: a quantised tier's encoded bytes only where they
+            are what crosses). The moves down that made room for them are not in it.
         tail_tokens: tokens of the partial tail block (read from the sequence, no tier).
+
+    Invariants: over a run of steps, the reports' ``bytes_moved`` sum to the growth of
+    ``stats()["bytes_moved"]`` on the links into HBM, quantised tiers included (appends between
+    them bring nothing into HBM; a store ``get`` would; a prefetch counts when it starts).
     """
 
     step: int
@@ -49,7 +58,17 @@ def step_report(cache: TieredKVCache, layer: int, step: int, mode: AttentionMode
     found = ticket.found if ticket is not None else [0] * cache.manager.n_tiers
     count = {d.name: found[t] for t, d in enumerate(cache.manager.dirs)}
     prefetched = ticket.prefetched if ticket is not None else 0
-    size = cache.store.tier_block_bytes
-    moved = sum(found[t] * size[t] for t in range(1, len(found))) + prefetched * size[0]
+    moved = _bytes_into_hbm(cache, ticket) if ticket is not None else 0
     return StepReport(step, layer, mode, selected, count.get("hbm", 0), count.get("dram", 0), count.get("nvme", 0),
                       prefetched, moved, tail)
+
+
+def _bytes_into_hbm(cache: TieredKVCache, ticket: ReadTicket) -> int:
+    """Bytes ``ticket``'s read brought into HBM (tier 0): each block found below it crosses its
+    tier's link to HBM (promoted, or read in place), each prefetched one its plan's link, at
+    ``link_block_bytes`` of the store's tiers, as ``Traffic.link_bytes`` charges them."""
+    names = [d.name for d in cache.manager.dirs]
+    sizes, plain = cache.store.tier_block_bytes, cache.store.layout.block_bytes
+    read = sum(n * link_block_bytes(names, sizes, plain, tier, 0) for tier, n in enumerate(ticket.found) if tier and n)
+    ahead = sum(p.n_blocks * link_block_bytes(names, sizes, plain, p.src_tier, p.dst_tier) for p in ticket.plans)
+    return read + ahead

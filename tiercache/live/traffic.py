@@ -19,7 +19,25 @@ from tiercache.config import TierConfig
 from tiercache.core.stats import HierarchyStats, InPlaceHits
 from tiercache.sizes import move_hops
 
-__all__ = ["Traffic", "as_replay_charges"]
+__all__ = ["Traffic", "as_replay_charges", "link_block_bytes"]
+
+
+def link_block_bytes(names: Sequence[str], sizes: Sequence[int], plain: int, src: int, dst: int) -> int:
+    """Bytes one block brings from tier ``src`` into tier ``dst``, in the form the data plane
+    moves it: the last hop of ``sizes.move_hops``. A move between two tiers neither of which is
+    DRAM (NVMe or remote to HBM) is staged through host memory, where the block is held in the
+    memory end's form when the source is a storage tier, else in the source's; it counts what
+    arrives, its last hop, as ``tiercache.sim.engine.SimEngine`` charges a staged move.
+
+    Args:
+        names: the tiers' names, fastest first; ``sizes`` the bytes of one block as each
+            stores it (its codec's); ``plain`` the bytes of an unquantised block.
+        src, dst: indices of the link's ends in ``names``.
+
+    Invariants: the one rule a live store's bytes per link (``Traffic``) and a decode step's
+    ``bytes_moved`` (``tiercache.live.steps``) charge a block by.
+    """
+    return move_hops(names[src], sizes[src], names[dst], sizes[dst], plain)[-1][1]
 
 
 class Traffic:
@@ -68,14 +86,8 @@ class Traffic:
         self.in_place.consume(events)
 
     def link_block_bytes(self, src: int, dst: int) -> int:
-        """Bytes one block brings from tier ``src`` into tier ``dst``, in the form the data
-        plane moves it (the last hop of ``sizes.move_hops``). A move between two tiers neither of which
-        is DRAM (NVMe or remote to HBM) is staged through host memory, where the block is held
-        in the memory end's form when the source is a storage tier, else in the source's; it
-        counts what arrives, its last hop, as ``tiercache.sim.engine.SimEngine`` charges a
-        staged move."""
-        names, sizes = self.names, self._sizes
-        return move_hops(names[src], sizes[src], names[dst], sizes[dst], self._plain)[-1][1]
+        """Bytes one block brings from tier ``src`` into tier ``dst`` (``link_block_bytes``)."""
+        return link_block_bytes(self.names, self._sizes, self._plain, src, dst)
 
     def link_bytes(self) -> dict[str, int]:
         """Bytes per link (``"src->dst"``): what crossed it, moves (less those taken up from a

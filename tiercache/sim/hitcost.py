@@ -3,7 +3,8 @@
 A hit found below the top tier is served one of two ways (``TierManager._found_below``): the
 run of blocks is promoted to the top tier (a ``PROMOTE`` event), or, when no room can be
 made there (the run is larger than the top tier, or everything is pinned), it stays and is
-read where it is (a ``PROMOTE_SKIPPED`` event). Either way its ``HIT`` event follows at
+read where it is (a ``PROMOTE_SKIPPED`` event; ``READ_IN_PLACE`` when it was read where it lies
+by choice, a streaming read: ``stats.read_in_place`` names both). Either way its ``HIT`` event follows at
 once, so the event before each lower-tier ``HIT`` tells which way it went. A read in place
 still crosses the link to HBM (attention runs there): ``HitMeter`` charges it on
 that link of the ``SimEngine`` (bytes, a transfer, modeled seconds), exactly as a promotion
