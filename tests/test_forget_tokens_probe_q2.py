@@ -75,3 +75,30 @@ def test_a_bad_keep_is_refused_naming_it(tmp_path, keep):
             seq.forget_tokens(keep)
         assert len(seq.token_ids) == 16
         seq.free()
+
+
+def test_a_refused_embeddings_pass_leaves_the_prompts_prefix_reusable(tmp_path):
+    """Probe R7: the cache takes back a row's ids before an embeddings pass; when the pass is
+    refused before it stores anything, the ids come back and the prompt's blocks get content
+    keys as before (a permanent forget made every later block private)."""
+    transformers = pytest.importorskip("transformers")
+    from tiercache.integrations.transformers import TieredCache, kv_layout, use_tiercache
+
+    torch.manual_seed(7)
+    config = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                                      attn_implementation="sdpa")
+    model = use_tiercache(transformers.LlamaForCausalLM(config).eval())
+    prompt = torch.randint(1, 128, (1, 20), generator=torch.Generator().manual_seed(1))
+    tiers = [TierConfig("hbm", 3), TierConfig("dram", 3), TierConfig("nvme", 200)]
+    with TieredKVCache(kv_layout(model.config, torch.float32, 4), tiers, path=tmp_path / "nvme", device="cpu") as kv:
+        cache = TieredCache(kv, model, prompt=prompt)
+        not_causal = torch.zeros(1, 1, 20, 20)  # every token sees every other: refused before anything is stored
+        with pytest.raises(UserError, match="not causal"), torch.no_grad():
+            model(inputs_embeds=model.get_input_embeddings()(prompt), attention_mask=not_causal, cache=cache)
+        assert cache.get_seq_length() == 0
+        model.generate(prompt, cache=cache, max_new_tokens=4, do_sample=False, pad_token_id=0)
+        cache.free()
+        again = TieredCache(kv, model, prompt=prompt)
+        assert again.cached_tokens == 16
+        again.free()

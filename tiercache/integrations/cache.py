@@ -187,7 +187,7 @@ class TieredCache(Cache):
         self._pass = None if keep is None else (start, torch.as_tensor(keep, device=self.kv.device))
         for seq, given, before in zip(self.sequences, new_ids, held):
             if given is None and len(seq.token_ids) > before:  # this pass's KV gets private keys
-                seq.forget_tokens(before)
+                seq.forget_tokens(before, private=False)  # taken back: rows holding more KV than ids key nothing
             elif given is not None and len(given):
                 seq.add_tokens(given)
 
