@@ -379,13 +379,6 @@ def test_a_custom_mask_is_refused(tmp_path):
         model(ids, attention_mask=custom, cache=TieredCache(kv, model))
 
 
-def test_beam_search_is_refused(tmp_path):
-    model = use_tiercache(tiny_llama())
-    ids = torch.randint(1, VOCAB, (1, 12), generator=torch.Generator().manual_seed(22))
-    with tiered(model, tmp_path) as kv, pytest.raises(UserError, match="not supported"):
-        model.generate(ids, cache=TieredCache(kv, model), num_beams=2, max_new_tokens=3, pad_token_id=0)
-
-
 @pytest.mark.parametrize("options, message", [
     ({"mode": AttentionMode.SPARSE}, "budget"),
     ({"budget": 2}, "budget"),

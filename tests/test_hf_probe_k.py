@@ -168,7 +168,7 @@ def test_position_ids_starting_past_zero_on_a_fresh_cache_generate_as_dynamic_ca
 
 
 # -- finding 9 (probe's 6): refused decoding modes run nothing ------------------------------------
-@pytest.mark.parametrize("option", [{"prompt_lookup_num_tokens": 3}, {"num_beams": 2},
+@pytest.mark.parametrize("option", [{"prompt_lookup_num_tokens": 3}, {"num_beams": 2, "force_words_ids": [[5]]},
                                     {"penalty_alpha": 0.6, "top_k": 4}])
 def test_decoding_modes_that_crop_or_reorder_are_refused_before_any_pass(tmp_path, option):
     model = use_tiercache(tiny_llama(seed=80))

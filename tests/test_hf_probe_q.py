@@ -156,7 +156,7 @@ def test_a_thread_the_store_call_waits_for_does_not_wait_for_it_to_release(tmp_p
 # -- finding 3: options given through a GenerationConfig ----------------------------------------
 @pytest.mark.parametrize("options, named", [
     ({"guidance_scale": 1.5}, "guidance_scale"),
-    ({"num_return_sequences": 2, "do_sample": True}, "num_return_sequences"),
+    ({"penalty_alpha": 0.6, "top_k": 4}, "contrastive search"),
 ])
 def test_options_of_a_generation_config_are_refused_before_any_pass(tmp_path, options, named):
     model = use_tiercache(tiny_llama(seed=98))
@@ -175,8 +175,9 @@ def test_a_generation_config_given_by_position_is_read(tmp_path):
     ids = ids_of(20, 101)
     with tiered(model, tmp_path, hbm=8, dram=8) as kv:
         cache = TieredCache(kv, model, prompt=ids)
-        with pytest.raises(UserError, match="beam search"):
-            model.generate(ids, GenerationConfig(num_beams=2, max_new_tokens=3, pad_token_id=0), cache=cache)
+        with pytest.raises(UserError, match="contrastive search"):
+            config = GenerationConfig(penalty_alpha=0.6, top_k=4, max_new_tokens=3, pad_token_id=0)
+            model.generate(ids, config, cache=cache)
         assert cache.seq_length(0) == 0
 
 

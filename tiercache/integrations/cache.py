@@ -28,7 +28,7 @@ from tiercache.live.sequence import Sequence
 from .causal import causal_partial, expected_mask
 from .checks import (ATTENTION, FINGERPRINT, check_decoding, check_mode, check_model, first_position, kept_columns,
                      pass_tokens)
-from .copying import deep_copy
+from .copying import deep_copy, reorder_rows
 from .hooks import TIERED_CACHE, decoder_of
 from .layer import TieredLayer
 from .inputs import left_padding, length_dependent_rope, namespace_bytes, other_inputs, prompt_rows, standard_positions
@@ -104,6 +104,8 @@ class TieredCache(Cache):
         self._opened_in_pass = False
         self._prompt_pads: list[int] | None = None  # each prompt row's left padding, when prompt= had a mask
         self._broken: str | None = None
+        self._expand = 1  # rows generate makes of each held row (check_prompt), done at its first pass
+        self._expanded = 1  # rows the running pass made of each (undone if it fails having stored nothing)
         if prompt is not None:
             self._start(prompt, attention_mask)
         elif attention_mask is not None:
@@ -165,6 +167,7 @@ class TieredCache(Cache):
             raise UserError("TieredCache: the model is in training mode (dropout would change the KV it stores); "
                             "call model.eval()")
         tokens = pass_tokens(ids, kwargs)
+        self._expand_rows(tokens)
         if tokens.dim() < 2 or (self.sequences and tokens.shape[0] != len(self.sequences)):
             raise UserError(f"TieredCache: inputs of shape {tuple(tokens.shape)} for a cache of {len(self.sequences)} rows")
         batch, count, start = tokens.shape[0], tokens.shape[1], self.seq_length(0)
@@ -193,7 +196,22 @@ class TieredCache(Cache):
 
     def end_pass(self) -> None:
         """The model's forward hook: the pass finished."""
-        self._open_pass = None
+        self._open_pass, self._expanded = None, 1
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        """Beam search's reorder between steps: row ``i`` goes on from row ``beam_idx[i]``
+        (``copying.reorder_rows``: a row kept by several beams is forked, one kept by none
+        is freed)."""
+        reorder_rows(self, beam_idx)
+
+    def _expand_rows(self, tokens: torch.Tensor) -> None:
+        """At a generate's first pass over held rows (``prompt=``, or a continued cache) with
+        ``num_beams`` or ``num_return_sequences`` above 1, repeats each row as transformers
+        repeated its ids (forks); a first pass that fails having stored nothing undoes it."""
+        factor, self._expand = self._expand, 1
+        if factor > 1 and self.sequences and tokens.dim() >= 2 and tokens.shape[0] == len(self.sequences) * factor:
+            reorder_rows(self, [row for row in range(len(self.sequences)) for _ in range(factor)])
+            self._expanded = factor
 
     def check_prompt(self, ids: torch.Tensor | None, attention_mask, kwargs: dict) -> None:
         """``generate``'s check of its inputs against what the cache holds (only the ids from
@@ -203,13 +221,14 @@ class TieredCache(Cache):
         Raises:
             UserError: a row's ids (padding left out) differ from what the row knows; the ids
                 do not reach past what the cache holds; embeddings or other model inputs
-                given while the rows hold reused KV; a decoding mode that crops, reorders or
-                expands rows (beam search, prompt lookup, num_return_sequences > 1 for rows
-                already held...) or classifier-free guidance, in generate's keyword arguments or
-                its generation config, refused before any pass runs (``check_decoding``).
+                given while the rows hold reused KV; a decoding mode that crops or selects rows
+                (constrained beam search, contrastive search, prompt lookup...) or
+                classifier-free guidance, in generate's keyword arguments or its generation
+                config, refused before any pass runs (``check_decoding``). Beams and several
+                returned sequences repeat held rows at the first pass (``_expand_rows``).
         """
         self._recover()
-        check_decoding(kwargs, self._model(), holds_rows=bool(self.sequences))
+        self._expand = check_decoding(kwargs, self._model()) if self.sequences else 1
         others = sorted(name for name, value in kwargs.items()
                         if isinstance(value, torch.Tensor) and name not in _GENERATE_IDS)
         if others and self.cached_tokens:
@@ -301,6 +320,9 @@ class TieredCache(Cache):
                 self._clear()
         self._staged = [None] * len(self._staged)
         self._open_pass = None
+        if self._expanded > 1:  # a failed or refused first pass: undo its repeated rows (groups hold one KV)
+            reorder_rows(self, list(range(0, len(self.sequences), self._expanded)))
+        self._expanded = 1
 
     def _check_model_of(self, module: torch.nn.Module) -> None:
         """Raises UserError unless ``module`` is the decoder of the model this cache was made
@@ -427,6 +449,7 @@ class TieredCache(Cache):
         self._pads = np.zeros((len(self._staged), 0), dtype=np.int64)
         self._pass, self._open_pass, self._pass_start, self._broken = None, None, 0, None
         self._opened_in_pass, self._prompt_pads, self._prompt_end, self._decoding = False, None, 0, False
+        self._expand = self._expanded = 1
 
     def _start(self, prompt, attention_mask) -> None:
         """One sequence per prompt row, all starting from the prefix every row has stored."""

@@ -71,32 +71,32 @@ def check_mode(mode: AttentionMode, budget) -> None:
         sparse_budget_blocks(budget, 1)  # a bad budget is refused here, not at the first decode step
 
 
-def check_decoding(kwargs: dict, model: Any | None, holds_rows: bool) -> None:
-    """Raises UserError when ``generate``'s options (``_generate_option``) pick beam search,
-    contrastive search or an assisted decoding (prompt lookup, an assistant model): they crop,
-    reorder or expand the cache's rows, which a ``TieredCache`` cannot, and transformers would
-    refuse them only after passes had stored KV; classifier-free guidance (``guidance_scale``:
-    an extra pass without the cache); or, for a cache that already holds its rows
-    (``holds_rows``: made with ``prompt=``, or continued), more than one returned sequence per
-    row (``num_return_sequences``: generate makes a row of each)."""
+def check_decoding(kwargs: dict, model: Any | None) -> int:
+    """Raises UserError when ``generate``'s options (``_generate_option``) pick constrained beam
+    search, contrastive search or an assisted decoding (prompt lookup, an assistant model): they
+    crop or select the cache's rows, which a ``TieredCache`` cannot, and transformers would
+    refuse them only after passes had stored KV; or classifier-free guidance
+    (``guidance_scale``: an extra pass without the cache).
+
+    Returns:
+        The rows generate makes of each given row: ``max(num_beams, num_return_sequences)``
+        (transformers repeats each row that many times; a cache that holds its rows forks them).
+    """
     option = _generate_option(kwargs, model)
     mode = None
-    if (option("num_beams") or 1) > 1 or option("constraints") is not None or option("force_words_ids") is not None:
-        mode = "beam search (num_beams > 1)"
+    if option("constraints") is not None or option("force_words_ids") is not None:
+        mode = "constrained beam search (constraints, force_words_ids)"
     elif (option("penalty_alpha") or 0) > 0 and (option("top_k") or 0) > 1 and not option("do_sample"):
         mode = "contrastive search (penalty_alpha)"
     else:
         mode = next((what for name, what in _ASSISTED if option(name) not in (None, False)), None)
     if mode is not None:
-        raise UserError(f"TieredCache: {mode} is not supported (it crops, reorders or expands the cache's rows); "
-                        "nothing was run and the cache is unchanged: use greedy search or sampling")
+        raise UserError(f"TieredCache: {mode} is not supported (it crops or selects the cache's rows); "
+                        "nothing was run and the cache is unchanged: use greedy search, sampling or beam search")
     if option("guidance_scale") not in (None, 1, 1.0):
         raise UserError("TieredCache: guidance_scale (classifier-free guidance) runs an extra pass without the "
                         "cache: not supported; nothing was run and the cache is unchanged")
-    if (option("num_return_sequences") or 1) > 1 and holds_rows:
-        raise UserError("TieredCache: num_return_sequences > 1 needs a cache that holds no rows yet, made without "
-                        "prompt= (each returned sequence is a row of its own); nothing was run and the cache is "
-                        "unchanged")
+    return max(int(option("num_beams") or 1), int(option("num_return_sequences") or 1))
 
 
 def _generate_option(kwargs: dict, model: Any | None) -> Callable[[str], Any]:

@@ -23,7 +23,7 @@ from .release import release_deferred, release_when_dropped
 if TYPE_CHECKING:
     from .cache import TieredCache
 
-__all__ = ["deep_copy"]
+__all__ = ["deep_copy", "reorder_rows"]
 
 
 def deep_copy(cache: "TieredCache", make_layer: Callable) -> "TieredCache":
@@ -72,3 +72,43 @@ def _layer_like(layer, original):
     if hasattr(original, "device"):
         layer.device = original.device
     return layer
+
+
+def reorder_rows(cache: "TieredCache", order) -> None:
+    """Makes row ``i`` go on from row ``order[i]``: beam search's reorder (``reorder_cache``)
+    and the expansion of held rows for several sequences per prompt (``order`` repeats each
+    row). A row named once moves; each further use is a fork of it (``Sequence.fork``: its
+    stored blocks shared, its tail copied); a row not named is freed. Between passes only.
+
+    Raises:
+        UserError: ``order`` is empty or names a row outside ``[0, rows)``, or a pass is
+            running. The rows are unchanged then (forks made before an error are freed).
+    """
+    rows = list(cache.sequences)
+    order = [int(i) for i in (order.tolist() if hasattr(order, "tolist") else order)]
+    if not order or any(not 0 <= i < len(rows) for i in order):
+        raise UserError(f"TieredCache: row order {order} for a cache of {len(rows)} rows")
+    if cache._open_pass is not None or any(staged is not None for staged in cache._staged):
+        raise UserError("TieredCache: rows are reordered between passes only")
+    moved: set[int] = set()
+    result, forks = [], []
+    try:
+        for index in order:
+            if index in moved:
+                forks.append(rows[index].fork())
+                result.append(forks[-1])
+            else:
+                moved.add(index)
+                result.append(rows[index])
+    except BaseException:  # an interrupt too: no fork outlives the failed call
+        for seq in forks:
+            seq.free()
+        raise
+    cache.sequences[:] = result
+    cache._pads = cache._pads[:, order]
+    if cache._prompt_pads is not None:
+        cache._prompt_pads = [cache._prompt_pads[i] for i in order]
+    cache._checked_mask = None
+    for index, seq in enumerate(rows):
+        if index not in moved:
+            seq.free()

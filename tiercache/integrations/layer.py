@@ -78,13 +78,15 @@ class TieredLayer(CacheLayerMixin):
         self.owner.free()
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        raise UserError("TieredCache: beam search (reorder_cache) is not supported; use greedy or sampling")
+        raise UserError("TieredCache: rows are reordered for every layer at once (TieredCache.reorder_cache), "
+                        "not one layer's")
 
     def crop(self, tokens_to_remove: int) -> None:
         raise UserError("TieredCache: crop is not supported (stored blocks are not cut back)")
 
     def batch_repeat_interleave(self, repeats: int) -> None:
-        raise UserError("TieredCache: expanding the batch (num_return_sequences, beams) is not supported")
+        raise UserError("TieredCache: batch_repeat_interleave is not supported (generate's num_beams and "
+                        "num_return_sequences repeat a held row by themselves)")
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         raise UserError("TieredCache: selecting batch rows is not supported")
