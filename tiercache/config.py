@@ -417,9 +417,9 @@ def parse_tiers(spec: str, layout: KVLayout | None, eviction: str = "lru", admis
     """Parses ``"hbm=4096,dram=16GiB,nvme=1TiB:int4"`` into tier configs.
 
     ``:codec`` after a capacity stores that tier's blocks with the codec (``none``, ``int8``,
-    ``fp8``, ``int4``); a byte size then counts blocks of the codec's size. The tiers are
-    validated as a ``CacheConfig`` would be: names unique and ordered fastest first (hbm,
-    dram, nvme).
+    ``fp8``, ``int4``); a byte size then counts blocks of the codec's size. Names and codecs are
+    case-insensitive (``HBM`` is hbm). The tiers are validated as a ``CacheConfig`` would be:
+    names unique and ordered fastest first (hbm, dram, nvme).
 
     Raises:
         ConfigError: empty spec or empty item (``hbm=2,,dram=2``), unknown or repeated tier,
@@ -430,9 +430,9 @@ def parse_tiers(spec: str, layout: KVLayout | None, eviction: str = "lru", admis
     for part in split_items(spec, "--tiers") if spec.strip() else []:
         if "=" not in part:
             raise ConfigError(f"--tiers: {part!r} should look like name=capacity[:codec] (e.g. hbm=4096, nvme=1TiB:int4)")
-        name, value = (s.strip() for s in part.split("=", 1))
-        if name not in TIER_NAMES:
-            raise ConfigError(f"--tiers: unknown tier {name!r}; known: {', '.join(TIER_NAMES)}")
+        given, value = (s.strip() for s in part.split("=", 1))
+        if (name := given.lower()) not in TIER_NAMES:
+            raise ConfigError(f"--tiers: unknown tier {given!r}; known: {', '.join(TIER_NAMES)}; remote=CAP last for a fleet replay")
         cap, colon, codec_name = (s.strip() for s in value.partition(":"))
         if colon and not codec_name:
             raise ConfigError(f"--tiers {name}: {value!r} has an empty codec after ':'; give one of "

@@ -41,6 +41,9 @@ def add_fleet_options(parser: argparse.ArgumentParser, once: type[argparse.Actio
 def split_remote(tiers: str | None) -> tuple[str | None, str | None]:
     """``"hbm=1000,dram=4000,remote=16000"`` -> ``("hbm=1000,dram=4000", "16000")``.
 
+    ``remote`` is matched in any case (``REMOTE=16000``), as ``parse_tiers`` matches the
+    private tiers' names.
+
     Raises:
         UserError: an empty item (``hbm=2,,remote=4``), or the remote entry is not the last
             one, or repeats.
@@ -48,7 +51,7 @@ def split_remote(tiers: str | None) -> tuple[str | None, str | None]:
     if not tiers:
         return tiers, None
     parts = split_items(tiers, "--tiers")
-    remote = [i for i, p in enumerate(parts) if p.partition("=")[0].strip() == REMOTE_TIER]
+    remote = [i for i, p in enumerate(parts) if p.partition("=")[0].strip().lower() == REMOTE_TIER]
     if not remote:
         return tiers, None
     if remote != [len(parts) - 1]:

@@ -12,7 +12,10 @@ Mooncake master and its eviction. Per request, in prefix semantics (``tiercache 
 2. the longest prefix found locally or in the store is touched in the store and read,
    pinned while it is read (``keep_all``, as in ``tiercache replay``: each of its blocks is a
    hit, none pushed out by the promotion of another): local hits per tier, remote hits
-   promoted into HBM through the manager's move API;
+   promoted into HBM through the manager's move API. The blocks read from the store are
+   pinned there too (``_Store.reading``, as a live store's in-flight read pins them): a put
+   made while they are read (a block demoted into the view to make room for them) never
+   evicts them, so every remote hit is a block the store held when it was read;
 3. the rest is recomputed and stored locally, and written to the store at once
    (``remote_write=through``, the live default), the instance's view included; a victim of
    the last local tier is demoted into the view, or just leaves when the view holds it
@@ -20,9 +23,11 @@ Mooncake master and its eviction. Per request, in prefix semantics (``tiercache 
 
 Every copy into the view is a put into the store (``_ViewEngine``), as the live medium's: a
 block the store holds is skipped (``already``: no bytes move, nothing is charged), the others
-are written, evicting as the store's policy says. So the store holds exactly what was put
-into it, and ``shared_writes`` (the blocks written) equals the blocks charged on the links
-into ``remote``.
+are written, evicting as the store's policy says (never a block being read: a block no
+unpinned victim can make room for is refused, not written, and the view that lists it drops
+it at its next lookup, step 1).
+So the store holds exactly what was written into it, and ``shared_writes`` (the blocks
+written) equals the blocks charged on the links into ``remote``.
 
 Routing: ``round_robin`` (request ``i`` to instance ``i % N``) or ``prefix_affinity`` (by a
 stable hash of the request's first block, so requests sharing a prefix meet). The result
@@ -50,6 +55,7 @@ from __future__ import annotations
 
 import heapq
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import psutil
@@ -57,7 +63,7 @@ import psutil
 import tiercache
 from tiercache.config import Codec, KVLayout, Mode, Route, Semantics, TierConfig
 from tiercache.core.manager import TierManager
-from tiercache.core.plans import TransferPlan
+from tiercache.core.plans import Ev, TransferPlan
 from tiercache.core.stats import HierarchyStats, TierCounters
 from tiercache.errors import UserError
 from tiercache.policies import get_eviction, make_admission, make_eviction
@@ -103,8 +109,10 @@ class FleetSpec:
 class _Store:
     """The shared store: one tier of ``capacity`` blocks under the fleet's policy.
 
-    Invariant: ``writes`` counts every block ``put`` added, each exactly once; nothing else
-    adds a block (``touch`` refreshes only blocks the store holds).
+    Invariants: ``writes`` counts every block ``put`` added, each exactly once; nothing else
+    adds a block (``touch`` refreshes only blocks the store holds). A block being read
+    (``reading``) is never evicted until the read ends, under any policy, as a live store's
+    in-flight read pins it: a put that finds no other room is refused (nothing written).
     """
 
     def __init__(self, capacity: int, policy: str) -> None:
@@ -119,18 +127,32 @@ class _Store:
         """Reads refresh the blocks the store holds in its policy (never a write)."""
         self._access([b for b in ids if b in self.slot_of])
 
+    @contextmanager
+    def reading(self, ids: list[int]):
+        """Pins the blocks of ``ids`` the store holds (reader references) while the ``with``
+        body reads them: no put evicts them meanwhile. Released on leaving, however it is left."""
+        pinned = [b for b in dict.fromkeys(ids) if b in self.slot_of]
+        self.manager.ref(pinned)
+        try:
+            yield
+        finally:
+            self.manager.unref(pinned)
+
     def put(self, ids) -> int:
         """A put, as the live medium's: names the store holds are skipped (``already``), the
-        others written (evicting as the policy says); returns how many were written."""
+        others written (evicting as the policy says, never a block being read); returns how
+        many were written (a block refused for want of an unpinned victim is not)."""
         new = [b for b in dict.fromkeys(ids) if b not in self.slot_of]
-        self.writes += len(new)
-        self._access(new)
-        return len(new)
+        written = sum(count for kind, _, count, _ in self._access(new) if kind == Ev.INSERT)
+        self.writes += written
+        return written
 
-    def _access(self, ids: list[int]) -> None:
-        if ids:
-            self.manager.access(ids)
-            self.manager.events.drain()
+    def _access(self, ids: list[int]) -> list[tuple[int, int, int, int]]:
+        """Accesses ``ids`` in the store's manager; returns its events."""
+        if not ids:
+            return []
+        self.manager.access(ids)
+        return self.manager.events.drain()
 
 
 @dataclass
@@ -211,9 +233,13 @@ def _request(instance: _Instance, store: _Store | None, run: list[int], input_le
     if store is not None:
         _refresh_view(instance, store, run)
     hit = m.prefix_length(run)
-    if store is not None:
-        store.touch([b for b in run[:hit] if m.locate(b) == instance.remote])
-    m.access(run[:hit], keep_all=True)  # pinned: every block counted as reused below is a hit
+    if store is None:
+        m.access(run[:hit], keep_all=True)  # pinned: every block counted as reused below is a hit
+    else:
+        from_store = [b for b in run[:hit] if m.locate(b) == instance.remote]
+        store.touch(from_store)
+        with store.reading(from_store):  # pinned in the store too: a remote hit is a block it holds
+            m.access(run[:hit], keep_all=True)
     m.access(run[hit:], count_hits=False)
     if store is not None:
         m.publish(run[hit:])  # through: the new blocks are put into the store, and join the view
@@ -260,6 +286,8 @@ def replay_fleet(spec: FleetSpec, trace: Trace, layout: KVLayout | None = None, 
     for each in instances:
         each.consume()
         each.manager.check_invariants()
+    if store is not None:
+        store.manager.check_invariants()  # every read's pins released (reader references on resident ids only)
     wall = time.perf_counter() - started
     return _record(spec, instances, store, layout, profile, int(trace.input_lengths.sum()), wall)
 
