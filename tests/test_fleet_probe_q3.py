@@ -10,7 +10,6 @@ included, and the unknown-tier error names ``remote=CAP``.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -21,17 +20,11 @@ from tiercache.core.manager import TierManager
 from tiercache.sim import fleet
 from tiercache.sim.fleet import FleetSpec, Route, replay_fleet
 from tiercache.sim.loader import load_trace
+from test_cli_errors import _error  # runs the CLI, asserts exit 2 with one line
+from test_fleet_probe_n import _trace  # a Mooncake trace of the given requests
 
 DATA = Path(__file__).parent / "data"
 LAYOUT = layout_preset("llama-3-8b", 512)
-
-
-def _trace(tmp_path: Path, requests: list[list[int]]):
-    """A Mooncake trace (512-token blocks), each prompt exactly its blocks' tokens."""
-    path = tmp_path / "t.jsonl"
-    path.write_text("".join(json.dumps({"timestamp": i, "input_length": 512 * len(r), "output_length": 1, "hash_ids": r}) + "\n"
-                            for i, r in enumerate(requests)))
-    return load_trace(path)
 
 
 def _charged_into_remote(run) -> int:
@@ -116,16 +109,6 @@ def test_a_put_no_unpinned_victim_can_make_room_for_is_refused_and_not_charged(t
 
 
 # ----------------------------------------------------------------------------- F2
-
-
-def _error(capsys, *argv) -> str:
-    try:
-        code = main([str(a) for a in argv])
-    except SystemExit as exc:  # an argparse error
-        code = exc.code
-    err = capsys.readouterr().err
-    assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
-    return err
 
 
 def test_tier_names_are_case_insensitive_as_codecs_and_policies_are():
