@@ -154,17 +154,17 @@ class StepDriver:
         return [block_id for block_id in fresh if manager.locate(block_id) is not None]
 
     def hold(self, ids: Sequence[int], settle: bool = True) -> None:
-        """Holds the resident ids of ``ids`` for a live sequence."""
+        """Holds ``ids`` for a live sequence that lists them (``TierManager.hold_listed``): a
+        resident id is held; an absent one (lost before: a fork of a sequence that lost a
+        block lists it as well) counts as an orphan hold, so its ``release`` never takes
+        the hold of a sequence that stores the block again."""
         if settle:
             self.settle()
-        present = [block_id for block_id in ids if self.manager.locate(block_id) is not None]
-        if present:
-            self.manager.hold(present)
+        self.manager.hold_listed(ids)
 
     def release(self, ids: Sequence[int]) -> None:
-        """Ends a sequence's hold on ``ids`` (ids lost meanwhile are no longer held)."""
+        """Ends a sequence's hold on ``ids``, once per listing (``TierManager.release_listed``):
+        an id's orphan holds (left by a loss) are spent before its holds, so a sequence that
+        lost a block never releases another live sequence's hold on the block stored anew."""
         self.settle()
-        held = self.manager.held
-        present = [block_id for block_id in ids if block_id in held]
-        if present:
-            self.manager.unhold(present)
+        self.manager.release_listed(ids)

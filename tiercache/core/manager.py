@@ -54,6 +54,7 @@ from .counts import CountError, decrement, increment
 from .directory import TierDirectory
 from .engine import ImmediateEngine, TransferEngine
 from .guards import distinct_prefix, pick_hints, slice_hints
+from .holds import HoldMixin
 from .placing import check_placement, insert_tier, promotes
 from .plans import Ev, EventLog, Room, TransferPlan
 from .room import _MADE, RoomMixin
@@ -62,13 +63,14 @@ from .transfers import TransferMixin
 __all__ = ["TierManager", "CountError", "Room"]
 
 
-class TierManager(RoomMixin, TransferMixin):
-    """Blocks, tiers, policies, the demotion cascade (``RoomMixin``) and two-phase transfers
-    (``TransferMixin``).
+class TierManager(RoomMixin, TransferMixin, HoldMixin):
+    """Blocks, tiers, policies, the demotion cascade (``RoomMixin``), two-phase transfers
+    (``TransferMixin``) and live sequences' holds (``HoldMixin``).
 
     Invariants (``check_invariants``): each tier's directory is consistent and holds exactly
     the ids its eviction policy tracks; in exclusive mode no id is in two tiers; reference
-    counts are positive and only on resident ids; every in-flight plan's sources are pinned.
+    counts are positive and only on resident ids; holds as ``HoldMixin`` states; every
+    in-flight plan's sources are pinned.
     """
 
     def __init__(
@@ -98,6 +100,7 @@ class TierManager(RoomMixin, TransferMixin):
         # Blocks of live sequences: they may move between tiers but never leave the
         # hierarchy (the last tier never picks them as victims).
         self.held: dict[int, int] = {}
+        self.orphan_holds: dict[int, int] = {}  # holds of blocks lost while held (``HoldMixin``)
         self.orphan_refs: dict[int, int] = {}  # references held on blocks lost (unreadable) while referenced
         self.left_for_shared: dict[tuple[int, int], int] = {}  # per (tier, shared): victims it already held (no copy)
         self.inflight: dict[int, TransferPlan] = {}
@@ -156,28 +159,6 @@ class TierManager(RoomMixin, TransferMixin):
         orphans = [block_id for block_id in ids if block_id in self.orphan_refs]
         decrement(self.refs, live, "unref")
         decrement(self.orphan_refs, orphans, "unref")
-
-    # -- live sequences ------------------------------------------------------------------
-    def hold(self, ids: Sequence[int]) -> None:
-        """Counts one more live sequence holding each resident id.
-
-        A held block may be demoted and promoted like any other, but it never leaves the
-        hierarchy: the last tier (every tier in write-through mode) never chooses it as a
-        victim, a demotion that finds no room below keeps it where it is, and admission
-        below never refuses it. Callers keep the held blocks within the hierarchy's
-        capacity (``TieredKVCache`` checks before it stores).
-
-        Raises:
-            KeyError: an id is not resident (nothing is counted then).
-        """
-        for block_id in ids:
-            if self.locate(block_id) is None:
-                raise KeyError(f"hold of block {block_id}, which is not resident")
-        increment(self.held, ids)
-
-    def unhold(self, ids: Sequence[int]) -> None:
-        """Undoes ``hold``; raises CountError below zero (never clamps)."""
-        decrement(self.held, ids, "unhold")
 
     # -- the access path -----------------------------------------------------------------
     def access(self, ids: Sequence[int], hints: Hints | None = None, count_hits: bool = True, store_misses: bool = True,
@@ -491,8 +472,7 @@ class TierManager(RoomMixin, TransferMixin):
                 seen.update(directory.slot_of)
         for block_id, count in self.refs.items():
             assert count > 0 and self.locate(block_id) is not None, f"bad reference on {block_id}"
-        for block_id, count in self.held.items():
-            assert count > 0 and self.locate(block_id) is not None, f"bad hold on {block_id}"
+        self._check_holds()
         for block_id, count in self.orphan_refs.items():  # the block may be resident again (stored anew)
             assert count > 0, f"bad orphan reference on {block_id}"
         for plan in self.inflight.values():

@@ -35,11 +35,12 @@ class TransferMixin:
 
     Relies on the manager's ``dirs``, ``policies``, ``engine``, ``events``, ``refs``,
     ``orphan_refs``, ``write_through``, ``shared``, ``inflight``, ``_running``, ``_may_block``,
-    ``_plan_hints``, ``_next_job``, ``_future`` and ``_chunk_caps``, and on ``_make_room``,
-    ``_room_possible`` and ``_place_in_pieces`` (``RoomMixin``). Invariants: every plan in
-    ``inflight`` has its sources pinned and its destination slots reserved; a plan leaves
-    ``inflight`` exactly once, in ``complete``; ``_running`` (the jobs ``start_move``
-    submitted, the only ones the manager waits for itself) is a subset of ``inflight``.
+    ``_plan_hints``, ``_next_job``, ``_future`` and ``_chunk_caps``, on ``_make_room``,
+    ``_room_possible`` and ``_place_in_pieces`` (``RoomMixin``) and on ``_orphan_holds``
+    (``HoldMixin``). Invariants: every plan in ``inflight`` has its sources pinned and its
+    destination slots reserved; a plan leaves ``inflight`` exactly once, in ``complete``;
+    ``_running`` (the jobs ``start_move`` submitted, the only ones the manager waits for
+    itself) is a subset of ``inflight``.
     """
 
     # -- phase one: plan -----------------------------------------------------------------
@@ -275,16 +276,20 @@ class TransferMixin:
         self._drop_lost(tier, [block_id for block_id in ids if block_id in here and block_id not in self.dirs[tier].pins])
 
     def _drop_lost(self, tier: int, ids: list[int]) -> None:
-        """Drops blocks whose stored bytes proved unreadable; references on them end too."""
+        """Drops blocks whose stored bytes proved unreadable; references on them end too, and
+        the holds on those that left the hierarchy (no copy in another tier), both kept as
+        orphan counts: each reader's unref and each sequence's release still balances, and
+        none takes a count on the block stored anew (``HoldMixin``)."""
         if not ids:
             return
         for block_id in ids:
             if block_id in self.refs:  # readers keep their counts (added to any older ones): unref still balances
                 self.orphan_refs[block_id] = self.orphan_refs.get(block_id, 0) + self.refs.pop(block_id)
-            if block_id in self.held:  # a live sequence lost a block: it sees it gone
-                self.held.pop(block_id)
         self.policies[tier].on_remove(ids)
         self.engine.discard(tier, ids, self.dirs[tier].remove(ids))
+        for block_id in ids:
+            if self.locate(block_id) is None:  # a live sequence lost a block: it sees it gone
+                self._orphan_holds(block_id)
         self.events.emit(Ev.LOST, tier, len(ids))
         if self.events.records_departures:
             self._report_departed(ids)

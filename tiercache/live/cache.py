@@ -137,6 +137,7 @@ class TieredKVCache(NoCopies):
         self._window: BlockPool | None = None
         self._scratches: list | None = None
         self._summaries: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._listed: dict[int, int] = {}  # per block: listings by sequences not freed (``_list``)
         self._last_step = 0
         self._record: IO[str] | None = None
         self._closed = False
@@ -228,10 +229,17 @@ class TieredKVCache(NoCopies):
         self.close()
 
     def check_invariants(self) -> None:
-        """The store's invariants, plus: every held block is resident."""
+        """The store's invariants, plus: every held block is resident, and each block's holds,
+        orphan ones (lost while held) included, number the listings of it by sequences not
+        freed yet (``_listed``): none was released for a sequence that still lists it."""
         self.store.check_invariants()
-        for block_id in self.manager.held:
-            assert self.manager.locate(block_id) is not None, f"held block {block_id} is not resident"
+        manager = self.manager
+        for block_id in manager.held:
+            assert manager.locate(block_id) is not None, f"held block {block_id} is not resident"
+        holds = {b: manager.hold_count(b) for b in set(manager.held).union(manager.orphan_holds)}
+        for block_id in set(holds).union(self._listed):
+            listed, counted = self._listed.get(block_id, 0), holds.get(block_id, 0)
+            assert listed == counted, f"block {block_id}: live sequences list it {listed} times, {counted} holds"
 
     # -- internals shared by sequences -------------------------------------------------
     def _check_open(self) -> None:
@@ -246,6 +254,18 @@ class TieredKVCache(NoCopies):
         if self.manager.write_through:
             return self.manager.dirs[-1].capacity
         return sum(d.capacity for d in self.manager.dirs)
+
+    def _list(self, ids: Seq[int], listed: bool = True) -> None:
+        """Counts one more (``listed``) or one fewer listing of each of ``ids`` by a sequence:
+        a tally ``check_invariants`` compares with the holds, counted where a sequence takes
+        a block into its lists (a write, a reused prefix, a fork) or releases it (``free``).
+        It never raises: a count never goes below zero, and one at zero is forgotten."""
+        for block_id in ids:
+            count = self._listed.get(block_id, 0) + (1 if listed else -1)
+            if count > 0:
+                self._listed[block_id] = count
+            else:
+                self._listed.pop(block_id, None)
 
     def _emit(self, layer: int, step: int, **fields) -> None:
         """Writes one step record (steps never decrease through the file)."""

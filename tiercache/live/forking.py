@@ -4,10 +4,11 @@ Parallel sampling, a chat branching at one turn, or a ``transformers`` cache dee
 after a shared prompt all need two sequences with the same KV so far that then go their own
 ways. Stored blocks never change (a write never rewrites a stored key), so a fork shares
 them: each of its full blocks is held once more, by the fork (``free`` of either releases its
-own holds only), and only the partial tail block, which is not stored yet, is copied. The
-fork gets its own private key prefix, so blocks either sequence stores later never collide;
-blocks with content keys (token ids known) are found by either one's ``match_prefix`` as
-before. A fork takes no room in the tiers until it appends.
+own holds only; a block the source lost counts as an orphan hold, ``tiercache.core.holds``,
+released once the same way), and only the partial tail block, which is not stored yet, is
+copied. The fork gets its own private key prefix, so blocks either sequence stores later never
+collide; blocks with content keys (token ids known) are found by either one's
+``match_prefix`` as before. A fork takes no room in the tiers until it appends.
 """
 
 from __future__ import annotations
@@ -51,9 +52,10 @@ def fork(source: "Sequence", make: Callable[..., "Sequence"]) -> "Sequence":
 
 
 def hold_recorded(cache, held: list[int]) -> None:
-    """Holds ``held`` (stored blocks a new sequence starts with: a reused prefix, a fork's
-    shared blocks) and writes one ``hold`` record. All or nothing: a record that fails
-    releases the holds (no sequence is returned, so nothing else would), then re-raises."""
+    """Holds ``held`` (blocks a new sequence starts with: a reused prefix, a fork's shared
+    blocks, among them any its source lost, held as orphans: ``StepDriver.hold``), writes one
+    ``hold`` record and counts the listings (``TieredKVCache._list``). All or nothing: a record
+    that fails releases the holds (no sequence is returned, so nothing else would), then re-raises."""
     cache.driver.hold(held)
     try:
         cache._emit(0, cache._last_step, hold=tuple(held))
@@ -61,3 +63,4 @@ def hold_recorded(cache, held: list[int]) -> None:
     except BaseException:  # an interrupt too
         cache.driver.release(held)
         raise
+    cache._list(held)

@@ -42,8 +42,9 @@ _PRIVATE_NAMESPACE = b"tiercache.private-sequence"
 class Sequence(NoCopies):
     """One decoding sequence of a ``TieredKVCache`` (made by ``cache.sequence``).
 
-    Invariants: every full block of every layer is stored in the hierarchy and held (it
-    may move between tiers, never leave) until ``free``; each layer's tail holds fewer than
+    Invariants: every full block of every layer is stored in the hierarchy and held once (it
+    may move between tiers, never leave) until ``free``, unless lost (unreadable: an orphan hold,
+    ``tiercache.core.holds``, released once all the same); each layer's tail holds fewer than
     ``block_tokens`` tokens; ``length(layer)`` tokens of KV were appended (or reused) per layer.
     It cannot be copied or pickled (TypeError): ``fork`` makes a second sequence with its KV.
     """
@@ -253,16 +254,20 @@ class Sequence(NoCopies):
         return [int(i) for state in self._layers for i in state.ids[: state.n]]
 
     def _release(self, ids: list[int]) -> list[int]:
-        """Releases the sequence's holds on ``ids``; returns those left to release ([] once
-        done). On an error the ones it did release are counted out and the error re-raised,
+        """Releases the sequence's holds on ``ids``, once per listing (orphan holds included:
+        ``StepDriver.release``); returns those left to release ([] once done). On an error the
+        ones it did release are counted out (and unlisted, ``_list``) and the error re-raised,
         so whatever retries releases only the rest (never another sequence's hold)."""
-        counts = self.cache.manager.held
-        before = {i: counts.get(i, 0) for i in ids}
+        cache, count, left = self.cache, self.cache.manager.hold_count, []
+        before = {i: count(i) for i in ids}
         try:
-            self.cache.driver.release(ids)
+            cache.driver.release(ids)
         except BaseException:
-            self._unreleased = not_decremented(ids, before, counts)
+            left = self._unreleased = not_decremented(ids, before, {i: count(i) for i in before})
             raise
+        finally:
+            cache._list(ids, listed=False)
+            cache._list(left)  # still owed: the next free releases them
         return []
 
     # -- storing --------------------------------------------------------------------------
@@ -311,6 +316,7 @@ class Sequence(NoCopies):
             cache.store._map.forget_absent(before, cache.manager.locate)
             cache.driver.release([i for i in before if held.get(i, 0) > before[i]])
             raise
+        cache._list(ids)
         state.tail[:, :, : rest.shape[2]] = rest
         state.tail_len = rest.shape[2]
 
