@@ -192,6 +192,21 @@ def test_a_held_block_whose_lower_copy_is_lost_keeps_its_hold_in_write_through(t
         cache.check_invariants()
 
 
+def test_a_referenced_block_whose_lower_copy_is_lost_keeps_its_references_in_write_through(tmp_path):
+    k, v = _kv(8, 5)
+    with _cache(tmp_path, tiers=(2, 2, 6), write_through=True) as cache:
+        s = cache.sequence()
+        s.append(0, k, v)
+        x = _first_block(s)
+        cache.manager.ref([x])  # a reader of x, in flight
+        cache.manager.report_lost(2, [x])  # the NVMe copy is unreadable; HBM's is fine
+        assert cache.manager.refs.get(x) == 1 and x not in cache.manager.orphan_refs
+        cache.manager.unref([x])
+        assert x not in cache.manager.refs
+        s.free()
+        cache.check_invariants()
+
+
 # -- randomized --------------------------------------------------------------------------------
 class _Live:
     """A live sequence with the KV it appended and, per listing, the loss count of its block

@@ -276,20 +276,20 @@ class TransferMixin:
         self._drop_lost(tier, [block_id for block_id in ids if block_id in here and block_id not in self.dirs[tier].pins])
 
     def _drop_lost(self, tier: int, ids: list[int]) -> None:
-        """Drops blocks whose stored bytes proved unreadable; references on them end too, and
-        the holds on those that left the hierarchy (no copy in another tier), both kept as
-        orphan counts: each reader's unref and each sequence's release still balances, and
-        none takes a count on the block stored anew (``HoldMixin``)."""
+        """Drops blocks whose stored bytes proved unreadable. References and holds on those
+        that left the hierarchy (no copy in another tier) end, kept as orphan counts: each
+        reader's unref and each sequence's release still balances, and none takes a count on
+        the block stored anew (``HoldMixin``). A block with a copy left keeps both."""
         if not ids:
             return
-        for block_id in ids:
-            if block_id in self.refs:  # readers keep their counts (added to any older ones): unref still balances
-                self.orphan_refs[block_id] = self.orphan_refs.get(block_id, 0) + self.refs.pop(block_id)
         self.policies[tier].on_remove(ids)
         self.engine.discard(tier, ids, self.dirs[tier].remove(ids))
         for block_id in ids:
-            if self.locate(block_id) is None:  # a live sequence lost a block: it sees it gone
-                self._orphan_holds(block_id)
+            if self.locate(block_id) is not None:
+                continue
+            if block_id in self.refs:  # readers keep their counts (added to any older ones): unref still balances
+                self.orphan_refs[block_id] = self.orphan_refs.get(block_id, 0) + self.refs.pop(block_id)
+            self._orphan_holds(block_id)  # a live sequence lost a block: it sees it gone
         self.events.emit(Ev.LOST, tier, len(ids))
         if self.events.records_departures:
             self._report_departed(ids)
