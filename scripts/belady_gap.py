@@ -32,13 +32,13 @@ The miss ratios are the ones ``tiercache replay`` reports for ``lru`` and ``bela
 
 from __future__ import annotations
 
-import argparse
 import heapq
 import json
 from collections import OrderedDict
 
 import numpy as np
 
+from tiercache.bench.script_args import ScriptParser
 from tiercache.sim.loader import load_trace
 
 #: Never used again (sorts after every position).
@@ -216,7 +216,7 @@ def describe(ids: list[int], offsets: list[int], capacity: int, upcoming: list[i
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = ScriptParser(description=__doc__.split("\n")[0])
     parser.add_argument("trace", help="trace file or kv-cache-tester folder")
     parser.add_argument("--capacity", default="1000,4000,16000", help="comma list of capacities in blocks")
     parser.add_argument("--json", help="write the rows here")

@@ -49,7 +49,7 @@ import torch
 from tiercache import TieredKVCache
 from tiercache.bench.decode import NeedleKV, StepCheckError, balance_verdict, cpu_count, overlap_problem, step_timings
 from tiercache.bench.rounds import positive_int
-from tiercache.bench.script_args import existing_folder, refuse_bad_outputs
+from tiercache.bench.script_args import ScriptParser, existing_folder, refuse_bad_outputs
 from tiercache.config import KVLayout, TierConfig
 
 #: Calibration tries up to this many query heads per KV head (``kv_heads * MAX_GROUP`` in all).
@@ -62,7 +62,7 @@ SETTLE_STEPS = 2
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ScriptParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=positive_int, default=262_144,
                         help="default 262,144: 1 GiB of KV, 1,024 blocks (at least one block)")
     parser.add_argument("--block-tokens", type=positive_int, default=256)

@@ -35,6 +35,7 @@ import torch
 
 from tiercache import TieredKVCache
 from tiercache.bench.rounds import alternate, paired_ratio, positive_int
+from tiercache.bench.script_args import ScriptParser
 from tiercache.config import TierConfig
 
 try:
@@ -48,7 +49,7 @@ VOCAB = 1024
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = ScriptParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--context", type=positive_int, default=2048, help="prompt tokens")
     parser.add_argument("--new", type=positive_int, default=16, help="decode steps")
     parser.add_argument("--rounds", type=positive_int, default=3, help="alternated rounds (medians over them)")

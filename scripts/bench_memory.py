@@ -42,7 +42,7 @@ from pathlib import Path
 import psutil
 
 from tiercache.bench.rounds import positive_int
-from tiercache.bench.script_args import positive_ints, refuse_bad_outputs
+from tiercache.bench.script_args import ScriptParser, positive_ints, refuse_bad_outputs
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACE = ROOT / "tests" / "data" / "mooncake_synthetic_trace.jsonl"
@@ -270,7 +270,7 @@ def print_table(result: dict) -> None:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The options, checked before any work (one line and exit 2 otherwise): sizes and
     counts positive, ``--store-blocks`` at most ``--store-slots``, ``--json`` writable."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ScriptParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=positive_ints, default=[1_000_000, 10_000_000],
                         help="slot counts, comma separated (default 1000000,10000000)")
     parser.add_argument("--store-slots", type=positive_int, default=1_000_000)

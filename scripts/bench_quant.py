@@ -63,7 +63,7 @@ import torch
 from tiercache.bench import hf_quant
 from tiercache.bench.rounds import alternate, paired_ratio, positive_int
 from tiercache.bench.rawio import SYNC_POLICY, RawBlockFiles, host_copy, read_buffers, source_block
-from tiercache.bench.script_args import refuse_bad_outputs
+from tiercache.bench.script_args import ScriptParser, refuse_bad_outputs
 from tiercache.config import Codec
 from tiercache.data.buffers import PAGE
 from tiercache.data.codecs import codec_for
@@ -355,7 +355,7 @@ def disk_table(result: dict) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ScriptParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, help="write the result here")
     parser.add_argument("--layers", type=positive_int, default=4, help="layers per block (default 4)")
     parser.add_argument("--blocks", type=positive_int, default=16, help="blocks in the attention sequence (default 16)")

@@ -20,7 +20,7 @@ import sys
 
 from tiercache.bench.remote import RemoteBenchConfig, run_remote_bench
 from tiercache.bench.rounds import positive_int
-from tiercache.bench.script_args import refuse_bad_outputs
+from tiercache.bench.script_args import ScriptParser, refuse_bad_outputs
 from tiercache.config import KVLayout, layout_preset
 from tiercache.errors import UserError
 
@@ -29,7 +29,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, KVLay
     """The options and the per-layer block layout, checked before the master and the holder
     start (one line and exit 2 otherwise): counts positive, a known ``--model`` preset,
     ``--json`` writable."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ScriptParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--blocks", type=positive_int, default=64, help="blocks per batch (default 64)")
     parser.add_argument("--reps", type=positive_int, default=15, help="repetitions; medians are reported (default 15)")

@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from tiercache.bench.rounds import positive_int
+from tiercache.bench.script_args import ScriptParser
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_TRACE = ROOT / "tests" / "data" / "mooncake_synthetic_trace.jsonl"
@@ -334,7 +335,7 @@ def time_sweep(trace: str) -> tuple[float, int]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ScriptParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trace", default=str(DEFAULT_TRACE))
     parser.add_argument("--capacity", type=positive_int, default=4000)
     parser.add_argument("--repeats", type=positive_int, default=5)

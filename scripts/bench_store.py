@@ -36,7 +36,7 @@ import torch
 from tiercache.bench.decode import evict_from_page_cache
 from tiercache.bench.rawio import read_files
 from tiercache.bench.rounds import positive_int
-from tiercache.bench.script_args import existing_folder, refuse_bad_outputs
+from tiercache.bench.script_args import ScriptParser, existing_folder, refuse_bad_outputs
 from tiercache.bench.verify import POISON, BenchError, block_digests, reference_digests
 from tiercache.config import KVLayout, TierConfig
 from tiercache.live.store import TieredKVStore
@@ -205,7 +205,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The options, checked before any work: counts are positive, ``--blocks`` is a whole
     number of ``--batch`` (every get fills ``--batch`` rows), ``--dir`` an existing
     writable folder and ``--json`` a writable file."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ScriptParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--blocks", type=positive_int, default=256, help="blocks read per round (a multiple of --batch)")
     parser.add_argument("--batch", type=positive_int, default=32)
     parser.add_argument("--reps", type=positive_int, default=5)

@@ -34,7 +34,6 @@ and close 40% / 41% at 16k; on the kv-cache-tester sample 41% / 21% at 500 block
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -42,6 +41,8 @@ import random
 import sys
 
 import numpy as np
+
+from tiercache.bench.script_args import ScriptParser
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from belady_gap import NEVER, belady_hits, lru_hits, next_uses, requests_of  # noqa: E402
@@ -207,7 +208,7 @@ def bound_rows(path: str, capacities: list[int], horizon: float, fit: str = "all
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = ScriptParser(description=__doc__.split("\n")[0])
     parser.add_argument("trace", help="trace file or kv-cache-tester folder")
     parser.add_argument("--capacity", default="1000,4000,16000", help="comma list of capacities in blocks")
     parser.add_argument("--horizon", type=float, default=4.0, help="longest stay, in capacities (default 4)")

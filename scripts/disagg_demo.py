@@ -39,6 +39,7 @@ import warnings
 import torch
 
 from tiercache.bench.rounds import alternate, positive_int
+from tiercache.bench.script_args import ScriptParser
 from tiercache.config import KVLayout, RemoteConfig, TierConfig
 from tiercache.data.remote_master import start_master
 from tiercache.keys import prefix_keys
@@ -225,7 +226,7 @@ def decode(args) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ScriptParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=positive_int, default=2048,
                         help=f"prompt length (default 2048; more than one {BLOCK_TOKENS}-token block)")
     parser.add_argument("--new-tokens", type=positive_int, default=8, help="tokens to decode (default 8)")

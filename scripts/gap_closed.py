@@ -19,7 +19,7 @@ import os
 import sys
 
 from tiercache.bench.rounds import positive_int
-from tiercache.bench.script_args import add_trace_capacities, refuse_bad_outputs, trace_pairs
+from tiercache.bench.script_args import ScriptParser, add_trace_capacities, refuse_bad_outputs, trace_pairs
 from tiercache.config import CacheConfig, TierConfig, layout_preset
 from tiercache.errors import UserError
 from tiercache.report.fmt import percent_or_na
@@ -90,7 +90,7 @@ def three_tiers(capacities: list[int]) -> tuple[int, int, int]:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """The options, every one checked before any replay: a bad one ends in one line (exit 2)."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = ScriptParser(description=__doc__.split("\n")[0])
     add_trace_capacities(parser)
     parser.add_argument("--policy", default=",".join(POLICIES))
     parser.add_argument("--workers", type=positive_int, default=2)

@@ -19,9 +19,10 @@ previous prompt); some conversations are single requests. It is not data from an
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
+
+from tiercache.bench.script_args import ScriptParser
 
 BLOCK_TOKENS = 16
 
@@ -72,7 +73,7 @@ def generate(conversations: int, seed: int) -> list[dict]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = ScriptParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", required=True, help="JSONL file to write")
     parser.add_argument("--conversations", type=int, default=30)
     parser.add_argument("--seed", type=int, default=0)

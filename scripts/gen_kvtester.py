@@ -23,6 +23,8 @@ import os
 
 import numpy as np
 
+from tiercache.bench.script_args import ScriptParser
+
 
 class _Ids:
     """Global block ids: one range per (prompt, document) prefix, a counter for the rest."""
@@ -105,7 +107,7 @@ def generate(args: argparse.Namespace) -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = ScriptParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", required=True, help="folder to write conv_NNNNN.json files into")
     parser.add_argument("--conversations", type=int, default=600)
     parser.add_argument("--seed", type=int, default=0)

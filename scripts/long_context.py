@@ -53,7 +53,9 @@ from tiercache import AttentionMode, TieredKVCache
 from tiercache.bench.decode import (NeedleKV, StepCheckError, balance_verdict, cached_bytes_of, cpu_count, median,
                                     overlap_problem, page_cache_bytes, reference_attention, rss_peak_bytes, step_timings)
 from tiercache.bench.rounds import positive_int
-from tiercache.bench.script_args import existing_folder, non_negative_int, open_share, refuse_bad_outputs, seed_int
+from tiercache.bench.script_args import (
+    ScriptParser, existing_folder, non_negative_int, open_share, refuse_bad_outputs, seed_int,
+)
 from tiercache.config import KVLayout, TierConfig, parse_capacity
 from tiercache.errors import UserError
 from tiercache.live.arguments import sparse_budget_blocks
@@ -67,7 +69,7 @@ MAX_SPECULATE = 4
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The options, every one checked before any work: a bad one (the output file included)
     ends in one line naming it (exit 2), never a traceback or a failure after the run."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ScriptParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, default=10_000_000, help="prompt tokens (rounded down to whole blocks)")
     parser.add_argument("--hbm", default="256MiB", help="HBM tier budget (bytes or blocks)")
     parser.add_argument("--dram", default="1GiB", help="DRAM tier budget (bytes or blocks)")

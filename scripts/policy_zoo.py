@@ -27,7 +27,7 @@ import sys
 import tempfile
 
 from tiercache.bench.rounds import positive_int
-from tiercache.bench.script_args import add_trace_capacities, refuse_bad_outputs, trace_pairs
+from tiercache.bench.script_args import ScriptParser, add_trace_capacities, refuse_bad_outputs, trace_pairs
 from tiercache.errors import UserError
 from tiercache.report.fmt import percent_or_na
 from tiercache.policies import EVICTION, get_eviction
@@ -115,7 +115,7 @@ def print_rows(rows: list[dict], top: int) -> None:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = ScriptParser(description=__doc__.split("\n")[0])
     add_trace_capacities(parser)
     parser.add_argument("--workers", type=positive_int, default=2, help="processes for tiercache's sweep")
     parser.add_argument("--top", type=positive_int, default=8, help="policies printed per capacity")

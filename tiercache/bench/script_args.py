@@ -1,7 +1,9 @@
-"""Argument checks the benchmark scripts (``scripts/bench_*.py``) share: bad input ends
-before any work with one line naming the option (argparse's ``error``: exit 2), never a
-traceback, and never after a long run (an output file that cannot be written is refused
-first).
+"""Argument checks the scripts under ``scripts/`` share: bad input ends before any work with
+one line naming the option (``ScriptParser.error``: exit 2), never a traceback, and never
+after a long run (an output file that cannot be written is refused first).
+
+``ScriptParser`` is the parser every script that takes options builds: its errors are one
+line, as the ``tiercache`` command's are, while ``--help`` prints the whole usage.
 
 ``positive_int`` (``tiercache.bench.rounds``) checks one count; ``positive_ints`` a comma
 list of them; ``non_negative_int`` a count that may be 0; ``seed_int`` a random seed;
@@ -14,18 +16,33 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Callable, Mapping
+from typing import Callable, Mapping, NoReturn
 
 from ..errors import UserError
 from ..results.outfile import check_output_file
 from .rounds import checked_int, positive_int
 
-__all__ = ["add_trace_capacities", "existing_folder", "non_negative_int", "open_share", "positive_ints",
+__all__ = ["ScriptParser", "add_trace_capacities", "existing_folder", "non_negative_int", "open_share", "positive_ints",
            "refuse_bad_outputs", "seed_int", "trace_pairs"]
 
 #: The largest seed ``seed_int`` takes: numpy's and torch's generators take any 32-bit seed,
 #: and a script may still add offsets and multiply it without leaving torch's 64 bits.
 MAX_SEED = 2**32 - 1
+
+
+class ScriptParser(argparse.ArgumentParser):
+    """The argument parser of the scripts: an error (a bad or missing option, or a
+    script's own ``parser.error``) is one line on stderr, ``prog: error: message``, exit 2,
+    without argparse's usage block before it; ``--help`` still prints the whole usage.
+
+    Invariant: ``error`` writes exactly one line (line breaks inside the message become
+    spaces) and never returns.
+    """
+
+    def error(self, message: str) -> NoReturn:
+        """Exits 2 after writing ``prog: error: message`` as one line to stderr."""
+        one_line = " ".join(part.strip() for part in message.splitlines() if part.strip())
+        self.exit(2, f"{self.prog}: error: {one_line}\n")
 
 
 def positive_ints(text: str) -> list[int]:
@@ -97,7 +114,7 @@ def refuse_bad_outputs(parser: argparse.ArgumentParser, outputs: Mapping[str, st
                        check_file: Callable[[str, str], None] = check_output_file) -> None:
     """Checks, before any work, every output file given (``{option: path}``; None: not
     given) with ``check_file(path, option)``; the ``UserError`` it raises becomes
-    ``parser.error`` (one line, exit 2).
+    ``parser.error`` (one line with a ``ScriptParser``, exit 2).
 
     By default the check is ``tiercache.results.outfile.check_output_file``, the one the CLI's
     own ``--out``/``--json`` go through.

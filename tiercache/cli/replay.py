@@ -29,6 +29,17 @@ __all__ = ["add_parser", "add_common_options", "sweep_from_args", "spec_from_arg
 #: ``--capacity`` when neither it nor ``--tiers`` is given.
 DEFAULT_CAPACITY = "4000"
 
+#: What ``tiercache replay --help`` says the command does (the module docstring is for
+#: developers). Wrapped by hand: the parser's formatter keeps the epilog's line breaks,
+#: and the description's with them.
+DESCRIPTION = (
+    "Replays a trace through the tier manager: one run per policy, capacity (or the\n"
+    "hierarchy of --tiers) and semantics, in worker processes; with --instances, a fleet\n"
+    "of engines sharing a remote tier. Prints the hits and misses of each run (per tier;\n"
+    "per instance in a fleet) and, with --out, writes the results JSON that tiercache\n"
+    "report reads."
+)
+
 
 def parse_list(text: str, option: str) -> list[str]:
     """Splits a comma list, rejecting an empty one or an empty item (``"4,,5"``, ``"lru,"``)."""
@@ -127,7 +138,7 @@ def add_common_options(parser: argparse.ArgumentParser) -> None:
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """Registers ``tiercache replay``."""
-    parser = subparsers.add_parser("replay", help="replay a trace through the tier manager", description=__doc__,
+    parser = subparsers.add_parser("replay", help="replay a trace through the tier manager", description=DESCRIPTION,
                                    epilog=presets_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_options(parser)
     add_fleet_options(parser, Once)
