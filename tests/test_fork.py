@@ -293,3 +293,22 @@ def test_a_tiered_cache_still_refuses_shallow_copies_pickles_and_copies_out_of_s
         cache.free()
     with pytest.raises(UserError, match="closed"):
         copy.deepcopy(cache)
+
+
+def test_a_free_keeps_summaries_only_of_blocks_no_one_else_holds(tmp_path):
+    """A fork's free leaves the shared blocks' key summaries to their last holder's free (a beam
+    search frees rows every step: saving every shared block's summaries made a free of 4k
+    blocks take 25 ms instead of 3)."""
+    g = torch.Generator().manual_seed(9)
+    with _cache(tmp_path) as cache:
+        seq, history = cache.sequence(), _History()
+        for layer in range(LAYOUT.layers):
+            history.append(seq, layer, 12, g)
+        twin = seq.fork()
+        _History().append(twin, 0, 4, g)  # one block of its own
+        own = int(twin._layers[0].ids[3])
+        cache._summaries.clear()
+        twin.free()
+        assert list(cache._summaries) == [own]
+        seq.free()
+        assert set(cache._summaries) == {own, *seq._held_ids()}

@@ -245,7 +245,8 @@ class Sequence(NoCopies):
             with normal_tensors():  # kept past this call: normal tensors, in inference mode or not
                 for state in self._layers:
                     for row, block_id in enumerate(state.ids[: state.n].tolist()):
-                        cache._summaries[block_id] = (state.kmin[row].clone(), state.kmax[row].clone())
+                        if block_id not in cache.manager.held:  # else its last holder's free keeps them
+                            cache._summaries[block_id] = (state.kmin[row].clone(), state.kmax[row].clone())
             self._prune_summaries()
             cache._settle_events()
 
