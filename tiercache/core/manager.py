@@ -149,6 +149,13 @@ class TierManager(RoomMixin, TransferMixin, HoldMixin):
                 raise KeyError(f"ref of block {block_id}, which is not resident")
         increment(self.refs, ids)
 
+    def note_next_uses(self, ids: Sequence[int], uses: Sequence[int]) -> None:
+        """Records the next use of each of ``ids`` stored or refreshed outside ``access`` (a
+        step trace's writes), where ``access`` records a read's, so a lower tier's offline
+        policy is told the same future as the top's. Nothing unless a policy needs the future."""
+        if self._future is not None:
+            self._future.update(zip(ids, uses))
+
     def unref(self, ids: Sequence[int]) -> None:
         """Undoes ``ref``; raises CountError below zero (never clamps).
 

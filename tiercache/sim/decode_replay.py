@@ -220,7 +220,7 @@ class DecodeReplay:
         if fresh:
             new = [self._ids[k] for k in fresh]
             uses = [next_use[k] for k in fresh]
-            _see_future(self.manager, new, uses)
+            self.manager.note_next_uses(new, uses)
             self.manager.insert(new, Hints(fresh[0], uses, None))
 
     def _refresh(self, accesses: Sequence[int]) -> None:
@@ -232,21 +232,12 @@ class DecodeReplay:
         manager, next_use = self.manager, self.data.next_use_list
         ids = [self._ids[k] for k in accesses]
         uses = [next_use[k] for k in accesses]
-        _see_future(manager, ids, uses)
+        manager.note_next_uses(ids, uses)
         for tier, directory in enumerate(manager.dirs):
             here = [p for p, block_id in enumerate(ids) if block_id in directory.slot_of]
             if here:
                 manager.policies[tier].on_access([ids[p] for p in here],
                                                  Hints(accesses[here[0]], [uses[p] for p in here], None))
-
-
-def _see_future(manager: TierManager, ids: Sequence[int], uses: Sequence[int]) -> None:
-    """Records the next uses of blocks stored or refreshed by a write where the manager keeps
-    them for blocks moved between tiers (as ``TierManager.access`` records a read's), so a
-    lower tier's offline policy is told the same future as the top's."""
-    future = manager._future  # None unless some tier's policy needs the future
-    if future is not None:
-        future.update(zip(ids, uses))
 
 
 def _reads_per_record(data: "ReplayData") -> list[int]:
