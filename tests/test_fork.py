@@ -172,12 +172,21 @@ def test_a_recorded_run_with_forks_replays_to_the_same_per_tier_counts(tmp_path)
             if step == 3:
                 a.free()
                 a = b.fork()
-        live = [t["hits"] for t in cache.stats()["tiers"]] + [t["promotions"] for t in cache.stats()["tiers"]]
-    out = tmp_path / "replay.json"
-    command = ["replay", str(record), "--tiers", "hbm=5,dram=6,nvme=60", "--prefetch", "topk_speculative"]
+        live = _hits_and_promotions(cache.stats()["tiers"])
+    assert_replays_to(record, "hbm=5,dram=6,nvme=60", live)
+
+
+def _hits_and_promotions(tiers: list[dict]) -> list[int]:
+    return [t["hits"] for t in tiers] + [t["promotions"] for t in tiers]
+
+
+def assert_replays_to(record, tiers: str, live: list[int]) -> None:
+    """``tiercache replay`` of a live run's step record (the cache's default prefetch policy)
+    gives the live per-tier hits and promotions, and some hits."""
+    out = record.parent / "replay.json"
+    command = ["replay", str(record), "--tiers", tiers, "--prefetch", "topk_speculative"]
     assert cli_main([*command, "--out", str(out), "--no-progress"]) == 0
-    tiers = json.loads(out.read_text())["runs"][0]["tiers"]
-    assert [t["hits"] for t in tiers] + [t["promotions"] for t in tiers] == live
+    assert _hits_and_promotions(json.loads(out.read_text())["runs"][0]["tiers"]) == live
     assert sum(live[:3]) > 0
 
 
@@ -295,10 +304,12 @@ def test_a_tiered_cache_still_refuses_shallow_copies_pickles_and_copies_out_of_s
         copy.deepcopy(cache)
 
 
-def test_a_free_keeps_summaries_only_of_blocks_no_one_else_holds(tmp_path):
-    """A fork's free leaves the shared blocks' key summaries to their last holder's free (a beam
-    search frees rows every step: saving every shared block's summaries made a free of 4k
-    blocks take 25 ms instead of 3)."""
+def test_a_free_keeps_each_blocks_summaries_once(tmp_path):
+    """A free keeps the exact key summaries of every block it lists, fork or not (probe R8: a
+    fork freed first kept none of the shared blocks', so a later prefix reuse rebuilt them from
+    an INT4 copy and SPARSE chose other blocks); one already kept is not copied again (a beam
+    search frees rows every step: copying every shared block's made a free of 4k blocks take
+    25 ms instead of 3)."""
     g = torch.Generator().manual_seed(9)
     with _cache(tmp_path) as cache:
         seq, history = cache.sequence(), _History()
@@ -306,9 +317,12 @@ def test_a_free_keeps_summaries_only_of_blocks_no_one_else_holds(tmp_path):
             history.append(seq, layer, 12, g)
         twin = seq.fork()
         _History().append(twin, 0, 4, g)  # one block of its own
-        own = int(twin._layers[0].ids[3])
         cache._summaries.clear()
         twin.free()
-        assert list(cache._summaries) == [own]
+        assert set(cache._summaries) == set(twin._held_ids())
+        kept = dict(cache._summaries)
+        for row, block_id in enumerate(seq._layers[1].ids[: seq._layers[1].n].tolist()):
+            assert torch.equal(kept[block_id][0], seq._layers[1].kmin[row])
         seq.free()
-        assert set(cache._summaries) == {own, *seq._held_ids()}
+        assert all(cache._summaries[block_id] is kept[block_id] for block_id in kept)  # not copied again
+        assert set(cache._summaries) == set(kept) | set(seq._held_ids())

@@ -117,3 +117,21 @@ def test_bad_reorders_are_refused_and_change_nothing(tmp_path):
         assert cache.sequences[0] is rows[1] and cache.sequences[2] is rows[0] and cache.sequences[1].length(1) == 9
         cache.free()
         assert not kv.manager.held
+
+
+def test_continuing_after_a_beam_search_says_how(tmp_path):
+    """Probe R8: the rows are the last beams, not the returned sequences; the refusal said to
+    continue from the ids generate returned, which is what failed."""
+    model = use_tiercache(_model())
+    ids = torch.randint(1, 128, (1, 13), generator=torch.Generator().manual_seed(4))
+    with _tiered(model, tmp_path) as kv:
+        cache = TieredCache(kv, model)
+        out = _generate(model, ids, cache, **BEAMS)
+        with pytest.raises(UserError, match=r"last beams of a beam search.*prompt=ids"):
+            _generate(model, out, cache, do_sample=False)
+        cache.free()
+        again = TieredCache(kv, model, prompt=out[:1])
+        assert again.cached_tokens >= 16  # the returned sequence's blocks are stored
+        _generate(model, out[:1], again, do_sample=False)
+        again.free()
+        assert not kv.manager.held

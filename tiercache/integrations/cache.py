@@ -28,7 +28,7 @@ from tiercache.live.sequence import Sequence
 from .causal import causal_partial, expected_mask
 from .checks import (ATTENTION, FINGERPRINT, check_decoding, check_mode, check_model, first_position, kept_columns,
                      pass_tokens)
-from .copying import deep_copy, reorder_rows
+from .copying import crop_rows, deep_copy, reorder_rows
 from .hooks import TIERED_CACHE, decoder_of
 from .layer import TieredLayer
 from .inputs import left_padding, length_dependent_rope, namespace_bytes, other_inputs, prompt_rows, standard_positions
@@ -106,6 +106,7 @@ class TieredCache(Cache):
         self._broken: str | None = None
         self._expand = 1  # rows generate makes of each held row (check_prompt), done at its first pass
         self._expanded = 1  # rows the running pass made of each (undone if it fails having stored nothing)
+        self._beam_rows = False  # the rows are a beam search's beams (reorder_cache), not generate's returns
         if prompt is not None:
             self._start(prompt, attention_mask)
         elif attention_mask is not None:
@@ -198,11 +199,16 @@ class TieredCache(Cache):
         """The model's forward hook: the pass finished."""
         self._open_pass, self._expanded = None, 1
 
+    def crop(self, tokens_to_remove: int) -> None:
+        """Drops every row's last ``-tokens_to_remove`` positions (rejected drafts; ``crop_rows``)."""
+        crop_rows(self, tokens_to_remove)
+
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         """Beam search's reorder between steps: row ``i`` goes on from row ``beam_idx[i]``
         (``copying.reorder_rows``: a row kept by several beams is forked, one kept by none
         is freed)."""
         reorder_rows(self, beam_idx)
+        self._beam_rows = True
 
     def _expand_rows(self, tokens: torch.Tensor) -> None:
         """At a generate's first pass over held rows (``prompt=``, or a continued cache) with
@@ -228,7 +234,8 @@ class TieredCache(Cache):
                 returned sequences repeat held rows at the first pass (``_expand_rows``).
         """
         self._recover()
-        self._expand = check_decoding(kwargs, self._model()) if self.sequences else 1
+        factor = check_decoding(kwargs, self._model(), holds_rows=bool(self.sequences))
+        self._expand = factor if self.sequences else 1
         others = sorted(name for name, value in kwargs.items()
                         if isinstance(value, torch.Tensor) and name not in _GENERATE_IDS)
         if others and self.cached_tokens:
@@ -243,6 +250,18 @@ class TieredCache(Cache):
         """``check_prompt``'s check of generate's ids against what each row knows."""
         if ids is None or not self.sequences:
             return
+        try:
+            self._check_rows(ids, attention_mask)
+        except UserError as refused:
+            if self._beam_rows:  # the rows are a beam search's last beams, not what generate returned
+                raise UserError(f"TieredCache: its {len(self.sequences)} rows are the last beams of a beam search, not "
+                                "the sequences generate returned; free() it and continue one with TieredCache(kv, "
+                                "model, prompt=ids), which reuses its stored blocks") from refused
+            raise
+
+    def _check_rows(self, ids: torch.Tensor, attention_mask) -> None:
+        """``_check_ids``: one row of ids per sequence, each reaching past what it holds and
+        equal to the ids it knows."""
         if ids.dim() != 2 or ids.shape[0] != len(self.sequences) or ids.shape[1] <= self.seq_length(0):
             raise UserError(f"TieredCache: generate's ids {tuple(ids.shape)} must be one row per sequence "
                             f"({len(self.sequences)}) reaching past the {self.seq_length(0)} positions the cache holds "
@@ -450,6 +469,7 @@ class TieredCache(Cache):
         self._pass, self._open_pass, self._pass_start, self._broken = None, None, 0, None
         self._opened_in_pass, self._prompt_pads, self._prompt_end, self._decoding = False, None, 0, False
         self._expand = self._expanded = 1
+        self._beam_rows = False
 
     def _start(self, prompt, attention_mask) -> None:
         """One sequence per prompt row, all starting from the prefix every row has stored."""

@@ -28,11 +28,10 @@ __all__ = ["ATTENTION", "FINGERPRINT", "check_decoding", "check_mode", "check_mo
 ATTENTION = "tiercache"
 FINGERPRINT = "_tiercache_fingerprint"  # the model's weights fingerprint, set by use_tiercache
 
-# generate's options that pick a decoding mode needing a cache that crops, reorders or expands
-# its rows (each refused before any pass, so the cache stays usable): (option, mode's name).
-_ASSISTED = (("assistant_model", "assisted decoding (assistant_model)"),
-             ("prompt_lookup_num_tokens", "prompt lookup decoding (prompt_lookup_num_tokens)"),
-             ("assistant_early_exit", "assisted decoding (assistant_early_exit)"),
+# generate's options that pick a decoding mode whose drafts run through the model's own cache
+# (each refused before any pass, so the cache stays usable): (option, mode's name). Assisted
+# decoding with an assistant model and prompt lookup run: the cache crops rejected drafts.
+_ASSISTED = (("assistant_early_exit", "assisted decoding (assistant_early_exit)"),
              ("use_mtp", "multi-token-prediction decoding (use_mtp)"))
 
 
@@ -71,12 +70,15 @@ def check_mode(mode: AttentionMode, budget) -> None:
         sparse_budget_blocks(budget, 1)  # a bad budget is refused here, not at the first decode step
 
 
-def check_decoding(kwargs: dict, model: Any | None) -> int:
+def check_decoding(kwargs: dict, model: Any | None, holds_rows: bool) -> int:
     """Raises UserError when ``generate``'s options (``_generate_option``) pick constrained beam
-    search, contrastive search or an assisted decoding (prompt lookup, an assistant model): they
-    crop or select the cache's rows, which a ``TieredCache`` cannot, and transformers would
-    refuse them only after passes had stored KV; or classifier-free guidance
-    (``guidance_scale``: an extra pass without the cache).
+    search, contrastive search, early-exit assisted decoding or multi-token prediction: they
+    select the cache's rows or draft through its layers, which a ``TieredCache`` cannot, and
+    transformers would refuse them only after passes had stored KV; or classifier-free guidance
+    (``guidance_scale``: an extra pass without the cache). Assisted decoding with an assistant
+    model and prompt lookup run (``TieredCache.crop`` drops rejected drafts), on a cache that
+    holds no rows yet (``holds_rows``: made with ``prompt=``, or continued): transformers' first
+    verification pass feeds the whole prompt again, from position 0.
 
     Returns:
         The rows generate makes of each given row: ``max(num_beams, num_return_sequences)``
@@ -91,8 +93,14 @@ def check_decoding(kwargs: dict, model: Any | None) -> int:
     else:
         mode = next((what for name, what in _ASSISTED if option(name) not in (None, False)), None)
     if mode is not None:
-        raise UserError(f"TieredCache: {mode} is not supported (it crops or selects the cache's rows); "
-                        "nothing was run and the cache is unchanged: use greedy search, sampling or beam search")
+        raise UserError(f"TieredCache: {mode} is not supported (it selects the cache's rows or drafts through its "
+                        "layers); nothing was run and the cache is unchanged: use greedy search, sampling, beam "
+                        "search, prompt lookup or an assistant model")
+    drafted = option("assistant_model") is not None or option("prompt_lookup_num_tokens") not in (None, 0)
+    if drafted and holds_rows:
+        raise UserError("TieredCache: assisted decoding and prompt lookup need a cache that holds no rows yet, made "
+                        "without prompt= (their first pass feeds the whole prompt again); nothing was run and the "
+                        "cache is unchanged")
     if option("guidance_scale") not in (None, 1, 1.0):
         raise UserError("TieredCache: guidance_scale (classifier-free guidance) runs an extra pass without the "
                         "cache: not supported; nothing was run and the cache is unchanged")

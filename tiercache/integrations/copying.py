@@ -17,13 +17,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Callable
 
 from tiercache.errors import UserError
+from tiercache.live.arguments import integer_or_none
 
 from .release import release_deferred, release_when_dropped
 
 if TYPE_CHECKING:
     from .cache import TieredCache
 
-__all__ = ["deep_copy", "reorder_rows"]
+__all__ = ["crop_rows", "deep_copy", "reorder_rows"]
 
 
 def deep_copy(cache: "TieredCache", make_layer: Callable) -> "TieredCache":
@@ -112,3 +113,27 @@ def reorder_rows(cache: "TieredCache", order) -> None:
     for index, seq in enumerate(rows):
         if index not in moved:
             seq.free()
+
+
+def crop_rows(cache: "TieredCache", tokens_to_remove) -> None:
+    """transformers' ``crop``: drops the last ``-tokens_to_remove`` positions of every row
+    (``Sequence.crop``: blocks wholly past the cut are released and stay stored, the rest of
+    the cut block becomes the tail, the dropped ids are forgotten). Between passes only.
+
+    Raises:
+        UserError: not a non-positive integer (transformers' crop takes the tokens to remove
+            as a negative number), more tokens than a row holds, or a pass is running; no
+            row changes then.
+    """
+    count = integer_or_none(tokens_to_remove)
+    if count is None or count > 0:
+        raise UserError(f"TieredCache.crop: give the tokens to remove as a negative integer, got {tokens_to_remove!r}")
+    if cache._open_pass is not None or any(staged is not None for staged in cache._staged):
+        raise UserError("TieredCache: rows are cropped between passes only")
+    lengths = [seq.length(0) for seq in cache.sequences]
+    if any(length < -count for length in lengths):
+        raise UserError(f"TieredCache.crop: {-count} tokens to remove, but a row holds {min(lengths)}")
+    if count:
+        for seq, length in zip(cache.sequences, lengths):
+            seq.crop(length + count)
+        cache._checked_mask = None

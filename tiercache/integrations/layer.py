@@ -27,7 +27,7 @@ class TieredLayer(CacheLayerMixin):
     attention and answers length queries from the cache's sequences. Holds no tensors."""
 
     is_compileable = False
-    is_croppable = False
+    is_croppable = True  # TieredCache.crop: every row at once
     is_sliding = False
 
     def __init__(self, owner: "TieredCache", index: int) -> None:
@@ -82,7 +82,7 @@ class TieredLayer(CacheLayerMixin):
                         "not one layer's")
 
     def crop(self, tokens_to_remove: int) -> None:
-        raise UserError("TieredCache: crop is not supported (stored blocks are not cut back)")
+        raise UserError("TieredCache: rows are cropped for every layer at once (TieredCache.crop), not one layer's")
 
     def batch_repeat_interleave(self, repeats: int) -> None:
         raise UserError("TieredCache: batch_repeat_interleave is not supported (generate's num_beams and "

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import operator
 
 import numpy as np
 import torch
@@ -14,7 +15,7 @@ from tiercache.data.buffers import check_quantisable
 from tiercache.errors import UserError
 from tiercache.keys import _token_array
 
-__all__ = ["flat_token_ids", "sparse_budget_blocks", "check_kv", "check_query", "check_flag"]
+__all__ = ["flat_token_ids", "sparse_budget_blocks", "check_kv", "check_query", "check_flag", "integer_or_none"]
 
 
 def flat_token_ids(tokens, what: str) -> np.ndarray:
@@ -91,3 +92,14 @@ def check_flag(value, what: str) -> None:
     as ``wait="no"`` would otherwise be taken as true."""
     if not isinstance(value, (bool, np.bool_)):
         raise UserError(f"{what} must be True or False, got {type(value).__name__} {value!r}")
+
+
+def integer_or_none(value) -> int | None:
+    """``value`` as an int when it is an integer (``operator.index``: a numpy integer, a 0-d
+    integer tensor too), not a bool of any kind; else None."""
+    if isinstance(value, (bool, np.bool_)) or (isinstance(value, torch.Tensor) and (value.dim() or value.dtype == torch.bool)):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None

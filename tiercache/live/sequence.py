@@ -9,7 +9,6 @@ tail block that is not stored yet; every tier operation goes through the cache's
 from __future__ import annotations
 
 import math
-import operator
 import os
 from typing import TYPE_CHECKING, Sequence as Seq
 
@@ -23,8 +22,9 @@ from tiercache.data.buffers import normal_tensors
 from tiercache.errors import UserError
 from tiercache.keys import block_key, layer_key
 
-from .arguments import check_kv, check_query, flat_token_ids, sparse_budget_blocks
+from .arguments import check_kv, check_query, flat_token_ids, integer_or_none, sparse_budget_blocks
 from .chunks import TierChunks
+from .cropping import crop
 from .forking import fork, hold_recorded
 from .layerstate import LayerState
 from .ownership import NoCopies
@@ -96,6 +96,11 @@ class Sequence(NoCopies):
         """A second sequence with this one's KV so far: blocks shared, tail copied (``forking``)."""
         return fork(self, Sequence)
 
+    def crop(self, keep: int) -> None:
+        """Keeps the first ``keep`` tokens at every layer: later blocks are released (they stay
+        stored), the rest of the cut block becomes the tail, later ids are forgotten (``cropping``)."""
+        crop(self, keep)
+
     def forget_tokens(self, keep: int, private: bool = True) -> None:
         """Forgets the ids of the tokens from position ``keep`` on. ``private``: the KV from
         there on depends on more than the ids (an image, embeddings; later tokens attend over
@@ -106,7 +111,7 @@ class Sequence(NoCopies):
             UserError: ``keep`` is not an integer, or is below the tokens of KV some layer holds.
         """
         held = max(self.length(layer) for layer in range(len(self._layers)))
-        index = _integer(keep)
+        index = integer_or_none(keep)
         if index is None or index < held:
             raise UserError(f"Sequence.forget_tokens: keep must be an integer >= {held} (tokens of KV held), got {keep!r}")
         self._tokens = self._tokens[:index]
@@ -245,7 +250,7 @@ class Sequence(NoCopies):
             with normal_tensors():  # kept past this call: normal tensors, in inference mode or not
                 for state in self._layers:
                     for row, block_id in enumerate(state.ids[: state.n].tolist()):
-                        if block_id not in cache.manager.held:  # else its last holder's free keeps them
+                        if block_id not in cache._summaries:  # a stored block's KV never changes
                             cache._summaries[block_id] = (state.kmin[row].clone(), state.kmax[row].clone())
             self._prune_summaries()
             cache._settle_events()
@@ -483,18 +488,8 @@ class Sequence(NoCopies):
         """``layer`` as an int in ``[0, layers)``: any integer (a numpy one, a 0-d integer
         tensor), never a bool. Raises UserError naming ``what`` otherwise."""
         layers = self.cache.layout.layers
-        index = _integer(layer)
+        index = integer_or_none(layer)
         if index is None or not 0 <= index < layers:
             raise UserError(f"{what}: layer must be an integer in [0, {layers}), got {layer!r}")
         return index
 
-
-def _integer(value) -> int | None:
-    """``value`` as an int when it is an integer (``operator.index``: a numpy integer, a 0-d
-    integer tensor too), not a bool of any kind; else None."""
-    if isinstance(value, (bool, np.bool_)) or (isinstance(value, torch.Tensor) and (value.dim() or value.dtype == torch.bool)):
-        return None
-    try:
-        return operator.index(value)
-    except TypeError:
-        return None
