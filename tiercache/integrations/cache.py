@@ -227,11 +227,11 @@ class TieredCache(Cache):
         Raises:
             UserError: a row's ids (padding left out) differ from what the row knows; the ids
                 do not reach past what the cache holds; embeddings or other model inputs
-                given while the rows hold reused KV; a decoding mode that crops or selects rows
-                (constrained beam search, contrastive search, prompt lookup...) or
+                given while the rows hold reused KV; a decoding mode that selects rows or drafts
+                through the model's layers (constrained beam search, contrastive search...), a
+                speculative one on held rows, or
                 classifier-free guidance, in generate's keyword arguments or its generation
-                config, refused before any pass runs (``check_decoding``). Beams and several
-                returned sequences repeat held rows at the first pass (``_expand_rows``).
+                config, refused before any pass runs (``check_decoding``).
         """
         self._recover()
         factor = check_decoding(kwargs, self._model(), holds_rows=bool(self.sequences))

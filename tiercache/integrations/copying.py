@@ -10,6 +10,11 @@ end, whether rows were freed) is copied too, so the copy checks and answers ``ge
 exactly as the original would; after the copy each goes its own way (a pass, ``free()`` or
 garbage collection of one never changes the other). A copy is made between passes only.
 ``copy.copy`` (it would share the rows) and pickling stay refused.
+
+The other row operations transformers' decoding modes ask of a cache live here too, each
+between passes: ``reorder_rows`` (beam search's reorder, and repeating held rows for several
+sequences per prompt: a row used twice is forked) and ``crop_rows`` (speculative decoding's
+rollback of rejected drafts: ``Sequence.crop``).
 """
 
 from __future__ import annotations

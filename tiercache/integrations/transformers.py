@@ -44,7 +44,7 @@ pre-hook sees) is not stored: ``seq_length()`` counts it (transformers' position
 sequence holds only its tokens, and the attention gives padding queries a zero output.
 
 Limits (each raises ``UserError`` naming it): padding after a token or any other mask than
-causal-after-left-padding, constrained beam search, crop or row selection, attention dropout,
+causal-after-left-padding, constrained beam search, row selection, attention dropout,
 soft-capping, attention sinks or any other attention argument it does not know, a sliding
 window the sequence outgrows, ``output_attentions``; a backward pass through its attention
 raises (the KV is stored without gradients).
