@@ -13,6 +13,8 @@ transformers crop.
 
 from __future__ import annotations
 
+import collections
+
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -207,3 +209,42 @@ def test_the_transformers_crop_refuses_what_it_cannot_do(tmp_path):
             model.generate(ids[:, :5], cache=cache, prompt_lookup_num_tokens=2, max_new_tokens=2, pad_token_id=0)
         assert cache.get_seq_length() == 5
         cache.free()
+
+
+def test_a_crop_whose_release_stops_part_way_gives_the_holds_back(tmp_path, monkeypatch):
+    """Probe R9: a release that raised after releasing left the crop's blocks unheld while the
+    sequence still listed them, so its free took a fork's holds."""
+    g = torch.Generator().manual_seed(5)
+    with _cache(tmp_path, hbm=2, dram=2) as cache:
+        seq = cache.sequence()
+        _Kept().append(seq, 30, g)
+        fork = seq.fork()
+        release = cache.driver.release
+
+        def release_then_raise(ids):
+            release(ids)
+            raise RuntimeError("failed after the release")
+
+        monkeypatch.setattr(cache.driver, "release", release_then_raise)
+        with pytest.raises(RuntimeError, match="after the release"):
+            seq.crop(6)
+        monkeypatch.setattr(cache.driver, "release", release)
+        assert seq.length(1) == 30
+        cache.check_invariants()
+        seq.free()
+        assert cache.manager.held == dict(collections.Counter(fork._held_ids()))
+        fork.free()
+        assert not cache.manager.held
+
+
+def test_an_assistant_readied_with_use_tiercache_is_named(tmp_path):
+    from tiercache.integrations.transformers import TieredCache, use_tiercache
+
+    model, assistant = use_tiercache(_llama(7)), use_tiercache(_llama(8, layers=1))
+    ids = torch.randint(1, 128, (1, 12), generator=torch.Generator().manual_seed(6))
+    with _hf_tiered(model, tmp_path) as kv:
+        cache = TieredCache(kv, model)
+        with pytest.raises(UserError, match="assistant_model readied with use_tiercache"):
+            _greedy(model, ids, cache, assistant_model=assistant)
+        cache.free()
+        assert not kv.manager.held

@@ -144,7 +144,8 @@ def tiercache_attention(module: torch.nn.Module, query: torch.Tensor, key: torch
     if stage is None:
         raise UserError(f"attn_implementation={ATTENTION!r} needs a TieredCache as the model's cache, and this "
                         "forward pass was given none (generate(..., cache=TieredCache(kv, model)); an extra pass "
-                        "of generate's own, such as guidance_scale's, cannot use it)")
+                        "of generate's own, such as guidance_scale's, cannot use it, nor can an assistant_model "
+                        "readied with use_tiercache: transformers makes its cache, so give it a plain model)")
     cache, layer = stage
     if dropout:
         raise UserError(f"{ATTENTION} attention: dropout {dropout} is not supported (inference only)")

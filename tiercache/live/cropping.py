@@ -16,10 +16,12 @@ would be answered with the dropped KV).
 from __future__ import annotations
 
 import os
+from collections import Counter
 from typing import TYPE_CHECKING
 
 import torch
 
+from tiercache.core.counts import not_decremented
 from tiercache.data.buffers import normal_tensors
 from tiercache.data.nvme_results import ReadIOError
 from tiercache.errors import UserError
@@ -99,12 +101,20 @@ def _kept_part(cache: "TieredKVCache", state, full: int, rest: int) -> torch.Ten
 
 def _release_recorded(cache: "TieredKVCache", dropped: list[int]) -> None:
     """Releases the sequence's holds on ``dropped`` (once per listing) and writes one
-    ``release`` record; a record that fails holds them again and re-raises."""
-    cache.driver.release(dropped)
+    ``release`` record. All or nothing: a release that stops part-way, or a record that
+    fails, holds again what it had released, and re-raises (the sequence lists them still)."""
+    count = cache.manager.hold_count
+    before = {block_id: count(block_id) for block_id in dropped}
+    try:
+        cache.driver.release(dropped)
+    except BaseException:  # an interrupt too: give back the holds it took off
+        left = Counter(not_decremented(dropped, before, {block_id: count(block_id) for block_id in before}))
+        cache.driver.hold(list((Counter(dropped) - left).elements()), settle=False)
+        raise
     cache._list(dropped, listed=False)
     try:
         cache._emit(0, cache._last_step, release=tuple(dict.fromkeys(dropped)))
     except BaseException:  # an interrupt too: the sequence still lists them
-        cache.driver.hold(dropped)
+        cache.driver.hold(dropped, settle=False)
         cache._list(dropped)
         raise
