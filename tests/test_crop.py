@@ -248,3 +248,31 @@ def test_an_assistant_readied_with_use_tiercache_is_named(tmp_path):
             _greedy(model, ids, cache, assistant_model=assistant)
         cache.free()
         assert not kv.manager.held
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_forks_and_crops_on_the_gpu_attend_as_the_float64_reference(tmp_path):
+    g = torch.Generator().manual_seed(7)
+    tiers = [TierConfig("hbm", 3), TierConfig("dram", 3), TierConfig("nvme", 80)]
+    with TieredKVCache(LAYOUT, tiers, path=tmp_path / "nvme", device="cuda", window_blocks=2) as cache:
+        seq, kept = cache.sequence(), _Kept()
+        for grow, keep in ((30, 13), (9, 8), (17, 4)):
+            kept.k = [k.cpu() for k in kept.k]
+            kept.v = [v.cpu() for v in kept.v]
+            for layer in range(LAYOUT.layers):
+                k = torch.randn(LAYOUT.kv_heads, grow, LAYOUT.head_dim, generator=g)
+                v = torch.randn(LAYOUT.kv_heads, grow, LAYOUT.head_dim, generator=g)
+                seq.append(layer, k.cuda(), v.cuda())
+                kept.k[layer] = torch.cat([kept.k[layer], k], 1)
+                kept.v[layer] = torch.cat([kept.v[layer], v], 1)
+            twin = seq.fork()
+            kept.crop(seq, keep)
+            for layer in range(LAYOUT.layers):
+                q = torch.randn(4, 1, LAYOUT.head_dim, generator=g)
+                want = dense_reference(q, kept.k[layer], kept.v[layer])
+                assert float((seq.attend(layer, q.cuda()).cpu().double() - want).abs().max()) < 1e-5
+            twin.free()
+        cache.check_invariants()
+        seq.free()
+        assert not cache.manager.held
