@@ -46,7 +46,11 @@ def _format_repeats(stats: TraceStats) -> str | None:
 
 
 def format_stats(stats: TraceStats) -> str:
-    """Human-readable table of ``TraceStats``, one ``name: value`` per line."""
+    """Human-readable table of ``TraceStats``, one ``name: value`` per line.
+
+    "blocks accessed once" and "accesses per block" are over the blocks accessed; a step
+    trace's blocks written and never read have their own row.
+    """
     unit = "requests" if stats.prefix_hit_ratio_inf is not None else "step records"
     rows = [
         ("kind", stats.kind.value),
@@ -54,6 +58,8 @@ def format_stats(stats: TraceStats) -> str:
         ("accesses", f"{stats.accesses:,}" + (f" reads ({stats.writes:,} writes besides: stored, not accessed)"
                                               if stats.prefix_hit_ratio_inf is None else "")),
         ("unique blocks", f"{stats.unique_blocks:,}"),
+        ("blocks written, never read",
+         None if stats.blocks_never_read is None else f"{stats.blocks_never_read:,} of {stats.unique_blocks:,}"),
         ("compulsory miss ratio", f"{stats.compulsory_miss_ratio:.5f}"),
         ("inf. prefix-cache hit ratio", None if stats.prefix_hit_ratio_inf is None else f"{stats.prefix_hit_ratio_inf:.5f}"),
         ("blocks accessed once", f"{stats.blocks_accessed_once:.3f}"),
@@ -184,8 +190,20 @@ def _check_step_sizes(args: argparse.Namespace, spec: synth.ScanSpec | synth.Spa
     _check_record_size(per_record, (spec.most_blocks + 1) * spec.layers - 1, options)
 
 
+def _refuse_no_reads(spec: synth.ScanSpec | synth.SparseSpec) -> None:
+    """Refuses a step trace in which no step reads a block (readers refuse such a trace).
+
+    Raises:
+        UserError: no block fills before the last step and there is no prompt block.
+    """
+    if spec.most_blocks == 0:
+        raise UserError(f"--blocks 0 with --steps {spec.steps} and --block-tokens {spec.block_tokens}: no block fills "
+                        "before the last step, so no step reads a block; give --blocks >= 1 or more --steps")
+
+
 def _cmd_scan(args: argparse.Namespace) -> int:
     spec = synth.ScanSpec(args.steps, args.blocks, args.block_tokens, args.layers)
+    _refuse_no_reads(spec)
     _check_step_sizes(args, spec, spec.most_blocks)  # the last step reads every full block
     count = _write_whole(args.output, lambda path: write_steps(path, synth.scan_trace(spec), spec.block_tokens))
     print(f"wrote {count:,} step records to {args.output}")
@@ -196,9 +214,7 @@ def _cmd_sparse(args: argparse.Namespace) -> int:
     spec = synth.SparseSpec(
         args.steps, args.blocks, args.k, args.sink, args.window, args.locality, args.block_tokens, args.layers, args.seed
     )
-    if spec.most_blocks == 0:
-        raise UserError(f"--blocks 0 with --steps {spec.steps} and --block-tokens {spec.block_tokens}: no block fills "
-                        "before the last step, so no step reads a block; give --blocks >= 1 or more --steps")
+    _refuse_no_reads(spec)
     if not spec.is_sparse:
         raise UserError(
             f"--k {spec.k} + --sink {spec.sink} + --window {spec.window} cover all {spec.most_blocks} blocks the sequence "
@@ -247,7 +263,9 @@ def _add_synth(subparsers: argparse._SubParsersAction) -> None:
     sparse.add_argument("--sink", type=int, default=1, help="leading blocks always read (default 1)")
     sparse.add_argument("--window", type=int, default=4, help="most recent full blocks always read (default 4)")
     sparse.add_argument(
-        "--locality", type=float, default=0.9, help="probability a chosen block stays chosen next step (default 0.9)"
+        "--locality", type=float, default=0.9,
+        help="probability a chosen middle block stays chosen next step; the others are replaced by blocks "
+             "not chosen at that step (exact while the middle holds at least 2*k blocks; default 0.9)",
     )
     sparse.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     sparse.set_defaults(func=_synth_errors_name_options(_cmd_sparse))

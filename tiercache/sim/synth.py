@@ -81,8 +81,12 @@ class SparseSpec:
     Each decode step reads, per layer: the first ``sink`` blocks, the last ``window`` full
     blocks, and ``k`` blocks of the middle. Of the previous step's middle choices each is
     kept with probability ``locality`` (temporal locality: top-k sets drift slowly); the
-    rest are drawn uniformly from the unchosen middle blocks. When the middle holds at most
-    ``k`` blocks all are read. Prefill and writes are as in ``ScanSpec``.
+    rest of the ``k`` are drawn uniformly from the middle blocks *not* chosen at the previous
+    step, so a chosen block stays chosen next step with probability exactly ``locality``
+    whenever the middle holds at least ``2 * k`` blocks. In a smaller middle the unchosen
+    blocks may run short: then all of them are read and the remainder is drawn from the
+    dropped choices (a stay probability above ``locality``). When the middle holds at most ``k``
+    blocks all are read. Prefill and writes are as in ``ScanSpec``.
     """
 
     steps: int
@@ -173,13 +177,24 @@ def scan_trace(spec: ScanSpec) -> Iterator[StepRecord]:
 
 
 def _choose_middle(rng: np.random.Generator, previous: np.ndarray, lo: int, hi: int, spec: SparseSpec) -> np.ndarray:
-    """Top-k stand-in: keeps previous middle choices with prob ``locality``, refills uniformly."""
+    """Top-k stand-in: ``k`` distinct sorted blocks of ``[lo, hi)`` (all of them if at most ``k``).
+
+    Keeps each previous middle choice with probability ``locality`` and refills uniformly
+    from the blocks of ``[lo, hi)`` not in ``previous``; only when those run short does the
+    refill take (uniformly) from the dropped previous choices, so a dropped block is never
+    chosen again at once while another block could be.
+    """
     if hi - lo <= spec.k:
         return np.arange(lo, hi, dtype=np.int64)
     in_range = previous[(previous >= lo) & (previous < hi)]
     kept = in_range[rng.random(len(in_range)) < spec.locality][: spec.k]
-    candidates = np.setdiff1d(np.arange(lo, hi, dtype=np.int64), kept, assume_unique=True)
-    fresh = rng.choice(candidates, size=spec.k - len(kept), replace=False)
+    need = spec.k - len(kept)
+    unchosen = np.setdiff1d(np.arange(lo, hi, dtype=np.int64), in_range, assume_unique=True)
+    if len(unchosen) >= need:
+        fresh = rng.choice(unchosen, size=need, replace=False)
+    else:  # a middle of fewer than 2k blocks: every unchosen block, the rest from the dropped
+        dropped = np.setdiff1d(in_range, kept, assume_unique=True)
+        fresh = np.concatenate([unchosen, rng.choice(dropped, size=need - len(unchosen), replace=False)])
     return np.sort(np.concatenate([kept, fresh]))
 
 
@@ -209,7 +224,16 @@ def sparse_trace(spec: SparseSpec) -> Iterator[StepRecord]:
 
 
 def _zipf_probabilities(n: int, exponent: float) -> np.ndarray:
-    weights = 1.0 / np.arange(1, n + 1, dtype=np.float64) ** exponent
+    """``P(rank r) ~ 1 / r ** exponent`` for ranks ``1..n``, summing to 1.
+
+    Any finite ``exponent >= 0`` works without a floating-point warning: a power past the
+    float64 range (``r ** exponent`` > ~1.8e308) gives weight 0 instead of one below 1e-308,
+    which beside rank 1's weight of 1 moves no probability by as much as 1e-308 (such ranks
+    are never drawn either way). Every other weight is the plain ``1 / r ** exponent``, the
+    values the trace was always drawn with.
+    """
+    with np.errstate(over="ignore"):  # r ** exponent -> inf, and 1 / inf == 0.0 exactly
+        weights = 1.0 / np.arange(1, n + 1, dtype=np.float64) ** exponent
     return weights / weights.sum()
 
 

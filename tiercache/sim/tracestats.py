@@ -27,8 +27,9 @@ class TraceStats:
 
     Accesses are what ``tiercache replay`` counts as accesses: every block of a request trace,
     the ``read`` blocks of a step trace. A step trace's ``write`` blocks (``writes``) are stored,
-    not accessed: they count in no figure below except ``unique_blocks`` and as the previous
-    touch of a block a later read reuses (the block is in the cache from its write on).
+    not accessed: they count in no figure below except ``unique_blocks`` and
+    ``blocks_never_read``, and as the previous touch of a block a later read reuses (the
+    block is in the cache from its write on).
     ``records`` counts requests (request traces) or step records (step traces).
     ``unique_blocks`` counts the distinct blocks the trace names (read or written).
     ``compulsory_miss_ratio`` = accesses of a block not seen before / accesses: the miss ratio
@@ -36,7 +37,11 @@ class TraceStats:
     0 on a step trace that writes every block before reading it). ``prefix_hit_ratio_inf``
     (request traces only) is the hit ratio of an infinite *prefix* cache: a request hits only
     its leading blocks that were all seen before. ``blocks_accessed_once`` is the share of the
-    unique blocks accessed exactly once; ``accesses_per_block_mean`` = accesses / unique blocks.
+    blocks accessed (read) at least once that are accessed exactly once;
+    ``accesses_per_block_mean`` = accesses / blocks accessed at least once. Both leave out a
+    step trace's blocks that are written and never read, which ``blocks_never_read`` counts
+    (None on a request trace, whose every block is accessed); on a request trace the blocks
+    accessed are the unique blocks.
     Reuse times count, for each access of a block seen before, the accesses since its previous
     touch (1 for back-to-back accesses); reuse distances count the *distinct* blocks touched in
     between (LRU stack distance: an LRU cache of more blocks than that hits), over the whole
@@ -76,6 +81,7 @@ class TraceStats:
     block_tokens: int | None = None
     repeat_requests: int | None = None
     first_repeat: str | None = None
+    blocks_never_read: int | None = None
 
 
 def _pct(values: np.ndarray) -> dict[str, float]:
@@ -103,6 +109,7 @@ def _reuse_stats(ids: np.ndarray, is_read: np.ndarray, nu: np.ndarray) -> dict[s
     ``TraceStats``); ``nu`` is ``next_use(ids)``."""
     blocks, first = np.unique(ids, return_index=True)
     counts = np.bincount(np.searchsorted(blocks, ids[is_read]), minlength=len(blocks))
+    counts_read = counts[counts > 0]  # per block accessed; a block only written is not one
     reused = np.flatnonzero(nu != NO_NEXT_USE)
     reused = reused[is_read[nu[reused]]]  # previous touches of a block an access reuses
     reads_so_far = np.cumsum(is_read)
@@ -110,9 +117,10 @@ def _reuse_stats(ids: np.ndarray, is_read: np.ndarray, nu: np.ndarray) -> dict[s
     return {
         "accesses": accesses,
         "unique_blocks": len(blocks),
+        "blocks_never_read": len(blocks) - len(counts_read),
         "compulsory_miss_ratio": int(is_read[first].sum()) / accesses if accesses else 0.0,
-        "blocks_accessed_once": float(np.mean(counts == 1)),
-        "accesses_per_block_mean": accesses / len(blocks),
+        "blocks_accessed_once": float(np.mean(counts_read == 1)) if len(counts_read) else 0.0,
+        "accesses_per_block_mean": accesses / len(counts_read) if len(counts_read) else 0.0,
         "accesses_per_block_max": int(counts.max()),
         "reuse_time_pct": _pct(reads_so_far[nu[reused]] - reads_so_far[reused]),
     }
@@ -198,5 +206,5 @@ def trace_stats(path: str | os.PathLike) -> TraceStats:
         trace.kind, trace.records, reuse["accesses"], writes, reuse["unique_blocks"], reuse["compulsory_miss_ratio"], prefix,
         reuse["blocks_accessed_once"], reuse["accesses_per_block_mean"], reuse["accesses_per_block_max"],
         reuse["reuse_time_pct"], _pct(np.diff(trace.offsets)), tokens, span, distances, depth, roots, trace.block_tokens,
-        repeats, first_repeat,
+        repeats, first_repeat, None if trace.requests is not None else reuse["blocks_never_read"],
     )  # fmt: skip
