@@ -16,7 +16,25 @@ from typing import Sequence
 
 from .counts import decrement, increment
 
-__all__ = ["HoldMixin"]
+__all__ = ["HoldMixin", "orphans_first"]
+
+
+def orphans_first(ids: Sequence[int], orphans: dict[int, int]) -> tuple[list[int], list[int]]:
+    """Splits releases of ``ids`` (repeats count) into those an id's orphan counts take and
+    the rest, per repeat: each id spends its ``orphans`` count first, then goes to the
+    live count, so an id pinned (or held) once before its loss and once after it is
+    released twice in one call. Returns ``(orphaned, live)``; changes nothing."""
+    if not orphans:
+        return [], list(ids)
+    orphaned, live, spare = [], [], {}
+    for block_id in ids:
+        left = spare.get(block_id, orphans.get(block_id, 0))
+        if left > 0:
+            spare[block_id] = left - 1
+            orphaned.append(block_id)
+        else:
+            live.append(block_id)
+    return orphaned, live
 
 
 class HoldMixin:
@@ -76,13 +94,8 @@ class HoldMixin:
             CountError: an id is released more often than it is held and orphan-held
                 (nothing is released then).
         """
-        orphans, present, spare = [], [], dict(self.orphan_holds)
-        for block_id in ids:
-            if spare.get(block_id, 0) > 0:
-                spare[block_id] -= 1
-                orphans.append(block_id)
-            elif block_id in self.held:
-                present.append(block_id)
+        orphans, rest = orphans_first(ids, self.orphan_holds)
+        present = [block_id for block_id in rest if block_id in self.held]
         decrement(self.held, present, "unhold")  # checked whole first: one that raises releases nothing
         decrement(self.orphan_holds, orphans, "unhold")
 

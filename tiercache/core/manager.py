@@ -54,7 +54,7 @@ from .counts import CountError, decrement, increment
 from .directory import TierDirectory
 from .engine import ImmediateEngine, TransferEngine
 from .guards import distinct_prefix, pick_hints, slice_hints
-from .holds import HoldMixin
+from .holds import HoldMixin, orphans_first
 from .placing import check_placement, insert_tier, promotes
 from .plans import Ev, EventLog, Room, TransferPlan
 from .room import _MADE, RoomMixin
@@ -159,11 +159,12 @@ class TierManager(RoomMixin, TransferMixin, HoldMixin):
     def unref(self, ids: Sequence[int]) -> None:
         """Undoes ``ref``; raises CountError below zero (never clamps).
 
-        A reference on a block that was lost while referenced is released from
-        ``orphan_refs``, so readers' counts stay balanced.
+        References on a block that was lost while referenced are released from
+        ``orphan_refs`` first, each repeat of an id spending one, then from ``refs``
+        (``orphans_first``, as holds): readers' counts stay balanced, and a block pinned
+        before its loss and again once stored anew is released by one call naming it twice.
         """
-        live = [block_id for block_id in ids if block_id not in self.orphan_refs]
-        orphans = [block_id for block_id in ids if block_id in self.orphan_refs]
+        orphans, live = orphans_first(ids, self.orphan_refs)
         decrement(self.refs, live, "unref")
         decrement(self.orphan_refs, orphans, "unref")
 

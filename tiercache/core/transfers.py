@@ -38,7 +38,9 @@ class TransferMixin:
     ``_plan_hints``, ``_next_job``, ``_future`` and ``_chunk_caps``, on ``_make_room``,
     ``_room_possible`` and ``_place_in_pieces`` (``RoomMixin``) and on ``_orphan_holds``
     (``HoldMixin``). Invariants: every plan in ``inflight`` has its sources pinned and its
-    destination slots reserved; a plan leaves ``inflight`` exactly once, in ``complete``;
+    destination slots reserved; a source a move (not a copy) takes out of its tier is pinned
+    by that plan alone (copies may share theirs); a plan leaves ``inflight`` exactly once, in
+    ``complete``, which applies it whole or takes it back whole;
     ``_running`` (the jobs ``start_move`` submitted, the only ones the manager waits for
     itself) is a subset of ``inflight``.
     """
@@ -49,7 +51,9 @@ class TransferMixin:
 
         None when an id is absent from ``src``, already in ``dst`` or on its way there, pinned
         by another move, repeated, or when ``dst`` has fewer free slots than ids (call
-        ``make_room`` first).
+        ``make_room`` first). A copy (``keep_source``) may share a source with other copies,
+        never with a move in flight that takes the block out of ``src`` (``_leaving``): that
+        move's ``complete`` removes the block, which it could not while a copy still reads it.
         """
         src_dir, dst_dir = self.dirs[src], self.dirs[dst]
         if keep_source and not self.write_through and dst != self.shared:
@@ -61,8 +65,8 @@ class TransferMixin:
                 return None
             if not keep_source and block_id in src_dir.pins:
                 return None
-        if self.inflight and self._arriving(ids, dst):
-            return None  # a copy of one of them is already on its way there
+        if self.inflight and (self._arriving(ids, dst) or keep_source and self._leaving(ids, src)):
+            return None  # a copy of one of them is already on its way there, or one is moving out of src
         src_dir.pin(ids)
         reserved: list[int] = []
         try:  # pinned and reserved exactly when the plan is in flight, whatever raises in between
@@ -82,6 +86,15 @@ class TransferMixin:
         """True when an in-flight plan is already bringing one of ``ids`` into ``dst``."""
         wanted = set(ids)
         return any(plan.dst_tier == dst and not wanted.isdisjoint(plan.ids) for plan in self.inflight.values())
+
+    def _leaving(self, ids: Sequence[int], src: int) -> bool:
+        """True when an in-flight move (not a copy) is taking one of ``ids`` out of ``src``."""
+        pins = self.dirs[src].pins
+        if not any(block_id in pins for block_id in ids):
+            return False  # only a pinned block is read by a transfer in flight
+        wanted = set(ids)
+        return any(plan.src_tier == src and not plan.keep_source and not wanted.isdisjoint(plan.ids)
+                   for plan in self.inflight.values())
 
     # -- phase two: run ------------------------------------------------------------------
     def start_move(self, ids: Sequence[int], src: int, dst: int, keep_source: bool = False,
@@ -162,8 +175,10 @@ class TransferMixin:
     def publish(self, ids: Sequence[int]) -> list[TransferPlan]:
         """Starts copying resident ids into the shared last tier, keeping them where they are.
 
-        One plan per source tier; ids the shared tier holds or is receiving, absent ids and
-        a manager without a shared tier are skipped. Room is made in the shared tier at once
+        One plan per source tier; ids the shared tier holds or is receiving, ids a move in
+        flight is taking out of their tier (a prefetch: the copy would read a block about to
+        leave; publish it once the move completed), absent ids and a manager without a shared
+        tier are skipped, before any room is made. Room is made in the shared tier at once
         (its victims only leave this manager's view). Returns the plans in flight.
         """
         shared = self.shared
@@ -171,8 +186,8 @@ class TransferMixin:
             return []
         wanted = [b for b in dict.fromkeys(ids) if b not in self.dirs[shared].slot_of]
         if self.inflight:
-            arriving = {b for p in self.inflight.values() if p.dst_tier == shared for b in p.ids}
-            wanted = [b for b in wanted if b not in arriving]
+            busy = {b for p in self.inflight.values() if p.dst_tier == shared or not p.keep_source for b in p.ids}
+            wanted = [b for b in wanted if b not in busy]
         plans = []
         for tier in range(shared):
             here = [b for b in wanted if self.locate(b) == tier]
@@ -221,8 +236,7 @@ class TransferMixin:
                 result = self.engine.wait(job_id)
         except Exception as exc:  # noqa: BLE001 - an engine error fails the job, not the manager
             result = JobResult(job_id, f"engine failed: {type(exc).__name__}: {exc}")
-        self.complete(result)
-        return result
+        return self._apply(result)[1]
 
     def wait_all(self) -> list[JobResult]:
         """Waits for and applies every job this manager started, oldest first."""
@@ -230,17 +244,27 @@ class TransferMixin:
         return [r for r in results if r is not None]
 
     def complete(self, result: JobResult) -> TransferPlan:
-        """Applies a finished job: publishes the destination, or undoes the reservation."""
+        """Applies a finished job: publishes the destination, or undoes the reservation.
+
+        Never half-way: a job that landed but cannot be applied whole (``_refusal``) is
+        taken back as failed before anything else changes; its blocks stay where they were.
+        """
+        return self._apply(result)[0]
+
+    def _apply(self, result: JobResult) -> tuple[TransferPlan, JobResult]:
+        """``complete``; returns the plan and the result applied (failed if taken back)."""
         plan = self.inflight.pop(result.job_id)
         self._running.discard(plan.job_id)
         hints = self._plan_hints.pop(plan.job_id, None)
         src_dir, dst_dir = self.dirs[plan.src_tier], self.dirs[plan.dst_tier]
         src_dir.unpin(plan.ids)
+        if result.ok and (refusal := self._refusal(plan)) is not None:
+            result = JobResult(plan.job_id, refusal)
         if not result.ok:
             dst_dir.release(plan.dst_slots)
             self.events.emit(Ev.TRANSFER_FAILED, plan.src_tier, plan.n_blocks, plan.dst_tier)
             self._drop_lost(plan.src_tier, [b for b in result.lost if b in src_dir.slot_of and b not in src_dir.pins])
-            return plan
+            return plan, result
         if not plan.keep_source:
             self.policies[plan.src_tier].on_remove(plan.ids)
             freed = src_dir.remove(plan.ids)
@@ -249,7 +273,23 @@ class TransferMixin:
         if not plan.keep_source:  # after publishing: the engine may ask where blocks now live
             self.engine.discard(plan.src_tier, plan.ids, freed)
         self.events.emit(_move_kind(plan), plan.src_tier, plan.n_blocks, plan.dst_tier)
-        return plan
+        return plan, result
+
+    def _refusal(self, plan: TransferPlan) -> str | None:
+        """Why a landed ``plan`` (its sources unpinned) cannot be applied whole, or None.
+
+        Its destination tier holds one of its blocks already, or (a move, not a copy) another
+        transfer still reads one of its sources, which a move must remove. ``prepare_move``
+        admits neither; this keeps ``complete`` whole should one ever slip in. A move taken
+        back for a source still read gives up the copies it wrote (``engine.discard``).
+        """
+        if any(block_id in self.dirs[plan.dst_tier].slot_of for block_id in plan.ids):
+            return f"a block of the move is already in tier {self.dirs[plan.dst_tier].name}: taken back"
+        pins = self.dirs[plan.src_tier].pins
+        if plan.keep_source or not any(block_id in pins for block_id in plan.ids):
+            return None
+        self.engine.discard(plan.dst_tier, plan.ids, plan.dst_slots)
+        return f"a source in tier {self.dirs[plan.src_tier].name} is still read by another transfer: taken back"
 
     # -- the blocking path ---------------------------------------------------------------
     def move(self, ids: Sequence[int], src: int, dst: int) -> bool:

@@ -87,34 +87,41 @@ def adopt_stored_blocks(manager: TierManager, media: Sequence[object], keymap: K
 
 
 def persist_to_nvme(manager: TierManager, events: EventLog) -> Persisted:
-    """Moves unpinned DRAM, then HBM, blocks into free NVMe slots (nothing on NVMe is
-    evicted for them; blocks that do not fit are ``left_out``), after the blocks whose NVMe
-    copies are retained (``_return_retained``: no write, counted with the others).
+    """Moves unpinned DRAM, then HBM, blocks that have no NVMe copy into free NVMe slots
+    (nothing on NVMe is evicted for them; blocks that do not fit are ``left_out``), after
+    the blocks whose NVMe copies are retained (``_return_retained``: no write, counted with
+    the others).
 
-    One move per tier first; when one of its writes fails, the move is taken back whole
-    and its blocks are tried again one per move (``_move_one_by_one``), so a failed write
-    costs at most its own block. Every count is taken from where the blocks end up:
+    In an exclusive hierarchy that is every DRAM and HBM block. In write-through most of
+    them have their NVMe copy already (never written again); the others, whose copy down
+    failed (a full disk) or whose NVMe copy was evicted while they stayed above, are moved
+    as in exclusive mode, each once (a block in DRAM and HBM moves from DRAM; HBM keeps its
+    copy). One move per tier first; when one of its writes fails, the move is taken back
+    whole and its blocks are tried again one per move (``_move_one_by_one``), so a failed
+    write costs at most its own block. Every count is taken from where the blocks end up:
     ``saved`` are in NVMe afterwards, ``failed`` were tried and are not, ``left_out`` were
     never tried.
     """
     names = [d.name for d in manager.dirs]
-    if "nvme" not in names or manager.write_through:
+    if "nvme" not in names:
         return Persisted()
     nvme, reason = names.index("nvme"), None
+    on_nvme = manager.dirs[nvme].slot_of
     held = _return_retained(manager, nvme)
-    tried = len(held)
+    tried, seen = len(held), set(held)
     for tier in reversed(range(nvme)):
         directory = manager.dirs[tier]
-        here = [i for i in directory.slot_of if i not in directory.pins]
+        here = [i for i in directory.slot_of if i not in directory.pins and i not in on_nvme and i not in seen]
         ids = here[: manager.dirs[nvme].n_free]
         held += here
+        seen.update(here)
         tried += len(ids)
         error = _move_error(manager, ids, tier, nvme) if ids else None
         if error is not None:
             reason = reason or error
-            _move_one_by_one(manager, [i for i in ids if manager.locate(i) == tier], tier, nvme)
+            _move_one_by_one(manager, [i for i in ids if i in directory.slot_of and i not in on_nvme], tier, nvme)
     events.drain()  # shutting down is not traffic
-    saved = sum(manager.locate(block_id) == nvme for block_id in held)
+    saved = sum(block_id in on_nvme for block_id in held)
     return Persisted(saved, tried - saved, len(held) - tried, reason)
 
 
@@ -197,22 +204,30 @@ def run_every_step(steps: Sequence[Callable[[], object]]) -> list[object]:
 def check_store(manager: TierManager, keymap: KeyMap, media: Sequence[object], engine: LocalEngine | None = None) -> None:
     """Asserts the manager, the key map, the keyed media and the ``engine``'s retained copies
     agree (a shared medium, the remote store, is not checked by key: others may evict what
-    this process's view lists)."""
+    this process's view lists).
+
+    Like the retained copies' bound (checked only once every move settled), a keyed tier's
+    blocks that moves in flight read (pinned) are exempt: a read that found its chunk
+    corrupt deleted it already, and the manager drops the block when the move completes.
+    """
     manager.check_invariants()
     if engine is not None:
         engine.retained.check(settled=not manager.inflight)
     keymap.check({b for d in manager.dirs for b in d.slot_of})
     for tier, medium in enumerate(media):
         if medium.keyed and not getattr(medium, "shared", False):  # places bytes itself: check by key
+            reading = manager.dirs[tier].pins  # sources of moves in flight (see above)
             for block_id in manager.dirs[tier].slot_of:
-                assert medium.contains(keymap.keys[block_id]), f"{medium}: resident block {block_id} is not stored"
+                assert block_id in reading or medium.contains(keymap.keys[block_id]), \
+                    f"{medium}: resident block {block_id} is not stored"
 
 
 def check_release(manager: TierManager, keys: Sequence[bytes], ids: Sequence[int | None]) -> None:
     """Checks a ``release`` before it changes anything, naming the caller's key (the manager
     names its internal id): each key stored or pinned, and released at most as often as it
-    is pinned (pins on blocks lost while pinned count too: ``TierManager.unref``). ``ids``
-    are the keys' ids (None: the id belongs to another key).
+    is pinned, pins on a block lost while pinned and pins on it stored anew together (the
+    orphan pins are spent first: ``TierManager.unref``). ``ids`` are the keys' ids (None:
+    the id belongs to another key).
 
     Raises:
         KeyError: the first key neither stored nor pinned.
@@ -220,10 +235,9 @@ def check_release(manager: TierManager, keys: Sequence[bytes], ids: Sequence[int
     """
     asked: dict[int, int] = {}
     for key, block_id in zip(keys, ids):
-        orphan = block_id in manager.orphan_refs
-        if block_id is None or not (orphan or manager.locate(block_id) is not None):
+        orphans = manager.orphan_refs.get(block_id, 0) if block_id is not None else 0
+        if block_id is None or not (orphans or manager.locate(block_id) is not None):
             raise KeyError(f"TieredKVStore.release: key {key.hex()} is not stored")
         asked[block_id] = asked.get(block_id, 0) + 1
-        counts = manager.orphan_refs if orphan else manager.refs
-        if asked[block_id] > counts.get(block_id, 0):
+        if asked[block_id] > orphans + manager.refs.get(block_id, 0):
             raise CountError(f"TieredKVStore.release: key {key.hex()} is released more often than it is pinned")

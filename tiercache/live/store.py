@@ -35,6 +35,7 @@ from .arguments import check_flag
 from .keymap import KeyMap
 from .lifecycle import (PersistError, Persisted, adopt_stored_blocks, check_release, check_store, flush_and_close,
                         persist_to_nvme, run_every_step)
+from .reachable import reachable_ids
 from .reads import read_blocks
 from .pending import Pending
 from .ownership import NoCopies, OwnerGuard
@@ -293,15 +294,9 @@ class TieredKVStore(NoCopies):
                 out = out[:n]
             return self._gather(keys[:n], ids[:n], out, partial=True)
 
-    def _reachable_ids(self, keys: list[bytes]) -> list[int | None]:
-        """Ids of ``keys`` once those the remote store holds are adopted; counts local hits."""
-        ids = self._map.ids(keys, register=False)
-        if self._remote is not None:
-            self._remote.adopt_present([k for k, i in zip(keys, ids) if i is not None and self.manager.locate(i) is None],
-                                       protect=[i for i in ids if i is not None])
-            ids = self._map.ids(keys, register=False)
-            self._remote.read([i for i in ids if i is not None])
-        return ids
+    def _reachable_ids(self, keys: list[bytes], settle: bool = True) -> list[int | None]:
+        """``reachable_ids`` of this store: moves in flight completed first unless not ``settle``."""
+        return reachable_ids(self._map, self.manager, self._remote, keys, settle)
 
     def _promote_for_read(self, ids: list[int]) -> None:
         """Promotes the blocks a read asks for, as the policy says, never at their expense.
@@ -341,7 +336,7 @@ class TieredKVStore(NoCopies):
         keys = self._map.check_keys(keys, "TieredKVStore.prefetch")
         with self._lock:
             self._check_open()
-            ids = [i for i in self._reachable_ids(keys) if i is not None]
+            ids = [i for i in self._reachable_ids(keys, settle=False) if i is not None]
             plans = self.manager.prefetch(ids)
             self._stats.consume(self.events.drain())
             self._forget_departed()
