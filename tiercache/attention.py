@@ -25,8 +25,9 @@ Shapes: ``q`` is ``[q_heads, 1, head_dim]``; KV for attention is ``[kv_heads, to
 head_dim]``; GQA/MQA when ``q_heads`` is a multiple of ``kv_heads`` (query head ``h`` reads
 KV head ``h // (q_heads // kv_heads)``). Compute runs in float32 (float64 for float64
 inputs), whatever the storage dtype; scores beyond float32's range (bf16 or fp32 KV and
-queries near 1e19 and above) are computed in float64 instead, so finite 16- or 32-bit inputs
-never give NaN.
+queries near 1e19 and above), and weighted sums of values beyond it (bf16 or fp32 V near
+float32's largest values), are computed in float64 instead, so finite 16- or 32-bit inputs
+never give NaN or inf.
 """
 
 from __future__ import annotations
@@ -104,8 +105,9 @@ def partial_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: 
 
     Returns:
         The partial; a row whose allowed scores overflow the compute dtype (or hold NaN)
-        gets a NaN ``peak`` (no host synchronisation here: the caller tests the merged
-        ``lse`` once).
+        gets a NaN ``peak``, and one whose weighted sum of values overflows it (V near the
+        dtype's largest values) an ``out`` that is not finite (no host synchronisation here:
+        the caller tests the merged ``lse`` and ``out`` once).
     """
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     if k.shape[1] == 0:
@@ -127,7 +129,8 @@ def partial_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: 
 
 
 def merge(a: Partial, b: Partial) -> Partial:
-    """The exact attention over the union of two disjoint key subsets (a NaN peak stays NaN)."""
+    """The exact attention over the union of two disjoint key subsets (a NaN peak stays NaN,
+    and an ``out`` that is not finite stays so: its weighted sum may also overflow)."""
     peak = torch.maximum(a.peak, b.peak)
     safe = torch.where(torch.isfinite(peak), peak, torch.zeros_like(peak))
     wa = a.total * torch.exp(a.peak - safe)
@@ -145,7 +148,11 @@ class ChunkSource(Protocol):
     ``[0, depth)``) and returns a handle; ``finish(handle)`` waits for it and returns the
     chunk's ``(k, v)``, each ``[kv_heads, tokens, D]``, valid until the buffer is reused.
     A chunk may be started again once finished: ``stream_attention`` reads every chunk a
-    second time, in float64, when float32 scores overflow.
+    second time, in float64, when float32 scores or outputs overflow.
+
+    Optional: ``settle(handle)`` waits for a started chunk without converting it (what a
+    failed read drains with; ``finish`` otherwise), and ``stored_dtype``, the dtype the
+    chunks are stored in when ``finish`` converts them (the overflow check judges that one).
     """
 
     def start(self, index: int, buffer: int) -> object: ...
@@ -161,11 +168,16 @@ def stream_attention(q: torch.Tensor, kv_heads: int, source: ChunkSource, n_chun
     The schedule: the first ``depth`` fetches start at once; then, for each chunk ``i`` in
     order: wait for chunk ``i``, compute it (chunks ``i+1 .. i+depth-1`` are still being
     fetched meanwhile), and only then hand its buffer to chunk ``i + depth``. The window is
-    therefore ``depth`` chunk buffers, whatever the sequence length. If a score overflowed
-    ``dtype`` (one check of the merged log-sum-exp, after the last chunk), the whole
-    schedule runs again in float64: finite 16- or 32-bit inputs never give NaN. The check
-    (one host synchronisation on CUDA) is skipped when every input is fp16 or narrower, whose
-    float32 scores cannot overflow.
+    therefore ``depth`` chunk buffers, whatever the sequence length. If a score or a
+    weighted sum of values overflowed ``dtype`` (one check of the merged log-sum-exp and
+    output, after the last chunk), the whole schedule runs again in float64: finite 16- or
+    32-bit inputs never give NaN or inf. The check (one host synchronisation on CUDA) is
+    skipped when every input is fp16 or narrower as stored (``ChunkSource.stored_dtype``),
+    whose float32 scores and sums cannot overflow.
+
+    A failure (an error, or a Ctrl-C while a fetch is awaited) waits for every fetch whose
+    ``finish`` did not complete, the one being finished included, before it propagates: no
+    fetch is left to write its window buffer under the next read.
 
     Returns:
         ``[q_heads, 1, D]`` in ``dtype``.
@@ -183,7 +195,8 @@ def stream_partial(q: torch.Tensor, kv_heads: int, source: ChunkSource, n_chunks
     """``stream_attention``'s schedule, returning the merged ``Partial`` (``out`` is
     ``[kv_heads, group, D]``) so that a caller can merge it with attention over keys held
     elsewhere (a prefill chunk's own causal keys). Its ``out``, ``peak`` and ``total`` are in
-    ``dtype``, or in float64 when a score overflowed ``dtype`` (the rerun); ``lse`` is finite.
+    ``dtype``, or in float64 when a score or a weighted sum of values overflowed ``dtype``
+    (the rerun); ``lse`` and ``out`` are finite for finite inputs.
 
     Raises:
         ValueError: as ``stream_attention``.
@@ -193,33 +206,49 @@ def stream_partial(q: torch.Tensor, kv_heads: int, source: ChunkSource, n_chunks
     _check_query(q, kv_heads)
     extras = list(extra)
     result, wide = _streamed(q, kv_heads, source, n_chunks, depth, extras, dtype)
-    if wide and dtype != torch.float64 and not bool(torch.isfinite(result.lse).all()):  # one host sync
+    if wide and dtype != torch.float64 and not _finite(result):  # one host sync
         result, _ = _streamed(q, kv_heads, source, n_chunks, depth, extras, torch.float64)
     return result
 
 
-def may_overflow(*tensors: torch.Tensor) -> bool:
-    """Whether float32 scores of these inputs can overflow: some dtype reaches beyond fp16's
-    65504 (bf16, fp32). fp16 (and fp8) inputs cannot: a score is at most ``D x 65504**2``,
-    so their results need no overflow check (and, on CUDA, no host synchronisation)."""
-    return any(torch.finfo(t.dtype).max > torch.finfo(torch.float16).max for t in tensors)
+def _finite(part: Partial) -> bool:
+    """Whether a merged partial's log-sum-exp and output are all finite, with one host
+    synchronisation: an overflowed score makes the first NaN or inf, an overflowed weighted
+    sum of values (in ``partial_attention``'s product or a ``merge``) the second."""
+    return bool(torch.isfinite(part.lse).all() & torch.isfinite(part.out).all())
+
+
+def may_overflow(*inputs: torch.Tensor | torch.dtype) -> bool:
+    """Whether float32 scores, or weighted sums of values, of these inputs (tensors, or the
+    dtypes they are stored in) can overflow: some dtype reaches beyond fp16's 65504 (bf16,
+    fp32). fp16 (and fp8) inputs cannot: a score is at most ``D x 65504**2`` and a sum at most
+    ``tokens x 65504``, so their results need no overflow check (and, on CUDA, no host
+    synchronisation)."""
+    limit = torch.finfo(torch.float16).max
+    return any(torch.finfo(t if isinstance(t, torch.dtype) else t.dtype).max > limit for t in inputs)
 
 
 def _streamed(q: torch.Tensor, kv_heads: int, source: ChunkSource, n_chunks: int, depth: int,
               extras: list[tuple[torch.Tensor, torch.Tensor]], dtype: torch.dtype) -> tuple[Partial, bool]:
     """One run of ``stream_attention``'s schedule in ``dtype``: the merged partial, and whether
-    any input ``may_overflow`` (its scores could overflow ``dtype``)."""
+    any input ``may_overflow`` (its scores could overflow ``dtype``), judged by the dtype its
+    chunks are stored in (``source.stored_dtype``) when the source converts them.
+
+    Invariant: ``in_flight`` holds every started fetch whose ``finish`` has not returned; a
+    handle leaves it only once finished, so a failure drains the one being finished too."""
     grouped = _grouped(q.to(dtype), kv_heads)
     result: Partial | None = None
     keys = 0
     wide = may_overflow(q)
+    stored = getattr(source, "stored_dtype", None)
     in_flight: deque = deque()
     try:
         in_flight.extend(source.start(i, i % depth) for i in range(min(depth, n_chunks)))
         for index in range(n_chunks):
-            k, v = source.finish(in_flight.popleft())
+            k, v = source.finish(in_flight[0])  # a finish that fails leaves its fetch to _drain
+            in_flight.popleft()
             keys += _check_chunk(k, v, grouped, f"chunk {index}")
-            wide = wide or may_overflow(k, v)
+            wide = wide or may_overflow(*((k, v) if stored is None else (stored,)))
             part = _sliced_partial(grouped, k, v)  # compute chunk i while i+1.. are fetched
             result = part if result is None else merge(result, part)
             following = index + depth
@@ -254,9 +283,10 @@ def _sliced_partial(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Partia
 
 def _drain(source: ChunkSource, in_flight: deque) -> None:
     """Waits for the fetches still in flight after a failure (their own errors are the
-    failure's consequence): a fetch left running would write its window buffer under the
-    next read. A source with ``settle(handle)`` (wait without converting) is asked that,
-    others ``finish``."""
+    failure's consequence), the one whose ``finish`` failed included (its other pieces may
+    still be landing): a fetch left running would write its window buffer under the next
+    read. A source with ``settle(handle)`` (wait without converting) is asked that, others
+    ``finish``."""
     settle = getattr(source, "settle", source.finish)
     while in_flight:
         try:

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from tiercache.attention import compute_dtype
-from tiercache.core.interrupts import interruptible_wait
+from tiercache.core.interrupts import deferred_interrupts, interruptible_wait
 from tiercache.data.nvme_results import ReadIOError
 from tiercache.data.pools import BlockPool
 from tiercache.data.quantized import QuantizedPool
@@ -77,11 +77,19 @@ class TierChunks:
 
     A handle is ``(index, buffer, pending)``: ``pending`` is None when the chunk has no
     block on a keyed medium, else ``(future, reads)``: a future done once every read of the
-    chunk has landed, and ``(piece number, future, window rows)`` per keyed piece.
+    chunk has landed, and ``(piece number, future, window rows)`` per keyed piece. A read
+    is never left running unknown to the caller: ``start`` returns the handle of every read
+    it started or, failing, waits for them; ``settle`` waits for all of a handle's reads,
+    NVMe and remote alike, even those of a chunk whose ``finish`` failed part-way.
+
+    ``stored_dtype`` is the cache's storage dtype: ``finish`` converts K and V to the compute
+    dtype, and the overflow check of ``stream_partial`` judges the dtype they are stored in
+    (fp16 KV needs none).
     """
 
     def __init__(self, cache: TieredKVCache, ids: list[int], keys: list[bytes]) -> None:
         self.cache = cache
+        self.stored_dtype: torch.dtype = cache.dtype
         width = cache.window_blocks
         self.chunks: list[Chunk] = [self._chunk(ids[a : a + width], keys[a : a + width]) for a in range(0, len(ids), width)]
         self.n_chunks = len(self.chunks)
@@ -103,19 +111,28 @@ class TierChunks:
         return Chunk(tuple(pieces), ids, keys)
 
     def start(self, index: int, buffer: int):
-        reads = []
-        for number, piece in enumerate(self.chunks[index].pieces):
-            medium = self.cache.store._media[piece.tier]
-            if medium.keyed:
-                window = self._window_rows(buffer, piece)
-                reads.append((number, medium.submit_get(piece.keys, window), window))
-        return (index, buffer, (_joined([future for _, future, _ in reads]), reads) if reads else None)
+        """Starts the reads of chunk ``index``'s keyed pieces into window buffer ``buffer``
+        and returns its handle. A submission that fails (or a Ctrl-C, raised once the
+        submissions are whole) waits for the reads already started before it propagates."""
+        reads: list = []
+        try:
+            with deferred_interrupts():  # no Ctrl-C between a read's submission and its record
+                for number, piece in enumerate(self.chunks[index].pieces):
+                    medium = self.cache.store._media[piece.tier]
+                    if medium.keyed:
+                        window = self._window_rows(buffer, piece)
+                        reads.append((number, medium.submit_get(piece.keys, window), window))
+                return (index, buffer, (_joined([future for _, future, _ in reads]), reads) if reads else None)
+        except BaseException:
+            self.settle((index, buffer, (None, reads)))
+            raise
 
     def settle(self, handle) -> None:
-        """Waits for a started chunk's reads to land, taking nothing from them (a read
-        abandoned by a failed step must not write its window buffer under the next one)."""
+        """Waits for every read of a started chunk to land, taking nothing from them (a read
+        abandoned by a failed step, or left by a ``finish`` that failed on another piece of
+        the chunk, must not write its window buffer under the next one)."""
         pending = handle[2]
-        if pending is not None:
+        if pending is not None and pending[1]:
             with interruptible_wait():  # a hung disk must not make the call deaf to Ctrl-C
                 futures.wait([future for _, future, _ in pending[1]])
 
