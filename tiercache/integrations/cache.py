@@ -404,7 +404,7 @@ class TieredCache(Cache):
 
     def _attend(self, layer: int, query: torch.Tensor, scaling: float) -> torch.Tensor:
         """Attention of ``query`` (``[batch, heads, t, D]``) over each row's held tokens and
-        the staged new ones; appends the staged tokens. Returns ``[batch, t, heads, D]``."""
+        the staged new ones; appends the staged tokens. Returns ``[batch, t, heads, D]``, contiguous."""
         k_new, v_new = self._staged[layer]
         self._staged[layer] = None
         batch, heads, tokens, head_dim = query.shape
@@ -421,7 +421,7 @@ class TieredCache(Cache):
                 part = self._prefill_partial(seq, layer, q[row], k_row, v_row, None if keep is None else keep[row])
                 self._pads[layer, row] += tokens - (tokens if keep is None else int(keep[row].sum()))
             outs.append(part.out.reshape(heads, tokens, head_dim))
-        return torch.stack(outs).transpose(1, 2).to(query.dtype)
+        return torch.stack(outs).transpose(1, 2).contiguous().to(query.dtype)  # contiguous, as transformers' own
 
     def _keep(self, layer: int, tokens: int) -> torch.Tensor | None:
         """The kept (not padding) columns of this pass (``[batch, t]``), None: all of them."""

@@ -18,11 +18,11 @@ from tiercache.errors import UserError
 from tiercache.live.arguments import sparse_budget_blocks
 from tiercache.live.cache import TieredKVCache
 
-from .hooks import installed
+from .hooks import decoder_of, installed
 from .inputs import check_supported, kv_layout, left_padding, text_config
 
-__all__ = ["ATTENTION", "FINGERPRINT", "check_decoding", "check_mode", "check_model", "first_position",
-           "kept_columns", "pass_tokens"]
+__all__ = ["ATTENTION", "FINGERPRINT", "check_decoding", "check_kv_heads", "check_mode", "check_model",
+           "first_position", "kept_columns", "pass_tokens"]
 
 #: The ``attn_implementation`` name of the attention that reads a ``TieredCache``.
 ATTENTION = "tiercache"
@@ -57,6 +57,52 @@ def check_model(kv: TieredKVCache, model: Any) -> None:
     if dtype is not None and dtype != kv.dtype:
         raise UserError(f"TieredCache: the model computes in {dtype}, the TieredKVCache stores {kv.dtype}; "
                         "build its layout with kv_layout(model.config, model.dtype)")
+
+
+def check_kv_heads(model: Any) -> None:
+    """Raises UserError when the attention layers of the model's decoder say they use another
+    number of KV heads than ``kv_layout`` reads from the config (``config.num_key_value_heads``
+    that the model ignores: ``GPTBigCodeConfig(num_attention_heads=4, multi_query=False)``
+    reports 12 while its layers use 4), or different numbers from layer to layer (MiMo-V2-Flash's
+    sliding layers: a layout has one). A layer says it by a ``num_key_value_heads``,
+    ``num_kv_heads`` or ``kv_heads`` attribute, else by ``num_key_value_groups`` (its query
+    heads per KV head); a layer that says neither is not checked (``TieredLayer.update``
+    still refuses K or V of another shape than the layout's, before it stores them)."""
+    config = text_config(model.config)
+    want = kv_layout(config, torch.float32).kv_heads
+    used = {}  # layer index -> KV heads its attention says it uses
+    for module in decoder_of(model).modules():
+        index = getattr(module, "layer_idx", None)
+        got = _kv_heads_of(module, config.num_attention_heads) if isinstance(index, int) else None
+        if got is not None:
+            used.setdefault(index, got)
+    if len(set(used.values())) > 1:
+        first = {}  # KV heads -> the first layer that uses them
+        for index in sorted(used):
+            first.setdefault(used[index], index)
+        named = ", ".join(f"layer {index}: {heads}" for heads, index in first.items())
+        raise UserError(f"use_tiercache: {config.model_type}'s layers use different numbers of KV heads ({named}): "
+                        "not supported (a TieredKVCache's layout has one for every layer)")
+    for index, got in used.items():
+        if got != want:
+            said = getattr(config, "num_key_value_heads", None)
+            raise UserError(f"use_tiercache: layer {index} of {config.model_type} uses {got} KV heads, but the "
+                            f"config says num_key_value_heads={said} (kv_layout would size the cache for {want}); "
+                            f"set config.num_key_value_heads={got}, the heads the model uses")
+
+
+def _kv_heads_of(module: torch.nn.Module, heads: int) -> int | None:
+    """The KV heads an attention module says it uses (``check_kv_heads``); None: it does not say."""
+    for name in ("num_key_value_heads", "num_kv_heads", "kv_heads"):
+        value = getattr(module, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    groups = getattr(module, "num_key_value_groups", None)
+    if not isinstance(groups, int) or isinstance(groups, bool) or groups <= 0:
+        return None
+    own = next((value for name in ("num_heads", "num_attention_heads")
+                if isinstance(value := getattr(module, name, None), int) and value > 0), heads)
+    return own // groups if own % groups == 0 else None
 
 
 def check_mode(mode: AttentionMode, budget) -> None:

@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from .layer import forget_stage
+
 __all__ = ["TIERED_CACHE", "install", "installed"]
 
 #: Class attribute that marks a ``TieredCache``.
@@ -121,7 +123,8 @@ def _bind(signature: inspect.Signature | None, args: tuple, kwargs: dict) -> tup
 
 def _begin_pass(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
     """Forward pre-hook of the decoder: hands the pass's inputs, by name (``_by_name``), to
-    its ``TieredCache``."""
+    its ``TieredCache``; forgets the layer an earlier pass left staged (``forget_stage``)."""
+    forget_stage()
     args, kwargs = _by_name(module, args, kwargs)
     cache = _cache_of(args, kwargs)
     if cache is not None:

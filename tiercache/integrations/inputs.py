@@ -38,20 +38,28 @@ _ATTENTION_LAYERS = frozenset({"full_attention", "sliding_attention"})
 # the longest position seen) and "longrope" (short or long factors by whether the pass passes
 # original_max_position_embeddings) do; a type not known here is treated as they are.
 _STATIC_ROPE = frozenset({"default", "linear", "yarn", "llama3", "proportional"})
+# Model types whose attention reads other K or V than the cache update returned, refused by
+# use_tiercache (any other such model is refused by the attention itself, before it stores).
+_KV_AFTER_UPDATE = {"diffllama": "calls the attention twice per layer, each over half of V (differential attention)",
+                    "jetmoe": "repeats K and V after the cache update (mixture of attention heads)"}
 
 
 def kv_layout(config, dtype: torch.dtype, block_tokens: int = 256) -> KVLayout:
     """The per-layer KV layout of a ``transformers`` model's config (its language model's, for
     a composite one: layers, KV heads, head size) with KV stored as ``dtype``.
 
+    Invariant: K and V of a layer have the same shape (one ``head_dim`` for both).
+
     Raises:
-        UserError: the config lacks a field or ``dtype`` is not a dtype tiercache stores.
+        UserError: the config lacks a field or holds it per layer (Gemma 4's ``head_dim``);
+            V heads of another size than K's (``v_head_dim``); ``dtype`` is not a dtype
+            tiercache stores.
     """
     config = text_config(config)
     try:
         layers, heads = config.num_hidden_layers, config.num_attention_heads
-        kv_heads = getattr(config, "num_key_value_heads", None) or heads
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        kv_heads = _field(config, "num_key_value_heads", None, "kv_layout") or heads
+        head_dim = _head_dim(config, heads, "kv_layout")
     except AttributeError as exc:
         raise UserError(f"kv_layout: the config has no {exc.name!r}: not a decoder config tiercache knows") from None
     name = str(dtype).removeprefix("torch.")
@@ -240,7 +248,8 @@ def check_supported(config) -> None:
     """Raises UserError for a model whose cache is not one K and V per KV head per layer of a
     decoder: a latent cache (DeepSeek's multi-head latent attention), layers that share
     another layer's KV (Gemma 3n), layers without attention KV (convolution, linear or state
-    space layers of hybrid models), or an encoder-decoder model."""
+    space layers of hybrid models), an encoder-decoder model, per-layer or unequal K and V
+    head sizes (``_head_dim``), or a model that transforms K or V after the cache update."""
     text = text_config(config)
     if _field(config, "is_encoder_decoder", False):
         raise UserError(f"use_tiercache: {config.model_type} is an encoder-decoder model: not supported")
@@ -253,15 +262,37 @@ def check_supported(config) -> None:
     if others:
         raise UserError(f"use_tiercache: {text.model_type} has layers without attention KV ({', '.join(others)}): "
                         "not supported")
+    if text.model_type in _KV_AFTER_UPDATE:
+        raise UserError(f"use_tiercache: {text.model_type} {_KV_AFTER_UPDATE[text.model_type]}, so its attention "
+                        "does not read the K and V the cache stores: not supported")
+    heads = _field(text, "num_attention_heads", None)
+    if heads and _field(text, "hidden_size", None):
+        _head_dim(text, heads, "use_tiercache")
 
 
-def _field(config, name: str, default):
+def _head_dim(config, heads: int, where: str) -> int:
+    """The head size of a layer's K and of its V: ``head_dim``, else ``hidden_size // heads``.
+
+    Raises:
+        UserError: the config holds ``head_dim`` per layer, or gives V heads another size than
+            K's (``v_head_dim``, as MiMo-V2-Flash): a layer's K and V are stored in one shape.
+    """
+    head_dim = _field(config, "head_dim", None, where) or config.hidden_size // heads
+    v_head_dim = _field(config, "v_head_dim", None, where)
+    if v_head_dim is not None and v_head_dim != head_dim:
+        raise UserError(f"{where}: {config.model_type}'s V heads are {v_head_dim} wide and its K heads {head_dim} "
+                        "(v_head_dim != head_dim): not supported (K and V are stored with one head size)")
+    return head_dim
+
+
+def _field(config, name: str, default, where: str = "use_tiercache"):
     """A config field, ``default`` when absent; a config that cannot say (transformers raises
-    for a field it holds per layer) is refused, naming the field."""
+    for a field it holds per layer) is refused, naming the field (``where``: the caller)."""
     try:
         return getattr(config, name, default)
     except Exception as exc:  # noqa: BLE001 - e.g. AmbiguousGlobalPerLayerAttributeError
-        raise UserError(f"use_tiercache: {config.model_type}'s config cannot give {name} ({exc}): not supported") from None
+        raise UserError(f"{where}: {config.model_type}'s config cannot give {name} ({exc}): "
+                        "not supported") from None
 
 
 def namespace_bytes(namespace) -> bytes:

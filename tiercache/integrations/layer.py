@@ -2,10 +2,16 @@
 the object ``transformers`` calls ``update`` on. It keeps no tensors: it stages the layer's new
 K and V for the ``"tiercache"`` attention and answers length queries from its cache. It refers
 to its cache weakly, so that a dropped cache is collected (and its rows released) at once, not
-at the next cyclic garbage collection."""
+at the next cyclic garbage collection.
+
+The key ``update`` returns is tagged (``STAGE``) with its cache and layer: the attention finds
+the cache by it. A key that lost the tag (a model that transforms K after the update) is told
+apart from a pass without a ``TieredCache`` by ``unread_stage``: the layer this thread staged
+last, while no attention has read it."""
 
 from __future__ import annotations
 
+import threading
 import weakref
 from typing import TYPE_CHECKING
 
@@ -17,9 +23,26 @@ from tiercache.errors import UserError
 if TYPE_CHECKING:
     from .cache import TieredCache
 
-__all__ = ["STAGE", "TieredLayer"]
+__all__ = ["STAGE", "TieredLayer", "forget_stage", "unread_stage"]
 
 STAGE = "_tiercache_stage"  # attribute of the key tensor ``update`` returns: (cache, layer)
+_LAST = threading.local()  # .stage: (weak ref to the cache, layer) of this thread's last update
+
+
+def forget_stage() -> None:
+    """Forgets this thread's last staged layer (a decoder pass begins: what an earlier pass
+    left unread is not this pass's)."""
+    _LAST.stage = None
+
+
+def unread_stage() -> "tuple[TieredCache, int] | None":
+    """The (cache, layer) this thread's last ``update`` staged, while its K and V are still
+    unread by the attention; None when there is none (no ``TieredCache`` in this pass)."""
+    last = getattr(_LAST, "stage", None)
+    cache = None if last is None else last[0]()
+    if cache is None or cache.layers[last[1]].staged() is None:
+        return None
+    return cache, last[1]
 
 
 class TieredLayer(CacheLayerMixin):
@@ -52,12 +75,36 @@ class TieredLayer(CacheLayerMixin):
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
         """Stages the new tokens' K and V (``[batch, kv_heads, t, head_dim]``) for this
-        layer's ``"tiercache"`` attention and returns them, tagged for it."""
+        layer's ``"tiercache"`` attention and returns them, the key tagged for it.
+
+        Raises:
+            UserError: K or V is not of the layout's shape (nothing is staged).
+        """
+        owner = self.owner
+        self._check_shape(owner, key_states, value_states)
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        self.owner._stage(self.index, key_states, value_states)
-        setattr(key_states, STAGE, (self.owner, self.index))
+        owner._stage(self.index, key_states, value_states)
+        setattr(key_states, STAGE, (owner, self.index))
+        _LAST.stage = (self._owner, self.index)
         return key_states, value_states
+
+    def staged(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The (K, V) this layer staged in the running pass that no attention has read yet."""
+        return self.owner._staged[self.index]
+
+    def _check_shape(self, owner: "TieredCache", key: torch.Tensor, value: torch.Tensor) -> None:
+        """Raises UserError unless K and V are both ``[batch, kv_heads, t, head_dim]`` of the
+        cache's layout (a layout that is not the model's: a config field the model ignores)."""
+        layout = owner.kv.layout
+        want = (layout.kv_heads, layout.head_dim)
+        if key.dim() == 4 and value.shape == key.shape and (key.shape[1], key.shape[3]) == want:
+            return
+        raise UserError(f"TieredCache: layer {self.index} gives K of shape {tuple(key.shape)} and V of shape "
+                        f"{tuple(value.shape)}, but the TieredKVCache stores both as [batch, kv_heads={want[0]}, "
+                        f"tokens, head_dim={want[1]}] (its layout, kv_layout(model.config), is not what the model "
+                        "computes: check the config's num_key_value_heads, head_dim and v_head_dim); nothing was "
+                        "stored")
 
     def get_seq_length(self) -> int:
         return self.owner.seq_length(self.index)

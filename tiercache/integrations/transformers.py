@@ -44,7 +44,9 @@ pre-hook sees) is not stored: ``seq_length()`` counts it (transformers' position
 sequence holds only its tokens, and the attention gives padding queries a zero output.
 
 Limits (each raises ``UserError`` naming it): padding after a token or any other mask than
-causal-after-left-padding, constrained beam search, row selection, attention dropout,
+causal-after-left-padding, a model whose attention reads other K or V than its cache update
+returned (refused before anything is stored), V heads of another size than K's, layers whose
+KV heads are not the config's, constrained beam search, row selection, attention dropout,
 soft-capping, attention sinks or any other attention argument it does not know, a sliding
 window the sequence outgrows, ``output_attentions``; a backward pass through its attention
 raises (the KV is stored without gradients).
@@ -62,10 +64,11 @@ from tiercache.errors import UserError
 from tiercache.live.cache import TieredKVCache
 
 from .cache import ATTENTION, FINGERPRINT, TieredCache
+from .checks import check_kv_heads
 from .hooks import install
 from .inputs import (check_supported, kv_layout, length_dependent_rope, model_fingerprint, namespace_bytes, prompt_rows,
                      text_config)
-from .layer import STAGE, TieredLayer
+from .layer import STAGE, TieredLayer, unread_stage
 
 __all__ = ["ATTENTION", "TieredCache", "TieredLayer", "kv_layout", "use_tiercache", "register", "match_prefix",
            "tiercache_attention"]
@@ -84,12 +87,20 @@ def use_tiercache(model: Any) -> Any:
     Idempotent; call it again after changing the weights.
 
     Raises:
-        UserError: the model cannot switch its attention implementation, or caches something
-            else than per-head K and V.
+        UserError: the model cannot switch its attention implementation, caches something
+            else than per-head K and V of one head size, attends over other K or V than its
+            cache update returns (DiffLlama, JetMoE), or its layers use other KV heads than
+            its config says (``checks.check_kv_heads``).
     """
     register()
     check_supported(model.config)
-    _switch_attention(model)
+    previous = text_config(model.config)._attn_implementation
+    _switch_attention(model)  # first: a model without AttentionInterface is refused for that
+    try:
+        check_kv_heads(model)
+    except UserError:
+        _set_attention(model, previous)  # refused: the model keeps the attention it had
+        raise
     setattr(model, FINGERPRINT, model_fingerprint(model))
     install(model)
     return model
@@ -132,21 +143,18 @@ def tiercache_attention(module: torch.nn.Module, query: torch.Tensor, key: torch
                         sliding_window: int | None = None, **kwargs) -> tuple[torch.Tensor, None]:
     """The ``"tiercache"`` attention implementation (``transformers``' AttentionInterface).
 
-    ``key`` and ``value`` are the new tokens a ``TieredCache`` layer staged; the attention
-    runs over what the cache holds plus them (see the module docstring).
+    ``key`` and ``value`` must be the new tokens' K and V a ``TieredCache`` layer staged, as
+    its ``update`` returned them (``_staged_layer``); the attention runs over what the cache
+    holds plus them (see the module docstring). Every refusal comes before it stores anything.
 
     Raises:
-        UserError: no ``TieredCache`` staged this layer; dropout, an attention argument it
-            does not know, or a sliding window the sequence outgrows; a mask that is not
-            causal; (on backward) a gradient asked of it.
+        UserError: no ``TieredCache`` staged this layer; a K or V that is not the one staged
+            (a model that transforms them after the cache update, or calls the attention more
+            than once per layer); dropout, an attention argument it does not know, or a
+            sliding window the sequence outgrows; a mask that is not causal; (on backward) a
+            gradient asked of it.
     """
-    stage = getattr(key, STAGE, None)
-    if stage is None:
-        raise UserError(f"attn_implementation={ATTENTION!r} needs a TieredCache as the model's cache, and this "
-                        "forward pass was given none (generate(..., cache=TieredCache(kv, model)); an extra pass "
-                        "of generate's own, such as guidance_scale's, cannot use it, nor can an assistant_model "
-                        "readied with use_tiercache: transformers makes its cache, so give it a plain model)")
-    cache, layer = stage
+    cache, layer = _staged_layer(module, key, value)
     if dropout:
         raise UserError(f"{ATTENTION} attention: dropout {dropout} is not supported (inference only)")
     if not getattr(module, "is_causal", True):
@@ -165,6 +173,53 @@ def tiercache_attention(module: torch.nn.Module, query: torch.Tensor, key: torch
     return out, None
 
 
+def _staged_layer(module: torch.nn.Module, key: torch.Tensor, value: torch.Tensor) -> tuple[TieredCache, int]:
+    """The (cache, layer) whose staged K and V the attention was given: ``key`` carries the
+    tag ``TieredLayer.update`` set, and ``value`` is the V it staged (the same tensor, or one
+    equal to it). The staged K and V are what the attention attends over and stores.
+
+    Raises:
+        UserError: naming which: no ``TieredCache`` staged this layer (a pass without one);
+            a K other than the staged one (the model transformed it after the update: JetMoE
+            repeats K and V); this layer's attention already ran in this pass; a V other than
+            the staged one (DiffLlama attends over each half of V).
+    """
+    name = type(module).__name__
+    stage = getattr(key, STAGE, None)
+    if stage is None:
+        unread = unread_stage()
+        if unread is not None:
+            raise UserError(f"{ATTENTION} attention: {name} (layer {unread[1]}) gave the attention another K than "
+                            "the TieredCache staged at its cache update (the model transforms K or V after the "
+                            "update, as JetMoE repeats them): not supported; nothing was stored")
+        raise UserError(f"attn_implementation={ATTENTION!r} needs a TieredCache as the model's cache, and no "
+                        "TieredCache staged this layer's KV in this forward pass (generate(..., "
+                        "cache=TieredCache(kv, model)); an extra pass of generate's own, such as guidance_scale's, "
+                        "cannot use it, nor can an assistant_model readied with use_tiercache: transformers makes "
+                        "its cache, so give it a plain model)")
+    cache, layer = stage
+    staged = cache.layers[layer].staged()
+    if staged is None:
+        raise UserError(f"{ATTENTION} attention: {name} ran the attention of layer {layer} again in one pass "
+                        "(a model that calls the attention more than once per layer is not supported); free() the "
+                        "cache")
+    if not _same(value, staged[1]):
+        raise UserError(f"{ATTENTION} attention: {name} (layer {layer}) gave the attention another V than the "
+                        "TieredCache staged at its cache update (the model transforms V after the update, or calls "
+                        "the attention more than once per layer over parts of it, as DiffLlama does): not "
+                        "supported; nothing was stored")
+    return cache, layer
+
+
+def _same(given: torch.Tensor, staged: torch.Tensor) -> bool:
+    """Whether ``given`` is ``staged`` or holds the same values in the same shape (the
+    values are compared only when it is another tensor)."""
+    if given is staged:
+        return True
+    return (isinstance(given, torch.Tensor) and given.shape == staged.shape and given.dtype == staged.dtype
+            and given.device == staged.device and torch.equal(given, staged))
+
+
 class _NoGradient(torch.autograd.Function):
     """Joins the attention output to the graph so that a backward pass through it raises
     instead of silently leaving the projections without gradients."""
@@ -180,16 +235,29 @@ class _NoGradient(torch.autograd.Function):
 
 
 def _switch_attention(model: Any) -> None:
-    """Switches the model's language model (only it: a vision tower keeps its attention)."""
+    """Switches the model's language model (only it: a vision tower keeps its attention).
+
+    Raises:
+        UserError: the language model's config cannot be found, or the model cannot switch.
+    """
+    _set_attention(model, ATTENTION)
+    if text_config(model.config)._attn_implementation != ATTENTION:
+        raise UserError(f"use_tiercache: {type(model).__name__} cannot switch its attention implementation "
+                        "(it does not use transformers' AttentionInterface)")
+
+
+def _set_attention(model: Any, implementation: str) -> None:
+    """Sets the attention implementation of the model's language model only.
+
+    Raises:
+        UserError: a composite model whose language model's config is not one of its sub-configs.
+    """
     config = model.config
     text = text_config(config)
     if text is config:
-        model.set_attn_implementation(ATTENTION)
-    else:
-        name = next((name for name in getattr(config, "sub_configs", {}) if getattr(config, name, None) is text), None)
-        if name is None:
-            raise UserError(f"use_tiercache: cannot find the language model's config of {type(model).__name__}")
-        model.set_attn_implementation({name: ATTENTION})
-    if text._attn_implementation != ATTENTION:
-        raise UserError(f"use_tiercache: {type(model).__name__} cannot switch its attention implementation "
-                        "(it does not use transformers' AttentionInterface)")
+        model.set_attn_implementation(implementation)
+        return
+    name = next((name for name in getattr(config, "sub_configs", {}) if getattr(config, name, None) is text), None)
+    if name is None:
+        raise UserError(f"use_tiercache: cannot find the language model's config of {type(model).__name__}")
+    model.set_attn_implementation({name: implementation})
