@@ -239,3 +239,20 @@ def test_an_fp16_cache_skips_the_overflow_check_and_a_bf16_one_runs_it(monkeypat
         assert seen and any(seen) is checked  # fp16: True before (it judged the float32 copies)
         reference = dense_reference(q.to(dtype), k.to(dtype), v.to(dtype))
         assert float((out.double() - reference).abs().max()) < 1e-6
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_prefill_passes_own_causal_part_and_its_merge_stay_finite_for_v_near_the_max(dtype):
+    """The transformers cache's causal part of a pass (fused and sliced paths) and its merge with
+    the held part overflowed to inf for finite V near float32's max (reported with CR2)."""
+    from tiercache.attention import Partial, merge
+    from tiercache.integrations.causal import causal_partial
+
+    q, k = torch.zeros(4, 5, 8, dtype=dtype), torch.zeros(2, 5, 8, dtype=dtype)
+    v = torch.full((2, 5, 8), 3e38, dtype=dtype)
+    for key_pos in (None, torch.arange(5)):  # fused, then sliced
+        part = causal_partial(q, k, v, torch.float32, key_pos)
+        assert torch.isfinite(part.out).all()
+        assert torch.allclose(part.out.double(), v.double().amax().expand_as(part.out), rtol=1e-2)
+    held = Partial(torch.full((1, 1, 4), 3e38), torch.zeros(1, 1), torch.ones(1, 1))
+    assert torch.isfinite(merge(held, held).out).all()

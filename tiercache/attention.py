@@ -130,14 +130,16 @@ def partial_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: 
 
 def merge(a: Partial, b: Partial) -> Partial:
     """The exact attention over the union of two disjoint key subsets (a NaN peak stays NaN,
-    and an ``out`` that is not finite stays so: its weighted sum may also overflow)."""
+    and an ``out`` that is not finite stays so). The outputs are combined with weights that
+    sum to 1, so finite ones never overflow in the merge (a weighted sum divided afterwards
+    did, for values near the dtype's max)."""
     peak = torch.maximum(a.peak, b.peak)
     safe = torch.where(torch.isfinite(peak), peak, torch.zeros_like(peak))
     wa = a.total * torch.exp(a.peak - safe)
     wb = b.total * torch.exp(b.peak - safe)
     total = wa + wb
     denom = torch.where(total > 0, total, torch.ones_like(total))
-    out = (a.out * wa.unsqueeze(-1) + b.out * wb.unsqueeze(-1)) / denom.unsqueeze(-1)
+    out = a.out * (wa / denom).unsqueeze(-1) + b.out * (wb / denom).unsqueeze(-1)
     return Partial(out, peak, total)
 
 

@@ -78,8 +78,8 @@ def _fused_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dtype: torc
         out, lse = op(q.to(dtype).unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0), 0.0, True)
     except (RuntimeError, TypeError):  # an operator of another signature: the sliced path
         return None
-    if not bool((lse.abs() <= _FUSED_LSE_LIMIT).all()):  # one check: overflow (inf/NaN) or a large score
-        return None
+    if not bool((lse.abs() <= _FUSED_LSE_LIMIT).all() & torch.isfinite(out).all()):  # one check: overflow
+        return None  # (inf/NaN scores or output) or a large score
     return Partial(out[0].reshape(kv_heads, group * tokens, head_dim), lse[0].reshape(kv_heads, group * tokens))
 
 
@@ -102,8 +102,10 @@ def _causal_chunk(grouped: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_p
     for kind in (dtype, torch.float64):
         q = grouped[:, :, start:stop].reshape(kv_heads, group * rows, head_dim).to(kind)
         part = partial_attention(q, k[:, :seen], v[:, :seen], allowed=allowed)
-        # fp16 scores cannot overflow float32: check (one host sync) only wider inputs
-        if kind == torch.float64 or not wide or bool(torch.isfinite(part.peak[:, sees]).all()):
+        # fp16 inputs cannot overflow float32: check (one host sync) only wider inputs, scores and
+        # output both (V near the dtype's max overflows the weighted sum)
+        if kind == torch.float64 or not wide or bool(torch.isfinite(part.peak[:, sees]).all()
+                                                     & torch.isfinite(part.out[:, sees]).all()):
             break
     out = torch.where(sees.unsqueeze(-1), part.out, 0.0)
     peak = torch.where(sees, part.peak, -math.inf)
