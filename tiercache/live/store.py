@@ -295,22 +295,27 @@ class TieredKVStore(NoCopies):
             return self._gather(keys[:n], ids[:n], out, partial=True)
 
     def _reachable_ids(self, keys: list[bytes], settle: bool = True) -> list[int | None]:
-        """``reachable_ids`` of this store: moves in flight completed first unless not ``settle``."""
+        """``reachable_ids`` of this store; with ``settle`` (a read) the moves in flight are ``_settle``d first."""
+        if settle:
+            self._settle()
         return reachable_ids(self._map, self.manager, self._remote, keys, settle)
 
-    def _promote_for_read(self, ids: list[int]) -> None:
-        """Promotes the blocks a read asks for, as the policy says, never at their expense.
-
-        Every requested block is referenced while the promotions run, so making room for
-        one of them can never push another out of the hierarchy; what does not fit in HBM
-        is read from where it is. Moves in flight are completed first, so the read sees the
-        final placement.
-        """
+    def _settle(self) -> None:
+        """Completes and applies the moves in flight before a read looks its keys up: a block a move found
+        unreadable is dropped and its key forgotten (the read reports it not stored; the key map stays exact)."""
         self.manager.wait_all()
-        distinct = list(dict.fromkeys(ids))
+        self._consume()
+
+    def _promote_for_read(self, ids: list[int]) -> None:
+        """Promotes the blocks a read asks for, as the policy says, never at their expense: each is
+        referenced while the promotions run, so making room for one can never push another out of
+        the hierarchy (what does not fit in HBM is read where it is). Moves in flight are ``_settle``d
+        first; a block one of them lost is neither referenced nor counted (``read_blocks`` reports it)."""
+        self._settle()
+        distinct = [i for i in dict.fromkeys(ids) if self.manager.locate(i) is not None]
         self.manager.ref(distinct)
         try:
-            self.manager.access(ids, store_misses=False)  # no bytes here for a lost block
+            self.manager.access([i for i in ids if self.manager.locate(i) is not None], store_misses=False)
         finally:
             self.manager.unref(distinct)
             self._consume()
