@@ -276,3 +276,18 @@ def test_forks_and_crops_on_the_gpu_attend_as_the_float64_reference(tmp_path):
         cache.check_invariants()
         seq.free()
         assert not cache.manager.held
+
+
+def test_a_crop_keeps_the_exact_summaries_of_the_blocks_it_drops(tmp_path):
+    """Second review: a crop released blocks without keeping their key summaries (free keeps
+    them), so a later prompt reusing one rebuilt them from an INT4 copy."""
+    g = torch.Generator().manual_seed(8)
+    with _cache(tmp_path, hbm=1, dram=1, codec="int4") as cache:
+        seq = cache.sequence(tokens=list(range(21)))
+        _Kept().append(seq, 21, g)
+        state = seq._layers[0]
+        exact = {int(state.ids[row]): state.kmin[row].clone() for row in range(1, state.n)}
+        cache._summaries.clear()
+        seq.crop(4)
+        assert all(torch.equal(cache._summaries[i][0], kmin) for i, kmin in exact.items())
+        seq.free()

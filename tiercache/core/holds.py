@@ -91,8 +91,9 @@ class HoldMixin:
         neither (a replayed record naming a block never stored) is skipped.
 
         Raises:
-            CountError: an id is released more often than it is held and orphan-held
-                (nothing is released then).
+            CountError: an id that is held is released more often than it is held and
+                orphan-held (nothing is released then); a repeat past an orphan-only id's
+                count is skipped, as an id with neither is.
         """
         orphans, rest = orphans_first(ids, self.orphan_holds)
         present = [block_id for block_id in rest if block_id in self.held]

@@ -64,6 +64,7 @@ def crop(seq: "Sequence", keep) -> None:
         if dropped:
             _release_recorded(cache, dropped)
         for state, tail in zip(seq._layers, tails):
+            _keep_summaries(cache, state, full)
             if full < state.n:
                 state.n = full
                 del state.keys[full:]
@@ -74,6 +75,16 @@ def crop(seq: "Sequence", keep) -> None:
         seq.forget_tokens(index, private=False)
         seq.cached_tokens = min(seq.cached_tokens, index)
         cache._settle_events()
+
+
+def _keep_summaries(cache: "TieredKVCache", state, full: int) -> None:
+    """Keeps the exact key summaries of the blocks a crop drops (from ``full`` on), as ``free``
+    does: a later prompt reusing one then needs no summary rebuilt from a lossy tier's copy."""
+    with normal_tensors():  # kept past this call: normal tensors, in inference mode or not
+        for row in range(full, state.n):
+            block_id = int(state.ids[row])
+            if block_id not in cache._summaries:
+                cache._summaries[block_id] = (state.kmin[row].clone(), state.kmax[row].clone())
 
 
 def _kept_part(cache: "TieredKVCache", state, full: int, rest: int) -> torch.Tensor | None:
