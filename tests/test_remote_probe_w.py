@@ -128,7 +128,7 @@ def test_a_prefix_longer_than_the_view_keeps_its_head_in_the_view(master):
         assert b.match_prefix(tokens, namespace="v") == 9 * BT
         assert b.match_prefix(tokens, namespace="v") == 9 * BT  # its tail does not push its head out
         ids = b._map.ids(keys, register=False)
-        b._remote.adopt_present(keys[9:], protect=ids)  # what get_prefix asks (live/store.py _reachable_ids)
+        b._remote.adopt_present(keys[9:], protect=ids)  # what get_prefix asks (live/reading.py _reachable_ids)
         assert b.match_prefix(tokens, namespace="v") == 9 * BT
 
 

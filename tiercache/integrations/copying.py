@@ -49,9 +49,8 @@ def deep_copy(cache: "TieredCache", make_layer: Callable) -> "TieredCache":
         raise UserError("TieredCache: its TieredKVCache is closed; a closed cache cannot be copied")
     if cache._broken is not None:
         raise UserError(f"TieredCache: {cache._broken}; it cannot be copied (free() it and start a new one)")
-    if cache._open_pass is not None or any(staged is not None for staged in cache._staged):
-        raise UserError("TieredCache: a cache is copied between passes only (a pass is running, or the last one "
-                        "failed: run the next pass or free() the cache first)")
+    _between_passes(cache, "a cache is copied", " (a pass is running, or the last one failed: run the next pass or free() "
+                    "the cache first)")
     twin = object.__new__(type(cache))
     twin.__dict__.update(cache.__dict__)
     twin.layers = [_layer_like(make_layer(twin, index), layer) for index, layer in enumerate(cache.layers)]
@@ -70,6 +69,13 @@ def deep_copy(cache: "TieredCache", make_layer: Callable) -> "TieredCache":
         twin.sequences.clear()
         raise
     return twin
+
+
+def _between_passes(cache: "TieredCache", what: str, why: str = "") -> None:
+    """Refuses (``UserError``) a row operation while a pass is open or a failed one left
+    staged KV; ``what`` names the operation in the message ("rows are cropped")."""
+    if cache._open_pass is not None or any(staged is not None for staged in cache._staged):
+        raise UserError(f"TieredCache: {what} between passes only{why}")
 
 
 def _layer_like(layer, original):
@@ -94,8 +100,7 @@ def reorder_rows(cache: "TieredCache", order) -> None:
     order = [int(i) for i in (order.tolist() if hasattr(order, "tolist") else order)]
     if not order or any(not 0 <= i < len(rows) for i in order):
         raise UserError(f"TieredCache: row order {order} for a cache of {len(rows)} rows")
-    if cache._open_pass is not None or any(staged is not None for staged in cache._staged):
-        raise UserError("TieredCache: rows are reordered between passes only")
+    _between_passes(cache, "rows are reordered")
     moved: set[int] = set()
     result, forks = [], []
     try:
@@ -133,8 +138,7 @@ def crop_rows(cache: "TieredCache", tokens_to_remove) -> None:
     count = integer_or_none(tokens_to_remove)
     if count is None or count > 0:
         raise UserError(f"TieredCache.crop: give the tokens to remove as a negative integer, got {tokens_to_remove!r}")
-    if cache._open_pass is not None or any(staged is not None for staged in cache._staged):
-        raise UserError("TieredCache: rows are cropped between passes only")
+    _between_passes(cache, "rows are cropped")
     lengths = [seq.length(0) for seq in cache.sequences]
     if any(length < -count for length in lengths):
         raise UserError(f"TieredCache.crop: {-count} tokens to remove, but a row holds {min(lengths)}")

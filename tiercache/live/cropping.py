@@ -23,10 +23,10 @@ import torch
 
 from tiercache.core.counts import not_decremented
 from tiercache.data.buffers import normal_tensors
-from tiercache.data.nvme_results import ReadIOError
 from tiercache.errors import UserError
 
 from .arguments import integer_or_none
+from .summaries import CorruptBlock, read_where_stored
 
 if TYPE_CHECKING:
     from .cache import TieredKVCache
@@ -93,17 +93,12 @@ def _kept_part(cache: "TieredKVCache", state, full: int, rest: int) -> torch.Ten
     if full >= state.n or rest == 0:
         return None
     block_id, key = int(state.ids[full]), state.keys[full]
-    tier = cache.manager.locate(block_id)
-    if tier is None:
-        raise UserError(f"Sequence.crop: block {block_id} of this sequence is no longer stored (lost: unreadable)")
-    with normal_tensors():
-        scratch = torch.empty(cache.layout.block_shape, dtype=cache.dtype)
     try:
-        cache.store._media[tier].read_block(cache.manager.dirs[tier].slot_of[block_id], key, scratch)
-    except ReadIOError:
-        raise  # an I/O error says nothing of the stored bytes: the block stays
-    except KeyError:  # a corrupt chunk: its medium dropped it
-        cache.manager.report_lost(tier, [block_id])
+        scratch = read_where_stored(cache, block_id, key)
+    except KeyError:
+        raise UserError(f"Sequence.crop: block {block_id} of this sequence is no longer stored (lost: unreadable)") from None
+    except CorruptBlock as lost:
+        cache.manager.report_lost(lost.tier, [block_id])
         cache._settle_events()
         raise UserError(f"Sequence.crop: block {block_id} proved unreadable (a corrupt chunk; reported lost); "
                         "the sequence is unchanged") from None

@@ -13,22 +13,20 @@ from .remote import RemoteLink
 __all__ = ["reachable_ids"]
 
 
-def reachable_ids(keymap: KeyMap, manager: TierManager, remote: RemoteLink | None, keys: Sequence[bytes],
-                  settle: bool = True) -> list[int | None]:
+def reachable_ids(keymap: KeyMap, manager: TierManager, remote: RemoteLink | None,
+                  keys: Sequence[bytes]) -> list[int | None]:
     """Ids of ``keys`` (None: the id belongs to another key) once the blocks of ``keys`` the
     remote store holds and no tier does are adopted into its view; counts the read's local
     hits (``RemoteLink.read``), which may publish hot blocks into the remote tier.
 
-    With ``settle`` (a read: ``get``, ``get_prefix``) the moves in flight complete first,
-    so a block a prefetch is moving is counted, and published, from where it lands: a
-    publication never races the move (``TransferMixin.publish`` skips a block a move in
-    flight takes out of its tier). A prefetch passes False: it never waits for moves.
+    A read (``get``, ``get_prefix``) settles the moves in flight before it calls this, so a
+    block a prefetch is moving is counted, and published, from where it lands: a publication
+    never races the move (``TransferMixin.publish`` skips a block a move in flight takes out
+    of its tier). A prefetch calls it unsettled: it never waits for moves.
     """
     ids = keymap.ids(keys, register=False)
     if remote is None:
         return ids
-    if settle:
-        manager.wait_all()
     remote.adopt_present([k for k, i in zip(keys, ids) if i is not None and manager.locate(i) is None],
                          protect=[i for i in ids if i is not None])
     ids = keymap.ids(keys, register=False)

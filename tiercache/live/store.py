@@ -26,7 +26,7 @@ import torch
 from tiercache.config import KVLayout, TierConfig
 from tiercache.core.manager import TierManager
 from tiercache.core.plans import EventLog, TransferPlan
-from tiercache.data.buffers import check_blocks, check_out
+from tiercache.data.buffers import check_blocks
 from tiercache.data.engine import LocalEngine
 from tiercache.errors import UserError
 from tiercache.keys import prefix_keys
@@ -35,9 +35,8 @@ from .arguments import check_flag
 from .keymap import KeyMap
 from .lifecycle import (PersistError, Persisted, adopt_stored_blocks, check_release, check_store, flush_and_close,
                         persist_to_nvme, run_every_step)
-from .reachable import reachable_ids
-from .reads import read_blocks
 from .pending import Pending
+from .reading import StoreReads
 from .ownership import NoCopies, OwnerGuard
 from .media import (check_host_memory, check_layout, check_online, check_remote_write, check_tiers, close_quietly, make_policies,
                     open_media, resolve_device, value_limit)
@@ -47,7 +46,7 @@ from .traffic import Traffic
 __all__ = ["TieredKVStore", "Pending", "PersistError"]
 
 
-class TieredKVStore(NoCopies):
+class TieredKVStore(StoreReads, NoCopies):
     """Put, find and get KV blocks across HBM, DRAM and NVMe.
 
     Args:
@@ -232,103 +231,6 @@ class TieredKVStore(NoCopies):
                     return index * block_tokens
             return found * block_tokens
 
-    # -- reading -------------------------------------------------------------------------
-    def get(self, keys: Sequence[bytes], out: torch.Tensor | None = None) -> torch.Tensor:
-        """The blocks of ``keys`` as one tensor on the HBM tier's device, promoting them.
-
-        ``out`` (``[len(keys), *block_shape]`` on the HBM device), when given, receives the
-        blocks: a serving loop reuses one buffer instead of allocating (and first-touching)
-        a new tensor per call. ``get_slots`` gives the zero-copy alternative. Moves still in
-        flight (prefetches) are completed first, so the read sees the final placement.
-
-        Raises:
-            UserError: ``out`` of the wrong dtype or shape, or an inference tensor outside inference mode.
-            KeyError: a key is not stored, or its stored copy proved unreadable (corrupt
-                NVMe chunk: dropped and counted, never returned as data). A read that failed
-                with an I/O error raises ``ReadIOError`` (a KeyError and OSError): the block stays.
-        """
-        keys = self._map.check_keys(keys, "TieredKVStore.get")
-        with self._lock:
-            self._check_open()
-            ids = self._reachable_ids(keys)
-            missing = [k for k, i in zip(keys, ids) if i is None or self.manager.locate(i) is None]
-            if missing:
-                raise KeyError(f"{len(missing)} of {len(keys)} keys are not stored (first: {missing[0].hex()})")
-            if out is not None:
-                check_out(out, self.layout, len(keys), "TieredKVStore.get out")
-            self._promote_for_read(ids)
-            return self._gather(keys, ids, out)
-
-    def get_slots(self, keys: Sequence[bytes]) -> list[int]:
-        """Promotes the blocks of ``keys`` and returns their HBM slots (zero copy).
-
-        The slots index ``hbm_tensor``; pin the keys first if the blocks must stay there
-        while a kernel reads them. A key not stored, or whose block could not be brought to
-        HBM (no room, or unreadable), raises KeyError naming it.
-        """
-        keys = self._map.check_keys(keys, "TieredKVStore.get_slots")
-        with self._lock:
-            self._check_open()
-            ids = self._map.stored_ids(keys, self.manager.locate, "TieredKVStore.get_slots")
-            self._promote_for_read(ids)
-            top = self.manager.dirs[0].slot_of
-            absent = [k for k, i in zip(keys, ids) if i not in top]
-            if absent:
-                raise KeyError(f"TieredKVStore.get_slots: key {absent[0].hex()} could not be brought to HBM (no room, or unreadable)")
-            return [top[i] for i in ids]
-
-    def get_prefix(self, keys: Sequence[bytes], out: torch.Tensor | None = None) -> torch.Tensor:
-        """The blocks of the longest readable prefix of ``keys`` (``get`` of that prefix):
-        a block missing or unreadable (a remote value corrupt or evicted, a master down)
-        ends it instead of raising. ``out`` holds ``len(keys)`` blocks; a view of the filled
-        part is returned."""
-        keys = self._map.check_keys(keys, "TieredKVStore.get_prefix")
-        with self._lock:
-            self._check_open()
-            ids = self._reachable_ids(keys)
-            n = next((p for p, i in enumerate(ids) if i is None or self.manager.locate(i) is None), len(ids))
-            self._promote_for_read(ids[:n])
-            n = next((p for p, i in enumerate(ids[:n]) if self.manager.locate(i) is None), n)
-            if out is not None:
-                check_out(out, self.layout, len(keys), "TieredKVStore.get_prefix out")
-                out = out[:n]
-            return self._gather(keys[:n], ids[:n], out, partial=True)
-
-    def _reachable_ids(self, keys: list[bytes], settle: bool = True) -> list[int | None]:
-        """``reachable_ids`` of this store; with ``settle`` (a read) the moves in flight are ``_settle``d first."""
-        if settle:
-            self._settle()
-        return reachable_ids(self._map, self.manager, self._remote, keys, settle)
-
-    def _settle(self) -> None:
-        """Completes and applies the moves in flight before a read looks its keys up: a block a move found
-        unreadable is dropped and its key forgotten (the read reports it not stored; the key map stays exact)."""
-        self.manager.wait_all()
-        self._consume()
-
-    def _promote_for_read(self, ids: list[int]) -> None:
-        """Promotes the blocks a read asks for, as the policy says, never at their expense: each is
-        referenced while the promotions run, so making room for one can never push another out of
-        the hierarchy (what does not fit in HBM is read where it is). Moves in flight are ``_settle``d
-        first; a block one of them lost is neither referenced nor counted (``read_blocks`` reports it)."""
-        self._settle()
-        distinct = [i for i in dict.fromkeys(ids) if self.manager.locate(i) is not None]
-        self.manager.ref(distinct)
-        try:
-            self.manager.access([i for i in ids if self.manager.locate(i) is not None], store_misses=False)
-        finally:
-            self.manager.unref(distinct)
-            self._consume()
-
-    @property
-    def hbm_tensor(self) -> torch.Tensor:
-        """The HBM pool ``[slots, *block_shape]`` at ``get_slots``'s slots (a quantised HBM or a closed store raises UserError)."""
-        with self._lock:
-            self._check_open()
-            return self._media[0].tensor
-
-    hbm_device = property(lambda self: self._media[0].device, doc="The HBM tier's device (where ``get`` returns blocks).")
-
     # -- asynchronous moves --------------------------------------------------------------
     def prefetch(self, keys: Sequence[bytes]) -> Pending:
         """Starts bringing stored blocks up to HBM without waiting; returns the handle.
@@ -469,19 +371,6 @@ class TieredKVStore(NoCopies):
             check_store(self.manager, self._map, self._media, self.engine)
 
     # -- internals -----------------------------------------------------------------------
-    def _gather(self, keys: Sequence[bytes], ids: list[int], out: torch.Tensor | None, partial: bool = False) -> torch.Tensor:
-        """``read_blocks`` from this store's tiers (see there)."""
-        return read_blocks(self.manager, self._media, self.layout, keys, ids, out, partial, self._drop_unreadable)
-
-    def _drop_unreadable(self, tier: int, block_id: int) -> None:
-        """A block that proved unreadable where it lies (read in place, so the manager did not see the read)
-        leaves the hierarchy, counted as lost, as on a failed promotion: no lookup may report it stored afterwards."""
-        if self._remote is not None and tier == self._remote.tier:
-            self._remote.drop_unreadable(block_id)
-        else:
-            self.manager.report_lost(tier, [block_id])
-        self._consume()
-
     def _consume(self) -> None:
         """Applies finished moves, counts the events, forgets blocks that left."""
         self.manager.poll()

@@ -14,7 +14,7 @@ from tiercache.data.nvme_results import ReadIOError
 if TYPE_CHECKING:
     from .cache import TieredKVCache
 
-__all__ = ["CorruptBlock", "summaries_of"]
+__all__ = ["CorruptBlock", "read_where_stored", "summaries_of"]
 
 
 class CorruptBlock(Exception):
@@ -41,17 +41,37 @@ def summaries_of(cache: "TieredKVCache", ids: list[int], keys: list[bytes]) -> t
     for row, (block_id, key) in enumerate(zip(ids, keys)):
         kept = cache._summaries.get(block_id)
         if kept is None:
-            if scratch is None:  # normal even in inference mode: a keyed medium's I/O thread writes it
-                with normal_tensors():
-                    scratch = torch.empty(layout.block_shape, dtype=cache.dtype)
-            tier = cache.manager.locate(block_id)
-            try:
-                cache.store._media[tier].read_block(cache.manager.dirs[tier].slot_of[block_id], key, scratch)
-            except ReadIOError:
-                raise  # an I/O error says nothing of the stored bytes: the block stays
-            except KeyError:  # a corrupt chunk: its medium dropped it
-                raise CorruptBlock(tier, block_id) from None
+            scratch = read_where_stored(cache, block_id, key, scratch)
             kept = block_summaries(scratch[:, 0].to(cache.device))
             kept = (kept[0][0], kept[1][0])
         kmin[row], kmax[row] = kept
     return kmin, kmax
+
+
+def read_where_stored(cache: "TieredKVCache", block_id: int, key: bytes,
+                      scratch: torch.Tensor | None = None) -> torch.Tensor:
+    """One stored block's KV (``layout.block_shape``, the cache's dtype, on the CPU) read from
+    the tier that holds it; a quantised tier's copy comes back decoded. Nothing moves.
+
+    Args:
+        scratch: a CPU tensor of the block's shape and dtype to read into, or None for a new one.
+
+    Raises:
+        CorruptBlock: the block's chunk proved corrupt (its medium dropped it; the caller
+            reports it lost).
+        ReadIOError: an I/O error (the block stays stored).
+        KeyError: the block is not stored on any tier.
+    """
+    tier = cache.manager.locate(block_id)
+    if tier is None:
+        raise KeyError(block_id)
+    if scratch is None:  # normal even in inference mode: a keyed medium's I/O thread writes it
+        with normal_tensors():
+            scratch = torch.empty(cache.layout.block_shape, dtype=cache.dtype)
+    try:
+        cache.store._media[tier].read_block(cache.manager.dirs[tier].slot_of[block_id], key, scratch)
+    except ReadIOError:
+        raise  # an I/O error says nothing of the stored bytes: the block stays
+    except KeyError:  # a corrupt chunk: its medium dropped it
+        raise CorruptBlock(tier, block_id) from None
+    return scratch

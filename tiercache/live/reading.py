@@ -1,0 +1,134 @@
+"""The reading half of ``TieredKVStore``: ``get``, ``get_slots``, ``get_prefix`` and the HBM
+pool. A mixin of the store (it uses the store's lock, key map, manager, media and remote link);
+it exists to keep the store's module short, and is not used on its own.
+
+Every read settles the moves in flight first (``_settle``): a block a prefetch found
+unreadable is then reported as a missing key, never served and never left in the key map.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from tiercache.data.buffers import check_out
+
+from .reachable import reachable_ids
+from .reads import read_blocks
+
+__all__ = ["StoreReads"]
+
+
+class StoreReads:
+    """``TieredKVStore``'s reads (see the module docstring)."""
+
+    def get(self, keys: Sequence[bytes], out: torch.Tensor | None = None) -> torch.Tensor:
+        """The blocks of ``keys`` as one tensor on the HBM tier's device, promoting them.
+
+        ``out`` (``[len(keys), *block_shape]`` on the HBM device), when given, receives the
+        blocks: a serving loop reuses one buffer instead of allocating (and first-touching)
+        a new tensor per call. ``get_slots`` gives the zero-copy alternative. Moves still in
+        flight (prefetches) are completed first, so the read sees the final placement.
+
+        Raises:
+            UserError: ``out`` of the wrong dtype or shape, or an inference tensor outside inference mode.
+            KeyError: a key is not stored, or its stored copy proved unreadable (corrupt
+                NVMe chunk: dropped and counted, never returned as data). A read that failed
+                with an I/O error raises ``ReadIOError`` (a KeyError and OSError): the block stays.
+        """
+        keys = self._map.check_keys(keys, "TieredKVStore.get")
+        with self._lock:
+            self._check_open()
+            ids = self._reachable_ids(keys)
+            missing = [k for k, i in zip(keys, ids) if i is None or self.manager.locate(i) is None]
+            if missing:
+                raise KeyError(f"{len(missing)} of {len(keys)} keys are not stored (first: {missing[0].hex()})")
+            if out is not None:
+                check_out(out, self.layout, len(keys), "TieredKVStore.get out")
+            self._promote_for_read(ids)
+            return self._gather(keys, ids, out)
+
+    def get_slots(self, keys: Sequence[bytes]) -> list[int]:
+        """Promotes the blocks of ``keys`` and returns their HBM slots (zero copy).
+
+        The slots index ``hbm_tensor``; pin the keys first if the blocks must stay there
+        while a kernel reads them. A key not stored, or whose block could not be brought to
+        HBM (no room, or unreadable), raises KeyError naming it.
+        """
+        keys = self._map.check_keys(keys, "TieredKVStore.get_slots")
+        with self._lock:
+            self._check_open()
+            self._settle()  # as get: a block a move found unreadable is reported not stored
+            ids = self._map.stored_ids(keys, self.manager.locate, "TieredKVStore.get_slots")
+            self._promote_for_read(ids)
+            top = self.manager.dirs[0].slot_of
+            absent = [k for k, i in zip(keys, ids) if i not in top]
+            if absent:
+                raise KeyError(f"TieredKVStore.get_slots: key {absent[0].hex()} could not be brought to HBM (no room, or unreadable)")
+            return [top[i] for i in ids]
+
+    def get_prefix(self, keys: Sequence[bytes], out: torch.Tensor | None = None) -> torch.Tensor:
+        """The blocks of the longest readable prefix of ``keys`` (``get`` of that prefix):
+        a block missing or unreadable (a remote value corrupt or evicted, a master down)
+        ends it instead of raising. ``out`` holds ``len(keys)`` blocks; a view of the filled
+        part is returned."""
+        keys = self._map.check_keys(keys, "TieredKVStore.get_prefix")
+        with self._lock:
+            self._check_open()
+            ids = self._reachable_ids(keys)
+            n = next((p for p, i in enumerate(ids) if i is None or self.manager.locate(i) is None), len(ids))
+            self._promote_for_read(ids[:n])
+            n = next((p for p, i in enumerate(ids[:n]) if self.manager.locate(i) is None), n)
+            if out is not None:
+                check_out(out, self.layout, len(keys), "TieredKVStore.get_prefix out")
+                out = out[:n]
+            return self._gather(keys[:n], ids[:n], out, partial=True)
+
+    def _reachable_ids(self, keys: list[bytes], settle: bool = True) -> list[int | None]:
+        """``reachable_ids`` of this store; with ``settle`` (a read) the moves in flight are ``_settle``d first."""
+        if settle:
+            self._settle()
+        return reachable_ids(self._map, self.manager, self._remote, keys)
+
+    def _settle(self) -> None:
+        """Completes and applies the moves in flight before a read looks its keys up: a block a move found
+        unreadable is dropped and its key forgotten (the read reports it not stored; the key map stays exact)."""
+        self.manager.wait_all()
+        self._consume()
+
+    def _promote_for_read(self, ids: list[int]) -> None:
+        """Promotes the blocks a read asks for, as the policy says, never at their expense: each is
+        referenced while the promotions run, so making room for one can never push another out of
+        the hierarchy (what does not fit in HBM is read where it is). Moves in flight are ``_settle``d
+        first; a block one of them lost is neither referenced nor counted (``read_blocks`` reports it)."""
+        self._settle()
+        distinct = [i for i in dict.fromkeys(ids) if self.manager.locate(i) is not None]
+        self.manager.ref(distinct)
+        try:
+            self.manager.access([i for i in ids if self.manager.locate(i) is not None], store_misses=False)
+        finally:
+            self.manager.unref(distinct)
+            self._consume()
+
+    @property
+    def hbm_tensor(self) -> torch.Tensor:
+        """The HBM pool ``[slots, *block_shape]`` at ``get_slots``'s slots (a quantised HBM or a closed store raises UserError)."""
+        with self._lock:
+            self._check_open()
+            return self._media[0].tensor
+
+    hbm_device = property(lambda self: self._media[0].device, doc="The HBM tier's device (where ``get`` returns blocks).")
+
+    def _gather(self, keys: Sequence[bytes], ids: list[int], out: torch.Tensor | None, partial: bool = False) -> torch.Tensor:
+        """``read_blocks`` from this store's tiers (see there)."""
+        return read_blocks(self.manager, self._media, self.layout, keys, ids, out, partial, self._drop_unreadable)
+
+    def _drop_unreadable(self, tier: int, block_id: int) -> None:
+        """A block that proved unreadable where it lies (read in place, so the manager did not see the read)
+        leaves the hierarchy, counted as lost, as on a failed promotion: no lookup may report it stored afterwards."""
+        if self._remote is not None and tier == self._remote.tier:
+            self._remote.drop_unreadable(block_id)
+        else:
+            self.manager.report_lost(tier, [block_id])
+        self._consume()
