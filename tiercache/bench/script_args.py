@@ -2,8 +2,9 @@
 one line naming the option (``ScriptParser.error``: exit 2), never a traceback, and never
 after a long run (an output file that cannot be written is refused first).
 
-``ScriptParser`` is the parser every script that takes options builds: its errors are one
-line, as the ``tiercache`` command's are, while ``--help`` prints the whole usage.
+``ScriptParser`` is the parser every script that takes options builds, and the ``tiercache``
+command's too (its subcommands' parsers are of the same class): its errors are one line,
+while ``--help`` prints the whole usage.
 
 ``positive_int`` (``tiercache.bench.rounds``) checks one count; ``positive_ints`` a comma
 list of them; ``non_negative_int`` a count that may be 0; ``seed_int`` a random seed;

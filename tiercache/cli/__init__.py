@@ -14,10 +14,10 @@ import os
 import select
 import signal
 import sys
-from typing import NoReturn
 
 import tiercache
 
+from ..bench.script_args import ScriptParser
 from ..errors import UserError
 from . import bench, remote_serve, replay, report, trace
 
@@ -27,16 +27,9 @@ __all__ = ["main", "build_parser"]
 _SUBCOMMANDS = (replay, trace, report, bench, remote_serve)
 
 
-class _Parser(argparse.ArgumentParser):
-    """An argument parser whose errors are one line (``tiercache replay: error: ...``), exit 2."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
     """Builds the top-level parser with every subcommand."""
-    parser = _Parser(prog="tiercache", description="Tiered KV-cache manager and trace replayer.",
+    parser = ScriptParser(prog="tiercache", description="Tiered KV-cache manager and trace replayer.",
                      epilog=replay.presets_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"tiercache {tiercache.__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
