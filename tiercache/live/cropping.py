@@ -21,12 +21,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from tiercache.core.counts import not_decremented
-from tiercache.data.buffers import normal_tensors
 from tiercache.errors import UserError
 
 from .arguments import integer_or_none
-from .summaries import CorruptBlock, read_where_stored
+from .holding import release_holds
+from .summaries import CorruptBlock, keep_summaries, read_where_stored
 
 if TYPE_CHECKING:
     from .cache import TieredKVCache
@@ -64,7 +63,7 @@ def crop(seq: "Sequence", keep) -> None:
         if dropped:
             _release_recorded(cache, dropped)
         for state, tail in zip(seq._layers, tails):
-            _keep_summaries(cache, state, full)
+            keep_summaries(cache, state, full)
             if full < state.n:
                 state.n = full
                 del state.keys[full:]
@@ -75,16 +74,6 @@ def crop(seq: "Sequence", keep) -> None:
         seq.forget_tokens(index, private=False)
         seq.cached_tokens = min(seq.cached_tokens, index)
         cache._settle_events()
-
-
-def _keep_summaries(cache: "TieredKVCache", state, full: int) -> None:
-    """Keeps the exact key summaries of the blocks a crop drops (from ``full`` on), as ``free``
-    does: a later prompt reusing one then needs no summary rebuilt from a lossy tier's copy."""
-    with normal_tensors():  # kept past this call: normal tensors, in inference mode or not
-        for row in range(full, state.n):
-            block_id = int(state.ids[row])
-            if block_id not in cache._summaries:
-                cache._summaries[block_id] = (state.kmin[row].clone(), state.kmax[row].clone())
 
 
 def _kept_part(cache: "TieredKVCache", state, full: int, rest: int) -> torch.Tensor | None:
@@ -109,14 +98,10 @@ def _release_recorded(cache: "TieredKVCache", dropped: list[int]) -> None:
     """Releases the sequence's holds on ``dropped`` (once per listing) and writes one
     ``release`` record. All or nothing: a release that stops part-way, or a record that
     fails, holds again what it had released, and re-raises (the sequence lists them still)."""
-    count = cache.manager.hold_count
-    before = {block_id: count(block_id) for block_id in dropped}
-    try:
-        cache.driver.release(dropped)
-    except BaseException:  # an interrupt too: give back the holds it took off
-        left = Counter(not_decremented(dropped, before, {block_id: count(block_id) for block_id in before}))
-        cache.driver.hold(list((Counter(dropped) - left).elements()), settle=False)
-        raise
+    def hold_again(unreleased: list[int]) -> None:
+        cache.driver.hold(list((Counter(dropped) - Counter(unreleased)).elements()), settle=False)
+
+    release_holds(cache, dropped, hold_again)
     cache._list(dropped, listed=False)
     try:
         cache._emit(0, cache._last_step, release=tuple(dict.fromkeys(dropped)))

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
+from .holding import hold_recorded
+
 if TYPE_CHECKING:
     from .sequence import Sequence
 
-__all__ = ["fork", "hold_recorded"]
+__all__ = ["fork"]
 
 
 def fork(source: "Sequence", make: Callable[..., "Sequence"]) -> "Sequence":
@@ -49,18 +51,3 @@ def fork(source: "Sequence", make: Callable[..., "Sequence"]) -> "Sequence":
         twin._layers = [state.copy() for state in source._layers]
         hold_recorded(cache, twin._held_ids())
         return twin
-
-
-def hold_recorded(cache, held: list[int]) -> None:
-    """Holds ``held`` (blocks a new sequence starts with: a reused prefix, a fork's shared
-    blocks, among them any its source lost, held as orphans: ``StepDriver.hold``), writes one
-    ``hold`` record and counts the listings (``TieredKVCache._list``). All or nothing: a record
-    that fails releases the holds (no sequence is returned, so nothing else would), then re-raises."""
-    cache.driver.hold(held)
-    try:
-        cache._emit(0, cache._last_step, hold=tuple(held))
-        cache._settle_events()
-    except BaseException:  # an interrupt too
-        cache.driver.release(held)
-        raise
-    cache._list(held)

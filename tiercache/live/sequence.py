@@ -17,19 +17,18 @@ import torch
 
 from tiercache.attention import Partial, block_scores, block_summaries, compute_dtype, select_blocks, stream_partial
 from tiercache.config import AttentionMode
-from tiercache.core.counts import not_decremented
-from tiercache.data.buffers import normal_tensors
 from tiercache.errors import UserError
 from tiercache.keys import block_key, layer_key
 
 from .arguments import check_kv, check_query, flat_token_ids, integer_or_none, sparse_budget_blocks
 from .chunks import TierChunks
 from .cropping import crop
-from .forking import fork, hold_recorded
+from .forking import fork
+from .holding import hold_recorded, release_holds
 from .layerstate import LayerState
 from .ownership import NoCopies
 from .steps import StepReport, step_report
-from .summaries import CorruptBlock, summaries_of
+from .summaries import CorruptBlock, keep_summaries, summaries_of
 
 if TYPE_CHECKING:
     from .cache import TieredKVCache
@@ -247,11 +246,8 @@ class Sequence(NoCopies):
             self.freed = True
             held = self._held_ids()
             cache._emit(0, cache._last_step, release=tuple(dict.fromkeys(held)))
-            with normal_tensors():  # kept past this call: normal tensors, in inference mode or not
-                for state in self._layers:
-                    for row, block_id in enumerate(state.ids[: state.n].tolist()):
-                        if block_id not in cache._summaries:  # a stored block's KV never changes
-                            cache._summaries[block_id] = (state.kmin[row].clone(), state.kmax[row].clone())
+            for state in self._layers:
+                keep_summaries(cache, state)
             self._prune_summaries()
             cache._settle_events()
 
@@ -264,16 +260,15 @@ class Sequence(NoCopies):
         ``StepDriver.release``); returns those left to release ([] once done). On an error the
         ones it did release are counted out (and unlisted, ``_list``) and the error re-raised,
         so whatever retries releases only the rest (never another sequence's hold)."""
-        cache, count, left = self.cache, self.cache.manager.hold_count, []
-        before = {i: count(i) for i in ids}
+        owed: list[int] = []
         try:
-            cache.driver.release(ids)
+            release_holds(self.cache, ids, owed.extend)
         except BaseException:
-            left = self._unreleased = not_decremented(ids, before, {i: count(i) for i in before})
+            self._unreleased = owed
             raise
         finally:
-            cache._list(ids, listed=False)
-            cache._list(left)  # still owed: the next free releases them
+            self.cache._list(ids, listed=False)
+            self.cache._list(owed)  # still owed: the next free releases them
         return []
 
     # -- storing --------------------------------------------------------------------------

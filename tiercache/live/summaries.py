@@ -14,7 +14,7 @@ from tiercache.data.nvme_results import ReadIOError
 if TYPE_CHECKING:
     from .cache import TieredKVCache
 
-__all__ = ["CorruptBlock", "read_where_stored", "summaries_of"]
+__all__ = ["CorruptBlock", "keep_summaries", "read_where_stored", "summaries_of"]
 
 
 class CorruptBlock(Exception):
@@ -75,3 +75,15 @@ def read_where_stored(cache: "TieredKVCache", block_id: int, key: bytes,
     except KeyError:  # a corrupt chunk: its medium dropped it
         raise CorruptBlock(tier, block_id) from None
     return scratch
+
+
+def keep_summaries(cache: "TieredKVCache", state, start: int = 0) -> None:
+    """Keeps the exact key summaries of a layer's stored blocks from row ``start`` on, for
+    blocks a sequence lets go of (``free``, ``crop``): a later prompt reusing one then needs
+    no summary rebuilt from a lossy tier's copy. A block's summaries are kept once (a stored
+    block's KV never changes)."""
+    with normal_tensors():  # kept past this call: normal tensors, in inference mode or not
+        for row in range(start, state.n):
+            block_id = int(state.ids[row])
+            if block_id not in cache._summaries:
+                cache._summaries[block_id] = (state.kmin[row].clone(), state.kmax[row].clone())
