@@ -11,6 +11,9 @@ sequence knew from ``keep`` on are taken back (``forget_tokens(keep, private=Fal
 next tokens may differ. Blocks stored from then on without known ids get new private keys (a
 write never rewrites a stored key, so a refilled block under a dropped block's private key
 would be answered with the dropped KV).
+
+A helper module of ``Sequence`` (``Sequence.crop`` calls it): it reads and sets the
+sequence's private fields, as a method would.
 """
 
 from __future__ import annotations

@@ -9,6 +9,9 @@ released once the same way), and only the partial tail block, which is not store
 copied. The fork gets its own private key prefix, so blocks either sequence stores later never
 collide; blocks with content keys (token ids known) are found by either one's
 ``match_prefix`` as before. A fork takes no room in the tiers until it appends.
+
+A helper module of ``Sequence`` (``Sequence.fork`` calls it): it reads and sets the new
+sequence's private fields, as a method would.
 """
 
 from __future__ import annotations
