@@ -29,7 +29,7 @@ LEVELS = {
     "cli": 0, "integrations": 0,
     "report": 1, "live": 1, "bench": 1, "sim": 1,
     "core": 2, "data": 2, "policies": 2, "attention": 2, "cuda_ext": 2,
-    "config": 3, "sizes": 3, "keys": 3, "errors": 3, "results": 3,
+    "config": 3, "remote_config": 3, "sizes": 3, "keys": 3, "errors": 3, "results": 3,
 }
 BOTTOM = max(LEVELS.values())
 PACKAGE_ROOT = "tiercache"  # tiercache/__init__.py: lazy facade, counts as the bottom level
@@ -46,13 +46,14 @@ SAME_LEVEL_ALLOWED: dict[str, tuple[str, ...]] = {
     "data": ("core.plans", "core.engine", "core.interrupts", "cuda_ext"),  # executes plans as a TransferEngine; Ctrl-C deferral; kernels
     "attention": ("data", "cuda_ext"),  # decode attention reads tier buffers with the kernels
     # level 3
-    "config": ("errors", "sizes"),  # re-exports the capacity spellings
+    "config": ("errors", "sizes", "remote_config"),  # re-exports the capacity spellings and the remote tier's config
+    "remote_config": ("errors",),
     "sizes": ("errors", "config"),  # type hints only (TYPE_CHECKING)
     "keys": ("errors",),
     "results": ("errors", "config"),
 }
 
-METADATA_PLANE = frozenset({"core", "policies", "sim", "config", "sizes", "keys", "errors", "results"})
+METADATA_PLANE = frozenset({"core", "policies", "sim", "config", "remote_config", "sizes", "keys", "errors", "results"})
 DATA_PLANE = frozenset({"data", "attention", "cuda_ext", "live", "bench", "integrations"})
 GPU_MODULES = frozenset({"torch", "cupy"})
 
