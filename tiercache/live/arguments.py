@@ -11,11 +11,12 @@ import operator
 import numpy as np
 import torch
 
+from tiercache.config import AttentionMode
 from tiercache.data.buffers import check_quantisable
 from tiercache.errors import UserError
 from tiercache.keys import _token_array
 
-__all__ = ["flat_token_ids", "sparse_budget_blocks", "check_kv", "check_query", "check_flag", "integer_or_none"]
+__all__ = ["flat_token_ids", "sparse_budget_blocks", "attend_blocks", "check_kv", "check_query", "check_flag", "integer_or_none"]
 
 
 def flat_token_ids(tokens, what: str) -> np.ndarray:
@@ -30,32 +31,59 @@ def flat_token_ids(tokens, what: str) -> np.ndarray:
         raise type(exc)(f"{what}: {exc}") from None
 
 
-def sparse_budget_blocks(budget, n_blocks: int) -> int:
-    """``Sequence.attend``'s sparse budget as a block count (at least 1): a share (a real in
-    (0, 1], of ``n_blocks``, rounded up) or a count (any integer, numpy's too, at least 1).
-    Anything else (None, a bool, a string) raises UserError naming its type."""
+def sparse_budget_blocks(budget, n_blocks: int, what: str = "Sequence.attend") -> int:
+    """A sparse budget as a block count (at least 1): a share (a real in (0, 1], of
+    ``n_blocks``, rounded up) or a count (any integer, numpy's too, at least 1). Anything else
+    (None, a bool, a string) raises UserError naming ``what`` (the call) and its type."""
     if budget is None:
-        raise UserError("Sequence.attend: AttentionMode.SPARSE needs a budget (share in (0, 1] or a block count), got None")
+        raise UserError(f"{what}: AttentionMode.SPARSE needs a budget (share in (0, 1] or a block count), got None")
     if isinstance(budget, (bool, np.bool_)) or not isinstance(budget, numbers.Real):
-        raise UserError("Sequence.attend: a budget must be a share (float in (0, 1]) or a block count (integer), "
+        raise UserError(f"{what}: a budget must be a share (float in (0, 1]) or a block count (integer), "
                         f"got {type(budget).__name__} {budget!r}")
     if not isinstance(budget, numbers.Integral):
         share = float(budget)
         if not 0.0 < share <= 1.0 or math.isnan(share):
-            raise UserError(f"Sequence.attend: a budget share must lie in (0, 1], got {budget}")
+            raise UserError(f"{what}: a budget share must lie in (0, 1], got {budget}")
         return max(1, math.ceil(share * n_blocks))
     if budget < 1:
-        raise UserError(f"Sequence.attend: a budget count must be at least one block, got {budget}")
+        raise UserError(f"{what}: a budget count must be at least one block, got {budget}")
     return int(budget)
+
+
+def attend_blocks(mode, budget, n_blocks: int, what: str) -> int | None:
+    """The blocks a decode step of ``mode`` reads of ``n_blocks``: None for
+    ``AttentionMode.EXACT`` (every block; no budget allowed), the budget as a count
+    (``sparse_budget_blocks``) for ``AttentionMode.SPARSE``. Changes nothing, so a caller
+    checks every argument with it before a step takes a step number.
+
+    Raises:
+        UserError: ``mode`` is not an ``AttentionMode``, a budget in exact mode, a bad or
+            missing budget in sparse mode (each naming ``what``).
+    """
+    if not isinstance(mode, AttentionMode):
+        raise UserError(f"{what}: mode must be an AttentionMode (EXACT or SPARSE), got {mode!r}")
+    if mode is AttentionMode.EXACT:
+        if budget is not None:
+            raise UserError(f"{what}: budget applies to AttentionMode.SPARSE only")
+        return None
+    return sparse_budget_blocks(budget, n_blocks, what)
+
+
+def _check_strided(x: torch.Tensor, what: str) -> None:
+    """Raises UserError naming ``what`` unless ``x`` is a dense tensor (a sparse or mkldnn
+    one cannot be sliced, stacked or copied into a block)."""
+    if x.layout != torch.strided:
+        raise UserError(f"{what} must be a dense (strided) tensor, got layout {x.layout}")
 
 
 def check_kv(cache, x: torch.Tensor, name: str) -> None:
     """Raises UserError unless ``x`` is KV that ``Sequence.append`` of ``cache`` (a
     ``TieredKVCache``) can store: ``[kv_heads, t >= 1, head_dim]`` in the layout's dtype, on
-    the HBM tier's device, and within a quantised tier's range."""
+    the HBM tier's device, dense (strided), and within a quantised tier's range."""
     layout = cache.layout
     if not isinstance(x, torch.Tensor):
         raise UserError(f"Sequence.append: {name} must be a torch.Tensor, got {type(x).__name__}")
+    _check_strided(x, f"Sequence.append: {name}")
     if x.dim() != 3 or x.shape[0] != layout.kv_heads or x.shape[2] != layout.head_dim or x.shape[1] < 1:
         raise UserError(f"Sequence.append: {name} must be [kv_heads={layout.kv_heads}, t>=1, head_dim={layout.head_dim}], "
                         f"got {tuple(x.shape)}")
@@ -70,10 +98,11 @@ def check_kv(cache, x: torch.Tensor, name: str) -> None:
 def check_query(cache, q: torch.Tensor, what: str, one_token: bool) -> None:
     """Raises UserError unless ``q`` is ``[q_heads, t, head_dim]`` (``t == 1`` when
     ``one_token``, else ``t >= 1``) with ``q_heads`` a positive multiple of the layout's
-    ``kv_heads``, in the layout's dtype, on the HBM tier's device."""
+    ``kv_heads``, dense (strided), in the layout's dtype, on the HBM tier's device."""
     layout = cache.layout
     if not isinstance(q, torch.Tensor):
         raise UserError(f"{what}: q must be a torch.Tensor, got {type(q).__name__}")
+    _check_strided(q, f"{what}: q")
     tokens = "1" if one_token else "t>=1"
     if (q.dim() != 3 or q.shape[2] != layout.head_dim or q.shape[0] < 1 or q.shape[0] % layout.kv_heads
             or q.shape[1] < 1 or (one_token and q.shape[1] != 1)):

@@ -231,15 +231,25 @@ class TieredKVCache(NoCopies):
     def check_invariants(self) -> None:
         """The store's invariants, plus: every held block is resident, and each block's holds,
         orphan ones (lost while held) included, number the listings of it by sequences not
-        freed yet (``_listed``): none was released for a sequence that still lists it."""
-        self.store.check_invariants()
-        manager = self.manager
-        for block_id in manager.held:
-            assert manager.locate(block_id) is not None, f"held block {block_id} is not resident"
-        holds = {b: manager.hold_count(b) for b in set(manager.held).union(manager.orphan_holds)}
-        for block_id in set(holds).union(self._listed):
-            listed, counted = self._listed.get(block_id, 0), holds.get(block_id, 0)
-            assert listed == counted, f"block {block_id}: live sequences list it {listed} times, {counted} holds"
+        freed yet (``_listed``): none was released for a sequence that still lists it.
+
+        One call under the store's (reentrant) lock, as every other: both parts see the same
+        state, never one that another thread's append or free is part-way through.
+
+        Raises:
+            UserError: the cache is closed (or used in a forked child).
+            AssertionError: an invariant does not hold (naming the block).
+        """
+        with self.store._lock:
+            self._check_open()
+            self.store.check_invariants()
+            manager = self.manager
+            for block_id in manager.held:
+                assert manager.locate(block_id) is not None, f"held block {block_id} is not resident"
+            holds = {b: manager.hold_count(b) for b in set(manager.held).union(manager.orphan_holds)}
+            for block_id in set(holds).union(self._listed):
+                listed, counted = self._listed.get(block_id, 0), holds.get(block_id, 0)
+                assert listed == counted, f"block {block_id}: live sequences list it {listed} times, {counted} holds"
 
     # -- internals shared by sequences -------------------------------------------------
     def _check_open(self) -> None:

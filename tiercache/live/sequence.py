@@ -20,7 +20,7 @@ from tiercache.config import AttentionMode
 from tiercache.errors import UserError
 from tiercache.keys import block_key, layer_key
 
-from .arguments import check_kv, check_query, flat_token_ids, integer_or_none, sparse_budget_blocks
+from .arguments import attend_blocks, check_kv, check_query, flat_token_ids, integer_or_none
 from .chunks import TierChunks
 from .cropping import crop
 from .forking import fork
@@ -208,25 +208,22 @@ class Sequence(NoCopies):
 
     def _attend(self, layer: int, q: torch.Tensor, mode: AttentionMode, budget, what: str) -> Partial:
         """``attend``'s work for a checked query ``[rows, 1, head_dim]`` (rows a multiple of
-        kv_heads), under the store's lock: the merged partial over the layer's blocks and tail."""
+        kv_heads), under the store's lock: the merged partial over the layer's blocks and tail.
+        Every argument is checked (errors naming ``what``, the public call) before the step
+        takes its step number: a refused call changes nothing."""
         cache = self.cache
         cache._check_open()
-        self._check_live("attend")
+        self._check_live(what.removeprefix("Sequence."))
         layer = self._check_layer(layer, what)
-        if not isinstance(mode, AttentionMode):
-            raise UserError(f"{what}: mode must be an AttentionMode (EXACT or SPARSE), got {mode!r}")
         state = self._layers[layer]
+        count = attend_blocks(mode, budget, state.n, what)
         if state.n == 0 and state.tail_len == 0:
             raise UserError(f"{what}: layer {layer} has no KV yet (append first)")
         step = state.attends
         state.attends += 1
-        if mode is AttentionMode.EXACT:
-            if budget is not None:
-                raise UserError(f"{what}: budget applies to AttentionMode.SPARSE only")
-            positions = np.arange(state.n)
-            candidates: list[int] = []
+        if count is None:
+            positions, candidates = np.arange(state.n), []
         else:
-            count = sparse_budget_blocks(budget, state.n)
             positions, candidates = self._select(state, q, count)
         self.last_positions = positions
         return self._attend_blocks(layer, step, state, q, mode, positions, candidates)
@@ -451,10 +448,17 @@ class Sequence(NoCopies):
     def stream_source(self, layer: int) -> "TierChunks":
         """The chunk source an exact read of ``layer`` streams from (for benchmarks that
         time its fetches and its compute apart); valid until the next call that moves
-        blocks."""
-        layer = self._check_layer(layer, "Sequence.stream_source")
-        state = self._layers[layer]
-        return TierChunks(self.cache, state.ids[: state.n].tolist(), state.keys)
+        blocks.
+
+        Raises:
+            UserError: a closed cache, a freed sequence or a layer out of range.
+        """
+        with self.cache.store._lock:
+            self.cache._check_open()
+            self._check_live("stream_source")
+            layer = self._check_layer(layer, "Sequence.stream_source")
+            state = self._layers[layer]
+            return TierChunks(self.cache, state.ids[: state.n].tolist(), state.keys)
 
     def _by_tier(self, state: LayerState, positions: np.ndarray) -> np.ndarray:
         """``positions`` reordered by the tier holding them, fastest first (stable): the
