@@ -5,8 +5,11 @@ A forward pass, as the cache sees it: ``begin_pass`` (the model's forward pre-ho
 pass, learns its token ids, decides whether its KV may get content keys), then per layer
 ``_stage`` (the layer's ``update``) and ``attend`` (the ``"tiercache"`` attention), then
 ``end_pass`` (the forward hook). A pass that raised anywhere is found at the next
-``begin_pass``: if it stored nothing, what it learnt is undone; if it stored KV at some
-layers, the layers are out of step and the cache refuses every later pass (``free`` it).
+``begin_pass`` (or at a row operation between passes: ``crop``, ``reorder_cache``, a deep
+copy): if it stored nothing, what it learnt is undone; if it stored KV at some layers, the
+layers are out of step and the cache refuses every later pass (``free`` it). So a refusal
+comes before a pass's first layer stores: a sliding window that any layer would outgrow is
+refused at ``begin_pass``.
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ from .checks import (ATTENTION, FINGERPRINT, check_decoding, check_mode, check_m
 from .copying import crop_rows, deep_copy, reorder_rows
 from .hooks import TIERED_CACHE, decoder_of
 from .layer import TieredLayer
-from .inputs import left_padding, length_dependent_rope, namespace_bytes, other_inputs, prompt_rows, standard_positions
+from .inputs import length_dependent_rope, namespace_bytes, other_inputs, sliding_windows, standard_positions
+from .prompting import check_ids, start_rows
 from .release import release_deferred, release_when_dropped
 
 __all__ = ["ATTENTION", "TieredCache", "FINGERPRINT"]
@@ -90,6 +94,7 @@ class TieredCache(Cache):
         self.namespace = self._fingerprint + namespace_bytes(namespace)
         # False for a RoPE whose KV depends on the pass's length: every row's KV is private
         self._ids_decide_kv = not length_dependent_rope(model.config)
+        self._windows = sliding_windows(model.config)  # per layer: its sliding window, None: full attention
         self.sequences: list[Sequence] = []  # changed in place, never replaced: its finalizer holds it
         release_when_dropped(self, self.sequences)
         self._prompt_end = 0  # positions generate's (or prompt='s) ids reach: a pass before it is no decode step
@@ -108,7 +113,7 @@ class TieredCache(Cache):
         self._expanded = 1  # rows the running pass made of each (undone if it fails having stored nothing)
         self._beam_rows = False  # the rows are a beam search's beams (reorder_cache), not generate's returns
         if prompt is not None:
-            self._start(prompt, attention_mask)
+            start_rows(self, prompt, attention_mask)
         elif attention_mask is not None:
             raise UserError("TieredCache: attention_mask is the prompt's mask: give it with prompt=")
 
@@ -157,7 +162,8 @@ class TieredCache(Cache):
             UserError: the cache is out of step after a failed pass; a pass by another model
                 than the cache's, or after ``use_tiercache`` found other weights; attention
                 weights asked for; ids that differ from the prompt; padding other than left
-                padding; custom positions over a reused prefix.
+                padding; custom positions over a reused prefix; a sliding window (of any
+                layer) that the sequence outgrows.
         """
         release_deferred()
         self._recover()
@@ -172,6 +178,8 @@ class TieredCache(Cache):
         if tokens.dim() < 2 or (self.sequences and tokens.shape[0] != len(self.sequences)):
             raise UserError(f"TieredCache: inputs of shape {tuple(tokens.shape)} for a cache of {len(self.sequences)} rows")
         batch, count, start = tokens.shape[0], tokens.shape[1], self.seq_length(0)
+        for layer, window in enumerate(self._windows):  # a later layer's refusal, before layer 0 stores
+            self.check_window(layer, count, window)
         held = [seq.length(0) for seq in self.sequences] or [0] * batch
         pads = self._pads[0] if self.sequences else np.zeros(batch, dtype=np.int64)
         mask = kwargs.get("attention_mask")
@@ -229,9 +237,9 @@ class TieredCache(Cache):
                 do not reach past what the cache holds; embeddings or other model inputs
                 given while the rows hold reused KV; a decoding mode that selects rows or drafts
                 through the model's layers (constrained beam search, contrastive search...), a
-                speculative one on held rows, or
-                classifier-free guidance, in generate's keyword arguments or its generation
-                config, refused before any pass runs (``check_decoding``).
+                speculative one on held rows, classifier-free guidance or ``use_cache=False``,
+                in generate's keyword arguments or its generation config, refused before any
+                pass runs (``check_decoding``).
         """
         self._recover()
         factor = check_decoding(kwargs, self._model(), holds_rows=bool(self.sequences))
@@ -241,45 +249,10 @@ class TieredCache(Cache):
         if others and self.cached_tokens:
             raise UserError(f"TieredCache: {', '.join(others)} given with a reused prefix computed from ids alone; "
                             "make the cache without prompt= for such inputs")
-        self._check_ids(ids, attention_mask)
+        check_ids(self, ids, attention_mask)
         prompt = ids if ids is not None else kwargs.get("inputs_embeds")
         self._prompt_end = prompt.shape[1] if isinstance(prompt, torch.Tensor) and prompt.dim() >= 2 else 0
         self._freed_rows = False  # a new generate: a free() before it was not during generation
-
-    def _check_ids(self, ids: torch.Tensor | None, attention_mask) -> None:
-        """``check_prompt``'s check of generate's ids against what each row knows."""
-        if ids is None or not self.sequences:
-            return
-        try:
-            self._check_rows(ids, attention_mask)
-        except UserError as refused:
-            if self._beam_rows:  # the rows are a beam search's last beams, not what generate returned
-                raise UserError(f"TieredCache: its {len(self.sequences)} rows are the last beams of a beam search, not "
-                                "the sequences generate returned; free() it and continue one with TieredCache(kv, "
-                                "model, prompt=ids), which reuses its stored blocks") from refused
-            raise
-
-    def _check_rows(self, ids: torch.Tensor, attention_mask) -> None:
-        """``_check_ids``: one row of ids per sequence, each reaching past what it holds and
-        equal to the ids it knows."""
-        if ids.dim() != 2 or ids.shape[0] != len(self.sequences) or ids.shape[1] <= self.seq_length(0):
-            raise UserError(f"TieredCache: generate's ids {tuple(ids.shape)} must be one row per sequence "
-                            f"({len(self.sequences)}) reaching past the {self.seq_length(0)} positions the cache holds "
-                            "(continue from the ids generate returned, or free() the cache to start over)")
-        rows = [row.detach().cpu().numpy() for row in ids]
-        if attention_mask is not None:
-            rows = [row[kept] for row, kept in zip(rows, left_padding(attention_mask, [len(r) for r in rows]))]
-        elif self._prompt_pads is not None:  # generate infers the mask from the pad id: strip the prompt's padding
-            rows = [row[pad:] for row, pad in zip(rows, self._prompt_pads)]
-        for index, (row, seq) in enumerate(zip(rows, self.sequences)):
-            known = seq.token_ids
-            if len(row) < len(known):
-                raise UserError(f"TieredCache: row {index}: generate's {len(row)} ids are fewer than the "
-                                f"{len(known)} of the prompt the cache was made for (give generate the same ids)")
-            overlap = len(known)
-            if not np.array_equal(known, row[:overlap]):
-                raise UserError(f"TieredCache: row {index}: generate's ids differ from the prompt the cache was made "
-                                "for (give generate the same ids as prompt=)")
 
     def attend(self, layer: int, query: torch.Tensor, scaling: float) -> torch.Tensor:
         """The ``"tiercache"`` attention of ``layer`` (see ``tiercache_attention``)."""
@@ -317,21 +290,42 @@ class TieredCache(Cache):
         self._checked_mask = (mask, held, tokens)
 
     # -- inside a pass -------------------------------------------------------------------
+    def settle_failed_pass(self) -> None:
+        """Between passes (``copying``'s row operations call it): undoes what a pass that
+        raised having stored nothing had learnt, as the next pass's ``_recover`` would, so that
+        ``crop`` can give room back after a pass that found none. A cache out of step (a pass
+        that stored KV, or one still running after storing) is left as it is: the row
+        operation refuses it."""
+        if self._broken is None and not self.kv._closed and self._out_of_step() is None:
+            self._undo_failed_pass()
+
     def _recover(self) -> None:
         """Before a pass: refuses a cache left out of step, and undoes what a pass that
         raised before storing anything had learnt."""
         if self.kv._closed:
             raise UserError("TieredCache: its TieredKVCache is closed")
-        if self._broken is None and len({self.seq_length(layer) for layer in range(len(self._staged))}) > 1:
-            self._broken = "its layers hold different lengths (a pass failed after storing some layers)"
-        if self._open_pass is not None and self.seq_length(0) != self._pass_start:
-            self._broken = "a pass failed after storing its KV (its output was lost)"
-        if self._open_pass is None and any(staged is not None for staged in self._staged):
-            self._broken = (f"a finished pass left new KV unread: the model's attention is not {ATTENTION!r} "
-                            "(call use_tiercache(model))")
+        self._broken = self._broken or self._out_of_step()
         if self._broken is not None:
             raise UserError(f"TieredCache: {self._broken}; free() it and start a new one")
-        if self._open_pass is not None:  # the last pass failed before storing: forget its ids
+        self._undo_failed_pass()
+
+    def _out_of_step(self) -> str | None:
+        """Why the rows cannot go on after the last pass; None when they can (it finished, or
+        it raised before any layer stored)."""
+        if self._open_pass is None and any(staged is not None for staged in self._staged):
+            return (f"a finished pass left new KV unread: the model's attention is not {ATTENTION!r} "
+                    "(call use_tiercache(model))")
+        if self._open_pass is not None and self.seq_length(0) != self._pass_start:
+            return "a pass failed after storing its KV (its output was lost)"
+        if len({self.seq_length(layer) for layer in range(len(self._staged))}) > 1:
+            return "its layers hold different lengths (a pass failed after storing some layers)"
+        return None
+
+    def _undo_failed_pass(self) -> None:
+        """Forgets what a pass that raised before storing anything had learnt: its rows' new
+        ids, the rows it opened, its staged KV, the rows it repeated (nothing after a pass that
+        finished). Only when ``_out_of_step`` found nothing."""
+        if self._open_pass is not None:
             for seq, known in zip(self.sequences, self._open_pass):
                 if len(seq.token_ids) > known:
                     seq.forget_tokens(known, private=False)
@@ -339,9 +333,9 @@ class TieredCache(Cache):
                 self._clear()
         self._staged = [None] * len(self._staged)
         self._open_pass = None
-        if self._expanded > 1:  # a failed or refused first pass: undo its repeated rows (groups hold one KV)
-            reorder_rows(self, list(range(0, len(self.sequences), self._expanded)))
-        self._expanded = 1
+        factor, self._expanded = self._expanded, 1
+        if factor > 1:  # a failed or refused first pass: undo its repeated rows (groups hold one KV)
+            reorder_rows(self, list(range(0, len(self.sequences), factor)))
 
     def _check_model_of(self, module: torch.nn.Module) -> None:
         """Raises UserError unless ``module`` is the decoder of the model this cache was made
@@ -470,31 +464,6 @@ class TieredCache(Cache):
         self._opened_in_pass, self._prompt_pads, self._prompt_end, self._decoding = False, None, 0, False
         self._expand = self._expanded = 1
         self._beam_rows = False
-
-    def _start(self, prompt, attention_mask) -> None:
-        """One sequence per prompt row, all starting from the prefix every row has stored."""
-        rows = prompt_rows(prompt)
-        self._prompt_end = len(rows[0])  # positions, padding included
-        padded = False
-        if attention_mask is not None:
-            keep = left_padding(attention_mask, [len(row) for row in rows])
-            if not all(kept.any() for kept in keep):
-                raise UserError("TieredCache: a row of the prompt's attention_mask is padding only")
-            padded = not all(kept.all() for kept in keep)
-            rows = [row[kept] for row, kept in zip(rows, keep)]
-            self._prompt_pads = [int((~kept).sum()) for kept in keep]
-        block = self.kv.layout.block_tokens
-        # whole blocks every row has stored, leaving each row at least one token to compute; none
-        # for a padded batch (its rows start at different positions) or a private-KV model
-        common = 0
-        if not padded and self._ids_decide_kv:
-            common = min(min(self.kv.match_prefix(row, self.namespace), (len(row) - 1) // block * block)
-                         for row in rows)
-        for row in rows:  # a row that fails leaves those made before it to free() or the finalizer
-            seq = self.kv.sequence(tokens=row[: common + 1], namespace=self.namespace)
-            self.sequences.append(seq)
-            seq.add_tokens(row[common + 1 :])
-        self._pads = np.zeros((len(self._staged), len(rows)), dtype=np.int64)
 
 
 setattr(TieredCache, TIERED_CACHE, True)  # how the hooks recognise a TieredCache

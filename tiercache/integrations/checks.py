@@ -120,8 +120,10 @@ def check_decoding(kwargs: dict, model: Any | None, holds_rows: bool) -> int:
     """Raises UserError when ``generate``'s options (``_generate_option``) pick constrained beam
     search, contrastive search, early-exit assisted decoding or multi-token prediction: they
     select the cache's rows or draft through its layers, which a ``TieredCache`` cannot, and
-    transformers would refuse them only after passes had stored KV; or classifier-free guidance
-    (``guidance_scale``: an extra pass without the cache). Assisted decoding with an assistant
+    transformers would refuse them only after passes had stored KV; classifier-free guidance
+    (``guidance_scale``: an extra pass without the cache); or ``use_cache=False`` (every pass
+    feeds the whole sequence again from position 0: its second pass would be refused after the
+    first had stored the prompt's KV). Assisted decoding with an assistant
     model and prompt lookup run (``TieredCache.crop`` drops rejected drafts), on a cache that
     holds no rows yet (``holds_rows``: made with ``prompt=``, or continued): transformers' first
     verification pass feeds the whole prompt again, from position 0.
@@ -147,6 +149,10 @@ def check_decoding(kwargs: dict, model: Any | None, holds_rows: bool) -> int:
         raise UserError("TieredCache: assisted decoding and prompt lookup need a cache that holds no rows yet, made "
                         "without prompt= (their first pass feeds the whole prompt again); nothing was run and the "
                         "cache is unchanged")
+    if option("use_cache") is not None and not option("use_cache"):
+        raise UserError("TieredCache: use_cache=False (every pass over the whole sequence again, without the cache) "
+                        "is not supported with a TieredCache: drop use_cache=False, or do not pass the cache; nothing "
+                        "was run and the cache is unchanged")
     if option("guidance_scale") not in (None, 1, 1.0):
         raise UserError("TieredCache: guidance_scale (classifier-free guidance) runs an extra pass without the "
                         "cache: not supported; nothing was run and the cache is unchanged")

@@ -15,6 +15,11 @@ The other row operations transformers' decoding modes ask of a cache live here t
 between passes: ``reorder_rows`` (beam search's reorder, and repeating held rows for several
 sequences per prompt: a row used twice is forked) and ``crop_rows`` (speculative decoding's
 rollback of rejected drafts: ``Sequence.crop``).
+
+"Between passes" includes after a pass that raised having stored nothing: each operation first
+settles it (``TieredCache.settle_failed_pass``), as the next pass would, so a ``crop`` can
+give room back after a step that found none. After a pass that stored KV (the cache is out
+of step) or while one runs, each is refused.
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ def deep_copy(cache: "TieredCache", make_layer: Callable) -> "TieredCache":
 
     Raises:
         UserError: the ``TieredKVCache`` is closed; the cache is out of step after a failed
-            pass; a pass is running (or one failed: the next pass, or ``free()``, settles it).
+            pass; a pass is running (or one failed after storing KV: ``free()`` the cache).
             Nothing is held then.
     """
     release_deferred()
@@ -49,8 +54,7 @@ def deep_copy(cache: "TieredCache", make_layer: Callable) -> "TieredCache":
         raise UserError("TieredCache: its TieredKVCache is closed; a closed cache cannot be copied")
     if cache._broken is not None:
         raise UserError(f"TieredCache: {cache._broken}; it cannot be copied (free() it and start a new one)")
-    _between_passes(cache, "a cache is copied", " (a pass is running, or the last one failed: run the next pass or free() "
-                    "the cache first)")
+    _between_passes(cache, "a cache is copied")
     twin = object.__new__(type(cache))
     twin.__dict__.update(cache.__dict__)
     twin.layers = [_layer_like(make_layer(twin, index), layer) for index, layer in enumerate(cache.layers)]
@@ -71,11 +75,15 @@ def deep_copy(cache: "TieredCache", make_layer: Callable) -> "TieredCache":
     return twin
 
 
-def _between_passes(cache: "TieredCache", what: str, why: str = "") -> None:
-    """Refuses (``UserError``) a row operation while a pass is open or a failed one left
-    staged KV; ``what`` names the operation in the message ("rows are cropped")."""
+def _between_passes(cache: "TieredCache", what: str) -> None:
+    """Settles a pass that failed having stored nothing (``settle_failed_pass``), then refuses
+    (``UserError``) a row operation while a pass is open (running, or failed after storing KV)
+    or a finished one left staged KV; ``what`` names the operation in the message ("rows are
+    cropped")."""
+    cache.settle_failed_pass()
     if cache._open_pass is not None or any(staged is not None for staged in cache._staged):
-        raise UserError(f"TieredCache: {what} between passes only{why}")
+        raise UserError(f"TieredCache: {what} between passes only (a pass is running, or the last one failed after "
+                        "storing KV: free() the cache)")
 
 
 def _layer_like(layer, original):

@@ -21,7 +21,7 @@ from tiercache.errors import UserError
 from tiercache.live.arguments import flat_token_ids
 
 __all__ = ["kv_layout", "prompt_rows", "left_padding", "model_fingerprint", "check_supported", "namespace_bytes",
-           "other_inputs", "length_dependent_rope", "standard_positions", "text_config"]
+           "other_inputs", "length_dependent_rope", "sliding_windows", "standard_positions", "text_config"]
 
 #: Forward arguments that do not change a pass's KV (beyond ids, mask and cache).
 _NEUTRAL = frozenset({"input_ids", "attention_mask", "position_ids", "cache", "past_key_values", "use_cache",
@@ -161,6 +161,22 @@ def length_dependent_rope(config) -> list[str]:
     tables = [table for table in params.values() if isinstance(table, dict)] if nested else [params]
     kinds = {str(table.get("rope_type", table.get("type", "default"))) for table in tables}
     return sorted(kinds - _STATIC_ROPE)
+
+
+def sliding_windows(config) -> tuple[int | None, ...]:
+    """Each layer's sliding window (None: full attention) as ``transformers`` masks it: the
+    config's ``sliding_window`` at layers whose ``layer_types`` entry is "sliding_attention".
+
+    So a ``TieredCache`` can refuse a window at the start of a pass, before its first layer
+    stores. A config without ``layer_types`` gives None for every layer: its models (Mistral,
+    Phi-3, Starcoder2) slide at every layer or none, so the attention's own check refuses at
+    the first layer, before anything is stored."""
+    text = text_config(config)
+    types = _field(text, "layer_types", None) or ()
+    window = _field(text, "sliding_window", None)
+    if not isinstance(window, int) or isinstance(window, bool) or window <= 0:
+        return (None,) * len(types)
+    return tuple(window if kind == "sliding_attention" else None for kind in types)
 
 
 def model_fingerprint(model: torch.nn.Module) -> bytes:
