@@ -212,8 +212,12 @@ def test_a_prefill_over_a_stored_prefix_scores_a_bounded_slice_at_a_time(tmp_pat
 def test_a_bad_budget_or_dtype_is_refused_by_the_constructor(tmp_path):
     model = use_tiercache(tiny_llama())
     with tiered(model, tmp_path) as kv:
-        with pytest.raises(UserError, match="budget"):
-            TieredCache(kv, model, AttentionMode.SPARSE, budget=0)
+        with pytest.raises(UserError, match="^TieredCache: a budget count must be at least one block"):
+            TieredCache(kv, model, AttentionMode.SPARSE, budget=0)  # named TieredCache, not Sequence.attend
+        with pytest.raises(UserError, match="^TieredCache: AttentionMode.SPARSE needs a budget"):
+            TieredCache(kv, model, AttentionMode.SPARSE)
+        with pytest.raises(UserError, match="^TieredCache: budget applies to AttentionMode.SPARSE only"):
+            TieredCache(kv, model, AttentionMode.EXACT, budget=2)
     with tiered(model, tmp_path / "b", dtype=torch.bfloat16) as kv, pytest.raises(UserError, match="computes in"):
         TieredCache(kv, model)
 

@@ -15,7 +15,7 @@ import torch
 from tiercache.config import AttentionMode
 from tiercache.data.buffers import torch_dtype
 from tiercache.errors import UserError
-from tiercache.live.arguments import sparse_budget_blocks
+from tiercache.live.arguments import attend_blocks
 from tiercache.live.cache import TieredKVCache
 
 from .hooks import decoder_of, installed
@@ -106,14 +106,10 @@ def _kv_heads_of(module: torch.nn.Module, heads: int) -> int | None:
 
 
 def check_mode(mode: AttentionMode, budget) -> None:
-    """Raises UserError for a mode that is not an ``AttentionMode``, a budget without SPARSE
-    (or SPARSE without one), or a bad budget."""
-    if not isinstance(mode, AttentionMode):
-        raise UserError(f"TieredCache: mode must be an AttentionMode (EXACT or SPARSE), got {mode!r}")
-    if (mode is AttentionMode.SPARSE) != (budget is not None):
-        raise UserError("TieredCache: a budget is given with AttentionMode.SPARSE, and only with it")
-    if budget is not None:
-        sparse_budget_blocks(budget, 1)  # a bad budget is refused here, not at the first decode step
+    """Raises UserError (naming ``TieredCache``) for a mode that is not an ``AttentionMode``,
+    a budget without SPARSE (or SPARSE without one), or a bad budget: the raw API's own check
+    (``attend_blocks``), made when the cache is built rather than at the first decode step."""
+    attend_blocks(mode, budget, 1, "TieredCache")
 
 
 def check_decoding(kwargs: dict, model: Any | None, holds_rows: bool) -> int:
