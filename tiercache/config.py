@@ -134,10 +134,35 @@ class Codec(enum.Enum):
         return cls(name)
 
     def check_layout(self, layout: "KVLayout | None", where: str) -> None:
-        """Raises ConfigError naming ``where`` if this codec cannot store ``layout``'s dtype (``CODEC_DTYPES``; plain: any)."""
-        if layout is not None and self is not Codec.NONE and layout.dtype not in CODEC_DTYPES:
+        """Raises ConfigError naming ``where`` if this codec cannot store ``layout``'s dtype
+        (``CODEC_DTYPES``; plain: any), or would store its blocks in no fewer bytes than plain:
+        a prime ``block_tokens`` or ``head_dim`` above 64 makes groups of one value, each with
+        its own scale (``codec_group``), and such a "quantised" tier would hold fewer blocks."""
+        if layout is None or self is Codec.NONE:
+            return
+        if layout.dtype not in CODEC_DTYPES:
             raise ConfigError(f"{where}: codec {self.value} cannot store layout dtype {layout.dtype!r}: the codecs take "
                               "float16, bfloat16 or float32 blocks; keep the tier plain or use one of those dtypes")
+        encoded, plain = self.block_bytes(layout), layout.block_bytes
+        if encoded >= plain:
+            why, fix = self._overhead(layout)
+            raise ConfigError(f"{where}: codec {self.value} would store a block of layout {layout.name} (block_tokens="
+                              f"{layout.block_tokens}, head_dim={layout.head_dim}, {layout.dtype}) in {encoded:,} bytes, not "
+                              f"fewer than its {plain:,} plain bytes ({why}): the tier would hold fewer blocks than a plain "
+                              f"one; keep it plain, or use {fix}")
+
+    def _overhead(self, layout: "KVLayout") -> tuple[str, str]:
+        """What makes this codec's blocks of ``layout`` large, and the layout that avoids it
+        (``check_layout``'s message)."""
+        if self is Codec.FP8:
+            kept = min(FP8_OUTLIER_CHANNELS, layout.head_dim)
+            return (f"FP8 keeps {kept} key channels of each head exact, of head_dim {layout.head_dim}",
+                    "a larger head_dim")
+        k_group = codec_group(layout.block_tokens, INT8_K_GROUP if self is Codec.INT8 else CODEC_GROUP)
+        sizes = [f"{'one value' if g == 1 else f'{g} values'} along {name}" for name, g in
+                 (("block_tokens", k_group), ("head_dim", codec_group(layout.head_dim)))]
+        return (f"K groups of {sizes[0]}, V groups of {sizes[1]}, each group with its own scale",
+                "a block_tokens and head_dim with a divisor near 64 (a multiple of 16, say)")
 
     def block_bytes(self, layout: "KVLayout") -> int:
         """Exact bytes of one block of ``layout`` stored with this codec, scales included.

@@ -142,14 +142,15 @@ def parse_capacity(value: int | str, layout: "KVLayout | None", what: str = "cap
 #: shared store): the host encodes and decodes for them.
 STORAGE_TIERS = ("nvme", "remote")  # config.REMOTE_TIER
 
-def hop_block_bytes(src: str, src_form: int, dst: str, dst_form: int, plain: int) -> int:
+def hop_block_bytes(src: str, src_form: int, dst: str, dst_form: int, dst_quantised: bool) -> int:
     """Bytes one block takes on a hop from tier ``src`` to tier ``dst``, as the live data
     plane (``tiercache/data/handlers.py``, ``quantized.py``) moves it.
 
     Args:
         src: source tier name; ``src_form`` the bytes of a block as it holds it.
         dst: destination tier name; ``dst_form`` the bytes of a block as it holds it.
-        plain: bytes of an unquantised block (a form below it is a codec's).
+        dst_quantised: whether ``dst`` stores blocks with a codec (its ``TierConfig.codec``
+            is not ``Codec.NONE``), whatever the sizes of the two forms.
 
     Invariants: a hop to or from a storage tier (``STORAGE_TIERS``) carries that tier's
     form, whatever the other end's (an INT4 DRAM block is decoded on the host and written
@@ -162,10 +163,10 @@ def hop_block_bytes(src: str, src_form: int, dst: str, dst_form: int, plain: int
         return dst_form
     if src in STORAGE_TIERS:
         return src_form
-    return dst_form if dst_form < plain else src_form
+    return dst_form if dst_quantised else src_form
 
 
-def move_hops(src: str, src_form: int, dst: str, dst_form: int, plain: int,
+def move_hops(src: str, src_form: int, dst: str, dst_form: int, dst_quantised: bool,
               direct: bool = False) -> tuple[tuple[str, int], ...]:
     """The hops of a move from tier ``src`` to tier ``dst``, each as (link name, bytes one block
     takes on it: ``hop_block_bytes``).
@@ -176,8 +177,10 @@ def move_hops(src: str, src_form: int, dst: str, dst_form: int, plain: int,
     blocks plain and a quantised HBM's encoded). What a move brings is its last hop's bytes.
     """
     if direct or "dram" in (src, dst):
-        return ((f"{src}->{dst}", hop_block_bytes(src, src_form, dst, dst_form, plain)),)
+        return ((f"{src}->{dst}", hop_block_bytes(src, src_form, dst, dst_form, dst_quantised)),)
     host = dst_form if src in STORAGE_TIERS else src_form
-    return ((f"{src}->dram", hop_block_bytes(src, src_form, "dram", host, plain)),
-            (f"dram->{dst}", hop_block_bytes("dram", host, dst, dst_form, plain)))
+    # The first hop's answer does not depend on the flag: from a storage tier it is the
+    # stored form, from a memory tier the source's, which is what host memory holds.
+    return ((f"{src}->dram", hop_block_bytes(src, src_form, "dram", host, False)),
+            (f"dram->{dst}", hop_block_bytes("dram", host, dst, dst_form, dst_quantised)))
 

@@ -42,8 +42,10 @@ class TransferPlan:
 class JobResult:
     """Outcome of one submitted plan; ``error`` is None on success.
 
-    ``lost`` names source blocks found unreadable (a corrupt or missing NVMe chunk): the
-    manager drops them instead of leaving them resident, so they are never served.
+    ``lost`` names source blocks found unreadable (a corrupt or missing NVMe chunk), or
+    holding values the destination's codec cannot store (inf, NaN: ``data.quantized``): the
+    manager drops them instead of leaving them resident, so they are never served (nor
+    moved again and again, holding their slots).
     ``present`` counts blocks the destination already held (a shared tier another process
     wrote them to): nothing was copied for them.
     """

@@ -241,7 +241,9 @@ class RoomMixin:
         room below: the placement above is refused) and ``Room.WRITE_FAILED`` when a
         write-back (this one, or one further down the cascade) failed (a full or failing
         disk): the victims then stay where they are, so no block is ever dropped to make
-        room for a write that did not land, and the caller's placement is refused instead."""
+        room for a write that did not land, and the caller's placement is refused instead
+        (victims whose bytes proved unusable are dropped as lost, and the rest moved:
+        ``_move_down``)."""
         below = tier + 1
         held = self.held
         moving = self._admitted(tier, below, victims)
@@ -265,11 +267,26 @@ class RoomMixin:
                 continue
             if dst != below:
                 piece = self._admitted_further(tier, dst, piece)
-            if piece and (room is _WRITE_FAILED or not self._transfer(piece, tier, dst, False, None)):
+            if piece and (room is _WRITE_FAILED or not self._move_down(piece, tier, dst)):
                 if dst != self.shared or (held and any(v in held for v in piece)):
                     return _WRITE_FAILED
                 self._drop(tier, [v for v in piece if v in self.dirs[tier].slot_of])  # best effort: an eviction
         return _MADE
+
+    def _move_down(self, piece: list[int], tier: int, dst: int) -> bool:
+        """Moves victims ``piece`` of ``tier`` into ``dst`` (room made there) and waits; True
+        once every one has left ``tier``. A move that failed because some of its blocks proved
+        unusable (``JobResult.lost``: unreadable, or values ``dst``'s codec cannot store) has
+        dropped those, counted; the rest, as movable as before, are moved once more, so a lost
+        block never refuses the placement it was a victim for. Any other failure leaves every
+        victim where it was (False)."""
+        if self._transfer(piece, tier, dst, False, None):
+            return True
+        here = self.dirs[tier].slot_of
+        rest = [v for v in piece if v in here]
+        if len(rest) == len(piece):
+            return False
+        return not rest or self._transfer(rest, tier, dst, False, None)
 
     def _admitted(self, tier: int, dst: int, victims: list[int]) -> list[int]:
         """Victims of ``tier`` that ``dst``'s admission lets in, in order; the refused leave

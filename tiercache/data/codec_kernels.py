@@ -161,7 +161,8 @@ INT4_UP, INT4_DOWN = np.float32(1.0 + 2.0**-8), np.float32(1.0 - 2.0**-9)
 @numba.njit(inline="always", **_JIT)
 def _spans_all_codes(lo, hi, c):
     """Whether scale ``c`` maps ``lo`` to code 0 and ``hi`` to code 15 (zero point
-    ``round(-lo / c)``) without clipping more than half a step past them."""
+    ``round(-lo / c)``) with ``15.5 * c >= hi - lo`` (``codec_base.int4_scale``: a value past
+    an end code may be clipped by up to ``codec_base.INT4_MAX_CLIP_STEPS`` of a step)."""
     z = min(max(np.rint(-lo / c), np.float32(0.0)), np.float32(15.0))
     return c > 0 and c * np.float32(15.5) >= hi - lo and np.rint(lo / c) + z <= 0 and np.rint(hi / c) + z >= 15
 

@@ -15,7 +15,9 @@ chosen so the decoded group maps back to the same scale (and zero point): where 
 refined extremes, decoded, would not (``int8_pins``, ``int4_pins``), they take values that
 do (INT4: the nearest refined steps that do, else their coarse values; INT8: their coarse
 values, as an unrefined group's), and the group's other values are clamped between them. So a decoded block re-encodes to the same
-bytes (blocks of ordinary magnitude: groups on fp16's subnormal grid excepted).
+bytes (blocks of ordinary magnitude: groups on fp16's subnormal grid excepted; in bf16, where two
+INT4 fine steps of a large refined value round to one bf16 value, the first re-encode may take
+the other's nibble: the same value, and stable bytes from then on).
 
 Invariant: the compiled loops (``int8_fine``, ``int4_fine``) do the reference's float32
 operations in its order: both paths give the same bytes.
@@ -101,15 +103,18 @@ def int4_pins(lo: torch.Tensor, hi: torch.Tensor, scale: torch.Tensor, zero: tor
     ``scale`` and zero point ``zero`` (``int4_steps``): where the group's refined extremes,
     decoded to ``dtype``, would not map back to its scale and zero point (``_asym_from``),
     its min and max take the nearest refined steps that do (``bottom``, ``top``: moved by at
-    most 2 steps, ``_NEAR``), else their coarse values (as an unrefined group's, which map
-    back: ``codec_base.int4_scale``), and every other value is clamped between them;
+    most 2 steps, ``_NEAR``; an end of zero steps is never moved: it decodes as 0), else
+    their coarse values (as an unrefined group's, which map back: ``codec_base.int4_scale``),
+    and every other value is clamped between them;
     elsewhere ``lo``, ``hi`` NaN and the bounds infinite (nothing pinned)."""
     scale32, zero32 = scale.float(), zero.float()
     ends = (lo.float().clamp(max=0), hi.float().clamp(min=0))
     steps = [(v / scale32).mul_(fine).round_() for v in ends]
     moves = _NEAR.view(-1, 2, *([1] * lo.dim())).to(lo.device)  # [candidates, (bottom, top), ...]: (0, 0) first
-    bottom = steps[0] + torch.where(ends[0] < 0, moves[:, 0], 0.0)  # a zero end stays (nothing equals it)
-    top = steps[1] + torch.where(ends[1] > 0, moves[:, 1], 0.0)
+    # An end of zero steps stays at 0, as a zero end does: it decodes as 0 like the rest of a
+    # tiny group (a fine step off it would be ~1e21 times a 1e-30 value).
+    bottom = steps[0] + torch.where(steps[0] < 0, moves[:, 0], 0.0)
+    top = steps[1] + torch.where(steps[1] > 0, moves[:, 1], 0.0)
     decoded = [_finite((level + residual / fine) * scale32, dtype).to(dtype).float()
                for level, residual in (int4_level_fine(t, zero32, fine) for t in (bottom, top))]
     again_scale, again_zero = _asym_from(*decoded)

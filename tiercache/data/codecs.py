@@ -22,7 +22,10 @@ block's device) and back. The reference is plain vectorised torch (``encode_refe
 
 INT8 and INT4 pick their refined channels, and choose their residuals, so that a decoded
 block re-encodes to the same bytes too (``codec_refine``); INT8's scales may still move
-once, at the first re-encode (an fp16 block's ``127 * scale`` rounds).
+once, at the first re-encode (an fp16 block's ``127 * scale`` rounds), and so may a bf16
+INT4 block's fine nibble (to one of the same value). INT4 keeps a value within half a step
+of its group's scale except past the group's end codes: up to
+``codec_base.INT4_MAX_CLIP_STEPS`` (0.77) of a step.
 
 A ``QuantizedBlock`` serialises to one flat uint8 buffer of exactly ``nbytes`` bytes (wider
 dtypes first, so every part of a buffer read back is aligned for a zero-copy view).

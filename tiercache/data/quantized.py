@@ -17,13 +17,20 @@ when they are demoted into it and dequantised when they are promoted out of it o
   never quantised twice); otherwise through a plain block, which the store encodes with
   its own codec.
 
+A block the destination's codec refuses (``codec_base.UnencodableError``: inf, NaN, or INT8
+and INT4 values beyond their fp16 scales; only blocks adopted from a plain store can hold
+them, since ``put`` refuses such KV in a hierarchy with a quantised tier) is reported lost
+(``JobResult.lost``): the manager drops it, counted, as it drops an unreadable chunk. Kept
+where it was, every later move would fail the same way and it would hold its slot for good.
+
 Importing this module registers the handlers (``handlers.register_handler``); the live
 store imports it when it opens a quantised DRAM tier, before its engine looks handlers up.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+import functools
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -33,6 +40,7 @@ from tiercache.core.plans import JobResult, TransferPlan
 from ..config import Codec, KVLayout
 from ..errors import UserError
 from .buffers import check_capacity_blocks, normal_tensors, torch_dtype
+from .codec_base import UnencodableError
 from .codecs import codec_for
 from .handlers import CopyContext, Job, _read_result, _recycling, _write_result, register_handler
 from .nvme import NVMeStore
@@ -146,25 +154,51 @@ def _ints(slots) -> list[int]:
     return [int(s) for s in slots]
 
 
+def _refused(ids: Sequence[int], encodes: Sequence[Callable[[], None]]) -> list[int]:
+    """Runs ``encodes`` (one per id of ``ids``, each quantising that block into its slot) and
+    returns the ids whose block the codec refused (``UnencodableError``); the others ran."""
+    refused = []
+    for block_id, encode in zip(ids, encodes, strict=True):
+        try:
+            encode()
+        except UnencodableError:
+            refused.append(block_id)
+    return refused
+
+
+def _lost_result(plan: TransferPlan, codec: Codec, refused: Sequence[int], unreadable: Sequence[int] = ()) -> JobResult:
+    """The result of a job into a ``codec`` tier: done, or failed with its ``unreadable``
+    (corrupt or missing chunks) and ``refused`` blocks (values the codec cannot store) lost,
+    which the manager drops (``JobResult.lost``); the job's other blocks stay where they were."""
+    if not refused and not unreadable:
+        return JobResult(plan.job_id)
+    why = [f"{len(unreadable)} block(s) unreadable (corrupt or missing)"] if unreadable else []
+    if refused:
+        why.append(f"{len(refused)} block(s) the {codec.value} tier cannot encode (inf, NaN or values beyond its scales)")
+    return JobResult(plan.job_id, "; ".join(why) + ": dropped as lost", (*unreadable, *refused))
+
+
 class QuantizedToQuantized:
-    """Quantised HBM <-> quantised DRAM: ``QuantizedPool.copy_slot`` per block (inline)."""
+    """Quantised HBM <-> quantised DRAM: ``QuantizedPool.copy_slot`` per block (inline);
+    a block the destination's codec refuses (re-encoded from another codec's values) is lost."""
 
     def start(self, plan: TransferPlan, src: QuantizedPool, dst: QuantizedPool, ctx: CopyContext) -> Job:
-        for src_slot, dst_slot in zip(_ints(plan.src_slots), _ints(plan.dst_slots), strict=True):
-            src.copy_slot(src_slot, dst, dst_slot)
-        return Job(plan, result=JobResult(plan.job_id))
+        pairs = zip(_ints(plan.src_slots), _ints(plan.dst_slots), strict=True)
+        refused = _refused(plan.ids, [functools.partial(src.copy_slot, s, dst, d) for s, d in pairs])
+        return Job(plan, result=_lost_result(plan, dst.codec, refused))
 
 
 class PoolToQuantized:
-    """HBM or DRAM -> quantised DRAM: each block encoded from its source slot (inline)."""
+    """HBM or DRAM -> quantised DRAM: each block encoded from its source slot (inline); a
+    block the codec refuses is lost (the module docstring)."""
 
     def start(self, plan: TransferPlan, src: BlockPool, dst: QuantizedPool, ctx: CopyContext) -> Job:
         # On a GPU the encode runs on the current (compute) stream, after every write queued
         # there into the source slots; blocks copied in on a copy stream are published only
         # once their event completed, so no stream wait is needed here.
-        for src_slot, dst_slot in zip(_ints(plan.src_slots), _ints(plan.dst_slots), strict=True):
-            dst.encode_into(dst_slot, src.view(src_slot))
-        return Job(plan, result=JobResult(plan.job_id))
+        pairs = zip(_ints(plan.src_slots), _ints(plan.dst_slots), strict=True)
+        refused = _refused(plan.ids, [functools.partial(dst.encode_into, d, src.view(s)) for s, d in pairs])
+        return Job(plan, result=_lost_result(plan, dst.codec, refused))
 
 
 class QuantizedToPool:
@@ -196,7 +230,8 @@ class QuantizedToStore:
 
 class StoreToQuantized:
     """NVMe -> quantised DRAM: the stored bytes straight into the rows (same codec), else
-    dequantised blocks encoded into the rows once read; unreadable blocks are lost."""
+    dequantised blocks encoded into the rows once read; unreadable blocks are lost, and so
+    are blocks the codec refuses (read from a plain store)."""
 
     def start(self, plan: TransferPlan, store: NVMeStore, dst: QuantizedPool, ctx: CopyContext) -> Job:
         keys = ctx.keys(plan.ids)
@@ -220,9 +255,10 @@ class StoreToQuantized:
         future = store.submit_get(keys, blocks)
 
         def finish(hits: np.ndarray) -> JobResult:
-            for index in np.flatnonzero(hits).tolist():
-                dst.encode_into(slots[index], blocks[index])
-            return _read_result(plan, hits)
+            read = np.flatnonzero(hits).tolist()
+            encodes = [functools.partial(dst.encode_into, slots[i], blocks[i]) for i in read]
+            refused = _refused([plan.ids[i] for i in read], encodes)
+            return _lost_result(plan, dst.codec, refused, [b for b, ok in zip(plan.ids, hits.tolist()) if not ok])
 
         return Job(plan, future=future, finish=finish)
 

@@ -68,7 +68,7 @@ def _bytes_into_hbm(cache: TieredKVCache, ticket: ReadTicket) -> int:
     tier's link to HBM (promoted, or read in place), each prefetched one its plan's link, at
     ``link_block_bytes`` of the store's tiers, as ``Traffic.link_bytes`` charges them."""
     names = [d.name for d in cache.manager.dirs]
-    sizes, plain = cache.store.tier_block_bytes, cache.store.layout.block_bytes
-    read = sum(n * link_block_bytes(names, sizes, plain, tier, 0) for tier, n in enumerate(ticket.found) if tier and n)
-    ahead = sum(p.n_blocks * link_block_bytes(names, sizes, plain, p.src_tier, p.dst_tier) for p in ticket.plans)
+    sizes, quantised = cache.store.tier_block_bytes, cache.store.tier_quantised
+    read = sum(n * link_block_bytes(names, sizes, quantised, tier, 0) for tier, n in enumerate(ticket.found) if tier and n)
+    ahead = sum(p.n_blocks * link_block_bytes(names, sizes, quantised, p.src_tier, p.dst_tier) for p in ticket.plans)
     return read + ahead

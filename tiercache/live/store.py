@@ -23,7 +23,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from tiercache.config import KVLayout, TierConfig
+from tiercache.config import Codec, KVLayout, TierConfig
 from tiercache.core.manager import TierManager
 from tiercache.core.plans import EventLog, TransferPlan
 from tiercache.data.buffers import check_blocks
@@ -78,6 +78,7 @@ class TieredKVStore(StoreReads, NoCopies):
         evictions, admissions = make_policies(tiers, eviction, admission, hits)  # names checked before anything opens
         self.layout = layout
         self.tier_block_bytes = [t.codec.block_bytes(layout) for t in tiers]  # per tier: its codec's, scales included
+        self.tier_quantised = [t.codec is not Codec.NONE for t in tiers]  # per tier: stores blocks with a codec
         self.value_limit = value_limit(tiers)  # what a quantised tier can hold (None: no quantised tier)
         self._lock = OwnerGuard()  # one call at a time, by this process only; Ctrl-C deferred to its end
         self._map = KeyMap()
@@ -90,7 +91,7 @@ class TieredKVStore(StoreReads, NoCopies):
             if not write_through:  # a block read up out of NVMe keeps its durable copy there (LocalEngine)
                 self.engine.retain_moved_up(self.manager.locate, lambda tier: self.manager.dirs[tier].n_free)
             self._remote = None if remote is None else RemoteLink(self.manager, self._map, self._media[-1], remote, hits)
-            self._stats = Traffic.for_store(tiers, self.tier_block_bytes, layout.block_bytes, self.engine, self.manager)
+            self._stats = Traffic.for_store(tiers, self.tier_block_bytes, self.engine, self.manager)
             self.token_mismatches, self._closed = 0, False
             adopt_stored_blocks(self.manager, self._media, self._map, self.events)
         except BaseException:

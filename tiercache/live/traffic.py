@@ -15,14 +15,14 @@ from __future__ import annotations
 
 from typing import Iterable, Mapping, Sequence
 
-from tiercache.config import TierConfig
+from tiercache.config import Codec, TierConfig
 from tiercache.core.stats import HierarchyStats, InPlaceHits
 from tiercache.sizes import move_hops
 
 __all__ = ["Traffic", "as_replay_charges", "link_block_bytes"]
 
 
-def link_block_bytes(names: Sequence[str], sizes: Sequence[int], plain: int, src: int, dst: int) -> int:
+def link_block_bytes(names: Sequence[str], sizes: Sequence[int], quantised: Sequence[bool], src: int, dst: int) -> int:
     """Bytes one block brings from tier ``src`` into tier ``dst``, in the form the data plane
     moves it: the last hop of ``sizes.move_hops``. A move between two tiers neither of which is
     DRAM (NVMe or remote to HBM) is staged through host memory, where the block is held in the
@@ -31,23 +31,22 @@ def link_block_bytes(names: Sequence[str], sizes: Sequence[int], plain: int, src
 
     Args:
         names: the tiers' names, fastest first; ``sizes`` the bytes of one block as each
-            stores it (its codec's); ``plain`` the bytes of an unquantised block.
+            stores it (its codec's); ``quantised`` whether each stores blocks with a codec.
         src, dst: indices of the link's ends in ``names``.
 
     Invariants: the one rule a live store's bytes per link (``Traffic``) and a decode step's
     ``bytes_moved`` (``tiercache.live.steps``) charge a block by.
     """
-    return move_hops(names[src], sizes[src], names[dst], sizes[dst], plain)[-1][1]
+    return move_hops(names[src], sizes[src], names[dst], sizes[dst], quantised[dst])[-1][1]
 
 
 class Traffic:
     """A store's counters and bytes per link, fed by ``consume(events)``.
 
     Args:
-        tiers: the store's tiers (their names and capacities), fastest first; the first is
-            HBM (the live store's tiers always start there).
+        tiers: the store's tiers (their names, capacities and codecs), fastest first; the
+            first is HBM (the live store's tiers always start there).
         tier_block_bytes: bytes of one block as each tier stores it (its codec's).
-        plain_bytes: bytes of an unquantised block.
         taken_up: per (source, destination) tier, the moves that took up a retained copy
             with no write (``LocalEngine.taken_up``, read live; None: none are taken up).
         already_held: mappings per (tier, shared tier) of blocks that left for a shared tier
@@ -62,23 +61,23 @@ class Traffic:
     at every ``summary`` a link's take-ups are among its moves.
     """
 
-    def __init__(self, tiers: Iterable[TierConfig], tier_block_bytes: Sequence[int], plain_bytes: int,
+    def __init__(self, tiers: Iterable[TierConfig], tier_block_bytes: Sequence[int],
                  taken_up: Mapping[tuple[int, int], int] | None = None,
                  already_held: Sequence[Mapping[tuple[int, int], int]] = ()) -> None:
+        tiers = list(tiers)
         self.counters = HierarchyStats.for_tiers((t.name, t.capacity_blocks) for t in tiers)
         self.names = [t.name for t in self.counters.tiers]
         self.in_place = InPlaceHits.for_tiers(len(self.names))
         self._sizes = list(tier_block_bytes)
-        self._plain = plain_bytes
+        self._quantised = [t.codec is not Codec.NONE for t in tiers]
         self._taken_up = {} if taken_up is None else taken_up
         self._already_held = tuple(already_held)
 
     @classmethod
-    def for_store(cls, tiers: Iterable[TierConfig], tier_block_bytes: Sequence[int], plain_bytes: int,
-                  engine, manager) -> "Traffic":
+    def for_store(cls, tiers: Iterable[TierConfig], tier_block_bytes: Sequence[int], engine, manager) -> "Traffic":
         """The ``Traffic`` of a live store: its engine's take-ups and shared-tier blocks
         already there, and its manager's victims its view already held, read live."""
-        return cls(tiers, tier_block_bytes, plain_bytes, engine.taken_up, (manager.left_for_shared, engine.already_there))
+        return cls(tiers, tier_block_bytes, engine.taken_up, (manager.left_for_shared, engine.already_there))
 
     def consume(self, events: Sequence[tuple[int, int, int, int]]) -> None:
         """Counts one drained batch of the manager's events (a list: it is read twice)."""
@@ -87,7 +86,7 @@ class Traffic:
 
     def link_block_bytes(self, src: int, dst: int) -> int:
         """Bytes one block brings from tier ``src`` into tier ``dst`` (``link_block_bytes``)."""
-        return link_block_bytes(self.names, self._sizes, self._plain, src, dst)
+        return link_block_bytes(self.names, self._sizes, self._quantised, src, dst)
 
     def link_bytes(self) -> dict[str, int]:
         """Bytes per link (``"src->dst"``): what crossed it, moves (less those taken up from a

@@ -62,6 +62,10 @@ class SimEngine:
             taken to hide behind the link (``scripts/bench_quant.py`` measures decode against
             the disk's cold read rate and encode against its durable write rate, of encoded
             blocks, in fp16-equivalent bytes).
+        tier_quantised: per tier, whether it stores blocks with a codec (a hop into a
+            quantised memory tier carries its form: ``hop_block_bytes``), from the tiers'
+            codecs; None: a tier whose ``tier_block_bytes`` differ from ``block_bytes`` (the
+            stores refuse a codec whose blocks are not smaller: ``Codec.check_layout``).
 
     A move between two tiers neither of which is DRAM (HBM and NVMe or remote, NVMe and
     remote) that the profile gives no direct link for is staged through DRAM
@@ -83,6 +87,7 @@ class SimEngine:
     _link_free: dict[str, float] = field(default_factory=dict)
     _pending: list[tuple[float, int]] = field(default_factory=list)
     tier_block_bytes: tuple[int, ...] | None = None
+    tier_quantised: tuple[bool, ...] | None = None
     _paths: dict[tuple[int, int], tuple[str, tuple[tuple[str, int], ...]]] = field(default_factory=dict, repr=False)
 
     @property
@@ -138,7 +143,7 @@ class SimEngine:
         if route is None:
             (src, src_form), (dst, dst_form) = self._end(src_tier), self._end(dst_tier)
             direct = self.profile is not None and f"{src}->{dst}" in self.profile.links
-            route = f"{src}->{dst}", move_hops(src, src_form, dst, dst_form, self._plain(), direct)
+            route = f"{src}->{dst}", move_hops(src, src_form, dst, dst_form, self._quantised(dst_tier), direct)
             self._paths[(src_tier, dst_tier)] = route
         return route
 
@@ -149,6 +154,15 @@ class SimEngine:
     def _form(self, tier: int) -> int:
         """Bytes of one block as ``tier`` stores it (see ``tier_block_bytes``)."""
         return self._plain() if self.tier_block_bytes is None else self.tier_block_bytes[tier]
+
+    def _quantised(self, tier: int) -> bool:
+        """Whether ``tier`` stores blocks with a codec (``tier_quantised``); ``GPU`` is the top
+        tier when that is HBM, else an HBM holding plain KV."""
+        if tier == GPU:
+            return self.gpu_is_top and self._quantised(0)
+        if self.tier_quantised is None:
+            return self._form(tier) != self._plain()
+        return self.tier_quantised[tier]
 
     def _end(self, tier: int) -> tuple[str, int]:
         """(name, bytes of one block there) of one end of a move: a tier of the hierarchy, or

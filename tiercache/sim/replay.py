@@ -155,7 +155,8 @@ def _engine(spec: RunSpec, data: ReplayData) -> SimEngine:
     """The simulated engine of a run: per-link costs, each tier's block in its codec's bytes."""
     names = tuple(t.name for t in spec.tiers)
     return SimEngine(names, data.layout.block_bytes if data.layout else None, data.profile,
-                     tier_block_bytes=tuple(t.codec.block_bytes(data.layout) for t in spec.tiers) if data.layout else None)
+                     tier_block_bytes=tuple(t.codec.block_bytes(data.layout) for t in spec.tiers) if data.layout else None,
+                     tier_quantised=tuple(t.codec is not Codec.NONE for t in spec.tiers))
 
 
 def build_manager(spec: RunSpec, data: ReplayData) -> tuple[TierManager, SimEngine]:
