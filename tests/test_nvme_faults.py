@@ -84,7 +84,7 @@ def test_failed_in_place_overwrite_is_absent(tmp_path, monkeypatch, fault):
         store.put([b"old"], data[:1])
         store.delete([b"old"])
         store.flush()  # slot 0 is free again and its chunk file stays: the next put overwrites it
-        fail_next(monkeypatch, fault)
+        fail_next(monkeypatch, fault, count=2)  # the overwrite, and its retry once the old file is reclaimed
         result = store.put([b"new"], data[1:])[0]
         monkeypatch.undo()
         assert result.error is not None and not store.contains(b"new") and store.free_blocks == 1

@@ -44,6 +44,7 @@ __all__ = [
     "chunk_name",
     "parse_chunk_slot",
     "write_chunk_file",
+    "unlink_quietly",
     "read_chunk_file",
     "open_for_read",
     "supports_direct",
@@ -359,7 +360,7 @@ def write_chunk_file(tmp_path: str, final_path: str, payload: np.ndarray) -> int
             os.close(fd)
         os.replace(tmp_path, final_path)
     except OSError:
-        _unlink_quietly(tmp_path)
+        unlink_quietly(tmp_path)
         raise
     return crc
 
@@ -407,7 +408,8 @@ def overwrite_chunk_file(path: str, payload: np.ndarray, crc_first: bool = True)
     return crc
 
 
-def _unlink_quietly(path: str) -> None:
+def unlink_quietly(path: str) -> None:
+    """Removes a file, if it is there (best effort)."""
     try:
         os.unlink(path)
     except OSError:

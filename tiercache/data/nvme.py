@@ -16,10 +16,11 @@ complete blocks durable. ``flush`` fsyncs the directory if anything was renamed,
 then appends the new index entries to the journal: a block is stored across a crash only
 once its entry is durable, and no durable entry names a chunk that is not. Slots freed by
 ``delete`` or by a replacing put are reused only after that is durable (a put naming such a
-slot is refused). One process at a time opens a
-store (``nvme_lock``); on reopen, an entry is adopted only if its chunk's length and crc
-trailer match it, and chunk files without an adopted entry are garbage and removed
-(``nvme_open``).
+slot is refused). Their chunk files stay for the next write of the slot, until a write
+finds the disk full: it then removes the chunk files of free slots, giving their space
+back, and is tried once more (``nvme_write``). One process at a time opens a store
+(``nvme_lock``); on reopen, an entry is adopted only if its chunk's length and crc trailer
+match it, and chunk files without an adopted entry are garbage and removed (``nvme_open``).
 
 Reads verify the chunk's length and crc32c against the index entry, so torn, stale or
 flipped bytes are reported as misses (``stats["corrupt_reads"]``), never as data; a read
@@ -38,37 +39,37 @@ import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Sequence
 
-import numpy as np
 import torch
 
 from ..config import Codec, KVLayout
 from ..errors import UserError
 from . import chunkio
 from .codecs import codec_for
-from .buffers import PAGE, HostBytes, aligned_tensor, block_list, byte_array, round_up, torch_dtype
+from .buffers import PAGE, HostBytes, aligned_tensor, block_list, round_up, torch_dtype
 from .iojobs import run_batch, shutdown_within
 from .nvme_read import NVMeReads
-from .nvme_index import put_cost, record_cost
-from .nvme_open import (TMP_PREFIX, check_arguments, check_encoded, check_key, check_keys, check_slots, mark_clean,
-                        open_store)
+from .nvme_index import record_cost
+from .nvme_open import check_arguments, check_encoded, check_key, check_keys, check_slots, mark_clean, open_store
 from .nvme_results import PutResult, StoreFullError
+from .nvme_write import NVMeWrites
 
 __all__ = ["NVMeStore", "PutResult", "StoreFullError"]
 
 _STAT_NAMES = (
     "puts", "failed_writes", "gets", "hits", "misses", "corrupt_reads", "read_errors", "deletes",
     "flushes", "failed_flushes", "bytes_written", "bytes_read", "garbage_removed", "recovered_dropped",
-    "journal_repaired", "journal_skipped", "snapshot_repaired",
+    "journal_repaired", "journal_skipped", "snapshot_repaired", "chunks_reclaimed",
 )
 
 
-class NVMeStore(NVMeReads):
+class NVMeStore(NVMeReads, NVMeWrites):
     """A crash-consistent block store on local disk, in zarr v3 format.
 
     Invariants: never holds more than ``capacity`` blocks (a put that does not fit raises
     ``StoreFullError`` and writes nothing); a key is served only from the chunk its index
     entry names, verified by length and crc32c; every method is thread safe (one lock
-    guards the index, I/O runs outside it). Callers of ``submit_put``/``submit_get`` keep
+    guards the index, I/O runs outside it, but for the removal of dead chunk files on a
+    full disk, ``_reclaim_space``). Callers of ``submit_put``/``submit_get`` keep
     the source/destination tensors alive and untouched until the future is done.
     """
 
@@ -105,13 +106,13 @@ class NVMeStore(NVMeReads):
                 in the store; must match an existing store's codec.
 
         Raises:
-            UserError: path is a file or a non-store directory, another open store holds
+            UserError: path is not a str (or PathLike of one) or holds a NUL byte (naming
+                it), is a file or a non-store directory, another open store holds
                 it (names that process's pid), layout/capacity/compression/codec differ from
                 the stored ones, a store file is malformed (names it), capacity below one
                 block, bad arguments.
         """
-        check_arguments(layout, compression, io_threads)
-        self.path = os.fspath(path)
+        self.path = check_arguments(path, layout, compression, io_threads)
         self.layout = layout
         self.codec = codec if isinstance(codec, Codec) else Codec.parse(str(codec), "NVMeStore codec")
         self.compression = compression
@@ -261,66 +262,6 @@ class NVMeStore(NVMeReads):
         return (f"{self.path}: store full: {wanted} blocks to put, {table.free_count} of {self.capacity} slots free"
                 f" ({table.retired_count} more after the next flush); evict before putting")
 
-    def _write_one(self, key: bytes, slot: int, gen: int, block: torch.Tensor, named: bool = True,
-                   encoded: bool = False) -> PutResult:
-        """I/O thread: writes one chunk and publishes it; an OSError becomes the result.
-        ``named``: the caller chose the slot (a durable entry may still name it);
-        ``encoded``: ``block`` holds the codec's bytes already."""
-        promised = 0
-        try:
-            self._files.promise(put_cost(key))  # a full disk refuses the block before its data
-            promised = put_cost(key)
-            payload = self._codec.encode(self._chunk_payload(block, encoded))
-            crc, renamed = self._write_chunk(slot, gen, payload, named)
-            length = payload.size + 4
-        except OSError as exc:
-            self._abandon(slot, promised, failed=True)
-            return PutResult(key, None, exc)
-        except BaseException:
-            self._abandon(slot, promised, failed=False)
-            raise
-        with self._lock:
-            if self._table.lookup(key) is not None:  # replaced: its deletion takes no record
-                self._files.settle(record_cost([key]))
-            self._table.publish(key, slot, gen, length, crc)
-            self._dir_dirty = self._dir_dirty or renamed
-            self.stats["puts"] += 1
-            self.stats["bytes_written"] += length
-        return PutResult(key, slot)
-
-    def _abandon(self, slot: int, promised: int, failed: bool) -> None:
-        """A write that will not publish: its slot is free again, its journal space returned."""
-        with self._lock:
-            self._table.abandon(slot)
-            self._files.settle(promised)
-            self.stats["failed_writes"] += failed
-
-    def _write_chunk(self, slot: int, gen: int, payload: np.ndarray, named: bool = True) -> tuple[int, bool]:
-        """Durably writes one chunk: in place over a same-size chunk file when allowed (crc
-        first in a slot the caller named), else temp file + rename. Returns (crc32c,
-        whether a rename happened)."""
-        final = self.chunk_path(slot)
-        crc = chunkio.overwrite_chunk_file(final, payload, crc_first=named) if self.overwrite_in_place else None
-        if crc is not None:
-            return crc, False
-        tmp = os.path.join(self.path, f"{TMP_PREFIX}{slot}.{gen}")
-        return chunkio.write_chunk_file(tmp, final, payload), True
-
-    def _chunk_payload(self, block: torch.Tensor, encoded: bool) -> np.ndarray:
-        """The bytes of one chunk: the block's own, or the block encoded with the codec
-        (into this thread's buffer), or the encoded bytes given."""
-        if encoded or self._block_codec is None:
-            return self._source_bytes(block)
-        return byte_array(self._block_codec.encode_into(block, self._local.encoded))
-
-    def _source_bytes(self, block: torch.Tensor) -> np.ndarray:
-        """The block's bytes without a copy when it is contiguous host memory, else staged."""
-        view = self._host_bytes(block)
-        if view is not None:
-            return view
-        self._local.block.copy_(block)
-        return byte_array(self._local.block)
-
     # ----- index -----------------------------------------------------------------------
 
     def chunk_path(self, slot: int) -> str:
@@ -369,8 +310,10 @@ class NVMeStore(NVMeReads):
 
         Order: directory fsync if a chunk was renamed into place since the last flush
         (renames durable before the index names them), then one journal batch (or a new
-        snapshot when the journal has grown past it, and the disk has room for it), then retired slots are freed. On OSError nothing is lost: the batch stays pending for the next flush, the
-        error is counted (``failed_flushes``) and re-raised.
+        snapshot when the journal has grown past it, ``IndexFiles.wants_snapshot``, and the
+        disk has room for it, if need be once the dead chunk files of free slots are
+        removed), then retired slots are freed. On OSError nothing is lost: the batch stays
+        pending for the next flush, the error is counted (``failed_flushes``) and re-raised.
         """
         self._check_owner()
         with self._flush_lock:
@@ -385,7 +328,7 @@ class NVMeStore(NVMeReads):
                 if dir_dirty:  # in-place overwrites change no directory entry
                     chunkio.fsync_dir(self.path)
                 if compact:
-                    self._files.compact(snapshot, ops)
+                    self._files.compact(snapshot, ops, self._reclaim_space)
                 else:
                     self._files.append(ops)
             except OSError:
@@ -398,8 +341,8 @@ class NVMeStore(NVMeReads):
             self._release(retired)
 
     def _release(self, retired: list[int]) -> None:
-        """Frees retired slots. Their chunk files stay until a write renames over them or
-        reopen sweeps them: unlinking here could race with a put that names the slot."""
+        """Frees retired slots, whose release the flush made durable. Their chunk files stay
+        for the next write of the slot, a full disk (``_reclaim_space``) or reopen's sweep."""
         with self._lock:
             self._table.release(retired)
             self.stats["flushes"] += 1

@@ -21,6 +21,12 @@ block's write fails before any of its data is written, and a flush writes into s
 already allocated. The file's size stays the end of its last batch where the filesystem
 can allocate past it (``FALLOC_FL_KEEP_SIZE``); elsewhere the preallocated zero bytes
 after the last batch read as a torn tail: the scan stops there and ``load`` cuts them off.
+
+On a disk short of space (the journal's room, or a snapshot, refused with ENOSPC), a flush compacts
+as soon as the journal outgrows the snapshot, not only past ``_JOURNAL_MIN_BYTES``, so the
+journal does not eat the disk's last pages; the snapshot is written before the journal is
+emptied, so it needs room of its own, which the store may make by removing dead chunk files
+(``compact``'s ``reclaim``).
 """
 
 from __future__ import annotations
@@ -30,10 +36,11 @@ import errno
 import os
 import struct
 import threading
+from typing import Callable
 
 from ..errors import UserError
 from .buffers import PAGE, round_up
-from .chunkio import fsync_dir
+from .chunkio import fsync_dir, unlink_quietly
 from .chunkio import write_file_durably as _write_file_durably
 from .libc import libc_function
 from .nvme_journal import HEADER as _JOURNAL_HEADER
@@ -43,7 +50,7 @@ from .nvme_table import (OP_DEL, OP_PUT, TABLE_SLOT_BYTES, Entry, Op, SlotTable,
                          encode_ops, op_bytes)
 
 __all__ = ["OP_PUT", "OP_DEL", "Entry", "SlotTable", "IndexFiles", "encode_ops", "decode_ops", "TABLE_SLOT_BYTES",
-           "check_table_fits", "record_cost", "put_cost"]
+           "check_table_fits", "record_cost", "put_cost", "DISK_FULL"]
 
 # Headers end with a crc32c over the header fields before it and the body, so a flipped
 # sequence number or count is caught like a flipped entry.
@@ -54,6 +61,7 @@ SNAPSHOT_TMP_NAME = SNAPSHOT_NAME + ".tmp"  # written, fsynced, then renamed ove
 JOURNAL_NAME = "tiercache.journal"
 _JOURNAL_MIN_BYTES = 4 << 20
 _RESERVE_STEP = 16 << 10  # the journal grows by this much at a time (or by the page it needs, on a full disk)
+DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})  # the errnos of a write refused for lack of space
 
 
 _fallocate = libc_function("fallocate", [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64])
@@ -95,7 +103,8 @@ class IndexFiles:
     number is exactly the state at the last successful ``append``/``snapshot``; the journal
     has ``allocated >= journal_bytes + owed`` bytes allocated, where ``owed`` is what the
     operations not yet written may take (``promise``), except after a reopen or snapshot
-    that could not allocate it all (best effort, ``owe``).
+    that could not allocate it all (best effort, ``owe``). ``short_of_space`` is set from a
+    refusal for lack of space (``disk_full``) until a snapshot empties the journal.
     """
 
     def __init__(self, root: str) -> None:
@@ -111,6 +120,7 @@ class IndexFiles:
         self.repaired_snapshot = False  # the snapshot had one flipped bit, repaired at load
         self.allocated = 0  # journal bytes allocated on disk: appends below this need no new space
         self.owed = 0  # journal bytes promised to operations not written yet
+        self.short_of_space = False  # the disk refused a write since the last snapshot: compact early
         self._room_lock = threading.Lock()  # guards allocated/owed and the journal's end
         self._journal_fd: int | None = None
 
@@ -191,8 +201,16 @@ class IndexFiles:
             self.need_snapshot = True
 
     def wants_snapshot(self) -> bool:
-        """True when the next flush should rewrite the snapshot instead of appending."""
-        return self.need_snapshot or self.journal_bytes > max(_JOURNAL_MIN_BYTES, self.snapshot_bytes)
+        """True when the next flush should rewrite the snapshot instead of appending: the
+        journal is longer than the snapshot and than ``_JOURNAL_MIN_BYTES`` (than the
+        snapshot alone when short of space: a snapshot at most as long as the journal it
+        replaces gives pages back, and costs at most one more write of the journal's bytes)."""
+        floor = self.snapshot_bytes if self.short_of_space else max(_JOURNAL_MIN_BYTES, self.snapshot_bytes)
+        return self.need_snapshot or self.journal_bytes > floor
+
+    def disk_full(self) -> None:
+        """The disk refused a write for lack of space: compact as soon as it pays (``wants_snapshot``)."""
+        self.short_of_space = True
 
     def promise(self, nbytes: int) -> None:
         """Reserves ``nbytes`` of journal space for records to come (``put_cost`` before a
@@ -234,6 +252,8 @@ class IndexFiles:
             try:
                 reserve_space(self._journal_fd, self.allocated, size - self.allocated)
             except OSError as exc:
+                if exc.errno in DISK_FULL:
+                    self.disk_full()
                 if exc.errno != errno.ENOSPC or size == sizes[-1]:
                     raise
                 continue
@@ -258,26 +278,42 @@ class IndexFiles:
         self.seq += 1
         self.journal_bytes += written
 
-    def compact(self, live: list[Op], ops: list[Op]) -> None:
-        """Writes a snapshot of ``live`` (every live entry); on a full disk, appends ``ops``
-        (the operations since the last flush) instead, into the journal's reserved room.
-        Either makes the same state durable; ``need_snapshot`` stays set after the append,
-        so the next flush tries the snapshot again.
+    def compact(self, live: list[Op], ops: list[Op], reclaim: Callable[[], int] = lambda: 0) -> None:
+        """Writes a snapshot of ``live`` (every live entry); on a full disk, calls ``reclaim``
+        (which gives disk space back and returns how many files it removed) and, if that
+        removed any, tries once more; failing that, appends ``ops`` (the operations since
+        the last flush) instead, into the journal's reserved room. Either makes the same
+        state durable; ``need_snapshot`` stays set after the append, so the next flush tries
+        the snapshot again.
 
         Raises:
             OSError: the snapshot failed otherwise, or the append failed too.
         """
         try:
-            self.snapshot(live)
+            self._snapshot_or_reclaim(live, reclaim)
         except OSError as exc:
-            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            if exc.errno not in DISK_FULL:
                 raise
             self.append(ops)
+
+    def _snapshot_or_reclaim(self, live: list[Op], reclaim: Callable[[], int]) -> None:
+        """``snapshot(live)``, once more after ``reclaim`` when the disk was full and it
+        removed something."""
+        try:
+            self.snapshot(live)
+        except OSError as exc:
+            if exc.errno not in DISK_FULL:
+                raise
+            self.disk_full()
+            if not reclaim():
+                raise
+            self.snapshot(live)
 
     def snapshot(self, ops: list[Op]) -> None:
         """Atomically replaces the snapshot with ``ops`` (all live entries), then empties
         the journal. Crash between the two: the old batches carry sequence numbers at or
-        below the new snapshot's and are skipped on replay."""
+        below the new snapshot's and are skipped on replay. A failed write removes its temp
+        file (on a full disk, the pages it took are what the next put needs)."""
         body = encode_ops(ops)
         header = _seal(_SNAPSHOT_HEADER, _SNAPSHOT_MAGIC, self.seq + 1, len(ops), body)
         tmp = os.path.join(self.root, SNAPSHOT_TMP_NAME)
@@ -287,6 +323,7 @@ class IndexFiles:
             fsync_dir(self.root)
         except OSError:
             self.need_snapshot = True
+            unlink_quietly(tmp)  # reopen never reads it
             raise
         self.seq += 1
         self.snapshot_bytes = len(header) + len(body)
@@ -303,7 +340,7 @@ class IndexFiles:
         except OSError:
             self.need_snapshot = True  # stale batches are harmless, but appends must not follow them
             raise
-        self.need_snapshot = False
+        self.need_snapshot = self.short_of_space = False
         with self._room_lock:  # the truncation freed the space promised: take it back
             self._allocate_quietly()
 

@@ -44,8 +44,8 @@ from .nvme_index import SNAPSHOT_TMP_NAME, IndexFiles, SlotTable, check_table_fi
 from .nvme_journal import sealed_crc
 from .nvme_lock import LOCK_NAME, StoreLock
 
-__all__ = ["TMP_PREFIX", "CLEAN_NAME", "Opened", "open_store", "mark_clean", "sweep_directory", "check_arguments",
-           "check_key", "check_keys", "check_slots", "check_encoded"]
+__all__ = ["TMP_PREFIX", "CLEAN_NAME", "Opened", "open_store", "mark_clean", "sweep_directory", "check_path",
+           "check_arguments", "check_key", "check_keys", "check_slots", "check_encoded"]
 
 TMP_PREFIX = ".tc-tmp."
 CLEAN_NAME = "tiercache.clean"
@@ -53,14 +53,35 @@ META_NAME = "zarr.json"
 _ZARR_PARTIAL = re.compile(r"zarr\.[0-9a-f]+\.partial")  # zarr's temp file while it writes zarr.json
 
 
-def check_arguments(layout: object, compression: object, io_threads: object) -> None:
-    """Validates ``NVMeStore`` arguments before anything on disk is touched."""
+def check_path(path: object, what: str) -> str:
+    """``path`` as a ``str``: it must be a ``str`` or an ``os.PathLike`` of one, without a
+    NUL byte (which no file name can hold).
+
+    Raises:
+        UserError: naming ``what``, the path and what is wrong with it.
+    """
+    try:
+        text = os.fspath(path)
+    except TypeError:
+        text = None
+    if not isinstance(text, str):
+        raise UserError(f"{what}: path must be a str or os.PathLike of a str, got {type(path).__name__} {path!r}")
+    if "\0" in text:
+        raise UserError(f"{what}: path {text!r} holds a NUL byte")
+    return text
+
+
+def check_arguments(path: object, layout: object, compression: object, io_threads: object) -> str:
+    """Validates ``NVMeStore`` arguments before anything on disk is touched; returns the
+    path as a ``str`` (``check_path``)."""
+    path = check_path(path, "NVMeStore")
     if not isinstance(layout, KVLayout):
         raise UserError(f"NVMeStore: layout must be a KVLayout, got {type(layout).__name__}")
     if compression not in chunkio.COMPRESSIONS:
         raise UserError(f"NVMeStore: compression must be None or 'lz4', got {compression!r}")
     if isinstance(io_threads, bool) or not isinstance(io_threads, int) or io_threads < 1:
         raise UserError(f"NVMeStore: io_threads must be a positive integer, got {io_threads!r}")
+    return path
 
 
 def check_key(key: object, what: str) -> bytes:

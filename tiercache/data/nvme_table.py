@@ -79,6 +79,11 @@ class SlotTable:
     only after a flush made the retirement durable (a put naming it is refused until then),
     so a crash can never leave the durable index naming a retired slot that holds newer bytes.
 
+    A slot's chunk length is its live entry's; in a slot not live, that of the chunk file its
+    last block left on disk, 0 when there is none (never written since open: reopen removes
+    the chunk file of every slot not live) or it was removed. A free slot's file holds no
+    block a crash must keep (``dead_files``), so the store may remove it for its space.
+
     Memory per slot of capacity: 16 B of numpy (generation, chunk length, crc), 8 B for
     the slot's key pointer and 5 B of ``FreeSlots``: 29 B. Per live entry, the key's bytes
     object, a dict entry and the slot's int. Reserved, retired and releasing slots are
@@ -269,6 +274,23 @@ class SlotTable:
         for slot in retired:  # all still releasing: a named put never takes one back
             self._releasing.remove(slot)
             self._free.add(slot)
+
+    def dead_files(self) -> list[int]:
+        """The free slots whose chunk file may still be on disk (chunk length not 0), for
+        the caller to remove their files (holding the store lock, so that no put takes one
+        of these slots meanwhile) and then ``forget_files``.
+
+        Such a file holds no block a crash must keep: a slot is freed once a durable journal
+        batch no longer names it (``release``), or when a write that never published fails
+        (``abandon``): a slot that was free, or a live one a put named, whose key that put
+        dropped (its deletion may not be durable yet, and a reopen without the file drops
+        that key, as the caller asked).
+        """
+        return np.flatnonzero((self._length != 0) & self._free.is_free).tolist()
+
+    def forget_files(self, slots: list[int]) -> None:
+        """The chunk files of these slots (none live) are gone from disk."""
+        self._length[slots] = 0
 
     def live_ops(self) -> list[Op]:
         """One put operation per live entry (the content of a snapshot)."""

@@ -15,6 +15,7 @@ from tiercache.config import Codec, KVLayout, RemoteWrite, TierConfig
 from tiercache.data.buffers import normal_tensors
 from tiercache.data.codec_base import SCALED_LIMIT
 from tiercache.data.nvme import NVMeStore
+from tiercache.data.nvme_open import check_path
 from tiercache.data.pools import HEADER_ROOM, BlockPool, cuda_available, dram_pool, hbm_pool
 from tiercache.data.quantized import QuantizedPool  # registers its copy handlers
 from tiercache.data.remote import RemoteStore
@@ -44,7 +45,8 @@ def check_layout(layout: object) -> None:
 
 
 def check_tiers(tiers: Sequence[TierConfig], path, layout: KVLayout) -> None:
-    """Tiers must be ``hbm[, dram][, nvme][, remote]`` in that order; NVMe needs a directory; a
+    """Tiers must be ``hbm[, dram][, nvme][, remote]`` in that order; NVMe needs a directory
+    (``path``: a str or PathLike of one, without a NUL byte: ``check_path``); a
     quantised tier needs a layout dtype its codec takes (``Codec.check_layout``) and codecs
     whose re-encodes of each other settle (``check_codec_mix``).
 
@@ -60,7 +62,7 @@ def check_tiers(tiers: Sequence[TierConfig], path, layout: KVLayout) -> None:
     if "nvme" in names and path is None:
         raise UserError("TieredKVStore: an nvme tier needs path= (the store directory)")
     if path is not None:
-        _check_store_path(Path(path))
+        _check_store_path(Path(check_path(path, "TieredKVStore")))
     for tier in tiers:
         tier.codec.check_layout(layout, f"TieredKVStore: tier {tier.name}")
     check_codec_mix(tiers)
