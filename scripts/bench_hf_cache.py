@@ -35,8 +35,10 @@ import torch
 
 from tiercache import TieredKVCache
 from tiercache.bench.rounds import alternate, paired_ratio, positive_int
-from tiercache.bench.script_args import ScriptParser
+from tiercache.bench.script_args import ScriptParser, refuse_bad_outputs
 from tiercache.config import TierConfig
+from tiercache.errors import UserError
+from tiercache.results.outfile import replace_file
 
 try:
     from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
@@ -73,6 +75,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.tolerance = 1e-4 if args.dtype == "float32" else 5e-2
     if not math.isfinite(args.tolerance) or args.tolerance < 0:
         parser.error(f"--tolerance must be a finite number >= 0, got {args.tolerance}")
+    refuse_bad_outputs(parser, {"--out": args.out})  # before the run, not after it
     return args
 
 
@@ -174,7 +177,11 @@ def main(argv: list[str] | None = None) -> int:
     report = summarise(results, args, spill_blocks, total_blocks)
     print_report(report)
     if args.out:
-        args.out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        try:  # checked before the run; a disk that fills now leaves an earlier file as it was
+            replace_file(args.out, json.dumps(report, indent=2) + "\n", f"--out {args.out}")
+        except UserError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 1
     return 0 if report["logits_agree"] else 1
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Replay throughput: tiercache against libCacheSim, side by side in one run, loading included.
 
-Usage: python scripts/bench_replay.py [--trace T] [--capacity 4000] [--repeats 5] [--json out.json]
+Usage: python scripts/bench_replay.py [--trace T] [--capacity 4000] [--repeats 5] [--json out.json] [--kernel-rates]
 
 1. Every built-in policy libCacheSim also has (LRU, FIFO, LFU, ARC, S3-FIFO, SIEVE, Belady),
    object semantics, one tier of ``--capacity`` blocks. One timed run on each side is the
@@ -11,7 +11,9 @@ Usage: python scripts/bench_replay.py [--trace T] [--capacity 4000] [--repeats 5
    * tiercache, cached: the same from the binary trace cache (``load_trace_cached``);
    * libCacheSim: open its reader on the trace in its own binary format (oracleGeneral,
      exported once before timing: libCacheSim cannot read Mooncake JSONL) + ``process_trace``.
-   The runs alternate within each repeat and are timed in CPU seconds (``time.process_time``;
+   Per policy, every side first runs once untimed on the trace, then ``--repeats`` rounds run
+   each side once, the side that goes first rotating (``tiercache.bench.rounds.alternate``);
+   runs are timed in CPU seconds (``time.process_time``;
    the machine may be shared, and wall time counts time spent descheduled); rates are from
    median CPU seconds, ratios (tiercache cold or cached over libCacheSim) are medians of the
    per-repeat ratios; wall-clock medians are in the JSON too. Each side's rate is over the
@@ -29,9 +31,21 @@ Usage: python scripts/bench_replay.py [--trace T] [--capacity 4000] [--repeats 5
    (sampled), and the median time of three more runs without the sampling thread.
 4. The sweep of 7 policies x 3 capacities, wall time with one worker per core.
 
-numba: compiled once per machine into ``__pycache__`` (``cache=True``), and every policy is
-replayed once on a small trace before any clock starts, so no timed region compiles or
-loads compiled code.
+``--kernel-rates`` instead times only the compiled kernels against the Python manager
+(``TIERCACHE_NO_NUMBA=1``) on the prefix-tree policies (session, leaf_lru, cost) at 1,000 and
+16,000 blocks, prefix semantics, one tier: CPU seconds of the replay alone on the prepared
+trace, each way in its own fresh interpreter after an untimed replay of each policy, once per
+round for ``--repeats`` rounds, the way that goes first alternating; rates from median CPU
+seconds, ratios the medians of per-round ratios. Both ways must count the same hits and
+misses, and each must have taken its own path, or it exits 1 (the Python way takes about
+half a minute per round).
+
+Warm-up, before any clock starts: numba compiles once per machine into ``__pycache__``
+(``cache=True``), and every policy is replayed once on a small trace, so no timed region
+compiles or loads compiled code; libCacheSim runs each of its policies once on the same small
+trace, since its first runs in a process cost about ten steady ones. With the untimed run of
+each side per policy above, neither side's one-time costs reach a median, whatever
+``--repeats`` and whichever policy is timed first.
 """
 
 from __future__ import annotations
@@ -46,10 +60,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import NamedTuple
 
-from tiercache.bench.rounds import positive_int
-from tiercache.bench.script_args import ScriptParser
+from tiercache.bench.rounds import alternate, positive_int
+from tiercache.bench.replay_figures import (Counts, check_counts, kernel_rows, policy_row, print_kernel_rates,
+                                            print_policies)
+from tiercache.bench.script_args import ScriptParser, refuse_bad_outputs
+from tiercache.errors import UserError
+from tiercache.results.outfile import replace_file
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_TRACE = ROOT / "tests" / "data" / "mooncake_synthetic_trace.jsonl"
@@ -57,10 +74,6 @@ WARMUP_TRACE = ROOT / "tests" / "data" / "mooncake_head.jsonl"
 #: Our name -> libCacheSim's class.
 LIBCACHESIM = {"lru": "LRU", "fifo": "FIFO", "lfu": "LFU", "arc": "ARC", "s3fifo": "S3FIFO", "sieve": "Sieve",
                "belady": "Belady"}
-#: Largest |miss ratio ours - libCacheSim's| accepted per policy: 0 means equal miss counts.
-#: ARC learns from a ghost hit one eviction later than libCacheSim (see README); LFU is absent:
-#: no agreement is claimed for it, so its counts are printed but not checked.
-MISS_TOLERANCE = {"lru": 0.0, "fifo": 0.0, "belady": 0.0, "sieve": 0.0, "s3fifo": 0.0, "arc": 3e-4}
 SWEEP_POLICIES = list(LIBCACHESIM)
 SWEEP_CAPACITIES = [1000, 4000, 16000]
 HIERARCHY = (("hbm", 1000), ("dram", 4000), ("nvme", 16000))
@@ -80,13 +93,6 @@ def tiercache_run(trace: str, policy: str, capacity: int, cache_dir: str | None)
     return (time.perf_counter() - started, time.process_time() - cpu), record
 
 
-class Counts(NamedTuple):
-    """What one run of one side reports having processed: block accesses and misses."""
-
-    accesses: int
-    misses: int
-
-
 def libcachesim_run(lcs, oracle: str, policy: str, capacity: int) -> tuple[tuple[float, float], Counts]:
     """One run of libCacheSim's policy: open the reader, process the trace; ((wall, CPU
     seconds), libCacheSim's own counts: its cache's request count, and its miss ratio times
@@ -103,7 +109,27 @@ def libcachesim_run(lcs, oracle: str, policy: str, capacity: int) -> tuple[tuple
 
 
 def warm_up() -> None:
-    """Compiles (or loads) every kernel and the loaders before any clock starts."""
+    """Both sides' one-time costs, paid before any clock starts: tiercache's kernels and
+    loaders (``replay_kernels``), and libCacheSim's start-up (its first runs in a process cost
+    about ten steady ones), each of its policies run once on ``WARMUP_TRACE``'s oracleGeneral
+    export."""
+    replay_kernels()
+    try:
+        import libcachesim as lcs
+    except ImportError:
+        return
+    from tiercache.sim.oracle import export_oracle_general
+
+    with tempfile.TemporaryDirectory() as tmp:
+        oracle = os.path.join(tmp, "warmup.oracleGeneral")
+        export_oracle_general(str(WARMUP_TRACE), oracle)
+        for policy in LIBCACHESIM:
+            libcachesim_run(lcs, oracle, policy, 50)
+
+
+def replay_kernels() -> None:
+    """Compiles (or loads) every kernel and the loaders: every policy replayed on
+    ``WARMUP_TRACE`` in both semantics, on one tier and two."""
     from tiercache.config import TierConfig
     from tiercache.results import Semantics
     from tiercache.sim.loader import load_trace
@@ -118,7 +144,12 @@ def warm_up() -> None:
 
 def compare_policies(trace: str, capacity: int, repeats: int) -> dict:
     """Per policy: medians of the three timed runs, rates, ratio, both sides' own counts, and
-    ``problems`` (``check_counts``: empty when the comparison stands)."""
+    ``problems`` (``check_counts``: empty when the comparison stands).
+
+    Each policy's runs go through ``alternate``: one untimed run of every side first (so no
+    side's first run of the policy on this trace is timed, whichever policy comes first), then
+    ``repeats`` rounds, the side that goes first rotating (entry ``i`` of every side ran in the
+    same round, so per-round ratios compare neighbours)."""
     try:
         import libcachesim as lcs
     except ImportError:
@@ -132,71 +163,24 @@ def compare_policies(trace: str, capacity: int, repeats: int) -> dict:
         cache_dir = os.path.join(tmp, "cache")
         tiercache_run(trace, "lru", capacity, cache_dir)  # writes the cache entry (not timed)
         for policy in LIBCACHESIM:
-            cold, cached, theirs, ours_counts, their_counts = [], [], [], [], []
-            for _ in range(repeats):
-                if lcs is not None:
-                    seconds, counts = libcachesim_run(lcs, oracle, policy, capacity)
-                    theirs.append(seconds)
-                    their_counts.append(counts)
-                seconds, record = tiercache_run(trace, policy, capacity, None)
-                cold.append(seconds)
-                ours_counts.append(Counts(record.accesses, record.misses))
-                seconds, record = tiercache_run(trace, policy, capacity, cache_dir)
-                cached.append(seconds)
-                ours_counts.append(Counts(record.accesses, record.misses))
-            row = _policy_row(ours_counts[0], cold, cached, theirs, their_counts[0] if their_counts else None)
+            runs = alternate(_sides(lcs, trace, oracle, cache_dir, policy, capacity), repeats)
+            cold, cached, theirs = ([seconds for seconds, _ in runs.get(side, [])] for side in ("cold", "cached", "libcachesim"))
+            ours_counts = [Counts(r.accesses, r.misses) for side in ("cold", "cached") for _, r in runs[side]]
+            their_counts = [counts for _, counts in runs.get("libcachesim", [])]
+            row = policy_row(ours_counts[0], cold, cached, theirs, their_counts[0] if their_counts else None)
             row["problems"] = check_counts(policy, ours_counts, their_counts)
             out[policy] = row
     return out
 
 
-def check_counts(policy: str, ours: list[Counts], theirs: list[Counts]) -> list[str]:
-    """Why the comparison of ``policy`` does not stand (empty: it does): a side whose runs
-    report different counts, sides that processed different numbers of accesses, or miss
-    counts apart by more than ``MISS_TOLERANCE`` (as miss ratios; 0: must be equal).
-
-    Args:
-        ours: tiercache's counts of every timed run (cold and cached).
-        theirs: libCacheSim's counts of every timed run (empty without libCacheSim).
-    """
-    problems = [f"{policy}: {name}'s runs processed different counts {sorted(set(runs))}"
-                for name, runs in (("tiercache", ours), ("libCacheSim", theirs)) if len(set(runs)) > 1]
-    if problems or not theirs:
-        return problems
-    mine, other = ours[0], theirs[0]
-    if mine.accesses != other.accesses:
-        return [f"{policy}: tiercache processed {mine.accesses:,} accesses, libCacheSim {other.accesses:,}: "
-                "not the same work, so the rates do not compare"]
-    tolerance = MISS_TOLERANCE.get(policy)
-    apart = abs(mine.misses - other.misses) / mine.accesses if mine.accesses else 0.0
-    if tolerance is not None and apart > tolerance:
-        return [f"{policy}: misses tiercache {mine.misses:,}, libCacheSim {other.misses:,} (miss ratios {apart:.2e} apart; "
-                + ("they must be equal)" if tolerance == 0 else f"at most {tolerance:g} accepted)")]
-    return []
-
-
-def _policy_row(ours: Counts, cold: list, cached: list, theirs: list, their_counts: Counts | None) -> dict:
-    """Rates from median CPU seconds (``time.process_time``: on a shared machine wall time
-    also counts time spent descheduled), each side's over the accesses it reported; ratios
-    are medians of the per-repeat ratios of those rates, each taken between runs made one
-    right after the other. Wall-clock figures are kept too."""
-    n = ours.accesses
-    cpu = lambda runs: statistics.median(r[1] for r in runs)  # noqa: E731
-    wall = lambda runs: statistics.median(r[0] for r in runs)  # noqa: E731
-    row = {"tiercache_accesses_per_s": n / cpu(cold), "tiercache_cached_accesses_per_s": n / cpu(cached),
-           "tiercache_cpu_s": cpu(cold), "tiercache_cached_cpu_s": cpu(cached), "tiercache_wall_s": wall(cold),
-           "tiercache_cached_wall_s": wall(cached), "accesses_tiercache": n,
-           "miss_ratio_tiercache": ours.misses / n if n else 0.0, "misses_tiercache": ours.misses}
-    if theirs:
-        m = their_counts.accesses
-        rate_ratio = lambda mine, other, clock: statistics.median(  # noqa: E731
-            (n / o[clock]) / (m / t[clock]) for o, t in zip(mine, other, strict=True))
-        row.update(libcachesim_accesses_per_s=m / cpu(theirs), libcachesim_cpu_s=cpu(theirs),
-                   libcachesim_wall_s=wall(theirs), accesses_libcachesim=m,
-                   ratio=rate_ratio(cold, theirs, 1), ratio_cached=rate_ratio(cached, theirs, 1),
-                   ratio_wall=rate_ratio(cold, theirs, 0),
-                   miss_ratio_libcachesim=their_counts.misses / m if m else 0.0, misses_libcachesim=their_counts.misses)
-    return row
+def _sides(lcs, trace: str, oracle: str, cache_dir: str, policy: str, capacity: int) -> dict:
+    """One whole run of each side of ``policy`` as an op of ``alternate``: tiercache cold, tiercache
+    from the trace cache, and libCacheSim where it is installed."""
+    sides = {"cold": lambda _: tiercache_run(trace, policy, capacity, None),
+             "cached": lambda _: tiercache_run(trace, policy, capacity, cache_dir)}
+    if lcs is not None:
+        sides["libcachesim"] = lambda _: libcachesim_run(lcs, oracle, policy, capacity)
+    return sides
 
 
 def hierarchy_rates(trace: str, repeats: int) -> dict:
@@ -322,6 +306,49 @@ def scaling(trace: str) -> dict:
     return out
 
 
+#: ``--kernel-rates``: the prefix-tree policies whose kernel rates README quotes, and capacities.
+KERNEL_POLICIES = ("session", "leaf_lru", "cost")
+KERNEL_CAPACITIES = (1000, 16000)
+
+
+def kernel_case(trace: str) -> dict:
+    """(In a fresh interpreter; ``TIERCACHE_NO_NUMBA=1`` for the Python path.) CPU seconds of
+    one replay per policy and capacity of ``KERNEL_POLICIES`` x ``KERNEL_CAPACITIES``, prefix
+    semantics, one tier, on the prepared trace, after an untimed replay of each policy on
+    ``WARMUP_TRACE`` (imports, kernel loading); with each run's counts and the path it took."""
+    from tiercache.config import TierConfig
+    from tiercache.results import Semantics
+    from tiercache.sim.loader import load_trace
+    from tiercache.sim.replay import ReplayData, RunSpec, kernel_state_fits, replay, use_kernels
+
+    warm, data = (ReplayData.prepare(load_trace(path), None, None) for path in (WARMUP_TRACE, trace))
+    out = {}
+    for policy in KERNEL_POLICIES:
+        replay(RunSpec(policy, Semantics.PREFIX, (TierConfig("hbm", 50),)), warm)
+        for capacity in KERNEL_CAPACITIES:
+            spec = RunSpec(policy, Semantics.PREFIX, (TierConfig("hbm", capacity),))
+            cpu = time.process_time()
+            record = replay(spec, data)
+            out[f"{policy}@{capacity}"] = {"cpu_s": time.process_time() - cpu, "accesses": record.accesses,
+                                           "misses": record.misses, "kernel": use_kernels(spec) and kernel_state_fits(spec, data)}
+    return out
+
+
+def kernel_rates(trace: str, repeats: int) -> dict:
+    """``kernel_case`` with the kernels and with ``TIERCACHE_NO_NUMBA=1``, each in its own fresh
+    interpreter, once per round for ``repeats`` rounds, the way that goes first alternating;
+    ``kernel_rows`` of them."""
+    plain = {k: v for k, v in os.environ.items() if k != "TIERCACHE_NO_NUMBA"}
+    envs = {"kernel": plain, "python": {**plain, "TIERCACHE_NO_NUMBA": "1"}}
+    runs: dict[str, list[dict]] = {side: [] for side in envs}
+    for index in range(repeats):
+        for side in (("kernel", "python") if index % 2 == 0 else ("python", "kernel")):
+            done = subprocess.run([sys.executable, __file__, "--trace", trace, "--kernel-case"], capture_output=True,
+                                  text=True, check=True, env=envs[side])
+            runs[side].append(json.loads(done.stdout.strip().splitlines()[-1]))
+    return kernel_rows(runs)
+
+
 def time_sweep(trace: str) -> tuple[float, int]:
     """Wall seconds of the 7 x 3 sweep with one worker per core."""
     from tiercache.results import Semantics
@@ -334,19 +361,28 @@ def time_sweep(trace: str) -> tuple[float, int]:
     return time.perf_counter() - started, len(doc.runs)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = ScriptParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trace", default=str(DEFAULT_TRACE))
     parser.add_argument("--capacity", type=positive_int, default=4000)
     parser.add_argument("--repeats", type=positive_int, default=5)
     parser.add_argument("--json", help="write the figures here")
+    parser.add_argument("--kernel-rates", action="store_true",
+                        help="only time the kernels against the Python manager (session, leaf_lru, cost; --repeats rounds)")
     parser.add_argument("--scale-case", type=int, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    parser.add_argument("--kernel-case", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
     if not os.path.isfile(args.trace):  # its copies and its oracleGeneral export need a request trace file
         parser.error(f"--trace {args.trace}: not a trace file (missing, a folder, a device or a FIFO)")
+    refuse_bad_outputs(parser, {"--json": args.json})  # before the run (minutes), not after it
     if args.scale_case is not None:
         print(json.dumps(scale_case(args.trace, args.scale_case)))
         return 0
+    if args.kernel_case:
+        print(json.dumps(kernel_case(args.trace)))
+        return 0
+    if args.kernel_rates:
+        return report_kernel_rates(args)
     from tiercache.policies.kernels import HAVE_NUMBA
 
     warm_up()
@@ -378,8 +414,35 @@ def main() -> int:
     result["sweep"] = {"policies": SWEEP_POLICIES, "capacities": SWEEP_CAPACITIES, "runs": runs, "wall_s": sweep_s,
                        "workers": os.cpu_count()}
     print_table(result)
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1))
+    return write_json(args.json, result)
+
+
+def report_kernel_rates(args: argparse.Namespace) -> int:
+    """``--kernel-rates``: prints ``kernel_rates``' table and writes it to ``--json``; exit 1,
+    nothing written, when a side took the other path or the two counted differently."""
+    rows = kernel_rates(args.trace, args.repeats)
+    result = {"trace": args.trace, "accesses": next(iter(rows.values()))["accesses"], "repeats": args.repeats,
+              "semantics": "prefix", "clock": "CPU seconds of the replay alone; ratios: medians of per-round ratios",
+              "kernel_rates": rows}
+    print_kernel_rates(result)
+    problems = [problem for row in rows.values() for problem in row["problems"]]
+    for problem in problems:
+        print(f"error: {problem}", file=sys.stderr)
+    if problems:
+        print("error: the two paths did not do the same work; no figures written", file=sys.stderr)
+        return 1
+    return write_json(args.json, result)
+
+
+def write_json(path: str | None, result: dict) -> int:
+    """Writes ``result`` to ``path`` (checked before the run) whole or not at all; the exit
+    status: 1 with one line when the write fails now (a full disk)."""
+    if path:
+        try:
+            replace_file(path, json.dumps(result, indent=1), f"--json {path}")
+        except UserError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 1
     return 0
 
 
@@ -403,29 +466,6 @@ def print_table(result: dict) -> None:
     print(f"sweep {len(sweep['policies'])} policies x {len(sweep['capacities'])} capacities = {sweep['runs']} runs: "
           f"{sweep['wall_s']:.2f} s wall with {sweep['workers']} workers")
 
-
-
-def print_policies(result: dict) -> None:
-    """The policy comparison: rates per CPU second over each side's own access count, ratios,
-    both sides' own miss counts and the counts check (``check_counts``)."""
-    print(f"object semantics, one tier of {result['capacity']} blocks, {result['accesses']} block accesses, "
-          f"median of {result['repeats']} runs, loading included ({result['timed']})")
-    print(f"{'policy':<8} {'tiercache/s':>12} {'cached/s':>12} {'libCacheSim/s':>14} {'ratio':>6} {'cached':>7} "
-          f"{'misses ours':>12} {'libCacheSim':>12}  counts   (per CPU second)")
-    for name, row in result["policies"].items():
-        theirs = f"{row['libcachesim_accesses_per_s']:>14,.0f} {row['ratio']:>6.2f} {row['ratio_cached']:>7.2f}" if "ratio" in row else f"{'-':>14} {'-':>6} {'-':>7}"
-        their_misses = f"{row['misses_libcachesim']:>12,}" if "misses_libcachesim" in row else f"{'-':>12}"
-        print(f"{name:<8} {row['tiercache_accesses_per_s']:>12,.0f} {row['tiercache_cached_accesses_per_s']:>12,.0f} {theirs} "
-              f"{row['misses_tiercache']:>12,} {their_misses}  {_counts_verdict(name, row)}")
-
-
-def _counts_verdict(policy: str, row: dict) -> str:
-    """One word on the counts check of a row: MISMATCH, equal, within the tolerance, not compared."""
-    if row["problems"]:
-        return "MISMATCH"
-    if "misses_libcachesim" not in row or policy not in MISS_TOLERANCE:
-        return "not compared"
-    return "equal" if MISS_TOLERANCE[policy] == 0 else f"within {MISS_TOLERANCE[policy]:g}"
 
 
 if __name__ == "__main__":

@@ -12,14 +12,18 @@ CPU device here, DRAM, NVMe) and its own Mooncake client:
   prompt's KV by prefix (``match_prefix``: one batched existence check), reads it
   (``get_prefix``: remote -> HBM), rebuilds the model's KV cache from the blocks
   (``from_blocks``), runs only the uncached tail and decodes. It also recomputes the whole
-  prefill, and checks that every hand-off gives the same tokens as every recompute.
+  prefill, and checks that every hand-off gives the same tokens as every recompute, and that
+  the KV every hand-off fetched is, bit for bit, the prompt's KV computed once in the decode
+  process (untimed, ``prompt_kv``): the tokens alone cannot tell the prompt's blocks handed
+  back in another order (keys are cached after RoPE, so attention ignores their order).
 
 Time to first token: each path runs once untimed (warm-up), then hand-off and recompute
 alternate ``--repeats`` times (5), the one that goes first swapping each time. The hand-off's
 TTFT is fetch + rebuild + tail forward; the figures are medians, and the speed-up is the
 median over pairs of recompute TTFT / hand-off TTFT (a pair ran right next to each other).
-If any run of either path decodes other tokens, the hand-off did not hand off the prompt's
-KV: no TTFT or speed-up is printed, no JSON written, and the demo exits 1.
+If any run of either path decodes other tokens, or any hand-off fetched other KV, the
+hand-off did not hand off the prompt's KV: no TTFT or speed-up is printed, no JSON written,
+and the demo exits 1.
 Also prints the bytes moved by one hand-off. Needs the ``remote`` and ``hf`` extras.
 
 Usage: ``python scripts/disagg_demo.py [--tokens 2048] [--new-tokens 8] [--repeats 5] [--json OUT]``
@@ -39,13 +43,20 @@ import warnings
 import torch
 
 from tiercache.bench.rounds import alternate, positive_int
-from tiercache.bench.script_args import ScriptParser
+from tiercache.bench.script_args import ScriptParser, refuse_bad_outputs
 from tiercache.config import KVLayout, RemoteConfig, TierConfig
 from tiercache.data.remote_master import start_master
+from tiercache.errors import UserError
 from tiercache.keys import prefix_keys
 from tiercache.live.store import TieredKVStore
+from tiercache.results.outfile import replace_file
 
 BLOCK_TOKENS, NAMESPACE = 64, "disagg-demo"
+#: Largest ``|fetched KV - the prompt's KV recomputed by the decode process|`` accepted: 0, bit
+#: for bit. Both processes run the same seeded model on the same prompt with the same CPU
+#: kernels, and the store keeps the fp32 KV as it is (no codec), so any difference is KV that
+#: is not the prompt's as stored: its blocks in another order, another prompt's, damaged bytes.
+KV_TOLERANCE = 0.0
 warnings.filterwarnings("ignore", category=FutureWarning)  # transformers renames past_key_values in 5.x
 
 
@@ -131,6 +142,25 @@ def greedy(model, ids: list[int], cache, new_tokens: int) -> tuple[list[int], fl
 
 
 @torch.no_grad()
+def prompt_kv(model, ids: list[int]) -> torch.Tensor:
+    """The prompt's whole blocks of KV, ``[n, layers, 2, kv_heads, bt, hd]``, computed in this
+    process (untimed): what a hand-off must fetch, bit for bit."""
+    out = model(torch.tensor([ids]), use_cache=True)
+    return to_blocks(out.past_key_values, len(ids) // BLOCK_TOKENS)
+
+
+def kv_difference(fetched: torch.Tensor, reference: torch.Tensor) -> float:
+    """``max |fetched - reference[:len(fetched)]|``: 0.0 when every fetched block is bit for
+    bit the reference's block at its position (and when nothing was fetched); infinity when
+    the blocks do not even have the reference's shape, or are more than it holds."""
+    if fetched.shape[1:] != reference.shape[1:] or fetched.shape[0] > reference.shape[0]:
+        return float("inf")
+    if fetched.shape[0] == 0:
+        return 0.0
+    return float((fetched - reference[: fetched.shape[0]]).abs().max())
+
+
+@torch.no_grad()
 def prefill(args) -> None:
     """Prefills the prompt and publishes its KV once per namespace (``args.repeats + 1``);
     prints the prefill's and the first publication's figures as one JSON line."""
@@ -156,15 +186,18 @@ def prefill(args) -> None:
         sys.stdin.readline()  # this client's segment holds the values: stay until decode is done
 
 
-def handoff(store: TieredKVStore, model, ids: list[int], namespace: str, new_tokens: int) -> dict:
+def handoff(store: TieredKVStore, model, ids: list[int], namespace: str, new_tokens: int,
+            reference: torch.Tensor) -> dict:
     """One hand-off: finds the prompt's KV by prefix, fetches it, rebuilds the model cache
-    (``from_blocks``), runs the uncached tail and decodes ``new_tokens`` tokens.
+    (``from_blocks``), runs the uncached tail and decodes ``new_tokens`` tokens; then, after
+    the clock, compares the fetched blocks with ``reference`` (``prompt_kv``).
 
     Returns:
         ``found_tokens``, ``cached_tokens``, ``tokens``, the seconds ``fetch_s``,
         ``rebuild_s`` and ``tail_s``, and ``ttft_s``: their sum, everything from the prefix
         lookup to the first token. Also this hand-off's ``bytes_fetched``, ``remote_gets``
-        and ``exists_calls`` (differences of the store's counters).
+        and ``exists_calls`` (differences of the store's counters), and ``kv_max_abs_diff``
+        (``kv_difference`` of the fetched blocks from ``reference``).
     """
     before = store.stats()
     start = time.perf_counter()
@@ -181,7 +214,8 @@ def handoff(store: TieredKVStore, model, ids: list[int], namespace: str, new_tok
     return {"found_tokens": found, "cached_tokens": cached, "tokens": tokens, "fetch_s": fetched - start,
             "rebuild_s": rebuild, "tail_s": tail, "ttft_s": fetched - start + rebuild + tail, "bytes_fetched": moved,
             "remote_gets": after["remote"]["gets"] - before["remote"]["gets"],
-            "exists_calls": after["remote"]["exists_calls"] - before["remote"]["exists_calls"]}
+            "exists_calls": after["remote"]["exists_calls"] - before["remote"]["exists_calls"],
+            "kv_max_abs_diff": kv_difference(blocks, reference)}
 
 
 def recompute(model, ids: list[int], new_tokens: int) -> dict:
@@ -193,33 +227,40 @@ def recompute(model, ids: list[int], new_tokens: int) -> dict:
 def summarise(handoffs: list[dict], recomputes: list[dict]) -> dict:
     """Medians of the hand-off's parts and of both TTFTs, and the median over pairs of
     recompute TTFT / hand-off TTFT (``ttft_speedup``); ``same_tokens`` is whether every run of
-    either path decoded the same tokens, and ``ttft_speedup`` is None when not (a hand-off
-    that decodes other tokens did not hand off the prompt's KV: its time means nothing).
-    ``tokens`` are the first hand-off's, ``recompute_tokens`` the first recompute's. The fetch
-    counters are one hand-off's (the first)."""
+    either path decoded the same tokens, ``same_kv`` whether every hand-off fetched the
+    prompt's KV within ``KV_TOLERANCE`` (``kv_max_abs_diff``: the largest difference of any),
+    and ``ttft_speedup`` is None unless both hold (a hand-off that fetched other KV, even one
+    that decodes the same tokens, as blocks in another order do, did not hand off the
+    prompt's KV: its time means nothing). ``tokens`` are the first hand-off's,
+    ``recompute_tokens`` the first recompute's. The fetch counters are one hand-off's (the first)."""
     def median(runs: list[dict], key: str) -> float:
         return statistics.median(run[key] for run in runs)
 
     runs = handoffs + recomputes
     first = handoffs[0]
     same = all(run["tokens"] == first["tokens"] for run in runs)
+    kv_error = max(run["kv_max_abs_diff"] for run in handoffs)
+    same_kv = kv_error <= KV_TOLERANCE
     return {"found_tokens": first["found_tokens"], "cached_tokens": first["cached_tokens"], "repeats": len(handoffs),
             "fetch_s": median(handoffs, "fetch_s"), "rebuild_s": median(handoffs, "rebuild_s"), "tail_s": median(handoffs, "tail_s"),
             "ttft_handoff_s": median(handoffs, "ttft_s"), "ttft_recompute_s": median(recomputes, "ttft_s"),
             "ttft_speedup": statistics.median(r["ttft_s"] / h["ttft_s"] for h, r in zip(handoffs, recomputes, strict=True))
-            if same else None,
-            "same_tokens": same, "tokens": first["tokens"], "recompute_tokens": recomputes[0]["tokens"],
+            if same and same_kv else None,
+            "same_tokens": same, "same_kv": same_kv, "kv_max_abs_diff": kv_error,
+            "tokens": first["tokens"], "recompute_tokens": recomputes[0]["tokens"],
             "bytes_fetched": first["bytes_fetched"], "remote_gets": first["remote_gets"], "exists_calls": first["exists_calls"],
             "samples": {"handoff": [{k: v for k, v in h.items() if k != "tokens"} for h in handoffs],
                         "recompute_ttft_s": [r["ttft_s"] for r in recomputes]}}
 
 
 def decode(args) -> None:
-    """Hands off and recomputes, alternating (``alternate``); prints ``summarise``'s JSON."""
+    """Hands off and recomputes, alternating (``alternate``), every hand-off checked against
+    the prompt's KV computed here once, untimed (``prompt_kv``); prints ``summarise``'s JSON."""
     model = build_model(args.seed)
     ids = prompt_ids(args.tokens, args.seed)
+    reference = prompt_kv(model, ids)
     with open_store(model, args.master, args.metadata, (args.repeats + 1) * (len(ids) // BLOCK_TOKENS)) as store:
-        runs = alternate({"handoff": lambda i: handoff(store, model, ids, namespace_of(i), args.new_tokens),
+        runs = alternate({"handoff": lambda i: handoff(store, model, ids, namespace_of(i), args.new_tokens, reference),
                           "recompute": lambda _: recompute(model, ids, args.new_tokens)}, args.repeats)
     handoffs, recomputes = runs["handoff"], runs["recompute"]
     print(json.dumps(summarise(handoffs, recomputes)), flush=True)
@@ -240,6 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.tokens <= BLOCK_TOKENS:
         parser.error(f"--tokens: more than one {BLOCK_TOKENS}-token block (a whole block to hand off), got {args.tokens}")
+    refuse_bad_outputs(parser, {"--json": args.json})  # before the run, not after it
     if args.role == "prefill":
         prefill(args)
         return 0
@@ -270,7 +312,8 @@ def run_demo(args) -> int:
 
 def report(produced: dict, consumed: dict, args) -> int:
     """Prints both processes' figures and writes the JSON; returns the exit status: 1 (no
-    TTFT, no speed-up, no JSON) when the hand-off decoded other tokens than the recompute."""
+    TTFT, no speed-up, no JSON) when the hand-off decoded other tokens than the recompute or
+    fetched other KV than the prompt's."""
     print(f"prompt {args.tokens} tokens, {BLOCK_TOKENS}-token blocks; tiny random Llama (4 layers, 4 KV heads, fp32 KV)")
     print(f"prefill process: prefill {produced['prefill_s'] * 1e3:.1f} ms, stored {produced['blocks']} blocks, "
           f"published {produced['published']} ({produced['bytes_put'] / 2**20:.1f} MiB) in {produced['store_s'] * 1e3:.1f} ms "
@@ -282,14 +325,24 @@ def report(produced: dict, consumed: dict, args) -> int:
               f"first recompute {consumed['recompute_tokens']}; not every run of either path agrees): the KV it "
               "fetched is not the prompt's; no TTFT or speed-up reported, no JSON written", file=sys.stderr)
         return 1
+    if not consumed["same_kv"]:
+        print(f"error: the KV a hand-off fetched differs from the prompt's KV recomputed in the decode process "
+              f"(max |difference| {consumed['kv_max_abs_diff']:.3g}, at most {KV_TOLERANCE:g} accepted): it is not the "
+              "prompt's KV as stored (blocks out of order, or another prompt's), even where it decodes the same tokens; "
+              "no TTFT or speed-up reported, no JSON written", file=sys.stderr)
+        return 1
     ms = {key: consumed[key] * 1e3 for key in ("ttft_handoff_s", "fetch_s", "rebuild_s", "tail_s", "ttft_recompute_s")}
     print(f"TTFT, medians of {consumed['repeats']} alternated runs after one warm-up each: hand-off {ms['ttft_handoff_s']:.1f} ms "
           f"(fetch {ms['fetch_s']:.1f}, rebuild cache {ms['rebuild_s']:.1f}, tail {ms['tail_s']:.1f}) vs recompute "
           f"{ms['ttft_recompute_s']:.1f} ms; speed-up (median of per-pair ratios) {consumed['ttft_speedup']:.2f}x")
     print(f"same {args.new_tokens} tokens decoded by every run of either path: {consumed['same_tokens']} {consumed['tokens']}")
+    print("KV fetched by every hand-off: bit for bit the prompt's KV recomputed in the decode process")
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as handle:
-            json.dump({"prefill": produced, "decode": consumed}, handle, indent=2)
+        try:  # checked before the run; a disk that fills now leaves an earlier file as it was
+            replace_file(args.json, json.dumps({"prefill": produced, "decode": consumed}, indent=2), f"--json {args.json}")
+        except UserError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 1
     return 0
 
 

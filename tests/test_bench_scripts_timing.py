@@ -138,7 +138,7 @@ def test_handoff_ttft_includes_rebuilding_the_model_cache(demo, monkeypatch):
     monkeypatch.setattr(demo, "from_blocks", lambda blocks, model: time.sleep(0.05) or "cache")
     seen = []
     monkeypatch.setattr(demo, "greedy", lambda model, ids, cache, n: seen.append((len(ids), cache)) or ([7] * n, 0.002))
-    run = demo.handoff(_FakeStore(), None, list(range(200)), "ns-1", new_tokens=3)
+    run = demo.handoff(_FakeStore(), None, list(range(200)), "ns-1", new_tokens=3, reference=torch.zeros(3))
     assert seen == [(200 - 192, "cache")]  # 3 whole blocks cached; the tail runs on the rebuilt cache
     assert run["rebuild_s"] >= 0.05 and run["fetch_s"] >= 0.01
     assert run["ttft_s"] == pytest.approx(run["fetch_s"] + run["rebuild_s"] + run["tail_s"])
@@ -155,7 +155,8 @@ def test_alternate_warms_both_paths_and_swaps_which_goes_first():
 
 def _run(ttft: float, tokens=(1, 2)) -> dict:
     return {"found_tokens": 128, "cached_tokens": 128, "tokens": list(tokens), "fetch_s": ttft / 2, "rebuild_s": 0.0,
-            "tail_s": ttft / 2, "ttft_s": ttft, "bytes_fetched": 8, "remote_gets": 2, "exists_calls": 1}
+            "tail_s": ttft / 2, "ttft_s": ttft, "bytes_fetched": 8, "remote_gets": 2, "exists_calls": 1,
+            "kv_max_abs_diff": 0.0}
 
 
 def test_summary_gives_medians_and_the_median_of_per_pair_ratios(demo):

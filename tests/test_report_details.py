@@ -155,14 +155,15 @@ def test_payoff_sentence_when_hbm_alone_ran_too(tmp_path):
     assert ("The hierarchy HBM 100 + DRAM 400 + NVMe 1,100 blocks (object semantics, exclusive hierarchy) against "
             "HBM 100 blocks alone") in markdown
     # lru alone at 100 blocks: 90% misses, 0.02 + 9,000 × 0.018 s; the hierarchy: 50%, 0.02 + 5,000 × 0.018 s.
-    assert "- lru: the hierarchy pays off: it cuts misses from 90.0% to 50.0% and modeled time from 162 s to 90.02 s." in markdown
+    assert "- lru: the hierarchy pays off: it cuts misses from 90.0% to 50.0% and modeled request time from 162 s to 90.02 s." \
+        in markdown
     assert "- belady: the hierarchy pays off: it cuts misses from 60.0% to 40.0%" in markdown
 
 
 def test_payoff_sentence_says_when_the_hierarchy_does_not_pay_off(tmp_path):
     runs = [make_run("lru", 100, 0.9), hierarchy_run("lru", 100, 0.5, seconds=500.0)]
     markdown = (build(tmp_path, make_document(runs=runs)) / "report.md").read_text()
-    assert ("- lru: the hierarchy does not pay off: it cuts misses from 90.0% to 50.0%, but modeled time rises "
+    assert ("- lru: the hierarchy does not pay off: it cuts misses from 90.0% to 50.0%, but modeled request time rises "
             "from 162 s to 500 s.") in markdown
 
 

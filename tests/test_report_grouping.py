@@ -168,8 +168,10 @@ def test_prefix_hierarchy_that_saves_less_ttft_does_not_pay_off(tmp_path):
 def test_object_payoff_says_what_modeled_time_counts(tmp_path):
     runs = [make_run("lru", 100, 0.9), tiered_run("lru", [("hbm", 100), ("dram", 400)], 0.5)]
     markdown = (build(tmp_path, make_document(runs=runs)) / "report.md").read_text()
-    assert "same policy. Modeled time is the recompute time of the misses plus every transfer between tiers, " \
-           "background write-backs and demotions included, counted serially." in markdown
+    assert "same policy. Judged by modeled request time: the recompute time of the misses plus the loads (every " \
+           "transfer from a slower tier towards HBM, counted in full); write-backs and demotions run in the background, " \
+           "each on its own link beside the requests, and count only where one link is busy longer than that (the " \
+           "requests then wait for it)." in markdown
 
 
 def test_a_fleet_run_is_not_paired_with_hbm_alone():

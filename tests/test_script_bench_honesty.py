@@ -215,7 +215,7 @@ def test_long_context_exits_1_when_the_pipelined_step_is_wrong(monkeypatch, caps
 
 def _handoff(tokens: list[int]) -> dict:
     return {"found_tokens": 128, "cached_tokens": 128, "tokens": tokens, "fetch_s": 0.01, "rebuild_s": 0.0, "tail_s": 0.01,
-            "ttft_s": 0.02, "bytes_fetched": 8, "remote_gets": 2, "exists_calls": 1}
+            "ttft_s": 0.02, "bytes_fetched": 8, "remote_gets": 2, "exists_calls": 1, "kv_max_abs_diff": 0.0}
 
 
 def test_disagg_demo_gives_no_speed_up_when_the_hand_off_decodes_other_tokens(tmp_path, capsys):

@@ -12,8 +12,8 @@ share of the attention mass is close to ``T e^b / (T e^b + N)`` (``T`` tokens pe
 share on sampled steps is reported beside the target, never assumed.
 
 ``step_timings`` times a decode step's attention three ways on the same data: I/O only
-(every chunk fetched, nothing computed), compute only (the same chunks computed from
-memory, nothing fetched) and pipelined (the real ``attend``);
+(every keyed chunk read and waited for, nothing copied, assembled or computed), compute only
+(the same chunks computed from memory, nothing fetched) and pipelined (the real ``attend``);
 ``overlap_efficiency = max(io_only, compute_only) / pipelined`` is 1.0 when the pipeline
 hides the shorter of the two completely; it says little unless the two sides are of similar
 size (``balance_verdict``). Every pipelined output is checked against the same attention
@@ -56,8 +56,12 @@ BALANCED_RATIO = (0.5, 2.0)
 
 #: The highest ``overlap_efficiency`` taken as measured. The pipelined step does the I/O and
 #: the compute of the other two regions, so it cannot take less than the longer of them
-#: (efficiency <= 1); the slack above 1 is for timing noise on a shared machine.
-OVERLAP_LIMIT = 1.5
+#: (efficiency <= 1). The 10% above 1 is timing noise only: the three regions of a repeat
+#: run back to back, so a change of load slows them alike, and on a 2-core machine under a
+#: load of 5 to 7 the medians of 7 of the I/O-only region moved by at most 10% between calls;
+#: 14 calls there (``scripts/bench_decode.py``'s layout, 32k tokens) gave efficiencies of
+#: 0.51 to 0.89.
+OVERLAP_LIMIT = 1.1
 
 #: Largest relative (Frobenius) difference accepted between the pipelined output and the
 #: serial one, by compute dtype: the same chunks and merges in the same order, so only
@@ -225,9 +229,10 @@ def step_timings(seq: Sequence, layer: int, q: torch.Tensor, repeats: int = 3) -
     """Times one layer's exact attention three ways on the same data (medians, seconds).
 
     I/O only: every chunk on a keyed tier (NVMe) read into the window with the same
-    schedule, nothing converted or computed (chunks in memory tiers need no fetch). Compute
-    only: every chunk, of the same sizes, converted into the same scratch buffers and
-    computed from blocks already in memory (the first window's, kept), nothing fetched
+    schedule and waited for (``_wait_for_reads``), nothing copied, assembled, converted or
+    computed (chunks in memory tiers need no fetch). Compute only: every chunk, of the same
+    sizes, converted into the same scratch buffers and computed from blocks already in
+    memory (copies of the first ``depth`` chunks, made before the I/O clock starts), nothing fetched
     (fresh buffers per chunk would page-fault and flatter the overlap). Pipelined: ``seq.attend``,
     whose every output must match ``_serial_output`` (computed once, untimed) within
     ``OUTPUT_RTOL``.
@@ -255,8 +260,9 @@ def step_timings(seq: Sequence, layer: int, q: torch.Tensor, repeats: int = 3) -
     io, compute, piped, errors = [], [], [], []
     for _ in range(repeats):
         source = seq.stream_source(layer)
+        kept = _first_chunks(source, cache.depth)  # untimed: the compute-only pass's blocks
         started = now()
-        kept = _fetch_all(source, cache.depth)
+        _wait_for_reads(source, cache.depth)
         io.append(now() - started)
         started = now()
         result = None
@@ -322,21 +328,29 @@ def _check_output(out: torch.Tensor, expected: torch.Tensor, rtol: float) -> flo
     return error
 
 
-def _fetch_all(source, depth: int) -> list[torch.Tensor]:
-    """Waits for every keyed-tier chunk with ``stream_attention``'s window schedule, with
-    no compute; returns copies of the first ``depth`` chunks' blocks (any tier) for the
-    compute-only run."""
-    kept: list[torch.Tensor] = []
+def _first_chunks(source, depth: int) -> list[torch.Tensor]:
+    """Copies of the first ``depth`` chunks' blocks as stored (any tier), for the compute-only
+    pass; read before the I/O-only clock starts, so that neither the copies nor the assembly
+    of a chunk spread over several tiers are timed as I/O."""
+    kept = []
+    for index in range(min(depth, source.n_chunks)):
+        kept.append(source.raw(source.start(index, index)).clone())
+    return kept
+
+
+def _wait_for_reads(source, depth: int) -> None:
+    """The I/O-only region: starts every chunk's keyed-tier reads with ``stream_attention``'s
+    window schedule (``depth`` chunks in flight) and waits for each keyed piece to land on the
+    compute device, in chunk order. Nothing else: a piece held in a memory tier needs no
+    fetch, and no chunk is assembled or copied (``TierChunks._piece_blocks`` of a keyed piece
+    is the read's wait, its check, and on a GPU the copy to the device the pipeline makes too)."""
     pending = [source.start(i, i % depth) for i in range(min(depth, source.n_chunks))]
     for index in range(source.n_chunks):
         handle = pending.pop(0)
-        if handle[2] is not None or len(kept) < depth:
-            blocks = source.raw(handle)
-            if len(kept) < depth:
-                kept.append(blocks.clone())
+        for number, _, _ in handle[2][1] if handle[2] is not None else ():
+            source._piece_blocks(handle, number)
         if index + depth < source.n_chunks:
             pending.append(source.start(index + depth, (index + depth) % depth))
-    return kept
 
 
 def rss_peak_bytes() -> int:

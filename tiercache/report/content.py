@@ -17,8 +17,8 @@ from .lru_curve import LRUCurve, dense_lru_curve
 from ..results import Mode, Semantics, TraceKind
 from .model import ReportData, Run
 from .summary import (BASELINE, BELADY, CapacityBest, Payoff, belady_caveat, belady_is_bound, best_per_capacity, by_group,
-                      hierarchy_payoffs, layouts_need_naming, policy_labels, unreferenced_prefetch)
-from .tables import MODELED_TIME, best_table, codec_sentences, runs_table, tier_table, tiers_text, trace_table
+                      hierarchy_payoffs, layouts_need_naming, policy_labels, request_path_seconds, unreferenced_prefetch)
+from .tables import best_table, codec_sentences, runs_table, tier_table, tiers_text, trace_table
 
 __all__ = ["build_document"]
 
@@ -33,10 +33,13 @@ _SEMANTICS = {
 _TTFT_SAVED = ("prefill time of the saved tokens minus the modeled time of the loads (every transfer from a slower "
                "tier towards HBM, counted in full); write-backs and demotions run off the TTFT path and are not "
                "subtracted")
+_REQUEST_TIME = ("the recompute time of the misses plus the loads (every transfer from a slower tier towards HBM, "
+                 "counted in full); write-backs and demotions run in the background, each on its own link beside the "
+                 "requests, and count only where one link is busy longer than that (the requests then wait for it)")
 # What the payoff sentences compare, by ``Payoff.measure`` ("misses" needs no explanation).
 _MEASURE_NOTES = {
     "ttft": f"Judged by modeled TTFT saved: {_TTFT_SAVED}.",
-    "time": MODELED_TIME,
+    "time": f"Judged by modeled request time: {_REQUEST_TIME}.",
 }
 _MODES = {
     Mode.SINGLE: "one tier",
@@ -157,8 +160,9 @@ def _payoff_blocks(payoffs: list[Payoff]) -> list:
 
 
 def _payoff_sentence(payoff: Payoff) -> str:
-    """E.g. "lru: the hierarchy pays off: it cuts misses from 85.6% to 36.0% and modeled time from 1,908 s to 1,203 s.",
-    or in prefix semantics "... and raises modeled TTFT saved from 1.55 s to 4.22 s." (the figure ``pays_off`` judges)."""
+    """E.g. "lru: the hierarchy pays off: it cuts misses from 85.6% to 36.0% and modeled request time from 1,908 s
+    to 1,130 s; its write-backs and demotions (935 s in all, ...) run beside the requests, on their own links.", or in
+    prefix semantics "... and raises modeled TTFT saved from 1.55 s to 4.22 s." (the figure ``pays_off`` judges)."""
     tiered, alone = payoff.hierarchy, payoff.hbm_only
     fewer = tiered.miss_ratio < alone.miss_ratio
     misses = f"{'cuts' if fewer else 'takes'} misses from {fmt.percent(alone.miss_ratio)} to {fmt.percent(tiered.miss_ratio)}"
@@ -166,13 +170,30 @@ def _payoff_sentence(payoff: Payoff) -> str:
     if payoff.measure == "misses":
         return f"{head} (no hardware given: time not modeled)."
     ttft = payoff.measure == "ttft"
-    figure = "modeled TTFT saved" if ttft else "modeled time"
-    before, after = payoff.ttft_saved if ttft else payoff.seconds
+    figure = "modeled TTFT saved" if ttft else "modeled request time"
+    before, after = payoff.ttft_saved if ttft else payoff.request_seconds
+    writes = "" if ttft else _background_clause(payoff)
     if payoff.pays_off:
-        return f"{head} and {'raises ' if ttft else ''}{figure} from {fmt.seconds(before)} to {fmt.seconds(after)}."
+        return f"{head} and {'raises ' if ttft else ''}{figure} from {fmt.seconds(before)} to {fmt.seconds(after)}{writes}."
     change = f"stays at {fmt.seconds(before)}" if before == after else \
         f"{'falls' if ttft else 'rises'} from {fmt.seconds(before)} to {fmt.seconds(after)}"
-    return f"{head}, {'but' if fewer else 'and'} {figure} {change}."
+    return f"{head}, {'but' if fewer else 'and'} {figure} {change}{writes}."
+
+
+def _background_clause(payoff: Payoff) -> str:
+    """What the hierarchy's write-backs and demotions take, and whether they run beside its
+    requests or hold them up (``Payoff.writes_hold_up``); empty when it has none."""
+    links = payoff.background
+    if not links:
+        return ""
+    link, busiest = max(links.items(), key=lambda item: (item[1], item[0]))
+    total = fmt.seconds(sum(links.values()))
+    if payoff.writes_hold_up:
+        path = fmt.seconds(request_path_seconds(payoff.hierarchy.modeled_seconds))
+        return (f"; its write-backs and demotions ({total} in all) hold the requests up: link {link} is busy "
+                f"{fmt.seconds(busiest)}, longer than the {path} of recompute and loads")
+    return (f"; its write-backs and demotions ({total} in all, the busiest link {link} {fmt.seconds(busiest)}) run "
+            "beside the requests, on their own links")
 
 
 def _curves(data: ReportData, colors: dict[str, str], trace_path: str | None) -> Section:

@@ -24,7 +24,9 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
+from typing import Mapping
 
+from ..config import REMOTE_TIER, TIER_NAMES
 from ..errors import UserError
 from ..results import Mode, Semantics, TierRecord
 from . import fmt
@@ -32,7 +34,8 @@ from .model import Run, run_label
 
 __all__ = ["BELADY", "BASELINE", "is_offline", "policy_labels", "by_group", "tier_layout", "by_layout", "gap_closed",
            "belady_is_bound", "beats_belady", "gap_text", "belady_caveat", "BEYOND_BELADY",
-           "CapacityBest", "best_per_capacity", "unreferenced_prefetch", "layouts_need_naming", "Payoff", "hierarchy_payoffs"]
+           "CapacityBest", "best_per_capacity", "unreferenced_prefetch", "layouts_need_naming", "is_background",
+           "background_seconds", "request_path_seconds", "request_seconds", "Payoff", "hierarchy_payoffs"]
 
 BELADY = "belady"
 BASELINE = "lru"
@@ -276,14 +279,48 @@ def layouts_need_naming(runs: list[Run]) -> bool:
     return len(layouts) != len({(s, m, sum(t[1] for t in shape)) for s, m, shape in layouts})
 
 
+#: Tiers fastest first, the shared remote tier last: a link to a later one moves blocks down.
+_SPEED_ORDER = TIER_NAMES + (REMOTE_TIER,)
+
+
+def is_background(link: str) -> bool:
+    """Whether ``link`` (``"src->dst"`` of ``modeled_seconds``) moves blocks down, away from
+    HBM: a write-back or a demotion, which runs beside the requests on its own link (the link
+    model gives every directed link its own bandwidth). ``recompute``, loads towards HBM and
+    any name that is not a link between known tiers are on the request path."""
+    src, arrow, dst = link.partition("->")
+    known = arrow and src in _SPEED_ORDER and dst in _SPEED_ORDER
+    return bool(known) and _SPEED_ORDER.index(dst) > _SPEED_ORDER.index(src)
+
+
+def background_seconds(seconds: Mapping[str, float]) -> dict[str, float]:
+    """The busy seconds of each background link (``is_background``) of a run's ``modeled_seconds``."""
+    return {link: value for link, value in seconds.items() if is_background(link)}
+
+
+def request_path_seconds(seconds: Mapping[str, float]) -> float:
+    """Recompute plus every load of a run's ``modeled_seconds``, counted serially: all but the
+    background links and the ``total``."""
+    return sum(value for link, value in seconds.items() if link != "total" and not is_background(link))
+
+
+def request_seconds(seconds: Mapping[str, float]) -> float:
+    """How long a run's requests take in the model: the request path, or the busiest
+    background link where it is busy longer (the requests cannot finish before the writes they
+    leave behind: a link cannot carry more than its busy seconds' worth)."""
+    return max([request_path_seconds(seconds), *background_seconds(seconds).values()])
+
+
 @dataclass(frozen=True)
 class Payoff:
     """A hierarchy run beside the HBM-only run of the same policy with the hierarchy's HBM tier.
 
     The figure that judges it (``measure``): in prefix semantics with hardware, modeled TTFT
     saved (higher is better; background write-backs and demotions run off the TTFT path and
-    do not count); otherwise, with hardware, modeled total time (recompute of misses plus every
-    transfer, write-backs included; lower is better); without hardware, the miss ratio.
+    do not count); otherwise, with hardware, modeled request time (``request_seconds``: recompute
+    of misses plus every load towards HBM, counted serially; write-backs and demotions run
+    beside it on their own links and count only where one link is busy longer; lower is
+    better); without hardware, the miss ratio.
     """
 
     hierarchy: Run
@@ -296,26 +333,38 @@ class Payoff:
         return None if alone is None or tiered is None else (alone, tiered)
 
     @property
-    def seconds(self) -> tuple[float, float] | None:
-        """Modeled total seconds (HBM only, hierarchy), or None unless both runs have them."""
-        alone, tiered = self.hbm_only.modeled_seconds.get("total"), self.hierarchy.modeled_seconds.get("total")
-        return None if alone is None or tiered is None else (alone, tiered)
+    def request_seconds(self) -> tuple[float, float] | None:
+        """Modeled request time (HBM only, hierarchy; ``request_seconds``), or None unless both
+        runs have modeled seconds."""
+        alone, tiered = self.hbm_only.modeled_seconds, self.hierarchy.modeled_seconds
+        return None if "total" not in alone or "total" not in tiered else (request_seconds(alone), request_seconds(tiered))
+
+    @property
+    def background(self) -> dict[str, float]:
+        """The hierarchy's write-backs and demotions: busy seconds per background link."""
+        return background_seconds(self.hierarchy.modeled_seconds)
+
+    @property
+    def writes_hold_up(self) -> bool:
+        """Whether a background link of the hierarchy is busy longer than its request path, so
+        that link's seconds, not the request path's, are its request time."""
+        return request_seconds(self.hierarchy.modeled_seconds) > request_path_seconds(self.hierarchy.modeled_seconds)
 
     @property
     def measure(self) -> str:
         """``"ttft"``, ``"time"`` or ``"misses"``: the figure ``pays_off`` compares."""
         if self.ttft_saved is not None:
             return "ttft"
-        return "misses" if self.seconds is None else "time"
+        return "misses" if self.request_seconds is None else "time"
 
     @property
     def pays_off(self) -> bool:
         """Whether the hierarchy does better by ``measure``: more TTFT saved, less modeled
-        time, or fewer misses."""
+        request time, or fewer misses."""
         if self.measure == "ttft":
             return self.ttft_saved[1] > self.ttft_saved[0]
         if self.measure == "time":
-            return self.seconds[1] < self.seconds[0]
+            return self.request_seconds[1] < self.request_seconds[0]
         return self.hierarchy.miss_ratio < self.hbm_only.miss_ratio
 
 
