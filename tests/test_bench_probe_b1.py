@@ -134,7 +134,7 @@ class _FakeSides:
         self.calls.append(("tiercache" if cache_dir is None else "cached", policy, Path(trace).name))
         return (1.0, 1.0), SimpleNamespace(accesses=1000, misses=100)
 
-    def libcachesim(self, lcs, oracle, policy, capacity):
+    def libcachesim(self, lcs, oracle, policy, capacity, hashpower):
         self.calls.append(("libcachesim", policy, Path(oracle).name))
         seconds = 10.0 if sum(c[0] == "libcachesim" for c in self.calls) <= self.cold_runs else 1.0
         return (seconds, seconds), self.br.Counts(1000, 100)
