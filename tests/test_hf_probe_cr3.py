@@ -217,3 +217,16 @@ def test_use_cache_false_is_refused_before_any_pass(tmp_path, through_config):
         assert cache.get_seq_length() == 0 and not kv.manager.held  # the prompt's KV was stored
         got, _ = generate(model, ids, cache, new=4)  # the retry was refused: 'must reach past the 20 positions'
     assert torch.equal(got, want)
+
+
+def test_a_config_that_holds_its_windows_per_layer_leaves_the_check_to_each_layer():
+    """A heterogeneous config (NeoMME) raises for its global ``sliding_window``: reading the
+    windows up front must not refuse the model (each layer's attention checks its own)."""
+    neomme = pytest.importorskip("transformers.models.neomme.configuration_neomme")
+    from tiercache.integrations.inputs import sliding_windows
+
+    config = neomme.NeoMMEConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=2, num_key_value_heads=1,
+                                 intermediate_size=64, vocab_size=100)
+    with pytest.raises(Exception, match="per-layer attribute"):
+        config.sliding_window  # noqa: B018 - the access transformers refuses
+    assert sliding_windows(config) == ()

@@ -170,10 +170,15 @@ def sliding_windows(config) -> tuple[int | None, ...]:
     So a ``TieredCache`` can refuse a window at the start of a pass, before its first layer
     stores. A config without ``layer_types`` gives None for every layer: its models (Mistral,
     Phi-3, Starcoder2) slide at every layer or none, so the attention's own check refuses at
-    the first layer, before anything is stored."""
+    the first layer, before anything is stored. Nor does a config that holds its windows per
+    layer (transformers raises for its global ``sliding_window``): each layer's attention checks
+    its own window then, as before this check existed."""
     text = text_config(config)
-    types = _field(text, "layer_types", None) or ()
-    window = _field(text, "sliding_window", None)
+    try:
+        types = getattr(text, "layer_types", None) or ()
+        window = getattr(text, "sliding_window", None)
+    except Exception:  # noqa: BLE001 - a per-layer config (NeoMME) has no one window: the attention checks each layer's
+        types, window = (), None
     if not isinstance(window, int) or isinstance(window, bool) or window <= 0:
         return (None,) * len(types)
     return tuple(window if kind == "sliding_attention" else None for kind in types)
