@@ -16,6 +16,10 @@ Eviction contract (checked for every registered policy by ``tests/test_policy_co
   reorganise internal order while choosing (S3-FIFO promotions, SIEVE bit clearing), as the
   algorithms do.
 * Misuse (inserting a tracked id, touching or removing an untracked id) raises ``KeyError``.
+* What a policy is given (ids, hints, ``protected``, a prefetch view) is read-only: the
+  caller may go on using it after the call. tiercache's own policies never change it
+  (``tests/test_policy_probe_q13.py``, over the registry); one defined elsewhere is handed
+  tuples (``tiercache.core.answers.handed``), so changing them could not reach the manager.
 
 The manager trusts tiercache's own policies and checks every ``victims`` and ``admit`` answer
 of one defined elsewhere (a ``module:Class``) where it asks: an answer that breaks its

@@ -11,19 +11,27 @@ it in one line naming the policy (``tiercache.sim.sweep``).
 
 Invariant: a checked wrapper returns exactly what the policy answered, as a list (of bools
 for ``admit``), or raises; it never corrects an answer.
+
+What the manager hands such a policy is its own copy: ids as tuples, hints with tuples
+(``handed``), in every hook (``hooks``), ``admit``, placement question and prefetch view, so a
+policy that empties or pops a list it was given (``ids.pop()``) changes nothing the manager
+goes on using. tiercache's own policies never change what they are given (tested over the
+registry) and get the manager's sequences as they are: a replay pays nothing for the copies.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Callable, Collection, Sequence
 
 import numpy as np
 
-from tiercache.policies.base import AdmissionPolicy, EvictionPolicy, PrefetchPolicy, PrefetchView, enough_unprotected, in_tree
+from tiercache.policies.base import (AdmissionPolicy, EvictionPolicy, Hints, PrefetchPolicy, PrefetchView, enough_unprotected,
+                                     in_tree)
 
 from .directory import TierDirectory
 
-__all__ = ["askers", "victims_asker", "admit_asker", "plan_asker"]
+__all__ = ["askers", "hooks", "handed", "victims_asker", "admit_asker", "plan_asker", "is_int"]
 
 Victims = Callable[[int, Collection[int]], "list[int] | None"]
 Admit = Callable[[Sequence[int]], "list[bool]"]
@@ -36,6 +44,44 @@ def askers(evictions: Sequence[EvictionPolicy], admissions: Sequence[AdmissionPo
     the policies' own methods when in-tree, checked wrappers otherwise."""
     return ([victims_asker(p, d) for p, d in zip(evictions, dirs)],
             [admit_asker(a, d.name) for a, d in zip(admissions, dirs)])
+
+
+def hooks(policy: EvictionPolicy) -> EvictionPolicy | HandedHooks:
+    """What the manager calls ``on_insert``/``on_access``/``on_remove`` on: ``policy`` itself
+    when in-tree, else ``HandedHooks`` (each call handed copies: ``handed``)."""
+    return policy if in_tree(policy) else HandedHooks(policy)
+
+
+class HandedHooks:
+    """An out-of-tree eviction policy's hooks, each called with copies of the manager's ids
+    and hints (``handed``); the policy's answers are its own."""
+
+    __slots__ = ("policy",)
+
+    def __init__(self, policy: EvictionPolicy) -> None:
+        self.policy = policy
+
+    def on_insert(self, ids: Sequence[int], hints: Hints | None = None) -> None:
+        self.policy.on_insert(*handed(ids, hints))
+
+    def on_access(self, ids: Sequence[int], hints: Hints | None = None) -> None:
+        self.policy.on_access(*handed(ids, hints))
+
+    def on_remove(self, ids: Sequence[int]) -> None:
+        self.policy.on_remove(tuple(ids))
+
+
+def handed(ids: Sequence[int], hints: Hints | None = None) -> tuple[tuple[int, ...], Hints | None]:
+    """``ids`` and ``hints`` as an out-of-tree policy is handed them: tuples (a tuple is not
+    copied again), which nothing the policy does can change under the manager."""
+    if hints is not None and (hints.next_use is not None or hints.parents is not None):
+        hints = Hints(hints.time, _tuple(hints.next_use), _tuple(hints.parents))
+    return tuple(ids), hints
+
+
+def _tuple(values: Sequence | None) -> tuple | None:
+    """``values`` as a tuple (None stays None)."""
+    return None if values is None else tuple(values)
 
 
 def victims_asker(policy: EvictionPolicy, directory: TierDirectory) -> Victims:
@@ -60,12 +106,13 @@ def victims_asker(policy: EvictionPolicy, directory: TierDirectory) -> Victims:
 
 def admit_asker(policy: AdmissionPolicy, tier_name: str) -> Admit:
     """``policy.admit`` for tier ``tier_name``, checked unless in-tree: one ``True`` or
-    ``False`` per id asked about (a list or tuple), returned as a list of bools."""
+    ``False`` per id asked about (a list or tuple), returned as a list of bools. The policy
+    is asked with a tuple of the ids."""
     if in_tree(policy):
         return policy.admit
 
     def admit(ids: Sequence[int]) -> list[bool]:
-        answer = policy.admit(ids)
+        answer = policy.admit(tuple(ids))
         problem = _admit_problem(answer, ids)
         if problem:
             _refuse("admission", policy, f"admit({_plural(len(ids), 'id')}) of tier {tier_name}", problem)
@@ -77,11 +124,13 @@ def admit_asker(policy: AdmissionPolicy, tier_name: str) -> Admit:
 def plan_asker(policy: PrefetchPolicy) -> Plan:
     """``policy.plan`` checked unless in-tree: a list or tuple of distinct ids, each named by
     the view (``reads``, ``candidates`` or ``ahead``), none already in the top tier, at most
-    ``policy.limit`` of them; returned as a list."""
+    ``policy.limit`` of them; returned as a list. The policy sees the view's sequences as
+    tuples (the caller's lists stay as they were)."""
     if in_tree(policy):
         return policy.plan
 
     def plan(view: PrefetchView) -> list[int]:
+        view = replace(view, reads=tuple(view.reads), candidates=tuple(view.candidates), ahead=tuple(view.ahead))
         answer = policy.plan(view)
         problem = _plan_problem(answer, view, getattr(policy, "limit", None))
         if problem:
@@ -128,8 +177,7 @@ def _not_a_list(answer, wanted: str) -> str | None:
 
 
 def _not_ids(answer: Sequence) -> str | None:
-    return next((f"answered {v!r} as an id, not an int" for v in answer
-                 if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer))), None)
+    return next((f"answered {v!r} as an id, not an int" for v in answer if not is_int(v)), None)
 
 
 def _count_problem(answer: Sequence, n: int, what: str) -> str | None:
@@ -143,6 +191,12 @@ def _repeat_problem(answer: Sequence) -> str | None:
             return f"answered id {block_id!r} twice"
         seen.add(block_id)
     return None
+
+
+def is_int(value) -> bool:
+    """True for an int (numpy's too) that is not a bool: what an id or a tier index must be
+    (``True == 1`` and ``1.0 == 1``, so a membership test alone lets both through)."""
+    return isinstance(value, (int, np.integer)) and not _is_bool(value)
 
 
 def _is_bool(value) -> bool:

@@ -7,11 +7,12 @@ applies results on its own thread; engines never touch metadata.
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
 from typing import Protocol, Sequence
 
 from .plans import JobResult, TransferPlan
 
-__all__ = ["TransferEngine", "ImmediateEngine"]
+__all__ = ["TransferEngine", "ImmediateEngine", "coalesced"]
 
 
 class TransferEngine(Protocol):
@@ -35,6 +36,17 @@ class TransferEngine(Protocol):
 
     def discard(self, tier: int, ids: Sequence[int], slots: Sequence[int]) -> None:
         """Forgets the stored bytes of ``ids`` (left ``tier``); a durable tier deletes them."""
+
+    # Optional: ``coalesce()``, a context manager within which an engine that models costs
+    # charges the transfers and fills it is given as one per link (``coalesced``).
+
+
+def coalesced(engine: TransferEngine) -> AbstractContextManager:
+    """``engine.coalesce()``: the transfers and fills made within are charged as one per link
+    (``SimEngine.coalesce``), as one placement of the same blocks would be. An engine without
+    it (one that moves bytes: it costs what it costs) is left as it is."""
+    coalesce = getattr(engine, "coalesce", None)
+    return nullcontext() if coalesce is None else coalesce()
 
 
 class ImmediateEngine:

@@ -16,6 +16,8 @@ Scope (the invariants callers rely on):
   each); nested sections cost a counter update.
 * Interrupts raised by other signal handlers (SIGALRM, SIGTERM handlers that raise) are not
   deferred.
+* Real Ctrl-Cs are counted where a caller asks (``counting_sigints``): a ``KeyboardInterrupt``
+  that code raised itself (a policy's, say) is then told apart from one a SIGINT raised.
 * Waits stay interruptible: inside ``interruptible_wait`` (the manager's wait for a move in
   flight, a point every caller already survives), a SIGINT that arrives while the thread is
   blocked in ``threading.Condition.wait`` is raised there, as without deferral, so a hung
@@ -27,7 +29,8 @@ from __future__ import annotations
 import signal
 import threading
 
-__all__ = ["deferred_interrupts", "enter_deferred", "exit_deferred", "interruptible_wait", "uninterruptible"]
+__all__ = ["deferred_interrupts", "enter_deferred", "exit_deferred", "interruptible_wait", "uninterruptible",
+           "counting_sigints"]
 
 _MAIN = threading.main_thread().ident
 _depth = 0  # outermost active section = 1; touched only by the main thread
@@ -36,12 +39,21 @@ _saved = None  # the handler the outermost section replaced
 _waiting = 0  # main thread: nesting of ``interruptible_wait`` inside a deferred section
 _shielded = 0  # main thread: nesting of ``uninterruptible`` (even waits defer)
 _CONDITION_WAIT = threading.Condition.wait.__code__
+_sigints = 0  # SIGINTs this module's handlers received (``counting_sigints``)
+
+
+def _count(signum, frame) -> None:
+    """Python's default SIGINT handler (raises ``KeyboardInterrupt``), counting each SIGINT."""
+    global _sigints
+    _sigints += 1
+    signal.default_int_handler(signum, frame)
 
 
 def _record(signum, frame) -> None:
     """The SIGINT handler while deferred: remembers the interrupt for the section's end, or
     raises it at once when the thread is blocked in an interruptible wait."""
-    global _pending
+    global _pending, _sigints
+    _sigints += 1
     if _waiting and not _shielded and frame is not None and frame.f_code is _CONDITION_WAIT:
         raise KeyboardInterrupt
     _pending = True
@@ -62,7 +74,7 @@ def enter_deferred() -> None:
     current = signal.getsignal(signal.SIGINT)
     if current is _record:  # left installed by a section cut short: adopt it
         _saved = signal.default_int_handler
-    elif current is signal.default_int_handler:
+    elif current is signal.default_int_handler or current is _count:
         _saved = signal.signal(signal.SIGINT, _record)  # from here a SIGINT is only recorded
     else:
         return  # someone else's handler: left alone (and _depth stays 0, so exit does nothing)
@@ -124,3 +136,33 @@ class uninterruptible(_Counted):  # noqa: N801
 
     __slots__ = ()
     _name = "_shielded"
+
+
+class counting_sigints:  # noqa: N801 - used like a function: ``with counting_sigints() as ctrl_c:``
+    """Counts the SIGINTs that arrive while it runs, each still raising ``KeyboardInterrupt``
+    as Python's default handler does; ``ctrl_c.pressed()`` then tells a real Ctrl-C from a
+    ``KeyboardInterrupt`` that code raised itself.
+
+    Counts only in the main thread under Python's default handler (or inside another
+    ``counting_sigints`` or a deferred section, which count too); elsewhere it installs
+    nothing and ``pressed()`` is always True: any ``KeyboardInterrupt`` may be a Ctrl-C.
+    """
+
+    __slots__ = ("_counting", "_installed", "_start")
+
+    def __enter__(self) -> "counting_sigints":
+        current = signal.getsignal(signal.SIGINT) if threading.get_ident() == _MAIN else None
+        self._counting = current in (signal.default_int_handler, _count, _record)
+        self._installed = current is signal.default_int_handler
+        self._start = _sigints
+        if self._installed:
+            signal.signal(signal.SIGINT, _count)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._installed and signal.getsignal(signal.SIGINT) is _count:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def pressed(self) -> bool:
+        """Whether a SIGINT arrived since ``__enter__`` (True when it cannot be told)."""
+        return not self._counting or _sigints != self._start

@@ -44,17 +44,17 @@ victims as an eviction would: a remote failure never blocks a local placement.
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Sequence
 
 from tiercache.policies.base import AdmissionPolicy, EvictionPolicy, Hints, PlacementPolicy
 
-from .answers import askers
+from .answers import askers, hooks
 from .counts import CountError, decrement, increment
 from .directory import TierDirectory
 from .engine import ImmediateEngine, TransferEngine
 from .guards import distinct_prefix, pick_hints, slice_hints
 from .holds import HoldMixin, orphans_first
+from .inserting import InsertMixin
 from .placing import check_placement, insert_tier, promotes
 from .plans import Ev, EventLog, Room, TransferPlan
 from .room import _MADE, RoomMixin
@@ -63,14 +63,16 @@ from .transfers import TransferMixin
 __all__ = ["TierManager", "CountError", "Room"]
 
 
-class TierManager(RoomMixin, TransferMixin, HoldMixin):
-    """Blocks, tiers, policies, the demotion cascade (``RoomMixin``), two-phase transfers
-    (``TransferMixin``) and live sequences' holds (``HoldMixin``).
+class TierManager(InsertMixin, RoomMixin, TransferMixin, HoldMixin):
+    """Blocks, tiers, policies, new blocks stored (``InsertMixin``), the demotion cascade
+    (``RoomMixin``), two-phase transfers (``TransferMixin``) and live sequences' holds
+    (``HoldMixin``).
 
     Invariants (``check_invariants``): each tier's directory is consistent and holds exactly
     the ids its eviction policy tracks; in exclusive mode no id is in two tiers; reference
     counts are positive and only on resident ids; holds as ``HoldMixin`` states; every
-    in-flight plan's sources are pinned.
+    in-flight plan's sources are pinned. A policy is never handed a sequence the manager
+    uses after the call unless it is tiercache's own (``tiercache.core.answers.hooks``).
     """
 
     def __init__(
@@ -90,6 +92,7 @@ class TierManager(RoomMixin, TransferMixin, HoldMixin):
         self.dirs = [TierDirectory(name, cap) for name, cap in tiers]
         self.policies, self.admissions = list(evictions), list(admissions)
         self._victims, self._admit = askers(self.policies, self.admissions, self.dirs)  # out-of-tree: checked
+        self._hooks = [hooks(p) for p in self.policies]  # out-of-tree: handed copies of what the manager reuses
         self.engine = engine if engine is not None else ImmediateEngine()
         self.events = events if events is not None else EventLog()
         self.write_through = write_through
@@ -251,11 +254,11 @@ class TierManager(RoomMixin, TransferMixin, HoldMixin):
             self.dirs[tier].insert(ids)
         else:
             self.dirs[tier].claim(ids, slots)
-        self.policies[tier].on_insert(list(ids), self._future_hints(ids))
+        self._hooks[tier].on_insert(list(ids), self._future_hints(ids))
         self.events.emit(Ev.INSERT, tier, len(ids))
 
     def _touch_top(self, run: Sequence[int], hints: Hints | None, count_hits: bool) -> None:
-        self.policies[0].on_access(run, hints)
+        self._hooks[0].on_access(run, hints)
         self._count_found(0, len(run), count_hits)
 
     def _count_found(self, tier: int, count: int, count_hits: bool) -> None:
@@ -302,11 +305,11 @@ class TierManager(RoomMixin, TransferMixin, HoldMixin):
             self._recompute_below(ids, tier, hints, store_misses)
             return
         if not (promote and promotes(self.placement, ids, tier, hints)):
-            self.policies[tier].on_access(ids, hints)
+            self._hooks[tier].on_access(ids, hints)
             self.events.emit(Ev.READ_IN_PLACE, tier, len(ids))
             self._count_found(tier, len(ids), count_hits)
             return
-        self.policies[tier].on_access(ids, hints)
+        self._hooks[tier].on_access(ids, hints)
         guard_ids = frozenset(ids)  # the whole segment, through every piece
         start = 0
         while start < len(ids):
@@ -340,80 +343,14 @@ class TierManager(RoomMixin, TransferMixin, HoldMixin):
         pins, guard = self.dirs[tier].pins, frozenset(ids)
         stays = not store_misses or insert_tier(self.placement, ids, hints, len(self.dirs)) != 0 or any(b in pins for b in ids)
         if stays or not (self._make_room(0, len(ids), guard) is _MADE or self._retry_room(0, len(ids), guard)):
-            self.policies[tier].on_access(ids, hints)
+            self._hooks[tier].on_access(ids, hints)
             return
         self._fill_and_publish(ids, hints, 0, counted=False)
         if not self.write_through:  # an inclusive hierarchy keeps its lower copies
-            self.policies[tier].on_remove(ids)
+            self._hooks[tier].on_remove(ids)
             self.engine.discard(tier, ids, self.dirs[tier].remove(ids))
 
-    # -- placement -----------------------------------------------------------------------
-    def _insert_new(self, ids: Sequence[int], hints: Hints | None, hold: bool = False) -> None:
-        """Places new blocks in the top tier (or the placement's), admission permitting, making room
-        first, in chunks (``_insert_chunks``), cut smaller where fewer slots can be freed
-        (``_place_in_pieces``); only blocks no room can be made for are refused, counted."""
-        tier = insert_tier(self.placement, ids, hints, len(self.dirs))
-        admitted = self._admit[tier](ids)
-        if not all(admitted):
-            self.events.emit(Ev.REFUSED, tier, admitted.count(False))
-            keep = [p for p, ok in enumerate(admitted) if ok]
-            ids = [ids[p] for p in keep]
-            hints = None if hints is None else pick_hints(hints, keep)
-        place = partial(self._place_new, ids, hints, tier, hold)
-        fit = partial(self._room_possible, tier, self._no_extra)  # what room can be made for: the unpinned slots
-        for a, b in self._place_in_pieces(self._insert_chunks(tier, len(ids)), place, fit):
-            self.events.emit(Ev.REFUSED, tier, b - a)  # no room: every slot pinned, referenced or held, or a write-back failed
-
-    def _place_new(self, ids: Sequence[int], hints: Hints | None, tier: int, hold: bool, a: int, b: int) -> bool:
-        """Makes room for new blocks ``ids[a:b]`` in ``tier`` and stores them there (held, with
-        ``hold``; copied down in write-through); False, nothing stored, when no room was made."""
-        chunk, chunk_hints = ids[a:b], slice_hints(hints, a, b)
-        if self._make_room(tier, b - a, self._no_extra) is not _MADE and not self._retry_room(tier, b - a, self._no_extra):
-            return False
-        self._fill_and_publish(chunk, chunk_hints, tier)
-        if hold:
-            increment(self.held, chunk)
-        if self.write_through:
-            self._copy_down(chunk, chunk_hints)
-        return True
-
-    def _fill_and_publish(self, ids: Sequence[int], hints: Hints | None, tier: int = 0, counted: bool = True) -> None:
-        """Writes new blocks into reserved slots of ``tier`` (the top by default), then publishes
-        them (an ``INSERT``, unless not ``counted``: a recomputed block moving up).
-
-        Publish only what has landed: the slots stay reserved (invisible) while the engine
-        writes the bytes, and any exception from the engine (KeyboardInterrupt included)
-        returns them to the free stack and propagates, leaving no trace of the blocks.
-        """
-        directory = self.dirs[tier]
-        slots = directory.reserve(len(ids))
-        try:
-            self.engine.fill(tier, ids, slots)
-        except BaseException:
-            directory.release(slots)
-            raise
-        directory.publish(ids, slots)
-        self.policies[tier].on_insert(ids, hints)
-        if counted:
-            self.events.emit(Ev.INSERT, tier, len(ids))
-
-    def _insert_chunks(self, tier: int, n: int) -> list[tuple[int, int]]:
-        """Splits n inserts so that batching them equals inserting one at a time.
-
-        Batch-safe policies take chunks up to the capacity of the smallest tier from ``tier``
-        down (so a chunk's victims never outnumber the slots of a tier on their way down,
-        which would push them all out: ``tiercache.core.room``); others take what fits in
-        free slots, then one id at a time (one eviction per insert, as sequential code does).
-        """
-        if n == 0:
-            return []
-        directory = self.dirs[tier]
-        step = self._chunk_caps[tier] if self.policies[tier].batch_insert_safe else 1
-        first = max(min(n, directory.n_free), min(n, step))
-        bounds = [(0, first)]
-        bounds.extend((a, min(a + step, n)) for a in range(first, n, step))
-        return bounds
-
+    # -- promotion -----------------------------------------------------------------------
     def _promote(self, ids: Sequence[int], start: int, tier: int, hints: Hints | None, guard_ids: frozenset,
                  started: list | None) -> tuple[int, list[int]]:
         """Brings hits ``ids[start:]`` of ``tier`` up to the top tier in one move, or only the
@@ -438,17 +375,6 @@ class TierManager(RoomMixin, TransferMixin, HoldMixin):
             return end, []
         self.events.emit(Ev.PROMOTE_SKIPPED, tier, n)
         return end, [block_id for block_id in piece if self.locate(block_id) is None]
-
-    def _copy_down(self, ids: Sequence[int], hints: Hints | None) -> None:
-        """Write-through: copies new top-tier blocks into every lower tier that admits them."""
-        for tier in range(1, len(self.dirs)):
-            if tier == self.shared:  # publishing to a shared tier is its owner's decision
-                continue
-            admitted = self._admit[tier](ids)
-            wanted = [b for b, ok in zip(ids, admitted) if ok and b not in self.dirs[tier].slot_of]
-            self.events.emit(Ev.REFUSED, tier, admitted.count(False))
-            if wanted and self._make_room(tier, len(wanted), frozenset(wanted)) is _MADE:
-                self._transfer(wanted, 0, tier, keep_source=True, hints=hints if len(wanted) == len(ids) else None)
 
     # -- explicit removal ----------------------------------------------------------------
     def evict(self, ids: Sequence[int]) -> None:
@@ -486,3 +412,4 @@ class TierManager(RoomMixin, TransferMixin, HoldMixin):
         for plan in self.inflight.values():
             assert all(b in self.dirs[plan.src_tier].pins for b in plan.ids), "in-flight source not pinned"
         assert self._running <= set(self.inflight), "a running job is not in flight"
+

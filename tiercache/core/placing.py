@@ -8,6 +8,8 @@ from typing import Sequence
 
 from tiercache.policies.base import Hints, PlacementPolicy, in_tree
 
+from .answers import handed, is_int
+
 __all__ = ["check_placement", "insert_tier", "promotes"]
 
 
@@ -26,7 +28,7 @@ def insert_tier(placement: PlacementPolicy | None, ids: Sequence[int], hints: Hi
     """
     if placement is None or not ids:
         return 0
-    return _checked(placement, placement.insert_tier(ids, hints), range(n_tiers), "insert_tier")
+    return _checked(placement, placement.insert_tier(*_handed(placement, ids, hints)), range(n_tiers), "insert_tier")
 
 
 def promotes(placement: PlacementPolicy | None, ids: Sequence[int], tier: int, hints: Hints | None) -> bool:
@@ -38,12 +40,32 @@ def promotes(placement: PlacementPolicy | None, ids: Sequence[int], tier: int, h
     """
     if placement is None:
         return True
-    return _checked(placement, placement.promote_tier(ids, tier, hints), (0, tier), "promote_tier") == 0
+    asked, asked_hints = _handed(placement, ids, hints)
+    return _checked(placement, placement.promote_tier(asked, tier, asked_hints), (0, tier), "promote_tier") == 0
+
+
+def _handed(placement: PlacementPolicy, ids: Sequence[int], hints: Hints | None) -> tuple[Sequence[int], Hints | None]:
+    """What ``placement`` is asked about: the manager's ids and hints for tiercache's own
+    policies, copies for any other (``handed``: the manager goes on using its own)."""
+    return (ids, hints) if in_tree(placement) else handed(ids, hints)
 
 
 def _checked(placement: PlacementPolicy, answer: int, allowed, call: str) -> int:
+    """``answer`` as a plain int when it is one of ``allowed``: an int (numpy's too), never a
+    bool or a float equal to one (``True in range(3)`` and ``1.0 in range(3)`` both hold).
+
+    Raises:
+        ValueError: any other answer, naming the policy, the call and what it answered.
+    """
+    if not is_int(answer):
+        _refuse(placement, call, f"{answer!r} ({type(answer).__name__})", allowed)
     if answer not in allowed:
-        cls = type(placement)
-        who = placement.name if in_tree(placement) else f"{cls.__module__}:{cls.__qualname__}"
-        raise ValueError(f"placement {who}: {call} answered {answer!r}, not one of {list(allowed)}")
-    return answer
+        _refuse(placement, call, repr(answer), allowed)
+    return int(answer)
+
+
+def _refuse(placement: PlacementPolicy, call: str, answered: str, allowed) -> None:
+    """Raises the one-line ``ValueError`` for an answer that names no tier ``allowed``."""
+    cls = type(placement)
+    who = placement.name if in_tree(placement) else f"{cls.__module__}:{cls.__qualname__}"
+    raise ValueError(f"placement {who}: {call} answered {answered}, not one of {list(allowed)}")

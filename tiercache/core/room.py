@@ -60,8 +60,9 @@ _MADE, _NO_VICTIMS, _WRITE_FAILED = Room.MADE, Room.NO_VICTIMS, Room.WRITE_FAILE
 class RoomMixin:
     """``make_room`` and the demotion cascade of ``TierManager`` (see the module docstring).
 
-    Relies on the manager's ``dirs``, ``policies``, ``_victims`` and ``_admit`` (each tier's
-    ``victims`` and ``admit``, checked for an out-of-tree policy: ``tiercache.core.answers``),
+    Relies on the manager's ``dirs``, ``policies``, ``_victims``, ``_admit`` and ``_hooks`` (each
+    tier's ``victims``, ``admit`` and eviction hooks, checked or handed copies for an
+    out-of-tree policy: ``tiercache.core.answers``),
     ``engine``, ``events``, ``refs``, ``held``, ``write_through``, ``shared``, ``inflight``,
     ``_running``, ``_may_block``, ``_kept``, ``_future`` and ``_departed``, and on ``_transfer``, ``wait``,
     ``_leave_for_shared`` and ``_report_departed`` (``TransferMixin``).
@@ -206,7 +207,7 @@ class RoomMixin:
         return self._free_slots() > 0
 
     def _drop(self, tier: int, ids: Sequence[int]) -> None:
-        self.policies[tier].on_remove(ids)
+        self._hooks[tier].on_remove(ids)
         self.engine.discard(tier, ids, self.dirs[tier].remove(ids))
         self.events.emit(Ev.EVICT, tier, len(ids))
         if self.events.records_departures:

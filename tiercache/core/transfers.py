@@ -33,7 +33,8 @@ __all__ = ["TransferMixin"]
 class TransferMixin:
     """Two-phase moves of ``TierManager`` (split out to keep modules small).
 
-    Relies on the manager's ``dirs``, ``policies``, ``engine``, ``events``, ``refs``,
+    Relies on the manager's ``dirs``, ``policies``, ``_hooks`` (each tier's eviction hooks:
+    ``tiercache.core.answers.hooks``), ``engine``, ``events``, ``refs``,
     ``orphan_refs``, ``write_through``, ``shared``, ``inflight``, ``_running``, ``_may_block``,
     ``_plan_hints``, ``_next_job``, ``_future`` and ``_chunk_caps``, on ``_make_room``,
     ``_room_possible`` and ``_place_in_pieces`` (``RoomMixin``) and on ``_orphan_holds``
@@ -204,9 +205,9 @@ class TransferMixin:
         shared = self.dirs[self.shared].slot_of
         held = [v for v in victims if v in shared]
         if held:
-            self.policies[tier].on_remove(held)
+            self._hooks[tier].on_remove(held)
             self.engine.discard(tier, held, self.dirs[tier].remove(held))
-            self.policies[self.shared].on_access(held, None)
+            self._hooks[self.shared].on_access(held, None)
             self.events.emit(Ev.DEMOTE, tier, len(held), self.shared)
             link = (tier, self.shared)
             self.left_for_shared[link] = self.left_for_shared.get(link, 0) + len(held)
@@ -266,10 +267,10 @@ class TransferMixin:
             self._drop_lost(plan.src_tier, [b for b in result.lost if b in src_dir.slot_of and b not in src_dir.pins])
             return plan, result
         if not plan.keep_source:
-            self.policies[plan.src_tier].on_remove(plan.ids)
+            self._hooks[plan.src_tier].on_remove(plan.ids)
             freed = src_dir.remove(plan.ids)
         dst_dir.publish(plan.ids, plan.dst_slots)
-        self.policies[plan.dst_tier].on_insert(plan.ids, hints)
+        self._hooks[plan.dst_tier].on_insert(plan.ids, hints)
         if not plan.keep_source:  # after publishing: the engine may ask where blocks now live
             self.engine.discard(plan.src_tier, plan.ids, freed)
         self.events.emit(_move_kind(plan), plan.src_tier, plan.n_blocks, plan.dst_tier)
@@ -322,7 +323,7 @@ class TransferMixin:
         the block stored anew (``HoldMixin``). A block with a copy left keeps both."""
         if not ids:
             return
-        self.policies[tier].on_remove(ids)
+        self._hooks[tier].on_remove(ids)
         self.engine.discard(tier, ids, self.dirs[tier].remove(ids))
         for block_id in ids:
             if self.locate(block_id) is not None:

@@ -17,7 +17,8 @@ from .lru_curve import LRUCurve, dense_lru_curve
 from ..results import Mode, Semantics, TraceKind
 from .model import ReportData, Run
 from .summary import (BASELINE, BELADY, CapacityBest, Payoff, belady_caveat, belady_is_bound, best_per_capacity, by_group,
-                      hierarchy_payoffs, layouts_need_naming, policy_labels, request_path_seconds, unreferenced_prefetch)
+                      hierarchy_payoffs, is_belady, is_offline, layouts_need_naming, policy_labels, request_path_seconds,
+                      unreferenced_prefetch)
 from .tables import best_table, codec_sentences, runs_table, tier_table, tiers_text, trace_table
 
 __all__ = ["build_document"]
@@ -90,13 +91,8 @@ def _summary(data: ReportData) -> Section:
         "of a run of prompt tokens; a hit means that block need not be recomputed (prefill) or fetched from a slower "
         "tier. Lower miss ratios are better."
     )
-    bound = (
-        f"The policy {BELADY} (Belady's MIN) evicts the block needed furthest in the future. It must know the "
-        f"future, so no serving system can run it{_belady_claim(data.runs)} The policy "
-        f"{BASELINE} (least recently used) is the usual baseline. "
-        f"'Gap closed' is (miss {BASELINE} − miss policy) / (miss {BASELINE} − miss {BELADY}): 0% is no better "
-        f"than {BASELINE}, 100% is as good as {BELADY}."
-    ) + ("" if steps else " The compulsory-miss floor counts first accesses, which miss at any capacity.")
+    floor = "" if steps else " The compulsory-miss floor counts first accesses, which miss at any capacity."
+    bound = _bound(data.runs) + floor
     semantics = sorted({r.semantics for r in data.runs}, key=lambda s: s.value)
     blocks: list = [Paragraph(intro), Paragraph(bound)]
     blocks.append(Bullets(tuple(f"{_SEMANTICS[s]}." for s in semantics)))
@@ -111,6 +107,44 @@ def _summary(data: ReportData) -> Section:
         caveat = unreferenced_prefetch(best)
         blocks += [Paragraph(caveat[0].upper() + caveat[1:] + ".")] if caveat else []
     return Section("Summary", tuple(blocks))
+
+
+def _bound(runs: tuple[Run, ...]) -> str:
+    """What the summary says of the bound: Belady's MIN and the gap closed where a belady run
+    is in the results (``is_belady``), else that none is; any other policy that reads the
+    future is named as a reference (``_references``); then the baseline."""
+    if any(is_belady(r) for r in runs):
+        head = (f"The policy {BELADY} (Belady's MIN) evicts the block needed furthest in the future. It must know the "
+                f"future, so no serving system can run it{_belady_claim(runs)}")
+        gap = (f" 'Gap closed' is (miss {BASELINE} − miss policy) / (miss {BASELINE} − miss {BELADY}): 0% is no better "
+               f"than {BASELINE}, 100% is as good as {BELADY}.")
+    else:
+        head = (f"No run of {BELADY} (Belady's MIN) is in these results, so no bound is drawn and no gap closed is "
+                f"measured (add {BELADY} to --policy for them).")
+        gap = ""
+    return f"{head}{_references(runs)} The policy {BASELINE} (least recently used) is the usual baseline.{gap}"
+
+
+def _references(runs) -> str:
+    """`` X reads the future, so no serving system can run it: an offline reference, not a
+    bound.`` for the offline runs of ``runs`` that are not Belady's; empty if none."""
+    others = _other_offline(runs)
+    if not others:
+        return ""
+    one = len(others) == 1
+    return (f" {_listed(others)} read{'s' if one else ''} the future, so no serving system can run "
+            f"{'it: an offline reference, not a bound' if one else 'them: offline references, not bounds'}.")
+
+
+def _other_offline(runs) -> list[str]:
+    """Labels of the runs that read the future but are not Belady's (``is_belady``), in legend order."""
+    others = {r.label for r in runs if is_offline(r) and not is_belady(r)}
+    return [label for label in policy_labels(list(runs)) if label in others]
+
+
+def _listed(names: list[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
 
 
 def _belady_claim(runs: tuple[Run, ...]) -> str:
@@ -202,12 +236,10 @@ def _curves(data: ReportData, colors: dict[str, str], trace_path: str | None) ->
     curves = [r for r in data.runs if not r.is_hierarchy]
     blocks: list = [Paragraph(
         f"Miss ratio against cache capacity, one line per policy; capacity on a log scale{top_axis}. Lower is "
-        "better." + (f" The dashed black line ({BELADY}) {_belady_line(curves)}." if curves else "")
+        "better." + _offline_lines(curves)
         + (" The dotted grey line, in object semantics, is the compulsory-miss floor." if data.trace.kind is TraceKind.REQUESTS
            else "")
-        + (" A hierarchy of tiers is one configuration, not a capacity range: its runs are bars, one per policy "
-           f"and hierarchy; there {BELADY}'s hatched bar is Belady's replay (MIN in each tier), a reference a policy "
-           "can beat, not a bound." if any(r.is_hierarchy for r in data.runs) else "")
+        + _hierarchy_note([r for r in data.runs if r.is_hierarchy])
     )]
     for (semantics, mode), runs in by_group(data.runs).items():
         dense = _dense_for(data, runs, semantics, mode, trace_path)
@@ -223,9 +255,37 @@ def _curves(data: ReportData, colors: dict[str, str], trace_path: str | None) ->
     return Section("Miss-ratio curves", tuple(blocks))
 
 
+def _offline_lines(runs: list[Run]) -> str:
+    """What the dashed lines of the curves (single-tier runs) are: Belady's black one where a
+    belady run is drawn (``_belady_line``), and those of other policies that read the future."""
+    belady = [r for r in runs if is_belady(r)]
+    text = f" The dashed black line ({BELADY}) {_belady_line(belady)}." if belady else ""
+    others = _other_offline(runs)
+    if others:
+        one = len(others) == 1
+        text += (f" The dashed line{'' if one else 's'} of {_listed(others)} read{'s' if one else ''} the future: "
+                 f"{'a reference, not a bound' if one else 'references, not bounds'}.")
+    return text
+
+
+def _hierarchy_note(runs: list[Run]) -> str:
+    """What the bars of hierarchy runs are, and their hatched (offline) ones; empty without any."""
+    if not runs:
+        return ""
+    text = " A hierarchy of tiers is one configuration, not a capacity range: its runs are bars, one per policy and hierarchy"
+    if any(is_belady(r) for r in runs):
+        text += f"; there {BELADY}'s hatched bar is Belady's replay (MIN in each tier), a reference a policy can beat, not a bound"
+    others = _other_offline(runs)
+    if others:
+        one = len(others) == 1
+        text += (f"; the hatched bar{'' if one else 's'} of {_listed(others)} read{'s' if one else ''} the future: "
+                 f"{'a reference, not a bound' if one else 'references, not bounds'}")
+    return text + "."
+
+
 def _belady_line(runs: list[Run]) -> str:
-    """What the dashed Belady line of the curves (single-tier runs) is: the best any policy
-    could do only where Belady is the bound (``belady_is_bound``)."""
+    """What the dashed Belady line of the curves (``runs``: its single-tier runs) is: the best
+    any policy could do only where Belady is the bound (``belady_is_bound``)."""
     kinds = sorted({r.semantics.value for r in runs if not belady_is_bound(r)})
     if not kinds:
         return "is the best any policy could do"

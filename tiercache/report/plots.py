@@ -18,7 +18,7 @@ from matplotlib.ticker import NullLocator, PercentFormatter
 
 from . import fmt
 from .model import Run
-from .summary import belady_is_bound, is_offline, policy_labels
+from .summary import belady_is_bound, is_belady, is_offline, policy_labels
 
 __all__ = ["Curve", "policy_colors", "miss_ratio_curves", "hierarchy_miss_ratios", "tier_breakdown", "data_movement",
            "prefix_savings"]
@@ -58,12 +58,13 @@ class Curve:
 
 
 def policy_colors(runs: list[Run] | tuple[Run, ...]) -> dict[str, str]:
-    """One color per policy label, the same in every plot; offline policies are black."""
+    """One color per policy label, the same in every plot; Belady is black (``is_belady``),
+    other offline policies take the palette after the online ones."""
     palette = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2", "#bcbd22"]
-    offline = {r.label for r in runs if is_offline(r)}
-    online = [label for label in policy_labels(runs) if label not in offline]
-    colors = {label: palette[i % len(palette)] for i, label in enumerate(online)}
-    return colors | {label: _OFFLINE_COLOR for label in offline}
+    belady = {r.label for r in runs if is_belady(r)}
+    others = [label for label in policy_labels(runs) if label not in belady]
+    colors = {label: palette[i % len(palette)] for i, label in enumerate(others)}
+    return colors | {label: _OFFLINE_COLOR for label in belady}
 
 
 def _png(fig: Figure) -> bytes:
@@ -87,7 +88,7 @@ def miss_ratio_curves(
     dense: Curve | None,
     block_bytes: int | None,
 ) -> bytes:
-    """Miss ratio against capacity (log x): one line per policy, Belady dashed (``_offline_label``).
+    """Miss ratio against capacity (log x): one line per policy, offline ones dashed (``_offline_label``).
 
     Args:
         runs: runs of one (semantics, mode) group.
@@ -115,8 +116,11 @@ def miss_ratio_curves(
 
 
 def _offline_label(run: Run) -> str:
-    """The legend entry of an offline policy's run: the bound only where Belady's MIN is the
-    offline optimum (``belady_is_bound``), else Belady's replay, which a policy can beat."""
+    """The legend entry of an offline policy's run: the bound only for Belady's MIN where it
+    is the offline optimum (``belady_is_bound``), else Belady's replay, which a policy can beat;
+    another policy that reads the future is a reference (``is_belady``)."""
+    if not is_belady(run):
+        return f"{run.label} (reads the future: a reference, not a bound)"
     if belady_is_bound(run):
         return f"{run.label} (offline optimum: the bound)"
     return f"{run.label} (Belady's replay: a reference, not a bound)"

@@ -32,7 +32,7 @@ from ..results import Mode, Semantics, TierRecord
 from . import fmt
 from .model import Run, run_label
 
-__all__ = ["BELADY", "BASELINE", "is_offline", "policy_labels", "by_group", "tier_layout", "by_layout", "gap_closed",
+__all__ = ["BELADY", "BASELINE", "is_offline", "is_belady", "policy_labels", "by_group", "tier_layout", "by_layout", "gap_closed",
            "belady_is_bound", "beats_belady", "gap_text", "belady_caveat", "BEYOND_BELADY",
            "CapacityBest", "best_per_capacity", "unreferenced_prefetch", "layouts_need_naming", "is_background",
            "background_seconds", "request_path_seconds", "request_seconds", "Payoff", "hierarchy_payoffs"]
@@ -61,6 +61,13 @@ def is_offline(run: Run | str) -> bool:
         return bool(getattr(get_eviction(policy), "needs_future", False))
     except UserError:
         return policy.strip().lower() in _OFFLINE_NAMES
+
+
+def is_belady(run: Run) -> bool:
+    """Whether ``run`` replayed Belady's MIN (the registry's ``belady``): the only offline
+    policy a report calls the bound (where ``belady_is_bound``); any other that reads the
+    future (a ``module:Class`` with ``needs_future``) is a reference, which a policy can beat."""
+    return run.policy == BELADY
 
 
 def policy_labels(runs: tuple[Run, ...] | list[Run]) -> list[str]:

@@ -86,6 +86,7 @@ class ArrayTierManager:
             self.G[leafprio.ORIG] = np.arange(width)  # ties by id: the dense id unless set_trace_ids
         self.M[:tiers, chain.CAP] = self.capacities
         self.M[tiers, chain.S_CHUNK] = min(self.capacities) if module.BATCH_INSERT_SAFE else 1
+        self.M[tiers, chain.S_GROUP_CAP] = min(self.capacities)
         self.M[tiers, chain.S_NEEDS_FUTURE] = get_eviction(self.policy).needs_future
         self.M[tiers, chain.S_NEEDS_PARENTS] = get_eviction(self.policy).needs_parents
         chain.init_all(self.kind, self.P, self.M, self.X)

@@ -4,7 +4,7 @@ Mirrors ``TierManager.access`` (``tiercache.core.manager``) call for call for an
 hierarchy whose tiers admit everything, with every move completing at once (a replay):
 runs of top-tier hits are touched in one ``on_access``; a run of distinct ids absent from
 the top is split into segments by the tier holding them; a missing segment is inserted in
-the chunks ``TierManager._insert_chunks`` uses (room made first, victims demoted down the
+the pieces ``TierManager._place_chunks`` uses (room made first, victims demoted down the
 chain, past a tier that cannot give up victims, victims of the last tier dropped); a segment
 found below is touched there, room is made in the top tier (the segment protected all the
 way down) and it moves up in one transfer (in pieces when the run holds the room its victims
@@ -47,16 +47,24 @@ C_FILLED, C_FILLS = META_SLOTS + 14, META_SLOTS + 15
 LINK_BLOCKS = META_SLOTS + 16
 LINK_TRANSFERS = LINK_BLOCKS + MAX_TIERS
 DST = LINK_TRANSFERS + MAX_TIERS  # where the current cascade sends this tier's victims
-WIDTH = DST + 1
+# The insert chunk (``S_GROUP``) that last counted a transfer on each link from this tier
+# (``MARK + dst``), and one of the top tier's fills (``FILL_MARK``, row 0): ``_count_transfer``.
+MARK = DST + 1
+FILL_MARK = MARK + MAX_TIERS
+WIDTH = FILL_MARK + 1
 # Columns of M's last row (totals and flags; S_PARENTS = 5 and S_REQ = 6 are read by the kernels,
 # and set only when S_NEEDS_PARENTS: the policy's kernel reads parents).
-# S_CHUNK: the largest insert chunk (``TierManager._insert_chunks``): the smallest tier's
-# capacity for a batch-safe policy, else 1.
+# S_CHUNK: the largest piece of new blocks placed at once (``TierManager._place_chunks``): the
+# smallest tier's capacity for a batch-safe policy, else 1.
 S_EPOCH, S_MISSES, S_RECOMPUTED, S_CHUNK, S_NEEDS_FUTURE = 0, 1, 2, 3, 4
 S_NEEDS_PARENTS = 7
 # ids[S_KEEP_A:S_KEEP_B]: the cached prefix being read (``keep_all`` of the manager's access),
 # never victims of the last tier.
 S_KEEP_A, S_KEEP_B = 8, 9
+# S_GROUP: the insert chunk being placed (``_insert_new``; 0 outside one), S_GROUPS: chunks so
+# far, S_GROUP_CAP: the chunk size of ``TierManager._insert_chunks`` for every policy (the
+# smallest tier's capacity; a policy that is not batch-safe places it one id at a time).
+S_GROUP, S_GROUPS, S_GROUP_CAP = 10, 11, 12
 MADE, NO_VICTIMS = 0, 1
 
 
@@ -112,7 +120,27 @@ def _move(kind, P, M, X, G, arr, a, b, src, dst):
     M[dst, USED] += n
     p_insert(kind, P, M, X, G, dst, arr, a, b)
     M[src, LINK_BLOCKS + dst] += n
-    M[src, LINK_TRANSFERS + dst] += 1
+    _count_transfer(M, src, LINK_TRANSFERS + dst, MARK + dst)
+
+
+@njit_inline
+def _count_transfer(M, row, count, mark):
+    """Counts a transfer in ``M[row, count]``, unless the insert chunk being placed
+    (``S_GROUP``) already counted one on that link (``M[row, mark]``): the one-at-a-time
+    inserts of a chunk are charged as one transfer per link, as a batch-safe policy's single
+    placement of the chunk is (``SimEngine.coalesce``)."""
+    group = M[M.shape[0] - 1, S_GROUP]
+    if group == 0 or M[row, mark] != group:
+        M[row, count] += 1
+        M[row, mark] = group
+
+
+@njit_inline
+def _next_group(M):
+    """Starts the next insert chunk (``S_GROUP``)."""
+    T = M.shape[0] - 1
+    M[T, S_GROUPS] += 1
+    M[T, S_GROUP] = M[T, S_GROUPS]
 
 
 @njit_inline
@@ -221,8 +249,10 @@ def _room_single(kind, P, M, X, G, n):
 # -- the access path -------------------------------------------------------------------------
 @njit
 def _insert_new(kind, P, M, X, G, ids, nus, a, b):
-    """``TierManager._insert_new`` with admission always: chunks as ``_insert_chunks`` (no
-    larger than the smallest tier, ``S_CHUNK``)."""
+    """``TierManager._insert_new`` with admission always: the chunks of ``_insert_chunks`` (no
+    larger than the smallest tier, ``S_GROUP_CAP``), placed in pieces of ``S_CHUNK`` (the
+    chunk, or one id for a policy that is not batch-safe); each chunk's transfers and fills
+    are counted as one per link (``_count_transfer``)."""
     n = b - a
     if n == 0:
         return
@@ -230,9 +260,14 @@ def _insert_new(kind, P, M, X, G, ids, nus, a, b):
     free = M[0, CAP] - M[0, USED]
     step = M[T, S_CHUNK]
     first = max(min(n, free), min(n, step))
+    chunk_end = max(min(n, free), min(n, M[T, S_GROUP_CAP]))
+    _next_group(M)
     lo = 0
     hi = first
     while lo < n:
+        if lo >= chunk_end:
+            _next_group(M)
+            chunk_end = min(chunk_end + M[T, S_GROUP_CAP], n)
         room = _room_single(kind, P, M, X, G, hi - lo) if T == 1 else make_room(kind, P, M, X, G, ids, 0, hi - lo, False)
         if room == NO_VICTIMS:
             M[0, C_REFUSED] += hi - lo  # everything protected: not stored
@@ -244,9 +279,10 @@ def _insert_new(kind, P, M, X, G, ids, nus, a, b):
             p_insert(kind, P, M, X, G, 0, ids, a + lo, a + hi)
             M[0, C_INSERTS] += hi - lo
             M[0, C_FILLED] += hi - lo
-            M[0, C_FILLS] += 1
+            _count_transfer(M, 0, C_FILLS, FILL_MARK)
         lo = hi
         hi = min(hi + step, n)
+    M[T, S_GROUP] = 0
 
 
 @njit_inline

@@ -9,7 +9,9 @@ its results exactly as it applies a real engine's.
 from __future__ import annotations
 
 import heapq
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Iterator
 
 from tiercache.core.plans import JobResult, TransferPlan
 from tiercache.sizes import STORAGE_TIERS, hop_block_bytes, move_hops
@@ -89,6 +91,7 @@ class SimEngine:
     tier_block_bytes: tuple[int, ...] | None = None
     tier_quantised: tuple[bool, ...] | None = None
     _paths: dict[tuple[int, int], tuple[str, tuple[tuple[str, int], ...]]] = field(default_factory=dict, repr=False)
+    _charged: set[str] | None = field(default=None, repr=False)  # links charged within ``coalesce``; None outside
 
     @property
     def gpu_is_top(self) -> bool:
@@ -99,6 +102,27 @@ class SimEngine:
         """Queues ``plan`` on its link; returns at once."""
         done = self._occupy(plan.src_tier, plan.dst_tier, plan.n_blocks)
         heapq.heappush(self._pending, (done, plan.job_id))
+
+    @contextmanager
+    def coalesce(self) -> Iterator[None]:
+        """Within it, the transfers submitted and the blocks filled are charged as one transfer
+        per link: the first on a link pays its latency, later ones only their bytes (counted
+        in ``usage`` blocks, bytes and seconds, not in its transfers), so that they cost what
+        one transfer of all their blocks would.
+
+        The manager places each chunk of new blocks this way for a policy that inserts one id
+        at a time (not ``batch_insert_safe``), whose interleaved victims move one by one: a
+        batch-safe policy moves the same blocks in one transfer per link, and the same moves
+        cost the same modeled time (``TierManager._place_chunks``). Nested: one group.
+        """
+        if self._charged is not None:
+            yield
+            return
+        self._charged = set()
+        try:
+            yield
+        finally:
+            self._charged = None
 
     def read_through(self, src_tier: int, n_blocks: int) -> tuple[int, float]:
         """Charges a read of blocks where they lie (a hit not promoted, or any hit of a top
@@ -113,7 +137,8 @@ class SimEngine:
 
     def cost(self, src_tier: int, dst_tier: int, n_blocks: int, n_transfers: int = 1) -> tuple[int, float]:
         """Bytes and modeled seconds of ``n_transfers`` transfers of ``n_blocks`` in all
-        between two tiers or a tier and ``GPU`` (one transfer by default): the seconds of
+        between two tiers or a tier and ``GPU`` (one transfer by default; 0: the time of the
+        bytes alone, no latency): the seconds of
         every hop of the path (``_path``), each at the bytes it carries; the bytes of the
         last hop."""
         path = self._path(src_tier, dst_tier)
@@ -175,15 +200,20 @@ class SimEngine:
         return self._route(src_tier, dst_tier)[0]
 
     def _occupy(self, src_tier: int, dst_tier: int, n_blocks: int) -> float:
-        """Books one transfer on its link (usage and queue); returns when it completes."""
+        """Books one transfer on its link (usage and queue), or only its bytes when one was
+        booked there within ``coalesce``; returns when it completes."""
         link = self._link(src_tier, dst_tier)
-        nbytes, seconds = self.cost(src_tier, dst_tier, n_blocks)
+        transfers = 1
+        if self._charged is not None:
+            transfers = 0 if link in self._charged else 1
+            self._charged.add(link)
+        nbytes, seconds = self.cost(src_tier, dst_tier, n_blocks, transfers)
         done = max(self.clock.now, self._link_free.get(link, 0.0)) + seconds
         self._link_free[link] = done
         usage = self.usage.setdefault(link, LinkUsage())
         usage.blocks += n_blocks
         usage.bytes += nbytes
-        usage.transfers += 1
+        usage.transfers += transfers
         usage.seconds += seconds
         return done
 

@@ -22,6 +22,7 @@ from tqdm import tqdm
 
 import tiercache
 from tiercache.config import CacheConfig, Codec, KVLayout, TierConfig, parse_tiers
+from tiercache.core.interrupts import counting_sigints
 from tiercache.errors import UserError
 from tiercache.policies import (
     ADMISSION, EVICTION, PLACEMENT, PREFETCH, canonical_name, get_admission, get_eviction, get_placement, get_prefetch,
@@ -259,25 +260,27 @@ def _run_name(spec: RunSpec) -> str:
 
 def _replay(spec: RunSpec, data: ReplayData, on_progress: Callable[[int], None] | None = None,
             in_worker: bool = False) -> RunRecord:
-    """``replay``, where what an out-of-tree policy in the run raises is a ``UserError`` naming
-    it and the run (one line, no traceback): an exception, ``SystemExit``, and in a worker
-    process (where Ctrl-C is ignored, so only code can raise it) ``KeyboardInterrupt``. A
-    built-in policy's exception is a bug and propagates as it is, as does Ctrl-C in the parent.
+    """``replay``, where whatever an out-of-tree policy in the run raises is a ``UserError``
+    naming it and the run (one line, no traceback): an exception, ``SystemExit``, a
+    ``BaseException`` of its own, and a ``KeyboardInterrupt`` no Ctrl-C caused (in a worker,
+    where Ctrl-C is ignored, every one; in the parent, one raised while no SIGINT arrived:
+    ``counting_sigints``). A built-in policy's exception is a bug and propagates as it is, as
+    does a real Ctrl-C.
 
     Raises:
         UserError: the run has a ``module:Class`` policy and the replay raised.
     """
-    caught = (Exception, SystemExit, KeyboardInterrupt) if in_worker else (Exception, SystemExit)
-    try:
-        return replay(spec, data, on_progress)
-    except UserError:
-        raise
-    except caught as exc:  # noqa: BLE001 - code outside tiercache failed: say whose, not where
-        outside = _out_of_tree(spec)
-        if not outside:
+    with counting_sigints() as ctrl_c:
+        try:
+            return replay(spec, data, on_progress)
+        except UserError:
             raise
-        what = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-        raise UserError(f"out-of-tree policy {', '.join(outside)} failed in the replay of {_run_name(spec)}: {what}") from None
+        except BaseException as exc:  # noqa: BLE001 - code outside tiercache failed: say whose, not where
+            outside = _out_of_tree(spec)
+            if not outside or (isinstance(exc, KeyboardInterrupt) and not in_worker and ctrl_c.pressed()):
+                raise
+            what = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            raise UserError(f"out-of-tree policy {', '.join(outside)} failed in the replay of {_run_name(spec)}: {what}") from None
 
 
 def _execute(runs: list[RunSpec], data: ReplayData, workers: int, progress: bool) -> list[RunRecord]:

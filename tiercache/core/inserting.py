@@ -1,0 +1,138 @@
+"""Storing new blocks: the insert path of ``TierManager`` (split out to keep modules small).
+
+New blocks go to the top tier, or to the tier a placement policy names, admission
+permitting. Room is made first, chunk by chunk (``_insert_chunks``): a policy whose
+``batch_insert_safe`` is True places each chunk at once, any other one id at a time after
+those the free slots take, one eviction per insert as sequential code does; both leave the
+same state, and the transfers of one chunk are charged as one per link either way
+(``coalesced``). Where room can be made for fewer blocks than a chunk holds (slots pinned,
+referenced or held) it is cut into pieces of what fits (``_place_in_pieces``); only blocks no
+room can be made for are refused, counted. In write-through every new block is then copied to
+each lower tier that admits it (``_copy_down``).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Callable, Sequence
+
+from tiercache.policies.base import Hints
+
+from .counts import increment
+from .engine import coalesced
+from .guards import pick_hints, slice_hints
+from .placing import insert_tier
+from .plans import Ev
+from .room import _MADE
+
+__all__ = ["InsertMixin"]
+
+
+class InsertMixin:
+    """The insert path of ``TierManager`` (see the module docstring).
+
+    Relies on the manager's ``dirs``, ``policies``, ``_hooks``, ``_admit``, ``placement``,
+    ``engine``, ``events``, ``held``, ``write_through``, ``shared``, ``_no_extra`` and
+    ``_chunk_caps``, on ``_make_room``, ``_retry_room``, ``_room_possible`` and
+    ``_place_in_pieces`` (``RoomMixin``) and on ``_transfer`` (``TransferMixin``).
+    """
+
+    def _insert_new(self, ids: Sequence[int], hints: Hints | None, hold: bool = False) -> None:
+        """Places new blocks in the top tier (or the placement's), admission permitting, making room
+        first, in chunks (``_insert_chunks``), cut smaller where fewer slots can be freed
+        (``_place_in_pieces``); only blocks no room can be made for are refused, counted."""
+        tier = insert_tier(self.placement, ids, hints, len(self.dirs))
+        admitted = self._admit[tier](ids)
+        if not all(admitted):
+            self.events.emit(Ev.REFUSED, tier, admitted.count(False))
+            keep = [p for p, ok in enumerate(admitted) if ok]
+            ids = [ids[p] for p in keep]
+            hints = None if hints is None else pick_hints(hints, keep)
+        place = partial(self._place_new, ids, hints, tier, hold)
+        fit = partial(self._room_possible, tier, self._no_extra)  # what room can be made for: the unpinned slots
+        for a, b in self._place_chunks(tier, len(ids), place, fit):
+            self.events.emit(Ev.REFUSED, tier, b - a)  # no room: every slot pinned, referenced or held, or a write-back failed
+
+    def _place_new(self, ids: Sequence[int], hints: Hints | None, tier: int, hold: bool, a: int, b: int) -> bool:
+        """Makes room for new blocks ``ids[a:b]`` in ``tier`` and stores them there (held, with
+        ``hold``; copied down in write-through); False, nothing stored, when no room was made."""
+        chunk, chunk_hints = ids[a:b], slice_hints(hints, a, b)
+        if self._make_room(tier, b - a, self._no_extra) is not _MADE and not self._retry_room(tier, b - a, self._no_extra):
+            return False
+        self._fill_and_publish(chunk, chunk_hints, tier)
+        if hold:
+            increment(self.held, chunk)
+        if self.write_through:
+            self._copy_down(chunk, chunk_hints)
+        return True
+
+    def _fill_and_publish(self, ids: Sequence[int], hints: Hints | None, tier: int = 0, counted: bool = True) -> None:
+        """Writes new blocks into reserved slots of ``tier`` (the top by default), then publishes
+        them (an ``INSERT``, unless not ``counted``: a recomputed block moving up).
+
+        Publish only what has landed: the slots stay reserved (invisible) while the engine
+        writes the bytes, and any exception from the engine (KeyboardInterrupt included)
+        returns them to the free stack and propagates, leaving no trace of the blocks.
+        """
+        directory = self.dirs[tier]
+        slots = directory.reserve(len(ids))
+        try:
+            self.engine.fill(tier, ids, slots)
+        except BaseException:
+            directory.release(slots)
+            raise
+        directory.publish(ids, slots)
+        self._hooks[tier].on_insert(ids, hints)
+        if counted:
+            self.events.emit(Ev.INSERT, tier, len(ids))
+
+    def _place_chunks(self, tier: int, n: int, place: Callable[[int, int], bool],
+                      fit: Callable[[], int]) -> list[tuple[int, int]]:
+        """Places new blocks ``[0, n)`` in ``tier`` chunk by chunk (``_insert_chunks``), each
+        chunk at once for a batch-safe policy, else one id at a time after those the free
+        slots take (``_one_at_a_time``: one eviction per insert, as sequential code does);
+        returns the pieces refused (``_place_in_pieces``).
+
+        The transfers of one chunk's pieces are charged as one per link (``coalesced``), as
+        the batch-safe policy's single placement is: the same moves cost the same modeled
+        time whatever the policy's ``batch_insert_safe``, a permission to batch.
+        """
+        chunks = self._insert_chunks(tier, n)
+        if self.policies[tier].batch_insert_safe:
+            return self._place_in_pieces(chunks, place, fit)
+        free, refused = self.dirs[tier].n_free, []
+        for a, b in chunks:
+            with coalesced(self.engine):
+                refused += self._place_in_pieces(_one_at_a_time(a, b, free if a == 0 else 0), place, fit)
+        return refused
+
+    def _insert_chunks(self, tier: int, n: int) -> list[tuple[int, int]]:
+        """Splits n inserts into the chunks a batch-safe policy places at once, which equals
+        inserting them one at a time: up to the capacity of the smallest tier from ``tier``
+        down (so a chunk's victims never outnumber the slots of a tier on their way down,
+        which would push them all out: ``tiercache.core.room``), the first as large as the
+        free slots when they are more.
+        """
+        if n == 0:
+            return []
+        step = self._chunk_caps[tier]
+        first = max(min(n, self.dirs[tier].n_free), min(n, step))
+        return [(0, first), *((a, min(a + step, n)) for a in range(first, n, step))]
+
+    def _copy_down(self, ids: Sequence[int], hints: Hints | None) -> None:
+        """Write-through: copies new top-tier blocks into every lower tier that admits them."""
+        for tier in range(1, len(self.dirs)):
+            if tier == self.shared:  # publishing to a shared tier is its owner's decision
+                continue
+            admitted = self._admit[tier](ids)
+            wanted = [b for b, ok in zip(ids, admitted) if ok and b not in self.dirs[tier].slot_of]
+            self.events.emit(Ev.REFUSED, tier, admitted.count(False))
+            if wanted and self._make_room(tier, len(wanted), frozenset(wanted)) is _MADE:
+                self._transfer(wanted, 0, tier, keep_source=True, hints=hints if len(wanted) == len(ids) else None)
+
+
+def _one_at_a_time(a: int, b: int, free: int) -> list[tuple[int, int]]:
+    """Chunk ``[a, b)`` in the pieces sequential inserts make: first as many ids as ``free``
+    slots take (at least one), then one id each."""
+    first = a + max(min(b - a, free), 1)
+    return [(a, first), *((x, x + 1) for x in range(first, b))]
