@@ -21,7 +21,7 @@ import torch
 from remote_helpers import master, open_store, remote_config, require_mooncake  # noqa: F401 (master: a fixture)
 from store_helpers import LAYOUT, blocks
 from tiercache.config import KVLayout, RemoteConfig
-from tiercache.data.remote import RemoteStore
+from tiercache.data.remote import NO_ANSWER, RemoteStore
 from tiercache.data.remote_master import free_port, start_master
 from tiercache.keys import prefix_keys
 
@@ -191,7 +191,7 @@ def test_a_lookup_that_times_out_is_a_miss_and_later_calls_are_skipped_at_once()
         start = time.monotonic()
         assert not remote.exists(keys).any()
         payload = np.zeros(LAYOUT.block_bytes, np.uint8)
-        assert remote.submit_get(keys[:1], [payload]).result(timeout=5) == [False]
+        assert remote.submit_get(keys[:1], [payload]).result(timeout=5) == [NO_ANSWER]  # a miss that drops nothing
         assert time.monotonic() - start < 0.5 and client.calls == 1  # the breaker skipped them
         assert remote.stats["errors"] == 1 and remote.stats["skipped"] == 4 and remote.breaker.down
     finally:

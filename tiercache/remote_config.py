@@ -10,7 +10,10 @@ from dataclasses import dataclass
 
 from .errors import ConfigError
 
-__all__ = ["RemoteConfig", "RemoteWrite"]
+__all__ = ["RemoteConfig", "RemoteWrite", "MIN_SEGMENT_BYTES"]
+
+#: The smallest segment Mooncake's setup accepts ("Total size must be at least 16777216").
+MIN_SEGMENT_BYTES = 16 << 20
 
 
 class RemoteWrite(enum.Enum):
@@ -36,8 +39,9 @@ class RemoteConfig:
         master: the master's RPC address, ``host:port`` (``tiercache remote-serve`` prints it).
         metadata: the metadata server URL, ``http://host:port/metadata``.
         local_host: this client's address as the others reach it (its transfer endpoint).
-        segment_bytes: memory this client contributes to the shared pool (0: none; it then
-            only reads and writes what other clients hold).
+        segment_bytes: memory this client contributes to the shared pool: 0 (none; it then
+            only reads and writes what other clients hold) or at least 16 MiB (Mooncake's
+            minimum: its setup refuses anything smaller, so the client would never connect).
         buffer_bytes: the client's local transfer buffer.
         protocol: ``tcp`` (here), ``rdma`` on clusters; ``device``: the RDMA device names.
         write: the write policy (``RemoteWrite``); ``write_hits``: the selective threshold.
@@ -76,3 +80,6 @@ class RemoteConfig:
                 bound = "" if kind == "integer" else " below 1e9"
                 raise ConfigError(f"RemoteConfig.{name} must be a {'non-negative' if may_be_zero else 'positive'} "
                                   f"{kind}{bound}, got {value!r}")
+        if 0 < self.segment_bytes < MIN_SEGMENT_BYTES:
+            raise ConfigError(f"RemoteConfig.segment_bytes must be 0 (no segment) or at least 16 MiB ({MIN_SEGMENT_BYTES}, "
+                              f"Mooncake's minimum: its setup refuses less and the client never connects), got {self.segment_bytes!r}")

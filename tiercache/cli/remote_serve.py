@@ -82,16 +82,23 @@ def _check_free(host: str, port: int, option: str) -> None:
                             "is another server using it?") from None
 
 
+def _exit_on_signal(signum: int, frame) -> None:
+    """SIGTERM and SIGHUP end the command with the shell's status for them (143, 129)."""
+    raise SystemExit(128 + signum)
+
+
 def main(args: argparse.Namespace) -> int:
     """Starts the master, prints its addresses, waits; options are checked before it starts."""
     if args.log is not None:
         check_output_file(args.log, "--log")
     ports = _ports(args)
-    master = start_master(args.host, ports=ports, log=args.log)
-    # SIGTERM and SIGHUP (a closed terminal) end the command as Ctrl-C does, so the master
-    # never outlives it; a SIGKILL cannot be caught: the master then stays (stop it by its pid).
+    # SIGTERM and SIGHUP (a closed terminal) end the command as Ctrl-C does (exit 143, 129;
+    # Ctrl-C 130), from before the master starts: a signal during its startup wait stops it
+    # too (``start_master``), so the master never outlives the command. A SIGKILL cannot be
+    # caught: the master then stays (stop it by its pid).
     for stop in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(stop, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+        signal.signal(stop, _exit_on_signal)
+    master = start_master(args.host, ports=ports, log=args.log)
     try:
         if args.json:
             print(json.dumps({"master": master.master, "metadata": master.metadata, "pid": master.pid}), flush=True)

@@ -24,7 +24,7 @@ from tiercache.core.plans import JobResult, TransferPlan
 from .buffers import torch_dtype
 from .nvme import NVMeStore, PutResult, StoreFullError
 from .pools import BlockPool
-from .remote import ALREADY_THERE, RemoteStore
+from .remote import ALREADY_THERE, NO_ANSWER, RemoteStore
 
 __all__ = ["Job", "CopyContext", "CopyHandler", "HANDLERS", "register_handler", "handler_for"]
 
@@ -209,12 +209,15 @@ def _remote_put_result(plan: TransferPlan, ok: list[bool], lost: tuple[int, ...]
     return JobResult(plan.job_id, f"remote put failed for {ok.count(False)} of {len(ok)} block(s)", lost, present)
 
 
-def _remote_get_result(plan: TransferPlan, ok: list[bool]) -> JobResult:
-    """A remote read's result: blocks missing, corrupt or unreachable are ``lost`` (a miss)."""
-    lost = tuple(b for b, good in zip(plan.ids, ok) if not good)
-    if lost:
-        return JobResult(plan.job_id, f"{len(lost)} remote block(s) missing or unreadable", lost)
-    return JobResult(plan.job_id)
+def _remote_get_result(plan: TransferPlan, ok: list[bool | None]) -> JobResult:
+    """A remote read's result: blocks missing or corrupt are ``lost`` (a miss: they leave the
+    view). Blocks the store did not answer for (``NO_ANSWER``) fail the job too, but are not
+    lost: the store may well hold them, so they stay in the view for a later read."""
+    lost = tuple(b for b, good in zip(plan.ids, ok) if good is not NO_ANSWER and not good)
+    unanswered = sum(1 for good in ok if good is NO_ANSWER)
+    why = ([f"{len(lost)} remote block(s) missing or unreadable"] if lost else []) + \
+        ([f"the remote store did not answer for {unanswered} block(s)"] if unanswered else [])
+    return JobResult(plan.job_id, "; ".join(why), lost) if why else JobResult(plan.job_id)
 
 
 class PoolToRemote:
@@ -307,10 +310,12 @@ def _sub(plan: TransferPlan, a: int, n: int) -> TransferPlan:
                         plan.dst_slots[a : a + n], plan.keep_source)
 
 
-def _remote_get_ok(job: Job) -> list[bool]:
-    """Settles a piece's job now (its finish copies staged blocks in); one bool per block."""
-    result = job.finish(job.future.result())
-    return [b not in result.lost for b in job.plan.ids]
+def _remote_get_ok(job: Job) -> list[bool | None]:
+    """Settles a piece's job now (its finish copies staged blocks in); its answer per block
+    (True, False or ``NO_ANSWER``, as ``RemoteStore.submit_get``)."""
+    ok = job.future.result()
+    job.finish(ok)
+    return list(ok)
 
 
 def _merge(plan: TransferPlan, results: list[JobResult]) -> JobResult:

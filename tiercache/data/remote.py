@@ -20,17 +20,21 @@ third thread with a timeout.
 Failures never raise to the caller: a failed call counts as an error, and for ``retry_s``
 after it, and for as long as a call is still hanging, every remote call is skipped (a miss)
 instead of waiting on a dead master (``remote_guard.Breaker``); then the next call tries
-again (reconnecting if the client had to be rebuilt). A transfer already in flight when the
-master stops answering ends when Mooncake's own RPC timeout fires (about 30 s); lookups,
-and the existence check that starts every put and every read, never wait longer than
-``timeout_s`` (so a read or put started after the master froze waits no longer).
+again (reconnecting if the client had to be rebuilt). A read that got no answer says so
+(``remote_reads.NO_ANSWER``): unlike a value missing or damaged, it drops nothing. A
+transfer already in flight when the master stops answering ends when Mooncake's own RPC
+timeout fires (about 30 s); lookups, and the existence check that starts every put and
+every read, never wait longer than ``timeout_s`` (so a read or put started after the
+master froze waits no longer).
 
 A put writes only the names the store does not hold yet (Mooncake's put of an existing name
 is a no-op that reports success): ``puts`` counts values written, ``already`` the ones found
 there. A second check confirms what a put wrote: Mooncake also reports success for a name whose
 put a killed writer left unfinished (until the master discards it, 15-30 s), and nothing is
-stored; such a put counts in ``put_failed``. A value that fails verification is removed (``removed``), so that the next publisher
-can write a good one. Otherwise leaving this process's view never deletes a value
+stored; such a put counts in ``put_failed``. The keys of puts the store did not answer are
+kept (``unanswered_puts``, bounded) for whoever holds their bytes to put again. A value
+that fails verification is removed (``removed``), so that the next publisher can write a
+good one. Otherwise leaving this process's view never deletes a value
 (``forget`` is a no-op): others may be reading it, and Mooncake's own eviction reclaims the space.
 """
 
@@ -51,17 +55,17 @@ from tiercache.errors import UserError
 
 from .buffers import normal_tensors
 from .pools import HEADER_BYTES  # a pool's header room ends with exactly one header
-from .remote_guard import Breaker, DaemonWorker, abandon_client, close_client
+from .remote_guard import Breaker, DaemonWorker, UnansweredPuts, abandon_client, close_client
 from .remote_master import servers_answer
-from .remote_values import (header_rows, layout_tag, pack_header, pieces, transfer_call, transport_error, value_name,
-                            verdict_of)
+from .remote_reads import HEADER_SLOTS, NO_ANSWER, RemoteReads
+from .remote_values import header_rows, layout_tag, pack_header, pieces, transfer_call, transport_error, value_name
 
-__all__ = ["RemoteStore", "ALREADY_THERE", "HEADER_BYTES", "value_name", "layout_tag", "load_client", "Breaker"]
+__all__ = ["RemoteStore", "ALREADY_THERE", "NO_ANSWER", "HEADER_BYTES", "value_name", "layout_tag", "load_client", "Breaker"]
 
 #: A put's answer for a key the store already held: truthy (the key is there), no write.
 ALREADY_THERE = 2
 
-_HEADER_SLOTS = 256  # headers registered per direction: the keys of one round
+_UNANSWERED_KEPT = 1 << 16  # keys of unanswered puts kept for a retry (16 B each)
 
 
 def load_client():
@@ -78,7 +82,7 @@ def load_client():
     return MooncakeDistributedStore()
 
 
-class RemoteStore:
+class RemoteStore(RemoteReads):
     """The remote tier: Mooncake Store values of 64-byte header + block bytes.
 
     Invariants: ``staging`` and ``headers`` are registered with the client for its whole
@@ -108,6 +112,7 @@ class RemoteStore:
                       "unreadable": 0, "exists_calls": 0, "found": 0, "errors": 0, "skipped": 0, "recovered": 0,
                       "abandoned": 0}
         self._make_client = (lambda: client) if client is not None else load_client
+        self.unanswered_puts = UnansweredPuts(_UNANSWERED_KEPT)  # put again by the live store's link (``RemoteLink``)
         self.client = None
         self._registered: dict[int, tuple] = {}  # pointer -> (bytes, array) registered with the current client
         # Payload rows for transfers that cannot use a pool in place (NVMe, GPU); the last
@@ -115,7 +120,7 @@ class RemoteStore:
         self.staging = np.zeros((config.staging_blocks + 1, self.block_bytes), np.uint8)
         self._free_rows = list(range(config.staging_blocks))
         self._rows_lock = threading.Lock()
-        self.headers = np.zeros((2 * _HEADER_SLOTS, HEADER_BYTES), np.uint8)
+        self.headers = np.zeros((2 * HEADER_SLOTS, HEADER_BYTES), np.uint8)
         # Daemon threads: a call stuck on a dead master never holds up exit. Transfer calls
         # (which release the GIL) run on the wire, so the I/O thread checksums one piece
         # while the next one moves.
@@ -139,6 +144,11 @@ class RemoteStore:
                 self._connecting = self._connector.submit(self._connect)
             return self._connecting
 
+    def usable(self) -> bool:
+        """Whether a remote call would be tried now: the breaker lets calls through and the
+        client is set up (if it is not, a (re)connect is started, ``_ready``)."""
+        return self.breaker.allow() and self._ready()
+
     def _ready(self) -> bool:
         """True when the client is set up; else starts a (re)try when the breaker allows.
         Setting up against a dead master takes Mooncake about 90 s: never waited for."""
@@ -153,8 +163,12 @@ class RemoteStore:
 
         Mooncake's ``setup`` holds the GIL while it retries a master or metadata server
         that does not answer (90 s to 10 min), freezing every thread of the process; so
-        both are first checked to answer within ``timeout_s`` (``servers_answer``).
+        both are first checked to answer within ``timeout_s`` (``servers_answer``). A client
+        whose setup failed is torn down before the breaker opens: its destructor holds the GIL
+        too (about 1 s), and ``retry_s`` then counts from the end of that freeze, so a setup
+        that keeps failing freezes the process at most once per ``retry_s`` of free running.
         """
+        client = None
         try:
             if not servers_answer(self.config):
                 raise ConnectionError("the master or the metadata server does not answer")
@@ -164,6 +178,7 @@ class RemoteStore:
         except Exception:  # noqa: BLE001 - any client failure is a remote failure
             rc = -1
         if rc != 0:
+            client = None  # torn down now (the GIL held ~1 s), before retry_s starts counting
             self.stats["errors"] += 1
             self.breaker.failed()
             return False
@@ -284,15 +299,17 @@ class RemoteStore:
     def submit_get(self, keys: Sequence[bytes], payloads: Sequence[np.ndarray], then: Callable[[], None] | None = None,
                    headers: Sequence[np.ndarray] | None = None) -> Future:
         """Starts reading the blocks of ``keys`` into ``payloads`` (registered uint8 views);
-        the future holds one bool per key, True only for a verified block. ``headers`` as
-        in ``submit_put`` (the value's header lands right before its block)."""
+        the future holds one answer per key: True (a verified block), False (the store does
+        not hold it, or it failed verification) or ``NO_ANSWER`` (the store was not asked or
+        did not answer: skipped, failed or timed out; says nothing about what it holds).
+        ``headers`` as in ``submit_put`` (the value's header lands right before its block)."""
         return self._io.submit(_run_then, lambda: self._get(keys, payloads, headers), then)
 
     def _put(self, keys: Sequence[bytes], payloads: Sequence[np.ndarray], inline: Sequence[np.ndarray] | None) -> list[bool]:
         ok: list[bool] = []
-        for a in range(0, len(keys), _HEADER_SLOTS):
-            part = None if inline is None else inline[a : a + _HEADER_SLOTS]
-            ok.extend(self._put_batch(keys[a : a + _HEADER_SLOTS], payloads[a : a + _HEADER_SLOTS], part))
+        for a in range(0, len(keys), HEADER_SLOTS):
+            part = None if inline is None else inline[a : a + HEADER_SLOTS]
+            ok.extend(self._put_batch(keys[a : a + HEADER_SLOTS], payloads[a : a + HEADER_SLOTS], part))
         return ok
 
     def _put_batch(self, keys: Sequence[bytes], payloads: Sequence[np.ndarray], inline: Sequence[np.ndarray] | None) -> list[bool]:
@@ -301,14 +318,15 @@ class RemoteStore:
         yet: Mooncake's put of an existing name writes nothing and reports success. Each
         piece's headers (checksums) are made while the previous piece is on the wire; one
         batch put per piece (``transfer_call``); a second check confirms what landed
-        (``_landed``)."""
+        (``_landed``). The keys of puts the store did not answer go to ``unanswered_puts``."""
         names = [value_name(self.tag, k) for k in keys]
         present = self._ask(names)
         if present is None:
             self.stats["put_failed"] += len(keys)
+            self.unanswered_puts.add(keys)
             return [False] * len(keys)
         todo = [i for i in range(len(keys)) if not present[i]]
-        rows = header_rows(inline, self.headers[:_HEADER_SLOTS], payloads)
+        rows = header_rows(inline, self.headers[:HEADER_SLOTS], payloads)
         headers, payloads = [rows[i] for i in todo], [payloads[i] for i in todo]
         moving = []
         for a, b in pieces(len(todo)):
@@ -316,11 +334,13 @@ class RemoteStore:
                 key, payload = keys[todo[i]], payloads[i]
                 pack_header(headers[i], key, payload, self.tag)
             call = transfer_call("put", [names[n] for n in todo[a:b]], headers[a:b], payloads[a:b])
-            moving.append((b - a, self._wire.submit(self._call, "put", call, b - a)))
+            moving.append((a, b, self._wire.submit(self._call, "put", call, b - a)))
         written = []
-        for n, future in moving:
+        for a, b, future in moving:
             codes = future.result()
-            written.extend([False] * n if codes is None else [code == 0 for code in codes])
+            unanswered = range(a, b) if codes is None else [i for i, c in zip(range(a, b), codes) if transport_error(c)]
+            self.unanswered_puts.add([keys[todo[i]] for i in unanswered])
+            written.extend([False] * (b - a) if codes is None else [code == 0 for code in codes])
         written = self._landed([names[n] for n in todo], written)
         self.stats["already"] += len(keys) - len(todo)
         self.stats["puts"] += sum(written)
@@ -343,75 +363,6 @@ class RemoteStore:
         held = dict(zip(asked, there.tolist()))
         return [done and held[name] for name, done in zip(names, written)]
 
-    def _get(self, keys: Sequence[bytes], payloads: Sequence[np.ndarray], inline: Sequence[np.ndarray] | None) -> list[bool]:
-        ok: list[bool] = []
-        for a in range(0, len(keys), _HEADER_SLOTS):
-            part = None if inline is None else inline[a : a + _HEADER_SLOTS]
-            ok.extend(self._get_batch(keys[a : a + _HEADER_SLOTS], payloads[a : a + _HEADER_SLOTS], part))
-        return ok
-
-    def _get_batch(self, keys: Sequence[bytes], payloads: Sequence[np.ndarray], inline: Sequence[np.ndarray] | None) -> list[bool]:
-        """Up to 256 keys. One existence check first (at most ``timeout_s``; nothing is read
-        when it fails), so a read started after the master stopped answering waits no longer
-        than a lookup, and names the store does not hold count as ``missing`` with no
-        transfer. Then every piece's batch get (``transfer_call``) of the names there is
-        queued on the wire at once, and each piece is verified as soon as it landed (while
-        the next moves)."""
-        names = [value_name(self.tag, k) for k in keys]
-        present = self._ask(names)
-        if present is None:
-            return [False] * len(keys)
-        self.stats["missing"] += int((~present).sum())
-        todo = np.flatnonzero(present).tolist()
-        ok = [False] * len(keys)
-        for i, good in zip(todo, self._get_present([keys[i] for i in todo], [names[i] for i in todo],
-                                                   [payloads[i] for i in todo], None if inline is None else [inline[i] for i in todo])):
-            ok[i] = good
-        return ok
-
-    def _get_present(self, keys: Sequence[bytes], names: list[str], payloads: Sequence[np.ndarray],
-                     inline: Sequence[np.ndarray] | None) -> list[bool]:
-        """Reads and verifies the values of ``names`` (just found there), True for each served."""
-        headers = header_rows(inline, self.headers[_HEADER_SLOTS:], payloads)
-        moving = []
-        for a, b in pieces(len(keys)):
-            call = transfer_call("get", names[a:b], headers[a:b], payloads[a:b])
-            moving.append((a, b, self._wire.submit(self._call, "get", call, b - a)))
-        ok, damaged = [], []
-        for a, b, future in moving:
-            codes = future.result()
-            if codes is None:
-                ok.extend([False] * (b - a))
-                continue
-            for i, code in zip(range(a, b), codes):
-                verdict = verdict_of(code, headers[i], keys[i], payloads[i], self.tag)
-                if verdict == "unreadable" and self._wrong_size(names[i], HEADER_BYTES + payloads[i].nbytes):
-                    verdict = "corrupt"  # truncated or oversized: removed like any damaged value
-                ok.append(verdict is None)
-                if verdict is not None:
-                    self.stats[verdict] += 1
-                if verdict == "corrupt":
-                    damaged.append(names[i])
-        self.stats["gets"] += sum(ok)
-        if damaged:
-            self._remove(damaged)
-        return ok
-
-    def _wrong_size(self, name: str, size: int) -> bool:
-        """Whether the store holds ``name`` at another size than ``size`` (a truncated or
-        oversized value: Mooncake fails its get with the same codes as a holder that is
-        gone, so the size is asked; False when it cannot be)."""
-        stored = self._call("size", lambda c: [c.get_size(name)], 0)
-        return stored is not None and stored[0] >= 0 and stored[0] != size
-
-    def _remove(self, names: list[str]) -> None:
-        """Removes values that failed verification (best effort; ``removed`` counts those
-        gone), so the next publisher of those blocks writes good ones instead of a no-op
-        put. Forced: the failed read itself holds a lease on them."""
-        codes = self._call("remove", lambda c: c.batch_remove(names, True), 0)
-        if codes is not None:
-            self.stats["removed"] += sum(code == 0 for code in codes)
-
     # -- the medium interface ------------------------------------------------------------
     def write(self, slots: Sequence[int], blocks: torch.Tensor) -> None:
         """Never asked: new blocks are born in the top tier."""
@@ -419,13 +370,6 @@ class RemoteStore:
 
     def forget(self, keys: Sequence[bytes]) -> None:
         """Nothing: a value leaving this process's view stays in the store for the others."""
-
-    def read_block(self, slot: int, key: bytes, dest: torch.Tensor) -> None:
-        """Reads one block into ``dest`` through a staging row; KeyError if unreadable."""
-        row = len(self.staging) - 1
-        if not self.submit_get([key], [self.staging[row]]).result()[0]:
-            raise KeyError(f"remote block {key.hex()} is missing or unreadable")
-        dest.copy_(self.row_block(row, dest.dtype))
 
     def durable_items(self) -> list[tuple[bytes, int]]:
         """Nothing to adopt on reopen: lookups find what the store holds."""

@@ -16,9 +16,9 @@ import queue
 import threading
 import time
 from concurrent.futures import Future
-from typing import Callable
+from typing import Callable, Sequence
 
-__all__ = ["Breaker", "DaemonWorker", "close_client", "abandon_client"]
+__all__ = ["Breaker", "DaemonWorker", "UnansweredPuts", "close_client", "abandon_client"]
 
 
 class Breaker:
@@ -71,6 +71,34 @@ class Breaker:
     def succeeded(self) -> None:
         with self._lock:
             self._failed_at = None
+
+
+class UnansweredPuts:
+    """The keys of puts the store did not answer (skipped, failed or timed out: not stored),
+    oldest first, so that whoever holds their bytes can put them again once it answers. A
+    put the store answered and refused (no space) is not kept: retrying it would not help.
+
+    Bounded: past ``limit`` keys the oldest are let go (counted in ``let_go``). Filled by the
+    I/O thread, taken by the caller's.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.let_go = limit, 0
+        self._keys: dict[bytes, None] = {}
+        self._lock = threading.Lock()
+
+    def add(self, keys: Sequence[bytes]) -> None:
+        with self._lock:
+            self._keys.update(dict.fromkeys(keys))
+            while len(self._keys) > self.limit:
+                del self._keys[next(iter(self._keys))]
+                self.let_go += 1
+
+    def take(self) -> list[bytes]:
+        """The keys kept so far, oldest first; none are kept afterwards."""
+        with self._lock:
+            keys, self._keys = list(self._keys), {}
+            return keys
 
 
 class DaemonWorker:

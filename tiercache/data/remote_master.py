@@ -94,6 +94,9 @@ def start_master(host: str = "127.0.0.1", ports: tuple[int, int, int] | None = N
     """Starts a master on free ports (or the given ``(rpc, metadata, metrics)`` ports, to
     restart one where its clients expect it) and waits until both servers accept.
 
+    Whatever ends the wait early (Ctrl-C, a signal handler's exception, not ready in time)
+    kills the master first: it never outlives a start that did not return it.
+
     Raises:
         UserError: not installed, or it exited or did not answer within ``wait_s``.
     """
@@ -101,16 +104,29 @@ def start_master(host: str = "127.0.0.1", ports: tuple[int, int, int] | None = N
     out = open(log, "ab") if log else subprocess.DEVNULL
     process = subprocess.Popen(master_command(host, rpc, metadata, metrics, extra), stdout=out, stderr=subprocess.STDOUT,
                                stdin=subprocess.DEVNULL)
-    if log:
-        out.close()
     started = MasterProcess(process, host, rpc, metadata, metrics)
-    deadline = time.monotonic() + wait_s
-    while not (_accepts(host, rpc) and _accepts(host, metadata)):
-        if process.poll() is not None or time.monotonic() > deadline:
-            started.stop(kill=True)
-            raise UserError(f"mooncake_master did not start on {host}:{rpc} (exit status {process.poll()}); see {log or 'its log'}")
-        time.sleep(0.05)
+    try:
+        if log:
+            out.close()
+        _wait_ready(started, time.monotonic() + wait_s, log)
+    except BaseException:
+        started.stop(kill=True)
+        raise
     return started
+
+
+def _wait_ready(started: MasterProcess, deadline: float, log: str | None) -> None:
+    """Waits until the master's RPC and metadata servers both accept connections.
+
+    Raises:
+        UserError: it exited, or did not accept by ``deadline`` (``time.monotonic``).
+    """
+    host, process = started.host, started.process
+    while not (_accepts(host, started.rpc_port) and _accepts(host, started.metadata_port)):
+        if process.poll() is not None or time.monotonic() > deadline:
+            raise UserError(f"mooncake_master did not start on {started.master} (exit status {process.poll()}); "
+                            f"see {log or 'its log'}")
+        time.sleep(0.05)
 
 
 def _accepts(host: str, port: int, timeout_s: float = 0.2) -> bool:

@@ -35,7 +35,8 @@ class StoreReads:
             UserError: ``out`` of the wrong dtype or shape, or an inference tensor outside inference mode.
             KeyError: a key is not stored, or its stored copy proved unreadable (corrupt
                 NVMe chunk: dropped and counted, never returned as data). A read that failed
-                with an I/O error raises ``ReadIOError`` (a KeyError and OSError): the block stays.
+                with an I/O error, or got no answer from the remote store, raises
+                ``ReadIOError`` (a KeyError and OSError) naming the block: the block stays.
         """
         keys = self._map.check_keys(keys, "TieredKVStore.get")
         with self._lock:
@@ -70,13 +71,13 @@ class StoreReads:
 
     def get_prefix(self, keys: Sequence[bytes], out: torch.Tensor | None = None) -> torch.Tensor:
         """The blocks of the longest readable prefix of ``keys`` (``get`` of that prefix):
-        a block missing or unreadable (a remote value corrupt or evicted, a master down)
-        ends it instead of raising. ``out`` holds ``len(keys)`` blocks; a view of the filled
+        a block missing or unreadable (a remote value corrupt or evicted, a master that does
+        not answer: that block stays in the view) ends it instead of raising. ``out`` holds ``len(keys)`` blocks; a view of the filled
         part is returned."""
         keys = self._map.check_keys(keys, "TieredKVStore.get_prefix")
         with self._lock:
             self._check_open()
-            ids = self._reachable_ids(keys)
+            ids = self._reachable_ids(keys, prefix=True)
             n = next((p for p, i in enumerate(ids) if i is None or self.manager.locate(i) is None), len(ids))
             self._promote_for_read(ids[:n])
             n = next((p for p, i in enumerate(ids[:n]) if self.manager.locate(i) is None), n)
@@ -85,11 +86,12 @@ class StoreReads:
                 out = out[:n]
             return self._gather(keys[:n], ids[:n], out, partial=True)
 
-    def _reachable_ids(self, keys: list[bytes], settle: bool = True) -> list[int | None]:
-        """``reachable_ids`` of this store; with ``settle`` (a read) the moves in flight are ``_settle``d first."""
+    def _reachable_ids(self, keys: list[bytes], settle: bool = True, prefix: bool = False) -> list[int | None]:
+        """``reachable_ids`` of this store (``prefix``: of a prefix read); with ``settle`` (a read)
+        the moves in flight are ``_settle``d first."""
         if settle:
             self._settle()
-        return reachable_ids(self._map, self.manager, self._remote, keys)
+        return reachable_ids(self._map, self.manager, self._remote, keys, prefix)
 
     def _settle(self) -> None:
         """Completes and applies the moves in flight before a read looks its keys up: a block a move found

@@ -23,7 +23,8 @@ def read_blocks(manager: TierManager, media: Sequence[object], layout: KVLayout,
 
     A block that proves unreadable (absent or corrupt) is handed to
     ``drop_unreadable(tier, block_id)`` (the manager never saw the read, so it must hear of
-    the loss). A read that fails with an I/O error drops nothing: the block stays stored.
+    the loss). A read that fails with an I/O error, or that the remote store did not answer
+    (``ReadIOError`` both), drops nothing: the block stays stored.
     Either ends the result with ``partial`` (the blocks before it are returned) or raises.
 
     A new ``out`` is a normal tensor, even under ``torch.inference_mode()``: a keyed medium's

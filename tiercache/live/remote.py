@@ -11,7 +11,8 @@ the manager's move API (the remote -> pool copy handler verifies every value).
 Writes follow ``RemoteConfig.write`` (``RemoteWrite``): ``through`` publishes every new
 block once it is stored locally, ``back`` lets the manager demote the last local tier's
 victims into the remote tier, ``selective`` publishes a block once it has been hit
-``write_hits`` times locally (and the remote tier admits only such blocks as victims).
+``write_hits`` times locally (and the remote tier admits only such blocks as victims). A
+publication the store did not answer is tried again once it does (``retry_unpublished``).
 """
 
 from __future__ import annotations
@@ -21,11 +22,14 @@ from typing import Sequence
 from tiercache.config import Codec, RemoteConfig, RemoteWrite, TierConfig
 from tiercache.core.manager import TierManager
 from tiercache.data.remote import RemoteStore
+from tiercache.keys import key_to_int
 from tiercache.policies.base import AdmissionPolicy
 
 from .keymap import KeyMap
 
 __all__ = ["RemoteLink", "remote_admission", "lossy_codec"]
+
+_UNPUBLISHED_LIMIT = 1 << 16  # local blocks kept for a retry of their publication
 
 
 class _PublishedOnly(AdmissionPolicy):
@@ -71,8 +75,9 @@ class RemoteLink:
     """Lookups, adoption and the write policy of the remote tier (the manager's last tier).
 
     Invariants: ``hits`` holds counts only for ids some tier held when counted (pruned as
-    blocks leave); nothing here raises for a remote failure (the medium counts it and
-    answers "not there").
+    blocks leave); the unpublished queue holds at most ``_UNPUBLISHED_LIMIT`` ids, and only
+    local blocks outside the view are ever published from it; nothing here raises for a
+    remote failure (the medium counts it and answers "not there", or gives no answer).
     """
 
     def __init__(self, manager: TierManager, keymap: KeyMap, medium: RemoteStore, config: RemoteConfig,
@@ -82,16 +87,19 @@ class RemoteLink:
         self.hits = hits  # shared with the remote tier's admission (``remote_admission``)
         # publish_queued: blocks whose publication (through / selective) was started; what
         # landed in the store is the medium's ``puts`` (``already``: found there, not written).
-        self.stats = {"adopted": 0, "stale": 0, "publish_queued": 0, "write": config.write.value}
+        # republished: blocks of them started again after their publication failed
+        # (``retry_unpublished``); ``unpublished``: the local blocks still waiting for that.
+        self.stats = {"adopted": 0, "stale": 0, "publish_queued": 0, "republished": 0, "write": config.write.value}
+        self._unpublished: dict[int, None] = {}  # ids, oldest first (a dict keeps order, drops repeats)
 
     # -- lookups -------------------------------------------------------------------------
     def refresh_prefix(self, keys: Sequence[bytes], ids: Sequence[int | None]) -> bool:
         """Brings the view in line with the store for the prefix of ``keys`` the local
-        tiers miss: one existence check over the keys not held locally; the leading run
-        the store holds is adopted (never pushing the prefix's own view entries out), view
-        entries the store lost are dropped. A check that got no answer changes nothing and
-        returns False: the view entries it asked about are then unconfirmed (a miss)."""
-        where = [None if b is None else self.manager.locate(b) for b in ids]
+        tiers miss: one existence check over the keys not held locally; view entries the
+        store lost are dropped and the prefix's head is adopted (``_adopt_head``). A check
+        that got no answer changes nothing and returns False: the view entries it asked
+        about are then unconfirmed (a miss)."""
+        where = self._where(ids)
         ask = [n for n, t in enumerate(where) if ids[n] is not None and (t is None or t == self.tier)]
         if not ask:
             return True
@@ -100,15 +108,18 @@ class RemoteLink:
             return False
         present = dict(zip(ask, found.tolist()))
         self._drop_stale([ids[n] for n in ask if where[n] == self.tier and not present[n]])
-        run = []
-        for n, tier in enumerate(where):
-            if ids[n] is None or not present.get(n, True):
-                break  # a collision, or the first block neither here nor in the store
-            if tier is None:
-                run.append(n)
-        if run:  # the prefix's view entries up to the run's end stay; those past its break may go
-            self._adopt([keys[n] for n in run], [b for b in ids[: run[-1] + 1] if b is not None])
+        self._adopt_head(keys, ids, where, present)
         return True
+
+    def adopt_prefix(self, keys: Sequence[bytes], ids: Sequence[int | None]) -> None:
+        """A prefix read's adoption (``get_prefix``): one existence check over the keys no
+        tier holds, then the prefix's head is adopted (``_adopt_head``); view entries are
+        trusted (the read verifies them). No answer: nothing is adopted."""
+        where = self._where(ids)
+        ask = [n for n, t in enumerate(where) if ids[n] is not None and t is None]
+        found = self.medium.present([keys[n] for n in ask])
+        if found is not None:
+            self._adopt_head(keys, ids, where, dict(zip(ask, found.tolist())))
 
     def adopt_present(self, keys: Sequence[bytes], protect: Sequence[int] = ()) -> None:
         """Adopts those of ``keys`` (held by no tier) that the store holds now, in order,
@@ -117,10 +128,40 @@ class RemoteLink:
         if found is not None:
             self._adopt([k for k, there in zip(keys, found.tolist()) if there], protect)
 
+    def _where(self, ids: Sequence[int | None]) -> list[int | None]:
+        return [None if b is None else self.manager.locate(b) for b in ids]
+
+    def _adopt_head(self, keys: Sequence[bytes], ids: Sequence[int | None], where: list[int | None],
+                    present: dict[int, bool]) -> None:
+        """Adopts, in prefix order, the blocks no tier holds of the prefix's head: its
+        leading run of blocks held here or in the store (``present``, by position: the
+        positions asked) cut where its view entries and adoptions fill the view (``_head``).
+        The head's own view entries stay; entries of the same prefix past the head (its
+        tail) may go to make room, so a view full of a prompt's tail takes its head back."""
+        run = []
+        for n, block_id in enumerate(ids):
+            if block_id is None or not present.get(n, True):
+                break  # a collision, or the first block neither here nor in the store
+            run.append(n)
+        head = self._head([ids[n] for n in run])
+        fresh = [keys[n] for n in run[: len(head)] if where[n] is None]
+        if fresh:
+            self._adopt(fresh, head)
+
+    def _head(self, prefix: list[int]) -> list[int]:
+        """The longest leading part of ``prefix`` whose blocks in the view, or held by no
+        tier (to adopt), number at most the view's capacity."""
+        view, used = self.manager.dirs[self.tier], 0
+        for n, block_id in enumerate(prefix):
+            used += block_id in view.slot_of or self.manager.locate(block_id) is None
+            if used > view.capacity:
+                return prefix[:n]
+        return prefix
+
     def _adopt(self, keys: list[bytes], protect: Sequence[int] = ()) -> None:
         """Adds blocks the store holds to the view, the first ones first: room is made by
         dropping view entries other than ``protect`` and the adopted blocks themselves;
-        those beyond the room are forgotten (a request longer than the view gets its head)."""
+        those beyond the room are forgotten."""
         ids = self.keymap.ids(keys, register=True)
         fresh = [b for b in ids if b is not None and self.manager.locate(b) is None]
         if not fresh:
@@ -150,13 +191,14 @@ class RemoteLink:
 
     # -- writes --------------------------------------------------------------------------
     def stored(self, ids: Sequence[int]) -> list:
-        """New blocks were stored locally: published now under ``through``."""
-        if self.config.write is RemoteWrite.THROUGH:
-            return self._publish(ids)
-        return []
+        """New blocks were stored locally: published now under ``through``; publications that
+        failed before are tried again (``retry_unpublished``). Returns the plans started."""
+        plans = self._publish(ids) if self.config.write is RemoteWrite.THROUGH else []
+        return plans + self.retry_unpublished()
 
     def read(self, ids: Sequence[int]) -> list:
-        """Counts local hits of a read; ``selective`` publishes blocks reaching the threshold."""
+        """Counts local hits of a read; ``selective`` publishes blocks reaching the threshold;
+        publications that failed before are tried again (``retry_unpublished``)."""
         local = [b for b in dict.fromkeys(ids) if (t := self.manager.locate(b)) is not None and t < self.tier]
         hot = []
         for block_id in local:
@@ -164,14 +206,48 @@ class RemoteLink:
             self.hits[block_id] = count
             if count == self.config.write_hits:
                 hot.append(block_id)
-        if self.config.write is RemoteWrite.SELECTIVE:
-            return self._publish(hot)
-        return []
+        plans = self._publish(hot) if self.config.write is RemoteWrite.SELECTIVE else []
+        return plans + self.retry_unpublished()
+
+    def retry_unpublished(self) -> list:
+        """Publishes again (``through``, ``selective``) the local blocks whose publication
+        failed because the store did not answer its put (``RemoteStore.unanswered_puts``).
+        Tried once the store takes calls again (``retry_s`` after a failure; the put's
+        existence check is the probe), counted in ``republished``; a retry that cannot start
+        (no room in the view, a move in flight takes the block) is not kept, as any
+        publication. A block that left the local tiers meanwhile is never published (its
+        bytes are gone), nor one the view holds (published already). Returns the plans started."""
+        self._take_unanswered()
+        if not self._unpublished or not self.medium.usable():
+            return []
+        ids, self._unpublished = self._not_published(self._unpublished), {}
+        plans = self._publish(ids)
+        self.stats["republished"] += sum(p.n_blocks for p in plans)
+        return plans
 
     def _publish(self, ids: Sequence[int]) -> list:
         plans = self.manager.publish(ids)
         self.stats["publish_queued"] += sum(p.n_blocks for p in plans)
         return plans
+
+    def _take_unanswered(self) -> None:
+        """Queues the local blocks whose put the store did not answer (under ``back`` no
+        block is published ahead of its eviction: the medium's record is only emptied)."""
+        keys = self.medium.unanswered_puts.take()
+        if keys and self.config.write is not RemoteWrite.BACK:  # resident keys only (no collision counted)
+            self._queue(self._not_published([b for k in keys if self.keymap.keys.get(b := key_to_int(k)) == k]))
+
+    def _queue(self, ids: Sequence[int]) -> None:
+        """Adds ``ids`` to the unpublished queue, oldest first; past ``_UNPUBLISHED_LIMIT``
+        the oldest are let go (their next hit or eviction may still publish them)."""
+        self._unpublished.update(dict.fromkeys(ids))
+        while len(self._unpublished) > _UNPUBLISHED_LIMIT:
+            del self._unpublished[next(iter(self._unpublished))]
+
+    def _not_published(self, ids) -> list[int]:
+        """Those of ``ids`` a local tier holds and the view does not (not published yet)."""
+        view = self.manager.dirs[self.tier].slot_of
+        return [b for b in ids if (t := self.manager.locate(b)) is not None and t < self.tier and b not in view]
 
     def departed(self, ids: Sequence[int]) -> None:
         """Forgets hit counts of blocks no tier holds any more."""
@@ -181,4 +257,6 @@ class RemoteLink:
 
     def snapshot(self) -> dict:
         """The link's and the medium's counters, for ``stats()``."""
-        return {**self.stats, **self.medium.stats, "down": self.medium.breaker.down}
+        self._take_unanswered()
+        self._unpublished = dict.fromkeys(self._not_published(self._unpublished))
+        return {**self.stats, "unpublished": len(self._unpublished), **self.medium.stats, "down": self.medium.breaker.down}

@@ -318,11 +318,15 @@ class TieredKVStore(StoreReads, NoCopies):
                     "remote": None if self._remote is None else self._remote.snapshot()}
 
     def flush(self) -> None:
-        """Makes every NVMe block written so far durable."""
+        """Makes every NVMe block written so far durable; with a remote tier, starts again the
+        publications that failed (``RemoteLink.retry_unpublished``: once the store answers)."""
         with self._lock:
             self._check_open()
             for medium in self._media:
                 medium.flush()
+            if self._remote is not None:
+                self._remote.retry_unpublished()
+                self._consume()
 
     def close(self, persist: bool = True) -> int:
         """Finishes in-flight work, makes the NVMe tier durable and closes it; idempotent. In a
