@@ -181,3 +181,15 @@ def test_attend_partial_errors_name_attend_partial():
             seq.attend_partial(0, q)
         with pytest.raises(UserError, match=r"^Sequence\.attend: the sequence was freed$"):
             seq.attend(0, torch.randn(4, 1, 8))
+
+
+def test_a_remote_tier_is_refused_by_the_decode_cache_before_anything_opens():
+    """Probe R12: an attend over a block demoted into a remote (Mooncake) tier crashed
+    ('Tensor' object has no attribute 'ctypes'); the decode cache now refuses the tier up
+    front, naming it and what to use instead. No master is needed: nothing connects."""
+    from tiercache.config import RemoteConfig
+
+    remote = RemoteConfig("127.0.0.1:1", "http://127.0.0.1:2/metadata")
+    tiers = [TierConfig("hbm", 2), TierConfig("dram", 2), TierConfig("remote", 64, remote=remote)]
+    with pytest.raises(UserError, match="remote \\(Mooncake\\) tier is not supported by the decode cache.*TieredKVStore"):
+        TieredKVCache(KVLayout(1, 2, 16, "float32", 8), tiers, device="cpu")

@@ -45,7 +45,7 @@ import numpy as np
 import torch
 
 from tiercache.attention import compute_dtype
-from tiercache.config import AttentionMode, KVLayout, TierConfig
+from tiercache.config import REMOTE_TIER, AttentionMode, KVLayout, TierConfig
 from tiercache.core.decode import StepDriver
 from tiercache.data.buffers import normal_tensors, torch_dtype
 from tiercache.data.pools import BlockPool
@@ -72,6 +72,18 @@ def _check_options(window_blocks, depth, sink_blocks, recent_blocks, speculate) 
             raise UserError(f"TieredKVCache: {name} must be an integer >= {low}, got {value!r}")
     if isinstance(speculate, bool) or not isinstance(speculate, (int, float)) or not 0 <= speculate <= 4:
         raise UserError(f"TieredKVCache: speculate must be a share of the budget in [0, 4], got {speculate!r}")
+
+
+def _refuse_remote(tiers) -> None:
+    """Raises UserError when ``tiers`` names a ``remote`` (Mooncake) tier: the decode loop
+    reads a sequence's blocks where they lie, straight into its window buffers, which a remote
+    value cannot be read into (an attend over a block demoted there crashed). The shared tier
+    is ``TieredKVStore``'s (``put_tokens``, ``get_prefix``)."""
+    for tier in tiers if isinstance(tiers, (list, tuple)) else ():  # anything else: the store's checks name it
+        if str(getattr(tier, "name", "")).lower() == REMOTE_TIER:
+            raise UserError("TieredKVCache: a remote (Mooncake) tier is not supported by the decode cache: it reads "
+                            "blocks where they lie, and a remote value cannot be read in place; share KV through "
+                            "TieredKVStore (put_tokens, get_prefix) with the remote tier")
 
 
 def _open_record(record: str | os.PathLike, block_tokens: int) -> IO[str]:
@@ -129,6 +141,7 @@ class TieredKVCache(NoCopies):
                  record: str | os.PathLike | None = None, window_blocks: int = 64, depth: int = 2,
                  sink_blocks: int = 1, recent_blocks: int = 1, write_through: bool = False, speculate: float = 0.5) -> None:
         _check_options(window_blocks, depth, sink_blocks, recent_blocks, speculate)
+        _refuse_remote(tiers)
         self.layout = replace(layout, per_layer=True) if isinstance(layout, KVLayout) else layout
         self.prefetch_policy = make_prefetch(prefetch)
         self.window_blocks, self.depth = window_blocks, depth
