@@ -19,7 +19,7 @@ from store_helpers import LAYOUT, blocks
 from tiercache.config import KVLayout, RemoteConfig, RemoteWrite
 from tiercache.data import remote as remote_module
 from tiercache.data.remote import ALREADY_THERE, RemoteStore, layout_tag, value_name
-from tiercache.data.remote_guard import Breaker
+from tiercache.data.remote_guard import Breaker, abandoned_count
 from tiercache.data.remote_master import free_port, servers_answer
 from tiercache.keys import prefix_keys
 
@@ -162,17 +162,20 @@ def test_puts_to_a_master_that_hangs_return_within_timeout_and_then_are_skipped(
 def test_close_never_waits_on_a_master_that_hangs(answering):
     client = _Client(hang=True)
     remote = _store(client, timeout_s=0.3)
+    before = abandoned_count()
     start = time.monotonic()
     remote.close()
     assert time.monotonic() - start < 2
     assert not client.closed and remote.stats["abandoned"] == 1  # Mooncake's close would freeze the process
+    assert abandoned_count() == before + 1  # what a caller checks to skip Mooncake's exit teardown
     client.release.set()
 
 
 def test_close_closes_the_client_of_a_master_that_answers(answering):
     client = _Client()
-    remote = _store(client)
+    remote, before = _store(client), abandoned_count()
     remote.close()
+    assert abandoned_count() == before
     deadline = time.monotonic() + 5
     while not client.closed and time.monotonic() < deadline:
         time.sleep(0.01)

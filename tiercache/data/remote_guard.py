@@ -18,7 +18,7 @@ import time
 from concurrent.futures import Future
 from typing import Callable, Sequence
 
-__all__ = ["Breaker", "DaemonWorker", "UnansweredPuts", "close_client", "abandon_client"]
+__all__ = ["Breaker", "DaemonWorker", "UnansweredPuts", "close_client", "abandon_client", "abandoned_count"]
 
 
 class Breaker:
@@ -156,10 +156,31 @@ def _close(client, keep_alive: tuple) -> None:
         pass
 
 
+#: Clients abandoned so far in this process (``abandoned_count``).
+_abandoned = 0
+_abandoned_lock = threading.Lock()
+
+
 def abandon_client(client, keep_alive: tuple) -> None:
     """Leaves a client of a master that does not answer open for good: its ``close`` and
     its destructor would hold the GIL (the whole process) until Mooncake gives up on the
     master (70-100 s). One reference to it and to ``keep_alive`` (the memory registered with
-    it, which a transfer still in flight may write into) is leaked on purpose, so neither
-    is ever freed, even at interpreter exit. Its segment stays mounted while this process runs."""
+    it, which a transfer still in flight may write into) is leaked on purpose, so Python never
+    frees either. Its segment stays mounted while this process runs.
+
+    Mooncake still tears the client down at process exit: its C++ ``atexit`` handler (run
+    after Python's own exit) tears down every client it tracks, and one whose master is gone
+    waits on it, 7-18 s measured per abandoned client, before the process ends (sometimes
+    with SIGABRT). ``abandoned_count`` tells a caller that wants to end without that wait
+    (``os._exit`` once its own work is flushed) whether any client was abandoned.
+    """
+    global _abandoned
     ctypes.pythonapi.Py_IncRef(ctypes.py_object((client, keep_alive)))
+    with _abandoned_lock:
+        _abandoned += 1
+
+
+def abandoned_count() -> int:
+    """How many Mooncake clients this process has abandoned (``abandon_client``) so far."""
+    return _abandoned
+
