@@ -45,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     ``argv`` (default ``sys.argv[1:]``) is what a results file records as its command.
     """
     argv = [str(a) for a in (sys.argv[1:] if argv is None else argv)]
+    _printable_file_names()
     args = build_parser().parse_args(argv)
     args.argv = argv
     try:
@@ -61,6 +62,14 @@ def main(argv: list[str] | None = None) -> int:
         if not _stdout_closed_by_reader():
             raise
         return 128 + signal.SIGPIPE  # as a shell reports a command that a closed pipe stopped
+
+
+def _printable_file_names() -> None:
+    """Lets standard output print a file name that is not UTF-8 (Python hands its bytes over
+    as lone surrogates) as a ``\\udcff`` escape where it would refuse them (a strict stream, as
+    under a ``en_US.UTF-8`` locale; the C locale's stream already writes the bytes as they are)."""
+    if getattr(sys.stdout, "errors", None) == "strict" and hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(errors="backslashreplace")
 
 
 def _stdout_closed_by_reader() -> bool:

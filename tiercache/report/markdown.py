@@ -23,11 +23,18 @@ def escape_markdown(text: str, keep_intraword_underscores: bool = False) -> str:
     ``keep_intraword_underscores`` leaves underscores between two letters or digits as typed
     (``leaf_lru``, ``my_trace.jsonl``), which renders the same, for tables that are also read
     as plain text (gaps.md and split.md, printed too); every other special character is escaped
-    either way."""
+    either way. A line break (a file name may hold one) is written as a visible ``\\n`` or
+    ``\\r``: the result is always one line, so it never ends a table row or a heading."""
     if not keep_intraword_underscores:
-        return _SPECIAL.sub(r"\\\1", text)
+        return _one_line(_SPECIAL.sub(r"\\\1", text))
     parts = _INTRAWORD.split(text)  # odd items: the underscore runs kept
-    return "".join(part if i % 2 else _SPECIAL.sub(r"\\\1", part) for i, part in enumerate(parts))
+    return _one_line("".join(part if i % 2 else _SPECIAL.sub(r"\\\1", part) for i, part in enumerate(parts)))
+
+
+def _one_line(text: str) -> str:
+    """``text`` with its line breaks written as ``\\n`` and ``\\r`` (after the backslashes of
+    the text itself were escaped, so these two stay single)."""
+    return text.replace("\n", "\\n").replace("\r", "\\r")
 
 
 def render_markdown(document: Document) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -21,10 +22,12 @@ from .document import Document
 from .html import render_html
 from .markdown import render_markdown
 
-__all__ = ["MARKER", "check_output_dir", "write_folder", "write_report"]
+__all__ = ["MARKER", "check_output_dir", "visible_text", "write_folder", "write_report"]
 
 #: Marks a folder as written by ``tiercache compare/report`` (safe to replace).
 MARKER = ".tiercache-report"
+# A lone surrogate: what Python makes of a file name's bytes that are not UTF-8.
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def check_output_dir(out: str) -> Path:
@@ -79,7 +82,8 @@ def write_report(out: str, document: Document, csv_text: str, results: ResultsDo
 
 
 def write_folder(out: str, files: Mapping[str, str | bytes], version: str | None) -> list[str]:
-    """Writes ``files`` (name -> contents; a str as UTF-8) and the marker as the folder ``out``.
+    """Writes ``files`` (name -> contents; a str as UTF-8, lone surrogates escaped as
+    ``visible_text`` does) and the marker as the folder ``out``.
 
     Invariants: on return ``out`` holds exactly ``files`` and the marker; after any error
     (a disk that fills up part-way, Ctrl-C) ``out`` is as it was, a previous report kept
@@ -122,7 +126,20 @@ def _write_files(folder: Path, files: Mapping[str, str | bytes], version: str | 
         if isinstance(data, bytes):
             (folder / name).write_bytes(data)
         else:
-            (folder / name).write_text(data, encoding="utf-8")
+            (folder / name).write_text(visible_text(data), encoding="utf-8")
+
+
+def visible_text(text: str) -> str:
+    """``text`` with every lone surrogate written as a visible escape, so that it encodes as
+    UTF-8: a byte of a file name that is not UTF-8 (which ``os.listdir`` and ``sys.argv``
+    hand over as ``\\udc80``-``\\udcff``) as ``\\xNN``, any other lone surrogate as ``\\uNNNN``.
+    Text without one is returned as it is."""
+    return _SURROGATE.sub(_escape_surrogate, text)
+
+
+def _escape_surrogate(match: re.Match) -> str:
+    code = ord(match.group())
+    return f"\\x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"\\u{code:04x}"
 
 
 def _swap_in(staging: Path, target: Path) -> None:

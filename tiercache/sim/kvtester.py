@@ -285,7 +285,9 @@ def load_kvtester_flat(path: str | os.PathLike, seed: int = 0,
     convs = []
     for file in _files(name):
         raw = _read_file(file)
-        digest.update(os.path.basename(file).encode() + b"\0" + raw)
+        # fsencode: the name's own bytes (a UTF-8 name's as before; one that is not UTF-8 arrives
+        # surrogate-escaped from os.listdir, which .encode() refuses).
+        digest.update(os.fsencode(os.path.basename(file)) + b"\0" + raw)
         convs.append(read_conversation(file, raw))
     sizes = {c.block_size for c in convs}
     if len(sizes) != 1:

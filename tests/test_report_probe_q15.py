@@ -1,0 +1,42 @@
+"""Probe q15: trace names a report cannot take as they are, and what a split report leads with."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from tiercache.cli import main
+
+DATA = Path(__file__).parent / "data"
+HEAD = DATA / "mooncake_head.jsonl"
+KVTESTER = DATA / "kvtester_sample"
+QUIET = ["--workers", "1", "--no-progress"]
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text(encoding="utf-8").splitlines()
+
+
+def test_file_names_not_utf8_or_holding_a_line_break_replay_report_and_compare(tmp_path: Path, capsys) -> None:
+    folder = tmp_path / "kv"
+    folder.mkdir()
+    shutil.copy(KVTESTER / sorted(os.listdir(KVTESTER))[0], folder / os.fsdecode(b"\xffconv.json"))
+    assert main(["replay", str(folder), "--capacity", "50", *QUIET]) == 0
+    assert main(["trace", "inspect", str(folder)]) == 0
+    for raw, shown in ((b"\xffhead.jsonl", "\\xffhead.jsonl"), (b"new\nline.jsonl", "new\\nline.jsonl")):
+        trace = tmp_path / os.fsdecode(raw)
+        shutil.copy(HEAD, trace)
+        results, out = str(tmp_path / "r.json"), tmp_path / "out"
+        assert main(["replay", str(trace), "--policy", "lru,arc,belady", "--capacity", "200", "--out", results, *QUIET]) == 0
+        assert main(["report", results, "-o", str(out / "rep")]) == 0
+        assert _lines(out / "rep" / "report.md")[0] == f"# Cache policy comparison: {shown}"
+        html = (out / "rep" / "index.html").read_text(encoding="utf-8")  # a line break is white space there
+        assert f"Cache policy comparison: {shown if raw[0] == 0xFF else trace.name}</h1>" in html
+        assert main(["report", "--across", results, "-o", str(out / "gaps")]) == 0
+        assert any(line.startswith(f"| {shown} | object | single | 200 |") for line in _lines(out / "gaps" / "gaps.md"))
+        assert main(["compare", str(trace), "--policy", "arc", "--capacity", "200", "--split", "-o", str(out / "cmp"),
+                     *QUIET]) == 0
+        assert sum(line.startswith(f"| {shown}#second-half | object |") for line in _lines(out / "cmp" / "split.md")) == 1
+        shutil.rmtree(out)
+    capsys.readouterr()
