@@ -7,6 +7,9 @@ import shutil
 from pathlib import Path
 
 from tiercache.cli import main
+from tiercache.results import read_results
+from tiercache.sim.loader import load_trace
+from tiercache.sim.split import split_halves
 
 DATA = Path(__file__).parent / "data"
 HEAD = DATA / "mooncake_head.jsonl"
@@ -40,3 +43,14 @@ def test_file_names_not_utf8_or_holding_a_line_break_replay_report_and_compare(t
         assert sum(line.startswith(f"| {shown}#second-half | object |") for line in _lines(out / "cmp" / "split.md")) == 1
         shutil.rmtree(out)
     capsys.readouterr()
+
+
+def test_a_folder_given_as_dir_slash_or_dir_dot_is_named_by_the_folder(tmp_path: Path, capsys) -> None:
+    for spelling in (f"{KVTESTER}/", f"{KVTESTER}/.", f"{KVTESTER}//./"):
+        trace = load_trace(spelling)
+        assert trace.info().name == "kvtester_sample"
+        assert [h.info().name for h in split_halves(trace)] == ["kvtester_sample#first-half", "kvtester_sample#second-half"]
+    results = tmp_path / "r.json"
+    assert main(["replay", f"{KVTESTER}/", "--capacity", "500", "--out", str(results), *QUIET]) == 0
+    assert capsys.readouterr().out.startswith("kvtester_sample: ")
+    assert read_results(results).trace.name == "kvtester_sample"

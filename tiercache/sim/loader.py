@@ -97,11 +97,25 @@ def load_trace(path: str | os.PathLike, arrival_seed: int = 0, mean_gap_s: float
             without conversation files, or a trace without a single block access (as
             ``_replay_accesses`` counts them: a step trace that only writes has none).
     """
-    trace = _load(os.fspath(path), arrival_seed, mean_gap_s)
+    trace = _load(_folder_path(os.fspath(path)), arrival_seed, mean_gap_s)
     if _replay_accesses(trace) == 0:  # nothing to replay: every miss ratio would be 0 / 0
         only_writes = " (a step trace's accesses are its reads, and its records only write)" if len(trace.ids) else ""
         raise TraceError(trace.path, None, f"the trace has records but no block accesses{only_writes}")
     return trace
+
+
+def _folder_path(name: str) -> str:
+    """A folder's path ending in its own name, which names the trace (``Trace.info``, and a
+    split half's ``#first-half`` is appended to it): ``DIR/``, ``DIR/.`` and ``DIR//./`` (shell
+    completion adds the slash) are ``DIR``; a path whose last part is still ``.`` or ``..`` is
+    resolved (``os.path.realpath``). Any other path, a file's among them, is kept as given."""
+    if not os.path.isdir(name):
+        return name
+    parts = name.split(os.sep)
+    while len(parts) > 1 and parts[-1] in ("", "."):
+        parts.pop()
+    tidy = os.sep.join(parts) or os.sep
+    return os.path.realpath(tidy) if os.path.basename(tidy) in ("", ".", "..") else tidy
 
 
 def _replay_accesses(trace: Trace) -> int:
