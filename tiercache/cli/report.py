@@ -17,7 +17,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..errors import UserError
-from ..report.across import across_documents, gap_markdown, gap_notes, gap_rows, escape_table_text, left_out, split_rows
+from ..report.across import (across_documents, gap_markdown, gap_notes, gap_rows, escape_table_text, left_out, split_rows,
+                              tuned_winners)
 from ..report.document import Paragraph, Section
 from ..report.lru_curve import same_trace
 from ..report.model import ReportData, from_documents, load_results
@@ -25,7 +26,8 @@ from ..report.summary import BASELINE, BELADY
 from ..report.tables import results_csv
 from ..report.writer import check_output_dir, write_folder, write_report
 from ..results import ResultsDocument
-from ..sim.split import split_halves
+from ..sim.loader import Trace
+from ..sim.split import HALVES, split_halves
 from ..sim.sweep import sweep
 from .replay import Once, OnceFlag, add_common_options, capacity_text, spec_from_args, sweep_from_args
 
@@ -117,11 +119,16 @@ def _run_split(args: argparse.Namespace, command: str, started: float) -> int:
     table = gap_markdown(split_rows(tune, test))
     first, total = tune.trace.requests, tune.trace.requests + test.trace.requests
     cold = _cold_halves(first, total)
-    _write(args.out, data, None, command, test, {
+    # The second half in memory draws its dense LRU curve: no file holds it.
+    _write(args.out, data, halves[1], command, test, {
         "results_first_half.json": json.dumps(tune.to_json(), indent=1),
         "split.md": "# Tuned on the first half, reported on the second\n\n" + escape_table_text(cold) + "\n\n" + table,
-    }, Section("Split halves", (Paragraph(f"This report is of the second half of the trace. {cold} The first half's runs "
-                                          "are in results_first_half.json; split.md names the policy tuned on them."),)))
+    }, Section("Split halves", (Paragraph(
+        f"This report is of the second half of the trace. {cold} The first half's runs are in "
+        "results_first_half.json. The key findings and the table of the summary lead, as split.md does, with the "
+        "policy tuned on the first half in each cache and the gap it closes on this half; the best in hindsight "
+        "beside it is the policy that did best on this half itself, known only after it was run."),)),
+        tuned_winners(tune))
     print(table, end="")
     print(cold)
     print(f"{len(tune.runs) + len(test.runs)} runs in {time.perf_counter() - started:.1f} s")
@@ -161,13 +168,14 @@ def _run_across(args: argparse.Namespace) -> int:
     return 0
 
 
-def _write(out: str, data: ReportData, trace_path: str | None, command: str, results: ResultsDocument | None,
-           extra: dict[str, str] | None = None, first: Section | None = None) -> None:
+def _write(out: str, data: ReportData, trace: str | Trace | None, command: str, results: ResultsDocument | None,
+           extra: dict[str, str] | None = None, first: Section | None = None, tuned: dict[tuple, str] | None = None) -> None:
     """Writes the report folder (with the ``extra`` files, name -> text, and ``first`` as the
-    report's first section) all at once and says what it holds."""
+    report's first section) all at once and says what it holds; ``trace`` and ``tuned`` as
+    ``build_document`` takes them."""
     from ..report.content import build_document  # loads matplotlib: only a command that draws plots needs it
 
-    document = build_document(data, trace_path, command)
+    document = build_document(data, trace, command, tuned)
     if first is not None:
         document = replace(document, sections=(first, *document.sections))
     names = write_report(out, document, results_csv(data), results, data.version, extra)
@@ -193,6 +201,11 @@ def _check_inputs_outside(out: str, inputs: list[str]) -> None:
 
 def _check_trace(path: str, data: ReportData) -> None:
     """An explicit ``--trace`` (a file, or a kv-cache-tester folder) must be the trace the results came from."""
+    half = next((h for h in HALVES if (data.trace.path or "").endswith(f"#{h}")), None)
+    if half and not os.path.exists(data.trace.path):  # a half's fingerprint is no file's
+        raise UserError(f"--trace {path}: these results are of the {half.replace('-', ' ')} of a trace (compare --split), "
+                        "which no file holds, so no --trace can match them (the report compare --split writes draws "
+                        "the one-pass LRU curve)")
     if not same_trace(path, data.trace.fingerprint):  # an older result's blake2b too
         raise UserError(f"--trace {path}: not the trace of these results (fingerprint differs from {data.trace.fingerprint})")
 

@@ -28,7 +28,7 @@ from ..sim.loader import trace_fingerprint
 from . import fmt
 from .lru_curve import same_trace
 from .markdown import escape_markdown
-from .model import Repeat, distinct_paths, merge_runs, read_documents
+from .model import Repeat, Run, distinct_paths, merge_runs, read_documents
 from .summary import (
     BEYOND_BELADY, CapacityBest, best_per_capacity, by_layout, gap_closed, gap_text, is_offline, tier_layout,
     unreferenced_prefetch,
@@ -36,7 +36,7 @@ from .summary import (
 from .tables import tiers_text
 
 __all__ = ["GapRow", "across_documents", "gap_rows", "gap_notes", "left_out", "split_rows", "gap_markdown", "escape_table_text",
-           "SPLIT_HEADER"]
+           "SPLIT_HEADER", "tuned_run", "tuned_winners"]
 
 #: Hex digits of a fingerprint shown (at least) where it tells traces of one name apart.
 _SHORT_DIGITS = 12
@@ -229,15 +229,29 @@ def left_out(document: ResultsDocument, sources: list[str]) -> str | None:
             "no online policy")
 
 
+def tuned_winners(tune: ResultsDocument) -> dict[tuple, str]:
+    """The online policy that won each cache, (semantics, mode, tier layout) -> its label, of
+    ``tune`` (the first half of a split): the policy a split report measures on the second."""
+    return {_cache(e): e.best.label for e in best_per_capacity(list(tune.runs))}
+
+
+def tuned_run(entry: CapacityBest, runs: tuple[Run, ...] | list[Run],
+              winners: dict[tuple, str]) -> tuple[str | None, Run | None]:
+    """The policy tuned for ``entry``'s cache (``tuned_winners``; None when the first half had
+    no online run there) and its one-engine run of that cache among ``runs`` (None when none)."""
+    label = winners.get(_cache(entry))
+    run = next((r for r in runs if not r.is_fleet and r.label == label
+                and (r.semantics, r.mode, tier_layout(r)) == _cache(entry)), None)
+    return label, run
+
+
 def split_rows(tune: ResultsDocument, test: ResultsDocument) -> list[GapRow]:
     """Rows of ``test`` (the reported half) with the winner picked on ``tune`` (the first half)
     over the same (semantics, mode, tier layout)."""
-    winners = {_cache(e): e.best.label for e in best_per_capacity(list(tune.runs))}
+    winners = tuned_winners(tune)
     rows = []
     for entry in best_per_capacity(list(test.runs)):
-        label = winners.get(_cache(entry))
-        run = next((r for r in test.runs if not r.is_fleet and r.label == label
-                    and (r.semantics, r.mode, tier_layout(r)) == _cache(entry)), None)
+        label, run = tuned_run(entry, test.runs, winners)
         rows.append(_row(test.trace.name, entry, tuned=label, tuned_miss=run.miss_ratio if run else None,
                          tuned_gap=gap_closed(run, entry.lru, entry.belady) if run else None))
     return rows

@@ -11,15 +11,17 @@ import re
 from dataclasses import replace
 
 from . import fmt, plots
+from .across import tuned_run
 from .document import Bullets, Code, Document, Image, Paragraph, Section
 from .fleet import fleet_section
 from .lru_curve import LRUCurve, dense_lru_curve
 from ..results import Mode, Semantics, TraceKind
+from ..sim.loader import Trace
 from .model import ReportData, Run
-from .summary import (BASELINE, BELADY, CapacityBest, Payoff, belady_caveat, belady_is_bound, best_per_capacity, by_group,
-                      hierarchy_payoffs, is_belady, is_offline, layouts_need_naming, policy_labels, request_path_seconds,
-                      unreferenced_prefetch)
-from .tables import best_table, codec_sentences, runs_table, tier_table, tiers_text, trace_table
+from .summary import (BASELINE, BELADY, CapacityBest, Payoff, beats_belady, belady_caveat, belady_is_bound,
+                      best_per_capacity, by_group, gap_closed, hierarchy_payoffs, is_belady, is_offline,
+                      layouts_need_naming, policy_labels, request_path_seconds, unreferenced_prefetch)
+from .tables import best_table, codec_sentences, runs_table, split_best_table, tier_table, tiers_text, trace_table
 
 __all__ = ["build_document"]
 
@@ -42,6 +44,9 @@ _MEASURE_NOTES = {
     "ttft": f"Judged by modeled TTFT saved: {_TTFT_SAVED}.",
     "time": f"Judged by modeled request time: {_REQUEST_TIME}.",
 }
+# A finding's clause for a policy that missed less than Belady's replay.
+_BEYOND_BELADY = (f"; it misses less than {BELADY}'s replay, which is no bound here (Belady's MIN is the offline "
+                  "optimum only in one tier in object semantics)")
 _MODES = {
     Mode.SINGLE: "one tier",
     Mode.EXCLUSIVE: "exclusive hierarchy",
@@ -49,17 +54,21 @@ _MODES = {
 }
 
 
-def build_document(data: ReportData, trace_path: str | None, command: str) -> Document:
+def build_document(data: ReportData, trace: str | Trace | None, command: str,
+                   tuned: dict[tuple, str] | None = None) -> Document:
     """The whole report.
 
     Args:
         data: the merged runs.
-        trace_path: the trace file, for the dense LRU curve; None uses the recorded path.
+        trace: for the dense LRU curve, the trace file (or folder), or the trace itself (a split
+            half, which no file holds); None uses the recorded path.
         command: the command line that rebuilds this report.
+        tuned: in a split report (of the second half), the policy tuned on the first half per
+            cache (``tuned_winners``): the summary leads with it, the hindsight winner beside it.
     """
     single = replace(data, runs=tuple(r for r in data.runs if not r.is_fleet))
     if single.runs:
-        sections = _single_engine_sections(single, trace_path)
+        sections = _single_engine_sections(single, trace, tuned)
     else:  # fleet runs only: their own section says the rest
         sections = [Section("Summary", (Paragraph("The trace and the presets:"), trace_table(data)))]
     sections += [fleet_section(data.runs), Section("All runs", (runs_table(data),)), _reproduce(data, command)]
@@ -68,10 +77,10 @@ def build_document(data: ReportData, trace_path: str | None, command: str) -> Do
     return Document(f"Cache policy comparison: {data.trace.name}", subtitle, tuple(s for s in sections if s.blocks))
 
 
-def _single_engine_sections(data: ReportData, trace_path: str | None) -> list[Section]:
+def _single_engine_sections(data: ReportData, trace: str | Trace | None, tuned: dict[tuple, str] | None) -> list[Section]:
     """The sections over one-engine runs (fleet runs have their own section)."""
     colors = plots.policy_colors(data.runs)
-    return [_summary(data), _curves(data, colors, trace_path), _tiers(data, colors), _movement(data, colors),
+    return [_summary(data, tuned), _curves(data, colors, trace), _tiers(data, colors), _movement(data, colors),
             _prefix(data, colors)]
 
 
@@ -83,7 +92,7 @@ def _group_title(semantics: Semantics, mode: Mode) -> str:
     return f"{semantics.value} semantics, {_MODES[mode]}"
 
 
-def _summary(data: ReportData) -> Section:
+def _summary(data: ReportData, tuned: dict[tuple, str] | None) -> Section:
     steps = data.trace.kind is TraceKind.STEPS
     intro = (
         f"This report replays the {'step' if steps else 'request'} trace {data.trace.name} through a KV cache of several sizes, once per "
@@ -97,13 +106,16 @@ def _summary(data: ReportData) -> Section:
     blocks: list = [Paragraph(intro), Paragraph(bound)]
     blocks.append(Bullets(tuple(f"{_SEMANTICS[s]}." for s in semantics)))
     best = best_per_capacity(data.runs)
+    picks = None if tuned is None else [tuned_run(b, data.runs, tuned) for b in best]
     if best:
         named = layouts_need_naming([b.best for b in best])
-        blocks += [Paragraph("Key findings:"), Bullets(tuple(_finding(b, named) for b in best))]
+        findings = [_finding(b, named) for b in best] if picks is None else \
+            [_split_finding(b, named, *pick) for b, pick in zip(best, picks)]
+        blocks += [Paragraph("Key findings:"), Bullets(tuple(findings))]
     blocks += _payoff_blocks(hierarchy_payoffs(data.runs))
     blocks += [Paragraph("The trace and the presets:"), trace_table(data)]
     if best:
-        blocks += [Paragraph("The best online policy in each cache (each capacity, or each hierarchy):"), best_table(best)]
+        blocks += _best_blocks(best, picks)
         caveat = unreferenced_prefetch(best)
         blocks += [Paragraph(caveat[0].upper() + caveat[1:] + ".")] if caveat else []
     return Section("Summary", tuple(blocks))
@@ -158,23 +170,62 @@ def _belady_claim(runs: tuple[Run, ...]) -> str:
     return f". Belady's MIN is the offline optimum, the bound, only in one tier in object semantics. {caveat}"
 
 
+def _best_blocks(best: list[CapacityBest], picks: list[tuple[str | None, Run | None]] | None) -> list:
+    """The summary's table of the best online policy per cache; in a split report (``picks``,
+    ``_summary``'s) the policy tuned on the first half leads it, the hindsight winner beside it."""
+    if picks is None:
+        return [Paragraph("The best online policy in each cache (each capacity, or each hierarchy):"), best_table(best)]
+    return [Paragraph("The policy tuned on the first half in each cache (each capacity, or each hierarchy), measured "
+                      "on this half, beside the best in hindsight: the online policy that did best on this half "
+                      "itself, known only after it was run:"), split_best_table(best, picks)]
+
+
 def _finding(best: CapacityBest, named: bool) -> str:
     """One key finding; ``named``: the cache is named by its tiers, not its capacity alone."""
-    cache = f"In {tiers_text(best.best)}" if named else f"At {fmt.integer(best.capacity_blocks)}"
-    where = f"{cache} blocks ({_group_title(best.semantics, best.mode)})"
-    text = f"{where}, {best.best.label} misses {fmt.percent(best.best.miss_ratio)} of accesses"
-    refs = [f"{run.label} {fmt.percent(run.miss_ratio)}" for run in (best.lru, best.belady)
-            if run is not None and run is not best.best]
-    if refs:
-        text += f" (vs {', '.join(refs)})"
+    text = f"{_where(best, named)}, {best.best.label} misses {fmt.percent(best.best.miss_ratio)} of accesses"
+    text += _versus(best, best.best)
     if best.best is best.lru:
         text += f"; no other online policy beats {BASELINE} here"
     elif best.gap_closed is not None:
         text += f", closing {fmt.percent(best.gap_closed)} of the {BASELINE}–{BELADY} gap"
-    if best.beats_belady:
-        text += (f"; it misses less than {BELADY}'s replay, which is no bound here (Belady's MIN is the offline "
-                 "optimum only in one tier in object semantics)")
-    return text + "."
+    return text + (_BEYOND_BELADY if best.beats_belady else "") + "."
+
+
+def _split_finding(best: CapacityBest, named: bool, label: str | None, run: Run | None) -> str:
+    """One key finding of a split report: the policy tuned on the first half (``label``, its
+    ``run`` on this half) and the gap it closes, then the hindsight winner of this half."""
+    where = _where(best, named)
+    if run is None:
+        tuned = "no policy was tuned on the first half" if label is None else f"{label}, tuned on the first half, has no run"
+        return f"{where}, {tuned}; in hindsight {_hindsight(best)}."
+    text = f"{where}, {run.label}, the policy tuned on the first half, misses {fmt.percent(run.miss_ratio)} of accesses"
+    text += _versus(best, run)
+    gap = gap_closed(run, best.lru, best.belady)
+    text += "" if gap is None else f", closing {fmt.percent(gap)} of the {BASELINE}–{BELADY} gap"
+    text += _BEYOND_BELADY if beats_belady(run, best.belady) else ""
+    if run is best.best:
+        return f"{text}; it is also the best in hindsight (the best online policy on this half)."
+    return f"{text}; in hindsight (picked on this half itself), {_hindsight(best)}."
+
+
+def _hindsight(best: CapacityBest) -> str:
+    """The hindsight winner's clause of a split finding."""
+    text = f"{best.best.label} did best, missing {fmt.percent(best.best.miss_ratio)}"
+    if best.gap_closed is not None:
+        text += f" and closing {fmt.percent(best.gap_closed)}"
+    return text + (_BEYOND_BELADY if best.beats_belady else "")
+
+
+def _where(best: CapacityBest, named: bool) -> str:
+    """The cache a finding is about: ``At 1,000 blocks (object semantics, one tier)``."""
+    cache = f"In {tiers_text(best.best)}" if named else f"At {fmt.integer(best.capacity_blocks)}"
+    return f"{cache} blocks ({_group_title(best.semantics, best.mode)})"
+
+
+def _versus(best: CapacityBest, run: Run) -> str:
+    """`` (vs lru 87.4%, belady 64.4%)``: the cache's references other than ``run``; empty if none."""
+    refs = [f"{ref.label} {fmt.percent(ref.miss_ratio)}" for ref in (best.lru, best.belady) if ref is not None and ref is not run]
+    return f" (vs {', '.join(refs)})" if refs else ""
 
 
 def _payoff_blocks(payoffs: list[Payoff]) -> list:
@@ -230,7 +281,7 @@ def _background_clause(payoff: Payoff) -> str:
             "beside the requests, on their own links")
 
 
-def _curves(data: ReportData, colors: dict[str, str], trace_path: str | None) -> Section:
+def _curves(data: ReportData, colors: dict[str, str], trace: str | Trace | None) -> Section:
     block_bytes = data.layout.block_bytes if data.layout else None
     top_axis = " (the top axis gives the same capacities in bytes of KV cache)" if block_bytes else ""
     curves = [r for r in data.runs if not r.is_hierarchy]
@@ -242,7 +293,7 @@ def _curves(data: ReportData, colors: dict[str, str], trace_path: str | None) ->
         + _hierarchy_note([r for r in data.runs if r.is_hierarchy])
     )]
     for (semantics, mode), runs in by_group(data.runs).items():
-        dense = _dense_for(data, runs, semantics, mode, trace_path)
+        dense = _dense_for(data, runs, semantics, mode, trace)
         floor = data.trace.compulsory_miss_ratio if semantics is Semantics.OBJECT else None
         if any(r.is_hierarchy for r in runs):
             blocks.append(_hierarchy_image(runs, colors, (semantics, mode), floor, block_bytes))
@@ -309,11 +360,12 @@ def _hierarchy_image(runs: list[Run], colors: dict[str, str], group: tuple[Seman
     return Image(f"{_slug('miss_ratio', *group)}.png", png, title, caption)
 
 
-def _dense_for(data: ReportData, runs: list[Run], semantics: Semantics, mode: Mode, trace_path: str | None) -> LRUCurve | None:
+def _dense_for(data: ReportData, runs: list[Run], semantics: Semantics, mode: Mode,
+               trace: str | Trace | None) -> LRUCurve | None:
     """The one-pass curve applies to object semantics in a single LRU tier only."""
     if semantics is not Semantics.OBJECT or mode is not Mode.SINGLE or any(r.is_hierarchy for r in runs):
         return None
-    return dense_lru_curve(data.trace, trace_path, runs)
+    return dense_lru_curve(data.trace, trace, runs)
 
 
 def _curve_caption(runs: list[Run]) -> str:

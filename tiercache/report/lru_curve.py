@@ -3,7 +3,8 @@
 Replays give a handful of points per policy; the one-pass curve (``tiercache.sim.mrc``)
 shows LRU at hundreds of capacities for the cost of one replay. It needs the trace itself,
 so it is drawn only when the trace (a file, or a kv-cache-tester folder) is found and has
-the fingerprint the results recorded (``same_trace``).
+the fingerprint the results recorded (``same_trace``), or is handed over in memory (a half of
+``compare --split``, which no file holds).
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+import re
 
 import numpy as np
 
@@ -25,6 +28,10 @@ if TYPE_CHECKING:  # plots loads matplotlib: only a drawn report needs it
     from .plots import Curve
 
 __all__ = ["LRUCurve", "dense_lru_curve", "same_trace", "DENSE_POINTS"]
+
+# The path a half of ``compare --split`` records: the trace's, ``#`` and its name
+# (``sim.split.HALVES``, which this plane may not import).
+_HALF = re.compile(r"#(first|second)-half$")
 
 #: Capacities on the dense curve (log-spaced over the plotted range).
 DENSE_POINTS = 200
@@ -43,16 +50,20 @@ class LRUCurve:
     note: str
 
 
-def dense_lru_curve(trace: TraceInfo, trace_path: str | None, runs: list[Run]) -> LRUCurve:
+def dense_lru_curve(trace: TraceInfo, source: str | Trace | None, runs: list[Run]) -> LRUCurve:
     """Computes the curve over the capacities of ``runs`` (object semantics, one tier).
 
     Args:
         trace: the trace the results describe.
-        trace_path: where to read it; None means ``trace.path`` as recorded.
+        source: where to read it (None means ``trace.path`` as recorded), or the trace itself
+            (used only if it has the recorded fingerprint).
         runs: the object-semantics single-tier runs the curve is drawn with.
     """
-    path = trace_path or trace.path
-    loaded = _load_same_trace(trace, path)
+    if isinstance(source, Trace):
+        loaded = source if source.fingerprint == trace.fingerprint else \
+            "The dense one-pass LRU curve is left out: the trace given is not the one these results came from."
+    else:
+        loaded = _load_same_trace(trace, source or trace.path)
     if isinstance(loaded, str):
         return LRUCurve(None, None, loaded)
     from .plots import Curve  # loads matplotlib: the curve is about to be drawn
@@ -85,6 +96,10 @@ def same_trace(path: str, recorded: str) -> bool:
 def _load_same_trace(trace: TraceInfo, path: str) -> Trace | str:
     """The trace at ``path`` (a file or a kv-cache-tester folder) when it is the results'
     trace; otherwise why not."""
+    half = _HALF.search(path or "")
+    if half and not Path(path).exists():  # its fingerprint is no file's: --trace could not match
+        return (f"The dense one-pass LRU curve is left out: these results are of the {half[1]} half of "
+                f"{path[:half.start()]}, which no file holds (the report compare --split writes draws it).")
     if not path or not Path(path).exists():
         return f"The dense one-pass LRU curve is left out: the trace {path or '(not recorded)'} was not found (give --trace)."
     try:

@@ -16,9 +16,11 @@ from ..results import LayoutInfo, TierRecord
 from . import fmt
 from .document import Table
 from .model import ReportData, Run, per_layer_block
-from .summary import BASELINE, BELADY, BEYOND_BELADY, CapacityBest, gap_text, gaps_for, layouts_need_naming
+from .summary import (BASELINE, BELADY, BEYOND_BELADY, CapacityBest, beats_belady, gap_closed, gap_text, gaps_for,
+                      layouts_need_naming)
 
-__all__ = ["MODELED_TIME", "PREFETCHED", "runs_table", "tier_table", "tiers_text", "codec_sentences", "best_table", "trace_table", "results_csv"]
+__all__ = ["MODELED_TIME", "PREFETCHED", "runs_table", "tier_table", "tiers_text", "codec_sentences", "best_table", "split_best_table",
+           "trace_table", "results_csv"]
 
 #: What a run's "modeled time" (``modeled_seconds.total``) counts.
 MODELED_TIME = ("Modeled time is the recompute time of the misses plus every transfer between tiers, background "
@@ -170,19 +172,49 @@ def best_table(best: list[CapacityBest]) -> Table:
     (``layouts_need_naming``): hierarchies of one total are different rows.
     """
     named = layouts_need_naming([b.best for b in best])
-    header = ("semantics", "hierarchy", "capacity (blocks)") + (("tiers (blocks)",) if named else ()) + (
+    header = _cache_header(named) + (
         "best online policy", "its miss ratio", f"{BASELINE} miss ratio", f"{BELADY} miss ratio", "gap closed")
-    rows = tuple(
-        (b.semantics.value, b.mode.value, fmt.integer(b.capacity_blocks)) + ((tiers_text(b.best),) if named else ()) + (
-         b.best.label, fmt.percent(b.best.miss_ratio, 2),
-         fmt.optional(b.lru and b.lru.miss_ratio, lambda v: fmt.percent(v, 2)),
-         fmt.optional(b.belady and b.belady.miss_ratio, lambda v: fmt.percent(v, 2)),
-         fmt.optional(b.gap_closed, gap_text))
-        for b in best
-    )
+    rows = tuple(_cache_cells(b, named) + (b.best.label, _ratio(b.best.miss_ratio)) + _reference_cells(b)
+                 + (fmt.optional(b.gap_closed, gap_text),) for b in best)
     caption = _sentence(BEYOND_BELADY) if any(b.beats_belady for b in best) else ""
     return Table(header, rows, (False, False, True) + ((False,) if named else ()) + (False, True, True, True, True),
                  caption=caption)
+
+
+def split_best_table(best: list[CapacityBest], tuned: list[tuple[str | None, Run | None]]) -> Table:
+    """``best_table`` of a split report (of the second half), with split.md's columns: in each
+    cache the policy tuned on the first half (``tuned``, one (label, its run here) per entry of
+    ``best``, in order) and its figures, then the best in hindsight, the winner of this half itself."""
+    named = layouts_need_naming([b.best for b in best])
+    header = _cache_header(named) + ("tuned on 1st half", "its miss ratio", f"{BASELINE} miss ratio",
+                                     f"{BELADY} miss ratio", "gap closed", "best in hindsight", "hindsight miss ratio",
+                                     "hindsight gap closed")
+    rows = tuple(_cache_cells(b, named) + (label or "–", fmt.optional(run and run.miss_ratio, _ratio))
+                 + _reference_cells(b) + (fmt.optional(run and gap_closed(run, b.lru, b.belady), gap_text),
+                                          b.best.label, _ratio(b.best.miss_ratio), fmt.optional(b.gap_closed, gap_text))
+                 for b, (label, run) in zip(best, tuned))
+    beyond = any(b.beats_belady or (run is not None and beats_belady(run, b.belady)) for b, (_, run) in zip(best, tuned))
+    return Table(header, rows, (False, False, True) + ((False,) if named else ()) + (False, True, True, True, True, False,
+                 True, True), caption=_sentence(BEYOND_BELADY) if beyond else "")
+
+
+def _cache_header(named: bool) -> tuple[str, ...]:
+    """The columns that name a cache (its tiers too where ``named``: ``layouts_need_naming``)."""
+    return ("semantics", "hierarchy", "capacity (blocks)") + (("tiers (blocks)",) if named else ())
+
+
+def _cache_cells(best: CapacityBest, named: bool) -> tuple[str, ...]:
+    return (best.semantics.value, best.mode.value, fmt.integer(best.capacity_blocks)) + (
+        (tiers_text(best.best),) if named else ())
+
+
+def _reference_cells(best: CapacityBest) -> tuple[str, str]:
+    """LRU's and Belady's miss ratios of the cache ("–" where not run)."""
+    return (fmt.optional(best.lru and best.lru.miss_ratio, _ratio), fmt.optional(best.belady and best.belady.miss_ratio, _ratio))
+
+
+def _ratio(value: float) -> str:
+    return fmt.percent(value, 2)
 
 
 def trace_table(data: ReportData) -> Table:
