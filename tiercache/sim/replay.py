@@ -20,7 +20,7 @@ import operator
 import time
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Callable
+from typing import Callable, Iterable
 
 import numpy as np
 import psutil
@@ -41,7 +41,7 @@ from .loader import Trace
 from .prep import dense_and_next_use, step_next_use
 from .traces import MOONCAKE_BLOCK_TOKENS
 
-__all__ = ["RunSpec", "ReplayData", "replay", "check_run", "use_kernels", "tier_record", "block_tokens_of",
+__all__ = ["RunSpec", "ReplayData", "replay", "check_run", "use_kernels", "load_kernels", "tier_record", "block_tokens_of",
            "modeled_seconds", "Semantics"]
 
 
@@ -277,8 +277,26 @@ def _replay_kernels(spec: RunSpec, data: ReplayData, on_progress: Callable[[int]
     return run_record(spec, data, manager.stats(), meter, saved, wall)
 
 
+def load_kernels(specs: Iterable[RunSpec], data: ReplayData) -> None:
+    """Compiles (first time on this machine) or loads from numba's cache the replay kernels, in
+    this process, if any of ``specs`` will replay ``data`` on them. A sweep calls it before it
+    forks its workers: they inherit the compiled code, where each would otherwise compile the
+    same kernels at the same time (N workers: N times the CPU, and more wall time on a busy
+    machine).
+
+    Invariant: replays nothing and changes nothing in ``data``. One compiled signature serves
+    every policy, semantics and hierarchy (the chain dispatches on the kernel's number; the
+    state arrays' types do not depend on them), so a manager of one id over one tier compiles
+    what every run needs. Without numba (or when no run can use the kernels) it does nothing.
+    """
+    spec = next((s for s in specs if use_kernels(s) and kernel_state_fits(s, data)), None)
+    if spec is not None:
+        manager = ArrayTierManager(spec.policy, (spec.tiers[0].name,), (1,), 1)
+        _load_kernels(manager, data, spec.semantics is Semantics.PREFIX, np.zeros(1, dtype=np.int64))
+
+
 def _load_kernels(manager: ArrayTierManager, data: ReplayData, prefix: bool, hit_len: np.ndarray) -> None:
-    """Makes numba compile (first time on this machine, ~45 s and more) or load from its cache
+    """Makes numba compile (first time on this machine: about a minute) or load from its cache
     the compiled replay for the argument types ``_replay_kernels`` passes, by a call over no
     request, so that a run's ``wall_seconds`` times the replay alone, never the compilation.
 

@@ -32,7 +32,7 @@ from tiercache.results import LayoutInfo, ResultsDocument, RunRecord, Semantics,
 from .hardware import HardwareProfile
 from .loader import Trace, load_trace
 from .oracle import trace_layout
-from .replay import ReplayData, RunSpec, check_run, replay
+from .replay import ReplayData, RunSpec, check_run, load_kernels, replay
 
 __all__ = ["SweepSpec", "check_policy_names", "plan_runs", "sweep", "run_sweep", "check_memory", "SLOT_BYTES"]
 
@@ -304,7 +304,9 @@ def _with_bar(bar: tqdm, record: RunRecord) -> RunRecord:
 
 def _in_workers(runs: list[RunSpec], data: ReplayData, workers: int, bar: tqdm) -> list[RunRecord]:
     """Replays ``runs`` in ``workers`` forked processes, which share ``data`` (its arrays are
-    not copied); returns the records in run order, the bar counting runs as they end.
+    not copied); returns the records in run order, the bar counting runs as they end. The
+    replay kernels are compiled (or loaded) here first, once (``load_kernels``): the forked
+    workers inherit them, and none compiles them again.
 
     The first failure ends the sweep at once, with no worker left running: a run that raised
     raises here (an out-of-tree policy's failure is a ``UserError`` already), and Ctrl-C
@@ -315,6 +317,7 @@ def _in_workers(runs: list[RunSpec], data: ReplayData, workers: int, bar: tqdm) 
             replaying and how it died.
     """
     global _WORKER_DATA, _STARTED
+    load_kernels(runs, data)  # before the fork: the workers inherit the compiled kernels
     context = multiprocessing.get_context("fork")
     _WORKER_DATA, _STARTED = data, context.RawArray("q", len(runs))
     executor = ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker)
