@@ -32,13 +32,16 @@ The miss ratios are the ones ``tiercache replay`` reports for ``lru`` and ``bela
 
 from __future__ import annotations
 
+import argparse
 import heapq
 import json
 from collections import OrderedDict
 
 import numpy as np
 
-from tiercache.bench.script_args import ScriptParser
+from tiercache.bench.script_args import ScriptParser, positive_ints, refuse_bad_outputs
+from tiercache.config import TraceKind
+from tiercache.errors import UserError
 from tiercache.sim.loader import load_trace
 
 #: Never used again (sorts after every position).
@@ -46,9 +49,25 @@ NEVER = 1 << 62
 
 
 def requests_of(path: str) -> tuple[list[int], list[int]]:
-    """The trace's block ids in access order and its request offsets (``len(requests) + 1``)."""
+    """The trace's block ids in access order and its request offsets (``len(requests) + 1``).
+
+    Raises:
+        UserError: a trace that cannot be read (``TraceError``: the file and line), or a step
+            trace (its reads and writes are no requests: prefix semantics means nothing there).
+    """
     trace = load_trace(path)
+    if trace.kind is not TraceKind.REQUESTS:
+        raise UserError(f"{path}: a step trace; this script analyses request traces (Mooncake, Bailian or "
+                        f"kv-cache-tester), whose requests reuse a prefix")
     return [int(b) for b in trace.ids], [int(o) for o in trace.offsets]
+
+
+def checked_requests(parser: argparse.ArgumentParser, path: str) -> tuple[list[int], list[int]]:
+    """``requests_of(path)``, where a trace it refuses ends in one line (``parser.error``, exit 2)."""
+    try:
+        return requests_of(path)
+    except UserError as exc:
+        parser.error(str(exc))
 
 
 def next_uses(ids: list[int]) -> list[int]:
@@ -215,15 +234,26 @@ def describe(ids: list[int], offsets: list[int], capacity: int, upcoming: list[i
             "beyond_2_capacities": float(np.mean(np.array(gaps) > 2.0)) if gaps else 0.0}
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The options and the trace (``args.ids``, ``args.offsets``), every one checked before any
+    replay: a bad capacity, an unwritable ``--json``, or a trace that is missing, malformed or
+    of steps ends in one line (exit 2)."""
     parser = ScriptParser(description=__doc__.split("\n")[0])
-    parser.add_argument("trace", help="trace file or kv-cache-tester folder")
-    parser.add_argument("--capacity", default="1000,4000,16000", help="comma list of capacities in blocks")
+    parser.add_argument("trace", help="request trace file or kv-cache-tester folder")
+    parser.add_argument("--capacity", type=positive_ints, default="1000,4000,16000",
+                        help="comma list of capacities in blocks")
     parser.add_argument("--json", help="write the rows here")
-    args = parser.parse_args()
-    ids, offsets = requests_of(args.trace)
+    args = parser.parse_args(argv)
+    refuse_bad_outputs(parser, {"--json": args.json})
+    args.ids, args.offsets = checked_requests(parser, args.trace)
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    ids, offsets = args.ids, args.offsets
     upcoming = next_uses(ids)
-    rows = [describe(ids, offsets, int(c), upcoming) for c in args.capacity.split(",")]
+    rows = [describe(ids, offsets, capacity, upcoming) for capacity in args.capacity]
     print(f"{'capacity':>8} {'LRU':>7} {'Belady':>7} {'freq':>7} {'dead1st':>7} {'1use1st':>7} {'class':>5} {'const':>5} {'both':>6} "
           f"{'B only':>7} {'gap/capacity q10,50,90':>24} {'>2 cap':>7} {'prior uses q10,50,90':>21} {'depth q10,50,90':>18}")
     for row in rows:
@@ -234,7 +264,7 @@ def main() -> None:
               f"{str(row['prior_uses_q10_50_90']):>21} {str(row['depth_q10_50_90']):>18}")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump(rows, fh, indent=2)
+            json.dump(rows, fh, indent=2, allow_nan=False)
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ and close 40% / 41% at 16k; on the kv-cache-tester sample 41% / 21% at 500 block
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -42,10 +43,11 @@ import sys
 
 import numpy as np
 
-from tiercache.bench.script_args import ScriptParser
+from tiercache.bench.script_args import ScriptParser, positive_ints, refuse_bad_outputs
+from tiercache.report.fmt import percent_or_na
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from belady_gap import NEVER, belady_hits, lru_hits, next_uses, requests_of  # noqa: E402
+from belady_gap import NEVER, belady_hits, checked_requests, lru_hits, next_uses, requests_of  # noqa: E402
 
 #: Age bins of a density table (log-spaced from capacity / 64 to the horizon).
 BINS = 64
@@ -178,7 +180,14 @@ def _evict(block: int, cached: dict, parent: dict, children: dict, leaves: _Leav
 
 
 def bound_rows(path: str, capacities: list[int], horizon: float, fit: str = "all") -> list[dict]:
-    """Per capacity: LRU, Belady and both class rankings' miss ratios and gap closed.
+    """``rows_of`` the trace at ``path`` (``requests_of``: a step trace is refused)."""
+    ids, offsets = requests_of(path)
+    return rows_of(ids, offsets, capacities, horizon, fit)
+
+
+def rows_of(ids: list[int], offsets: list[int], capacities: list[int], horizon: float, fit: str = "all") -> list[dict]:
+    """Per capacity: LRU, Belady and both class rankings' miss ratios and gap closed (None
+    where LRU misses no more than Belady: no gap to close, printed ``n/a`` as gap_closed.py does).
 
     With ``fit`` "all" the curves are fitted on the whole trace and every access is scored.
     With "first-half" they are fitted on the first half of the accesses (their reuse gaps may
@@ -186,7 +195,6 @@ def bound_rows(path: str, capacities: list[int], horizon: float, fit: str = "all
     the miss ratio over the second half: whether what the classes say carries forward in time.
     A class the first half never saw falls back to the curve of all its accesses together.
     """
-    ids, offsets = requests_of(path)
     upcoming = next_uses(ids)
     start, end = (len(ids) // 2 if fit == "first-half" else 0), (len(ids) // 2 if fit == "first-half" else len(ids))
     rows = []
@@ -202,28 +210,57 @@ def bound_rows(path: str, capacities: list[int], horizon: float, fit: str = "all
             tables.update({cls: pooled for cls in set(classes) - tables.keys()})
             miss = 1 - ranked_hits(ids, offsets, capacity, classes, tables, edges)[start:].mean()
             row[f"{name}_miss"] = miss
-            row[f"{name}_gap_closed"] = (lru - miss) / (lru - belady) if lru > belady else float("nan")
+            row[f"{name}_gap_closed"] = (lru - miss) / (lru - belady) if lru > belady else None
         rows.append(row)
     return rows
 
 
-def main() -> None:
+def horizon_capacities(text: str) -> float:
+    """argparse type of ``--horizon``: a finite number of capacities above 1/64, where the
+    first age bin ends (``age_edges`` must increase).
+
+    Raises:
+        argparse.ArgumentTypeError: not a number, or not above 1/64 (argparse names the option).
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of capacities, got {text!r}") from None
+    if not 1 / 64 < value < math.inf:  # nan fails both comparisons
+        raise argparse.ArgumentTypeError(f"expected a finite number of capacities above 1/64, got {text}")
+    return value
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The options and the trace (``args.ids``, ``args.offsets``), every one checked before any
+    ranking: a bad capacity or horizon, an unwritable ``--json``, or a trace that is missing,
+    malformed or of steps ends in one line (exit 2)."""
     parser = ScriptParser(description=__doc__.split("\n")[0])
-    parser.add_argument("trace", help="trace file or kv-cache-tester folder")
-    parser.add_argument("--capacity", default="1000,4000,16000", help="comma list of capacities in blocks")
-    parser.add_argument("--horizon", type=float, default=4.0, help="longest stay, in capacities (default 4)")
+    parser.add_argument("trace", help="request trace file or kv-cache-tester folder")
+    parser.add_argument("--capacity", type=positive_ints, default="1000,4000,16000",
+                        help="comma list of capacities in blocks")
+    parser.add_argument("--horizon", type=horizon_capacities, default=4.0,
+                        help="longest stay, in capacities (default 4)")
     parser.add_argument("--fit", choices=("all", "first-half"), default="all",
                         help="fit on the whole trace (default), or on its first half and score the second")
     parser.add_argument("--json", help="write the rows here")
-    args = parser.parse_args()
-    rows = bound_rows(args.trace, [int(c) for c in args.capacity.split(",")], args.horizon, args.fit)
+    args = parser.parse_args(argv)
+    refuse_bad_outputs(parser, {"--json": args.json})
+    args.ids, args.offsets = checked_requests(parser, args.trace)
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    rows = rows_of(args.ids, args.offsets, args.capacity, args.horizon, args.fit)
     print(f"{'capacity':>8} {'LRU':>7} {'Belady':>7} {'coarse':>7} {'closed':>7} {'rich':>7} {'closed':>7}")
     for row in rows:
         print(f"{row['capacity']:>8} {row['lru_miss']:7.4f} {row['belady_miss']:7.4f} {row['coarse_miss']:7.4f} "
-              f"{row['coarse_gap_closed'] * 100:6.1f}% {row['rich_miss']:7.4f} {row['rich_gap_closed'] * 100:6.1f}%")
+              f"{percent_or_na(row['coarse_gap_closed']):>7} {row['rich_miss']:7.4f} "
+              f"{percent_or_na(row['rich_gap_closed']):>7}")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump(rows, fh, indent=2)
+            json.dump(rows, fh, indent=2, allow_nan=False)  # strict JSON: no gap is null
 
 
 if __name__ == "__main__":

@@ -49,3 +49,36 @@ def test_a_sweep_compiles_its_kernels_once_in_the_parent_and_no_worker_compiles_
     at_pool, *at_runs = eval(done.stdout.strip().splitlines()[-1])
     assert at_pool >= 1, "the pool was forked before the parent compiled (or loaded) the replay kernels"
     assert all(n >= 1 for n in at_runs), f"a worker began a run with no compiled kernel: {at_runs}"
+
+
+def _analysis(script: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / script), *args], capture_output=True, text=True,
+                          timeout=120, cwd=cwd)
+
+
+@pytest.mark.parametrize("script", ["belady_gap.py", "class_bound.py"])
+def test_analysis_scripts_end_bad_input_in_one_line_before_any_work_and_say_na_without_a_gap(script, tmp_path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1, 2]}\n'
+                   '{"timestamp": 1, "input_length": \n')
+    steps = tmp_path / "steps.jsonl"
+    steps.write_text('{"block_tokens": 16}\n{"step": 0, "layer": 0, "read": [], "write": [0, 1, 2]}\n'
+                     '{"step": 1, "layer": 0, "read": [0, 1, 2], "write": [3]}\n')
+    cases = {  # arguments -> what the one line must say
+        ("/nonexistent/trace.jsonl", "--capacity", "10"): "/nonexistent/trace.jsonl",
+        (str(bad), "--capacity", "10"): "line 2",
+        (str(HEAD), "--capacity", "0"): "--capacity",
+        (str(HEAD), "--capacity", "abc"): "--capacity",
+        (str(HEAD), "--capacity", "10", "--json", "/nonexistent/rows.json"): "--json",
+        (str(steps), "--capacity", "10"): "step trace",
+    }
+    for args, says in cases.items():
+        done = _analysis(script, *args, cwd=tmp_path)
+        lines = done.stderr.splitlines()
+        assert done.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"{script}: error: "), (args, done.stderr)
+        assert says in lines[0] and done.stdout == "", (args, done.stderr, done.stdout)
+    if script == "class_bound.py":  # no eviction at all: LRU equals Belady, no gap to close
+        done = _analysis(script, str(HEAD), "--capacity", "100000", "--json", str(tmp_path / "rows.json"), cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+        assert "nan" not in done.stdout and done.stdout.splitlines()[1].split()[-1] == "n/a", done.stdout
+        assert '"coarse_gap_closed": null' in (tmp_path / "rows.json").read_text()
