@@ -82,3 +82,18 @@ def test_analysis_scripts_end_bad_input_in_one_line_before_any_work_and_say_na_w
         assert done.returncode == 0, done.stderr
         assert "nan" not in done.stdout and done.stdout.splitlines()[1].split()[-1] == "n/a", done.stdout
         assert '"coarse_gap_closed": null' in (tmp_path / "rows.json").read_text()
+
+
+def _readme() -> str:
+    """README.md with its line breaks as spaces (a sentence may wrap anywhere)."""
+    return " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+
+
+def test_readme_says_a_recorded_runs_replay_matches_its_bytes_moved_only_with_retained_copies_charged_back() -> None:
+    # The behaviour is tested in tests/test_live_probe_s.py (as_replay_charges(live) == the replay's
+    # bytes_moved); the live stats()["bytes_moved"] leave out the retained NVMe copies taken back.
+    text = _readme()
+    start = text.index('`TieredKVCache(..., record="steps.jsonl")` writes the step trace')
+    sentence = text[start : text.index("a move that failed on the disk", start)]
+    assert "byte for byte" in sentence and "as_replay_charges(stats)" in sentence, sentence
+    assert "retained_takeups" in sentence, sentence
