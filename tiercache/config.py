@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import enum
 import functools
+import math
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .errors import ConfigError
 from .remote_config import RemoteConfig, RemoteWrite
@@ -233,7 +234,9 @@ class KVLayout:
 
     Invariants: every field positive; ``dtype`` is one of ``DTYPE_BYTES``. A block holds
     ``block_tokens`` tokens of one sequence across all ``layers`` when ``per_layer`` is False,
-    or of one layer when it is True (the unit that allows layer-ahead prefetch).
+    or of one layer when it is True (the unit that allows layer-ahead prefetch). ``params``
+    is the model's parameter count (None when unknown): a hardware profile's prefill speed,
+    the reference model's, scales by it (``HardwareProfile.prefill_rate``).
     """
 
     layers: int
@@ -243,10 +246,13 @@ class KVLayout:
     block_tokens: int = 256
     per_layer: bool = False
     name: str = "custom"
+    params: int | None = None
 
     def __post_init__(self) -> None:
-        for attr in ("layers", "kv_heads", "head_dim", "block_tokens"):
+        for attr in ("layers", "kv_heads", "head_dim", "block_tokens", "params"):
             value = getattr(self, attr)
+            if attr == "params" and value is None:
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ConfigError(f"KVLayout.{attr}: must be a positive integer, got {value!r}")
         if self.dtype not in DTYPE_BYTES:
@@ -279,16 +285,18 @@ class KVLayout:
 
     def with_block_tokens(self, block_tokens: int) -> "KVLayout":
         """The same layout with another block size."""
-        return KVLayout(self.layers, self.kv_heads, self.head_dim, self.dtype, block_tokens, self.per_layer, self.name)
+        return replace(self, block_tokens=block_tokens)
 
 
+# Parameter counts from each model's public config (embeddings and LM head included; weight
+# FLOPs per token are about 2 x params, which scales the prefill speed).
 MODEL_PRESETS: dict[str, KVLayout] = {
-    "llama-3-8b": KVLayout(layers=32, kv_heads=8, head_dim=128, name="llama-3-8b"),
-    "llama-3-70b": KVLayout(layers=80, kv_heads=8, head_dim=128, name="llama-3-70b"),
-    "llama-3.1-8b": KVLayout(layers=32, kv_heads=8, head_dim=128, name="llama-3.1-8b"),
-    "qwen2.5-7b": KVLayout(layers=28, kv_heads=4, head_dim=128, name="qwen2.5-7b"),
-    "qwen2.5-72b": KVLayout(layers=80, kv_heads=8, head_dim=128, name="qwen2.5-72b"),
-    "mistral-7b": KVLayout(layers=32, kv_heads=8, head_dim=128, name="mistral-7b"),
+    "llama-3-8b": KVLayout(layers=32, kv_heads=8, head_dim=128, name="llama-3-8b", params=8_030_261_248),
+    "llama-3-70b": KVLayout(layers=80, kv_heads=8, head_dim=128, name="llama-3-70b", params=70_553_706_496),
+    "llama-3.1-8b": KVLayout(layers=32, kv_heads=8, head_dim=128, name="llama-3.1-8b", params=8_030_261_248),
+    "qwen2.5-7b": KVLayout(layers=28, kv_heads=4, head_dim=128, name="qwen2.5-7b", params=7_615_616_512),
+    "qwen2.5-72b": KVLayout(layers=80, kv_heads=8, head_dim=128, name="qwen2.5-72b", params=72_706_203_648),
+    "mistral-7b": KVLayout(layers=32, kv_heads=8, head_dim=128, name="mistral-7b", params=7_241_732_096),
 }
 
 
@@ -423,12 +431,27 @@ def split_items(text: str, option: str) -> list[str]:
     return items
 
 
-_LAYOUT_FIELDS = {"layers": int, "kv_heads": int, "head_dim": int, "dtype": str, "block_tokens": int}
+def _parameter_count(raw: str) -> int:
+    """A parameter count as given to ``--layout params=``: an integer or a number in
+    e-notation (``70553706496``, ``70.55e9``), rounded to a whole count."""
+    try:
+        return int(raw)
+    except ValueError:
+        number = float(raw)  # ValueError: not a number
+        if not math.isfinite(number) or number < 1:
+            raise ValueError(raw) from None
+        return round(number)
+
+
+_LAYOUT_FIELDS = {"layers": int, "kv_heads": int, "head_dim": int, "dtype": str, "block_tokens": int,
+                  "params": _parameter_count}
 
 
 def parse_layout(spec: str, block_tokens: int | None = None) -> KVLayout:
-    """Parses ``"layers=32,kv_heads=8,head_dim=128[,dtype=bfloat16][,block_tokens=256]"``.
+    """Parses ``"layers=32,kv_heads=8,head_dim=128[,dtype=bfloat16][,block_tokens=256][,params=8.03e9]"``.
 
+    ``params`` is the model's parameter count, which scales the hardware profile's prefill
+    speed (the reference model's); without it, recompute and TTFT use that speed unscaled.
     A model preset name is accepted too. ``block_tokens``, when given, is the trace's block
     size: the layout takes it, and a spec that names another is refused (never silently
     replaced).
@@ -449,7 +472,8 @@ def parse_layout(spec: str, block_tokens: int | None = None) -> KVLayout:
         try:
             values[key] = _LAYOUT_FIELDS[key](raw)
         except ValueError:
-            raise ConfigError(f"--layout: {key}={raw!r} is not an integer") from None
+            kind = "a parameter count (e.g. 8030261248 or 8.03e9)" if key == "params" else "an integer"
+            raise ConfigError(f"--layout: {key}={raw!r} is not {kind}") from None
     missing = [k for k in ("layers", "kv_heads", "head_dim") if k not in values]
     if missing:
         raise ConfigError(f"--layout: missing {', '.join(missing)}")

@@ -305,7 +305,7 @@ def _instance_record(index: int, instance: _Instance, layout: KVLayout | None, p
     stats, usage = instance.stats, sorted(instance.engine.usage.items())
     ttft = None
     if profile is not None:
-        ttft = round(instance.saved_tokens / profile.require_prefill().prefill_tokens_per_s - _load_seconds(instance), 6)
+        ttft = round(instance.saved_tokens / profile.prefill_rate(layout) - _load_seconds(instance), 6)
     return InstanceRecord(
         instance=index, requests=instance.requests, accesses=stats.accesses, hits=stats.hits, misses=stats.misses,
         tier_hits={t.name: t.hits for t in stats.tiers}, bytes_moved={k: u.bytes for k, u in usage} if layout else {},
@@ -343,7 +343,7 @@ def _record(spec: FleetSpec, instances: list[_Instance], store: _Store | None, l
     saved = sum(r.prefill_tokens_saved for r in rows)
     seconds = {}
     if profile is not None:  # per link over all instances, and prefill time of every token not reused
-        seconds = modeled_seconds(_summed(r.modeled_seconds for r in rows), profile, prefill_tokens - saved)
+        seconds = modeled_seconds(_summed(r.modeled_seconds for r in rows), profile, prefill_tokens - saved, layout)
     return RunRecord(
         policy=spec.policy, admission="always", semantics=Semantics.PREFIX, offline=False,
         mode=Mode.EXCLUSIVE if len(tiers) > 1 else Mode.SINGLE, capacity_blocks=sum(t.capacity_blocks for t in tiers),

@@ -10,6 +10,14 @@ define ``dram->hbm``, ``hbm->dram``, ``nvme->dram`` and ``dram->nvme``; ``nvme->
 ``hbm->nvme``, unless given explicitly (GPUDirect Storage), are staged through DRAM and
 cost the sum of both hops (no overlap between the hops of one transfer is assumed).
 
+A profile's ``prefill_tokens_per_s`` is the prefill speed of the reference model,
+``REFERENCE_MODEL`` (Llama-3-8B, ``REFERENCE_PARAMS`` parameters). A model of ``P``
+parameters prefills at that rate times ``REFERENCE_PARAMS / P`` (weight FLOPs per token are
+about ``2 P``): ``prefill_rate(layout)``. A layout without a parameter count (a custom
+``--layout`` without ``params=``) is charged the reference rate unscaled. The rate is a flat
+per-token average: attention over a long context, which makes a long prompt's tokens dearer,
+is not modeled, so recompute seconds and TTFT saved of long prompts are lower bounds.
+
 A shared remote tier (a fleet replay, ``tiercache replay --instances``) adds the network
 links ``remote->dram`` and ``dram->remote`` (``with_network`` and the ``NETWORK_PRESETS``); ``remote->hbm`` and
 ``hbm->remote`` are staged through DRAM unless given (GPUDirect RDMA).
@@ -27,8 +35,13 @@ from typing import Any, Mapping
 from tiercache.errors import UserError
 from tiercache.results.outfile import replace_file
 
-__all__ = ["Link", "HardwareProfile", "PRESETS", "REQUIRED_LINKS", "NETWORK_PRESETS", "with_network", "load_profile",
+__all__ = ["Link", "HardwareProfile", "PRESETS", "REFERENCE_MODEL", "REFERENCE_PARAMS", "REQUIRED_LINKS", "NETWORK_PRESETS", "with_network", "load_profile",
            "save_profile"]
+
+#: The model whose prefill speed a profile's ``prefill_tokens_per_s`` is, and its parameter count
+#: (its public config; ``MODEL_PRESETS["llama-3-8b"].params``).
+REFERENCE_MODEL = "llama-3-8b"
+REFERENCE_PARAMS = 8_030_261_248
 
 #: Links every profile defines.
 REQUIRED_LINKS = ("dram->hbm", "hbm->dram", "nvme->dram", "dram->nvme")
@@ -115,7 +128,7 @@ class HardwareProfile:
     ``"src->dst"`` over hbm/dram/nvme (and remote: both ``NETWORK_LINKS`` or neither, never
     one alone, which a fleet replay would otherwise replace by a preset); it is read-only.
     ``prefill_tokens_per_s > 0`` is the rate at which recomputing a missed prefix costs time
-    (tokens of the reference model), or None when the profile has none (``tiercache bench`` measures links, not prefill): such a
+    (tokens of ``REFERENCE_MODEL``; ``prefill_rate`` scales it to a model), or None when the profile has none (``tiercache bench`` measures links, not prefill): such a
     profile models link seconds only, and ``require_prefill`` refuses recompute and TTFT.
     ``source`` is the JSON file it was read from (None for a preset), named in its errors.
     """
@@ -170,13 +183,25 @@ class HardwareProfile:
             return sum(self.links[hop].seconds(nbytes, ntransfers) for hop in STAGED_LINKS[path])
         raise KeyError(f"hardware profile {self.name!r} has no link {path!r}")
 
-    def prefill_seconds(self, tokens: int) -> float:
-        """Time to recompute ``tokens`` tokens of prefill.
+    def prefill_rate(self, layout: Any = None) -> float:
+        """Prefill tokens/s of ``layout``'s model: ``prefill_tokens_per_s`` (the reference
+        model's) times ``REFERENCE_PARAMS / layout.params``; unscaled for no layout or a
+        layout whose ``params`` is None. Equal to ``prefill_tokens_per_s`` for llama-3-8b.
 
         Raises:
             UserError: the profile has no prefill speed.
         """
-        return tokens / self.require_prefill().prefill_tokens_per_s
+        rate = self.require_prefill().prefill_tokens_per_s
+        params = getattr(layout, "params", None)
+        return rate if params is None or params == REFERENCE_PARAMS else rate * REFERENCE_PARAMS / params
+
+    def prefill_seconds(self, tokens: int, layout: Any = None) -> float:
+        """Time to recompute ``tokens`` tokens of prefill of ``layout``'s model (see ``prefill_rate``).
+
+        Raises:
+            UserError: the profile has no prefill speed.
+        """
+        return tokens / self.prefill_rate(layout)
 
 
 def _profile(
@@ -199,8 +224,8 @@ def _profile(
 # * NVMe: one Gen4 x4 enterprise drive ~7 GB/s sequential read / ~5 GB/s write; Gen5 x4
 #   ~14 GB/s read / ~10 GB/s write. ~80 us per I/O for Gen4 (QD1 4K read latency of TLC
 #   drives), ~60 us for Gen5. A RAID of drives is a custom JSON profile.
-# * Prefill throughput of the reference model (Llama-3-8B class, ~16 GFLOP per token with
-#   2 * params FLOPs) at ~45 % MFU of the dense bf16 peak: H100/H200/GH200 989 TFLOPS ->
+# * Prefill throughput of the reference model (REFERENCE_MODEL, Llama-3-8B, ~16 GFLOP per
+#   token with 2 * params FLOPs; other models scale by their parameter count) at ~45 % MFU of the dense bf16 peak: H100/H200/GH200 989 TFLOPS ->
 #   ~28k tokens/s (H100 a little lower: less HBM bandwidth for attention); A100 312 TFLOPS
 #   -> ~9k tokens/s. Attention FLOPs of very long prompts make real prefill slower.
 PRESETS: dict[str, HardwareProfile] = {
@@ -275,9 +300,14 @@ def _profile_from_json(path: str, data: Any) -> HardwareProfile:
         links = {name: _link_from_json(name, spec) for name, spec in data["links"].items()}
         rate = data["prefill_tokens_per_s"]  # null: no prefill speed
         rate = None if rate is None else _number_in(rate, "prefill_tokens_per_s", PREFILL_RANGE)
-        return HardwareProfile(data["name"], links, rate, path)
+        profile = HardwareProfile(data["name"], links, rate, path)
     except UserError as exc:
         raise UserError(f"{path}: {exc}") from None
+    preset = PRESETS.get(profile.name)
+    if preset is not None and preset != profile:  # results and reports would name the preset
+        raise UserError(f"{path}: hardware profile name {profile.name!r} is a preset's, but its links or prefill speed "
+                        "differ from that preset's; give the profile a name of its own")
+    return profile
 
 
 def _link_from_json(name: str, spec: Any) -> Link:

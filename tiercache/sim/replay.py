@@ -374,7 +374,7 @@ def run_record(spec: RunSpec, data: ReplayData, stats: HierarchyStats, meter: Hi
         tiers=tiers, wall_seconds=round(wall, 4),
         bytes_moved={link: u.bytes for link, u in sorted(engine.usage.items())} if layout else {},
         modeled_seconds=modeled_seconds({link: u.seconds for link, u in engine.usage.items()}, profile,
-                                        _recomputed_tokens(spec, data, stats, saved_tokens)) if layout and profile else {},
+                                        _recomputed_tokens(spec, data, stats, saved_tokens), layout) if layout and profile else {},
         **_prefix_figures(spec, engine, data, saved_tokens), placement=spec.placement, prefetch=spec.prefetch,
         offline=bool(get_eviction(spec.policy).needs_future), **(prefetch_counts or {}),
     )
@@ -403,11 +403,13 @@ def _recomputed_tokens(spec: RunSpec, data: ReplayData, stats: HierarchyStats, s
     return stats.misses * data.block_tokens
 
 
-def modeled_seconds(link_seconds: dict[str, float], profile: HardwareProfile, recomputed_tokens: int) -> dict:
-    """Busy seconds per link (``link_seconds``), prefill time of the ``recomputed_tokens``
-    ("recompute"), and their serial sum ("total"); each rounded to the microsecond."""
+def modeled_seconds(link_seconds: dict[str, float], profile: HardwareProfile, recomputed_tokens: float,
+                    layout: KVLayout | None) -> dict:
+    """Busy seconds per link (``link_seconds``), prefill time of the ``recomputed_tokens`` of
+    ``layout``'s model ("recompute", ``HardwareProfile.prefill_seconds``), and their serial
+    sum ("total"); each rounded to the microsecond."""
     seconds = {link: round(value, 6) for link, value in sorted(link_seconds.items())}
-    seconds["recompute"] = round(profile.prefill_seconds(recomputed_tokens), 6)
+    seconds["recompute"] = round(profile.prefill_seconds(recomputed_tokens, layout), 6)
     seconds["total"] = round(sum(seconds.values()), 6)
     return seconds
 
@@ -425,7 +427,7 @@ def _prefix_figures(spec: RunSpec, engine: SimEngine, data: ReplayData, saved_to
         return {}
     figures = {"prefill_tokens": int(data.trace.input_lengths.sum()), "prefill_tokens_saved": saved_tokens}
     if data.profile is not None:
-        rate = data.profile.prefill_tokens_per_s
+        rate = data.profile.prefill_rate(data.layout)
         figures["ttft_saved_s"] = round(saved_tokens / rate - _load_seconds(engine), 6)
     return figures
 

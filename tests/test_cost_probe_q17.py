@@ -1,0 +1,59 @@
+"""Modeled time findings of probe q17 (findings 1, 3, 7 and 8).
+
+Each test builds its inputs in ``tmp_path`` and fails on the code before its fix.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tiercache.cli import main
+from tiercache.config import MODEL_PRESETS, parse_layout
+from tiercache.sim.hardware import PRESETS, REFERENCE_MODEL, REFERENCE_PARAMS
+
+H200 = PRESETS["h200-pcie5-nvme4"]
+
+
+def _write(path: Path, lines: list[dict]) -> str:
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return str(path)
+
+
+def _run(tmp_path: Path, trace: str, *options: str) -> dict:
+    out = tmp_path / "r.json"
+    assert main(["replay", trace, "--policy", "lru", "--hardware", "h200-pcie5-nvme4", "--out", str(out),
+                 "--no-progress", *options]) == 0
+    return json.loads(out.read_text())["runs"][0]
+
+
+def _requests(tmp_path: Path, *hash_ids: list[int]) -> str:
+    return _write(tmp_path / "t.jsonl", [{"timestamp": i, "input_length": 512 * len(ids), "output_length": 1,
+                                          "hash_ids": ids} for i, ids in enumerate(hash_ids)])
+
+
+# ----------------------------------------------------------------------------- finding 1
+
+
+def test_prefill_speed_scales_by_the_models_parameter_count(tmp_path):
+    """The profile's rate is llama-3-8b's; a 70B model prefills REFERENCE_PARAMS / params as
+    fast (~8.8x slower), so its recompute and TTFT saved use that rate; a custom layout with
+    params= scales the same way, one without it takes the rate unscaled."""
+    assert MODEL_PRESETS[REFERENCE_MODEL].params == REFERENCE_PARAMS
+    assert H200.prefill_rate(MODEL_PRESETS["llama-3-8b"]) == H200.prefill_tokens_per_s
+    big = MODEL_PRESETS["llama-3-70b"]
+    assert 8.7 < H200.prefill_tokens_per_s / H200.prefill_rate(big) < 8.9
+    trace = _requests(tmp_path, [1, 2], [3, 4], [1, 2])
+    runs = {m: _run(tmp_path, trace, "--tiers", "hbm=1,dram=1,nvme=10", "--semantics", "prefix", "--model", m)
+            for m in ("llama-3-8b", "llama-3-70b")}
+    assert runs["llama-3-8b"]["modeled_seconds"]["recompute"] == pytest.approx(2048 / 28_000, abs=1e-6)
+    rate70 = H200.prefill_rate(big)
+    assert runs["llama-3-70b"]["modeled_seconds"]["recompute"] == pytest.approx(2048 / rate70, abs=1e-6)
+    load70 = runs["llama-3-70b"]["modeled_seconds"]["nvme->hbm"]
+    assert runs["llama-3-70b"]["ttft_saved_s"] == pytest.approx(1024 / rate70 - load70, abs=2e-6)
+    assert runs["llama-3-70b"]["ttft_saved_s"] > 0.2  # it was -0.018 s at the 8B rate
+    custom = parse_layout("layers=80,kv_heads=8,head_dim=128,params=70.553706496e9", 512)
+    assert custom.params == big.params and H200.prefill_rate(custom) == rate70
+    assert H200.prefill_rate(parse_layout("layers=80,kv_heads=8,head_dim=128", 512)) == H200.prefill_tokens_per_s
