@@ -57,3 +57,18 @@ def test_prefill_speed_scales_by_the_models_parameter_count(tmp_path):
     custom = parse_layout("layers=80,kv_heads=8,head_dim=128,params=70.553706496e9", 512)
     assert custom.params == big.params and H200.prefill_rate(custom) == rate70
     assert H200.prefill_rate(parse_layout("layers=80,kv_heads=8,head_dim=128", 512)) == H200.prefill_tokens_per_s
+
+
+# ----------------------------------------------------------------------------- finding 3
+
+
+def test_a_miss_of_a_one_layer_block_costs_one_layers_share_of_prefill(tmp_path):
+    """A step trace's block is one layer's KV: a miss recomputes block_tokens / layers
+    tokens' worth of whole-model prefill, not a whole-model prefill of block_tokens."""
+    trace = _write(tmp_path / "s.jsonl", [
+        {"block_tokens": 16},
+        {"step": 0, "layer": 0, "read": [], "write": [0]}, {"step": 0, "layer": 1, "read": [], "write": [1]},
+        {"step": 1, "layer": 0, "read": [0], "write": []}, {"step": 1, "layer": 1, "read": [1], "write": []}])
+    run = _run(tmp_path, trace, "--capacity", "1", "--layout", "layers=2,kv_heads=8,head_dim=128")
+    assert run["misses"] == 2
+    assert run["modeled_seconds"]["recompute"] == pytest.approx(2 * 16 / 2 / 28_000, abs=1e-6)

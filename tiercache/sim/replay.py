@@ -394,13 +394,17 @@ def tier_record(counters: TierCounters, cost: HitCost, has_bytes: bool, has_seco
     return TierRecord(**counters.as_dict(), **costs, codec=codec.value, block_bytes=codec.block_bytes(layout) if layout else None)
 
 
-def _recomputed_tokens(spec: RunSpec, data: ReplayData, stats: HierarchyStats, saved_tokens: int) -> int:
-    """Tokens the run recomputes. Prefix semantics: every prompt token not reused, the trace's
-    ``prefill_tokens - prefill_tokens_saved`` (a request's last block may be partial). Object and
-    decode semantics: a whole block per miss (they count blocks, not prompts)."""
+def _recomputed_tokens(spec: RunSpec, data: ReplayData, stats: HierarchyStats, saved_tokens: int) -> float:
+    """Tokens' worth of whole-model prefill the run recomputes. Prefix semantics: every prompt
+    token not reused, the trace's ``prefill_tokens - prefill_tokens_saved`` (a request's last
+    block may be partial). Object and decode semantics: a whole block per miss (they count
+    blocks, not prompts); a miss of a per-layer block (a step trace's: one layer's KV) is one
+    layer's share of that prefill, ``block_tokens / layers`` tokens' worth."""
     if spec.semantics is Semantics.PREFIX:
         return int(data.trace.input_lengths.sum()) - saved_tokens
-    return stats.misses * data.block_tokens
+    tokens = stats.misses * data.block_tokens
+    layout = data.layout
+    return tokens / layout.layers if layout is not None and layout.per_layer else tokens
 
 
 def modeled_seconds(link_seconds: dict[str, float], profile: HardwareProfile, recomputed_tokens: float,
