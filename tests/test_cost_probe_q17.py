@@ -72,3 +72,28 @@ def test_a_miss_of_a_one_layer_block_costs_one_layers_share_of_prefill(tmp_path)
     run = _run(tmp_path, trace, "--capacity", "1", "--layout", "layers=2,kv_heads=8,head_dim=128")
     assert run["misses"] == 2
     assert run["modeled_seconds"]["recompute"] == pytest.approx(2 * 16 / 2 / 28_000, abs=1e-6)
+
+
+# ----------------------------------------------------------------------------- finding 8
+
+
+def test_replay_prints_its_modeled_figures_under_the_table_without_out(tmp_path, capsys):
+    """With --model and --hardware, each run gets a line of GiB per link, modeled seconds and
+    (prefix semantics) tokens and TTFT saved; the table's lines stay as they were."""
+    trace = _requests(tmp_path, [1, 2], [3, 4], [1, 2])
+    assert main(["replay", trace, "--policy", "lru", "--tiers", "hbm=1,dram=1,nvme=10", "--semantics", "prefix",
+                 "--model", "llama-3-8b", "--hardware", "h200-pcie5-nvme4", "--no-progress"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2].startswith("policy ") and lines[4].startswith("lru ") and "hbm=0 dram=0 nvme=2" in lines[4]
+    assert lines[5].startswith("lru prefix: GiB moved ") and "nvme->hbm 0.125" in lines[5]
+    assert "modeled s total " in lines[5] and "(recompute 0.073143)" in lines[5]
+    assert "prefill tokens saved 1,024 of 3,072; TTFT saved 0.014867 s" in lines[5]
+    steps = _write(tmp_path / "s.jsonl", [{"block_tokens": 16}, {"step": 0, "layer": 0, "read": [], "write": [0]},
+                                          {"step": 1, "layer": 0, "read": [0], "write": []}])
+    layout = ["--capacity", "1", "--layout", "layers=2,kv_heads=8,head_dim=128", "--hardware", "h200-pcie5-nvme4"]
+    assert main(["replay", steps, "--policy", "lru", "--no-progress", *layout]) == 0
+    out = capsys.readouterr().out
+    assert "lru decode: GiB moved " in out and "note: --layout gives no params=" in out and "unscaled" in out
+    assert main(["replay", steps, "--policy", "lru", "--no-progress", *layout[:3], layout[3] + ",params=8e9",
+                 *layout[4:]]) == 0
+    assert "note:" not in capsys.readouterr().out

@@ -14,11 +14,12 @@ from ..config import (
     MODEL_PRESETS, SPELLINGS, CacheConfig, Capacity, KVLayout, layout_preset, parse_layout, parse_tiers, split_items,
 )
 from ..errors import UserError
-from .fleet import add_fleet_options, fleet_from_args, format_fleet, is_fleet, refuse_fleet_only_options, split_remote
+from .fleet import (add_fleet_options, fleet_from_args, format_fleet, is_fleet, refuse_fleet_only_options, split_remote,
+                    warn_block_fit)
 from ..results import LayoutInfo, ResultsDocument, Semantics, TraceKind, write_results
 from ..results.outfile import check_output_file
 from ..policies import ADMISSION, EVICTION, PLACEMENT, PREFETCH, canonical_name, get_prefetch
-from ..sim.hardware import PRESETS, HardwareProfile, load_profile
+from ..sim.hardware import PRESETS, REFERENCE_MODEL, HardwareProfile, load_profile
 from ..sim.loader import Trace, load_trace
 from ..sim.oracle import trace_layout
 from ..sim.sweep import SweepSpec, check_policy_names, sweep
@@ -173,6 +174,7 @@ def spec_from_args(args: argparse.Namespace) -> tuple[Trace, SweepSpec]:
     capacities = _capacities(capacity_text(args))
     hardware = _hardware(args)
     trace = load_trace(args.trace)
+    warn_block_fit(trace)
     _check_trace_options(args, trace)
     layout = _layout(args, trace)
     cache = _cache(args, layout)
@@ -323,6 +325,11 @@ def run(args: argparse.Namespace) -> int:
         refuse_fleet_only_options(args)
         results = sweep_from_args(args)
         print(format_table(results))
+        if results.layout is not None:
+            print("\n".join(modeled_lines(results)))
+    if args.hardware and args.layout and parse_layout(args.layout).params is None:
+        print(f"note: --layout gives no params=: recompute and TTFT saved use {results.hardware}'s prefill speed of "
+              f"the reference model ({REFERENCE_MODEL}) unscaled; add params=N (the model's parameter count) to scale it")
     if args.out is not None:
         write_results(args.out, results, "--out")
         print(f"results written to {args.out}")
@@ -352,6 +359,27 @@ def format_table(results: ResultsDocument) -> str:
               f"{run.prefetch_wasted} pushed down or out unread" for run in results.runs
               if run.prefetched is not None and run.prefetch not in (None, "none")]
     return "\n".join(lines)
+
+
+def modeled_lines(results: ResultsDocument) -> list[str]:
+    """Per run, what the layout and hardware model: GiB per link, and with hardware the modeled
+    seconds (total, recompute); in prefix semantics the prefill tokens saved and TTFT saved.
+    Printed under the table (whose lines stay as they are), e.g. ``lru prefix: GiB moved
+    dram->hbm 1.2, hbm->dram 3.4; modeled s total 12.345 (recompute 10); prefill tokens
+    saved 1,024 of 3,072; TTFT saved 0.014867 s``."""
+    lines = []
+    for run in results.runs:
+        moved = ", ".join(f"{link} {n / 2**30:.4g}" for link, n in run.bytes_moved.items()) or "none"
+        parts = [f"GiB moved {moved}"]
+        if run.modeled_seconds:
+            seconds = run.modeled_seconds
+            parts.append(f"modeled s total {seconds['total']:.6g} (recompute {seconds['recompute']:.6g})")
+        if run.prefill_tokens is not None:
+            parts.append(f"prefill tokens saved {run.prefill_tokens_saved:,} of {run.prefill_tokens:,}")
+        if run.ttft_saved_s is not None:
+            parts.append(f"TTFT saved {run.ttft_saved_s:.6g} s")
+        lines.append(f"{run.label} {run.semantics.value}: " + "; ".join(parts))
+    return lines
 
 
 def layout_line(info: LayoutInfo) -> str:
