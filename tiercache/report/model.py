@@ -126,12 +126,13 @@ def from_documents(documents: list[ResultsDocument], sources: list[str]) -> Repo
     first = documents[0]
     for doc, src in zip(documents[1:], sources[1:]):
         _check_same_setup(first, sources[0], doc, src)
+    _check_one_network(documents, sources)
     runs, _ = merge_runs([doc.runs for doc in documents], sources)
     commands = tuple(dict.fromkeys(d.command for d in documents if d.command))
     return ReportData(
         trace=first.trace,
         layout=first.layout,
-        hardware=first.hardware,
+        hardware=_hardware_shown(documents),
         runs=tuple(sorted(runs, key=_sort_key)),
         commands=commands,
         sources=tuple(sources),
@@ -151,9 +152,46 @@ def _check_same_setup(first: ResultsDocument, first_src: str, doc: ResultsDocume
     if doc.layout != first.layout:
         raise UserError(f"{src} used another layout than {first_src} ({_layout_difference(doc.layout, first.layout)}); "
                         f"modeled bytes and times would not compare{_stale_step_bytes(doc, src, first, first_src)}")
-    if doc.hardware != first.hardware:
+    _check_same_hardware(first, first_src, doc, src)
+
+
+def _check_same_hardware(first: ResultsDocument, first_src: str, doc: ResultsDocument, src: str) -> None:
+    """Documents that record their profile's numbers (``hardware_profile``) compare those of
+    the machine (links and prefill speed; the network of a fleet's shared tier is the fleet
+    run's own, checked by ``_check_one_network``), whatever the profile was called; an older
+    file, which records a name alone, compares names."""
+    mine, theirs = doc.hardware_profile, first.hardware_profile
+    if mine is not None and theirs is not None:
+        if mine.local != theirs.local:
+            raise UserError(f"{src} used another hardware ({doc.hardware}: {mine.difference(theirs)}) than {first_src} "
+                            f"({first.hardware}); modeled bytes and times would not compare")
+    elif doc.hardware != first.hardware:
         raise UserError(f"{src} used another hardware ({doc.hardware or 'none'}) than {first_src} "
                         f"({first.hardware or 'none'}); modeled bytes and times would not compare")
+
+
+def _check_one_network(documents: list[ResultsDocument], sources: list[str]) -> None:
+    """Fleet runs of one report modeled their shared tier over one network: a document
+    records one network for all its runs, so runs under two could not be told apart."""
+    seen = []
+    for doc, src in zip(documents, sources):
+        network = doc.hardware_profile.network if doc.hardware_profile else None
+        if network is not None and all(network != other for other, _ in seen):
+            seen.append((network, src))
+    if len(seen) > 1:
+        (a, a_src), (b, b_src) = seen[:2]
+        raise UserError(f"{b_src} modeled its shared tier over another network ({b.name}) than {a_src} ({a.name}); "
+                        "one report compares fleet runs over one network")
+
+
+def _hardware_shown(documents: list[ResultsDocument]) -> str | None:
+    """The hardware a report names: the first document's, by its machine's name and, where
+    fleet runs modeled a shared tier, that network (``h200-pcie5-nvme4, shared tier over tcp-25g``)."""
+    first = documents[0].hardware_profile
+    if first is None:
+        return documents[0].hardware
+    networks = [d.hardware_profile.network for d in documents if d.hardware_profile and d.hardware_profile.network]
+    return f"{first.name}, shared tier over {networks[0].name}" if networks else first.name
 
 
 #: The fields of a recorded layout a message names where two differ.

@@ -22,6 +22,7 @@ from typing import Any, Callable, Mapping
 
 from ..config import REMOTE_TIER, TIER_NAMES, Codec
 from ..errors import UserError
+from .hwinfo import read_hardware_info
 from .records import (
     FINGERPRINT_PREFIX, READABLE_VERSIONS, InstanceRecord, LayoutInfo, Mode, Route, ResultsDocument, RunRecord, Semantics,
     TierRecord, TraceInfo, TraceKind,
@@ -250,6 +251,7 @@ def read_document(data: Any, source: str) -> ResultsDocument:
         layout=_read_layout(top.take("layout", lambda v: v), source, version),
         hardware=top.take("hardware", _nullable(_text), "null or a preset name"),
         runs=records,
+        hardware_profile=read_hardware_info(data.get("hardware_profile"), source),  # optional: older files lack it
     )
 
 

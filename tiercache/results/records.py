@@ -16,7 +16,8 @@ Versions:
   ``prefetch_wasted``, a decode run's blocks moved up by its prefetch policy, those a later read
   found where the prefetch put them, and those pushed back down or out unread
   (``tiercache.sim.decode_replay.PrefetchTally``; all 0 with ``--prefetch none``); ``null``
-  outside decode semantics.
+  outside decode semantics. Also optional: ``hardware_profile``, the numbers of the hardware
+  profile (``hwinfo.HardwareInfo``); ``tiercache report`` compares them, not ``hardware``'s name.
 * **7**: read with every field version 7 wrote required; the upgrade sets ``offline`` to
   ``None`` ("not recorded": the report then knows offline policies by the registry, or by the
   names ``belady``/``min``/``opt``), as for every older version. New against version 6: each run's
@@ -78,6 +79,7 @@ from typing import Any, Mapping
 
 from ..config import Codec, KVLayout, Mode, Route, Semantics, TraceKind
 from ..errors import UserError
+from .hwinfo import HardwareInfo
 from .outfile import replace_file
 
 __all__ = [
@@ -109,8 +111,7 @@ class TraceInfo:
     """Identity and size of the replayed trace.
 
     Invariants: ``fingerprint`` is ``xxh3-128:`` and the hex digest of the file's bytes (an earlier
-    version's file: the blake2b-128 hex digest, no prefix);
-    ``requests`` counts requests (request traces) or step records (step traces).
+    version's file: the blake2b-128 hex digest, no prefix); ``requests`` counts requests (request traces) or step records.
     """
 
     path: str
@@ -424,6 +425,7 @@ class ResultsDocument:
     hardware: str | None
     runs: tuple[RunRecord, ...]
     schema_version: int = SCHEMA_VERSION
+    hardware_profile: HardwareInfo | None = None  # None: no hardware, or a file that did not record it
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "runs", tuple(self.runs))
@@ -433,12 +435,10 @@ class ResultsDocument:
     def to_json(self) -> dict:
         """The JSON object of results.json (version ``SCHEMA_VERSION``)."""
         return {
-            "schema_version": SCHEMA_VERSION,
-            "tiercache_version": self.tiercache_version,
-            "command": self.command,
-            "trace": self.trace.to_json(),
-            "layout": None if self.layout is None else self.layout.to_json(),
+            "schema_version": SCHEMA_VERSION, "tiercache_version": self.tiercache_version, "command": self.command,
+            "trace": self.trace.to_json(), "layout": None if self.layout is None else self.layout.to_json(),
             "hardware": self.hardware,
+            "hardware_profile": None if self.hardware_profile is None else self.hardware_profile.to_json(),
             "runs": [run.to_json() for run in self.runs],
         }
 

@@ -68,9 +68,10 @@ from tiercache.core.stats import HierarchyStats, TierCounters
 from tiercache.errors import UserError
 from tiercache.policies import get_eviction, make_admission, make_eviction
 from tiercache.results import InstanceRecord, LayoutInfo, ResultsDocument, RunRecord
+from tiercache.results.hwinfo import HardwareInfo
 
 from .engine import SimEngine
-from .hardware import HardwareProfile
+from .hardware import NETWORK_PRESETS, HardwareProfile
 from .hitcost import HitCost, HitMeter
 from .loader import Trace
 from .replay import block_tokens_of, modeled_seconds, tier_record
@@ -411,4 +412,5 @@ def sweep_fleet(trace: Trace, specs: list[FleetSpec], layout: KVLayout | None, p
         runs.append(replay_fleet(spec, trace, layout, shared=False, profile=profile))
     return ResultsDocument(tiercache_version=tiercache.__version__, command=command, trace=trace.info(),
                            layout=None if layout is None else LayoutInfo.from_layout(layout),
-                           hardware=None if profile is None else profile.name, runs=tuple(runs))
+                           hardware=None if profile is None else profile.name, runs=tuple(runs),
+                           hardware_profile=None if profile is None else HardwareInfo.of(profile, NETWORK_PRESETS))

@@ -28,6 +28,7 @@ from tiercache.policies import (
     ADMISSION, EVICTION, PLACEMENT, PREFETCH, canonical_name, get_admission, get_eviction, get_placement, get_prefetch,
 )
 from tiercache.results import LayoutInfo, ResultsDocument, RunRecord, Semantics, TraceKind, run_label
+from tiercache.results.hwinfo import HardwareInfo
 
 from .hardware import HardwareProfile
 from .loader import Trace, load_trace
@@ -170,6 +171,7 @@ def sweep(trace: Trace, spec: SweepSpec, workers: int = 1, progress: bool = Fals
         layout=None if layout is None else LayoutInfo.from_layout(layout),
         hardware=None if spec.hardware is None else spec.hardware.name,
         runs=tuple(_execute(runs, data, workers, progress)),
+        hardware_profile=None if spec.hardware is None else HardwareInfo.of(spec.hardware),
     )
 
 
