@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 from tiercache.cli import main
@@ -87,3 +88,43 @@ def test_a_fleet_run_merges_with_a_one_engine_run_on_the_same_machine_and_the_re
     assert main(["report", one, fleet, rdma, "-o", str(tmp_path / "rep2")]) == 2
     assert "over another network (rdma-200g) than" in _error(capsys)
 
+
+def _misfit_lines(capsys) -> list[str]:
+    return [line for line in capsys.readouterr().err.splitlines() if "hash_ids" in line]
+
+
+def test_a_trace_whose_hash_ids_misfit_its_lengths_is_counted_by_inspect_and_warned_once_by_replay(
+        tmp_path: Path, capsys) -> None:
+    # 128-token blocks in Mooncake form: 2048-token requests with 16 ids (512-token blocks: 4)
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("\n".join([
+        '{"timestamp": 0, "input_length": 2048, "output_length": 1, "hash_ids": [1, 2, 3, 4]}', "",
+        '{"timestamp": 1, "input_length": 2048, "output_length": 1, "hash_ids": ' + str(list(range(10, 26))) + "}",
+        '{"timestamp": 2, "input_length": 2000, "output_length": 1, "hash_ids": ' + str(list(range(10, 26))) + "}"]) + "\n")
+    assert main(["trace", "inspect", str(trace)]) == 0
+    out = capsys.readouterr().out
+    assert f"2 of 3 (66.67%); their lengths imply 128-token blocks (first: {trace}:3)" in out
+    assert main(["replay", str(trace), "--capacity", "100", *QUIET]) == 0  # warned, never refused
+    (warning,) = _misfit_lines(capsys)
+    assert warning.startswith(f"warning: {trace}:3: 2 of 3 requests") and "imply 128-token blocks" in warning
+    assert main(["replay", str(trace), "--instances", "2", "--tiers", "hbm=5,remote=10", *QUIET]) == 0
+    assert len(_misfit_lines(capsys)) == 1
+    # the bundled traces fit: no warning; a kv-cache-tester workload is checked at its block_size
+    for bundled in ("mooncake_head.jsonl", "mooncake_synthetic_trace.jsonl", "bailian_sample.jsonl", "kvtester_sample"):
+        assert main(["replay", str(DATA / bundled), "--capacity", "100", *QUIET]) == 0
+        assert _misfit_lines(capsys) == [], bundled
+    folder = tmp_path / "kv"
+    shutil.copytree(DATA / "kvtester_sample", folder)
+    conv = folder / "conv_00000.json"
+    data = json.loads(conv.read_text())
+    data["requests"][0]["in"] = 64 * 40  # 22 ids of 64 tokens: 1 of 141 requests misfits, under 1%
+    conv.write_text(json.dumps(data))
+    assert main(["replay", str(folder), "--capacity", "100", *QUIET]) == 0
+    assert _misfit_lines(capsys) == []
+    assert main(["trace", "inspect", str(folder)]) == 0
+    assert f"1 of 141 (0.71%) (first: {conv} requests[0])" in capsys.readouterr().out
+    data["requests"][1]["in"] = 64 * 40
+    conv.write_text(json.dumps(data))
+    assert main(["replay", str(folder), "--capacity", "100", *QUIET]) == 0
+    (warning,) = _misfit_lines(capsys)
+    assert "2 of 141 requests (1.42%) list other than ceil(input_length / 64) hash_ids" in warning

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import sys
 from typing import Callable
 
 from ..config import REMOTE_TIER, Codec, KVLayout, Route, TraceKind, parse_capacity, parse_tiers, split_items
@@ -22,8 +23,9 @@ from ..results import ResultsDocument
 from ..sim.fleet import FleetSpec, check_fleet_policy, sweep_fleet
 from ..sim.hardware import NETWORK_PRESETS, HardwareProfile, with_network
 from ..sim.loader import Trace, load_trace
+from ..sim.tracestats import block_fit_warning
 
-__all__ = ["add_fleet_options", "is_fleet", "fleet_from_args", "format_fleet"]
+__all__ = ["add_fleet_options", "is_fleet", "fleet_from_args", "format_fleet", "warn_block_fit"]
 
 
 def add_fleet_options(parser: argparse.ArgumentParser, once: type[argparse.Action]) -> None:
@@ -147,12 +149,21 @@ def fleet_from_args(args: argparse.Namespace, policies: tuple[str, ...], hardwar
     _check_options(args, remote)
     profile = _network(args, hardware)
     trace = load_trace(args.trace)
+    warn_block_fit(trace)
     if trace.kind is not TraceKind.REQUESTS:
         raise UserError(f"{trace.path} is a step trace; a fleet replay (--instances, remote=CAP in --tiers) "
                         "replays request traces")
     layout = layout_for(trace)
     specs = _specs(args, private, remote, layout, policies)
     return sweep_fleet(trace, specs, layout, profile, shlex.join(["tiercache", *args.argv]))
+
+
+def warn_block_fit(trace: Trace) -> None:
+    """Prints ``block_fit_warning``'s line on stderr when a request trace's ``hash_ids`` do not
+    fit its prompts (more than 1% of requests); the replay goes on (never refused for it)."""
+    warning = block_fit_warning(trace)
+    if warning:
+        print(warning, file=sys.stderr)
 
 
 def format_fleet(results: ResultsDocument) -> str:

@@ -45,6 +45,15 @@ def _format_repeats(stats: TraceStats) -> str | None:
     return f"{stats.repeat_requests:,}{where}"
 
 
+def _format_misfits(stats: TraceStats) -> str | None:
+    """How many requests list other than ceil(input_length / tokens per block) ids, the block
+    size their lengths imply and where the first is (None: a step trace)."""
+    if stats.block_mismatches is None:
+        return None
+    where = f" (first: {stats.first_block_mismatch})" if stats.first_block_mismatch else ""
+    return f"{stats.block_mismatches}{where}"
+
+
 def format_stats(stats: TraceStats) -> str:
     """Human-readable table of ``TraceStats``, one ``name: value`` per line.
 
@@ -71,6 +80,7 @@ def format_stats(stats: TraceStats) -> str:
         ("requests repeating an id", _format_repeats(stats)),
         (f"blocks per {unit.split()[-1][:-1]}", _format_pct(stats.record_blocks_pct)),
         ("tokens per block", None if stats.block_tokens is None else str(stats.block_tokens)),
+        ("requests with ids != ceil(in/block)", _format_misfits(stats)),
         ("input tokens per request", None if stats.input_tokens_pct is None else _format_pct(stats.input_tokens_pct)),
         ("time span", stats.time_span),
     ]

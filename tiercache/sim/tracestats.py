@@ -10,13 +10,14 @@ import numpy as np
 from tiercache.policies.base import NO_NEXT_USE
 from tiercache.results import TraceKind
 
+from .blockfit import WARN_SHARE, BlockFit, block_fit
 from .kvtester import request_origin
-from .loader import is_kvtester_workload, load_trace
+from .loader import Trace, is_kvtester_workload, load_trace
 from .mrc import stack_distances
 from .tracelines import record_line
 from .traces import next_use
 
-__all__ = ["TraceStats", "trace_stats"]
+__all__ = ["TraceStats", "trace_stats", "trace_block_fit", "block_fit_warning"]
 
 _PERCENTILES = (50, 90, 99)
 
@@ -57,7 +58,9 @@ class TraceStats:
     ``compulsory_miss_ratio`` counts a repeat as a hit, as object semantics replays it, while
     ``prefix_hit_ratio_inf`` stops at the request's first new block, as prefix semantics does.
     ``record_blocks_pct`` counts the blocks each record names (a step record's reads and writes). ``block_tokens`` is the trace's tokens per block
-    (None: a step trace without a header).
+    (None: a step trace without a header). ``block_mismatches`` (request traces) says how many
+    requests list other than ``ceil(input_length / block_tokens)`` ids and the block size their
+    lengths imply (``BlockFit.summary``), ``first_block_mismatch`` where the first one is.
     Percentile maps hold ``p50``/``p90``/``p99``/``max`` (empty when there is nothing to count).
     """
 
@@ -82,6 +85,8 @@ class TraceStats:
     repeat_requests: int | None = None
     first_repeat: str | None = None
     blocks_never_read: int | None = None
+    block_mismatches: str | None = None
+    first_block_mismatch: str | None = None
 
 
 def _pct(values: np.ndarray) -> dict[str, float]:
@@ -202,9 +207,32 @@ def trace_stats(path: str | os.PathLike) -> TraceStats:
         depth, roots = _tree_shape(ids, trace.offsets)
         repeats, first = _repeat_requests(nu, trace.offsets)
         first_repeat = None if first is None else _request_source(trace.path, first)
+    fit = trace_block_fit(trace)
     return TraceStats(
         trace.kind, trace.records, reuse["accesses"], writes, reuse["unique_blocks"], reuse["compulsory_miss_ratio"], prefix,
         reuse["blocks_accessed_once"], reuse["accesses_per_block_mean"], reuse["accesses_per_block_max"],
         reuse["reuse_time_pct"], _pct(np.diff(trace.offsets)), tokens, span, distances, depth, roots, trace.block_tokens,
         repeats, first_repeat, None if trace.requests is not None else reuse["blocks_never_read"],
+        None if fit is None else fit.summary(), None if fit is None or fit.first is None else _request_source(trace.path, fit.first),
     )  # fmt: skip
+
+
+def trace_block_fit(trace: Trace) -> BlockFit | None:
+    """How the ``hash_ids`` of a request trace fit its prompts (``blockfit``); None for a step trace."""
+    if trace.requests is None or not trace.block_tokens:
+        return None
+    return block_fit(np.diff(trace.offsets), trace.requests.input_lengths, trace.block_tokens)
+
+
+def block_fit_warning(trace: Trace) -> str | None:
+    """The one warning line ``replay`` prints when more than ``WARN_SHARE`` of a request
+    trace's requests list other than ``ceil(input_length / block_tokens)`` ids, else None."""
+    fit = trace_block_fit(trace)
+    if fit is None or fit.share <= WARN_SHARE:
+        return None
+    where = _request_source(trace.path, fit.first) or f"request {fit.first} (in arrival order)"
+    implied = (f" (their lengths imply {fit.implied_block_tokens}-token blocks)"
+               if fit.implied_block_tokens not in (None, fit.block_tokens) else "")
+    return (f"warning: {where}: {fit.mismatched:,} of {fit.requests:,} requests ({100 * fit.share:.2f}%) list other than "
+            f"ceil(input_length / {fit.block_tokens}) hash_ids{implied}; the replay counts {fit.block_tokens} tokens per "
+            "block, so their tokens saved and block bytes are off (was the trace hashed with other blocks?)")
