@@ -80,7 +80,7 @@ def format_stats(stats: TraceStats) -> str:
         ("requests repeating an id", _format_repeats(stats)),
         (f"blocks per {unit.split()[-1][:-1]}", _format_pct(stats.record_blocks_pct)),
         ("tokens per block", None if stats.block_tokens is None else str(stats.block_tokens)),
-        ("requests with ids != ceil(in/block)", _format_misfits(stats)),
+        ("requests misfitting blocks", _format_misfits(stats)),
         ("input tokens per request", None if stats.input_tokens_pct is None else _format_pct(stats.input_tokens_pct)),
         ("time span", stats.time_span),
     ]
