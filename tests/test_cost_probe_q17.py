@@ -12,6 +12,7 @@ import pytest
 
 from tiercache.cli import main
 from tiercache.config import MODEL_PRESETS, parse_layout
+from tiercache.sim import replay as replay_module
 from tiercache.sim.hardware import PRESETS, REFERENCE_MODEL, REFERENCE_PARAMS
 
 H200 = PRESETS["h200-pcie5-nvme4"]
@@ -48,11 +49,11 @@ def test_prefill_speed_scales_by_the_models_parameter_count(tmp_path):
     trace = _requests(tmp_path, [1, 2], [3, 4], [1, 2])
     runs = {m: _run(tmp_path, trace, "--tiers", "hbm=1,dram=1,nvme=10", "--semantics", "prefix", "--model", m)
             for m in ("llama-3-8b", "llama-3-70b")}
-    assert runs["llama-3-8b"]["modeled_seconds"]["recompute"] == pytest.approx(2048 / 28_000, abs=1e-6)
+    assert runs["llama-3-8b"]["modeled_seconds"]["recompute"] == pytest.approx(2049 / 28_000, abs=1e-6)  # the full hit computes 1 token
     rate70 = H200.prefill_rate(big)
-    assert runs["llama-3-70b"]["modeled_seconds"]["recompute"] == pytest.approx(2048 / rate70, abs=1e-6)
+    assert runs["llama-3-70b"]["modeled_seconds"]["recompute"] == pytest.approx(2049 / rate70, abs=1e-6)
     load70 = runs["llama-3-70b"]["modeled_seconds"]["nvme->hbm"]
-    assert runs["llama-3-70b"]["ttft_saved_s"] == pytest.approx(1024 / rate70 - load70, abs=2e-6)
+    assert runs["llama-3-70b"]["ttft_saved_s"] == pytest.approx(1023 / rate70 - load70, abs=2e-6)
     assert runs["llama-3-70b"]["ttft_saved_s"] > 0.2  # it was -0.018 s at the 8B rate
     custom = parse_layout("layers=80,kv_heads=8,head_dim=128,params=70.553706496e9", 512)
     assert custom.params == big.params and H200.prefill_rate(custom) == rate70
@@ -74,6 +75,25 @@ def test_a_miss_of_a_one_layer_block_costs_one_layers_share_of_prefill(tmp_path)
     assert run["modeled_seconds"]["recompute"] == pytest.approx(2 * 16 / 2 / 28_000, abs=1e-6)
 
 
+# ----------------------------------------------------------------------------- finding 7
+
+
+def test_a_request_found_entirely_in_the_cache_still_computes_its_last_token(tmp_path, monkeypatch):
+    """Saved tokens are at most input_length - 1 per request, in the compiled and the Python
+    one-engine replay and in the fleet replay: the repeated 1024-token request saves 1023."""
+    trace = _requests(tmp_path, [1, 2], [1, 2])
+    prefix = ["--semantics", "prefix", "--model", "llama-3-8b"]
+    compiled = _run(tmp_path, trace, "--capacity", "10", *prefix)
+    fleet = _run(tmp_path, trace, "--tiers", "hbm=10,remote=10", "--instances", "1", *prefix)
+    monkeypatch.setattr(replay_module, "kernel_state_fits", lambda spec, data: False)
+    monkeypatch.setattr(replay_module, "_replay_kernels", None)  # would raise if taken
+    python = _run(tmp_path, trace, "--capacity", "10", *prefix)
+    for run in (compiled, python, fleet):
+        assert (run["prefill_tokens"], run["prefill_tokens_saved"]) == (2048, 1023)
+        assert run["modeled_seconds"]["recompute"] == pytest.approx(1025 / 28_000, abs=1e-6)
+    assert compiled["ttft_saved_s"] == python["ttft_saved_s"] == pytest.approx(1023 / 28_000, abs=1e-6)
+
+
 # ----------------------------------------------------------------------------- finding 8
 
 
@@ -86,8 +106,8 @@ def test_replay_prints_its_modeled_figures_under_the_table_without_out(tmp_path,
     lines = capsys.readouterr().out.splitlines()
     assert lines[2].startswith("policy ") and lines[4].startswith("lru ") and "hbm=0 dram=0 nvme=2" in lines[4]
     assert lines[5].startswith("lru prefix: GiB moved ") and "nvme->hbm 0.125" in lines[5]
-    assert "modeled s total " in lines[5] and "(recompute 0.073143)" in lines[5]
-    assert "prefill tokens saved 1,024 of 3,072; TTFT saved 0.014867 s" in lines[5]
+    assert "modeled s total " in lines[5] and "(recompute 0.073179)" in lines[5]
+    assert "prefill tokens saved 1,023 of 3,072; TTFT saved 0.014831 s" in lines[5]
     steps = _write(tmp_path / "s.jsonl", [{"block_tokens": 16}, {"step": 0, "layer": 0, "read": [], "write": [0]},
                                           {"step": 1, "layer": 0, "read": [0], "write": []}])
     layout = ["--capacity", "1", "--layout", "layers=2,kv_heads=8,head_dim=128", "--hardware", "h200-pcie5-nvme4"]

@@ -79,7 +79,8 @@ def test_a_put_made_while_a_block_is_read_from_the_store_evicts_another(tmp_path
     run = replay_fleet(FleetSpec(3, (TierConfig("hbm", 1),), 2, Route.ROUND_ROBIN, "fifo"), trace, LAYOUT)
     assert [i.tier_hits["remote"] for i in run.instances] == [0, 2, 0]
     assert store_reads["stale"] == [] and store_reads["reads"] == 2
-    assert run.hits == run.shared_hits == 2 and run.prefill_tokens_saved == 2 * 512
+    # two one-block requests found whole, each computing its last prompt token (probe q17)
+    assert run.hits == run.shared_hits == 2 and run.prefill_tokens_saved == 2 * 511
     assert run.bytes_moved["remote->hbm"] == 2 * LAYOUT.block_bytes
     assert run.shared_writes == 5 == _charged_into_remote(run)  # 10, 20, 0, 10 (r4's demotion), 0 again
 

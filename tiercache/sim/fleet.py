@@ -41,7 +41,8 @@ remote links) each instance also carries modeled busy seconds per link and TTFT 
 prefill time of the tokens it reused minus the modeled seconds of the loads that brought
 them (remote -> DRAM -> HBM included), counted serially, as ``tiercache replay`` does. A
 request reuses its hit blocks' tokens at the trace's block size (``block_tokens_of``: 512 in
-Mooncake, 64 in kv-cache-tester, 16 in Bailian), at most its prompt; the run's recompute
+Mooncake, 64 in kv-cache-tester, 16 in Bailian), at most its prompt less its last token
+(``saved_prompt_tokens``: the engine computes that one); the run's recompute
 seconds are the prefill time of every prompt token not reused (``prefill_tokens -
 prefill_tokens_saved``). Every request counts in its instance's ``requests``, one without
 blocks too (routed round-robin: it has no prefix).
@@ -74,7 +75,7 @@ from .engine import SimEngine
 from .hardware import NETWORK_PRESETS, HardwareProfile
 from .hitcost import HitCost, HitMeter
 from .loader import Trace
-from .replay import block_tokens_of, modeled_seconds, tier_record
+from .replay import block_tokens_of, modeled_seconds, saved_prompt_tokens, tier_record
 from .sweep import SLOT_BYTES, _gb
 
 __all__ = ["Route", "FleetSpec", "replay_fleet", "sweep_fleet", "check_fleet_policy", "check_fleet_memory",
@@ -245,7 +246,7 @@ def _request(instance: _Instance, store: _Store | None, run: list[int], input_le
     if store is not None:
         m.publish(run[hit:])  # through: the new blocks are put into the store, and join the view
         m.wait_all()
-    instance.saved_tokens += min(hit * block_tokens, input_length)
+    instance.saved_tokens += saved_prompt_tokens(hit, block_tokens, input_length)  # the last token is computed
     return hit
 
 

@@ -272,8 +272,9 @@ def _replay_kernels(spec: RunSpec, data: ReplayData, on_progress: Callable[[int]
     meter.costs = manager.charge(engine)
     saved = 0
     if prefix:
-        tokens = np.minimum(hit_len[: data.n_batches] * data.block_tokens, data.trace.input_lengths)
-        saved = int(tokens.sum())
+        lengths = data.trace.input_lengths.astype(np.int64)
+        tokens = np.minimum(hit_len[: data.n_batches] * data.block_tokens, np.maximum(lengths - 1, 0))
+        saved = int(tokens.sum())  # as saved_prompt_tokens, per request
     return run_record(spec, data, manager.stats(), meter, saved, wall)
 
 
@@ -344,11 +345,19 @@ def _step_function(spec: RunSpec, data: ReplayData, manager: TierManager, needs_
         # of it out of the hierarchy, so every block counted as reused below is a hit.
         manager.access(run[:hit], _cut(hints, 0, hit), keep_all=True)
         manager.access(run[hit:], _cut(hints, hit, b - a), count_hits=False)
-        return min(hit * data.block_tokens, int(input_lengths[batch]))
+        return saved_prompt_tokens(hit, data.block_tokens, int(input_lengths[batch]))
 
     if spec.semantics is Semantics.DECODE:  # one protocol for every --prefetch (decode_replay)
         return DecodeReplay(spec.policy, spec.prefetch, data, manager)
     return prefix_step if spec.semantics is Semantics.PREFIX else object_step
+
+
+def saved_prompt_tokens(hit_blocks: int, block_tokens: int, input_length: int) -> int:
+    """Prompt tokens a request reuses from its ``hit_blocks`` cached prefix blocks: their tokens,
+    at most ``input_length - 1`` (0 for an empty prompt). A serving engine computes at least the
+    last prompt token to produce the first output token, so even a request found entirely in
+    the cache has one token of prefill (vLLM and SGLang recompute the last token on a full hit)."""
+    return min(hit_blocks * block_tokens, max(input_length - 1, 0))
 
 
 def _cut(hints: Hints, a: int, b: int) -> Hints:
@@ -421,7 +430,8 @@ def modeled_seconds(link_seconds: dict[str, float], profile: HardwareProfile, re
 def _prefix_figures(spec: RunSpec, engine: SimEngine, data: ReplayData, saved_tokens: int) -> dict:
     """Prefill tokens saved against no cache, and modeled TTFT saved when hardware is known.
 
-    Empty outside prefix semantics. TTFT saved = prefill time of the saved tokens minus the
+    Empty outside prefix semantics. A request saves at most ``input_length - 1`` tokens
+    (``saved_prompt_tokens``). TTFT saved = prefill time of the saved tokens minus the
     modeled busy seconds of the load links (``dram->hbm``, ``nvme->dram``, ``nvme->hbm``: a
     block brought up from a slower tier for a hit, promoted or read in place). Write-backs and demotions (``hbm->dram``,
     ...) run off the TTFT path and are not counted. Every load second is counted in full,
