@@ -30,6 +30,13 @@ def _run(tmp_path: Path, trace: str, *options: str) -> dict:
     return json.loads(out.read_text())["runs"][0]
 
 
+def _prefill(c: int, n: int, model: str = "llama-3-8b") -> float:
+    """Hand formula (tiercache.sim.prefill): tokens [c, n), weights plus attention over the prefix."""
+    layout = MODEL_PRESETS[model]
+    flops = 2 * layout.params * (n - c) + 4 * layout.layers * layout.heads * layout.head_dim * (n * (n + 1) - c * (c + 1)) / 2
+    return flops / (28_000 * 2 * REFERENCE_PARAMS)
+
+
 def _requests(tmp_path: Path, *hash_ids: list[int]) -> str:
     return _write(tmp_path / "t.jsonl", [{"timestamp": i, "input_length": 512 * len(ids), "output_length": 1,
                                           "hash_ids": ids} for i, ids in enumerate(hash_ids)])
@@ -49,11 +56,12 @@ def test_prefill_speed_scales_by_the_models_parameter_count(tmp_path):
     trace = _requests(tmp_path, [1, 2], [3, 4], [1, 2])
     runs = {m: _run(tmp_path, trace, "--tiers", "hbm=1,dram=1,nvme=10", "--semantics", "prefix", "--model", m)
             for m in ("llama-3-8b", "llama-3-70b")}
-    assert runs["llama-3-8b"]["modeled_seconds"]["recompute"] == pytest.approx(2049 / 28_000, abs=1e-6)  # the full hit computes 1 token
+    for m in runs:  # the full hit computes 1 token
+        recompute = 2 * _prefill(0, 1024, m) + _prefill(1023, 1024, m)
+        assert runs[m]["modeled_seconds"]["recompute"] == pytest.approx(recompute, abs=1e-6)
     rate70 = H200.prefill_rate(big)
-    assert runs["llama-3-70b"]["modeled_seconds"]["recompute"] == pytest.approx(2049 / rate70, abs=1e-6)
     load70 = runs["llama-3-70b"]["modeled_seconds"]["nvme->hbm"]
-    assert runs["llama-3-70b"]["ttft_saved_s"] == pytest.approx(1023 / rate70 - load70, abs=2e-6)
+    assert runs["llama-3-70b"]["ttft_saved_s"] == pytest.approx(_prefill(0, 1023, "llama-3-70b") - load70, abs=2e-6)
     assert runs["llama-3-70b"]["ttft_saved_s"] > 0.2  # it was -0.018 s at the 8B rate
     custom = parse_layout("layers=80,kv_heads=8,head_dim=128,params=70.553706496e9", 512)
     assert custom.params == big.params and H200.prefill_rate(custom) == rate70
@@ -90,8 +98,8 @@ def test_a_request_found_entirely_in_the_cache_still_computes_its_last_token(tmp
     python = _run(tmp_path, trace, "--capacity", "10", *prefix)
     for run in (compiled, python, fleet):
         assert (run["prefill_tokens"], run["prefill_tokens_saved"]) == (2048, 1023)
-        assert run["modeled_seconds"]["recompute"] == pytest.approx(1025 / 28_000, abs=1e-6)
-    assert compiled["ttft_saved_s"] == python["ttft_saved_s"] == pytest.approx(1023 / 28_000, abs=1e-6)
+        assert run["modeled_seconds"]["recompute"] == pytest.approx(_prefill(0, 1024) + _prefill(1023, 1024), abs=1e-6)
+    assert compiled["ttft_saved_s"] == python["ttft_saved_s"] == pytest.approx(_prefill(0, 1023), abs=1e-6)
 
 
 # ----------------------------------------------------------------------------- finding 8
@@ -106,14 +114,15 @@ def test_replay_prints_its_modeled_figures_under_the_table_without_out(tmp_path,
     lines = capsys.readouterr().out.splitlines()
     assert lines[2].startswith("policy ") and lines[4].startswith("lru ") and "hbm=0 dram=0 nvme=2" in lines[4]
     assert lines[5].startswith("lru prefix: GiB moved ") and "nvme->hbm 0.125" in lines[5]
-    assert "modeled s total " in lines[5] and "(recompute 0.073179)" in lines[5]
-    assert "prefill tokens saved 1,023 of 3,072; TTFT saved 0.014831 s" in lines[5]
+    assert "modeled s total " in lines[5] and "(recompute 0.074403)" in lines[5]
+    assert "prefill tokens saved 1,023 of 3,072; TTFT saved 0.015442 s" in lines[5]
     steps = _write(tmp_path / "s.jsonl", [{"block_tokens": 16}, {"step": 0, "layer": 0, "read": [], "write": [0]},
                                           {"step": 1, "layer": 0, "read": [0], "write": []}])
     layout = ["--capacity", "1", "--layout", "layers=2,kv_heads=8,head_dim=128", "--hardware", "h200-pcie5-nvme4"]
     assert main(["replay", steps, "--policy", "lru", "--no-progress", *layout]) == 0
     out = capsys.readouterr().out
     assert "lru decode: GiB moved " in out and "note: --layout gives no params=" in out and "unscaled" in out
-    assert main(["replay", steps, "--policy", "lru", "--no-progress", *layout[:3], layout[3] + ",params=8e9",
+    assert "note: --layout gives no heads=" in out
+    assert main(["replay", steps, "--policy", "lru", "--no-progress", *layout[:3], layout[3] + ",params=8e9,heads=32",
                  *layout[4:]]) == 0
     assert "note:" not in capsys.readouterr().out

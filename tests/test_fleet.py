@@ -79,7 +79,9 @@ def test_network_presets_model_remote_loads_and_ttft_saved(tmp_path):
         expected_load = link.seconds(nbytes) + profile.links["dram->hbm"].seconds(nbytes)
         assert abs(second.modeled_seconds["remote->hbm"] - expected_load) < 1e-6  # results round to microseconds
         assert second.bytes_moved["remote->hbm"] == nbytes
-        saved = 3 * 512 / profile.prefill_tokens_per_s - expected_load
+        # prefill of the saved tokens [0, 1536): weights plus attention (llama-3-8b: 32 layers, 32 heads of 128)
+        flops = 2 * layout.params * 1536 + 4 * 32 * 32 * 128 * 1536 * 1537 / 2
+        saved = flops / (profile.prefill_tokens_per_s * 2 * layout.params) - expected_load
         assert abs(second.ttft_saved_s - saved) < 1e-6  # over 25 Gb/s TCP recompute is faster: negative
         assert (saved < 0) == (network == "tcp-25g")
 

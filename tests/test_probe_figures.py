@@ -1,7 +1,7 @@
 """Figures that must mean what their labels say (probe B: F3, F5, F8, F9).
 
 Fleet replays count a trace's own block size, recompute seconds are the prefill time of the
-tokens actually recomputed (``prefill_tokens - prefill_tokens_saved``), every request counts
+tokens actually recomputed (each request's tokens ``[c, n)``, attention included), every request counts
 in its instance, and ``trace inspect`` on a step trace counts reads as accesses, as replay does.
 """
 
@@ -22,6 +22,12 @@ from tiercache.sim.tracestats import trace_stats
 
 PROFILE = load_profile("h200-pcie5-nvme4")
 RATE = PROFILE.prefill_tokens_per_s
+P, PAIR = 8_030_261_248, 4 * 32 * 32 * 128  # llama-3-8b: weights 2 P per token, attention per query-key pair
+
+
+def _seconds(c: int, n: int) -> float:
+    """Prefill of tokens [c, n) of one request (tiercache.sim.prefill), by hand."""
+    return (2 * P * (n - c) + PAIR * (n * (n + 1) - c * (c + 1)) / 2) / (RATE * 2 * P)
 
 
 def _mooncake(tmp_path: Path, requests: list[tuple[list[int], int]]):
@@ -50,7 +56,7 @@ def test_fleet_counts_the_traces_block_size_not_512_tokens(tmp_path):
     run = replay_fleet(FleetSpec(1, (TierConfig("hbm", 8),), 16), trace, layout_preset("llama-3-8b", 16), profile=PROFILE)
     assert run.hits == 3 and run.prefill_tokens == 45 + 61
     assert run.prefill_tokens_saved == run.instances[0].prefill_tokens_saved == 3 * 16  # not min(3 * 512, 61)
-    assert run.instances[0].ttft_saved_s == pytest.approx(48 / RATE, abs=1e-6)  # every hit in HBM: no load
+    assert run.instances[0].ttft_saved_s == pytest.approx(_seconds(0, 48), abs=1e-6)  # every hit in HBM: no load
 
 
 # ----------------------------------------------------------------------------- F5
@@ -63,16 +69,20 @@ def test_replay_recompute_is_the_prefill_time_of_the_tokens_not_reused(tmp_path,
     run = replay(RunSpec(policy, Semantics.PREFIX, (TierConfig("hbm", 8),)), data)
     assert (run.misses, run.prefill_tokens, run.prefill_tokens_saved) == (4, 1900, 1024)
     # 876 tokens recomputed (676 + 100 + 100), not 4 whole blocks of 512
-    assert run.modeled_seconds["recompute"] == round((1900 - 1024) / RATE, 6)
+    recompute = _seconds(0, 700) + _seconds(1024, 1100) + _seconds(0, 100)
+    assert run.modeled_seconds["recompute"] == pytest.approx(recompute, abs=1e-6)
     objects = replay(RunSpec(policy, Semantics.OBJECT, (TierConfig("hbm", 8),)), data)
-    assert objects.modeled_seconds["recompute"] == round(objects.misses * 512 / RATE, 6)  # blocks, not prompts
+    block = 512 * (512 * 4 / 6 + 513 / 2)  # pairs of a block at the mean read index (0, 1, 0, 1, 2, 0: 4/6)
+    per_miss = (2 * P * 512 + PAIR * block) / (RATE * 2 * P)
+    assert objects.modeled_seconds["recompute"] == pytest.approx(objects.misses * per_miss, abs=1e-6)  # blocks, not prompts
 
 
 def test_fleet_recompute_is_the_prefill_time_of_the_tokens_not_reused(tmp_path):
     trace = _mooncake(tmp_path, [([1, 2], 700), ([1, 2, 3], 1100), ([4], 100)])
     run = replay_fleet(FleetSpec(1, (TierConfig("hbm", 8),), 16), trace, layout_preset("llama-3-8b"), profile=PROFILE)
     assert (run.misses, run.prefill_tokens, run.prefill_tokens_saved) == (4, 1900, 1024)
-    assert run.modeled_seconds["recompute"] == round((1900 - 1024) / RATE, 6)
+    recompute = _seconds(0, 700) + _seconds(1024, 1100) + _seconds(0, 100)
+    assert run.modeled_seconds["recompute"] == pytest.approx(recompute, abs=1e-6)
     assert run.modeled_seconds["total"] == pytest.approx(sum(v for k, v in run.modeled_seconds.items() if k != "total"))
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 from pathlib import Path
 
@@ -218,7 +220,7 @@ def test_compare_out_under_a_file_is_checked_before_the_sweep(tmp_path, capsys, 
 
 
 def test_custom_layout_equals_its_preset(tmp_path, capsys):
-    trace, spec = str(DATA / "mooncake_head.jsonl"), "layers=32,kv_heads=8,head_dim=128,dtype=bfloat16"
+    trace, spec = str(DATA / "mooncake_head.jsonl"), "layers=32,kv_heads=8,head_dim=128,dtype=bfloat16,params=8030261248,heads=32"
     docs = []
     for name, option in (("preset", ["--model", "llama-3-8b"]), ("custom", ["--layout", spec])):
         out = tmp_path / f"{name}.json"
@@ -244,8 +246,11 @@ def test_layout_option_on_the_command_line(tmp_path, capsys):
 
 
 def test_ttft_saved_counts_only_loads_not_write_backs():
-    doc = typed_sweep(str(DATA / "mooncake_head.jsonl"), ["lru"], ["prefix"], tiers="hbm=100,dram=200",
-                      model="llama-3-8b", hardware="h200-pcie5-nvme4")
+    # Without query heads prefill is weights only, a flat rate: saved tokens / rate = TTFT saved + loads.
+    layout = dataclasses.replace(layout_preset("llama-3-8b", 512), heads=None)
+    spec = SweepSpec(("lru",), (Semantics.PREFIX,), (), CacheConfig(parse_tiers("hbm=100,dram=200", layout)), layout=layout,
+                     hardware=load_profile("h200-pcie5-nvme4"))
+    doc = sweep(load_trace(str(DATA / "mooncake_head.jsonl")), spec).to_json()
     (run,) = doc["runs"]
     assert run["tiers"][0]["demotions"] > 0 and run["modeled_seconds"]["hbm->dram"] > 0
     assert run["ttft_saved_s"] > 0

@@ -235,8 +235,8 @@ class KVLayout:
     Invariants: every field positive; ``dtype`` is one of ``DTYPE_BYTES``. A block holds
     ``block_tokens`` tokens of one sequence across all ``layers`` when ``per_layer`` is False,
     or of one layer when it is True (the unit that allows layer-ahead prefetch). ``params``
-    is the model's parameter count (None when unknown): a hardware profile's prefill speed,
-    the reference model's, scales by it (``HardwareProfile.prefill_rate``).
+    is the model's parameter count and ``heads`` its query heads (None when unknown): they
+    give its prefill FLOPs, weights and attention (``tiercache.sim.prefill``).
     """
 
     layers: int
@@ -247,11 +247,12 @@ class KVLayout:
     per_layer: bool = False
     name: str = "custom"
     params: int | None = None
+    heads: int | None = None
 
     def __post_init__(self) -> None:
-        for attr in ("layers", "kv_heads", "head_dim", "block_tokens", "params"):
+        for attr in ("layers", "kv_heads", "head_dim", "block_tokens", "params", "heads"):
             value = getattr(self, attr)
-            if attr == "params" and value is None:
+            if attr in ("params", "heads") and value is None:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ConfigError(f"KVLayout.{attr}: must be a positive integer, got {value!r}")
@@ -288,15 +289,15 @@ class KVLayout:
         return replace(self, block_tokens=block_tokens)
 
 
-# Parameter counts from each model's public config (embeddings and LM head included; weight
-# FLOPs per token are about 2 x params, which scales the prefill speed).
+# Parameter counts (embeddings and LM head included; weight FLOPs per token are about 2 x params)
+# and query heads (num_attention_heads; attention FLOPs) from each model's public config.
 MODEL_PRESETS: dict[str, KVLayout] = {
-    "llama-3-8b": KVLayout(layers=32, kv_heads=8, head_dim=128, name="llama-3-8b", params=8_030_261_248),
-    "llama-3-70b": KVLayout(layers=80, kv_heads=8, head_dim=128, name="llama-3-70b", params=70_553_706_496),
-    "llama-3.1-8b": KVLayout(layers=32, kv_heads=8, head_dim=128, name="llama-3.1-8b", params=8_030_261_248),
-    "qwen2.5-7b": KVLayout(layers=28, kv_heads=4, head_dim=128, name="qwen2.5-7b", params=7_615_616_512),
-    "qwen2.5-72b": KVLayout(layers=80, kv_heads=8, head_dim=128, name="qwen2.5-72b", params=72_706_203_648),
-    "mistral-7b": KVLayout(layers=32, kv_heads=8, head_dim=128, name="mistral-7b", params=7_241_732_096),
+    "llama-3-8b": KVLayout(layers=32, kv_heads=8, head_dim=128, name="llama-3-8b", params=8_030_261_248, heads=32),
+    "llama-3-70b": KVLayout(layers=80, kv_heads=8, head_dim=128, name="llama-3-70b", params=70_553_706_496, heads=64),
+    "llama-3.1-8b": KVLayout(layers=32, kv_heads=8, head_dim=128, name="llama-3.1-8b", params=8_030_261_248, heads=32),
+    "qwen2.5-7b": KVLayout(layers=28, kv_heads=4, head_dim=128, name="qwen2.5-7b", params=7_615_616_512, heads=28),
+    "qwen2.5-72b": KVLayout(layers=80, kv_heads=8, head_dim=128, name="qwen2.5-72b", params=72_706_203_648, heads=64),
+    "mistral-7b": KVLayout(layers=32, kv_heads=8, head_dim=128, name="mistral-7b", params=7_241_732_096, heads=32),
 }
 
 
@@ -444,14 +445,15 @@ def _parameter_count(raw: str) -> int:
 
 
 _LAYOUT_FIELDS = {"layers": int, "kv_heads": int, "head_dim": int, "dtype": str, "block_tokens": int,
-                  "params": _parameter_count}
+                  "params": _parameter_count, "heads": int}
 
 
 def parse_layout(spec: str, block_tokens: int | None = None) -> KVLayout:
-    """Parses ``"layers=32,kv_heads=8,head_dim=128[,dtype=bfloat16][,block_tokens=256][,params=8.03e9]"``.
+    """Parses ``"layers=32,kv_heads=8,head_dim=128[,dtype=bfloat16][,block_tokens=256][,params=8.03e9][,heads=32]"``.
 
-    ``params`` is the model's parameter count, which scales the hardware profile's prefill
-    speed (the reference model's); without it, recompute and TTFT use that speed unscaled.
+    ``params`` is the model's parameter count (without it, prefill is charged the reference
+    model's weight FLOPs) and ``heads`` its query heads (without it, prefill has no attention
+    term): see ``tiercache.sim.prefill``.
     A model preset name is accepted too. ``block_tokens``, when given, is the trace's block
     size: the layout takes it, and a spec that names another is refused (never silently
     replaced).

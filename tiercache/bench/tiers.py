@@ -145,8 +145,9 @@ def save_measured_profile(result: dict, path: str) -> None:
     hardware profile that ``tiercache.sim.hardware.load_profile`` reads.
 
     The bench measures links, not prefill: the profile's ``prefill_tokens_per_s`` is null, and
-    a replay that models recompute time or TTFT with it asks for one (measure your model's
-    prefill on your GPU and write it into the file). Timing a toy model here would be a
+    a replay that models recompute time or TTFT with it asks for one (measure llama-3-8b's
+    prefill tokens/s on short prompts, ~512 tokens, on your GPU and write it into the file: it
+    defines the FLOP rate, ``HardwareProfile.prefill_flops_per_s``). Timing a toy model here would be a
     number for a different model on a different device, so none is invented.
 
     Raises:

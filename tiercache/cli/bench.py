@@ -119,8 +119,8 @@ def _save_profile(result: dict, path: str) -> int:
               f"{result['cold_reads_refused']}", file=sys.stderr)
         return 1
     save_measured_profile(result, path)
-    print(f"hardware profile written to {path} (links only: set its prefill_tokens_per_s to your "
-          "model's measured prefill speed before modeling recompute time or TTFT with it)")
+    print(f"hardware profile written to {path} (links only: set its prefill_tokens_per_s to llama-3-8b's "
+          "prefill tokens/s on short prompts (~512 tokens) on your GPU before modeling recompute time or TTFT with it)")
     return 0
 
 

@@ -129,7 +129,9 @@ def add_common_options(parser: argparse.ArgumentParser) -> None:
                                                         "(default: none)")
     parser.add_argument("--model", action=Once, help="model preset turning blocks into bytes, e.g. llama-3-8b")
     parser.add_argument("--layout", action=Once, help="custom KV layout instead of --model, "
-                                                      "e.g. layers=32,kv_heads=8,head_dim=128,dtype=bfloat16")
+                                                      "e.g. layers=32,kv_heads=8,head_dim=128,dtype=bfloat16 "
+                                                      "(params=N and heads=N, the parameter count and query heads, "
+                                                      "give its prefill FLOPs)")
     parser.add_argument("--block-tokens", type=int, action=Once,
                         help="tokens per block of a step trace without a block_tokens header")
     parser.add_argument("--hardware", action=Once, help="hardware preset or profile JSON for modeled seconds, e.g. h200-pcie5-nvme4")
@@ -327,13 +329,23 @@ def run(args: argparse.Namespace) -> int:
         print(format_table(results))
         if results.layout is not None:
             print("\n".join(modeled_lines(results)))
-    if args.hardware and args.layout and parse_layout(args.layout).params is None:
-        print(f"note: --layout gives no params=: recompute and TTFT saved use {results.hardware}'s prefill speed of "
-              f"the reference model ({REFERENCE_MODEL}) unscaled; add params=N (the model's parameter count) to scale it")
+    if args.hardware and args.layout:
+        print_layout_notes(parse_layout(args.layout), results.hardware)
     if args.out is not None:
         write_results(args.out, results, "--out")
         print(f"results written to {args.out}")
     return 0
+
+
+def print_layout_notes(layout: KVLayout, hardware: str) -> None:
+    """One note per prefill figure a custom ``--layout`` leaves unknown: ``params=`` (weight
+    FLOPs: the reference model's) and ``heads=`` (query heads: no attention term)."""
+    if layout.params is None:
+        print(f"note: --layout gives no params=: recompute and TTFT saved use {hardware}'s prefill speed of "
+              f"the reference model ({REFERENCE_MODEL}) unscaled; add params=N (the model's parameter count) to scale it")
+    if layout.heads is None:
+        print("note: --layout gives no heads=: recompute and TTFT saved leave out attention over the context (a flat "
+              "per-token rate, lower bounds for long prompts); add heads=N (the model's query heads) to include it")
 
 
 def format_table(results: ResultsDocument) -> str:

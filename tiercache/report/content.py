@@ -407,9 +407,10 @@ def _movement(data: ReportData, colors: dict[str, str]) -> Section:
     hardware = data.hardware or "none"
     blocks: list = [Paragraph(
         f"Bytes each run moves over each link between tiers, and the time the link/cost model assigns to them "
-        f"(transfers at the link's bandwidth plus latency; misses recomputed at the modeled prefill speed: the "
-        f"hardware's rate for llama-3-8b scaled by the model's parameter count, a flat per-token rate that ignores "
-        f"attention over the context, so recompute and TTFT saved of long prompts are lower bounds). Model "
+        f"(transfers at the link's bandwidth plus latency; misses recomputed at the modeled prefill FLOPs: "
+        f"2 x parameters per token plus attention over each token's prefix (4 x layers x query heads x head dim per "
+        f"query-key pair), at the FLOP rate the hardware's llama-3-8b short-prompt speed implies; attention kernels "
+        f"are assumed as efficient as the matmuls, and decode-phase costs are left out). Model "
         f"preset: {model}; hardware preset: {hardware}. These are modeled figures, not measurements."
     )]
     moving = [r for r in costed if any(r.bytes_moved.values())]

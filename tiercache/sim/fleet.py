@@ -38,13 +38,14 @@ store's writes; ``shared=False`` runs the same fleet on private tiers alone (the
 A lower-tier hit is promoted to HBM or read in place, and charged on its link either way
 (``HitMeter``, as in ``tiercache replay``). With a hardware profile (``with_network`` for the
 remote links) each instance also carries modeled busy seconds per link and TTFT saved:
-prefill time of the tokens it reused minus the modeled seconds of the loads that brought
-them (remote -> DRAM -> HBM included), counted serially, as ``tiercache replay`` does. A
+prefill time of the tokens it reused (attention included: ``tiercache.sim.prefill``) minus the
+modeled seconds of the loads that brought them (remote -> DRAM -> HBM included), counted
+serially, as ``tiercache replay`` does. A
 request reuses its hit blocks' tokens at the trace's block size (``block_tokens_of``: 512 in
 Mooncake, 64 in kv-cache-tester, 16 in Bailian), at most its prompt less its last token
 (``saved_prompt_tokens``: the engine computes that one); the run's recompute
-seconds are the prefill time of every prompt token not reused (``prefill_tokens -
-prefill_tokens_saved``). Every request counts in its instance's ``requests``, one without
+seconds are the prefill time of every prompt token not reused (tokens ``[c, n)`` of each
+request). Every request counts in its instance's ``requests``, one without
 blocks too (routed round-robin: it has no prefix).
 
 Memory: a fleet is refused up front (``check_fleet_memory``) when its slot directories and
@@ -59,6 +60,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+import numpy as np
 import psutil
 
 import tiercache
@@ -75,6 +77,7 @@ from .engine import SimEngine
 from .hardware import NETWORK_PRESETS, HardwareProfile
 from .hitcost import HitCost, HitMeter
 from .loader import Trace
+from .prefill import PrefillCost, causal_pairs
 from .replay import block_tokens_of, modeled_seconds, saved_prompt_tokens, tier_record
 from .sweep import SLOT_BYTES, _gb
 
@@ -191,7 +194,7 @@ class _Instance:
         self.stats = HierarchyStats.for_tiers(tiers)
         self.meter = HitMeter(self.engine, len(tiers))
         self.requests = 0
-        self.saved_tokens = 0
+        self.saved: list[int] = []  # each of its requests' prompt tokens saved
         self.remote = len(tiers) - 1 if shared else None
 
     def consume(self) -> None:
@@ -226,10 +229,11 @@ def _refresh_view(instance: _Instance, store: _Store, run: list[int]) -> None:
 
 
 def _request(instance: _Instance, store: _Store | None, run: list[int], input_length: int, block_tokens: int) -> int:
-    """One request in prefix semantics (blocks of ``block_tokens`` tokens); returns the blocks
-    reused (hits). A request without blocks is counted and reuses nothing."""
+    """One request in prefix semantics (blocks of ``block_tokens`` tokens); returns the prompt
+    tokens it saved (``saved_prompt_tokens``). A request without blocks is counted and reuses nothing."""
     instance.requests += 1
     if not run:
+        instance.saved.append(0)
         return 0
     m = instance.manager
     if store is not None:
@@ -246,8 +250,9 @@ def _request(instance: _Instance, store: _Store | None, run: list[int], input_le
     if store is not None:
         m.publish(run[hit:])  # through: the new blocks are put into the store, and join the view
         m.wait_all()
-    instance.saved_tokens += saved_prompt_tokens(hit, block_tokens, input_length)  # the last token is computed
-    return hit
+    saved = saved_prompt_tokens(hit, block_tokens, input_length)  # the last token is computed
+    instance.saved.append(saved)
+    return saved
 
 
 def _route(route: Route, request: int, run: list[int], n: int) -> int:
@@ -277,11 +282,12 @@ def replay_fleet(spec: FleetSpec, trace: Trace, layout: KVLayout | None = None, 
     instances = [_Instance(spec, store, block_bytes, profile) for _ in range(spec.instances)]
     ids, offsets, lengths = trace.ids.tolist(), trace.offsets.tolist(), trace.input_lengths
     block_tokens = block_tokens_of(trace, layout)
+    saved = np.zeros(trace.records, dtype=np.int64)
     started = time.perf_counter()
     for request in range(trace.records):
         run = ids[offsets[request] : offsets[request + 1]]
         instance = instances[_route(spec.route, request, run, spec.instances)]
-        _request(instance, store, run, int(lengths[request]), block_tokens)
+        saved[request] = _request(instance, store, run, int(lengths[request]), block_tokens)
         if request % 256 == 255:
             for each in instances:
                 each.consume()
@@ -291,7 +297,11 @@ def replay_fleet(spec: FleetSpec, trace: Trace, layout: KVLayout | None = None, 
     if store is not None:
         store.manager.check_invariants()  # every read's pins released (reader references on resident ids only)
     wall = time.perf_counter() - started
-    return _record(spec, instances, store, layout, profile, int(trace.input_lengths.sum()), wall)
+    recompute = None
+    if profile is not None:  # every prompt token not reused, tokens [c, n) of each request
+        lengths = trace.input_lengths.astype(np.int64)
+        recompute = PrefillCost.of(profile, layout).seconds(int(lengths.sum() - saved.sum()), causal_pairs(lengths, saved))
+    return _record(spec, instances, store, layout, profile, int(trace.input_lengths.sum()), recompute, wall)
 
 
 _SPEED = {"hbm": 0, "dram": 1, "nvme": 2, "remote": 3}
@@ -305,14 +315,15 @@ def _load_seconds(instance: _Instance) -> float:
 
 def _instance_record(index: int, instance: _Instance, layout: KVLayout | None, profile: HardwareProfile | None) -> InstanceRecord:
     stats, usage = instance.stats, sorted(instance.engine.usage.items())
-    ttft = None
-    if profile is not None:
-        ttft = round(instance.saved_tokens / profile.prefill_rate(layout) - _load_seconds(instance), 6)
+    ttft, saved = None, np.asarray(instance.saved, dtype=np.int64)
+    if profile is not None:  # as tiercache replay: the prefill of each request's saved tokens [0, c)
+        prefill = PrefillCost.of(profile, layout).seconds(int(saved.sum()), causal_pairs(saved))
+        ttft = round(prefill - _load_seconds(instance), 6)
     return InstanceRecord(
         instance=index, requests=instance.requests, accesses=stats.accesses, hits=stats.hits, misses=stats.misses,
         tier_hits={t.name: t.hits for t in stats.tiers}, bytes_moved={k: u.bytes for k, u in usage} if layout else {},
         modeled_seconds={k: round(u.seconds, 6) for k, u in usage} if profile else {},
-        prefill_tokens_saved=instance.saved_tokens, ttft_saved_s=ttft)
+        prefill_tokens_saved=int(saved.sum()), ttft_saved_s=ttft)
 
 
 def _summed_tier(instances: list[_Instance], tier: int, layout: KVLayout | None, has_seconds: bool):
@@ -337,7 +348,7 @@ def _summed(mappings) -> dict:
 
 
 def _record(spec: FleetSpec, instances: list[_Instance], store: _Store | None, layout: KVLayout | None,
-            profile: HardwareProfile | None, prefill_tokens: int, wall: float) -> RunRecord:
+            profile: HardwareProfile | None, prefill_tokens: int, recompute: float | None, wall: float) -> RunRecord:
     rows = tuple(_instance_record(i, each, layout, profile) for i, each in enumerate(instances))
     tiers = tuple(_summed_tier(instances, t, layout, profile is not None) for t in range(len(instances[0].stats.tiers)))
     accesses, hits = sum(r.accesses for r in rows), sum(r.hits for r in rows)
@@ -345,7 +356,7 @@ def _record(spec: FleetSpec, instances: list[_Instance], store: _Store | None, l
     saved = sum(r.prefill_tokens_saved for r in rows)
     seconds = {}
     if profile is not None:  # per link over all instances, and prefill time of every token not reused
-        seconds = modeled_seconds(_summed(r.modeled_seconds for r in rows), profile, prefill_tokens - saved, layout)
+        seconds = modeled_seconds(_summed(r.modeled_seconds for r in rows), recompute)
     return RunRecord(
         policy=spec.policy, admission="always", semantics=Semantics.PREFIX, offline=False,
         mode=Mode.EXCLUSIVE if len(tiers) > 1 else Mode.SINGLE, capacity_blocks=sum(t.capacity_blocks for t in tiers),

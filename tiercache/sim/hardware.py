@@ -11,12 +11,14 @@ define ``dram->hbm``, ``hbm->dram``, ``nvme->dram`` and ``dram->nvme``; ``nvme->
 cost the sum of both hops (no overlap between the hops of one transfer is assumed).
 
 A profile's ``prefill_tokens_per_s`` is the prefill speed of the reference model,
-``REFERENCE_MODEL`` (Llama-3-8B, ``REFERENCE_PARAMS`` parameters). A model of ``P``
-parameters prefills at that rate times ``REFERENCE_PARAMS / P`` (weight FLOPs per token are
-about ``2 P``): ``prefill_rate(layout)``. A layout without a parameter count (a custom
-``--layout`` without ``params=``) is charged the reference rate unscaled. The rate is a flat
-per-token average: attention over a long context, which makes a long prompt's tokens dearer,
-is not modeled, so recompute seconds and TTFT saved of long prompts are lower bounds.
+``REFERENCE_MODEL`` (Llama-3-8B, ``REFERENCE_PARAMS`` parameters), on short prompts, where
+attention is negligible (~1% of the FLOPs at 512 tokens): it gives the machine's effective
+FLOP rate ``prefill_flops_per_s = prefill_tokens_per_s * 2 * REFERENCE_PARAMS`` (weight FLOPs
+per token are about ``2 P``). ``tiercache.sim.prefill`` charges a model's prefill, attention
+over the context included, at that rate; ``prefill_rate(layout)`` is a model's short-prompt
+tokens/s (the rate times ``REFERENCE_PARAMS / P``). A rate measured at ``m``-token prompts on
+a model of ``P`` parameters, ``L`` layers, ``H`` query heads of dim ``d`` is the reference
+rate ``r_m * (2 P + 2 L H d (m + 1)) / (2 * REFERENCE_PARAMS)``.
 
 A shared remote tier (a fleet replay, ``tiercache replay --instances``) adds the network
 links ``remote->dram`` and ``dram->remote`` (``with_network`` and the ``NETWORK_PRESETS``); ``remote->hbm`` and
@@ -127,8 +129,8 @@ class HardwareProfile:
     Invariants: ``links`` holds every name in ``REQUIRED_LINKS`` and only names of the form
     ``"src->dst"`` over hbm/dram/nvme (and remote: both ``NETWORK_LINKS`` or neither, never
     one alone, which a fleet replay would otherwise replace by a preset); it is read-only.
-    ``prefill_tokens_per_s > 0`` is the rate at which recomputing a missed prefix costs time
-    (tokens of ``REFERENCE_MODEL``; ``prefill_rate`` scales it to a model), or None when the profile has none (``tiercache bench`` measures links, not prefill): such a
+    ``prefill_tokens_per_s > 0`` is ``REFERENCE_MODEL``'s short-prompt prefill rate, which gives
+    the FLOP rate recompute is charged at (``prefill_flops_per_s``), or None when the profile has none (``tiercache bench`` measures links, not prefill): such a
     profile models link seconds only, and ``require_prefill`` refuses recompute and TTFT.
     ``source`` is the JSON file it was read from (None for a preset), named in its errors.
     """
@@ -166,7 +168,7 @@ class HardwareProfile:
             raise UserError(
                 f"{where}hardware profile {self.name!r} has no prefill speed (prefill_tokens_per_s is null: tiercache bench "
                 "measures links, not prefill); recompute time and TTFT need one: set it in the profile JSON to the "
-                "measured prefill tokens/s of your model on your GPU")
+                f"prefill tokens/s of {REFERENCE_MODEL} on short prompts (~512 tokens) on your GPU")
         return self
 
     def link(self, name: str) -> Link:
@@ -184,9 +186,10 @@ class HardwareProfile:
         raise KeyError(f"hardware profile {self.name!r} has no link {path!r}")
 
     def prefill_rate(self, layout: Any = None) -> float:
-        """Prefill tokens/s of ``layout``'s model: ``prefill_tokens_per_s`` (the reference
-        model's) times ``REFERENCE_PARAMS / layout.params``; unscaled for no layout or a
-        layout whose ``params`` is None. Equal to ``prefill_tokens_per_s`` for llama-3-8b.
+        """Short-prompt prefill tokens/s of ``layout``'s model (weights only: attention over the
+        context is ``tiercache.sim.prefill``'s): ``prefill_tokens_per_s`` (the reference model's)
+        times ``REFERENCE_PARAMS / layout.params``; unscaled for no layout or a layout whose
+        ``params`` is None. Equal to ``prefill_tokens_per_s`` for llama-3-8b.
 
         Raises:
             UserError: the profile has no prefill speed.
@@ -195,13 +198,14 @@ class HardwareProfile:
         params = getattr(layout, "params", None)
         return rate if params is None or params == REFERENCE_PARAMS else rate * REFERENCE_PARAMS / params
 
-    def prefill_seconds(self, tokens: int, layout: Any = None) -> float:
-        """Time to recompute ``tokens`` tokens of prefill of ``layout``'s model (see ``prefill_rate``).
+    @property
+    def prefill_flops_per_s(self) -> float:
+        """The machine's effective prefill FLOP rate: ``prefill_tokens_per_s * 2 * REFERENCE_PARAMS``.
 
         Raises:
             UserError: the profile has no prefill speed.
         """
-        return tokens / self.prefill_rate(layout)
+        return self.require_prefill().prefill_tokens_per_s * 2 * REFERENCE_PARAMS
 
 
 def _profile(
@@ -227,7 +231,8 @@ def _profile(
 # * Prefill throughput of the reference model (REFERENCE_MODEL, Llama-3-8B, ~16 GFLOP per
 #   token with 2 * params FLOPs; other models scale by their parameter count) at ~45 % MFU of the dense bf16 peak: H100/H200/GH200 989 TFLOPS ->
 #   ~28k tokens/s (H100 a little lower: less HBM bandwidth for attention); A100 312 TFLOPS
-#   -> ~9k tokens/s. Attention FLOPs of very long prompts make real prefill slower.
+#   -> ~9k tokens/s. These are short-prompt rates (weights only); tiercache.sim.prefill adds
+#   the attention FLOPs of long prompts at the same FLOP rate.
 PRESETS: dict[str, HardwareProfile] = {
     # Arguments: H2D, D2H B/s, PCIe/C2C latency s, NVMe read, write B/s, NVMe latency s, prefill tok/s.
     # Literals rather than products (10 * 1e-6 != 10e-6) so saved JSON shows the round numbers.

@@ -38,6 +38,7 @@ from .engine import SimEngine
 from .hitcost import HitCost, HitMeter
 from .hardware import HardwareProfile
 from .loader import Trace
+from .prefill import PrefillCost, causal_pairs, mean_read_index
 from .prep import dense_and_next_use, step_next_use
 from .traces import MOONCAKE_BLOCK_TOKENS
 
@@ -191,9 +192,9 @@ def replay(spec: RunSpec, data: ReplayData, on_progress: Callable[[int], None] |
     needs_future = policy.needs_future
     meter = HitMeter(engine, len(spec.tiers))
     started = time.perf_counter()
-    saved_tokens = 0
+    saved_tokens = np.zeros(data.n_batches, dtype=np.int64)
     for batch in range(data.n_batches):
-        saved_tokens += step(batch, needs_future)
+        saved_tokens[batch] = step(batch, needs_future)
         if batch % 256 == 255:  # events are counts: draining in chunks changes no total
             _consume(manager, stats, meter)
             if on_progress is not None:
@@ -270,11 +271,10 @@ def _replay_kernels(spec: RunSpec, data: ReplayData, on_progress: Callable[[int]
     manager.check_invariants()
     meter = HitMeter(engine, len(spec.tiers))
     meter.costs = manager.charge(engine)
-    saved = 0
-    if prefix:
+    saved = np.zeros(data.n_batches, dtype=np.int64)
+    if prefix:  # as saved_prompt_tokens, per request
         lengths = data.trace.input_lengths.astype(np.int64)
-        tokens = np.minimum(hit_len[: data.n_batches] * data.block_tokens, np.maximum(lengths - 1, 0))
-        saved = int(tokens.sum())  # as saved_prompt_tokens, per request
+        saved = np.minimum(hit_len[: data.n_batches] * data.block_tokens, np.maximum(lengths - 1, 0))
     return run_record(spec, data, manager.stats(), meter, saved, wall)
 
 
@@ -366,11 +366,13 @@ def _cut(hints: Hints, a: int, b: int) -> Hints:
     return Hints(hints.time + a, next_use, parents)
 
 
-def run_record(spec: RunSpec, data: ReplayData, stats: HierarchyStats, meter: HitMeter, saved_tokens: int,
+def run_record(spec: RunSpec, data: ReplayData, stats: HierarchyStats, meter: HitMeter, saved_tokens: np.ndarray,
                wall: float, prefetch_counts: dict[str, int] | None = None) -> RunRecord:
     """The record of one run (an entry of results.json's ``runs``), with whether its policy
     is offline (reads the future) as its class says, so a report never has to import it, and
-    a decode run's ``prefetch_counts`` (``PrefetchTally.counts``; None for other runs)."""
+    a decode run's ``prefetch_counts`` (``PrefetchTally.counts``; None for other runs).
+    ``saved_tokens`` holds each request's prompt tokens saved (all 0 outside prefix semantics):
+    both replay paths pass the same array, so their modeled seconds agree exactly."""
     accesses, engine = stats.accesses, meter.engine
     layout, profile = data.layout, data.profile
     tiers = tuple(tier_record(t, c, layout is not None, profile is not None, config.codec, layout)
@@ -382,8 +384,8 @@ def run_record(spec: RunSpec, data: ReplayData, stats: HierarchyStats, meter: Hi
         miss_ratio=stats.misses / accesses if accesses else 0.0, hit_ratio=stats.hits / accesses if accesses else 0.0,
         tiers=tiers, wall_seconds=round(wall, 4),
         bytes_moved={link: u.bytes for link, u in sorted(engine.usage.items())} if layout else {},
-        modeled_seconds=modeled_seconds({link: u.seconds for link, u in engine.usage.items()}, profile,
-                                        _recomputed_tokens(spec, data, stats, saved_tokens), layout) if layout and profile else {},
+        modeled_seconds=modeled_seconds({link: u.seconds for link, u in engine.usage.items()},
+                                        _recompute_seconds(spec, data, stats, saved_tokens)) if layout and profile else {},
         **_prefix_figures(spec, engine, data, saved_tokens), placement=spec.placement, prefetch=spec.prefetch,
         offline=bool(get_eviction(spec.policy).needs_future), **(prefetch_counts or {}),
     )
@@ -403,46 +405,50 @@ def tier_record(counters: TierCounters, cost: HitCost, has_bytes: bool, has_seco
     return TierRecord(**counters.as_dict(), **costs, codec=codec.value, block_bytes=codec.block_bytes(layout) if layout else None)
 
 
-def _recomputed_tokens(spec: RunSpec, data: ReplayData, stats: HierarchyStats, saved_tokens: int) -> float:
-    """Tokens' worth of whole-model prefill the run recomputes. Prefix semantics: every prompt
-    token not reused, the trace's ``prefill_tokens - prefill_tokens_saved`` (a request's last
-    block may be partial). Object and decode semantics: a whole block per miss (they count
-    blocks, not prompts); a miss of a per-layer block (a step trace's: one layer's KV) is one
-    layer's share of that prefill, ``block_tokens / layers`` tokens' worth."""
+def _recompute_seconds(spec: RunSpec, data: ReplayData, stats: HierarchyStats, saved_tokens: np.ndarray) -> float:
+    """Prefill seconds of what the run recomputes (``tiercache.sim.prefill``). Prefix semantics:
+    each request's prompt tokens not reused, ``[c, n)``, attention over their prefix included.
+    Object and decode semantics count blocks, not prompts: a whole block per miss, standing at
+    the trace's mean read position (``mean_read_index``: a request's ``i``-th block, a step
+    record's ``i``-th read, holds tokens ``[i B, (i + 1) B)``); a miss of a per-layer block (a
+    step trace's: one layer's KV) is one layer's share of that block's prefill."""
+    cost = PrefillCost.of(data.profile, data.layout)
     if spec.semantics is Semantics.PREFIX:
-        return int(data.trace.input_lengths.sum()) - saved_tokens
-    tokens = stats.misses * data.block_tokens
+        lengths = data.trace.input_lengths.astype(np.int64)
+        return cost.seconds(int(lengths.sum() - saved_tokens.sum()), causal_pairs(lengths, saved_tokens))
     layout = data.layout
-    return tokens / layout.layers if layout is not None and layout.per_layer else tokens
+    layers = layout.layers if layout.per_layer else 1
+    return cost.block_seconds(stats.misses, data.block_tokens, mean_read_index(data.offsets, data.is_write), layers)
 
 
-def modeled_seconds(link_seconds: dict[str, float], profile: HardwareProfile, recomputed_tokens: float,
-                    layout: KVLayout | None) -> dict:
-    """Busy seconds per link (``link_seconds``), prefill time of the ``recomputed_tokens`` of
-    ``layout``'s model ("recompute", ``HardwareProfile.prefill_seconds``), and their serial
-    sum ("total"); each rounded to the microsecond."""
+def modeled_seconds(link_seconds: dict[str, float], recompute_seconds: float) -> dict:
+    """Busy seconds per link (``link_seconds``), the prefill time of what the run recomputes
+    ("recompute"), and their serial sum ("total"); each rounded to the microsecond."""
     seconds = {link: round(value, 6) for link, value in sorted(link_seconds.items())}
-    seconds["recompute"] = round(profile.prefill_seconds(recomputed_tokens, layout), 6)
+    seconds["recompute"] = round(recompute_seconds, 6)
     seconds["total"] = round(sum(seconds.values()), 6)
     return seconds
 
 
-def _prefix_figures(spec: RunSpec, engine: SimEngine, data: ReplayData, saved_tokens: int) -> dict:
+def _prefix_figures(spec: RunSpec, engine: SimEngine, data: ReplayData, saved_tokens: np.ndarray) -> dict:
     """Prefill tokens saved against no cache, and modeled TTFT saved when hardware is known.
 
     Empty outside prefix semantics. A request saves at most ``input_length - 1`` tokens
-    (``saved_prompt_tokens``). TTFT saved = prefill time of the saved tokens minus the
-    modeled busy seconds of the load links (``dram->hbm``, ``nvme->dram``, ``nvme->hbm``: a
-    block brought up from a slower tier for a hit, promoted or read in place). Write-backs and demotions (``hbm->dram``,
+    (``saved_prompt_tokens``). TTFT saved = the prefill time the saved tokens would have taken
+    (a request's ``c`` saved tokens: ``time(0, n) - time(c, n)``, the prefill of tokens
+    ``[0, c)``, attention included: ``tiercache.sim.prefill``) minus the modeled busy seconds
+    of the load links (``dram->hbm``, ``nvme->dram``, ``nvme->hbm``: a block brought up from a
+    slower tier for a hit, promoted or read in place). Write-backs and demotions (``hbm->dram``,
     ...) run off the TTFT path and are not counted. Every load second is counted in full,
     serially: an upper bound on their cost, since real loads may overlap compute.
     """
     if spec.semantics is not Semantics.PREFIX:
         return {}
-    figures = {"prefill_tokens": int(data.trace.input_lengths.sum()), "prefill_tokens_saved": saved_tokens}
+    saved = int(saved_tokens.sum())
+    figures = {"prefill_tokens": int(data.trace.input_lengths.sum()), "prefill_tokens_saved": saved}
     if data.profile is not None:
-        rate = data.profile.prefill_rate(data.layout)
-        figures["ttft_saved_s"] = round(saved_tokens / rate - _load_seconds(engine), 6)
+        prefill = PrefillCost.of(data.profile, data.layout).seconds(saved, causal_pairs(saved_tokens))
+        figures["ttft_saved_s"] = round(prefill - _load_seconds(engine), 6)
     return figures
 
 
