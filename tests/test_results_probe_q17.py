@@ -60,12 +60,14 @@ def test_report_compares_the_hardware_profiles_numbers_not_its_name(tmp_path: Pa
     assert "used another hardware" in (err := _error(capsys)) and "prefill 28000 vs 1000 tokens/s" in err
     # the same numbers under another name merge: the preset's JSON copy and the box with the preset's numbers
     assert main(["report", hbm, fast, "-o", str(tmp_path / "rep")]) == 0
-    # a file written before hardware_profile reads as not recorded and still compares by name
+    # a file written before hardware_profile reads as not recorded; its modeled times were a
+    # flat per-token rate, so it is refused beside a newer file, whatever the names
     old = json.loads(Path(fast).read_text())
     del old["hardware_profile"]
     (tmp_path / "old.json").write_text(json.dumps(old))
     assert read_results(tmp_path / "old.json").hardware_profile is None
-    assert main(["report", str(tmp_path / "old.json"), tiered, "-o", str(tmp_path / "rep")]) == 0  # both "box"
+    assert main(["report", str(tmp_path / "old.json"), tiered, "-o", str(tmp_path / "rep")]) == 2  # both "box"
+    assert "older tiercache" in _error(capsys)
 
 
 def test_a_fleet_run_merges_with_a_one_engine_run_on_the_same_machine_and_the_report_names_the_network(

@@ -161,6 +161,11 @@ def _check_same_hardware(first: ResultsDocument, first_src: str, doc: ResultsDoc
     run's own, checked by ``_check_one_network``), whatever the profile was called; an older
     file, which records a name alone, compares names."""
     mine, theirs = doc.hardware_profile, first.hardware_profile
+    if (mine is None) != (theirs is None) and None not in (doc.hardware, first.hardware):
+        older, newer = (src, first_src) if mine is None else (first_src, src)
+        raise UserError(f"{older} was written by an older tiercache, which modeled prefill at a flat per-token rate "
+                        f"(it records no 'hardware_profile'): its modeled times do not compare with {newer}'s; "
+                        "replay it again")
     if mine is not None and theirs is not None:
         if mine.local != theirs.local:
             raise UserError(f"{src} used another hardware ({doc.hardware}: {mine.difference(theirs)}) than {first_src} "

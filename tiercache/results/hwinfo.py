@@ -26,7 +26,15 @@ import xxhash
 
 from ..errors import UserError
 
-__all__ = ["HardwareInfo", "NetworkInfo", "NETWORK_LINK_NAMES", "read_hardware_info"]
+__all__ = ["HardwareInfo", "NetworkInfo", "NETWORK_LINK_NAMES", "PREFILL_MODEL", "LEGACY_PREFILL_MODEL",
+           "read_hardware_info"]
+
+#: The prefill cost model modeled times are computed under (``tiercache.sim.prefill``: weight
+#: and causal-attention FLOPs). Recorded in ``hardware_profile``; documents whose models differ
+#: do not compare.
+PREFILL_MODEL = "flops-attention/1"
+#: What a ``hardware_profile`` without ``prefill_model`` was computed under: a flat per-token rate.
+LEGACY_PREFILL_MODEL = "flat-per-token"
 
 #: Links that belong to a shared remote tier's network, not to the machine itself.
 NETWORK_LINK_NAMES = ("remote->dram", "dram->remote", "remote->hbm", "hbm->remote")
@@ -60,17 +68,22 @@ class HardwareInfo:
     links: Mapping[str, LinkNumbers]
     prefill_tokens_per_s: float | None
     network: NetworkInfo | None = None
+    prefill_model: str = PREFILL_MODEL
 
     @property
     def local(self) -> tuple:
-        """What two documents must share to compare modeled times: links and prefill speed."""
-        return (tuple(sorted(self.links.items())), self.prefill_tokens_per_s)
+        """What two documents must share to compare modeled times: links, prefill speed and
+        the prefill cost model."""
+        return (tuple(sorted(self.links.items())), self.prefill_tokens_per_s, self.prefill_model)
 
     @property
     def digest(self) -> str:
-        """``xxh3-64:`` and the hex digest of the canonical JSON of the local numbers."""
-        body = json.dumps({"links": _links_json(self.links), "prefill_tokens_per_s": self.prefill_tokens_per_s},
-                          sort_keys=True, separators=(",", ":"))
+        """``xxh3-64:`` and the hex digest of the canonical JSON of the local numbers and the
+        prefill model (left out where it is the legacy one, as such files were written)."""
+        numbers = {"links": _links_json(self.links), "prefill_tokens_per_s": self.prefill_tokens_per_s}
+        if self.prefill_model != LEGACY_PREFILL_MODEL:
+            numbers["prefill_model"] = self.prefill_model
+        body = json.dumps(numbers, sort_keys=True, separators=(",", ":"))
         return "xxh3-64:" + xxhash.xxh3_64_hexdigest(body.encode())
 
     def difference(self, other: "HardwareInfo") -> str:
@@ -85,6 +98,8 @@ class HardwareInfo:
             parts.append(f"prefill {self.prefill_tokens_per_s:g} vs {other.prefill_tokens_per_s:g} tokens/s"
                          if None not in (self.prefill_tokens_per_s, other.prefill_tokens_per_s)
                          else f"prefill {self.prefill_tokens_per_s} vs {other.prefill_tokens_per_s} tokens/s")
+        if self.prefill_model != other.prefill_model:
+            parts.append(f"prefill model {self.prefill_model} vs {other.prefill_model}")
         return "; ".join(parts)
 
     @classmethod
@@ -107,7 +122,8 @@ class HardwareInfo:
     def to_json(self) -> dict:
         """The ``hardware_profile`` object of results.json."""
         return {"name": self.name, "links": _links_json(self.links), "prefill_tokens_per_s": self.prefill_tokens_per_s,
-                "network": None if self.network is None else self.network.to_json(), "digest": self.digest}
+                "network": None if self.network is None else self.network.to_json(),
+                "prefill_model": self.prefill_model, "digest": self.digest}
 
 
 def _links_json(links: Mapping[str, LinkNumbers]) -> dict:
@@ -141,7 +157,10 @@ def read_hardware_info(value: Any, where: str) -> HardwareInfo | None:
         if not isinstance(network, dict) or not isinstance(network.get("name"), str):
             raise UserError(f"{what}: 'network' must be null or an object with a 'name' and 'links', got {network!r}")
         network = NetworkInfo(network["name"], _read_links(network.get("links"), f"{what}: network"))
-    info = HardwareInfo(value["name"], links, None if rate is None else float(rate), network)
+    model = value.get("prefill_model", LEGACY_PREFILL_MODEL)
+    if not isinstance(model, str):
+        raise UserError(f"{what}: 'prefill_model' must be a string, got {model!r}")
+    info = HardwareInfo(value["name"], links, None if rate is None else float(rate), network, model)
     if value.get("digest") != info.digest:
         raise UserError(f"{what}: 'digest' {value.get('digest')!r} does not match its numbers ({info.digest}); "
                         "the file was edited by hand: re-run the replay")
