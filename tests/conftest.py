@@ -13,12 +13,12 @@ import pytest
 
 DATA = Path(__file__).parent / "data"
 SAMPLE_TRACE = DATA / "mooncake_synthetic_trace.jsonl"
-#: pytest's exit status, kept for ``pytest_unconfigure``.
-EXIT_STATUS = pytest.StashKey[int]()
+#: The test session, kept for ``pytest_unconfigure`` to read its final exit status.
+SESSION = pytest.StashKey[pytest.Session]()
 
 
-def pytest_sessionfinish(session, exitstatus) -> None:
-    session.config.stash[EXIT_STATUS] = int(exitstatus)
+def pytest_sessionstart(session) -> None:
+    session.config.stash[SESSION] = session
 
 
 @pytest.hookimpl(trylast=True)
@@ -26,12 +26,17 @@ def pytest_unconfigure(config) -> None:
     """Ends the test process at once, with pytest's status, when a test abandoned a Mooncake
     client: Mooncake's exit handler would tear each one down against its stopped master
     (7-18 s apiece, about 50 s for the suite) and can end in SIGABRT. Runs after every other
-    plugin's ``unconfigure``, so reports are written; README documents that exit cost."""
+    plugin's ``unconfigure``, so reports are written; README documents that exit cost.
+
+    The status is ``session.exitstatus`` as it stands now, after every ``sessionfinish`` hook:
+    pytest changes it after the status those hooks receive (``--max-warnings`` sets 6, a
+    ``pytest.exit`` in a ``sessionfinish`` hook its own code), and the process must exit with
+    the status pytest itself would have returned."""
     guard = sys.modules.get("tiercache.data.remote_guard")
-    if guard is not None and guard.abandoned_count() and EXIT_STATUS in config.stash:
+    if guard is not None and guard.abandoned_count() and SESSION in config.stash:
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(config.stash[EXIT_STATUS])
+        os._exit(int(config.stash[SESSION].exitstatus))
 
 
 def sample_requests(path: Path = SAMPLE_TRACE) -> list[list[int]]:
