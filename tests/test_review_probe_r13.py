@@ -8,6 +8,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+
+from conftest import SAMPLE_TRACE
+from tiercache.config import MODEL_PRESETS
+from tiercache.sim import replay as replay_module
+from tiercache.sim.hardware import PRESETS
+from tiercache.sim.loader import load_trace
+from tiercache.sim.prefill import mean_read_index
+from tiercache.sim.replay import ReplayData
+
 ROOT = Path(__file__).resolve().parent.parent
 
 _ABANDONING_TEST = '''
@@ -34,3 +44,28 @@ def test_the_process_exits_with_pytests_final_status_after_a_client_was_abandone
     assert _pytest_rc(tmp_path / "warned", True, "--max-warnings", "0") == 6  # set after sessionfinish's argument
     assert _pytest_rc(tmp_path / "failed", False) == 1
     assert _pytest_rc(tmp_path / "passed", True) == 0
+
+
+def _mean_read_index_per_access(offsets, is_write) -> float:
+    """The formula of bd642ee: every access's index within its batch, then the reads' mean."""
+    index = np.arange(int(offsets[0]), int(offsets[-1]), dtype=np.int64) - np.repeat(offsets[:-1], np.diff(offsets))
+    if is_write is not None:
+        index = index[~is_write]
+    return float(index.mean()) if len(index) else 0.0
+
+
+def test_the_mean_read_index_is_the_per_access_mean_computed_per_batch_once_per_trace(monkeypatch):
+    rng = np.random.default_rng(13)
+    counts = rng.integers(0, 40, size=20_000)
+    counts[-3:] = 0  # empty batches, at the end too
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    reads = np.concatenate([np.arange(c) < rng.integers(0, c + 1) for c in counts])  # reads before writes
+    for is_write in (None, ~reads, np.zeros(len(reads), bool), np.ones(len(reads), bool)):
+        assert mean_read_index(offsets, is_write) == _mean_read_index_per_access(offsets, is_write)
+    assert mean_read_index(offsets + 7, ~reads) == _mean_read_index_per_access(offsets + 7, ~reads)
+    assert mean_read_index(np.zeros(1, np.int64), None) == 0.0
+    trace = load_trace(str(SAMPLE_TRACE))
+    data = ReplayData.prepare(trace, MODEL_PRESETS["llama-3-8b"], PRESETS["h200-pcie5-nvme4"])
+    calls = []
+    monkeypatch.setattr(replay_module, "mean_read_index", lambda *a: calls.append(a) or 1.5)
+    assert data.mean_read_index == data.mean_read_index == 1.5 and len(calls) == 1

@@ -80,10 +80,28 @@ def causal_pairs(end: np.ndarray, start: np.ndarray | int = 0) -> float:
 def mean_read_index(offsets: np.ndarray, is_write: np.ndarray | None) -> float:
     """Mean index, within its batch, of a block a batch reads (a request's ``i``-th block, a
     step record's ``i``-th read; a record lists its reads before its writes): where, on
-    average, a block a miss recomputes stands in its sequence. 0 for a trace without reads."""
+    average, a block a miss recomputes stands in its sequence. 0 for a trace without reads.
+
+    Per batch, not per access: a batch of ``r`` reads holds indices ``0 .. r - 1``, summing to
+    ``r (r - 1) / 2``, so the mean is ``sum r (r - 1) / 2 / sum r``, exact in int64 and the same
+    float as the mean over every read's index (both sums exact below 2**53). Temporaries are a
+    few int64 per batch; ``is_write`` (aligned with ``offsets[0] .. offsets[-1]``) is read in
+    place, one pass.
+    """
     offsets = np.asarray(offsets, dtype=np.int64)
-    counts = np.diff(offsets)
-    index = np.arange(int(offsets[0]), int(offsets[-1]), dtype=np.int64) - np.repeat(offsets[:-1], counts)
+    reads = np.diff(offsets)
     if is_write is not None:
-        index = index[~np.asarray(is_write, dtype=bool)]
-    return float(index.mean()) if len(index) else 0.0
+        reads = reads - _writes_per_batch(offsets, np.asarray(is_write, dtype=bool))
+    total = int(reads.sum())
+    return float(int((reads * (reads - 1) // 2).sum())) / total if total else 0.0
+
+
+def _writes_per_batch(offsets: np.ndarray, is_write: np.ndarray) -> np.ndarray:
+    """How many accesses of each batch are writes (0 for an empty batch)."""
+    counts = np.diff(offsets)
+    writes = np.zeros(len(counts), dtype=np.int64)
+    nonempty = np.flatnonzero(counts)
+    if len(nonempty):
+        starts = offsets[:-1][nonempty] - offsets[0]
+        writes[nonempty] = np.add.reduceat(is_write.view(np.uint8), starts, dtype=np.int64)
+    return writes

@@ -132,6 +132,12 @@ class ReplayData:
 
     # Lists for the Python manager's path (slicing lists and hashing ints is what it is fast at).
     @cached_property
+    def mean_read_index(self) -> float:
+        """The trace's mean read position (``prefill.mean_read_index``), computed once per trace
+        (a sweep computes it before forking its workers, which inherit it)."""
+        return mean_read_index(self.offsets, self.is_write)
+
+    @cached_property
     def id_list(self) -> list[int]:
         return self.ids.tolist()
 
@@ -418,7 +424,7 @@ def _recompute_seconds(spec: RunSpec, data: ReplayData, stats: HierarchyStats, s
         return cost.seconds(int(lengths.sum() - saved_tokens.sum()), causal_pairs(lengths, saved_tokens))
     layout = data.layout
     layers = layout.layers if layout.per_layer else 1
-    return cost.block_seconds(stats.misses, data.block_tokens, mean_read_index(data.offsets, data.is_write), layers)
+    return cost.block_seconds(stats.misses, data.block_tokens, data.mean_read_index, layers)
 
 
 def modeled_seconds(link_seconds: dict[str, float], recompute_seconds: float) -> dict:

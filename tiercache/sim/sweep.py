@@ -320,6 +320,8 @@ def _in_workers(runs: list[RunSpec], data: ReplayData, workers: int, bar: tqdm) 
     """
     global _WORKER_DATA, _STARTED
     load_kernels(runs, data)  # before the fork: the workers inherit the compiled kernels
+    if data.profile is not None:
+        data.mean_read_index  # noqa: B018 (cached, before the fork: one computation per trace)
     context = multiprocessing.get_context("fork")
     _WORKER_DATA, _STARTED = data, context.RawArray("q", len(runs))
     executor = ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker)
