@@ -9,11 +9,13 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from conftest import SAMPLE_TRACE
 from tiercache.config import MODEL_PRESETS
 from tiercache.sim import replay as replay_module
-from tiercache.sim.hardware import PRESETS
+from tiercache.errors import UserError
+from tiercache.sim.hardware import PRESETS, HardwareProfile, Link, load_profile, save_profile, with_network
 from tiercache.sim.loader import load_trace
 from tiercache.sim.prefill import mean_read_index
 from tiercache.sim.replay import ReplayData
@@ -69,3 +71,23 @@ def test_the_mean_read_index_is_the_per_access_mean_computed_per_batch_once_per_
     calls = []
     monkeypatch.setattr(replay_module, "mean_read_index", lambda *a: calls.append(a) or 1.5)
     assert data.mean_read_index == data.mean_read_index == 1.5 and len(calls) == 1
+
+
+def test_a_profile_json_named_like_a_preset_machine_plus_a_network_needs_their_numbers(tmp_path):
+    machine = PRESETS["h200-pcie5-nvme4"]
+    combined = with_network(machine, "rdma-200g")
+    save_profile(combined, tmp_path / "same.json")
+    assert load_profile(str(tmp_path / "same.json")) == combined  # what --network builds, saved: accepted
+    slow_net = HardwareProfile(combined.name, {**combined.links, "remote->dram": Link(1e9, 1e-5), "dram->remote": Link(1e9, 1e-5)},
+                               combined.prefill_tokens_per_s)
+    slow_pcie = HardwareProfile(combined.name, {**combined.links, "dram->hbm": Link(1e9, 1e-5)}, combined.prefill_tokens_per_s)
+    other_rate = HardwareProfile(combined.name, combined.links, 5000)
+    own_box = HardwareProfile("mybox+tcp-25g", slow_net.links, 5000)  # network preset named, its links not that preset's
+    for profile, named in ((slow_net, "network preset 'rdma-200g'"), (slow_pcie, "machine preset 'h200-pcie5-nvme4'"),
+                           (other_rate, "machine preset 'h200-pcie5-nvme4'"), (own_box, "network preset 'tcp-25g'")):
+        save_profile(profile, tmp_path / "p.json")
+        with pytest.raises(UserError, match="give the profile a name of its own") as error:
+            load_profile(str(tmp_path / "p.json"))
+        assert named in str(error.value) and "\n" not in str(error.value)
+    save_profile(HardwareProfile("mybox+rdma-200g", combined.links, 5000), tmp_path / "own.json")
+    assert load_profile(str(tmp_path / "own.json")).name == "mybox+rdma-200g"  # its own machine over rdma-200g's links

@@ -308,11 +308,33 @@ def _profile_from_json(path: str, data: Any) -> HardwareProfile:
         profile = HardwareProfile(data["name"], links, rate, path)
     except UserError as exc:
         raise UserError(f"{path}: {exc}") from None
-    preset = PRESETS.get(profile.name)
-    if preset is not None and preset != profile:  # results and reports would name the preset
-        raise UserError(f"{path}: hardware profile name {profile.name!r} is a preset's, but its links or prefill speed "
-                        "differ from that preset's; give the profile a name of its own")
+    mismatch = _preset_name_mismatch(profile)
+    if mismatch:  # results and reports would name the preset(s)
+        raise UserError(f"{path}: hardware profile name {profile.name!r} is a preset's, but {mismatch}; "
+                        "give the profile a name of its own")
     return profile
+
+
+def _preset_name_mismatch(profile: HardwareProfile) -> str:
+    """What differs between ``profile`` and the presets its name names ('' when nothing does, or
+    when it names none). A name names presets as ``with_network`` builds them: a machine preset
+    (``PRESETS``), optionally followed by ``+network`` parts (``NETWORK_PRESETS``; the last one's
+    links are the shared tier's); ``X+network`` with ``X`` not a machine preset names the network
+    only (results record it as machine ``X`` over that network)."""
+    parts = profile.name.split("+")
+    machine_end = len(parts)
+    while machine_end > 1 and parts[machine_end - 1] in NETWORK_PRESETS:
+        machine_end -= 1
+    machine, networks = "+".join(parts[:machine_end]), parts[machine_end:]
+    problems = []
+    if networks and any(profile.links.get(n) != NETWORK_PRESETS[networks[-1]] for n in NETWORK_LINKS):
+        problems.append(f"its {' and '.join(NETWORK_LINKS)} links are not those of network preset {networks[-1]!r}")
+    preset = PRESETS.get(machine)
+    if preset is not None:
+        local = {n: l for n, l in profile.links.items() if n not in NETWORK_LINKS or not networks}
+        if local != dict(preset.links) or profile.prefill_tokens_per_s != preset.prefill_tokens_per_s:
+            problems.append(f"its links or prefill speed are not those of machine preset {machine!r}")
+    return " and ".join(problems)
 
 
 def _link_from_json(name: str, spec: Any) -> Link:
