@@ -22,7 +22,7 @@ def _as_legacy(document: dict) -> dict:
     """``document`` as a file written under the flat per-token model: no ``prefill_model``,
     its digest over the links and prefill speed alone."""
     profile = dict(document["hardware_profile"])
-    del profile["prefill_model"]
+    del profile["prefill_model"], profile["prefill"]  # neither recorded then
     body = json.dumps({"links": profile["links"], "prefill_tokens_per_s": profile["prefill_tokens_per_s"]},
                       sort_keys=True, separators=(",", ":"))
     profile["digest"] = "xxh3-64:" + xxhash.xxh3_64_hexdigest(body.encode())

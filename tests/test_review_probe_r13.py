@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -12,9 +13,11 @@ import numpy as np
 import pytest
 
 from conftest import SAMPLE_TRACE
+from tiercache.cli import main
 from tiercache.config import MODEL_PRESETS
 from tiercache.sim import replay as replay_module
 from tiercache.errors import UserError
+from tiercache.results import read_results
 from tiercache.sim.hardware import PRESETS, HardwareProfile, Link, load_profile, save_profile, with_network
 from tiercache.sim.loader import load_trace
 from tiercache.sim.prefill import mean_read_index
@@ -91,3 +94,26 @@ def test_a_profile_json_named_like_a_preset_machine_plus_a_network_needs_their_n
         assert named in str(error.value) and "\n" not in str(error.value)
     save_profile(HardwareProfile("mybox+rdma-200g", combined.links, 5000), tmp_path / "own.json")
     assert load_profile(str(tmp_path / "own.json")).name == "mybox+rdma-200g"  # its own machine over rdma-200g's links
+
+
+HEAD = ROOT / "tests" / "data" / "mooncake_head.jsonl"
+FLAT = "layers=32,kv_heads=8,head_dim=128"
+
+
+def _replay(out: Path, *model: str) -> dict:
+    argv = ["replay", str(HEAD), "--policy", "lru", "--tiers", "hbm=50,dram=200", "--semantics", "prefix", *model,
+            "--hardware", "h200-pcie5-nvme4", "--workers", "1", "--no-progress", "--out", str(out)]
+    assert main(argv) == 0
+    return json.loads(out.read_text())["hardware_profile"]
+
+
+def test_a_report_refuses_runs_whose_prefill_used_another_models_params_or_heads(tmp_path, capsys):
+    assert _replay(tmp_path / "flat.json", "--layout", FLAT)["prefill"] == {"params": None, "heads": None}
+    assert _replay(tmp_path / "big.json", "--layout", FLAT + ",params=70.55e9,heads=64")["prefill"] == {"params": 70_550_000_000, "heads": 64}
+    assert _replay(tmp_path / "preset.json", "--model", "llama-3-70b")["prefill"] == {"params": 70_553_706_496, "heads": 64}
+    assert read_results(tmp_path / "big.json").hardware_profile.prefill.heads == 64
+    capsys.readouterr()
+    assert main(["report", str(tmp_path / "flat.json"), str(tmp_path / "big.json"), "-o", str(tmp_path / "rep")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "another model (params 7.055e+10, 64 query heads)" in err
+    assert "(reference params (none given), no query heads" in err

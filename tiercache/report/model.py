@@ -170,9 +170,26 @@ def _check_same_hardware(first: ResultsDocument, first_src: str, doc: ResultsDoc
         if mine.local != theirs.local:
             raise UserError(f"{src} used another hardware ({doc.hardware}: {mine.difference(theirs)}) than {first_src} "
                             f"({first.hardware}); modeled bytes and times would not compare")
+        _check_same_prefill(first, first_src, doc, src)
     elif doc.hardware != first.hardware:
         raise UserError(f"{src} used another hardware ({doc.hardware or 'none'}) than {first_src} "
                         f"({first.hardware or 'none'}); modeled bytes and times would not compare")
+
+
+def _check_same_prefill(first: ResultsDocument, first_src: str, doc: ResultsDocument, src: str) -> None:
+    """Documents on one machine modeled prefill with one model's numbers (``hardware_profile.prefill``:
+    parameters and query heads; a file that does not record them compares only with another
+    that does not)."""
+    mine, theirs = doc.hardware_profile.prefill, first.hardware_profile.prefill
+    if mine == theirs:
+        return
+    if mine is None or theirs is None:
+        older, newer, known = (src, first_src, theirs) if mine is None else (first_src, src, mine)
+        raise UserError(f"{older} does not record the model its prefill times used (written before results recorded "
+                        f"params and query heads), {newer} does ({known.text()}); modeled times may not compare: "
+                        "replay it again")
+    raise UserError(f"{src} modeled prefill with another model ({mine.text()}) than {first_src} ({theirs.text()}); "
+                    "modeled times would not compare")
 
 
 def _check_one_network(documents: list[ResultsDocument], sources: list[str]) -> None:

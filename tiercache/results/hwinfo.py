@@ -7,11 +7,14 @@ without it reads it as ``None``) it also records ``hardware_profile``: the machi
 
     {"name": "h200-pcie5-nvme4", "links": {"dram->hbm": {"bandwidth_Bps": 5.5e10, "latency_s": 1e-5}, ...},
      "prefill_tokens_per_s": 28000.0, "network": null | {"name": "tcp-25g", "links": {...}},
-     "digest": "xxh3-64:..."}
+     "prefill_model": "flops-attention/1", "prefill": {"params": ..., "heads": ...}, "digest": "xxh3-64:..."}
+
+``prefill`` (optional, ``tiercache.results.prefillinfo``) is the model's parameter count and
+query heads the prefill times used, null where the layout gave none.
 
 ``digest`` is xxh3-64 of the canonical JSON (sorted keys) of the local links and prefill
-speed: two documents modeled on the same machine have the same digest whatever the profile
-was called. ``tiercache report`` compares these numbers (``HardwareInfo.local``), and treats
+speed (and the prefill model and ``prefill`` where recorded): two documents modeled on the
+same machine, with the same model, have the same digest whatever the profile was called. ``tiercache report`` compares these numbers (``HardwareInfo.local``), and treats
 the network as a fleet run's own attribute. Metadata plane: no torch, no numpy.
 """
 
@@ -25,6 +28,7 @@ from typing import Any, Iterable, Mapping
 import xxhash
 
 from ..errors import UserError
+from .prefillinfo import PrefillInfo, read_prefill_info
 
 __all__ = ["HardwareInfo", "NetworkInfo", "NETWORK_LINK_NAMES", "PREFILL_MODEL", "LEGACY_PREFILL_MODEL",
            "read_hardware_info"]
@@ -69,6 +73,9 @@ class HardwareInfo:
     prefill_tokens_per_s: float | None
     network: NetworkInfo | None = None
     prefill_model: str = PREFILL_MODEL
+    #: The model's numbers the prefill times used (``prefillinfo``); None in files written
+    #: before it was recorded, or for a document without a layout.
+    prefill: PrefillInfo | None = None
 
     @property
     def local(self) -> tuple:
@@ -83,6 +90,8 @@ class HardwareInfo:
         numbers = {"links": _links_json(self.links), "prefill_tokens_per_s": self.prefill_tokens_per_s}
         if self.prefill_model != LEGACY_PREFILL_MODEL:
             numbers["prefill_model"] = self.prefill_model
+        if self.prefill is not None:
+            numbers["prefill"] = self.prefill.to_json()
         body = json.dumps(numbers, sort_keys=True, separators=(",", ":"))
         return "xxh3-64:" + xxhash.xxh3_64_hexdigest(body.encode())
 
@@ -103,12 +112,13 @@ class HardwareInfo:
         return "; ".join(parts)
 
     @classmethod
-    def of(cls, profile: Any, networks: Iterable[str] = ()) -> "HardwareInfo":
+    def of(cls, profile: Any, networks: Iterable[str] = (), layout: Any = None) -> "HardwareInfo":
         """The record of a ``tiercache.sim.hardware.HardwareProfile`` (read by its ``name``,
         ``links`` and ``prefill_tokens_per_s``). ``networks``: the network presets' names; a
         profile named ``machine+preset`` (``with_network``) that carries network links is
         recorded as ``machine`` with network ``preset``; a profile JSON that gives network
-        links itself names its network by its own name."""
+        links itself names its network by its own name. ``layout``: the ``KVLayout`` whose
+        model the prefill times used (its ``params`` and ``heads``, recorded as ``prefill``)."""
         numbers = {n: (float(l.bandwidth_Bps), float(l.latency_s)) for n, l in profile.links.items()}
         net = {n: v for n, v in numbers.items() if n in NETWORK_LINK_NAMES}
         local = {n: v for n, v in numbers.items() if n not in NETWORK_LINK_NAMES}
@@ -117,13 +127,15 @@ class HardwareInfo:
             name, network = name.rsplit("+", 1)
         rate = profile.prefill_tokens_per_s
         return cls(name, local, None if rate is None else float(rate),
-                   NetworkInfo(network or name, net) if net else None)
+                   NetworkInfo(network or name, net) if net else None,
+                   prefill=None if layout is None else PrefillInfo.of(layout))
 
     def to_json(self) -> dict:
         """The ``hardware_profile`` object of results.json."""
         return {"name": self.name, "links": _links_json(self.links), "prefill_tokens_per_s": self.prefill_tokens_per_s,
                 "network": None if self.network is None else self.network.to_json(),
-                "prefill_model": self.prefill_model, "digest": self.digest}
+                "prefill_model": self.prefill_model,
+                **({} if self.prefill is None else {"prefill": self.prefill.to_json()}), "digest": self.digest}
 
 
 def _links_json(links: Mapping[str, LinkNumbers]) -> dict:
@@ -160,7 +172,8 @@ def read_hardware_info(value: Any, where: str) -> HardwareInfo | None:
     model = value.get("prefill_model", LEGACY_PREFILL_MODEL)
     if not isinstance(model, str):
         raise UserError(f"{what}: 'prefill_model' must be a string, got {model!r}")
-    info = HardwareInfo(value["name"], links, None if rate is None else float(rate), network, model)
+    prefill = read_prefill_info(value.get("prefill"), what)
+    info = HardwareInfo(value["name"], links, None if rate is None else float(rate), network, model, prefill)
     if value.get("digest") != info.digest:
         raise UserError(f"{what}: 'digest' {value.get('digest')!r} does not match its numbers ({info.digest}); "
                         "the file was edited by hand: re-run the replay")

@@ -425,4 +425,4 @@ def sweep_fleet(trace: Trace, specs: list[FleetSpec], layout: KVLayout | None, p
     return ResultsDocument(tiercache_version=tiercache.__version__, command=command, trace=trace.info(),
                            layout=None if layout is None else LayoutInfo.from_layout(layout),
                            hardware=None if profile is None else profile.name, runs=tuple(runs),
-                           hardware_profile=None if profile is None else HardwareInfo.of(profile, NETWORK_PRESETS))
+                           hardware_profile=None if profile is None else HardwareInfo.of(profile, NETWORK_PRESETS, layout))

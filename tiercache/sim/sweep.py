@@ -171,7 +171,7 @@ def sweep(trace: Trace, spec: SweepSpec, workers: int = 1, progress: bool = Fals
         layout=None if layout is None else LayoutInfo.from_layout(layout),
         hardware=None if spec.hardware is None else spec.hardware.name,
         runs=tuple(_execute(runs, data, workers, progress)),
-        hardware_profile=None if spec.hardware is None else HardwareInfo.of(spec.hardware),
+        hardware_profile=None if spec.hardware is None else HardwareInfo.of(spec.hardware, layout=layout),
     )
 
 
