@@ -12,15 +12,17 @@ it, so a recorded run replays to exactly the same decisions and per-tier counts:
    to the top tier, or in place for a streaming reader), then asks the prefetch policy what
    to bring up next and starts those moves, still holding the references: the caller
    computes attention while the prefetches run, then ends the read (``end_read``).
-3. A write holds the listed blocks already resident, then stores the blocks that are not
-   resident yet, the listed ones held as they land: a sequence's blocks may move down,
-   never out (``TierManager.hold``), not even to make room for the same write's blocks.
+3. A write holds the listed blocks already resident, then stores its blocks in list order:
+   a block not resident is stored (held as it lands if listed), a resident one stores
+   nothing (the same block), and one resident when the write began that the write's
+   earlier blocks pushed out is stored again at its turn. A sequence's blocks may move
+   down, never out (``TierManager.hold``), not even to make room for the same write's blocks.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Iterator, NamedTuple, Sequence
 
 from tiercache.policies.base import PrefetchPolicy, PrefetchView
 
@@ -28,7 +30,7 @@ from .answers import plan_asker
 from .manager import TierManager
 from .plans import TransferPlan
 
-__all__ = ["StepDriver", "ReadTicket"]
+__all__ = ["StepDriver", "ReadTicket", "WriteRun", "write_runs"]
 
 
 @dataclass
@@ -130,8 +132,13 @@ class StepDriver:
         self.manager.unref(refs)
 
     def write(self, ids: Sequence[int], hold: Sequence[int] = ()) -> list[int]:
-        """Stores the blocks of ``ids`` not resident yet (the engine has their bytes staged)
-        and holds the ids of ``hold`` that are resident. Returns the ids newly stored.
+        """Stores the blocks of ``ids`` in list order (the engine has their bytes staged) and
+        holds the ids of ``hold`` that are resident. Returns the ids it stored, still resident.
+
+        An id resident when the write began stores nothing if it still is at its turn (the
+        same block); if the write's earlier blocks pushed it out, it is stored again there,
+        so every listed id is written after the ids before it (as the oracleGeneral export
+        orders them; ``write_runs``).
 
         The resident ids of ``hold`` are held before anything is inserted, and the new ones
         as each chunk lands, so the write's own inserts can push a held block down but never
@@ -141,17 +148,15 @@ class StepDriver:
         """
         manager = self.manager
         self.settle()
-        fresh = [block_id for block_id in ids if manager.locate(block_id) is None]
-        new = set(fresh)
-        self.hold([block_id for block_id in hold if block_id not in new], settle=False)
+        fresh = {block_id for block_id in ids if manager.locate(block_id) is None}
+        self.hold([block_id for block_id in hold if block_id not in fresh], settle=False)
         held = set(hold)
-        fresh_held = [block_id for block_id in fresh if block_id in held]
-        fresh_free = [block_id for block_id in fresh if block_id not in held]
-        if fresh_held:  # held as each chunk lands: the insert's own later chunks never push them out
-            manager.insert(fresh_held, hold=True)
-        if fresh_free:
-            manager.insert(fresh_free)
-        return [block_id for block_id in fresh if manager.locate(block_id) is not None]
+        stored: list[int] = []
+        for run in write_runs(ids, fresh, held, manager.locate):
+            if run.store:
+                manager.insert(run.ids, hold=run.hold)
+                stored.extend(run.ids)
+        return [block_id for block_id in stored if manager.locate(block_id) is not None]
 
     def hold(self, ids: Sequence[int], settle: bool = True) -> None:
         """Holds ``ids`` for a live sequence that lists them (``TierManager.hold_listed``): a
@@ -168,3 +173,50 @@ class StepDriver:
         lost a block never releases another live sequence's hold on the block stored anew."""
         self.settle()
         self.manager.release_listed(ids)
+
+
+
+class WriteRun(NamedTuple):
+    """Consecutive ids of a write handled alike (``write_runs``): ``store`` True, new blocks
+    to store with one ``insert`` (each held as it lands when ``hold``); False, one id still
+    resident at its turn, which stores nothing (the same block)."""
+
+    ids: list[int]
+    store: bool
+    hold: bool = False
+
+
+def write_runs(ids: Sequence[int], fresh: set[int], held: set[int],
+               locate: Callable[[int], int | None]) -> Iterator[WriteRun]:
+    """A write of ``ids`` (distinct) in list order, as ``WriteRun``s; the caller stores each
+    run with ``store`` before the generator goes on.
+
+    ``fresh`` holds the ids absent when the write began. A run to store ends before each id
+    that was resident then and is not in ``held``, so that id's ``locate`` is asked once
+    every id before it is stored: still resident, it comes as a run of its own that stores
+    nothing; pushed out by them, it is stored again, first of the next run. A resident id of
+    ``held`` (held: it cannot be pushed out) stores nothing and ends no run. A run also
+    ends where the hold changes, so the ids are stored in list order.
+    """
+    run: list[int] = []
+    run_held = False
+    for block_id in ids:
+        if block_id in fresh:
+            holding = block_id in held
+        elif block_id in held:
+            continue
+        else:
+            if run:
+                yield WriteRun(run, True, run_held)
+                run = []
+            if locate(block_id) is not None:
+                yield WriteRun([block_id], False)
+                continue
+            holding = False
+        if run and holding != run_held:
+            yield WriteRun(run, True, run_held)
+            run = []
+        run.append(block_id)
+        run_held = holding
+    if run:
+        yield WriteRun(run, True, run_held)

@@ -11,8 +11,10 @@ it has no bytes for an absent block, so there the question never arises).
 A prefetch policy that plans nothing therefore replays to exactly the counts of ``--prefetch
 none``; any difference between the two is the prefetch's own moves.
 
-A write stores the blocks not cached yet; a write of an id already cached stores nothing
-(keys name content: it is the same block).
+A write stores its blocks in list order (``StepDriver.write``): a block not cached is stored,
+a write of an id still cached at its turn stores nothing (keys name content: it is the same
+block), and an id cached when the record began that the write's earlier blocks pushed out is
+stored again at its turn, as libCacheSim plays the oracleGeneral export.
 
 An offline policy (``needs_future``, Belady) runs the same protocol with next-use hints: it
 reads through ``TierManager.access`` with hints between the driver's ``open_read`` and
@@ -37,7 +39,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from tiercache.core.decode import StepDriver
+from tiercache.core.decode import StepDriver, write_runs
 from tiercache.core.manager import TierManager
 from tiercache.core.plans import TransferPlan
 from tiercache.policies import Hints, get_eviction, make_prefetch
@@ -60,8 +62,9 @@ class PrefetchTally:
     write of its id finds it below or gone; or the run ends with it below or gone). A block
     still in place, unread at the end of the run, is neither. A pending block leaves its
     tier only by being pushed down or out, and comes back only by a read, a prefetch or a
-    write of its id (a block evicted, then stored anew), each of which settles it first: so
-    a read never credits a prefetch with a block stored after the prefetched one left.
+    write of its id (a block evicted, then stored anew), each of which settles it (a write
+    whose own earlier blocks pushed it out settles it once it stored it again): so a read
+    never credits a prefetch with a block stored after the prefetched one left.
 
     Invariants: ``used + wasted + len(pending) == prefetched``; ``pending`` maps each
     prefetched block not yet settled to the tier its prefetch brought it to.
@@ -106,6 +109,16 @@ class PrefetchTally:
                 if where is None or where > tier:
                     del pending[block_id]
                     self.wasted += 1
+
+    def stored_again(self, stored: Sequence[int]) -> None:
+        """Settles the pending blocks among ``stored`` (what a write stored, ``StepDriver.write``):
+        still pending after ``writing``, they were in place when the write began, then its own
+        earlier blocks pushed them out and it stored them again, so the prefetched copy is
+        gone: wasted."""
+        pending = self.pending
+        for block_id in stored:
+            if pending.pop(block_id, None) is not None:
+                self.wasted += 1
 
     def finish(self, manager: TierManager) -> None:
         """Settles what the run's end leaves: pending blocks below their tier are wasted."""
@@ -199,29 +212,32 @@ class DecodeReplay:
             self.driver.end_read(ticket)
 
     def _write(self, a: int, b: int, hold: Sequence[int]) -> None:
-        """Stores the blocks ``ids[a:b]`` not cached yet (``StepDriver.write``); a prefetched
-        block that left its tier is settled first (``PrefetchTally.writing``). Offline, the
-        new blocks are stored with their next uses and a cached id's next use is refreshed to
-        the write's (``_refresh``)."""
+        """Stores the blocks ``ids[a:b]`` in list order (``StepDriver.write``); a prefetched
+        block that left its tier is settled first (``PrefetchTally.writing``), one the write
+        pushed out and stored again after (``PrefetchTally.stored_again``). Offline, the same
+        runs (``write_runs``): new blocks are stored with their next uses, and a cached id's
+        next use is refreshed to the write's at its turn (``_refresh``)."""
         ids = self._ids[a:b]
         if not self.offline:
             if self.tally.pending:
                 self.driver.settle()
                 self.tally.writing(self.manager, ids)
-            self.driver.write(ids, hold)
+            stored = self.driver.write(ids, hold)
+            if self.tally.pending:
+                self.tally.stored_again(stored)
             return
         self.driver.settle()
-        locate, next_use = self.manager.locate, self.data.next_use_list
-        fresh, cached = [], []
-        for k in range(a, b):
-            (fresh if locate(self._ids[k]) is None else cached).append(k)
-        if cached:
-            self._refresh(cached)
-        if fresh:
-            new = [self._ids[k] for k in fresh]
-            uses = [next_use[k] for k in fresh]
-            self.manager.note_next_uses(new, uses)
-            self.manager.insert(new, Hints(fresh[0], uses, None))
+        manager, next_use = self.manager, self.data.next_use_list
+        position = {block_id: k for k, block_id in enumerate(ids, start=a)}
+        fresh = {block_id for block_id in ids if manager.locate(block_id) is None}
+        for run in write_runs(ids, fresh, set(), manager.locate):
+            accesses = [position[block_id] for block_id in run.ids]
+            if not run.store:
+                self._refresh(accesses)
+                continue
+            uses = [next_use[k] for k in accesses]
+            manager.note_next_uses(run.ids, uses)
+            manager.insert(run.ids, Hints(accesses[0], uses, None))
 
     def _refresh(self, accesses: Sequence[int]) -> None:
         """Sets the next use of the cached ids written at ``accesses`` (indices into ``ids``) to
