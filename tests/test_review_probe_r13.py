@@ -11,13 +11,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import xxhash
 
 from conftest import SAMPLE_TRACE
 from tiercache.cli import main
 from tiercache.config import MODEL_PRESETS
-from tiercache.sim import replay as replay_module
 from tiercache.errors import UserError
 from tiercache.results import read_results
+from tiercache.sim import replay as replay_module
 from tiercache.sim.hardware import PRESETS, HardwareProfile, Link, load_profile, save_profile, with_network
 from tiercache.sim.loader import load_trace
 from tiercache.sim.prefill import mean_read_index
@@ -117,3 +118,38 @@ def test_a_report_refuses_runs_whose_prefill_used_another_models_params_or_heads
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "another model (params 7.055e+10, 64 query heads)" in err
     assert "(reference params (none given), no query heads" in err
+
+
+def _methods(folder: Path) -> str:
+    text = (folder / "report.md").read_text()
+    return text[text.index("misses recomputed"):].split(". Model preset")[0]
+
+
+def _as_flat_rate_file(path: Path) -> Path:
+    """``path`` as tiercache wrote it under the flat per-token rate: no prefill_model nor prefill."""
+    document = json.loads(path.read_text())
+    profile = document["hardware_profile"]
+    del profile["prefill_model"], profile["prefill"]
+    body = json.dumps({"links": profile["links"], "prefill_tokens_per_s": profile["prefill_tokens_per_s"]},
+                      sort_keys=True, separators=(",", ":"))
+    profile["digest"] = "xxh3-64:" + xxhash.xxh3_64_hexdigest(body.encode())
+    legacy = path.with_name("legacy.json")
+    legacy.write_text(json.dumps(document))
+    return legacy
+
+
+def test_the_reports_methods_text_names_only_the_prefill_terms_its_runs_were_modeled_with(tmp_path, capsys):
+    argv = ["compare", str(HEAD), "--policy", "lru,arc", "--capacity", "250", "--semantics", "prefix", "--layout", FLAT,
+            "--hardware", "h200-pcie5-nvme4", "--workers", "1", "--no-progress", "-o", str(tmp_path / "cmp")]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "note: --layout gives no params=" in out and "note: --layout gives no heads=" in out  # as replay prints them
+    flat = _methods(tmp_path / "cmp")
+    assert "no attention term" in flat and "reference model's (llama-3-8b) parameters" in flat and "plus attention" not in flat
+    _replay(tmp_path / "big.json", "--layout", FLAT + ",params=70.55e9,heads=64")
+    assert main(["report", str(tmp_path / "big.json"), "-o", str(tmp_path / "big")]) == 0
+    big = _methods(tmp_path / "big")
+    assert "plus attention over each token's prefix" in big and "(64)" in big and "7.055e+10 parameters" in big
+    assert main(["report", str(_as_flat_rate_file(tmp_path / "big.json")), "-o", str(tmp_path / "old")]) == 0
+    old = _methods(tmp_path / "old")
+    assert "flat per-token prefill rate" in old and "FLOPs" not in old

@@ -16,6 +16,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from ..config import parse_layout
 from ..errors import UserError
 from ..report.across import (across_documents, gap_markdown, gap_notes, gap_rows, escape_table_text, left_out, split_rows,
                               tuned_winners)
@@ -29,7 +30,8 @@ from ..results import ResultsDocument
 from ..sim.loader import Trace
 from ..sim.split import HALVES, split_halves
 from ..sim.sweep import sweep
-from .replay import Once, OnceFlag, add_common_options, capacity_text, spec_from_args, sweep_from_args
+from .replay import (Once, OnceFlag, add_common_options, capacity_text, print_layout_notes, spec_from_args,
+                     sweep_from_args)
 
 __all__ = ["add_parser"]
 
@@ -76,6 +78,7 @@ def run_compare(args: argparse.Namespace) -> int:
     results = replace(sweep_from_args(args), command=command)
     data = from_documents([results], [str(Path(args.out) / "results.json")])
     _write(args.out, data, args.trace, command, results)
+    _layout_notes(args, results)
     print(f"{len(data.runs)} runs in {time.perf_counter() - started:.1f} s")
     return 0
 
@@ -131,8 +134,15 @@ def _run_split(args: argparse.Namespace, command: str, started: float) -> int:
         tuned_winners(tune))
     print(table, end="")
     print(cold)
+    _layout_notes(args, test)
     print(f"{len(tune.runs) + len(test.runs)} runs in {time.perf_counter() - started:.1f} s")
     return 0
+
+
+def _layout_notes(args: argparse.Namespace, results: ResultsDocument) -> None:
+    """The notes ``replay`` prints for a custom ``--layout`` that leaves a prefill figure unknown."""
+    if args.hardware and args.layout:
+        print_layout_notes(parse_layout(args.layout), results.hardware)
 
 
 def _cold_halves(first: int, total: int) -> str:

@@ -16,6 +16,7 @@ from .document import Bullets, Code, Document, Image, Paragraph, Section
 from .fleet import fleet_section
 from .lru_curve import LRUCurve, dense_lru_curve
 from ..results import Mode, Semantics, TraceKind
+from ..results.hwinfo import LEGACY_PREFILL_MODEL
 from ..sim.loader import Trace
 from .model import ReportData, Run
 from .summary import (BASELINE, BELADY, CapacityBest, Payoff, beats_belady, belady_caveat, belady_is_bound,
@@ -407,10 +408,7 @@ def _movement(data: ReportData, colors: dict[str, str]) -> Section:
     hardware = data.hardware or "none"
     blocks: list = [Paragraph(
         f"Bytes each run moves over each link between tiers, and the time the link/cost model assigns to them "
-        f"(transfers at the link's bandwidth plus latency; misses recomputed at the modeled prefill FLOPs: "
-        f"2 x parameters per token plus attention over each token's prefix (4 x layers x query heads x head dim per "
-        f"query-key pair), at the FLOP rate the hardware's llama-3-8b short-prompt speed implies; attention kernels "
-        f"are assumed as efficient as the matmuls, and decode-phase costs are left out). Model "
+        f"(transfers at the link's bandwidth plus latency; {prefill_method(data)}). Model "
         f"preset: {model}; hardware preset: {hardware}. These are modeled figures, not measurements."
     )]
     moving = [r for r in costed if any(r.bytes_moved.values())]
@@ -424,6 +422,29 @@ def _movement(data: ReportData, colors: dict[str, str]) -> Section:
         blocks.append(Paragraph("Single-tier runs move nothing between tiers: their modeled time is the recompute "
                                 "time of their misses, listed as 'modeled time' in the table of all runs."))
     return Section("Data movement and modeled time", tuple(blocks))
+
+
+def prefill_method(data: ReportData) -> str:
+    """How the runs' recompute (and TTFT saved) were modeled, as their results record it
+    (``hardware_profile.prefill_model`` and ``prefill``): never a term they were computed without."""
+    if data.prefill_model in (None, LEGACY_PREFILL_MODEL):
+        return ("misses recomputed at the hardware's flat per-token prefill rate, as the tiercache that wrote these "
+                "results modeled it: attention over the context and the model's size left out")
+    info = data.prefill
+    rate = "at the FLOP rate the hardware's llama-3-8b short-prompt speed implies; decode-phase costs are left out"
+    if info is None:
+        return ("misses recomputed at the modeled prefill FLOPs: 2 x parameters per token, plus attention over each "
+                "token's prefix where the layout gave query heads (these results do not record whether it did), " + rate)
+    if info.params is None:
+        weights = "2 x the reference model's (llama-3-8b) parameters per token (the layout gave no params=)"
+    else:
+        weights = f"2 x parameters per token ({info.params:.4g} parameters)"
+    if info.attention:
+        attention = (f" plus attention over each token's prefix (4 x layers x query heads ({info.heads}) x head dim per "
+                     "query-key pair; attention kernels assumed as efficient as the matmuls)")
+    else:
+        attention = " and no attention term (the layout gave no heads=: a flat per-token rate, lower bounds for long prompts)"
+    return f"misses recomputed at the modeled prefill FLOPs: {weights}{attention}, {rate}"
 
 
 def _prefix(data: ReportData, colors: dict[str, str]) -> Section:

@@ -16,6 +16,7 @@ from ..config import TraceKind
 from ..errors import UserError
 from ..policies import PLACEMENT, PREFETCH
 from ..results import LayoutInfo, ResultsDocument, RunRecord, TraceInfo, read_results, run_label
+from ..results.prefillinfo import PrefillInfo
 from ..results.records import legacy_fingerprint
 
 # The report shows the results records as they are: a run is a ``RunRecord``.
@@ -40,6 +41,10 @@ class ReportData:
     commands: tuple[str, ...]
     sources: tuple[str, ...]
     version: str = ""
+    #: How the runs' prefill times were modeled (the first document's ``hardware_profile``: every
+    #: document shares it, ``_check_same_prefill``); None without one (an older file, no hardware).
+    prefill_model: str | None = None
+    prefill: PrefillInfo | None = None
 
 
 def load_results(paths: list[str]) -> ReportData:
@@ -137,6 +142,8 @@ def from_documents(documents: list[ResultsDocument], sources: list[str]) -> Repo
         commands=commands,
         sources=tuple(sources),
         version=first.tiercache_version,
+        prefill_model=None if first.hardware_profile is None else first.hardware_profile.prefill_model,
+        prefill=None if first.hardware_profile is None else first.hardware_profile.prefill,
     )
 
 
