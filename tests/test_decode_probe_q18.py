@@ -6,13 +6,19 @@
   one (Belady's ``DecodeReplay._write``). Checked on the probe's hand case, against a
   plain-Python LRU with the replay's semantics on random step traces that rewrite ids, and
   against libCacheSim's Belady on the oracleGeneral export when ``import libcachesim`` works.
+* A step trace whose step does not fit oracleGeneral's 32-bit clock time is refused by
+  ``trace export`` with one line naming the file, the record's line and why (exit 2).
 """
 
 from __future__ import annotations
 
 import random
 
+import pytest
+
+from tiercache.cli import main as cli_main
 from tiercache.config import TierConfig
+from tiercache.errors import UserError
 from tiercache.results import Semantics
 from tiercache.sim.loader import load_trace
 from tiercache.sim.oracle import export_trace
@@ -120,3 +126,15 @@ def test_a_write_stores_its_list_in_order_so_an_id_its_new_blocks_push_out_is_st
             break
         assert _run(path, "belady", capacity).hits == expected, (trial, capacity, records)
 
+
+def test_export_of_a_step_past_32_bits_names_the_file_line_and_why(tmp_path, capsys):
+    path = tmp_path / "big.jsonl"
+    path.write_text('{"block_tokens": 16}\n{"step": 0, "layer": 0, "read": [], "write": [1]}\n\n'
+                    '{"step": 4294967295, "layer": 0, "read": [1], "write": []}\n'
+                    '{"step": 4294967296, "layer": 0, "read": [1], "write": []}\n')
+    with pytest.raises(UserError, match=rf"^{path}:5: step 4294967296 .*32-bit"):
+        export_trace(load_trace(path), tmp_path / "out.og")
+    assert cli_main(["trace", "export", str(path), "-o", str(tmp_path / "cli.og")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"{path}:5: step 4294967296" in err and "2**32" in err
+    assert not (tmp_path / "cli.og").exists()

@@ -2,7 +2,8 @@
 
 Each access is one packed little-endian 24-byte record (struct ``<IQIq``)::
 
-    uint32 clock_time         request time (ms for Mooncake traces, the step for step traces)
+    uint32 clock_time         request time (ms for Mooncake traces, the step for step traces;
+                              a time past 2**32 - 1 is refused, never renumbered)
     uint64 obj_id             block id
     uint32 obj_size           1 (count objects) or the block's bytes under a KV layout
     int64  next_access_vtime  index of the next access to the same id, -1 if none
@@ -37,6 +38,8 @@ from tiercache.policies.base import NO_NEXT_USE
 from tiercache.results.outfile import replace_file_with
 from tiercache.sim.loader import Trace, load_trace
 from tiercache.sim.prep import step_next_use
+from tiercache.sim.tracelines import record_line
+from tiercache.sim.tracestats import request_source
 from tiercache.sim.traces import next_use
 
 __all__ = ["ORACLE_GENERAL_DTYPE", "write_oracle_general", "read_oracle_general", "export_oracle_general", "export_trace",
@@ -190,12 +193,39 @@ def export_trace(trace: Trace, out_path: str | os.PathLike, layout: KVLayout | N
     sets its block size (``trace_layout``).
 
     Raises:
-        UserError: the output cannot be written, or a value overflows a field.
+        UserError: the output cannot be written, a value overflows a field, or a record's
+            time does not fit the 32-bit clock time (``_check_times``: the message names the
+            file and the record's line).
     """
     per_record = np.diff(trace.offsets)
     stamps = trace.requests.timestamps if trace.requests is not None else trace.steps.steps
+    _check_times(trace, stamps, per_record)
     times = np.repeat(stamps, per_record)
     size = layout.block_bytes if layout else 1
     following = None if trace.is_write is None else step_next_use(next_use(trace.ids), trace.is_write)
     records = write_oracle_general(out_path, trace.ids, times, size, following)
     return ExportResult(records, int(len(np.unique(trace.ids))), size)
+
+
+def _check_times(trace: Trace, stamps: np.ndarray, per_record: np.ndarray) -> None:
+    """Refuses a trace with a record whose time does not fit oracleGeneral's uint32 clock
+    time, before anything is written: a step trace's step (which its reader takes up to
+    2**63 - 1), or a request trace's timestamp in ms. Times are written as given, never
+    renumbered. Records without accesses write nothing and are not checked.
+
+    Raises:
+        UserError: naming the file and the 1-based line of the first such record (``file
+            requests[i]`` in a kv-cache-tester workload), its value and why.
+    """
+    stamps = np.asarray(stamps, dtype=np.int64)
+    over = np.flatnonzero(((stamps < 0) | (stamps > _UINT32_MAX)) & (per_record > 0))
+    if not len(over):
+        return
+    index = int(over[0])
+    if trace.steps is not None:
+        header = 1 if trace.block_tokens is not None else 0  # a step trace's header is its first line
+        where, what = f"{trace.path}:{record_line(trace.path, index + header)}", f"step {stamps[index]}"
+    else:
+        where, what = request_source(trace.path, index) or trace.path, f"timestamp {stamps[index]} ms"
+    raise UserError(f"{where}: {what} does not fit oracleGeneral's 32-bit clock time, which must be in "
+                    "[0, 2**32); the trace cannot be exported")

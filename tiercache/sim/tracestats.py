@@ -17,7 +17,7 @@ from .mrc import stack_distances
 from .tracelines import record_line
 from .traces import next_use
 
-__all__ = ["TraceStats", "trace_stats", "trace_block_fit", "block_fit_warning"]
+__all__ = ["TraceStats", "trace_stats", "trace_block_fit", "block_fit_warning", "request_source"]
 
 _PERCENTILES = (50, 90, 99)
 
@@ -167,7 +167,7 @@ def _repeat_requests(nu: np.ndarray, offsets: np.ndarray) -> tuple[int, int | No
     return len(np.unique(owners)), int(owners.min())
 
 
-def _request_source(path: str, index: int) -> str | None:
+def request_source(path: str, index: int) -> str | None:
     """Where request ``index`` of a request trace is written: ``file:line`` for JSONL, ``file
     requests[i]`` for a kv-cache-tester workload (arrivals as ``load_trace``'s defaults); None
     when the trace, read again, has no such request any more (it changed since the load)."""
@@ -206,14 +206,14 @@ def trace_stats(path: str | os.PathLike) -> TraceStats:
     if trace.requests is not None:
         depth, roots = _tree_shape(ids, trace.offsets)
         repeats, first = _repeat_requests(nu, trace.offsets)
-        first_repeat = None if first is None else _request_source(trace.path, first)
+        first_repeat = None if first is None else request_source(trace.path, first)
     fit = trace_block_fit(trace)
     return TraceStats(
         trace.kind, trace.records, reuse["accesses"], writes, reuse["unique_blocks"], reuse["compulsory_miss_ratio"], prefix,
         reuse["blocks_accessed_once"], reuse["accesses_per_block_mean"], reuse["accesses_per_block_max"],
         reuse["reuse_time_pct"], _pct(np.diff(trace.offsets)), tokens, span, distances, depth, roots, trace.block_tokens,
         repeats, first_repeat, None if trace.requests is not None else reuse["blocks_never_read"],
-        None if fit is None else fit.summary(), None if fit is None or fit.first is None else _request_source(trace.path, fit.first),
+        None if fit is None else fit.summary(), None if fit is None or fit.first is None else request_source(trace.path, fit.first),
     )  # fmt: skip
 
 
@@ -230,7 +230,7 @@ def block_fit_warning(trace: Trace) -> str | None:
     fit = trace_block_fit(trace)
     if fit is None or fit.share <= WARN_SHARE:
         return None
-    where = _request_source(trace.path, fit.first) or f"request {fit.first} (in arrival order)"
+    where = request_source(trace.path, fit.first) or f"request {fit.first} (in arrival order)"
     implied = (f" (their lengths imply {fit.implied_block_tokens}-token blocks)"
                if fit.implied_block_tokens not in (None, fit.block_tokens) else "")
     return (f"warning: {where}: {fit.mismatched:,} of {fit.requests:,} requests ({100 * fit.share:.2f}%) list other than "
