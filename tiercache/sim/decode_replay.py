@@ -14,7 +14,9 @@ none``; any difference between the two is the prefetch's own moves.
 A write stores its blocks in list order (``StepDriver.write``): a block not cached is stored,
 a write of an id still cached at its turn stores nothing (keys name content: it is the same
 block), and an id cached when the record began that the write's earlier blocks pushed out is
-stored again at its turn, as libCacheSim plays the oracleGeneral export.
+stored again at its turn, as libCacheSim stores the oracleGeneral export's write record of
+an absent id (libCacheSim takes a write of a cached id as an access too; the replay counts no
+access there, so an online policy's recency can differ from libCacheSim's on such traces).
 
 An offline policy (``needs_future``, Belady) runs the same protocol with next-use hints: it
 reads through ``TierManager.access`` with hints between the driver's ``open_read`` and
