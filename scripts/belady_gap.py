@@ -238,11 +238,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The options and the trace (``args.ids``, ``args.offsets``), every one checked before any
     replay: a bad capacity, an unwritable ``--json``, or a trace that is missing, malformed or
     of steps ends in one line (exit 2)."""
-    parser = ScriptParser(description=__doc__.split("\n")[0])
+    return parse_checked(analysis_parser(__doc__), argv)
+
+
+def analysis_parser(doc: str) -> ScriptParser:
+    """The options the gap-analysis scripts share: a request trace, ``--capacity`` (a comma
+    list of capacities in blocks) and ``--json``; ``doc``'s first line describes the script."""
+    parser = ScriptParser(description=doc.split("\n")[0])
     parser.add_argument("trace", help="request trace file or kv-cache-tester folder")
     parser.add_argument("--capacity", type=positive_ints, default="1000,4000,16000",
                         help="comma list of capacities in blocks")
     parser.add_argument("--json", help="write the rows here")
+    return parser
+
+
+def parse_checked(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """``parser``'s options and the trace (``args.ids``, ``args.offsets``), every one checked
+    before any replay: an unwritable ``--json`` or a trace that is missing, malformed or of
+    steps ends in one line (exit 2)."""
     args = parser.parse_args(argv)
     refuse_bad_outputs(parser, {"--json": args.json})
     args.ids, args.offsets = checked_requests(parser, args.trace)

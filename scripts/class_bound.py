@@ -43,11 +43,10 @@ import sys
 
 import numpy as np
 
-from tiercache.bench.script_args import ScriptParser, positive_ints, refuse_bad_outputs
 from tiercache.report.fmt import percent_or_na
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from belady_gap import NEVER, belady_hits, checked_requests, lru_hits, next_uses, requests_of  # noqa: E402
+from belady_gap import NEVER, analysis_parser, belady_hits, lru_hits, next_uses, parse_checked, requests_of  # noqa: E402
 
 #: Age bins of a density table (log-spaced from capacity / 64 to the horizon).
 BINS = 64
@@ -235,19 +234,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The options and the trace (``args.ids``, ``args.offsets``), every one checked before any
     ranking: a bad capacity or horizon, an unwritable ``--json``, or a trace that is missing,
     malformed or of steps ends in one line (exit 2)."""
-    parser = ScriptParser(description=__doc__.split("\n")[0])
-    parser.add_argument("trace", help="request trace file or kv-cache-tester folder")
-    parser.add_argument("--capacity", type=positive_ints, default="1000,4000,16000",
-                        help="comma list of capacities in blocks")
+    parser = analysis_parser(__doc__)
     parser.add_argument("--horizon", type=horizon_capacities, default=4.0,
                         help="longest stay, in capacities (default 4)")
     parser.add_argument("--fit", choices=("all", "first-half"), default="all",
                         help="fit on the whole trace (default), or on its first half and score the second")
-    parser.add_argument("--json", help="write the rows here")
-    args = parser.parse_args(argv)
-    refuse_bad_outputs(parser, {"--json": args.json})
-    args.ids, args.offsets = checked_requests(parser, args.trace)
-    return args
+    return parse_checked(parser, argv)
 
 
 def main(argv: list[str] | None = None) -> None:
