@@ -9,6 +9,13 @@ hierarchy. Where the victims go:
   or the victims outnumber its slots) and the placement guards nothing, to the nearest
   tier further down that can take them; they leave the hierarchy only when no tier below
   can take them;
+- when held victims (a live sequence's, or read by a ``keep_all`` access: they may not
+  leave) of an unguarded placement find no room below (every tier below full of blocks
+  that may not leave), the room is made a slot at a time instead, each slot from the
+  policy's victim or, where that one cannot move down, from a block of the tier that may
+  leave, which then leaves (``_demote_leavable``): such a placement is refused only when
+  no block on its way down may leave (pinned, referenced or held), never for a held
+  victim while a block that may leave sits in a tier on its way down;
 - when the placement guards blocks (``protected``: a promotion or a prefetch, whose run
   may be exactly what fills the tier below), the whole placement is declined instead
   (``Room.NO_VICTIMS``, no block has moved): the caller reads the run where it lies. A
@@ -101,6 +108,38 @@ class RoomMixin:
         if last:
             self._drop(tier, victims)
             return _MADE
+        room = self._demote(tier, victims, protected)
+        if room is not _NO_VICTIMS or protected or not (self.held or self._kept):
+            return room
+        # Held victims found no room below (every tier below full of blocks that may not leave):
+        # make the room a slot at a time, each from a victim that may leave if it must.
+        return self._room_past_held(tier, n, protected) if need > 1 else self._demote_leavable(tier, protected)
+
+    def _room_past_held(self, tier: int, n: int, protected) -> Room:
+        """``_make_room(tier, n)`` one slot at a time, after the victims of an unguarded
+        placement into exclusive ``tier`` were refused because held ones among them found no
+        room below: each slot is made from the policy's victim, or, when that is held and cannot
+        move down, from one that may leave (``_demote_leavable``). Stops at the first slot no
+        room can be made for (its outcome: no victim, or a failed write-back); slots made before
+        it stay made."""
+        directory = self.dirs[tier]
+        while directory.n_free < n:
+            room = self._make_room(tier, directory.n_free + 1, protected)
+            if room is not _MADE:
+                return room
+        return _MADE
+
+    def _demote_leavable(self, tier: int, protected) -> Room:
+        """One slot of exclusive ``tier`` made from a victim that may leave the hierarchy (not
+        held, not read by a ``keep_all`` access: the last tier's guard), after the policy's own
+        victim, held, found no room below: it is demoted as any victim, so with no tier below
+        able to take it, it leaves, counted as an eviction of ``tier``. So a held victim never
+        refuses an unguarded placement while a block that may leave (not pinned or referenced)
+        sits in a tier on its way down (``tests/test_decode_probe_r14.py``).
+        ``Room.NO_VICTIMS`` when every block of ``tier`` is held, kept, pinned or referenced."""
+        victims = self._victims[tier](1, self._victim_guard(tier, protected, True))
+        if victims is None:
+            return _NO_VICTIMS
         return self._demote(tier, victims, protected)
 
     def _victim_guard(self, tier: int, protected, last: bool):

@@ -15,13 +15,13 @@ class TierCounters:
     """Counters of one tier; all non-negative.
 
     ``hits``: accesses served from this tier. ``inserts``: new blocks placed here.
-    ``evictions``: blocks that left the hierarchy from here (victims of the last tier, or
-    refused by the tier below). ``demotions`` / ``promotions``: blocks this tier sent down /
-    up. ``copies``: write-through copies sent from here. ``refused``: placements this tier's
-    admission refused. ``promote_skipped``: hits and prefetched blocks of this tier that were
-    to move up but stayed, no room could be made above (a streaming read, or a placement that
-    keeps a hit where it lies, tries no promotion and counts none). ``lost``: stored copies
-    found unreadable and dropped.
+    ``evictions``: blocks that left the hierarchy from here (victims of the last tier, refused
+    by the tier below, or with no tier below able to take them). ``demotions`` /
+    ``promotions``: blocks this tier sent down / up. ``copies``: write-through copies sent
+    from here. ``refused``: placements this tier's admission refused. ``promote_skipped``:
+    hits and prefetched blocks of this tier that were to move up but stayed, no room could be
+    made above (a streaming read, or a placement that keeps a hit where it lies, tries no
+    promotion and counts none). ``lost``: stored copies found unreadable and dropped.
     """
 
     name: str
