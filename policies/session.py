@@ -85,14 +85,15 @@ class Session(LeafPriorityPolicy):
     of policy work and memory (about 150 B per remembered id, ``ghost x capacity`` of them per
     cache). Below the top tier of a hierarchy (``for_tier``) the policy runs without experts:
     there it sees demotions and promotions, not requests, and shadows fed that stream chose
-    badly (on Mooncake's conversation trace, tiers 4000/16000/64000, 74 s less modeled TTFT
-    saved than LRU with experts in every tier, 50 s more without them below the top). Its
-    one ordering there is ``LOWER_TIER_ORDERING``, no head start and frequency scale 1 (a
-    block's uses there are its demotions into the tier, so blocks the hierarchy keeps reusing
-    stay longer): with the default head start instead, on the kv-cache-tester sample (tiers
-    250/1000/4000) it saved 10% less modeled TTFT than LRU, the one loss to LRU in eight 3-tier
-    runs of four workloads; with plain recency it lost up to 7% against the head start on the
-    Mooncake traces.
+    badly (on Mooncake's conversation trace, tiers 4000/16000/64000, 2407 s of modeled TTFT
+    saved with experts in every tier against LRU's 2484 s; 2540 s without them below the
+    top). Its one ordering there is ``LOWER_TIER_ORDERING``, no head start and frequency
+    scale 1 (a block's uses there are its demotions into the tier, so blocks the hierarchy
+    keeps reusing stay longer): it beats LRU in each of eight 3-tier runs of four workloads;
+    with the default head start instead it saved 7.5% less modeled TTFT than LRU on the
+    kv-cache-tester sample (tiers 250/1000/4000, 34.3 s against 37.1 s), though it did better
+    than this ordering in two of the eight (README, "Traces", gives the figures and how they
+    were measured).
 
     Invariants: those of :class:`LeafPriorityPolicy`; ``_uses`` holds a count for every tracked
     id and for at most ``ghost x capacity`` untracked ids, which are exactly ``_ghost``'s keys;
