@@ -20,13 +20,25 @@ __all__ = ["flat_token_ids", "sparse_budget_blocks", "attend_blocks", "check_kv"
 
 
 def flat_token_ids(tokens, what: str) -> np.ndarray:
-    """Token ids as a flat int64 array: any integer array-like, such as a ``[1, n]``
-    ``input_ids`` tensor. Floats, bools and ids beyond int64 raise (TypeError / ValueError
-    naming ``what``) instead of hashing a silently converted value."""
+    """One sequence's token ids as a flat int64 array: any integer array-like of shape
+    ``[n]`` or ``[1, n]`` (an ``input_ids`` tensor of one row). Floats, bools and ids beyond
+    int64 raise (TypeError / ValueError naming ``what``) instead of hashing a silently
+    converted value.
+
+    Raises:
+        UserError: a batch (``[b, n]`` with ``b > 1``, or more than two dimensions), whose
+            rows would otherwise be run together into one sequence.
+    """
     if isinstance(tokens, torch.Tensor):
         tokens = tokens.detach().cpu().numpy()
     try:
-        return _token_array(np.asarray(tokens).ravel())
+        array = np.asarray(tokens)
+        if array.ndim > 2 or (array.ndim == 2 and array.shape[0] != 1):
+            raise UserError(f"{what}: one sequence's ids ([n] or [1, n]) expected, got shape {array.shape}: "
+                            "give each row of a batch on its own")
+        return _token_array(array.ravel())
+    except UserError:
+        raise
     except (TypeError, ValueError) as exc:
         raise type(exc)(f"{what}: {exc}") from None
 

@@ -63,11 +63,11 @@ from .store import TieredKVStore
 __all__ = ["TieredKVCache", "Sequence", "StepReport", "AttentionMode", "split_kv"]
 
 
-def _check_options(window_blocks, depth, sink_blocks, recent_blocks, speculate) -> None:
+def _check_options(window_blocks, depth, sink_blocks, recent_blocks, speculate, keep_reports) -> None:
     """Raises UserError naming the first of ``TieredKVCache``'s numeric options that is out of
     range (checked before anything is opened)."""
-    for name, value, low in (("window_blocks", window_blocks, 1), ("depth", depth, 1),
-                             ("sink_blocks", sink_blocks, 0), ("recent_blocks", recent_blocks, 0)):
+    for name, value, low in (("window_blocks", window_blocks, 1), ("depth", depth, 1), ("sink_blocks", sink_blocks, 0),
+                             ("recent_blocks", recent_blocks, 0), ("keep_reports", keep_reports, 0)):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise UserError(f"TieredKVCache: {name} must be an integer >= {low}, got {value!r}")
     if isinstance(speculate, bool) or not isinstance(speculate, (int, float)) or not 0 <= speculate <= 4:
@@ -125,6 +125,9 @@ class TieredKVCache(NoCopies):
         write_through: inclusive hierarchy: every block is written to every tier when
             stored, so a promotion copies up and an upper tier's victim is simply dropped
             (reads never write back); the last tier then bounds what live sequences hold.
+        keep_reports: ``StepReport``s each sequence keeps in ``seq.reports``, its latest
+            reads' (``steps.StepReports``; 0: none), so a decode of any length keeps
+            bounded memory.
 
     Only the process that opened it may use it: in a forked child every call raises UserError
     and ``close`` does nothing. It cannot be copied or pickled (TypeError).
@@ -134,19 +137,22 @@ class TieredKVCache(NoCopies):
     """
 
     copy_refusal = ("a cache cannot be copied or pickled (it owns its store's tiers and its sequences' blocks); "
-                    "to use its blocks in another process, open a TieredKVCache on the same path there, once this one is closed")
+                    "to use its blocks in another process, open a TieredKVCache on the same path there, once this one is "
+                    "closed (close() keeps the content-keyed blocks, in NVMe's free slots)")
 
     def __init__(self, layout: KVLayout, tiers: Seq[TierConfig], eviction: str | None = None, admission: str | None = None,
                  prefetch: str | None = "topk_speculative", path: str | os.PathLike | None = None, device: str | None = None,
                  record: str | os.PathLike | None = None, window_blocks: int = 64, depth: int = 2,
-                 sink_blocks: int = 1, recent_blocks: int = 1, write_through: bool = False, speculate: float = 0.5) -> None:
-        _check_options(window_blocks, depth, sink_blocks, recent_blocks, speculate)
+                 sink_blocks: int = 1, recent_blocks: int = 1, write_through: bool = False, speculate: float = 0.5,
+                 keep_reports: int = 1024) -> None:
+        _check_options(window_blocks, depth, sink_blocks, recent_blocks, speculate, keep_reports)
         _refuse_remote(tiers)
         self.layout = replace(layout, per_layer=True) if isinstance(layout, KVLayout) else layout
         self.prefetch_policy = make_prefetch(prefetch)
         self.window_blocks, self.depth = window_blocks, depth
         self.sink_blocks, self.recent_blocks = sink_blocks, recent_blocks
         self.speculate = float(speculate)
+        self.keep_reports = keep_reports
         self._window: BlockPool | None = None
         self._scratches: list | None = None
         self._summaries: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -179,12 +185,13 @@ class TieredKVCache(NoCopies):
     def match_prefix(self, tokens: Seq[int] | np.ndarray, namespace: bytes | str = b"") -> int:
         """How many leading tokens of ``tokens`` are stored for every layer (whole blocks).
 
-        ``tokens`` is checked as ``sequence(tokens=...)`` checks it: any integer array-like,
-        such as a ``[1, n]`` ``input_ids`` tensor, flattened.
+        ``tokens`` is checked as ``sequence(tokens=...)`` checks it: one sequence's ids, any
+        integer array-like of shape ``[n]`` or ``[1, n]`` (an ``input_ids`` tensor of one row).
 
         Raises:
             TypeError: ``tokens`` are not integers (floats, bools); ValueError: an id does
-                not fit in int64. Both name ``tokens``.
+                not fit in int64. Both name ``tokens``. UserError: a batch (``[b, n]``,
+                ``b > 1``), which would otherwise be answered for its rows run together.
         """
         token_ids = flat_token_ids(tokens, "tokens")
         with self.store._lock:
@@ -216,12 +223,20 @@ class TieredKVCache(NoCopies):
             self.driver.settle()
             return self.store.stats()
 
-    def close(self, persist: bool = False) -> None:
+    def close(self, persist: bool = True) -> None:
         """Finishes moves, closes the record file and the store; idempotent.
 
-        ``persist`` keeps DRAM and HBM blocks by moving them to NVMe (as
-        ``TieredKVStore.close``); by default a decode cache's tiers are scratch space. In a
-        child forked while the cache was open it does nothing (the parent still owns the cache).
+        With ``persist`` (default, and ``with``'s exit), the content-keyed blocks held only in
+        DRAM and HBM (a prompt's, and those of ids told with ``add_tokens``: what a later
+        ``match_prefix`` can find) move into free NVMe slots first (``TieredKVStore.close``),
+        so a cache reopened on the same path, in this process or another, reuses them as
+        far as they fit. Blocks under private keys are scratch: no later request can name
+        them, so they are never written (``KeyMap.scratch``). ``persist=False`` drops all
+        that DRAM and HBM hold. In a child forked while the cache was open it does nothing
+        (the parent still owns the cache).
+
+        Raises:
+            PersistError: some blocks' writes failed (a full disk), as ``TieredKVStore.close``.
         """
         if not self.store.guard.owned:
             return

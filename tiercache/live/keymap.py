@@ -21,14 +21,18 @@ __all__ = ["KeyMap"]
 class KeyMap:
     """Keys and tokens by manager id.
 
+    ``scratch`` names the blocks stored under keys no later request can name (a decode
+    sequence's private keys): closing never persists them.
+
     Invariants (``check``): ``keys`` holds exactly the resident ids (an id is registered
-    just before its block is placed and forgotten once no tier holds it); ``tokens`` holds
-    a subset of them; ``key_to_int(keys[i]) == i``.
+    just before its block is placed and forgotten once no tier holds it); ``tokens`` and
+    ``scratch`` hold subsets of them; ``key_to_int(keys[i]) == i``.
     """
 
     def __init__(self) -> None:
         self.keys: dict[int, bytes] = {}
         self.tokens: dict[int, np.ndarray] = {}
+        self.scratch: set[int] = set()
         self.collisions = 0
 
     def key_of(self, block_id: int) -> bytes:
@@ -94,10 +98,12 @@ class KeyMap:
             if locate(block_id) is None:
                 self.keys.pop(block_id, None)
                 self.tokens.pop(block_id, None)
+                self.scratch.discard(block_id)
 
     def check(self, resident: set[int]) -> None:
         """Asserts the map holds exactly the resident ids (see the class invariants)."""
         assert set(self.keys) == resident, (
             f"key map holds {len(set(self.keys) - resident)} non-resident id(s) and misses {len(resident - set(self.keys))}")
         assert set(self.tokens) <= resident, "token ids kept for a block no tier holds"
+        assert self.scratch <= resident, "a block no tier holds is marked scratch"
         assert all(key_to_int(key) == block_id for block_id, key in self.keys.items()), "key filed under a wrong id"

@@ -5,7 +5,7 @@ the media hold what the manager says."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Collection, Sequence
 
 from tiercache.core.counts import CountError
 from tiercache.core.manager import TierManager
@@ -86,11 +86,12 @@ def adopt_stored_blocks(manager: TierManager, media: Sequence[object], keymap: K
     events.drain()  # adoption is not traffic
 
 
-def persist_to_nvme(manager: TierManager, events: EventLog) -> Persisted:
+def persist_to_nvme(manager: TierManager, events: EventLog, skip: Collection[int] = ()) -> Persisted:
     """Moves unpinned DRAM, then HBM, blocks that have no NVMe copy into free NVMe slots
     (nothing on NVMe is evicted for them; blocks that do not fit are ``left_out``), after
     the blocks whose NVMe copies are retained (``_return_retained``: no write, counted with
-    the others).
+    the others). Blocks in ``skip`` (scratch: ``KeyMap.scratch``) are neither moved nor
+    counted.
 
     In an exclusive hierarchy that is every DRAM and HBM block. In write-through most of
     them have their NVMe copy already (never written again); the others, whose copy down
@@ -107,8 +108,8 @@ def persist_to_nvme(manager: TierManager, events: EventLog) -> Persisted:
         return Persisted()
     nvme, reason = names.index("nvme"), None
     on_nvme = manager.dirs[nvme].slot_of
-    held = _return_retained(manager, nvme)
-    tried, seen = len(held), set(held)
+    held = _return_retained(manager, nvme, skip)
+    tried, seen = len(held), set(held).union(skip)
     for tier in reversed(range(nvme)):
         directory = manager.dirs[tier]
         here = [i for i in directory.slot_of if i not in directory.pins and i not in on_nvme and i not in seen]
@@ -125,14 +126,15 @@ def persist_to_nvme(manager: TierManager, events: EventLog) -> Persisted:
     return Persisted(saved, tried - saved, len(held) - tried, reason)
 
 
-def _return_retained(manager: TierManager, nvme: int) -> list[int]:
+def _return_retained(manager: TierManager, nvme: int, skip: Collection[int] = ()) -> list[int]:
     """Moves back first the blocks whose NVMe copies are still retained (``RetainedCopies``)
     and returns them: they cost no write, so a full disk cannot fail them, and no other
-    block's move can delete their copies to make room for itself."""
+    block's move can delete their copies to make room for itself. Blocks in ``skip`` stay
+    (their copies are deleted at close, ``RetainedCopies.drop_all``)."""
     retained = getattr(manager.engine, "retained", None)
     if retained is None:
         return []
-    copies, moved = set(retained.held_in(nvme)), []
+    copies, moved = set(retained.held_in(nvme)).difference(skip), []
     for tier in reversed(range(nvme)):
         directory = manager.dirs[tier]
         ids = [i for i in directory.slot_of if i in copies and i not in directory.pins]

@@ -27,7 +27,7 @@ from .forking import fork
 from .holding import hold_recorded, release_holds
 from .layerstate import LayerState
 from .ownership import NoCopies
-from .steps import StepReport, step_report
+from .steps import StepReport, StepReports, step_report
 from .summaries import CorruptBlock, keep_summaries, summaries_of
 
 if TYPE_CHECKING:
@@ -63,7 +63,7 @@ class Sequence(NoCopies):
         self._private = os.urandom(16)
         self.freed = False
         self._unreleased: list[int] | None = None  # holds a free that raised part-way left to release
-        self.reports: list[StepReport] = []
+        self.reports = StepReports(cache.keep_reports)  # the last ``keep_reports`` reads' reports
         self.cached_tokens = 0
         #: Block positions the last ``attend`` read (every full block in exact mode).
         self.last_positions = np.zeros(0, dtype=np.int64)
@@ -121,7 +121,7 @@ class Sequence(NoCopies):
     def add_tokens(self, token_ids: Seq[int]) -> None:
         """Tells the sequence the ids of tokens it generated, so the blocks they fill get
         content keys a later request's ``match_prefix`` can find (none past a private
-        ``forget_tokens``)."""
+        ``forget_tokens``). ``[n]`` or ``[1, n]`` ids; a batch raises UserError (``flat_token_ids``)."""
         self._tokens = np.concatenate([self._tokens, flat_token_ids(token_ids, "token_ids")])
 
     @torch.no_grad()  # KV caching is not differentiable: never keep an autograd graph alive
@@ -297,6 +297,8 @@ class Sequence(NoCopies):
         held = cache.manager.held
         ids = cache.store._map.ids(keys, register=True)
         before = {i: held.get(i, 0) for i in ids if i is not None}
+        # private keys name scratch (never persisted); a block not stored is forgotten with its key
+        cache.store._map.scratch.update(i for n, i in enumerate(ids) if i is not None and first + n >= len(self._content_keys))
         try:
             if any(i is None for i in ids):
                 raise UserError("Sequence.append: a block key collides with another key's 63-bit id; the block cannot be stored")

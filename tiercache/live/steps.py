@@ -1,10 +1,13 @@
-"""What one ``Sequence.attend`` read, for the per-step table: ``StepReport`` and
-``step_report``, which builds it from the read's ``ReadTicket`` (``tiercache.core.decode``)."""
+"""What one ``Sequence.attend`` read, for the per-step table: ``StepReport``, ``step_report``,
+which builds it from the read's ``ReadTicket`` (``tiercache.core.decode``), and
+``StepReports``, the bounded list of a sequence's latest reports (``Sequence.reports``)."""
 
 from __future__ import annotations
 
+from collections import deque
+from collections.abc import Sequence as SequenceABC
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterator
 
 from tiercache.config import AttentionMode
 from tiercache.core.decode import ReadTicket
@@ -14,7 +17,7 @@ from .traffic import link_block_bytes
 if TYPE_CHECKING:
     from .cache import TieredKVCache
 
-__all__ = ["StepReport", "step_report"]
+__all__ = ["StepReport", "StepReports", "step_report"]
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,38 @@ class StepReport:
     prefetched: int
     bytes_moved: int
     tail_tokens: int
+
+
+class StepReports(SequenceABC):
+    """A sequence's ``StepReport`` of each of its last ``keep`` reads, oldest first: a
+    read-only sequence (indexing, slicing, ``len``, iteration) that ``append`` grows.
+
+    Invariant: ``len(self) <= keep``; appending to a full one drops the oldest report, so a
+    decode of any length keeps bounded memory (a report takes about 200 bytes).
+    """
+
+    def __init__(self, keep: int) -> None:
+        self.keep = keep
+        self._items: deque[StepReport] = deque(maxlen=keep)
+
+    def append(self, report: StepReport) -> None:
+        """Adds the report of the latest read (the oldest one leaves when full)."""
+        self._items.append(report)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __iter__(self) -> Iterator[StepReport]:
+        return iter(self._items)
+
+    def __getitem__(self, index):
+        """The report at ``index`` (negative from the latest), or a list of a slice's."""
+        if isinstance(index, slice):
+            return list(self._items)[index]
+        return self._items[index]
+
+    def __repr__(self) -> str:
+        return f"StepReports(keep={self.keep}, {list(self._items)!r})"
 
 
 def step_report(cache: TieredKVCache, layer: int, step: int, mode: AttentionMode, ticket: ReadTicket | None,

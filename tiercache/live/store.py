@@ -334,7 +334,8 @@ class TieredKVStore(StoreReads, NoCopies):
 
         With ``persist`` (default), blocks held only in DRAM and HBM are first moved to free
         NVMe slots (DRAM first, then HBM; nothing already on NVMe is evicted for them), so a
-        reopened store holds as much as fits. Every step runs even if an earlier one failed
+        reopened store holds as much as fits; scratch blocks (``KeyMap.scratch``: a decode
+        sequence's private keys, which nothing can name after close) are not. Every step runs even if an earlier one failed
         (what can be flushed is flushed). A flush that fails is tried again when the NVMe
         tier closes; if that succeeds, nothing was lost and no error is raised
         (``flush_and_close``). Returns how many blocks were persisted.
@@ -360,8 +361,9 @@ class TieredKVStore(StoreReads, NoCopies):
             return persisted.count()
 
     def _persist(self) -> Persisted:
-        """Moves unpinned DRAM, then HBM, blocks into free NVMe slots (``persist_to_nvme``)."""
-        return persist_to_nvme(self.manager, self.events)
+        """Moves unpinned DRAM, then HBM, blocks but scratch ones into free NVMe slots
+        (``persist_to_nvme``)."""
+        return persist_to_nvme(self.manager, self.events, self._map.scratch)
 
     def __enter__(self) -> "TieredKVStore":
         return self
