@@ -26,6 +26,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
+import numpy as np
+import torch
+
 from tiercache.errors import UserError
 from tiercache.live.arguments import integer_or_none
 
@@ -101,11 +104,13 @@ def reorder_rows(cache: "TieredCache", order) -> None:
     stored blocks shared, its tail copied); a row not named is freed. Between passes only.
 
     Raises:
-        UserError: ``order`` is empty or names a row outside ``[0, rows)``, or a pass is
-            running. The rows are unchanged then (forks made before an error are freed).
+        UserError: ``order`` is not 1-D, holds other than integers (a float or bool index
+            would be truncated into other rows), is empty or names a row outside
+            ``[0, rows)``, or a pass is running. The rows are unchanged then (forks made
+            before an error are freed).
     """
     rows = list(cache.sequences)
-    order = [int(i) for i in (order.tolist() if hasattr(order, "tolist") else order)]
+    order = _row_order(order)
     if not order or any(not 0 <= i < len(rows) for i in order):
         raise UserError(f"TieredCache: row order {order} for a cache of {len(rows)} rows")
     _between_passes(cache, "rows are reordered")
@@ -131,6 +136,28 @@ def reorder_rows(cache: "TieredCache", order) -> None:
     for index, seq in enumerate(rows):
         if index not in moved:
             seq.free()
+
+
+def _row_order(order) -> list[int]:
+    """``order`` (a tensor, array or list of row indices) as a list of ints.
+
+    Raises:
+        UserError: ``order`` is not 1-D, or its values are not integers (bools and floats
+            refused, as transformers' ``index_select`` refuses them), each named.
+    """
+    if isinstance(order, torch.Tensor):
+        if order.dtype == torch.bool or order.dtype.is_floating_point or order.dtype.is_complex:
+            raise UserError(f"TieredCache: row order must hold integer row indices, got dtype {order.dtype}")
+        order = order.detach().cpu().numpy()
+    try:
+        array = np.asarray(order)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise UserError(f"TieredCache: row order must be a 1-D sequence of integer row indices ({exc})") from None
+    if array.ndim != 1:
+        raise UserError(f"TieredCache: row order must be 1-D (one source row per row), got shape {array.shape}")
+    if array.size and array.dtype.kind not in "iu":
+        raise UserError(f"TieredCache: row order must hold integer row indices, got dtype {array.dtype}")
+    return [int(i) for i in array]
 
 
 def crop_rows(cache: "TieredCache", tokens_to_remove) -> None:

@@ -81,7 +81,8 @@ def prompt_rows(prompt, what: str = "TieredCache: prompt",
 
     Raises:
         UserError: an empty prompt or row, rows of different lengths, more than two
-            dimensions, or ids that are not integers.
+            dimensions, ids that are not integers, or an id beyond int64 (named as such: numpy
+            keeps such ids as objects in rows of equal length).
     """
     try:
         if isinstance(prompt, torch.Tensor):
@@ -89,7 +90,7 @@ def prompt_rows(prompt, what: str = "TieredCache: prompt",
         array = np.asarray(prompt)
     except ValueError:  # ragged nested lists
         raise UserError(f"{what} rows differ in length; {ragged}") from None
-    if array.dtype == object:
+    if array.dtype == object and any(np.ndim(value) for value in array.flat):  # rows of sequences numpy could not stack
         raise UserError(f"{what} rows differ in length; {ragged}")
     if array.ndim not in (1, 2) or array.size == 0:
         raise UserError(f"{what} must be [batch, n] or [n] token ids (n >= 1), got shape {array.shape}")
