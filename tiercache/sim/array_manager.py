@@ -21,7 +21,7 @@ import numpy as np
 
 from tiercache.core.stats import HierarchyStats, TierCounters
 from tiercache.policies import get_eviction, get_kernel
-from tiercache.policies.kernels import G_ROWS, HAVE_NUMBA, PROT, S_REQ, TIER_OF, leafprio
+from tiercache.policies.kernels import G_ROWS, HAVE_NUMBA, PROT, S_REQ, TIER_OF, leafprio, lfu
 
 from . import chain
 from .engine import GPU
@@ -55,7 +55,11 @@ class ArrayTierManager:
 
     Invariants (``check_invariants``): ``tier_of`` names at most one tier per id; each tier's
     used count equals the ids it holds and the ids its policy tracks, and never exceeds its
-    capacity.
+    capacity. With the ``lfu`` kernel no id's count passes ``count_limit`` through the checked
+    entry points (``access``, ``run`` unless ``trusted``): its counts index rows of ``P``.
+
+    ``max_count`` is the most accesses any one id gets (``replay`` passes the trace's,
+    ``ReplayData.max_count``); ``lfu``'s count buckets are sized by it (``count_limit``).
     """
 
     policy: str
@@ -101,6 +105,12 @@ class ArrayTierManager:
     def n_tiers(self) -> int:
         return len(self.capacities)
 
+    @property
+    def count_limit(self) -> int:
+        """The largest LFU count the arrays hold: ``max(n_ids, max_count + 2)`` (a count indexes
+        a row of ``P``; numba does not check it)."""
+        return self.P.shape[1] - 1
+
     def _state(self) -> tuple:
         return self.kind, self.P, self.M, self.X, self.G
 
@@ -128,7 +138,8 @@ class ArrayTierManager:
 
         Raises:
             ValueError: an id that is not a dense id of this manager, ``next_use`` of another
-                length, or none for a policy that needs it.
+                length, or none for a policy that needs it; with ``lfu``, an id whose count
+                could pass ``count_limit`` (``_check_counts``). Nothing has changed then.
         """
         ids = self._dense(ids, "access")
         nus = np.zeros(len(ids), dtype=np.int64) if next_use is None else np.ascontiguousarray(next_use, dtype=np.int64).reshape(-1)
@@ -136,6 +147,7 @@ class ArrayTierManager:
             raise ValueError(f"access: {len(ids)} ids but {len(nus)} next uses")
         if self._totals[chain.S_NEEDS_FUTURE] and next_use is None:
             raise ValueError(f"{self.policy}: needs next_use with every access")
+        self._check_counts(ids, "access")
         self._totals[S_REQ] = 0  # the ids are one request: the first has no parent
         chain.access(*self._state(), ids, nus, 0, len(ids), count_hits)
 
@@ -148,11 +160,13 @@ class ArrayTierManager:
 
         The requests' bounds and ids are checked first (O(their accesses), in numpy): the
         compiled code does not check bounds. ``trusted`` skips that for arrays whose ids and
-        bounds are known good (``ReplayData.prepare``'s: replay calls this once per chunk).
+        bounds are known good and whose ids are accessed at most ``max_count`` times in all
+        (``ReplayData.prepare``'s with its ``max_count``: replay calls this once per chunk).
 
         Raises:
             ValueError: request bounds outside the arrays or not increasing, arrays of other
-                lengths, or an id that is not a dense id of this manager.
+                lengths, an id that is not a dense id of this manager, or with ``lfu`` an id
+                whose count could pass ``count_limit`` (``_check_counts``). Nothing has run then.
         """
         if not trusted:
             self._check_run(ids, next_use, offsets, first, last, hit_len)
@@ -170,6 +184,26 @@ class ArrayTierManager:
         chunk = ids[bounds[0] : bounds[-1]]
         if chunk.size and (chunk.min() < 0 or chunk.max() >= self.n_ids):
             self._dense(chunk, "run")  # raises, naming the id
+        self._check_counts(chunk, "run", f" in requests {first}..{last}")
+
+    def _check_counts(self, ids: np.ndarray, what: str, where: str = "") -> None:
+        """Raises ValueError when, with the ``lfu`` kernel, accessing dense ``ids`` (in order)
+        could take an id's count past ``count_limit``: its count now (0 where no tier holds
+        it) plus its occurrences in ``ids`` is a bound, since each access adds at most one and
+        a block entering a tier starts at 1. O(len(ids) log len(ids)), in numpy; other kernels
+        keep no per-id count in an index.
+        """
+        if self.kind != lfu.CODE or not len(ids):
+            return
+        unique, times = np.unique(np.asarray(ids, dtype=np.int64), return_counts=True)
+        tier = self.G[TIER_OF, unique]
+        count = np.where(tier >= 0, self.P[np.maximum(tier, 0), unique, lfu.FREQ], 0) + times
+        over = np.flatnonzero(count > self.count_limit)
+        if len(over):
+            k = over[0]
+            raise ValueError(f"{what}: block {int(unique[k])} could reach LFU count {int(count[k])}{where}, past the "
+                             f"{self.count_limit} this manager's arrays hold (max(n_ids, max_count + 2) with n_ids "
+                             f"{self.n_ids}, max_count {self.max_count}: give max_count the most accesses of any one id)")
 
     def prefix_length(self, ids: Sequence[int]) -> int:
         """Leading ids resident in some tier."""
