@@ -161,8 +161,21 @@ def get_admission(name: str) -> type[AdmissionPolicy]:
 
 def make_eviction(name: str, capacity: int, tier: int = 0) -> EvictionPolicy:
     """Instantiates an eviction policy for tier ``tier`` (0: the top) of ``capacity`` blocks
-    (``EvictionPolicy.for_tier``)."""
-    return get_eviction(name).for_tier(capacity, tier)
+    (``EvictionPolicy.for_tier``).
+
+    Invariant: the answer is an ``EvictionPolicy`` (an out-of-tree ``for_tier`` may answer
+    anything; it is checked here, where the hook is known, not when the manager first uses it).
+
+    Raises:
+        ValueError: ``for_tier`` answered something else, naming the policy, the call and the
+            answer's type (a replay reports it in one line with the run, as other contract
+            breaks: ``tiercache.core.answers``).
+    """
+    policy = get_eviction(name).for_tier(capacity, tier)
+    if not isinstance(policy, EvictionPolicy):
+        raise ValueError(f"eviction policy {canonical_name(name, EVICTION)}: for_tier({capacity}, {tier}) answered an object "
+                         f"of type {type(policy).__name__}, not an EvictionPolicy")
+    return policy
 
 
 def make_admission(name: str) -> AdmissionPolicy:
