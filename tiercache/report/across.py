@@ -30,8 +30,8 @@ from .lru_curve import same_trace
 from .markdown import escape_markdown
 from .model import Repeat, Run, distinct_paths, merge_runs, read_documents
 from .summary import (
-    BEYOND_BELADY, CapacityBest, best_per_capacity, by_layout, gap_closed, gap_text, is_offline, tier_layout,
-    unreferenced_prefetch,
+    BEYOND_BELADY, OWN_REFERENCES, CapacityBest, best_per_capacity, by_layout, gap_closed, gap_text, is_offline,
+    own_references, tier_layout, unreferenced_prefetch,
 )
 from .tables import tiers_text
 
@@ -48,6 +48,8 @@ class GapRow:
 
     ``tuned`` (split tables only) is the policy that won on the first half; ``tuned_miss`` and
     ``tuned_gap`` are its figures on the reported half (None when it did not run there).
+    ``references`` labels ``lru`` and ``belady`` where they are not the plain runs (``lru+tinylfu``
+    and ``belady+tinylfu``: ``summary.references``), else is None.
     """
 
     trace: str
@@ -63,6 +65,7 @@ class GapRow:
     tuned: str | None = None
     tuned_miss: float | None = None
     tuned_gap: float | None = None
+    references: tuple[str, str] | None = None
 
 
 def _cache(entry: CapacityBest) -> tuple:
@@ -71,9 +74,11 @@ def _cache(entry: CapacityBest) -> tuple:
 
 
 def _row(trace: str, entry: CapacityBest, **tuned) -> GapRow:
+    own = own_references([(entry.lru, entry.belady)]) is not None
     return GapRow(trace, entry.semantics.value, entry.mode.value, entry.capacity_blocks, tiers_text(entry.best),
                   entry.lru.miss_ratio if entry.lru else None, entry.belady.miss_ratio if entry.belady else None,
-                  entry.best.label, entry.best.miss_ratio, entry.gap_closed, **tuned)
+                  entry.best.label, entry.best.miss_ratio, entry.gap_closed,
+                  references=(entry.lru.label, entry.belady.label) if own else None, **tuned)
 
 
 def across_documents(paths: list[str]) -> tuple[list[ResultsDocument], list[str], list[list[str]]]:
@@ -290,8 +295,9 @@ def gap_markdown(rows: list[GapRow], missing: list[str] | tuple[str, ...] = ()) 
     header += list(SPLIT_HEADER) if split else ["best online policy", "its miss", "gap closed"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in rows:
-        cells = [r.trace, r.semantics, r.mode, fmt.integer(r.capacity_blocks), r.tiers, _cell(r.lru, fmt.ratio),
-                 _cell(r.belady, fmt.ratio)]
+        lru, belady = (f" ({label})" for label in r.references) if r.references else ("", "")
+        cells = [r.trace, r.semantics, r.mode, fmt.integer(r.capacity_blocks), r.tiers, _cell(r.lru, fmt.ratio) + lru,
+                 _cell(r.belady, fmt.ratio) + belady]
         if split:
             cells += [r.tuned or "n/a", _cell(r.tuned_miss, fmt.ratio), _cell(r.tuned_gap, gap_text), r.best,
                       _cell(r.best_gap, gap_text)]
@@ -300,6 +306,8 @@ def gap_markdown(rows: list[GapRow], missing: list[str] | tuple[str, ...] = ()) 
         lines.append("| " + " | ".join(escape_table_text(cell) for cell in cells) + " |")
     if any(_beats_belady(r) for r in rows):
         lines.append(f"\nNote: {BEYOND_BELADY}.")
+    if any(r.references for r in rows):
+        lines.append(f"\nNote: {OWN_REFERENCES}, labelled so in the LRU and Belady columns.")
     if missing:
         lines.append("\nNot in this table:\n" + "\n".join(f"- {escape_table_text(sentence)}" for sentence in missing))
     return "\n".join(lines) + "\n"

@@ -186,9 +186,9 @@ def _finding(best: CapacityBest, named: bool) -> str:
     text = f"{_where(best, named)}, {best.best.label} misses {fmt.percent(best.best.miss_ratio)} of accesses"
     text += _versus(best, best.best)
     if best.best is best.lru:
-        text += f"; no other online policy beats {BASELINE} here"
+        text += f"; no other online policy beats {best.lru.label} here"
     elif best.gap_closed is not None:
-        text += f", closing {fmt.percent(best.gap_closed)} of the {BASELINE}–{BELADY} gap"
+        text += f", closing {fmt.percent(best.gap_closed)} of the {_gap_name(best)} gap"
     return text + (_BEYOND_BELADY if best.beats_belady else "") + "."
 
 
@@ -202,11 +202,17 @@ def _split_finding(best: CapacityBest, named: bool, label: str | None, run: Run 
     text = f"{where}, {run.label}, the policy tuned on the first half, misses {fmt.percent(run.miss_ratio)} of accesses"
     text += _versus(best, run)
     gap = gap_closed(run, best.lru, best.belady)
-    text += "" if gap is None else f", closing {fmt.percent(gap)} of the {BASELINE}–{BELADY} gap"
+    text += "" if gap is None else f", closing {fmt.percent(gap)} of the {_gap_name(best)} gap"
     text += _BEYOND_BELADY if beats_belady(run, best.belady) else ""
     if run is best.best:
         return f"{text}; it is also the best in hindsight (the best online policy on this half)."
     return f"{text}; in hindsight (picked on this half itself), {_hindsight(best)}."
+
+
+def _gap_name(best: CapacityBest) -> str:
+    """``lru–belady``: the cache's references by label (``lru+tinylfu–belady+tinylfu`` where they
+    are made with the policy's own admission: ``summary.references``); both must be there."""
+    return f"{best.lru.label}–{best.belady.label}"
 
 
 def _hindsight(best: CapacityBest) -> str:

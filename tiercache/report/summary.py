@@ -9,8 +9,12 @@ the hierarchy's optimum: a policy can miss less than Belady's replay there, and 
 is then above 1 (reported as it is, never clipped, with a note: ``beats_belady``). It is only
 defined where LRU and Belady ran over the same tier layout (the tiers' names, capacities and
 codecs, fastest first), semantics and mode, with the same prefetch policy as the run, and LRU
-misses more than Belady's replay. Two hierarchies with the same total capacity (HBM 5 + DRAM 35 and
-HBM 20 + DRAM 20) are different caches: each has its own LRU and Belady references. A decode
+misses more than Belady's replay. The references are the plain ``lru`` and ``belady`` runs
+(admission ``always``, placement ``top``); a cache that holds no such pair measures each run
+against the ``lru`` and ``belady`` runs made with its own admission and placement (``lru+tinylfu``
+and ``belady+tinylfu``), labelled so (``references``, ``own_references``). Two hierarchies with
+the same total capacity (HBM 5 + DRAM 35 and HBM 20 + DRAM 20) are different caches: each has its
+own LRU and Belady references. A decode
 replay with a prefetch policy is another cache again (what it misses is not what eviction
 alone misses); as Belady cannot prefetch, such a run gets no gap, and a run whose prefetch
 policy was not recorded (results versions 3 to 6) is compared with nothing.
@@ -33,6 +37,7 @@ from . import fmt
 from .model import Run, run_label
 
 __all__ = ["BELADY", "BASELINE", "is_offline", "is_belady", "policy_labels", "by_group", "tier_layout", "by_layout", "gap_closed",
+           "references", "is_plain", "OWN_REFERENCES", "own_references", "run_references",
            "belady_is_bound", "beats_belady", "gap_text", "belady_caveat", "BEYOND_BELADY",
            "CapacityBest", "best_per_capacity", "unreferenced_prefetch", "layouts_need_naming", "is_background",
            "background_seconds", "request_path_seconds", "request_seconds", "Payoff", "hierarchy_payoffs"]
@@ -118,12 +123,48 @@ def _cache_order(cache: tuple[tuple, str | None]) -> tuple:
     return sum(t[1] for t in layout), layout, prefetch is None, prefetch != "none", prefetch or ""
 
 
-def _reference(runs: list[Run], policy: str) -> Run | None:
-    """The run of one plain policy (default admission and placement) among runs of one cache
-    (``by_layout``: one prefetch policy); None where that policy is not recorded, since runs
-    of unknown prefetch cannot be known to compare."""
+def _reference(runs: list[Run], policy: str, like: Run | None = None) -> Run | None:
+    """The run of ``policy`` among runs of one cache (``by_layout``: one prefetch policy) made
+    with ``like``'s admission and placement, or where ``like`` is None the plain one (default
+    admission and placement); None where there is none or its prefetch policy is not recorded,
+    since runs of unknown prefetch cannot be known to compare."""
+    wanted = policy if like is None else run_label(policy, like.admission, like.placement)
     return next((r for r in runs if r.policy == policy and r.prefetch is not None
-                 and run_label(r.policy, r.admission, r.placement) == policy), None)
+                 and run_label(r.policy, r.admission, r.placement) == wanted), None)
+
+
+def is_plain(run: Run) -> bool:
+    """Whether ``run`` ran with the default admission (``always``) and placement (``top``)."""
+    return run_label(run.policy, run.admission, run.placement) == run.policy
+
+
+def references(runs: list[Run], run: Run) -> tuple[Run | None, Run | None]:
+    """The LRU and Belady runs that ``run``'s gap closed is measured against, among the runs of
+    its cache (``by_layout``): the plain ``lru`` and ``belady`` where both are there, else the
+    two made with ``run``'s own admission and placement (``lru+tinylfu`` and ``belady+tinylfu``)
+    where both are, else the plain ones found (at most one: no gap).
+
+    Invariant: where both are given, they share one admission and placement.
+    """
+    plain = _reference(runs, BASELINE), _reference(runs, BELADY)
+    if all(ref is not None for ref in plain):
+        return plain
+    own = _reference(runs, BASELINE, run), _reference(runs, BELADY, run)
+    return own if all(ref is not None for ref in own) else plain
+
+
+#: Which references a cache without plain ones takes (``references``), for table notes.
+OWN_REFERENCES = (f"where a cache holds no plain {BASELINE} and {BELADY} runs (admission always, placement top), the "
+                  f"gap closed is measured against the {BASELINE} and {BELADY} runs made with the policy's own "
+                  "admission and placement")
+
+
+def own_references(pairs) -> str | None:
+    """A sentence (no full stop) on the (lru, belady) reference pairs of ``pairs`` that are not
+    the plain runs (``references``), naming them; None when there are none."""
+    named = sorted({f"{lru.label} and {belady.label}" for lru, belady in pairs
+                    if lru is not None and belady is not None and not is_plain(lru)})
+    return f"{OWN_REFERENCES}, labelled so: {'; '.join(named)}" if named else None
 
 
 def gap_closed(run: Run, lru: Run | None, belady: Run | None) -> float | None:
@@ -200,15 +241,20 @@ def _where_not_bound(runs: list[Run]) -> str:
     return " and in ".join(kinds)
 
 
-def gaps_for(runs: list[Run]) -> dict[tuple, float | None]:
-    """Gap closed of every run, by run key, against LRU and Belady over the same (semantics,
-    mode, tier layout) made with the same prefetch policy."""
-    gaps: dict[tuple, float | None] = {run.key: None for run in runs if run.is_fleet}  # a fleet is no capacity point
+def run_references(runs: list[Run]) -> dict[tuple, tuple[Run | None, Run | None]]:
+    """Each run's (lru, belady) references (``references``), by run key: LRU and Belady over the
+    same (semantics, mode, tier layout) made with the same prefetch policy; none for a fleet run."""
+    refs: dict[tuple, tuple[Run | None, Run | None]] = {run.key: (None, None) for run in runs if run.is_fleet}
     for group in by_layout([run for run in runs if not run.is_fleet]).values():
-        lru, belady = _reference(group, BASELINE), _reference(group, BELADY)
         for run in group:
-            gaps[run.key] = gap_closed(run, lru, belady)
-    return gaps
+            refs[run.key] = references(group, run)
+    return refs
+
+
+def gaps_for(runs: list[Run]) -> dict[tuple, float | None]:
+    """Gap closed of every run, by run key, against its references (``run_references``)."""
+    by_run = {run.key: run for run in runs}
+    return {key: gap_closed(by_run[key], *refs) for key, refs in run_references(runs).items()}
 
 
 @dataclass(frozen=True)
@@ -216,7 +262,8 @@ class CapacityBest:
     """The best online policy in one cache: one (semantics, mode, tier layout, prefetch policy).
 
     Invariant: ``best``, ``lru`` and ``belady`` (where not None) share that tier layout and
-    prefetch policy (a recorded one: runs whose prefetch was not recorded have no references).
+    prefetch policy (a recorded one: runs whose prefetch was not recorded have no references);
+    ``lru`` and ``belady`` are ``best``'s references (``references``).
     """
 
     semantics: Semantics
@@ -258,7 +305,7 @@ def best_per_capacity(runs: tuple[Run, ...] | list[Run]) -> list[CapacityBest]:
         if online:
             lru = _reference(group, BASELINE)
             best = min(online, key=lambda r: (r.miss_ratio, r is not lru, r.policy != BASELINE, r.label))
-            result.append(CapacityBest(semantics, mode, best.capacity_blocks, best, lru, _reference(group, BELADY)))
+            result.append(CapacityBest(semantics, mode, best.capacity_blocks, best, *references(group, best)))
     return result
 
 

@@ -17,7 +17,7 @@ from . import fmt
 from .document import Table
 from .model import ReportData, Run, per_layer_block
 from .summary import (BASELINE, BELADY, BEYOND_BELADY, CapacityBest, beats_belady, gap_closed, gap_text, gaps_for,
-                      layouts_need_naming)
+                      is_plain, layouts_need_naming, own_references, run_references)
 
 __all__ = ["MODELED_TIME", "PREFETCHED", "runs_table", "tier_table", "tiers_text", "codec_sentences", "best_table", "split_best_table",
            "trace_table", "results_csv"]
@@ -128,6 +128,8 @@ def runs_table(data: ReportData) -> Table:
     rows = tuple(tuple(c.cell(run, gaps[run.key]) for c in columns) for run in data.runs)
     timed = f" {MODELED_TIME}" if any(r.modeled_seconds for r in data.runs) else ""
     beyond = f" {_sentence(BEYOND_BELADY)}" if any(g is not None and g > 1 for g in gaps.values()) else ""
+    own = own_references(run_references(list(data.runs)).values())
+    beyond += f" {_sentence(own)}" if own else ""
     moved = f" {PREFETCHED}" if prefetch else ""
     return Table(tuple(c.header for c in columns), rows, tuple(c.numeric for c in columns),
                  caption="All runs. Gap closed = (miss LRU − miss policy) / (miss LRU − miss Belady) over the same tiers "
@@ -176,9 +178,8 @@ def best_table(best: list[CapacityBest]) -> Table:
         "best online policy", "its miss ratio", f"{BASELINE} miss ratio", f"{BELADY} miss ratio", "gap closed")
     rows = tuple(_cache_cells(b, named) + (b.best.label, _ratio(b.best.miss_ratio)) + _reference_cells(b)
                  + (fmt.optional(b.gap_closed, gap_text),) for b in best)
-    caption = _sentence(BEYOND_BELADY) if any(b.beats_belady for b in best) else ""
     return Table(header, rows, (False, False, True) + ((False,) if named else ()) + (False, True, True, True, True),
-                 caption=caption)
+                 caption=_best_caption(best, any(b.beats_belady for b in best)))
 
 
 def split_best_table(best: list[CapacityBest], tuned: list[tuple[str | None, Run | None]]) -> Table:
@@ -195,7 +196,14 @@ def split_best_table(best: list[CapacityBest], tuned: list[tuple[str | None, Run
                  for b, (label, run) in zip(best, tuned))
     beyond = any(b.beats_belady or (run is not None and beats_belady(run, b.belady)) for b, (_, run) in zip(best, tuned))
     return Table(header, rows, (False, False, True) + ((False,) if named else ()) + (False, True, True, True, True, False,
-                 True, True), caption=_sentence(BEYOND_BELADY) if beyond else "")
+                 True, True), caption=_best_caption(best, beyond))
+
+
+def _best_caption(best: list[CapacityBest], beyond: bool) -> str:
+    """Notes under a best-policy table: what a gap closed above 100% means (where one is), and
+    which references are not the plain lru and belady runs (``own_references``)."""
+    own = own_references((b.lru, b.belady) for b in best)
+    return " ".join(_sentence(text) for text in (BEYOND_BELADY if beyond else None, own) if text)
 
 
 def _cache_header(named: bool) -> tuple[str, ...]:
@@ -209,8 +217,10 @@ def _cache_cells(best: CapacityBest, named: bool) -> tuple[str, ...]:
 
 
 def _reference_cells(best: CapacityBest) -> tuple[str, str]:
-    """LRU's and Belady's miss ratios of the cache ("–" where not run)."""
-    return (fmt.optional(best.lru and best.lru.miss_ratio, _ratio), fmt.optional(best.belady and best.belady.miss_ratio, _ratio))
+    """LRU's and Belady's miss ratios of the cache ("–" where not run), each with its label where
+    it is not the plain run (``99.87% (lru+tinylfu)``: ``summary.references``)."""
+    return tuple(fmt.optional(ref and ref.miss_ratio, _ratio) + ("" if ref is None or is_plain(ref) else f" ({ref.label})")
+                 for ref in (best.lru, best.belady))
 
 
 def _ratio(value: float) -> str:
