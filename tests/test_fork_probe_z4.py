@@ -150,7 +150,7 @@ def test_a_forked_child_is_refused_the_parents_cache_and_sequences_and_closing_d
         cache.close()
     ''', tmp_path)
     refused = _refusal(out[0])
-    assert out[1:] == [refused, refused, refused, "None"]
+    assert out[1:] == [refused, refused, refused, "0"]  # close returns the blocks it persisted: none
 
 
 # -- 2: a forked child opens and uses a store of its own -------------------------------------

@@ -50,7 +50,7 @@ from .iojobs import run_batch, shutdown_within
 from .nvme_read import NVMeReads
 from .nvme_index import record_cost
 from .nvme_open import check_arguments, check_encoded, check_key, check_keys, check_slots, mark_clean, open_store
-from .nvme_results import PutResult, StoreFullError
+from .nvme_results import FailedWrite, PutResult, StoreFullError
 from .nvme_write import NVMeWrites
 
 __all__ = ["NVMeStore", "PutResult", "StoreFullError"]
@@ -118,6 +118,7 @@ class NVMeStore(NVMeReads, NVMeWrites):
         self.compression = compression
         self.overwrite_in_place = bool(overwrite_in_place)
         self.stats = dict.fromkeys(_STAT_NAMES, 0)
+        self.last_failed_write: FailedWrite | None = None  # the latest block write that failed (its OSError, its file)
         chunk_shape, _, self.chunk_bytes = chunkio.chunk_geometry(layout, self.codec)
         self._block_codec = None if self.codec is Codec.NONE else codec_for(self.codec)
         self._dtype = torch_dtype(layout.dtype)

@@ -1,5 +1,5 @@
-"""What NVMe store operations hand back: per-block write results, the store-full error and
-the error of a read that failed with an I/O error."""
+"""What NVMe store operations hand back: per-block write results, the store-full error, the
+error of a read that failed with an I/O error, and the latest write that failed."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from ..errors import UserError
 
-__all__ = ["PutResult", "ReadIOError", "StoreFullError"]
+__all__ = ["FailedWrite", "PutResult", "ReadIOError", "StoreFullError"]
 
 
 class StoreFullError(UserError):
@@ -26,6 +26,15 @@ class PutResult:
     def ok(self) -> bool:
         """True when the block was written and published."""
         return self.error is None
+
+
+@dataclass(frozen=True)
+class FailedWrite:
+    """A block write that failed (``NVMeStore.last_failed_write``): its OSError and the file
+    it was writing (the chunk file, or the index journal whose room it reserves first)."""
+
+    error: OSError
+    path: str
 
 
 class ReadIOError(OSError, KeyError):

@@ -38,7 +38,7 @@ from . import chunkio
 from .buffers import byte_array
 from .nvme_index import DISK_FULL, put_cost, record_cost
 from .nvme_open import TMP_PREFIX
-from .nvme_results import PutResult
+from .nvme_results import FailedWrite, PutResult
 
 __all__ = ["NVMeWrites"]
 
@@ -63,6 +63,8 @@ class NVMeWrites:
             length = payload.size + 4
         except OSError as exc:
             self._abandon(slot, promised, failed=True)
+            path = exc.filename or (self.chunk_path(slot) if promised else self._files.journal_path)
+            self.last_failed_write = FailedWrite(exc, os.fspath(path))  # one reference: no lock needed
             return PutResult(key, None, exc)
         except BaseException:
             self._abandon(slot, promised, failed=False)

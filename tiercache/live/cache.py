@@ -7,7 +7,8 @@ that is not stored yet. Blocks are per layer (``KVLayout.per_layer``): layer ``l
 ``b`` is keyed by ``layer_key(block key, l)``, so each layer's blocks move on their own. A
 block whose tokens are known (a prompt given to ``sequence(tokens=...)``, or tokens added
 with ``add_tokens``) is keyed by its chained content key, so a later request's
-``match_prefix`` finds it once the sequence is done; other blocks get private keys.
+``match_prefix`` finds it once the sequence is done; other blocks get private keys (scratch:
+``keymap.scratch_key``), which ``close`` deletes from every tier instead of persisting.
 
 Every tier operation goes through ``StepDriver`` (``tiercache.core.decode``), the protocol
 ``tiercache replay`` runs on a recorded step trace: records wait for earlier moves, reads
@@ -38,6 +39,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
+import warnings
 from dataclasses import replace
 from typing import IO, Sequence as Seq
 
@@ -58,9 +61,9 @@ from .chunks import split_kv
 from .ownership import NoCopies
 from .arguments import flat_token_ids
 from .sequence import Sequence, StepReport
-from .store import TieredKVStore
+from .store import PersistWarning, TieredKVStore
 
-__all__ = ["TieredKVCache", "Sequence", "StepReport", "AttentionMode", "split_kv"]
+__all__ = ["TieredKVCache", "Sequence", "StepReport", "AttentionMode", "PersistWarning", "split_kv"]
 
 
 def _check_options(window_blocks, depth, sink_blocks, recent_blocks, speculate, keep_reports) -> None:
@@ -70,6 +73,9 @@ def _check_options(window_blocks, depth, sink_blocks, recent_blocks, speculate, 
                              ("recent_blocks", recent_blocks, 0), ("keep_reports", keep_reports, 0)):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise UserError(f"TieredKVCache: {name} must be an integer >= {low}, got {value!r}")
+    if keep_reports > sys.maxsize:  # already keeps every report; more overflowed a C ssize_t (the reports' bound)
+        raise UserError(f"TieredKVCache: keep_reports must be at most sys.maxsize ({sys.maxsize}: keeps every report), "
+                        f"got {keep_reports!r}")
     if isinstance(speculate, bool) or not isinstance(speculate, (int, float)) or not 0 <= speculate <= 4:
         raise UserError(f"TieredKVCache: speculate must be a share of the budget in [0, 4], got {speculate!r}")
 
@@ -126,8 +132,8 @@ class TieredKVCache(NoCopies):
             stored, so a promotion copies up and an upper tier's victim is simply dropped
             (reads never write back); the last tier then bounds what live sequences hold.
         keep_reports: ``StepReport``s each sequence keeps in ``seq.reports``, its latest
-            reads' (``steps.StepReports``; 0: none), so a decode of any length keeps
-            bounded memory.
+            reads' (``steps.StepReports``; 0: none, ``sys.maxsize``: all), so a decode of
+            any length keeps bounded memory.
 
     Only the process that opened it may use it: in a forked child every call raises UserError
     and ``close`` does nothing. It cannot be copied or pickled (TypeError).
@@ -223,32 +229,40 @@ class TieredKVCache(NoCopies):
             self.driver.settle()
             return self.store.stats()
 
-    def close(self, persist: bool = True) -> None:
-        """Finishes moves, closes the record file and the store; idempotent.
+    def close(self, persist: bool = True) -> int:
+        """Finishes moves, closes the record file and the store; idempotent. Returns how many
+        content-keyed blocks it persisted (0 with ``persist=False``, closed, or in a child).
 
-        With ``persist`` (default, and ``with``'s exit), the content-keyed blocks held only in
-        DRAM and HBM (a prompt's, and those of ids told with ``add_tokens``: what a later
-        ``match_prefix`` can find) move into free NVMe slots first (``TieredKVStore.close``),
-        so a cache reopened on the same path, in this process or another, reuses them as
-        far as they fit. Blocks under private keys are scratch: no later request can name
-        them, so they are never written (``KeyMap.scratch``). ``persist=False`` drops all
-        that DRAM and HBM hold. In a child forked while the cache was open it does nothing
-        (the parent still owns the cache).
+        Blocks under private keys are scratch (``KeyMap.scratch``): no later request can name
+        them, so close deletes them from every tier, their NVMe copies too (a decode's that
+        spilled, every one under ``write_through``), never writes them, and a reopen never
+        adopts one. With ``persist`` (default, and ``with``'s exit), the content-keyed blocks
+        held only in DRAM and HBM (a prompt's, and those of ids told with ``add_tokens``: what
+        a later ``match_prefix`` can find) then move into free NVMe slots, those the scratch
+        held included (``TieredKVStore.close``), so a cache reopened on the same path, in this
+        process or another, reuses them as far as they fit; those that do not fit (NVMe's
+        blocks are not evicted for them) are counted in a ``PersistWarning``.
+        ``persist=False`` drops all that DRAM and HBM hold. In a child forked while the cache
+        was open it does nothing (the parent still owns the cache).
 
         Raises:
             PersistError: some blocks' writes failed (a full disk), as ``TieredKVStore.close``.
         """
         if not self.store.guard.owned:
-            return
+            return 0
         with self.store._lock.closing():  # whole, even under Ctrl-C (``guard.CallGuard``)
             if self._closed:
-                return
+                return 0
             self._closed = True
             try:
-                self.store.close(persist=persist)
+                persisted = self.store._close(persist)
             finally:
                 if self._record is not None:
                     self._record.close()
+            saved = persisted.count()  # PersistError: its message counts those left out too
+            if persisted.left_out:
+                warnings.warn(PersistWarning(saved, persisted.left_out), stacklevel=2)
+            return saved
 
     def __enter__(self) -> "TieredKVCache":
         return self

@@ -4,6 +4,10 @@ The manager names blocks by the 63-bit id of their 16-byte content key (``key_to
 this map keeps the full key of every resident id, so a lookup compares whole keys and two
 keys sharing an id are never confused (the second is refused and counted), and the token
 ids of blocks stored with ``put_tokens``, so a prefix hit is confirmed by tokens.
+
+Scratch keys (``scratch_key``: a decode sequence's private keys, which no later request can
+name) end in ``SCRATCH_TAG``, so a reopened store recognises a scratch block left on NVMe
+(by a crash) from its key alone and never adopts it (``lifecycle.adopt_stored_blocks``).
 """
 
 from __future__ import annotations
@@ -13,20 +17,37 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 
 from tiercache.errors import UserError
-from tiercache.keys import KEY_BYTES, key_to_int
+from tiercache.keys import KEY_BYTES, block_key, key_to_int, layer_key
 
-__all__ = ["KeyMap"]
+__all__ = ["KeyMap", "SCRATCH_TAG", "scratch_key", "is_scratch"]
+
+#: The last 8 bytes of every scratch key. A content key (a blake2b digest) ends in them with
+#: probability 2**-64; a key made by hand should not end in them (its block would be scratch).
+SCRATCH_TAG = b"\xfetc.scr\x00"
+
+
+def scratch_key(seed: bytes, index: int, layer: int) -> bytes:
+    """The scratch key of layer ``layer`` of block ``index`` under a private ``seed``: the
+    first 8 bytes of that block's layer key, then ``SCRATCH_TAG`` (``is_scratch``)."""
+    return layer_key(block_key(None, [index], seed), layer)[: KEY_BYTES - len(SCRATCH_TAG)] + SCRATCH_TAG
+
+
+def is_scratch(key: bytes) -> bool:
+    """True for a scratch key (``scratch_key``): no later request can name its block."""
+    return key[KEY_BYTES - len(SCRATCH_TAG) :] == SCRATCH_TAG
 
 
 class KeyMap:
     """Keys and tokens by manager id.
 
-    ``scratch`` names the blocks stored under keys no later request can name (a decode
-    sequence's private keys): closing never persists them.
+    ``scratch`` names the blocks stored under scratch keys (``is_scratch``: a decode
+    sequence's private keys, which no later request can name): closing deletes them from
+    every tier, NVMe included, and never persists them (``lifecycle.drop_scratch``).
 
     Invariants (``check``): ``keys`` holds exactly the resident ids (an id is registered
-    just before its block is placed and forgotten once no tier holds it); ``tokens`` and
-    ``scratch`` hold subsets of them; ``key_to_int(keys[i]) == i``.
+    just before its block is placed and forgotten once no tier holds it); ``tokens`` holds
+    a subset of them; ``scratch`` is exactly the ids whose keys are scratch keys;
+    ``key_to_int(keys[i]) == i``.
     """
 
     def __init__(self) -> None:
@@ -59,7 +80,7 @@ class KeyMap:
         """Manager ids of ``keys``; None for a key whose id belongs to another key.
 
         With ``register`` unknown keys are recorded (the caller is about to place them and
-        must ``forget_absent`` whatever it did not place).
+        must ``forget_absent`` whatever it did not place), scratch keys in ``scratch`` too.
 
         ``keys`` were checked with ``check_keys``.
         """
@@ -69,6 +90,8 @@ class KeyMap:
             known = self.keys.get(block_id)
             if known is None and register:
                 self.keys[block_id] = key
+                if is_scratch(key):
+                    self.scratch.add(block_id)
             elif known is not None and known != key:
                 self.collisions += 1
                 block_id = None
@@ -89,7 +112,8 @@ class KeyMap:
         return ids
 
     def adopt(self, ids: Sequence[int], keys: Sequence[bytes]) -> None:
-        """Records the keys of blocks adopted from a durable tier on reopen."""
+        """Records the keys of blocks adopted from a durable tier on reopen (never scratch
+        keys: ``lifecycle.adopt_stored_blocks`` deletes those instead)."""
         self.keys.update(zip(ids, keys))
 
     def forget_absent(self, ids: Iterable[int], locate: Callable[[int], int | None]) -> None:
@@ -105,5 +129,5 @@ class KeyMap:
         assert set(self.keys) == resident, (
             f"key map holds {len(set(self.keys) - resident)} non-resident id(s) and misses {len(resident - set(self.keys))}")
         assert set(self.tokens) <= resident, "token ids kept for a block no tier holds"
-        assert self.scratch <= resident, "a block no tier holds is marked scratch"
+        assert self.scratch == {i for i, key in self.keys.items() if is_scratch(key)}, "scratch ids differ from scratch keys"
         assert all(key_to_int(key) == block_id for block_id, key in self.keys.items()), "key filed under a wrong id"

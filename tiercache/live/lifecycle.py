@@ -13,10 +13,10 @@ from tiercache.core.plans import EventLog
 from tiercache.data.engine import LocalEngine
 from tiercache.keys import key_to_int
 
-from .keymap import KeyMap
+from .keymap import KeyMap, is_scratch
 
-__all__ = ["adopt_stored_blocks", "persist_to_nvme", "flush_and_close", "Persisted", "PersistError", "run_every_step",
-           "check_store", "check_release"]
+__all__ = ["adopt_stored_blocks", "drop_scratch", "persist_to_nvme", "flush_and_close", "Persisted", "PersistError",
+           "PersistWarning", "run_every_step", "check_store", "check_release"]
 
 
 class PersistError(OSError):
@@ -47,6 +47,27 @@ class PersistError(OSError):
         return type(self), (self.saved, self.failed, self.reason, self.left_out)
 
 
+class PersistWarning(UserWarning):
+    """``TieredKVCache.close`` persisted every content-keyed block it could write, but some
+    did not fit in NVMe's free slots (those already on NVMe are never evicted for them):
+    they are not in the reopened cache. Warned once per close; ``close`` returns ``saved``.
+
+    Attributes:
+        saved: content-keyed blocks held only in HBM/DRAM that were written into NVMe.
+        left_out: those that did not fit.
+    """
+
+    def __init__(self, saved: int, left_out: int) -> None:
+        super().__init__(f"TieredKVCache.close: {left_out} of {saved + left_out} content-keyed blocks held only in HBM/DRAM "
+                         f"did not fit in NVMe's free slots and are not in the reopened cache ({saved} were saved); "
+                         "a larger nvme tier keeps them")
+        self.saved, self.left_out = saved, left_out
+
+    def __reduce__(self) -> tuple:
+        """Rebuilds from the counts (``args`` holds only the message)."""
+        return type(self), (self.saved, self.left_out)
+
+
 @dataclass(frozen=True)
 class Persisted:
     """What ``persist_to_nvme`` did with the blocks held only in HBM/DRAM: ``saved`` into
@@ -73,17 +94,45 @@ class Persisted:
 def adopt_stored_blocks(manager: TierManager, media: Sequence[object], keymap: KeyMap, events: EventLog) -> None:
     """Reopening: the complete blocks of a durable medium join its tier, as many as the
     tier holds (oldest slots first); the rest, blocks that had left the tier before a
-    crash made their deletion durable, or a tier reopened smaller, are deleted."""
+    crash made their deletion durable, or a tier reopened smaller, are deleted. Scratch
+    blocks (``keymap.is_scratch``: a crash kept them; a close deletes them) are never
+    adopted: they are deleted first, so they take no slot of a block a request can name."""
     for tier, medium in enumerate(media):
         entries = sorted(medium.durable_items(), key=lambda entry: entry[1])
+        scratch = [key for key, _ in entries if is_scratch(key)]
+        entries = [entry for entry in entries if not is_scratch(entry[0])] if scratch else entries
         keep, extra = entries[: manager.dirs[tier].capacity], entries[manager.dirs[tier].capacity :]
-        if extra:
-            medium.forget([key for key, _ in extra])
+        if extra or scratch:
+            medium.forget(scratch + [key for key, _ in extra])
         ids = [key_to_int(key) for key, _ in keep]
         keymap.adopt(ids, [key for key, _ in keep])
         if ids:
             manager.restore(tier, ids)
     events.drain()  # adoption is not traffic
+
+
+def drop_scratch(manager: TierManager, media: Sequence[object], scratch: Collection[int]) -> int:
+    """Closing: the scratch blocks (``KeyMap.scratch``) leave every tier, and the NVMe
+    tier's deletions of their copies (resident, retained, or write-through ones) are
+    flushed, so the slots they held are free for the content-keyed blocks persisted next
+    (``persist_to_nvme``) and a reopen finds none of them. Holds and references on them end
+    first (nothing uses the store after close); a block a move still reads (a close whose
+    wait failed) stays. A failed flush is retried when the tier closes. Returns how many left.
+    """
+    pinned = {block_id for directory in manager.dirs for block_id in directory.pins}
+    ids = [block_id for block_id in scratch if block_id not in pinned and manager.locate(block_id) is not None]
+    if not ids:
+        return 0
+    manager.unhold([block_id for block_id in ids for _ in range(manager.held.get(block_id, 0))])
+    manager.unref([block_id for block_id in ids for _ in range(manager.refs.get(block_id, 0))])
+    manager.evict(ids)
+    names = [d.name for d in manager.dirs]
+    if "nvme" in names:
+        try:
+            media[names.index("nvme")].flush()  # frees the slots: a deletion frees its slot once durable
+        except OSError:
+            pass  # counted by the store (failed_flushes); flush_and_close tries again and raises
+    return len(ids)
 
 
 def persist_to_nvme(manager: TierManager, events: EventLog, skip: Collection[int] = ()) -> Persisted:

@@ -25,10 +25,12 @@ from .chunks import TierChunks
 from .cropping import crop
 from .forking import fork
 from .holding import hold_recorded, release_holds
+from .keymap import scratch_key
 from .layerstate import LayerState
 from .ownership import NoCopies
 from .steps import StepReport, StepReports, step_report
 from .summaries import CorruptBlock, keep_summaries, summaries_of
+from .writeback import failed_writes, refused_blocks
 
 if TYPE_CHECKING:
     from .cache import TieredKVCache
@@ -134,6 +136,8 @@ class Sequence(NoCopies):
         Raises:
             UserError: wrong shape, dtype or device; a layer out of range; a freed sequence;
                 more blocks than the tiers hold (nothing is stored or evicted then).
+            WriteBackError: a write into NVMe making room failed (a full disk): an OSError (and
+                RuntimeError) naming the OS error and its file; nothing was appended.
         """
         cache = self.cache
         with cache.store._lock:
@@ -297,16 +301,15 @@ class Sequence(NoCopies):
         held = cache.manager.held
         ids = cache.store._map.ids(keys, register=True)
         before = {i: held.get(i, 0) for i in ids if i is not None}
-        # private keys name scratch (never persisted); a block not stored is forgotten with its key
-        cache.store._map.scratch.update(i for n, i in enumerate(ids) if i is not None and first + n >= len(self._content_keys))
+        writes = failed_writes(cache.store._media)
         try:
             if any(i is None for i in ids):
                 raise UserError("Sequence.append: a block key collides with another key's 63-bit id; the block cannot be stored")
             cache.store._store_new(ids, blocks, lambda: cache.driver.write(ids, hold=ids))
             missing = [i for i in ids if cache.manager.locate(i) is None]
-            if missing:
-                raise RuntimeError(f"Sequence.append: {len(missing)} block(s) of layer {layer} could not be stored "
-                                   "(every HBM slot pinned, or a write-back failed); nothing was appended")
+            if missing:  # the OS error of a write-back that failed (a full disk), if one did
+                raise refused_blocks(f"Sequence.append: {len(missing)} block(s) of layer {layer} could not be stored",
+                                     "nothing was appended", cache.store._media, writes)
             self._keep_tokens(first, layer, ids)
             cache._emit(layer, state.attends, write=tuple(ids), hold=tuple(ids))
             cache._settle_events()
@@ -330,7 +333,7 @@ class Sequence(NoCopies):
             self._content_keys.append(block_key(parent, self._tokens[n * block_tokens : (n + 1) * block_tokens], self.namespace))
         if index < len(self._content_keys):
             return layer_key(self._content_keys[index], layer)
-        return layer_key(block_key(None, [index], self._private + _PRIVATE_NAMESPACE), layer)
+        return scratch_key(self._private + _PRIVATE_NAMESPACE, index, layer)  # scratch: never persisted
 
     def _keep_tokens(self, first: int, layer: int, ids: list[int]) -> None:
         """Keeps layer 0's token ids of content-keyed blocks (confirms later prefix hits)."""

@@ -13,7 +13,8 @@ its bytes landed there.
 
 A ``remote`` tier (Mooncake Store, ``remote.RemoteLink``) completes lookups the local tiers
 miss. Thread safety: one lock serialises every public method; I/O threads touch only bytes.
-Durability: ``flush``/``close`` make the NVMe index durable; reopening adopts every complete block."""
+Durability: ``flush``/``close`` make the NVMe index durable; reopening adopts every complete block
+but scratch ones (``keymap.is_scratch``), which it deletes."""
 
 from __future__ import annotations
 
@@ -33,8 +34,8 @@ from tiercache.keys import prefix_keys
 
 from .arguments import check_flag
 from .keymap import KeyMap
-from .lifecycle import (PersistError, Persisted, adopt_stored_blocks, check_release, check_store, flush_and_close,
-                        persist_to_nvme, run_every_step)
+from .lifecycle import (PersistError, Persisted, PersistWarning, adopt_stored_blocks, check_release, check_store, drop_scratch,
+                        flush_and_close, persist_to_nvme, run_every_step)
 from .pending import Pending
 from .reading import StoreReads
 from .ownership import NoCopies, OwnerGuard
@@ -43,7 +44,7 @@ from .media import (check_host_memory, check_layout, check_online, check_remote_
 from .remote import RemoteLink
 from .traffic import Traffic
 
-__all__ = ["TieredKVStore", "Pending", "PersistError"]
+__all__ = ["TieredKVStore", "Pending", "PersistError", "PersistWarning"]
 
 
 class TieredKVStore(StoreReads, NoCopies):
@@ -332,10 +333,12 @@ class TieredKVStore(StoreReads, NoCopies):
         """Finishes in-flight work, makes the NVMe tier durable and closes it; idempotent. In a
         child forked while the store was open: nothing, returns 0 (the parent still owns the store).
 
-        With ``persist`` (default), blocks held only in DRAM and HBM are first moved to free
-        NVMe slots (DRAM first, then HBM; nothing already on NVMe is evicted for them), so a
-        reopened store holds as much as fits; scratch blocks (``KeyMap.scratch``: a decode
-        sequence's private keys, which nothing can name after close) are not. Every step runs even if an earlier one failed
+        Scratch blocks (``KeyMap.scratch``: a decode sequence's private keys, which nothing
+        can name after close) are first deleted from every tier, NVMe included, the deletion
+        flushed (``drop_scratch``), so their NVMe slots are free. With ``persist`` (default),
+        the other blocks held only in DRAM and HBM are then moved to free NVMe slots (DRAM
+        first, then HBM; nothing already on NVMe is evicted for them), so a reopened store
+        holds as much as fits. Every step runs even if an earlier one failed
         (what can be flushed is flushed). A flush that fails is tried again when the NVMe
         tier closes; if that succeeds, nothing was lost and no error is raised
         (``flush_and_close``). Returns how many blocks were persisted.
@@ -349,16 +352,27 @@ class TieredKVStore(StoreReads, NoCopies):
                 full disk); an ``OSError`` whose ``saved``, ``failed`` and ``left_out``
                 count the blocks held only in HBM/DRAM that reopen, those whose write
                 failed and those that did not fit, its message quoting the OS error."""
+        return self._close(persist).count()
+
+    def _close(self, persist: bool) -> Persisted:
+        """``close``, returning what the persist did (``Persisted()``: nothing, or not
+        persisting) instead of its count; raises as ``close`` but for ``PersistError``."""
         if not self._lock.owned:
-            return 0
+            return Persisted()
         with self._lock.closing():
             if self._closed:
-                return 0
+                return Persisted()
             self._closed = True
             persisting = self._persist if persist else Persisted
-            _, _, persisted, _, _ = run_every_step([self.manager.wait_all, self._consume, persisting, self.engine.retained.drop_all,
-                                                    lambda: flush_and_close(self._media)])
-            return persisted.count()
+            steps = [self.manager.wait_all, self._consume, self._drop_scratch, persisting, self.engine.retained.drop_all,
+                     lambda: flush_and_close(self._media)]
+            return run_every_step(steps)[3]
+
+    def _drop_scratch(self) -> None:
+        """Deletes the scratch blocks from every tier and flushes NVMe (``drop_scratch``)."""
+        drop_scratch(self.manager, self._media, list(self._map.scratch))
+        self.events.drain()  # shutting down is not traffic
+        self._forget_departed()
 
     def _persist(self) -> Persisted:
         """Moves unpinned DRAM, then HBM, blocks but scratch ones into free NVMe slots
