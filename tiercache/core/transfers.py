@@ -180,23 +180,48 @@ class TransferMixin:
         flight is taking out of their tier (a prefetch: the copy would read a block about to
         leave; publish it once the move completed), absent ids and a manager without a shared
         tier are skipped, before any room is made. Room is made in the shared tier at once
-        (its victims only leave this manager's view). Returns the plans in flight.
+        (its victims only leave this manager's view; never one of ``ids``). Returns the plans
+        in flight.
+
+        Head first: when room can be made for fewer of the remaining ids than there are (more
+        than the shared tier holds, or its slots pinned or referenced), the first ones that
+        fit are published, in the order given, and the rest skipped (``_publish_head``).
         """
         shared = self.shared
         if shared is None:
             return []
-        wanted = [b for b in dict.fromkeys(ids) if b not in self.dirs[shared].slot_of]
-        if self.inflight:
-            busy = {b for p in self.inflight.values() if p.dst_tier == shared or not p.keep_source for b in p.ids}
-            wanted = [b for b in wanted if b not in busy]
+        ids = list(dict.fromkeys(ids))
+        guard = frozenset(ids)
+        local = [b for b in ids if b not in self.dirs[shared].slot_of and self.locate(b) is not None]
+        wanted = self._publish_head(local, guard)
         plans = []
         for tier in range(shared):
             here = [b for b in wanted if self.locate(b) == tier]
-            if here and self._make_room(shared, len(here), frozenset(here)) is Room.MADE:
+            if here and self._make_room(shared, len(here), guard) is Room.MADE:
                 plan = self.start_move(here, tier, shared, keep_source=True)
                 if plan is not None:
                     plans.append(plan)
         return plans
+
+    def _publish_head(self, wanted: list[int], guard: frozenset) -> list[int]:
+        """The leading ids of ``wanted`` that ``publish`` copies: those not busy (a move in
+        flight brings them into the shared tier or takes them out of theirs), cut to as many
+        as room can be made for in the shared tier now (``_room_possible``, never evicting
+        ``guard``).
+
+        Head first, not every id in pieces: a prefix-keyed store is read only as a leading
+        run (a lookup stops at the first block it lacks), so of a request longer than the
+        shared tier only a head can ever be hit; pieces written one after another would each
+        push out the one before, leaving a tail no lookup reaches, its traffic and the other
+        blocks it evicted spent for nothing. It is also what the view keeps of a prefix longer
+        than itself (``RemoteLink._adopt_head``). Callers hand ids in prefix order (a request's
+        new blocks) or oldest first (the retry queue)."""
+        if self.inflight:
+            busy = {b for p in self.inflight.values() if p.dst_tier == self.shared or not p.keep_source for b in p.ids}
+            wanted = [b for b in wanted if b not in busy]
+        if len(wanted) > self.dirs[self.shared].n_free:
+            wanted = wanted[: self._room_possible(self.shared, guard)]
+        return wanted
 
     def _leave_for_shared(self, tier: int, victims: list[int]) -> list[int]:
         """Victims the shared tier below already holds leave ``tier`` without a copy (counted

@@ -7,8 +7,9 @@ manager of one tier (capacity ``remote_blocks``, the fleet's policy), standing i
 Mooncake master and its eviction. Per request, in prefix semantics (``tiercache replay``'s):
 
 1. the instance checks the store for the blocks its local tiers miss (the live store's one
-   batched existence check): the leading run the store holds joins its view, view entries
-   the store evicted leave it;
+   batched existence check): view entries the store evicted leave the view, and the leading
+   run held locally or by the store joins it up to the view's capacity (its head, as the live
+   store's ``RemoteLink`` adopts: the head's own view entries are never pushed out for it);
 2. the longest prefix found locally or in the store is touched in the store and read,
    pinned while it is read (``keep_all``, as in ``tiercache replay``: each of its blocks is a
    hit, none pushed out by the promotion of another): local hits per tier, remote hits
@@ -17,7 +18,8 @@ Mooncake master and its eviction. Per request, in prefix semantics (``tiercache 
    made while they are read (a block demoted into the view to make room for them) never
    evicts them, so every remote hit is a block the store held when it was read;
 3. the rest is recomputed and stored locally, and written to the store at once
-   (``remote_write=through``, the live default), the instance's view included; a victim of
+   (``remote_write=through``, the live default), the instance's view included: all of it, or,
+   when it has more blocks than the view can take, its head (``TierManager.publish``); a victim of
    the last local tier is demoted into the view, or just leaves when the view holds it
    (then nothing is put, as live, even where the view is stale).
 
@@ -206,26 +208,56 @@ class _Instance:
 
 
 def _refresh_view(instance: _Instance, store: _Store, run: list[int]) -> None:
-    """Step 1: the view agrees with the store for the part of ``run`` not held locally."""
+    """Step 1: the view agrees with the store for the part of ``run`` not held locally, as the
+    live store's ``RemoteLink.refresh_prefix``: view entries the store evicted leave it, and
+    the prefix's head (``_view_head``) not held by any tier is adopted.
+
+    Invariant: the head's own view entries stay (room is made from other entries only), so
+    the request reads the whole prefix the local tiers and the store hold whenever that
+    prefix's blocks in the view or held by no tier number at most the view's capacity; a
+    longer prefix keeps its head."""
     m, remote = instance.manager, instance.remote
-    where = [m.locate(b) for b in run]
-    stale = [b for b, t in zip(run, where) if t == remote and not store.holds(b)]
+    stale = [b for b in run if m.locate(b) == remote and not store.holds(b)]
     if stale:
         m.evict(stale)
-    adopt = []
-    for block_id, tier in zip(run, where):
-        if tier is None or tier == remote:
-            if not store.holds(block_id):
-                break
-            if tier is None:
-                adopt.append(block_id)
-    adopt = list(dict.fromkeys(adopt))
+    head = _view_head(m, remote, _held_prefix(m, remote, store, run))
+    adopt = list(dict.fromkeys(b for b in head if m.locate(b) is None))
     if adopt:
         instance.consume()  # count what came before; the adoption below is not traffic
-        m.make_room(remote, min(len(adopt), m.dirs[remote].capacity), frozenset(adopt))
-        adopt = adopt[: m.dirs[remote].n_free]
-        m.restore(remote, adopt)
+        _adopt(m, remote, adopt, frozenset(head))
         m.events.drain()  # adoption is a lookup, not traffic
+
+
+def _held_prefix(m: TierManager, remote: int, store: _Store, run: list[int]) -> list[int]:
+    """The leading blocks of ``run`` held by a local tier or by the store."""
+    for n, block_id in enumerate(run):
+        tier = m.locate(block_id)
+        if (tier is None or tier == remote) and not store.holds(block_id):
+            return run[:n]
+    return run
+
+
+def _view_head(m: TierManager, remote: int, prefix: list[int]) -> list[int]:
+    """The longest leading part of ``prefix`` whose blocks in the view, or held by no tier (to
+    adopt), number at most the view's capacity (``RemoteLink._head``)."""
+    view, used = m.dirs[remote], 0
+    for n, block_id in enumerate(prefix):
+        used += block_id in view.slot_of or m.locate(block_id) is None
+        if used > view.capacity:
+            return prefix[:n]
+    return prefix
+
+
+def _adopt(m: TierManager, remote: int, adopt: list[int], kept: frozenset) -> None:
+    """Adds ``adopt`` (blocks the store holds, no tier here) to the view, first ones first:
+    room is made from view entries outside ``kept`` (the head, ``adopt`` included), as
+    ``RemoteLink._adopt``; those beyond the room are left out."""
+    view = m.dirs[remote]
+    room = view.capacity - sum(1 for b in kept if b in view.slot_of)
+    m.make_room(remote, min(len(adopt), room), kept)
+    taken = adopt[: view.n_free]
+    if taken:
+        m.restore(remote, taken)
 
 
 def _request(instance: _Instance, store: _Store | None, run: list[int], input_length: int, block_tokens: int) -> int:
