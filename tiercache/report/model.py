@@ -201,16 +201,32 @@ def _check_same_prefill(first: ResultsDocument, first_src: str, doc: ResultsDocu
 
 def _check_one_network(documents: list[ResultsDocument], sources: list[str]) -> None:
     """Fleet runs of one report modeled their shared tier over one network: a document
-    records one network for all its runs, so runs under two could not be told apart."""
+    records one network for all its runs, so runs under two could not be told apart. Only
+    documents with a shared tier (``_shared_network``) are compared, by their network links
+    (the numbers the times came from), whatever the network was called."""
     seen = []
     for doc, src in zip(documents, sources):
-        network = doc.hardware_profile.network if doc.hardware_profile else None
-        if network is not None and all(network != other for other, _ in seen):
+        network = _shared_network(doc)
+        if network is not None and all(network.links != other.links for other, _ in seen):
             seen.append((network, src))
     if len(seen) > 1:
         (a, a_src), (b, b_src) = seen[:2]
         raise UserError(f"{b_src} modeled its shared tier over another network ({b.name}) than {a_src} ({a.name}); "
                         "one report compares fleet runs over one network")
+
+
+def _shared_network(doc: ResultsDocument):
+    """The network ``doc``'s fleet runs modeled their shared tier over, or None: a document
+    without a fleet run over a shared tier has none to compare (a one-engine replay under a
+    profile JSON that gives network links records them, but has no shared tier)."""
+    network = doc.hardware_profile.network if doc.hardware_profile else None
+    if network is None or not any(run.is_fleet and _has_remote(run) for run in doc.runs):
+        return None
+    return network
+
+
+def _has_remote(run) -> bool:
+    return any(t.name == "remote" for t in run.tiers)
 
 
 def _hardware_shown(documents: list[ResultsDocument]) -> str | None:
@@ -219,7 +235,7 @@ def _hardware_shown(documents: list[ResultsDocument]) -> str | None:
     first = documents[0].hardware_profile
     if first is None:
         return documents[0].hardware
-    networks = [d.hardware_profile.network for d in documents if d.hardware_profile and d.hardware_profile.network]
+    networks = [network for d in documents if (network := _shared_network(d)) is not None]
     return f"{first.name}, shared tier over {networks[0].name}" if networks else first.name
 
 
