@@ -58,19 +58,21 @@ def test_a_normal_close_keeps_content_keyed_blocks_for_a_reopen_and_writes_no_sc
 
 
 def test_a_sequence_keeps_only_its_last_keep_reports_step_reports(tmp_path):
-    """1,500 exact reads of one layer: the sequence keeps the latest 1,024 reports (the
-    default), oldest dropped first, and slicing and indexing still read them; ``keep_reports``
-    sets the bound (0: none). Before the fix it kept all 1,500."""
+    """2,100 exact reads of one layer: the sequence keeps the latest 1,024 reports (the
+    default) or more, at most 2,048 (probe r15: the 2,049th read dropped the oldest down to the
+    last 1,024 at once), oldest dropped first, and slicing and indexing still read them;
+    ``keep_reports`` sets the bound (0: none). Before the fix it kept every one."""
     layout = KVLayout(layers=1, kv_heads=1, head_dim=4, dtype="float32", block_tokens=4)
     q = torch.randn(1, 1, 4)
     with TieredKVCache(layout, [TierConfig("hbm", 4)], device="cpu") as cache:
         seq = cache.sequence()
         seq.append(0, torch.randn(1, 6, 4), torch.randn(1, 6, 4))
-        for _ in range(1500):
+        for _ in range(2100):
             seq.attend(0, q)
-        assert len(seq.reports) == 1024, len(seq.reports)
+        assert len(seq.reports) == 1024 + 51, len(seq.reports)
         assert cache.keep_reports == 1024
-        assert [r.step for r in seq.reports[-3:]] == [1497, 1498, 1499] and seq.reports[0].step == 1500 - 1024
+        assert [r.step for r in seq.reports] == list(range(2100 - 1075, 2100))
+        assert [r.step for r in seq.reports[-3:]] == [2097, 2098, 2099]
         assert seq.reports[-1].selected == 1 and seq.reports[-1].tail_tokens == 2
     with TieredKVCache(layout, [TierConfig("hbm", 4)], device="cpu", keep_reports=0) as cache:
         seq = cache.sequence()

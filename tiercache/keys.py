@@ -35,6 +35,7 @@ _NO_PARENT = b"\x00"
 _HAS_PARENT = b"\x01"
 _MASK63 = (1 << 63) - 1
 _ID_PERSON = b"tiercache.id.v1"  # domain of key -> id hashing (blake2b personalisation)
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 
 def _namespace_bytes(namespace: bytes | str) -> bytes:
@@ -56,21 +57,41 @@ def _parent_bytes(parent: bytes | None) -> bytes:
 
 
 def _token_array(token_ids: Sequence[int] | np.ndarray) -> np.ndarray:
-    """Token ids as a contiguous little-endian int64 array.
+    """Token ids as a contiguous little-endian int64 array. An object array of integers
+    (Python's or numpy's, no bools: a pandas column's ``.values``, or ids numpy could not fit in
+    one integer dtype) is taken id by id.
 
     Raises:
         TypeError: the ids are not integers (floats would hash a silently rounded value).
+        ValueError: an id beyond int64 (and only then).
     """
     arr = np.asarray(token_ids)
     if arr.size == 0:
         return np.zeros(0, dtype="<i8")
-    if arr.dtype == object and arr.ndim == 1 and all(isinstance(t, int) and not isinstance(t, bool) for t in arr):
-        raise ValueError("token_ids: a token id does not fit in int64")  # numpy keeps ints past uint64 as objects
+    if arr.dtype == object and arr.ndim == 1 and all(_is_integer(t) for t in arr):
+        return _object_ids(arr)
     if arr.ndim != 1 or arr.dtype.kind not in "iu":
         raise TypeError(f"token_ids must be a 1-D sequence of integers, got dtype {arr.dtype} shape {arr.shape}")
     if arr.dtype == np.uint64 and arr.max() > np.iinfo(np.int64).max:
         raise ValueError("token_ids: a token id does not fit in int64")
     return np.ascontiguousarray(arr, dtype="<i8")
+
+
+def _is_integer(value) -> bool:
+    """Whether ``value`` is a Python or numpy integer, not a bool of either kind."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _object_ids(arr: np.ndarray) -> np.ndarray:
+    """An object array of integers (``_is_integer``) as int64.
+
+    Raises:
+        ValueError: an id beyond int64 (numpy keeps ints past uint64 as objects).
+    """
+    ids = [int(t) for t in arr]
+    if any(not _INT64_MIN <= t <= _INT64_MAX for t in ids):
+        raise ValueError("token_ids: a token id does not fit in int64")
+    return np.array(ids, dtype="<i8")
 
 
 def _digest(ns: bytes, parent: bytes, tokens: bytes | memoryview) -> bytes:

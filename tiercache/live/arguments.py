@@ -21,26 +21,59 @@ __all__ = ["flat_token_ids", "sparse_budget_blocks", "attend_blocks", "check_kv"
 
 def flat_token_ids(tokens, what: str) -> np.ndarray:
     """One sequence's token ids as a flat int64 array: any integer array-like of shape
-    ``[n]`` or ``[1, n]`` (an ``input_ids`` tensor of one row). Floats, bools and ids beyond
-    int64 raise (TypeError / ValueError naming ``what``) instead of hashing a silently
-    converted value.
+    ``[n]`` or ``[1, n]`` (an ``input_ids`` tensor of one row), or a list or tuple of one-id
+    tensors or arrays (a decode loop's per-step ``argmax`` ids, each ``[1]`` or ``[1, 1]``),
+    taken in order. Floats, bools and ids beyond int64 raise (TypeError / ValueError naming
+    ``what``) instead of hashing a silently converted value.
 
     Raises:
         UserError: a batch (``[b, n]`` with ``b > 1``, or more than two dimensions), whose
-            rows would otherwise be run together into one sequence.
+            rows would otherwise be run together into one sequence; an ``[n, 1]`` array,
+            tensor or nested list (``n > 1``) is n rows of one token, and its message says so.
     """
     if isinstance(tokens, torch.Tensor):
         tokens = tokens.detach().cpu().numpy()
     try:
-        array = np.asarray(tokens)
+        array = _per_step_ids(tokens)
+        array = np.asarray(tokens) if array is None else array
         if array.ndim > 2 or (array.ndim == 2 and array.shape[0] != 1):
-            raise UserError(f"{what}: one sequence's ids ([n] or [1, n]) expected, got shape {array.shape}: "
-                            "give each row of a batch on its own")
+            raise UserError(_not_one_sequence(what, array.shape))
         return _token_array(array.ravel())
     except UserError:
         raise
     except (TypeError, ValueError) as exc:
         raise type(exc)(f"{what}: {exc}") from None
+
+
+def _per_step_ids(tokens) -> np.ndarray | None:
+    """A list or tuple of tensors or arrays of one id each, not all 0-d (a decode loop's
+    per-step ids), as a 1-D object array of those ids (``_token_array`` checks their range);
+    None for anything else, which numpy reads as it is.
+
+    Raises:
+        TypeError: such an element holds no integer (a float or bool id).
+    """
+    if not isinstance(tokens, (list, tuple)) or not tokens:
+        return None
+    if not all(isinstance(t, (torch.Tensor, np.ndarray)) for t in tokens):
+        return None
+    parts = [t.detach().cpu().numpy() if isinstance(t, torch.Tensor) else t for t in tokens]
+    if any(p.size != 1 for p in parts) or all(p.ndim == 0 for p in parts):
+        return None  # rows of a batch; or 0-d ids, which numpy already stacks into [n]
+    kind = next((p.dtype for p in parts if p.dtype.kind not in "iu"), None)
+    if kind is not None:
+        raise TypeError(f"token_ids must be integers, got a one-id element of dtype {kind}")
+    return np.array([p.item() for p in parts], dtype=object)
+
+
+def _not_one_sequence(what: str, shape: tuple[int, ...]) -> str:
+    """The message for ids of ``shape`` that are not one sequence; an ``[n, 1]`` column is
+    named as what it reads as, n rows of one token, with the way to give one sequence."""
+    head = f"{what}: one sequence's ids ([n] or [1, n]) expected, got shape {shape}"
+    if len(shape) == 2 and shape[1] == 1:
+        return (f"{head}: an [n, 1] column reads as n rows of one token each; if it is one sequence, flatten it "
+                "(ids.ravel(), ids.view(-1), torch.cat of the per-step ids), else give each row on its own")
+    return f"{head}: give each row of a batch on its own"
 
 
 def sparse_budget_blocks(budget, n_blocks: int, what: str = "Sequence.attend") -> int:

@@ -65,7 +65,7 @@ class Sequence(NoCopies):
         self._private = os.urandom(16)
         self.freed = False
         self._unreleased: list[int] | None = None  # holds a free that raised part-way left to release
-        self.reports = StepReports(cache.keep_reports)  # the last ``keep_reports`` reads' reports
+        self.reports = StepReports(cache.keep_reports)  # the latest reads' reports (``steps.StepReports``)
         self.cached_tokens = 0
         #: Block positions the last ``attend`` read (every full block in exact mode).
         self.last_positions = np.zeros(0, dtype=np.int64)

@@ -4,10 +4,8 @@ which builds it from the read's ``ReadTicket`` (``tiercache.core.decode``), and
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Sequence as SequenceABC
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING
 
 from tiercache.config import AttentionMode
 from tiercache.core.decode import ReadTicket
@@ -54,36 +52,31 @@ class StepReport:
     tail_tokens: int
 
 
-class StepReports(SequenceABC):
-    """A sequence's ``StepReport`` of each of its last ``keep`` reads, oldest first: a
-    read-only sequence (indexing, slicing, ``len``, iteration) that ``append`` grows.
+class StepReports(list):
+    """A sequence's ``StepReport`` of its latest reads, oldest first: a ``list`` (index, slice,
+    iterate, copy, compare, concatenate as the list it replaced) whose ``append`` trims it.
 
-    Invariant: ``len(self) <= keep``; appending to a full one drops the oldest report, so a
-    decode of any length keeps bounded memory (a report takes about 200 bytes).
+    Invariants: after ``n`` appends it holds the latest ``min(n, keep)`` reports at least and
+    ``2 * keep`` at most (``keep`` 0: none); an append that would make it longer than
+    ``2 * keep`` first drops the oldest, down to the latest ``keep``, so appending is amortised
+    O(1) and a decode of any length keeps bounded memory (a report takes about 200 bytes).
+    Reading is a list's: iterating it while the decode thread appends never raises (it may
+    miss reports dropped meanwhile), and ``list()``, ``copy.copy``, slices are snapshots. Only
+    ``append`` is bounded; the other list methods are the caller's to use.
     """
 
     def __init__(self, keep: int) -> None:
+        super().__init__()
         self.keep = keep
-        self._items: deque[StepReport] = deque(maxlen=keep)
 
     def append(self, report: StepReport) -> None:
-        """Adds the report of the latest read (the oldest one leaves when full)."""
-        self._items.append(report)
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def __iter__(self) -> Iterator[StepReport]:
-        return iter(self._items)
-
-    def __getitem__(self, index):
-        """The report at ``index`` (negative from the latest), or a list of a slice's."""
-        if isinstance(index, slice):
-            return list(self._items)[index]
-        return self._items[index]
-
-    def __repr__(self) -> str:
-        return f"StepReports(keep={self.keep}, {list(self._items)!r})"
+        """Adds the report of the latest read, dropping the oldest (keeping the latest ``keep``)
+        when the list would exceed ``2 * keep``."""
+        if self.keep == 0:
+            return
+        if len(self) >= 2 * self.keep:
+            del self[: len(self) - self.keep + 1]
+        super().append(report)
 
 
 def step_report(cache: TieredKVCache, layer: int, step: int, mode: AttentionMode, ticket: ReadTicket | None,
