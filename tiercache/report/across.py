@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 
 from ..errors import UserError
@@ -30,8 +31,8 @@ from .lru_curve import same_trace
 from .markdown import escape_markdown
 from .model import Repeat, Run, distinct_paths, merge_runs, read_documents
 from .summary import (
-    BEYOND_BELADY, OWN_REFERENCES, CapacityBest, best_per_capacity, by_layout, gap_closed, gap_text, is_offline,
-    own_references, tier_layout, unreferenced_prefetch,
+    BELADY, BEYOND_BELADY, OWN_NOT_BOUND, OWN_REFERENCES, CapacityBest, best_per_capacity, by_layout, gap_closed, gap_text,
+    half_references, is_offline, own_references, tier_layout, unreferenced_prefetch,
 )
 from .tables import tiers_text
 
@@ -209,9 +210,11 @@ def gap_rows(document: ResultsDocument) -> list[GapRow]:
 
 def gap_notes(document: ResultsDocument) -> list[str]:
     """Notes on the rows of one document's gap table that have no gap for want of references
-    made the same way (decode runs with a prefetch policy, or one not recorded)."""
-    sentence = unreferenced_prefetch(best_per_capacity(list(document.runs)))
-    return [] if sentence is None else [f"trace {document.trace.name!r}: {sentence}"]
+    made the same way (decode runs with a prefetch policy, or one not recorded), or because a
+    cache holds one plain reference of the two beside runs made otherwise (``half_references``)."""
+    best = best_per_capacity(list(document.runs))
+    sentences = (unreferenced_prefetch(best), half_references(sum(b.half_referenced for b in best)))
+    return [f"trace {document.trace.name!r}: {sentence}" for sentence in sentences if sentence is not None]
 
 
 def left_out(document: ResultsDocument, sources: list[str]) -> str | None:
@@ -272,14 +275,28 @@ def _cell(value: float | None, how) -> str:
 
 
 def _beats_belady(row: GapRow) -> bool:
-    """Whether the row's best (or tuned) policy misses less than Belady's replay of its cache."""
+    """Whether the row's best (or tuned) policy misses less than the plain belady run of its
+    cache (beating a Belady made with an admission filter or placement is ``OWN_NOT_BOUND``'s)."""
     misses = [row.best_miss] + ([row.tuned_miss] if row.tuned_miss is not None else [])
-    return row.belady is not None and min(misses) < row.belady
+    return row.belady is not None and row.references is None and min(misses) < row.belady
 
 
 #: The split table's columns after the cache's: the policy tuned on the first half and the
 #: hindsight winner of the second, each with its figures on the second half.
 SPLIT_HEADER = ("tuned on 1st half", "tuned miss", "tuned gap closed", "best in hindsight", "best gap closed")
+
+
+def _row_cells(r: GapRow, split: bool) -> list[str]:
+    """One row's cells of ``gap_markdown`` (the split columns where ``split``); the references
+    labelled where they are not the plain runs, and a gap above 100% naming the Belady run beaten."""
+    lru, belady = (f" ({label})" for label in r.references) if r.references else ("", "")
+    gap = partial(gap_text, reference=r.references[1] if r.references else BELADY)
+    cells = [r.trace, r.semantics, r.mode, fmt.integer(r.capacity_blocks), r.tiers, _cell(r.lru, fmt.ratio) + lru,
+             _cell(r.belady, fmt.ratio) + belady]
+    if split:
+        return cells + [r.tuned or "n/a", _cell(r.tuned_miss, fmt.ratio), _cell(r.tuned_gap, gap), r.best,
+                        _cell(r.best_gap, gap)]
+    return cells + [r.best, fmt.ratio(r.best_miss), _cell(r.best_gap, gap)]
 
 
 def gap_markdown(rows: list[GapRow], missing: list[str] | tuple[str, ...] = ()) -> str:
@@ -295,19 +312,12 @@ def gap_markdown(rows: list[GapRow], missing: list[str] | tuple[str, ...] = ()) 
     header += list(SPLIT_HEADER) if split else ["best online policy", "its miss", "gap closed"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in rows:
-        lru, belady = (f" ({label})" for label in r.references) if r.references else ("", "")
-        cells = [r.trace, r.semantics, r.mode, fmt.integer(r.capacity_blocks), r.tiers, _cell(r.lru, fmt.ratio) + lru,
-                 _cell(r.belady, fmt.ratio) + belady]
-        if split:
-            cells += [r.tuned or "n/a", _cell(r.tuned_miss, fmt.ratio), _cell(r.tuned_gap, gap_text), r.best,
-                      _cell(r.best_gap, gap_text)]
-        else:
-            cells += [r.best, fmt.ratio(r.best_miss), _cell(r.best_gap, gap_text)]
-        lines.append("| " + " | ".join(escape_table_text(cell) for cell in cells) + " |")
+        lines.append("| " + " | ".join(escape_table_text(cell) for cell in _row_cells(r, split)) + " |")
     if any(_beats_belady(r) for r in rows):
         lines.append(f"\nNote: {BEYOND_BELADY}.")
     if any(r.references for r in rows):
-        lines.append(f"\nNote: {OWN_REFERENCES}, labelled so in the LRU and Belady columns.")
+        lines.append(f"\nNote: {OWN_REFERENCES}, labelled so in the LRU and Belady columns. "
+                     f"{OWN_NOT_BOUND[0].upper()}{OWN_NOT_BOUND[1:]}.")
     if missing:
         lines.append("\nNot in this table:\n" + "\n".join(f"- {escape_table_text(sentence)}" for sentence in missing))
     return "\n".join(lines) + "\n"

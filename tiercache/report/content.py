@@ -20,7 +20,7 @@ from ..results.hwinfo import LEGACY_PREFILL_MODEL
 from ..sim.loader import Trace
 from .model import ReportData, Run
 from .summary import (BASELINE, BELADY, CapacityBest, Payoff, beats_belady, belady_caveat, belady_is_bound,
-                      best_per_capacity, by_group, gap_closed, hierarchy_payoffs, is_belady, is_offline,
+                      best_per_capacity, beyond_clause, by_group, gap_closed, hierarchy_payoffs, is_belady, is_offline,
                       layouts_need_naming, policy_labels, request_path_seconds, unreferenced_prefetch)
 from .tables import best_table, codec_sentences, runs_table, split_best_table, tier_table, tiers_text, trace_table
 
@@ -45,9 +45,6 @@ _MEASURE_NOTES = {
     "ttft": f"Judged by modeled TTFT saved: {_TTFT_SAVED}.",
     "time": f"Judged by modeled request time: {_REQUEST_TIME}.",
 }
-# A finding's clause for a policy that missed less than Belady's replay.
-_BEYOND_BELADY = (f"; it misses less than {BELADY}'s replay, which is no bound here (Belady's MIN is the offline "
-                  "optimum only in one tier in object semantics)")
 _MODES = {
     Mode.SINGLE: "one tier",
     Mode.EXCLUSIVE: "exclusive hierarchy",
@@ -189,7 +186,7 @@ def _finding(best: CapacityBest, named: bool) -> str:
         text += f"; no other online policy beats {best.lru.label} here"
     elif best.gap_closed is not None:
         text += f", closing {fmt.percent(best.gap_closed)} of the {_gap_name(best)} gap"
-    return text + (_BEYOND_BELADY if best.beats_belady else "") + "."
+    return text + (beyond_clause(best.belady) if best.beats_belady else "") + "."
 
 
 def _split_finding(best: CapacityBest, named: bool, label: str | None, run: Run | None) -> str:
@@ -203,7 +200,7 @@ def _split_finding(best: CapacityBest, named: bool, label: str | None, run: Run 
     text += _versus(best, run)
     gap = gap_closed(run, best.lru, best.belady)
     text += "" if gap is None else f", closing {fmt.percent(gap)} of the {_gap_name(best)} gap"
-    text += _BEYOND_BELADY if beats_belady(run, best.belady) else ""
+    text += beyond_clause(best.belady) if beats_belady(run, best.belady) else ""
     if run is best.best:
         return f"{text}; it is also the best in hindsight (the best online policy on this half)."
     return f"{text}; in hindsight (picked on this half itself), {_hindsight(best)}."
@@ -220,7 +217,7 @@ def _hindsight(best: CapacityBest) -> str:
     text = f"{best.best.label} did best, missing {fmt.percent(best.best.miss_ratio)}"
     if best.gap_closed is not None:
         text += f" and closing {fmt.percent(best.gap_closed)}"
-    return text + (_BEYOND_BELADY if best.beats_belady else "")
+    return text + (beyond_clause(best.belady) if best.beats_belady else "")
 
 
 def _where(best: CapacityBest, named: bool) -> str:

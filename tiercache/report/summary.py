@@ -10,9 +10,12 @@ is then above 1 (reported as it is, never clipped, with a note: ``beats_belady``
 defined where LRU and Belady ran over the same tier layout (the tiers' names, capacities and
 codecs, fastest first), semantics and mode, with the same prefetch policy as the run, and LRU
 misses more than Belady's replay. The references are the plain ``lru`` and ``belady`` runs
-(admission ``always``, placement ``top``); a cache that holds no such pair measures each run
-against the ``lru`` and ``belady`` runs made with its own admission and placement (``lru+tinylfu``
-and ``belady+tinylfu``), labelled so (``references``, ``own_references``). Two hierarchies with
+(admission ``always``, placement ``top``); a cache that holds neither measures each run against
+the ``lru`` and ``belady`` runs made with its own admission and placement (``lru+tinylfu`` and
+``belady+tinylfu``), labelled so, with a note that such a Belady is no bound (``references``,
+``own_references``); a cache that holds one plain run of the two gives no gap closed
+(``half_references``: beside a plain ``lru`` the filtered pair would credit a run that misses
+more than it). Two hierarchies with
 the same total capacity (HBM 5 + DRAM 35 and HBM 20 + DRAM 20) are different caches: each has its
 own LRU and Belady references. A decode
 replay with a prefetch policy is another cache again (what it misses is not what eviction
@@ -37,8 +40,9 @@ from . import fmt
 from .model import Run, run_label
 
 __all__ = ["BELADY", "BASELINE", "is_offline", "is_belady", "policy_labels", "by_group", "tier_layout", "by_layout", "gap_closed",
-           "references", "is_plain", "OWN_REFERENCES", "own_references", "run_references",
-           "belady_is_bound", "beats_belady", "gap_text", "belady_caveat", "BEYOND_BELADY",
+           "references", "is_plain", "OWN_REFERENCES", "OWN_NOT_BOUND", "own_references", "half_references",
+           "run_references", "belady_is_bound", "beats_belady", "beats_plain_belady", "gap_text", "beyond_clause",
+           "belady_caveat", "BEYOND_BELADY",
            "CapacityBest", "best_per_capacity", "unreferenced_prefetch", "layouts_need_naming", "is_background",
            "background_seconds", "request_path_seconds", "request_seconds", "Payoff", "hierarchy_payoffs"]
 
@@ -140,31 +144,53 @@ def is_plain(run: Run) -> bool:
 
 def references(runs: list[Run], run: Run) -> tuple[Run | None, Run | None]:
     """The LRU and Belady runs that ``run``'s gap closed is measured against, among the runs of
-    its cache (``by_layout``): the plain ``lru`` and ``belady`` where both are there, else the
-    two made with ``run``'s own admission and placement (``lru+tinylfu`` and ``belady+tinylfu``)
-    where both are, else the plain ones found (at most one: no gap).
+    its cache (``by_layout``): the plain ``lru`` and ``belady`` where either is there (one
+    alone: no gap); where neither is, the two made with ``run``'s own admission and placement
+    (``lru+tinylfu`` and ``belady+tinylfu``) where both are; else none.
 
-    Invariant: where both are given, they share one admission and placement.
+    Invariants: where both are given, they share one admission and placement; a run is never
+    measured against a filtered pair in a cache that holds a plain ``lru`` (which it may miss
+    more than) or a plain ``belady``.
     """
     plain = _reference(runs, BASELINE), _reference(runs, BELADY)
-    if all(ref is not None for ref in plain):
+    if any(ref is not None for ref in plain):
         return plain
     own = _reference(runs, BASELINE, run), _reference(runs, BELADY, run)
-    return own if all(ref is not None for ref in own) else plain
+    return own if all(ref is not None for ref in own) else (None, None)
 
 
 #: Which references a cache without plain ones takes (``references``), for table notes.
 OWN_REFERENCES = (f"where a cache holds no plain {BASELINE} and {BELADY} runs (admission always, placement top), the "
                   f"gap closed is measured against the {BASELINE} and {BELADY} runs made with the policy's own "
                   "admission and placement")
+#: What such a Belady is (it always goes with ``OWN_REFERENCES``).
+OWN_NOT_BOUND = (f"such a {BELADY} (Belady's MIN behind an admission filter, or with a placement other than top) is no "
+                 f"bound of anything: the filter or placement keeps MIN from storing what it would, so the plain "
+                 f"{BELADY} may miss less and a policy may miss less than it (its gap closed then passes 100%, marked with "
+                 f"the reference's label, as \"(beats {BELADY}+tinylfu)\")")
 
 
 def own_references(pairs) -> str | None:
-    """A sentence (no full stop) on the (lru, belady) reference pairs of ``pairs`` that are not
-    the plain runs (``references``), naming them; None when there are none."""
+    """Two sentences (no final full stop) on the (lru, belady) reference pairs of ``pairs``
+    that are not the plain runs (``references``), naming them, and that such a Belady is no
+    bound (``OWN_NOT_BOUND``); None when there are none."""
     named = sorted({f"{lru.label} and {belady.label}" for lru, belady in pairs
                     if lru is not None and belady is not None and not is_plain(lru)})
-    return f"{OWN_REFERENCES}, labelled so: {'; '.join(named)}" if named else None
+    return f"{OWN_REFERENCES}, labelled so: {'; '.join(named)}. {OWN_NOT_BOUND[0].upper()}{OWN_NOT_BOUND[1:]}" if named else None
+
+
+def half_references(runs: list[Run] | int) -> str | None:
+    """A sentence (no full stop) on the caches of ``runs`` (or that many caches) that hold one
+    plain reference of the two beside runs made with another admission or placement, which
+    get no gap closed (``references``); None when there are none."""
+    count = runs if isinstance(runs, int) else sum(map(_half_referenced, by_layout([r for r in runs if not r.is_fleet]).values()))
+    if not count:
+        return None
+    return (f"{count} {'cache holds' if count == 1 else 'caches hold'} a plain {BASELINE} run without a plain {BELADY} "
+            f"one (or the reverse) beside runs made with another admission or placement: no run there has a gap closed, "
+            f"since the {BASELINE} and {BELADY} runs made with a policy's own admission and placement are references "
+            f"only where a cache holds neither plain run (beside the plain {BASELINE} they would credit a run that "
+            f"misses more than it); add the missing plain run for a gap")
 
 
 def gap_closed(run: Run, lru: Run | None, belady: Run | None) -> float | None:
@@ -181,6 +207,13 @@ def gap_closed(run: Run, lru: Run | None, belady: Run | None) -> float | None:
     return (lru.miss_ratio - run.miss_ratio) / gap
 
 
+def _half_referenced(group: list[Run]) -> bool:
+    """Whether a cache's runs (``by_layout``) hold one plain reference of the two beside runs
+    made with another admission or placement, which then get no gap (``references``)."""
+    return (sum(_reference(group, name) is not None for name in (BASELINE, BELADY)) == 1
+            and any(not is_plain(r) for r in group))
+
+
 def belady_is_bound(run: Run) -> bool:
     """Whether Belady's MIN is the offline optimum of ``run``'s cache, so no policy can miss less.
 
@@ -195,15 +228,32 @@ def belady_is_bound(run: Run) -> bool:
 
 def beats_belady(run: Run, belady: Run | None) -> bool:
     """Whether ``run`` misses less than ``belady``, Belady's replay of the same cache (possible
-    only where ``belady_is_bound`` is False)."""
+    only where ``belady_is_bound`` is False, or ``belady`` is not the plain run)."""
     return belady is not None and run.miss_ratio < belady.miss_ratio
 
 
-def gap_text(gap: float) -> str:
+def beats_plain_belady(run: Run | None, belady: Run | None) -> bool:
+    """``beats_belady`` against the plain ``belady`` run only (``BEYOND_BELADY`` explains that;
+    beating a filtered one is ``OWN_NOT_BOUND``'s)."""
+    return run is not None and belady is not None and is_plain(belady) and beats_belady(run, belady)
+
+
+def gap_text(gap: float, reference: str = BELADY) -> str:
     """A gap closed as a percentage, as it is (never clipped); above 100% it says the policy
-    missed less than Belady's replay: ``200.0% (beats belady)``."""
+    missed less than ``reference``, the label of the Belady run it was measured against:
+    ``200.0% (beats belady)``, ``120.0% (beats belady+tinylfu)``."""
     text = fmt.percent(gap)
-    return f"{text} (beats {BELADY})" if gap > 1 else text
+    return f"{text} (beats {reference})" if gap > 1 else text
+
+
+def beyond_clause(belady: Run) -> str:
+    """A finding's clause for a policy that missed less than ``belady`` (its reference): why
+    that is possible, for the plain run or for one made with an admission filter or placement."""
+    if is_plain(belady):
+        return (f"; it misses less than {BELADY}'s replay, which is no bound here (Belady's MIN is the offline "
+                "optimum only in one tier in object semantics)")
+    return (f"; it misses less than {belady.label}, Belady's replay with that admission and placement, which is no "
+            f"bound (the filter or placement keeps MIN from storing what it would; the plain {BELADY} may miss less)")
 
 
 #: Why Belady's replay is no bound, by kind of cache (``belady_caveat``).
@@ -263,7 +313,9 @@ class CapacityBest:
 
     Invariant: ``best``, ``lru`` and ``belady`` (where not None) share that tier layout and
     prefetch policy (a recorded one: runs whose prefetch was not recorded have no references);
-    ``lru`` and ``belady`` are ``best``'s references (``references``).
+    ``lru`` and ``belady`` are ``best``'s references (``references``); ``half_referenced``:
+    the cache holds one plain reference of the two beside runs made with another admission or
+    placement, so none of them has a gap (``half_references``).
     """
 
     semantics: Semantics
@@ -272,6 +324,7 @@ class CapacityBest:
     best: Run
     lru: Run | None
     belady: Run | None
+    half_referenced: bool = False
 
     @property
     def gap_closed(self) -> float | None:
@@ -305,7 +358,8 @@ def best_per_capacity(runs: tuple[Run, ...] | list[Run]) -> list[CapacityBest]:
         if online:
             lru = _reference(group, BASELINE)
             best = min(online, key=lambda r: (r.miss_ratio, r is not lru, r.policy != BASELINE, r.label))
-            result.append(CapacityBest(semantics, mode, best.capacity_blocks, best, *references(group, best)))
+            result.append(CapacityBest(semantics, mode, best.capacity_blocks, best, *references(group, best),
+                                       half_referenced=_half_referenced(group)))
     return result
 
 

@@ -16,8 +16,8 @@ from ..results import LayoutInfo, TierRecord
 from . import fmt
 from .document import Table
 from .model import ReportData, Run, per_layer_block
-from .summary import (BASELINE, BELADY, BEYOND_BELADY, CapacityBest, beats_belady, gap_closed, gap_text, gaps_for,
-                      is_plain, layouts_need_naming, own_references, run_references)
+from .summary import (BASELINE, BELADY, BEYOND_BELADY, CapacityBest, beats_plain_belady, gap_closed, gap_text, gaps_for,
+                      half_references, is_plain, layouts_need_naming, own_references, run_references)
 
 __all__ = ["MODELED_TIME", "PREFETCHED", "runs_table", "tier_table", "tiers_text", "codec_sentences", "best_table", "split_best_table",
            "trace_table", "results_csv"]
@@ -42,7 +42,7 @@ _CSV_TIER_FIELDS = ("capacity_blocks", "codec", "block_bytes", "hits", "eviction
 class _Column:
     header: str
     numeric: bool
-    cell: Callable[[Run, float | None], str]
+    cell: Callable[[Run, str], str]  # (the run, its gap closed cell: ``_gap_cell``)
 
 
 def tiers_text(run: Run) -> str:
@@ -73,7 +73,7 @@ def _base_columns() -> list[_Column]:
         _Column("hits", True, lambda r, g: fmt.integer(r.hits)),
         _Column("misses", True, lambda r, g: fmt.integer(r.misses)),
         _Column("miss ratio", True, lambda r, g: fmt.ratio(r.miss_ratio)),
-        _Column("gap closed", True, lambda r, g: fmt.optional(g, gap_text)),
+        _Column("gap closed", True, lambda r, g: g),
     ]
 
 
@@ -124,16 +124,23 @@ def runs_table(data: ReportData) -> Table:
     """Every run with its exact counts (the CSV has the same numbers unrounded)."""
     prefetch = _prefetch_columns(data.runs)
     columns = _base_columns() + _tier_columns(data.runs) + prefetch + _cost_columns(data.runs)
+    refs = run_references(list(data.runs))
     gaps = gaps_for(list(data.runs))
-    rows = tuple(tuple(c.cell(run, gaps[run.key]) for c in columns) for run in data.runs)
+    rows = tuple(tuple(c.cell(run, _gap_cell(gaps[run.key], refs[run.key][1])) for c in columns) for run in data.runs)
     timed = f" {MODELED_TIME}" if any(r.modeled_seconds for r in data.runs) else ""
-    beyond = f" {_sentence(BEYOND_BELADY)}" if any(g is not None and g > 1 for g in gaps.values()) else ""
-    own = own_references(run_references(list(data.runs)).values())
-    beyond += f" {_sentence(own)}" if own else ""
+    beyond = any(gaps[run.key] is not None and beats_plain_belady(run, refs[run.key][1]) for run in data.runs)
+    notes = (BEYOND_BELADY if beyond else None, own_references(refs.values()), half_references(list(data.runs)))
+    noted = "".join(f" {_sentence(text)}" for text in notes if text)
     moved = f" {PREFETCHED}" if prefetch else ""
     return Table(tuple(c.header for c in columns), rows, tuple(c.numeric for c in columns),
                  caption="All runs. Gap closed = (miss LRU − miss policy) / (miss LRU − miss Belady) over the same tiers "
-                         f"(the same capacity of each tier, not only the same total).{beyond}{moved}{timed}")
+                         f"(the same capacity of each tier, not only the same total).{noted}{moved}{timed}")
+
+
+def _gap_cell(gap: float | None, belady: Run | None) -> str:
+    """A gap closed (``gap_text``; "–" where None), naming ``belady``, the Belady run it was
+    measured against, where the run beat it (``(beats belady+tinylfu)``)."""
+    return fmt.optional(gap, lambda value: gap_text(value, belady.label if belady is not None else BELADY))
 
 
 def _sentence(text: str) -> str:
@@ -177,9 +184,9 @@ def best_table(best: list[CapacityBest]) -> Table:
     header = _cache_header(named) + (
         "best online policy", "its miss ratio", f"{BASELINE} miss ratio", f"{BELADY} miss ratio", "gap closed")
     rows = tuple(_cache_cells(b, named) + (b.best.label, _ratio(b.best.miss_ratio)) + _reference_cells(b)
-                 + (fmt.optional(b.gap_closed, gap_text),) for b in best)
+                 + (_gap_cell(b.gap_closed, b.belady),) for b in best)
     return Table(header, rows, (False, False, True) + ((False,) if named else ()) + (False, True, True, True, True),
-                 caption=_best_caption(best, any(b.beats_belady for b in best)))
+                 caption=_best_caption(best, any(beats_plain_belady(b.best, b.belady) for b in best)))
 
 
 def split_best_table(best: list[CapacityBest], tuned: list[tuple[str | None, Run | None]]) -> Table:
@@ -191,19 +198,22 @@ def split_best_table(best: list[CapacityBest], tuned: list[tuple[str | None, Run
                                      f"{BELADY} miss ratio", "gap closed", "best in hindsight", "hindsight miss ratio",
                                      "hindsight gap closed")
     rows = tuple(_cache_cells(b, named) + (label or "–", fmt.optional(run and run.miss_ratio, _ratio))
-                 + _reference_cells(b) + (fmt.optional(run and gap_closed(run, b.lru, b.belady), gap_text),
-                                          b.best.label, _ratio(b.best.miss_ratio), fmt.optional(b.gap_closed, gap_text))
+                 + _reference_cells(b) + (_gap_cell(run and gap_closed(run, b.lru, b.belady), b.belady),
+                                          b.best.label, _ratio(b.best.miss_ratio), _gap_cell(b.gap_closed, b.belady))
                  for b, (label, run) in zip(best, tuned))
-    beyond = any(b.beats_belady or (run is not None and beats_belady(run, b.belady)) for b, (_, run) in zip(best, tuned))
+    beyond = any(beats_plain_belady(b.best, b.belady) or beats_plain_belady(run, b.belady) for b, (_, run) in zip(best, tuned))
     return Table(header, rows, (False, False, True) + ((False,) if named else ()) + (False, True, True, True, True, False,
                  True, True), caption=_best_caption(best, beyond))
 
 
 def _best_caption(best: list[CapacityBest], beyond: bool) -> str:
-    """Notes under a best-policy table: what a gap closed above 100% means (where one is), and
-    which references are not the plain lru and belady runs (``own_references``)."""
+    """Notes under a best-policy table: what a gap closed above the plain belady's 100% means
+    (where one is), which references are not the plain lru and belady runs and that such a
+    Belady is no bound (``own_references``), and why a cache with one plain reference of the
+    two has no gap (``half_references``)."""
     own = own_references((b.lru, b.belady) for b in best)
-    return " ".join(_sentence(text) for text in (BEYOND_BELADY if beyond else None, own) if text)
+    half = half_references(sum(b.half_referenced for b in best))
+    return " ".join(_sentence(text) for text in (BEYOND_BELADY if beyond else None, own, half) if text)
 
 
 def _cache_header(named: bool) -> tuple[str, ...]:
