@@ -143,8 +143,11 @@ def _row_order(order) -> list[int]:
 
     Raises:
         UserError: ``order`` is not 1-D, or its values are not integers (bools and floats
-            refused, as transformers' ``index_select`` refuses them), each named.
+            refused, as transformers' ``index_select`` refuses them; a bool among the ints of a
+            list or tuple too, which numpy would read as 0 or 1), each named.
     """
+    if isinstance(order, (list, tuple)):
+        _refuse_bools(order)
     if isinstance(order, torch.Tensor):
         if order.dtype == torch.bool or order.dtype.is_floating_point or order.dtype.is_complex:
             raise UserError(f"TieredCache: row order must hold integer row indices, got dtype {order.dtype}")
@@ -158,6 +161,23 @@ def _row_order(order) -> list[int]:
     if array.size and array.dtype.kind not in "iu":
         raise UserError(f"TieredCache: row order must hold integer row indices, got dtype {array.dtype}")
     return [int(i) for i in array]
+
+
+def _refuse_bools(order: list | tuple) -> None:
+    """Raises UserError naming the first bool (Python's, numpy's, or a one-value bool tensor or
+    array) among the integers of ``order``, which numpy would read as row 0 or 1 (all bools
+    read as dtype bool, which ``_row_order`` names)."""
+    bools = [_is_bool(value) for value in order]
+    if any(bools) and not all(bools):
+        position = bools.index(True)
+        raise UserError(f"TieredCache: row order must hold integer row indices, got a bool ({order[position]!r}) at "
+                        f"position {position}")
+
+
+def _is_bool(value) -> bool:
+    """Whether ``value`` is a bool, numpy's, or a bool tensor or array."""
+    return (isinstance(value, (bool, np.bool_)) or (isinstance(value, torch.Tensor) and value.dtype == torch.bool)
+            or (isinstance(value, np.ndarray) and value.dtype == np.bool_))
 
 
 def crop_rows(cache: "TieredCache", tokens_to_remove) -> None:
