@@ -65,6 +65,7 @@ def _token_array(token_ids: Sequence[int] | np.ndarray) -> np.ndarray:
         TypeError: the ids are not integers (floats would hash a silently rounded value).
         ValueError: an id beyond int64 (and only then).
     """
+    refuse_listed_bools(token_ids)
     arr = np.asarray(token_ids)
     if arr.size == 0:
         return np.zeros(0, dtype="<i8")
@@ -75,6 +76,28 @@ def _token_array(token_ids: Sequence[int] | np.ndarray) -> np.ndarray:
     if arr.dtype == np.uint64 and arr.max() > np.iinfo(np.int64).max:
         raise ValueError("token_ids: a token id does not fit in int64")
     return np.ascontiguousarray(arr, dtype="<i8")
+
+
+def refuse_listed_bools(token_ids) -> None:
+    """Raises TypeError naming the first bool (Python's, numpy's, or a 0-d bool tensor or
+    array) among a list's or tuple's ids, one level of nesting included (a
+    ``[[...]]`` row): numpy would read ``[1, True]`` as ``[1, 1]``. Arrays and tensors pass
+    (their dtype says bool, which ``_token_array`` refuses)."""
+    if not isinstance(token_ids, (list, tuple)):
+        return
+    rows = token_ids if token_ids and all(isinstance(r, (list, tuple)) for r in token_ids) else [token_ids]
+    for row in rows:
+        for position, value in enumerate(row):
+            if _is_bool(value):
+                raise TypeError(f"token_ids must be integers, got the bool {value!r} at position {position}")
+
+
+def _is_bool(value) -> bool:
+    """Whether ``value`` is one bool: Python's, numpy's, or a 0-d array or tensor of dtype bool
+    (a list of one-id arrays or tensors is ``flat_token_ids``'s per-step form, checked there)."""
+    dtype = getattr(value, "dtype", None)
+    return isinstance(value, (bool, np.bool_)) or (
+        dtype is not None and str(dtype) in ("bool", "torch.bool") and getattr(value, "ndim", 1) == 0)
 
 
 def _is_integer(value) -> bool:

@@ -14,7 +14,7 @@ import torch
 from tiercache.config import AttentionMode
 from tiercache.data.buffers import check_quantisable
 from tiercache.errors import UserError
-from tiercache.keys import _token_array
+from tiercache.keys import _token_array, refuse_listed_bools
 
 __all__ = ["flat_token_ids", "sparse_budget_blocks", "attend_blocks", "check_kv", "check_query", "check_flag", "integer_or_none"]
 
@@ -34,6 +34,7 @@ def flat_token_ids(tokens, what: str) -> np.ndarray:
     if isinstance(tokens, torch.Tensor):
         tokens = tokens.detach().cpu().numpy()
     try:
+        refuse_listed_bools(tokens)
         array = _per_step_ids(tokens)
         array = np.asarray(tokens) if array is None else array
         if array.ndim > 2 or (array.ndim == 2 and array.shape[0] != 1):
