@@ -18,7 +18,7 @@ from typing import Callable
 from ..config import REMOTE_TIER, Codec, KVLayout, Route, TraceKind, parse_capacity, parse_tiers, split_items
 from ..policies import ADMISSION, PLACEMENT, PREFETCH, canonical_name
 from ..errors import UserError
-from ..report.fleet import fleet_pairs, fleet_table, gain_sentence
+from ..report.fleet import LISTED_INSTANCES, fleet_pairs, fleet_summary_table, fleet_table, gain_sentence, summary_note
 from ..results import ResultsDocument
 from ..sim.fleet import FleetSpec, check_fleet_policy, sweep_fleet
 from ..sim.hardware import NETWORK_PRESETS, HardwareProfile, with_network
@@ -167,20 +167,25 @@ def warn_block_fit(trace: Trace) -> None:
 
 
 def format_fleet(results: ResultsDocument) -> str:
-    """Per fleet: the setting, per-instance and shared hits, the gain, bytes and TTFT saved."""
+    """Per fleet: the setting, per-instance and shared hits, the gain, bytes and TTFT saved;
+    above ``LISTED_INSTANCES`` instances the report's summary rows (min, median, max, the
+    extreme instances, all) instead of a row and a TTFT figure per instance."""
     lines = []
     for run, twin in fleet_pairs(results.runs):
         tiers = ",".join(f"{t.name}={t.capacity_blocks}" for t in run.tiers)
         shared = " (remote: shared)" if run.shared_writes is not None else " (no shared tier)"
         lines.append(f"{results.trace.name}: {results.trace.requests} requests over {len(run.instances)} instance(s) "
                      f"({run.route.value}), {run.label}, tiers {tiers}{shared}, prefix semantics")
-        lines += _aligned(fleet_table(run))
+        many = len(run.instances) > LISTED_INSTANCES
+        if many:
+            lines.append(summary_note(len(run.instances)))
+        lines += _aligned(fleet_summary_table(run) if many else fleet_table(run))
         if twin is not None:
             lines.append(gain_sentence(run, twin))
         if run.bytes_moved:
             lines.append("bytes moved (all instances): "
                          + ", ".join(f"{k} {v / 2**30:.1f} GiB" for k, v in sorted(run.bytes_moved.items())))
-        if run.ttft_saved_s is not None:
+        if run.ttft_saved_s is not None and not many:
             lines.append(f"modeled TTFT saved ({results.hardware}) per instance: "
                          + ", ".join(f"{r.ttft_saved_s:.1f} s" for r in run.instances))
     return "\n".join(lines)

@@ -27,7 +27,7 @@ from . import fmt
 from .document import Image, Paragraph, Section, Table
 
 __all__ = ["fleet_pairs", "fleet_table", "link_table", "gain_sentence", "fleet_plot", "fleet_section",
-           "fleet_summary_table", "link_summary_table", "fleet_distribution_plot", "LISTED_INSTANCES", "EXTREMES"]
+           "fleet_summary_table", "summary_note", "link_summary_table", "fleet_distribution_plot", "LISTED_INSTANCES", "EXTREMES"]
 
 #: The most instances a report lists one by one (a table row and a bar each); above it, summaries.
 LISTED_INSTANCES = 32
@@ -251,7 +251,7 @@ def fleet_section(runs: list[RunRecord] | tuple[RunRecord, ...]) -> Section:
 def _fleet_blocks(number: int, run: RunRecord, twin: RunRecord | None, many: bool) -> list:
     """One fleet's tables, gain and plot; ``many``: summarised, not listed per instance."""
     table, links_of = (fleet_summary_table, link_summary_table) if many else (fleet_table, link_table)
-    note = f" {_summary_note(len(run.instances))}" if many else ""
+    note = f" {summary_note(len(run.instances))}" if many else ""
     blocks = [_table(table(run), f"Hits per instance and tier ('remote': the shared tier).{note}")]
     links = links_of(run)
     if links is not None:
@@ -265,7 +265,8 @@ def _fleet_blocks(number: int, run: RunRecord, twin: RunRecord | None, many: boo
     return blocks
 
 
-def _summary_note(count: int) -> str:
+def summary_note(count: int) -> str:
+    """The line that says what a summarised fleet table holds (``fleet_summary_table``)."""
     return (f"{count:,} instances, more than the {LISTED_INSTANCES} listed one by one: min, median and max of each "
             f"column over the instances (each column on its own), then the {EXTREMES} instances with the lowest and "
             f"the {EXTREMES} with the highest hit ratio, then all.")
