@@ -12,18 +12,12 @@ import torch
 
 from tiercache import TieredKVCache
 from tiercache.config import KVLayout, TierConfig
+
 from tiercache.errors import UserError
 
-LAYOUT = KVLayout(layers=2, kv_heads=2, head_dim=8, dtype="float32", block_tokens=4)
+from decode_helpers import random_kv, small_cache
 
-
-def _cache(path, **options) -> TieredKVCache:
-    tiers = [TierConfig("hbm", 8), TierConfig("dram", 16), TierConfig("nvme", 64)]
-    return TieredKVCache(LAYOUT, tiers, path=path, device="cpu", **options)
-
-
-def _kv(tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.randn(2, tokens, 8), torch.randn(2, tokens, 8)
+_cache, _kv = small_cache, random_kv
 
 
 def test_a_normal_close_keeps_content_keyed_blocks_for_a_reopen_and_writes_no_scratch(tmp_path):
