@@ -47,6 +47,7 @@ def prompt_with_only_its_last_block_stored(cache: TieredKVCache) -> None:
 
 
 # -- Sequence.append / StepDriver.write ------------------------------------------------------
+@pytest.mark.filterwarnings("ignore::tiercache.live.lifecycle.PersistWarning")  # a tiny NVMe tier: close keeps what fits, says so
 @pytest.mark.parametrize("write_through", [False, True])
 def test_an_append_that_fits_stores_and_holds_its_blocks_when_they_push_out_its_own_stored_block(tmp_path, write_through):
     with four_block_cache(tmp_path, write_through) as cache:
@@ -76,6 +77,7 @@ def test_a_write_holds_its_stored_blocks_before_its_new_ones_can_push_them_out()
     manager.check_invariants()
 
 
+@pytest.mark.filterwarnings("ignore::tiercache.live.lifecycle.PersistWarning")  # a tiny NVMe tier: close keeps what fits, says so
 def test_an_append_whose_insert_fails_takes_back_the_holds_on_its_stored_blocks(tmp_path, monkeypatch):
     with four_block_cache(tmp_path) as cache:
         prompt_with_only_its_last_block_stored(cache)
