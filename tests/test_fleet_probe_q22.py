@@ -78,8 +78,9 @@ def test_a_request_with_more_new_blocks_than_the_shared_tier_writes_its_head_thr
     # instance 0 computes 6 blocks and writes its head, blocks 1-4 (as many as the shared tier holds)
     assert first.bytes_moved == {"hbm->remote": 4 * LAYOUT.block_bytes}
     assert second.tier_hits == {"hbm": 0, "remote": 4} and second.misses == 2  # instance 1 reads that head
-    # ... and writes its 2 new blocks, which fit: every written block charged once
-    assert run.shared_writes == 6 and run.bytes_moved["hbm->remote"] == 6 * LAYOUT.block_bytes
+    # ... and writes nothing: its 2 new blocks, 5 and 6, would extend a head the store holds
+    # only by evicting it (r16: an unreachable tail is never written)
+    assert run.shared_writes == 4 and run.bytes_moved["hbm->remote"] == 4 * LAYOUT.block_bytes
     # a store as large as the request takes it all at once, as before
     whole = replay_fleet(FleetSpec(2, (TierConfig("hbm", 8),), 6, Route.ROUND_ROBIN, "lru"), trace, LAYOUT)
     assert whole.shared_writes == 6 and whole.instances[1].tier_hits["remote"] == 6

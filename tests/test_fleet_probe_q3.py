@@ -74,15 +74,22 @@ def test_a_put_made_while_a_block_is_read_from_the_store_evicts_another(tmp_path
     the store, which holds {20, 0}; making HBM room demotes instance 1's block 10 into its
     view, a put. The store evicted its oldest, 20, the very block being read, and still
     counted 20 a remote hit, then served 0 to instance 2's last request as well. Pinned, 20
-    stays and the put evicts 0: the last request is a miss (remote hits 0, 2, 0, not 0, 2, 1)."""
+    stays and the put evicts 0: the last request is a miss (remote hits 0, 2, 0, not 0, 2, 1).
+
+    Since probe r16 a request writes through the blocks of its prefix its view lacks, its hit
+    part included (``publish(run, prefix=True)``): request 1 (a remote hit of 10) lists 10 in instance 1's view
+    again (the store holds it: nothing is written), so request 4's demotion of 10 puts
+    nothing (its view lists it, stale), the store keeps {20, 0} and the last request hits 0.
+    The pin itself is asserted below (``stale`` empty over the sample trace) and by the
+    refused-put test."""
     trace = _trace(tmp_path, [[10], [10], [20], [0], [20], [0]])
     run = replay_fleet(FleetSpec(3, (TierConfig("hbm", 1),), 2, Route.ROUND_ROBIN, "fifo"), trace, LAYOUT)
-    assert [i.tier_hits["remote"] for i in run.instances] == [0, 2, 0]
-    assert store_reads["stale"] == [] and store_reads["reads"] == 2
-    # two one-block requests found whole, each computing its last prompt token (probe q17)
-    assert run.hits == run.shared_hits == 2 and run.prefill_tokens_saved == 2 * 511
-    assert run.bytes_moved["remote->hbm"] == 2 * LAYOUT.block_bytes
-    assert run.shared_writes == 5 == _charged_into_remote(run)  # 10, 20, 0, 10 (r4's demotion), 0 again
+    assert [i.tier_hits["remote"] for i in run.instances] == [0, 2, 1]
+    assert store_reads["stale"] == [] and store_reads["reads"] == 3
+    # three one-block requests found whole, each computing its last prompt token (probe q17)
+    assert run.hits == run.shared_hits == 3 and run.prefill_tokens_saved == 3 * 511
+    assert run.bytes_moved["remote->hbm"] == 3 * LAYOUT.block_bytes
+    assert run.shared_writes == 3 == _charged_into_remote(run)  # 10, 20, 0
 
 
 @pytest.mark.parametrize("policy", ["fifo", "arc", "s3fifo", "lru"])

@@ -173,7 +173,7 @@ class TransferMixin:
         finally:
             self._may_block = True
 
-    def publish(self, ids: Sequence[int]) -> list[TransferPlan]:
+    def publish(self, ids: Sequence[int], prefix: bool = False) -> list[TransferPlan]:
         """Starts copying resident ids into the shared last tier, keeping them where they are.
 
         One plan per source tier; ids the shared tier holds or is receiving, ids a move in
@@ -186,13 +186,24 @@ class TransferMixin:
         Head first: when room can be made for fewer of the remaining ids than there are (more
         than the shared tier holds, or its slots pinned or referenced), the first ones that
         fit are published, in the order given, and the rest skipped (``_publish_head``).
+
+        With ``prefix`` True, ``ids`` are a request's blocks from its start (a prompt's
+        chain): only the part that extends what the shared tier holds is written
+        (``_publish_chain``: from the request's start, blocks the shared tier holds or
+        receives pass, the others are written up to the first one that cannot be, absent or
+        leaving its tier, past which nothing is reachable), and the request's blocks the shared
+        tier holds are never evicted for it (invariant: after the call every block written
+        has its whole parent prefix in the shared tier or on its way there).
         """
         shared = self.shared
         if shared is None:
             return []
         ids = list(dict.fromkeys(ids))
         guard = frozenset(ids)
-        local = [b for b in ids if b not in self.dirs[shared].slot_of and self.locate(b) is not None]
+        if prefix:
+            local = self._publish_chain(ids)
+        else:
+            local = [b for b in ids if b not in self.dirs[shared].slot_of and self.locate(b) is not None]
         wanted = self._publish_head(local, guard)
         plans = []
         for tier in range(shared):
@@ -202,6 +213,28 @@ class TransferMixin:
                 if plan is not None:
                     plans.append(plan)
         return plans
+
+    def _publish_chain(self, ids: list[int]) -> list[int]:
+        """The blocks of the chain ``ids`` (a request's, from its start) to write: those the
+        shared tier neither holds nor receives, in order, up to the first block that is
+        neither there nor can be written (held by no tier, or a move in flight takes it out
+        of its tier): a block past that one has a parent the shared tier lacks, so no lookup
+        would reach it."""
+        there = self.dirs[self.shared].slot_of
+        incoming, leaving = set(), set()
+        for p in self.inflight.values():
+            if p.dst_tier == self.shared:
+                incoming.update(p.ids)
+            elif not p.keep_source:
+                leaving.update(p.ids)
+        chain = []
+        for block_id in ids:
+            if block_id in there or block_id in incoming:
+                continue
+            if self.locate(block_id) is None or block_id in leaving:
+                break
+            chain.append(block_id)
+        return chain
 
     def _publish_head(self, wanted: list[int], guard: frozenset) -> list[int]:
         """The leading ids of ``wanted`` that ``publish`` copies: those not busy (a move in

@@ -191,9 +191,21 @@ class RemoteLink:
 
     # -- writes --------------------------------------------------------------------------
     def stored(self, ids: Sequence[int]) -> list:
-        """New blocks were stored locally: published now under ``through``; publications that
-        failed before are tried again (``retry_unpublished``). Returns the plans started."""
-        plans = self._publish(ids) if self.config.write is RemoteWrite.THROUGH else []
+        """A put's blocks ``ids`` (in the call's order, taken as one prefix from its start)
+        were stored locally: under ``through`` the part that extends what the view holds is
+        published now (``TierManager.publish`` with ``prefix``: blocks the view lacks, from
+        the first one, up to the first the local tiers do not hold; the call's blocks in the
+        view are never pushed out for them; those whose publication failed before count in
+        ``republished`` too); publications that failed before are tried again
+        (``retry_unpublished``). Returns the plans started."""
+        if self.config.write is not RemoteWrite.THROUGH:
+            return self.retry_unpublished()
+        self._take_unanswered()
+        plans = self._publish(ids, prefix=True)
+        again = [b for p in plans for b in p.ids if b in self._unpublished]
+        for block_id in again:
+            del self._unpublished[block_id]
+        self.stats["republished"] += len(again)
         return plans + self.retry_unpublished()
 
     def read(self, ids: Sequence[int]) -> list:
@@ -225,8 +237,8 @@ class RemoteLink:
         self.stats["republished"] += sum(p.n_blocks for p in plans)
         return plans
 
-    def _publish(self, ids: Sequence[int]) -> list:
-        plans = self.manager.publish(ids)
+    def _publish(self, ids: Sequence[int], prefix: bool = False) -> list:
+        plans = self.manager.publish(ids, prefix=prefix)
         self.stats["publish_queued"] += sum(p.n_blocks for p in plans)
         return plans
 

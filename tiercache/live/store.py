@@ -119,6 +119,8 @@ class TieredKVStore(StoreReads, NoCopies):
 
         Keys already stored are refreshed (touched), not rewritten: a key names its content. If the copy
         of new bytes fails, nothing of the failed blocks is kept and the error propagates; blocks placed before it stay stored.
+        With a remote tier under ``through`` the call's keys are published as one prefix, from the first
+        (``RemoteLink.stored``): never a block whose parent key the store lacks.
 
         Raises:
             UserError: keys not bytes or repeated; blocks of the wrong dtype or shape.
@@ -146,8 +148,8 @@ class TieredKVStore(StoreReads, NoCopies):
             try:
                 self._store_new([ids[n] for n in valid], staged, insert_then_touch)
                 stored = [block_id for block_id in new_ids if self.manager.locate(block_id) is not None]
-                if self._remote is not None:
-                    self._remote.stored(stored)
+                if self._remote is not None:  # the call's blocks from its start, up to a collision
+                    self._remote.stored(ids[: ids.index(None)] if None in ids else ids)
                 return len(stored)
             finally:  # interrupted too: the keys of blocks evicted to make room are forgotten
                 self._consume()

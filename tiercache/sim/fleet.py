@@ -18,8 +18,12 @@ Mooncake master and its eviction. Per request, in prefix semantics (``tiercache 
    made while they are read (a block demoted into the view to make room for them) never
    evicts them, so every remote hit is a block the store held when it was read;
 3. the rest is recomputed and stored locally, and written to the store at once
-   (``remote_write=through``, the live default), the instance's view included: all of it, or,
-   when it has more blocks than the view can take, its head (``TierManager.publish``); a victim of
+   (``remote_write=through``, the live default), the instance's view included: the request's
+   blocks its view does not list, from its start (the hit part held only locally included, as
+   a serving engine's store writes the chunks of a prompt it lacks), all of them or, when they
+   are more than the view can take without evicting the request's own view entries, their
+   head (``TierManager.publish`` with ``prefix``: no block is written whose parent prefix the
+   store lacks, and the prefix it holds is never evicted for one); a victim of
    the last local tier is demoted into the view, or just leaves when the view holds it
    (then nothing is put, as live, even where the view is stale).
 
@@ -280,7 +284,7 @@ def _request(instance: _Instance, store: _Store | None, run: list[int], input_le
             m.access(run[:hit], keep_all=True)
     m.access(run[hit:], count_hits=False)
     if store is not None:
-        m.publish(run[hit:])  # through: the new blocks are put into the store, and join the view
+        m.publish(run, prefix=True)  # through: the blocks the store lacks, from the start, are put into it
         m.wait_all()
     saved = saved_prompt_tokens(hit, block_tokens, input_length)  # the last token is computed
     instance.saved.append(saved)
