@@ -62,7 +62,9 @@ class KeyMap:
 
     @staticmethod
     def check_keys(keys: object, what: str) -> list[bytes]:
-        """``keys`` as a list, after checking it is a list or tuple of 16-byte ``bytes``.
+        """``keys`` as a list, after checking it is a list or tuple of 16-byte ``bytes``, none
+        a scratch key (``is_scratch``: ending in ``SCRATCH_TAG``, which only a decode sequence's
+        private keys may; such a block would be deleted, never persisted, at close and reopen).
 
         Raises:
             UserError: naming the call, the position and what was wrong.
@@ -74,6 +76,9 @@ class KeyMap:
                 raise UserError(f"{what}: keys[{index}] must be bytes, got {type(key).__name__}")
             if len(key) != KEY_BYTES:
                 raise UserError(f"{what}: keys[{index}] must be {KEY_BYTES} bytes long, got {len(key)}")
+            if is_scratch(key):
+                raise UserError(f"{what}: keys[{index}] ({key.hex()}) ends in SCRATCH_TAG ({SCRATCH_TAG.hex()}), "
+                                "which marks a decode's private scratch keys (deleted at close): use another key")
         return list(keys)
 
     def ids(self, keys: Sequence[bytes], register: bool) -> list[int | None]:
