@@ -4,6 +4,8 @@ the media hold what the manager says."""
 
 from __future__ import annotations
 
+import os
+import warnings
 from dataclasses import dataclass
 from typing import Callable, Collection, Sequence
 
@@ -16,7 +18,7 @@ from tiercache.keys import key_to_int
 from .keymap import KeyMap, is_scratch
 
 __all__ = ["adopt_stored_blocks", "drop_scratch", "persist_to_nvme", "flush_and_close", "Persisted", "PersistError",
-           "PersistWarning", "run_every_step", "check_store", "check_release"]
+           "PersistWarning", "UntaggedStoreWarning", "FORMAT_MARKER", "run_every_step", "check_store", "check_release"]
 
 
 class PersistError(OSError):
@@ -91,14 +93,47 @@ class Persisted:
         return self.saved
 
 
+#: A file in an NVMe store's directory written by every version that tags scratch keys
+#: (``keymap.SCRATCH_TAG``): a store without it was written before the tag.
+FORMAT_MARKER = "tiercache-scratch-tag"
+
+
+class UntaggedStoreWarning(UserWarning):
+    """An NVMe store written before scratch keys were tagged (no ``FORMAT_MARKER``) was
+    reopened with blocks in it: a decode's scratch blocks from then cannot be told from
+    content blocks, so they are adopted as such and leave only by eviction. Warned once, at
+    the reopen that finds the store so (the marker is written then)."""
+
+
+def mark_tagged(medium: object, entries: int) -> None:
+    """Writes ``FORMAT_MARKER`` into ``medium``'s directory (a medium without ``path`` has
+    none); warns ``UntaggedStoreWarning`` naming it when it was missing and the store held
+    ``entries`` > 0 blocks. A marker that cannot be written is left (the warning repeats)."""
+    path = getattr(medium, "path", None)
+    if not isinstance(path, str) or os.path.exists(marker := os.path.join(path, FORMAT_MARKER)):
+        return
+    if entries:
+        warnings.warn(UntaggedStoreWarning(
+            f"{path}: written before scratch keys were tagged; its {entries} blocks are adopted as content "
+            "blocks, a decode's scratch blocks from then among them (they cannot be told apart) and leave "
+            "only by eviction: clear the directory to start afresh"), stacklevel=4)
+    try:
+        with open(marker, "x"):
+            pass
+    except OSError:
+        pass
+
+
 def adopt_stored_blocks(manager: TierManager, media: Sequence[object], keymap: KeyMap, events: EventLog) -> None:
     """Reopening: the complete blocks of a durable medium join its tier, as many as the
     tier holds (oldest slots first); the rest, blocks that had left the tier before a
     crash made their deletion durable, or a tier reopened smaller, are deleted. Scratch
     blocks (``keymap.is_scratch``: a crash kept them; a close deletes them) are never
-    adopted: they are deleted first, so they take no slot of a block a request can name."""
+    adopted: they are deleted first, so they take no slot of a block a request can name.
+    A store written before the tag is adopted whole, with a warning (``mark_tagged``)."""
     for tier, medium in enumerate(media):
         entries = sorted(medium.durable_items(), key=lambda entry: entry[1])
+        mark_tagged(medium, len(entries))
         scratch = [key for key, _ in entries if is_scratch(key)]
         entries = [entry for entry in entries if not is_scratch(entry[0])] if scratch else entries
         keep, extra = entries[: manager.dirs[tier].capacity], entries[manager.dirs[tier].capacity :]
