@@ -21,7 +21,7 @@ import warnings
 import pytest
 import torch
 
-from test_decode_probe_q19 import LAYOUT, _kv
+from decode_helpers import LAYOUT, random_kv as _kv  # q19 moved them there (4b950fc)
 from test_nvme_promote_durable import killed
 from test_retained_failed_write import disk_full
 from tiercache import TieredKVCache
