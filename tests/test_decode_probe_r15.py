@@ -70,6 +70,15 @@ def test_seq_reports_is_a_list_that_iterates_during_decode_and_copies_as_a_snaps
         seq.free()
 
 
+def _store_prompt(cache, ids: list[int]) -> None:
+    """Stores a prompt of ``ids`` (every layer's KV, random) and frees its sequence, so its
+    whole blocks are what ``match_prefix`` can find."""
+    seq = cache.sequence(tokens=ids)
+    for layer in range(2):
+        seq.append(layer, *_kv(len(ids)))
+    seq.free()
+
+
 def test_an_object_array_of_ids_that_fit_in_int64_is_taken_and_only_an_id_beyond_it_is_refused_as_such(tmp_path):
     """``np.array([1, 2], dtype=object)`` (and numpy integers among Python ones) is the ids
     it holds, as ``match_prefix``, ``add_tokens`` and ``prompt_rows`` read it; before the fix
@@ -77,10 +86,7 @@ def test_an_object_array_of_ids_that_fit_in_int64_is_taken_and_only_an_id_beyond
     integer (which gave "got dtype object"), is still refused naming that."""
     ids = list(range(1, 10))
     with _cache(tmp_path) as cache:
-        seq = cache.sequence(tokens=ids)
-        for layer in range(2):
-            seq.append(layer, *_kv(9))
-        seq.free()
+        _store_prompt(cache, ids)
         for tokens in (np.array(ids, dtype=object), np.array([np.int64(i) if i % 2 else i for i in ids], dtype=object)):
             assert cache.match_prefix(tokens) == 8
             live = cache.sequence(tokens=tokens[:4])
@@ -108,10 +114,7 @@ def test_a_list_of_one_id_tensors_is_one_sequence_and_an_n_by_1_column_is_refuse
     one-token rows and says to flatten it; float or bool per-step ids are refused."""
     ids = list(range(1, 10))
     with _cache(tmp_path) as cache:
-        seq = cache.sequence(tokens=ids)
-        for layer in range(2):
-            seq.append(layer, *_kv(9))
-        seq.free()
+        _store_prompt(cache, ids)
         generated = [torch.tensor([i]) for i in ids]
         for tokens in (generated, tuple(generated), [t.view(1, 1) for t in generated], [t.numpy() for t in generated],
                        [generated[0].view(()), *generated[1:]]):
