@@ -23,8 +23,8 @@ alone misses); as Belady cannot prefetch, such a run gets no gap, and a run whos
 policy was not recorded (results versions 3 to 6) is compared with nothing.
 
 Ties for the best online policy go to LRU (a policy that only ties it does not beat it), then
-to the label first in alphabetical order: the same runs name the same winner, whatever the
-order of the files or of ``--policy``.
+to a run with a gap closed, then to the label first in alphabetical order: the same runs name
+the same winner, whatever the order of the files or of ``--policy``.
 """
 
 from __future__ import annotations
@@ -348,7 +348,8 @@ def best_per_capacity(runs: tuple[Run, ...] | list[Run]) -> list[CapacityBest]:
     online run, in ``by_layout`` order.
 
     Ties go to LRU (of that cache: the plain reference run, then an ``lru`` run with other
-    admission or placement), then to the label first in alphabetical order: the winner
+    admission or placement), then to a run with both references (``references``: one with a
+    gap closed), then to the label first in alphabetical order: the winner
     depends on the runs only, never on the order of files or policies.
     """
     runs = [r for r in runs if not r.is_fleet]  # a fleet replay is a configuration, not a capacity point
@@ -357,7 +358,8 @@ def best_per_capacity(runs: tuple[Run, ...] | list[Run]) -> list[CapacityBest]:
         online = [r for r in group if not is_offline(r)]
         if online:
             lru = _reference(group, BASELINE)
-            best = min(online, key=lambda r: (r.miss_ratio, r is not lru, r.policy != BASELINE, r.label))
+            best = min(online, key=lambda r: (r.miss_ratio, r is not lru, r.policy != BASELINE,
+                                              None in references(group, r), r.label))
             result.append(CapacityBest(semantics, mode, best.capacity_blocks, best, *references(group, best),
                                        half_referenced=_half_referenced(group)))
     return result

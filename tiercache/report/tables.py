@@ -17,9 +17,9 @@ from . import fmt
 from .document import Table
 from .model import ReportData, Run, per_layer_block
 from .summary import (BASELINE, BELADY, BEYOND_BELADY, CapacityBest, beats_plain_belady, gap_closed, gap_text, gaps_for,
-                      half_references, is_plain, layouts_need_naming, own_references, run_references)
+                      half_references, is_offline, is_plain, layouts_need_naming, own_references, run_references)
 
-__all__ = ["MODELED_TIME", "PREFETCHED", "runs_table", "tier_table", "tiers_text", "codec_sentences", "best_table", "split_best_table",
+__all__ = ["MODELED_TIME", "PREFETCHED", "unreferenced_runs", "runs_table", "tier_table", "tiers_text", "codec_sentences", "best_table", "split_best_table",
            "trace_table", "results_csv"]
 
 #: What a run's "modeled time" (``modeled_seconds.total``) counts.
@@ -129,7 +129,8 @@ def runs_table(data: ReportData) -> Table:
     rows = tuple(tuple(c.cell(run, _gap_cell(gaps[run.key], refs[run.key][1])) for c in columns) for run in data.runs)
     timed = f" {MODELED_TIME}" if any(r.modeled_seconds for r in data.runs) else ""
     beyond = any(gaps[run.key] is not None and beats_plain_belady(run, refs[run.key][1]) for run in data.runs)
-    notes = (BEYOND_BELADY if beyond else None, own_references(refs.values()), half_references(list(data.runs)))
+    notes = (BEYOND_BELADY if beyond else None, own_references(refs.values()), half_references(list(data.runs)),
+             unreferenced_runs([(run, *refs[run.key]) for run in data.runs]))
     noted = "".join(f" {_sentence(text)}" for text in notes if text)
     moved = f" {PREFETCHED}" if prefetch else ""
     return Table(tuple(c.header for c in columns), rows, tuple(c.numeric for c in columns),
@@ -141,6 +142,32 @@ def _gap_cell(gap: float | None, belady: Run | None) -> str:
     """A gap closed (``gap_text``; "–" where None), naming ``belady``, the Belady run it was
     measured against, where the run beat it (``(beats belady+tinylfu)``)."""
     return fmt.optional(gap, lambda value: gap_text(value, belady.label if belady is not None else BELADY))
+
+
+#: Labels an ``unreferenced_runs`` sentence names before it counts the rest.
+_NAMED_UNREFERENCED = 6
+
+
+def unreferenced_runs(runs: list[tuple[Run, Run | None, Run | None]]) -> str | None:
+    """A sentence (no full stop) on the online one-engine runs without a prefetch policy, given
+    as (run, its lru reference, its belady reference), that have no gap closed because their
+    cache holds no references at all: neither plain ``lru`` and ``belady`` runs nor the two made
+    with the run's own admission and placement (``summary.references``); None when there are none.
+
+    A run with one reference of two is ``half_references``'s, a prefetching decode run
+    ``unreferenced_prefetch``'s and a fleet run has no gap by design: none is counted here.
+    """
+    labels = sorted({run.label for run, lru, belady in runs
+                     if lru is None and belady is None and not run.is_fleet and run.prefetch == "none"
+                     and not is_offline(run)})
+    if not labels:
+        return None
+    shown = labels[:_NAMED_UNREFERENCED] + ([f"{len(labels) - _NAMED_UNREFERENCED} more"]
+                                            if len(labels) > _NAMED_UNREFERENCED else [])
+    named = shown[0] if len(shown) == 1 else f"{', '.join(shown[:-1])} and {shown[-1]}"
+    return (f"no gap closed for {named}: these results hold no {BASELINE} and {BELADY} runs of the same cache (the same "
+            f"capacity or tiers, semantics and mode), neither plain ones nor ones made with the same admission and "
+            f"placement; replay {BASELINE} and {BELADY} over the same --capacity or --tiers for a gap")
 
 
 def _sentence(text: str) -> str:
@@ -213,7 +240,8 @@ def _best_caption(best: list[CapacityBest], beyond: bool) -> str:
     two has no gap (``half_references``)."""
     own = own_references((b.lru, b.belady) for b in best)
     half = half_references(sum(b.half_referenced for b in best))
-    return " ".join(_sentence(text) for text in (BEYOND_BELADY if beyond else None, own, half) if text)
+    none = unreferenced_runs([(b.best, b.lru, b.belady) for b in best])
+    return " ".join(_sentence(text) for text in (BEYOND_BELADY if beyond else None, own, half, none) if text)
 
 
 def _cache_header(named: bool) -> tuple[str, ...]:
@@ -292,7 +320,7 @@ def _csv_header(data: ReportData) -> list[str]:
     links = sorted({k for r in data.runs for k in r.bytes_moved})
     parts = sorted({k for r in data.runs for k in r.modeled_seconds})
     header = ["policy", "admission", "placement", "prefetch", "semantics", "mode", "capacity_blocks", "accesses", "hits", "misses",
-              "miss_ratio", "hit_ratio", "gap_closed"]
+              "miss_ratio", "hit_ratio", "gap_closed", "gap_references"]
     if any(r.prefetched is not None for r in data.runs):
         header += list(_CSV_PREFETCH)
     if any(r.is_fleet for r in data.runs):
@@ -302,12 +330,16 @@ def _csv_header(data: ReportData) -> list[str]:
     return header + ["prefill_tokens", "prefill_tokens_saved", "ttft_saved_s", "wall_seconds"]
 
 
-def _csv_row(run: Run, gap: float | None) -> dict[str, object]:
+def _csv_row(run: Run, gap: float | None, refs: tuple[Run | None, Run | None]) -> dict[str, object]:
+    """One run's ``results.csv`` row; ``gap_references`` names the two runs its gap closed was
+    measured against (``lru vs belady``, ``lru+tinylfu vs belady+tinylfu``), empty without a gap."""
+    lru, belady = refs
     row: dict[str, object] = {
         "policy": run.policy, "admission": run.admission, "placement": run.placement, "prefetch": run.prefetch,
         "semantics": run.semantics.value, "mode": run.mode.value,
         "capacity_blocks": run.capacity_blocks, "accesses": run.accesses, "hits": run.hits, "misses": run.misses,
         "miss_ratio": run.miss_ratio, "hit_ratio": run.hit_ratio, "gap_closed": gap,
+        "gap_references": None if gap is None else f"{lru.label} vs {belady.label}",
         "prefill_tokens": run.prefill_tokens, "prefill_tokens_saved": run.prefill_tokens_saved,
         "ttft_saved_s": run.ttft_saved_s, "wall_seconds": run.wall_seconds,
     }
@@ -329,10 +361,11 @@ def results_csv(data: ReportData) -> str:
     reading the CSV back gives the same numbers as ``tiercache replay``; an absent value
     is an empty cell.
     """
+    refs = run_references(list(data.runs))
     gaps = gaps_for(list(data.runs))
     out = io.StringIO()
     writer = csv.DictWriter(out, fieldnames=_csv_header(data), restval="", lineterminator="\n")
     writer.writeheader()
     for run in data.runs:
-        writer.writerow({k: ("" if v is None else v) for k, v in _csv_row(run, gaps[run.key]).items()})
+        writer.writerow({k: ("" if v is None else v) for k, v in _csv_row(run, gaps[run.key], refs[run.key]).items()})
     return out.getvalue()
