@@ -22,6 +22,7 @@ from ..policies import ADMISSION, EVICTION, PLACEMENT, PREFETCH, canonical_name,
 from ..sim.hardware import PRESETS, REFERENCE_MODEL, HardwareProfile, load_profile
 from ..sim.loader import Trace, load_trace
 from ..sim.oracle import trace_layout
+from ..sim.steptrace import MAX_BLOCK_TOKENS
 from ..sim.sweep import SweepSpec, check_policy_names, sweep
 
 __all__ = ["add_parser", "add_common_options", "sweep_from_args", "spec_from_args", "format_table", "DEFAULT_CAPACITY",
@@ -173,6 +174,7 @@ def spec_from_args(args: argparse.Namespace) -> tuple[Trace, SweepSpec]:
     get_prefetch(prefetch)
     placement = _named(args.placement, "top", PLACEMENT)
     semantics = parse_semantics(args.semantics)
+    _check_block_tokens(args.block_tokens)
     capacities = _capacities(capacity_text(args))
     hardware = _hardware(args)
     trace = load_trace(args.trace)
@@ -213,7 +215,10 @@ def parse_semantics(text: str | None) -> tuple[Semantics, ...]:
 
 
 def _check_trace_options(args: argparse.Namespace, trace: Trace) -> None:
-    """Options that do not apply to the trace's kind are errors, not silently ignored."""
+    """Options that do not apply to the trace's kind are errors, not silently ignored; a
+    ``--block-tokens`` that contradicts a step trace's header is one, with or without
+    ``--model``/``--layout``."""
+    _check_block_tokens_header(args.block_tokens, trace)
     if trace.kind is TraceKind.STEPS and args.semantics is not None:
         raise UserError(f"--semantics {args.semantics}: {trace.path} is a step trace, which always replays as decode "
                         "(reads are accesses, writes new blocks); drop --semantics")
@@ -269,12 +274,34 @@ def _layout(args: argparse.Namespace, trace: Trace) -> KVLayout | None:
     return trace_layout(trace, layout_preset(args.model, tokens) if args.model else parse_layout(args.layout, tokens))
 
 
-def _block_tokens(args: argparse.Namespace, trace: Trace) -> int:
-    given, named = args.block_tokens, trace.block_tokens
-    if given is not None and given < 1:
-        raise UserError(f"--block-tokens: must be a positive integer, got {given}")
+def _check_block_tokens(given: int | None) -> None:
+    """``--block-tokens``, when given, must be a size a step trace's header may name: an
+    integer in ``[1, MAX_BLOCK_TOKENS]`` (below 2**31, so a block's bytes stay inside int64
+    and a results file written with it is one ``report`` reads).
+
+    Raises:
+        UserError: outside that range; names the option.
+    """
+    if given is not None and not 1 <= given <= MAX_BLOCK_TOKENS:
+        raise UserError(f"--block-tokens: must be an integer in [1, 2**31) (tokens per block), got {given}")
+
+
+def _check_block_tokens_header(given: int | None, trace: Trace) -> None:
+    """A ``--block-tokens`` that differs from a step trace's header is refused (which size is meant is ambiguous)."""
+    named = trace.block_tokens
     if given is not None and named is not None and given != named and trace.kind is TraceKind.STEPS:
         raise UserError(f"--block-tokens {given}: {trace.path} names {named} tokens per block in its header")
+
+
+def _block_tokens(args: argparse.Namespace, trace: Trace) -> int:
+    """The tokens per block of a step trace's blocks: its header's, else ``--block-tokens``.
+
+    Raises:
+        UserError: ``--block-tokens`` out of range or contradicting the header, or neither given.
+    """
+    given, named = args.block_tokens, trace.block_tokens
+    _check_block_tokens(given)
+    _check_block_tokens_header(given, trace)
     if named is None and given is None:
         raise UserError(f"{trace.path}: the step trace names no block size (no {{\"block_tokens\": N}} header line); "
                         "give --block-tokens to turn its blocks into bytes")

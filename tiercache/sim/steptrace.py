@@ -58,6 +58,7 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 
 from tiercache.errors import TraceError
+from tiercache.sim.tracelines import _shown as shown_value
 from tiercache.sim.traces import id_list_field, int_field, iter_json_objects, write_jsonl
 
 __all__ = ["StepRecord", "DecodeFields", "DECODE_FIELDS", "FlatSteps", "iter_steps", "steps_from_objects", "load_flat_steps", "flat_steps", "write_steps",
@@ -149,7 +150,8 @@ def header_block_tokens(name: str, line: int, obj: dict) -> int:
         raise TraceError(name, line, f"missing field {HEADER_FIELD!r}")
     value = obj[HEADER_FIELD]
     if type(value) is not int or not 1 <= value <= MAX_BLOCK_TOKENS:  # bool is not a count
-        shown = repr(value) if len(repr(value)) <= 40 else f"an integer of {len(repr(value))} digits"
+        shown = shown_value(name, line, value, (HEADER_FIELD,))  # the file's digits, not orjson's float
+        shown = shown if len(shown) <= 40 else f"an integer of {len(shown)} digits"
         raise TraceError(name, line, f"header: {HEADER_FIELD} must be an integer in [1, 2**31), got {shown}")
     return value
 

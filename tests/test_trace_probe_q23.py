@@ -1,0 +1,47 @@
+"""Probe Q23 findings on trace input: ``--block-tokens`` has the bound of a step trace's header
+(and a refused header value is shown with its digits)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tiercache.cli import main
+
+QUIET = ["--workers", "1", "--no-progress"]
+
+
+def _run(capsys, *argv) -> tuple[int, str, str]:
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _one_error(capsys, *argv) -> str:
+    code, _, err = _run(capsys, *argv)
+    assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    return err.strip()
+
+
+# ----------------------------------------------------------------------------- finding 1
+
+
+def test_block_tokens_past_a_headers_bound_is_refused_naming_the_option_and_a_refused_header_shows_its_digits(
+        tmp_path: Path, capsys) -> None:
+    records = '{"step": 0, "layer": 0, "read": [5, 6], "write": [0, 1]}\n{"step": 1, "layer": 0, "read": [0, 1], "write": []}\n'
+    bare = tmp_path / "nh.jsonl"
+    bare.write_text(records)
+    out = tmp_path / "big.json"
+    modeled = ["--policy", "lru", "--tiers", "hbm=1,dram=10", "--model", "llama-3-8b", "--hardware", "h200-pcie5-nvme4"]
+    for value in ("99999999999999999999", str(2**31)):
+        err = _one_error(capsys, "replay", bare, *modeled, *QUIET, "--block-tokens", value, "--out", out)
+        assert err.startswith("tiercache replay: error: --block-tokens") and "[1, 2**31)" in err and value in err, err
+        assert not out.exists()  # refused before any replay
+        err = _one_error(capsys, "trace", "export", bare, "-o", tmp_path / "x.og", "--model", "llama-3-8b",
+                         "--block-tokens", value)
+        assert "--block-tokens" in err and "[1, 2**31)" in err, err
+    code, text, _ = _run(capsys, "replay", bare, *modeled, *QUIET, "--block-tokens", str(2**31 - 1))
+    assert code == 0 and "2,147,483,647 tokens" in text
+    header = tmp_path / "hdr.jsonl"
+    header.write_text('{"block_tokens": 99999999999999999999}\n' + records)
+    err = _one_error(capsys, "replay", header, "--capacity", "10", *QUIET)
+    assert err.endswith("got 99999999999999999999"), err
