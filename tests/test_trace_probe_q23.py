@@ -1,8 +1,12 @@
 """Probe Q23 findings on trace input: ``--block-tokens`` has the bound of a step trace's header
-(and a refused header value is shown with its digits)."""
+(and a refused header value is shown with its digits), and a kv-cache-tester folder reads its
+``*.json`` files in any case and its ``*.json.gz`` files and warns of the entries it skips."""
 
 from __future__ import annotations
 
+import gzip
+import json
+import shutil
 from pathlib import Path
 
 from tiercache.cli import main
@@ -45,3 +49,36 @@ def test_block_tokens_past_a_headers_bound_is_refused_naming_the_option_and_a_re
     header.write_text('{"block_tokens": 99999999999999999999}\n' + records)
     err = _one_error(capsys, "replay", header, "--capacity", "10", *QUIET)
     assert err.endswith("got 99999999999999999999"), err
+
+
+# ----------------------------------------------------------------------------- finding 2
+
+
+def _conversation(ids: list[int]) -> str:
+    return json.dumps({"block_size": 64, "requests": [{"t": 0, "in": 64 * len(ids), "out": 1, "hash_ids": ids}]})
+
+
+def test_a_conversation_folder_reads_json_in_any_case_and_gzipped_and_warns_once_of_the_entries_it_skips(
+        tmp_path: Path, capsys) -> None:
+    folder = tmp_path / "w"
+    (folder / "day2").mkdir(parents=True)
+    (folder / "a.json").write_text(_conversation([0, 1]))
+    (folder / "b.json.gz").write_bytes(gzip.compress(_conversation([2, 3, 4]).encode()))
+    (folder / "c.JSON").write_text(_conversation([5]))
+    (folder / "day2" / "d.json").write_text(_conversation([6]))
+    (folder / "notes.txt").write_text("not a conversation")
+    code, out, err = _run(capsys, "replay", folder, "--capacity", "10", *QUIET)
+    assert code == 0 and out.startswith("w: 3 requests, 6 block accesses"), out
+    (warning,) = err.strip().splitlines()
+    assert warning.startswith(f"warning: {folder}: 2 entries not read") and "day2" in warning, warning
+    code, out, err = _run(capsys, "trace", "inspect", folder)
+    assert code == 0 and "requests                     3" in out and err.strip() == warning, (out, err)
+    # a folder of gzipped conversations alone is a workload; a damaged one is refused by name
+    only = tmp_path / "gz"
+    only.mkdir()
+    shutil.copy(folder / "b.json.gz", only / "b.json.gz")
+    code, out, err = _run(capsys, "replay", only, "--capacity", "10", *QUIET)
+    assert code == 0 and out.startswith("gz: 1 requests, 3 block accesses") and not err, (out, err)
+    (only / "c.json.gz").write_bytes(gzip.compress(_conversation([7]).encode())[:-6])
+    err = _one_error(capsys, "replay", only, "--capacity", "10", *QUIET)
+    assert f"{only / 'c.json.gz'}: " in err and "gzip" in err, err

@@ -22,10 +22,11 @@ from ..report.fleet import LISTED_INSTANCES, fleet_pairs, fleet_summary_table, f
 from ..results import ResultsDocument
 from ..sim.fleet import FleetSpec, check_fleet_policy, sweep_fleet
 from ..sim.hardware import NETWORK_PRESETS, HardwareProfile, with_network
+from ..sim.kvtester import skipped_entries_warning
 from ..sim.loader import Trace, load_trace
 from ..sim.tracestats import block_fit_warning
 
-__all__ = ["add_fleet_options", "is_fleet", "fleet_from_args", "format_fleet", "warn_block_fit"]
+__all__ = ["add_fleet_options", "is_fleet", "fleet_from_args", "format_fleet", "warn_trace"]
 
 
 def add_fleet_options(parser: argparse.ArgumentParser, once: type[argparse.Action]) -> None:
@@ -149,7 +150,7 @@ def fleet_from_args(args: argparse.Namespace, policies: tuple[str, ...], hardwar
     _check_options(args, remote)
     profile = _network(args, hardware)
     trace = load_trace(args.trace)
-    warn_block_fit(trace)
+    warn_trace(trace)
     if trace.kind is not TraceKind.REQUESTS:
         raise UserError(f"{trace.path} is a step trace; a fleet replay (--instances, remote=CAP in --tiers) "
                         "replays request traces")
@@ -158,12 +159,13 @@ def fleet_from_args(args: argparse.Namespace, policies: tuple[str, ...], hardwar
     return sweep_fleet(trace, specs, layout, profile, shlex.join(["tiercache", *args.argv]))
 
 
-def warn_block_fit(trace: Trace) -> None:
-    """Prints ``block_fit_warning``'s line on stderr when a request trace's ``hash_ids`` do not
-    fit its prompts (more than 1% of requests); the replay goes on (never refused for it)."""
-    warning = block_fit_warning(trace)
-    if warning:
-        print(warning, file=sys.stderr)
+def warn_trace(trace: Trace) -> None:
+    """Prints the trace's warning lines on stderr: a workload folder's entries not read
+    (``skipped_entries_warning``), and ``block_fit_warning``'s line when a request trace's
+    ``hash_ids`` do not fit its prompts (more than 1% of requests); the replay goes on."""
+    for warning in (skipped_entries_warning(trace.path), block_fit_warning(trace)):
+        if warning:
+            print(warning, file=sys.stderr)
 
 
 def format_fleet(results: ResultsDocument) -> str:

@@ -15,7 +15,7 @@ from ..config import (
 )
 from ..errors import UserError
 from .fleet import (add_fleet_options, fleet_from_args, format_fleet, is_fleet, refuse_fleet_only_options, split_remote,
-                    warn_block_fit)
+                    warn_trace)
 from ..results import LayoutInfo, ResultsDocument, Semantics, TraceKind, write_results
 from ..results.outfile import check_output_file
 from ..policies import ADMISSION, EVICTION, PLACEMENT, PREFETCH, canonical_name, get_prefetch
@@ -178,7 +178,7 @@ def spec_from_args(args: argparse.Namespace) -> tuple[Trace, SweepSpec]:
     capacities = _capacities(capacity_text(args))
     hardware = _hardware(args)
     trace = load_trace(args.trace)
-    warn_block_fit(trace)
+    warn_trace(trace)
     _check_trace_options(args, trace)
     layout = _layout(args, trace)
     cache = _cache(args, layout)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from dataclasses import asdict
 from typing import Callable
 
@@ -23,6 +24,7 @@ from ..config import KVLayout, layout_preset
 from ..errors import UserError
 from ..results import TraceKind
 from ..sim import synth
+from ..sim.kvtester import skipped_entries_warning
 from ..sim.loader import Trace, load_trace
 from ..sim.oracle import export_trace, trace_layout
 from ..sim.steptrace import write_steps
@@ -94,6 +96,9 @@ def format_stats(stats: TraceStats) -> str:
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
     stats = trace_stats(args.trace)
+    skipped = skipped_entries_warning(os.path.normpath(args.trace))  # a workload folder's entries not read
+    if skipped:
+        print(skipped, file=sys.stderr)
     print(json.dumps(asdict(stats) | {"kind": stats.kind.value}, indent=2) if args.json else format_stats(stats))
     return 0
 

@@ -15,6 +15,9 @@ traces), ``type`` a free label. Ids are local to their file unless ``hash_id_sco
 global id, so two conversations never share a block by accident while global ids (a shared
 system prompt, a shared document) are shared on purpose.
 
+A folder's conversations are its own ``*.json`` and gzipped ``*.json.gz`` files (names in any
+case); subfolders and other files are skipped, which ``skipped_entries_warning`` reports.
+
 Arrivals: when every file names ``start``, conversations begin there; otherwise they arrive
 by a Poisson process (mean gap ``mean_gap_s``, seeded), in sorted file-name order. The
 requests of all conversations are merged by their arrival in whole milliseconds (ties by file
@@ -34,10 +37,13 @@ A request may list an id more than once (no real trace does; it is read as liste
 
 from __future__ import annotations
 
+import gzip
+import io
 import json
 import numbers
 import os
 import stat
+import zlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,7 +57,7 @@ from .tracelines import MAX_LINE_BYTES, first_repeated_key
 from .traces import MAX_TOKENS, FlatTrace, fingerprint_digest, fingerprint_of, id_list_field
 
 __all__ = ["Conversation", "is_kvtester", "read_conversation", "load_kvtester_flat", "request_origin",
-           "DEFAULT_MEAN_GAP_S", "MAX_CONVERSATION_BYTES"]
+           "DEFAULT_MEAN_GAP_S", "MAX_CONVERSATION_BYTES", "is_conversation_name", "skipped_entries_warning"]
 
 #: Mean gap between conversation arrivals when the files name no ``start`` (seconds).
 DEFAULT_MEAN_GAP_S = 2.0
@@ -64,6 +70,9 @@ _UTF8_BOM = b"\xef\xbb\xbf"
 #: conversation of 100 turns of 100k-token prompts lists ids in a few MiB; the bound
 #: keeps an endless or huge file (``/dev/zero``, a mistaken dump) from exhausting memory.
 MAX_CONVERSATION_BYTES = 256 << 20
+#: The names of a folder's conversation files, matched in any case: JSON, and JSON gzipped.
+_GZIP_SUFFIX = ".json.gz"
+_SUFFIXES = (".json", _GZIP_SUFFIX)
 
 
 @dataclass(frozen=True)
@@ -85,9 +94,16 @@ class Conversation:
     ids: tuple[list[int], ...]
 
 
+def is_conversation_name(name: str) -> bool:
+    """Whether a folder's entry ``name`` is read as a conversation file: ``*.json`` or
+    ``*.json.gz`` (gzipped), in any case (``a.JSON``)."""
+    return name.lower().endswith(_SUFFIXES)
+
+
 def is_kvtester(path: str | os.PathLike) -> bool:
-    """Whether ``path`` is a folder holding ``.json`` files, or a ``.json`` file read as a
-    conversation, as a folder's files are: any ``.json`` file but JSON Lines, which is
+    """Whether ``path`` is a folder holding conversation files (``is_conversation_name``), or
+    a file read as a conversation, as a folder's files are: a ``*.json.gz`` file, and any
+    ``.json`` file (in any case) but JSON Lines, which is
     recognised by its first non-blank line alone being a JSON object that is a JSON Lines
     record (one with ``hash_ids``, or one with neither ``requests`` nor ``block_size``).
 
@@ -99,10 +115,12 @@ def is_kvtester(path: str | os.PathLike) -> bool:
     name = os.fspath(path)
     if os.path.isdir(name):
         try:
-            return any(f.endswith(".json") for f in os.listdir(name))
+            return any(map(is_conversation_name, os.listdir(name)))
         except OSError:
             return False
-    if not name.endswith(".json"):
+    if name.lower().endswith(_GZIP_SUFFIX):
+        return True  # no JSON Lines trace is read gzipped: the conversation reader takes it
+    if not name.lower().endswith(".json"):
         return False
     try:
         if not stat.S_ISREG(os.stat(name).st_mode):
@@ -255,12 +273,35 @@ def _positive_int(path: str, obj: dict, field: str, where: str, allow_zero: bool
 
 
 def _files(name: str) -> list[str]:
+    """The conversation files of a workload: ``name`` itself, or a folder's top-level entries
+    that ``is_conversation_name`` takes, sorted (subfolders and other files are not read:
+    ``skipped_entries_warning`` names them)."""
     if not os.path.isdir(name):
         return [name]
-    files = sorted(os.path.join(name, f) for f in os.listdir(name) if f.endswith(".json"))
+    files = sorted(os.path.join(name, f) for f in os.listdir(name) if is_conversation_name(f))
     if not files:
-        raise TraceError(name, None, "no conversation files (*.json) in the folder")
+        raise TraceError(name, None, "no conversation files (*.json) nor gzipped ones (*.json.gz) in the folder")
     return files
+
+
+def skipped_entries_warning(path: str | os.PathLike) -> str | None:
+    """The one ``warning:`` line for a workload folder's entries that are not read as
+    conversations (subfolders, and files not named ``*.json``/``*.json.gz``), naming how many
+    and one of them (a subfolder or a ``.json``-like name first); None for a file, or a folder
+    whose entries are all read. Lists the folder once; opens nothing."""
+    name = os.fspath(path)
+    try:
+        skipped = sorted(f for f in os.listdir(name) if not is_conversation_name(f)) if os.path.isdir(name) else []
+    except OSError:
+        return None
+    if not skipped:
+        return None
+    folders = {f for f in skipped if os.path.isdir(os.path.join(name, f))}
+    first = min(skipped, key=lambda f: (f not in folders and ".json" not in f.lower(), f))
+    shown = os.path.join(name, first) + (os.sep if first in folders else "")
+    count = f"{len(skipped)} entries" if len(skipped) > 1 else "1 entry"
+    return (f"warning: {name}: {count} not read, e.g. {shown}: a workload folder's conversations are its own "
+            "*.json and *.json.gz files (any case); subfolders and other files are skipped")
 
 
 def load_kvtester_flat(path: str | os.PathLike, seed: int = 0,
@@ -286,9 +327,9 @@ def load_kvtester_flat(path: str | os.PathLike, seed: int = 0,
     for file in _files(name):
         raw = _read_file(file)
         # fsencode: the name's own bytes (a UTF-8 name's as before; one that is not UTF-8 arrives
-        # surrogate-escaped from os.listdir, which .encode() refuses).
+        # surrogate-escaped from os.listdir, which .encode() refuses). A gzipped file's bytes as stored.
         digest.update(os.fsencode(os.path.basename(file)) + b"\0" + raw)
-        convs.append(read_conversation(file, raw))
+        convs.append(read_conversation(file, _unpacked(file, raw)))
     sizes = {c.block_size for c in convs}
     if len(sizes) != 1:
         raise TraceError(name, None, f"conversations disagree on block_size: {sorted(sizes)}")
@@ -307,7 +348,7 @@ def request_origin(path: str | os.PathLike, index: int, seed: int = 0,
         TypeError, ValueError, TraceError: as ``load_kvtester_flat``.
     """
     seed, mean_gap_s = _arrival_args(seed, mean_gap_s)
-    convs = [read_conversation(file, _read_file(file)) for file in _files(os.fspath(path))]
+    convs = [read_conversation(file, _unpacked(file, _read_file(file))) for file in _files(os.fspath(path))]
     _, c, r = _arrival_rows(convs, _starts(convs, seed, mean_gap_s))[index]
     return convs[c].path, r
 
@@ -359,6 +400,27 @@ def _read_file(file: str) -> bytes:
     if len(raw) > MAX_CONVERSATION_BYTES:
         raise TraceError(file, None, f"larger than {MAX_CONVERSATION_BYTES >> 20} MiB, the limit for one conversation file")
     return raw
+
+
+def _unpacked(file: str, raw: bytes) -> bytes:
+    """A conversation file's JSON bytes: ``raw``, or a ``*.json.gz`` file's gzip stream
+    decompressed, at most ``MAX_CONVERSATION_BYTES`` of them (a small file that inflates
+    without end is refused, never read whole).
+
+    Raises:
+        TraceError: (naming the file) not a whole gzip stream, or over the limit inflated.
+    """
+    if not file.lower().endswith(_GZIP_SUFFIX):
+        return raw
+    try:
+        with gzip.GzipFile(fileobj=io.BytesIO(raw)) as stream:
+            data = stream.read(MAX_CONVERSATION_BYTES + 1)
+    except (OSError, EOFError, zlib.error) as exc:  # BadGzipFile is an OSError; a cut stream, EOFError
+        raise TraceError(file, None, f"cannot read trace: not a whole gzip file ({exc})") from None
+    if len(data) > MAX_CONVERSATION_BYTES:
+        raise TraceError(file, None, f"larger than {MAX_CONVERSATION_BYTES >> 20} MiB decompressed, the limit for one "
+                                     "conversation file")
+    return data
 
 
 def _starts(convs: list[Conversation], seed: int, mean_gap_s: float) -> list[float]:

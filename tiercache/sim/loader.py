@@ -19,7 +19,7 @@ from tiercache.results import TraceInfo, TraceKind
 
 from .bulkparse import MAX_BULK_BYTES, bulk_requests
 from .fastscan import scan_requests
-from .kvtester import DEFAULT_MEAN_GAP_S, is_kvtester, load_kvtester_flat
+from .kvtester import DEFAULT_MEAN_GAP_S, is_conversation_name, is_kvtester, load_kvtester_flat
 from .steptrace import FlatSteps, flat_steps, header_block_tokens, is_header
 from .traces import (MAX_LINE_BYTES, MOONCAKE_BLOCK_TOKENS, FlatTrace, check_token_counts, fingerprint_digest, refuse_special_file,
                      fingerprint_of, flat_requests, format_block_tokens, iter_json_objects, kind_of, request_format,
@@ -187,21 +187,23 @@ def _load_requests_bulk(name: str) -> Trace | None:
 
 def is_kvtester_workload(name: str) -> bool:
     """Whether ``name`` is read as kv-cache-tester conversations: a folder holding ``*.json``
-    files, or a ``.json`` file ``is_kvtester`` takes whose first line is not a whole request
-    record (a Mooncake JSONL file named ``.json`` is not a conversation). Every other trace's
-    fingerprint is the digest of its file's bytes (``trace_fingerprint``); a workload's also
-    covers its files' names and the arrival seed and gap.
+    or ``*.json.gz`` files (any case: ``kvtester.is_conversation_name``), or a file
+    ``is_kvtester`` takes whose first line is not a whole request record (a Mooncake JSONL
+    file named ``.json`` is not a conversation). Every other trace's fingerprint is the digest
+    of its file's bytes (``trace_fingerprint``); a workload's also covers its files' names and
+    the arrival seed and gap.
 
     Raises:
-        TraceError: a folder without any ``*.json`` file (empty, or of other files).
+        TraceError: a folder without any such file (empty, or of other files).
     """
     if os.path.isdir(name):
         try:
             files = os.listdir(name)
         except OSError as exc:
             raise TraceError(name, None, f"cannot open trace: {exc.strerror or exc}") from None
-        if not any(f.endswith(".json") for f in files):
-            raise TraceError(name, None, "cannot open trace: a folder with no conversation files (*.json)")
+        if not any(map(is_conversation_name, files)):
+            raise TraceError(name, None, "cannot open trace: a folder with no conversation files (*.json) nor gzipped "
+                                         "ones (*.json.gz), in any case")
         return True
     return is_kvtester(name) and not _first_line_is_request(name)
 
