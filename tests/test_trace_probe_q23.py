@@ -1,6 +1,7 @@
 """Probe Q23 findings on trace input: ``--block-tokens`` has the bound of a step trace's header
-(and a refused header value is shown with its digits), and a kv-cache-tester folder reads its
-``*.json`` files in any case and its ``*.json.gz`` files and warns of the entries it skips."""
+(and a refused header value is shown with its digits), a kv-cache-tester folder reads its
+``*.json`` files in any case and its ``*.json.gz`` files and warns of the entries it skips, and a
+block size is said to be implied only when most mismatched requests fit it."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import shutil
 from pathlib import Path
 
 from tiercache.cli import main
+from tiercache.sim.blockfit import block_fit
 
 QUIET = ["--workers", "1", "--no-progress"]
 
@@ -82,3 +84,26 @@ def test_a_conversation_folder_reads_json_in_any_case_and_gzipped_and_warns_once
     (only / "c.json.gz").write_bytes(gzip.compress(_conversation([7]).encode())[:-6])
     err = _one_error(capsys, "replay", only, "--capacity", "10", *QUIET)
     assert f"{only / 'c.json.gz'}: " in err and "gzip" in err, err
+
+
+# ----------------------------------------------------------------------------- finding 3
+
+
+def test_a_block_size_is_said_to_be_implied_only_when_more_than_half_of_the_mismatched_requests_fit_it(
+        tmp_path: Path, capsys) -> None:
+    def misfits(fitting_64: int, total: int) -> tuple[list[int], list[int]]:
+        # 100 tokens in two ids fits 64-token blocks only; 1000 tokens in three ids fits no power of two
+        return [2] * fitting_64 + [3] * (total - fitting_64), [100] * fitting_64 + [1000] * (total - fitting_64)
+
+    assert block_fit(*misfits(1, 100), 512).implied_block_tokens is None
+    assert block_fit(*misfits(50, 100), 512).implied_block_tokens is None
+    assert block_fit(*misfits(51, 100), 512).implied_block_tokens == 64
+    trace = tmp_path / "t.jsonl"
+    counts, lengths = misfits(1, 100)
+    trace.write_text("".join(json.dumps({"timestamp": k, "input_length": n, "output_length": 1,
+                                         "hash_ids": list(range(10 * k, 10 * k + c))}) + "\n"
+                             for k, (c, n) in enumerate(zip(counts, lengths))))
+    code, out, _ = _run(capsys, "trace", "inspect", trace)
+    assert code == 0 and f"100 of 100 (100.00%) (first: {trace}:1)" in out and "imply" not in out, out
+    code, _, err = _run(capsys, "replay", trace, "--capacity", "10", *QUIET)
+    assert code == 0 and "100 of 100 requests" in err and "imply" not in err, err

@@ -5,7 +5,8 @@ A request of ``input_length`` tokens in blocks of ``block_tokens`` lists
 is assumed; Bailian's 16, a kv-cache-tester workload its ``block_size``), so a trace hashed
 with other blocks (vLLM's 16 tokens, LMCache's 256) loads, and every reused block would count
 512 tokens. ``block_fit`` counts the requests whose ids do not fit, and the block size their
-lengths imply; ``trace inspect`` shows it and ``replay`` warns past ``WARN_SHARE``. A few
+lengths imply (a power of two more than ``IMPLIED_SHARE`` of them fit); ``trace inspect`` shows
+it and ``replay`` warns past ``WARN_SHARE``. A few
 off-by-one records are normal in real traces: a trace is never refused for this.
 """
 
@@ -15,10 +16,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["BlockFit", "block_fit", "WARN_SHARE"]
+__all__ = ["BlockFit", "block_fit", "WARN_SHARE", "IMPLIED_SHARE"]
 
 #: ``replay`` warns when more than this share of a trace's requests do not fit.
 WARN_SHARE = 0.01
+#: A block size is named as implied only when more than this share of the mismatched requests
+#: fit it: a majority, so a few stray requests never name one for the whole trace.
+IMPLIED_SHARE = 0.5
 #: Block sizes tried for the one the mismatched requests imply: powers of two, 1 to 2**20 tokens.
 _CANDIDATES = tuple(1 << k for k in range(21))
 
@@ -29,8 +33,7 @@ class BlockFit:
 
     Invariants: ``0 <= mismatched <= requests``; ``first`` is the arrival index of the first
     request that does not fit (None when all do); ``implied_block_tokens`` is the power of
-    two that most mismatched requests of a positive length fit, None when none fits one
-    (or no such request).
+    two that more than ``IMPLIED_SHARE`` of the mismatched requests fit, else None.
     """
 
     requests: int
@@ -69,11 +72,13 @@ def block_fit(ids_per_request: np.ndarray, input_lengths: np.ndarray, block_toke
 
 
 def _implied(counts: np.ndarray, lengths: np.ndarray) -> int | None:
-    """The power of two most of these requests (of positive length and ids) fit, or None."""
+    """The power of two that more than ``IMPLIED_SHARE`` of these (mismatched) requests fit,
+    or None. A request of no tokens or no ids fits no size but counts among them."""
+    total = len(counts)
     keep = (counts > 0) & (lengths > 0)
     counts, lengths = counts[keep], lengths[keep]
     if not len(counts):
         return None
     fits = [int((counts == -(-lengths // size)).sum()) for size in _CANDIDATES]
     best = int(np.argmax(fits))
-    return _CANDIDATES[best] if fits[best] else None
+    return _CANDIDATES[best] if fits[best] > IMPLIED_SHARE * total else None
