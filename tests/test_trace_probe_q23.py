@@ -1,7 +1,8 @@
 """Probe Q23 findings on trace input: ``--block-tokens`` has the bound of a step trace's header
 (and a refused header value is shown with its digits), a kv-cache-tester folder reads its
-``*.json`` files in any case and its ``*.json.gz`` files and warns of the entries it skips, and a
-block size is said to be implied only when most mismatched requests fit it."""
+``*.json`` files in any case and its ``*.json.gz`` files and warns of the entries it skips, a
+block size is said to be implied only when most mismatched requests fit it, and a trace-cache
+entry is bound to the fingerprint it is filed under."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ import shutil
 from pathlib import Path
 
 from tiercache.cli import main
+from tiercache.sim import tracecache
 from tiercache.sim.blockfit import block_fit
+from tiercache.sim.tracecache import load_trace_cached
 
 QUIET = ["--workers", "1", "--no-progress"]
 
@@ -107,3 +110,25 @@ def test_a_block_size_is_said_to_be_implied_only_when_more_than_half_of_the_mism
     assert code == 0 and f"100 of 100 (100.00%) (first: {trace}:1)" in out and "imply" not in out, out
     code, _, err = _run(capsys, "replay", trace, "--capacity", "10", *QUIET)
     assert code == 0 and "100 of 100 requests" in err and "imply" not in err, err
+
+
+# ----------------------------------------------------------------------------- finding 4
+
+
+def test_a_trace_cache_entry_filed_under_another_traces_fingerprint_is_a_miss_parsed_again(
+        tmp_path: Path, monkeypatch) -> None:
+    cache = tmp_path / "cache"
+    p, q = tmp_path / "p.jsonl", tmp_path / "q.jsonl"
+    p.write_text('{"timestamp": 0, "input_length": 1024, "output_length": 6, "hash_ids": [0, 1]}\n')
+    q.write_text('{"timestamp": 0, "input_length": 512, "output_length": 6, "hash_ids": [42]}\n')
+    tp, tq = load_trace_cached(p, cache), load_trace_cached(q, cache)
+    parses = []
+    load = tracecache.load_trace
+    monkeypatch.setattr(tracecache, "load_trace", lambda name: parses.append(name) or load(name))
+    assert load_trace_cached(p, cache).ids.tolist() == [0, 1] and parses == []  # a proper entry is used
+    entry = tracecache._entry(cache, tp.fingerprint)
+    shutil.rmtree(entry)
+    shutil.copytree(tracecache._entry(cache, tq.fingerprint), entry)  # q's entry filed under p's name
+    again = load_trace_cached(p, cache)
+    assert again.ids.tolist() == [0, 1] and again.fingerprint == tp.fingerprint and parses == [str(p)]
+    assert load_trace_cached(p, cache).ids.tolist() == [0, 1] and parses == [str(p)]  # replaced by p's own

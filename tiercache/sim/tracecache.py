@@ -22,9 +22,12 @@ An entry is checked before use, since the replay kernels trust its arrays (an of
 dense id out of range would make them read out of bounds): every array has its dtype and
 length, offsets run from 0 to ``len(ids)`` without decreasing, dense ids lie in
 ``[0, len(ids))``, next uses are ``NO_NEXT_USE`` or accesses, token counts and the block
-size are in range, and the xxh3-128 digest of all arrays, written with them, matches (so an
-entry edited or damaged in place, even to values that pass the range checks, is caught). An
-entry that fails any check is a cache miss: the trace is parsed again and the entry replaced.
+size are in range, and the xxh3-128 digest of the fingerprint the entry is filed under, the
+cache version and all arrays, written with them, matches (so an entry edited or damaged in
+place, even to values that pass the range checks, is caught, and so is an entry copied, synced
+or linked under another trace's name: its digest binds it to its own). An entry that fails any
+check is a cache miss: the trace is parsed again and the entry replaced (so is an entry written
+before the digest covered the fingerprint).
 
 The cache folder is ``$TIERCACHE_TRACE_CACHE``, or ``~/.cache/tiercache/traces``. Step traces
 are not cached (they are read as before).
@@ -132,7 +135,7 @@ def _read(name: str, entry: Path, fingerprint: str) -> Trace | None:
         arrays = {key: np.load(entry / f"{key}.npy", allow_pickle=False) for key in (*_ARRAYS, _DIGEST)}
     except Exception:  # noqa: BLE001 - any damage is a miss (a bad header alone raises MemoryError, TokenError, ...)
         return None
-    if not _consistent(arrays) or arrays[_DIGEST].tobytes() != _digest(arrays):
+    if not _consistent(arrays) or arrays[_DIGEST].tobytes() != _digest(fingerprint, arrays):
         return None
     requests = FlatTrace(arrays["ids"], arrays["offsets"][:-1], arrays["timestamps"], arrays["input_lengths"],
                          arrays["output_lengths"])
@@ -159,9 +162,11 @@ def _consistent(arrays: dict[str, np.ndarray]) -> bool:
                 and np.all((nu == NO_NEXT_USE) | ((nu > 0) & (nu < n))))
 
 
-def _digest(arrays: dict[str, np.ndarray]) -> bytes:
-    """The xxh3-128 digest of an entry's arrays: each one's name, dtype, length and bytes."""
+def _digest(fingerprint: str, arrays: dict[str, np.ndarray]) -> bytes:
+    """The xxh3-128 digest of an entry: the fingerprint it is filed under and ``VERSION``
+    first (binding the entry to its name), then each array's name, dtype, length and bytes."""
     digest = xxhash.xxh3_128()
+    digest.update(f"{fingerprint}-v{VERSION}\0".encode())
     for key in _ARRAYS:
         value = np.ascontiguousarray(arrays[key])
         digest.update(f"{key}:{value.dtype.str}:{value.shape}".encode())
@@ -181,7 +186,7 @@ def _write(trace: Trace, folder: Path, entry: Path) -> None:
               "input_lengths": req.input_lengths, "output_lengths": req.output_lengths, "dense": trace.dense,
               "next_use": trace.next_use, "block_tokens": np.array([trace.block_tokens], dtype=np.int64)}
     arrays = {key: np.ascontiguousarray(value, dtype=_DTYPES[key]) for key, value in arrays.items()}
-    arrays[_DIGEST] = np.frombuffer(_digest(arrays), dtype=np.uint8)
+    arrays[_DIGEST] = np.frombuffer(_digest(trace.fingerprint, arrays), dtype=np.uint8)
     try:
         folder.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=folder, prefix=".partial-"))
