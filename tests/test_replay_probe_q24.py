@@ -1,13 +1,19 @@
-"""Probe Q24 findings on ``tiercache replay``'s options: ``--block-tokens`` is checked whether
-or not ``--model``/``--layout`` is given."""
+"""Probe Q24 findings on ``tiercache replay``'s options: ``--out`` never overwrites the
+``--hardware`` profile JSON, and ``--block-tokens`` is checked whether or not
+``--model``/``--layout`` is given."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from tiercache.cli import main
+from tiercache.sim.hardware import PRESETS, save_profile
 
+DATA = Path(__file__).parent / "data"
+HEAD = DATA / "mooncake_head.jsonl"
 QUIET = ["--workers", "1", "--no-progress"]
+MODELED = ["--capacity", "3", "--model", "llama-3-8b"]
 
 
 def _one_error(capsys, *argv) -> str:
@@ -15,6 +21,32 @@ def _one_error(capsys, *argv) -> str:
     err = capsys.readouterr().err
     assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     return err.strip()
+
+
+def _profile(tmp_path: Path, name: str = "mybox") -> Path:
+    """The h200 preset's numbers under a name of its own, as a profile JSON."""
+    path = tmp_path / f"{name}.json"
+    save_profile(PRESETS["h200-pcie5-nvme4"], path)
+    path.write_text(json.dumps(json.loads(path.read_text()) | {"name": name}))
+    return path
+
+
+# ----------------------------------------------------------------------------- finding 1
+
+
+def test_out_naming_the_hardware_profile_json_is_refused_before_any_work_even_through_a_symlink(
+        tmp_path: Path, capsys, monkeypatch) -> None:
+    profile = _profile(tmp_path)
+    before = profile.read_bytes()
+    link = tmp_path / "link.json"
+    link.symlink_to(profile)
+    monkeypatch.chdir(tmp_path)
+    for out, hardware in ((profile, profile), ("mybox.json", profile), (link, profile), (profile, link)):
+        err = _one_error(capsys, "replay", HEAD, *MODELED, "--hardware", hardware, "--out", out, *QUIET)
+        assert err.startswith(f"tiercache replay: error: --out {out}: is the --hardware profile"), err
+        assert profile.read_bytes() == before
+    assert main(["replay", str(HEAD), *MODELED, "--hardware", str(profile), "--out", "r.json", *QUIET]) == 0
+    assert main(["replay", str(HEAD), *MODELED, "--hardware", "h200-pcie5-nvme4", "--out", "h200-pcie5-nvme4", *QUIET]) == 0
 
 
 # ----------------------------------------------------------------------------- finding 2

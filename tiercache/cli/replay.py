@@ -325,12 +325,31 @@ def check_not_the_trace(path: str, trace: str, option: str) -> None:
         UserError: writing ``path`` would overwrite or change the trace; names ``option``.
     """
     out, source = os.path.realpath(path), os.path.realpath(trace)
-    if out == source or (os.path.exists(out) and os.path.exists(source) and os.path.samefile(out, source)):
+    if _same_file(path, trace):
         raise UserError(f"{option} {path}: is the trace being replayed; writing results there would overwrite it "
                         "(give another file)")
     if os.path.isdir(source) and os.path.dirname(out) == source:
         raise UserError(f"{option} {path}: lies in the trace folder {trace}, whose files make up the trace; "
                         "give a file outside it")
+
+
+def _check_not_the_profile(path: str, hardware: str | None) -> None:
+    """Refuses an output file that is the ``--hardware`` profile JSON (a preset names no
+    file), before any work.
+
+    Raises:
+        UserError: writing ``path`` would overwrite the profile (named).
+    """
+    if hardware is not None and hardware not in PRESETS and _same_file(path, hardware):
+        raise UserError(f"--out {path}: is the --hardware profile {hardware}; writing results there would overwrite it "
+                        "(give another file)")
+
+
+def _same_file(first: str, second: str) -> bool:
+    """Whether two paths name one file: the same resolved path (through symlinks), or, both
+    existing, the same inode (a hard link)."""
+    a, b = os.path.realpath(first), os.path.realpath(second)
+    return a == b or (os.path.exists(a) and os.path.exists(b) and os.path.samefile(a, b))
 
 
 def fleet_from_options(args: argparse.Namespace) -> ResultsDocument:
@@ -343,10 +362,12 @@ def fleet_from_options(args: argparse.Namespace) -> ResultsDocument:
 
 
 def run(args: argparse.Namespace) -> int:
-    """``tiercache replay`` body. The output path is checked before the sweep."""
+    """``tiercache replay`` body. The output path is checked before the sweep (it must be
+    neither the trace nor the ``--hardware`` profile JSON)."""
     if args.out is not None:
         check_output_file(args.out, "--out")
         check_not_the_trace(args.out, args.trace, "--out")
+        _check_not_the_profile(args.out, args.hardware)
     if is_fleet(args):
         results = fleet_from_options(args)
         print(format_fleet(results))
