@@ -1,6 +1,7 @@
 """Probe Q24 findings on ``tiercache replay``'s options: ``--out`` never overwrites the
-``--hardware`` profile JSON, and ``--block-tokens`` is checked whether or not
-``--model``/``--layout`` is given."""
+``--hardware`` profile JSON, ``--block-tokens`` is checked whether or not ``--model``/``--layout``
+is given, and a hardware profile JSON is read as strictly as a trace (no empty name, no repeated
+or unknown key)."""
 
 from __future__ import annotations
 
@@ -61,3 +62,26 @@ def test_a_bad_block_tokens_on_a_step_trace_is_refused_with_or_without_model(tmp
             err = _one_error(capsys, "replay", trace, "--tiers", "hbm=2,dram=2", "--block-tokens", value, *model, *QUIET)
             assert err.startswith("tiercache replay: error: --block-tokens") and fragment in err, err
     assert main(["replay", str(trace), "--tiers", "hbm=2,dram=2", "--block-tokens", "16", *QUIET]) == 0
+
+
+# ----------------------------------------------------------------------------- finding 3
+
+
+def test_a_hardware_profile_json_with_an_empty_name_a_repeated_key_or_an_unknown_field_is_refused_naming_it(
+        tmp_path: Path, capsys) -> None:
+    good = json.loads(_profile(tmp_path).read_text())
+    links = json.dumps(good["links"])
+    cases = {
+        "empty": (json.dumps(good | {"name": ""}), "'name' must be a non-empty string"),
+        "blank": (json.dumps(good | {"name": "  "}), "'name' must be a non-empty string"),
+        "dupname": ('{"name": "x", "name": "y", "links": ' + links + ', "prefill_tokens_per_s": 28000}',
+                    "key 'name' appears more than once"),
+        "duplink": (json.dumps(good).replace('"latency_s"', '"latency_s": 1, "latency_s"', 1),
+                    "key 'latency_s' appears more than once"),
+        "extra": (json.dumps(good | {"extra": 1}), "unknown field 'extra'"),
+    }
+    for name, (text, fragment) in cases.items():
+        path = tmp_path / f"{name}.json"
+        path.write_text(text)
+        err = _one_error(capsys, "replay", HEAD, *MODELED, "--hardware", path, *QUIET)
+        assert err.startswith(f"tiercache replay: error: {path}: ") and fragment in err, err

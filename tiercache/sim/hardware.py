@@ -37,6 +37,8 @@ from typing import Any, Mapping
 from tiercache.errors import UserError
 from tiercache.results.outfile import replace_file
 
+from .tracelines import first_repeated_key
+
 __all__ = ["Link", "HardwareProfile", "PRESETS", "REFERENCE_MODEL", "REFERENCE_PARAMS", "REQUIRED_LINKS", "NETWORK_PRESETS", "with_network", "load_profile",
            "save_profile"]
 
@@ -53,6 +55,9 @@ STAGED_LINKS = {"nvme->hbm": ("nvme->dram", "dram->hbm"), "hbm->nvme": ("hbm->dr
 #: The network links of a shared remote tier (optional: a machine without one has none).
 NETWORK_LINKS = ("remote->dram", "dram->remote")
 
+
+#: The fields of a profile JSON: all required, no other.
+PROFILE_FIELDS = ("name", "links", "prefill_tokens_per_s")
 
 #: What a profile JSON may give, (low, high, unit), both ends included. Physically sane
 #: ranges (a KV link between 1 MB/s and 1 PB/s, at most 10 s per transfer; a prefill of 1
@@ -269,13 +274,14 @@ def with_network(profile: HardwareProfile, network: str) -> HardwareProfile:
 def load_profile(name_or_path: str | os.PathLike) -> HardwareProfile:
     """A preset by name, or a profile from a JSON file (see ``save_profile`` for the schema).
 
-    A file's bandwidths, latencies and prefill speed must lie in ``BANDWIDTH_RANGE``,
-    ``LATENCY_RANGE`` and ``PREFILL_RANGE``.
+    A file is read as strictly as a trace: exactly the fields ``PROFILE_FIELDS``, a name that
+    is not blank, no key twice in any object, and bandwidths, latencies and prefill speed in
+    ``BANDWIDTH_RANGE``, ``LATENCY_RANGE`` and ``PREFILL_RANGE``.
 
     Raises:
         UserError: neither a preset nor an existing file (the message lists the presets), or
-            a malformed file (the message names the file and the field, and the accepted
-            range of a value outside it).
+            a malformed file (the message names the file and the field or key, and the
+            accepted range of a value outside it).
     """
     text = os.fspath(name_or_path)
     if text in PRESETS:
@@ -286,21 +292,40 @@ def load_profile(name_or_path: str | os.PathLike) -> HardwareProfile:
         raise UserError(f"{text}: cannot read hardware profile: not a regular file (a folder, device, FIFO or socket)")
     try:
         with open(text, encoding="utf-8") as handle:
-            data = json.load(handle)
+            data = json.load(handle, object_pairs_hook=_keys_once)
+    except UserError as exc:  # a repeated key (_keys_once)
+        raise UserError(f"{text}: {exc}") from None
     except (OSError, ValueError, RecursionError, MemoryError) as exc:
         raise UserError(f"{text}: cannot read hardware profile: {exc or type(exc).__name__}") from None
     return _profile_from_json(text, data)
+
+
+def _keys_once(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json``'s ``object_pairs_hook`` for a profile: the object, refusing a repeated key
+    (which value is meant is ambiguous; the trace readers refuse it too)."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        raise UserError(f"key {first_repeated_key(pairs)!r} appears more than once in an object "
+                        "(which value is meant is ambiguous)")
+    return obj
 
 
 def _profile_from_json(path: str, data: Any) -> HardwareProfile:
     """Builds a profile from parsed JSON; errors are prefixed with the file's path."""
     if not isinstance(data, dict):
         raise UserError(f"{path}: a hardware profile must be a JSON object, got {type(data).__name__}")
-    for key in ("name", "links", "prefill_tokens_per_s"):
+    for key in PROFILE_FIELDS:
         if key not in data:
             raise UserError(f"{path}: missing field {key!r}")
-    if not isinstance(data["name"], str) or not isinstance(data["links"], dict):
-        raise UserError(f"{path}: 'name' must be a string and 'links' an object")
+    unknown = [key for key in data if key not in PROFILE_FIELDS]
+    if unknown:
+        raise UserError(f"{path}: unknown field {unknown[0]!r}; a hardware profile has exactly {', '.join(PROFILE_FIELDS)}")
+    name = data["name"]
+    if not isinstance(name, str) or not name.strip():  # results and reports name the profile by it
+        shown = repr(name) if isinstance(name, str) else type(name).__name__
+        raise UserError(f"{path}: 'name' must be a non-empty string, got {shown}")
+    if not isinstance(data["links"], dict):
+        raise UserError(f"{path}: 'links' must be an object, got {type(data['links']).__name__}")
     try:
         links = {name: _link_from_json(name, spec) for name, spec in data["links"].items()}
         rate = data["prefill_tokens_per_s"]  # null: no prefill speed
