@@ -1,7 +1,7 @@
 """Probe Q24 findings on ``tiercache replay``'s options: ``--out`` never overwrites the
 ``--hardware`` profile JSON, ``--block-tokens`` is checked whether or not ``--model``/``--layout``
-is given, and a hardware profile JSON is read as strictly as a trace (no empty name, no repeated
-or unknown key)."""
+is given, a hardware profile JSON is read as strictly as a trace (no empty name, no repeated or
+unknown key), and a codec after a ``--capacity`` value says that codecs belong to ``--tiers``."""
 
 from __future__ import annotations
 
@@ -85,3 +85,13 @@ def test_a_hardware_profile_json_with_an_empty_name_a_repeated_key_or_an_unknown
         path.write_text(text)
         err = _one_error(capsys, "replay", HEAD, *MODELED, "--hardware", path, *QUIET)
         assert err.startswith(f"tiercache replay: error: {path}: ") and fragment in err, err
+
+
+# ----------------------------------------------------------------------------- finding 4
+
+
+def test_a_codec_after_a_capacity_value_is_refused_saying_that_codecs_need_tiers(capsys) -> None:
+    for capacity, tiers in (("16GiB:int4", "hbm=16GiB:int4"), ("1000,4000:fp8", "hbm=4000:fp8")):
+        err = _one_error(capsys, "replay", HEAD, "--capacity", capacity, "--model", "llama-3-8b", *QUIET)
+        assert err.startswith("tiercache replay: error: --capacity") and f"--tiers {tiers}" in err, err
+        assert "cannot parse" not in err

@@ -247,7 +247,20 @@ def _capacities(text: str | None) -> tuple[Capacity, ...]:
     (``100,0.1k``, or a size and the block count it holds, are one capacity), as policies."""
     if text is None:
         return ()
-    return tuple(Capacity.parse(item, f"--capacity {item!r}") for item in parse_list(text, "--capacity"))
+    return tuple(_capacity(item) for item in parse_list(text, "--capacity"))
+
+
+def _capacity(item: str) -> Capacity:
+    """One ``--capacity`` item. A ``:codec`` after it (``16GiB:int4``) quantises a tier, which
+    only ``--tiers`` describes: refused with the ``--tiers`` spelling of a one-tier hierarchy.
+
+    Raises:
+        UserError: a codec suffix, or a value ``Capacity.parse`` refuses; names the item.
+    """
+    if ":" in item:
+        raise UserError(f"--capacity {item!r}: a codec after a capacity (':int8', ':fp8', ':int4') quantises a tier "
+                        f"of --tiers; give --tiers hbm={item} instead (one tier), not --capacity")
+    return Capacity.parse(item, f"--capacity {item!r}")
 
 
 def _hardware(args: argparse.Namespace) -> HardwareProfile | None:
