@@ -104,7 +104,7 @@ def test_prefetch_counts_reach_the_results_file_the_reader_and_the_report(tmp_pa
                      cache=CacheConfig((TierConfig("hbm", 2), TierConfig("dram", 10))), prefetch="topk_speculative")
     document = sweep(trace, spec)
     data = document.to_json()
-    assert data["schema_version"] == 8
+    assert data["schema_version"] == 9
     assert (data["runs"][0]["prefetched"], data["runs"][0]["prefetch_used"], data["runs"][0]["prefetch_wasted"]) == (2, 1, 1)
     back = ResultsDocument.from_json(json.loads(json.dumps(data)), "r.json")
     assert back.runs[0].prefetched == 2
@@ -139,8 +139,7 @@ def test_prefetch_counts_reach_the_results_file_the_reader_and_the_report(tmp_pa
 
 
 def test_step_next_use_is_the_next_read_before_any_write():
-    # write 1, 2 | read 3 | write 1 | read 2, 1
-    ids = np.array([1, 2, 3, 1, 2, 1])
+    # write 1, 2 | read 3 | write 1 | read 2, 1 (ids 1, 2, 3, 1, 2, 1)
     is_write = np.array([True, True, False, True, False, False])
     flat = np.array([3, 4, NO_NEXT_USE, 5, NO_NEXT_USE, NO_NEXT_USE])
     assert step_next_use(flat, is_write).tolist() == [NO_NEXT_USE, 4, NO_NEXT_USE, 5, NO_NEXT_USE, NO_NEXT_USE]

@@ -10,10 +10,13 @@ from dataclasses import dataclass
 
 from .errors import ConfigError
 
-__all__ = ["RemoteConfig", "RemoteWrite", "MIN_SEGMENT_BYTES"]
+__all__ = ["RemoteConfig", "RemoteWrite", "MIN_SEGMENT_BYTES", "DEFAULT_WRITE_HITS"]
 
 #: The smallest segment Mooncake's setup accepts ("Total size must be at least 16777216").
 MIN_SEGMENT_BYTES = 16 << 20
+#: Local hits after which ``selective`` publishes a block (``RemoteConfig.write_hits``'s default;
+#: a fleet replay's ``--write-hits`` default too).
+DEFAULT_WRITE_HITS = 2
 
 
 class RemoteWrite(enum.Enum):
@@ -59,7 +62,7 @@ class RemoteConfig:
     protocol: str = "tcp"
     device: str = ""
     write: RemoteWrite = RemoteWrite.THROUGH
-    write_hits: int = 2
+    write_hits: int = DEFAULT_WRITE_HITS
     timeout_s: float = 5.0
     retry_s: float = 1.0
     staging_blocks: int = 64

@@ -15,10 +15,12 @@ import shlex
 import sys
 from typing import Callable
 
-from ..config import REMOTE_TIER, Codec, KVLayout, Route, TraceKind, parse_capacity, parse_tiers, split_items
+from ..config import REMOTE_TIER, Codec, KVLayout, RemoteWrite, Route, TraceKind, parse_capacity, parse_tiers, split_items
 from ..policies import ADMISSION, PLACEMENT, PREFETCH, canonical_name
 from ..errors import UserError
-from ..report.fleet import LISTED_INSTANCES, fleet_pairs, fleet_summary_table, fleet_table, gain_sentence, summary_note
+from ..remote_config import DEFAULT_WRITE_HITS
+from ..report.fleet import (LISTED_INSTANCES, fleet_pairs, fleet_summary_table, fleet_table, gain_sentence, summary_note,
+                            write_text)
 from ..results import ResultsDocument
 from ..sim.fleet import FleetSpec, check_fleet_policy, sweep_fleet
 from ..sim.hardware import NETWORK_PRESETS, HardwareProfile, with_network
@@ -30,12 +32,18 @@ __all__ = ["add_fleet_options", "is_fleet", "fleet_from_args", "format_fleet", "
 
 
 def add_fleet_options(parser: argparse.ArgumentParser, once: type[argparse.Action]) -> None:
-    """``--instances``, ``--route`` and ``--network`` of ``tiercache replay``."""
+    """``--instances``, ``--route``, ``--remote-write``, ``--write-hits`` and ``--network`` of ``tiercache replay``."""
     parser.add_argument("--instances", type=int, action=once,
                         help="replay over N engine instances sharing the remote tier of --tiers (remote=CAP, last); "
                              "each instance has the tiers before it (default with remote=CAP: 1)")
     parser.add_argument("--route", choices=[r.value for r in Route], action=once,
                         help="how a fleet replay spreads requests over the instances (default: round_robin)")
+    parser.add_argument("--remote-write", choices=[w.value for w in RemoteWrite], action=once,
+                        help="when a fleet's instances write to the shared tier, as the live store's remote_write: "
+                             "through (default: each request's blocks once computed), back (only victims of the last "
+                             "private tier), selective (a block once hit --write-hits times locally)")
+    parser.add_argument("--write-hits", type=int, action=once,
+                        help=f"local hits after which --remote-write selective writes a block (default: {DEFAULT_WRITE_HITS})")
     parser.add_argument("--network", choices=list(NETWORK_PRESETS), action=once,
                         help="network of the shared remote tier with --hardware (default: tcp-25g, unless the "
                              "profile JSON gives remote->dram and dram->remote)")
@@ -87,6 +95,23 @@ def _check_options(args: argparse.Namespace, remote: str | None) -> None:
     for option, given, why in refused:
         if given:
             raise UserError(f"{option}: does not apply to a fleet replay (remote=CAP in --tiers): {why}")
+    _check_write_hits(args)
+
+
+_WRITES_WITHOUT_HITS = {"through": "through writes every block it computes",
+                        "back": "back writes the victims of the last private tier"}
+
+
+def _check_write_hits(args: argparse.Namespace) -> None:
+    """``--write-hits`` only with ``--remote-write selective``, an integer in [1, 2**63) (what a
+    results file records)."""
+    if args.write_hits is None:
+        return
+    write = args.remote_write or RemoteWrite.THROUGH.value
+    if write != RemoteWrite.SELECTIVE.value:
+        raise UserError(f"--write-hits {args.write_hits}: applies to --remote-write selective ({_WRITES_WITHOUT_HITS[write]})")
+    if not 1 <= args.write_hits < 2**63:
+        raise UserError(f"--write-hits: must be an integer in [1, 2**63), got {args.write_hits}")
 
 
 def _is_not(value: str | None, default: str, table: dict[str, str]) -> bool:
@@ -95,8 +120,10 @@ def _is_not(value: str | None, default: str, table: dict[str, str]) -> bool:
 
 
 def refuse_fleet_only_options(args: argparse.Namespace) -> None:
-    """``--route`` and ``--network`` without a remote tier are errors (a one-engine replay)."""
-    for option, value in (("--route", args.route), ("--network", args.network)):
+    """``--route``, ``--remote-write``, ``--write-hits`` and ``--network`` without a remote tier are
+    errors (a one-engine replay)."""
+    for option, value in (("--route", args.route), ("--remote-write", args.remote_write), ("--write-hits", args.write_hits),
+                          ("--network", args.network)):
         if value is not None:
             raise UserError(f"{option} {value}: applies to a fleet replay; add remote=CAP as the last tier of --tiers")
 
@@ -130,7 +157,9 @@ def _specs(args: argparse.Namespace, private: str, remote: str, layout: KVLayout
             check_fleet_policy(policy)
         except ValueError as exc:
             raise UserError(f"--policy {policy}: {exc}") from None
-    return [FleetSpec(args.instances or 1, tiers, capacity, route, policy) for policy in policies]
+    write = RemoteWrite(args.remote_write or RemoteWrite.THROUGH.value)
+    hits = DEFAULT_WRITE_HITS if args.write_hits is None else args.write_hits
+    return [FleetSpec(args.instances or 1, tiers, capacity, route, policy, write, hits) for policy in policies]
 
 
 def fleet_from_args(args: argparse.Namespace, policies: tuple[str, ...], hardware: HardwareProfile | None,
@@ -177,7 +206,7 @@ def format_fleet(results: ResultsDocument) -> str:
         tiers = ",".join(f"{t.name}={t.capacity_blocks}" for t in run.tiers)
         shared = " (remote: shared)" if run.shared_writes is not None else " (no shared tier)"
         lines.append(f"{results.trace.name}: {results.trace.requests} requests over {len(run.instances)} instance(s) "
-                     f"({run.route.value}), {run.label}, tiers {tiers}{shared}, prefix semantics")
+                     f"({run.route.value}), {run.label}{write_text(run, ', ')}, tiers {tiers}{shared}, prefix semantics")
         many = len(run.instances) > LISTED_INSTANCES
         if many:
             lines.append(summary_note(len(run.instances)))

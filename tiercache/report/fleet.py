@@ -22,12 +22,14 @@ import io
 import statistics
 from typing import Callable
 
+from ..config import RemoteWrite
 from ..results import InstanceRecord, RunRecord
 from . import fmt
 from .document import Image, Paragraph, Section, Table
 
 __all__ = ["fleet_pairs", "fleet_table", "link_table", "gain_sentence", "fleet_plot", "fleet_section",
-           "fleet_summary_table", "summary_note", "link_summary_table", "fleet_distribution_plot", "LISTED_INSTANCES", "EXTREMES"]
+           "fleet_summary_table", "summary_note", "link_summary_table", "fleet_distribution_plot", "write_text",
+           "LISTED_INSTANCES", "EXTREMES"]
 
 #: The most instances a report lists one by one (a table row and a bar each); above it, summaries.
 LISTED_INSTANCES = 32
@@ -226,11 +228,31 @@ def _table(rows: list[list[str]], caption: str) -> Table:
     return Table(tuple(rows[0]), tuple(tuple(r) for r in rows[1:]), (False,) + (True,) * (len(rows[0]) - 1), caption)
 
 
+def write_text(run: RunRecord, lead: str = "") -> str:
+    """``write back``: how a fleet run's instances wrote to its shared tier (``write selective
+    (after 2 local hits)``), after ``lead``; empty for a run without a shared tier."""
+    if run.remote_write is None:
+        return ""
+    after = f" (after {run.write_hits} local hits)" if run.remote_write is RemoteWrite.SELECTIVE else ""
+    return f"{lead}write {run.remote_write.value}{after}"
+
+
+_HOW = {RemoteWrite.THROUGH: "each request's blocks once it is served",
+        RemoteWrite.BACK: "only the victims of their last private tier",
+        RemoteWrite.SELECTIVE: "a block once they hit it that often locally, and only such victims"}
+
+
 def _setting(run: RunRecord) -> str:
     private = " + ".join(f"{fmt.tier(n)} {fmt.integer(c)}" for n, c in _private_shape(run))
     remote = [t for t in run.tiers if t.name == "remote"]
     shared = f", one shared remote tier of {fmt.integer(remote[0].capacity_blocks)} blocks" if remote else ", no shared tier"
-    return f"{len(run.instances)} instances ({run.route.value}, {run.label}), private tiers {private} each{shared}"
+    how = f"{run.route.value}, {run.label}{write_text(run, ', ')}"
+    return f"{len(run.instances)} instances ({how}), private tiers {private} each{shared}"
+
+
+def _writes(run: RunRecord) -> str:
+    """What the instances wrote to the shared tier, as a sentence (empty without one)."""
+    return "" if run.remote_write is None else f" The instances write to the shared tier {_HOW[run.remote_write]}."
 
 
 def fleet_section(runs: list[RunRecord] | tuple[RunRecord, ...]) -> Section:
@@ -238,7 +260,7 @@ def fleet_section(runs: list[RunRecord] | tuple[RunRecord, ...]) -> Section:
     one row and one bar per instance up to ``LISTED_INSTANCES`` instances, summaries above."""
     blocks: list = []
     for number, (run, twin) in enumerate(fleet_pairs(runs), start=1):
-        blocks.append(Paragraph(f"Fleet {number}: {_setting(run)}. Prefix semantics; remote writes through."))
+        blocks.append(Paragraph(f"Fleet {number}: {_setting(run)}. Prefix semantics.{_writes(run)}"))
         blocks += _fleet_blocks(number, run, twin, len(run.instances) > LISTED_INSTANCES)
     if blocks:
         blocks.insert(0, Paragraph(

@@ -356,4 +356,4 @@ def _sort_key(run: Run) -> tuple:
     # listed them (the --policy order), which is also the legend order.
     # Hierarchies of one total capacity sort by their split (tier shape), each one's runs together.
     return (run.semantics.value, run.mode.value, run.capacity_blocks, run.tier_shape, len(run.instances or ()),
-            run.route.value if run.route else "")
+            run.route.value if run.route else "", run.remote_write.value if run.remote_write else "", run.write_hits or 0)

@@ -15,6 +15,7 @@ from ..config import REMOTE_TIER, TIER_NAMES, Semantics, TraceKind
 from ..results import LayoutInfo, TierRecord
 from . import fmt
 from .document import Table
+from .fleet import write_text
 from .model import ReportData, Run, per_layer_block
 from .summary import (BASELINE, BELADY, BEYOND_BELADY, CapacityBest, beats_plain_belady, gap_closed, gap_text, gaps_for,
                       half_references, is_offline, is_plain, layouts_need_naming, own_references, run_references)
@@ -78,8 +79,9 @@ def _base_columns() -> list[_Column]:
 
 
 def _fleet_text(run: Run) -> str:
-    """``, 4 instances (round_robin)`` for a fleet run (private tiers are each instance's)."""
-    return f", {len(run.instances)} instances ({run.route.value})" if run.is_fleet else ""
+    """``, 4 instances (round_robin, write back)`` for a fleet run (private tiers are each
+    instance's; the write mode where it has a shared tier)."""
+    return f", {len(run.instances)} instances ({run.route.value}{write_text(run, ', ')})" if run.is_fleet else ""
 
 
 def _tier_columns(runs: tuple[Run, ...]) -> list[_Column]:
@@ -324,7 +326,7 @@ def _csv_header(data: ReportData) -> list[str]:
     if any(r.prefetched is not None for r in data.runs):
         header += list(_CSV_PREFETCH)
     if any(r.is_fleet for r in data.runs):
-        header += ["instances", "route", "shared_writes"]
+        header += ["instances", "route", "shared_writes", "remote_write", "write_hits"]
     header += [f"{n}_{field}" for n in tiers for field in _CSV_TIER_FIELDS]
     header += [f"bytes_{link}" for link in links] + [f"seconds_{part}" for part in parts]
     return header + ["prefill_tokens", "prefill_tokens_saved", "ttft_saved_s", "wall_seconds"]
@@ -346,7 +348,8 @@ def _csv_row(run: Run, gap: float | None, refs: tuple[Run | None, Run | None]) -
     if run.prefetched is not None:
         row |= {key: getattr(run, key) for key in _CSV_PREFETCH}
     if run.is_fleet:
-        row |= {"instances": len(run.instances), "route": run.route.value, "shared_writes": run.shared_writes}
+        row |= {"instances": len(run.instances), "route": run.route.value, "shared_writes": run.shared_writes,
+                "remote_write": run.remote_write.value if run.remote_write else None, "write_hits": run.write_hits}
     for tier in run.tiers:
         for field in _CSV_TIER_FIELDS:
             row[f"{tier.name}_{field}"] = getattr(tier, field)

@@ -1,5 +1,6 @@
-"""The one ``results.json`` schema (``records``: the frozen records, the versions, reading
-and writing; ``reader``: the strict reader of every version). Metadata plane."""
+"""The one ``results.json`` schema (``records``: the frozen records and the versions;
+``reader``: the strict reader of every version; ``files``: reading and writing a file).
+Metadata plane."""
 
 from .records import (
     READABLE_VERSIONS,
@@ -14,10 +15,9 @@ from .records import (
     TierRecord,
     TraceInfo,
     TraceKind,
-    read_results,
     run_label,
-    write_results,
 )
+from .files import read_results, write_results
 
 __all__ = [
     "SCHEMA_VERSION", "READABLE_VERSIONS", "Semantics", "Mode", "Route", "TraceKind", "TraceInfo", "LayoutInfo", "TierRecord",

@@ -24,8 +24,8 @@ from ..config import REMOTE_TIER, TIER_NAMES, Codec
 from ..errors import UserError
 from .hwinfo import read_hardware_info
 from .records import (
-    FINGERPRINT_PREFIX, READABLE_VERSIONS, InstanceRecord, LayoutInfo, Mode, Route, ResultsDocument, RunRecord, Semantics,
-    TierRecord, TraceInfo, TraceKind,
+    FINGERPRINT_PREFIX, READABLE_VERSIONS, InstanceRecord, LayoutInfo, Mode, RemoteWrite, Route, ResultsDocument, RunRecord,
+    Semantics, TierRecord, TraceInfo, TraceKind,
 )
 
 __all__ = ["read_document"]
@@ -61,15 +61,16 @@ _HIT_SPLIT = ("hits_in_place", "hits_promoted", "in_place_bytes", "promoted_byte
 # ``_read_run`` narrows to "none" outside decode semantics; versions 1 and 2 had no prefetch.
 # Versions before 8 did not record whether a run's policy is offline: None ("not recorded").
 # Version 8 files written before the prefetch counts lack them (optional there): None ("not recorded").
+# Versions before 9 wrote through alone: no write mode (None, which a fleet run with a shared tier reads as through).
 _PREFETCH_COUNTS = ("prefetched", "prefetch_used", "prefetch_wasted")
-_V8_ABSENT = dict.fromkeys(_PREFETCH_COUNTS)
+_V8_ABSENT = dict.fromkeys(_PREFETCH_COUNTS) | {"remote_write": None, "write_hits": None}
 _V7_ABSENT = _V8_ABSENT | {"offline": None}
 _V6_ABSENT = _V7_ABSENT | {"prefetch": None}
 _V5_ABSENT = _V6_ABSENT | {"placement": "top"}
 _V4_ABSENT = _V5_ABSENT | {"instances": None, "route": None, "shared_writes": None}
 _V3_ABSENT = _V4_ABSENT | {"codec": "none", "block_bytes": None}
 _V2_ABSENT = _V3_ABSENT | dict.fromkeys(_HIT_SPLIT) | {"prefetch": "none"}
-_ABSENT = {8: _V8_ABSENT, 7: _V7_ABSENT, 6: _V6_ABSENT, 5: _V5_ABSENT, 4: _V4_ABSENT, 3: _V3_ABSENT, 2: _V2_ABSENT, 1: _V2_ABSENT | {
+_ABSENT = {9: {}, 8: _V8_ABSENT, 7: _V7_ABSENT, 6: _V6_ABSENT, 5: _V5_ABSENT, 4: _V4_ABSENT, 3: _V3_ABSENT, 2: _V2_ABSENT, 1: _V2_ABSENT | {
     "recomputed": None, "failed_transfers": None, "promote_skipped": None, "lost": None,
     "bytes_moved": {}, "modeled_seconds": {}, "prefill_tokens": None, "prefill_tokens_saved": None, "ttft_saved_s": None,
 }}
@@ -213,7 +214,7 @@ _TIER_COUNTS_V2 = ("failed_transfers", "promote_skipped", "lost")
 _RUN_KEYS = ("policy", "admission", "semantics", "mode", "capacity_blocks", "accesses", "hits", "misses",
              "miss_ratio", "hit_ratio", "tiers", "wall_seconds", "recomputed", "bytes_moved", "modeled_seconds",
              "prefill_tokens", "prefill_tokens_saved", "ttft_saved_s", "instances", "route", "shared_writes", "placement",
-             "prefetch", "offline")
+             "prefetch", "offline", "remote_write", "write_hits")
 _INSTANCE_KEYS = ("instance", "requests", "accesses", "hits", "misses", "tier_hits", "bytes_moved", "modeled_seconds",
                   "prefill_tokens_saved", "ttft_saved_s")
 _LAYOUT_INTS = ("layers", "kv_heads", "head_dim", "block_tokens", "block_bytes")
@@ -335,11 +336,30 @@ def _read_run(value: Any, source: str, label: str, version: int) -> RunRecord:
         "prefetch": _read_prefetch(obj, semantics),
         "offline": obj.take("offline", _nullable(_flag), "null or a boolean (whether the policy reads the future)"),
         **{key: obj.take(key, _nullable(_count), "null or a non-negative integer") for key in _PREFETCH_COUNTS},
+        "remote_write": _read_remote_write(obj, records),
+        "write_hits": obj.take("write_hits", _nullable(_positive), "null or a positive integer"),
     }
     try:
         return RunRecord(**fields)
     except ValueError as exc:  # the record's own invariants (counts that do not add up)
         raise UserError(f"{obj.where}: inconsistent counts: {exc}") from None
+
+
+def _read_remote_write(run: _Object, tiers: tuple[TierRecord, ...]) -> RemoteWrite | None:
+    """A run's ``remote_write``: a ``RemoteWrite`` value, or null. Null on a fleet run with a
+    shared tier reads as ``through`` in files before version 9 (the record's default), and is
+    refused from version 9 on (every replay with a shared tier records its mode).
+
+    Raises:
+        UserError: not null or a mode, or null on a version 9 fleet run with a shared tier.
+    """
+    modes = "/".join(w.value for w in RemoteWrite)
+    write = run.take("remote_write", _nullable(_member(RemoteWrite)), f"null or {modes}")
+    shared = run.value.get("instances") is not None and any(t.name == REMOTE_TIER for t in tiers)
+    if write is None and shared and run.version >= 9:
+        raise UserError(f"{run.where}: field 'remote_write' must be {modes} for a fleet run with a shared remote tier, "
+                        "got None")
+    return write
 
 
 def _read_mode(run: _Object, tiers: tuple[TierRecord, ...]) -> Mode:

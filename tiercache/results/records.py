@@ -7,7 +7,14 @@ manager keeps. Metadata plane: no torch, no numpy.
 
 Versions:
 
-* **8** (written now): ``"schema_version": 8``. New against version 7: each run's
+* **9** (written now): ``"schema_version": 9``, every key below present. New against version 8:
+  each run's ``remote_write``, when a fleet run's instances wrote to the shared tier
+  (``through``, ``back`` or ``selective``: ``tiercache.config.RemoteWrite``; null for a run
+  without a shared tier), and ``write_hits``, the local hits after which ``selective`` writes a
+  block (null for the other modes). A version too: a reader that predates them would take a
+  write-back run for a write-through one (its only mode) and two such runs for one.
+* **8**: read with every field version 8 wrote required; the upgrade reads a fleet run with a
+  shared tier as written ``through`` (the only mode before version 9). New against version 7: each run's
   ``offline``, whether its eviction policy reads the future (its class's ``needs_future``:
   Belady, or an out-of-tree offline policy), so a report classifies it without importing the
   policy; ``null`` only where the maker of the record did not say. Optional in version 8 (added
@@ -70,30 +77,24 @@ for a run, its 1-based index.
 
 from __future__ import annotations
 
-import json
 import math
-import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Mapping
 
-from ..config import Codec, KVLayout, Mode, Route, Semantics, TraceKind
-from ..errors import UserError
+from ..config import Codec, KVLayout, Mode, RemoteWrite, Route, Semantics, TraceKind
 from .hwinfo import HardwareInfo
-from .outfile import replace_file
 
 __all__ = [
-    "SCHEMA_VERSION", "READABLE_VERSIONS", "Semantics", "Mode", "Route", "TraceKind", "TraceInfo", "LayoutInfo", "TierRecord",
-    "InstanceRecord", "RunRecord", "ResultsDocument", "run_label", "read_results", "write_results", "FINGERPRINT_PREFIX",
-    "legacy_fingerprint",
+    "SCHEMA_VERSION", "READABLE_VERSIONS", "Semantics", "Mode", "Route", "RemoteWrite", "TraceKind", "TraceInfo", "LayoutInfo",
+    "TierRecord", "InstanceRecord", "RunRecord", "ResultsDocument", "run_label", "FINGERPRINT_PREFIX", "legacy_fingerprint",
 ]
 
 _CODEC_NAMES = tuple(c.value for c in Codec)
 
 #: The version ``ResultsDocument.to_json`` writes.
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 #: Versions ``ResultsDocument.from_json`` reads (older ones upgraded on reading).
-READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8)
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9)
 
 
 #: Prefix of a trace fingerprint (xxh3-128 of the file's bytes); a fingerprint without it is
@@ -272,6 +273,9 @@ class RunRecord:
     instance's, and the ``remote`` tier is the one shared tier (its capacity the store's, its
     hits the shared hits); ``shared_writes`` counts blocks written to the shared tier (None
     without one). ``route`` and ``shared_writes`` are None outside fleet replays.
+    ``remote_write`` (how the instances wrote to the shared tier) is set exactly on fleet runs
+    with a ``remote`` tier (given None there, ``through``: the only mode before results version
+    9); ``write_hits`` (at least 1) exactly when it is ``selective``.
     """
 
     policy: str
@@ -301,6 +305,8 @@ class RunRecord:
     prefetched: int | None = None
     prefetch_used: int | None = None
     prefetch_wasted: int | None = None
+    remote_write: RemoteWrite | None = None
+    write_hits: int | None = None
 
     def __post_init__(self) -> None:
         if self.hits + self.misses != self.accesses:
@@ -315,6 +321,7 @@ class RunRecord:
             raise ValueError("route and shared_writes belong to fleet runs (with instances)")
         if not self.tiers:
             raise ValueError("a run has at least one tier")
+        self._check_remote_write()
         if sum(t.hits for t in self.tiers) != self.hits:
             raise ValueError(f"the tiers' hits do not add up to hits {self.hits}")
         self._check_ratios()
@@ -339,6 +346,20 @@ class RunRecord:
         if self.prefetch_used + self.prefetch_wasted > self.prefetched:
             raise ValueError(f"prefetch_used {self.prefetch_used} + prefetch_wasted {self.prefetch_wasted} > "
                              f"prefetched {self.prefetched}")
+
+    def _check_remote_write(self) -> None:
+        """A write mode on fleet runs with a shared tier alone (``through`` where not given), and
+        a selective threshold (at least 1) with ``selective`` alone."""
+        shared = self.instances is not None and any(t.name == "remote" for t in self.tiers)
+        if shared and self.remote_write is None:
+            object.__setattr__(self, "remote_write", RemoteWrite.THROUGH)
+        if self.remote_write is not None and not shared:
+            raise ValueError(f"remote_write belongs to fleet runs with a shared remote tier, got {self.remote_write.value!r}")
+        if (self.write_hits is not None) != (self.remote_write is RemoteWrite.SELECTIVE):
+            raise ValueError(f"write_hits belongs to selective remote writes (and they need it), got write_hits "
+                             f"{self.write_hits} with remote_write {self.remote_write.value if self.remote_write else None}")
+        if self.write_hits is not None and self.write_hits < 1:
+            raise ValueError(f"write_hits must be at least 1, got {self.write_hits}")
 
     def _check_ratios(self) -> None:
         """The ratios agree with the counts (as ``replay`` computes them: 0.0 without accesses)."""
@@ -384,7 +405,7 @@ class RunRecord:
     def key(self) -> tuple:
         """What identifies a run among others of one trace (two runs with one key are the same run)."""
         shape = self.tier_shape
-        fleet = () if self.instances is None else (len(self.instances), self.route)
+        fleet = () if self.instances is None else (len(self.instances), self.route, self.remote_write, self.write_hits)
         return (self.policy, self.admission, self.placement, self.prefetch, self.semantics, self.mode, self.capacity_blocks,
                 shape) + fleet
 
@@ -394,7 +415,8 @@ class RunRecord:
         record |= {"semantics": self.semantics.value, "mode": self.mode.value, "tiers": [t.to_json() for t in self.tiers],
                    "bytes_moved": dict(self.bytes_moved), "modeled_seconds": dict(self.modeled_seconds),
                    "instances": None if self.instances is None else [i.to_json() for i in self.instances],
-                   "route": None if self.route is None else self.route.value}
+                   "route": None if self.route is None else self.route.value,
+                   "remote_write": None if self.remote_write is None else self.remote_write.value}
         return record
 
 
@@ -453,48 +475,3 @@ class ResultsDocument:
         from .reader import read_document  # the reader imports these records
 
         return read_document(data, source)
-
-
-def read_results(path: str | Path) -> ResultsDocument:
-    """Reads and checks one results.json.
-
-    Raises:
-        UserError: missing, empty or non-JSON file, or as ``ResultsDocument.from_json``.
-    """
-    file = Path(path)
-    if file.is_dir():
-        raise UserError(f"{path}: is a directory, not a results file")
-    if not file.is_file():
-        raise UserError(f"{path}: no such results file" if not file.exists() else
-                        f"{path}: not a regular file (a device, FIFO or socket), not a results file")
-    text = file.read_text(encoding="utf-8", errors="replace")
-    if not text.strip():
-        raise UserError(f"{path}: the results file is empty (no runs)")
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{path}: not a JSON results file ({exc.msg}: line {exc.lineno} column {exc.colno})") from None
-    except ValueError:  # an integer literal of more digits than Python converts
-        raise UserError(f"{path}: not a results file (a number of more than {sys.get_int_max_str_digits()} digits)") from None
-    except RecursionError:
-        raise UserError(f"{path}: not a results file (JSON nested too deeply)") from None
-    return ResultsDocument.from_json(data, str(path))
-
-
-def write_results(path: str | Path, document: ResultsDocument, option: str) -> None:
-    """Writes ``document`` as results.json, whole or not at all: a write that fails part-way
-    leaves an earlier file at ``path`` as it was (``outfile.replace_file``).
-
-    Invariants: a file written here is one ``read_results`` accepts; a figure that is not a
-    finite number (which the reader refuses) fails the write instead.
-
-    Raises:
-        UserError: the file cannot be written, or a figure is NaN or infinite (the message
-            names ``option`` and the file).
-    """
-    try:
-        text = json.dumps(document.to_json(), indent=1, allow_nan=False)
-    except ValueError:
-        raise UserError(f"{option} {path}: a figure of this run is not a finite number (NaN or infinite); "
-                        "nothing was written") from None
-    replace_file(path, text, f"{option} {path}")

@@ -17,15 +17,18 @@ Mooncake master and its eviction. Per request, in prefix semantics (``tiercache 
    pinned there too (``_Store.reading``, as a live store's in-flight read pins them): a put
    made while they are read (a block demoted into the view to make room for them) never
    evicts them, so every remote hit is a block the store held when it was read;
-3. the rest is recomputed and stored locally, and written to the store at once
-   (``remote_write=through``, the live default), the instance's view included: the request's
+3. the rest is recomputed and stored locally, and written to the store as the fleet's write
+   mode says (``FleetSpec.write``, the live store's ``RemoteWrite``; ``tiercache.sim.fleetwrite``).
+   ``through`` (the live default) writes at once, the instance's view included: the request's
    blocks its view does not list, from its start (the hit part held only locally included, as
    a serving engine's store writes the chunks of a prompt it lacks), all of them or, when they
    are more than the view can take without evicting the request's own view entries, their
    head (``TierManager.publish`` with ``prefix``: no block is written whose parent prefix the
-   store lacks, and the prefix it holds is never evicted for one); a victim of
-   the last local tier is demoted into the view, or just leaves when the view holds it
-   (then nothing is put, as live, even where the view is stale).
+   store lacks, and the prefix it holds is never evicted for one). ``back`` publishes nothing;
+   ``selective`` publishes a block once the instance hit it ``write_hits`` times locally (in
+   step 2). In every mode a victim of the last local tier is demoted into the view (under
+   ``selective`` only one hit that often), or just leaves when the view holds it (then nothing
+   is put, as live, even where the view is stale): under ``back`` that is how blocks reach the store.
 
 Every copy into the view is a put into the store (``_ViewEngine``), as the live medium's: a
 block the store holds is skipped (``already``: no bytes move, nothing is charged), the others
@@ -70,16 +73,18 @@ import numpy as np
 import psutil
 
 import tiercache
-from tiercache.config import Codec, KVLayout, Mode, Route, Semantics, TierConfig
+from tiercache.config import Codec, KVLayout, Mode, RemoteWrite, Route, Semantics, TierConfig
 from tiercache.core.manager import TierManager
 from tiercache.core.plans import Ev, TransferPlan
 from tiercache.core.stats import HierarchyStats, TierCounters
 from tiercache.errors import UserError
 from tiercache.policies import get_eviction, make_admission, make_eviction
+from tiercache.remote_config import DEFAULT_WRITE_HITS
 from tiercache.results import InstanceRecord, LayoutInfo, ResultsDocument, RunRecord
 from tiercache.results.hwinfo import HardwareInfo
 
 from .engine import SimEngine
+from .fleetwrite import Writer
 from .hardware import NETWORK_PRESETS, HardwareProfile
 from .hitcost import HitCost, HitMeter
 from .loader import Trace
@@ -98,13 +103,17 @@ INSTANCE_BYTES = 8192
 @dataclass(frozen=True)
 class FleetSpec:
     """A fleet: ``instances`` engines with private ``tiers`` and a shared tier of
-    ``remote_blocks`` (0: none), one eviction ``policy`` everywhere, a ``route``."""
+    ``remote_blocks`` (0: none), one eviction ``policy`` everywhere, a ``route``, and when the
+    instances write to the shared tier (``write``; ``write_hits``: the local hits after which
+    ``selective`` writes a block, unused by the other modes)."""
 
     instances: int
     tiers: tuple[TierConfig, ...]
     remote_blocks: int
     route: Route = Route.ROUND_ROBIN
     policy: str = "lru"
+    write: RemoteWrite = RemoteWrite.THROUGH
+    write_hits: int = DEFAULT_WRITE_HITS
 
     def __post_init__(self) -> None:
         if self.instances < 1:
@@ -115,6 +124,10 @@ class FleetSpec:
             raise ValueError("FleetSpec.tiers: a fleet replay does not model quantised tiers (codec none only)")
         if self.remote_blocks < 0:
             raise ValueError(f"FleetSpec.remote_blocks must be non-negative, got {self.remote_blocks}")
+        if not isinstance(self.write, RemoteWrite):
+            raise ValueError(f"FleetSpec.write must be a RemoteWrite, got {self.write!r}")
+        if type(self.write_hits) is not int or self.write_hits < 1:
+            raise ValueError(f"FleetSpec.write_hits must be an integer of at least 1, got {self.write_hits!r}")
 
 
 class _Store:
@@ -194,9 +207,11 @@ class _Instance:
                  profile: HardwareProfile | None) -> None:
         shared = store is not None
         tiers = [(t.name, t.capacity_blocks) for t in spec.tiers] + ([("remote", spec.remote_blocks)] if shared else [])
+        self.writer = Writer(spec.write, spec.write_hits) if shared else None
+        admissions = [make_admission("always") for _ in spec.tiers] + ([self.writer.admission()] if shared else [])
         self.engine = _ViewEngine(tuple(n for n, _ in tiers), block_bytes, profile, store=store)
-        self.manager = TierManager(tiers, [make_eviction(spec.policy, c, i) for i, (_, c) in enumerate(tiers)],
-                                   [make_admission("always") for _ in tiers], engine=self.engine, shared_last=shared)
+        self.manager = TierManager(tiers, [make_eviction(spec.policy, c, i) for i, (_, c) in enumerate(tiers)], admissions,
+                                   engine=self.engine, shared_last=shared, events=self.writer.events() if shared else None)
         self.stats = HierarchyStats.for_tiers(tiers)
         self.meter = HitMeter(self.engine, len(tiers))
         self.requests = 0
@@ -278,14 +293,15 @@ def _request(instance: _Instance, store: _Store | None, run: list[int], input_le
     if store is None:
         m.access(run[:hit], keep_all=True)  # pinned: every block counted as reused below is a hit
     else:
+        hot = instance.writer.read(m, instance.remote, run[:hit])  # selective: local hits counted as it reads
         from_store = [b for b in run[:hit] if m.locate(b) == instance.remote]
         store.touch(from_store)
         with store.reading(from_store):  # pinned in the store too: a remote hit is a block it holds
             m.access(run[:hit], keep_all=True)
+        instance.writer.forget_departed(m)
     m.access(run[hit:], count_hits=False)
     if store is not None:
-        m.publish(run, prefix=True)  # through: the blocks the store lacks, from the start, are put into it
-        m.wait_all()
+        instance.writer.served(m, run, hot)  # through: the blocks the store lacks, from the start, are put into it
     saved = saved_prompt_tokens(hit, block_tokens, input_length)  # the last token is computed
     instance.saved.append(saved)
     return saved
@@ -401,7 +417,9 @@ def _record(spec: FleetSpec, instances: list[_Instance], store: _Store | None, l
         tiers=tiers, wall_seconds=round(wall, 4), bytes_moved=_summed(r.bytes_moved for r in rows),
         modeled_seconds=seconds, prefill_tokens=prefill_tokens, prefill_tokens_saved=saved,
         ttft_saved_s=None if profile is None else round(sum(r.ttft_saved_s for r in rows), 6),
-        instances=rows, route=spec.route, shared_writes=None if store is None else store.writes, prefetch="none")
+        instances=rows, route=spec.route, shared_writes=None if store is None else store.writes, prefetch="none",
+        remote_write=None if store is None else spec.write,
+        write_hits=spec.write_hits if store is not None and spec.write is RemoteWrite.SELECTIVE else None)
 
 
 def check_fleet_policy(policy: str) -> None:
