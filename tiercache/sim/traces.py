@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import json
 import os
 import stat
 from dataclasses import dataclass
@@ -33,7 +32,7 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 import xxhash
 
-from tiercache.errors import TraceError, UserError
+from tiercache.errors import TraceError
 from tiercache.policies.base import NO_NEXT_USE
 from tiercache.results import TraceKind
 from tiercache.results.outfile import replace_file_with
