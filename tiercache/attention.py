@@ -16,10 +16,10 @@ once the chunk in it has been computed.
 
 Sparse attention keeps, per block, the per-channel minimum and maximum of its keys (Quest,
 Tang et al. 2024). For a query ``q`` the largest score any key of the block can reach is
-``sum_c max(q_c * min_c, q_c * max_c)``; blocks are ranked by that upper bound (per head,
-relative to the head's best block, then the maximum over heads, so one block selection
-serves every head), the first (sink) and most recent blocks are always kept, and only the
-top ``budget`` blocks are read.
+``sum_c max(q_c * min_c, q_c * max_c)``; a softmax of those bounds over the blocks estimates
+each block's share of a head's attention, blocks are ranked by that share averaged over the
+query heads (one block selection serves every head), the first (sink) and most recent blocks
+are always kept, and only the top ``budget`` blocks are read.
 
 Shapes: ``q`` is ``[q_heads, 1, head_dim]``; KV for attention is ``[kv_heads, tokens,
 head_dim]``; GQA/MQA when ``q_heads`` is a multiple of ``kv_heads`` (query head ``h`` reads
@@ -345,22 +345,35 @@ def block_summaries(k_blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
 
 
 def block_scores(q: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor) -> torch.Tensor:
-    """Each block's upper bound on any key's score, one number per block.
+    """Each block's estimated share of the query's attention mass, as a log, one number per
+    block (one selection serves every head).
 
-    Per query head the bound is ``sum_c max(q_c * min_c, q_c * max_c) / sqrt(D)``; it is taken
-    relative to the head's best block (a bound in log-weight units), and a block's score is
-    the maximum over heads, so a block that matters to any head ranks high.
+    Per query head, the block's bound ``sum_c max(q_c * min_c, q_c * max_c) / sqrt(D)``
+    (``block_bounds``) stands for the log-weight of its keys, so a softmax of the bounds over
+    the blocks estimates the share of that head's attention each block holds. A block's score
+    is the log of that share averaged over every query head (of every KV head): the top
+    ``k`` blocks by score are then the ones that keep the most attention mass per head on
+    average, by the estimate. A head with diffuse attention (a small or aimless query)
+    spreads its shares evenly, so it adds about the same to every block and leaves the
+    ranking to the heads whose output depends on it (normalising each head by its best block
+    instead gave every block about 0 through such a head, which outranked the focused heads'
+    second-tier blocks: probe Q25).
 
     Args:
         q: ``[q_heads, 1, D]``; kmin, kmax: ``[blocks, kv_heads, D]``.
 
     Returns:
-        ``[blocks]`` float32 scores, at most 0 (``-inf`` for a block whose bound lies more
-        than float32's range below the best block's: its keys weigh nothing).
+        ``[blocks]`` float32 scores, each at most 0 up to rounding (the log of a share; the
+        shares sum to 1 over the blocks), ``-inf`` for a block whose log-share lies below
+        float32's range (bounds beyond it, computed in float64: its keys weigh nothing); NaN
+        only from inputs that are not finite.
+        Cost: two log-sum-exps over the ``[kv_heads, blocks, group]`` bounds on top of
+        ``block_bounds``, which dominates.
     """
-    bound = block_bounds(q, kmin, kmax)
-    bound = bound - bound.amax(dim=1, keepdim=True)
-    return bound.amax(dim=2).amax(dim=0).float()
+    bound = block_bounds(q, kmin, kmax)  # [kv, blocks, g]
+    share = bound - torch.logsumexp(bound, dim=1, keepdim=True)  # log of each head's share per block
+    heads = share.transpose(0, 1).reshape(share.shape[1], -1)  # [blocks, q_heads]: a contiguous reduction
+    return (torch.logsumexp(heads, dim=1) - math.log(heads.shape[1])).float()
 
 
 def block_bounds(q: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor) -> torch.Tensor:

@@ -127,7 +127,8 @@ class TieredKVCache(NoCopies):
             computes); the window holds ``depth * window_blocks`` blocks.
         sink_blocks, recent_blocks: blocks a sparse step always keeps at the start and end.
         speculate: how many blocks ranked right after a sparse selection become the prefetch
-            candidates, as a share of the budget (``topk_speculative`` brings them up).
+            candidates, as a share of the blocks the step reads, rounded up (``topk_speculative``
+            brings them up); 0: none (the policy then brings up only the next layer's first reads).
         write_through: inclusive hierarchy: every block is written to every tier when
             stored, so a promotion copies up and an upper tier's victim is simply dropped
             (reads never write back); the last tier then bounds what live sequences hold.

@@ -8,14 +8,13 @@ tail block that is not stored yet; every tier operation goes through the cache's
 
 from __future__ import annotations
 
-import math
 import os
 from typing import TYPE_CHECKING, Sequence as Seq
 
 import numpy as np
 import torch
 
-from tiercache.attention import Partial, block_scores, block_summaries, compute_dtype, select_blocks, stream_partial
+from tiercache.attention import Partial, block_summaries, compute_dtype, stream_partial
 from tiercache.config import AttentionMode
 from tiercache.errors import UserError
 from tiercache.keys import block_key, layer_key
@@ -28,6 +27,7 @@ from .holding import hold_recorded, release_holds
 from .keymap import scratch_key
 from .layerstate import LayerState
 from .ownership import NoCopies
+from .selection import ahead_ids, sparse_positions
 from .steps import StepReport, StepReports, step_report
 from .summaries import CorruptBlock, keep_summaries, summaries_of
 from .writeback import failed_writes, refused_blocks
@@ -168,7 +168,8 @@ class Sequence(NoCopies):
         Args:
             mode: ``AttentionMode.EXACT`` (every block) or ``AttentionMode.SPARSE``.
             budget: sparse only: blocks to read, as a share of the layer's blocks (a float
-                in ``(0, 1]``) or a count (an int >= 1); the sink and recent blocks count.
+                in ``(0, 1]``) or a count (an int >= 1); the sink and recent blocks count and
+                are always read (a smaller budget is raised to them: ``selection.read_budget``).
 
         Returns:
             ``[q_heads, 1, head_dim]`` in the compute dtype: float32 (float64 for float64
@@ -403,27 +404,12 @@ class Sequence(NoCopies):
 
     # -- reading --------------------------------------------------------------------------
     def _select(self, state: LayerState, q: torch.Tensor, count: int) -> tuple[np.ndarray, list[int]]:
-        """Block positions a sparse step reads (ascending) and the next-ranked candidates."""
-        if state.n == 0:
-            return np.zeros(0, dtype=np.int64), []
-        scores = block_scores(q, state.kmin[: state.n], state.kmax[: state.n])
-        selected, spare = select_blocks(scores, count, self.cache.sink_blocks, self.cache.recent_blocks,
-                                        spare=max(1, math.ceil(self.cache.speculate * count)))
-        return np.asarray(selected, dtype=np.int64), [int(state.ids[p]) for p in spare]
+        """Block positions a sparse step reads (ascending) and the next-ranked candidates (``selection``)."""
+        return sparse_positions(self.cache, state, q, count)
 
     def _ahead(self, layer: int, mode: AttentionMode) -> list[int]:
-        """Ids the next layer reads first that are not in HBM (for prefetch policies)."""
-        cache = self.cache
-        if layer + 1 >= len(self._layers):
-            return []
-        nxt = self._layers[layer + 1]
-        if mode is AttentionMode.EXACT:  # its first chunk, at most a quarter of HBM (the rest serves this read)
-            first = nxt.ids[: min(nxt.n, cache.window_blocks, max(1, cache.manager.dirs[0].capacity // 4))]
-        else:
-            fixed = set(range(min(cache.sink_blocks, nxt.n))) | set(range(max(0, nxt.n - cache.recent_blocks), nxt.n))
-            first = nxt.ids[sorted(fixed)]
-        top = cache.manager.dirs[0].slot_of
-        return [int(b) for b in first if int(b) not in top]
+        """Ids the next layer reads first that are not in HBM (for prefetch policies; ``selection``)."""
+        return ahead_ids(self.cache, self._layers, layer, mode)
 
     def _attend_blocks(self, layer: int, step: int, state: LayerState, q: torch.Tensor, mode: AttentionMode,
                        positions: np.ndarray, candidates: list[int]) -> Partial:
