@@ -52,6 +52,7 @@ import orjson
 
 from tiercache.errors import TraceError
 
+from .kvfolder import GZIP_SUFFIX as _GZIP_SUFFIX, conversation_files as _files, is_conversation_name, skipped_entries_warning
 from .steptrace import MAX_BLOCK_TOKENS
 from .tracelines import MAX_LINE_BYTES, first_repeated_key
 from .traces import MAX_TOKENS, FlatTrace, fingerprint_digest, fingerprint_of, id_list_field
@@ -71,8 +72,6 @@ _UTF8_BOM = b"\xef\xbb\xbf"
 #: keeps an endless or huge file (``/dev/zero``, a mistaken dump) from exhausting memory.
 MAX_CONVERSATION_BYTES = 256 << 20
 #: The names of a folder's conversation files, matched in any case: JSON, and JSON gzipped.
-_GZIP_SUFFIX = ".json.gz"
-_SUFFIXES = (".json", _GZIP_SUFFIX)
 
 
 @dataclass(frozen=True)
@@ -92,12 +91,6 @@ class Conversation:
     inputs: tuple[int, ...]
     outputs: tuple[int, ...]
     ids: tuple[list[int], ...]
-
-
-def is_conversation_name(name: str) -> bool:
-    """Whether a folder's entry ``name`` is read as a conversation file: ``*.json`` or
-    ``*.json.gz`` (gzipped), in any case (``a.JSON``)."""
-    return name.lower().endswith(_SUFFIXES)
 
 
 def is_kvtester(path: str | os.PathLike) -> bool:
@@ -197,7 +190,9 @@ def _parse_json(path: str, raw: bytes) -> Any:
     try:
         return json.loads(text, object_pairs_hook=_json_object)
     except (ValueError, RecursionError) as exc:
-        raise TraceError(path, None, f"malformed JSON: {exc}") from None
+        lines = " (one JSON object per line is a JSON Lines trace, read only uncompressed: gunzip it)" \
+            if path.lower().endswith(_GZIP_SUFFIX) and str(exc).startswith("Extra data") else ""
+        raise TraceError(path, None, f"malformed JSON: {exc}{lines}") from None
 
 
 class _RepeatedKeyObject(dict):
@@ -270,38 +265,6 @@ def _positive_int(path: str, obj: dict, field: str, where: str, allow_zero: bool
             span = f"[{low}, 2**{(high + 1).bit_length() - 1})"
         raise TraceError(path, None, f"{where}{field} must be an integer in {span}, got {_show(value)}")
     return value
-
-
-def _files(name: str) -> list[str]:
-    """The conversation files of a workload: ``name`` itself, or a folder's top-level entries
-    that ``is_conversation_name`` takes, sorted (subfolders and other files are not read:
-    ``skipped_entries_warning`` names them)."""
-    if not os.path.isdir(name):
-        return [name]
-    files = sorted(os.path.join(name, f) for f in os.listdir(name) if is_conversation_name(f))
-    if not files:
-        raise TraceError(name, None, "no conversation files (*.json) nor gzipped ones (*.json.gz) in the folder")
-    return files
-
-
-def skipped_entries_warning(path: str | os.PathLike) -> str | None:
-    """The one ``warning:`` line for a workload folder's entries that are not read as
-    conversations (subfolders, and files not named ``*.json``/``*.json.gz``), naming how many
-    and one of them (a subfolder or a ``.json``-like name first); None for a file, or a folder
-    whose entries are all read. Lists the folder once; opens nothing."""
-    name = os.fspath(path)
-    try:
-        skipped = sorted(f for f in os.listdir(name) if not is_conversation_name(f)) if os.path.isdir(name) else []
-    except OSError:
-        return None
-    if not skipped:
-        return None
-    folders = {f for f in skipped if os.path.isdir(os.path.join(name, f))}
-    first = min(skipped, key=lambda f: (f not in folders and ".json" not in f.lower(), f))
-    shown = os.path.join(name, first) + (os.sep if first in folders else "")
-    count = f"{len(skipped)} entries" if len(skipped) > 1 else "1 entry"
-    return (f"warning: {name}: {count} not read, e.g. {shown}: a workload folder's conversations are its own "
-            "*.json and *.json.gz files (any case); subfolders and other files are skipped")
 
 
 def load_kvtester_flat(path: str | os.PathLike, seed: int = 0,

@@ -104,6 +104,12 @@ def record_line(path: str | os.PathLike, index: int) -> int:
     return line
 
 
+#: The first bytes of a gzip stream, and what a JSON Lines trace that starts with them is told.
+_GZIP_MAGIC = b"\x1f\x8b"
+_GZIPPED = ("gzip-compressed (it starts with bytes 1f 8b): a JSON Lines trace is read uncompressed, gunzip it first "
+            "(only kv-cache-tester conversations are read as *.json.gz)")
+
+
 def _parse_object(name: str, line: int, raw: bytes) -> dict[str, Any]:
     # orjson (a JSON parser built for speed, UTF-8 validated, integers up to 2**64 - 1):
     # about 3x the json module on Mooncake lines, and parsing is most of a cold replay.
@@ -112,6 +118,8 @@ def _parse_object(name: str, line: int, raw: bytes) -> dict[str, Any]:
     except orjson.JSONDecodeError as exc:
         if str(exc).startswith(("depth limit", "recursion limit")):
             raise TraceError(name, line, _TOO_DEEP) from None
+        if line == 1 and raw.startswith(_GZIP_MAGIC):
+            raise TraceError(name, line, _GZIPPED) from None
         raise TraceError(name, line, _not_utf8(raw) or f"malformed JSON: {exc}") from None
     if not isinstance(obj, dict):
         raise TraceError(name, line, f"expected a JSON object, got {type(obj).__name__}")
