@@ -144,6 +144,20 @@ class TierManager(InsertMixin, RoomMixin, TransferMixin, HoldMixin):
                 return position
         return len(ids)
 
+    def touch(self, ids: Sequence[int]) -> None:
+        """Refreshes resident ``ids`` in the eviction policy of the (fastest) tier each lies
+        in, as a hit there does, but nothing moves, nothing is read and no event is emitted:
+        a writer storing again content a tier already holds (``TieredKVStore.put``) needs
+        none of its stored bytes. Ids not resident are skipped; each tier is told its ids
+        once each, in call order."""
+        by_tier: dict[int, list[int]] = {}
+        for block_id in dict.fromkeys(ids):
+            tier = self.locate(block_id)
+            if tier is not None:
+                by_tier.setdefault(tier, []).append(block_id)
+        for tier, run in by_tier.items():
+            self._hooks[tier].on_access(run, None)
+
     # -- reader references ---------------------------------------------------------------
     def ref(self, ids: Sequence[int]) -> None:
         """Counts one more reader of each resident id; referenced ids are never victims."""

@@ -28,6 +28,9 @@ __all__ = [
     "is_aligned",
     "check_blocks",
     "check_out",
+    "overlaps_itself",
+    "memory_span",
+    "shares_memory",
     "block_list",
     "normal_tensors",
 ]
@@ -158,19 +161,67 @@ def check_blocks(blocks: torch.Tensor, layout: KVLayout, count: int, what: str, 
         check_quantisable(blocks, what, limit)
 
 
-def check_out(out: torch.Tensor, layout: KVLayout, count: int, what: str) -> None:
+def check_out(out: torch.Tensor, layout: KVLayout, count: int, what: str,
+              pools: Sequence[tuple[str, torch.Tensor]] = ()) -> None:
     """``check_blocks`` for a caller's tensor a call writes into (an ``out=``): also refuses
     an inference tensor outside inference mode, which torch forbids writing (its I/O threads
-    would fail part-way otherwise).
+    would fail part-way otherwise), an ``out`` whose elements share memory (``overlaps_itself``:
+    a block written into it would land on another's bytes), and one whose memory meets one
+    of ``pools`` (``(name, tensor)``, the name as the message says it, e.g. "the store's hbm
+    pool": the memory of the tiers a read copies from, whose slots hold other stored blocks).
+    The caller checks before it reads or writes anything.
 
     Raises:
-        UserError: as ``check_blocks``, or ``out`` is an inference tensor and the caller is
-            not in ``torch.inference_mode()``.
+        UserError: as ``check_blocks``; ``out`` is an inference tensor and the caller is not
+            in ``torch.inference_mode()``; its elements (may) share memory; or it lies in the memory
+            of a pool (naming it). The message names ``what``.
     """
     check_blocks(out, layout, count, what)
     if out.is_inference() and not torch.is_inference_mode_enabled():
         raise UserError(f"{what}: an inference tensor (made under torch.inference_mode()) cannot be written outside "
                         "inference mode; pass a normal tensor, or call under torch.inference_mode()")
+    if overlaps_itself(out):
+        raise UserError(f"{what}: its elements share (or may share) memory: strides {list(out.stride())} for shape "
+                        f"{_shape_text(out.shape)} (a stride 0 where the size is above 1, as expand() makes, or strides "
+                        "that do not nest), so blocks written into it could overwrite each other; pass a tensor whose "
+                        "elements each have their own memory (torch.empty)")
+    for name, pool in pools:
+        if shares_memory(out, pool):
+            raise UserError(f"{what}: it lies in the memory of {name}, whose slots hold stored blocks (writing the "
+                            "result there would overwrite them); pass a buffer of its own")
+
+
+def overlaps_itself(tensor: torch.Tensor) -> bool:
+    """True when two elements of ``tensor`` may sit at one address: a dimension longer than
+    one with stride 0 (``expand``), or strides that do not nest (each dimension's stride, in
+    increasing order, must exceed the reach of those below it). Every view a slice, a
+    transpose or a reshape makes of a dense tensor nests, so none of them is refused; only
+    a hand-made ``as_strided`` interleaving may be refused although it does not overlap."""
+    reach = 0  # elements spanned by the dimensions seen so far, minus one
+    for stride, size in sorted((st, sz) for st, sz in zip(tensor.stride(), tensor.shape) if sz > 1):
+        if stride <= reach:
+            return True
+        reach += stride * (size - 1)
+    return False
+
+
+def memory_span(tensor: torch.Tensor) -> tuple[int, int]:
+    """``[start, end)`` byte addresses of the memory ``tensor``'s elements lie in (its first to
+    just past its last element; strides are never negative in torch); ``(0, 0)`` when empty."""
+    if tensor.numel() == 0:
+        return 0, 0
+    last = sum(stride * (size - 1) for stride, size in zip(tensor.stride(), tensor.shape))
+    start = tensor.data_ptr()
+    return start, start + (last + 1) * tensor.element_size()
+
+
+def shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """True when ``a`` and ``b`` are on one device and their ``memory_span``s meet (an ``a``
+    inside the gaps of a strided ``b`` counts: it lies within ``b``'s memory all the same)."""
+    if a.device != b.device:
+        return False
+    (a0, a1), (b0, b1) = memory_span(a), memory_span(b)
+    return a0 < b1 and b0 < a1
 
 
 def check_quantisable(blocks: torch.Tensor, what: str, limit: float, unit: str = "block", dim: int = 0) -> None:

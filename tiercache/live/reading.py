@@ -4,6 +4,9 @@ it exists to keep the store's module short, and is not used on its own.
 
 Every read settles the moves in flight first (``_settle``): a block a prefetch found
 unreadable is then reported as a missing key, never served and never left in the key map.
+Every block a read asks for is counted: a hit in the tier that serves it, or a miss
+(``stats()["misses"]``), counted before a read raises for it. An ``out=`` is checked before
+anything is looked up or read (``check_out``: nor may it lie in a pool of the store).
 """
 
 from __future__ import annotations
@@ -12,7 +15,10 @@ from typing import Sequence
 
 import torch
 
+from tiercache.core.plans import Ev
 from tiercache.data.buffers import check_out
+from tiercache.data.pools import BlockPool
+from tiercache.data.quantized import QuantizedPool
 
 from .reachable import reachable_ids
 from .reads import read_blocks
@@ -32,8 +38,11 @@ class StoreReads:
         flight (prefetches) are completed first, so the read sees the final placement.
 
         Raises:
-            UserError: ``out`` of the wrong dtype or shape, or an inference tensor outside inference mode.
-            KeyError: a key is not stored, or its stored copy proved unreadable (corrupt
+            UserError: ``out`` of the wrong dtype or shape, an inference tensor outside inference mode,
+                one whose elements share memory (``expand``), or one lying in a pool of this store
+                (a slice of ``hbm_tensor``): refused before anything is looked up or read.
+            KeyError: a key is not stored (each such key counted as a miss, the others counted
+                nothing: none is read), or its stored copy proved unreadable (corrupt
                 NVMe chunk: dropped and counted, never returned as data). A read that failed
                 with an I/O error, or got no answer from the remote store, raises
                 ``ReadIOError`` (a KeyError and OSError) naming the block: the block stays.
@@ -41,12 +50,12 @@ class StoreReads:
         keys = self._map.check_keys(keys, "TieredKVStore.get")
         with self._lock:
             self._check_open()
+            self._check_out(out, len(keys), "TieredKVStore.get out")
             ids = self._reachable_ids(keys)
             missing = [k for k, i in zip(keys, ids) if i is None or self.manager.locate(i) is None]
             if missing:
+                self._count_misses(len(missing))
                 raise KeyError(f"{len(missing)} of {len(keys)} keys are not stored (first: {missing[0].hex()})")
-            if out is not None:
-                check_out(out, self.layout, len(keys), "TieredKVStore.get out")
             self._promote_for_read(ids)
             return self._gather(keys, ids, out)
 
@@ -55,12 +64,15 @@ class StoreReads:
 
         The slots index ``hbm_tensor``; pin the keys first if the blocks must stay there
         while a kernel reads them. A key not stored, or whose block could not be brought to
-        HBM (no room, or unreadable), raises KeyError naming it.
+        HBM (no room, or unreadable), raises KeyError naming it; keys not stored are counted
+        as misses first.
         """
         keys = self._map.check_keys(keys, "TieredKVStore.get_slots")
         with self._lock:
             self._check_open()
             self._settle()  # as get: a block a move found unreadable is reported not stored
+            ids = self._map.ids(keys, register=False)
+            self._count_misses(sum(i is None or self.manager.locate(i) is None for i in ids))
             ids = self._map.stored_ids(keys, self.manager.locate, "TieredKVStore.get_slots")
             self._promote_for_read(ids)
             top = self.manager.dirs[0].slot_of
@@ -72,19 +84,45 @@ class StoreReads:
     def get_prefix(self, keys: Sequence[bytes], out: torch.Tensor | None = None) -> torch.Tensor:
         """The blocks of the longest readable prefix of ``keys`` (``get`` of that prefix):
         a block missing or unreadable (a remote value corrupt or evicted, a master that does
-        not answer: that block stays in the view) ends it instead of raising. ``out`` holds ``len(keys)`` blocks; a view of the filled
-        part is returned."""
+        not answer: that block stays in the view) ends it instead of raising. ``out`` holds
+        ``len(keys)`` blocks (checked as ``get`` checks it); a view of the filled part is returned.
+        The blocks from the first not stored on are misses, as a replay's prefix semantics counts
+        a request's blocks past its first miss."""
         keys = self._map.check_keys(keys, "TieredKVStore.get_prefix")
         with self._lock:
             self._check_open()
+            self._check_out(out, len(keys), "TieredKVStore.get_prefix out")
             ids = self._reachable_ids(keys, prefix=True)
             n = next((p for p, i in enumerate(ids) if i is None or self.manager.locate(i) is None), len(ids))
+            self._count_misses(len(ids) - n)
             self._promote_for_read(ids[:n])
             n = next((p for p, i in enumerate(ids[:n]) if self.manager.locate(i) is None), n)
             if out is not None:
-                check_out(out, self.layout, len(keys), "TieredKVStore.get_prefix out")
                 out = out[:n]
             return self._gather(keys[:n], ids[:n], out, partial=True)
+
+    def _check_out(self, out: torch.Tensor | None, count: int, what: str) -> None:
+        """``check_out`` of a caller's ``out`` (None: nothing to check) against this store's
+        pools: no result may be written over the slots of stored blocks."""
+        if out is not None:
+            check_out(out, self.layout, count, what, self._pool_memory())
+
+    def _pool_memory(self) -> list[tuple[str, torch.Tensor]]:
+        """The memory of every pool of this store (a plain pool's, header room included; a
+        quantised one's encoded bytes), each named as ``check_out`` says it."""
+        names = [directory.name for directory in self.manager.dirs]
+        pools = []
+        for index, (name, medium) in enumerate(zip(names, self._media)):
+            if isinstance(medium, BlockPool):
+                pools.append((f"the store's {name} pool" + (" (hbm_tensor)" if index == 0 else ""), medium.host_buffer))
+            elif isinstance(medium, QuantizedPool):
+                pools.append((f"the store's {name} pool", medium.encoded))
+        return pools
+
+    def _count_misses(self, count: int) -> None:
+        """Counts ``count`` blocks a read asked for and could not serve as misses."""
+        if count:
+            self.events.emit(Ev.MISS, 0, count)
 
     def _reachable_ids(self, keys: list[bytes], settle: bool = True, prefix: bool = False) -> list[int | None]:
         """``reachable_ids`` of this store (``prefix``: of a prefix read); with ``settle`` (a read)

@@ -34,6 +34,7 @@ from tiercache.keys import prefix_keys
 
 from .arguments import check_flag
 from .keymap import KeyMap
+from .lookups import LookupCounts
 from .lifecycle import (PersistError, Persisted, PersistWarning, adopt_stored_blocks, check_release, check_store, drop_scratch,
                         flush_and_close, persist_to_nvme, run_every_step)
 from .pending import Pending
@@ -93,7 +94,8 @@ class TieredKVStore(StoreReads, NoCopies):
                 self.engine.retain_moved_up(self.manager.locate, lambda tier: self.manager.dirs[tier].n_free)
             self._remote = None if remote is None else RemoteLink(self.manager, self._map, self._media[-1], remote, hits)
             self._stats = Traffic.for_store(tiers, self.tier_block_bytes, self.engine, self.manager)
-            self.token_mismatches, self._closed = 0, False
+            self.token_mismatches, self.refreshes, self._closed = 0, 0, False
+            self._lookups = LookupCounts()  # what lookup and match_prefix answered (the prefix-cache hit ratio)
             adopt_stored_blocks(self.manager, self._media, self._map, self.events)
         except BaseException:
             close_quietly(self._media)
@@ -117,8 +119,12 @@ class TieredKVStore(StoreReads, NoCopies):
         that the call's own later placements pushed out again (a batch larger than the room left), is
         not counted: a caller sees a refused put in the return value, and the reason in ``stats()``.
 
-        Keys already stored are refreshed (touched), not rewritten: a key names its content. If the copy
-        of new bytes fails, nothing of the failed blocks is kept and the error propagates; blocks placed before it stay stored.
+        Keys already stored are refreshed, not rewritten: a key names its content, so none of the stored
+        bytes is needed. Each is touched in its tier's eviction policy where it lies, as a hit there is, but
+        nothing is read or moved and nothing is counted as a hit or a read (``stats()["refreshes"]`` counts
+        them); one the call's own new blocks pushed out of the hierarchy is stored again from these bytes.
+        ``get`` or ``prefetch`` brings a block up. If the copy of new bytes fails, nothing of the failed
+        blocks is kept and the error propagates; blocks placed before it stay stored.
         With a remote tier under ``through`` the call's keys are published as one prefix, from the first
         (``RemoteLink.stored``): never a block whose parent key the store lacks.
 
@@ -137,16 +143,21 @@ class TieredKVStore(StoreReads, NoCopies):
             placed = set(new_ids)
             old = [ids[n] for n in valid if ids[n] not in placed]
 
-            def insert_then_touch() -> None:
+            def insert_then_refresh() -> None:
                 self.manager.insert(new_ids)
                 # An old block the insert pushed out of the hierarchy is stored again from
-                # these bytes (all of the call's blocks are staged), as any miss would be;
-                # that may push out some of the new ones again (counted only if they stay).
-                self.manager.access(old)
+                # these bytes (all of the call's blocks are staged); that may push out some
+                # of the new ones again (counted only if they stay). The others are touched
+                # where they lie: a refresh reads nothing, so it is charged nothing.
+                gone = [block_id for block_id in old if self.manager.locate(block_id) is None]
+                self.manager.touch(old)
+                self.refreshes += len(old)
+                if gone:
+                    self.manager.insert(gone)
 
             staged = kv_blocks if len(valid) == len(ids) else kv_blocks[valid]  # no copy in the common case
             try:
-                self._store_new([ids[n] for n in valid], staged, insert_then_touch)
+                self._store_new([ids[n] for n in valid], staged, insert_then_refresh)
                 stored = [block_id for block_id in new_ids if self.manager.locate(block_id) is not None]
                 if self._remote is not None:  # the call's blocks from its start, up to a collision
                     self._remote.stored(ids[: ids.index(None)] if None in ids else ids)
@@ -202,19 +213,27 @@ class TieredKVStore(StoreReads, NoCopies):
 
     # -- finding -------------------------------------------------------------------------
     def lookup(self, keys: Sequence[bytes]) -> tuple[int, list[str | None]]:
-        """Length of the stored prefix of ``keys``, and the tier holding each key (or None)."""
+        """Length of the stored prefix of ``keys``, and the tier holding each key (or None).
+
+        Counted in ``stats()["lookups"]``: the prefix's blocks as hits, the rest as misses."""
         keys = self._map.check_keys(keys, "TieredKVStore.lookup")
         with self._lock:
-            self._check_open()
-            ids = self._map.ids(keys, register=False)
-            confirmed = self._remote is None or self._remote.refresh_prefix(keys, ids)  # ask the store what we miss
-            if self._remote is not None:
-                self._consume()
-            tiers = [None if i is None else self.manager.locate(i) for i in ids]
-            tiers = tiers if confirmed else [None if t == self._remote.tier else t for t in tiers]  # no answer: misses
-            names = [None if t is None else self.manager.dirs[t].name for t in tiers]
-            prefix = next((n for n, name in enumerate(names) if name is None), len(names))
-            return prefix, names
+            found, names = self._find(keys)
+            self._lookups.count(len(keys), found)
+            return found, names
+
+    def _find(self, keys: list[bytes]) -> tuple[int, list[str | None]]:
+        """``lookup``'s answer, counted nowhere (the caller holds the lock and counts)."""
+        self._check_open()
+        ids = self._map.ids(keys, register=False)
+        confirmed = self._remote is None or self._remote.refresh_prefix(keys, ids)  # ask the store what we miss
+        if self._remote is not None:
+            self._consume()
+        tiers = [None if i is None else self.manager.locate(i) for i in ids]
+        tiers = tiers if confirmed else [None if t == self._remote.tier else t for t in tiers]  # no answer: misses
+        names = [None if t is None else self.manager.dirs[t].name for t in tiers]
+        prefix = next((n for n, name in enumerate(names) if name is None), len(names))
+        return prefix, names
 
     def match_prefix(self, token_ids: Sequence[int], namespace: bytes | str = b"") -> int:
         """How many leading tokens of this prompt are stored (whole blocks only).
@@ -222,17 +241,20 @@ class TieredKVStore(StoreReads, NoCopies):
         A block put with ``put_tokens`` counts only if its stored token ids equal the
         prompt's (a mismatch under an equal key is counted in ``stats()["token_mismatches"]``);
         blocks put by key alone, or adopted from NVMe on reopen, are confirmed by their full
-        16-byte key.
+        16-byte key. Counted in ``stats()["lookups"]`` once, in blocks: the prompt's full blocks
+        asked about, the confirmed ones as hits (a serving engine's prefix-cache hit ratio).
         """
         keys = prefix_keys(token_ids, block_tokens := self.layout.block_tokens, namespace)
         tokens = np.asarray(token_ids, dtype=np.int64)
         with self._lock:
-            found, _ = self.lookup(keys)
+            found, _ = self._find(keys)
             for index, block_id in enumerate(self._map.ids(keys[:found], register=False)):
                 stored = self._map.tokens.get(block_id)
                 if stored is not None and not np.array_equal(stored, tokens[index * block_tokens : (index + 1) * block_tokens]):
                     self.token_mismatches += 1
-                    return index * block_tokens
+                    found = index
+                    break
+            self._lookups.count(len(keys), found)
             return found * block_tokens
 
     # -- asynchronous moves --------------------------------------------------------------
@@ -310,14 +332,21 @@ class TieredKVStore(StoreReads, NoCopies):
     def stats(self) -> dict:
         """Per-tier hits (``hits_in_place`` of them read where they lie), inserts, evictions,
         moves; bytes that crossed each link, moves and reads in place (``traffic.Traffic``), and
-        moves that wrote nothing (``retained_takeups``, ``shared_already_held``); queue depth; NVMe stats."""
+        moves that wrote nothing (``retained_takeups``, ``shared_already_held``); queue depth; NVMe stats.
+
+        ``hits`` and ``misses`` count the blocks reads asked for (``access``, ``get``,
+        ``get_prefix``, ``get_slots``): served from a tier (a hit there) or not (a miss, counted
+        before a read raises for it). ``lookups`` counts what ``lookup`` and ``match_prefix``
+        answered (``LookupCounts``: the prefix-cache hit ratio); ``refreshes`` the blocks ``put``
+        found already stored (neither a read nor a hit)."""
         with self._lock:
             self._check_open()
             self._consume()
             names = self._stats.names
             nvme = self._media[names.index("nvme")].stats.copy() if "nvme" in names else None
             return {**self._stats.summary(), "queue_depth": self.engine.inflight, "key_collisions": self.collisions,
-                    "token_mismatches": self.token_mismatches, "nvme": nvme,
+                    "token_mismatches": self.token_mismatches, "lookups": self._lookups.as_dict(),
+                    "refreshes": self.refreshes, "nvme": nvme,
                     "remote": None if self._remote is None else self._remote.snapshot()}
 
     def flush(self) -> None:
