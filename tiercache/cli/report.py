@@ -19,7 +19,8 @@ from pathlib import Path
 from ..config import parse_layout
 from ..errors import UserError
 from ..report.across import (across_documents, gap_markdown, gap_notes, gap_rows, escape_table_text, left_out, split_rows,
-                              tuned_winners)
+                              tuned_notes, tuned_winners)
+from ..report.halves import FIRST_HALF_FILE, Halves, offered_labels, pair_halves
 from ..report.document import Paragraph, Section
 from ..report.lru_curve import same_trace
 from ..report.model import ReportData, from_documents, load_results
@@ -47,9 +48,10 @@ def add_parser(subparsers) -> None:
     compare.add_argument("-o", "--out", action=Once, default="report", help="report folder (default: report)")
     compare.add_argument("--split", action=OnceFlag,
                          help="replay the first and second half of the trace apart (each from a cold cache); name the "
-                              "winner per capacity on the first half and report the gap it closes on the second "
-                              "(plain lru and belady runs are added as references, without --admission or "
-                              "--placement); the report is of the second half")
+                              "winner per capacity among the --policy list on the first half and report the gap it "
+                              "closes on the second (plain lru and belady runs are added as references, without "
+                              "--admission or --placement, and are picked only where --policy names them); the report "
+                              "is of the second half")
     compare.set_defaults(func=run_compare)
     report = subparsers.add_parser(
         "report", help="build a comparison report from saved results.json files",
@@ -106,7 +108,9 @@ def _run_split(args: argparse.Namespace, command: str, started: float) -> int:
     The options are checked as given (an error quotes ``--policy`` as typed), and the trace
     must split, before the references are added: plain ``lru`` and ``belady`` runs
     (``SweepSpec.references``), the runs a gap closed is measured against, whatever
-    ``--admission`` and ``--placement`` the compared policies run with.
+    ``--admission`` and ``--placement`` the compared policies run with. The tuned and the
+    hindsight winners are picked among the ``--policy`` runs only (``offered_labels``): a
+    reference competes only where ``--policy`` names it, with the same admission and placement.
     """
     if not args.policy:
         raise UserError("--split: give the policies to choose among with --policy")
@@ -118,20 +122,21 @@ def _run_split(args: argparse.Namespace, command: str, started: float) -> int:
     spec = replace(spec, references=(BASELINE, BELADY))
     workers = args.workers or os.cpu_count() or 1
     tune, test = (replace(sweep(h, spec, workers, not args.no_progress), command=command) for h in halves)
+    offered = offered_labels(spec.policies, spec.admission, spec.placement)
     data = from_documents([test], [str(Path(args.out) / "results.json")])
-    table = gap_markdown(split_rows(tune, test))
+    table = gap_markdown(split_rows(tune, test, offered))
     first, total = tune.trace.requests, tune.trace.requests + test.trace.requests
     cold = _cold_halves(first, total)
     # The second half in memory draws its dense LRU curve: no file holds it.
     _write(args.out, data, halves[1], command, test, {
-        "results_first_half.json": json.dumps(tune.to_json(), indent=1),
+        FIRST_HALF_FILE: json.dumps(tune.to_json(), indent=1),
         "split.md": "# Tuned on the first half, reported on the second\n\n" + escape_table_text(cold) + "\n\n" + table,
     }, Section("Split halves", (Paragraph(
         f"This report is of the second half of the trace. {cold} The first half's runs are in "
         "results_first_half.json. The key findings and the table of the summary lead, as split.md does, with the "
         "policy tuned on the first half in each cache and the gap it closes on this half; the best in hindsight "
         "beside it is the policy that did best on this half itself, known only after it was run."),)),
-        tuned_winners(tune))
+        (tuned_winners(tune, offered), offered))
     print(table, end="")
     print(cold)
     _layout_notes(args, test)
@@ -151,41 +156,59 @@ def _cold_halves(first: int, total: int) -> str:
             f"second requests {first + 1}-{total}, and nothing the first half stored carries over, so the second half's "
             "figures (LRU's, Belady's and every policy's) count as misses the first uses of blocks the first half had "
             "already used. Every miss ratio and gap closed in split.md is of the second half; the policy tuned on the "
-            "first half is the one with the lowest miss ratio there.")
+            "first half is the --policy run with the lowest miss ratio there (the lru and belady runs added as "
+            "references compete only where --policy names them), and the best in hindsight is picked among the same.")
 
 
 def _run_across(args: argparse.Namespace) -> int:
     """``report --across``: one gap table over results files of any traces, each trace's runs
-    once (notes on stderr name the files and runs counted once, fleet runs left out and rows
-    without a gap for want of references made the same way; a trace, or a cache of one, with no
-    row is named on stderr and under the table).
+    once (notes on stderr name the files and runs counted once and fleet runs left out). The
+    two halves of a ``compare --split`` given together are one row per cache with split.md's
+    columns (``pair_halves``: the first half tunes, the second is reported); a second half
+    given alone is named, its row being the hindsight winner. Why a row reads n/a
+    (``gap_notes``, ``tuned_notes``) is said on stderr and under the table; a trace, or a cache
+    of one, with no row is named on stderr and under the table.
 
     Raises:
         UserError: the table would have no row (nothing is written then).
     """
-    documents, notes, sources = across_documents(args.results)
-    notes += [note for document in documents for note in gap_notes(document)]
-    missing = [sentence for document, files in zip(documents, sources) if (sentence := left_out(document, files))]
-    for note in notes + missing:
+    documents, notes, sources, offered = across_documents(args.results)
+    halves = pair_halves(documents, sources)
+    shown = [i for i in range(len(documents)) if i not in halves.tuned_by.values()]  # a first half paired tunes only
+    explained = halves.unpaired + [note for i in shown for note in gap_notes(documents[i], offered[i])]
+    missing = [sentence for i in shown if (sentence := left_out(documents[i], sources[i]))]
+    rows = [row for i in shown for row in _across_rows(documents, offered, halves, i)]
+    explained += tuned_notes(rows, {documents[i].trace.name for i in halves.tuned_by})
+    for note in notes + halves.notes + explained + missing:
         print(f"tiercache report: note: {note}", file=sys.stderr)
-    rows = [row for document in documents for row in gap_rows(document)]
     if not rows:
         raise UserError("no row for gaps.md: no file holds a one-engine run of an online policy (fleet runs and "
                         "offline policies alone give no best online policy); nothing written")
-    table = gap_markdown(rows, missing)
+    table = gap_markdown(rows, missing, explained)
     write_folder(args.out, {"gaps.md": "# Gap closed per trace and capacity\n\n" + table}, None)
     print(table, end="")
     return 0
 
 
+def _across_rows(documents: list[ResultsDocument], offered: list[frozenset[str] | None], halves: Halves, index: int) -> list:
+    """The gaps.md rows of document ``index``: split rows where a first half tunes it, picked
+    among the runs both halves offered (``across_documents``), else its hindsight winners."""
+    first = halves.tuned_by.get(index)
+    if first is None:
+        return gap_rows(documents[index], offered[index])
+    both = None if offered[first] is None or offered[index] is None else offered[first] | offered[index]
+    return split_rows(documents[first], documents[index], both)
+
+
 def _write(out: str, data: ReportData, trace: str | Trace | None, command: str, results: ResultsDocument | None,
-           extra: dict[str, str] | None = None, first: Section | None = None, tuned: dict[tuple, str] | None = None) -> None:
+           extra: dict[str, str] | None = None, first: Section | None = None,
+           split: tuple[dict[tuple, str], frozenset[str]] | None = None) -> None:
     """Writes the report folder (with the ``extra`` files, name -> text, and ``first`` as the
-    report's first section) all at once and says what it holds; ``trace`` and ``tuned`` as
-    ``build_document`` takes them."""
+    report's first section) all at once and says what it holds; ``trace`` as ``build_document``
+    takes it, ``split`` its ``tuned`` and ``candidates``."""
     from ..report.content import build_document  # loads matplotlib: only a command that draws plots needs it
 
-    document = build_document(data, trace, command, tuned)
+    document = build_document(data, trace, command, *(split or ()))
     if first is not None:
         document = replace(document, sections=(first, *document.sections))
     names = write_report(out, document, results_csv(data), results, data.version, extra)

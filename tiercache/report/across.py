@@ -4,7 +4,8 @@ Each row is one (trace, semantics, mode, tier layout): LRU's and Belady's miss r
 those tiers, the best online policy there (named) and the share of the LRU-to-Belady gap it
 closes. Two hierarchies of one total capacity are two rows, each against its own LRU and Belady. A split table
 adds what a comparison that cannot be fooled by hindsight reports: the winner picked on the
-first half of a trace and the gap it closes on the second half. A gap closed above 100% (a
+first half of a trace and the gap it closes on the second half (``report --across`` pairs the
+halves of a split it is given: ``halves.pair_halves``). A gap closed above 100% (a
 policy that missed less than Belady's replay, possible in prefix semantics and in hierarchies,
 where Belady's MIN is not the optimum) is shown as it is, marked, with a note under the table.
 
@@ -27,17 +28,18 @@ from ..results import ResultsDocument
 from ..results.records import FINGERPRINT_PREFIX, legacy_fingerprint
 from ..sim.loader import trace_fingerprint
 from . import fmt
+from .halves import offered_runs
 from .lru_curve import same_trace
 from .markdown import escape_markdown
 from .model import Repeat, Run, distinct_paths, merge_runs, read_documents
 from .summary import (
-    BELADY, BEYOND_BELADY, OWN_NOT_BOUND, OWN_REFERENCES, CapacityBest, best_per_capacity, by_layout, gap_closed, gap_text,
-    half_references, is_offline, own_references, tier_layout, unreferenced_prefetch,
+    BASELINE, BELADY, BEYOND_BELADY, OWN_NOT_BOUND, OWN_REFERENCES, CapacityBest, best_per_capacity, by_layout, gap_closed,
+    gap_text, half_references, is_offline, own_references, tier_layout, unreferenced_prefetch,
 )
-from .tables import tiers_text
+from .tables import tiers_text, unreferenced_runs
 
 __all__ = ["GapRow", "across_documents", "gap_rows", "gap_notes", "left_out", "split_rows", "gap_markdown", "escape_table_text",
-           "SPLIT_HEADER", "tuned_run", "tuned_winners"]
+           "SPLIT_HEADER", "tuned_run", "tuned_winners", "tuned_notes"]
 
 #: Hex digits of a fingerprint shown (at least) where it tells traces of one name apart.
 _SHORT_DIGITS = 12
@@ -82,9 +84,12 @@ def _row(trace: str, entry: CapacityBest, **tuned) -> GapRow:
                   references=(entry.lru.label, entry.belady.label) if own else None, **tuned)
 
 
-def across_documents(paths: list[str]) -> tuple[list[ResultsDocument], list[str], list[list[str]]]:
+def across_documents(paths: list[str]) -> tuple[list[ResultsDocument], list[str], list[list[str]],
+                                                 list[frozenset[str] | None]]:
     """Reads results files of any traces as one document per trace, notes (one line each)
-    on what was counted once and how traces are named, and each document's files.
+    on what was counted once and how traces are named, each document's files, and the labels
+    its best online policy is picked among (``halves.offered_runs``: a split's ``--policy``
+    runs; None: every run).
 
     Invariants: one document per trace fingerprint (``_trace_identity``: a blake2b one of a
     trace file still at its recorded path counts as that file's xxh3-128 one), in the order
@@ -94,7 +99,8 @@ def across_documents(paths: list[str]) -> tuple[list[ResultsDocument], list[str]
     name with different fingerprints are told apart by a short fingerprint after the name (as
     many digits as tell them apart, at least 12). Every file left out, run counted once, older
     fingerprint matched and file holding fleet runs (which gaps.md leaves out) has a note.
-    The third list holds, for each document, the files its runs came from (first given first).
+    The third list holds, for each document, the files its runs came from (first given first);
+    the fourth, in the same order, ``offered_runs`` over those files.
 
     Raises:
         UserError: a file cannot be read (as ``read_documents``), or two files hold one run of
@@ -109,7 +115,8 @@ def across_documents(paths: list[str]) -> tuple[list[ResultsDocument], list[str]
     merged = [_merge_trace(fingerprint, group, notes) for fingerprint, group in groups.items()]
     notes.extend(_fleet_note(document, source) for document, source in zip(documents, kept)
                  if any(run.is_fleet for run in document.runs))
-    return _named_apart(merged, notes), notes, [[source for _, source in group] for group in groups.values()]
+    return (_named_apart(merged, notes), notes, [[source for _, source in group] for group in groups.values()],
+            [offered_runs([document for document, _ in group]) for group in groups.values()])
 
 
 def _trace_identity(document: ResultsDocument, source: str, notes: list[str]) -> str:
@@ -203,18 +210,49 @@ def _short(fingerprint: str, digits: int = _SHORT_DIGITS) -> str:
     return fingerprint[:len(FINGERPRINT_PREFIX) + digits]
 
 
-def gap_rows(document: ResultsDocument) -> list[GapRow]:
-    """The best online policy in each cache (tier layout) of one results document."""
-    return [_row(document.trace.name, entry) for entry in best_per_capacity(list(document.runs))]
+def gap_rows(document: ResultsDocument, candidates: frozenset[str] | None = None) -> list[GapRow]:
+    """The best online policy in each cache (tier layout) of one results document, among the
+    runs labelled as in ``candidates`` where given (``best_per_capacity``)."""
+    return [_row(document.trace.name, entry) for entry in best_per_capacity(list(document.runs), candidates)]
 
 
-def gap_notes(document: ResultsDocument) -> list[str]:
-    """Notes on the rows of one document's gap table that have no gap for want of references
-    made the same way (decode runs with a prefetch policy, or one not recorded), or because a
-    cache holds one plain reference of the two beside runs made otherwise (``half_references``)."""
-    best = best_per_capacity(list(document.runs))
-    sentences = (unreferenced_prefetch(best), half_references(sum(b.half_referenced for b in best)))
+def gap_notes(document: ResultsDocument, candidates: frozenset[str] | None = None) -> list[str]:
+    """One sentence per reason some rows of one document's gap table have no gap closed (``n/a``):
+    decode runs with a prefetch policy, or one not recorded; one plain reference of the two
+    beside runs made otherwise (``half_references``); no references at all (``unreferenced_runs``,
+    report.md's sentence); one plain reference of the two beside plain runs only; or LRU missing
+    no more than Belady. Invariant: every row of ``gap_rows(document, candidates)`` whose best
+    has no gap closed is explained by one of them."""
+    best = best_per_capacity(list(document.runs), candidates)
+    plain = [b for b in best if b.best.prefetch == "none" and not b.half_referenced]
+    sentences = (unreferenced_prefetch(best), half_references(sum(b.half_referenced for b in best)),
+                 unreferenced_runs([(b.best, b.lru, b.belady) for b in plain]), *_one_reference(plain), _no_gap(plain))
     return [f"trace {document.trace.name!r}: {sentence}" for sentence in sentences if sentence is not None]
+
+
+def _caches(best: list[CapacityBest]) -> str:
+    """``prefix single HBM 500, object single HBM 1,000``: the caches of ``best`` by name."""
+    return ", ".join(f"{b.semantics.value} {b.mode.value} {tiers_text(b.best)}" for b in best)
+
+
+def _one_reference(best: list[CapacityBest]) -> list[str]:
+    """A sentence for the caches of ``best`` holding a plain ``lru`` run and no ``belady`` run,
+    and one for the reverse: no gap closed there, and what to replay."""
+    only_lru = [b for b in best if b.lru is not None and b.belady is None]
+    only_belady = [b for b in best if b.lru is None and b.belady is not None]
+    return [f"no gap closed in {_caches(caches)}: {'it holds' if len(caches) == 1 else 'each holds'} a plain {have} run "
+            f"and no {lacking} run of the same cache; replay {BASELINE} and {BELADY} over the same --capacity or --tiers "
+            "for a gap" for caches, have, lacking in ((only_lru, BASELINE, BELADY), (only_belady, BELADY, BASELINE)) if caches]
+
+
+def _no_gap(best: list[CapacityBest]) -> str | None:
+    """A sentence for the caches of ``best`` whose LRU misses no more than their Belady (no gap
+    to close: as at a capacity that holds every block, where every miss is a first use)."""
+    caches = [b for b in best if b.lru is not None and b.belady is not None and b.gap_closed is None]
+    if not caches:
+        return None
+    return (f"no gap closed in {_caches(caches)}: {BASELINE} misses no more than {BELADY} there (as where the cache "
+            "holds every block and every miss is a first use), so there is no gap to close")
 
 
 def left_out(document: ResultsDocument, sources: list[str]) -> str | None:
@@ -237,10 +275,12 @@ def left_out(document: ResultsDocument, sources: list[str]) -> str | None:
             "no online policy")
 
 
-def tuned_winners(tune: ResultsDocument) -> dict[tuple, str]:
+def tuned_winners(tune: ResultsDocument, candidates: frozenset[str] | None = None) -> dict[tuple, str]:
     """The online policy that won each cache, (semantics, mode, tier layout) -> its label, of
-    ``tune`` (the first half of a split): the policy a split report measures on the second."""
-    return {_cache(e): e.best.label for e in best_per_capacity(list(tune.runs))}
+    ``tune`` (the first half of a split): the policy a split report measures on the second.
+    Only runs labelled as in ``candidates`` (where given: the split's ``--policy`` runs, not
+    the plain ``lru`` it adds as a reference) compete."""
+    return {_cache(e): e.best.label for e in best_per_capacity(list(tune.runs), candidates)}
 
 
 def tuned_run(entry: CapacityBest, runs: tuple[Run, ...] | list[Run],
@@ -253,16 +293,43 @@ def tuned_run(entry: CapacityBest, runs: tuple[Run, ...] | list[Run],
     return label, run
 
 
-def split_rows(tune: ResultsDocument, test: ResultsDocument) -> list[GapRow]:
+def split_rows(tune: ResultsDocument, test: ResultsDocument, candidates: frozenset[str] | None = None) -> list[GapRow]:
     """Rows of ``test`` (the reported half) with the winner picked on ``tune`` (the first half)
-    over the same (semantics, mode, tier layout)."""
-    winners = tuned_winners(tune)
+    over the same (semantics, mode, tier layout); the tuned and the hindsight winner are picked
+    among the same runs (``candidates``, where given)."""
+    winners = tuned_winners(tune, candidates)
     rows = []
-    for entry in best_per_capacity(list(test.runs)):
+    for entry in best_per_capacity(list(test.runs), candidates):
         label, run = tuned_run(entry, test.runs, winners)
         rows.append(_row(test.trace.name, entry, tuned=label, tuned_miss=run.miss_ratio if run else None,
                          tuned_gap=gap_closed(run, entry.lru, entry.belady) if run else None))
     return rows
+
+
+def tuned_notes(rows: list[GapRow], split_traces: set[str]) -> list[str]:
+    """Sentences under a table with split columns: the caches of a split's second half
+    (``split_traces``) where no policy was tuned or the tuned one has no run, and the rows of
+    other traces, which have no tuned pick and whose best is their own hindsight winner; none
+    without split columns."""
+    if not any(r.tuned is not None for r in rows):
+        return []
+    notes = []
+    for trace in dict.fromkeys(r.trace for r in rows if r.trace in split_traces):
+        untuned = sum(r.trace == trace and r.tuned is None for r in rows)
+        unrun = sum(r.trace == trace and r.tuned is not None and r.tuned_miss is None for r in rows)
+        if untuned:
+            notes.append(f"trace {trace!r}: no policy was tuned on the first half in {untuned} of its caches (its "
+                         "first half holds no run of the compared policies there): n/a")
+        if unrun:
+            notes.append(f"trace {trace!r}: in {unrun} of its caches the policy tuned on the first half has no run on "
+                         "the second half: its miss and gap closed read n/a")
+    others = list(dict.fromkeys(r.trace for r in rows if r.trace not in split_traces))
+    if others:
+        one = len(others) == 1
+        notes.append(f"trace{'' if one else 's'} {', '.join(map(repr, others))}: no policy tuned on a first half (n/a): "
+                     f"{'it is' if one else 'they are'} not the second half of a split given with its first half, so "
+                     "the best in hindsight is the best online policy on the trace itself, picked after it was run")
+    return notes
 
 
 def escape_table_text(text: str) -> str:
@@ -299,10 +366,13 @@ def _row_cells(r: GapRow, split: bool) -> list[str]:
     return cells + [r.best, fmt.ratio(r.best_miss), _cell(r.best_gap, gap)]
 
 
-def gap_markdown(rows: list[GapRow], missing: list[str] | tuple[str, ...] = ()) -> str:
+def gap_markdown(rows: list[GapRow], missing: list[str] | tuple[str, ...] = (),
+                 notes: list[str] | tuple[str, ...] = ()) -> str:
     """A Markdown table of ``rows`` (split columns when any row has a tuned policy), with a note
     under it where a policy missed less than Belady's replay (a gap closed above 100%, shown as is),
-    and one line per sentence of ``missing`` (what has no row, as ``left_out`` says).
+    one line per sentence of ``notes`` (why a cell reads n/a: ``gap_notes``, ``tuned_notes``, a
+    second half without its first: ``halves.pair_halves``) and of ``missing`` (what has no row,
+    as ``left_out`` says).
 
     Every cell is escaped as report.md escapes text (``escape_markdown``; an underscore inside a
     word, which Markdown never reads as emphasis, stays as typed, since the table is printed
@@ -318,6 +388,8 @@ def gap_markdown(rows: list[GapRow], missing: list[str] | tuple[str, ...] = ()) 
     if any(r.references for r in rows):
         lines.append(f"\nNote: {OWN_REFERENCES}, labelled so in the LRU and Belady columns. "
                      f"{OWN_NOT_BOUND[0].upper()}{OWN_NOT_BOUND[1:]}.")
+    if notes:
+        lines.append("\nNotes:\n" + "\n".join(f"- {escape_table_text(sentence)}." for sentence in notes))
     if missing:
         lines.append("\nNot in this table:\n" + "\n".join(f"- {escape_table_text(sentence)}" for sentence in missing))
     return "\n".join(lines) + "\n"

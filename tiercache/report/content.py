@@ -53,7 +53,7 @@ _MODES = {
 
 
 def build_document(data: ReportData, trace: str | Trace | None, command: str,
-                   tuned: dict[tuple, str] | None = None) -> Document:
+                   tuned: dict[tuple, str] | None = None, candidates: frozenset[str] | None = None) -> Document:
     """The whole report.
 
     Args:
@@ -63,10 +63,12 @@ def build_document(data: ReportData, trace: str | Trace | None, command: str,
         command: the command line that rebuilds this report.
         tuned: in a split report (of the second half), the policy tuned on the first half per
             cache (``tuned_winners``): the summary leads with it, the hindsight winner beside it.
+        candidates: the labels the best online policy is picked among (a split's ``--policy``
+            runs, not the references it adds); None: every online run.
     """
     single = replace(data, runs=tuple(r for r in data.runs if not r.is_fleet))
     if single.runs:
-        sections = _single_engine_sections(single, trace, tuned)
+        sections = _single_engine_sections(single, trace, tuned, candidates)
     else:  # fleet runs only: their own section says the rest
         sections = [Section("Summary", (Paragraph("The trace and the presets:"), trace_table(data)))]
     sections += [fleet_section(data.runs), Section("All runs", (runs_table(data),)), _reproduce(data, command)]
@@ -75,10 +77,11 @@ def build_document(data: ReportData, trace: str | Trace | None, command: str,
     return Document(f"Cache policy comparison: {data.trace.name}", subtitle, tuple(s for s in sections if s.blocks))
 
 
-def _single_engine_sections(data: ReportData, trace: str | Trace | None, tuned: dict[tuple, str] | None) -> list[Section]:
+def _single_engine_sections(data: ReportData, trace: str | Trace | None, tuned: dict[tuple, str] | None,
+                            candidates: frozenset[str] | None) -> list[Section]:
     """The sections over one-engine runs (fleet runs have their own section)."""
     colors = plots.policy_colors(data.runs)
-    return [_summary(data, tuned), _curves(data, colors, trace), _tiers(data, colors), _movement(data, colors),
+    return [_summary(data, tuned, candidates), _curves(data, colors, trace), _tiers(data, colors), _movement(data, colors),
             _prefix(data, colors)]
 
 
@@ -90,7 +93,7 @@ def _group_title(semantics: Semantics, mode: Mode) -> str:
     return f"{semantics.value} semantics, {_MODES[mode]}"
 
 
-def _summary(data: ReportData, tuned: dict[tuple, str] | None) -> Section:
+def _summary(data: ReportData, tuned: dict[tuple, str] | None, candidates: frozenset[str] | None) -> Section:
     steps = data.trace.kind is TraceKind.STEPS
     intro = (
         f"This report replays the {'step' if steps else 'request'} trace {data.trace.name} through a KV cache of several sizes, once per "
@@ -103,7 +106,7 @@ def _summary(data: ReportData, tuned: dict[tuple, str] | None) -> Section:
     semantics = sorted({r.semantics for r in data.runs}, key=lambda s: s.value)
     blocks: list = [Paragraph(intro), Paragraph(bound)]
     blocks.append(Bullets(tuple(f"{_SEMANTICS[s]}." for s in semantics)))
-    best = best_per_capacity(data.runs)
+    best = best_per_capacity(data.runs, candidates)
     picks = None if tuned is None else [tuned_run(b, data.runs, tuned) for b in best]
     if best:
         named = layouts_need_naming([b.best for b in best])

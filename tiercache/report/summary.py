@@ -343,19 +343,21 @@ class CapacityBest:
         return self.best.tiers
 
 
-def best_per_capacity(runs: tuple[Run, ...] | list[Run]) -> list[CapacityBest]:
+def best_per_capacity(runs: tuple[Run, ...] | list[Run], candidates: frozenset[str] | None = None) -> list[CapacityBest]:
     """One entry per cache (semantics, mode, tier layout, prefetch policy) with at least one
-    online run, in ``by_layout`` order.
+    online run (whose label is among ``candidates``, where given), in ``by_layout`` order.
 
     Ties go to LRU (of that cache: the plain reference run, then an ``lru`` run with other
     admission or placement), then to a run with both references (``references``: one with a
     gap closed), then to the label first in alphabetical order: the winner
-    depends on the runs only, never on the order of files or policies.
+    depends on the runs only, never on the order of files or policies. ``candidates`` limits
+    the winner only: the references are the cache's whatever it is (``compare --split`` picks
+    among its ``--policy`` list, not the plain ``lru`` it adds as a reference).
     """
     runs = [r for r in runs if not r.is_fleet]  # a fleet replay is a configuration, not a capacity point
     result = []
     for (semantics, mode, _, _), group in by_layout(runs).items():
-        online = [r for r in group if not is_offline(r)]
+        online = [r for r in group if not is_offline(r) and (candidates is None or r.label in candidates)]
         if online:
             lru = _reference(group, BASELINE)
             best = min(online, key=lambda r: (r.miss_ratio, r is not lru, r.policy != BASELINE,
