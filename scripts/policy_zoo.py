@@ -30,6 +30,7 @@ from tiercache.bench.rounds import positive_int
 from tiercache.bench.script_args import ScriptParser, add_trace_capacities, refuse_bad_outputs, trace_pairs
 from tiercache.errors import UserError
 from tiercache.report.fmt import percent_or_na
+from tiercache.report.summary import BASELINE, best_per_capacity
 from tiercache.policies import EVICTION, get_eviction
 from tiercache.results import Semantics
 from tiercache.sim.loader import load_trace
@@ -51,11 +52,23 @@ def online_policies() -> tuple[str, ...]:
     return tuple(name for name in EVICTION if not get_eviction(name).needs_future)
 
 
-def tiercache_misses(path: str, capacities: list[int], workers: int) -> dict[tuple[str, int], tuple[int, int]]:
-    """(policy, capacity) -> (misses, accesses) of tiercache's replay, object semantics, one tier."""
+def tiercache_misses(path: str, capacities: list[int], workers: int) -> tuple[dict[tuple[str, int], tuple[int, int]],
+                                                                               dict[int, str]]:
+    """(policy, capacity) -> (misses, accesses) of tiercache's replay, object semantics, one tier,
+    and its best online policy per capacity as tiercache's reports name it (``best_per_capacity``:
+    ties go to LRU, then to the alphabetically first)."""
     policies = tuple(dict.fromkeys(("lru", "belady", *online_policies())))
     runs = sweep(load_trace(path), SweepSpec(policies, (Semantics.OBJECT,), tuple(capacities)), workers).runs
-    return {(r.policy, r.capacity_blocks): (r.misses, r.accesses) for r in runs}
+    best = {entry.capacity_blocks: entry.best.policy for entry in best_per_capacity(runs)}
+    return {(r.policy, r.capacity_blocks): (r.misses, r.accesses) for r in runs}, best
+
+
+def tie_order(entry: tuple[str, str, int]) -> tuple:
+    """The order of (side, policy, misses) entries of one capacity: fewest misses first, ties to
+    LRU, then to the policy first in alphabetical order (any case), then to tiercache's side: the
+    rule of tiercache's reports (``best_per_capacity``), whose references every entry shares."""
+    side, policy, misses = entry
+    return misses, policy.casefold() != BASELINE, policy.casefold(), side != "tiercache"
 
 
 def libcachesim_misses(path: str, capacities: list[int]) -> dict[tuple[str, int], tuple[int, int]]:
@@ -77,9 +90,10 @@ def libcachesim_misses(path: str, capacities: list[int]) -> dict[tuple[str, int]
 
 
 def zoo_rows(path: str, capacities: list[int], workers: int) -> tuple[list[dict], list[str]]:
-    """One row per (capacity, policy) of both sides, best first within a capacity, and the
-    problems found checking the common ground (empty when LRU and Belady agree)."""
-    ours, theirs = tiercache_misses(path, capacities, workers), libcachesim_misses(path, capacities)
+    """One row per (capacity, policy) of both sides, best first within a capacity (``tie_order``;
+    each side's first row is its best, tiercache's the one its reports name), and the problems
+    found checking the common ground (empty when LRU and Belady agree)."""
+    (ours, best), theirs = tiercache_misses(path, capacities, workers), libcachesim_misses(path, capacities)
     name = os.path.basename(os.path.normpath(path))
     rows, problems = [], []
     for capacity in capacities:
@@ -90,7 +104,12 @@ def zoo_rows(path: str, capacities: list[int], workers: int) -> tuple[list[dict]
         (lru, accesses), (belady, _) = ours[("lru", capacity)], ours[("belady", capacity)]
         entries = [("tiercache", p, ours[(p, capacity)][0]) for p in online_policies()]
         entries += [("libCacheSim", p, theirs[(p, capacity)][0]) for p in LIBCACHESIM_ONLINE]
-        for side, policy, misses in sorted(entries, key=lambda e: e[2]):
+        entries.sort(key=tie_order)
+        first = next(policy for side, policy, _ in entries if side == "tiercache")
+        if first != best[capacity]:  # the two statements of the tie rule disagree
+            problems.append(f"{name} at {capacity}: tiercache's reports name {best[capacity]} its best online policy, "
+                            f"the zoo's order {first}")
+        for side, policy, misses in entries:
             gap = (lru - misses) / (lru - belady) if lru > belady else None  # n/a: LRU already optimal
             rows.append({"workload": name, "capacity": capacity, "side": side, "policy": policy,
                          "miss_ratio": misses / accesses, "lru": lru / accesses, "belady": belady / accesses,

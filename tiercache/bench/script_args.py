@@ -139,7 +139,8 @@ def add_trace_capacities(parser: argparse.ArgumentParser) -> None:
 
 def trace_pairs(parser: argparse.ArgumentParser, args: argparse.Namespace,
                 defaults: list[tuple[str, list[int]]]) -> list[tuple[str, list[int]]]:
-    """The (trace, capacities) pairs of ``args`` (``defaults`` where no ``--trace`` is given).
+    """The (trace, capacities) pairs of ``args`` (``defaults`` where no ``--trace`` is given),
+    each capacity of a pair once, in the order given (as a sweep replays ``--capacity``).
 
     Raises:
         SystemExit: through ``parser.error`` (one line, exit 2): a ``--trace`` without its
@@ -147,7 +148,8 @@ def trace_pairs(parser: argparse.ArgumentParser, args: argparse.Namespace,
     """
     if len(args.trace or []) != len(args.capacity or []):
         parser.error("give one --capacity per --trace")
-    pairs = list(zip(args.trace, args.capacity)) if args.trace else defaults
+    pairs = [(path, list(dict.fromkeys(capacities))) for path, capacities in zip(args.trace, args.capacity)] \
+        if args.trace else defaults
     for path, _ in pairs:
         if not os.path.exists(path):
             parser.error(f"--trace {path}: no such file or folder")
