@@ -3,7 +3,7 @@ policies a split chose among.
 
 ``compare --split`` writes the second half's runs to ``results.json`` and the first half's to
 ``results_first_half.json``; each records the trace's path with ``#first-half`` or
-``#second-half`` appended (``sim.split.HALVES``). ``pair_halves`` finds the two again, so that
+``#second-half`` appended (``results.SPLIT_HALVES``). ``pair_halves`` finds the two again, so that
 gaps.md shows the policy tuned on the first half, measured on the second, as split.md does,
 instead of the second half's hindsight winner alone. A split chooses among its ``--policy``
 list only (``split_candidates``), never among the plain ``lru`` and ``belady`` runs it adds as
@@ -19,8 +19,7 @@ from dataclasses import dataclass
 from ..config import split_items
 from ..errors import UserError
 from ..policies import ADMISSION, EVICTION, PLACEMENT, canonical_name
-from ..results import ResultsDocument, run_label
-from ..sim.split import HALVES
+from ..results import SPLIT_HALVES as HALVES, ResultsDocument, run_label
 
 __all__ = ["FIRST_HALF_FILE", "Halves", "offered_labels", "split_candidates", "offered_runs", "pair_halves"]
 

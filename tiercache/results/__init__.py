@@ -5,6 +5,7 @@ Metadata plane."""
 from .records import (
     READABLE_VERSIONS,
     SCHEMA_VERSION,
+    SPLIT_HALVES,
     InstanceRecord,
     LayoutInfo,
     Mode,
@@ -21,5 +22,5 @@ from .files import read_results, write_results
 
 __all__ = [
     "SCHEMA_VERSION", "READABLE_VERSIONS", "Semantics", "Mode", "Route", "TraceKind", "TraceInfo", "LayoutInfo", "TierRecord",
-    "InstanceRecord", "RunRecord", "ResultsDocument", "run_label", "read_results", "write_results",
+    "InstanceRecord", "RunRecord", "ResultsDocument", "run_label", "read_results", "write_results", "SPLIT_HALVES",
 ]

@@ -87,7 +87,12 @@ from .hwinfo import HardwareInfo
 __all__ = [
     "SCHEMA_VERSION", "READABLE_VERSIONS", "Semantics", "Mode", "Route", "RemoteWrite", "TraceKind", "TraceInfo", "LayoutInfo",
     "TierRecord", "InstanceRecord", "RunRecord", "ResultsDocument", "run_label", "FINGERPRINT_PREFIX", "legacy_fingerprint",
+    "SPLIT_HALVES",
 ]
+
+#: The halves of ``compare --split``, in trace order: a half's results record the trace's path
+#: with ``#`` and its name appended (``sim.split`` makes them, ``report`` pairs them).
+SPLIT_HALVES = ("first-half", "second-half")
 
 _CODEC_NAMES = tuple(c.value for c in Codec)
 

@@ -8,15 +8,15 @@ cache, as a trace of its own.
 from __future__ import annotations
 
 
-from tiercache.results import TraceKind
+from tiercache.results import SPLIT_HALVES, TraceKind
 
 from .loader import Trace
 from .traces import FlatTrace, fingerprint_digest, fingerprint_of
 
 __all__ = ["split_halves", "HALVES"]
 
-#: The two halves' names, in trace order.
-HALVES = ("first-half", "second-half")
+#: The two halves' names, in trace order (``results.SPLIT_HALVES``, which the report reads too).
+HALVES = SPLIT_HALVES
 
 
 def split_halves(trace: Trace) -> tuple[Trace, Trace]:
