@@ -12,7 +12,8 @@ A step trace names its block size in a first header record, ``{"block_tokens": 1
 header existed have none: a replay that turns blocks into bytes then needs the size given
 (``tiercache replay --block-tokens``).
 
-Fields of a step record (all required; other fields are ignored, for forward compatibility):
+Fields of a step record (all required; other fields are ignored, for forward compatibility,
+except the header's ``block_tokens``: a header is allowed only once, alone on the first line):
 
 * ``step``: decode step, a non-negative integer. Steps are non-decreasing through the file;
   one step may span several records (one per layer, or several per layer).
@@ -167,7 +168,22 @@ def _distinct(name: str, line: int, field: str, ids: list[int]) -> list[int]:
     return ids
 
 
+def _refuse_header(name: str, line: int, obj: dict) -> None:
+    """Refuses a header where a step record must be: a header line after the first, or a line
+    with both a header's ``block_tokens`` and a record's ``step`` (the size would be ignored).
+
+    Raises:
+        TraceError: naming the line and saying the header is misplaced.
+    """
+    if "step" in obj:
+        raise TraceError(name, line, f'a line with both "{HEADER_FIELD}" and "step": the {{"{HEADER_FIELD}": N}} header '
+                         "is a line of its own, the first, and a step record has no block_tokens")
+    raise TraceError(name, line, f'a {{"{HEADER_FIELD}": N}} header is allowed only once, on the first line')
+
+
 def _record(name: str, line: int, obj: dict, last_step: int) -> StepRecord:
+    if HEADER_FIELD in obj:  # the first line's header was taken off before (``_skip_header``)
+        _refuse_header(name, line, obj)
     step = int_field(name, line, obj, "step")
     if step < last_step:
         raise TraceError(name, line, f"step {step} is before the previous record's step {last_step} (steps must not decrease)")
