@@ -216,6 +216,18 @@ def _refuse_no_reads(spec: synth.ScanSpec | synth.SparseSpec) -> None:
                         "before the last step, so no step reads a block; give --blocks >= 1 or more --steps")
 
 
+def _refuse_no_sparse_reads(args: argparse.Namespace) -> None:
+    """Refuses ``--k 0 --sink 0 --window 0`` before the spec is built (``SparseSpec`` refuses it
+    too, naming its fields): a sparse step then reads nothing, so no step reads a block.
+
+    Raises:
+        UserError: naming the three options.
+    """
+    if args.k == 0 and args.sink == 0 and args.window == 0:
+        raise UserError("--k 0 with --sink 0 and --window 0: a sparse step reads no block, so no step reads a block; "
+                        "give --k, --sink or --window >= 1")
+
+
 def _cmd_scan(args: argparse.Namespace) -> int:
     spec = synth.ScanSpec(args.steps, args.blocks, args.block_tokens, args.layers)
     _refuse_no_reads(spec)
@@ -226,6 +238,7 @@ def _cmd_scan(args: argparse.Namespace) -> int:
 
 
 def _cmd_sparse(args: argparse.Namespace) -> int:
+    _refuse_no_sparse_reads(args)
     spec = synth.SparseSpec(
         args.steps, args.blocks, args.k, args.sink, args.window, args.locality, args.block_tokens, args.layers, args.seed
     )

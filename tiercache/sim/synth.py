@@ -86,7 +86,8 @@ class SparseSpec:
     whenever the middle holds at least ``2 * k`` blocks. In a smaller middle the unchosen
     blocks may run short: then all of them are read and the remainder is drawn from the
     dropped choices (a stay probability above ``locality``). When the middle holds at most ``k``
-    blocks all are read. Prefill and writes are as in ``ScanSpec``.
+    blocks all are read. Prefill and writes are as in ``ScanSpec``. ``k + sink + window`` is at
+    least 1 (else no step reads a block, and trace readers refuse a trace without a read).
     """
 
     steps: int
@@ -103,6 +104,9 @@ class SparseSpec:
         counts = {"steps": (1, None), "prompt_blocks": (0, None), "k": (0, None), "sink": (0, None), "window": (0, None)}
         _check(self, {**counts, "locality": (0.0, 1.0), "block_tokens": (1, MAX_BLOCK_TOKENS), "layers": (1, None),
                       "seed": (0, None)})
+        if self.k + self.sink + self.window == 0:  # readers refuse a step trace without a read
+            raise SpecError(type(self).__name__, "k", "k, sink and window are all 0: no step reads a block; "
+                            "give one of them >= 1")
 
     @property
     def most_blocks(self) -> int:
