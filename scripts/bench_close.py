@@ -28,7 +28,7 @@ import torch
 
 from tiercache import TieredKVCache
 from tiercache.bench.rounds import positive_int
-from tiercache.bench.script_args import ScriptParser, existing_folder, refuse_bad_outputs
+from tiercache.bench.script_args import ScriptParser, existing_folder, positive_ints, refuse_bad_outputs
 from tiercache.config import KVLayout, TierConfig
 from tiercache.live.keymap import is_scratch
 
@@ -93,17 +93,10 @@ def measure(args: argparse.Namespace) -> dict:
     return result
 
 
-def _counts(text: str) -> list[int]:
-    try:
-        return [positive_int(part) for part in text.split(",")]
-    except (argparse.ArgumentTypeError, ValueError) as error:
-        raise argparse.ArgumentTypeError(f"a comma list of positive block counts, got {text!r}") from error
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The options, checked before any work."""
     parser = ScriptParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--scratch", type=_counts, default=[1500, 16000],
+    parser.add_argument("--scratch", type=positive_ints, default=[1500, 16000],
                         help="per-layer scratch blocks of each case, a comma list (2 layers: twice as many blocks)")
     parser.add_argument("--reps", type=positive_int, default=3)
     parser.add_argument("--dir", type=existing_folder, default=None, help="folder on the disk to use (default: a temp dir)")
