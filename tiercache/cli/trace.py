@@ -69,6 +69,8 @@ def format_stats(stats: TraceStats) -> str:
         ("accesses", f"{stats.accesses:,}" + (f" reads ({stats.writes:,} writes besides: stored, not accessed)"
                                               if stats.prefix_hit_ratio_inf is None else "")),
         ("unique blocks", f"{stats.unique_blocks:,}"),
+        ("blocks stored at the start", f"{stats.resident_blocks:,} (resident: count as written before the first record)"
+         if stats.resident_blocks else None),
         ("blocks written, never read",
          None if stats.blocks_never_read is None else f"{stats.blocks_never_read:,} of {stats.unique_blocks:,}"),
         ("compulsory miss ratio", f"{stats.compulsory_miss_ratio:.5f}"),

@@ -57,6 +57,10 @@ from tiercache.keys import layer_key, prefix_keys
 from tiercache.policies import make_prefetch
 from tiercache.sim.steptrace import HEADER_FIELD, StepRecord, step_json
 
+#: Block ids per ``resident`` record a recording writes (a line of about 1.4 MB at most, far
+#: below what trace readers take).
+RESIDENT_CHUNK = 1 << 16
+
 from .chunks import split_kv
 from .ownership import NoCopies
 from .arguments import flat_token_ids
@@ -92,8 +96,11 @@ def _refuse_remote(tiers) -> None:
                             "TieredKVStore (put_tokens, get_prefix) with the remote tier")
 
 
-def _open_record(record: str | os.PathLike, block_tokens: int) -> IO[str]:
-    """The step-trace file ``record`` opened for writing, its ``block_tokens`` header written.
+def _open_record(record: str | os.PathLike, block_tokens: int, adopted: Seq[tuple[str, Seq[int]]]) -> IO[str]:
+    """The step-trace file ``record`` opened for writing, its ``block_tokens`` header written,
+    then the blocks the store ``adopted`` when it opened, where they lie (``resident`` records
+    of at most ``RESIDENT_CHUNK`` ids, in the order adopted): a replay places them before the
+    first step, so their reads replay as the hits they were.
     Line-buffered: every record line is in the file once written, so a forked child holds no
     unwritten lines of the parent's to write out again when it exits, and a killed process
     leaves whole lines.
@@ -106,6 +113,10 @@ def _open_record(record: str | os.PathLike, block_tokens: int) -> IO[str]:
     except OSError as exc:
         raise UserError(f"TieredKVCache: record={os.fspath(record)!r} cannot be written: {exc.strerror or exc}") from None
     f.write(f'{{"{HEADER_FIELD}": {block_tokens}}}\n')
+    for tier, ids in adopted:
+        for start in range(0, len(ids), RESIDENT_CHUNK):
+            placed = ((tier, tuple(ids[start : start + RESIDENT_CHUNK])),)
+            f.write(step_json(StepRecord(0, 0, (), (), resident=placed)) + "\n")
     return f
 
 
@@ -121,7 +132,8 @@ class TieredKVCache(NoCopies):
         path: directory of the NVMe store (required with an ``nvme`` tier).
         device: device of the HBM tier (default: CUDA when available, else the CPU).
         record: write the step trace of every tier operation here (JSONL, with a
-            ``block_tokens`` header); ``tiercache replay`` of it reproduces the counts.
+            ``block_tokens`` header, then the blocks adopted on opening as ``resident``
+            records); ``tiercache replay`` of it reproduces the counts.
         window_blocks: blocks per chunk of a streamed read.
         depth: chunk buffers in the window (chunk ``i+1..i+depth-1`` fetch while ``i``
             computes); the window holds ``depth * window_blocks`` blocks.
@@ -174,7 +186,7 @@ class TieredKVCache(NoCopies):
             self.device = self.store.hbm_device
             self.dtype = torch_dtype(self.layout.dtype)
             if record is not None:
-                self._record = _open_record(record, self.layout.block_tokens)
+                self._record = _open_record(record, self.layout.block_tokens, self.store.adopted)
         except BaseException:
             with contextlib.suppress(Exception):  # the error to report is the one that stopped the constructor
                 self.store.close(persist=False)

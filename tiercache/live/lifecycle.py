@@ -124,13 +124,17 @@ def mark_tagged(medium: object, entries: int) -> None:
         pass
 
 
-def adopt_stored_blocks(manager: TierManager, media: Sequence[object], keymap: KeyMap, events: EventLog) -> None:
+def adopt_stored_blocks(manager: TierManager, media: Sequence[object], keymap: KeyMap,
+                        events: EventLog) -> list[tuple[str, list[int]]]:
     """Reopening: the complete blocks of a durable medium join its tier, as many as the
     tier holds (oldest slots first); the rest, blocks that had left the tier before a
     crash made their deletion durable, or a tier reopened smaller, are deleted. Scratch
     blocks (``keymap.is_scratch``: a crash kept them; a close deletes them) are never
     adopted: they are deleted first, so they take no slot of a block a request can name.
-    A store written before the tag is adopted whole, with a warning (``mark_tagged``)."""
+    A store written before the tag is adopted whole, with a warning (``mark_tagged``).
+    Returns the ids adopted, per tier that adopted any (its name), in the order its policy
+    was told of them (a recording cache lists them: a step trace's ``resident`` records)."""
+    adopted = []
     for tier, medium in enumerate(media):
         entries = sorted(medium.durable_items(), key=lambda entry: entry[1])
         mark_tagged(medium, len(entries))
@@ -143,7 +147,9 @@ def adopt_stored_blocks(manager: TierManager, media: Sequence[object], keymap: K
         keymap.adopt(ids, [key for key, _ in keep])
         if ids:
             manager.restore(tier, ids)
+            adopted.append((manager.dirs[tier].name, ids))
     events.drain()  # adoption is not traffic
+    return adopted
 
 
 def drop_scratch(manager: TierManager, media: Sequence[object], scratch: Collection[int]) -> int:

@@ -66,6 +66,8 @@ class TieredKVStore(StoreReads, NoCopies):
     physical slots itself, and keeps the copies of blocks read up out of it as long as the
     tier has free slots: ``engine.RetainedCopies``); the manager's own invariants. A
     constructor that raises leaves nothing open (every name is checked before the media open).
+    ``adopted`` lists the blocks a reopen adopted, ``(tier name, ids)`` per tier, in the
+    order its policy was told of them (``lifecycle.adopt_stored_blocks``).
     """
 
     def __init__(self, layout: KVLayout, tiers: Sequence[TierConfig], eviction: str | None = None, admission: str | None = None,
@@ -96,7 +98,7 @@ class TieredKVStore(StoreReads, NoCopies):
             self._stats = Traffic.for_store(tiers, self.tier_block_bytes, self.engine, self.manager)
             self.token_mismatches, self.refreshes, self._closed = 0, 0, False
             self._lookups = LookupCounts()  # what lookup and match_prefix answered (the prefix-cache hit ratio)
-            adopt_stored_blocks(self.manager, self._media, self._map, self.events)
+            self.adopted = adopt_stored_blocks(self.manager, self._media, self._map, self.events)  # (tier, ids) at open
         except BaseException:
             close_quietly(self._media)
             raise

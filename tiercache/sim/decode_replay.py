@@ -29,6 +29,10 @@ counting an access, as the write's record in the oracleGeneral export does for l
 (``sim.oracle``). It runs only without prefetch and without a recorded run's decode fields
 (``replay.check_run`` refuses those: neither gives the future).
 
+A recorded run's leading ``resident`` records (the blocks a reopened cache adopted) are placed
+before the first record (``place_resident``): where they lay, uncounted and uncharged, as the
+live cache adopted them, so their reads are hits there, not misses.
+
 ``PrefetchTally`` counts, per run, the blocks the prefetch policy moved up, those a later
 read found where the prefetch put them (used), and those pushed back down or out before any
 read (wasted).
@@ -51,7 +55,7 @@ from .steptrace import DecodeFields
 if TYPE_CHECKING:  # replay imports this module
     from .replay import ReplayData
 
-__all__ = ["PrefetchTally", "DecodeReplay"]
+__all__ = ["PrefetchTally", "DecodeReplay", "place_resident"]
 
 
 @dataclass
@@ -164,6 +168,7 @@ class DecodeReplay:
         if self.offline and (decode or prefetch != "none"):
             raise ValueError(f"replay: {policy} needs the future, which a recorded decode run or --prefetch does not give")
         self.data, self.manager, self.decode = data, manager, decode or {}
+        place_resident(manager, self.decode)
         self.driver = StepDriver(manager, make_prefetch(prefetch), store_misses=True)
         self.plans = prefetch != "none"  # NoPrefetch plans nothing: read without asking it (_read)
         self.tally = PrefetchTally()
@@ -256,6 +261,27 @@ class DecodeReplay:
             if here:
                 manager.policies[tier].on_access([ids[p] for p in here],
                                                  Hints(accesses[here[0]], [uses[p] for p in here], None))
+
+
+def place_resident(manager: TierManager, decode: dict[int, DecodeFields]) -> None:
+    """Places the blocks of the trace's leading ``resident`` records (``decode``: record index
+    -> fields, in file order), before anything else runs: each in the tier of its name, or
+    the last tier where the hierarchy has none of that name or is write-through (the tier that
+    holds every block), as many as the tier has free slots, in list order (a cache reopened on
+    a smaller tier adopts as many as fit, oldest first: ``lifecycle.adopt_stored_blocks``).
+    Nothing is counted or charged: the events of the placement are dropped, as the live
+    cache drops those of its adoption. A manager that has run nothing yet is assumed.
+    """
+    names = [directory.name for directory in manager.dirs]
+    for fields in decode.values():
+        if not fields.resident:
+            break  # the reader keeps resident records first (``steptrace``), each with its field
+        for name, ids in fields.resident:
+            tier = len(names) - 1 if manager.write_through or name not in names else names.index(name)
+            room = manager.dirs[tier].n_free
+            if room and ids:
+                manager.restore(tier, list(ids[:room]))
+    manager.events.drain()
 
 
 def _reads_per_record(data: "ReplayData") -> list[int]:

@@ -34,6 +34,11 @@ fields take the defaults shown, and a trace without them replays as before:
 * ``hold`` ([]): ids a live sequence holds from now on (after this record's writes): they
   may move down the hierarchy but never leave it.
 * ``release`` ([]): ids a sequence stops holding (it was freed), before this record's reads.
+* ``resident`` ({}): blocks already stored when the run began, by tier name (``{"nvme": [3,
+  4]}``): those a cache reopened on a closed cache's path adopted. Allowed only in the
+  trace's leading records, each listing nothing else (no read, write or other field), an id
+  in one tier of one of them at most; a replay places them before the first step without
+  counting or charging anything (``decode_replay.place_resident``).
 
 With any optional field present, the record's reads and writes go through the decode step
 protocol: wait for earlier moves, reference and read, plan and start prefetches (with
@@ -58,11 +63,12 @@ from typing import Any, Iterable, Iterator
 
 import numpy as np
 
+from tiercache.config import TIER_NAMES
 from tiercache.errors import TraceError
 from tiercache.sim.tracelines import _shown as shown_value
 from tiercache.sim.traces import id_list_field, int_field, iter_json_objects, write_jsonl
 
-__all__ = ["StepRecord", "DecodeFields", "DECODE_FIELDS", "FlatSteps", "iter_steps", "steps_from_objects", "load_flat_steps", "flat_steps", "write_steps",
+__all__ = ["StepRecord", "DecodeFields", "DECODE_FIELDS", "RESIDENT_FIELD", "Resident", "FlatSteps", "iter_steps", "steps_from_objects", "load_flat_steps", "flat_steps", "write_steps",
            "step_json", "is_header", "header_block_tokens", "HEADER_FIELD", "MAX_BLOCK_TOKENS"]
 
 #: The field of a step trace's header record.
@@ -71,6 +77,10 @@ HEADER_FIELD = "block_tokens"
 #: kv-cache-tester ``block_size``. Below 2**31, so tokens = blocks x block size stays far
 #: inside int64 for any trace (replay multiplies them) and a block's bytes fit int64.
 MAX_BLOCK_TOKENS = (1 << 31) - 1
+#: The optional field of a leading record that lists blocks stored before the run, by tier.
+RESIDENT_FIELD = "resident"
+#: A ``resident`` field as read: (tier name, ids) pairs, in the file's order.
+Resident = tuple[tuple[str, tuple[int, ...]], ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +88,8 @@ class StepRecord:
     """One (step, layer) record.
 
     Invariants: ``step``, ``layer`` non-negative; ids in ``[0, 2**63)``, distinct within
-    ``read`` and within ``write``; ``line`` is the 1-based line read from (0 if synthesized).
+    ``read`` and within ``write``; ``line`` is the 1-based line read from (0 if synthesized);
+    a record with ``resident`` has nothing else (no read, write or other decode field).
     """
 
     step: int
@@ -91,13 +102,14 @@ class StepRecord:
     ahead: tuple[int, ...] = ()
     hold: tuple[int, ...] = ()
     release: tuple[int, ...] = ()
+    resident: Resident = ()
 
     @property
     def decode_fields(self) -> "DecodeFields | None":
         """The record's optional decode fields, or None when it has none."""
-        if not (self.in_place or self.candidates or self.ahead or self.hold or self.release):
+        if not (self.in_place or self.candidates or self.ahead or self.hold or self.release or self.resident):
             return None
-        return DecodeFields(self.in_place, self.candidates, self.ahead, self.hold, self.release)
+        return DecodeFields(self.in_place, self.candidates, self.ahead, self.hold, self.release, self.resident)
 
 
 #: The optional fields of a step record, in the order ``step_json`` writes them.
@@ -113,6 +125,7 @@ class DecodeFields:
     ahead: tuple[int, ...] = ()
     hold: tuple[int, ...] = ()
     release: tuple[int, ...] = ()
+    resident: Resident = ()
 
 
 @dataclass(frozen=True)
@@ -190,6 +203,8 @@ def _record(name: str, line: int, obj: dict, last_step: int) -> StepRecord:
     layer = int_field(name, line, obj, "layer")
     read = _distinct(name, line, "read", id_list_field(name, line, obj, "read"))
     write = _distinct(name, line, "write", id_list_field(name, line, obj, "write"))
+    if RESIDENT_FIELD in obj:
+        return _resident_record(name, line, obj, step, layer, read or write)
     if not any(field in obj for field in DECODE_FIELDS):
         return StepRecord(step, layer, tuple(read), tuple(write), line)
     in_place = obj.get("in_place", False)
@@ -198,6 +213,51 @@ def _record(name: str, line: int, obj: dict, last_step: int) -> StepRecord:
     lists = {field: tuple(_distinct(name, line, field, id_list_field(name, line, obj, field))) if field in obj else ()
              for field in DECODE_FIELDS[1:]}
     return StepRecord(step, layer, tuple(read), tuple(write), line, in_place, **lists)
+
+
+def _resident_record(name: str, line: int, obj: dict, step: int, layer: int, accesses: list[int]) -> StepRecord:
+    """A record placing blocks stored before the run (``resident``), which lists nothing else.
+
+    Raises:
+        TraceError: the record also reads, writes or has another decode field; ``resident``
+            is not an object of tier names to id lists; an id repeated in one list (one in two
+            lists, or records, is ``_check_placed``'s).
+    """
+    if accesses or any(field in obj for field in DECODE_FIELDS):
+        raise TraceError(name, line, f"a record with {RESIDENT_FIELD!r} lists nothing else: its read and write are "
+                         "empty and it has no other decode field")
+    value = obj[RESIDENT_FIELD]
+    if type(value) is not dict:
+        raise TraceError(name, line, f"field {RESIDENT_FIELD!r} must be an object of tier name -> block ids "
+                         f'(e.g. {{"nvme": [3, 4]}}), got {type(value).__name__}')
+    placed: list[tuple[str, tuple[int, ...]]] = []
+    for tier, ids in value.items():
+        if tier not in TIER_NAMES:
+            raise TraceError(name, line, f"{RESIDENT_FIELD}: unknown tier {tier!r} (one of {', '.join(TIER_NAMES)})")
+        field = f"{RESIDENT_FIELD}.{tier}"
+        placed.append((tier, tuple(_distinct(name, line, field, id_list_field(name, line, {field: ids}, field)))))
+    return StepRecord(step, layer, (), (), line, resident=tuple(placed))
+
+
+def _check_placed(name: str, record: StepRecord, placing: bool, seen: set[int]) -> bool:
+    """Checks a record's ``resident`` against the records before it: only leading records
+    place blocks (``placing``: every record so far did), each block once (``seen``: the ids
+    placed so far, which this record's are added to). Returns whether records still place.
+
+    Raises:
+        TraceError: ``resident`` after a record that does not place, or a block placed twice.
+    """
+    if not record.resident:
+        return False
+    if not placing:
+        raise TraceError(name, record.line, f"{RESIDENT_FIELD!r} is allowed only in the trace's leading records, "
+                         "before any record that reads, writes, holds or releases a block")
+    for _, ids in record.resident:
+        twice = seen.intersection(ids)
+        if twice:
+            raise TraceError(name, record.line, f"{RESIDENT_FIELD} places block {min(twice)} twice (a block lies in one tier)")
+        seen.update(ids)
+    return True
 
 
 def iter_steps(path: str | os.PathLike) -> Iterator[StepRecord]:
@@ -230,8 +290,12 @@ def steps_from_objects(name: str, objects: Iterable[tuple[int, dict[str, Any]]])
     """
     last_step = 0
     count = 0
+    placing, placed = True, set()
     for line, obj in objects:
         record = _record(name, line, obj, last_step)
+        if placing or record.resident:
+            placing = _check_placed(name, record, placing, placed)
+            placed = placed if placing else set()  # held only while records place blocks
         last_step = record.step
         count += 1
         yield record
@@ -285,6 +349,9 @@ def step_json(record: StepRecord) -> str:
         values = getattr(record, field)
         if values:
             extra += f', "{field}": [{", ".join(map(str, values))}]'
+    if record.resident:
+        tiers = ", ".join(f'"{tier}": [{", ".join(map(str, ids))}]' for tier, ids in record.resident)
+        extra += f', "{RESIDENT_FIELD}": {{{tiers}}}'
     return f'{{"step": {record.step}, "layer": {record.layer}, "read": [{read}], "write": [{write}]{extra}}}'
 
 

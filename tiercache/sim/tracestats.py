@@ -13,6 +13,7 @@ from tiercache.results import TraceKind
 from .blockfit import WARN_SHARE, BlockFit, block_fit
 from .kvtester import request_origin
 from .loader import Trace, is_kvtester_workload, load_trace
+from .steptrace import FlatSteps
 from .mrc import stack_distances
 from .tracelines import record_line
 from .traces import next_use
@@ -30,7 +31,9 @@ class TraceStats:
     the ``read`` blocks of a step trace. A step trace's ``write`` blocks (``writes``) are stored,
     not accessed: they count in no figure below except ``unique_blocks`` and
     ``blocks_never_read``, and as the previous touch of a block a later read reuses (the
-    block is in the cache from its write on).
+    block is in the cache from its write on). The blocks a recorded run found stored when it
+    began (its leading ``resident`` records; ``resident_blocks`` counts them, None on a request
+    trace) count as written before the first record.
     ``records`` counts requests (request traces) or step records (step traces).
     ``unique_blocks`` counts the distinct blocks the trace names (read or written).
     ``compulsory_miss_ratio`` = accesses of a block not seen before / accesses: the miss ratio
@@ -87,6 +90,7 @@ class TraceStats:
     blocks_never_read: int | None = None
     block_mismatches: str | None = None
     first_block_mismatch: str | None = None
+    resident_blocks: int | None = None
 
 
 def _pct(values: np.ndarray) -> dict[str, float]:
@@ -199,6 +203,8 @@ def trace_stats(path: str | os.PathLike) -> TraceStats:
         writes, is_read = int(steps.is_write.sum()), ~steps.is_write
         layers = len(np.unique(steps.layers))
         span = f"steps {steps.steps[0]}..{steps.steps[-1]} ({len(np.unique(steps.steps))} distinct; layers: {layers})"
+        resident = _resident_ids(steps)  # stored before the run: touched (written) before the first record
+        ids, is_read = np.concatenate((resident, ids)), np.concatenate((np.zeros(len(resident), dtype=bool), is_read))
     nu = next_use(ids)
     reuse = _reuse_stats(ids, is_read, nu)
     distances = _pct(_read_reuse_distances(ids, is_read))
@@ -214,7 +220,19 @@ def trace_stats(path: str | os.PathLike) -> TraceStats:
         reuse["reuse_time_pct"], _pct(np.diff(trace.offsets)), tokens, span, distances, depth, roots, trace.block_tokens,
         repeats, first_repeat, None if trace.requests is not None else reuse["blocks_never_read"],
         None if fit is None else fit.summary(), None if fit is None or fit.first is None else request_source(trace.path, fit.first),
+        None if trace.requests is not None else len(resident),
     )  # fmt: skip
+
+
+def _resident_ids(steps: FlatSteps) -> np.ndarray:
+    """The ids a step trace's leading ``resident`` records place, in file order (int64)."""
+    placed: list[int] = []
+    for fields in (steps.decode or {}).values():
+        if not fields.resident:
+            break  # resident records lead the trace (``steptrace``)
+        for _, ids in fields.resident:
+            placed.extend(ids)
+    return np.array(placed, dtype=np.int64)
 
 
 def trace_block_fit(trace: Trace) -> BlockFit | None:
