@@ -11,7 +11,9 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import sys
 import threading
+from collections import Counter
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -31,11 +33,12 @@ from tiercache.results import LayoutInfo, ResultsDocument, RunRecord, Semantics,
 from tiercache.results.hwinfo import HardwareInfo
 
 from .hardware import HardwareProfile
+from .held import HeldPeaks, run_capacity
 from .loader import Trace, load_trace
 from .oracle import trace_layout
 from .replay import ReplayData, RunSpec, check_run, load_kernels, replay
 
-__all__ = ["SweepSpec", "check_policy_names", "plan_runs", "sweep", "run_sweep", "check_memory", "SLOT_BYTES"]
+__all__ = ["SweepSpec", "check_policy_names", "plan_runs", "sweep", "fitting_runs", "run_sweep", "check_memory", "SLOT_BYTES"]
 
 #: Memory one slot of tier capacity costs before any block is stored: the slot directory's
 #: table (8 B) and, once slots have been freed, its free stack (8 B); policies preallocate
@@ -151,16 +154,24 @@ def plan_runs(spec: SweepSpec, kind: TraceKind) -> list[RunSpec]:
     return list(dict.fromkeys(runs))
 
 
-def sweep(trace: Trace, spec: SweepSpec, workers: int = 1, progress: bool = False, command: str = "") -> ResultsDocument:
+def sweep(trace: Trace, spec: SweepSpec, workers: int = 1, progress: bool = False, command: str = "",
+          note: Callable[[str], None] | None = None) -> ResultsDocument:
     """Replays ``trace`` for every run of ``spec``; ``command`` is recorded as given.
 
     ``workers`` > 1 runs replays in forked worker processes (the trace is shared, not copied).
+    A recorded decode's runs on tiers that cannot hold what its live sequences hold at once
+    are left out (``fitting_runs``), each such cache told in one line to ``note`` (default: a
+    ``warning:`` line on stderr).
+
+    Raises:
+        UserError: a run ``check_run`` refuses, or no run fits (the first cache's line).
     """
     if workers < 1:
         raise ValueError(f"sweep: workers must be >= 1, got {workers}")
     runs = plan_runs(spec, trace.kind)
     for run in runs:
         check_run(run, trace)
+    runs = fitting_runs(runs, trace, note or _warn)
     check_memory(runs, workers)
     layout = trace_layout(trace, spec.layout)  # a step trace's block is one layer's KV
     data = ReplayData.prepare(trace, layout, spec.hardware)
@@ -173,6 +184,38 @@ def sweep(trace: Trace, spec: SweepSpec, workers: int = 1, progress: bool = Fals
         runs=tuple(_execute(runs, data, workers, progress)),
         hardware_profile=None if spec.hardware is None else HardwareInfo.of(spec.hardware, layout=layout),
     )
+
+
+def fitting_runs(runs: list[RunSpec], trace: Trace, note: Callable[[str], None]) -> list[RunSpec]:
+    """The runs whose tiers hold the blocks ``trace``'s live sequences hold at once (``held``):
+    the live cache refuses an append past that, so a replay would count a decode that cannot
+    run. The others are left out, one line per cache to ``note``, naming the trace's file and
+    line of the first write that does not fit and how many blocks are missing.
+
+    Raises:
+        UserError: no run fits (the line of the first cache; the others are not told).
+    """
+    peaks = HeldPeaks.of(trace)
+    if not peaks.peaks:
+        return runs
+    why: dict[tuple, str | None] = {}
+    for run in runs:
+        if (run.tiers, run.write_through) not in why:
+            capacity = run_capacity([t.capacity_blocks for t in run.tiers], run.write_through)
+            why[(run.tiers, run.write_through)] = peaks.refusal(capacity, _where(run))
+    left = Counter((run.tiers, run.write_through) for run in runs if why[(run.tiers, run.write_through)] is not None)
+    kept = [run for run in runs if (run.tiers, run.write_through) not in left]
+    if not kept:
+        others = {1: "", 2: " (nor does the other cache asked for)"}.get(len(left), f" (nor do the other {len(left) - 1} "
+                                                                                     "caches asked for)")
+        raise UserError(f"{why[next(iter(left))]}{others}; no replay of it is made")
+    for cache, count in left.items():
+        note(f"{why[cache]}; its {count} run{'s are' if count > 1 else ' is'} left out")
+    return kept
+
+
+def _warn(text: str) -> None:
+    print(f"warning: {text}", file=sys.stderr)
 
 
 def check_memory(runs: list[RunSpec], workers: int, available: int | None = None) -> None:
@@ -251,13 +294,16 @@ def _run_name(spec: RunSpec) -> str:
     """A run as an error names it: ``arc+second_hit on --tiers hbm=2,dram=3 (object semantics)``,
     ``lru at capacity 1000 (prefix semantics)``."""
     label = run_label(spec.policy, spec.admission, spec.placement, spec.prefetch)
+    return f"{label} {_where(spec)} ({spec.semantics.value} semantics)"
+
+
+def _where(spec: RunSpec) -> str:
+    """A run's cache as a message names it: ``at capacity 1000``, ``on --tiers hbm=2,dram=3``."""
     if len(spec.tiers) == 1 and spec.tiers[0].codec is Codec.NONE:
-        where = f"at capacity {spec.tiers[0].capacity_blocks}"
-    else:
-        codecs = ["" if t.codec is Codec.NONE else f":{t.codec.value}" for t in spec.tiers]
-        where = "on --tiers " + ",".join(f"{t.name}={t.capacity_blocks}{c}" for t, c in zip(spec.tiers, codecs))
-        where += " --write-through" if spec.write_through else ""
-    return f"{label} {where} ({spec.semantics.value} semantics)"
+        return f"at capacity {spec.tiers[0].capacity_blocks}"
+    codecs = ["" if t.codec is Codec.NONE else f":{t.codec.value}" for t in spec.tiers]
+    where = "on --tiers " + ",".join(f"{t.name}={t.capacity_blocks}{c}" for t, c in zip(spec.tiers, codecs))
+    return where + (" --write-through" if spec.write_through else "")
 
 
 def _replay(spec: RunSpec, data: ReplayData, on_progress: Callable[[int], None] | None = None,
