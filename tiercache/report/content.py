@@ -23,6 +23,7 @@ from .summary import (BASELINE, BELADY, CapacityBest, Payoff, beats_belady, bela
                       best_per_capacity, beyond_clause, by_group, gap_closed, hierarchy_payoffs, is_belady, is_offline,
                       layouts_need_naming, policy_labels, request_path_seconds, unreferenced_prefetch)
 from .tables import best_table, codec_sentences, runs_table, split_best_table, tier_table, tiers_text, trace_table
+from .ties import belady_advice, tie_finding, tie_note, tied_runs
 
 __all__ = ["build_document"]
 
@@ -81,7 +82,7 @@ def _single_engine_sections(data: ReportData, trace: str | Trace | None, tuned: 
                             candidates: frozenset[str] | None) -> list[Section]:
     """The sections over one-engine runs (fleet runs have their own section)."""
     colors = plots.policy_colors(data.runs)
-    return [_summary(data, tuned, candidates), _curves(data, colors, trace), _tiers(data, colors), _movement(data, colors),
+    return [_summary(data, tuned, candidates, trace), _curves(data, colors, trace), _tiers(data, colors), _movement(data, colors),
             _prefix(data, colors)]
 
 
@@ -93,7 +94,8 @@ def _group_title(semantics: Semantics, mode: Mode) -> str:
     return f"{semantics.value} semantics, {_MODES[mode]}"
 
 
-def _summary(data: ReportData, tuned: dict[tuple, str] | None, candidates: frozenset[str] | None) -> Section:
+def _summary(data: ReportData, tuned: dict[tuple, str] | None, candidates: frozenset[str] | None,
+             trace: str | Trace | None) -> Section:
     steps = data.trace.kind is TraceKind.STEPS
     intro = (
         f"This report replays the {'step' if steps else 'request'} trace {data.trace.name} through a KV cache of several sizes, once per "
@@ -102,30 +104,31 @@ def _summary(data: ReportData, tuned: dict[tuple, str] | None, candidates: froze
         "tier. Lower miss ratios are better."
     )
     floor = "" if steps else " The compulsory-miss floor counts first accesses, which miss at any capacity."
-    bound = _bound(data.runs) + floor
+    bound = _bound(data.runs, belady_advice(data, trace)) + floor
     semantics = sorted({r.semantics for r in data.runs}, key=lambda s: s.value)
     blocks: list = [Paragraph(intro), Paragraph(bound)]
     blocks.append(Bullets(tuple(f"{_SEMANTICS[s]}." for s in semantics)))
     best = best_per_capacity(data.runs, candidates)
     picks = None if tuned is None else [tuned_run(b, data.runs, tuned) for b in best]
+    ties = [tied_runs(b, data.runs, candidates) for b in best]  # caches the miss ratio cannot rank
     if best:
         named = layouts_need_naming([b.best for b in best])
-        findings = [_finding(b, named) for b in best] if picks is None else \
+        findings = [_finding(b, named, tied) for b, tied in zip(best, ties)] if picks is None else \
             [_split_finding(b, named, *pick) for b, pick in zip(best, picks)]
         blocks += [Paragraph("Key findings:"), Bullets(tuple(findings))]
     blocks += _payoff_blocks(hierarchy_payoffs(data.runs))
     blocks += [Paragraph("The trace and the presets:"), trace_table(data)]
     if best:
-        blocks += _best_blocks(best, picks)
+        blocks += _best_blocks(best, picks) + ([Paragraph(tie_note([b for b, t in zip(best, ties) if t]))] if any(ties) else [])
         caveat = unreferenced_prefetch(best)
         blocks += [Paragraph(caveat[0].upper() + caveat[1:] + ".")] if caveat else []
     return Section("Summary", tuple(blocks))
 
 
-def _bound(runs: tuple[Run, ...]) -> str:
+def _bound(runs: tuple[Run, ...], advice: str) -> str:
     """What the summary says of the bound: Belady's MIN and the gap closed where a belady run
-    is in the results (``is_belady``), else that none is; any other policy that reads the
-    future is named as a reference (``_references``); then the baseline."""
+    is in the results (``is_belady``), else that none is, with ``advice`` (``belady_advice``);
+    any other policy that reads the future is named as a reference (``_references``); then the baseline."""
     if any(is_belady(r) for r in runs):
         head = (f"The policy {BELADY} (Belady's MIN) evicts the block needed furthest in the future. It must know the "
                 f"future, so no serving system can run it{_belady_claim(runs)}")
@@ -133,7 +136,7 @@ def _bound(runs: tuple[Run, ...]) -> str:
                f"than {BASELINE}, 100% is as good as {BELADY}.")
     else:
         head = (f"No run of {BELADY} (Belady's MIN) is in these results, so no bound is drawn and no gap closed is "
-                f"measured (add {BELADY} to --policy for them).")
+                f"measured{advice}.")
         gap = ""
     return f"{head}{_references(runs)} The policy {BASELINE} (least recently used) is the usual baseline.{gap}"
 
@@ -181,8 +184,11 @@ def _best_blocks(best: list[CapacityBest], picks: list[tuple[str | None, Run | N
                       "itself, known only after it was run:"), split_best_table(best, picks)]
 
 
-def _finding(best: CapacityBest, named: bool) -> str:
-    """One key finding; ``named``: the cache is named by its tiers, not its capacity alone."""
+def _finding(best: CapacityBest, named: bool, tied: list[Run]) -> str:
+    """One key finding; ``named``: the cache is named by its tiers, not its capacity alone;
+    ``tied``: its online runs where all miss the same share (``tie_finding``), else empty."""
+    if tied:
+        return tie_finding(best, tied, _where(best, named))
     text = f"{_where(best, named)}, {best.best.label} misses {fmt.percent(best.best.miss_ratio)} of accesses"
     text += _versus(best, best.best)
     if best.best is best.lru:
