@@ -119,7 +119,7 @@ def test_store_waits_for_a_move_out_of_nvme_before_dropping_there(tmp_path):
         for i in (c, d, b, e, a):
             store.put([key(i)], data[i : i + 1])
         store.prefetch([key(c)])  # C: NVMe -> HBM, left in flight
-        store.access([key(d)], data[d : d + 1])  # D is stored: a hit, promoted out of NVMe (a put only refreshes it)
+        store.access([key(d)], data[d : d + 1])  # D is stored: a hit, promoted out of NVMe (a put moves no bytes out of it)
         store.wait()
         assert None not in lookups(store, 5)
         assert [t["evictions"] for t in store.stats()["tiers"]] == [0, 0, 0]

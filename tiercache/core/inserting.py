@@ -9,6 +9,10 @@ same state, and the transfers of one chunk are charged as one per link either wa
 referenced or held) it is cut into pieces of what fits (``_place_in_pieces``); only blocks no
 room can be made for are refused, counted. In write-through every new block is then copied to
 each lower tier that admits it (``_copy_down``).
+
+A writer that computed again blocks the hierarchy already holds (``store_fresh``: a live
+store's ``put`` of stored keys) stores them at the top from its bytes, with no load: as a
+recomputed block of a prefix read moves up (``_renew_at_top``), never read from below.
 """
 
 from __future__ import annotations
@@ -32,10 +36,87 @@ class InsertMixin:
     """The insert path of ``TierManager`` (see the module docstring).
 
     Relies on the manager's ``dirs``, ``policies``, ``_hooks``, ``_admit``, ``placement``,
-    ``engine``, ``events``, ``held``, ``write_through``, ``shared``, ``_no_extra`` and
-    ``_chunk_caps``, on ``_make_room``, ``_retry_room``, ``_room_possible`` and
-    ``_place_in_pieces`` (``RoomMixin``) and on ``_transfer`` (``TransferMixin``).
+    ``engine``, ``events``, ``held``, ``write_through``, ``shared``, ``_no_extra``,
+    ``_chunk_caps`` and ``locate``, on ``_make_room``, ``_retry_room``, ``_room_possible`` and
+    ``_place_in_pieces`` (``RoomMixin``) and on ``_transfer``, ``inflight``, ``_running`` and
+    ``wait`` (``TransferMixin``).
     """
+
+    def store_fresh(self, ids: Sequence[int]) -> list[int]:
+        """Stores blocks whose bytes a writer just computed (staged in the engine: a live store's
+        ``put``), in call order, in runs of one tier, at the top tier and with no load:
+
+        - absent, or listed only by the shared tier (a view entry nobody checked): inserted as new
+          blocks (counted ``INSERT``); a view entry whose block then has a local copy leaves the
+          view (``_leave_view``), so a publication writes the block again;
+        - held in a lower local tier: moved to the top without a transfer (``_renew_at_top``),
+          counted nothing, the stale copy released (kept in write-through); touched where it
+          lies when no room can be made at the top (or a copy in flight pins it);
+        - held in the top tier: touched there (a refresh: nothing moves or is read).
+
+        A move in flight taking one of them out of its tier (a prefetch) is completed first,
+        so the block is found where it landed, or, lost on the way, stored anew. Returns the
+        ids whose view entries left the view (stored locally from the writer's bytes)."""
+        self._settle_moves_of(ids)
+        local_tiers = self.shared if self.shared is not None else len(self.dirs)
+        position, left_view = 0, []
+        while position < len(ids):
+            tier = _local_tier(self.locate(ids[position]), local_tiers)  # a view entry alone is no local copy
+            end = position + 1
+            while end < len(ids) and _local_tier(self.locate(ids[end]), local_tiers) == tier:
+                end += 1
+            left_view += self._store_fresh_run(ids[position:end], tier)
+            position = end
+        return left_view
+
+    def _store_fresh_run(self, run: Sequence[int], tier: int | None) -> list[int]:
+        """``store_fresh`` of a run held in local ``tier`` (None: in no local tier); returns the
+        ids whose view entries left the view."""
+        if tier is None:
+            self._insert_new(run, None)
+            return self._leave_view(run)
+        if tier == 0 or not self._renew_at_top(run, tier, None):
+            self._hooks[tier].on_access(run, None)
+        return []
+
+    def _settle_moves_of(self, ids: Sequence[int]) -> None:
+        """Completes the moves (not copies) in flight that this manager started for any of ``ids``."""
+        wanted = set(ids)
+        for job_id in [j for j, plan in self.inflight.items()
+                       if j in self._running and not plan.keep_source and not wanted.isdisjoint(plan.ids)]:
+            self.wait(job_id)
+
+    def _leave_view(self, ids: Sequence[int]) -> list[int]:
+        """Entries of the shared tier whose blocks ``ids`` now have a local copy leave it (the
+        value stays in the store for the others; a pinned entry stays), counted nothing: the
+        block did not leave the hierarchy. Returns their ids."""
+        if self.shared is None:
+            return []
+        view = self.dirs[self.shared]
+        gone = [b for b in ids if b in view.slot_of and b not in view.pins and self.locate(b) != self.shared]
+        if gone:
+            self._hooks[self.shared].on_remove(gone)
+            self.engine.discard(self.shared, gone, view.remove(gone))
+        return gone
+
+    def _renew_at_top(self, ids: Sequence[int], tier: int, hints: Hints | None) -> bool:
+        """Moves ``ids``, held in the lower local ``tier``, to the top tier from fresh bytes the
+        engine holds (a recomputed block, a writer's), without a transfer: room made first, as
+        for a promotion (never at the expense of ``ids``), the fresh copy published
+        (``_fill_and_publish``, not counted: the block neither entered nor left the hierarchy),
+        then the stale one released (kept in write-through). False, nothing done, when a
+        placement policy stores new blocks lower down, a move in flight pins one of them, or no
+        room can be made."""
+        pins, guard = self.dirs[tier].pins, frozenset(ids)
+        if insert_tier(self.placement, ids, hints, len(self.dirs)) != 0 or any(b in pins for b in ids):
+            return False
+        if self._make_room(0, len(ids), guard) is not _MADE and not self._retry_room(0, len(ids), guard):
+            return False
+        self._fill_and_publish(ids, hints, 0, counted=False)
+        if not self.write_through:  # an inclusive hierarchy keeps its lower copies
+            self._hooks[tier].on_remove(ids)
+            self.engine.discard(tier, ids, self.dirs[tier].remove(ids))
+        return True
 
     def _insert_new(self, ids: Sequence[int], hints: Hints | None, hold: bool = False) -> None:
         """Places new blocks in the top tier (or the placement's), admission permitting, making room
@@ -136,3 +217,8 @@ def _one_at_a_time(a: int, b: int, free: int) -> list[tuple[int, int]]:
     slots take (at least one), then one id each."""
     first = a + max(min(b - a, free), 1)
     return [(a, first), *((x, x + 1) for x in range(first, b))]
+
+
+def _local_tier(tier: int | None, local_tiers: int) -> int | None:
+    """``tier`` when it is a local one (below ``local_tiers``, the shared tier's index), else None."""
+    return tier if tier is not None and tier < local_tiers else None

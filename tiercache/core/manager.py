@@ -9,9 +9,10 @@ cannot make room) and a victim of the last tier leaves the hierarchy (the cascad
 ``tiercache.core.room``); a hit below the top is promoted to the top, or read where it lies
 when the run does not fit there or the tiers on its victims' way down cannot take them (a
 placement policy may store new blocks lower down, or read a hit where it lies instead). A
-block a prefix read recomputes moves to the top tier without a transfer, never loaded from
-below. Write-through (inclusive): a new block is copied to every lower tier that admits it;
-victims are dropped from their tier only; a hit below the top is copied up.
+block a prefix read recomputes, or a writer stores again from its bytes (``store_fresh``), moves
+to the top tier without a transfer, never loaded from below. Write-through (inclusive): a new
+block is copied to every lower tier that admits it; victims are dropped from their tier only; a
+hit below the top is copied up.
 
 Ordering: with one tier, ``access`` is exactly equivalent to handling its ids one at a time,
 in order (it batches runs of hits and, for policies whose ``batch_insert_safe`` is True, runs
@@ -55,7 +56,7 @@ from .engine import ImmediateEngine, TransferEngine
 from .guards import distinct_prefix, pick_hints, slice_hints
 from .holds import HoldMixin, orphans_first
 from .inserting import InsertMixin
-from .placing import check_placement, insert_tier, promotes
+from .placing import check_placement, promotes
 from .plans import Ev, EventLog, Room, TransferPlan
 from .room import _MADE, RoomMixin
 from .transfers import TransferMixin
@@ -143,20 +144,6 @@ class TierManager(InsertMixin, RoomMixin, TransferMixin, HoldMixin):
             if not any(block_id in m for m in maps):
                 return position
         return len(ids)
-
-    def touch(self, ids: Sequence[int]) -> None:
-        """Refreshes resident ``ids`` in the eviction policy of the (fastest) tier each lies
-        in, as a hit there does, but nothing moves, nothing is read and no event is emitted:
-        a writer storing again content a tier already holds (``TieredKVStore.put``) needs
-        none of its stored bytes. Ids not resident are skipped; each tier is told its ids
-        once each, in call order."""
-        by_tier: dict[int, list[int]] = {}
-        for block_id in dict.fromkeys(ids):
-            tier = self.locate(block_id)
-            if tier is not None:
-                by_tier.setdefault(tier, []).append(block_id)
-        for tier, run in by_tier.items():
-            self._hooks[tier].on_access(run, None)
 
     # -- reader references ---------------------------------------------------------------
     def ref(self, ids: Sequence[int]) -> None:
@@ -340,10 +327,10 @@ class TierManager(InsertMixin, RoomMixin, TransferMixin, HoldMixin):
         first miss): misses, counted as recomputed, never loaded from ``tier``.
 
         The engine writes fresh KV into the top tier. With ``store_misses`` the block moves
-        there without a transfer, room made first as for a promotion: the fresh copy is
-        published (``_fill_and_publish``), then the stale one released (kept in
-        write-through), and no event but the recompute is counted, since the block neither
-        entered nor left the hierarchy. It stays where it lies, touched, when no room can be
+        there without a transfer (``_renew_at_top``), room made first as for a promotion: the
+        fresh copy is published, then the stale one released (kept in write-through), and no
+        event but the recompute is counted, since the block neither entered nor left the
+        hierarchy. It stays where it lies, touched, when no room can be
         made that way, when a placement policy stores new blocks lower down, when a move in
         flight pins it, and without ``store_misses`` (a reader with no bytes to store). A copy
         in the shared tier stays (valid, and other processes'); the fresh block is stored
@@ -354,15 +341,8 @@ class TierManager(InsertMixin, RoomMixin, TransferMixin, HoldMixin):
             if store_misses:
                 self._insert_new(ids, hints)
             return
-        pins, guard = self.dirs[tier].pins, frozenset(ids)
-        stays = not store_misses or insert_tier(self.placement, ids, hints, len(self.dirs)) != 0 or any(b in pins for b in ids)
-        if stays or not (self._make_room(0, len(ids), guard) is _MADE or self._retry_room(0, len(ids), guard)):
+        if not (store_misses and self._renew_at_top(ids, tier, hints)):
             self._hooks[tier].on_access(ids, hints)
-            return
-        self._fill_and_publish(ids, hints, 0, counted=False)
-        if not self.write_through:  # an inclusive hierarchy keeps its lower copies
-            self._hooks[tier].on_remove(ids)
-            self.engine.discard(tier, ids, self.dirs[tier].remove(ids))
 
     # -- promotion -----------------------------------------------------------------------
     def _promote(self, ids: Sequence[int], start: int, tier: int, hints: Hints | None, guard_ids: frozenset,

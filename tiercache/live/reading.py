@@ -65,7 +65,8 @@ class StoreReads:
         The slots index ``hbm_tensor``; pin the keys first if the blocks must stay there
         while a kernel reads them. A key not stored, or whose block could not be brought to
         HBM (no room, or unreadable), raises KeyError naming it; keys not stored are counted
-        as misses first.
+        as misses first, the stored keys of a call that raises nothing (none is read: their
+        hits, and a declined promotion's read in place, are taken back; moves that ran stay counted).
         """
         keys = self._map.check_keys(keys, "TieredKVStore.get_slots")
         with self._lock:
@@ -74,7 +75,7 @@ class StoreReads:
             ids = self._map.ids(keys, register=False)
             self._count_misses(sum(i is None or self.manager.locate(i) is None for i in ids))
             ids = self._map.stored_ids(keys, self.manager.locate, "TieredKVStore.get_slots")
-            self._promote_for_read(ids)
+            self._promote_for_read(ids, to_hbm=True)
             top = self.manager.dirs[0].slot_of
             absent = [k for k, i in zip(keys, ids) if i not in top]
             if absent:
@@ -137,11 +138,13 @@ class StoreReads:
         self.manager.wait_all()
         self._consume()
 
-    def _promote_for_read(self, ids: list[int]) -> None:
+    def _promote_for_read(self, ids: list[int], to_hbm: bool = False) -> None:
         """Promotes the blocks a read asks for, as the policy says, never at their expense: each is
         referenced while the promotions run, so making room for one can never push another out of
         the hierarchy (what does not fit in HBM is read where it is). Moves in flight are ``_settle``d
-        first; a block one of them lost is neither referenced nor counted (``read_blocks`` reports it)."""
+        first; a block one of them lost is neither referenced nor counted (``read_blocks`` reports it).
+        With ``to_hbm`` (``get_slots``, which serves blocks in HBM only) a call that leaves one of them
+        below HBM reads nothing: the promotions' hits are not counted (``_uncount_hits``)."""
         self._settle()
         distinct = [i for i in dict.fromkeys(ids) if self.manager.locate(i) is not None]
         self.manager.ref(distinct)
@@ -149,7 +152,17 @@ class StoreReads:
             self.manager.access([i for i in ids if self.manager.locate(i) is not None], store_misses=False)
         finally:
             self.manager.unref(distinct)
+            if to_hbm and not all(i in self.manager.dirs[0].slot_of for i in ids):
+                self._uncount_hits()
             self._consume()
+
+    def _uncount_hits(self) -> None:
+        """Drops the ``HIT`` events not yet counted (a read that raises serves none): no hit is
+        counted, nor read in place and charged on a link (``InPlaceHits`` counts hits only); the
+        other events (moves that ran, promotions skipped, blocks lost) stay, in order."""
+        for kind, tier, count, aux in self.events.drain():
+            if kind != Ev.HIT:
+                self.events.emit(kind, tier, count, aux)
 
     @property
     def hbm_tensor(self) -> torch.Tensor:

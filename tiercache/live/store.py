@@ -27,7 +27,7 @@ import torch
 from tiercache.config import Codec, KVLayout, TierConfig
 from tiercache.core.manager import TierManager
 from tiercache.core.plans import EventLog, TransferPlan
-from tiercache.data.buffers import check_blocks
+from tiercache.data.buffers import check_blocks, shares_memory
 from tiercache.data.engine import LocalEngine
 from tiercache.errors import UserError
 from tiercache.keys import prefix_keys
@@ -121,11 +121,17 @@ class TieredKVStore(StoreReads, NoCopies):
         that the call's own later placements pushed out again (a batch larger than the room left), is
         not counted: a caller sees a refused put in the return value, and the reason in ``stats()``.
 
-        Keys already stored are refreshed, not rewritten: a key names its content, so none of the stored
-        bytes is needed. Each is touched in its tier's eviction policy where it lies, as a hit there is, but
-        nothing is read or moved and nothing is counted as a hit or a read (``stats()["refreshes"]`` counts
-        them); one the call's own new blocks pushed out of the hierarchy is stored again from these bytes.
-        ``get`` or ``prefetch`` brings a block up. If the copy of new bytes fails, nothing of the failed
+        The caller holds every block's bytes (it just computed them), so none is ever read from a tier
+        (``TierManager.store_fresh``). A key already stored in HBM is refreshed there (touched in its
+        eviction policy, as a hit there is; nothing rewritten: a key names its content). One held in a lower
+        local tier is stored in HBM from these bytes, no load charged, its stale copy released (kept in
+        write-through), as a recomputed block moves up in a replay's prefix semantics; where no room can be
+        made in HBM it stays, touched, where it lies. Neither is counted as a hit or a read
+        (``stats()["refreshes"]`` counts them). A key only the remote tier's view lists (an entry nobody
+        checked: the store may have lost the value) is a new key here: stored locally from these bytes, its
+        entry then leaving the view, so ``through`` publishes it again (a no-op where the store holds it);
+        it counts in the return value once so stored, never on the strength of the entry. An old block the call's own new blocks pushed out of the
+        hierarchy is stored again from these bytes. If the copy of new bytes fails, nothing of the failed
         blocks is kept and the error propagates; blocks placed before it stay stored.
         With a remote tier under ``through`` the call's keys are published as one prefix, from the first
         (``RemoteLink.stored``): never a block whose parent key the store lacks.
@@ -141,31 +147,40 @@ class TieredKVStore(StoreReads, NoCopies):
             self._check_open()
             ids = self._map.ids(keys, register=True)
             valid = [n for n, block_id in enumerate(ids) if block_id is not None]
-            new_ids = [ids[n] for n in valid if self.manager.locate(ids[n]) is None]
+            new_ids = [ids[n] for n in valid if not self._held_locally(ids[n])]  # a view entry alone is new here
             placed = set(new_ids)
             old = [ids[n] for n in valid if ids[n] not in placed]
+            unchecked = {block_id for block_id in new_ids if self.manager.locate(block_id) is not None}  # view entries
+            checked: list[int] = []
 
             def insert_then_refresh() -> None:
-                self.manager.insert(new_ids)
-                # An old block the insert pushed out of the hierarchy is stored again from
-                # these bytes (all of the call's blocks are staged); that may push out some
-                # of the new ones again (counted only if they stay). The others are touched
-                # where they lie: a refresh reads nothing, so it is charged nothing.
-                gone = [block_id for block_id in old if self.manager.locate(block_id) is None]
-                self.manager.touch(old)
+                checked.extend(self.manager.store_fresh(new_ids))  # view entries replaced by local copies
+                # Then the old ones: refreshed in HBM, or stored there from these bytes (all of
+                # the call's blocks are staged; none is read from a tier), an old block the new
+                # ones pushed out of the hierarchy too; that may push out some of the new ones
+                # again (counted only if they stay).
+                self.manager.store_fresh(old)
                 self.refreshes += len(old)
-                if gone:
-                    self.manager.insert(gone)
 
             staged = kv_blocks if len(valid) == len(ids) else kv_blocks[valid]  # no copy in the common case
+            if any(shares_memory(staged, pool) for _, pool in self._pool_memory()):
+                staged = staged.clone()  # the bytes as passed: the call's own fills may land in the slots they lie in
             try:
                 self._store_new([ids[n] for n in valid], staged, insert_then_refresh)
-                stored = [block_id for block_id in new_ids if self.manager.locate(block_id) is not None]
+                # stored anywhere (a block the call's inserts pushed down into the remote tier was
+                # written there), but never on the strength of a view entry nobody checked
+                unchecked.difference_update(checked)
+                stored = [b for b in new_ids if self.manager.locate(b) is not None and b not in unchecked]
                 if self._remote is not None:  # the call's blocks from its start, up to a collision
                     self._remote.stored(ids[: ids.index(None)] if None in ids else ids)
                 return len(stored)
             finally:  # interrupted too: the keys of blocks evicted to make room are forgotten
                 self._consume()
+
+    def _held_locally(self, block_id: int) -> bool:
+        """Whether a local tier (not the remote tier's view) holds ``block_id``."""
+        tier = self.manager.locate(block_id)
+        return tier is not None and tier != self.manager.shared
 
     def access(self, keys: Sequence[bytes], kv_blocks: torch.Tensor, wait: bool = True) -> Pending:
         """Reads ``keys`` in order exactly as ``tiercache replay`` does (object semantics).
@@ -340,7 +355,7 @@ class TieredKVStore(StoreReads, NoCopies):
         ``get_prefix``, ``get_slots``): served from a tier (a hit there) or not (a miss, counted
         before a read raises for it). ``lookups`` counts what ``lookup`` and ``match_prefix``
         answered (``LookupCounts``: the prefix-cache hit ratio); ``refreshes`` the blocks ``put``
-        found already stored (neither a read nor a hit)."""
+        found already stored in a local tier (neither a read nor a hit)."""
         with self._lock:
             self._check_open()
             self._consume()
