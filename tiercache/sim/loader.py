@@ -22,10 +22,10 @@ from .fastscan import scan_requests
 from .kvtester import DEFAULT_MEAN_GAP_S, is_conversation_name, is_kvtester, load_kvtester_flat
 from .steptrace import FlatSteps, flat_steps, header_block_tokens, is_header
 from .traces import (MAX_LINE_BYTES, MOONCAKE_BLOCK_TOKENS, FlatTrace, check_token_counts, fingerprint_digest, refuse_special_file,
-                     fingerprint_of, flat_requests, format_block_tokens, iter_json_objects, kind_of, request_format,
-                     trace_fingerprint)
+                     fingerprint_of, flat_requests, format_block_tokens, half_fingerprint, iter_json_objects, kind_of,
+                     request_format, trace_fingerprint)
 
-__all__ = ["Trace", "load_trace", "trace_fingerprint", "is_kvtester_workload"]
+__all__ = ["Trace", "load_trace", "trace_fingerprint", "half_fingerprint", "is_kvtester_workload"]
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from tiercache.results import SPLIT_HALVES, TraceKind
 
 from .loader import Trace
-from .traces import FlatTrace, fingerprint_digest, fingerprint_of
+from .traces import FlatTrace, half_fingerprint
 
 __all__ = ["split_halves", "HALVES"]
 
@@ -48,8 +48,6 @@ def _part(trace: Trace, first: int, last: int, name: str) -> Trace:
     offsets = trace.offsets[first : last + 1] - a
     part = FlatTrace(ids, offsets[:-1].copy(), flat.timestamps[first:last].copy(), flat.input_lengths[first:last].copy(),
                      flat.output_lengths[first:last].copy())
-    digest = fingerprint_digest()
-    digest.update(f"{trace.fingerprint}#{name}".encode())
-    fingerprint = fingerprint_of(digest)
+    fingerprint = half_fingerprint(trace.fingerprint, name)
     return Trace(f"{trace.path}#{name}", trace.kind, fingerprint, ids, offsets.copy(), requests=part,
                  block_tokens=trace.block_tokens)

@@ -58,6 +58,7 @@ __all__ = [
     "trace_fingerprint",
     "fingerprint_digest",
     "fingerprint_of",
+    "half_fingerprint",
     "write_requests",
     "request_json",
     "TraceKind",
@@ -252,6 +253,14 @@ def fingerprint_of(digest) -> str:
     """The fingerprint text of a finished ``fingerprint_digest``."""
     text = digest.hexdigest()
     return text if isinstance(digest, type(hashlib.blake2b())) else FINGERPRINT_PREFIX + text
+
+
+def half_fingerprint(whole: str, name: str) -> str:
+    """The fingerprint of the half ``name`` (``results.SPLIT_HALVES``) of the trace whose
+    fingerprint is ``whole`` (``sim.split``): the xxh3-128 of ``whole#name``."""
+    digest = fingerprint_digest()
+    digest.update(f"{whole}#{name}".encode())
+    return fingerprint_of(digest)
 
 
 def refuse_special_file(name: str) -> None:
