@@ -14,12 +14,19 @@ from store_helpers import LAYOUT, blocks, key, tiers
 from tiercache.live.store import TieredKVStore
 
 
+def _filled(tmp_path, n: int, **capacities) -> tuple[TieredKVStore, torch.Tensor, list]:
+    """An LRU store of ``capacities`` holding ``n`` blocks, put one at a time (the first ones
+    pushed lowest), with their data and keys."""
+    data, keys = blocks(n, n // 3), [key(i) for i in range(n)]
+    store = TieredKVStore(LAYOUT, tiers(**capacities), eviction="lru", path=tmp_path / "nvme", device="cpu")
+    for i in range(n):
+        store.put([keys[i]], data[i : i + 1])
+    return store, data, keys
+
+
 def test_a_put_of_a_block_a_lower_tier_holds_stores_it_in_hbm_from_its_bytes_with_no_load_and_no_count(tmp_path):
-    data = blocks(6, 2)
-    keys = [key(i) for i in range(6)]
-    with TieredKVStore(LAYOUT, tiers(hbm=2, dram=2, nvme=4), eviction="lru", path=tmp_path / "nvme", device="cpu") as store:
-        for i in range(6):
-            store.put([keys[i]], data[i : i + 1])
+    store, data, keys = _filled(tmp_path, 6, hbm=2, dram=2, nvme=4)
+    with store:
         assert store.lookup(keys)[1] == ["nvme", "nvme", "dram", "dram", "hbm", "hbm"]
         before = store.stats()
         assert store.put([keys[0], keys[5]], data[[0, 5]]) == 0  # both stored already: refreshed
@@ -38,11 +45,8 @@ def test_a_put_of_a_block_a_lower_tier_holds_stores_it_in_hbm_from_its_bytes_wit
 
 
 def test_get_slots_that_cannot_bring_a_stored_block_to_hbm_counts_and_charges_nothing_for_it(tmp_path):
-    data = blocks(3, 1)
-    keys = [key(i) for i in range(3)]
-    with TieredKVStore(LAYOUT, tiers(hbm=1, dram=1, nvme=4), eviction="lru", path=tmp_path / "nvme", device="cpu") as store:
-        for i in range(3):
-            store.put([keys[i]], data[i : i + 1])
+    store, data, keys = _filled(tmp_path, 3, hbm=1, dram=1, nvme=4)
+    with store:
         assert store.lookup(keys)[1] == ["nvme", "dram", "hbm"]
         store.pin([keys[2]])  # the one HBM slot pinned: no room can be made there
         before = store.stats()
