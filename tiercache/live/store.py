@@ -162,11 +162,8 @@ class TieredKVStore(StoreReads, NoCopies):
                 self.manager.store_fresh(old)
                 self.refreshes += len(old)
 
-            staged = kv_blocks if len(valid) == len(ids) else kv_blocks[valid]  # no copy in the common case
-            if any(shares_memory(staged, pool) for _, pool in self._pool_memory()):
-                staged = staged.clone()  # the bytes as passed: the call's own fills may land in the slots they lie in
             try:
-                self._store_new([ids[n] for n in valid], staged, insert_then_refresh)
+                self._store_new([ids[n] for n in valid], self._staged(kv_blocks, valid, len(ids)), insert_then_refresh)
                 # stored anywhere (a block the call's inserts pushed down into the remote tier was
                 # written there), but never on the strength of a view entry nobody checked
                 unchecked.difference_update(checked)
@@ -176,6 +173,12 @@ class TieredKVStore(StoreReads, NoCopies):
                 return len(stored)
             finally:  # interrupted too: the keys of blocks evicted to make room are forgotten
                 self._consume()
+
+    def _staged(self, kv_blocks: torch.Tensor, valid: list[int], n: int) -> torch.Tensor:
+        """The rows ``valid`` of a put's ``n`` blocks (no copy when all are), copied where they lie
+        in one of the store's pools: the call's own fills may land in the slots they lie in."""
+        staged = kv_blocks if len(valid) == n else kv_blocks[valid]
+        return staged.clone() if any(shares_memory(staged, pool) for _, pool in self._pool_memory()) else staged
 
     def _held_locally(self, block_id: int) -> bool:
         """Whether a local tier (not the remote tier's view) holds ``block_id``."""
