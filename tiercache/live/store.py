@@ -131,7 +131,9 @@ class TieredKVStore(StoreReads, NoCopies):
         checked: the store may have lost the value) is a new key here: stored locally from these bytes, its
         entry then leaving the view, so ``through`` publishes it again (a no-op where the store holds it);
         it counts in the return value once so stored, never on the strength of the entry. An old block the call's own new blocks pushed out of the
-        hierarchy is stored again from these bytes. If the copy of new bytes fails, nothing of the failed
+        hierarchy is stored again from these bytes. A stored key's bytes must be the ones stored under
+        it (a key names its content; they are not compared): with other bytes, which copy a later ``get``
+        returns is not defined. If the copy of new bytes fails, nothing of the failed
         blocks is kept and the error propagates; blocks placed before it stay stored.
         With a remote tier under ``through`` the call's keys are published as one prefix, from the first
         (``RemoteLink.stored``): never a block whose parent key the store lacks.
