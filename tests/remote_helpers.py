@@ -3,7 +3,10 @@ stores wired to it."""
 
 from __future__ import annotations
 
+import os
+import signal
 import tempfile
+import time
 
 import pytest
 
@@ -51,3 +54,28 @@ def master():
     started = start_master()
     yield started
     started.stop()
+
+
+def freeze(pid: int, timeout_s: float = 10.0) -> None:
+    """Stops process ``pid`` (SIGSTOP) and returns once every one of its threads is stopped.
+
+    ``kill`` only queues the signal: on a loaded machine the master's threads can run on (and
+    answer a call) for a while after it returns, so a test that means "the master hangs" waits
+    here until /proc shows each thread in state T. Raises AssertionError past ``timeout_s``."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + timeout_s
+    while not _all_threads_stopped(pid):
+        assert time.monotonic() < deadline, f"process {pid} did not stop within {timeout_s} s of SIGSTOP"
+        time.sleep(0.001)
+
+
+def _all_threads_stopped(pid: int) -> bool:
+    """True when every thread of ``pid`` is in state T (stopped) or t (traced)."""
+    states = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/stat") as stat:
+                states.append(stat.read().rsplit(")", 1)[1].split()[0])
+        except FileNotFoundError:  # a thread that exited meanwhile
+            continue
+    return all(state in "Tt" for state in states)

@@ -308,7 +308,7 @@ def test_a_truncated_or_oversized_value_is_removed_by_its_reader(master, size):
 
 
 def test_write_back_to_a_frozen_master_never_blocks_local_placement_or_close():
-    from remote_helpers import open_store, remote_config, require_mooncake
+    from remote_helpers import freeze, open_store, remote_config, require_mooncake
     from tiercache.data.remote_master import start_master
 
     require_mooncake()
@@ -319,7 +319,7 @@ def test_write_back_to_a_frozen_master_never_blocks_local_placement_or_close():
                        hbm=2, dram=2, nvme=0)
         a.put_tokens(list(range(64)), torch.randn(4, *layout.block_shape).half(), namespace="w")
         a.wait()
-        os.kill(own.pid, signal.SIGSTOP)  # a master host that hangs: it still accepts, never answers
+        freeze(own.pid)  # a master host that hangs: it still accepts, never answers
         for i in range(3):
             tokens, kv = [10**6 * (i + 1) + t for t in range(64)], torch.randn(4, *layout.block_shape).half()
             start = time.monotonic()

@@ -17,7 +17,7 @@ import time
 import pytest
 import torch
 
-from remote_helpers import open_store, remote_config, require_mooncake
+from remote_helpers import freeze, open_store, remote_config, require_mooncake
 from store_helpers import LAYOUT, blocks
 from tiercache.config import RemoteConfig
 from tiercache.data import remote as remote_module
@@ -169,7 +169,7 @@ def test_publications_that_failed_in_an_outage_are_published_once_the_master_ans
     config = remote_config(master, timeout_s=0.5, retry_s=0.2)
     a_tokens, a_kv = _prompt(6, 4), blocks(6, 4)
     with open_store(config, hbm=4, dram=4, nvme=0) as prefill, open_store(config, hbm=2, dram=2, nvme=0) as decode:
-        os.kill(master.pid, signal.SIGSTOP)
+        freeze(master.pid)
         try:
             assert prefill.put_tokens(a_tokens, a_kv, namespace="out") == 6  # local placement goes on
             prefill.wait()
@@ -191,7 +191,7 @@ def test_a_block_that_left_the_local_tiers_in_an_outage_is_never_published(maste
     b_tokens, b_kv, c_tokens, c_kv = _prompt(4, 5), blocks(4, 5), _prompt(2, 6), blocks(2, 6)
     keys = prefix_keys(b_tokens, BT, "out") + prefix_keys(c_tokens, BT, "out")
     with open_store(config, hbm=2, dram=2, nvme=0) as prefill, open_store(config, hbm=2, dram=2, nvme=0) as decode:
-        os.kill(master.pid, signal.SIGSTOP)
+        freeze(master.pid)
         try:
             prefill.put_tokens(b_tokens, b_kv, namespace="out")
             prefill.put_tokens(c_tokens, c_kv, namespace="out")  # pushes some of b out (their write-back fails)
@@ -271,7 +271,7 @@ def test_a_read_the_master_does_not_answer_is_an_error_and_keeps_the_view_entry(
         prefill.put_tokens(tokens, kv, namespace="na")
         prefill.wait()
         assert decode.match_prefix(tokens, namespace="na") == len(tokens)
-        os.kill(master.pid, signal.SIGSTOP)
+        freeze(master.pid)
         try:
             with pytest.raises(ReadIOError) as failed:
                 decode.get([keys[2]])

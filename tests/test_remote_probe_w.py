@@ -12,11 +12,11 @@ import time
 import numpy as np
 import pytest
 
-from remote_helpers import open_store, remote_config, require_mooncake
+from remote_helpers import freeze, open_store, remote_config, require_mooncake
 from store_helpers import LAYOUT, blocks
 from tiercache.config import Codec, RemoteConfig, TierConfig
 from tiercache.data import remote as remote_module
-from tiercache.data.remote import RemoteStore, layout_tag, value_name
+from tiercache.data.remote import RemoteStore, layout_tag
 from tiercache.data.remote_master import start_master
 from tiercache.keys import prefix_keys
 from tiercache.live.remote import lossy_codec
@@ -139,7 +139,7 @@ def test_a_lookup_without_an_answer_leaves_the_view_alone(master):
         a.put_tokens(tokens, kv, namespace="s")
         a.wait()
         assert b.match_prefix(tokens, namespace="s") == len(tokens)
-        os.kill(master.pid, signal.SIGSTOP)
+        freeze(master.pid)
         b.match_prefix(tokens, namespace="s")  # its existence check times out
         os.kill(master.pid, signal.SIGCONT)
         stats = b.stats()["remote"]
@@ -159,7 +159,7 @@ def test_a_read_started_after_the_master_froze_waits_at_most_timeout_s(master):
         a.wait()
         assert len(b.get_prefix(prefix_keys(_prompt(1, 9), BT, "g"))) == 1  # its pools are registered
         assert b.match_prefix(tokens, namespace="g") == len(tokens)  # the view lists them: no check before the read
-        os.kill(master.pid, signal.SIGSTOP)
+        freeze(master.pid)
         started = time.monotonic()
         got = b.get_prefix(keys[:2])
         waited = time.monotonic() - started
