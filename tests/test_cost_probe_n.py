@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from tiercache.cli import main
 from tiercache.config import Codec, TierConfig, layout_preset, parse_layout
 from tiercache.errors import ConfigError, UserError
 from tiercache.results import Semantics

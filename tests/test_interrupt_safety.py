@@ -10,7 +10,6 @@ call runs), so each case is deterministic; each failed before its fix.
 from __future__ import annotations
 
 import errno
-import os
 import signal
 import threading
 import time

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from policy_driver import from_ids, load_jsonl, miss_ratio
+from policy_driver import load_jsonl, miss_ratio
 
 from tiercache.config import TierConfig
 from tiercache.policies import EVICTION, Hints, make_admission, make_eviction

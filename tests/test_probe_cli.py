@@ -165,7 +165,7 @@ def test_replay_refuses_to_write_results_into_a_trace_folder(capsys, tmp_path):
 @pytest.mark.parametrize("text,shown", [("1.5", "1.5 blocks"), ("1.2345k", "1234.5 blocks"), ("0.0001k", "0.1 blocks"),
                                         ("0.1B", "0.1 bytes")])
 def test_a_fraction_of_a_block_or_byte_is_refused(text, shown):
-    with pytest.raises(UserError, match=f"not a whole number"):
+    with pytest.raises(UserError, match="not a whole number"):
         Capacity.parse(text, "--capacity")
     with pytest.raises(UserError, match=shown):
         Capacity.parse(text, "--capacity")

@@ -8,7 +8,6 @@ import shlex
 import shutil
 from pathlib import Path
 
-import pytest
 
 from tiercache.cli import main
 

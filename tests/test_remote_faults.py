@@ -15,7 +15,6 @@ import threading
 import time
 
 import numpy as np
-import pytest
 import torch
 
 from remote_helpers import master, open_store, remote_config, require_mooncake  # noqa: F401 (master: a fixture)

@@ -5,9 +5,7 @@ sentence judges a prefix hierarchy by the TTFT it saves."""
 from __future__ import annotations
 
 import csv
-import json
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
