@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -120,3 +121,16 @@ def random_request_trace(path: Path, requests: int, ids: int, seed: int, longest
             blocks = [rng.randint(0, ids - 1) for _ in range(rng.randint(1, longest))]
             f.write(json.dumps({"timestamp": r, "input_length": 512 * len(blocks), "output_length": 1, "hash_ids": blocks}) + "\n")
     return path
+
+
+@contextmanager
+def module_on_path(folder: Path, name: str, source: str):
+    """Writes ``source`` as module ``name`` in ``folder`` and puts ``folder`` on ``sys.path``
+    (forked sweep workers inherit it); afterwards the folder and the module are gone again."""
+    (folder / f"{name}.py").write_text(source)
+    sys.path.insert(0, str(folder))
+    try:
+        yield name
+    finally:
+        sys.path.remove(str(folder))
+        sys.modules.pop(name, None)

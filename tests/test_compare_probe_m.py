@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import random_request_trace
+from conftest import module_on_path, random_request_trace
 from tiercache.cli import main
 from tiercache.results import Semantics, TraceKind
 from tiercache.sim.sweep import SweepSpec, plan_runs
@@ -65,12 +65,8 @@ class Stalls(LRU):
 @pytest.fixture(scope="module")
 def policies(tmp_path_factory):
     """The module ``probe_m_policies`` on ``sys.path`` (workers fork with it)."""
-    folder = tmp_path_factory.mktemp("oot")
-    (folder / "probe_m_policies.py").write_text(POLICIES)
-    sys.path.insert(0, str(folder))
-    yield "probe_m_policies"
-    sys.path.remove(str(folder))
-    sys.modules.pop("probe_m_policies", None)
+    with module_on_path(tmp_path_factory.mktemp("oot"), "probe_m_policies", POLICIES) as name:
+        yield name
 
 
 @pytest.fixture

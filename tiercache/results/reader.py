@@ -124,8 +124,17 @@ def _duration(value: Any) -> Any:
 
 
 def _name(value: Any) -> Any:
-    """A policy's name: a string with something besides spaces in it."""
-    return value if isinstance(value, str) and value.strip() else _BAD
+    """A policy's name: a string with something besides spaces in it, read as a run records it.
+
+    Registered names are matched case-insensitively and recorded in lower case; only an
+    out-of-tree policy's name (``module:Class``) has a colon. So a name without one (a
+    registered name a file or an older writer spelt otherwise, ``"LRU"``) is read stripped and
+    lower-cased, and the report finds its ``lru`` and ``belady`` references whatever the
+    spelling; a ``module:Class`` is read stripped, its case kept (module and class names are
+    case-sensitive)."""
+    if not isinstance(value, str) or not value.strip():
+        return _BAD
+    return value.strip() if ":" in value else value.strip().lower()
 
 
 def _flag(value: Any) -> Any:

@@ -29,7 +29,8 @@ from tiercache.config import TIER_NAMES, Codec, KVLayout, TierConfig
 from tiercache.core.manager import TierManager
 from tiercache.core.stats import HierarchyStats, TierCounters
 from tiercache.errors import UserError
-from tiercache.policies import Hints, get_eviction, make_admission, make_eviction, make_placement
+from tiercache.policies import (ADMISSION, EVICTION, PLACEMENT, PREFETCH, Hints, canonical_name, get_eviction, make_admission,
+                                make_eviction, make_placement)
 from tiercache.results import Mode, RunRecord, Semantics, TierRecord, TraceKind
 
 from .array_manager import ArrayTierManager, kernel_replay_possible, state_bytes
@@ -67,6 +68,18 @@ class RunSpec:
             raise TypeError(f"RunSpec.semantics: a Semantics member, got {self.semantics!r}")
         if not self.tiers:
             raise ValueError("RunSpec.tiers: at least one tier")
+        self._canonicalise_names()
+
+    def _canonicalise_names(self) -> None:
+        """Records every policy name as registered (``canonical_name``: ``" LRU"`` ->
+        ``"lru"``), as the CLI and ``SweepSpec`` do, so a run made through this API is
+        labelled, and found as a report's reference, like theirs; frozen, hence setattr."""
+        for field, table in (("policy", EVICTION), ("admission", ADMISSION), ("prefetch", PREFETCH),
+                             ("placement", PLACEMENT)):
+            value = getattr(self, field)
+            if not isinstance(value, str):
+                raise TypeError(f"RunSpec.{field}: a policy name (str), got {value!r}")
+            object.__setattr__(self, field, canonical_name(value, table))
 
     @property
     def mode(self) -> Mode:

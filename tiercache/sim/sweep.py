@@ -290,6 +290,34 @@ def _out_of_tree(spec: RunSpec) -> list[str]:
     return [name for name, table in named if canonical_name(name, table) not in table]
 
 
+def _culprits(outside: list[str], exc: BaseException) -> list[str]:
+    """Which of a run's out-of-tree policies ``outside`` (``module:Class``) an exception is
+    blamed on: those with a method in its traceback (the exception came from their code), else
+    those whose module has a frame there, else those its message names (tiercache's contract
+    checks name the policy whose answer broke them), else all of them (nothing tells them apart)."""
+    classes, modules = _traceback_owners(exc)
+    for found in ([name for name in outside if name in classes],
+                  [name for name in outside if name.partition(":")[0] in modules],
+                  [name for name in outside if name in str(exc)]):
+        if found:
+            return found
+    return outside
+
+
+def _traceback_owners(exc: BaseException) -> tuple[set[str], set[str]]:
+    """The ``module:Class`` names of the objects whose methods are in ``exc``'s traceback (every
+    class of each one's MRO), and the modules of all its frames."""
+    classes, modules, tb = set(), set(), exc.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame
+        modules.add(frame.f_globals.get("__name__"))
+        owner = frame.f_locals.get("self")
+        if owner is not None:
+            classes.update(f"{cls.__module__}:{cls.__qualname__}" for cls in type(owner).__mro__)
+        tb = tb.tb_next
+    return classes, modules
+
+
 def _run_name(spec: RunSpec) -> str:
     """A run as an error names it: ``arc+second_hit on --tiers hbm=2,dram=3 (object semantics)``,
     ``lru at capacity 1000 (prefix semantics)``."""
@@ -324,7 +352,7 @@ def _replay(spec: RunSpec, data: ReplayData, on_progress: Callable[[int], None] 
         except UserError:
             raise
         except BaseException as exc:  # noqa: BLE001 - code outside tiercache failed: say whose, not where
-            outside = _out_of_tree(spec)
+            outside = _culprits(_out_of_tree(spec), exc)
             if not outside or (isinstance(exc, KeyboardInterrupt) and not in_worker and ctrl_c.pressed()):
                 raise
             what = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
