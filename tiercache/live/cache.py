@@ -42,7 +42,7 @@ import os
 import sys
 import warnings
 from dataclasses import replace
-from typing import IO, Sequence as Seq
+from typing import IO, Collection, Sequence as Seq
 
 import numpy as np
 import torch
@@ -62,12 +62,89 @@ from tiercache.sim.steptrace import HEADER_FIELD, StepRecord, step_json
 RESIDENT_CHUNK = 1 << 16
 
 from .chunks import split_kv
+from .lifecycle import UNRANKED, ordered_ids
 from .ownership import NoCopies
 from .arguments import flat_token_ids
 from .sequence import Sequence, StepReport
 from .store import PersistWarning, TieredKVStore
 
-__all__ = ["TieredKVCache", "Sequence", "StepReport", "AttentionMode", "PersistWarning", "split_kv"]
+__all__ = ["TieredKVCache", "Sequence", "StepReport", "AttentionMode", "PersistWarning", "split_kv", "WriteRanks"]
+
+
+class WriteRanks:
+    """The order a cache's close persists its blocks in and a smaller reopen keeps them in
+    (``lifecycle.persist_to_nvme``'s ``rank``, ``lifecycle.save_order``): a log of writes.
+
+    A block's rank is ``ordinal * layers + layer`` of its latest write, ``ordinal`` counting
+    the blocks written at that layer before it (scratch ones too, though they are not
+    logged). A sequence writes each layer's blocks in position order, so by rank its blocks
+    come position by position, every layer of a position together, earlier positions first;
+    those of different sequences in the order they were written. Whatever a cut keeps of
+    them is then whole positions of each sequence's prefix: ``kept // layers`` positions.
+    That pairing assumes each layer's writes come from the sequences in one order (a decode
+    loop runs the batch's sequences in the same order at every layer, as the ``transformers``
+    integration does). Where they do not, or an append stopped part-way through the layers
+    (the layers' counts then differ), layers of different positions share ranks and a cut
+    may keep torn positions: fewer tokens served, never wrong KV (a prefix hit needs every
+    layer). Blocks adopted on opening that the order file names rank first, in its order
+    (``seed``). Memory: 16 bytes a logged write (numpy arrays of ids and ranks), compacted to
+    the blocks still stored once the log holds twice what the tiers hold; no object per block.
+    """
+
+    def __init__(self, layers: int) -> None:
+        self.layers = layers
+        self.written = [0] * layers  # per layer: blocks written at it so far (the next ordinal)
+        self.ids = np.zeros(0, dtype=np.int64)
+        self.ranks = np.zeros(0, dtype=np.int64)
+        self.n = 0  # entries of ``ids``/``ranks`` in use
+
+    def seed(self, ids: np.ndarray) -> None:
+        """Ranks ``ids`` (adopted on opening, in the order file's order) ``0, 1, ...``; every
+        later write ranks after them."""
+        self._log(ids, np.arange(len(ids), dtype=np.int64))
+        self.written = [-(-len(ids) // self.layers)] * self.layers
+
+    def wrote(self, layer: int, ids: Seq[int], scratch: Collection[int]) -> None:
+        """Logs a write of ``ids`` (consecutive positions) at ``layer``; scratch ids are
+        counted, not logged (a close never persists them)."""
+        first = self.written[layer]
+        self.written[layer] += len(ids)
+        logged = [n for n, block_id in enumerate(ids) if block_id not in scratch]
+        if logged:
+            ordinals = first + np.asarray(logged, dtype=np.int64)
+            self._log(np.asarray(ids, dtype=np.int64)[logged], ordinals * self.layers + layer)
+
+    def _log(self, ids: np.ndarray, ranks: np.ndarray) -> None:
+        """Appends entries, growing the arrays by doubling."""
+        need = self.n + len(ids)
+        if need > len(self.ids):
+            size = max(need, 2 * len(self.ids), 64)
+            self.ids, self.ranks = np.resize(self.ids, size), np.resize(self.ranks, size)
+        self.ids[self.n : need], self.ranks[self.n : need] = ids, ranks
+        self.n = need
+
+    def compact(self, stored: Collection[int]) -> None:
+        """Keeps one entry, the latest, of each block in ``stored`` (the ids a tier holds)."""
+        ids, ranks = self._latest()
+        keep = np.isin(ids, np.fromiter(stored, dtype=np.int64, count=len(stored)))
+        self.ids, self.ranks, self.n = ids[keep], ranks[keep], int(keep.sum())
+
+    def _latest(self) -> tuple[np.ndarray, np.ndarray]:
+        """The logged ids, ascending, each once, with its latest write's rank (its largest:
+        a layer's ordinals only grow, and seeded ranks lie below them all)."""
+        order = np.lexsort((self.ranks[: self.n], self.ids[: self.n]))
+        ids, ranks = self.ids[order], self.ranks[order]
+        last = np.append(ids[1:] != ids[:-1], True) if len(ids) else np.zeros(0, dtype=bool)
+        return ids[last], ranks[last]
+
+    def of(self, block_ids: Seq[int]) -> np.ndarray:
+        """Each of ``block_ids``' rank (``UNRANKED`` for a block never logged): a ``lifecycle.Rank``."""
+        ids, ranks = self._latest()
+        query = np.asarray(block_ids, dtype=np.int64)
+        if not len(ids):
+            return np.full(len(query), UNRANKED, dtype=np.int64)
+        at = np.minimum(np.searchsorted(ids, query), len(ids) - 1)
+        return np.where(ids[at] == query, ranks[at], UNRANKED)
 
 
 def _check_options(window_blocks, depth, sink_blocks, recent_blocks, speculate, keep_reports) -> None:
@@ -185,6 +262,8 @@ class TieredKVCache(NoCopies):
             self.driver = StepDriver(self.manager, self.prefetch_policy)
             self.device = self.store.hbm_device
             self.dtype = torch_dtype(self.layout.dtype)
+            self._ranks = WriteRanks(self.layout.layers)  # the persist order (``close``)
+            self._ranks.seed(ordered_ids(self.store._media, self.store._map))
             if record is not None:
                 self._record = _open_record(record, self.layout.block_tokens, self.store.adopted)
         except BaseException:
@@ -254,7 +333,18 @@ class TieredKVCache(NoCopies):
         a later ``match_prefix`` can find) then move into free NVMe slots, those the scratch
         held included (``TieredKVStore.close``), so a cache reopened on the same path, in this
         process or another, reuses them as far as they fit; those that do not fit (NVMe's
-        blocks are not evicted for them) are counted in a ``PersistWarning``.
+        blocks are not evicted for them) are counted in a ``PersistWarning``. A prefix hit
+        needs every layer of a block, so they move in ``WriteRanks``' order, every layer of
+        a block position together, earlier positions first: what fits is whole positions of
+        each prefix (``saved // layers`` of them, more where a decode had spilled some of
+        their layers to NVMe: the earliest positions are completed first; spilled blocks keep
+        their slots). Then the NVMe tier's order file lists every block there in that order,
+        spilled ones included (``lifecycle.save_order``), and a reopen on a smaller NVMe
+        tier keeps the first ones, so again whole positions. Not guaranteed: blocks the file
+        does not name (stored since the last close when a crash ended the run, or by a
+        ``TieredKVStore``) come after, by slot, and layers pair up by write order
+        (``WriteRanks``: a loop whose layers run their sequences in different orders may
+        keep torn positions, costing tokens served, never correctness).
         ``persist=False`` drops all that DRAM and HBM hold. In a child forked while the cache
         was open it does nothing (the parent still owns the cache).
 
@@ -268,7 +358,7 @@ class TieredKVCache(NoCopies):
                 return 0
             self._closed = True
             try:
-                persisted = self.store._close(persist)
+                persisted = self.store._close(persist, self._ranks.of)
             finally:
                 if self._record is not None:
                     self._record.close()
@@ -333,10 +423,18 @@ class TieredKVCache(NoCopies):
                 self._listed.pop(block_id, None)
 
     def _emit(self, layer: int, step: int, **fields) -> None:
-        """Writes one step record (steps never decrease through the file)."""
+        """Writes one step record (steps never decrease through the file), and logs a
+        record's ``write`` (a sequence's new blocks of ``layer``, in position order) in the
+        persist order (``WriteRanks``), compacting the log once it holds twice what the
+        tiers hold."""
         self._last_step = max(self._last_step, step)
+        written = tuple(fields.pop("write", ()))
+        if written:
+            self._ranks.wrote(layer, written, self.store._map.scratch)
+            if self._ranks.n > 2 * self.capacity_blocks:
+                self._ranks.compact(self.store._map.keys)
         if self._record is not None:
-            record = StepRecord(self._last_step, layer, tuple(fields.pop("read", ())), tuple(fields.pop("write", ())), **fields)
+            record = StepRecord(self._last_step, layer, tuple(fields.pop("read", ())), written, **fields)
             self._record.write(step_json(record) + "\n")
 
     def _settle_events(self) -> None:

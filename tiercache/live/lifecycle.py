@@ -1,24 +1,38 @@
 """A live store's durable state: adopting stored blocks on reopen, persisting what the
-volatile tiers hold into NVMe on close (and the close sequence itself), and checking that
-the media hold what the manager says."""
+volatile tiers hold into NVMe on close (and the close sequence itself), the order file that
+lets a smaller reopen keep whole block positions, and checking that the media hold what the
+manager says."""
 
 from __future__ import annotations
 
 import os
+import struct
 import warnings
+import zlib
 from dataclasses import dataclass
 from typing import Callable, Collection, Sequence
+
+import numpy as np
 
 from tiercache.core.counts import CountError
 from tiercache.core.manager import TierManager
 from tiercache.core.plans import EventLog
+from tiercache.data.chunkio import fsync_dir, unlink_quietly, write_file_durably
 from tiercache.data.engine import LocalEngine
-from tiercache.keys import key_to_int
+from tiercache.keys import KEY_BYTES, key_to_int
 
 from .keymap import KeyMap, is_scratch
 
 __all__ = ["adopt_stored_blocks", "drop_scratch", "persist_to_nvme", "flush_and_close", "Persisted", "PersistError",
-           "PersistWarning", "UntaggedStoreWarning", "FORMAT_MARKER", "run_every_step", "check_store", "check_release"]
+           "PersistWarning", "UntaggedStoreWarning", "FORMAT_MARKER", "ORDER_FILE", "UNRANKED", "Rank", "save_order",
+           "read_order", "ordered_ids", "run_every_step", "check_store", "check_release"]
+
+#: A persist order (``persist_to_nvme``'s ``rank``): maps block ids to sort keys, lowest
+#: first, ``UNRANKED`` for a block it knows nothing of (``cache.WriteRanks.of``).
+Rank = Callable[[Sequence[int]], np.ndarray]
+
+#: The sort key of a block a ``Rank`` knows nothing of: after every ranked one.
+UNRANKED = int(np.iinfo(np.int64).max)
 
 
 class PersistError(OSError):
@@ -124,23 +138,102 @@ def mark_tagged(medium: object, entries: int) -> None:
         pass
 
 
+#: A file in an NVMe store's directory: the keys of the blocks a ``TieredKVCache``'s close
+#: left on NVMe, in its persist order (``save_order``); a reopen on a smaller tier keeps them
+#: first, in that order (``adopt_stored_blocks``).
+ORDER_FILE = "tiercache.order"
+_ORDER_HEADER = struct.Struct("<4sQI")  # magic, key count, crc32 of the keys
+_ORDER_MAGIC = b"TCO1"
+
+
+def write_order(medium: object, keys: Sequence[bytes]) -> None:
+    """Replaces ``medium``'s ``ORDER_FILE`` with ``keys`` (a medium without ``path`` has
+    none): a temp file, fsynced, renamed over it, the directory fsynced, so a reopen reads
+    the old list or the new one, never a mix. A list that cannot be written (a full disk)
+    leaves the old one: the file only orders what a smaller reopen keeps first (a key it
+    names that is not stored is skipped; a stored one it does not name comes after)."""
+    path = getattr(medium, "path", None)
+    if not isinstance(path, str):
+        return
+    body = b"".join(keys)
+    final, temp = os.path.join(path, ORDER_FILE), os.path.join(path, ORDER_FILE + ".tmp")
+    try:
+        write_file_durably(temp, _ORDER_HEADER.pack(_ORDER_MAGIC, len(keys), zlib.crc32(body)) + body)
+        os.replace(temp, final)
+        fsync_dir(path)
+    except OSError:
+        unlink_quietly(temp)  # the order is a hint: the close goes on without it
+
+
+def read_order(medium: object) -> list[bytes]:
+    """The keys of ``medium``'s ``ORDER_FILE``, in its order; [] when there is none (a
+    medium without ``path``, a store no cache closed) or it is damaged (a wrong magic,
+    length or crc32: a damaged hint is dropped, never half used)."""
+    path = getattr(medium, "path", None)
+    if not isinstance(path, str):
+        return []
+    try:
+        with open(os.path.join(path, ORDER_FILE), "rb") as file:
+            data = file.read()
+    except OSError:
+        return []
+    if len(data) < _ORDER_HEADER.size:
+        return []
+    magic, count, crc = _ORDER_HEADER.unpack_from(data)
+    body = data[_ORDER_HEADER.size :]
+    if magic != _ORDER_MAGIC or len(body) != count * KEY_BYTES or zlib.crc32(body) != crc:
+        return []
+    return [body[start : start + KEY_BYTES] for start in range(0, len(body), KEY_BYTES)]
+
+
+def save_order(manager: TierManager, media: Sequence[object], keymap: KeyMap, rank: Rank) -> None:
+    """Closing, after the persist: writes the NVMe tier's ``ORDER_FILE``, the keys of the
+    blocks it holds that ``rank`` ranks (every content-keyed block a cache wrote, or adopted
+    from an earlier list: ``cache.WriteRanks``), lowest rank first. Blocks spilled there
+    before close are listed at their ranks too: the list, not their slots, orders a smaller
+    reopen. Blocks ``rank`` does not know are not listed (they come after, by slot)."""
+    names = [d.name for d in manager.dirs]
+    if "nvme" not in names:
+        return
+    nvme = names.index("nvme")
+    ids = list(manager.dirs[nvme].slot_of)
+    ranks = rank(ids) if ids else np.zeros(0, dtype=np.int64)
+    order = np.argsort(ranks, kind="stable")
+    write_order(media[nvme], [keymap.keys[ids[n]] for n in order.tolist() if ranks[n] != UNRANKED])
+
+
+def ordered_ids(media: Sequence[object], keymap: KeyMap) -> np.ndarray:
+    """Opening, after the adoption: the ids of the adopted blocks that a medium's
+    ``ORDER_FILE`` names, in its order (``cache.WriteRanks.seed`` ranks them so, and the
+    next close lists them again)."""
+    ids = []
+    for medium in media:
+        for key in read_order(medium):
+            block_id = key_to_int(key)
+            if keymap.keys.get(block_id) == key:
+                ids.append(block_id)
+    return np.asarray(ids, dtype=np.int64)
+
+
 def adopt_stored_blocks(manager: TierManager, media: Sequence[object], keymap: KeyMap,
                         events: EventLog) -> list[tuple[str, list[int]]]:
     """Reopening: the complete blocks of a durable medium join its tier, as many as the
-    tier holds (oldest slots first); the rest, blocks that had left the tier before a
+    tier holds (``_kept``: when they do not all fit, those its ``ORDER_FILE`` names first,
+    in its order, then the oldest slots); the rest, blocks that had left the tier before a
     crash made their deletion durable, or a tier reopened smaller, are deleted. Scratch
     blocks (``keymap.is_scratch``: a crash kept them; a close deletes them) are never
     adopted: they are deleted first, so they take no slot of a block a request can name.
     A store written before the tag is adopted whole, with a warning (``mark_tagged``).
     Returns the ids adopted, per tier that adopted any (its name), in the order its policy
-    was told of them (a recording cache lists them: a step trace's ``resident`` records)."""
+    was told of them, by slot (a recording cache lists them: a step trace's ``resident``
+    records)."""
     adopted = []
     for tier, medium in enumerate(media):
         entries = sorted(medium.durable_items(), key=lambda entry: entry[1])
         mark_tagged(medium, len(entries))
         scratch = [key for key, _ in entries if is_scratch(key)]
         entries = [entry for entry in entries if not is_scratch(entry[0])] if scratch else entries
-        keep, extra = entries[: manager.dirs[tier].capacity], entries[manager.dirs[tier].capacity :]
+        keep, extra = _kept(entries, manager.dirs[tier].capacity, medium)
         if extra or scratch:
             medium.forget(scratch + [key for key, _ in extra])
         ids = [key_to_int(key) for key, _ in keep]
@@ -150,6 +243,21 @@ def adopt_stored_blocks(manager: TierManager, media: Sequence[object], keymap: K
             adopted.append((manager.dirs[tier].name, ids))
     events.drain()  # adoption is not traffic
     return adopted
+
+
+def _kept(entries: list[tuple[bytes, int]], capacity: int, medium: object) -> tuple[list, list]:
+    """Splits a durable tier's ``(key, slot)`` entries, by slot, into those a reopen
+    adopts, by slot, and the rest. All fit: all. Else those ``medium``'s ``ORDER_FILE``
+    names come first, in its order, then the others by slot, and the first ``capacity``
+    are kept: a cache's close lists every layer of a block position together, earlier
+    positions first (``cache.WriteRanks``), so a tier reopened smaller keeps whole
+    positions of each prefix where slots alone would keep whichever layers got low slots
+    (the store hands out freed slots first, in no such order)."""
+    if len(entries) <= capacity:
+        return entries, []
+    listed = {key: n for n, key in enumerate(read_order(medium))}
+    ranked = sorted(entries, key=lambda entry: listed.get(entry[0], len(listed)))  # stable: the others by slot
+    return sorted(ranked[:capacity], key=lambda entry: entry[1]), ranked[capacity:]
 
 
 def drop_scratch(manager: TierManager, media: Sequence[object], scratch: Collection[int]) -> int:
@@ -176,22 +284,31 @@ def drop_scratch(manager: TierManager, media: Sequence[object], scratch: Collect
     return len(ids)
 
 
-def persist_to_nvme(manager: TierManager, events: EventLog, skip: Collection[int] = ()) -> Persisted:
-    """Moves unpinned DRAM, then HBM, blocks that have no NVMe copy into free NVMe slots
+def persist_to_nvme(manager: TierManager, events: EventLog, skip: Collection[int] = (), rank: Rank | None = None) -> Persisted:
+    """Moves unpinned DRAM and HBM blocks that have no NVMe copy into free NVMe slots
     (nothing on NVMe is evicted for them; blocks that do not fit are ``left_out``), after
     the blocks whose NVMe copies are retained (``_return_retained``: no write, counted with
     the others). Blocks in ``skip`` (scratch: ``KeyMap.scratch``) are neither moved nor
     counted.
 
+    Order (``_persist_order``): DRAM's, then HBM's, each in its directory's order, then, with
+    ``rank``, sorted by it (stable; ``UNRANKED`` last). When NVMe cannot take them all, the
+    first in that order are the ones tried: a cache's rank lists every layer of a block
+    position together, earlier positions first, so what fits is whole positions of each
+    prefix, completing those whose other layers were on NVMe already. The slots they land in
+    follow no order (the store hands out freed slots first): a smaller reopen's order is
+    ``save_order``'s list.
+
     In an exclusive hierarchy that is every DRAM and HBM block. In write-through most of
     them have their NVMe copy already (never written again); the others, whose copy down
     failed (a full disk) or whose NVMe copy was evicted while they stayed above, are moved
     as in exclusive mode, each once (a block in DRAM and HBM moves from DRAM; HBM keeps its
-    copy). One move per tier first; when one of its writes fails, the move is taken back
-    whole and its blocks are tried again one per move (``_move_one_by_one``), so a failed
-    write costs at most its own block. Every count is taken from where the blocks end up:
-    ``saved`` are in NVMe afterwards, ``failed`` were tried and are not, ``left_out`` were
-    never tried.
+    copy). Rounds, one per tier above NVMe at most: each takes the next blocks in order, as
+    many as NVMe has free slots then, in one move per source tier (``_move_round``); a move
+    one of whose writes fails is taken back whole and its blocks are tried again one per
+    move, so a failed write costs at most its own block, and frees its slot for the next
+    round. Every count is taken from where the blocks end up: ``saved`` are in NVMe
+    afterwards, ``failed`` were tried and are not, ``left_out`` were never tried.
     """
     names = [d.name for d in manager.dirs]
     if "nvme" not in names:
@@ -199,21 +316,51 @@ def persist_to_nvme(manager: TierManager, events: EventLog, skip: Collection[int
     nvme, reason = names.index("nvme"), None
     on_nvme = manager.dirs[nvme].slot_of
     held = _return_retained(manager, nvme, skip)
-    tried, seen = len(held), set(held).union(skip)
+    tried = len(held)
+    waiting = _persist_order(manager, nvme, set(held).union(skip), rank)
+    held += [block_id for _, block_id in waiting]
+    for _ in range(nvme):
+        batch, waiting = waiting[: manager.dirs[nvme].n_free], waiting[manager.dirs[nvme].n_free :]
+        if not batch:
+            break
+        tried += len(batch)
+        error = _move_round(manager, batch, nvme)
+        reason = reason or error
+    events.drain()  # shutting down is not traffic
+    saved = sum(block_id in on_nvme for block_id in held)
+    return Persisted(saved, tried - saved, len(held) - tried, reason)
+
+
+def _persist_order(manager: TierManager, nvme: int, seen: set[int], rank: Rank | None) -> list[tuple[int, int]]:
+    """``(tier, id)`` of the unpinned blocks above ``nvme`` that have no NVMe copy and are
+    not in ``seen`` (which it extends), each once: DRAM's, then HBM's, in their directories'
+    order, then sorted by ``rank`` when given (stable)."""
+    on_nvme, order = manager.dirs[nvme].slot_of, []
     for tier in reversed(range(nvme)):
         directory = manager.dirs[tier]
-        here = [i for i in directory.slot_of if i not in directory.pins and i not in on_nvme and i not in seen]
-        ids = here[: manager.dirs[nvme].n_free]
-        held += here
-        seen.update(here)
-        tried += len(ids)
+        for block_id in directory.slot_of:
+            if block_id not in directory.pins and block_id not in on_nvme and block_id not in seen:
+                seen.add(block_id)
+                order.append((tier, block_id))
+    if rank is None or not order:
+        return order
+    keys = rank([block_id for _, block_id in order])
+    return [order[n] for n in np.argsort(keys, kind="stable").tolist()]
+
+
+def _move_round(manager: TierManager, batch: list[tuple[int, int]], nvme: int) -> str | None:
+    """Moves ``batch``'s blocks (``(tier, id)``) into NVMe: one move per source tier, DRAM's
+    first, in batch order; a move that fails is taken back and its blocks still where they
+    were are tried one per move (``_move_one_by_one``). Returns the first failure's reason."""
+    reason, on_nvme = None, manager.dirs[nvme].slot_of
+    for tier in reversed(range(nvme)):
+        directory = manager.dirs[tier]
+        ids = [block_id for source, block_id in batch if source == tier and block_id in directory.slot_of]
         error = _move_error(manager, ids, tier, nvme) if ids else None
         if error is not None:
             reason = reason or error
             _move_one_by_one(manager, [i for i in ids if i in directory.slot_of and i not in on_nvme], tier, nvme)
-    events.drain()  # shutting down is not traffic
-    saved = sum(block_id in on_nvme for block_id in held)
-    return Persisted(saved, tried - saved, len(held) - tried, reason)
+    return reason
 
 
 def _return_retained(manager: TierManager, nvme: int, skip: Collection[int] = ()) -> list[int]:

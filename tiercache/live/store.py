@@ -18,6 +18,7 @@ but scratch ones (``keymap.is_scratch``), which it deletes."""
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Sequence
 
@@ -35,8 +36,8 @@ from tiercache.keys import prefix_keys
 from .arguments import check_flag
 from .keymap import KeyMap
 from .lookups import LookupCounts
-from .lifecycle import (PersistError, Persisted, PersistWarning, adopt_stored_blocks, check_release, check_store, drop_scratch,
-                        flush_and_close, persist_to_nvme, run_every_step)
+from .lifecycle import (PersistError, Persisted, PersistWarning, Rank, adopt_stored_blocks, check_release, check_store,
+                        drop_scratch, flush_and_close, persist_to_nvme, run_every_step, save_order)
 from .pending import Pending
 from .reading import StoreReads
 from .ownership import NoCopies, OwnerGuard
@@ -407,18 +408,25 @@ class TieredKVStore(StoreReads, NoCopies):
                 failed and those that did not fit, its message quoting the OS error."""
         return self._close(persist).count()
 
-    def _close(self, persist: bool) -> Persisted:
+    def _close(self, persist: bool, rank: Rank | None = None) -> Persisted:
         """``close``, returning what the persist did (``Persisted()``: nothing, or not
-        persisting) instead of its count; raises as ``close`` but for ``PersistError``."""
+        persisting) instead of its count; raises as ``close`` but for ``PersistError``.
+
+        ``rank`` (a ``TieredKVCache``'s: ``cache.WriteRanks.of``) orders the persist
+        (``persist_to_nvme``), and after it the NVMe tier's order file is written
+        (``save_order``, with ``persist`` or not), before the final flush; without it the
+        persist goes by directory order and the order file, if any, is left as it is."""
         if not self._lock.owned:
             return Persisted()
         with self._lock.closing():
             if self._closed:
                 return Persisted()
             self._closed = True
-            persisting = self._persist if persist else Persisted
-            steps = [self.manager.wait_all, self._consume, self._drop_scratch, persisting, self.engine.retained.drop_all,
-                     lambda: flush_and_close(self._media)]
+            persisting = self._persist if rank is None else functools.partial(self._persist, rank)
+            steps = [self.manager.wait_all, self._consume, self._drop_scratch, persisting if persist else Persisted,
+                     self.engine.retained.drop_all, lambda: flush_and_close(self._media)]
+            if rank is not None:
+                steps.insert(4, lambda: save_order(self.manager, self._media, self._map, rank))
             return run_every_step(steps)[3]
 
     def _drop_scratch(self) -> None:
@@ -427,10 +435,10 @@ class TieredKVStore(StoreReads, NoCopies):
         self.events.drain()  # shutting down is not traffic
         self._forget_departed()
 
-    def _persist(self) -> Persisted:
-        """Moves unpinned DRAM, then HBM, blocks but scratch ones into free NVMe slots
-        (``persist_to_nvme``)."""
-        return persist_to_nvme(self.manager, self.events, self._map.scratch)
+    def _persist(self, rank: Rank | None = None) -> Persisted:
+        """Moves unpinned DRAM and HBM blocks but scratch ones into free NVMe slots, in
+        ``rank``'s order when given (``persist_to_nvme``)."""
+        return persist_to_nvme(self.manager, self.events, self._map.scratch, rank)
 
     def __enter__(self) -> "TieredKVStore":
         return self
