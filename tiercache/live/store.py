@@ -131,11 +131,11 @@ class TieredKVStore(StoreReads, NoCopies):
         (``stats()["refreshes"]`` counts them). A key only the remote tier's view lists (an entry nobody
         checked: the store may have lost the value) is a new key here: stored locally from these bytes, its
         entry then leaving the view, so ``through`` publishes it again (a no-op where the store holds it);
-        it counts in the return value once so stored, never on the strength of the entry. An old block the call's own new blocks pushed out of the
-        hierarchy is stored again from these bytes. A stored key's bytes must be the ones stored under
-        it (a key names its content; they are not compared): with other bytes, which copy a later ``get``
-        returns is not defined. If the copy of new bytes fails, nothing of the failed
-        blocks is kept and the error propagates; blocks placed before it stay stored.
+        it counts in the return value once so stored, never on the strength of the entry. An old block the
+        call's own new blocks pushed out of the hierarchy is stored again from these bytes. A stored key's
+        bytes must be the ones stored under it (not compared): with other bytes, which copy a later ``get``
+        returns is not defined. If the copy of new bytes fails, nothing of the failed blocks is kept and the
+        error propagates; blocks placed before it stay stored.
         With a remote tier under ``through`` the call's keys are published as one prefix, from the first
         (``RemoteLink.stored``): never a block whose parent key the store lacks.
 
@@ -158,10 +158,9 @@ class TieredKVStore(StoreReads, NoCopies):
 
             def insert_then_refresh() -> None:
                 checked.extend(self.manager.store_fresh(new_ids))  # view entries replaced by local copies
-                # Then the old ones: refreshed in HBM, or stored there from these bytes (all of
-                # the call's blocks are staged; none is read from a tier), an old block the new
-                # ones pushed out of the hierarchy too; that may push out some of the new ones
-                # again (counted only if they stay).
+                # Then the old ones: refreshed in HBM, or stored there from these bytes (all are staged, none is
+                # read from a tier), one the new ones pushed out of the hierarchy too; that may push out some of
+                # the new ones again (counted only if they stay).
                 self.manager.store_fresh(old)
                 self.refreshes += len(old)
 
