@@ -88,7 +88,8 @@ class WriteRanks:
     may keep torn positions: fewer tokens served, never wrong KV (a prefix hit needs every
     layer). Blocks adopted on opening that the order file names rank first, in its order
     (``seed``). Memory: 16 bytes a logged write (numpy arrays of ids and ranks), compacted to
-    the blocks still stored once the log holds twice what the tiers hold; no object per block.
+    the blocks still stored once the log holds twice what the tiers hold and twice what it
+    kept last time (``compact_if_due``); no object per block.
     """
 
     def __init__(self, layers: int) -> None:
@@ -97,6 +98,7 @@ class WriteRanks:
         self.ids = np.zeros(0, dtype=np.int64)
         self.ranks = np.zeros(0, dtype=np.int64)
         self.n = 0  # entries of ``ids``/``ranks`` in use
+        self._kept = 0  # entries the last compaction kept (``compact_if_due``)
 
     def seed(self, ids: np.ndarray) -> None:
         """Ranks ``ids`` (adopted on opening, in the order file's order) ``0, 1, ...``; every
@@ -122,6 +124,16 @@ class WriteRanks:
             self.ids, self.ranks = np.resize(self.ids, size), np.resize(self.ranks, size)
         self.ids[self.n : need], self.ranks[self.n : need] = ids, ranks
         self.n = need
+
+    def compact_if_due(self, stored: Collection[int], capacity: int) -> None:
+        """Compacts (``compact``) once the log holds twice ``capacity`` (what the tiers hold)
+        and twice what it kept at its last compaction: the blocks still stored can outnumber
+        ``capacity`` (a write-through hierarchy's, whose upper tiers hold blocks the last one
+        lost), and a threshold below them would compact at every write. So at least as many
+        writes as the log keeps come between two compactions: amortised O(1) per write."""
+        if self.n > 2 * max(capacity, self._kept):
+            self.compact(stored)
+            self._kept = self.n
 
     def compact(self, stored: Collection[int]) -> None:
         """Keeps one entry, the latest, of each block in ``stored`` (the ids a tier holds)."""
@@ -425,14 +437,12 @@ class TieredKVCache(NoCopies):
     def _emit(self, layer: int, step: int, **fields) -> None:
         """Writes one step record (steps never decrease through the file), and logs a
         record's ``write`` (a sequence's new blocks of ``layer``, in position order) in the
-        persist order (``WriteRanks``), compacting the log once it holds twice what the
-        tiers hold."""
+        persist order (``WriteRanks``, compacted when due: ``compact_if_due``)."""
         self._last_step = max(self._last_step, step)
         written = tuple(fields.pop("write", ()))
         if written:
             self._ranks.wrote(layer, written, self.store._map.scratch)
-            if self._ranks.n > 2 * self.capacity_blocks:
-                self._ranks.compact(self.store._map.keys)
+            self._ranks.compact_if_due(self.store._map.keys, self.capacity_blocks)
         if self._record is not None:
             record = StepRecord(self._last_step, layer, tuple(fields.pop("read", ())), written, **fields)
             self._record.write(step_json(record) + "\n")

@@ -150,8 +150,10 @@ def write_order(medium: object, keys: Sequence[bytes]) -> None:
     """Replaces ``medium``'s ``ORDER_FILE`` with ``keys`` (a medium without ``path`` has
     none): a temp file, fsynced, renamed over it, the directory fsynced, so a reopen reads
     the old list or the new one, never a mix. A list that cannot be written (a full disk)
-    leaves the old one: the file only orders what a smaller reopen keeps first (a key it
-    names that is not stored is skipped; a stored one it does not name comes after)."""
+    is warned of (``UserWarning`` naming the file and the OS error) and the old list is
+    deleted, so no stale list orders the next smaller reopen (which then keeps blocks by
+    slot); the close goes on, as the file only orders what a smaller reopen keeps first (a
+    key it names that is not stored is skipped; a stored one it does not name comes after)."""
     path = getattr(medium, "path", None)
     if not isinstance(path, str):
         return
@@ -161,8 +163,22 @@ def write_order(medium: object, keys: Sequence[bytes]) -> None:
         write_file_durably(temp, _ORDER_HEADER.pack(_ORDER_MAGIC, len(keys), zlib.crc32(body)) + body)
         os.replace(temp, final)
         fsync_dir(path)
-    except OSError:
-        unlink_quietly(temp)  # the order is a hint: the close goes on without it
+    except OSError as exc:
+        unlink_quietly(temp)
+        _drop_stale_order(final, exc)
+
+
+def _drop_stale_order(final: str, exc: OSError) -> None:
+    """A new order list could not be written (``exc``): deletes the old one and warns."""
+    try:
+        os.unlink(final)
+        fate = "the previous list was deleted"
+    except FileNotFoundError:
+        fate = "there was no previous list"
+    except OSError as unlink_error:
+        fate = f"the previous list could not be deleted either ({unlink_error.strerror}) and may order it wrongly"
+    warnings.warn(f"{final}: the order a smaller reopen keeps blocks in could not be written ({exc}); {fate}, "
+                  "so such a reopen keeps blocks by slot", UserWarning, stacklevel=2)
 
 
 def read_order(medium: object) -> list[bytes]:
