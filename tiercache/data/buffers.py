@@ -227,7 +227,7 @@ def shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
 def check_quantisable(blocks: torch.Tensor, what: str, limit: float, unit: str = "block", dim: int = 0) -> None:
     """Raises UserError naming the first ``unit`` (index along ``dim``: a block of a batch, a
     token of a sequence's KV) holding inf, NaN or a value beyond ``limit`` (the codecs' fp16
-    scales: ``codec_base.SCALED_LIMIT``): a quantised tier cannot store it (one inf would
+    scales: ``live.media.value_limit``): a quantised tier cannot store it (one inf would
     turn its whole group into NaN)."""
     if not blocks.numel():
         return

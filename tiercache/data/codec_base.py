@@ -167,17 +167,23 @@ def _require_finite(*stats: np.ndarray | torch.Tensor) -> None:
         raise UnencodableError("encode: the block holds inf or NaN values; the codecs take finite blocks")
 
 
-#: Largest |x| the INT8 and INT4 codecs take: their scales are fp16 (INT8: absmax / 127, INT4:
-#: range / 15, each at most 65504); every fp16 block fits, a bf16 or fp32 one may not.
+#: Largest |x| the INT4 codec takes, the lower of the two fp16-scaled codecs' bounds: its
+#: scales are fp16 (range / 15, at most 65504); every fp16 block fits, a bf16 or fp32 one may not.
 SCALED_LIMIT = 65504.0 * 7
+
+#: Largest |x| a quantised tier's check lets into the INT8 codec: its scales are fp16 too
+#: (absmax / 127, at most 65504), and this bound, 253 * 2**15, lies just below 65504 * 127 and
+#: is exact in bf16 (65504 * 127's nearest bf16, 8,323,072, would overflow the scale), so a
+#: check in the block's own dtype never lets through a value the codec refuses.
+INT8_LIMIT = 253.0 * 2**15
 
 
 def _require_scales(*scales: np.ndarray | torch.Tensor) -> None:
     """Raises UnencodableError when an fp16 scale overflowed: the block's values are too large
     for the codec (one inf scale would decode its whole group as NaN)."""
     if not _all_finite(*scales):
-        raise UnencodableError(f"encode: the block holds values too large for the codec's fp16 scales (INT8 and INT4 take "
-                        f"|x| < {SCALED_LIMIT:g}; every fp16 block fits)")
+        raise UnencodableError(f"encode: the block holds values too large for the codec's fp16 scales (INT8 takes "
+                        f"|x| < {65504 * 127}, INT4 |x| < {SCALED_LIMIT:g}; every fp16 block fits)")
 
 
 def _scale16_into(amax: np.ndarray, qmax: int, part: torch.Tensor) -> np.ndarray:
@@ -300,7 +306,7 @@ class BlockCodec(ABC):
 
         Raises:
             UserError: ``block`` is not such a tensor; ``UnencodableError`` (a UserError)
-                when it holds inf or NaN, or (INT8, INT4) values beyond ``SCALED_LIMIT``.
+                when it holds inf or NaN, or values beyond ``INT8_LIMIT`` (INT8) or ``SCALED_LIMIT`` (INT4).
         """
         check_block(block)
         fast = self._fast_bits(block)

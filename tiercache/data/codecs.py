@@ -30,8 +30,8 @@ of its group's scale except past the group's end codes: up to
 A ``QuantizedBlock`` serialises to one flat uint8 buffer of exactly ``nbytes`` bytes (wider
 dtypes first, so every part of a buffer read back is aligned for a zero-copy view).
 
-Invariants: inputs are finite; INT8 and INT4 need ``|x| < 65504 * 7`` (their scales are fp16:
-always true of fp16 blocks). Their fp16 scales never round to 0 nor far below a group's
+Invariants: inputs are finite; INT8 needs ``|x| < 65504 * 127`` and INT4 ``|x| < 65504 * 7``
+(their scales are fp16: always true of fp16 blocks). Their fp16 scales never round to 0 nor far below a group's
 ``absmax / 127`` (``range / 15``): ``_scale16`` rounds up where the nearest fp16, in its
 subnormal range (spaced 2^-24), would. So small-magnitude KV keeps its relative error (an
 fp16 INT8 group of absmax <= 127 * 2^-24 ~ 7.6e-6 round-trips exactly) and an INT8 value's

@@ -13,7 +13,7 @@ import torch
 
 from tiercache.config import Codec, KVLayout, RemoteWrite, TierConfig
 from tiercache.data.buffers import normal_tensors
-from tiercache.data.codec_base import SCALED_LIMIT
+from tiercache.data.codec_base import INT8_LIMIT, SCALED_LIMIT
 from tiercache.data.nvme import NVMeStore
 from tiercache.data.nvme_open import check_path
 from tiercache.data.pools import HEADER_ROOM, BlockPool, cuda_available, dram_pool, hbm_pool
@@ -245,9 +245,13 @@ def _open_nvme(tier: TierConfig, layout: KVLayout, path) -> NVMeStore:
 
 
 def value_limit(tiers: Sequence[TierConfig]) -> float | None:
-    """The largest |x| a block may hold in this hierarchy: None without a quantised tier,
-    ``codec_base.SCALED_LIMIT`` with an INT8 or INT4 one (fp16 scales), else any finite value."""
+    """The largest |x| a block may hold in this hierarchy: None without a quantised tier, else
+    the lowest bound of its codecs (fp16 scales: ``codec_base.SCALED_LIMIT`` for INT4,
+    ``codec_base.INT8_LIMIT`` for INT8; FP8's scales are fp32: any finite value)."""
     codecs = {t.codec for t in tiers} - {Codec.NONE}
     if not codecs:
         return None
-    return SCALED_LIMIT if codecs & {Codec.INT8, Codec.INT4} else math.inf
+    return min(_CODEC_LIMITS.get(codec, math.inf) for codec in codecs)
+
+
+_CODEC_LIMITS = {Codec.INT4: SCALED_LIMIT, Codec.INT8: INT8_LIMIT}

@@ -19,6 +19,7 @@ from tiercache.core.plans import Ev
 from tiercache.data.buffers import check_out
 from tiercache.data.pools import BlockPool
 from tiercache.data.quantized import QuantizedPool
+from tiercache.errors import UserError
 
 from .reachable import reachable_ids
 from .reads import read_blocks
@@ -67,10 +68,15 @@ class StoreReads:
         HBM (no room, or unreadable), raises KeyError naming it; keys not stored are counted
         as misses first, the stored keys of a call that raises nothing (none is read: their
         hits, and a declined promotion's read in place, are taken back; moves that ran stay counted).
+        A quantised HBM tier raises UserError before anything is moved or counted: its slots hold
+        encoded bytes, nothing a kernel can read in place (``hbm_tensor`` refuses it too).
         """
         keys = self._map.check_keys(keys, "TieredKVStore.get_slots")
         with self._lock:
             self._check_open()
+            if isinstance(hbm := self._media[0], QuantizedPool):
+                raise UserError(f"TieredKVStore.get_slots: the HBM tier is quantised ({hbm.codec.value}): its slots hold "
+                                "encoded bytes, not blocks to read in place; use get, which decodes them")
             self._settle()  # as get: a block a move found unreadable is reported not stored
             ids = self._map.ids(keys, register=False)
             self._count_misses(sum(i is None or self.manager.locate(i) is None for i in ids))
