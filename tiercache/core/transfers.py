@@ -322,7 +322,8 @@ class TransferMixin:
         if not result.ok:
             dst_dir.release(plan.dst_slots)
             self.events.emit(Ev.TRANSFER_FAILED, plan.src_tier, plan.n_blocks, plan.dst_tier)
-            self._drop_lost(plan.src_tier, [b for b in result.lost if b in src_dir.slot_of and b not in src_dir.pins])
+            lost = [b for b in result.lost if b in src_dir.slot_of and b not in src_dir.pins]
+            self._drop_lost(plan.src_tier, self._fall_back(plan.src_tier, lost))
             return plan, result
         if not plan.keep_source:
             self._hooks[plan.src_tier].on_remove(plan.ids)
@@ -373,6 +374,29 @@ class TransferMixin:
         I/O): they leave the hierarchy, counted as lost, exactly as on a failed promotion."""
         here = self.dirs[tier].slot_of
         self._drop_lost(tier, [block_id for block_id in ids if block_id in here and block_id not in self.dirs[tier].pins])
+
+    def _fall_back(self, tier: int, lost: list[int]) -> list[int]:
+        """Moves the ``lost`` blocks of ``tier`` that still have a retained copy in a tier
+        below (the engine's ``retained``: a keyed tier they were read up out of) back onto
+        that copy; returns the rest, to be dropped as lost.
+
+        A block whose move was refused (a quantised tier cannot encode it) or whose source
+        proved unreadable is not lost while its durable copy is stored below: the move takes
+        the copy up as it is (no write, counted in the engine's ``taken_up``), so the block
+        stays readable, durable, and is not counted lost. Invariants: a block falls back
+        only into a free slot of its copy's tier (``prepare_move``); one that cannot (no free
+        slot, still moving) is returned, dropped as before. An engine that retains nothing
+        (a replay's) returns ``lost`` unchanged.
+        """
+        retained = getattr(self.engine, "retained", None)
+        for below in range(tier + 1, len(self.dirs)):
+            if not lost or retained is None:
+                break
+            copies = set(retained.held_in(below))
+            back = [block_id for block_id in lost if block_id in copies]
+            if back and self._transfer(back, tier, below, False, None):
+                lost = [block_id for block_id in lost if block_id not in copies]
+        return [block_id for block_id in lost if block_id in self.dirs[tier].slot_of]
 
     def _drop_lost(self, tier: int, ids: list[int]) -> None:
         """Drops blocks whose stored bytes proved unreadable. References and holds on those
