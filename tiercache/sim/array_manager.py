@@ -152,11 +152,12 @@ class ArrayTierManager:
         chain.access(*self._state(), ids, nus, 0, len(ids), count_hits)
 
     def run(self, ids: np.ndarray, next_use: np.ndarray, offsets: np.ndarray, first: int, last: int, prefix: bool,
-            hit_len: np.ndarray, trusted: bool = False) -> None:
-        # ids int32 (dense), next_use and offsets int64, hit_len int64: one compiled signature.
+            hit_len: np.ndarray, trusted: bool = False, caps: np.ndarray | None = None) -> None:
+        # ids int32 (dense), next_use, offsets, hit_len and caps int64: one compiled signature.
         """Requests ``first .. last - 1`` of a trace (request ``r`` is ``ids[offsets[r]:offsets[r+1]]``):
         one ``access`` each, or in prefix semantics the prefix lookup (length into
-        ``hit_len[r]``), an access of the cached prefix and one of the rest without hits.
+        ``hit_len[r]``, at most ``caps[r]`` blocks: ``reuse.reusable_blocks``; no cap when
+        ``caps`` is None), an access of the cached prefix and one of the rest without hits.
 
         The requests' bounds and ids are checked first (O(their accesses), in numpy): the
         compiled code does not check bounds. ``trusted`` skips that for arrays whose ids and
@@ -168,16 +169,20 @@ class ArrayTierManager:
                 lengths, an id that is not a dense id of this manager, or with ``lfu`` an id
                 whose count could pass ``count_limit`` (``_check_counts``). Nothing has run then.
         """
+        if caps is None:
+            caps = np.diff(offsets).astype(np.int64)  # every block of a request may be reused
         if not trusted:
-            self._check_run(ids, next_use, offsets, first, last, hit_len)
-        chain.run_requests(*self._state(), ids, next_use, offsets, first, last, prefix, hit_len)
+            self._check_run(ids, next_use, offsets, first, last, hit_len, caps)
+        chain.run_requests(*self._state(), ids, next_use, offsets, first, last, prefix, hit_len, caps)
 
     def _check_run(self, ids: np.ndarray, next_use: np.ndarray, offsets: np.ndarray, first: int, last: int,
-                   hit_len: np.ndarray) -> None:
+                   hit_len: np.ndarray, caps: np.ndarray) -> None:
         """Raises ValueError unless requests ``first .. last - 1`` lie in the arrays and hold dense ids."""
-        if not 0 <= first <= last < len(offsets) or len(hit_len) < last or len(next_use) != len(ids):
+        if not 0 <= first <= last < len(offsets) or min(len(hit_len), len(caps)) < last or len(next_use) != len(ids):
             raise ValueError(f"run: requests {first}..{last} with {len(offsets)} offsets, {len(hit_len)} hit lengths, "
-                             f"{len(ids)} ids and {len(next_use)} next uses")
+                             f"{len(caps)} caps, {len(ids)} ids and {len(next_use)} next uses")
+        if last > first and caps[first:last].min() < 0:
+            raise ValueError(f"run: a negative cap among requests {first}..{last}")
         bounds = offsets[first : last + 1]
         if bounds[0] < 0 or bounds[-1] > len(ids) or np.any(np.diff(bounds) < 0):
             raise ValueError(f"run: offsets of requests {first}..{last} leave 0 .. {len(ids)} or decrease")

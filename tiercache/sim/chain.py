@@ -432,10 +432,11 @@ def prefix_length(G, ids, a, b):
 
 
 @njit
-def run_requests(kind, P, M, X, G, ids, nus, offsets, r0, r1, prefix, hit_len):
+def run_requests(kind, P, M, X, G, ids, nus, offsets, r0, r1, prefix, hit_len, caps):
     """Requests ``r0 .. r1 - 1``, each one ``access`` (object semantics) or a prefix lookup
     then two ``access`` calls (prefix semantics, as ``replay``'s prefix step); the prefix
-    hit length of request ``r`` goes to ``hit_len[r]``. The cached prefix is never a victim
+    hit length of request ``r``, at most ``caps[r]`` blocks (``reuse.reusable_blocks``: the
+    blocks after them are recomputed whatever the cache holds), goes to ``hit_len[r]``. The cached prefix is never a victim
     of the last tier while it is read (``S_KEEP_A``, ``S_KEEP_B``: the engine pins it), so its
     own promotions push none of it out and each of its ``hit_len[r]`` blocks is a hit."""
     for r in range(r0, r1):
@@ -444,7 +445,7 @@ def run_requests(kind, P, M, X, G, ids, nus, offsets, r0, r1, prefix, hit_len):
         if M[M.shape[0] - 1, S_NEEDS_PARENTS]:
             M[M.shape[0] - 1, S_REQ] = a
         if prefix:
-            h = prefix_length(G, ids, a, b)
+            h = prefix_length(G, ids, a, min(b, a + caps[r]))
             hit_len[r] = h
             M[M.shape[0] - 1, S_KEEP_A] = a  # pinned while served: ``keep_all`` of the manager
             M[M.shape[0] - 1, S_KEEP_B] = a + h

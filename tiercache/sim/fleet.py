@@ -89,7 +89,8 @@ from .hardware import NETWORK_PRESETS, HardwareProfile
 from .hitcost import HitCost, HitMeter
 from .loader import Trace
 from .prefill import PrefillCost, causal_pairs
-from .replay import block_tokens_of, modeled_seconds, saved_prompt_tokens, tier_record
+from .replay import block_tokens_of, modeled_seconds, tier_record
+from .reuse import reusable_blocks, saved_prompt_tokens
 from .sweep import SLOT_BYTES, _gb
 
 __all__ = ["Route", "FleetSpec", "replay_fleet", "sweep_fleet", "check_fleet_policy", "check_fleet_memory",
@@ -289,7 +290,7 @@ def _request(instance: _Instance, store: _Store | None, run: list[int], input_le
     m = instance.manager
     if store is not None:
         _refresh_view(instance, store, run)
-    hit = m.prefix_length(run)
+    hit = m.prefix_length(run[: reusable_blocks(block_tokens, input_length)])
     if store is None:
         m.access(run[:hit], keep_all=True)  # pinned: every block counted as reused below is a hit
     else:

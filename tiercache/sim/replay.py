@@ -41,6 +41,7 @@ from .hardware import HardwareProfile
 from .loader import Trace
 from .prefill import PrefillCost, causal_pairs, mean_read_index
 from .prep import dense_and_next_use, step_next_use
+from .reuse import reusable_blocks, reusable_caps, saved_prompt_tokens
 from .traces import MOONCAKE_BLOCK_TOKENS
 
 __all__ = ["RunSpec", "ReplayData", "replay", "check_run", "use_kernels", "load_kernels", "tier_record", "block_tokens_of",
@@ -277,13 +278,14 @@ def _replay_kernels(spec: RunSpec, data: ReplayData, on_progress: Callable[[int]
     manager.set_trace_ids(data.dense, data.ids)
     prefix = spec.semantics is Semantics.PREFIX
     hit_len = np.zeros(max(data.n_batches, 1), dtype=np.int64)
+    caps = reusable_caps(data.trace.input_lengths, data.offsets, data.block_tokens, prefix)
     _load_kernels(manager, data, prefix, hit_len)
     started = time.perf_counter()  # the replay alone: the kernels are compiled (or loaded) already
     for first in range(0, data.n_batches, _KERNEL_CHUNK):
         last = min(first + _KERNEL_CHUNK, data.n_batches)
         # prepare's arrays are good: dense ids in 0 .. n_ids - 1 (bincount refuses negatives, n_ids
         # is the largest + 1), offsets from the loader.
-        manager.run(data.dense, data.next_use, data.offsets, first, last, prefix, hit_len, trusted=True)
+        manager.run(data.dense, data.next_use, data.offsets, first, last, prefix, hit_len, trusted=True, caps=caps)
         if on_progress is not None:
             on_progress(last - first)
     wall = time.perf_counter() - started
@@ -323,7 +325,7 @@ def _load_kernels(manager: ArrayTierManager, data: ReplayData, prefix: bool, hit
     Invariant: the call replays nothing (requests ``0 .. -1``): the manager's state, counters
     and ``hit_len`` are as before it.
     """
-    manager.run(data.dense, data.next_use, data.offsets, 0, 0, prefix, hit_len, trusted=True)
+    manager.run(data.dense, data.next_use, data.offsets, 0, 0, prefix, hit_len, trusted=True, caps=hit_len)
 
 
 def _consume(manager: TierManager, stats: HierarchyStats, meter: HitMeter) -> None:
@@ -359,7 +361,7 @@ def _step_function(spec: RunSpec, data: ReplayData, manager: TierManager, needs_
     def prefix_step(batch: int, needs_future: bool) -> int:
         a, b = data.bounds(batch)
         run, hints = ids[a:b], _hints(data, a, b, needs_future, needs_parents)
-        hit = manager.prefix_length(run)
+        hit = manager.prefix_length(run[: reusable_blocks(data.block_tokens, int(input_lengths[batch]))])
         # The engine pins the matched prefix while it serves it: its own promotions push none
         # of it out of the hierarchy, so every block counted as reused below is a hit.
         manager.access(run[:hit], _cut(hints, 0, hit), keep_all=True)
@@ -369,14 +371,6 @@ def _step_function(spec: RunSpec, data: ReplayData, manager: TierManager, needs_
     if spec.semantics is Semantics.DECODE:  # one protocol for every --prefetch (decode_replay)
         return DecodeReplay(spec.policy, spec.prefetch, data, manager)
     return prefix_step if spec.semantics is Semantics.PREFIX else object_step
-
-
-def saved_prompt_tokens(hit_blocks: int, block_tokens: int, input_length: int) -> int:
-    """Prompt tokens a request reuses from its ``hit_blocks`` cached prefix blocks: their tokens,
-    at most ``input_length - 1`` (0 for an empty prompt). A serving engine computes at least the
-    last prompt token to produce the first output token, so even a request found entirely in
-    the cache has one token of prefill (vLLM and SGLang recompute the last token on a full hit)."""
-    return min(hit_blocks * block_tokens, max(input_length - 1, 0))
 
 
 def _cut(hints: Hints, a: int, b: int) -> Hints:
