@@ -29,7 +29,7 @@ from tiercache.live.cache import TieredKVCache
 from tiercache.live.sequence import Sequence
 
 from .causal import causal_partial, expected_mask
-from .checks import (ATTENTION, FINGERPRINT, check_decoding, check_mode, check_model, first_position, kept_columns,
+from .checks import (ATTENTION, FINGERPRINT, check_decoding, current_fingerprint, check_mode, check_model, first_position, kept_columns,
                      pass_tokens)
 from .copying import crop_rows, deep_copy, reorder_rows
 from .hooks import TIERED_CACHE, decoder_of
@@ -90,7 +90,7 @@ class TieredCache(Cache):
         self.kv, self.mode, self.budget = kv, mode, budget
         # the model it serves, by reference only (a cache does not keep a model alive)
         self._model, self._decoder = weakref.ref(model), weakref.ref(decoder_of(model))
-        self._fingerprint = getattr(model, FINGERPRINT)
+        self._fingerprint = current_fingerprint(model)  # anew if the weights changed since
         self.namespace = self._fingerprint + namespace_bytes(namespace)
         # False for a RoPE whose KV depends on the pass's length: every row's KV is private
         self._ids_decide_kv = not length_dependent_rope(model.config)

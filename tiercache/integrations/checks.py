@@ -19,20 +19,42 @@ from tiercache.live.arguments import attend_blocks
 from tiercache.live.cache import TieredKVCache
 
 from .hooks import decoder_of, installed
-from .inputs import check_supported, kv_layout, left_padding, text_config
+from .inputs import check_supported, kv_layout, left_padding, model_fingerprint, text_config, weights_stamp
 
-__all__ = ["ATTENTION", "FINGERPRINT", "check_decoding", "check_kv_heads", "check_mode", "check_model",
+__all__ = ["ATTENTION", "FINGERPRINT", "STAMP", "current_fingerprint", "fingerprint_weights", "check_decoding", "check_kv_heads", "check_mode", "check_model",
            "first_position", "kept_columns", "pass_tokens"]
 
 #: The ``attn_implementation`` name of the attention that reads a ``TieredCache``.
 ATTENTION = "tiercache"
 FINGERPRINT = "_tiercache_fingerprint"  # the model's weights fingerprint, set by use_tiercache
+STAMP = "_tiercache_weights_stamp"  # inputs.weights_stamp when FINGERPRINT was computed
 
 # generate's options that pick a decoding mode whose drafts run through the model's own cache
 # (each refused before any pass, so the cache stays usable): (option, mode's name). Assisted
 # decoding with an assistant model and prompt lookup run: the cache crops rejected drafts.
 _ASSISTED = (("assistant_early_exit", "assisted decoding (assistant_early_exit)"),
              ("use_mtp", "multi-token-prediction decoding (use_mtp)"))
+
+
+def fingerprint_weights(model: Any) -> bytes:
+    """Computes the model's weights fingerprint (``inputs.model_fingerprint``), stores it on
+    the model with the ``weights_stamp`` it was computed at, and returns it."""
+    stamp = weights_stamp(model)
+    fingerprint = model_fingerprint(model)
+    setattr(model, FINGERPRINT, fingerprint)
+    setattr(model, STAMP, stamp)
+    return fingerprint
+
+
+def current_fingerprint(model: Any) -> bytes:
+    """The readied model's weights fingerprint, computed anew when its ``weights_stamp`` changed
+    since the stored one was (``load_state_dict``, an in-place change through torch, a moved or
+    replaced weight): a cache made after such a change keys its KV by the new weights, never
+    reusing the old ones' (a cache made before refuses the next pass). A write the stamp
+    cannot see (through ``tensor.data``) needs ``use_tiercache(model)`` again."""
+    if getattr(model, STAMP, None) != weights_stamp(model):
+        return fingerprint_weights(model)
+    return getattr(model, FINGERPRINT)
 
 
 def check_model(kv: TieredKVCache, model: Any) -> None:

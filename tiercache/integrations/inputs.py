@@ -20,7 +20,7 @@ from tiercache.config import KVLayout
 from tiercache.errors import UserError
 from tiercache.live.arguments import flat_token_ids
 
-__all__ = ["kv_layout", "prompt_rows", "left_padding", "model_fingerprint", "check_supported", "namespace_bytes",
+__all__ = ["kv_layout", "prompt_rows", "left_padding", "model_fingerprint", "weights_stamp", "check_supported", "namespace_bytes",
            "other_inputs", "length_dependent_rope", "sliding_windows", "standard_positions", "text_config"]
 
 #: Forward arguments that do not change a pass's KV (beyond ids, mask and cache).
@@ -209,6 +209,23 @@ def model_fingerprint(model: torch.nn.Module) -> bytes:
             _update_framed(digest, f"{name}:{tuple(tensor.shape)}:{tensor.dtype}".encode())
             _hash_values(digest, name, tensor)
     return digest.digest()
+
+
+def weights_stamp(model: torch.nn.Module) -> tuple:
+    """What changes whenever torch replaces or changes a weight or buffer, read without its
+    values: each one's name, identity, storage address and version counter. ``load_state_dict``,
+    an in-place op on a parameter (a LoRA merge through torch), ``model.to`` and a replaced
+    parameter all change it; a write through ``tensor.data`` (which has a version counter of
+    its own) or from outside torch (a numpy view) does not. O(tensors), no value read: cheap
+    enough to check each time a cache is made (``checks.current_fingerprint``)."""
+    stamp = []
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        try:
+            where = tensor.data_ptr()
+        except RuntimeError:  # no storage (a tensor subclass): its identity and version still tell
+            where = None
+        stamp.append((name, id(tensor), where, tensor._version))
+    return tuple(stamp)
 
 
 def _update_framed(digest, text: bytes) -> None:

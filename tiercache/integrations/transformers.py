@@ -64,10 +64,9 @@ from tiercache.errors import UserError
 from tiercache.live.cache import TieredKVCache
 
 from .cache import ATTENTION, FINGERPRINT, TieredCache
-from .checks import check_kv_heads
+from .checks import check_kv_heads, current_fingerprint, fingerprint_weights
 from .hooks import install
-from .inputs import (check_supported, kv_layout, length_dependent_rope, model_fingerprint, namespace_bytes, prompt_rows,
-                     text_config)
+from .inputs import check_supported, kv_layout, length_dependent_rope, namespace_bytes, prompt_rows, text_config
 from .layer import STAGE, TieredLayer, unread_stage
 
 __all__ = ["ATTENTION", "TieredCache", "TieredLayer", "kv_layout", "use_tiercache", "register", "match_prefix",
@@ -84,7 +83,9 @@ def use_tiercache(model: Any) -> Any:
     language model to the ``"tiercache"`` attention, fingerprints its weights (part of every
     content key), hooks its decoder's forward passes (token ids, pass bookkeeping) and its
     ``generate`` (the inputs are checked against the cache's prompt). Returns the model.
-    Idempotent; call it again after changing the weights.
+    Idempotent. A ``TieredCache`` made after the weights changed through torch fingerprints
+    them anew (``checks.current_fingerprint``); call it again after a write torch does not
+    track (through ``tensor.data``).
 
     Raises:
         UserError: the model cannot switch its attention implementation, caches something
@@ -101,7 +102,7 @@ def use_tiercache(model: Any) -> Any:
     except UserError:
         _set_attention(model, previous)  # refused: the model keeps the attention it had
         raise
-    setattr(model, FINGERPRINT, model_fingerprint(model))
+    fingerprint_weights(model)  # always anew: a change the weights' stamp cannot see is caught here
     install(model)
     return model
 
@@ -119,9 +120,9 @@ def match_prefix(kv: TieredKVCache, model: Any, tokens, namespace: bytes | str =
         UserError: the model is not readied; ``tokens`` is not one sequence of integer ids;
             a bad namespace.
     """
-    fingerprint = getattr(model, FINGERPRINT, None)
-    if fingerprint is None:
+    if getattr(model, FINGERPRINT, None) is None:
         raise UserError("match_prefix: the model is not readied for tiercache; call use_tiercache(model) first")
+    fingerprint = current_fingerprint(model)
     rows = prompt_rows(tokens, "match_prefix: tokens", ragged="call match_prefix once per row")
     if len(rows) != 1:
         raise UserError(f"match_prefix: tokens has {len(rows)} rows; it answers for one sequence: call it once "
