@@ -73,7 +73,7 @@ __all__ = ["TieredKVCache", "Sequence", "StepReport", "AttentionMode", "PersistW
 
 class WriteRanks:
     """The order a cache's close persists its blocks in and a smaller reopen keeps them in
-    (``lifecycle.persist_to_nvme``'s ``rank``, ``lifecycle.save_order``): a log of writes.
+    (``lifecycle.persist_to_nvme``'s ``rank``, ``orderfile.save_order``): a log of writes.
 
     A block's rank is ``ordinal * layers + layer`` of its latest write, ``ordinal`` counting
     the blocks written at that layer before it (scratch ones too, though they are not
@@ -351,13 +351,14 @@ class TieredKVCache(NoCopies):
         each prefix (``saved // layers`` of them, more where a decode had spilled some of
         their layers to NVMe: the earliest positions are completed first; spilled blocks keep
         their slots). Then the NVMe tier's order file lists every block there in that order,
-        spilled ones included (``lifecycle.save_order``), and a reopen on a smaller NVMe
+        spilled ones included (``orderfile.save_order``), and a reopen on a smaller NVMe
         tier keeps the first ones, so again whole positions. Not guaranteed: blocks the file
         does not name (stored since the last close when a crash ended the run, or by a
         ``TieredKVStore``) come after, by slot, and layers pair up by write order
         (``WriteRanks``: a loop whose layers run their sequences in different orders may
         keep torn positions, costing tokens served, never correctness).
-        ``persist=False`` drops all that DRAM and HBM hold. In a child forked while the cache
+        ``persist=False`` drops all that DRAM and HBM hold (a block read up out of NVMe keeps
+        its NVMe copy). In a child forked while the cache
         was open it does nothing (the parent still owns the cache).
 
         Raises:

@@ -18,6 +18,7 @@ but scratch ones (``keymap.is_scratch``), which it deletes."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 from typing import Sequence
@@ -37,7 +38,7 @@ from .arguments import check_flag
 from .keymap import KeyMap
 from .lookups import LookupCounts
 from .lifecycle import (PersistError, Persisted, PersistWarning, Rank, adopt_stored_blocks, check_release, check_store,
-                        drop_scratch, flush_and_close, persist_to_nvme, run_every_step, save_order)
+                        drop_scratch, flush_and_close, keep_retained, persist_to_nvme, run_every_step, save_order)
 from .pending import Pending
 from .reading import StoreReads
 from .ownership import NoCopies, OwnerGuard
@@ -391,7 +392,8 @@ class TieredKVStore(StoreReads, NoCopies):
         flushed (``drop_scratch``), so their NVMe slots are free. With ``persist`` (default),
         the other blocks held only in DRAM and HBM are then moved to free NVMe slots (DRAM
         first, then HBM; nothing already on NVMe is evicted for them), so a reopened store
-        holds as much as fits. Every step runs even if an earlier one failed
+        holds as much as fits; without it they are dropped, but blocks read up out of NVMe
+        keep their NVMe copies (``keep_retained``). Every step runs even if an earlier one failed
         (what can be flushed is flushed). A flush that fails is tried again when the NVMe
         tier closes; if that succeeds, nothing was lost and no error is raised
         (``flush_and_close``). Returns how many blocks were persisted.
@@ -422,7 +424,7 @@ class TieredKVStore(StoreReads, NoCopies):
                 return Persisted()
             self._closed = True
             persisting = self._persist if rank is None else functools.partial(self._persist, rank)
-            steps = [self.manager.wait_all, self._consume, self._drop_scratch, persisting if persist else Persisted,
+            steps = [self.manager.wait_all, self._consume, self._drop_scratch, persisting if persist else self._keep_retained,
                      self.engine.retained.drop_all, lambda: flush_and_close(self._media)]
             if rank is not None:
                 steps.insert(4, lambda: save_order(self.manager, self._media, self._map, rank))
@@ -436,8 +438,18 @@ class TieredKVStore(StoreReads, NoCopies):
 
     def _persist(self, rank: Rank | None = None) -> Persisted:
         """Moves unpinned DRAM and HBM blocks but scratch ones into free NVMe slots, in
-        ``rank``'s order when given (``persist_to_nvme``)."""
-        return persist_to_nvme(self.manager, self.events, self._map.scratch, rank)
+        ``rank``'s order when given (``persist_to_nvme``); a failure's reason names the
+        NVMe store's directory."""
+        done = persist_to_nvme(self.manager, self.events, self._map.scratch, rank)
+        if done.reason is None:
+            return done
+        nvme = [d.name for d in self.manager.dirs].index("nvme")  # a reason means a write into it failed
+        return dataclasses.replace(done, reason=f"{self._media[nvme].path}: {done.reason}")
+
+    def _keep_retained(self) -> Persisted:
+        """Closing without persisting: the blocks read up out of NVMe keep their NVMe copies
+        (``keep_retained``)."""
+        return keep_retained(self.manager, self.events, self._map.scratch)
 
     def __enter__(self) -> "TieredKVStore":
         return self
