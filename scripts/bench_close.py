@@ -6,12 +6,22 @@ A decode without token ids (a generation's private keys: scratch, ``tiercache.li
 appends ``--scratch`` per-layer blocks over 2 layers of a small layout (2 KV heads of dim 8,
 float32, 4-token blocks) into tiers of HBM 16, DRAM 16 and NVMe with room for all of them, and
 is freed, so nearly all of them are on NVMe; then ``close(persist=...)`` is timed, both ways, a
-fresh cache per round, rounds alternating which way goes first. Honest by construction: after
-each timed close the NVMe store's flushed index must list no block of the decode (close
-deletes scratch, it is never persisted; it is read from the closed store, since a reopen
-drops tagged scratch itself), or the run ends with exit 1; a round whose NVMe store did not
-hold every scratch block but the 32 HBM and DRAM hold before close ends it too (nothing to
-delete would time nothing). Reported: the median close time and the median per scratch block.
+fresh cache per round, rounds alternating which way goes first. Honest by construction:
+
+* before each timed close the NVMe store must hold at least one scratch block and every
+  scratch block but the 32 that HBM and DRAM hold, or the run ends with exit 1 (a close with
+  nothing to delete from NVMe would time nothing): ``--scratch`` must exceed 16 a layer;
+* after each timed close the NVMe store is reopened from its files alone (a bare
+  ``NVMeStore``, which keeps whatever its flushed index lists; ``TieredKVCache`` would drop
+  tagged scratch itself on reopen) and must list no block at all (close deletes scratch, it
+  is never persisted), or the run ends with exit 1.
+
+Reported per scratch count and way: ``close_ms`` (median close time), ``nvme_blocks`` (the
+scratch blocks the NVMe store held before the close, all of which the close deleted; the
+fewest over rounds),
+``us_per_nvme_block`` (median over rounds of close time / ``nvme_blocks``: the whole close,
+the at most 32 memory-tier blocks it also drops included, per block deleted from NVMe) and
+``us_per_block`` (median close time / every scratch block of the decode, any tier).
 """
 
 from __future__ import annotations
@@ -30,6 +40,7 @@ from tiercache import TieredKVCache
 from tiercache.bench.rounds import positive_int
 from tiercache.bench.script_args import ScriptParser, existing_folder, positive_ints, refuse_bad_outputs
 from tiercache.config import KVLayout, TierConfig
+from tiercache.data.nvme import NVMeStore
 from tiercache.live.keymap import is_scratch
 
 LAYOUT = KVLayout(layers=2, kv_heads=2, head_dim=8, dtype="float32", block_tokens=4)
@@ -52,9 +63,17 @@ def _nvme_scratch(cache: TieredKVCache) -> int:
     return sum(is_scratch(key) for key, _ in cache.store._media[-1].items())
 
 
-def one_close(folder: Path, scratch: int, persist: bool) -> float:
-    """Seconds of one ``close(persist=persist)`` of a cache holding ``scratch`` freed blocks a
-    layer; checks the scratch was on NVMe before and is gone after a reopen."""
+def one_close(folder: Path, scratch: int, persist: bool) -> tuple[float, int]:
+    """Times one ``close(persist=persist)`` of a cache holding ``scratch`` freed blocks a
+    layer; checks the scratch was on NVMe before and that the NVMe store's flushed index,
+    reopened from disk, lists nothing after.
+
+    Returns:
+        ``(seconds of the close, scratch blocks it deleted from NVMe)``.
+
+    Raises:
+        CloseBenchError: no scratch (or too little) on NVMe before the close, or blocks left after it.
+    """
     path = Path(tempfile.mkdtemp(dir=folder)) / "cache"
     cache = _cache(path, scratch)
     generation = cache.sequence()
@@ -64,32 +83,47 @@ def one_close(folder: Path, scratch: int, persist: bool) -> float:
         for layer in range(LAYOUT.layers):
             generation.append(layer, torch.randn(2, tokens, 8), torch.randn(2, tokens, 8))
     generation.free()
-    held = _nvme_scratch(cache)
-    if held < LAYOUT.layers * scratch - _ABOVE_NVME:
-        raise CloseBenchError(f"only {held} of {LAYOUT.layers * scratch} scratch blocks reached NVMe: nothing to time")
+    held, blocks = _nvme_scratch(cache), LAYOUT.layers * scratch
+    if held == 0 or held < blocks - _ABOVE_NVME:
+        cache.close()
+        raise CloseBenchError(f"--scratch {scratch}: only {held} of {blocks} scratch blocks reached NVMe (HBM and DRAM "
+                              f"hold {_ABOVE_NVME}; give more than {_ABOVE_NVME // LAYOUT.layers} a layer): nothing to time")
     nvme = cache.store._media[-1]
     start = time.perf_counter()
     cache.close(persist=persist)
     seconds = time.perf_counter() - start
-    left = sum(1 for _ in nvme.items())  # the closed store's index, as flushed (a reopen would drop scratch itself)
+    left = _flushed_blocks(nvme)
     if left:
         raise CloseBenchError(f"close(persist={persist}) left {left} blocks of a decode without ids on NVMe")
-    return seconds
+    return seconds, held
+
+
+def _flushed_blocks(closed: NVMeStore) -> int:
+    """Blocks the closed NVMe store lists once reopened from its files (its flushed index),
+    as a new bare ``NVMeStore`` of the same path, layout and codec, which keeps every entry,
+    scratch included (only the closed store's settings are read from it)."""
+    with NVMeStore(closed.path, closed.layout, create=False, codec=closed.codec) as reopened:
+        return len(reopened.items())
 
 
 def measure(args: argparse.Namespace) -> dict:
-    """Median close seconds and microseconds per scratch block, per scratch count and persist."""
+    """Per scratch count (key: every scratch block of the decode) and persist: the median
+    close ms, the NVMe blocks it deleted, and the median microseconds per NVMe block deleted
+    and per scratch block (see the module docstring)."""
     result = {}
     with tempfile.TemporaryDirectory(dir=args.dir) as folder:
         for scratch in args.scratch:
-            times = {False: [], True: []}
+            times, deleted = {False: [], True: []}, {False: [], True: []}
             for round_ in range(args.reps):
                 for persist in ((False, True) if round_ % 2 == 0 else (True, False)):
-                    times[persist].append(one_close(Path(folder), scratch, persist))
+                    seconds, held = one_close(Path(folder), scratch, persist)
+                    times[persist].append(seconds)
+                    deleted[persist].append(held)
             blocks = LAYOUT.layers * scratch
             result[str(blocks)] = {f"persist_{str(p).lower()}": {
-                "close_ms": 1e3 * statistics.median(t), "us_per_block": 1e6 * statistics.median(t) / blocks}
-                for p, t in times.items()}
+                "close_ms": 1e3 * statistics.median(t), "nvme_blocks": min(deleted[p]),
+                "us_per_nvme_block": 1e6 * statistics.median(s / n for s, n in zip(t, deleted[p])),
+                "us_per_block": 1e6 * statistics.median(t) / blocks} for p, t in times.items()}
     return result
 
 
@@ -97,7 +131,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The options, checked before any work."""
     parser = ScriptParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scratch", type=positive_ints, default=[1500, 16000],
-                        help="per-layer scratch blocks of each case, a comma list (2 layers: twice as many blocks)")
+                        help="per-layer scratch blocks of each case, a comma list (2 layers: twice as many blocks; "
+                             "more than 16, or none reaches NVMe and the run exits 1)")
     parser.add_argument("--reps", type=positive_int, default=3)
     parser.add_argument("--dir", type=existing_folder, default=None, help="folder on the disk to use (default: a temp dir)")
     parser.add_argument("--json", help="write the figures here")
@@ -113,10 +148,13 @@ def main(argv: list[str] | None = None) -> int:
     except (CloseBenchError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
-    print(f"{'scratch blocks':>14}  {'persist':>7}  {'close ms':>9}  {'us/block':>8}")
+    print(f"{'scratch blocks':>14}  {'on NVMe':>7}  {'persist':>7}  {'close ms':>9}  {'us/NVMe block':>13}  {'us/block':>8}")
     for blocks, row in result.items():
         for persist, figures in row.items():
-            print(f"{blocks:>14}  {persist[8:]:>7}  {figures['close_ms']:>9.1f}  {figures['us_per_block']:>8.2f}")
+            print(f"{blocks:>14}  {figures['nvme_blocks']:>7}  {persist[8:]:>7}  {figures['close_ms']:>9.1f}  "
+                  f"{figures['us_per_nvme_block']:>13.2f}  {figures['us_per_block']:>8.2f}")
+    print("us/NVMe block: the whole close over the scratch blocks it deleted from NVMe; us/block: over every scratch "
+          "block of the decode (any tier)")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as handle:
             json.dump(result, handle, indent=1)

@@ -5,7 +5,11 @@ In one run, on the same sequence, a layer's exact attention is timed three ways
 
 * ``io_only``: every NVMe chunk read into the window with the pipeline's schedule and waited
   for, nothing copied, converted or computed (the compute-only pass's blocks are copied before
-  the clock starts; NVMe reads are O_DIRECT: cold every time, no page cache);
+  the clock starts). NVMe reads are O_DIRECT where the filesystem allows it, and cold: before
+  this region and before the pipelined one the chunk files are evicted from the page cache
+  (``POSIX_FADV_DONTNEED``, the store's own files only) and ``mincore`` must find none of
+  their bytes cached (``tiercache.bench.decode.make_cold``), or the run exits 1 with no
+  figures: a store on a memory filesystem (``--path /dev/shm``, tmpfs) would time RAM;
 * ``compute_only``: the same chunks, same sizes, converted and computed from memory;
 * ``pipelined``: the real ``Sequence.attend``, reads of chunk ``i+1..`` overlapping the
   compute of chunk ``i``.
@@ -48,7 +52,8 @@ import tempfile
 import torch
 
 from tiercache import TieredKVCache
-from tiercache.bench.decode import NeedleKV, StepCheckError, balance_verdict, cpu_count, overlap_problem, step_timings
+from tiercache.bench.decode import (ColdReadError, NeedleKV, StepCheckError, balance_verdict, cpu_count, overlap_problem,
+                                    step_timings)
 from tiercache.bench.rounds import positive_int
 from tiercache.bench.script_args import ScriptParser, existing_folder, refuse_bad_outputs
 from tiercache.config import KVLayout, TierConfig
@@ -75,7 +80,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--window-blocks", type=positive_int, default=32)
     parser.add_argument("--depth", type=positive_int, default=4)
     parser.add_argument("--repeats", type=positive_int, default=7)
-    parser.add_argument("--path", type=existing_folder, default=None, help="folder for the temporary NVMe store")
+    parser.add_argument("--path", type=existing_folder, default=None,
+                        help="folder on the disk to time for the temporary NVMe store (default: the system temp "
+                             "folder); a memory filesystem such as /dev/shm is refused (exit 1)")
     parser.add_argument("--threads", type=positive_int, default=max(1, cpu_count() - 1),
                         help="torch compute threads (default: all CPUs but one, which serves the NVMe I/O threads)")
     parser.add_argument("--json", dest="json_out")
@@ -162,6 +169,9 @@ def main(argv: list[str] | None = None) -> int:
                     heads, timing = settle(seq, kv, calibrate(seq, kv, args.kv_heads), args.repeats, args.kv_heads)
                 else:
                     heads, timing = args.q_heads, time_step(seq, kv, args.q_heads, args.repeats)
+            except ColdReadError as error:
+                print(f"error: --path {args.path or tempfile.gettempdir()}: {error}; no figures reported", file=sys.stderr)
+                return 1
             except StepCheckError as error:
                 print(f"error: {error}; no figures reported", file=sys.stderr)
                 return 1

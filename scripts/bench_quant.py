@@ -29,7 +29,14 @@ outlier channels (x10-x50 per head), as real keys do:
   bytes per second (the disk's raw rate over ``bytes_ratio``); ``encode_vs_disk_write`` is
   the same for quantise against durable writes (``pwrite`` + ``fdatasync`` per block) of
   encoded blocks, the demotion path; each disk run alternates with ``--disk-blocks`` codec
-  calls. Above 1 the codec keeps up (``decode_keeps_up_with_disk_read``,
+  calls, each of its own block in distinct memory as the disk side's (decodes: each its own
+  encoded source and its own destination; encodes: each its own source block and its own
+  slot buffer), so neither side runs from a CPU cache the other cannot use. The files lie in a
+  temporary folder under ``--dir`` (default: the current directory), and every read is cold:
+  before each read run the files are evicted from the page cache (``POSIX_FADV_DONTNEED``,
+  our own files only) and ``mincore`` must find none of their bytes cached
+  (``tiercache.bench.decode.make_cold``), or the script exits 1 with no figures (a memory
+  filesystem such as ``/dev/shm`` would time RAM). Above 1 the codec keeps up (``decode_keeps_up_with_disk_read``,
   ``encode_keeps_up_with_disk_write``). ``disk_read_gbps``/``disk_write_gbps`` are the raw
   rates in bytes moved, ``*_fp16_gbps`` the same runs in fp16 bytes of the blocks moved
   (``tiercache.bench.rawio``; ``--no-disk`` skips all of it);
@@ -43,7 +50,7 @@ outlier channels (x10-x50 per head), as real keys do:
   note saying why not otherwise (``tiercache.bench.hf_quant``).
 
 Usage: ``python scripts/bench_quant.py [--json OUT] [--layers 4] [--blocks 16] [--repeats 25]
-[--logit-std 1.0] [--no-disk] [--disk-rounds 5] [--disk-blocks 16] [--torch-threads N]``
+[--logit-std 1.0] [--no-disk] [--disk-rounds 5] [--disk-blocks 16] [--dir DIR] [--torch-threads N]``
 """
 
 from __future__ import annotations
@@ -61,9 +68,10 @@ import numpy as np
 import torch
 
 from tiercache.bench import hf_quant
+from tiercache.bench.decode import ColdReadError, make_cold
 from tiercache.bench.rounds import alternate, paired_ratio, positive_int
 from tiercache.bench.rawio import SYNC_POLICY, RawBlockFiles, host_copy, read_buffers, source_block
-from tiercache.bench.script_args import ScriptParser, refuse_bad_outputs
+from tiercache.bench.script_args import ScriptParser, existing_folder, refuse_bad_outputs
 from tiercache.config import Codec
 from tiercache.data.buffers import PAGE
 from tiercache.data.codecs import codec_for
@@ -158,10 +166,19 @@ def check_output(what: str, output: torch.Tensor, expected: torch.Tensor) -> Non
 def checked(what: str, work: Callable[[], object], output: torch.Tensor, expected: torch.Tensor) -> Callable[[int], float]:
     """An ``alternate`` op: fills ``output`` with ``SENTINEL`` (untimed), times ``work()``
     (``seconds_of``), then ``check_output``s what it left in ``output``."""
+    return checked_all(what, work, [output], expected)
+
+
+def checked_all(what: str, work: Callable[[], object], outputs: list[torch.Tensor],
+                expected: torch.Tensor) -> Callable[[int], float]:
+    """``checked`` for a ``work()`` that writes several outputs (one per block): every one is
+    filled with ``SENTINEL`` before the clock and must hold ``expected``'s bytes after it."""
     def op(_: int) -> float:
-        output.view(torch.uint8).fill_(SENTINEL)
+        for output in outputs:
+            output.view(torch.uint8).fill_(SENTINEL)
         seconds = seconds_of(work)
-        check_output(what, output, expected)
+        for output in outputs:
+            check_output(what, output, expected)
         return seconds
     return op
 
@@ -224,34 +241,63 @@ def codec_speed(t: dict[str, list[float]], nbytes: int) -> dict[str, float]:
 def disk_rounds(codec: Codec, block: torch.Tensor, directory: str, rounds: int, blocks: int) -> tuple[dict, int, bool]:
     """Durable writes and cold random O_DIRECT reads of ``blocks`` blocks of the codec's
     encoded size (rounded up to a page, as O_DIRECT needs), ``DISK_THREADS`` threads, each
-    alternated round by round with as many encodes (writes) or decodes (reads) of ``block``,
-    whose outputs are checked after each round (``checked``; raises ``OutputMismatch``).
+    alternated round by round with as many encodes (writes) or decodes (reads), each block's
+    from and into its own memory as each disk block's is (``codec_ops``), whose outputs are
+    checked after each round (``checked_all``; raises ``OutputMismatch``). Before each read
+    run the files are evicted and checked out of the page cache (``make_cold``).
 
     Returns:
         ``({"disk_write"|"encode"|"disk_read"|"decode": [seconds per round]}, bytes per
         disk block, whether every read was O_DIRECT)``.
+
+    Raises:
+        ColdReadError: the files stayed in the page cache (a memory filesystem): reads not cold.
     """
-    impl, out = codec_for(codec), torch.empty_like(block)
-    want_bytes, want_block = expected_outputs(codec, block)
-    buf, encoded = torch.empty_like(want_bytes), want_bytes.clone()
-    size = -(-buf.numel() // PAGE) * PAGE
+    encodes, decodes, encoded, want_bytes = codec_ops(codec, block, blocks)
+    size = -(-want_bytes.numel() // PAGE) * PAGE
     files = RawBlockFiles(str(Path(directory) / codec.value), size, DISK_THREADS, -(-blocks // DISK_THREADS))
-    files.lay_out()  # as fio does: the timed writes overwrite allocated space
-    sources = [source_block(size, seed) for seed in range(blocks)]  # distinct memory, as a tier writes from
-    dests = read_buffers(size, blocks)  # one page-aligned destination per block read
-    order = np.random.default_rng(0).permutation(files.capacity)[:blocks]
+    try:
+        files.lay_out()  # as fio does: the timed writes overwrite allocated space
+        sources = [source_block(size, seed) for seed in range(blocks)]  # distinct memory, as a tier writes from
+        dests = read_buffers(size, blocks)  # one page-aligned destination per block read
+        order = np.random.default_rng(0).permutation(files.capacity)[:blocks]
 
-    def cold_read(_: int) -> float:
-        files.drop_cache()
-        return files.read(order, dests, DISK_THREADS)
+        def cold_read(_: int) -> float:
+            make_cold(files.paths, f"bench_quant: {codec.value} cold reads", f"raw block files in {directory}")
+            return files.read(order, dests, DISK_THREADS)
 
-    encodes = checked(f"{codec.value} encode_into", lambda: [impl.encode_into(block, buf) for _ in range(blocks)], buf, want_bytes)
-    decodes = checked(f"{codec.value} decode_from", lambda: [impl.decode_from(encoded, block.dtype, out) for _ in range(blocks)],
-                      out, want_block)
-    writes = alternate({"disk_write": lambda _: files.write(sources), "encode": encodes}, rounds)
-    reads = alternate({"disk_read": cold_read, "decode": decodes}, rounds)
-    files.reset()
+        writes = alternate({"disk_write": lambda _: files.write(sources), "encode": encodes}, rounds)
+        reads = alternate({"disk_read": cold_read, "decode": decodes}, rounds)
+    finally:
+        files.close()
+        files.reset()
+    for source in encoded:
+        check_output(f"{codec.value} decode input", source, want_bytes)
     return writes | reads, size, files.direct
+
+
+def codec_ops(codec: Codec, block: torch.Tensor, blocks: int) -> tuple[Callable, Callable, list[torch.Tensor], torch.Tensor]:
+    """The codec side of ``disk_rounds``: ``alternate`` ops running ``blocks`` encodes and
+    ``blocks`` decodes, each of its own block in its own memory, as the disk side reads into
+    and writes from a distinct buffer per block (one buffer reused would stay in a CPU cache
+    and flatter the codec): encode ``i`` reads source ``i`` (a copy of ``block``) into slot
+    buffer ``i``; decode ``i`` reads encoded copy ``i`` into block ``i``. Every output is
+    checked against the untimed ``encode``/``decode`` (``checked_all``).
+
+    Returns:
+        ``(encodes op, decodes op, the decodes' encoded inputs, the expected encoded bytes)``.
+    """
+    impl = codec_for(codec)
+    want_bytes, want_block = expected_outputs(codec, block)
+    sources = [block.clone() for _ in range(blocks)]
+    bufs = [torch.empty_like(want_bytes) for _ in range(blocks)]
+    encoded = [want_bytes.clone() for _ in range(blocks)]  # decode_from must not write them
+    outs = [torch.empty_like(block) for _ in range(blocks)]
+    encodes = checked_all(f"{codec.value} encode_into", lambda: [impl.encode_into(s, b) for s, b in zip(sources, bufs)],
+                          bufs, want_bytes)
+    decodes = checked_all(f"{codec.value} decode_from",
+                          lambda: [impl.decode_from(e, block.dtype, o) for e, o in zip(encoded, outs)], outs, want_block)
+    return encodes, decodes, encoded, want_bytes
 
 
 def disk_speed(t: dict[str, list[float]], nbytes: int, size: int, blocks: int) -> dict:
@@ -278,7 +324,7 @@ def measure(args: argparse.Namespace) -> dict:
     block = torch.stack((k, v), dim=1)[..., :TOKENS, :].contiguous()
     nbytes = block.numel() * block.element_size()
     codecs, copies, direct = {}, [], True
-    with tempfile.TemporaryDirectory(dir=Path.cwd()) as directory:
+    with tempfile.TemporaryDirectory(prefix="tiercache-bench-quant-", dir=args.dir or Path.cwd()) as directory:
         for codec in QUANTISED:
             k_hat, v_hat = round_trip(codec, k, v)
             t = codec_rounds(codec, block, args.repeats)
@@ -295,7 +341,8 @@ def measure(args: argparse.Namespace) -> dict:
                 codecs[codec.value].update(disk_speed(samples, nbytes, size, args.disk_blocks))
                 direct = direct and read_direct
     disk = None if args.no_disk else {"blocks": args.disk_blocks, "rounds": args.disk_rounds, "threads": DISK_THREADS,
-                                      "o_direct": direct, "write_sync": SYNC_POLICY}
+                                      "o_direct": direct, "write_sync": SYNC_POLICY, "dir": str(args.dir or Path.cwd()),
+                                      "cold_check": "page cache dropped before each read run, mincore found none cached"}
     return {"block_shape": list(block.shape), "dtype": "float16", "copy_gbps": statistics.median(copies),
             "copy_gbps_range": [min(copies), max(copies)], "rounds": args.repeats, "disk": disk, "logit_std": args.logit_std,
             "logit_std_sharp": float(logits(sharp, k).std(dim=-1).mean()), "threads": torch.get_num_threads(), "codecs": codecs,
@@ -342,7 +389,9 @@ def disk_table(result: dict) -> list[str]:
     """The disk rows: each codec's encoded blocks read and written, and whether the codec keeps up."""
     disk = result["disk"]
     rows = [f"disk, {disk['blocks']} encoded blocks per run, {disk['rounds']} rounds, {disk['threads']} threads: cold random "
-            + ("O_DIRECT" if disk["o_direct"] else "BUFFERED (O_DIRECT refused)") + f" reads, writes with {disk['write_sync']}",
+            + ("O_DIRECT" if disk["o_direct"] else "BUFFERED (O_DIRECT refused)")
+            + " reads (page cache dropped, mincore-checked), "
+            + f"writes with {disk['write_sync']}, in {disk['dir']}",
             f"{'codec':<6} {'block KiB':>9} {'read GB/s':>10} {'= fp16':>8} {'dec/read':>9} "
             f"{'write GB/s':>11} {'= fp16':>8} {'enc/write':>10}"]
     for name, m in result["codecs"].items():
@@ -367,6 +416,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--disk-rounds", type=positive_int, default=5,
                         help="rounds alternating a disk run and the codec, per codec and direction (default 5)")
     parser.add_argument("--disk-blocks", type=positive_int, default=16, help="encoded blocks per disk run (default 16)")
+    parser.add_argument("--dir", type=existing_folder, default=None,
+                        help="folder on the disk to time; the disk files go in a temporary folder under it (default: the "
+                             "current directory); a memory filesystem such as /dev/shm is refused (exit 1)")
     parser.add_argument("--torch-threads", type=positive_int, help="torch's intra-op threads (default: torch's own); 1 keeps "
                                                                    "torch's ops steady on a machine shared with other work")
     args = parser.parse_args(argv)
@@ -375,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.torch_threads)
     try:
         result = measure(args)
-    except OutputMismatch as error:
+    except (OutputMismatch, ColdReadError) as error:
         print(f"error: {error}; no figures reported", file=sys.stderr)
         return 1
     print(table(result))

@@ -24,7 +24,10 @@ computed serially, untimed (``StepCheckError`` otherwise), and an efficiency abo
 launches only.
 
 The page-cache helpers (``cached_bytes_of``, ``evict_from_page_cache``) let a benchmark
-check, with ``mincore``, that a "cold" read really starts with its files out of memory.
+check, with ``mincore``, that a "cold" read really starts with its files out of memory;
+``step_timings`` uses them (``make_cold``) before its I/O-only and pipelined regions, so a
+store on a memory filesystem (tmpfs, ``/dev/shm``), whose pages cannot be dropped, is
+refused (``ColdReadError``) instead of timing RAM as NVMe.
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ from ..live.cache import Sequence, split_kv
 
 __all__ = ["NeedleKV", "reference_attention", "step_timings", "rss_peak_bytes", "page_cache_bytes", "cached_bytes_of",
            "cached_bytes_in", "evict_from_page_cache", "median", "BALANCED_RATIO", "is_balanced", "balance_verdict",
-           "OVERLAP_LIMIT", "StepCheckError", "overlap_problem"]
+           "OVERLAP_LIMIT", "StepCheckError", "ColdReadError", "overlap_problem", "make_cold", "nvme_chunk_paths"]
 
 #: ``io_only / compute_only`` within this range (inclusive): both sides of similar size, so
 #: the overlap efficiency says something about overlap.
@@ -72,6 +75,13 @@ OUTPUT_RTOL = {torch.float32: 1e-4, torch.float64: 1e-10}
 class StepCheckError(RuntimeError):
     """The pipelined step (``Sequence.attend``) returned other attention than the same
     chunks computed serially: its time would not be the time of the work it stands for."""
+
+
+class ColdReadError(StepCheckError):
+    """The files a timed region reads (a step's NVMe chunk files, a benchmark's disk files)
+    stayed in the page cache after ``POSIX_FADV_DONTNEED`` (a memory filesystem), or
+    residency cannot be checked: the reads timed would not be the cold disk reads they stand
+    for (``make_cold``)."""
 
 
 def median(values) -> float:
@@ -235,7 +245,9 @@ def step_timings(seq: Sequence, layer: int, q: torch.Tensor, repeats: int = 3) -
     memory (copies of the first ``depth`` chunks, made before the I/O clock starts), nothing fetched
     (fresh buffers per chunk would page-fault and flatter the overlap). Pipelined: ``seq.attend``,
     whose every output must match ``_serial_output`` (computed once, untimed) within
-    ``OUTPUT_RTOL``.
+    ``OUTPUT_RTOL``. Before the I/O-only and the pipelined region (untimed) the NVMe chunk
+    files they read are evicted from the page cache and checked with ``mincore``
+    (``make_cold``): their reads are cold disk reads, never RAM.
 
     Every timer read goes through ``_stopwatch(cache.device)``, so on CUDA each region ends
     only when its kernels have finished (and starts after earlier ones have).
@@ -249,6 +261,7 @@ def step_timings(seq: Sequence, layer: int, q: torch.Tensor, repeats: int = 3) -
     Raises:
         ValueError: ``repeats`` below 1.
         StepCheckError: a pipelined output differs from the serial one beyond ``OUTPUT_RTOL``.
+        ColdReadError: the NVMe chunk files stayed in the page cache (or residency is unknown).
     """
     if repeats < 1:
         raise ValueError(f"step_timings: repeats must be at least 1, got {repeats}")
@@ -261,20 +274,14 @@ def step_timings(seq: Sequence, layer: int, q: torch.Tensor, repeats: int = 3) -
     for _ in range(repeats):
         source = seq.stream_source(layer)
         kept = _first_chunks(source, cache.depth)  # untimed: the compute-only pass's blocks
+        paths = nvme_chunk_paths(source)
+        make_cold(paths, "I/O only")
         started = now()
         _wait_for_reads(source, cache.depth)
         io.append(now() - started)
-        started = now()
-        result = None
-        for index in range(source.n_chunks):
-            n = len(source.chunks[index][1])
-            blocks = kept[index % len(kept)]
-            _, k_out, v_out = cache._scratch(index % cache.depth)  # the pipelined step's own buffers
-            k, v = split_kv(blocks[: min(n, blocks.shape[0])], k_out, v_out)
-            part = partial_attention(grouped, k, v)
-            result = part if result is None else merge(result, part)
-        compute.append(now() - started)
+        compute.append(_compute_only(source, kept, grouped, now))
         del kept
+        make_cold(paths, "pipelined")
         started = now()
         out = seq.attend(layer, q)
         piped.append(now() - started)
@@ -284,6 +291,59 @@ def step_timings(seq: Sequence, layer: int, q: torch.Tensor, repeats: int = 3) -
     return {"io_only_seconds": io_s, "compute_only_seconds": compute_s, "pipelined_seconds": piped_s,
             "overlap_efficiency": efficiency, "io_compute_ratio": ratio, "balanced": is_balanced(ratio),
             "plausible": efficiency <= OVERLAP_LIMIT, "output_rel_err": max(errors)}
+
+
+def _compute_only(source, kept: list[torch.Tensor], grouped: torch.Tensor, now: Callable[[], float]) -> float:
+    """The compute-only region: every chunk of ``source``, of its own size, taken from the
+    kept blocks, converted into the pipelined step's own scratch buffers and computed
+    (nothing fetched); returns its seconds on ``now``."""
+    cache = source.cache
+    started = now()
+    result = None
+    for index in range(source.n_chunks):
+        n = len(source.chunks[index][1])
+        blocks = kept[index % len(kept)]
+        _, k_out, v_out = cache._scratch(index % cache.depth)  # the pipelined step's own buffers
+        k, v = split_kv(blocks[: min(n, blocks.shape[0])], k_out, v_out)
+        part = partial_attention(grouped, k, v)
+        result = part if result is None else merge(result, part)
+    return now() - started
+
+
+def nvme_chunk_paths(source) -> list[str]:
+    """The chunk file of every block ``source`` (a ``stream_source``) reads from an NVMe store
+    (a keyed medium with files: ``chunk_path``); remote and memory tiers have none."""
+    paths = []
+    for chunk in source.chunks:
+        for piece in chunk.pieces:
+            medium = source.cache.store._media[piece.tier]
+            if medium.keyed and hasattr(medium, "chunk_path"):
+                slots = [medium.slot_of(key) for key in piece.keys]
+                paths += [medium.chunk_path(slot) for slot in slots if slot is not None]
+    return paths
+
+
+def make_cold(paths: list[str], region: str, what: str = "NVMe chunk files") -> None:
+    """Evicts ``paths`` from the page cache (``evict_from_page_cache``) and checks with
+    ``mincore`` that none of their bytes stayed, so that a read that starts now is cold.
+
+    Args:
+        paths: the files the region reads.
+        region: what reads them, for the message.
+        what: what the files are, for the message.
+
+    Raises:
+        ColdReadError: bytes stayed cached (a memory filesystem such as tmpfs), or residency
+            cannot be checked here (no ``mincore``).
+    """
+    left = evict_from_page_cache(paths)
+    if left is None:
+        raise ColdReadError(f"{region}: the page cache cannot be checked here (no mincore), so no read of the {what} "
+                            "is known to be cold")
+    if left:
+        raise ColdReadError(f"{region}: {left} bytes of the {len(paths)} {what} stayed in the page cache after "
+                            "POSIX_FADV_DONTNEED (a memory filesystem such as tmpfs?): the reads would come from RAM, "
+                            "not the disk; put the files on a disk")
 
 
 def overlap_problem(timing: dict) -> str | None:
