@@ -17,6 +17,7 @@ from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM  # noqa: E4
 from tiercache import TieredKVCache  # noqa: E402
 from tiercache.config import TierConfig  # noqa: E402
 from tiercache.errors import UserError  # noqa: E402
+from tiercache.integrations import checks  # noqa: E402
 from tiercache.integrations.checks import FINGERPRINT  # noqa: E402
 from tiercache.integrations.inputs import model_fingerprint  # noqa: E402
 from tiercache.integrations.transformers import TieredCache, kv_layout, match_prefix, use_tiercache  # noqa: E402
@@ -60,7 +61,7 @@ def test_weights_loaded_in_place_are_fingerprinted_anew_and_the_old_kv_is_not_re
         want_ids, want_logits = _greedy(reference, prompt, DynamicCache(config=reference.config))
         assert torch.equal(ids, want_ids)
         assert (logits - want_logits).abs().max() < 1e-4
-        with pytest.raises(UserError, match="found other weights since this cache was made"):
+        with pytest.raises(UserError, match="weights changed: tiercache found other weights since this cache was made"):
             with torch.no_grad():  # the cache made before the change refuses its next pass
                 model(ids[:, -1:], cache=first)
         cache.free()
@@ -81,3 +82,55 @@ def test_a_change_that_keeps_the_values_keeps_the_fingerprint_and_the_reuse(tmp_
         assert getattr(model, FINGERPRINT) == before
         assert again.cached_tokens == 56  # whole blocks of 8, leaving the last token to compute
         again.free()
+
+
+# ----------------------------------------------------------------------------- review R21
+
+
+def test_a_cache_made_before_a_weight_change_refuses_its_next_pass_with_no_cache_made_between(tmp_path):
+    """R21 finding 1: the old cache checked only the fingerprint stored on the model, which
+    nothing had refreshed: it went on, storing the new weights' KV under the old weights' keys."""
+    model, other = use_tiercache(_model(0)), _model(123)
+    prompt = torch.randint(1, 128, (1, 30), generator=torch.Generator().manual_seed(6))
+    with _kv(tmp_path, model) as kv:
+        cache = TieredCache(kv, model)
+        ids, _ = _greedy(model, prompt, cache, new=2)
+        with torch.no_grad():
+            next(model.parameters()).add_(0.5)  # a LoRA merge, say
+        with pytest.raises(UserError, match="weights changed"):
+            with torch.no_grad():
+                model(ids[:, -1:], cache=cache)
+        model.load_state_dict(other.state_dict())
+        with pytest.raises(UserError, match="weights changed"):
+            _greedy(model, ids, cache, new=2)
+        cache.free()
+
+
+@pytest.mark.parametrize("rope", [
+    {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0},
+    {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0] * 8, "long_factor": [2.0] * 8,
+     "original_max_position_embeddings": 32}])
+def test_rope_buffers_rewritten_as_a_sequence_grows_neither_refingerprint_nor_refuse(tmp_path, monkeypatch, rope):
+    """R21 findings 2 and 3: dynamic and long RoPE rewrite the rotary ``inv_freq`` buffer (long
+    RoPE in place at every pass): the next cache fingerprinted every weight again, and a live
+    cache past the original length was refused as if the weights had changed."""
+    torch.manual_seed(0)
+    model = use_tiercache(LlamaForCausalLM(LlamaConfig(**(CONFIG | {"max_position_embeddings": 64,
+                                                                     "rope_parameters": rope}))).eval())
+    hashed = []
+    real = checks.model_fingerprint
+    monkeypatch.setattr(checks, "model_fingerprint", lambda m: (hashed.append(1), real(m))[1])
+    prompt = torch.randint(1, 128, (1, 20), generator=torch.Generator().manual_seed(1))
+    with _kv(tmp_path, model) as kv:
+        for _ in range(2):
+            cache = TieredCache(kv, model, prompt=prompt)
+            _greedy(model, prompt, cache, new=3)
+            cache.free()
+        first = TieredCache(kv, model)
+        ids, _ = _greedy(model, prompt, first, new=50)  # past max_position_embeddings
+        second = TieredCache(kv, model)
+        with torch.no_grad():
+            model(ids[:, -1:], cache=first)  # goes on
+        assert hashed == []
+        second.free()
+        first.free()

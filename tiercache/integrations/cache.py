@@ -29,7 +29,7 @@ from tiercache.live.cache import TieredKVCache
 from tiercache.live.sequence import Sequence
 
 from .causal import causal_partial, expected_mask
-from .checks import (ATTENTION, FINGERPRINT, check_decoding, current_fingerprint, check_mode, check_model, first_position, kept_columns,
+from .checks import (ATTENTION, FINGERPRINT, check_decoding, current_fingerprint, fingerprint_of_pass, check_mode, check_model, first_position, kept_columns,
                      pass_tokens)
 from .copying import crop_rows, deep_copy, reorder_rows
 from .hooks import TIERED_CACHE, decoder_of
@@ -70,7 +70,7 @@ class TieredCache(Cache):
         namespace: keeps prefixes apart beyond the weights (an adapter, a tenant).
 
     A cache serves the model it was made for only: a pass by another model's decoder, or
-    after ``use_tiercache`` found other weights, is refused (its KV would be keyed by the
+    after its weights changed (``checks.fingerprint_of_pass``), is refused (its KV would be keyed by the
     fingerprint the cache was made with). A cache dropped without ``free()`` releases its
     rows when it is garbage-collected (``release``). ``copy.deepcopy`` makes a second cache
     with its rows' KV (``copying``); it cannot be shallow-copied or pickled.
@@ -160,7 +160,7 @@ class TieredCache(Cache):
 
         Raises:
             UserError: the cache is out of step after a failed pass; a pass by another model
-                than the cache's, or after ``use_tiercache`` found other weights; attention
+                than the cache's, or after its weights changed; attention
                 weights asked for; ids that differ from the prompt; padding other than left
                 padding; custom positions over a reused prefix; a sliding window (of any
                 layer) that the sequence outgrows.
@@ -345,9 +345,9 @@ class TieredCache(Cache):
                             "this cache was made for (its KV would be keyed by that model's weights); make a "
                             "TieredCache(kv, model) for each model")
         model = self._model()
-        if model is not None and getattr(model, FINGERPRINT, None) != self._fingerprint:
-            raise UserError("TieredCache: use_tiercache(model) found other weights since this cache was made (its KV "
-                            "and keys are the old weights'); free() it and make a new TieredCache")
+        if model is not None and fingerprint_of_pass(model) != self._fingerprint:
+            raise UserError("TieredCache: the model's weights changed: tiercache found other weights since this cache was "
+                            "made (its KV and keys are the old weights'); free() it and make a new TieredCache")
 
     def _check_positions(self, position_ids, positioned: list[bool], keep, held: list[int], pads: np.ndarray,
                          count: int) -> None:

@@ -20,7 +20,7 @@ from tiercache.config import KVLayout
 from tiercache.errors import UserError
 from tiercache.live.arguments import flat_token_ids
 
-__all__ = ["kv_layout", "prompt_rows", "left_padding", "model_fingerprint", "weights_stamp", "check_supported", "namespace_bytes",
+__all__ = ["kv_layout", "prompt_rows", "left_padding", "model_fingerprint", "weights_stamp", "stamped_tensors", "tensor_state", "check_supported", "namespace_bytes",
            "other_inputs", "length_dependent_rope", "sliding_windows", "standard_positions", "text_config"]
 
 #: Forward arguments that do not change a pass's KV (beyond ids, mask and cache).
@@ -211,21 +211,38 @@ def model_fingerprint(model: torch.nn.Module) -> bytes:
     return digest.digest()
 
 
+def stamped_tensors(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """The weights and persistent buffers of ``model``, by name: what ``weights_stamp``
+    follows. Non-persistent buffers are left out: they are derived from the config (rotary
+    ``inv_freq``, which dynamic and long RoPE rewrite as a sequence grows, every pass for
+    long RoPE), and a model with such a RoPE keeps its KV private anyway."""
+    named = list(model.named_parameters())
+    for prefix, module in model.named_modules():
+        transient = getattr(module, "_non_persistent_buffers_set", ())
+        named += [(f"{prefix}.{name}" if prefix else name, buffer) for name, buffer in module._buffers.items()
+                  if buffer is not None and name not in transient]
+    return named
+
+
+def tensor_state(tensor: torch.Tensor) -> tuple:
+    """A tensor's storage address and version counter, read without its values (None for
+    the address of a tensor without storage: a subclass)."""
+    try:
+        where = tensor.data_ptr()
+    except RuntimeError:  # no storage: its version still tells
+        where = None
+    return where, tensor._version
+
+
 def weights_stamp(model: torch.nn.Module) -> tuple:
-    """What changes whenever torch replaces or changes a weight or buffer, read without its
-    values: each one's name, identity, storage address and version counter. ``load_state_dict``,
-    an in-place op on a parameter (a LoRA merge through torch), ``model.to`` and a replaced
-    parameter all change it; a write through ``tensor.data`` (which has a version counter of
-    its own) or from outside torch (a numpy view) does not. O(tensors), no value read: cheap
-    enough to check each time a cache is made (``checks.current_fingerprint``)."""
-    stamp = []
-    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
-        try:
-            where = tensor.data_ptr()
-        except RuntimeError:  # no storage (a tensor subclass): its identity and version still tell
-            where = None
-        stamp.append((name, id(tensor), where, tensor._version))
-    return tuple(stamp)
+    """What changes whenever torch replaces or changes a weight or persistent buffer, read
+    without its values (``stamped_tensors``): each one's name, identity, storage address and
+    version counter. ``load_state_dict``, an in-place op on a parameter (a LoRA merge through
+    torch), ``model.to`` and a replaced parameter all change it; a write through
+    ``tensor.data`` (which has a version counter of its own) or from outside torch (a numpy
+    view) does not. O(tensors), no value read: cheap enough to check each time a cache is made
+    (``checks.current_fingerprint``)."""
+    return tuple((name, id(tensor), *tensor_state(tensor)) for name, tensor in stamped_tensors(model))
 
 
 def _update_framed(digest, text: bytes) -> None:
