@@ -118,8 +118,12 @@ def _load(name: str, table: dict[str, str], kind: str, base: type) -> type:
     Raises:
         PolicyError: unknown name, a relative or unloadable target (whatever its module
             raises on import), or a target that is not a subclass of ``base`` or leaves one
-            of ``base``'s methods unimplemented (``base`` itself, for instance).
+            of ``base``'s methods unimplemented (``base`` itself, for instance), or a name
+            that is not a string.
     """
+    if not isinstance(name, str):
+        raise PolicyError(f"{kind} policy must be a name (a str), got {type(name).__name__} {name!r}; "
+                          f"known: {', '.join(sorted(table))} (or module:Class)")
     key = name.strip()
     target = table.get(key.lower())
     if target is None and ":" in key:

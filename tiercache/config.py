@@ -258,6 +258,10 @@ class KVLayout:
                 raise ConfigError(f"KVLayout.{attr}: must be a positive integer, got {value!r}")
         if self.dtype not in DTYPE_BYTES:
             raise ConfigError(f"KVLayout.dtype: unknown dtype {self.dtype!r}; known: {', '.join(DTYPE_BYTES)}")
+        if not isinstance(self.per_layer, bool):
+            raise ConfigError(f"KVLayout.per_layer: must be True or False, got {self.per_layer!r}")
+        if not isinstance(self.name, str):
+            raise ConfigError(f"KVLayout.name: must be a str, got {self.name!r}")
 
     @property
     def dtype_bytes(self) -> int:

@@ -70,6 +70,13 @@ class RemoteConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.write, RemoteWrite):
             raise ConfigError(f"RemoteConfig.write must be a RemoteWrite ({', '.join(w.value for w in RemoteWrite)}), got {self.write!r}")
+        for name in ("master", "metadata", "local_host", "protocol", "device"):
+            if not isinstance(getattr(self, name), str):
+                raise ConfigError(f"RemoteConfig.{name} must be a str, got {type(getattr(self, name)).__name__} "
+                                  f"{getattr(self, name)!r}")
+        if not self.local_host or not self.protocol:
+            raise ConfigError(f"RemoteConfig: local_host and protocol must not be empty, got {self.local_host!r} and "
+                              f"{self.protocol!r}")
         if not re.fullmatch(r"[^:\s]+:[0-9]{1,5}", str(self.master)):
             raise ConfigError(f"RemoteConfig.master must be host:port, got {self.master!r}")
         if not str(self.metadata).startswith(("http://", "etcd://")) and self.metadata != "P2PHANDSHAKE":

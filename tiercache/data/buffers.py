@@ -151,6 +151,9 @@ def check_blocks(blocks: torch.Tensor, layout: KVLayout, count: int, what: str, 
         raise UserError(f"{what}: expected a torch.Tensor, got {type(blocks).__name__}")
     if blocks.device.type == "meta":
         raise UserError(f"{what}: a tensor on the meta device holds no data")
+    if blocks.layout != torch.strided:
+        raise UserError(f"{what}: expected a dense tensor, got layout {str(blocks.layout).replace('torch.', '')} "
+                        "(call .to_dense() first)")
     expected_dtype = torch_dtype(layout.dtype)
     if blocks.dtype != expected_dtype:
         raise UserError(f"{what}: expected dtype {layout.dtype}, got {str(blocks.dtype).replace('torch.', '')}")

@@ -54,8 +54,10 @@ _ZARR_PARTIAL = re.compile(r"zarr\.[0-9a-f]+\.partial")  # zarr's temp file whil
 
 
 def check_path(path: object, what: str) -> str:
-    """``path`` as a ``str``: it must be a ``str`` or an ``os.PathLike`` of one, without a
-    NUL byte (which no file name can hold).
+    """``path`` as an absolute ``str`` (``os.path.abspath``: a store opened under a relative
+    path keeps its directory when the process changes its working directory): it must be a
+    non-empty ``str`` or an ``os.PathLike`` of one, without a NUL byte (which no file name
+    can hold).
 
     Raises:
         UserError: naming ``what``, the path and what is wrong with it.
@@ -68,7 +70,9 @@ def check_path(path: object, what: str) -> str:
         raise UserError(f"{what}: path must be a str or os.PathLike of a str, got {type(path).__name__} {path!r}")
     if "\0" in text:
         raise UserError(f"{what}: path {text!r} holds a NUL byte")
-    return text
+    if not text:
+        raise UserError(f"{what}: path is empty")
+    return os.path.abspath(text)
 
 
 def check_arguments(path: object, layout: object, compression: object, io_threads: object) -> str:

@@ -195,8 +195,12 @@ def _open_record(record: str | os.PathLike, block_tokens: int, adopted: Seq[tupl
     leaves whole lines.
 
     Raises:
-        UserError: it cannot be opened (naming ``record=``, the path and the OS's reason).
+        UserError: it is not a path (an int would be taken as a file descriptor the caller
+            owns, and closed at close), or it cannot be opened (naming ``record=``, the path
+            and the OS's reason).
     """
+    if not isinstance(record, (str, bytes, os.PathLike)):
+        raise UserError(f"TieredKVCache: record must be a path (str or os.PathLike), got {type(record).__name__} {record!r}")
     try:
         f = open(record, "w", encoding="utf-8", buffering=1)  # noqa: SIM115 - closed by TieredKVCache.close()
     except OSError as exc:

@@ -62,9 +62,11 @@ class KeyMap:
 
     @staticmethod
     def check_keys(keys: object, what: str) -> list[bytes]:
-        """``keys`` as a list, after checking it is a list or tuple of 16-byte ``bytes``, none
-        a scratch key (``is_scratch``: ending in ``SCRATCH_TAG``, which only a decode sequence's
-        private keys may; such a block would be deleted, never persisted, at close and reopen).
+        """``keys`` as a list of plain ``bytes`` (a subclass's, ``numpy.bytes_``, is copied into
+        one: the NVMe tier stores exactly ``bytes``), after checking it is a list or tuple of
+        16-byte ``bytes``, none a scratch key (``is_scratch``: ending in ``SCRATCH_TAG``, which
+        only a decode sequence's private keys may; such a block would be deleted, never
+        persisted, at close and reopen).
 
         Raises:
             UserError: naming the call, the position and what was wrong.
@@ -79,7 +81,7 @@ class KeyMap:
             if is_scratch(key):
                 raise UserError(f"{what}: keys[{index}] ({key.hex()}) ends in SCRATCH_TAG ({SCRATCH_TAG.hex()}), "
                                 "which marks a decode's private scratch keys (deleted at close): use another key")
-        return list(keys)
+        return [key if type(key) is bytes else bytes(key) for key in keys]
 
     def ids(self, keys: Sequence[bytes], register: bool) -> list[int | None]:
         """Manager ids of ``keys``; None for a key whose id belongs to another key.

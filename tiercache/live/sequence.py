@@ -123,7 +123,9 @@ class Sequence(NoCopies):
     def add_tokens(self, token_ids: Seq[int]) -> None:
         """Tells the sequence the ids of tokens it generated, so the blocks they fill get
         content keys a later request's ``match_prefix`` can find (none past a private
-        ``forget_tokens``). ``[n]`` or ``[1, n]`` ids; a batch raises UserError (``flat_token_ids``)."""
+        ``forget_tokens``). ``[n]`` or ``[1, n]`` ids; a batch, or a freed sequence, raises
+        UserError (``flat_token_ids``)."""
+        self._check_live("add_tokens")
         self._tokens = np.concatenate([self._tokens, flat_token_ids(token_ids, "token_ids")])
 
     @torch.no_grad()  # KV caching is not differentiable: never keep an autograd graph alive

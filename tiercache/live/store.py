@@ -75,6 +75,8 @@ class TieredKVStore(StoreReads, NoCopies):
     def __init__(self, layout: KVLayout, tiers: Sequence[TierConfig], eviction: str | None = None, admission: str | None = None,
                  path: str | os.PathLike | None = None, device: str | None = None, write_through: bool = False) -> None:
         check_layout(layout)
+        check_flag(write_through, "TieredKVStore: write_through")
+        write_through = bool(write_through)  # numpy's bool too
         check_tiers(tiers, path, layout)
         check_remote_write(tiers, write_through)
         check_online(eviction, tiers)
