@@ -134,3 +134,37 @@ def test_rope_buffers_rewritten_as_a_sequence_grows_neither_refingerprint_nor_re
         assert hashed == []
         second.free()
         first.free()
+
+
+# ----------------------------------------------------------------------------- review R22
+
+
+def test_a_rewritten_rotary_buffer_of_a_static_rope_changes_the_keys(tmp_path):
+    """R22 finding 1: the stamp left out the non-persistent ``inv_freq`` that the fingerprint
+    hashes, so after a change of it a new cache reused 32 tokens of KV made with the old RoPE."""
+    model = use_tiercache(_model(0))
+    prompt = torch.randint(1, 128, (1, 33), generator=torch.Generator().manual_seed(7))
+    with _kv(tmp_path, model) as kv:
+        first = TieredCache(kv, model, prompt=prompt)
+        ids, _ = _greedy(model, prompt, first, new=2)
+        with torch.no_grad():
+            model.model.rotary_emb.inv_freq.mul_(0.5)
+        with pytest.raises(UserError, match="weights changed"):
+            with torch.no_grad():
+                model(ids[:, -1:], cache=first)
+        first.free()
+        again = TieredCache(kv, model, prompt=prompt)
+        assert again.cached_tokens == 0
+        again.free()
+
+
+def test_a_model_built_under_inference_mode_can_be_readied(tmp_path):
+    """R22 finding 3: an inference tensor keeps no version counter; reading it raised."""
+    with torch.inference_mode():
+        model = use_tiercache(_model(0))
+        prompt = torch.randint(1, 128, (1, 12), generator=torch.Generator().manual_seed(8))
+        with _kv(tmp_path, model) as kv:
+            cache = TieredCache(kv, model)
+            ids = model.generate(prompt, cache=cache, max_new_tokens=2, do_sample=False)
+            assert ids.shape == (1, 14)
+            cache.free()

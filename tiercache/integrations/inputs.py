@@ -212,13 +212,16 @@ def model_fingerprint(model: torch.nn.Module) -> bytes:
 
 
 def stamped_tensors(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
-    """The weights and persistent buffers of ``model``, by name: what ``weights_stamp``
-    follows. Non-persistent buffers are left out: they are derived from the config (rotary
-    ``inv_freq``, which dynamic and long RoPE rewrite as a sequence grows, every pass for
-    long RoPE), and a model with such a RoPE keeps its KV private anyway."""
+    """The weights and buffers of ``model``, by name: what ``weights_stamp`` follows. With a
+    length-dependent RoPE (``length_dependent_rope``: dynamic, long RoPE...) the
+    non-persistent buffers are left out: such a RoPE rewrites its ``inv_freq`` as a sequence
+    grows (long RoPE in place at every pass), and such a model's KV is private anyway (never
+    keyed, never reused). Every other model's are followed, as ``model_fingerprint`` hashes
+    them: a replaced or rewritten ``inv_freq`` changes its KV."""
     named = list(model.named_parameters())
+    skip_transient = bool(length_dependent_rope(model.config))
     for prefix, module in model.named_modules():
-        transient = getattr(module, "_non_persistent_buffers_set", ())
+        transient = getattr(module, "_non_persistent_buffers_set", ()) if skip_transient else ()
         named += [(f"{prefix}.{name}" if prefix else name, buffer) for name, buffer in module._buffers.items()
                   if buffer is not None and name not in transient]
     return named
@@ -226,12 +229,17 @@ def stamped_tensors(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
 
 def tensor_state(tensor: torch.Tensor) -> tuple:
     """A tensor's storage address and version counter, read without its values (None for
-    the address of a tensor without storage: a subclass)."""
+    what cannot be read: the address of a tensor without storage, a subclass; the version of
+    an inference tensor, which keeps none)."""
     try:
         where = tensor.data_ptr()
     except RuntimeError:  # no storage: its version still tells
         where = None
-    return where, tensor._version
+    try:
+        version = tensor._version
+    except RuntimeError:  # an inference tensor (made under torch.inference_mode()) tracks no version
+        version = None
+    return where, version
 
 
 def weights_stamp(model: torch.nn.Module) -> tuple:
