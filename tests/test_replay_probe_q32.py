@@ -102,3 +102,12 @@ def test_the_fleet_replay_stops_there_too(tmp_path):
                  "--out", str(out)]) == 0
     run = json.loads(out.read_text())["runs"][0]
     assert run["hits"] == 1 and run["prefill_tokens_saved"] == 512
+
+
+def test_trace_inspect_gives_a_time_span_near_2_63_ms_exactly(tmp_path, capsys):
+    """Finding 2: the span was divided as a float (9223372036854776.000 s)."""
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(json.dumps({"timestamp": 0, "input_length": 512, "output_length": 1, "hash_ids": [1]}) + "\n"
+                     + json.dumps({"timestamp": 2**63 - 1, "input_length": 512, "output_length": 1, "hash_ids": [1]}) + "\n")
+    assert main(["trace", "inspect", str(trace)]) == 0
+    assert "9223372036854775.807 s" in capsys.readouterr().out

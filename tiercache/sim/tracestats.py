@@ -197,7 +197,8 @@ def trace_stats(path: str | os.PathLike) -> TraceStats:
         flat, writes, is_read = trace.requests, 0, np.ones(len(ids), dtype=bool)
         prefix = _prefix_hits(ids, starts) / len(ids) if len(ids) else 0.0
         tokens = _pct(flat.input_lengths)
-        span = f"{(flat.timestamps.max() - flat.timestamps.min()) / 1000:.3f} s"
+        millis = int(flat.timestamps.max()) - int(flat.timestamps.min())  # exact: no float near 2**63
+        span = f"{millis // 1000}.{millis % 1000:03d} s"
     else:
         steps, prefix, tokens = trace.steps, None, None
         writes, is_read = int(steps.is_write.sum()), ~steps.is_write
