@@ -73,8 +73,12 @@ class InsertMixin:
         """``store_fresh`` of a run held in local ``tier`` (None: in no local tier); returns the
         ids whose view entries left the view."""
         if tier is None:
+            # The view entries leave first: the call's bytes replace them, and an insert cascading
+            # out of the local tiers must write its block to the shared tier (a value a view entry
+            # names may be gone), never drop the local copy on the strength of that entry.
+            left = self._leave_view(run, unconditionally=True)
             self._insert_new(run, None)
-            return self._leave_view(run)
+            return left + self._leave_view(run)
         if tier == 0 or not self._renew_at_top(run, tier, None):
             self._hooks[tier].on_access(run, None)
         return []
@@ -86,14 +90,16 @@ class InsertMixin:
                        if j in self._running and not plan.keep_source and not wanted.isdisjoint(plan.ids)]:
             self.wait(job_id)
 
-    def _leave_view(self, ids: Sequence[int]) -> list[int]:
-        """Entries of the shared tier whose blocks ``ids`` now have a local copy leave it (the
-        value stays in the store for the others; a pinned entry stays), counted nothing: the
-        block did not leave the hierarchy. Returns their ids."""
+    def _leave_view(self, ids: Sequence[int], unconditionally: bool = False) -> list[int]:
+        """Entries of the shared tier whose blocks ``ids`` now have a local copy (any entry of
+        ``ids`` when ``unconditionally``: blocks about to be stored from a writer's bytes) leave
+        it (the value stays in the store for the others; a pinned entry stays), counted
+        nothing. Returns their ids."""
         if self.shared is None:
             return []
         view = self.dirs[self.shared]
-        gone = [b for b in ids if b in view.slot_of and b not in view.pins and self.locate(b) != self.shared]
+        gone = [b for b in ids if b in view.slot_of and b not in view.pins
+                and (unconditionally or self.locate(b) != self.shared)]
         if gone:
             self._hooks[self.shared].on_remove(gone)
             self.engine.discard(self.shared, gone, view.remove(gone))
