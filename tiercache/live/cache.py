@@ -185,6 +185,23 @@ def _refuse_remote(tiers) -> None:
                             "TieredKVStore (put_tokens, get_prefix) with the remote tier")
 
 
+def _refuse_gated_copies(tiers, admission: str | None, write_through: bool) -> None:
+    """Raises UserError for a write-through hierarchy whose lower tiers admit blocks
+    selectively (``admission`` or a ``TierConfig``'s other than ``always``): write-through
+    drops an HBM victim instead of moving it down, so a sequence's block whose copies were
+    refused could only stay in HBM, and held blocks would pin it (an append that fits refused,
+    and a replay of the recorded steps counting otherwise)."""
+    if not write_through or not isinstance(tiers, (list, tuple)):
+        return  # anything else: the store's checks name it
+    names = [admission or getattr(t, "admission", "always") for t in tiers[1:]]
+    gated = sorted({str(n) for n in names if str(n).strip().lower() != "always"})
+    if gated:
+        raise UserError(f"TieredKVCache: write_through=True with admission {', '.join(gated)}: a write-through "
+                        "hierarchy drops HBM victims instead of moving them down, so a sequence's block whose lower "
+                        "copies were refused could only stay in HBM; use admission 'always' with write_through, or "
+                        "the exclusive hierarchy (write_through=False) with an admission policy")
+
+
 def _open_record(record: str | os.PathLike, block_tokens: int, adopted: Seq[tuple[str, Seq[int]]]) -> IO[str]:
     """The step-trace file ``record`` opened for writing, its ``block_tokens`` header written,
     then the blocks the store ``adopted`` when it opened, where they lie (``resident`` records
@@ -259,6 +276,7 @@ class TieredKVCache(NoCopies):
                  keep_reports: int = 1024) -> None:
         _check_options(window_blocks, depth, sink_blocks, recent_blocks, speculate, keep_reports)
         _refuse_remote(tiers)
+        _refuse_gated_copies(tiers, admission, write_through)
         self.layout = replace(layout, per_layer=True) if isinstance(layout, KVLayout) else layout
         self.prefetch_policy = make_prefetch(prefetch)
         self.window_blocks, self.depth = window_blocks, depth

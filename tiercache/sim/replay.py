@@ -236,9 +236,19 @@ def check_run(spec: RunSpec, trace: Trace) -> None:
     (``DecodeReplay``), but not a recorded decode run's fields nor a prefetch policy: the
     driver's prefetch planning and a recorded run give no next uses.
 
+    A recorded decode run (its decode fields: sequences hold blocks) is refused under
+    ``--write-through`` with an admission other than ``always``, as ``TieredKVCache`` refuses
+    it: a held block whose lower copies were refused could only stay in HBM.
+
     Raises:
-        UserError: such a run; the message names ``--policy`` and what gives no future.
+        UserError: such a run; the message names ``--policy`` and what gives no future, or
+            the write-through and admission options.
     """
+    recorded = trace.kind is TraceKind.STEPS and trace.steps is not None and trace.steps.decode
+    if recorded and spec.write_through and spec.admission != "always":
+        raise UserError(f"--write-through with --admission {spec.admission}: the decode cache refuses that hierarchy "
+                        f"(a held block whose lower copies were refused could only stay in HBM), so the run recorded in "
+                        f"{trace.path} cannot be replayed under it; drop one of them")
     if trace.kind is not TraceKind.STEPS or not get_eviction(spec.policy).needs_future:
         return
     if spec.prefetch != "none":
