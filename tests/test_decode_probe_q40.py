@@ -61,3 +61,29 @@ def test_a_recorded_run_is_not_replayed_under_write_through_with_a_selective_adm
     assert main(argv + ["--admission", "tinylfu", "--write-through"]) == 2
     err = capsys.readouterr().err
     assert "--write-through with --admission tinylfu: the decode cache refuses that hierarchy" in err
+
+
+def test_an_admit_all_policy_by_module_path_passes_and_an_unknown_name_is_named(tmp_path):
+    """Review R23: the check went by name (an admit-all module:Class was refused) and ran
+    before the names were checked (a typo was told it was a write-through problem)."""
+    from tiercache.policies import PolicyError
+
+    with TieredKVCache(LAYOUT, _tiers(), admission="tiercache.policies.admission_always:AlwaysAdmit",
+                       path=tmp_path / "nvme", device="cpu", write_through=True):
+        pass
+    with pytest.raises(PolicyError, match="unknown admission policy 'bogus'"):
+        TieredKVCache(LAYOUT, _tiers(), admission="bogus", path=tmp_path / "other", device="cpu", write_through=True)
+
+
+def test_a_step_trace_whose_records_hold_nothing_replays_under_write_through_with_any_admission(tmp_path):
+    """Review R23: the replay refused any trace with decode fields; only holds pin HBM."""
+    import json
+
+    from tiercache.cli import main
+
+    trace = tmp_path / "ahead.jsonl"
+    lines = ['{"block_tokens": 2}'] + [json.dumps({"step": s, "layer": 0, "read": list(range(s)), "write": [s],
+                                                  "ahead": list(range(min(s, 2)))}) for s in range(8)]
+    trace.write_text("\n".join(lines) + "\n")
+    assert main(["replay", str(trace), "--tiers", "hbm=2,nvme=40", "--workers", "1", "--no-progress",
+                 "--admission", "tinylfu", "--write-through"]) == 0

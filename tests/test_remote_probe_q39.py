@@ -50,3 +50,31 @@ def test_a_put_larger_than_the_local_tiers_over_a_stale_view_keeps_every_block(m
         assert all(_stored_remotely(b, keys[:5]))  # the head pushed out went to the store, written
         assert b.get_prefix(keys).equal(kv)
         b.check_invariants()
+
+
+def test_a_refused_put_leaves_a_readers_pinned_view_entries_in_the_view(master):
+    """Review R23 of that fix: the entries left the view before the insert even where a reader
+    had pinned them; with HBM full of pinned blocks the insert was refused, so the pinned blocks
+    were in no tier (``check_invariants`` failed, ``release`` raised KeyError)."""
+    kv, tokens = blocks(4, seed=23), list(range(230_000, 230_000 + 4 * BT))
+    keys = prefix_keys(tokens, BT, "r23")
+    other_kv, other_tokens = blocks(2, seed=24), list(range(240_000, 240_000 + 2 * BT))
+    other = prefix_keys(other_tokens, BT, "r23-other")
+    with open_store(remote_config(master), hbm=8, dram=8, nvme=0) as a, \
+            open_store(remote_config(master), hbm=2, dram=2, nvme=0) as b:
+        a.put_tokens(tokens, kv, namespace="r23")
+        a.wait()
+        b.put_tokens(other_tokens, other_kv, namespace="r23-other")
+        b.wait()
+        b.pin(other)  # HBM full of pinned blocks: an insert there is refused
+        assert b.lookup(keys) == (4, ["remote"] * 4)
+        b.pin(keys[:2])  # a reader pins two view entries
+        assert b.put_tokens(tokens, kv, namespace="r23") == 0
+        b.wait()
+        b.check_invariants()
+        assert b.lookup(keys[:2])[1] == ["remote", "remote"]
+        b.release(keys[:2])
+        b.release(other)
+        for i, k in enumerate(keys):
+            assert b.get([k])[0].equal(kv[i]), i
+        b.check_invariants()

@@ -92,14 +92,16 @@ class InsertMixin:
 
     def _leave_view(self, ids: Sequence[int], unconditionally: bool = False) -> list[int]:
         """Entries of the shared tier whose blocks ``ids`` now have a local copy (any entry of
-        ``ids`` when ``unconditionally``: blocks about to be stored from a writer's bytes) leave
-        it (the value stays in the store for the others; a pinned entry stays), counted
-        nothing. Returns their ids."""
+        ``ids`` when ``unconditionally``: blocks about to be stored from a writer's bytes, but
+        those a reader references or a sequence holds, whose entry must stay if the insert is
+        refused) leave it (the value stays in the store for the others; a pinned entry stays),
+        counted nothing. Returns their ids."""
         if self.shared is None:
             return []
         view = self.dirs[self.shared]
         gone = [b for b in ids if b in view.slot_of and b not in view.pins
-                and (unconditionally or self.locate(b) != self.shared)]
+                and (self.locate(b) != self.shared
+                     or (unconditionally and b not in self.refs and b not in self.held))]
         if gone:
             self._hooks[self.shared].on_remove(gone)
             self.engine.discard(self.shared, gone, view.remove(gone))

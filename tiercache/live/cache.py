@@ -54,7 +54,8 @@ from tiercache.data.buffers import normal_tensors, torch_dtype
 from tiercache.data.pools import BlockPool
 from tiercache.errors import UserError
 from tiercache.keys import layer_key, prefix_keys
-from tiercache.policies import make_prefetch
+from tiercache.policies import make_admission, make_prefetch
+from tiercache.policies.admission_always import AlwaysAdmit
 from tiercache.sim.steptrace import HEADER_FIELD, StepRecord, step_json
 
 #: Block ids per ``resident`` record a recording writes (a line of about 1.4 MB at most, far
@@ -187,14 +188,15 @@ def _refuse_remote(tiers) -> None:
 
 def _refuse_gated_copies(tiers, admission: str | None, write_through: bool) -> None:
     """Raises UserError for a write-through hierarchy whose lower tiers admit blocks
-    selectively (``admission`` or a ``TierConfig``'s other than ``always``): write-through
+    selectively (``admission``, or a ``TierConfig``'s, not an ``AlwaysAdmit``): write-through
     drops an HBM victim instead of moving it down, so a sequence's block whose copies were
     refused could only stay in HBM, and held blocks would pin it (an append that fits refused,
     and a replay of the recorded steps counting otherwise)."""
     if not write_through or not isinstance(tiers, (list, tuple)):
         return  # anything else: the store's checks name it
-    names = [admission or getattr(t, "admission", "always") for t in tiers[1:]]
-    gated = sorted({str(n) for n in names if str(n).strip().lower() != "always"})
+    names = {admission or getattr(t, "admission", "always") for t in tiers[1:]}
+    # make_admission names an unknown policy (PolicyError); a module:Class admitting all passes
+    gated = sorted(str(n) for n in names if not isinstance(make_admission(n), AlwaysAdmit))
     if gated:
         raise UserError(f"TieredKVCache: write_through=True with admission {', '.join(gated)}: a write-through "
                         "hierarchy drops HBM victims instead of moving them down, so a sequence's block whose lower "

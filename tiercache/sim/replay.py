@@ -31,6 +31,7 @@ from tiercache.core.stats import HierarchyStats, TierCounters
 from tiercache.errors import UserError
 from tiercache.policies import (ADMISSION, EVICTION, PLACEMENT, PREFETCH, Hints, canonical_name, get_eviction, make_admission,
                                 make_eviction, make_placement)
+from tiercache.policies.admission_always import AlwaysAdmit
 from tiercache.results import Mode, RunRecord, Semantics, TierRecord, TraceKind
 
 from .array_manager import ArrayTierManager, kernel_replay_possible, state_bytes
@@ -236,16 +237,18 @@ def check_run(spec: RunSpec, trace: Trace) -> None:
     (``DecodeReplay``), but not a recorded decode run's fields nor a prefetch policy: the
     driver's prefetch planning and a recorded run give no next uses.
 
-    A recorded decode run (its decode fields: sequences hold blocks) is refused under
-    ``--write-through`` with an admission other than ``always``, as ``TieredKVCache`` refuses
-    it: a held block whose lower copies were refused could only stay in HBM.
+    A recorded decode run whose sequences hold blocks (``hold`` fields) is refused under
+    ``--write-through`` with an admission that does not admit everything, as
+    ``TieredKVCache`` refuses it: a held block whose lower copies were refused could only
+    stay in HBM.
 
     Raises:
         UserError: such a run; the message names ``--policy`` and what gives no future, or
             the write-through and admission options.
     """
-    recorded = trace.kind is TraceKind.STEPS and trace.steps is not None and trace.steps.decode
-    if recorded and spec.write_through and spec.admission != "always":
+    decode = trace.steps.decode if trace.kind is TraceKind.STEPS and trace.steps is not None else None
+    holds = bool(decode) and any(fields.hold for fields in decode.values())
+    if holds and spec.write_through and not isinstance(make_admission(spec.admission), AlwaysAdmit):
         raise UserError(f"--write-through with --admission {spec.admission}: the decode cache refuses that hierarchy "
                         f"(a held block whose lower copies were refused could only stay in HBM), so the run recorded in "
                         f"{trace.path} cannot be replayed under it; drop one of them")
