@@ -78,3 +78,28 @@ def test_a_refused_put_leaves_a_readers_pinned_view_entries_in_the_view(master):
         for i, k in enumerate(keys):
             assert b.get([k])[0].equal(kv[i]), i
         b.check_invariants()
+
+
+def test_a_selective_prefix_read_counts_hits_on_its_head_only(master):
+    """Review R23, finding 3: ``get_prefix`` counted hits on every locally held block of the
+    keys, past the prefix's first missing block too, so under ``selective`` a read that returned
+    nothing published blocks 5 and 7-11, whose parents the store lacked."""
+    n = 12
+    kv, tokens = blocks(n, seed=25), list(range(250_000, 250_000 + n * BT))
+    keys = prefix_keys(tokens, BT, "r23-selective")
+    with open_store(remote_config(master), hbm=8, dram=8, nvme=0) as a, \
+            open_store(remote_config(master, RemoteWrite.SELECTIVE), hbm=2, dram=2, nvme=3) as b:
+        a.put_tokens(tokens, kv, namespace="r23-selective")
+        a.wait()
+        assert b.lookup(keys) == (n, ["remote"] * n)
+        client, tag = a._media[-1].client, a._media[-1].tag
+        for k in keys:
+            client.remove(value_name(tag, k), True)
+        assert b.put_tokens(tokens, kv, namespace="r23-selective") == 7  # selective drops the cold head
+        b.wait()
+        for _ in range(3):  # each read would count a hit on the held tail (write_hits is 2)
+            assert b.get_prefix(keys).shape[0] == 0
+        b.wait()
+        assert b.stats()["remote"]["puts"] == 0
+        assert not any(_stored_remotely(b, keys))
+        b.check_invariants()
