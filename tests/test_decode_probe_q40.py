@@ -87,3 +87,28 @@ def test_a_step_trace_whose_records_hold_nothing_replays_under_write_through_wit
     trace.write_text("\n".join(lines) + "\n")
     assert main(["replay", str(trace), "--tiers", "hbm=2,nvme=40", "--workers", "1", "--no-progress",
                  "--admission", "tinylfu", "--write-through"]) == 0
+
+
+def test_a_subclass_of_always_admit_that_may_refuse_is_refused_and_a_list_is_named(tmp_path, monkeypatch):
+    """Review R24: an ``AlwaysAdmit`` subclass overriding ``admit`` passed the check; an
+    unhashable ``TierConfig.admission`` raised a bare TypeError."""
+    import sys
+    import types
+
+    from tiercache.policies import PolicyError
+    from tiercache.policies.admission_always import AlwaysAdmit
+
+    module = types.ModuleType("q40_picky")
+
+    class Picky(AlwaysAdmit):
+        def admit(self, *args, **kwargs):  # refuses every block
+            return False
+
+    module.Picky = Picky
+    monkeypatch.setitem(sys.modules, "q40_picky", module)
+    with pytest.raises(UserError, match="write_through=True with admission q40_picky:Picky"):
+        TieredKVCache(LAYOUT, _tiers(), admission="q40_picky:Picky", path=tmp_path / "a", device="cpu",
+                      write_through=True)
+    with pytest.raises(PolicyError, match=r"admission policy must be a name \(a str\), got list"):
+        TieredKVCache(LAYOUT, [TierConfig("hbm", 2), TierConfig("nvme", 40, admission=["x"])],
+                      path=tmp_path / "b", device="cpu", write_through=True)

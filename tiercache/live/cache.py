@@ -188,15 +188,16 @@ def _refuse_remote(tiers) -> None:
 
 def _refuse_gated_copies(tiers, admission: str | None, write_through: bool) -> None:
     """Raises UserError for a write-through hierarchy whose lower tiers admit blocks
-    selectively (``admission``, or a ``TierConfig``'s, not an ``AlwaysAdmit``): write-through
+    selectively (``admission``, or a ``TierConfig``'s, other than ``AlwaysAdmit`` itself): write-through
     drops an HBM victim instead of moving it down, so a sequence's block whose copies were
     refused could only stay in HBM, and held blocks would pin it (an append that fits refused,
     and a replay of the recorded steps counting otherwise)."""
     if not write_through or not isinstance(tiers, (list, tuple)):
         return  # anything else: the store's checks name it
-    names = {admission or getattr(t, "admission", "always") for t in tiers[1:]}
-    # make_admission names an unknown policy (PolicyError); a module:Class admitting all passes
-    gated = sorted(str(n) for n in names if not isinstance(make_admission(n), AlwaysAdmit))
+    names = [admission or getattr(t, "admission", "always") for t in tiers[1:]]
+    # make_admission names an unknown policy, or one that is no name (PolicyError); AlwaysAdmit by
+    # any name passes (a subclass may refuse: it does not)
+    gated = sorted({str(n) for n in names if type(make_admission(n)) is not AlwaysAdmit})
     if gated:
         raise UserError(f"TieredKVCache: write_through=True with admission {', '.join(gated)}: a write-through "
                         "hierarchy drops HBM victims instead of moving them down, so a sequence's block whose lower "

@@ -248,7 +248,7 @@ def check_run(spec: RunSpec, trace: Trace) -> None:
     """
     decode = trace.steps.decode if trace.kind is TraceKind.STEPS and trace.steps is not None else None
     holds = bool(decode) and any(fields.hold for fields in decode.values())
-    if holds and spec.write_through and not isinstance(make_admission(spec.admission), AlwaysAdmit):
+    if holds and spec.write_through and type(make_admission(spec.admission)) is not AlwaysAdmit:
         raise UserError(f"--write-through with --admission {spec.admission}: the decode cache refuses that hierarchy "
                         f"(a held block whose lower copies were refused could only stay in HBM), so the run recorded in "
                         f"{trace.path} cannot be replayed under it; drop one of them")
