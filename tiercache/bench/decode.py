@@ -23,7 +23,7 @@ computed serially, untimed (``StepCheckError`` otherwise), and an efficiency abo
 (``_stopwatch``): kernels are asynchronous, and an unsynchronised clock would time their
 launches only.
 
-The page-cache helpers (``cached_bytes_of``, ``evict_from_page_cache``) let a benchmark
+The page-cache helpers (``pagecache``: ``cached_bytes_of``, ``evict_from_page_cache``) let a benchmark
 check, with ``mincore``, that a "cold" read really starts with its files out of memory;
 ``step_timings`` uses them (``make_cold``) before its I/O-only and pipelined regions, so a
 store on a memory filesystem (tmpfs, ``/dev/shm``), whose pages cannot be dropped, is
@@ -32,22 +32,20 @@ refused (``ColdReadError``) instead of timing RAM as NVMe.
 
 from __future__ import annotations
 
-import ctypes
 import math
-import mmap
 import os
 import resource
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Callable
 
 import numpy as np
 import torch
 
 from ..attention import _grouped, compute_dtype, merge, partial_attention
-from ..data.chunkio import drop_file_cache
 from ..live.cache import Sequence, split_kv
+from .pagecache import cached_bytes_in, cached_bytes_of, evict_from_page_cache, page_cache_bytes
 
 __all__ = ["NeedleKV", "reference_attention", "step_timings", "rss_peak_bytes", "page_cache_bytes", "cached_bytes_of",
            "cached_bytes_in", "evict_from_page_cache", "median", "BALANCED_RATIO", "is_balanced", "balance_verdict",
@@ -416,97 +414,6 @@ def _wait_for_reads(source, depth: int) -> None:
 def rss_peak_bytes() -> int:
     """Peak resident set of this process (``ru_maxrss``, KiB on Linux)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
-def page_cache_bytes() -> int:
-    """The kernel's file page cache: ``Cached`` minus ``Shmem`` of /proc/meminfo (shared
-    anonymous memory, such as the DRAM and CPU-side HBM pools, is counted in ``Cached``
-    but holds no file pages); 0 where unavailable."""
-    fields: dict[str, int] = {}
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                name, _, rest = line.partition(":")
-                if name in ("Cached", "Shmem"):
-                    fields[name] = int(rest.split()[0]) * 1024
-    except OSError:
-        return 0
-    return max(0, fields.get("Cached", 0) - fields.get("Shmem", 0))
-
-
-def cached_bytes_of(folder: str) -> int:
-    """Bytes of the files under ``folder`` that sit in the page cache now (``cached_bytes_in``
-    over every file below it); 0 without libc."""
-    paths = [os.path.join(root, name) for root, _, names in os.walk(folder) for name in names]
-    return cached_bytes_in(paths) or 0
-
-
-def cached_bytes_in(paths: Iterable[str]) -> int | None:
-    """Bytes of the files ``paths`` that sit in the page cache now: ``mincore`` over a
-    read-only mapping of each file (the mapping itself reads nothing; a file that vanished
-    counts 0). None without libc (residency unknown)."""
-    libc = _libc()
-    if libc is None:
-        return None
-    page = mmap.PAGESIZE
-    return sum(_cached_pages(libc, path, page) * page for path in paths)
-
-
-def evict_from_page_cache(paths: Iterable[str]) -> int | None:
-    """Makes each file's pages clean (``fsync``) and drops them (``POSIX_FADV_DONTNEED``,
-    which skips dirty pages: without the fsync freshly written files would stay cached);
-    returns the bytes still cached afterwards (``cached_bytes_in``: 0 means a read that
-    starts now is cold; None: unknown). Files that vanished are skipped."""
-    paths = list(paths)
-    for path in paths:
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            continue
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        drop_file_cache(path)
-    return cached_bytes_in(paths)
-
-
-def _cached_pages(libc, path: str, page: int) -> int:
-    """Resident pages of one file (0 if it vanished or cannot be mapped)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return 0
-    try:
-        size = os.fstat(fd).st_size
-        if size == 0:
-            return 0
-        address = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
-        if address in (None, ctypes.c_void_p(-1).value):
-            return 0
-        try:
-            pages = (size + page - 1) // page
-            vec = (ctypes.c_ubyte * pages)()
-            if libc.mincore(ctypes.c_void_p(address), size, vec) != 0:
-                return 0
-            return sum(v & 1 for v in vec)
-        finally:
-            libc.munmap(ctypes.c_void_p(address), size)
-    finally:
-        os.close(fd)
-
-
-def _libc():
-    """libc with mmap, mincore and munmap typed, or None."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.mmap.restype = ctypes.c_void_p
-        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-        libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-        return libc
-    except (OSError, AttributeError):
-        return None
 
 
 def cpu_count() -> int:
