@@ -19,7 +19,7 @@ from pathlib import Path
 from ..config import parse_layout
 from ..errors import UserError
 from ..report.across import (across_documents, gap_markdown, gap_notes, gap_rows, escape_table_text, left_out, split_rows,
-                              tuned_notes, tuned_winners)
+                              repeat_note, tuned_notes, tuned_winners)
 from ..report.halves import FIRST_HALF_FILE, Halves, offered_labels, pair_halves
 from ..report.document import Paragraph, Section
 from ..report.lru_curve import same_trace
@@ -70,6 +70,7 @@ def add_parser(subparsers) -> None:
 def run_compare(args: argparse.Namespace) -> int:
     """``tiercache compare``: sweep, then report. The output folder is checked before the sweep."""
     check_output_dir(args.out)
+    _require_plotting("compare")
     profile = [args.hardware] if args.hardware and os.path.exists(args.hardware) else []  # a preset names no file
     _check_inputs_outside(args.out, [args.trace, *profile])
     started = time.perf_counter()
@@ -85,6 +86,20 @@ def run_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _require_plotting(command: str) -> None:
+    """Refuses, before any work, a command that draws plots where matplotlib cannot be
+    imported (a declared dependency: only a broken install lacks it).
+
+    Raises:
+        UserError: names the missing package and how to install it.
+    """
+    try:
+        import matplotlib  # noqa: F401 - only its presence is checked here
+    except ImportError as exc:
+        raise UserError(f"{command} draws its plots with matplotlib, which cannot be imported ({exc}); install it "
+                        "(pip install matplotlib) or use `tiercache report --across`, which draws none") from None
+
+
 def run_report(args: argparse.Namespace) -> int:
     """``tiercache report``: merge results files into a report."""
     if args.across and args.trace:
@@ -94,7 +109,10 @@ def run_report(args: argparse.Namespace) -> int:
     _check_inputs_outside(args.out, [*args.results, *([args.trace] if args.trace else [])])
     if args.across:
         return _run_across(args)
+    _require_plotting("report")
     data = load_results(args.results)
+    for repeat in data.repeats:
+        print(f"tiercache report: note: {repeat_note(repeat, data.trace.name)}", file=sys.stderr)
     if args.trace:
         _check_trace(args.trace, data)
     command = shlex.join(["tiercache", "report", *args.results, "-o", args.out] + (["--trace", args.trace] if args.trace else []))

@@ -39,7 +39,7 @@ from .summary import (
 from .tables import tiers_text, unreferenced_runs
 
 __all__ = ["GapRow", "across_documents", "gap_rows", "gap_notes", "left_out", "split_rows", "gap_markdown", "escape_table_text",
-           "SPLIT_HEADER", "tuned_run", "tuned_winners", "tuned_notes"]
+           "SPLIT_HEADER", "tuned_run", "tuned_winners", "tuned_notes", "repeat_note"]
 
 #: Hex digits of a fingerprint shown (at least) where it tells traces of one name apart.
 _SHORT_DIGITS = 12
@@ -158,11 +158,11 @@ def _merge_trace(fingerprint: str, group: list[tuple[ResultsDocument, str]],
             notes.append(f"{source} names its trace {document.trace.name!r}, the same trace (fingerprint "
                          f"{fingerprint}) as {first_source}'s {name!r}: its rows are labelled {name!r}")
     runs, repeats = merge_runs([document.runs for document, _ in group], [source for _, source in group])
-    notes.extend(_repeat_note(repeat, name) for repeat in repeats)
+    notes.extend(repeat_note(repeat, name) for repeat in repeats)
     return replace(first, trace=replace(first.trace, fingerprint=fingerprint), runs=tuple(runs)), first_source
 
 
-def _repeat_note(repeat: Repeat, trace: str) -> str:
+def repeat_note(repeat: Repeat, trace: str) -> str:
     """One line on the runs of a file counted once, naming the files that held them first."""
     earlier = ", ".join("runs before them in the same file" if s == repeat.source else s for s in repeat.earlier)
     if repeat.runs == repeat.total and not repeat.differ:

@@ -113,6 +113,8 @@ def pair_halves(documents: list[ResultsDocument], sources: list[list[str]]) -> H
     tuned_by, notes, unpaired = {}, [], []
     for path, halves in by_path.items():
         firsts, seconds = halves[HALVES[0]], halves[HALVES[1]]
+        elsewhere = [f"{', '.join(sources[f])}: a first half of a split of another trace path, {other}"
+                     for other, their in by_path.items() if other != path for f in their[HALVES[0]]]
         whole = _WholeTrace(path)
         why = {(f, s): _why_not(documents[f], sources[f], documents[s], sources[s], whole) for f in firsts for s in seconds}
         for second in seconds:
@@ -122,7 +124,7 @@ def pair_halves(documents: list[ResultsDocument], sources: list[list[str]]) -> H
                 notes.append(_pair_note(documents, sources, fitting[0], second))
             else:
                 ambiguous = "one of several first halves that fit it" if len(fitting) > 1 else "it fits another second half too"
-                reasons = [f"{', '.join(sources[f])}: {why[f, second] or ambiguous}" for f in firsts]
+                reasons = [f"{', '.join(sources[f])}: {why[f, second] or ambiguous}" for f in firsts] + elsewhere
                 unpaired.append(_unpaired(documents[second], sources[second], path, reasons))
     return Halves(tuned_by, notes, unpaired)
 
@@ -186,7 +188,7 @@ def _unpaired(document: ResultsDocument, files: list[str], path: str, reasons: l
     """Why a second half's row shows only its hindsight winner: no first half given, or none
     that is shown to be its pair (``reasons``: one per first half of that path, naming it)."""
     why = ("given without its first half" if not reasons else
-           f"given beside {len(reasons)} first half{'s' if len(reasons) > 1 else ''} of that trace path but no one first half "
+           f"given beside {len(reasons)} first half{'s' if len(reasons) > 1 else ''} but no one first half "
            f"shown to be its pair ({'; '.join(reasons)})")
     return (f"trace {document.trace.name!r} ({', '.join(files)}) is the second half of a compare --split of {path}, "
             f"{why}: its row's best online policy is the second half's own winner, picked in hindsight, not the policy "

@@ -57,8 +57,16 @@ def _block(block: Block) -> str:
         caption = f"\n\n*{escape_markdown(block.caption)}*" if block.caption else ""
         return f"![{escape_markdown(block.alt)}]({block.filename}){caption}"
     if isinstance(block, Code):
-        return f"```sh\n{block.text}\n```"
+        fence = _fence(block.text)
+        return f"{fence}sh\n{block.text}\n{fence}"
     raise TypeError(f"unknown block {type(block).__name__}")
+
+
+def _fence(text: str) -> str:
+    """A backtick fence longer than any run of backticks in ``text``, so no line of it (a
+    trace name holding a newline and backticks) can close the code block early."""
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    return "`" * max(3, longest + 1)
 
 
 def _row(cells: tuple[str, ...]) -> str:

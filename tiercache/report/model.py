@@ -45,6 +45,9 @@ class ReportData:
     #: document shares it, ``_check_same_prefill``); None without one (an older file, no hardware).
     prefill_model: str | None = None
     prefill: PrefillInfo | None = None
+    #: Runs of a file that an earlier file (or the same one) already held, counted once:
+    #: ``tiercache report`` names them on stderr, as ``report --across`` does.
+    repeats: tuple[Repeat, ...] = ()
 
 
 def load_results(paths: list[str]) -> ReportData:
@@ -132,7 +135,7 @@ def from_documents(documents: list[ResultsDocument], sources: list[str]) -> Repo
     for doc, src in zip(documents[1:], sources[1:]):
         _check_same_setup(first, sources[0], doc, src)
     _check_one_network(documents, sources)
-    runs, _ = merge_runs([doc.runs for doc in documents], sources)
+    runs, repeats = merge_runs([doc.runs for doc in documents], sources)
     commands = tuple(dict.fromkeys(d.command for d in documents if d.command))
     return ReportData(
         trace=first.trace,
@@ -144,6 +147,7 @@ def from_documents(documents: list[ResultsDocument], sources: list[str]) -> Repo
         version=first.tiercache_version,
         prefill_model=None if first.hardware_profile is None else first.hardware_profile.prefill_model,
         prefill=None if first.hardware_profile is None else first.hardware_profile.prefill,
+        repeats=tuple(repeats),
     )
 
 
