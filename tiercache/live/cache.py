@@ -195,7 +195,8 @@ class TieredKVCache(NoCopies):
             says (the cache uses ``replace(layout, per_layer=True)``).
         tiers: ``TierConfig`` per tier, fastest first, capacities in per-layer blocks.
         eviction, admission: policy names for every tier (default: the TierConfigs').
-        prefetch: prefetch policy name (``none``, ``layer_ahead``, ``topk_speculative``).
+        prefetch: prefetch policy name (``none``, ``layer_ahead``, ``topk_speculative``); None is
+            ``none``.
         path: directory of the NVMe store (required with an ``nvme`` tier).
         device: device of the HBM tier (default: CUDA when available, else the CPU).
         record: write the step trace of every tier operation here (JSONL, with a
