@@ -8,6 +8,7 @@ so reports of sweeps run elsewhere can be merged later with ``tiercache report``
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import shlex
@@ -94,7 +95,7 @@ def _require_plotting(command: str) -> None:
         UserError: names the missing package and how to install it.
     """
     try:
-        import matplotlib  # noqa: F401 - only its presence is checked here
+        importlib.import_module("matplotlib")
     except ImportError as exc:
         raise UserError(f"{command} draws its plots with matplotlib, which cannot be imported ({exc}); install it "
                         "(pip install matplotlib) or use `tiercache report --across`, which draws none") from None
