@@ -12,10 +12,12 @@
 
 from __future__ import annotations
 
+import json
 import shlex
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -27,9 +29,42 @@ SCRIPTS = ROOT / "scripts"
 OPTION_SCRIPTS = sorted(p.name for p in SCRIPTS.glob("*.py") if "add_argument(" in p.read_text(encoding="utf-8"))
 
 
-def _run_script(name: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPTS / name), *args], capture_output=True, text=True,
-                          timeout=120, cwd=cwd)
+#: Each (script, arguments) run below, by one child process (``_RUNNER``): importing torch once
+#: instead of once per script keeps these checks to seconds.
+CALLS = ([(name, ("--no-such-option",)) for name in OPTION_SCRIPTS]
+         + [("long_context.py", ("--mass", "1.5")),
+            ("gap_closed.py", ("--trace", "/nonexistent/trace.jsonl", "--capacity", "10")),
+            ("gap_closed.py", ("--trace", "/nonexistent/trace.jsonl")),
+            ("long_context.py", ("--help",)), ("gap_closed.py", ("--help",))])
+
+#: Runs each script as ``__main__`` with its arguments, in turn, capturing what it writes and
+#: its exit status (a script's own process would see the same: its imports and parser run
+#: first, and nothing else ran before them but the imports of scripts run earlier).
+_RUNNER = """
+import contextlib, io, json, runpy, sys
+out = []
+for path, args in json.loads(sys.argv[1]):
+    stdout, stderr, code = io.StringIO(), io.StringIO(), 0
+    sys.argv = [path, *args]
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        try:
+            runpy.run_path(path, run_name="__main__")
+        except SystemExit as done:
+            code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
+    out.append({"code": code, "stdout": stdout.getvalue(), "stderr": stderr.getvalue()})
+sys.__stdout__.write(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def script_runs(tmp_path_factory) -> dict:
+    """(script, arguments) -> what the run gave: exit status, stdout, stderr."""
+    calls = [(str(SCRIPTS / name), list(args)) for name, args in CALLS]
+    done = subprocess.run([sys.executable, "-c", _RUNNER, json.dumps(calls)], capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path_factory.mktemp("scripts"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    return {call: SimpleNamespace(returncode=r["code"], stdout=r["stdout"], stderr=r["stderr"])
+            for call, r in zip(CALLS, json.loads(done.stdout))}
 
 
 def test_replay_help_describes_the_command_for_a_user(capsys):
@@ -67,8 +102,8 @@ def test_every_option_script_builds_the_shared_parser():
 
 
 @pytest.mark.parametrize("name", OPTION_SCRIPTS)
-def test_a_bad_option_of_each_script_ends_in_one_line(name, tmp_path):
-    done = _run_script(name, "--no-such-option", cwd=tmp_path)
+def test_a_bad_option_of_each_script_ends_in_one_line(name, script_runs):
+    done = script_runs[name, ("--no-such-option",)]
     assert done.returncode == 2, done.stderr
     lines = done.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"{name}: error: "), done.stderr
@@ -81,15 +116,15 @@ def test_a_bad_option_of_each_script_ends_in_one_line(name, tmp_path):
      "--trace /nonexistent/trace.jsonl: no such file or folder"),
     ("gap_closed.py", ["--trace", "/nonexistent/trace.jsonl"], "give one --capacity per --trace"),
 ])
-def test_readme_bad_options_end_in_one_line(name, args, says, tmp_path):
-    done = _run_script(name, *args, cwd=tmp_path)
+def test_readme_bad_options_end_in_one_line(name, args, says, script_runs):
+    done = script_runs[name, tuple(args)]
     assert done.returncode == 2
     assert done.stderr == f"{name}: error: {says}\n"
 
 
 @pytest.mark.parametrize("name", ["long_context.py", "gap_closed.py"])
-def test_script_help_still_prints_the_whole_usage(name, tmp_path):
-    done = _run_script(name, "--help", cwd=tmp_path)
+def test_script_help_still_prints_the_whole_usage(name, script_runs):
+    done = script_runs[name, ("--help",)]
     assert done.returncode == 0 and done.stderr == ""
     assert done.stdout.startswith(f"usage: {name} [-h]")
     assert "options:" in done.stdout and "--json" in done.stdout
