@@ -16,7 +16,7 @@ share, or a whole block count), ``exact_step_seconds`` and ``sparse_step_seconds
 of a decode step: append + attend of every layer), ``sparse_scoring_seconds`` (the median
 time a sparse step spends scoring and selecting, every layer), ``exact_max_rel_err``
 (against a float64 reference computed chunk by chunk from regenerated KV, on
-``--reference-steps`` sampled steps, after everything else has run),
+the first ``--reference-steps`` exact steps, after everything else has run),
 ``sparse_needle_recall``, ``sparse_blocks_selected`` (the median blocks one sparse read of
 one layer selects), ``rss_peak_bytes`` (the whole process's ``ru_maxrss`` when the decode
 and the timings are done, before the float64 check starts; ``rss_peak_with_reference_bytes``
@@ -41,8 +41,10 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 import time
 
 import numpy as np
@@ -58,6 +60,7 @@ from tiercache.bench.script_args import (
 )
 from tiercache.config import KVLayout, TierConfig, parse_capacity
 from tiercache.errors import UserError
+from tiercache.live.media import check_host_memory, resolve_device
 from tiercache.live.arguments import sparse_budget_blocks
 from tiercache.policies import get_prefetch
 from tiercache.results.outfile import replace_file
@@ -113,8 +116,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """The checks across options and of values argparse's types do not see; each failure is
     ``parser.error`` naming the option (one line, exit 2), before any work."""
-    if args.tokens < 2 * args.block_tokens:
-        parser.error("--tokens: at least two blocks")
+    if args.tokens < 3 * args.block_tokens:
+        parser.error(f"--tokens: at least three blocks of --block-tokens {args.block_tokens} (the needles lie between "
+                     f"the first and the last block), got {args.tokens}")
     if args.q_heads % args.kv_heads:
         parser.error("--q-heads must be a multiple of --kv-heads")
     if args.timing_repeats < 1:
@@ -127,11 +131,38 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         get_prefetch(args.prefetch)
     except UserError as exc:
         parser.error(f"--prefetch: {exc}")
+    if args.reference_steps > args.exact_steps:
+        parser.error(f"--reference-steps {args.reference_steps}: at most --exact-steps ({args.exact_steps}), the steps "
+                     "there are to check")
     try:
-        tiers_for(args, layout_of(args))  # --hbm and --dram: blocks or sizes of this layout, >= 1
+        tiers = tiers_for(args, layout_of(args))  # --hbm and --dram: blocks or sizes of this layout, >= 1
     except UserError as exc:
         parser.error(str(exc))
+    try:
+        check_host_memory(layout_of(args), tiers, resolve_device(None))
+    except UserError as exc:
+        parser.error(f"--hbm {args.hbm} / --dram {args.dram}: {exc}")
+    check_disk(parser, args, tiers)
     refuse_bad_outputs(parser, {"--json": args.json_out})
+
+
+def check_disk(parser: argparse.ArgumentParser, args: argparse.Namespace, tiers: list[TierConfig]) -> None:
+    """Refuses, before any work, a run whose NVMe tier would not fit the free space of the
+    disk it lies on (the blocks HBM and DRAM do not hold; all of them with --write-through)."""
+    layout = layout_of(args)
+    per_layer = blocks_per_layer(args)
+    below = 0 if args.write_through else sum(t.capacity_blocks for t in tiers if t.name in ("hbm", "dram"))
+    needed = max(0, per_layer * args.layers - below) * layout.block_bytes
+    folder = args.path or tempfile.gettempdir()
+    free = shutil.disk_usage(folder).free
+    if needed > free:
+        parser.error(f"--tokens {args.tokens}: the NVMe tier needs {needed / 2**30:.2f} GiB under {folder}, which has "
+                     f"{free / 2**30:.2f} GiB free; lower --tokens or give a --path on a larger disk")
+
+
+def blocks_per_layer(args: argparse.Namespace) -> int:
+    """Blocks per layer the run stores: the prompt's, the decode steps' and one partial each."""
+    return prompt_tokens(args) // args.block_tokens + 1 + (args.steps + args.exact_steps) // args.block_tokens + 1
 
 
 def prompt_tokens(args: argparse.Namespace) -> int:
@@ -149,8 +180,7 @@ def tiers_for(args: argparse.Namespace, layout: KVLayout) -> list[TierConfig]:
     """HBM and DRAM as budgeted; NVMe sized for the rest of the sequence plus slack."""
     hbm = parse_capacity(args.hbm, layout, "--hbm")
     dram = parse_capacity(args.dram, layout, "--dram")
-    per_layer = prompt_tokens(args) // args.block_tokens + 1 + (args.steps + args.exact_steps) // args.block_tokens + 1
-    blocks = per_layer * args.layers
+    blocks = blocks_per_layer(args) * args.layers
     below = 0 if args.write_through else hbm + dram  # write-through: NVMe holds a copy of every block
     nvme = max(64, blocks - below + max(64, blocks // 50))
     return [TierConfig("hbm", hbm), TierConfig("dram", dram), TierConfig("nvme", nvme)]
@@ -356,8 +386,16 @@ def print_table(figures: dict) -> None:
         print(f"{mode + ' bytes/step':<{width}}  " + ", ".join(f"{k}={v / 2**20:.1f} MiB" for k, v in per.items()))
 
 
+def _exit_on_sigterm(signum: int, frame) -> None:
+    """SIGTERM (``timeout``, a scheduler) ends the run as Ctrl-C does, through ``run``'s
+    ``finally``, which removes the NVMe folder (exit 143, the shell's status for it)."""
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         figures = run(args)
     except UserError as exc:

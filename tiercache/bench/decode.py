@@ -91,8 +91,10 @@ def median(values) -> float:
 class NeedleKV:
     """A deterministic synthetic sequence with needle blocks (see the module docstring).
 
-    Invariants: needle blocks lie strictly between the first and the last block of the
-    prompt; ``directions[j]`` is a unit vector.
+    Invariants: needle blocks lie strictly between the first and the last block of a prompt
+    of three or more blocks (a shorter prompt's needle is block 1: its last block, or none it
+    holds, so a sparse read finds it for free; ``scripts/long_context.py`` asks for three);
+    ``directions[j]`` is a unit vector.
     """
 
     tokens: int
@@ -110,7 +112,7 @@ class NeedleKV:
 
     @property
     def needle_blocks(self) -> list[int]:
-        """Block indices of the needles (sorted, distinct, never the first or last block)."""
+        """Block indices of the needles (sorted, distinct; see the class invariants)."""
         rng = np.random.default_rng(self.seed)
         inner = max(1, self.n_blocks - 2)
         picks = rng.choice(inner, size=min(self.needles, inner), replace=False) + 1
@@ -131,19 +133,27 @@ class NeedleKV:
     def chunk(self, start: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V of tokens ``[start, start + count)``, each ``[kv_heads, count, D]``.
 
-        ``start`` and ``count`` must be multiples of ``block_tokens`` (chunks are generated
-        block-aligned, so any chunking gives the same tokens).
+        ``start`` and ``count`` must be multiples of ``block_tokens`` and lie within the
+        prompt. Any chunking gives the same tokens: the background is drawn in fixed units of
+        ``block_tokens * 256`` tokens (the last one cut at the prompt's end), each from a
+        generator seeded by its unit, and a chunk copies its part of each unit it overlaps.
         """
+        prompt = self.n_blocks * self.block_tokens
         if start % self.block_tokens or count % self.block_tokens:
             raise ValueError("NeedleKV.chunk: start and count must be whole blocks")
+        if start < 0 or count < 0 or start + count > prompt:
+            raise ValueError(f"NeedleKV.chunk: tokens [{start}, {start + count}) are not within the prompt's {prompt}")
         k = torch.empty((self.kv_heads, count, self.head_dim), dtype=self.dtype)
         v = torch.empty_like(k)
-        step = self.block_tokens * 256
-        for a in range(start, start + count, step):
-            n = min(step, start + count - a)
-            g = torch.Generator().manual_seed(self.seed * 1_000_003 + a // step)
-            k[:, a - start : a - start + n] = torch.randn(self.kv_heads, n, self.head_dim, generator=g)
-            v[:, a - start : a - start + n] = torch.randn(self.kv_heads, n, self.head_dim, generator=g)
+        unit = self.block_tokens * 256
+        for index in range(start // unit, -(-(start + count) // unit)):
+            first, n = index * unit, min(unit, prompt - index * unit)
+            g = torch.Generator().manual_seed(self.seed * 1_000_003 + index)
+            unit_k = torch.randn(self.kv_heads, n, self.head_dim, generator=g)
+            unit_v = torch.randn(self.kv_heads, n, self.head_dim, generator=g)
+            lo, hi = max(start, first), min(start + count, first + n)
+            k[:, lo - start : hi - start] = unit_k[:, lo - first : hi - first]
+            v[:, lo - start : hi - start] = unit_v[:, lo - first : hi - first]
         self._plant(k, start, count)
         return k, v
 
