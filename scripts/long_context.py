@@ -88,8 +88,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="sparse budget: a share of the blocks (<= 1), or a whole block count (> 1)")
     parser.add_argument("--steps", type=positive_int, default=32, help="sparse decode steps (at least 1)")
     parser.add_argument("--exact-steps", type=positive_int, default=3, help="exact decode steps (at least 1)")
-    parser.add_argument("--reference-steps", type=non_negative_int, default=2,
-                        help="exact steps checked against float64 (0: none)")
+    parser.add_argument("--reference-steps", type=non_negative_int, default=None,
+                        help="the first exact steps checked against float64, at most --exact-steps (0: none; "
+                             "default: 2, or --exact-steps if fewer)")
     parser.add_argument("--needles", type=positive_int, default=8)
     parser.add_argument("--mass", type=open_share, default=0.2,
                         help="attention share a needle block aims at, strictly between 0 and 1")
@@ -131,7 +132,9 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         get_prefetch(args.prefetch)
     except UserError as exc:
         parser.error(f"--prefetch: {exc}")
-    if args.reference_steps > args.exact_steps:
+    if args.reference_steps is None:
+        args.reference_steps = min(2, args.exact_steps)
+    elif args.reference_steps > args.exact_steps:
         parser.error(f"--reference-steps {args.reference_steps}: at most --exact-steps ({args.exact_steps}), the steps "
                      "there are to check")
     try:
