@@ -114,10 +114,18 @@ class ManagerMachine(RuleBasedStateMachine):
     @precondition(_ready)
     @rule(tier=st.integers(0, 2), n=st.integers(1, 3))
     def make_room(self, tier, n):
-        if tier < self.manager.n_tiers:
-            before = [len(d) for d in self.manager.dirs]
-            if not self.manager.make_room(tier, n):
-                assert [len(d) for d in self.manager.dirs] == before
+        m = self.manager
+        if tier < m.n_tiers:
+            before = [len(d) for d in m.dirs]
+            moving = dict(m.inflight)
+            if not m.make_room(tier, n):
+                # Nothing displaced: only moves in flight that it waited for (out of the tier,
+                # to use the slots they free) may have landed.
+                for job_id, plan in moving.items():
+                    if job_id not in m.inflight and all(b in m.dirs[plan.dst_tier].slot_of for b in plan.ids):
+                        before[plan.dst_tier] += len(plan.ids)
+                        before[plan.src_tier] -= 0 if plan.keep_source else len(plan.ids)
+                assert [len(d) for d in m.dirs] == before
 
     @precondition(_ready)
     @rule(data=st.data(), src=st.integers(0, 2), dst=st.integers(0, 2), keep=st.booleans())

@@ -80,7 +80,8 @@ class RoomMixin:
 
         Victims of an exclusive tier are demoted (cascading down); victims of the last tier,
         or of any tier in write-through mode, leave that tier. False with no victims (or,
-        with ``protected`` ids, no room below for them) changes no residency; False because
+        with ``protected`` ids, no room below for them) displaces nothing (moves in flight out
+        of ``tier``, which it waits for to use the slots they free, may have landed); False because
         a write-back failed leaves every victim where it was (victims refused by the
         admission below have left, as they would have anyway).
         """
