@@ -18,6 +18,7 @@ import sys
 import tiercache
 
 from ..bench.script_args import ScriptParser
+from ..core.interrupts import raise_on_sigterm
 from ..errors import UserError
 from . import bench, remote_serve, replay, report, trace
 
@@ -48,6 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     _printable_file_names()
     args = build_parser().parse_args(argv)
     args.argv = argv
+    # SIGTERM ends the commands that write files (atomically) as Ctrl-C does: no temporary
+    # file is left. bench (a live store mid-move) and remote-serve (its own handler) keep theirs.
+    previous_term = raise_on_sigterm() if args.command in ("replay", "trace", "compare", "report") else None
     try:
         code = int(args.func(args) or 0)
         sys.stdout.flush()  # a reader that went away is reported here, not at exit
@@ -62,6 +66,9 @@ def main(argv: list[str] | None = None) -> int:
         if not _stdout_closed_by_reader():
             raise
         return 128 + signal.SIGPIPE  # as a shell reports a command that a closed pipe stopped
+    finally:
+        if previous_term is not None:
+            signal.signal(signal.SIGTERM, previous_term)
 
 
 def _printable_file_names() -> None:

@@ -30,7 +30,7 @@ from ..sim.oracle import export_trace, trace_layout
 from ..sim.steptrace import write_steps
 from ..sim.traces import MAX_LINE_BYTES, write_requests
 from ..sim.tracestats import TraceStats, trace_stats
-from .replay import _block_tokens as replay_block_tokens
+from .replay import Once, _block_tokens as replay_block_tokens
 
 __all__ = ["add_parser", "format_stats"]
 
@@ -96,11 +96,16 @@ def format_stats(stats: TraceStats) -> str:
 # ----------------------------------------------------------------------------- commands
 
 
-def _cmd_inspect(args: argparse.Namespace) -> int:
-    stats = trace_stats(args.trace)
-    skipped = skipped_entries_warning(os.path.normpath(args.trace))  # a workload folder's entries not read
+def _warn_skipped(trace: str) -> None:
+    """Names on stderr the entries of a workload folder that are not read (as ``replay`` does)."""
+    skipped = skipped_entries_warning(os.path.normpath(trace))
     if skipped:
         print(skipped, file=sys.stderr)
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    stats = trace_stats(args.trace)
+    _warn_skipped(args.trace)
     print(json.dumps(asdict(stats) | {"kind": stats.kind.value}, indent=2) if args.json else format_stats(stats))
     return 0
 
@@ -148,6 +153,7 @@ def _refuse_input_as_output(trace: str, output: str) -> None:
 def _cmd_export(args: argparse.Namespace) -> int:
     trace = load_trace(args.trace)  # a bad input is reported first
     _refuse_input_as_output(args.trace, args.output)
+    _warn_skipped(args.trace)
     result = export_trace(trace, args.output, _export_layout(args, trace))
     blocks = f"{result.unique_blocks:,} unique blocks, size {result.obj_size} each"
     print(f"wrote {result.records:,} records ({blocks}) to {args.output}")
@@ -256,6 +262,10 @@ def _cmd_sparse(args: argparse.Namespace) -> int:
     return 0
 
 
+#: Arrivals per second above which most of ``synth docs``'s millisecond timestamps coincide.
+MAX_DISTINCT_RATE = 1000
+
+
 def _cmd_docs(args: argparse.Namespace) -> int:
     spec = synth.DocsSpec(
         args.docs, args.blocks, args.requests, args.system_blocks, args.question_blocks, args.zipf, args.rate, args.seed
@@ -267,6 +277,10 @@ def _cmd_docs(args: argparse.Namespace) -> int:
     _check_record_size(per_request, largest, options)  # also keeps input_length (512 per block) in int64
     count = _write_whole(args.output, lambda path: write_requests(path, synth.docs_trace(spec)))
     print(f"wrote {count:,} requests to {args.output}")
+    if args.rate > MAX_DISTINCT_RATE:
+        print(f"warning: --rate {args.rate:g}: Mooncake timestamps are whole milliseconds, so above "
+              f"{MAX_DISTINCT_RATE:,} per second most arrivals share one (mean gap {1000 / args.rate:.3g} ms, rounded)",
+              file=sys.stderr)
     return 0
 
 
@@ -274,7 +288,7 @@ def _cmd_docs(args: argparse.Namespace) -> int:
 
 
 def _add_step_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-o", "--output", required=True, help="output step trace (JSONL)")
+    parser.add_argument("-o", "--output", required=True, action=Once, help="output step trace (JSONL)")
     parser.add_argument("--steps", type=int, default=256, help="decode steps (default 256)")
     parser.add_argument("--blocks", type=int, default=64, help="prompt blocks written at step 0 (default 64)")
     parser.add_argument("--block-tokens", type=int, default=16, help="tokens per block: a block fills every N steps (default 16)")
@@ -300,14 +314,14 @@ def _add_synth(subparsers: argparse._SubParsersAction) -> None:
     sparse.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     sparse.set_defaults(func=_synth_errors_name_options(_cmd_sparse))
     docs = kinds.add_parser("docs", help="Mooncake-format requests: many documents queried repeatedly")
-    docs.add_argument("-o", "--output", required=True, help="output request trace (Mooncake JSONL)")
+    docs.add_argument("-o", "--output", required=True, action=Once, help="output request trace (Mooncake JSONL)")
     docs.add_argument("--docs", type=int, default=100, help="documents (default 100)")
     docs.add_argument("--blocks", type=int, default=32, help="512-token blocks per document (default 32)")
     docs.add_argument("--requests", type=int, default=1000, help="requests (default 1000)")
     docs.add_argument("--system-blocks", type=int, default=2, help="shared system-prompt blocks (default 2)")
     docs.add_argument("--question-blocks", type=int, default=1, help="unique question blocks per request (default 1)")
     docs.add_argument("--zipf", type=float, default=1.0, help="Zipf exponent of document popularity; 0 is uniform (default 1.0)")
-    docs.add_argument("--rate", type=float, default=1.0, help="mean arrivals per second, Poisson (default 1.0)")
+    docs.add_argument("--rate", type=float, default=1.0, help="mean arrivals per second, Poisson, rounded to whole milliseconds (default 1.0)")
     docs.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     docs.set_defaults(func=_synth_errors_name_options(_cmd_docs))
 
@@ -325,7 +339,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     export.add_argument("trace", help="trace file (JSONL; the kind is detected)")
     formats = ["oracleGeneral"]
     export.add_argument("--format", choices=formats, default=formats[0], help="output format (libCacheSim oracleGeneral)")
-    export.add_argument("-o", "--output", required=True, help="output file")
+    export.add_argument("-o", "--output", required=True, action=Once, help="output file")
     export.add_argument("--model", help="model preset whose block bytes become the record size (default: size 1)")
     export.add_argument("--block-tokens", type=int,
                         help="tokens per block of a step trace without a block_tokens header (other traces name their own)")

@@ -30,7 +30,7 @@ import signal
 import threading
 
 __all__ = ["deferred_interrupts", "enter_deferred", "exit_deferred", "interruptible_wait", "uninterruptible",
-           "counting_sigints"]
+           "counting_sigints", "raise_on_sigterm"]
 
 _MAIN = threading.main_thread().ident
 _depth = 0  # outermost active section = 1; touched only by the main thread
@@ -166,3 +166,19 @@ class counting_sigints:  # noqa: N801 - used like a function: ``with counting_si
     def pressed(self) -> bool:
         """Whether a SIGINT arrived since ``__enter__`` (True when it cannot be told)."""
         return not self._counting or _sigints != self._start
+
+
+def raise_on_sigterm():
+    """Makes SIGTERM (``timeout``, systemd, a batch scheduler) raise ``SystemExit`` with the
+    shell's status for it (143), so that ``finally`` clauses run (a half-written file's
+    temporary is removed, a sweep's workers are killed) instead of the process vanishing.
+    Only a default disposition is replaced, and only in the main thread; returns the one to
+    restore (None: left alone). Such a SystemExit is not deferred (see the module notes):
+    callers install it around work a torn exit leaves nothing persistent half-done in."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return None
+    return signal.signal(signal.SIGTERM, _exit_on_sigterm)
+
+
+def _exit_on_sigterm(signum, frame) -> None:
+    raise SystemExit(128 + signum)

@@ -89,7 +89,8 @@ class StepRecord:
 
     Invariants: ``step``, ``layer`` non-negative; ids in ``[0, 2**63)``, distinct within
     ``read`` and within ``write``; ``line`` is the 1-based line read from (0 if synthesized);
-    a record with ``resident`` has nothing else (no read, write or other decode field).
+    a record with ``resident`` has nothing else (its read and write empty or left out, no
+    other decode field).
     """
 
     step: int
@@ -201,10 +202,11 @@ def _record(name: str, line: int, obj: dict, last_step: int) -> StepRecord:
     if step < last_step:
         raise TraceError(name, line, f"step {step} is before the previous record's step {last_step} (steps must not decrease)")
     layer = int_field(name, line, obj, "layer")
+    if RESIDENT_FIELD in obj:  # its read and write may be left out: it lists nothing else
+        accesses = [i for field in ("read", "write") if field in obj for i in id_list_field(name, line, obj, field)]
+        return _resident_record(name, line, obj, step, layer, accesses)
     read = _distinct(name, line, "read", id_list_field(name, line, obj, "read"))
     write = _distinct(name, line, "write", id_list_field(name, line, obj, "write"))
-    if RESIDENT_FIELD in obj:
-        return _resident_record(name, line, obj, step, layer, read or write)
     if not any(field in obj for field in DECODE_FIELDS):
         return StepRecord(step, layer, tuple(read), tuple(write), line)
     in_place = obj.get("in_place", False)

@@ -12,7 +12,6 @@ import multiprocessing
 import os
 import signal
 import sys
-import threading
 from collections import Counter
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
@@ -24,7 +23,7 @@ from tqdm import tqdm
 
 import tiercache
 from tiercache.config import CacheConfig, Codec, KVLayout, TierConfig, parse_tiers
-from tiercache.core.interrupts import counting_sigints
+from tiercache.core.interrupts import counting_sigints, raise_on_sigterm
 from tiercache.errors import UserError
 from tiercache.policies import (
     ADMISSION, EVICTION, PLACEMENT, PREFETCH, canonical_name, get_admission, get_eviction, get_placement, get_prefetch,
@@ -400,7 +399,7 @@ def _in_workers(runs: list[RunSpec], data: ReplayData, workers: int, bar: tqdm) 
     _WORKER_DATA, _STARTED = data, context.RawArray("q", len(runs))
     executor = ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker)
     futures: list[Future] = []  # futures[i] replays runs[i]
-    previous_term = _raise_on_sigterm()
+    previous_term = raise_on_sigterm()  # workers are killed on the way out instead of outliving it
     try:
         for index, spec in enumerate(runs):
             futures.append(executor.submit(_run_in_worker, index, spec))
@@ -421,20 +420,6 @@ def _in_workers(runs: list[RunSpec], data: ReplayData, workers: int, bar: tqdm) 
         _WORKER_DATA = _STARTED = None
         if previous_term is not None:
             signal.signal(signal.SIGTERM, previous_term)
-
-
-def _raise_on_sigterm():
-    """While workers run, SIGTERM (``timeout``, systemd, a batch scheduler) raises ``SystemExit``
-    with the shell's code for it (143) in the parent, so the workers are killed on the way out
-    instead of outliving it. Only a default disposition is replaced, and only in the main
-    thread; returns the disposition to restore (None: left alone)."""
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-        return None
-
-    def stop(signum, frame):
-        raise SystemExit(128 + signum)
-
-    return signal.signal(signal.SIGTERM, stop)
 
 
 def _worker_processes(executor: ProcessPoolExecutor) -> list[multiprocessing.Process]:

@@ -110,6 +110,10 @@ _GZIPPED = ("gzip-compressed (it starts with bytes 1f 8b): a JSON Lines trace is
             "(only kv-cache-tester conversations are read as *.json.gz)")
 
 
+_ORACLE_GENERAL = ("; a libCacheSim oracleGeneral file (what `tiercache trace export` writes) is for other simulators: "
+                   "replay the trace it was exported from")
+
+
 def _parse_object(name: str, line: int, raw: bytes) -> dict[str, Any]:
     # orjson (a JSON parser built for speed, UTF-8 validated, integers up to 2**64 - 1):
     # about 3x the json module on Mooncake lines, and parsing is most of a cold replay.
@@ -120,7 +124,10 @@ def _parse_object(name: str, line: int, raw: bytes) -> dict[str, Any]:
             raise TraceError(name, line, _TOO_DEEP) from None
         if line == 1 and raw.startswith(_GZIP_MAGIC):
             raise TraceError(name, line, _GZIPPED) from None
-        raise TraceError(name, line, _not_utf8(raw) or f"malformed JSON: {exc}") from None
+        binary = _not_utf8(raw)
+        if binary and line == 1 and str(name).lower().endswith((".og", ".oraclegeneral")):
+            binary += _ORACLE_GENERAL
+        raise TraceError(name, line, binary or _malformed(exc, raw)) from None
     if not isinstance(obj, dict):
         raise TraceError(name, line, f"expected a JSON object, got {type(obj).__name__}")
     quotes = raw.count(b'"')
@@ -174,7 +181,7 @@ def _repeated_key(name: str, line: int, raw: bytes) -> str | None:
     except RecursionError:
         raise TraceError(name, line, _TOO_DEEP) from None
     except ValueError as exc:
-        raise TraceError(name, line, f"malformed JSON: {exc}") from None
+        raise TraceError(name, line, _malformed(exc, raw)) from None
     return first_repeated_key(pairs)
 
 
@@ -187,6 +194,16 @@ def first_repeated_key(pairs: list[tuple[str, Any]]) -> str | None:
             return key
         seen.add(key)
     return None
+
+
+def _malformed(exc: ValueError, raw: bytes) -> str:
+    """A JSON error of one line, placed by column in that line (the decoder's own "line 2"
+    counts the line's newline: beside the file's line number it would contradict it)."""
+    pos = getattr(exc, "pos", None)
+    if not isinstance(exc, json.JSONDecodeError) or pos is None:
+        return f"malformed JSON: {exc}"
+    where = "at the end of the line" if pos >= len(raw.rstrip(b"\r\n")) else f"at column {pos + 1}"
+    return f"malformed JSON: {exc.msg} {where}"
 
 
 def _not_utf8(raw: bytes) -> str | None:
