@@ -385,6 +385,17 @@ class TierManager(InsertMixin, RoomMixin, TransferMixin, HoldMixin):
             if present:
                 self._drop(tier, present)
 
+    def drop_copies(self, tier: int, ids: Sequence[int]) -> list[int]:
+        """Drops the copies in ``tier`` of those ``ids`` another tier holds too (a published
+        copy found stale), unless pinned there by a move; each block stays where else it
+        lies. Counted as evictions of ``tier``. Returns the ids whose copy was dropped."""
+        here, pins = self.dirs[tier].slot_of, self.dirs[tier].pins
+        elsewhere = [d.slot_of for t, d in enumerate(self.dirs) if t != tier]
+        dropped = [b for b in dict.fromkeys(ids) if b in here and b not in pins and any(b in s for s in elsewhere)]
+        if dropped:
+            self._drop(tier, dropped)
+        return dropped
+
     # -- checks --------------------------------------------------------------------------
     def check_invariants(self) -> None:
         """Asserts every structure is consistent (see the class docstring)."""

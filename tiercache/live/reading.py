@@ -11,6 +11,7 @@ anything is looked up or read (``check_out``: nor may it lie in a pool of the st
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Sequence
 
 import torch
@@ -57,8 +58,15 @@ class StoreReads:
             if missing:
                 self._count_misses(len(missing))
                 raise KeyError(f"{len(missing)} of {len(keys)} keys are not stored (first: {missing[0].hex()})")
-            self._promote_for_read(ids)
-            return self._gather(keys, ids, out)
+            held, found_in = self._promote_for_read(ids, hold=True)
+            try:
+                blocks = self._gather(keys, ids, out)
+            except BaseException as exc:  # the read serves nothing: a block unreadable (ReadIOError too) misses,
+                # unless the promotion already counted its loss as one
+                self._count_served(held, found_in, 0, misses=int(isinstance(exc, KeyError) and None not in found_in))
+                raise
+            self._count_served(held, found_in, len(ids))
+            return blocks
 
     def get_slots(self, keys: Sequence[bytes]) -> list[int]:
         """Promotes the blocks of ``keys`` and returns their HBM slots (zero copy).
@@ -102,11 +110,17 @@ class StoreReads:
             ids = self._reachable_ids(keys, prefix=True)
             n = next((p for p, i in enumerate(ids) if i is None or self.manager.locate(i) is None), len(ids))
             self._count_misses(len(ids) - n)
-            self._promote_for_read(ids[:n])
-            n = next((p for p, i in enumerate(ids[:n]) if self.manager.locate(i) is None), n)
+            held, found_in = self._promote_for_read(ids[:n], hold=True)
+            present = next((p for p, i in enumerate(ids[:n]) if self.manager.locate(i) is None), n)
             if out is not None:
-                out = out[:n]
-            return self._gather(keys[:n], ids[:n], out, partial=True)
+                out = out[:present]
+            try:
+                blocks = self._gather(keys[:present], ids[:present], out, partial=True)
+            except BaseException:
+                self._count_served(held, found_in, 0)
+                raise
+            self._count_served(held, found_in, len(blocks), misses=sum(t is not None for t in found_in[len(blocks):]))
+            return blocks
 
     def _check_out(self, out: torch.Tensor | None, count: int, what: str) -> None:
         """``check_out`` of a caller's ``out`` (None: nothing to check) against this store's
@@ -144,23 +158,59 @@ class StoreReads:
         self.manager.wait_all()
         self._consume()
 
-    def _promote_for_read(self, ids: list[int], to_hbm: bool = False) -> None:
+    def _promote_for_read(self, ids: list[int], to_hbm: bool = False,
+                          hold: bool = False) -> tuple[list[tuple[int, int, int, int]], list[int]]:
         """Promotes the blocks a read asks for, as the policy says, never at their expense: each is
         referenced while the promotions run, so making room for one can never push another out of
         the hierarchy (what does not fit in HBM is read where it is). Moves in flight are ``_settle``d
         first; a block one of them lost is neither referenced nor counted (``read_blocks`` reports it).
         With ``to_hbm`` (``get_slots``, which serves blocks in HBM only) a call that leaves one of them
-        below HBM reads nothing: the promotions' hits are not counted (``_uncount_hits``)."""
+        below HBM reads nothing: the promotions' hits are not counted (``_uncount_hits``).
+
+        Returns:
+            With ``hold``, the promotions' events, in order and not yet counted, and for each
+            block accessed (in access order) the tier it was found in, None for one the promotion
+            found unreadable (counted a miss there): the read counts them with ``_count_served``
+            once it knows how many blocks it served. Else ``([], [])``: counted.
+        """
         self._settle()
-        distinct = [i for i in dict.fromkeys(ids) if self.manager.locate(i) is not None]
+        accessed = [i for i in ids if self.manager.locate(i) is not None]
+        found_in = [self.manager.locate(i) for i in accessed] if hold else []
+        distinct = list(dict.fromkeys(accessed))
         self.manager.ref(distinct)
+        held: list[tuple[int, int, int, int]] = []
         try:
-            self.manager.access([i for i in ids if self.manager.locate(i) is not None], store_misses=False)
+            self.manager.access(accessed, store_misses=False)
+            found_in = [None if self.manager.locate(i) is None else t for i, t in zip(accessed, found_in)]
         finally:
             self.manager.unref(distinct)
             if to_hbm and not all(i in self.manager.dirs[0].slot_of for i in ids):
                 self._uncount_hits()
+            if hold:
+                held = self.events.drain()
             self._consume()
+        return held, found_in
+
+    def _count_served(self, held: list[tuple[int, int, int, int]], found_in: list[int], served: int,
+                      misses: int = 0) -> None:
+        """Counts a read's held events (``_promote_for_read``) once it served the first ``served``
+        blocks it accessed: the hits of the others (a remote value the store no longer had, a
+        master that did not answer) are taken back, from the latest hits of the tier each was
+        found in, so no hit, read in place or link charge is counted for bytes never read; moves
+        that ran stay counted, and so do the misses of blocks the promotion found unreadable
+        (``found_in`` None: no hit of theirs to take back). ``misses`` more are counted."""
+        unserved = Counter(t for t in found_in[served:] if t is not None)
+        kept = []
+        for kind, tier, count, aux in reversed(held):
+            if kind == Ev.HIT and unserved[tier]:
+                taken = min(count, unserved[tier])
+                unserved[tier] -= taken
+                count -= taken
+            kept.append((kind, tier, count, aux))
+        for kind, tier, count, aux in reversed(kept):
+            self.events.emit(kind, tier, count, aux)
+        self._count_misses(misses)
+        self._consume()
 
     def _uncount_hits(self) -> None:
         """Drops the ``HIT`` events not yet counted (a read that raises serves none): no hit is

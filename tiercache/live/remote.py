@@ -192,7 +192,8 @@ class RemoteLink:
     # -- writes --------------------------------------------------------------------------
     def stored(self, ids: Sequence[int]) -> list:
         """A put's blocks ``ids`` (in the call's order, taken as one prefix from its start)
-        were stored locally: under ``through`` the part that extends what the view holds is
+        were stored locally: under ``through`` the published copies of them the store lost are
+        dropped from the view (``_check_published``), then the part that extends what the view holds is
         published now (``TierManager.publish`` with ``prefix``: blocks the view lacks, from
         the first one, up to the first the local tiers do not hold; the call's blocks in the
         view are never pushed out for them; those whose publication failed before count in
@@ -201,12 +202,28 @@ class RemoteLink:
         if self.config.write is not RemoteWrite.THROUGH:
             return self.retry_unpublished()
         self._take_unanswered()
+        self._check_published(ids)
         plans = self._publish(ids, prefix=True)
         again = [b for p in plans for b in p.ids if b in self._unpublished]
         for block_id in again:
             del self._unpublished[block_id]
         self.stats["republished"] += len(again)
         return plans + self.retry_unpublished()
+
+    def _check_published(self, ids: Sequence[int]) -> None:
+        """Asks the store (one existence check) about the published copies of the call's
+        blocks held locally, and drops the view entries of those it no longer holds (a master
+        that restarted, its eviction): the publication that follows writes them again, so a
+        re-put restores what other processes find. Nothing is asked for a call of new blocks
+        only; no answer changes nothing."""
+        view = self.manager.dirs[self.tier].slot_of
+        copies = [b for b in dict.fromkeys(ids) if b in view and (t := self.manager.locate(b)) is not None and t < self.tier]
+        keys = [self.keymap.keys.get(b) for b in copies]
+        copies = [b for b, key in zip(copies, keys) if key is not None]
+        found = self.medium.present([k for k in keys if k is not None]) if copies else None
+        if found is not None:
+            stale = self.manager.drop_copies(self.tier, [b for b, there in zip(copies, found.tolist()) if not there])
+            self.stats["stale"] += len(stale)
 
     def read(self, ids: Sequence[int]) -> list:
         """Counts local hits of a read; ``selective`` publishes blocks reaching the threshold;
