@@ -151,7 +151,8 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
 
 def check_disk(parser: argparse.ArgumentParser, args: argparse.Namespace, tiers: list[TierConfig]) -> None:
     """Refuses, before any work, a run whose NVMe tier would not fit the free space of the
-    disk it lies on (the blocks HBM and DRAM do not hold; all of them with --write-through)."""
+    disk it lies on (every block under write-through, the default; with --exclusive those HBM
+    and DRAM do not hold)."""
     layout = layout_of(args)
     per_layer = blocks_per_layer(args)
     below = 0 if args.write_through else sum(t.capacity_blocks for t in tiers if t.name in ("hbm", "dram"))
@@ -159,8 +160,11 @@ def check_disk(parser: argparse.ArgumentParser, args: argparse.Namespace, tiers:
     folder = args.path or tempfile.gettempdir()
     free = shutil.disk_usage(folder).free
     if needed > free:
+        remedies = "lower --tokens or --layers, or give a --path on a larger disk"
+        if args.write_through:
+            remedies += ", or --exclusive (NVMe then holds only what HBM and DRAM do not)"
         parser.error(f"--tokens {args.tokens}: the NVMe tier needs {needed / 2**30:.2f} GiB under {folder}, which has "
-                     f"{free / 2**30:.2f} GiB free; lower --tokens or give a --path on a larger disk")
+                     f"{free / 2**30:.2f} GiB free; {remedies}")
 
 
 def blocks_per_layer(args: argparse.Namespace) -> int:

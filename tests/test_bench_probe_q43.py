@@ -51,3 +51,13 @@ def test_a_run_larger_than_the_disk_is_refused_before_any_work(tmp_path, monkeyp
     with pytest.raises(SystemExit):
         lc.parse_args(_TINY + ["--path", str(tmp_path), "--tokens", "100000"])
     assert "GiB free; lower --tokens" in capsys.readouterr().err
+
+
+def test_chunks_smaller_than_a_unit_draw_each_unit_once(monkeypatch):
+    kv = NeedleKV(16 * 256 * 2, 2, 8, 16, 3, seed=5)  # two units of 4,096 tokens
+    drawn = []
+    real = torch.randn
+    monkeypatch.setattr(torch, "randn", lambda *a, **k: (drawn.append(a), real(*a, **k))[1])
+    for start in range(0, kv.n_blocks * 16, 512):
+        kv.chunk(start, 512)
+    assert len([a for a in drawn if a[:3] == (2, 4096, 8)]) == 2 * 2  # K and V of each unit, once

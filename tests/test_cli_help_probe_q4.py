@@ -37,22 +37,37 @@ CALLS = ([(name, ("--no-such-option",)) for name in OPTION_SCRIPTS]
             ("gap_closed.py", ("--trace", "/nonexistent/trace.jsonl")),
             ("long_context.py", ("--help",)), ("gap_closed.py", ("--help",))])
 
-#: Runs each script as ``__main__`` with its arguments, in turn, capturing what it writes and
-#: its exit status (a script's own process would see the same: its imports and parser run
-#: first, and nothing else ran before them but the imports of scripts run earlier).
+#: Runs each script as ``__main__`` with its arguments in a process of its own, forked from
+#: this one once it imported what every script imports first (torch, numpy, tiercache): no
+#: script sees another's imports or state, and
+#: what it writes to file descriptors 1 and 2 (Python's streams or not) is what it printed.
 _RUNNER = """
-import contextlib, io, json, runpy, sys
+import json, os, runpy, sys, tempfile, traceback
+import numpy, torch, tiercache.bench.script_args  # what every script imports first, once
 out = []
 for path, args in json.loads(sys.argv[1]):
-    stdout, stderr, code = io.StringIO(), io.StringIO(), 0
-    sys.argv = [path, *args]
-    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-        try:
-            runpy.run_path(path, run_name="__main__")
-        except SystemExit as done:
-            code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
-    out.append({"code": code, "stdout": stdout.getvalue(), "stderr": stderr.getvalue()})
-sys.__stdout__.write(json.dumps(out))
+    with tempfile.TemporaryFile() as stdout, tempfile.TemporaryFile() as stderr:
+        pid = os.fork()
+        if pid == 0:
+            os.dup2(stdout.fileno(), 1)
+            os.dup2(stderr.fileno(), 2)
+            code = 0
+            try:
+                sys.argv = [path, *args]
+                runpy.run_path(path, run_name="__main__")
+            except SystemExit as done:
+                code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
+            except BaseException:
+                traceback.print_exc()
+                code = 1
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+        code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        stdout.seek(0)
+        stderr.seek(0)
+        out.append({"code": code, "stdout": stdout.read().decode(), "stderr": stderr.read().decode()})
+print(json.dumps(out))
 """
 
 

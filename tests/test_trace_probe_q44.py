@@ -76,3 +76,10 @@ def test_a_rate_beyond_millisecond_timestamps_is_warned_about(tmp_path, capsys):
     assert main(["trace", "synth", "docs", "-o", str(out), "--rate", "1e7", "--requests", "20", "--docs", "5",
                  "--blocks", "2"]) == 0
     assert "timestamps are whole milliseconds" in capsys.readouterr().err
+
+
+def test_a_line_cut_short_after_non_ascii_text_is_placed_at_its_end(tmp_path, capsys):
+    trace = tmp_path / "steps.jsonl"
+    trace.write_text('{"step": 0, "layer": 0, "note": "\u00e9\u00e9\u00e9", "read": [], "write": [1\n', encoding="utf-8")
+    assert main(["trace", "inspect", str(trace)]) == 2
+    assert "at the end of the line" in capsys.readouterr().err

@@ -148,13 +148,25 @@ class NeedleKV:
         unit = self.block_tokens * 256
         for index in range(start // unit, -(-(start + count) // unit)):
             first, n = index * unit, min(unit, prompt - index * unit)
-            g = torch.Generator().manual_seed(self.seed * 1_000_003 + index)
-            unit_k = torch.randn(self.kv_heads, n, self.head_dim, generator=g)
-            unit_v = torch.randn(self.kv_heads, n, self.head_dim, generator=g)
             lo, hi = max(start, first), min(start + count, first + n)
+            unit_k, unit_v = self._unit(index, n, whole=(lo, hi) == (first, first + n))
             k[:, lo - start : hi - start] = unit_k[:, lo - first : hi - first]
             v[:, lo - start : hi - start] = unit_v[:, lo - first : hi - first]
         self._plant(k, start, count)
+        return k, v
+
+    def _unit(self, index: int, tokens: int, whole: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V (float32) of background unit ``index`` (``tokens`` long), drawn from its seed.
+        A unit a chunk uses only part of is kept (the last one only, so one per ``NeedleKV``)
+        for the next chunk, which draws it no more: any chunking costs about the same. Callers
+        copy out of it and never write it."""
+        kept = self.__dict__.get("_kept_unit")
+        if kept is not None and kept[0] == index:
+            return kept[1], kept[2]
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + index)
+        k = torch.randn(self.kv_heads, tokens, self.head_dim, generator=g)
+        v = torch.randn(self.kv_heads, tokens, self.head_dim, generator=g)
+        object.__setattr__(self, "_kept_unit", None if whole else (index, k, v))  # a frozen dataclass's cache
         return k, v
 
     def _plant(self, k: torch.Tensor, start: int, count: int) -> None:

@@ -79,7 +79,7 @@ class Once(argparse.Action):
     def __call__(self, parser, namespace, values, option_string=None) -> None:
         _note_once(parser, namespace, self, option_string, values)
         if isinstance(values, str) and not values.strip():
-            parser.error(f"{option_string}: empty value; give one or leave the option out")
+            parser.error(f"{option_string}: empty value; give one" + ("" if self.required else " or leave the option out"))
         setattr(namespace, self.dest, values)
 
 

@@ -98,7 +98,8 @@ def _require_plotting(command: str) -> None:
         importlib.import_module("matplotlib")
     except ImportError as exc:
         raise UserError(f"{command} draws its plots with matplotlib, which cannot be imported ({exc}); install it "
-                        "(pip install matplotlib) or use `tiercache report --across`, which draws none") from None
+                        "(pip install matplotlib), or save runs with `tiercache replay --out FILE` and compare them with "
+                        "`tiercache report --across FILE...`, which draws none") from None
 
 
 def run_report(args: argparse.Namespace) -> int:

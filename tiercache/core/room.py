@@ -81,7 +81,10 @@ class RoomMixin:
         Victims of an exclusive tier are demoted (cascading down); victims of the last tier,
         or of any tier in write-through mode, leave that tier. False with no victims (or,
         with ``protected`` ids, no room below for them) displaces nothing (moves in flight out
-        of ``tier``, which it waits for to use the slots they free, may have landed); False because
+        of ``tier``, which it waits for to use the slots they free, may have landed), except
+        past held victims, where room is made a slot at a time (``_room_past_held``) and the
+        slots made before the one that failed stay made (their blocks moved down, or out of
+        the hierarchy from a full last tier); False because
         a write-back failed leaves every victim where it was (victims refused by the
         admission below have left, as they would have anyway).
         """

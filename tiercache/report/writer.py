@@ -149,10 +149,11 @@ def _swap_in(staging: Path, target: Path) -> None:
         return
     aside = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
     aside.rmdir()  # only the unique name is wanted: rename needs a free path
-    target.rename(aside)
-    try:
+    try:  # both renames in one try: Ctrl-C or SIGTERM right after the first still puts it back
+        target.rename(aside)
         staging.rename(target)
     except BaseException:
-        aside.rename(target)  # put the previous report back
+        if aside.exists() and not target.exists():
+            aside.rename(target)  # put the previous report back
         raise
     shutil.rmtree(aside, ignore_errors=True)

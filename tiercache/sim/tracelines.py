@@ -202,7 +202,7 @@ def _malformed(exc: ValueError, raw: bytes) -> str:
     pos = getattr(exc, "pos", None)
     if not isinstance(exc, json.JSONDecodeError) or pos is None:
         return f"malformed JSON: {exc}"
-    where = "at the end of the line" if pos >= len(raw.rstrip(b"\r\n")) else f"at column {pos + 1}"
+    where = "at the end of the line" if pos >= len(exc.doc.rstrip("\r\n")) else f"at column {pos + 1}"
     return f"malformed JSON: {exc.msg} {where}"
 
 
