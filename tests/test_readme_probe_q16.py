@@ -66,7 +66,7 @@ def test_analysis_scripts_end_bad_input_in_one_line_before_any_work_and_say_na_w
                      '{"step": 1, "layer": 0, "read": [0, 1, 2], "write": [3]}\n')
     cases = {  # arguments -> what the one line must say
         ("/nonexistent/trace.jsonl", "--capacity", "10"): "/nonexistent/trace.jsonl",
-        (str(bad), "--capacity", "10"): "line 2",
+        (str(bad), "--capacity", "10"): "bad.jsonl:2: malformed JSON",
         (str(HEAD), "--capacity", "0"): "--capacity",
         (str(HEAD), "--capacity", "abc"): "--capacity",
         (str(HEAD), "--capacity", "10", "--json", "/nonexistent/rows.json"): "--json",

@@ -60,6 +60,7 @@ def test_report_compares_the_hardware_profiles_numbers_not_its_name(tmp_path: Pa
     assert "used another hardware" in (err := _error(capsys)) and "prefill 28000 vs 1000 tokens/s" in err
     # the same numbers under another name merge: the preset's JSON copy and the box with the preset's numbers
     assert main(["report", hbm, fast, "-o", str(tmp_path / "rep")]) == 0
+    assert f"{fast} duplicates {hbm}" in capsys.readouterr().err  # one run: counted once, and said so
     # a file written before hardware_profile reads as not recorded; its modeled times were a
     # flat per-token rate, so it is refused beside a newer file, whatever the names
     old = json.loads(Path(fast).read_text())

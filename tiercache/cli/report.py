@@ -113,12 +113,12 @@ def run_report(args: argparse.Namespace) -> int:
         return _run_across(args)
     _require_plotting("report")
     data = load_results(args.results)
-    for repeat in data.repeats:
-        print(f"tiercache report: note: {repeat_note(repeat, data.trace.name)}", file=sys.stderr)
     if args.trace:
         _check_trace(args.trace, data)
     command = shlex.join(["tiercache", "report", *args.results, "-o", args.out] + (["--trace", args.trace] if args.trace else []))
     _write(args.out, data, args.trace, command, None)
+    for repeat in data.repeats:  # once the report is written: an error ends the command in one line
+        print(f"tiercache report: note: {repeat_note(repeat, data.trace.name)}", file=sys.stderr)
     return 0
 
 

@@ -179,14 +179,16 @@ class StoreReads:
         distinct = list(dict.fromkeys(accessed))
         self.manager.ref(distinct)
         held: list[tuple[int, int, int, int]] = []
+        accessed_all = False
         try:
             self.manager.access(accessed, store_misses=False)
             found_in = [None if self.manager.locate(i) is None else t for i, t in zip(accessed, found_in)]
+            accessed_all = True
         finally:
             self.manager.unref(distinct)
             if to_hbm and not all(i in self.manager.dirs[0].slot_of for i in ids):
                 self._uncount_hits()
-            if hold:
+            if hold and accessed_all:  # an access that raised is counted as it went, now
                 held = self.events.drain()
             self._consume()
         return held, found_in
