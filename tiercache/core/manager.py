@@ -388,12 +388,14 @@ class TierManager(InsertMixin, RoomMixin, TransferMixin, HoldMixin):
     def drop_copies(self, tier: int, ids: Sequence[int]) -> list[int]:
         """Drops the copies in ``tier`` of those ``ids`` another tier holds too (a published
         copy found stale), unless pinned there by a move; each block stays where else it
-        lies. Counted as evictions of ``tier``. Returns the ids whose copy was dropped."""
+        lies, so no event is counted (an eviction is a block leaving the hierarchy; the caller
+        counts what it dropped). Returns the ids whose copy was dropped."""
         here, pins = self.dirs[tier].slot_of, self.dirs[tier].pins
         elsewhere = [d.slot_of for t, d in enumerate(self.dirs) if t != tier]
         dropped = [b for b in dict.fromkeys(ids) if b in here and b not in pins and any(b in s for s in elsewhere)]
         if dropped:
-            self._drop(tier, dropped)
+            self._hooks[tier].on_remove(dropped)
+            self.engine.discard(tier, dropped, self.dirs[tier].remove(dropped))
         return dropped
 
     # -- checks --------------------------------------------------------------------------

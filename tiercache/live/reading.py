@@ -182,7 +182,7 @@ class StoreReads:
         accessed_all = False
         try:
             self.manager.access(accessed, store_misses=False)
-            found_in = [None if self.manager.locate(i) is None else t for i, t in zip(accessed, found_in)]
+            found_in = _hit_tiers(accessed, found_in, self.manager.locate)
             accessed_all = True
         finally:
             self.manager.unref(distinct)
@@ -190,7 +190,13 @@ class StoreReads:
                 self._uncount_hits()
             if hold and accessed_all:  # an access that raised is counted as it went, now
                 held = self.events.drain()
-            self._consume()
+                found_in = _counted_tiers(held, len(accessed)) or found_in
+            try:
+                self._consume()
+            except BaseException:  # interrupted: the held events are counted by the next call, as they are
+                for event in held:
+                    self.events.emit(*event)
+                raise
         return held, found_in
 
     def _count_served(self, held: list[tuple[int, int, int, int]], found_in: list[int], served: int,
@@ -243,3 +249,32 @@ class StoreReads:
         else:
             self.manager.report_lost(tier, [block_id])
         self._consume()
+
+
+def _hit_tiers(accessed: list[int], before: list[int], locate) -> list[int | None]:
+    """The tier each block of an access (in order) was counted a hit in: where it lay before
+    the access for its first occurrence, where the access left it for a repeat (a promotion of
+    the first occurrence moved it; an approximation where a later promotion moved it again),
+    None for a block the access lost (unreadable on promotion: counted a miss there)."""
+    seen: set[int] = set()
+    tiers: list[int | None] = []
+    for block_id, tier in zip(accessed, before):
+        now = locate(block_id)
+        tiers.append(None if now is None else now if block_id in seen else tier)
+        seen.add(block_id)
+    return tiers
+
+
+def _counted_tiers(events: list[tuple[int, int, int, int]], n: int) -> list[int | None] | None:
+    """The tier each of an access's ``n`` blocks was counted a hit in (None: a miss, a block
+    its promotion found unreadable), read off the access's own events: its ``HIT`` and
+    ``MISS`` events cover its blocks in order, each run of one tier (within a run its misses
+    follow its hits, a tier being all a run's blocks share). None when they do not add up
+    to ``n`` (then ``_hit_tiers``' reckoning stands)."""
+    tiers: list[int | None] = []
+    for kind, tier, count, _ in events:
+        if kind == Ev.HIT:
+            tiers += [tier] * count
+        elif kind == Ev.MISS:
+            tiers += [None] * count
+    return tiers if len(tiers) == n else None

@@ -17,6 +17,7 @@ publication the store did not answer is tried again once it does (``retry_unpubl
 
 from __future__ import annotations
 
+import time
 from typing import Sequence
 
 from tiercache.config import Codec, RemoteConfig, RemoteWrite, TierConfig
@@ -30,6 +31,9 @@ from .keymap import KeyMap
 __all__ = ["RemoteLink", "remote_admission", "lossy_codec"]
 
 _UNPUBLISHED_LIMIT = 1 << 16  # local blocks kept for a retry of their publication
+#: Seconds a local block's view copy, found in the store by a put's check, is trusted before
+#: the next put of it asks again (``RemoteLink._check_published``).
+VERIFY_EVERY_S = 1.0
 
 
 class _PublishedOnly(AdmissionPolicy):
@@ -90,6 +94,7 @@ class RemoteLink:
         # republished: blocks of them started again after their publication failed
         # (``retry_unpublished``); ``unpublished``: the local blocks still waiting for that.
         self.stats = {"adopted": 0, "stale": 0, "publish_queued": 0, "republished": 0, "write": config.write.value}
+        self._verified: dict[int, float] = {}  # local blocks' view copies: when last found in the store
         self._unpublished: dict[int, None] = {}  # ids, oldest first (a dict keeps order, drops repeats)
 
     # -- lookups -------------------------------------------------------------------------
@@ -192,8 +197,8 @@ class RemoteLink:
     # -- writes --------------------------------------------------------------------------
     def stored(self, ids: Sequence[int]) -> list:
         """A put's blocks ``ids`` (in the call's order, taken as one prefix from its start)
-        were stored locally: under ``through`` the published copies of them the store lost are
-        dropped from the view (``_check_published``), then the part that extends what the view holds is
+        were stored locally: under ``through`` the view's copies of them the store lost are
+        dropped (``_check_published``), then the part that extends what the view holds is
         published now (``TierManager.publish`` with ``prefix``: blocks the view lacks, from
         the first one, up to the first the local tiers do not hold; the call's blocks in the
         view are never pushed out for them; those whose publication failed before count in
@@ -211,19 +216,28 @@ class RemoteLink:
         return plans + self.retry_unpublished()
 
     def _check_published(self, ids: Sequence[int]) -> None:
-        """Asks the store (one existence check) about the published copies of the call's
-        blocks held locally, and drops the view entries of those it no longer holds (a master
-        that restarted, its eviction): the publication that follows writes them again, so a
-        re-put restores what other processes find. Nothing is asked for a call of new blocks
-        only; no answer changes nothing."""
+        """Asks the store (one existence check) about the view's copies of the call's blocks held
+        locally that were not checked in the last ``VERIFY_EVERY_S``, and drops the view's copy
+        (the view only: nothing is deleted) of those it no longer holds (a master restarted on the
+        same ports, its eviction), counted ``stale``: the publication that follows writes them
+        again, so putting a prompt again restores what other instances find. A hot prefix put
+        by every request costs one check per ``VERIFY_EVERY_S``; a call of new blocks, none;
+        no answer changes nothing (at most ``timeout_s``, as every put's check)."""
+        now = time.monotonic()
         view = self.manager.dirs[self.tier].slot_of
-        copies = [b for b in dict.fromkeys(ids) if b in view and (t := self.manager.locate(b)) is not None and t < self.tier]
-        keys = [self.keymap.keys.get(b) for b in copies]
-        copies = [b for b, key in zip(copies, keys) if key is not None]
-        found = self.medium.present([k for k in keys if k is not None]) if copies else None
-        if found is not None:
-            stale = self.manager.drop_copies(self.tier, [b for b, there in zip(copies, found.tolist()) if not there])
-            self.stats["stale"] += len(stale)
+        copies = [b for b in dict.fromkeys(ids) if b in view and (t := self.manager.locate(b)) is not None
+                  and t < self.tier and now - self._verified.get(b, -VERIFY_EVERY_S) >= VERIFY_EVERY_S
+                  and self.keymap.keys.get(b) is not None]
+        if not copies:
+            return
+        found = self.medium.present([self.keymap.keys[b] for b in copies])
+        if found is None:
+            return
+        self._verified.update(dict.fromkeys(copies, now))
+        stale = self.manager.drop_copies(self.tier, [b for b, there in zip(copies, found.tolist()) if not there])
+        for block_id in stale:
+            del self._verified[block_id]
+        self.stats["stale"] += len(stale)
 
     def read(self, ids: Sequence[int]) -> list:
         """Counts local hits of a read; ``selective`` publishes blocks reaching the threshold;
@@ -283,6 +297,7 @@ class RemoteLink:
         for block_id in ids:
             if self.manager.locate(block_id) is None:
                 self.hits.pop(block_id, None)
+                self._verified.pop(block_id, None)
 
     def snapshot(self) -> dict:
         """The link's and the medium's counters, for ``stats()``."""
