@@ -5,7 +5,8 @@ tiercache's ``TieredCache`` twice: every block in HBM (the integration's own ove
 with HBM holding about an eighth of the KV (the rest in DRAM and NVMe, read back every step:
 the cost of spilling).
 
-Each side runs once per round, the one that goes first rotating (``tiercache.bench.rounds``);
+Each side runs once untimed first, then once per round, the one that goes first rotating
+(``tiercache.bench.rounds``);
 a round is a prefill of ``--context`` tokens and ``--new`` decode steps fed fixed random
 tokens (teacher forcing: every side computes the same positions, so the check below compares
 like with like). Reported: medians of prefill seconds and of per-token decode seconds, the
@@ -36,6 +37,7 @@ import torch
 from tiercache import TieredKVCache
 from tiercache.bench.rounds import alternate, paired_ratio, positive_int
 from tiercache.bench.script_args import ScriptParser, refuse_bad_outputs
+from tiercache.live.media import resolve_device
 from tiercache.config import TierConfig
 from tiercache.errors import UserError
 from tiercache.results.outfile import replace_file
@@ -69,6 +71,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.heads % args.kv_heads or args.hidden % args.heads:
         parser.error("--heads must be a multiple of --kv-heads and divide --hidden")
+    if (args.hidden // args.heads) % 2:
+        parser.error(f"--hidden / --heads must be even (rotary embeddings rotate pairs of dimensions), got "
+                     f"{args.hidden} / {args.heads} = {args.hidden // args.heads}")
+    try:
+        resolve_device(args.device)
+    except UserError as exc:
+        parser.error(f"--device: {exc}")
     if (args.context + args.new) // args.block_tokens < 4:
         parser.error("--context + --new must fill at least 4 blocks, or the spilled side would not spill")
     if args.tolerance is None:
@@ -205,13 +214,16 @@ def summarise(results: dict, args, spill_blocks: int, total_blocks: int) -> dict
     return {"device": args.device, "dtype": args.dtype, "torch_threads": torch.get_num_threads(),
             "context": args.context, "new": args.new, "rounds": args.rounds, "block_tokens": args.block_tokens,
             "window_blocks": args.window_blocks, "hbm_blocks_spilled": spill_blocks, "blocks_per_layer": total_blocks,
+            "whole_blocks_per_layer": (args.context + args.new) // args.block_tokens,
             "tolerance": args.tolerance, "logits_agree": agree, "sides": sides}
 
 
 def print_report(report: dict) -> None:
     print(f"{report['context']}-token prompt, {report['new']} decode steps, {report['device']} {report['dtype']}, "
           f"{report['torch_threads']} torch threads, medians of {report['rounds']} alternated rounds; spilled: HBM "
-          f"holds {report['hbm_blocks_spilled']} of {report['blocks_per_layer']} blocks per layer")
+          f"holds {report['hbm_blocks_spilled']} of {report['whole_blocks_per_layer']} whole blocks per layer"
+          + (" (the last, partly filled block, which the decode tokens fill, is no tier's)"
+             if report["blocks_per_layer"] > report["whole_blocks_per_layer"] else ""))
     print(f"{'side':<16}{'prefill s':>10}{'x dyn':>7}{'ms/token':>10}{'x dyn':>7}{'(range)':>14}"
           f"{'KV device MiB':>15}{'peak MiB':>10}{'max |dlogit|':>14}")
     for name, side in report["sides"].items():

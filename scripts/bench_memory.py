@@ -250,13 +250,14 @@ def print_table(result: dict) -> None:
         print(f"NVMeStore reopen: error: {reopen['error']}")
     else:
         print(f"NVMeStore {reopen['slots']:,} slots, {reopen['blocks']:,} blocks: create {reopen['create_s']:.2f} s, "
-              f"reopen {reopen['reopen_s']:.2f} s, {reopen['traced'] / reopen['slots']:.1f} B/slot traced after reopen")
+              f"reopen {reopen['reopen_s']:.2f} s (one run, files in the page cache), "
+              f"{reopen['traced'] / reopen['slots']:.1f} B/slot traced after reopen")
     rep = result["replay"]
     if "error" in rep:
         print(f"replay: error: {rep['error']}")
     else:
-        print(f"replay (bundled trace, lru 4000): {rep['accesses']:,} accesses, peak {rep['peak'] / rep['accesses']:.1f} B/access"
-              f" traced, {rep['rss'] / rep['accesses']:.1f} B/access rss")
+        print(f"replay (bundled trace, lru 4000): {rep['accesses']:,} accesses, {rep['peak'] / rep['accesses']:.1f} B/access "
+              f"traced at its peak, {rep['rss'] / rep['accesses']:.1f} B/access rss growth at its end")
     print("traced: tracemalloc's count; rss: resident-set growth in a separate run of the same case without tracemalloc")
     speed = result.get("speed", {})
     if "error" in speed:

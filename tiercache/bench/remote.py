@@ -19,8 +19,11 @@ By default the values live in another process's segment (a holder client started
 the bench's own client contributing none), so every byte crosses TCP loopback, as it
 would from another machine; ``local_segment`` keeps them in the bench's own segment.
 Each repetition uses fresh keys (a put of an existing key is a no-op in Mooncake) and
-removes the previous ones outside the clock; sides alternate order every repetition;
-both sides' reads are checked bit for bit against the source outside the clock.
+removes the previous ones outside the clock; the three sides rotate their order every
+repetition (each runs first, second and last in turn); there is no untimed warm-up (the
+first repetition counts; the figures are medians over ``--reps``); every side's reads are
+checked bit for bit against the source, and tiercache's put must have written each value
+(its ``puts`` grew by the blocks put, none found there already), outside the clock.
 """
 
 from __future__ import annotations
@@ -52,6 +55,10 @@ assert client.setup("127.0.0.1", sys.argv[2], int(sys.argv[3]), 16 << 20, "tcp",
 print("ready", flush=True)
 sys.stdin.read()
 """
+
+
+#: The sides' order in each repetition, in turn: each runs first, second and last once per three.
+_ORDERS = (("raw", "tc", "raw_mb"), ("tc", "raw_mb", "raw"), ("raw_mb", "raw", "tc"))
 
 
 @dataclass(frozen=True)
@@ -136,11 +143,13 @@ class _Sides:
         ids = list(range(len(self.keys), len(self.keys) + self.n))
         self.keys.update(zip(ids, keys))
         self.manager.restore(0, ids, list(range(self.n)))  # the blocks are in the pool's slots
+        written = self.remote.stats["puts"]
         start = time.perf_counter()
         plans = self.manager.publish(ids)
         self.manager.wait_all()
         seconds = time.perf_counter() - start
         assert plans and set(ids) <= set(self.manager.dirs[1].slot_of), "tiercache put failed"
+        assert self.remote.stats["puts"] - written == self.n, "tiercache put wrote fewer values than it was given"
         self.manager.evict(ids)  # leaves both directories (values stay in the store)
         self._ids = ids
         return seconds
@@ -206,7 +215,7 @@ def _measure(sides: _Sides, config: RemoteBenchConfig) -> dict:
         put = {"raw": lambda: sides.raw_put(raw_names), "tc": lambda: sides.tc_put(keys), "raw_mb": lambda: sides.raw_mb_put(mb_names)}
         get = {"raw": lambda: sides.raw_get(raw_names), "tc": sides.tc_get, "raw_mb": lambda: sides.raw_mb_get(mb_names)}
         seconds = {}
-        for side in (("raw", "tc", "raw_mb") if rep % 2 == 0 else ("tc", "raw", "raw_mb")):
+        for side in _ORDERS[rep % len(_ORDERS)]:
             sides.fill()
             seconds[f"{side}_put"] = put[side]()
             sides.clear()
