@@ -131,5 +131,5 @@ def test_bench_hf_cache_counts_the_blocks_a_layer_fills(tmp_path, capsys):
     assert bench.main(argv) == 0
     report = json.loads(out.read_text())
     assert report["blocks_per_layer"] == 4  # 64 tokens: exactly 4 blocks of 16
-    assert "HBM holds 2 of 4 blocks per layer" in capsys.readouterr().out
+    assert "HBM holds 2 of 4 whole blocks per layer" in capsys.readouterr().out
     assert [bench.blocks_per_layer(n, 16) for n in (1, 16, 17, 64, 65)] == [1, 1, 2, 4, 5]
