@@ -41,10 +41,8 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import signal
 import sys
 import tempfile
-import threading
 import time
 
 import numpy as np
@@ -59,6 +57,7 @@ from tiercache.bench.script_args import (
     ScriptParser, existing_folder, non_negative_int, open_share, refuse_bad_outputs, seed_int,
 )
 from tiercache.config import KVLayout, TierConfig, parse_capacity
+from tiercache.core.interrupts import raise_on_sigterm
 from tiercache.errors import UserError
 from tiercache.live.media import check_host_memory, resolve_device
 from tiercache.live.arguments import sparse_budget_blocks
@@ -393,16 +392,9 @@ def print_table(figures: dict) -> None:
         print(f"{mode + ' bytes/step':<{width}}  " + ", ".join(f"{k}={v / 2**20:.1f} MiB" for k, v in per.items()))
 
 
-def _exit_on_sigterm(signum: int, frame) -> None:
-    """SIGTERM (``timeout``, a scheduler) ends the run as Ctrl-C does, through ``run``'s
-    ``finally``, which removes the NVMe folder (exit 143, the shell's status for it)."""
-    raise SystemExit(128 + signum)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    raise_on_sigterm()  # SIGTERM ends the run as Ctrl-C does: run's finally removes the NVMe folder (exit 143)
     try:
         figures = run(args)
     except UserError as exc:

@@ -182,7 +182,6 @@ class StoreReads:
         accessed_all = False
         try:
             self.manager.access(accessed, store_misses=False)
-            found_in = _hit_tiers(accessed, found_in, self.manager.locate)
             accessed_all = True
         finally:
             self.manager.unref(distinct)
@@ -251,26 +250,12 @@ class StoreReads:
         self._consume()
 
 
-def _hit_tiers(accessed: list[int], before: list[int], locate) -> list[int | None]:
-    """The tier each block of an access (in order) was counted a hit in: where it lay before
-    the access for its first occurrence, where the access left it for a repeat (a promotion of
-    the first occurrence moved it; an approximation where a later promotion moved it again),
-    None for a block the access lost (unreadable on promotion: counted a miss there)."""
-    seen: set[int] = set()
-    tiers: list[int | None] = []
-    for block_id, tier in zip(accessed, before):
-        now = locate(block_id)
-        tiers.append(None if now is None else now if block_id in seen else tier)
-        seen.add(block_id)
-    return tiers
-
-
 def _counted_tiers(events: list[tuple[int, int, int, int]], n: int) -> list[int | None] | None:
     """The tier each of an access's ``n`` blocks was counted a hit in (None: a miss, a block
     its promotion found unreadable), read off the access's own events: its ``HIT`` and
     ``MISS`` events cover its blocks in order, each run of one tier (within a run its misses
     follow its hits, a tier being all a run's blocks share). None when they do not add up
-    to ``n`` (then ``_hit_tiers``' reckoning stands)."""
+    to ``n`` (then the tiers the blocks lay in before the access stand in)."""
     tiers: list[int | None] = []
     for kind, tier, count, _ in events:
         if kind == Ev.HIT:
