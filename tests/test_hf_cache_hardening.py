@@ -79,7 +79,10 @@ def test_generate_refuses_embeddings_over_a_reused_prefix_and_ids_that_stop_insi
             model.generate(prompt[:, :40], cache=cache, max_new_tokens=3, pad_token_id=0)
 
 
-def test_freeing_the_cache_during_generation_is_refused(tmp_path):
+@pytest.mark.parametrize("how", ["free", "free twice", "reset"])
+def test_freeing_the_cache_during_generation_is_refused(tmp_path, how):
+    """A second free (and reset, which frees once per layer) keeps the first one's mark
+    (probe q48: it cleared it, and generation went on over an empty cache)."""
     model = use_tiercache(tiny_llama(seed=7))
 
     class FreeAtFourth(transformers.StoppingCriteria):
@@ -89,7 +92,11 @@ def test_freeing_the_cache_during_generation_is_refused(tmp_path):
         def __call__(self, input_ids, scores, **kwargs):
             self.calls += 1
             if self.calls == 4:
-                self.cache.free()
+                if how == "reset":
+                    self.cache.reset()
+                else:
+                    for _ in range(how.count(" ") + 1):
+                        self.cache.free()
             return torch.zeros(input_ids.shape[0], dtype=torch.bool)
 
     with tiered(model, tmp_path, hbm=8, dram=8) as kv:

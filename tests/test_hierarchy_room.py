@@ -90,6 +90,11 @@ def test_promotion_whose_run_fills_the_tier_below_is_read_in_place_not_dropped()
     assert (Ev.PROMOTE_SKIPPED, 1, 2, 0) in events and (Ev.HIT, 1, 2, 0) in events
     assert not any(kind in (Ev.EVICT, Ev.PROMOTE) for kind, *_ in events)
     m.check_invariants()
+    with m.passing_full_tiers():  # a caller that needs the run in HBM (get_slots, a live prefetch)
+        m.access([1, 2])
+    assert contents(m) == [[1, 2, 5, 6], [], [3, 4]]  # the victims passed DRAM, nothing left
+    assert not m._pass_full
+    m.check_invariants()
 
 
 def test_victims_of_a_new_block_pass_a_tier_full_of_referenced_blocks():

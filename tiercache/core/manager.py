@@ -110,6 +110,7 @@ class TierManager(InsertMixin, RoomMixin, TransferMixin, HoldMixin):
         self.inflight: dict[int, TransferPlan] = {}
         self._running: set[int] = set()  # in-flight jobs this manager submitted (start_move)
         self._may_block = True  # False while a prefetch makes room: no waiting for moves in flight
+        self._pass_full = False  # True inside passing_full_tiers: guarded victims pass a full tier
         self._kept: frozenset = frozenset()  # ids of an access with keep_all: never last-tier victims
         # Promotions move in pieces when the run holds its own room (``_promote``): in an exclusive
         # hierarchy whose last tier is its own (a shared tier's victims only leave the view).

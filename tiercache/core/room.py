@@ -20,7 +20,12 @@ hierarchy. Where the victims go:
   may be exactly what fills the tier below), the whole placement is declined instead
   (``Room.NO_VICTIMS``, no block has moved): the caller reads the run where it lies. A
   block is never pushed out of the hierarchy to make room for one it already holds while
-  a tier below still has room;
+  a tier below still has room. A caller that needs the run in the top tier, where reading
+  it in place is no answer (a live store's ``get_slots`` and ``prefetch``), makes its room
+  inside ``passing_full_tiers()``: the victims then pass that tier to the nearest further
+  down that can take them, as an unguarded placement's do (never out of the hierarchy:
+  the rules below stand). A replay never does (its reads in place are the model, and the
+  compiled chain, ``tiercache.sim.chain``, mirrors the default);
 - a guarded cascade that would push a block out of the last tier (not a shared one,
   whose victims only leave this manager's view) while any tier has a free slot is declined
   the same way: the drop would be needed only because the run still holds its own slots
@@ -52,7 +57,8 @@ be made for is refused, counted.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from contextlib import contextmanager
+from typing import Callable, Iterator, Sequence
 
 from .guards import _NOTHING, Guard, HeldWithoutCopy
 from .plans import Ev, Room
@@ -71,9 +77,22 @@ class RoomMixin:
     tier's ``victims``, ``admit`` and eviction hooks, checked or handed copies for an
     out-of-tree policy: ``tiercache.core.answers``),
     ``engine``, ``events``, ``refs``, ``held``, ``write_through``, ``shared``, ``inflight``,
-    ``_running``, ``_may_block``, ``_kept``, ``_future`` and ``_departed``, and on ``_transfer``, ``wait``,
+    ``_running``, ``_may_block``, ``_pass_full``, ``_kept``, ``_future`` and ``_departed``, and on ``_transfer``, ``wait``,
     ``_leave_for_shared`` and ``_report_departed`` (``TransferMixin``).
     """
+
+    @contextmanager
+    def passing_full_tiers(self) -> Iterator[None]:
+        """Within it, the victims of a guarded placement (a promotion, a prefetch) pass a tier
+        below that cannot give up room (it holds the run itself, or pinned or referenced
+        blocks) to the nearest tier further down that can take them, instead of the whole
+        placement being declined (see the module docstring). Nests; restores the default on exit."""
+        before = self._pass_full
+        self._pass_full = True
+        try:
+            yield
+        finally:
+            self._pass_full = before
 
     def make_room(self, tier: int, n: int, protected=frozenset()) -> bool:
         """Ensures ``n`` free slots in ``tier`` by displacing victims; False when it cannot.
@@ -262,12 +281,12 @@ class RoomMixin:
         """Makes room for ``n`` victims of ``tier`` below it: ``(destination, outcome)``.
 
         Tries the tier right below (after waiting for its moves in flight when it is full of
-        pinned blocks: ``_retry_room``), then, for an unguarded placement only (empty
-        ``protected``), each tier further down. ``Room.NO_VICTIMS`` when none can take them,
+        pinned blocks: ``_retry_room``), then, for an unguarded placement (empty
+        ``protected``) or inside ``passing_full_tiers``, each tier further down. ``Room.NO_VICTIMS`` when none can take them,
         or when a guarded cascade would push a block out of the last tier while the hierarchy
         has a free slot (``_run_holds_the_room``).
         """
-        last = len(self.dirs) if not protected else tier + 2
+        last = len(self.dirs) if not protected or self._pass_full else tier + 2
         for dst in range(tier + 1, last):
             if self._run_holds_the_room(dst, n, protected):
                 break

@@ -76,8 +76,8 @@ class TieredCache(Cache):
     with its rows' KV (``copying``); it cannot be shallow-copied or pickled.
 
     Raises:
-        UserError: the model is not switched (``use_tiercache``); the layout or dtype does
-            not match the model; a bad mode, budget, prompt or mask.
+        UserError: ``kv`` is closed; the model is not switched (``use_tiercache``); the
+            layout or dtype does not match the model; a bad mode, budget, prompt or mask.
     """
 
     def __init__(self, kv: TieredKVCache, model: Any, mode: AttentionMode = AttentionMode.EXACT,
@@ -130,11 +130,13 @@ class TieredCache(Cache):
 
     def free(self) -> None:
         """Releases every row's blocks (they stay stored for a later prompt's prefix until
-        the policies evict them); the cache starts empty again. Idempotent. (A cache dropped
-        without it releases them when garbage-collected.)"""
+        the policies evict them); the cache starts empty again. Idempotent: a second call (or
+        ``reset``, which frees once per layer) keeps the first one's mark, so the next step of
+        the same generation is still refused. (A cache dropped without it releases them when
+        garbage-collected.)"""
         freed = bool(self.sequences)
         self._clear()
-        self._freed_rows = freed
+        self._freed_rows = self._freed_rows or freed
 
     def __deepcopy__(self, memo: dict) -> "TieredCache":
         """A second cache whose rows hold this one's KV so far (``copying``: blocks shared, the

@@ -75,10 +75,12 @@ def fingerprint_of_pass(model: Any) -> bytes:
 
 
 def check_model(kv: TieredKVCache, model: Any) -> None:
-    """Raises UserError unless ``model`` is switched to the tiercache attention and ``kv``'s
-    layout and dtype are the model's."""
+    """Raises UserError unless ``kv`` is an open TieredKVCache, ``model`` is switched to the
+    tiercache attention and ``kv``'s layout and dtype are the model's."""
     if not isinstance(kv, TieredKVCache):
         raise UserError(f"TieredCache: kv must be a TieredKVCache, got {type(kv).__name__}")
+    if kv._closed:
+        raise UserError("TieredCache: its TieredKVCache is closed; make the cache over an open one")
     if not isinstance(model, torch.nn.Module) or not hasattr(model, "config"):
         raise UserError(f"TieredCache: model must be a transformers model, got {type(model).__name__}")
     config = text_config(model.config)

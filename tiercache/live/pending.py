@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 __all__ = ["Pending"]
 
@@ -13,11 +13,14 @@ class Pending:
 
     ``events`` holds, per job, the CUDA event a compute stream can ``wait_event`` on (None
     for a job that is not a CUDA copy, or already finished when the handle was made).
+    ``owner`` marks the store that made it (job ids are numbered per store: another store's
+    ``wait`` refuses the handle); None for an empty handle made by hand.
     """
 
     job_ids: tuple[int, ...] = ()
     blocks: int = 0
     events: tuple = ()
+    owner: object = field(default=None, repr=False, compare=False)
 
     def __bool__(self) -> bool:
         return bool(self.job_ids)

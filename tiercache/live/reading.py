@@ -181,7 +181,11 @@ class StoreReads:
         held: list[tuple[int, int, int, int]] = []
         accessed_all = False
         try:
-            self.manager.access(accessed, store_misses=False)
+            if to_hbm:  # served from HBM only: a run read in place would serve nothing
+                with self.manager.passing_full_tiers():
+                    self.manager.access(accessed, store_misses=False)
+            else:
+                self.manager.access(accessed, store_misses=False)
             accessed_all = True
         finally:
             self.manager.unref(distinct)

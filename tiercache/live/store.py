@@ -295,7 +295,8 @@ class TieredKVStore(StoreReads, NoCopies):
         with self._lock:
             self._check_open()
             ids = [i for i in self._reachable_ids(keys, settle=False) if i is not None]
-            plans = self.manager.prefetch(ids)
+            with self.manager.passing_full_tiers():  # the blocks are wanted in HBM: no read in place
+                plans = self.manager.prefetch(ids)
             self._stats.consume(self.events.drain())
             self._forget_departed()
             return self._pending(plans)
@@ -304,10 +305,14 @@ class TieredKVStore(StoreReads, NoCopies):
         """Completes the moves of ``pending`` (every move in flight when None).
 
         Moves already completed (by ``poll`` or a read) are skipped: a handle never dangles.
+        A handle another store returned is refused (UserError): its job ids are that store's.
         """
         if pending is not None and not isinstance(pending, Pending):
             raise TypeError(f"TieredKVStore.wait: pending must be a Pending (from put or prefetch) or None, "
                             f"got {type(pending).__name__}")
+        if pending is not None and pending.job_ids and pending.owner is not self._lock:
+            raise UserError("TieredKVStore.wait: pending was made by another store (job ids are numbered per "
+                            "store); pass it to the wait of the store whose put or prefetch returned it")
         with self._lock:
             self._check_open()
             if pending is None:
@@ -327,11 +332,12 @@ class TieredKVStore(StoreReads, NoCopies):
 
     def _pending(self, plans: list[TransferPlan]) -> Pending:
         return Pending(tuple(p.job_id for p in plans), sum(p.n_blocks for p in plans),
-                       tuple(self.engine.event_of(p.job_id) for p in plans))
+                       tuple(self.engine.event_of(p.job_id) for p in plans), owner=self._lock)
 
     # -- readers -------------------------------------------------------------------------
     def pin(self, keys: Sequence[bytes]) -> None:
-        """Marks blocks as read by a live sequence: never evicted until ``release``."""
+        """Marks blocks as read by a live sequence until ``release``: never evicted, nor moved
+        down the hierarchy (no tier picks them as victims; a read may still promote them)."""
         keys = self._map.check_keys(keys, "TieredKVStore.pin")
         with self._lock:
             self._check_open()
