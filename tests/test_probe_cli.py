@@ -110,9 +110,9 @@ def test_offline_policy_on_a_recorded_decode_trace_is_refused(capsys, tmp_path):
 
 
 def test_bench_checks_its_options_with_quick(capsys, tmp_path):
-    for option, fragment in (("--seed=-1", "--seed: must be a non-negative integer"),
+    for option, fragment in (("--seed=-1", "--seed: must be an integer from 0 to 2**64-1"),
                              ("--blocks=0", "--blocks must be a positive integer"),
-                             ("--threads=-2", "--threads must be a positive integer"),
+                             ("--threads=-2", "--threads: must be an integer from 1 to 256"),
                              ("--reps=0", "--reps must be a positive integer"),
                              ("--model=nope", "--model: unknown model preset 'nope'"),
                              ("--block-tokens=0", "--block-tokens: must be a positive integer")):

@@ -311,7 +311,9 @@ class Bench:
         may be reported, in one line naming the folder and what the check found."""
         if self._cold_residue == 0:
             return None
-        where = self.cfg.directory
+        where = self.cfg.directory  # the CLI's working folder, removed by now: name the --dir it was made in
+        if os.path.basename(os.path.normpath(where)).startswith(".tiercache-bench-"):
+            where = os.path.dirname(os.path.abspath(where))
         return f"cold-read check on {where} ({filesystem(where)}): {_cold_check(self._cold_residue)}; no cold-read figure is reported or saved"
 
     def _read_chunks(self, paths: list[str], dests: list) -> None:

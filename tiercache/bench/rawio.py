@@ -237,7 +237,9 @@ class RawBlockFiles:
         (``SYNC_POLICY``), or without ``sync_each_block`` once per file after its last block
         (``RAW_SYNC_POLICY``, the raw limit); returns seconds. ``holds`` then records
         ``labels[i]`` (None without labels; ``SOURCE`` for an int) for the slot ``sources[i]``
-        went to, and ``last_slots[i]`` that global slot.
+        went to, and ``last_slots[i]`` that global slot. Fewer blocks than files run as many
+        writers as blocks, over the first files: a writer with nothing to write would only
+        add an open, an ``fdatasync`` and a place at the start barrier to the time.
 
         Pass the very memory the tier writes from: on this VM, writing the same small
         buffer over and over runs faster than writing distinct memory, as a tier does.
@@ -249,10 +251,12 @@ class RawBlockFiles:
             sources, labels = [self._src] * sources, [SOURCE] * sources
         tickets = iter(enumerate(zip(sources, labels if labels is not None else [None] * len(sources))))
         files = len(self.paths)
-        fds = [os.open(p, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644) for p in self.paths]
+        writers = max(1, min(files, len(sources)))  # no writer without a block to write (nor its open, sync, barrier)
+        fds = [os.open(p, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644) for p in self.paths[:writers]]
         self.last_slots = np.full(len(sources), -1, dtype=np.int64)
 
         def worker(index: int) -> None:
+            wrote = False
             for i, (source, label) in tickets:  # a shared iterator: each block goes to exactly one writer
                 slot = self._cursor[index] % self.blocks_per_file
                 self._cursor[index] += 1
@@ -260,38 +264,41 @@ class RawBlockFiles:
                 if sync_each_block:
                     os.fdatasync(fds[index])
                 self.holds[slot * files + index], self.last_slots[i] = label, slot * files + index
-            if not sync_each_block:
+                wrote = True
+            if wrote and not sync_each_block:
                 os.fdatasync(fds[index])
 
         try:
-            return self._pool.run(worker, files)
+            return self._pool.run(worker, writers)
         finally:
             for fd in fds:
                 os.close(fd)
 
     def read(self, slots: np.ndarray, dests: list, threads: int) -> float:
         """Reads global slot ``slots[i]`` into ``dests[i]`` (page aligned, one block) with
-        O_DIRECT preadv (buffered if refused), ``threads`` readers (at most ``files``);
-        returns seconds. Sets ``direct``.
+        O_DIRECT preadv (buffered if refused), ``threads`` readers (at most ``files``, and no
+        more than there are slots), opening only the files the slots are in; returns seconds.
+        Sets ``direct`` (for the files opened).
 
         Raises:
             OSError: a read failed or was short.
         """
         files, size = len(self.paths), self.block_bytes
-        opened = [open_for_read(p, True) for p in self.paths]
-        fds = [fd for fd, _ in opened]
-        self.direct = all(direct for _, direct in opened)
-        tickets = iter(zip(slots.tolist(), dests))
+        wanted = slots.tolist()
+        opened = {k: open_for_read(self.paths[k], True) for k in sorted({slot % files for slot in wanted})}
+        fds = {k: fd for k, (fd, _) in opened.items()}
+        self.direct = all(direct for _, direct in opened.values())
+        tickets = iter(zip(wanted, dests))
 
         def worker(_: int) -> None:
             for slot, dest in tickets:
                 if os.preadv(fds[slot % files], [dest], slot // files * size) != size:
                     raise OSError(f"short read of slot {slot}")
 
-        try:
-            return self._pool.run(worker, threads)
+        try:  # no reader without a block to read, and only the files the slots are in opened
+            return self._pool.run(worker, max(1, min(threads, len(wanted))))
         finally:
-            for fd in fds:
+            for fd in fds.values():
                 os.close(fd)
 
     def drop_cache(self) -> None:
@@ -329,7 +336,7 @@ def read_files(paths: list[str], dests: list, tails: list[mmap.mmap], pool: RawP
                 buffered.append(path)
 
     try:
-        return readers.run(worker, len(tails)), not buffered
+        return readers.run(worker, max(1, min(len(tails), len(paths)))), not buffered  # no reader without a file
     finally:
         if pool is None:
             readers.close()

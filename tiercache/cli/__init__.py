@@ -50,8 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.argv = argv
     # SIGTERM ends the commands that write files (atomically) as Ctrl-C does: no temporary
-    # file is left. bench (a live store mid-move) and remote-serve (its own handler) keep theirs.
-    previous_term = raise_on_sigterm() if args.command in ("replay", "trace", "compare", "report") else None
+    # file is left (bench: its working folder, a throwaway store, is removed). remote-serve
+    # keeps its own handler.
+    previous_term = raise_on_sigterm() if args.command in ("replay", "trace", "compare", "report", "bench") else None
     try:
         code = int(args.func(args) or 0)
         sys.stdout.flush()  # a reader that went away is reported here, not at exit

@@ -19,7 +19,14 @@ from ..errors import UserError
 from ..results.outfile import replace_file
 from .replay import check_output_file
 
-__all__ = ["add_parser", "main", "format_table"]
+__all__ = ["add_parser", "main", "format_table", "MAX_THREADS"]
+
+#: Most ``--threads``: each is a thread of the store's I/O pool and of each raw loop, and a file.
+MAX_THREADS = 256
+#: Peak disk use of a run (store chunks, laid-out and fresh raw files, zarr) and peak memory
+#: (pools, read-back buffers, zarr), in blocks' bytes per block of ``--blocks``; measured
+#: about 3.0x and 4.5x (RSS less the interpreter's) on a 64-block run.
+DISK_PER_BLOCK, MEMORY_PER_BLOCK = 3, 4
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -30,14 +37,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--block-tokens", type=int, default=256, help="tokens per block (default 256)")
     p.add_argument("--all-layers", action="store_true", help="blocks hold every layer (default: one layer per block, 1 MiB for llama-3-8b)")
     p.add_argument("--blocks", type=int, default=384, help="blocks per repetition (default 384)")
-    p.add_argument("--threads", type=int, default=4, help="I/O threads for the store and the raw loops (default 4)")
+    p.add_argument("--threads", type=int, default=4, help=f"I/O threads for the store and the raw loops, 1 to {MAX_THREADS} (default 4)")
     p.add_argument("--reps", type=int, default=5, help="repetitions; medians are reported (default 5)")
     p.add_argument("--dir", default=".", help="directory on the disk to measure (a temporary folder is made inside)")
     p.add_argument("--json", default="bench_tiers.json", help="where to write the results (default bench_tiers.json)")
     p.add_argument("--save-profile", metavar="PATH", help="also write the measured links as a hardware profile JSON")
     p.add_argument("--no-zarr-api", action="store_true", help="skip the zarr Python API reference measurement")
-    p.add_argument("--quick", action="store_true", help="tiny run (16 small blocks, 2 repetitions) for smoke tests")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quick", action="store_true", help="tiny run for smoke tests: 16 small blocks, 2 threads, 2 repetitions "
+                   "(overrides --model, --block-tokens, --all-layers, --blocks, --threads and --reps, which are still checked)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random block contents, 0 to 2**64-1 (default 0)")
     p.set_defaults(func=main)
 
 
@@ -61,12 +69,15 @@ def _full_config(args: argparse.Namespace, directory: str) -> BenchConfig:
 
     Raises:
         UserError: a bad ``--block-tokens``, ``--seed``, ``--model``, ``--blocks`` (below
-            ``MIN_BLOCKS``, 2), ``--threads`` or ``--reps``; the message names the option.
+            ``MIN_BLOCKS``, 2), ``--threads`` (above ``MAX_THREADS`` too) or ``--reps``; the
+            message names the option.
     """
     if args.block_tokens < 1:
         raise UserError(f"--block-tokens: must be a positive integer, got {args.block_tokens}")
-    if args.seed < 0:
-        raise UserError(f"--seed: must be a non-negative integer, got {args.seed}")
+    if not 0 <= args.seed < 2**64:
+        raise UserError(f"--seed: must be an integer from 0 to 2**64-1, got {args.seed}")
+    if not 1 <= args.threads <= MAX_THREADS:
+        raise UserError(f"--threads: must be an integer from 1 to {MAX_THREADS}, got {args.threads}")
     try:
         layout = layout_preset(args.model, args.block_tokens)
     except UserError as exc:
@@ -91,13 +102,20 @@ def main(args: argparse.Namespace) -> int:
     """
     if not os.path.isdir(args.dir):
         raise UserError(f"--dir {args.dir}: not a directory")
-    _config(args, args.dir)
+    if not os.access(args.dir, os.W_OK | os.X_OK):
+        raise UserError(f"--dir {args.dir}: not writable (the benchmark makes its working folder there)")
+    _check_room(_config(args, args.dir), args.dir)
     check_output_file(args.json, "--json")
     if args.save_profile is not None:
         check_output_file(args.save_profile, "--save-profile")
+        if os.path.realpath(args.save_profile) == os.path.realpath(args.json):
+            raise UserError(f"--save-profile {args.save_profile}: the same file as --json; the profile would replace the results")
     from ..bench.verify import BenchError  # loads torch: only once the command runs
 
-    workdir = tempfile.mkdtemp(prefix=".tiercache-bench-", dir=args.dir)
+    try:
+        workdir = tempfile.mkdtemp(prefix=".tiercache-bench-", dir=args.dir)
+    except OSError as exc:
+        raise UserError(f"--dir {args.dir}: cannot make the working folder there ({exc.strerror or exc})") from None
     try:
         result = run_bench(_config(args, workdir))
     except (BenchError, OSError) as exc:
@@ -108,6 +126,33 @@ def main(args: argparse.Namespace) -> int:
     print(format_table(result))
     _write_json(args.json, result)
     return _save_profile(result, args.save_profile) if args.save_profile else 0
+
+
+def _check_room(config: BenchConfig, directory: str) -> None:
+    """Refuses, before anything is made, a run whose blocks need more disk under ``directory``
+    or more memory than there is free (``DISK_PER_BLOCK``, ``MEMORY_PER_BLOCK``): it would
+    otherwise fill the disk, or fail mid-run with an error naming no option.
+
+    Raises:
+        UserError: naming the sizes to lower and what is free.
+    """
+    import psutil
+
+    size = config.blocks * config.layout.block_bytes
+    sizes = "lower --blocks or --block-tokens (or drop --all-layers)"
+    free_disk = shutil.disk_usage(directory).free
+    if DISK_PER_BLOCK * size > free_disk:
+        raise UserError(f"--dir {directory}: a run of {config.blocks} blocks of {config.layout.block_bytes} B needs about "
+                        f"{_size(DISK_PER_BLOCK * size)} of disk, {_size(free_disk)} are free; {sizes}")
+    free_memory = psutil.virtual_memory().available
+    if MEMORY_PER_BLOCK * size > free_memory:
+        raise UserError(f"--blocks {config.blocks}: blocks of {config.layout.block_bytes} B need about "
+                        f"{_size(MEMORY_PER_BLOCK * size)} of memory, {_size(free_memory)} are available; {sizes}")
+
+
+def _size(nbytes: int) -> str:
+    """Bytes in GiB, or in MiB below one GiB."""
+    return f"{nbytes / 2**30:.2f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"
 
 
 def _save_profile(result: dict, path: str) -> int:
@@ -121,6 +166,9 @@ def _save_profile(result: dict, path: str) -> int:
     save_measured_profile(result, path)
     print(f"hardware profile written to {path} (links only: set its prefill_tokens_per_s to llama-3-8b's "
           "prefill tokens/s on short prompts (~512 tokens) on your GPU before modeling recompute time or TTFT with it)")
+    if result["machine"]["device"] == "cpu (no CUDA)":
+        print(f"note: {path}: no CUDA here, so its dram->hbm and hbm->dram links are host-memory copies, not a GPU's link",
+              file=sys.stderr)
     return 0
 
 
@@ -139,13 +187,13 @@ def format_table(result: dict) -> str:
     m, cfg = result["machine"], result["config"]
     lines = [
         f"tiercache bench: {cfg['blocks']} blocks of {cfg['block_bytes']} B ({cfg['layout']}, {cfg['dtype']}),"
-        f" {cfg['threads']} threads, {cfg['reps']} reps, device {m['device']}; GB/s: medians over reps; ratio: median over paired rounds",
+        f" {cfg['threads']} threads, {cfg['reps']} reps, device {m['device']}; GB/s: {_over_reps(cfg['reps'])}; ratio: median over paired rounds",
         f"{'path':<26}{'tiercache GB/s':>16}{'raw GB/s':>10}{'ratio':>8}  raw baseline",
         *_comparison_rows(result),
     ]
     f = result.get("first_fill_write")
     if f:
-        lines.append(f"{'NVMe writes, first fill':<26}{f['tiercache']:>16.2f}{f['raw']:>10.2f}{f['ratio']:>8.2f}"
+        lines.append(f"{'NVMe writes, first fill':<26}{_fig(f['tiercache']):>16}{_fig(f['raw']):>10}{_fig(f['ratio']):>8}"
                      "  new chunk files (temp+rename) vs new raw files; once, not a target")
     if result["zarr_api"]:
         lines.append(_zarr_line(result))
@@ -169,11 +217,11 @@ def _comparison_rows(result: dict) -> list[str]:
         if name == "disk_read_cold" and refused is not None:
             rows.append(f"{label:<26}  refused: {refused}")
             continue
-        rows.append(f"{label:<26}{result['tiercache'][name]:>16.2f}{result['raw'][name]:>10.2f}{ratios[name]:>8.2f}  {baselines[name]}")
+        rows.append(f"{label:<26}{_fig(result['tiercache'][name]):>16}{_fig(result['raw'][name]):>10}{_fig(ratios[name]):>8}  {baselines[name]}")
     if refused is None:
         big = result["disk_read_cold_one_big_file"]
-        rows.append(f"{'NVMe cold reads, big file':<26}{result['tiercache']['disk_read_cold']:>16.2f}{big['raw']:>10.2f}"
-                    f"{ratios['disk_read_cold_vs_one_big_file']:>8.2f}  O_DIRECT preadv from one laid-out file per thread (format cost included)")
+        rows.append(f"{'NVMe cold reads, big file':<26}{_fig(result['tiercache']['disk_read_cold']):>16}{_fig(big['raw']):>10}"
+                    f"{_fig(ratios['disk_read_cold_vs_one_big_file']):>8}  O_DIRECT preadv from one laid-out file per thread (format cost included)")
     return rows
 
 
@@ -181,7 +229,20 @@ def _zarr_line(result: dict) -> str:
     """The zarr API reference next to tiercache's direct chunk I/O (no cold-read figure
     where either side's cold read was refused)."""
     z, tc = result["zarr_api"], result["tiercache"]
-    cold = f"cold read {z['read_cold']:.2f} GB/s" if z["read_cold"] is not None else f"cold read not timed ({z['cold_check']})"
-    direct = f"{tc['disk_read_cold']:.2f} GB/s" if result["cold_reads_refused"] is None else "refused (not cold, above)"
-    return (f"zarr API (per-chunk assignment, no fsync): write {z['write']:.2f} GB/s, {cold};"
-            f" direct chunk I/O: write {tc['disk_write']:.2f} GB/s, cold read {direct}")
+    cold = f"cold read {_fig(z['read_cold'])} GB/s" if z["read_cold"] is not None else f"cold read not timed ({z['cold_check']})"
+    direct = f"{_fig(tc['disk_read_cold'])} GB/s" if result["cold_reads_refused"] is None else "refused (not cold, above)"
+    return (f"zarr API (per-chunk assignment, no fsync): write {_fig(z['write'])} GB/s, {cold};"
+            f" direct chunk I/O: write {_fig(tc['disk_write'])} GB/s, cold read {direct}")
+
+
+def _fig(value: float) -> str:
+    """A figure with two decimals, or three significant digits below 0.1 (a slow figure
+    never prints as 0.00)."""
+    return f"{value:.2f}" if abs(value) >= 0.1 or value == 0 else f"{value:.3g}"
+
+
+def _over_reps(reps: int) -> str:
+    """What the table's GB/s figures are, for ``reps`` repetitions."""
+    if reps == 1:
+        return "one repetition (no median)"
+    return "medians over reps (of 2: their mean)" if reps == 2 else "medians over reps"

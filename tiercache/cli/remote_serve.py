@@ -8,11 +8,13 @@ master is stopped by its pid on the way out. The work is ``tiercache.data.remote
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import signal
 import socket
+import sys
 
-from ..data.remote_master import free_port, start_master
+from ..data.remote_master import exit_status, free_ports, start_master
 from ..errors import UserError
 from .replay import check_output_file
 
@@ -24,7 +26,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("remote-serve", help="run a Mooncake Store master for the shared remote tier",
                               description="Start mooncake_master (with its metadata server) on free ports and print "
                                           "the address a client needs; Ctrl-C stops it.")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on and to advertise (default 127.0.0.1)")
+    p.add_argument("--host", default="127.0.0.1", help="IPv4 address (or name) of this machine to listen on and to advertise "
+                   "(default 127.0.0.1)")
     p.add_argument("--rpc-port", type=port_number, help="the master's RPC port, 1..65535 (default: a free one)")
     p.add_argument("--metadata-port", type=port_number, help="the metadata server's port, 1..65535 (default: a free one)")
     p.add_argument("--log", help="append the master's output to this file (default: discarded)")
@@ -53,11 +56,20 @@ def _ports(args: argparse.Namespace) -> tuple[int, int, int]:
     Raises:
         UserError: nothing can listen on ``--host`` (an unknown name, an address not on this machine).
     """
+    if ":" in args.host:
+        raise UserError(f"--host {args.host}: an IPv6 address; a Mooncake master address is host:port, "
+                        "give an IPv4 address or a host name")
+    if args.host in ("0.0.0.0", ""):
+        raise UserError(f"--host {args.host!r}: the master listens on the address it advertises, and no client can "
+                        "reach 0.0.0.0; give this machine's address that the clients reach")
+    given = tuple(port for port in (args.rpc_port, args.metadata_port) if port is not None)
     try:
-        metrics = free_port(args.host)
-        rpc, metadata = args.rpc_port or free_port(args.host), args.metadata_port or free_port(args.host)
+        picked = iter(free_ports(args.host, 3 - len(given), taken=given))
     except OSError as exc:
         raise UserError(f"--host {args.host}: cannot listen there: {exc.strerror or exc}") from None
+    rpc = args.rpc_port or next(picked)
+    metadata = args.metadata_port or next(picked)
+    metrics = next(picked)
     if rpc == metadata:
         raise UserError(f"--rpc-port and --metadata-port are both {rpc}; give two ports")
     for option, port in (("--rpc-port", args.rpc_port), ("--metadata-port", args.metadata_port)):
@@ -78,8 +90,9 @@ def _check_free(host: str, port: int, option: str) -> None:
         try:
             probe.bind((host, port))
         except OSError as exc:
-            raise UserError(f"{option} {port}: cannot listen there on {host} ({exc.strerror or exc}); "
-                            "is another server using it?") from None
+            why = {errno.EADDRINUSE: "; is another server using it?",
+                   errno.EACCES: "; a port below 1024 needs root"}.get(exc.errno, "")
+            raise UserError(f"{option} {port}: cannot listen there on {host} ({exc.strerror or exc}){why}") from None
 
 
 def _exit_on_signal(signum: int, frame) -> None:
@@ -88,7 +101,10 @@ def _exit_on_signal(signum: int, frame) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    """Starts the master, prints its addresses, waits; options are checked before it starts."""
+    """Starts the master, prints its addresses, waits; options are checked before it starts.
+
+    Returns 1, saying how, when the master ends on its own (killed, crashed): the command
+    never outlives its master, nor ends without a word."""
     if args.log is not None:
         check_output_file(args.log, "--log")
     ports = _ports(args)
@@ -107,6 +123,9 @@ def main(args: argparse.Namespace) -> int:
                   f"  master:   {master.master}\n  metadata: {master.metadata}\n"
                   f"  RemoteConfig(master={master.master!r}, metadata={master.metadata!r})\n"
                   "Ctrl-C stops it.", flush=True)
-        return master.process.wait()
+        code = master.process.wait()
+        print(f"tiercache remote-serve: error: mooncake_master (pid {master.pid}) ended: {exit_status(code)}"
+              + (f"; see {args.log}" if args.log else ""), file=sys.stderr)
+        return 1
     finally:
         master.stop()

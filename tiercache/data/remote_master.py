@@ -23,14 +23,35 @@ from tiercache.errors import UserError
 if TYPE_CHECKING:
     from tiercache.config import RemoteConfig
 
-__all__ = ["MasterProcess", "find_master", "start_master", "free_port", "servers_answer"]
+__all__ = ["MasterProcess", "find_master", "start_master", "free_port", "free_ports", "servers_answer"]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port free on ``host`` now (the OS picks it)."""
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+    return free_ports(host, 1)[0]
+
+
+def free_ports(host: str = "127.0.0.1", count: int = 3, taken: tuple[int, ...] = ()) -> list[int]:
+    """``count`` distinct TCP ports free on ``host`` now, none of ``taken``: all are bound at
+    once before any is let go, so two picks never return the same port.
+
+    Raises:
+        OSError: nothing can listen on ``host``.
+    """
+    socks: list[socket.socket] = []
+    try:
+        ports: list[int] = []
+        while len(ports) < count:
+            sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+            socks.append(sock)
+            sock.bind((host, 0))
+            port = sock.getsockname()[1]
+            if port not in taken:
+                ports.append(port)
+        return ports
+    finally:
+        for sock in socks:
+            sock.close()
 
 
 def find_master() -> str:
@@ -100,7 +121,7 @@ def start_master(host: str = "127.0.0.1", ports: tuple[int, int, int] | None = N
     Raises:
         UserError: not installed, or it exited or did not answer within ``wait_s``.
     """
-    rpc, metadata, metrics = ports or (free_port(host), free_port(host), free_port(host))
+    rpc, metadata, metrics = ports or free_ports(host, 3)
     out = open(log, "ab") if log else subprocess.DEVNULL
     process = subprocess.Popen(master_command(host, rpc, metadata, metrics, extra), stdout=out, stderr=subprocess.STDOUT,
                                stdin=subprocess.DEVNULL)
@@ -124,9 +145,23 @@ def _wait_ready(started: MasterProcess, deadline: float, log: str | None) -> Non
     host, process = started.host, started.process
     while not (_accepts(host, started.rpc_port) and _accepts(host, started.metadata_port)):
         if process.poll() is not None or time.monotonic() > deadline:
-            raise UserError(f"mooncake_master did not start on {started.master} (exit status {process.poll()}); "
-                            f"see {log or 'its log'}")
+            where = f"see {log}" if log else "its output was discarded: give a log file (remote-serve --log) to keep it"
+            raise UserError(f"mooncake_master did not start on {started.master} ({exit_status(process.poll())}); {where}")
         time.sleep(0.05)
+
+
+def exit_status(code: int | None) -> str:
+    """A ``Popen.returncode`` in words: ``exit status N``, ``killed by signal N (NAME)``, or
+    ``still running`` (None)."""
+    if code is None:
+        return "still running"
+    if code >= 0:
+        return f"exit status {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = "unknown"
+    return f"killed by signal {-code} ({name})"
 
 
 def _accepts(host: str, port: int, timeout_s: float = 0.2) -> bool:
