@@ -46,7 +46,6 @@ def test_raw_writes_and_reads_use_no_more_workers_or_files_than_blocks(tmp_path,
 @pytest.mark.parametrize("options, message", [
     (["--seed", str(2**64)], "--seed: must be an integer from 0 to 2**64-1"),
     (["--threads", "257"], "--threads: must be an integer from 1 to 256"),
-    (["--blocks", "100000000"], "lower --blocks"),
     (["--json", "same.json", "--save-profile", "same.json"], "the same file as --json"),
 ])
 def test_bad_bench_options_end_in_one_line_before_any_work(tmp_path, monkeypatch, capsys, options, message):
@@ -55,6 +54,24 @@ def test_bad_bench_options_end_in_one_line_before_any_work(tmp_path, monkeypatch
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
     assert os.listdir(tmp_path) == []
+
+
+def test_runs_larger_than_the_free_disk_or_memory_are_refused_before_any_work(tmp_path, monkeypatch, capsys):
+    import collections
+
+    import psutil
+
+    free = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(bench_cli.shutil, "disk_usage", lambda path: free(1 << 40, 0, 20 << 20))
+    args = ["bench", "--dir", str(tmp_path), "--json", str(tmp_path / "b.json"), "--blocks", "2", "--block-tokens", "1024"]
+    monkeypatch.setattr(bench_cli, "run_bench", lambda config: pytest.fail("ran"))
+    # 2 blocks of 4 MiB over 8 threads lay out 8 raw blocks: 48 MiB, more than 3x the blocks' bytes
+    assert main([*args, "--threads", "8"]) == 2
+    assert "on 8 threads needs about 48.0 MiB of disk, 20.0 MiB are free" in capsys.readouterr().err
+    monkeypatch.setattr(bench_cli.shutil, "disk_usage", lambda path: free(1 << 40, 0, 1 << 40))
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: collections.namedtuple("vm", "available")(16 << 20))
+    assert main(args) == 2
+    assert "--blocks 2: blocks of 4194304 B need about 33.6 MiB of memory, 16.0 MiB are available" in capsys.readouterr().err
 
 
 def test_a_working_folder_bench_cannot_make_is_named(tmp_path, monkeypatch, capsys):
@@ -88,7 +105,8 @@ def test_a_master_that_ends_on_its_own_ends_remote_serve_saying_how(monkeypatch,
     assert f"mooncake_master (pid {process.pid}) ended: killed by signal 9 (SIGKILL)" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("host, message", [("::1", "an IPv6 address"), ("0.0.0.0", "no client can reach 0.0.0.0")])
+@pytest.mark.parametrize("host, message", [("::1", "an IPv6 address"), ("0.0.0.0", "no client can reach 0.0.0.0"),
+                                           ("0", "no client can reach 0.0.0.0")])
 def test_remote_serve_refuses_hosts_no_client_can_use(capsys, host, message):
     assert main(["remote-serve", "--host", host]) == 2
     assert message in capsys.readouterr().err

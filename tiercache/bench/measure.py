@@ -450,7 +450,8 @@ class Bench:
 
     def machine(self) -> dict:
         """Where this ran: host, device, filesystem, and what each raw baseline is."""
-        threads = self.cfg.threads
+        smallest = self.cfg.blocks // self._slice_count()  # blocks of the smallest slice: a write's; a read side has half
+        write_workers, read_workers = _workers(self.cfg.threads, smallest), _workers(self.cfg.threads, smallest // 2)
         read_kind = "O_DIRECT preadv" if self.raw.direct else "buffered preadv (filesystem refused O_DIRECT)"
         copy_kind = "one pinned->device copy_(non_blocking) of the same bytes, CUDA events" if self.cuda else host_copy_kind(self._copiers.threads)
         return {
@@ -467,11 +468,19 @@ class Bench:
             "baselines": {
                 "host_to_device": copy_kind,
                 "device_to_host": copy_kind,
-                "disk_write": f"pwrite loop over laid-out files from the same DRAM slots, {rawio.RAW_SYNC_POLICY}, {threads} threads",
-                "disk_read_cold": f"{read_kind} of the store's own chunk files into the same DRAM slots, {threads} threads"
+                "disk_write": f"pwrite loop over laid-out files from the same DRAM slots, {rawio.RAW_SYNC_POLICY}, {write_workers}",
+                "disk_read_cold": f"{read_kind} of the store's own chunk files into the same DRAM slots, {read_workers}"
                                   + ("" if self._cold_residue == 0 else f"; WARNING: {_cold_check(self._cold_residue)}"),
             },
         }
+
+
+def _workers(threads: int, smallest_call: int) -> str:
+    """The raw loops' concurrency in words: ``threads``, and where some calls have fewer
+    blocks, that they run one worker per block (``RawBlockFiles``: no idle worker)."""
+    if smallest_call >= threads:
+        return f"{threads} threads"
+    return f"{threads} threads (one per block where a call has fewer: {max(1, smallest_call)} on the smallest)"
 
 
 def _cold_check(residue: int | None, files: list[str] | None = None) -> str:

@@ -23,10 +23,10 @@ __all__ = ["add_parser", "main", "format_table", "MAX_THREADS"]
 
 #: Most ``--threads``: each is a thread of the store's I/O pool and of each raw loop, and a file.
 MAX_THREADS = 256
-#: Peak disk use of a run (store chunks, laid-out and fresh raw files, zarr) and peak memory
-#: (pools, read-back buffers, zarr), in blocks' bytes per block of ``--blocks``; measured
-#: about 3.0x and 4.5x (RSS less the interpreter's) on a 64-block run.
-DISK_PER_BLOCK, MEMORY_PER_BLOCK = 3, 4
+#: Peak memory of a run per byte of its blocks (pools, read-back buffers; the zarr API
+#: reference adds its own): the growth of peak RSS from 64 to 256 blocks of 1 MiB, measured
+#: 3.1x without the zarr reference and 4.1x with it (the interpreter's own ~0.5 GiB aside).
+MEMORY_PER_BYTE, MEMORY_PER_BYTE_ZARR = 3.2, 4.2
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -128,26 +128,37 @@ def main(args: argparse.Namespace) -> int:
     return _save_profile(result, args.save_profile) if args.save_profile else 0
 
 
+def disk_needed(config: BenchConfig) -> int:
+    """Peak bytes a run writes under its folder: the store's chunks and the fresh raw files
+    (one block each per block of ``--blocks``, the zarr reference's reusing that room), and
+    the laid-out raw files (``threads`` files of ``ceil(blocks / threads)`` blocks: more
+    than ``--blocks`` when ``--threads`` does not divide it). Measured 3.0x the blocks' bytes
+    at 64 blocks and 4 threads, as this gives."""
+    laid_out = config.threads * -(-config.blocks // config.threads)
+    return (2 * config.blocks + laid_out) * config.layout.block_bytes
+
+
 def _check_room(config: BenchConfig, directory: str) -> None:
-    """Refuses, before anything is made, a run whose blocks need more disk under ``directory``
-    or more memory than there is free (``DISK_PER_BLOCK``, ``MEMORY_PER_BLOCK``): it would
-    otherwise fill the disk, or fail mid-run with an error naming no option.
+    """Refuses, before anything is made, a run needing more disk under ``directory``
+    (``disk_needed``) or more memory (``MEMORY_PER_BYTE``) than there is free: it would
+    otherwise fill the disk, or fail mid-run with an error naming no option. The memory of
+    a CUDA device's HBM pool is the device's, not checked here.
 
     Raises:
         UserError: naming the sizes to lower and what is free.
     """
     import psutil
 
-    size = config.blocks * config.layout.block_bytes
-    sizes = "lower --blocks or --block-tokens (or drop --all-layers)"
-    free_disk = shutil.disk_usage(directory).free
-    if DISK_PER_BLOCK * size > free_disk:
-        raise UserError(f"--dir {directory}: a run of {config.blocks} blocks of {config.layout.block_bytes} B needs about "
-                        f"{_size(DISK_PER_BLOCK * size)} of disk, {_size(free_disk)} are free; {sizes}")
-    free_memory = psutil.virtual_memory().available
-    if MEMORY_PER_BLOCK * size > free_memory:
+    sizes = "lower --blocks, --threads or --block-tokens (or drop --all-layers)"
+    disk, free_disk = disk_needed(config), shutil.disk_usage(directory).free
+    if disk > free_disk:
+        raise UserError(f"--dir {directory}: a run of {config.blocks} blocks of {config.layout.block_bytes} B on "
+                        f"{config.threads} threads needs about {_size(disk)} of disk, {_size(free_disk)} are free; {sizes}")
+    factor = MEMORY_PER_BYTE_ZARR if config.zarr_api else MEMORY_PER_BYTE
+    memory, free_memory = int(factor * config.blocks * config.layout.block_bytes), psutil.virtual_memory().available
+    if memory > free_memory:
         raise UserError(f"--blocks {config.blocks}: blocks of {config.layout.block_bytes} B need about "
-                        f"{_size(MEMORY_PER_BLOCK * size)} of memory, {_size(free_memory)} are available; {sizes}")
+                        f"{_size(memory)} of memory, {_size(free_memory)} are available; {sizes}")
 
 
 def _size(nbytes: int) -> str:

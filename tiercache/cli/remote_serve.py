@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import ipaddress
 import json
 import signal
 import socket
@@ -59,7 +60,7 @@ def _ports(args: argparse.Namespace) -> tuple[int, int, int]:
     if ":" in args.host:
         raise UserError(f"--host {args.host}: an IPv6 address; a Mooncake master address is host:port, "
                         "give an IPv4 address or a host name")
-    if args.host in ("0.0.0.0", ""):
+    if _unspecified(args.host):
         raise UserError(f"--host {args.host!r}: the master listens on the address it advertises, and no client can "
                         "reach 0.0.0.0; give this machine's address that the clients reach")
     given = tuple(port for port in (args.rpc_port, args.metadata_port) if port is not None)
@@ -76,6 +77,18 @@ def _ports(args: argparse.Namespace) -> tuple[int, int, int]:
         if port is not None:
             _check_free(args.host, port, option)
     return rpc, metadata, metrics
+
+
+def _unspecified(host: str) -> bool:
+    """Whether ``host`` names the unspecified address (``0.0.0.0``, ``0``, ``0.0``, empty):
+    every interface, no address a client can use. A name that does not resolve is not (the
+    listen check names it)."""
+    if not host.strip():
+        return True
+    try:
+        return ipaddress.ip_address(socket.gethostbyname(host)).is_unspecified
+    except (OSError, ValueError, UnicodeError):
+        return False
 
 
 def _check_free(host: str, port: int, option: str) -> None:

@@ -23,9 +23,11 @@ hierarchy. Where the victims go:
   a tier below still has room. A caller that needs the run in the top tier, where reading
   it in place is no answer (a live store's ``get_slots`` and ``prefetch``), makes its room
   inside ``passing_full_tiers()``: the victims then pass that tier to the nearest further
-  down that can take them, as an unguarded placement's do (never out of the hierarchy:
-  the rules below stand). A replay never does (its reads in place are the model, and the
-  compiled chain, ``tiercache.sim.chain``, mirrors the default);
+  down that can make room for them, as an unguarded placement's do; they leave the
+  hierarchy only as the rules below allow (with every tier full, the last tier's victims
+  leave, as for any promotion, and the run's old slots are the holes). A replay never does
+  (its reads in place are the model, and the compiled chain, ``tiercache.sim.chain``,
+  mirrors the default);
 - a guarded cascade that would push a block out of the last tier (not a shared one,
   whose victims only leave this manager's view) while any tier has a free slot is declined
   the same way: the drop would be needed only because the run still holds its own slots

@@ -162,8 +162,13 @@ class TransferMixin:
     def _prefetch_fit(self, dst: int, guard: frozenset) -> int:
         """Most blocks one prefetch piece into ``dst`` can take now: no more than room can be
         made for there (``_room_possible``) nor than the smallest tier from ``dst`` down holds
-        (so its victims never outnumber a tier's slots on their way down)."""
-        return min(self._room_possible(dst, guard), self._chunk_caps[dst])
+        (so its victims never outnumber a tier's slots on their way down); inside
+        ``passing_full_tiers``, no more than the hierarchy's free slots either, where it has any
+        (as ``_promote`` cuts a run: a longer piece would be declined for pushing a block out
+        of the last tier while a slot is free)."""
+        fit = min(self._room_possible(dst, guard), self._chunk_caps[dst])
+        free = self._free_slots() if self._pass_full else 0
+        return min(fit, free) if free else fit
 
     def _room_without_waiting(self, tier: int, n: int, protected) -> bool:
         """``_make_room`` whose cascade never waits for a move in flight (it goes without)."""

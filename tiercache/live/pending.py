@@ -13,14 +13,15 @@ class Pending:
 
     ``events`` holds, per job, the CUDA event a compute stream can ``wait_event`` on (None
     for a job that is not a CUDA copy, or already finished when the handle was made).
-    ``owner`` marks the store that made it (job ids are numbered per store: another store's
-    ``wait`` refuses the handle); None for an empty handle made by hand.
+    ``owner`` is the random token of the store that made it (job ids are numbered per store:
+    another store's ``wait`` refuses the handle); None for a handle made by hand. A plain
+    int, so a handle copies and pickles as before.
     """
 
     job_ids: tuple[int, ...] = ()
     blocks: int = 0
     events: tuple = ()
-    owner: object = field(default=None, repr=False, compare=False)
+    owner: int | None = field(default=None, repr=False, compare=False)
 
     def __bool__(self) -> bool:
         return bool(self.job_ids)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import secrets
 from typing import Sequence
 
 import numpy as np
@@ -89,6 +90,7 @@ class TieredKVStore(StoreReads, NoCopies):
         self.tier_quantised = [t.codec is not Codec.NONE for t in tiers]  # per tier: stores blocks with a codec
         self.value_limit = value_limit(tiers)  # what a quantised tier can hold (None: no quantised tier)
         self._lock = OwnerGuard()  # one call at a time, by this process only; Ctrl-C deferred to its end
+        self._token = secrets.randbits(63)  # marks this store's Pending handles (their job ids are its own)
         self._map = KeyMap()
         self._media = open_media(tiers, layout, path, device)
         try:  # a constructor that raises returns no store to close: nothing it opened may stay open
@@ -310,9 +312,10 @@ class TieredKVStore(StoreReads, NoCopies):
         if pending is not None and not isinstance(pending, Pending):
             raise TypeError(f"TieredKVStore.wait: pending must be a Pending (from put or prefetch) or None, "
                             f"got {type(pending).__name__}")
-        if pending is not None and pending.job_ids and pending.owner is not self._lock:
-            raise UserError("TieredKVStore.wait: pending was made by another store (job ids are numbered per "
-                            "store); pass it to the wait of the store whose put or prefetch returned it")
+        if pending is not None and pending.job_ids and pending.owner != self._token:
+            raise UserError("TieredKVStore.wait: pending was not made by this store (another store's, or one "
+                            "made by hand: job ids are numbered per store); pass it to the wait of the store "
+                            "whose put or prefetch returned it")
         with self._lock:
             self._check_open()
             if pending is None:
@@ -332,7 +335,7 @@ class TieredKVStore(StoreReads, NoCopies):
 
     def _pending(self, plans: list[TransferPlan]) -> Pending:
         return Pending(tuple(p.job_id for p in plans), sum(p.n_blocks for p in plans),
-                       tuple(self.engine.event_of(p.job_id) for p in plans), owner=self._lock)
+                       tuple(self.engine.event_of(p.job_id) for p in plans), owner=self._token)
 
     # -- readers -------------------------------------------------------------------------
     def pin(self, keys: Sequence[bytes]) -> None:
