@@ -21,9 +21,12 @@ Time to first token: each path runs once untimed (warm-up), then hand-off and re
 alternate ``--repeats`` times (5), the one that goes first swapping each time. The hand-off's
 TTFT is fetch + rebuild + tail forward; the figures are medians, and the speed-up is the
 median over pairs of recompute TTFT / hand-off TTFT (a pair ran right next to each other).
-If any run of either path decodes other tokens, or any hand-off fetched other KV, the
-hand-off did not hand off the prompt's KV: no TTFT or speed-up is printed, no JSON written,
-and the demo exits 1.
+If any run of either path decodes other tokens, or any hand-off fetched other KV, or fewer
+blocks than the prompt's whole blocks (a hand-off that found nothing to fetch, because the
+prefill process or the master died, is a recompute), the hand-off did not hand off the
+prompt's KV: no TTFT or speed-up is printed, no JSON written, and the demo exits 1. A
+process that fails ends the demo with its own error; SIGTERM and Ctrl-C stop both processes
+and the master, and each process removes its NVMe folder.
 Also prints the bytes moved by one hand-off. Needs the ``remote`` and ``hf`` extras.
 
 Usage: ``python scripts/disagg_demo.py [--tokens 2048] [--new-tokens 8] [--repeats 5] [--json OUT]``
@@ -43,8 +46,9 @@ import warnings
 import torch
 
 from tiercache.bench.rounds import alternate, positive_int
-from tiercache.bench.script_args import ScriptParser, refuse_bad_outputs
+from tiercache.bench.script_args import ScriptParser, refuse_bad_outputs, seed_int
 from tiercache.config import KVLayout, RemoteConfig, TierConfig
+from tiercache.core.interrupts import raise_on_sigterm
 from tiercache.data.remote_master import start_master
 from tiercache.errors import UserError
 from tiercache.keys import prefix_keys
@@ -52,6 +56,10 @@ from tiercache.live.store import TieredKVStore
 from tiercache.results.outfile import replace_file
 
 BLOCK_TOKENS, NAMESPACE = 64, "disagg-demo"
+#: The tiny model's longest sequence (``max_position_embeddings``): prompt and new tokens.
+MAX_POSITIONS = 16384
+#: Longest wait for the decode process (its runs, every repeat) and for the prefill's results.
+DECODE_TIMEOUT_S, PREFILL_TIMEOUT_S = 600, 300
 #: Largest ``|fetched KV - the prompt's KV recomputed by the decode process|`` accepted: 0, bit
 #: for bit. Both processes run the same seeded model on the same prompt with the same CPU
 #: kernels, and the store keeps the fp32 KV as it is (no codec), so any difference is KV that
@@ -66,7 +74,7 @@ def build_model(seed: int):
 
     torch.manual_seed(seed)
     config = LlamaConfig(vocab_size=2000, hidden_size=256, intermediate_size=688, num_hidden_layers=4, num_attention_heads=8,
-                         num_key_value_heads=4, max_position_embeddings=16384)
+                         num_key_value_heads=4, max_position_embeddings=MAX_POSITIONS)
     return LlamaForCausalLM(config).eval()
 
 
@@ -75,16 +83,17 @@ def layout_of(model) -> KVLayout:
     return KVLayout(c.num_hidden_layers, c.num_key_value_heads, c.hidden_size // c.num_attention_heads, "float32", BLOCK_TOKENS)
 
 
-def open_store(model, master: str, metadata: str, blocks: int) -> TieredKVStore:
-    """Local tiers (HBM on the CPU device here, DRAM, NVMe) plus the shared remote tier, for
-    ``blocks`` blocks in all (every copy of the prompt): HBM and the remote tier hold them
-    all, so no timed fetch pays a local demotion or a remote eviction."""
+def open_store(model, master: str, metadata: str, blocks: int, folder: str) -> TieredKVStore:
+    """Local tiers (HBM on the CPU device here, DRAM, NVMe in ``folder``, which the caller
+    removes) plus the shared remote tier, for ``blocks`` blocks in all (every copy of the
+    prompt): HBM and the remote tier hold them all, so no timed fetch pays a local demotion
+    or a remote eviction."""
     layout = layout_of(model)
     segment = max(256 << 20, 2 * blocks * layout.block_bytes)
     remote = RemoteConfig(master, metadata, segment_bytes=segment, buffer_bytes=64 << 20)
     tiers = [TierConfig("hbm", max(64, blocks)), TierConfig("dram", 64), TierConfig("nvme", 256),
              TierConfig("remote", max(4096, blocks), remote=remote)]
-    return TieredKVStore(layout, tiers, path=tempfile.mkdtemp(prefix="tiercache-disagg-"), device="cpu")
+    return TieredKVStore(layout, tiers, path=folder, device="cpu")
 
 
 def namespace_of(copy: int) -> str:
@@ -171,7 +180,8 @@ def prefill(args) -> None:
     seconds = time.perf_counter() - start
     n_blocks, copies = len(ids) // BLOCK_TOKENS, args.repeats + 1
     blocks = to_blocks(out.past_key_values, n_blocks)
-    with open_store(model, args.master, args.metadata, copies * n_blocks) as store:
+    with tempfile.TemporaryDirectory(prefix="tiercache-disagg-") as folder, \
+            open_store(model, args.master, args.metadata, copies * n_blocks, folder) as store:
         start = time.perf_counter()
         stored = store.put_tokens(ids[: n_blocks * BLOCK_TOKENS], blocks, namespace=namespace_of(0))
         store.wait()  # the remote puts run in the background
@@ -224,14 +234,22 @@ def recompute(model, ids: list[int], new_tokens: int) -> dict:
     return {"tokens": tokens, "ttft_s": first}
 
 
-def summarise(handoffs: list[dict], recomputes: list[dict]) -> dict:
+def handed_off_blocks(tokens: int) -> int:
+    """Blocks a hand-off of a ``tokens``-token prompt fetches: its whole blocks before the last
+    token (which always runs, to give the first logits)."""
+    return (tokens - 1) // BLOCK_TOKENS
+
+
+def summarise(handoffs: list[dict], recomputes: list[dict], expected_blocks: int) -> dict:
     """Medians of the hand-off's parts and of both TTFTs, and the median over pairs of
     recompute TTFT / hand-off TTFT (``ttft_speedup``); ``same_tokens`` is whether every run of
     either path decoded the same tokens, ``same_kv`` whether every hand-off fetched the
     prompt's KV within ``KV_TOLERANCE`` (``kv_max_abs_diff``: the largest difference of any),
     and ``ttft_speedup`` is None unless both hold (a hand-off that fetched other KV, even one
     that decodes the same tokens, as blocks in another order do, did not hand off the
-    prompt's KV: its time means nothing). ``tokens`` are the first hand-off's,
+    prompt's KV: its time means nothing), nor unless ``fetched_all``: every hand-off fetched
+    from the remote tier all ``expected_blocks`` of the prompt's blocks it can use (one that
+    found fewer, its publisher or the master gone, recomputed them). ``tokens`` are the first hand-off's,
     ``recompute_tokens`` the first recompute's. The fetch counters are one hand-off's (the first)."""
     def median(runs: list[dict], key: str) -> float:
         return statistics.median(run[key] for run in runs)
@@ -241,11 +259,14 @@ def summarise(handoffs: list[dict], recomputes: list[dict]) -> dict:
     same = all(run["tokens"] == first["tokens"] for run in runs)
     kv_error = max(run["kv_max_abs_diff"] for run in handoffs)
     same_kv = kv_error <= KV_TOLERANCE
-    return {"found_tokens": first["found_tokens"], "cached_tokens": first["cached_tokens"], "repeats": len(handoffs),
+    fetched_all = all(run["cached_tokens"] == expected_blocks * BLOCK_TOKENS and run["remote_gets"] == expected_blocks
+                      for run in handoffs)
+    return {"expected_blocks": expected_blocks, "fetched_all": fetched_all,
+            "fewest_fetched": min(run["remote_gets"] for run in handoffs),"found_tokens": first["found_tokens"], "cached_tokens": first["cached_tokens"], "repeats": len(handoffs),
             "fetch_s": median(handoffs, "fetch_s"), "rebuild_s": median(handoffs, "rebuild_s"), "tail_s": median(handoffs, "tail_s"),
             "ttft_handoff_s": median(handoffs, "ttft_s"), "ttft_recompute_s": median(recomputes, "ttft_s"),
             "ttft_speedup": statistics.median(r["ttft_s"] / h["ttft_s"] for h, r in zip(handoffs, recomputes, strict=True))
-            if same and same_kv else None,
+            if same and same_kv and fetched_all else None,
             "same_tokens": same, "same_kv": same_kv, "kv_max_abs_diff": kv_error,
             "tokens": first["tokens"], "recompute_tokens": recomputes[0]["tokens"],
             "bytes_fetched": first["bytes_fetched"], "remote_gets": first["remote_gets"], "exists_calls": first["exists_calls"],
@@ -259,11 +280,13 @@ def decode(args) -> None:
     model = build_model(args.seed)
     ids = prompt_ids(args.tokens, args.seed)
     reference = prompt_kv(model, ids)
-    with open_store(model, args.master, args.metadata, (args.repeats + 1) * (len(ids) // BLOCK_TOKENS)) as store:
+    blocks = (args.repeats + 1) * (len(ids) // BLOCK_TOKENS)
+    with tempfile.TemporaryDirectory(prefix="tiercache-disagg-") as folder, \
+            open_store(model, args.master, args.metadata, blocks, folder) as store:
         runs = alternate({"handoff": lambda i: handoff(store, model, ids, namespace_of(i), args.new_tokens, reference),
                           "recompute": lambda _: recompute(model, ids, args.new_tokens)}, args.repeats)
     handoffs, recomputes = runs["handoff"], runs["recompute"]
-    print(json.dumps(summarise(handoffs, recomputes)), flush=True)
+    print(json.dumps(summarise(handoffs, recomputes, handed_off_blocks(len(ids)))), flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -273,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--new-tokens", type=positive_int, default=8, help="tokens to decode (default 8)")
     parser.add_argument("--repeats", type=positive_int, default=5,
                         help="timed hand-off/recompute pairs, after one untimed of each (medians; default 5)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=seed_int, default=0, help="seed of the weights and the prompt (default 0)")
     parser.add_argument("--json", help="write both processes' results here")
     parser.add_argument("--role", choices=("prefill", "decode"), help=argparse.SUPPRESS)
     parser.add_argument("--master", help=argparse.SUPPRESS)
@@ -281,6 +304,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.tokens <= BLOCK_TOKENS:
         parser.error(f"--tokens: more than one {BLOCK_TOKENS}-token block (a whole block to hand off), got {args.tokens}")
+    if args.tokens + args.new_tokens > MAX_POSITIONS:
+        parser.error(f"--tokens {args.tokens} with --new-tokens {args.new_tokens}: the model holds {MAX_POSITIONS} positions")
     refuse_bad_outputs(parser, {"--json": args.json})  # before the run, not after it
     if args.role == "prefill":
         prefill(args)
@@ -288,26 +313,82 @@ def main(argv: list[str] | None = None) -> int:
     if args.role == "decode":
         decode(args)
         return 0
-    return run_demo(args)
+    raise_on_sigterm()  # SIGTERM runs run_demo's cleanup, as Ctrl-C does: no process outlives the demo
+    try:
+        return run_demo(args)
+    except KeyboardInterrupt:
+        print("disagg_demo: interrupted", file=sys.stderr)
+        return 130
 
 
 def run_demo(args) -> int:
-    """The parent: a master, the prefill process, then the decode process."""
+    """The parent: a master, the prefill process, then the decode process. Whatever ends it
+    (a process that failed, SIGTERM, Ctrl-C) stops both processes and the master first."""
     master = start_master()
     common = ["--tokens", str(args.tokens), "--new-tokens", str(args.new_tokens), "--seed", str(args.seed), "--repeats", str(args.repeats),
               "--master", master.master, "--metadata", master.metadata]
-    prefill_process = subprocess.Popen([sys.executable, __file__, "--role", "prefill", *common], stdin=subprocess.PIPE,
-                                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    try:
-        produced = json.loads(prefill_process.stdout.readline())
-        done = subprocess.run([sys.executable, __file__, "--role", "decode", *common], capture_output=True, text=True, timeout=600)
-        if done.returncode != 0:
-            raise SystemExit(f"decode failed:\n{done.stderr[-3000:]}")
-        consumed = json.loads(done.stdout.strip().splitlines()[-1])
-    finally:
-        prefill_process.communicate("done\n", timeout=60)
-        master.stop()
+    prefill_process = None
+    with tempfile.TemporaryFile("w+") as prefill_errors:
+        try:
+            prefill_process = subprocess.Popen([sys.executable, __file__, "--role", "prefill", *common], stdin=subprocess.PIPE,
+                                               stdout=subprocess.PIPE, stderr=prefill_errors, text=True)
+            produced = _prefill_result(prefill_process, prefill_errors)
+            consumed = _decode_result(common)
+        finally:
+            _stop(prefill_process)
+            master.stop()
     return report(produced, consumed, args)
+
+
+def _prefill_result(process: subprocess.Popen, errors) -> dict:
+    """The prefill process's JSON line, once it published the prompt's KV.
+
+    Raises:
+        SystemExit: it ended (or printed something else) first, with its error output.
+    """
+    line = process.stdout.readline()
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError:
+        try:
+            process.wait(PREFILL_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            pass
+        errors.seek(0)
+        raise SystemExit(f"disagg_demo: the prefill process failed ({_status(process.poll())}):\n"
+                         f"{(line + errors.read())[-3000:]}") from None
+
+
+def _decode_result(common: list[str]) -> dict:
+    """The decode process's summary (``summarise``).
+
+    Raises:
+        SystemExit: it failed or ran past ``DECODE_TIMEOUT_S`` (then it is killed).
+    """
+    try:
+        done = subprocess.run([sys.executable, __file__, "--role", "decode", *common], capture_output=True, text=True,
+                              timeout=DECODE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise SystemExit(f"disagg_demo: the decode process did not finish within {DECODE_TIMEOUT_S} s (killed)") from None
+    if done.returncode != 0:
+        raise SystemExit(f"decode failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _status(code: int | None) -> str:
+    return "still running" if code is None else f"exit status {code}" if code >= 0 else f"killed by signal {-code}"
+
+
+def _stop(process: subprocess.Popen | None) -> None:
+    """Lets the prefill process close its store and exit (it waits on its stdin); kills it
+    if it does not within a minute, or is past answering."""
+    if process is None:
+        return
+    try:
+        process.communicate("done\n", timeout=60)
+    except BaseException:  # noqa: BLE001 (a broken pipe, a timeout, a second Ctrl-C: it must not outlive the demo)
+        process.kill()
+        process.wait()
 
 
 def report(produced: dict, consumed: dict, args) -> int:
@@ -320,6 +401,11 @@ def report(produced: dict, consumed: dict, args) -> int:
           f"(then {produced['copies'] - 1} untimed copies under other namespaces, one per further hand-off)")
     print(f"decode process:  found {consumed['found_tokens']} tokens by prefix ({consumed['exists_calls']} exists call), "
           f"fetched {consumed['remote_gets']} blocks ({consumed['bytes_fetched'] / 2**20:.1f} MiB) per hand-off")
+    if not consumed["fetched_all"]:
+        print(f"error: a hand-off fetched {consumed['fewest_fetched']} of the prompt's {consumed['expected_blocks']} blocks "
+              "from the remote tier (the prefill process or the master gone?): it recomputed instead of handing off; "
+              "no TTFT or speed-up reported, no JSON written", file=sys.stderr)
+        return 1
     if not consumed["same_tokens"]:
         print(f"error: the hand-off decoded other tokens than the recompute (first hand-off {consumed['tokens']}, "
               f"first recompute {consumed['recompute_tokens']}; not every run of either path agrees): the KV it "

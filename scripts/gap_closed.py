@@ -19,13 +19,14 @@ import os
 import sys
 
 from tiercache.bench.rounds import positive_int
-from tiercache.bench.script_args import ScriptParser, add_trace_capacities, refuse_bad_outputs, trace_pairs
+from tiercache.bench.script_args import ScriptParser, add_trace_capacities, refuse_bad_outputs, request_traces, trace_pairs
 from tiercache.config import CacheConfig, TierConfig, layout_preset
 from tiercache.errors import UserError
 from tiercache.report.fmt import percent_or_na
 from tiercache.results import Semantics
+from tiercache.results.outfile import replace_file
 from tiercache.sim.hardware import load_profile
-from tiercache.sim.loader import load_trace
+from tiercache.sim.loader import Trace
 from tiercache.sim.sweep import SweepSpec, sweep
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -40,11 +41,12 @@ MIN_MIDDLE = 4
 MODEL, HARDWARE = "llama-3-8b", "h200-pcie5-nvme4"
 
 
-def gap_rows(path: str, capacities: list[int], policies: tuple[str, ...], workers: int) -> list[dict]:
-    """One row per (capacity, policy): LRU, policy and Belady miss ratios and the gap closed
-    (None where LRU misses no more than Belady: no gap to close, "n/a" as the reports say)."""
+def gap_rows(path: str, trace: Trace, capacities: list[int], policies: tuple[str, ...], workers: int) -> list[dict]:
+    """One row per (capacity, policy) of ``trace`` (read from ``path``): LRU, policy and Belady
+    miss ratios and the gap closed (None where LRU misses no more than Belady: no gap to
+    close, "n/a" as the reports say)."""
     spec = SweepSpec(("lru", "belady", *policies), (Semantics.PREFIX,), tuple(capacities))
-    runs = sweep(load_trace(path), spec, workers).runs
+    runs = sweep(trace, spec, workers).runs
     miss = {(r.policy, r.capacity_blocks): r.miss_ratio for r in runs}
     rows = []
     for cap in capacities:
@@ -56,10 +58,9 @@ def gap_rows(path: str, capacities: list[int], policies: tuple[str, ...], worker
     return rows
 
 
-def ttft_rows(path: str, tiers: tuple[int, int, int], policies: tuple[str, ...], workers: int) -> list[dict]:
+def ttft_rows(path: str, trace: Trace, tiers: tuple[int, int, int], policies: tuple[str, ...], workers: int) -> list[dict]:
     """Modeled TTFT saved (s) of each policy on a 3-tier exclusive hierarchy, with the default
     placement and with ``reuse``, and its gain over LRU with the default placement."""
-    trace = load_trace(path)
     runs = {}
     for spec in ttft_specs(tiers, policies, trace.block_tokens):
         runs |= {r.label: r for r in sweep(trace, spec, workers).runs}
@@ -83,8 +84,9 @@ def ttft_specs(tiers: tuple[int, int, int], policies: tuple[str, ...], block_tok
 
 
 def three_tiers(capacities: list[int]) -> tuple[int, int, int]:
-    """The 3-tier row's (hbm, dram, nvme) blocks: a quarter, one and four times the middle capacity."""
-    mid = capacities[len(capacities) // 2]
+    """The 3-tier row's (hbm, dram, nvme) blocks: a quarter, one and four times the middle
+    capacity (of the capacities sorted; of two, the larger)."""
+    mid = sorted(capacities)[len(capacities) // 2]
     return mid // 4, mid, 4 * mid
 
 
@@ -100,14 +102,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for path, capacities in args.pairs:
         if three_tiers(capacities)[0] < 1:
             parser.error(f"--capacity {','.join(map(str, capacities))}: the 3-tier rows put a quarter of the middle "
-                         f"capacity ({capacities[len(capacities) // 2]}) in HBM; give a middle capacity of at least "
+                         f"capacity ({three_tiers(capacities)[1]}) in HBM; give a middle capacity of at least "
                          f"{MIN_MIDDLE} blocks")
     try:  # the names as registered (``ARC`` is ``arc``), which the runs carry
-        args.policies = SweepSpec(("lru", "belady", *args.policy.split(",")), (Semantics.PREFIX,), (1,)).policies[2:]
+        named = SweepSpec(("lru", "belady", *args.policy.split(",")), (Semantics.PREFIX,), (1,)).policies[2:]
+        args.policies = tuple(dict.fromkeys(p for p in named if p not in ("lru", "belady")))  # the gap's ends
         ttft_specs((1, 1, 1), args.policies, None)
     except UserError as exc:
         parser.error(f"--policy {args.policy}: {exc}")
+    for _, capacities in args.pairs:  # capacities a sweep refuses, before the first table
+        try:
+            SweepSpec(("lru",), (Semantics.PREFIX,), tuple(capacities))
+        except UserError as exc:
+            parser.error(f"--capacity {','.join(map(str, capacities))}: {exc}")
+    if not args.policies:
+        parser.error(f"--policy {args.policy}: no policy to compare (lru and belady are the gap's ends)")
     refuse_bad_outputs(parser, {"--json": args.json})
+    args.traces = request_traces(parser, [path for path, _ in args.pairs])
     return args
 
 
@@ -115,13 +126,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     gaps, ttft = [], []
     try:
-        print(f"{'workload':32} {'capacity':>8} {'policy':10} {'LRU':>7} {'policy':>7} {'Belady':>7} {'gap closed':>10}")
         for path, capacities in args.pairs:
-            for row in gap_rows(path, capacities, args.policies, args.workers):
+            for row in gap_rows(path, args.traces[path], capacities, args.policies, args.workers):
+                if not gaps:  # after the first sweep: a capacity it refuses ends in its line alone
+                    print(f"{'workload':32} {'capacity':>8} {'policy':10} {'LRU':>7} {'policy':>7} {'Belady':>7} {'gap closed':>10}")
                 gaps.append(row)
                 print(f"{row['workload'][:32]:32} {row['capacity']:>8} {row['policy']:10} {row['lru']:7.4f} "
                       f"{row['miss']:7.4f} {row['belady']:7.4f} {percent_or_na(row['gap_closed']):>10}")
-            ttft.extend(ttft_rows(path, three_tiers(capacities), args.policies, args.workers))
+            ttft.extend(ttft_rows(path, args.traces[path], three_tiers(capacities), args.policies, args.workers))
     except UserError as exc:
         print(f"gap_closed: {exc}", file=sys.stderr)
         return 2
@@ -130,11 +142,14 @@ def main(argv: list[str] | None = None) -> int:
     for row in ttft:
         print(f"{row['workload'][:32]:32} {row['tiers']:>16} {row['policy']:15} {row['miss']:7.4f} {row['ttft_saved_s']:12.2f} "
               f"{row['vs_lru_s']:+9.2f}")
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump({"gap_closed": gaps, "ttft": ttft}, fh, indent=2, allow_nan=False)  # strict JSON: no gap is null
+    if args.json:  # whole or not at all; strict JSON: no gap is null
+        replace_file(args.json, json.dumps({"gap_closed": gaps, "ttft": ttft}, indent=2, allow_nan=False), f"--json {args.json}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        print("gap_closed: interrupted", file=sys.stderr)
+        sys.exit(130)

@@ -7,7 +7,11 @@ semantics (one access per block id, one tier; libCacheSim has no prefix semantic
 closed = (miss_LRU - miss_P) / (miss_LRU - miss_Belady), with LRU and Belady from tiercache's
 replay. Both sides' LRU and Belady are replayed, and their miss counts must agree (a check of
 the common ground: the script exits 1 when they differ). This is the evidence behind "no
-known online policy reaches 30% here": it puts tiercache's best next to twenty others.
+known online policy reaches 30% here": it puts tiercache's best next to nineteen others.
+Below the capacity a libCacheSim policy's own sizing needs (``LIBCACHESIM_MIN_CAPACITY``:
+its fixed shares of the cache round to too few blocks, and it misses every access, or, for
+S3-FIFO below 10 blocks, aborts the process) that policy is not run there: the output names
+it, and it is not ranked.
 
 Left out of libCacheSim's set: its learned policies (GLCache, LRB, 3L-Cache: their training
 intervals are set for day-long CDN traces, and they learn nothing on a trace of minutes) and
@@ -27,13 +31,14 @@ import sys
 import tempfile
 
 from tiercache.bench.rounds import positive_int
-from tiercache.bench.script_args import ScriptParser, add_trace_capacities, refuse_bad_outputs, trace_pairs
+from tiercache.bench.script_args import ScriptParser, add_trace_capacities, refuse_bad_outputs, request_traces, trace_pairs
 from tiercache.errors import UserError
 from tiercache.report.fmt import percent_or_na
 from tiercache.report.summary import BASELINE, best_per_capacity
 from tiercache.policies import EVICTION, get_eviction
 from tiercache.results import Semantics
-from tiercache.sim.loader import load_trace
+from tiercache.results.outfile import replace_file
+from tiercache.sim.loader import Trace
 from tiercache.sim.oracle import export_oracle_general
 from tiercache.sim.sweep import SweepSpec, sweep
 
@@ -45,6 +50,16 @@ LIBCACHESIM_ONLINE = ("FIFO", "Clock", "Sieve", "LFU", "LFUDA", "LRUK", "TwoQ", 
                       "Clock2QPlus", "MQ", "S3FIFO", "WTinyLFU", "LeCaR", "Cacheus", "LHD", "Hyperbolic")
 #: The two sides of the common ground, checked count for count.
 CHECKED = {"lru": "LRU", "belady": "Belady"}
+#: The smallest cache each libCacheSim policy with fixed shares of the cache is run at: below
+#: it a share rounds to fewer blocks than the policy works with (S3-FIFO's and Clock2Q+'s 10%
+#: small queue under 2 blocks, W-TinyLFU's 1% window under 1) and it missed every access of
+#: the bundled traces (measured; S3-FIFO aborts the process below 10 blocks).
+LIBCACHESIM_MIN_CAPACITY = {"S3FIFO": 20, "Clock2QPlus": 20, "WTinyLFU": 100}
+
+
+def runs_at(name: str, capacity: int) -> bool:
+    """Whether libCacheSim's ``name`` is run at ``capacity`` (``LIBCACHESIM_MIN_CAPACITY``)."""
+    return capacity >= LIBCACHESIM_MIN_CAPACITY.get(name, 1)
 
 
 def online_policies() -> tuple[str, ...]:
@@ -52,13 +67,13 @@ def online_policies() -> tuple[str, ...]:
     return tuple(name for name in EVICTION if not get_eviction(name).needs_future)
 
 
-def tiercache_misses(path: str, capacities: list[int], workers: int) -> tuple[dict[tuple[str, int], tuple[int, int]],
-                                                                               dict[int, str]]:
+def tiercache_misses(trace: Trace, capacities: list[int], workers: int) -> tuple[dict[tuple[str, int], tuple[int, int]],
+                                                                                 dict[int, str]]:
     """(policy, capacity) -> (misses, accesses) of tiercache's replay, object semantics, one tier,
     and its best online policy per capacity as tiercache's reports name it (``best_per_capacity``:
     ties go to LRU, then to the alphabetically first)."""
     policies = tuple(dict.fromkeys(("lru", "belady", *online_policies())))
-    runs = sweep(load_trace(path), SweepSpec(policies, (Semantics.OBJECT,), tuple(capacities)), workers).runs
+    runs = sweep(trace, SweepSpec(policies, (Semantics.OBJECT,), tuple(capacities)), workers).runs
     best = {entry.capacity_blocks: entry.best.policy for entry in best_per_capacity(runs)}
     return {(r.policy, r.capacity_blocks): (r.misses, r.accesses) for r in runs}, best
 
@@ -81,7 +96,7 @@ def libcachesim_misses(path: str, capacities: list[int]) -> dict[tuple[str, int]
         oracle = os.path.join(tmp, "trace.oracleGeneral")
         export_oracle_general(path, oracle)
         for name in (*CHECKED.values(), *LIBCACHESIM_ONLINE):
-            for capacity in capacities:
+            for capacity in (c for c in capacities if runs_at(name, c)):
                 cache = getattr(lcs, name)(cache_size=capacity)
                 miss_ratio, _ = cache.process_trace(lcs.TraceReader(oracle, lcs.TraceType.ORACLE_GENERAL_TRACE))
                 accesses = int(cache._cache.n_req)  # no public getter in the Python wrapper
@@ -89,11 +104,12 @@ def libcachesim_misses(path: str, capacities: list[int]) -> dict[tuple[str, int]
     return out
 
 
-def zoo_rows(path: str, capacities: list[int], workers: int) -> tuple[list[dict], list[str]]:
+def zoo_rows(path: str, trace: Trace, capacities: list[int], workers: int) -> tuple[list[dict], list[str]]:
     """One row per (capacity, policy) of both sides, best first within a capacity (``tie_order``;
-    each side's first row is its best, tiercache's the one its reports name), and the problems
-    found checking the common ground (empty when LRU and Belady agree)."""
-    (ours, best), theirs = tiercache_misses(path, capacities, workers), libcachesim_misses(path, capacities)
+    each side's first row is its best, tiercache's the one its reports name; libCacheSim's
+    policies not run there, ``runs_at``, have none), and the problems found checking the
+    common ground (empty when LRU and Belady agree)."""
+    (ours, best), theirs = tiercache_misses(trace, capacities, workers), libcachesim_misses(path, capacities)
     name = os.path.basename(os.path.normpath(path))
     rows, problems = [], []
     for capacity in capacities:
@@ -103,7 +119,7 @@ def zoo_rows(path: str, capacities: list[int], workers: int) -> tuple[list[dict]
                                 f"{theirs[(their_name, capacity)]} in libCacheSim")
         (lru, accesses), (belady, _) = ours[("lru", capacity)], ours[("belady", capacity)]
         entries = [("tiercache", p, ours[(p, capacity)][0]) for p in online_policies()]
-        entries += [("libCacheSim", p, theirs[(p, capacity)][0]) for p in LIBCACHESIM_ONLINE]
+        entries += [("libCacheSim", p, theirs[(p, capacity)][0]) for p in LIBCACHESIM_ONLINE if runs_at(p, capacity)]
         entries.sort(key=tie_order)
         first = next(policy for side, policy, _ in entries if side == "tiercache")
         if first != best[capacity]:  # the two statements of the tie rule disagree
@@ -125,6 +141,10 @@ def print_rows(rows: list[dict], top: int) -> None:
         groups.setdefault((row["workload"], row["capacity"]), []).append(row)
     for (workload, capacity), group in groups.items():
         print(f"\n{workload} at {capacity} blocks: LRU {group[0]['lru']:.4f}, Belady {group[0]['belady']:.4f} (miss ratios)")
+        skipped = [name for name in LIBCACHESIM_ONLINE if not runs_at(name, capacity)]
+        if skipped:
+            print(f"  not run: libCacheSim's {', '.join(skipped)} (their sizing needs more blocks: "
+                  f"{', '.join(f'{n} {LIBCACHESIM_MIN_CAPACITY[n]}' for n in skipped)})")
         for row in group[:top]:
             print(f"  {row['side']:11} {row['policy']:12} {row['miss_ratio']:.4f}  gap closed {percent_or_na(row['gap_closed']):>6}")
         for side in ("tiercache", "libCacheSim"):
@@ -142,6 +162,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     args.pairs = trace_pairs(parser, args, DEFAULTS)
     refuse_bad_outputs(parser, {"--json": args.json})
+    args.traces = request_traces(parser, [path for path, _ in args.pairs])
     return args
 
 
@@ -150,20 +171,26 @@ def main(argv: list[str] | None = None) -> int:
     rows, problems = [], []
     try:
         for path, capacities in args.pairs:
-            more, found = zoo_rows(path, capacities, args.workers)
+            more, found = zoo_rows(path, args.traces[path], capacities, args.workers)
             rows += more
             problems += found
     except UserError as exc:
         print(f"policy_zoo: {exc}", file=sys.stderr)
         return 2
     print_rows(rows, args.top)
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump({"rows": rows, "problems": problems}, fh, indent=2, allow_nan=False)
+    if args.json:  # whole or not at all
+        skipped = {name: least for name, least in LIBCACHESIM_MIN_CAPACITY.items()
+                   if any(not runs_at(name, c) for _, capacities in args.pairs for c in capacities)}
+        replace_file(args.json, json.dumps({"rows": rows, "problems": problems, "libcachesim_min_capacity": skipped},
+                                           indent=2, allow_nan=False), f"--json {args.json}")
     for problem in problems:
         print(f"MISMATCH: {problem}", file=sys.stderr)
     return 1 if problems else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        print("policy_zoo: interrupted", file=sys.stderr)
+        sys.exit(130)

@@ -279,7 +279,7 @@ def test_disagg_demo_refuses_a_hand_off_of_the_right_blocks_in_the_wrong_order(t
     assert wrong["kv_max_abs_diff"] == float((shuffled - reference).abs().max()) > 0.1
     assert right["kv_max_abs_diff"] == 0.0
 
-    consumed = demo.summarise([right, wrong], [recomputed, recomputed])
+    consumed = demo.summarise([right, wrong], [recomputed, recomputed], demo.handed_off_blocks(len(ids)))
     assert consumed["same_tokens"] is True and consumed["same_kv"] is False and consumed["ttft_speedup"] is None
     produced = {"prefill_s": 0.1, "store_s": 0.01, "blocks": 4, "published": 4, "bytes_put": 8, "copies": 3}
     out = tmp_path / "demo.json"
@@ -290,7 +290,7 @@ def test_disagg_demo_refuses_a_hand_off_of_the_right_blocks_in_the_wrong_order(t
     assert "the KV a hand-off fetched differs from the prompt's KV recomputed" in captured.err
     assert f"max |difference| {wrong['kv_max_abs_diff']:.3g}" in captured.err
 
-    honest = demo.summarise([right], [recomputed])
+    honest = demo.summarise([right], [recomputed], demo.handed_off_blocks(len(ids)))
     assert honest["same_kv"] is True and honest["kv_max_abs_diff"] == 0.0 and honest["ttft_speedup"] is not None
     assert demo.report(produced, honest, args) == 0 and out.exists()
     assert "bit for bit the prompt's KV" in capsys.readouterr().out

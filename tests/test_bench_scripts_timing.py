@@ -162,7 +162,7 @@ def _run(ttft: float, tokens=(1, 2)) -> dict:
 def test_summary_gives_medians_and_the_median_of_per_pair_ratios(demo):
     handoffs = [_run(1.0), _run(10.0), _run(1.0)]
     recomputes = [{"tokens": [1, 2], "ttft_s": s} for s in (2.0, 100.0, 2.0)]
-    summary = demo.summarise(handoffs, recomputes)
+    summary = demo.summarise(handoffs, recomputes, 2)  # 128 tokens: 2 blocks
     assert summary["ttft_handoff_s"] == 1.0 and summary["ttft_recompute_s"] == 2.0
     assert summary["ttft_speedup"] == 2.0  # pairs: 2, 10, 2 (the ratio of means would be 104 / 12)
     assert summary["repeats"] == 3 and summary["same_tokens"] is True
@@ -171,4 +171,4 @@ def test_summary_gives_medians_and_the_median_of_per_pair_ratios(demo):
 
 def test_summary_flags_any_run_that_decoded_other_tokens(demo):
     recomputes = [{"tokens": [1, 2], "ttft_s": 2.0}, {"tokens": [1, 3], "ttft_s": 2.0}]
-    assert demo.summarise([_run(1.0), _run(1.0)], recomputes)["same_tokens"] is False
+    assert demo.summarise([_run(1.0), _run(1.0)], recomputes, 2)["same_tokens"] is False

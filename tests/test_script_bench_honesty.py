@@ -220,7 +220,7 @@ def _handoff(tokens: list[int]) -> dict:
 
 def test_disagg_demo_gives_no_speed_up_when_the_hand_off_decodes_other_tokens(tmp_path, capsys):
     demo = _script("disagg_demo")
-    consumed = demo.summarise([_handoff([5, 6]), _handoff([5, 6])], [{"tokens": [1, 2], "ttft_s": 0.3}] * 2)
+    consumed = demo.summarise([_handoff([5, 6]), _handoff([5, 6])], [{"tokens": [1, 2], "ttft_s": 0.3}] * 2, 2)
     assert consumed["same_tokens"] is False and consumed["ttft_speedup"] is None
     produced = {"prefill_s": 0.1, "store_s": 0.01, "blocks": 2, "published": 2, "bytes_put": 8, "copies": 3}
     out = tmp_path / "demo.json"
@@ -228,7 +228,7 @@ def test_disagg_demo_gives_no_speed_up_when_the_hand_off_decodes_other_tokens(tm
     assert demo.report(produced, consumed, args) == 1
     captured = capsys.readouterr()
     assert "speed-up" not in captured.out and "other tokens" in captured.err and not out.exists()
-    honest = demo.summarise([_handoff([1, 2])], [{"tokens": [1, 2], "ttft_s": 0.3}])
+    honest = demo.summarise([_handoff([1, 2])], [{"tokens": [1, 2], "ttft_s": 0.3}], 2)
     assert demo.report(produced, honest, args) == 0 and json.loads(out.read_text())["decode"]["ttft_speedup"] == pytest.approx(15)
     assert "speed-up (median of per-pair ratios) 15.00x" in capsys.readouterr().out
 

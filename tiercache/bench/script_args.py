@@ -17,14 +17,17 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Callable, Mapping, NoReturn
+from typing import TYPE_CHECKING, Callable, Mapping, NoReturn
 
 from ..errors import UserError
 from ..results.outfile import check_output_file
 from .rounds import checked_int, positive_int
 
+if TYPE_CHECKING:
+    from ..sim.loader import Trace
+
 __all__ = ["ScriptParser", "add_trace_capacities", "existing_folder", "non_negative_int", "open_share", "positive_ints",
-           "refuse_bad_outputs", "seed_int", "trace_pairs"]
+           "refuse_bad_outputs", "request_traces", "seed_int", "trace_pairs"]
 
 #: The largest seed ``seed_int`` takes: numpy's and torch's generators take any 32-bit seed,
 #: and a script may still add offsets and multiply it without leaving torch's 64 bits.
@@ -154,3 +157,29 @@ def trace_pairs(parser: argparse.ArgumentParser, args: argparse.Namespace,
         if not os.path.exists(path):
             parser.error(f"--trace {path}: no such file or folder")
     return pairs
+
+
+def request_traces(parser: argparse.ArgumentParser, paths: list[str]) -> dict[str, "Trace"]:
+    """Each of ``paths`` loaded once, before any replay, so a bad trace ends the script
+    before the first table, not after it: ``{path: Trace}``.
+
+    Raises:
+        SystemExit: through ``parser.error`` (one line, exit 2): a trace that cannot be read
+            (the file and line), or a step trace (its reads and writes are no requests: the
+            prefix semantics and the gap these scripts report mean nothing there).
+    """
+    from ..config import TraceKind
+    from ..sim.loader import load_trace
+
+    traces = {}
+    for path in dict.fromkeys(paths):
+        try:
+            trace = load_trace(path)
+        except UserError as exc:
+            parser.error(str(exc))
+        if trace.kind is not TraceKind.REQUESTS:
+            parser.error(f"--trace {path}: a step trace; this script replays request traces (Mooncake, Bailian or "
+                         "kv-cache-tester), whose requests reuse a prefix")
+        traces[path] = trace
+    return traces
+
