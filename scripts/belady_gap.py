@@ -255,8 +255,9 @@ def analysis_parser(doc: str) -> ScriptParser:
 def parse_checked(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
     """``parser``'s options and the trace (``args.ids``, ``args.offsets``), every one checked
     before any replay: an unwritable ``--json`` or a trace that is missing, malformed or of
-    steps ends in one line (exit 2)."""
+    steps ends in one line (exit 2). A capacity given twice is replayed once (in the order given)."""
     args = parser.parse_args(argv)
+    args.capacity = list(dict.fromkeys(args.capacity))
     refuse_bad_outputs(parser, {"--json": args.json})
     args.ids, args.offsets = checked_requests(parser, args.trace)
     return args

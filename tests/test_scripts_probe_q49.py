@@ -61,3 +61,8 @@ def test_policy_zoo_runs_no_libcachesim_policy_below_the_size_it_needs():
     assert not zoo.runs_at("S3FIFO", 9) and zoo.runs_at("S3FIFO", 20) and zoo.runs_at("LRU", 1)
     misses = zoo.libcachesim_misses(HEAD, [9])  # S3-FIFO at 9 blocks aborted the process
     assert ("S3FIFO", 9) not in misses and ("WTinyLFU", 9) not in misses and ("LIRS", 9) in misses
+
+
+def test_belady_gap_replays_a_capacity_given_twice_once():
+    args = _script("belady_gap").parse_args([HEAD, "--capacity", "100,100,50"])
+    assert args.capacity == [100, 50]
