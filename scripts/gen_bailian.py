@@ -15,14 +15,27 @@ previous turn's prompt and answer plus a new message (so it shares every full bl
 previous prompt); some conversations are single requests. It is not data from any service.
 
     python scripts/gen_bailian.py --out tests/data/bailian_sample.jsonl --conversations 30 --seed 3
+
+Options are checked before anything is written (a bad one ends in one ``error:`` line naming
+it, exit 2): ``--conversations`` an integer >= 1, ``--seed`` one in [0, 2**32), ``--out`` a file
+name in an existing, writable folder. The whole trace is built first, then written to a
+temporary file beside ``--out`` and renamed over it (``tiercache.results.outfile.replace_file``),
+so an error, Ctrl-C or SIGTERM (exit 143) leaves ``--out`` as it was and no temporary file.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import random
+import signal
+import sys
 
-from tiercache.bench.script_args import ScriptParser
+from tiercache.bench.rounds import positive_int
+from tiercache.bench.script_args import ScriptParser, refuse_bad_outputs, seed_int
+from tiercache.core.interrupts import raise_on_sigterm
+from tiercache.errors import UserError
+from tiercache.results.outfile import replace_file
 
 BLOCK_TOKENS = 16
 
@@ -72,16 +85,31 @@ def generate(conversations: int, seed: int) -> list[dict]:
     return sorted(records, key=lambda r: (r["timestamp"], r["chat_id"]))
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The options, every one checked before anything is written (a bad one: one line, exit 2)."""
     parser = ScriptParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", required=True, help="JSONL file to write")
-    parser.add_argument("--conversations", type=int, default=30)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
-    with open(args.out, "w", encoding="utf-8") as fh:
-        for record in generate(args.conversations, args.seed):
-            fh.write(json.dumps(record) + "\n")
+    parser.add_argument("--out", required=True, help="JSONL file to write (replaced whole)")
+    parser.add_argument("--conversations", type=positive_int, default=30)
+    parser.add_argument("--seed", type=seed_int, default=0)
+    args = parser.parse_args(argv)
+    refuse_bad_outputs(parser, {"--out": args.out})
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    previous = raise_on_sigterm()  # SIGTERM ends the run as Ctrl-C does: replace_file removes its temporary
+    try:
+        text = "".join(json.dumps(record) + "\n" for record in generate(args.conversations, args.seed))
+        replace_file(args.out, text, f"--out {args.out}")
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

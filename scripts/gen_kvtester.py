@@ -13,17 +13,53 @@ Ids name whole prefixes (a block id implies its parent), so shared prompts and d
 ``hash_id_scope: global``. Conversations start at seeded Poisson offsets (``start``).
 
     python scripts/gen_kvtester.py --out /tmp/kvt --conversations 600 --seed 1
+
+Options are checked before anything is written (a bad one ends in one ``error:`` line naming
+it, exit 2): counts are integers >= 1 (``--prompts`` and ``--docs`` at most 10**6), the block
+size is in [1, 2**31), the seed in [0, 2**32), ``--turns`` a finite mean in [1, 100],
+``--skew`` in [0, 10], ``--think`` and ``--gap`` finite seconds in [0, 10**6].
+
+Output: ``--out`` is replaced whole, or left as it was. It must be a new folder, an empty one,
+or one holding only this generator's own ``conv_NNNNN.json`` files (anything else in it is
+refused, as it would be lost); its parent folder must exist. The files are written into a
+fresh hidden folder beside it (``.NAME.XXXXXXXX.partial``), which is then renamed into place:
+over a missing or empty ``--out`` in one ``rename``; over an earlier run's files by renaming
+the old folder aside, the new one in, and removing the old one, with Ctrl-C and SIGTERM held
+off (blocked) for those steps. So a rerun with fewer conversations or another seed never
+leaves old files beside new ones, and an error, Ctrl-C or SIGTERM (exit 143) during the
+writing leaves ``--out`` as it was and the hidden folder removed. (Only a crash or SIGKILL
+between the two renames could leave the old set under a hidden ``.NAME.XXXXXXXX.old`` name
+with ``--out`` missing; nothing is ever left mixed or partial under ``--out``.)
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import json
 import os
+import re
+import secrets
+import shutil
+import signal
+import stat
+import sys
+import threading
+from typing import Callable, Iterator
 
 import numpy as np
 
-from tiercache.bench.script_args import ScriptParser
+from tiercache.bench.rounds import checked_int, positive_int
+from tiercache.bench.script_args import ScriptParser, seed_int
+from tiercache.core.interrupts import raise_on_sigterm
+
+#: The files this generator writes (``conv_00000.json``, more digits past 99,999).
+OWN_FILE = re.compile(r"conv_[0-9]{5,}\.json")
+#: Most distinct shared prompts or documents (each conversation draws among them).
+MAX_SHARED = 10**6
+#: Longest part of ``--out``'s name kept in its hidden siblings' names (NAME_MAX is 255).
+_NAME_KEPT = 200
 
 
 class _Ids:
@@ -88,39 +124,183 @@ def conversation(rng: np.random.Generator, ids: _Ids, args: argparse.Namespace, 
     return {"block_size": block, "hash_id_scope": "global", "requests": requests}
 
 
-def generate(args: argparse.Namespace) -> int:
-    """Writes the workload; returns the number of requests."""
+def write_conversations(args: argparse.Namespace, folder: str) -> int:
+    """Writes the workload's ``conv_NNNNN.json`` files into ``folder``; returns the number of requests."""
     rng = np.random.default_rng(args.seed)
     ids = _Ids()
     prompt_len = [int(rng.integers(8, 48)) for _ in range(args.prompts)]
     doc_len = [int(rng.integers(60, 400)) for _ in range(args.docs)]
-    os.makedirs(args.out, exist_ok=True)
     start, total = 0.0, 0
     for index in range(args.conversations):
         conv = conversation(rng, ids, args, prompt_len, doc_len)
         conv["start"] = round(start, 3)
         start += float(rng.exponential(args.gap))
         total += len(conv["requests"])
-        with open(os.path.join(args.out, f"conv_{index:05d}.json"), "w", encoding="utf-8") as fh:
-            json.dump(conv, fh, separators=(",", ":"))
+        with open(os.path.join(folder, f"conv_{index:05d}.json"), "w", encoding="utf-8") as fh:
+            json.dump(conv, fh, separators=(",", ":"), allow_nan=False)
     return total
 
 
-def main() -> None:
+def generate(args: argparse.Namespace) -> int:
+    """Writes the workload to ``args.out`` whole (see the module notes); returns the number
+    of requests. On any error or interrupt ``args.out`` is left as it was.
+
+    Raises:
+        OSError: a step failed (the staging folder is removed first).
+    """
+    target = os.path.realpath(args.out)
+    staging = _sibling(target, "partial")
+    os.mkdir(staging, 0o777)  # the umask applies, as to a folder os.makedirs creates
+    try:
+        with contextlib.suppress(FileNotFoundError):  # an existing --out keeps its permissions
+            os.chmod(staging, stat.S_IMODE(os.stat(target).st_mode))
+        total = write_conversations(args, staging)
+        _swap_in(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return total
+
+
+def _sibling(target: str, kind: str) -> str:
+    """A hidden name beside ``target`` that does not exist yet: ``.NAME.XXXXXXXX.kind``."""
+    folder, name = os.path.split(target)
+    while True:
+        path = os.path.join(folder, f".{name[:_NAME_KEPT]}.{secrets.token_hex(4)}.{kind}")
+        if not os.path.lexists(path):
+            return path
+
+
+def _swap_in(staging: str, target: str) -> None:
+    """Renames the finished ``staging`` folder to ``target``; an earlier run's folder there is
+    renamed aside first and removed after (Ctrl-C and SIGTERM held off meanwhile)."""
+    with _signals_held():
+        try:
+            os.rename(staging, target)  # target missing or an empty folder: one step
+            return
+        except OSError as exc:
+            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+        old = _sibling(target, "old")
+        os.rename(target, old)
+        try:
+            os.rename(staging, target)
+        except BaseException:
+            if not os.path.lexists(target):
+                os.rename(old, target)
+            raise
+        shutil.rmtree(old, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """Blocks SIGINT and SIGTERM (main thread, where the platform can): one that arrives
+    meanwhile is delivered when the block ends."""
+    if not hasattr(signal, "pthread_sigmask") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def output_folder(text: str) -> str:
+    """argparse type of ``--out``: a folder this generator may replace whole.
+
+    Raises:
+        argparse.ArgumentTypeError: an empty name, a missing or unwritable parent folder, a
+            path that is not a folder, or a folder holding anything but ``conv_NNNNN.json`` files.
+    """
+    if not text.strip():
+        raise argparse.ArgumentTypeError("empty folder name")
+    target = os.path.realpath(text)
+    parent = os.path.dirname(target)
+    if not os.path.basename(target) or target == os.path.realpath(os.curdir):
+        raise argparse.ArgumentTypeError(f"{text}: give a folder of its own to write conv_NNNNN.json files into")
+    if not os.path.isdir(parent):
+        raise argparse.ArgumentTypeError(f"{text}: folder {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"{text}: folder {parent} is not writable")
+    if not os.path.lexists(target):
+        return text
+    if not os.path.isdir(target):
+        raise argparse.ArgumentTypeError(f"{text}: exists and is not a folder")
+    try:
+        with os.scandir(target) as entries:
+            foreign = sorted(e.name for e in entries
+                             if not (OWN_FILE.fullmatch(e.name) and e.is_file(follow_symlinks=False)))
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(f"{text}: cannot read: {exc.strerror or exc}") from None
+    if foreign:
+        raise argparse.ArgumentTypeError(
+            f"{text} holds {len(foreign)} entr{'y' if len(foreign) == 1 else 'ies'} this generator did not write "
+            f"(e.g. {foreign[0]!r}), which replacing it would lose; give a new or empty folder, or one of "
+            "conv_NNNNN.json files only")
+    return text
+
+
+def bounded_float(low: float, high: float, expected: str) -> Callable[[str], float]:
+    """argparse type of a finite number in ``[low, high]`` (nan and inf refused)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+        if not low <= value <= high:  # nan fails both
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text}")
+        return value
+
+    return parse
+
+
+def block_size(text: str) -> int:
+    """argparse type of ``--block-size``: tokens per block, in [1, 2**31) as readers take."""
+    return checked_int(text, 1, 2**31 - 1, "a positive integer", "a block size from 1 to 2**31 - 1")
+
+
+def shared_count(text: str) -> int:
+    """argparse type of ``--prompts``/``--docs``: an integer in [1, MAX_SHARED]."""
+    return checked_int(text, 1, MAX_SHARED, "a positive integer", f"an integer from 1 to {MAX_SHARED}")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The options, every one checked before anything is written (a bad one: one line, exit 2)."""
     parser = ScriptParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", required=True, help="folder to write conv_NNNNN.json files into")
-    parser.add_argument("--conversations", type=int, default=600)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--block-size", type=int, default=64, help="tokens per block")
-    parser.add_argument("--prompts", type=int, default=12, help="distinct shared system prompts")
-    parser.add_argument("--docs", type=int, default=40, help="distinct shared documents")
-    parser.add_argument("--skew", type=float, default=1.0, help="Zipf skew of prompt and document popularity")
-    parser.add_argument("--turns", type=float, default=4.0, help="mean turns of a chat")
-    parser.add_argument("--think", type=float, default=30.0, help="mean think time between turns (s)")
-    parser.add_argument("--gap", type=float, default=2.0, help="mean gap between conversation starts (s)")
-    args = parser.parse_args()
-    print(f"wrote {args.conversations} conversations, {generate(args)} requests to {args.out}")
+    parser.add_argument("--out", required=True, type=output_folder,
+                        help="folder to write conv_NNNNN.json files into (replaced whole)")
+    parser.add_argument("--conversations", type=positive_int, default=600)
+    parser.add_argument("--seed", type=seed_int, default=0)
+    parser.add_argument("--block-size", type=block_size, default=64, help="tokens per block")
+    parser.add_argument("--prompts", type=shared_count, default=12, help="distinct shared system prompts")
+    parser.add_argument("--docs", type=shared_count, default=40, help="distinct shared documents")
+    parser.add_argument("--skew", type=bounded_float(0.0, 10.0, "a skew from 0 to 10"), default=1.0,
+                        help="Zipf skew of prompt and document popularity")
+    parser.add_argument("--turns", type=bounded_float(1.0, 100.0, "a mean from 1 to 100"), default=4.0,
+                        help="mean turns of a chat")
+    parser.add_argument("--think", type=bounded_float(0.0, 1e6, "seconds from 0 to 1e6"), default=30.0,
+                        help="mean think time between turns (s)")
+    parser.add_argument("--gap", type=bounded_float(0.0, 1e6, "seconds from 0 to 1e6"), default=2.0,
+                        help="mean gap between conversation starts (s)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    previous = raise_on_sigterm()  # SIGTERM ends the run as Ctrl-C does: generate removes its staging folder
+    try:
+        total = generate(args)
+    except OSError as exc:
+        print(f"error: --out {args.out}: cannot write: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+    print(f"wrote {args.conversations} conversations, {total} requests to {args.out}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
