@@ -36,6 +36,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import select
+import signal
 import statistics
 import subprocess
 import sys
@@ -48,7 +50,6 @@ import torch
 from tiercache.bench.rounds import alternate, positive_int
 from tiercache.bench.script_args import ScriptParser, refuse_bad_outputs, seed_int
 from tiercache.config import KVLayout, RemoteConfig, TierConfig
-from tiercache.core.interrupts import raise_on_sigterm
 from tiercache.data.remote_master import start_master
 from tiercache.errors import UserError
 from tiercache.keys import prefix_keys
@@ -307,18 +308,26 @@ def main(argv: list[str] | None = None) -> int:
     if args.tokens + args.new_tokens > MAX_POSITIONS:
         parser.error(f"--tokens {args.tokens} with --new-tokens {args.new_tokens}: the model holds {MAX_POSITIONS} positions")
     refuse_bad_outputs(parser, {"--json": args.json})  # before the run, not after it
+    signal.signal(signal.SIGTERM, _exit_once)  # the cleanup runs, as for Ctrl-C: no process outlives the demo, no folder stays
     if args.role == "prefill":
         prefill(args)
         return 0
     if args.role == "decode":
         decode(args)
         return 0
-    raise_on_sigterm()  # SIGTERM runs run_demo's cleanup, as Ctrl-C does: no process outlives the demo
     try:
         return run_demo(args)
     except KeyboardInterrupt:
         print("disagg_demo: interrupted", file=sys.stderr)
         return 130
+
+
+def _exit_once(signum: int, frame) -> None:
+    """SIGTERM: exits 143 through every ``finally`` (stores closed, folders removed, children
+    stopped), ignoring further ones meanwhile: a group's SIGTERM reaches a child and then its
+    parent's own (``_end``), which must not cut the first one's cleanup short."""
+    signal.signal(signum, signal.SIG_IGN)
+    raise SystemExit(128 + signum)
 
 
 def run_demo(args) -> int:
@@ -346,6 +355,9 @@ def _prefill_result(process: subprocess.Popen, errors) -> dict:
     Raises:
         SystemExit: it ended (or printed something else) first, with its error output.
     """
+    ready, _, _ = select.select([process.stdout], [], [], PREFILL_TIMEOUT_S)
+    if not ready:
+        raise SystemExit(f"disagg_demo: the prefill process published nothing within {PREFILL_TIMEOUT_S} s")
     line = process.stdout.readline()
     try:
         return json.loads(line)
@@ -360,19 +372,37 @@ def _prefill_result(process: subprocess.Popen, errors) -> dict:
 
 
 def _decode_result(common: list[str]) -> dict:
-    """The decode process's summary (``summarise``).
+    """The decode process's summary (``summarise``). Whatever interrupts the wait (SIGTERM,
+    Ctrl-C, the timeout) sends it SIGTERM first, so it closes its store and removes its
+    folder (``_end``).
 
     Raises:
-        SystemExit: it failed or ran past ``DECODE_TIMEOUT_S`` (then it is killed).
+        SystemExit: it failed or ran past ``DECODE_TIMEOUT_S``.
     """
+    process = subprocess.Popen([sys.executable, __file__, "--role", "decode", *common], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
     try:
-        done = subprocess.run([sys.executable, __file__, "--role", "decode", *common], capture_output=True, text=True,
-                              timeout=DECODE_TIMEOUT_S)
+        out, err = process.communicate(timeout=DECODE_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        raise SystemExit(f"disagg_demo: the decode process did not finish within {DECODE_TIMEOUT_S} s (killed)") from None
-    if done.returncode != 0:
-        raise SystemExit(f"decode failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+        _end(process)
+        raise SystemExit(f"disagg_demo: the decode process did not finish within {DECODE_TIMEOUT_S} s (stopped)") from None
+    except BaseException:
+        _end(process)
+        raise
+    if process.returncode != 0:
+        raise SystemExit(f"decode failed:\n{err[-3000:]}")
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def _end(process: subprocess.Popen, grace_s: float = 15.0) -> None:
+    """Stops a child: SIGTERM (it cleans up: ``raise_on_sigterm``), then SIGKILL past ``grace_s``."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.communicate(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.communicate()
 
 
 def _status(code: int | None) -> str:
@@ -387,14 +417,14 @@ def _stop(process: subprocess.Popen | None) -> None:
     try:
         process.communicate("done\n", timeout=60)
     except BaseException:  # noqa: BLE001 (a broken pipe, a timeout, a second Ctrl-C: it must not outlive the demo)
-        process.kill()
-        process.wait()
+        _end(process)
 
 
 def report(produced: dict, consumed: dict, args) -> int:
     """Prints both processes' figures and writes the JSON; returns the exit status: 1 (no
-    TTFT, no speed-up, no JSON) when the hand-off decoded other tokens than the recompute or
-    fetched other KV than the prompt's."""
+    TTFT, no speed-up, no JSON) when a hand-off fetched fewer blocks than it uses
+    (``fetched_all``), decoded other tokens than the recompute or fetched other KV than the
+    prompt's."""
     print(f"prompt {args.tokens} tokens, {BLOCK_TOKENS}-token blocks; tiny random Llama (4 layers, 4 KV heads, fp32 KV)")
     print(f"prefill process: prefill {produced['prefill_s'] * 1e3:.1f} ms, stored {produced['blocks']} blocks, "
           f"published {produced['published']} ({produced['bytes_put'] / 2**20:.1f} MiB) in {produced['store_s'] * 1e3:.1f} ms "
@@ -402,7 +432,7 @@ def report(produced: dict, consumed: dict, args) -> int:
     print(f"decode process:  found {consumed['found_tokens']} tokens by prefix ({consumed['exists_calls']} exists call), "
           f"fetched {consumed['remote_gets']} blocks ({consumed['bytes_fetched'] / 2**20:.1f} MiB) per hand-off")
     if not consumed["fetched_all"]:
-        print(f"error: a hand-off fetched {consumed['fewest_fetched']} of the prompt's {consumed['expected_blocks']} blocks "
+        print(f"error: a hand-off fetched {consumed['fewest_fetched']} of the {consumed['expected_blocks']} blocks a hand-off uses "
               "from the remote tier (the prefill process or the master gone?): it recomputed instead of handing off; "
               "no TTFT or speed-up reported, no JSON written", file=sys.stderr)
         return 1

@@ -19,14 +19,15 @@ import os
 import sys
 
 from tiercache.bench.rounds import positive_int
-from tiercache.bench.script_args import ScriptParser, add_trace_capacities, refuse_bad_outputs, request_traces, trace_pairs
+from tiercache.bench.script_args import (ScriptParser, add_trace_capacities, refuse_bad_outputs, request_traces, trace_of,
+                                         trace_pairs)
 from tiercache.config import CacheConfig, TierConfig, layout_preset
 from tiercache.errors import UserError
 from tiercache.report.fmt import percent_or_na
 from tiercache.results import Semantics
 from tiercache.results.outfile import replace_file
 from tiercache.sim.hardware import load_profile
-from tiercache.sim.loader import Trace
+from tiercache.sim.loader import Trace, load_request_trace
 from tiercache.sim.sweep import SweepSpec, sweep
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -118,7 +119,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if not args.policies:
         parser.error(f"--policy {args.policy}: no policy to compare (lru and belady are the gap's ends)")
     refuse_bad_outputs(parser, {"--json": args.json})
-    args.traces = request_traces(parser, [path for path, _ in args.pairs])
+    args.traces = request_traces(parser, [path for path, _ in args.pairs], load_request_trace)
     return args
 
 
@@ -127,13 +128,15 @@ def main(argv: list[str] | None = None) -> int:
     gaps, ttft = [], []
     try:
         for path, capacities in args.pairs:
-            for row in gap_rows(path, args.traces[path], capacities, args.policies, args.workers):
+            trace = trace_of(args.traces, path, load_request_trace)
+            for row in gap_rows(path, trace, capacities, args.policies, args.workers):
                 if not gaps:  # after the first sweep: a capacity it refuses ends in its line alone
                     print(f"{'workload':32} {'capacity':>8} {'policy':10} {'LRU':>7} {'policy':>7} {'Belady':>7} {'gap closed':>10}")
                 gaps.append(row)
                 print(f"{row['workload'][:32]:32} {row['capacity']:>8} {row['policy']:10} {row['lru']:7.4f} "
                       f"{row['miss']:7.4f} {row['belady']:7.4f} {percent_or_na(row['gap_closed']):>10}")
-            ttft.extend(ttft_rows(path, args.traces[path], three_tiers(capacities), args.policies, args.workers))
+            ttft.extend(ttft_rows(path, trace, three_tiers(capacities), args.policies, args.workers))
+            del trace  # one trace in memory at a time
     except UserError as exc:
         print(f"gap_closed: {exc}", file=sys.stderr)
         return 2

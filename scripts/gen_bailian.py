@@ -105,6 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print(f"interrupted: --out {args.out} is as it was", file=sys.stderr)
+        return 130
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)

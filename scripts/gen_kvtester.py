@@ -25,7 +25,11 @@ refused, as it would be lost); its parent folder must exist. The files are writt
 fresh hidden folder beside it (``.NAME.XXXXXXXX.partial``), which is then renamed into place:
 over a missing or empty ``--out`` in one ``rename``; over an earlier run's files by renaming
 the old folder aside, the new one in, and removing the old one, with Ctrl-C and SIGTERM held
-off (blocked) for those steps. So a rerun with fewer conversations or another seed never
+off (blocked) for those steps. An ``--out`` that cannot be renamed (a mount point, or a parent
+folder not writable) is replaced in place instead: the files are written into a hidden
+``.gen_kvtester.XXXXXXXX.partial`` folder inside it, then, signals held off, the old
+``conv_NNNNN.json`` files are removed and the new ones renamed in. A signal held off during
+a swap is delivered once it is done: the new set is then complete. So a rerun with fewer conversations or another seed never
 leaves old files beside new ones, and an error, Ctrl-C or SIGTERM (exit 143) during the
 writing leaves ``--out`` as it was and the hidden folder removed. (Only a crash or SIGKILL
 between the two renames could leave the old set under a hidden ``.NAME.XXXXXXXX.old`` name
@@ -56,6 +60,8 @@ from tiercache.core.interrupts import raise_on_sigterm
 
 #: The files this generator writes (``conv_00000.json``, more digits past 99,999).
 OWN_FILE = re.compile(r"conv_[0-9]{5,}\.json")
+#: The hidden staging folder's name inside an ``--out`` replaced in place (``_swap_files``).
+STAGING_PREFIX = "gen_kvtester."
 #: Most distinct shared prompts or documents (each conversation draws among them).
 MAX_SHARED = 10**6
 #: Longest part of ``--out``'s name kept in its hidden siblings' names (NAME_MAX is 255).
@@ -149,17 +155,41 @@ def generate(args: argparse.Namespace) -> int:
         OSError: a step failed (the staging folder is removed first).
     """
     target = os.path.realpath(args.out)
-    staging = _sibling(target, "partial")
+    inside = _replaced_in_place(target)
+    staging = os.path.join(target, f".{STAGING_PREFIX}{secrets.token_hex(4)}.partial") if inside else _sibling(target, "partial")
     os.mkdir(staging, 0o777)  # the umask applies, as to a folder os.makedirs creates
     try:
-        with contextlib.suppress(FileNotFoundError):  # an existing --out keeps its permissions
-            os.chmod(staging, stat.S_IMODE(os.stat(target).st_mode))
+        if not inside:
+            with contextlib.suppress(FileNotFoundError):  # an existing --out keeps its permissions
+                os.chmod(staging, stat.S_IMODE(os.stat(target).st_mode))
         total = write_conversations(args, staging)
-        _swap_in(staging, target)
+        (_swap_files if inside else _swap_in)(staging, target)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return total
+
+
+def _replaced_in_place(target: str) -> bool:
+    """Whether ``target``, an existing folder, cannot be renamed (a mount point, a parent
+    folder this user may not write): its files are then swapped inside it (``_swap_files``)."""
+    parent = os.path.dirname(target)
+    return os.path.isdir(target) and (os.path.ismount(target) or not os.access(parent, os.W_OK | os.X_OK))
+
+
+def _swap_files(staging: str, target: str) -> None:
+    """Replaces ``target``'s ``conv_NNNNN.json`` files by those of ``staging`` (a folder inside
+    it, on its filesystem): the old ones removed, the new ones renamed in, ``staging`` and any
+    staging folder an earlier killed run left removed, with Ctrl-C and SIGTERM held off."""
+    with _signals_held():
+        for entry in os.scandir(target):
+            if OWN_FILE.fullmatch(entry.name):
+                os.unlink(entry.path)
+        for name in sorted(os.listdir(staging)):
+            os.rename(os.path.join(staging, name), os.path.join(target, name))
+        for entry in os.scandir(target):
+            if entry.name.startswith("." + STAGING_PREFIX) and entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
 
 
 def _sibling(target: str, kind: str) -> str:
@@ -221,16 +251,19 @@ def output_folder(text: str) -> str:
         raise argparse.ArgumentTypeError(f"{text}: give a folder of its own to write conv_NNNNN.json files into")
     if not os.path.isdir(parent):
         raise argparse.ArgumentTypeError(f"{text}: folder {parent} does not exist")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise argparse.ArgumentTypeError(f"{text}: folder {parent} is not writable")
     if not os.path.lexists(target):
+        if not os.access(parent, os.W_OK | os.X_OK):
+            raise argparse.ArgumentTypeError(f"{text}: folder {parent} is not writable")
         return text
     if not os.path.isdir(target):
         raise argparse.ArgumentTypeError(f"{text}: exists and is not a folder")
+    if not os.access(target, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"{text}: not writable")
     try:
         with os.scandir(target) as entries:
             foreign = sorted(e.name for e in entries
-                             if not (OWN_FILE.fullmatch(e.name) and e.is_file(follow_symlinks=False)))
+                             if not (OWN_FILE.fullmatch(e.name) and e.is_file(follow_symlinks=False))
+                             and not (e.name.startswith("." + STAGING_PREFIX) and e.is_dir(follow_symlinks=False)))
     except OSError as exc:
         raise argparse.ArgumentTypeError(f"{text}: cannot read: {exc.strerror or exc}") from None
     if foreign:
@@ -295,6 +328,10 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         print(f"error: --out {args.out}: cannot write: {exc.strerror or exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print(f"interrupted: --out {args.out} is as it was, or holds the new set whole if the swap had begun",
+              file=sys.stderr)
+        return 130
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)

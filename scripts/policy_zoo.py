@@ -31,15 +31,16 @@ import sys
 import tempfile
 
 from tiercache.bench.rounds import positive_int
-from tiercache.bench.script_args import ScriptParser, add_trace_capacities, refuse_bad_outputs, request_traces, trace_pairs
+from tiercache.bench.script_args import (ScriptParser, add_trace_capacities, refuse_bad_outputs, request_traces, trace_of,
+                                         trace_pairs)
 from tiercache.errors import UserError
 from tiercache.report.fmt import percent_or_na
 from tiercache.report.summary import BASELINE, best_per_capacity
 from tiercache.policies import EVICTION, get_eviction
 from tiercache.results import Semantics
 from tiercache.results.outfile import replace_file
-from tiercache.sim.loader import Trace
-from tiercache.sim.oracle import export_oracle_general
+from tiercache.sim.loader import Trace, load_request_trace
+from tiercache.sim.oracle import export_trace
 from tiercache.sim.sweep import SweepSpec, sweep
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -86,15 +87,15 @@ def tie_order(entry: tuple[str, str, int]) -> tuple:
     return misses, policy.casefold() != BASELINE, policy.casefold(), side != "tiercache"
 
 
-def libcachesim_misses(path: str, capacities: list[int]) -> dict[tuple[str, int], tuple[int, int]]:
+def libcachesim_misses(trace: Trace, capacities: list[int]) -> dict[tuple[str, int], tuple[int, int]]:
     """(policy, capacity) -> (misses, accesses) of libCacheSim's C replay of the same trace
-    (exported to oracleGeneral, which carries next-use times for its Belady)."""
+    (the loaded ``trace`` exported to oracleGeneral, which carries next-use times for its Belady)."""
     import libcachesim as lcs
 
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
         oracle = os.path.join(tmp, "trace.oracleGeneral")
-        export_oracle_general(path, oracle)
+        export_trace(trace, oracle)
         for name in (*CHECKED.values(), *LIBCACHESIM_ONLINE):
             for capacity in (c for c in capacities if runs_at(name, c)):
                 cache = getattr(lcs, name)(cache_size=capacity)
@@ -109,7 +110,7 @@ def zoo_rows(path: str, trace: Trace, capacities: list[int], workers: int) -> tu
     each side's first row is its best, tiercache's the one its reports name; libCacheSim's
     policies not run there, ``runs_at``, have none), and the problems found checking the
     common ground (empty when LRU and Belady agree)."""
-    (ours, best), theirs = tiercache_misses(trace, capacities, workers), libcachesim_misses(path, capacities)
+    (ours, best), theirs = tiercache_misses(trace, capacities, workers), libcachesim_misses(trace, capacities)
     name = os.path.basename(os.path.normpath(path))
     rows, problems = [], []
     for capacity in capacities:
@@ -162,7 +163,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     args.pairs = trace_pairs(parser, args, DEFAULTS)
     refuse_bad_outputs(parser, {"--json": args.json})
-    args.traces = request_traces(parser, [path for path, _ in args.pairs])
+    args.traces = request_traces(parser, [path for path, _ in args.pairs], load_request_trace)
     return args
 
 
@@ -171,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     rows, problems = [], []
     try:
         for path, capacities in args.pairs:
-            more, found = zoo_rows(path, args.traces[path], capacities, args.workers)
+            more, found = zoo_rows(path, trace_of(args.traces, path, load_request_trace), capacities, args.workers)
             rows += more
             problems += found
     except UserError as exc:

@@ -32,11 +32,12 @@ def test_raw_writes_and_reads_use_no_more_workers_or_files_than_blocks(tmp_path,
         monkeypatch.setattr(rawio, "open_for_read", lambda path, direct: opens.append(path) or real_open(path, direct))
         sources = [rawio.source_block(BLOCK, seed) for seed in (1, 2)]
         files.write(sources, ["a", "b"], sync_each_block=False)
-        assert len(syncs) == 2  # one per file written, none for the six idle ones
         slots = files.last_slots.copy()
+        written = {slot % 8 for slot in slots.tolist()}  # 1 or 2: two writers share one queue
+        assert len(syncs) == len(written) <= 2  # one per file written, none for the six idle ones
         dests = rawio.read_buffers(BLOCK, 2)
         files.read(slots, dests, threads=8)
-        assert len(opens) == 2  # only the files the slots are in
+        assert len(opens) == len(written)  # only the files the slots are in
         for source, dest in zip(sources, dests):
             assert bytes(dest) == bytes(source)
     finally:

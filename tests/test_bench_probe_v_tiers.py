@@ -85,8 +85,8 @@ def test_save_profile_is_refused_with_one_line_and_the_rest_is_written(tmp_path,
 # ----- finding 3: the raw write limit syncs each file once ---------------------------------
 
 
-@pytest.mark.parametrize("sync_each_block, syncs", [(True, 8), (False, 2)])
-def test_raw_writes_sync_per_block_or_once_per_file(tmp_path, monkeypatch, sync_each_block, syncs):
+@pytest.mark.parametrize("sync_each_block", [True, False])
+def test_raw_writes_sync_per_block_or_once_per_file(tmp_path, monkeypatch, sync_each_block):
     files = rawio.RawBlockFiles(str(tmp_path / "raw"), rawio.PAGE, 2, 8)  # room for every block in either file
     sources = [rawio.source_block(rawio.PAGE, seed) for seed in range(8)]
     synced = []
@@ -97,7 +97,8 @@ def test_raw_writes_sync_per_block_or_once_per_file(tmp_path, monkeypatch, sync_
     finally:
         monkeypatch.undo()
         files.close()
-    assert len(synced) == syncs
+    written = {slot % 2 for slot in files.last_slots.tolist()}  # one writer may take every block (a shared queue)
+    assert len(synced) == (8 if sync_each_block else len(written))  # per block, or once per file written
     for i, slot in enumerate(files.last_slots.tolist()):  # every block is where last_slots says
         with open(files.paths[slot % 2], "rb") as f:
             f.seek(slot // 2 * rawio.PAGE)

@@ -94,6 +94,21 @@ def test_a_rerun_with_fewer_conversations_leaves_exactly_the_new_set(kvt, tmp_pa
     assert sorted(os.listdir(tmp_path / "K")) == [f"conv_{i:05d}.json" for i in range(4)]
 
 
+def test_an_out_folder_that_cannot_be_renamed_is_replaced_in_place(kvt, tmp_path, monkeypatch) -> None:
+    """A mount point (a Docker volume) cannot be renamed (EBUSY): its files are swapped inside
+    it (review r29: every run into one failed)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "K").mkdir()
+    (tmp_path / "K" / f".{kvt.STAGING_PREFIX}dead.partial").mkdir()  # left by a killed run
+    real = os.path.ismount
+    monkeypatch.setattr(kvt.os.path, "ismount", lambda path: path == str(tmp_path / "K") or real(path))
+    assert _run(kvt, ["--out", "K", "--conversations", "9", "--seed", "1"], monkeypatch) == 0
+    assert _run(kvt, ["--out", "K", "--conversations", "4", "--seed", "2"], monkeypatch) == 0
+    assert _run(kvt, ["--out", "fresh", "--conversations", "4", "--seed", "2"], monkeypatch) == 0
+    assert sorted(os.listdir(tmp_path / "K")) == [f"conv_{i:05d}.json" for i in range(4)]
+    assert _tree(tmp_path / "K") == _tree(tmp_path / "fresh")
+
+
 def _raising_on_second_call(function, error: BaseException):
     calls = []
 
@@ -116,8 +131,8 @@ def test_a_failure_mid_write_leaves_the_previous_folder_intact(kvt, error, tmp_p
         monkeypatch.setattr(kvt, "conversation", _raising_on_second_call(original, error))
         argv = ["--out", out, "--conversations", "6", "--seed", "2"]
         if isinstance(error, KeyboardInterrupt):
-            with pytest.raises(KeyboardInterrupt):
-                _run(kvt, argv, monkeypatch)
+            assert _run(kvt, argv, monkeypatch) == 130
+            assert "interrupted: --out" in capsys.readouterr().err
         else:
             assert _run(kvt, argv, monkeypatch) == 1
             assert "error: --out" in capsys.readouterr().err
@@ -131,8 +146,11 @@ def test_a_failure_mid_trace_leaves_the_previous_bailian_file_intact(bailian, er
     before = _tree(tmp_path)
     failing = _raising_on_second_call(bailian.json.dumps, error)
     monkeypatch.setattr(bailian, "json", types.SimpleNamespace(dumps=failing))
-    with pytest.raises(type(error)):
-        _run(bailian, ["--out", "b.jsonl", "--conversations", "5", "--seed", "2"], monkeypatch)
+    if isinstance(error, KeyboardInterrupt):
+        assert _run(bailian, ["--out", "b.jsonl", "--conversations", "5", "--seed", "2"], monkeypatch) == 130
+    else:
+        with pytest.raises(type(error)):
+            _run(bailian, ["--out", "b.jsonl", "--conversations", "5", "--seed", "2"], monkeypatch)
     assert _tree(tmp_path) == before
 
 

@@ -17,17 +17,14 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import TYPE_CHECKING, Callable, Mapping, NoReturn
+from typing import Any, Callable, Mapping, NoReturn
 
 from ..errors import UserError
 from ..results.outfile import check_output_file
 from .rounds import checked_int, positive_int
 
-if TYPE_CHECKING:
-    from ..sim.loader import Trace
-
 __all__ = ["ScriptParser", "add_trace_capacities", "existing_folder", "non_negative_int", "open_share", "positive_ints",
-           "refuse_bad_outputs", "request_traces", "seed_int", "trace_pairs"]
+           "refuse_bad_outputs", "request_traces", "seed_int", "trace_of", "trace_pairs"]
 
 #: The largest seed ``seed_int`` takes: numpy's and torch's generators take any 32-bit seed,
 #: and a script may still add offsets and multiply it without leaving torch's 64 bits.
@@ -159,27 +156,28 @@ def trace_pairs(parser: argparse.ArgumentParser, args: argparse.Namespace,
     return pairs
 
 
-def request_traces(parser: argparse.ArgumentParser, paths: list[str]) -> dict[str, "Trace"]:
-    """Each of ``paths`` loaded once, before any replay, so a bad trace ends the script
-    before the first table, not after it: ``{path: Trace}``.
+def request_traces(parser: argparse.ArgumentParser, paths: list[str], load: Callable[[str], Any]) -> dict[str, Any]:
+    """Reads each of ``paths`` with ``load`` (``tiercache.sim.loader.load_request_trace``)
+    before any replay, so a bad trace ends the script before the first table, not after it;
+    returns ``{path: Trace}`` holding the first path's trace only (the others are dropped once
+    checked, so memory holds one trace at a time: ``trace_of`` reads them again in turn).
 
     Raises:
-        SystemExit: through ``parser.error`` (one line, exit 2): a trace that cannot be read
-            (the file and line), or a step trace (its reads and writes are no requests: the
-            prefix semantics and the gap these scripts report mean nothing there).
+        SystemExit: through ``parser.error`` (one line, exit 2): whatever ``load`` refuses
+            (a trace that cannot be read, with the file and line; a step trace).
     """
-    from ..config import TraceKind
-    from ..sim.loader import load_trace
-
     traces = {}
     for path in dict.fromkeys(paths):
         try:
-            trace = load_trace(path)
+            trace = load(path)
         except UserError as exc:
             parser.error(str(exc))
-        if trace.kind is not TraceKind.REQUESTS:
-            parser.error(f"--trace {path}: a step trace; this script replays request traces (Mooncake, Bailian or "
-                         "kv-cache-tester), whose requests reuse a prefix")
-        traces[path] = trace
+        if not traces:
+            traces[path] = trace
     return traces
 
+
+def trace_of(traces: dict[str, Any], path: str, load: Callable[[str], Any]) -> Any:
+    """The trace of ``path``: taken out of ``traces`` (``request_traces``) when it is there,
+    else read again with ``load`` (a file changed since raises its UserError)."""
+    return traces.pop(path) if path in traces else load(path)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import orjson
 
-from tiercache.errors import TraceError
+from tiercache.errors import TraceError, UserError
 from tiercache.results import TraceInfo, TraceKind
 
 from .bulkparse import MAX_BULK_BYTES, bulk_requests
@@ -25,7 +25,7 @@ from .traces import (MAX_LINE_BYTES, MOONCAKE_BLOCK_TOKENS, FlatTrace, check_tok
                      fingerprint_of, flat_requests, format_block_tokens, half_fingerprint, iter_json_objects, kind_of,
                      request_format, trace_fingerprint)
 
-__all__ = ["Trace", "load_trace", "trace_fingerprint", "half_fingerprint", "is_kvtester_workload"]
+__all__ = ["Trace", "load_trace", "load_request_trace", "trace_fingerprint", "half_fingerprint", "is_kvtester_workload"]
 
 
 @dataclass(frozen=True)
@@ -83,6 +83,21 @@ class Trace:
             path=os.path.abspath(self.path), name=os.path.basename(self.path), fingerprint=self.fingerprint,
             kind=self.kind, requests=self.records, accesses=len(self.ids), unique_blocks=int(len(np.unique(self.ids))),
         )
+
+
+def load_request_trace(path: str | os.PathLike) -> Trace:
+    """``load_trace(path)`` of a request trace (Mooncake, Bailian, kv-cache-tester).
+
+    Raises:
+        TraceError: as ``load_trace``.
+        UserError: a step trace (its reads and writes are no requests: prefix semantics, and
+            a gap measured on it, mean nothing there).
+    """
+    trace = load_trace(path)
+    if trace.kind is not TraceKind.REQUESTS:
+        raise UserError(f"--trace {os.fspath(path)}: a step trace; this script replays request traces (Mooncake, Bailian "
+                        "or kv-cache-tester), whose requests reuse a prefix")
+    return trace
 
 
 def load_trace(path: str | os.PathLike, arrival_seed: int = 0, mean_gap_s: float = DEFAULT_MEAN_GAP_S) -> Trace:
