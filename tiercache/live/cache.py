@@ -430,10 +430,13 @@ class TieredKVCache(NoCopies):
 
     def _settle_events(self) -> None:
         """Feeds the manager's events to the store's counters and forgets departed keys
-        (without polling: only ``StepDriver`` completes moves, at record boundaries)."""
+        (without polling: only ``StepDriver`` completes moves, at record boundaries). Ends a
+        call as the store's own calls end (``RetainedCopies.end_call``): the blocks noted as
+        having left NVMe during it are forgotten, or they grew by every block that ever left."""
         store = self.store
         store._stats.consume(store.events.drain())
         store._forget_departed()
+        store.engine.retained.end_call()
 
     def device_bytes(self) -> int:
         """Bytes of device memory the cache holds now: its HBM tier's pool (when the HBM tier
