@@ -112,12 +112,12 @@ def test_a_write_stores_its_list_in_order_so_an_id_its_new_blocks_push_out_is_st
                  ReplayData.prepare(load_trace(prefetch), None, None))
     assert (run.hits, run.prefetched, run.prefetch_used, run.prefetch_wasted) == (2, 1, 0, 1)
     rng = random.Random(18)
-    for trial in range(150):
+    for trial in range(80):
         records, capacity = _random_records(rng), rng.randint(1, 5)
         path = _steps(tmp_path, records, f"r{trial}.jsonl")
         run = _run(path, "lru", capacity)
         assert (run.hits, run.misses) == _lru_model(records, capacity), (trial, capacity, records)
-    for trial in range(150):  # one read per record: references, which libCacheSim lacks, play no part
+    for trial in range(80):  # one read per record: references, which libCacheSim lacks, play no part
         n, capacity = rng.randint(3, 10), rng.randint(1, 5)
         records = [([rng.randrange(n)], rng.sample(range(n), rng.randint(0, min(4, n)))) for _ in range(rng.randint(5, 40))]
         path = _steps(tmp_path, records, f"b{trial}.jsonl")

@@ -114,7 +114,7 @@ def test_matches_live_libcachesim(live: dict, name: str, capacity: int) -> None:
 
 #: The Belady-bound test's share of the trace: its first this many accesses (the Python
 #: reference of ``session`` takes 7 s per capacity over the whole trace).
-BOUND_ACCESSES = 40_000
+BOUND_ACCESSES = 20_000
 
 
 @lru_cache(maxsize=None)
@@ -123,7 +123,11 @@ def head() -> ObjectTrace:
     return from_ids(whole.ids[:BOUND_ACCESSES], whole.parents[:BOUND_ACCESSES])
 
 
-@pytest.mark.parametrize("capacity", CAPACITIES)
+#: The bound's capacities: the head's distinct blocks fit in 16k, so its largest is 8k.
+BOUND_CAPACITIES = (1000, 4000, 8000)
+
+
+@pytest.mark.parametrize("capacity", BOUND_CAPACITIES)
 def test_belady_is_a_lower_bound(capacity: int) -> None:
     bound = miss_ratio(make_eviction("belady", capacity), head())
     assert bound < miss_ratio(make_eviction("lru", capacity), head())  # a head with a gap to bound

@@ -125,7 +125,7 @@ def must_survive(lines: list[str]) -> set[int]:
 def test_sigkill_at_random_moments_loses_no_flushed_block_and_serves_nothing_wrong(tmp_path):
     path = str(tmp_path / "store")
     rng = random.Random(20261130)
-    kills, checked = int(os.environ.get("TIERCACHE_CRASH_KILLS", "10")), 0
+    kills, checked = int(os.environ.get("TIERCACHE_CRASH_KILLS", "8")), 0
     for run in range(kills):
         argv = [sys.executable, "-c", CHILD, path, str(100_000 * (run + 1)), str(rng.randrange(2**31))]
         lines = kill_at_random(argv, rng, (0.0, 1.2))
