@@ -5,7 +5,6 @@ earlier run's files beside a new run's (two seeds mixed in one folder)."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import signal
 import sys
@@ -14,24 +13,16 @@ from pathlib import Path
 
 import pytest
 
-SCRIPTS = Path(__file__).parent.parent / "scripts"
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"script_q49_{name}", SCRIPTS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
+from test_script_bench_honesty import _script
 
 @pytest.fixture(scope="module")
 def kvt():
-    return _load("gen_kvtester")
+    return _script("gen_kvtester")
 
 
 @pytest.fixture(scope="module")
 def bailian():
-    return _load("gen_bailian")
+    return _script("gen_bailian")
 
 
 def _run(module, argv: list[str], monkeypatch) -> int:
