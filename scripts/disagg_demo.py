@@ -36,12 +36,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import select
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import warnings
 
@@ -355,10 +355,13 @@ def _prefill_result(process: subprocess.Popen, errors) -> dict:
     Raises:
         SystemExit: it ended (or printed something else) first, with its error output.
     """
-    ready, _, _ = select.select([process.stdout], [], [], PREFILL_TIMEOUT_S)
-    if not ready:
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.append(process.stdout.readline()), daemon=True)
+    reader.start()
+    reader.join(PREFILL_TIMEOUT_S)  # a whole line, or none: a partial line then a hang is waited for no longer
+    if not lines:
         raise SystemExit(f"disagg_demo: the prefill process published nothing within {PREFILL_TIMEOUT_S} s")
-    line = process.stdout.readline()
+    line = lines[0]
     try:
         return json.loads(line)
     except json.JSONDecodeError:

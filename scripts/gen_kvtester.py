@@ -28,8 +28,10 @@ the old folder aside, the new one in, and removing the old one, with Ctrl-C and 
 off (blocked) for those steps. An ``--out`` that cannot be renamed (a mount point, or a parent
 folder not writable) is replaced in place instead: the files are written into a hidden
 ``.gen_kvtester.XXXXXXXX.partial`` folder inside it, then, signals held off, the old
-``conv_NNNNN.json`` files are removed and the new ones renamed in. A signal held off during
-a swap is delivered once it is done: the new set is then complete. So a rerun with fewer conversations or another seed never
+``conv_NNNNN.json`` files are replaced by the new ones (each renamed over its namesake) and
+the extra old ones removed; that swap is file by file, so an I/O error in the middle of it
+(not a signal: those are held off) can leave some old files among the new. A signal held off
+during a swap is delivered once it is done: the new set is then complete. So a rerun with fewer conversations or another seed never
 leaves old files beside new ones, and an error, Ctrl-C or SIGTERM (exit 143) during the
 writing leaves ``--out`` as it was and the hidden folder removed. (Only a crash or SIGKILL
 between the two renames could leave the old set under a hidden ``.NAME.XXXXXXXX.old`` name
@@ -149,7 +151,8 @@ def write_conversations(args: argparse.Namespace, folder: str) -> int:
 
 def generate(args: argparse.Namespace) -> int:
     """Writes the workload to ``args.out`` whole (see the module notes); returns the number
-    of requests. On any error or interrupt ``args.out`` is left as it was.
+    of requests. On any error or interrupt ``args.out`` is left as it was (but for an I/O
+    error in the middle of an in-place swap: the module notes).
 
     Raises:
         OSError: a step failed (the staging folder is removed first).
@@ -182,11 +185,12 @@ def _swap_files(staging: str, target: str) -> None:
     it, on its filesystem): the old ones removed, the new ones renamed in, ``staging`` and any
     staging folder an earlier killed run left removed, with Ctrl-C and SIGTERM held off."""
     with _signals_held():
-        for entry in os.scandir(target):
-            if OWN_FILE.fullmatch(entry.name):
-                os.unlink(entry.path)
-        for name in sorted(os.listdir(staging)):
+        new = sorted(os.listdir(staging))
+        for name in new:  # each replaces its namesake at once; the earlier run's extra files go after
             os.rename(os.path.join(staging, name), os.path.join(target, name))
+        for entry in os.scandir(target):
+            if OWN_FILE.fullmatch(entry.name) and entry.name not in new:
+                os.unlink(entry.path)
         for entry in os.scandir(target):
             if entry.name.startswith("." + STAGING_PREFIX) and entry.is_dir(follow_symlinks=False):
                 shutil.rmtree(entry.path, ignore_errors=True)

@@ -23,3 +23,16 @@ def test_a_decode_loop_keeps_no_record_of_blocks_that_left_nvme_past_its_call(tm
             assert not any(left.values()), cycle
         dram, nvme = cache.store.stats()["tiers"][1:]
         assert dram["demotions"] > 100 and nvme["evictions"] > 100  # blocks did come to NVMe and leave it
+
+
+def test_a_call_keeps_the_departures_of_blocks_a_running_job_writes_back():
+    """Review r30: a job into NVMe still running when a call ends settles in a later call; the
+    departure it undoes must still force its flush there (``RetainedCopies.returned``)."""
+    from tiercache.data.engine import RetainedCopies
+
+    retained = RetainedCopies([], keys=lambda ids: [])
+    retained._left = {2: {5: 1, 6: 1}, 1: {7: 0}}
+    retained.end_call({2: {5, 9}, 1: set()})
+    assert retained._left == {2: {5: 1}}  # only 5 is on its way back into tier 2
+    retained.end_call()
+    assert retained._left == {}

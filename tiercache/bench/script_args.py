@@ -174,6 +174,7 @@ def request_traces(parser: argparse.ArgumentParser, paths: list[str], load: Call
             parser.error(str(exc))
         if not traces:
             traces[path] = trace
+        del trace  # not held while the next one loads
     return traces
 
 

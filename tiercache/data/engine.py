@@ -178,10 +178,21 @@ class RetainedCopies:
         except OSError:
             pass  # counted by the store (failed_flushes); the next flush retries the batch
 
-    def end_call(self) -> None:
+    def end_call(self, arriving: dict[int, set[int]] | None = None) -> None:
         """A store call ended: what left a tier during it is forgotten (a block that is not in
-        the tier at the end of a call need not be there after a crash)."""
-        self._left.clear()
+        the tier at the end of a call need not be there after a crash), but for the blocks
+        ``arriving`` there (tier -> ids of jobs still in flight into it, ``LocalEngine.end_call``):
+        such a job settles in a later call, and its ``returned`` must still see the departure
+        so that it flushes (the manager placed the block in the tier at the end of both calls)."""
+        if not arriving:
+            self._left.clear()
+            return
+        for tier in list(self._left):
+            kept = {block_id: count for block_id, count in self._left[tier].items() if block_id in arriving.get(tier, ())}
+            if kept:
+                self._left[tier] = kept
+            else:
+                del self._left[tier]
 
     def drop_all(self) -> int:
         """Deletes every held copy (closing); returns how many."""
@@ -373,6 +384,14 @@ class LocalEngine:
     def inflight(self) -> int:
         """Jobs submitted and not yet returned (the queue depth)."""
         return len(self._jobs) + len(self._done)
+
+    def end_call(self) -> None:
+        """A store call ended (``RetainedCopies.end_call``), the jobs still running named: a
+        departure from a tier that one of them writes back into is kept for its settle."""
+        arriving: dict[int, set[int]] = {}
+        for job in self._jobs.values():
+            arriving.setdefault(job.plan.dst_tier, set()).update(job.plan.ids)
+        self.retained.end_call(arriving)
 
     # -- completion ----------------------------------------------------------------------
     def _handler(self, src: int, dst: int) -> CopyHandler:

@@ -436,7 +436,7 @@ class TieredKVCache(NoCopies):
         store = self.store
         store._stats.consume(store.events.drain())
         store._forget_departed()
-        store.engine.retained.end_call()
+        store.engine.end_call()
 
     def device_bytes(self) -> int:
         """Bytes of device memory the cache holds now: its HBM tier's pool (when the HBM tier

@@ -480,7 +480,7 @@ class TieredKVStore(StoreReads, NoCopies):
         self.manager.poll()
         self._stats.consume(self.events.drain())
         self._forget_departed()
-        self.engine.retained.end_call()
+        self.engine.end_call()
 
     def _forget_departed(self) -> None:
         departed = self.events.drain_departed()
