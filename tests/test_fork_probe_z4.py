@@ -6,13 +6,15 @@ not exist), its ``close`` does nothing, and it can open and use a store of its o
 cache and a sequence refuse to be copied or pickled. An interrupted ``put`` leaves the store's
 invariants whole.
 
-Every fork runs in a fresh interpreter (``_run``), under a timeout: a hang fails the test, and
-the at-fork hooks a store registers stay out of the test process.
+Every fork runs in a process of its own, forked from a fresh interpreter that imported
+tiercache once (``_run``), under a timeout: a hang fails the test, and the at-fork hooks a
+store registers stay out of the test process.
 """
 
 from __future__ import annotations
 
 import copy
+import json
 import os
 import pickle
 import subprocess
@@ -72,12 +74,70 @@ def in_child(work, seconds=8.0):
 '''
 
 
+#: A fork server: imports what ``PRELUDE`` imports once, then runs each script it is sent (one
+#: JSON line: the code and its argv[1]) in a process of its own forked from it, with nothing
+#: open and no thread started (as a fresh interpreter has), its exit handlers run as at a
+#: normal exit; it answers one JSON line per script: exit status, stdout, stderr. A script
+#: past 60 s is killed (a hang fails its test).
+_SERVER = """
+import atexit, json, os, signal, sys, tempfile, time, traceback
+import torch, tiercache.config, tiercache.live.cache, tiercache.live.store
+for request in sys.stdin:
+    code, root = json.loads(request)
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        pid = os.fork()
+        if pid == 0:
+            os.dup2(out.fileno(), 1)
+            os.dup2(err.fileno(), 2)
+            status = 0
+            try:
+                sys.argv = ["-c", root]
+                exec(compile(code, "<script>", "exec"), {"__name__": "__main__"})
+                atexit._run_exitfuncs()
+            except SystemExit as done:
+                status = done.code if isinstance(done.code, int) else 0 if done.code is None else 1
+            except BaseException:
+                traceback.print_exc()
+                status = 1
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(status)
+        deadline = time.monotonic() + 60
+        while not (ended := os.waitpid(pid, os.WNOHANG))[0] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if not ended[0]:
+            os.kill(pid, signal.SIGKILL)
+            ended = os.waitpid(pid, 0)
+        status = os.waitstatus_to_exitcode(ended[1])
+        out.seek(0)
+        err.seek(0)
+        print(json.dumps([status, out.read().decode(), err.read().decode()]), flush=True)
+"""
+_server: list[subprocess.Popen] = []  # the module's fork server, started by the first _run
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _fork_server():
+    """Stops the fork server after the module's tests (by closing its stdin)."""
+    yield
+    for server in _server:
+        server.stdin.close()
+        server.wait(timeout=30)
+
+
 def _run(script: str, tmp_path) -> list[str]:
-    """Runs ``PRELUDE + script`` in a fresh interpreter; its stdout lines (it must exit 0)."""
-    done = subprocess.run([sys.executable, "-c", PRELUDE + textwrap.dedent(script), str(tmp_path)],
-                          capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done.stdout.splitlines()
+    """Runs ``PRELUDE + script`` in a process of its own, forked from a fresh interpreter that
+    imported tiercache once (``_SERVER``: not the test process, whose threads and at-fork
+    hooks a fork would share); its stdout lines (it must exit 0)."""
+    if not _server:
+        _server.append(subprocess.Popen([sys.executable, "-c", _SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        text=True))
+    server = _server[0]
+    server.stdin.write(json.dumps([PRELUDE + textwrap.dedent(script), str(tmp_path)]) + "\n")
+    server.stdin.flush()
+    status, out, err = json.loads(server.stdout.readline())
+    assert status == 0, err[-3000:]
+    return out.splitlines()
 
 
 def _refusal(pid_line: str) -> str:
