@@ -451,7 +451,7 @@ class Bench:
     def machine(self) -> dict:
         """Where this ran: host, device, filesystem, and what each raw baseline is."""
         smallest = self.cfg.blocks // self._slice_count()  # blocks of the smallest slice: a write's; a read side has half
-        write_workers, read_workers = _workers(self.cfg.threads, smallest), _workers(self.cfg.threads, smallest // 2)
+        write_workers, read_workers = rawio.workers_in_words(self.cfg.threads, smallest), rawio.workers_in_words(self.cfg.threads, smallest // 2)
         read_kind = "O_DIRECT preadv" if self.raw.direct else "buffered preadv (filesystem refused O_DIRECT)"
         copy_kind = "one pinned->device copy_(non_blocking) of the same bytes, CUDA events" if self.cuda else host_copy_kind(self._copiers.threads)
         return {
@@ -473,14 +473,6 @@ class Bench:
                                   + ("" if self._cold_residue == 0 else f"; WARNING: {_cold_check(self._cold_residue)}"),
             },
         }
-
-
-def _workers(threads: int, smallest_call: int) -> str:
-    """The raw loops' concurrency in words: ``threads``, and where some calls have fewer
-    blocks, that they run one worker per block (``RawBlockFiles``: no idle worker)."""
-    if smallest_call >= threads:
-        return f"{threads} threads"
-    return f"{threads} threads (one per block where a call has fewer: {max(1, smallest_call)} on the smallest)"
 
 
 def _cold_check(residue: int | None, files: list[str] | None = None) -> str:

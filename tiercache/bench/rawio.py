@@ -46,7 +46,7 @@ from ..data.chunkio import drop_file_cache, open_for_read
 
 __all__ = [
     "RawRun", "RawBlockFiles", "RawPool", "RAW_SYNC_POLICY", "SOURCE", "SYNC_POLICY", "direct_read", "pwrite_loop", "host_copy",
-    "memmove_copy", "read_latency", "write_latency", "read_buffers", "read_files", "source_block",
+    "memmove_copy", "read_latency", "write_latency", "read_buffers", "read_files", "source_block", "workers_in_words",
 ]
 
 #: The store's durability policy for chunk writes (``RawBlockFiles.write``'s default).
@@ -132,6 +132,14 @@ class RawPool:
         """Stops the threads (waits for them)."""
         if self._executor is not None:
             self._executor.shutdown(wait=True)
+
+
+def workers_in_words(threads: int, smallest_call: int) -> str:
+    """The raw loops' concurrency in words: ``threads``, and where some calls have fewer
+    blocks, that they run one worker per block (``RawBlockFiles``: no idle worker)."""
+    if smallest_call >= threads:
+        return f"{threads} threads"
+    return f"{threads} threads (one per block where a call has fewer: {max(1, smallest_call)} on the smallest)"
 
 
 def memmove_copy(dst_address: int, src_address: int, nbytes: int, pool: RawPool | None = None) -> float:
