@@ -307,6 +307,10 @@ class NVMeStore(NVMeReads, NVMeWrites):
     durable_items = items  # what a reopened store adopts
 
     def flush(self) -> None:
+        """Makes every completed put and delete durable (``_flush``)."""
+        self._flush()
+
+    def _flush(self, final: bool = False) -> None:
         """Makes every completed put and delete durable.
 
         Order: directory fsync if a chunk was renamed into place since the last flush
@@ -315,12 +319,14 @@ class NVMeStore(NVMeReads, NVMeWrites):
         disk has room for it, if need be once the dead chunk files of free slots are
         removed), then retired slots are freed. On OSError nothing is lost: the batch stays
         pending for the next flush, the error is counted (``failed_flushes``) and re-raised.
+        ``final`` (``close``) snapshots whenever the journal is longer than the snapshot
+        (``IndexFiles.wants_snapshot``), so a reopen replays the live entries only.
         """
         self._check_owner()
         with self._flush_lock:
             with self._lock:
                 ops, retired = self._table.take_pending()
-                compact = self._files.wants_snapshot()
+                compact = self._files.wants_snapshot(final)
                 snapshot = self._table.live_ops() if compact else None
                 dir_dirty, self._dir_dirty = self._dir_dirty, False
             if not ops and not retired and not compact:
@@ -389,7 +395,7 @@ class NVMeStore(NVMeReads, NVMeWrites):
         self._closed = True  # new submissions now fail; the ones in flight still finish
         finished = shutdown_within(self._executor, self.close_timeout_s)
         try:
-            self.flush()
+            self._flush(final=True)
         except OSError as exc:
             raise OSError(exc.errno, f"{self.path}: closed, but the final flush failed ({exc.strerror or exc}):"
                           " blocks put or deleted since the last successful flush are not durable") from exc

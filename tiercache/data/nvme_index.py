@@ -60,6 +60,9 @@ SNAPSHOT_NAME = "tiercache.index"
 SNAPSHOT_TMP_NAME = SNAPSHOT_NAME + ".tmp"  # written, fsynced, then renamed over SNAPSHOT_NAME
 JOURNAL_NAME = "tiercache.journal"
 _JOURNAL_MIN_BYTES = 4 << 20
+#: ``close`` snapshots a journal past this and past the snapshot (``wants_snapshot(final=True)``):
+#: a reopen then replays at most this much history beyond what is live (about 3 ms).
+_JOURNAL_CLOSE_BYTES = 64 << 10
 _RESERVE_STEP = 16 << 10  # the journal grows by this much at a time (or by the page it needs, on a full disk)
 DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})  # the errnos of a write refused for lack of space
 
@@ -200,12 +203,18 @@ class IndexFiles:
             self.lost_batches += acknowledged - self.seq
             self.need_snapshot = True
 
-    def wants_snapshot(self) -> bool:
+    def wants_snapshot(self, final: bool = False) -> bool:
         """True when the next flush should rewrite the snapshot instead of appending: the
         journal is longer than the snapshot and than ``_JOURNAL_MIN_BYTES`` (than the
         snapshot alone when short of space: a snapshot at most as long as the journal it
-        replaces gives pages back, and costs at most one more write of the journal's bytes)."""
-        floor = self.snapshot_bytes if self.short_of_space else max(_JOURNAL_MIN_BYTES, self.snapshot_bytes)
+        replaces gives pages back, and costs at most one more write of the journal's bytes).
+
+        ``final`` (the flush of ``close``) lowers the floor to ``_JOURNAL_CLOSE_BYTES``: a
+        journal longer than that and than the snapshot it follows is replaced by a snapshot
+        of the live entries, so a reopen reads what is live, not up to 4 MiB of history, and
+        the close costs at most one more write of the journal's bytes."""
+        least = _JOURNAL_CLOSE_BYTES if final else _JOURNAL_MIN_BYTES
+        floor = self.snapshot_bytes if self.short_of_space else max(least, self.snapshot_bytes)
         return self.need_snapshot or self.journal_bytes > floor
 
     def disk_full(self) -> None:
