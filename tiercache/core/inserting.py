@@ -209,15 +209,31 @@ class InsertMixin:
         return [(0, first), *((a, min(a + step, n)) for a in range(first, n, step))]
 
     def _copy_down(self, ids: Sequence[int], hints: Hints | None) -> None:
-        """Write-through: copies new top-tier blocks into every lower tier that admits them."""
+        """Write-through: copies new top-tier blocks into every lower tier that admits them;
+        those a tier admitted but that were not copied there (a failed write, no room made)
+        are remembered (``_note_uncopied``)."""
         for tier in range(1, len(self.dirs)):
             if tier == self.shared:  # publishing to a shared tier is its owner's decision
                 continue
             admitted = self._admit[tier](ids)
             wanted = [b for b, ok in zip(ids, admitted) if ok and b not in self.dirs[tier].slot_of]
             self.events.emit(Ev.REFUSED, tier, admitted.count(False))
-            if wanted and self._make_room(tier, len(wanted), frozenset(wanted)) is _MADE:
+            if not wanted:
+                continue
+            if self._make_room(tier, len(wanted), frozenset(wanted)) is _MADE:
                 self._transfer(wanted, 0, tier, keep_source=True, hints=hints if len(wanted) == len(ids) else None)
+            here = self.dirs[tier].slot_of
+            self._note_uncopied([b for b in wanted if b not in here])
+
+    def _note_uncopied(self, ids: list[int]) -> None:
+        """Remembers write-through blocks whose copy down was admitted but not made, for
+        ``_let_go``. Ids no tier holds any more are pruned once the set outgrows the
+        hierarchy's slots, so it stays within about twice their number."""
+        if not ids:
+            return
+        self._uncopied.update(ids)
+        if len(self._uncopied) > 2 * sum(d.capacity for d in self.dirs) + 64:
+            self._uncopied = {b for b in self._uncopied if self.locate(b) is not None}
 
 
 def _one_at_a_time(a: int, b: int, free: int) -> list[tuple[int, int]]:

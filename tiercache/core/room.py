@@ -131,14 +131,34 @@ class RoomMixin:
         if victims is None:
             return _NO_VICTIMS
         if last:
-            self._drop(tier, victims)
-            return _MADE
+            return self._let_go(tier, victims, protected)
         room = self._demote(tier, victims, protected)
         if room is not _NO_VICTIMS or protected or not (self.held or self._kept):
             return room
         # Held victims found no room below (every tier below full of blocks that may not leave):
         # make the room a slot at a time, each from a victim that may leave if it must.
         return self._room_past_held(tier, n, protected) if need > 1 else self._demote_leavable(tier, protected)
+
+    def _let_go(self, tier: int, victims: list[int], protected) -> Room:
+        """Victims of the last tier, or of a write-through tier, leave it. In write-through,
+        a victim whose copy down was admitted but not made (``_uncopied``: a full or failing
+        disk, no room made below) and that no lower tier holds moves down first, as an
+        exclusive tier's victim does (``_demote``), so it leaves the hierarchy only as the
+        module's invariant allows; while that move is declined or its write fails no victim
+        leaves (the caller's placement is refused). A victim whose copies the admission below
+        refused leaves, as before. The rest, with a copy below, are dropped."""
+        if self._uncopied and tier + 1 < len(self.dirs):
+            below = [d.slot_of for d in self.dirs[tier + 1 :]]
+            orphans = [v for v in victims if v in self._uncopied and not any(v in slots for slots in below)]
+            if orphans:
+                room = self._demote(tier, orphans, protected)
+                if room is not _MADE:
+                    return room
+                here = self.dirs[tier].slot_of
+                victims = [v for v in victims if v in here]
+        if victims:
+            self._drop(tier, victims)
+        return _MADE
 
     def _room_past_held(self, tier: int, n: int, protected) -> Room:
         """``_make_room(tier, n)`` one slot at a time, after the victims of an unguarded
