@@ -124,7 +124,8 @@ class TransferMixin:
     def prefetch(self, ids: Sequence[int], dst: int = 0) -> list[TransferPlan]:
         """Starts bringing resident ids from lower tiers up to ``dst``; returns the plans.
 
-        Room in ``dst`` is made at once (victims demoted as usual, never one of ``ids``);
+        Room in ``dst`` is made at once (victims demoted as usual, never one of ``ids`` below
+        ``dst``: no run's room pushes a block another run is to bring up out of the hierarchy);
         ids already in ``dst`` or above, absent, or already moving are skipped. In an
         exclusive hierarchy the blocks move; in write-through they are copied up. Until a
         plan completes, lookups still find its blocks where they were.
@@ -136,12 +137,15 @@ class TransferMixin:
         """
         plans: list[TransferPlan] = []
         wanted = list(dict.fromkeys(ids))
+        waiting = frozenset(b for b in wanted if (self.locate(b) or 0) > dst)
         for tier in range(dst + 1, len(self.dirs)):
             pins, here = self.dirs[tier].pins, self.dirs[tier].slot_of
             below = [b for b in wanted if b in here and b not in pins and self.locate(b) == tier]
             if not below:
                 continue
-            guard = frozenset(below)  # the whole run, through every piece: no piece pushes down another
+            # The ids asked for below ``dst``, through every piece of every tier's run: no piece
+            # pushes down another, nor one still waiting in a lower tier out of the hierarchy.
+            guard = waiting
             place = partial(self._prefetch_piece, below, tier, dst, guard, plans)
             fit = partial(self._prefetch_fit, dst, guard)
             for a, b in self._place_in_pieces([(0, len(below))], place, fit):
