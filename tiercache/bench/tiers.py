@@ -152,7 +152,8 @@ def save_measured_profile(result: dict, path: str) -> None:
 
     Raises:
         ValueError: the run has no cold-read figure for ``nvme->dram`` (``cold_reads_refused``);
-            the CLI refuses ``--save-profile`` before calling this.
+            the CLI refuses ``--save-profile`` before calling this. Or a measured link is
+            outside what a profile may hold (``unloadable_links``), so nothing is written.
     """
     from ..sim.hardware import HardwareProfile, Link, save_profile
 
@@ -165,4 +166,22 @@ def save_measured_profile(result: dict, path: str) -> None:
         "nvme->dram": Link(tc["disk_read_cold"] * 1e9, lat["disk_read_cold"]),
         "dram->nvme": Link(tc["disk_write"] * 1e9, lat["disk_write"]),
     }
+    bad = unloadable_links(links)
+    if bad:
+        raise ValueError(f"a replay could not load it: {bad}")
     save_profile(HardwareProfile(f"measured-{socket.gethostname()}", links, None), path)
+
+
+def unloadable_links(links: dict) -> str:
+    """Why ``load_profile`` would refuse these measured links ('' when it would not): a
+    bandwidth or latency outside ``BANDWIDTH_RANGE``/``LATENCY_RANGE`` (a disk syncing each
+    small chunk can write below 1 MB/s)."""
+    from ..errors import UserError
+    from ..sim.hardware import link_from_json
+
+    for name, link in links.items():
+        try:
+            link_from_json(name, {"bandwidth_Bps": link.bandwidth_Bps, "latency_s": link.latency_s})
+        except UserError as exc:
+            return f"measured {exc}"
+    return ""

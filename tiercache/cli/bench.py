@@ -174,7 +174,11 @@ def _save_profile(result: dict, path: str) -> int:
         print(f"tiercache bench: error: --save-profile {path}: not written (its nvme->dram link needs a cold-read figure): "
               f"{result['cold_reads_refused']}", file=sys.stderr)
         return 1
-    save_measured_profile(result, path)
+    try:
+        save_measured_profile(result, path)
+    except ValueError as exc:
+        print(f"tiercache bench: error: --save-profile {path}: not written: {exc}", file=sys.stderr)
+        return 1
     print(f"hardware profile written to {path} (links only: set its prefill_tokens_per_s to llama-3-8b's "
           "prefill tokens/s on short prompts (~512 tokens) on your GPU before modeling recompute time or TTFT with it)")
     if result["machine"]["device"] == "cpu (no CUDA)":

@@ -134,8 +134,11 @@ def _network(args: argparse.Namespace, hardware: HardwareProfile | None) -> Hard
         if args.network is not None:
             raise UserError(f"--network {args.network}: models the shared tier's links; give --hardware (and --model) too")
         return None
-    if args.network is None and "remote->dram" in hardware.links and "dram->remote" in hardware.links:
-        return hardware  # a profile JSON that gives the network links itself
+    if "remote->dram" in hardware.links and "dram->remote" in hardware.links:  # a profile JSON that gives them itself
+        if args.network is not None:
+            raise UserError(f"--network {args.network}: hardware profile {hardware.source or hardware.name} gives the "
+                            "shared tier's links (remote->dram, dram->remote) itself; drop --network or those links")
+        return hardware
     return with_network(hardware, args.network or "tcp-25g")
 
 

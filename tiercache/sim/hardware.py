@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import unicodedata
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping
@@ -320,14 +321,11 @@ def _profile_from_json(path: str, data: Any) -> HardwareProfile:
     unknown = [key for key in data if key not in PROFILE_FIELDS]
     if unknown:
         raise UserError(f"{path}: unknown field {unknown[0]!r}; a hardware profile has exactly {', '.join(PROFILE_FIELDS)}")
-    name = data["name"]
-    if not isinstance(name, str) or not name.strip():  # results and reports name the profile by it
-        shown = repr(name) if isinstance(name, str) else type(name).__name__
-        raise UserError(f"{path}: 'name' must be a non-empty string, got {shown}")
+    _check_profile_name(path, data["name"])
     if not isinstance(data["links"], dict):
         raise UserError(f"{path}: 'links' must be an object, got {type(data['links']).__name__}")
     try:
-        links = {name: _link_from_json(name, spec) for name, spec in data["links"].items()}
+        links = {name: link_from_json(name, spec) for name, spec in data["links"].items()}
         rate = data["prefill_tokens_per_s"]  # null: no prefill speed
         rate = None if rate is None else _number_in(rate, "prefill_tokens_per_s", PREFILL_RANGE)
         profile = HardwareProfile(data["name"], links, rate, path)
@@ -338,6 +336,43 @@ def _profile_from_json(path: str, data: Any) -> HardwareProfile:
         raise UserError(f"{path}: hardware profile name {profile.name!r} is a preset's, but {mismatch}; "
                         "give the profile a name of its own")
     return profile
+
+
+def _check_profile_name(path: str, name: Any) -> None:
+    """Refuses a profile name results and reports could not show as it is, or that could pass
+    for a preset it is not: empty, with surrounding whitespace, with a control or invisible
+    character (a zero-width space), a part spelled like a preset but not the same (another
+    case, a Unicode dash, spaces: ``_skeleton``), or a network preset alone as the machine.
+
+    Raises:
+        UserError: naming ``path`` and what is wrong with the name.
+    """
+    if not isinstance(name, str) or not name.strip():  # results and reports name the profile by it
+        shown = repr(name) if isinstance(name, str) else type(name).__name__
+        raise UserError(f"{path}: 'name' must be a non-empty string, got {shown}")
+    if name != name.strip():
+        raise UserError(f"{path}: 'name' {name!r} starts or ends with whitespace; reports would show it as another name")
+    hidden = next((c for c in name if unicodedata.category(c)[0] == "C" or unicodedata.category(c) in ("Zl", "Zp")), None)
+    if hidden is not None:
+        raise UserError(f"{path}: 'name' {name!r} has a control or invisible character (U+{ord(hidden):04X}); "
+                        "reports would show it as another name")
+    presets = [*PRESETS, *NETWORK_PRESETS]
+    for part in name.split("+"):
+        lookalike = next((p for p in presets if part != p and _skeleton(part) == _skeleton(p)), None)
+        if lookalike is not None:
+            raise UserError(f"{path}: 'name' {name!r} spells {part!r} like preset {lookalike!r} but not as it; "
+                            "give the profile a name of its own")
+    if name.split("+")[0] in NETWORK_PRESETS:
+        raise UserError(f"{path}: 'name' {name!r} names network preset {name.split('+')[0]!r} as the machine; "
+                        "give the profile a machine name of its own")
+
+
+def _skeleton(text: str) -> str:
+    """``text`` as a reader would take it: NFKC-normalised, case-folded, every dash as '-',
+    without spaces or underscores."""
+    folded = unicodedata.normalize("NFKC", text).casefold()
+    return "".join("-" if unicodedata.category(c) == "Pd" else c for c in folded
+                   if not c.isspace() and c != "_")
 
 
 def _preset_name_mismatch(profile: HardwareProfile) -> str:
@@ -362,7 +397,7 @@ def _preset_name_mismatch(profile: HardwareProfile) -> str:
     return " and ".join(problems)
 
 
-def _link_from_json(name: str, spec: Any) -> Link:
+def link_from_json(name: str, spec: Any) -> Link:
     """One link of a profile JSON, its values within ``BANDWIDTH_RANGE`` and ``LATENCY_RANGE``."""
     if not isinstance(spec, dict) or set(spec) != {"bandwidth_Bps", "latency_s"}:
         raise UserError(f"links[{name!r}]: must be an object with exactly 'bandwidth_Bps' and 'latency_s', got {spec!r}")
