@@ -38,9 +38,13 @@ def _profile(tmp_path, name: str, network: bool = False) -> str:
 
 
 @pytest.mark.parametrize("name, says", [
-    (PRESET + " ", "whitespace"), (" " + PRESET, "whitespace"), ("h200\u2010pcie5-nvme4", "like preset"),
-    ("h200-pcie5\u200b-nvme4", "invisible"), ("H200-PCIE5-NVME4", "like preset"), ("mybox+TCP-25g", "like preset"),
-    ("tcp-25g", "network preset"), ("box\x07", "control"),
+    (PRESET + " ", "whitespace"), (" " + PRESET, "whitespace"), ("h200\u2010pcie5-nvme4", "printable ASCII"),
+    ("h200-pcie5\u200b-nvme4", "printable ASCII"), ("H200-PCIE5-NVME4", "like preset"), ("mybox+TCP-25g", "like preset"),
+    ("tcp-25g", "network preset"), ("box\x07", "printable ASCII"),
+    # review R31: a minus sign, a full-width plus, underscores or spaces for dashes, O for 0, Cyrillic, none
+    ("h200\u2212pcie5-nvme4", "printable ASCII"), (PRESET + "\uff0btcp-25g", "printable ASCII"),
+    ("h200_pcie5_nvme4", "like preset"), ("h200 pcie5 nvme4", "like preset"), ("h2OO-pcie5-nvme4", "like preset"),
+    ("\u04bb200-pcie5-nvme4", "printable ASCII"), ("None", "no hardware"),
 ])
 def test_a_name_that_could_pass_for_a_preset_is_refused(tmp_path, name, says):
     with pytest.raises(UserError, match=says) as refused:
@@ -71,8 +75,22 @@ def test_a_measured_profile_a_replay_could_not_load_is_not_written(tmp_path):
     assert load_profile(str(tmp_path / "ok.json")).links["dram->nvme"].bandwidth_Bps == 5e8
 
 
+def test_a_host_name_that_would_make_a_bad_profile_name_is_made_safe(tmp_path, monkeypatch):
+    """Review R31: ``measured-<hostname>`` was written as it came; a host named
+    ``node+rdma-200g`` or with a zero-width space gave a profile every replay refused."""
+    result = {"cold_reads_refused": None,
+              "tiercache": {"host_to_device": 1.8, "device_to_host": 2.6, "disk_read_cold": 0.048, "disk_write": 0.5},
+              "latency_s": {"host_to_device": 1e-6, "device_to_host": 1e-6, "disk_read_cold": 6e-5, "disk_write": 0.012}}
+    for host in ("node+rdma-200g", "gpu-box\u200b", "node+TCP-25G"):
+        monkeypatch.setattr("socket.gethostname", lambda host=host: host)
+        save_measured_profile(result, str(tmp_path / "m.json"))
+        assert load_profile(str(tmp_path / "m.json")).name.startswith("measured-node-") or host.startswith("gpu")
+
+
 def test_the_report_names_a_profile_file_a_profile_and_a_preset_a_preset():
     assert _hardware_kind(PRESET) == "hardware preset"
     assert _hardware_kind(PRESET + "+rdma-200g") == "hardware preset"
+    assert _hardware_kind(PRESET + ", shared tier over tcp-25g") == "hardware preset"  # review R31
+    assert _hardware_kind("mybox, shared tier over tcp-25g") == "hardware profile"
     assert _hardware_kind("mybox") == "hardware profile"
     assert _hardware_kind("none") == "hardware"

@@ -68,3 +68,25 @@ def test_while_the_disk_stays_full_puts_are_refused_and_no_stored_block_is_lost(
     assert torch.equal(store.get([key(i) for i in stored]), data[stored])
     store.check_invariants()
     store.close()
+
+
+def test_a_last_tier_full_of_held_blocks_is_no_failed_copy(tmp_path):
+    """Review R31: a copy down declined for want of room (NVMe full of a live sequence's held
+    blocks) is a state, not a failure. Noting it made those blocks unable to leave, HBM then
+    filled with held blocks without a lower copy, and every later insert was refused."""
+    from tiercache.core.manager import TierManager
+    from tiercache.core.plans import Ev
+    from tiercache.policies import make_admission, make_eviction
+
+    caps = [2, 2, 2]
+    manager = TierManager(list(zip(("hbm", "dram", "nvme"), caps)), [make_eviction("lru", c) for c in caps],
+                          [make_admission("always") for _ in caps], write_through=True)
+    for block, hold in ((0, True), (1, True), (2, False), (3, False), (4, True), (5, True)):
+        manager.insert([block], hold=hold)
+    manager.unhold([0, 1])
+    manager.events.drain()
+    for block in range(6, 10):
+        manager.insert([block])
+        manager.check_invariants()
+    assert not [e for e in manager.events.drain() if e[0] == Ev.REFUSED]
+    assert manager.locate(9) == 0

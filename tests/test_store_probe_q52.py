@@ -50,3 +50,39 @@ def test_random_full_hierarchies_never_lose_an_asked_block_to_its_prefetch(tmp_p
             ask = rng.sample(stored, min(len(stored), rng.randint(2, 6)))
             store.wait(store.prefetch(ask))
             assert None not in store.lookup(ask)[1], (seed, caps)
+
+
+def test_a_write_through_prefetch_keeps_an_asked_block_it_finds_in_hbm(tmp_path):
+    """Review R31: block 0, hot in HBM, has lost its lower copies (NVMe's victim); making HBM
+    room for block 1 dropped it, and the get after the prefetch raised KeyError."""
+    tiers = [TierConfig("hbm", 2), TierConfig("dram", 2), TierConfig("nvme", 3)]
+    data = torch.randn(4, *LAYOUT.block_shape, generator=torch.Generator().manual_seed(2)).half()
+    with TieredKVStore(LAYOUT, tiers, eviction="lru", path=tmp_path, device="cpu", write_through=True) as store:
+        store.put([_key(0)], data[0:1])
+        store.put([_key(1)], data[1:2])
+        store.get([_key(0)])
+        store.put([_key(2)], data[2:3])
+        store.get([_key(0)])
+        store.put([_key(3)], data[3:4])
+        assert store.lookup([_key(0), _key(1)])[1] == ["hbm", "nvme"]
+        store.wait(store.prefetch([_key(0), _key(1)]))
+        assert torch.equal(store.get([_key(0), _key(1)]), data[0:2])
+
+
+def test_an_asked_block_may_still_move_down_to_make_room_for_another():
+    """Review R31: guarding every asked id below the destination kept one waiting in DRAM from
+    moving down into NVMe's free slot, so the NVMe run found no room and nothing came up.
+    Asked ids are kept (never out of the hierarchy), not frozen in place."""
+    from tiercache.core.manager import TierManager
+    from tiercache.policies import make_admission, make_eviction
+
+    caps = [4, 1, 9]
+    manager = TierManager(list(zip(("hbm", "dram", "nvme"), caps)), [make_eviction("lru", c) for c in caps],
+                          [make_admission("always") for _ in caps])
+    for block in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 15, 18, 16, 8, 3, 8, 5, 1, 19, 10]:
+        manager.access([block])
+    assert 8 in manager.dirs[1].slot_of and manager.dirs[2].n_free == 1
+    plans = manager.prefetch([8, 18, 12])
+    manager.wait_all()
+    assert sum(p.n_blocks for p in plans) == 1 and 18 in manager.dirs[0].slot_of
+    assert all(manager.locate(b) is not None for b in (8, 18, 12))

@@ -155,7 +155,7 @@ def save_measured_profile(result: dict, path: str) -> None:
             the CLI refuses ``--save-profile`` before calling this. Or a measured link is
             outside what a profile may hold (``unloadable_links``), so nothing is written.
     """
-    from ..sim.hardware import HardwareProfile, Link, save_profile
+    from ..sim.hardware import HardwareProfile, Link, safe_profile_name, save_profile
 
     if result["cold_reads_refused"] is not None:
         raise ValueError(f"no nvme->dram link to save: {result['cold_reads_refused']}")
@@ -169,7 +169,7 @@ def save_measured_profile(result: dict, path: str) -> None:
     bad = unloadable_links(links)
     if bad:
         raise ValueError(f"a replay could not load it: {bad}")
-    save_profile(HardwareProfile(f"measured-{socket.gethostname()}", links, None), path)
+    save_profile(HardwareProfile(f"measured-{safe_profile_name(socket.gethostname())}", links, None), path)
 
 
 def unloadable_links(links: dict) -> str:

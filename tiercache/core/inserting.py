@@ -209,9 +209,9 @@ class InsertMixin:
         return [(0, first), *((a, min(a + step, n)) for a in range(first, n, step))]
 
     def _copy_down(self, ids: Sequence[int], hints: Hints | None) -> None:
-        """Write-through: copies new top-tier blocks into every lower tier that admits them;
-        those a tier admitted but that were not copied there (a failed write, no room made)
-        are remembered (``_note_uncopied``)."""
+        """Write-through: copies new top-tier blocks into every lower tier that admits them
+        and has room made; those whose copy failed (a full or failing disk) are remembered
+        (``_note_uncopied``)."""
         for tier in range(1, len(self.dirs)):
             if tier == self.shared:  # publishing to a shared tier is its owner's decision
                 continue
@@ -220,13 +220,14 @@ class InsertMixin:
             self.events.emit(Ev.REFUSED, tier, admitted.count(False))
             if not wanted:
                 continue
-            if self._make_room(tier, len(wanted), frozenset(wanted)) is _MADE:
-                self._transfer(wanted, 0, tier, keep_source=True, hints=hints if len(wanted) == len(ids) else None)
-            here = self.dirs[tier].slot_of
-            self._note_uncopied([b for b in wanted if b not in here])
+            if self._make_room(tier, len(wanted), frozenset(wanted)) is not _MADE:
+                continue  # no room (a tier full of held blocks): a state, not a failure; nothing noted
+            if not self._transfer(wanted, 0, tier, keep_source=True, hints=hints if len(wanted) == len(ids) else None):
+                here = self.dirs[tier].slot_of
+                self._note_uncopied([b for b in wanted if b not in here])
 
     def _note_uncopied(self, ids: list[int]) -> None:
-        """Remembers write-through blocks whose copy down was admitted but not made, for
+        """Remembers write-through blocks whose copy down failed, for
         ``_let_go``. Ids no tier holds any more are pruned once the set outgrows the
         hierarchy's slots, so it stays within about twice their number."""
         if not ids:

@@ -141,19 +141,23 @@ class RoomMixin:
 
     def _let_go(self, tier: int, victims: list[int], protected) -> Room:
         """Victims of the last tier, or of a write-through tier, leave it. In write-through,
-        a victim whose copy down was admitted but not made (``_uncopied``: a full or failing
-        disk, no room made below) and that no lower tier holds moves down first, as an
-        exclusive tier's victim does (``_demote``), so it leaves the hierarchy only as the
-        module's invariant allows; while that move is declined or its write fails no victim
-        leaves (the caller's placement is refused). A victim whose copies the admission below
-        refused leaves, as before. The rest, with a copy below, are dropped."""
-        if self._uncopied and tier + 1 < len(self.dirs):
-            below = [d.slot_of for d in self.dirs[tier + 1 :]]
+        a victim whose copy down failed (``_uncopied``: a full or failing disk) and that no
+        local tier below holds moves down first, as an exclusive tier's victim does
+        (``_demote``), so it leaves the hierarchy only as the module's invariant allows; while
+        that move is declined or its write fails no victim leaves (the caller's placement is
+        refused). One that reaches the last local tier is forgotten. A victim whose copies
+        the admission below refused, or for which no room was made below, leaves, as before.
+        The rest, with a copy below, are dropped."""
+        last_local = len(self.dirs) - 1 if self.shared is None else self.shared - 1
+        if self._uncopied and tier < last_local:
+            below = [d.slot_of for d in self.dirs[tier + 1 : last_local + 1]]
             orphans = [v for v in victims if v in self._uncopied and not any(v in slots for slots in below)]
             if orphans:
                 room = self._demote(tier, orphans, protected)
                 if room is not _MADE:
                     return room
+                bottom = self.dirs[last_local].slot_of
+                self._uncopied.difference_update(v for v in orphans if v in bottom)
                 here = self.dirs[tier].slot_of
                 victims = [v for v in victims if v in here]
         if victims:

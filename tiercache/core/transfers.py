@@ -124,8 +124,9 @@ class TransferMixin:
     def prefetch(self, ids: Sequence[int], dst: int = 0) -> list[TransferPlan]:
         """Starts bringing resident ids from lower tiers up to ``dst``; returns the plans.
 
-        Room in ``dst`` is made at once (victims demoted as usual, never one of ``ids`` below
-        ``dst``: no run's room pushes a block another run is to bring up out of the hierarchy);
+        Room in ``dst`` is made at once (victims demoted as usual, never one of a run's own
+        ids; the ids asked for are kept while it runs, as ``access``'s ``keep_all``: they may
+        move down, never out of the hierarchy, so no run's room pushes another asked block out);
         ids already in ``dst`` or above, absent, or already moving are skipped. In an
         exclusive hierarchy the blocks move; in write-through they are copied up. Until a
         plan completes, lookups still find its blocks where they were.
@@ -135,17 +136,23 @@ class TransferMixin:
         pinned), in pieces of what fits, first ids first (``_place_in_pieces``); the ids no
         room is found for stay where they are, counted as ``PROMOTE_SKIPPED`` in their tier.
         """
-        plans: list[TransferPlan] = []
         wanted = list(dict.fromkeys(ids))
-        waiting = frozenset(b for b in wanted if (self.locate(b) or 0) > dst)
+        kept = self._kept
+        self._kept = kept.union(wanted)  # asked ids may move down, never out (as ``access``'s keep_all)
+        try:
+            return self._prefetch_runs(wanted, dst)
+        finally:
+            self._kept = kept
+
+    def _prefetch_runs(self, wanted: list[int], dst: int) -> list[TransferPlan]:
+        """``prefetch``'s runs, one per lower tier, while ``wanted`` are kept."""
+        plans: list[TransferPlan] = []
         for tier in range(dst + 1, len(self.dirs)):
             pins, here = self.dirs[tier].pins, self.dirs[tier].slot_of
             below = [b for b in wanted if b in here and b not in pins and self.locate(b) == tier]
             if not below:
                 continue
-            # The ids asked for below ``dst``, through every piece of every tier's run: no piece
-            # pushes down another, nor one still waiting in a lower tier out of the hierarchy.
-            guard = waiting
+            guard = frozenset(below)  # the whole run, through every piece: no piece pushes down another
             place = partial(self._prefetch_piece, below, tier, dst, guard, plans)
             fit = partial(self._prefetch_fit, dst, guard)
             for a, b in self._place_in_pieces([(0, len(below))], place, fit):

@@ -418,7 +418,8 @@ def _hardware_kind(hardware: str) -> str:
     a preset's name only with its numbers), else 'hardware profile' (a JSON file's own name)."""
     if hardware == "none":
         return "hardware"
-    return "hardware preset" if hardware.split("+")[0] in PRESETS else "hardware profile"
+    machine = hardware.split(", shared tier over ")[0].split("+")[0]  # as ``_hardware_shown`` writes it
+    return "hardware preset" if machine in PRESETS else "hardware profile"
 
 
 def _movement(data: ReportData, colors: dict[str, str]) -> Section:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 import math
 import os
-import unicodedata
+import re
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping
@@ -340,9 +340,11 @@ def _profile_from_json(path: str, data: Any) -> HardwareProfile:
 
 def _check_profile_name(path: str, name: Any) -> None:
     """Refuses a profile name results and reports could not show as it is, or that could pass
-    for a preset it is not: empty, with surrounding whitespace, with a control or invisible
-    character (a zero-width space), a part spelled like a preset but not the same (another
-    case, a Unicode dash, spaces: ``_skeleton``), or a network preset alone as the machine.
+    for a preset it is not: empty, not printable ASCII (a zero-width space, a Unicode dash or
+    plus, a Cyrillic letter that looks Latin), with surrounding whitespace, ``none`` (what a
+    report shows without hardware), a part spelled like a preset but not the same
+    (``_skeleton``: another case, spaces or underscores for dashes, O for 0), or a network
+    preset as the machine.
 
     Raises:
         UserError: naming ``path`` and what is wrong with the name.
@@ -350,12 +352,14 @@ def _check_profile_name(path: str, name: Any) -> None:
     if not isinstance(name, str) or not name.strip():  # results and reports name the profile by it
         shown = repr(name) if isinstance(name, str) else type(name).__name__
         raise UserError(f"{path}: 'name' must be a non-empty string, got {shown}")
+    odd = next((c for c in name if not " " <= c <= "~"), None)
+    if odd is not None:
+        raise UserError(f"{path}: 'name' {name!r} has a character other than printable ASCII (U+{ord(odd):04X}); "
+                        "results and reports show the name as it is, so it must not pass for another")
     if name != name.strip():
         raise UserError(f"{path}: 'name' {name!r} starts or ends with whitespace; reports would show it as another name")
-    hidden = next((c for c in name if unicodedata.category(c)[0] == "C" or unicodedata.category(c) in ("Zl", "Zp")), None)
-    if hidden is not None:
-        raise UserError(f"{path}: 'name' {name!r} has a control or invisible character (U+{ord(hidden):04X}); "
-                        "reports would show it as another name")
+    if name.casefold() == "none":
+        raise UserError(f"{path}: 'name' {name!r} reads as no hardware in reports; give the profile a name of its own")
     presets = [*PRESETS, *NETWORK_PRESETS]
     for part in name.split("+"):
         lookalike = next((p for p in presets if part != p and _skeleton(part) == _skeleton(p)), None)
@@ -367,12 +371,21 @@ def _check_profile_name(path: str, name: Any) -> None:
                         "give the profile a machine name of its own")
 
 
+#: Letters a reader takes for digits in a preset's name.
+_LOOKS_LIKE = str.maketrans({"o": "0", "l": "1", "i": "1"})
+
+
 def _skeleton(text: str) -> str:
-    """``text`` as a reader would take it: NFKC-normalised, case-folded, every dash as '-',
-    without spaces or underscores."""
-    folded = unicodedata.normalize("NFKC", text).casefold()
-    return "".join("-" if unicodedata.category(c) == "Pd" else c for c in folded
-                   if not c.isspace() and c != "_")
+    """``text`` (printable ASCII) as a reader would take it: case-folded, O as 0 and l or I as
+    1, every run of dashes, underscores and spaces as one dash, none at either end."""
+    return re.sub(r"[-_ ]+", "-", text.casefold().translate(_LOOKS_LIKE)).strip("-")
+
+
+def safe_profile_name(text: str) -> str:
+    """``text`` with every character a profile name may not hold, and every '+' (which
+    separates a network preset), replaced by '-': for names made from outside data, such as
+    a host's name."""
+    return re.sub(r"[^ -*,-~]", "-", text).strip() or "-"
 
 
 def _preset_name_mismatch(profile: HardwareProfile) -> str:
