@@ -241,3 +241,31 @@ def test_remote_serve_stops_its_master_on_sighup_and_refuses_a_taken_port():
         refused = subprocess.run([sys.executable, "-c", command, "remote-serve", "--rpc-port", str(port)],
                                  capture_output=True, text=True, timeout=60)
     assert refused.returncode == 2 and f"--rpc-port {port}: cannot listen there" in refused.stderr
+
+
+def test_a_store_dropped_without_close_ends_its_threads_and_client(master):
+    """Probe Q53: a store with a remote tier dropped without ``close`` kept its four worker
+    threads and its Mooncake client (about 25 native threads and 11 fds per store): an idle
+    worker still referenced its last call, a bound method of the remote medium, so the
+    medium was never collected. It is now, and its finalizer closes it (ResourceWarning)."""
+    import gc
+    import threading
+    import time
+    import warnings
+
+    def ours() -> int:
+        return sum(1 for t in threading.enumerate() if t.name.startswith("tiercache-remote"))
+
+    before = ours()
+    store = open_store(remote_config(master))
+    store.put([bytes([7]) * 16], blocks(1, 3))
+    store.wait()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        del store
+        gc.collect()
+    assert any(issubclass(w.category, ResourceWarning) and "dropped without close" in str(w.message) for w in caught)
+    deadline = time.monotonic() + 30
+    while ours() > before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert ours() == before

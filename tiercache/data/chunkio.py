@@ -124,6 +124,7 @@ def layout_attributes(layout: KVLayout, compression: str | None, codec: Codec = 
         "compression": compression,
         "codec": codec.value,
         "codec_format": CODEC_FORMATS[codec.value],
+        "model": layout.name,  # two models of one shape must not read each other's KV
     }
 
 
@@ -195,10 +196,11 @@ def check_store(path: str, layout: KVLayout, compression: str | None, capacity: 
                 codec: Codec = Codec.NONE) -> int:
     """Checks an existing store against what the caller asks for; returns its capacity.
 
-    A store written before codecs were recorded holds plain blocks (codec ``none``).
+    A store written before codecs were recorded holds plain blocks (codec ``none``); one
+    written before models were recorded (``model``, ``KVLayout.name``) opens under any name.
 
     Raises:
-        UserError: another format version, layout, compression, codec, capacity, array
+        UserError: another format version, layout, model name, compression, codec, capacity, array
             shape, chunk shape or data type (the message names ``zarr.json`` and gives
             stored and asked values).
     """
@@ -209,6 +211,11 @@ def check_store(path: str, layout: KVLayout, compression: str | None, capacity: 
         raise UserError(f"{meta_path}: store format {attrs.get('format_version')!r}, this tiercache reads {FORMAT_VERSION}")
     if attrs.get("layout") != wanted["layout"]:
         raise UserError(f"{meta_path}: store holds layout {attrs.get('layout')}, asked for {wanted['layout']}")
+    stored_model = attrs.get("model")  # stores from before the attribute name no model
+    if stored_model is not None and stored_model != layout.name:
+        raise UserError(f"{meta_path}: store holds KV of model {stored_model!r}, asked for model {layout.name!r} (same "
+                        "shape, but another model's KV is not this one's); open it with that model's layout, or give "
+                        "this model another directory")
     if attrs.get("compression") != compression:
         raise UserError(f"{meta_path}: store compression is {attrs.get('compression')!r}, asked for {compression!r}")
     stored_codec = attrs.get("codec", Codec.NONE.value)

@@ -40,8 +40,10 @@ good one. Otherwise leaving this process's view never deletes a value
 
 from __future__ import annotations
 
+import os
 import threading
 import time
+import warnings
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures import wait as wait_futures
@@ -105,6 +107,7 @@ class RemoteStore(RemoteReads):
     def __init__(self, config: RemoteConfig, layout: KVLayout, client=None, clock: Callable[[], float] = time.monotonic,
                  codec: Codec = Codec.NONE) -> None:
         self.config, self.layout, self.codec = config, layout, codec
+        self._pid, self._closed = os.getpid(), False  # ``__del__`` closes a dropped store in its own process only
         self.tag = layout_tag(layout, codec)
         self.block_bytes = layout.block_bytes
         self.breaker = Breaker(config.retry_s, clock)
@@ -389,6 +392,7 @@ class RemoteStore(RemoteReads):
         (``abandon_client``, counted in ``abandoned``): Mooncake's close would hold the GIL,
         freezing the whole process, for 70-100 s.
         """
+        self._closed = True
         answers = self.client is not None and self._ask([value_name(self.tag, bytes(16))]) is not None  # a probe
         drained = answers and self._drain()
         for worker in (self._io, self._wire, self._lookups, self._connector):
@@ -402,6 +406,20 @@ class RemoteStore(RemoteReads):
         else:
             self.stats["abandoned"] += 1
             abandon_client(client, keep)
+
+    def __del__(self) -> None:
+        """A store dropped without ``close`` (a caller's bug) is closed as ``close`` closes it
+        (its transfers finish, its worker threads end, the client is closed or, with a master
+        that does not answer, abandoned), on a daemon thread: the master's probe may wait up
+        to ``timeout_s``, which a finalizer must not. Warns (ResourceWarning). In a forked
+        child it does nothing: the client is the parent's."""
+        if getattr(self, "_closed", True) or not hasattr(self, "_connector") or self._pid != os.getpid():
+            return  # closed, __init__ failed before there was anything to close, or a forked child
+        warnings.warn(f"{self!r} dropped without close(); closing it now", ResourceWarning, stacklevel=2)
+        try:
+            threading.Thread(target=self.close, name="tiercache-remote-dropped", daemon=True).start()
+        except RuntimeError:  # interpreter shutdown: no new threads; Mooncake's exit handler tears the client down
+            pass
 
     def _drain(self) -> bool:
         """Waits for the transfers queued so far; False as soon as the master is known not

@@ -132,12 +132,22 @@ class DaemonWorker:
         self._queue.put(None)
 
     def _run(self) -> None:
-        while (item := self._queue.get()) is not None:
-            future, fn, args = item
-            try:
-                future.set_result(fn(*args))
-            except BaseException as exc:  # noqa: BLE001 - handed to whoever waits
-                future.set_exception(exc)
+        """Runs the queued calls; holds no reference to a call once it ran (its function may
+        be a bound method of the object that owns this worker, which must stay collectable)."""
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            _call(*item)
+            item = None  # not kept while waiting for the next call
+
+
+def _call(future: Future, fn: Callable, args: tuple) -> None:
+    """Runs ``fn(*args)`` into ``future``."""
+    try:
+        future.set_result(fn(*args))
+    except BaseException as exc:  # noqa: BLE001 - handed to whoever waits
+        future.set_exception(exc)
 
 
 def close_client(client, keep_alive: tuple) -> None:
