@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -394,7 +395,16 @@ def print_table(figures: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    raise_on_sigterm()  # SIGTERM ends the run as Ctrl-C does: run's finally removes the NVMe folder (exit 143)
+    previous = raise_on_sigterm()  # SIGTERM ends the run as Ctrl-C does: run's finally removes the NVMe folder (exit 143)
+    try:
+        return _report(args)
+    finally:
+        if previous is not None:  # a caller that imported main keeps its own disposition
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _report(args: argparse.Namespace) -> int:
+    """Runs the measurement and prints (and writes) its figures; the exit status."""
     try:
         figures = run(args)
     except UserError as exc:

@@ -18,6 +18,16 @@ SAMPLE_TRACE = DATA / "mooncake_synthetic_trace.jsonl"
 SESSION = pytest.StashKey[pytest.Session]()
 
 
+#: Most test worker processes (``-n auto`` in pyproject.toml): each imports torch and
+#: transformers (about 1 GiB), and past 4 the suite's longest files set its time anyway.
+MAX_WORKERS = 4
+
+
+def pytest_xdist_auto_num_workers(config) -> int:
+    """``-n auto``: one worker per CPU this process may run on, at most ``MAX_WORKERS``."""
+    return max(1, min(len(os.sched_getaffinity(0)), MAX_WORKERS))
+
+
 def pytest_sessionstart(session) -> None:
     session.config.stash[SESSION] = session
 

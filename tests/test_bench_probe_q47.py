@@ -85,11 +85,15 @@ def test_a_working_folder_bench_cannot_make_is_named(tmp_path, monkeypatch, caps
 
 
 def test_sigterm_ends_bench_as_ctrl_c_does(monkeypatch):
-    handlers = []
-    monkeypatch.setattr(bench_cli, "main", lambda args: handlers.append(signal.getsignal(signal.SIGTERM)) or 0)
-    assert main(["bench", "--quick"]) == 0
-    assert handlers == [interrupts._exit_on_sigterm]  # SystemExit(143): its finally removes the folder
-    assert signal.getsignal(signal.SIGTERM) is not interrupts._exit_on_sigterm
+    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the default, whatever ran before in this process
+    try:
+        handlers = []
+        monkeypatch.setattr(bench_cli, "main", lambda args: handlers.append(signal.getsignal(signal.SIGTERM)) or 0)
+        assert main(["bench", "--quick"]) == 0
+        assert handlers == [interrupts._exit_on_sigterm]  # SystemExit(143): its finally removes the folder
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def test_small_figures_and_few_repetitions_print_honestly():

