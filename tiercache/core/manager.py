@@ -112,8 +112,8 @@ class TierManager(InsertMixin, RoomMixin, TransferMixin, HoldMixin):
         self._may_block = True  # False while a prefetch makes room: no waiting for moves in flight
         self._pass_full = False  # True inside passing_full_tiers: guarded victims pass a full tier
         self._kept: frozenset = frozenset()  # ids of an access with keep_all: never last-tier victims
-        # Write-through: ids whose copy down into a tier that admitted them was not made (a write
-        # that failed, no room made there); such a victim moves down instead of leaving (``_let_go``).
+        # Write-through: ids whose copy down failed (a full or failing disk, ``_note_uncopied``);
+        # such a victim moves down instead of leaving (``_let_go``).
         self._uncopied: set[int] = set()
         # Promotions move in pieces when the run holds its own room (``_promote``): in an exclusive
         # hierarchy whose last tier is its own (a shared tier's victims only leave the view).
