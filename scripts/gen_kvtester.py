@@ -33,15 +33,19 @@ the extra old ones removed; that swap is file by file, so an I/O error in the mi
 (not a signal: those are held off) can leave some old files among the new. A signal held off
 during a swap is delivered once it is done: the new set is then complete. So a rerun with fewer conversations or another seed never
 leaves old files beside new ones, and an error, Ctrl-C or SIGTERM (exit 143) during the
-writing leaves ``--out`` as it was and the hidden folder removed. (Only a crash or SIGKILL
-between the two renames could leave the old set under a hidden ``.NAME.XXXXXXXX.old`` name
-with ``--out`` missing; nothing is ever left mixed or partial under ``--out``.)
+writing leaves ``--out`` as it was and the hidden folder removed. The replacement over an earlier
+run's folder is one atomic exchange of the two names where Linux and the filesystem offer it
+(``renameat2(RENAME_EXCHANGE)``), so even a crash or SIGKILL leaves the old set or the new one
+under ``--out``; elsewhere only a crash or SIGKILL between the two renames could leave the old
+set under a hidden ``.NAME.XXXXXXXX.old`` name with ``--out`` missing. Nothing is ever left
+mixed or partial under ``--out``.)
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import errno
 import json
 import os
@@ -59,6 +63,7 @@ import numpy as np
 from tiercache.bench.rounds import checked_int, positive_int
 from tiercache.bench.script_args import ScriptParser, seed_int
 from tiercache.core.interrupts import raise_on_sigterm
+from tiercache.data.libc import libc_function
 
 #: The files this generator writes (``conv_00000.json``, more digits past 99,999).
 OWN_FILE = re.compile(r"conv_[0-9]{5,}\.json")
@@ -215,6 +220,9 @@ def _swap_in(staging: str, target: str) -> None:
         except OSError as exc:
             if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
                 raise
+        if _exchange(staging, target):  # one atomic step: staging now holds the old set
+            shutil.rmtree(staging, ignore_errors=True)
+            return
         old = _sibling(target, "old")
         os.rename(target, old)
         try:
@@ -224,6 +232,24 @@ def _swap_in(staging: str, target: str) -> None:
                 os.rename(old, target)
             raise
         shutil.rmtree(old, ignore_errors=True)
+
+
+_renameat2 = libc_function("renameat2", [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint])
+_AT_FDCWD, _RENAME_EXCHANGE = -100, 2
+
+
+def _exchange(a: str, b: str) -> bool:
+    """Swaps the names ``a`` and ``b`` in one step (Linux ``renameat2(RENAME_EXCHANGE)``), so
+    no crash leaves either name missing; False, nothing done, where the platform, libc or
+    filesystem cannot (the caller then renames in two steps)."""
+    if _renameat2 is None:
+        return False
+    if _renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP):
+        return False
+    raise OSError(code, os.strerror(code), b)
 
 
 @contextlib.contextmanager

@@ -85,6 +85,24 @@ def test_a_rerun_with_fewer_conversations_leaves_exactly_the_new_set(kvt, tmp_pa
     assert sorted(os.listdir(tmp_path / "K")) == [f"conv_{i:05d}.json" for i in range(4)]
 
 
+@pytest.mark.parametrize("exchange", ["atomic", "unsupported"])
+def test_a_rerun_over_earlier_files_swaps_the_names_in_one_step_where_it_can(kvt, exchange, tmp_path, monkeypatch) -> None:
+    """A SIGKILL between the two renames of the swap left ``--out`` missing. Where Linux
+    offers ``renameat2(RENAME_EXCHANGE)`` the swap is one step (no rename of ``--out`` aside);
+    elsewhere the two renames remain, with the same result."""
+    monkeypatch.chdir(tmp_path)
+    assert _run(kvt, ["--out", "K", "--conversations", "3", "--seed", "1"], monkeypatch) == 0
+    if exchange == "unsupported":
+        monkeypatch.setattr(kvt, "_renameat2", None)
+    renames = []
+    real = os.rename
+    monkeypatch.setattr(kvt.os, "rename", lambda a, b: renames.append((a, b)) or real(a, b))
+    assert _run(kvt, ["--out", "K", "--conversations", "2", "--seed", "2"], monkeypatch) == 0
+    assert sorted(os.listdir(tmp_path)) == ["K"] and len(os.listdir(tmp_path / "K")) == 2
+    moved_aside = [a for a, _ in renames if os.path.basename(a) == "K"]
+    assert len(moved_aside) == (0 if exchange == "atomic" and kvt._renameat2 is not None else 1)
+
+
 def test_an_out_folder_that_cannot_be_renamed_is_replaced_in_place(kvt, tmp_path, monkeypatch) -> None:
     """A mount point (a Docker volume) cannot be renamed (EBUSY): its files are swapped inside
     it (review r29: every run into one failed)."""
