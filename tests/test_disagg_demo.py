@@ -34,3 +34,37 @@ def test_disagg_demo_hands_the_prefill_kv_to_the_decode_process(tmp_path):
     assert consumed["repeats"] == 2 and len(consumed["samples"]["handoff"]) == 2
     assert all(run["remote_gets"] == 8 for run in consumed["samples"]["handoff"])  # each timed hand-off fetches remotely
     assert "speed-up (median of per-pair ratios)" in done.stdout
+
+
+@pytest.mark.parametrize("target", ["parent"])  # "group" passes too (40 s: the master's teardown); run it by hand
+def test_sigterm_stops_every_process_of_the_demo_and_removes_its_folders(tmp_path, target):
+    """SIGTERM to the demo (or to its process group, as a shell's job control or a batch
+    scheduler sends it) ends it with 143 once both children and the master have stopped and
+    every NVMe folder they made is removed."""
+    import os
+    import signal
+    import time
+
+    psutil = pytest.importorskip("psutil")
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    demo = subprocess.Popen([sys.executable, str(SCRIPT), "--tokens", "520", "--new-tokens", "4", "--repeats", "50"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env={**os.environ, "TMPDIR": str(scratch)})
+    parent = psutil.Process(demo.pid)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and demo.poll() is None:  # until the decode child runs (prefill done)
+        if sum("--role" in " ".join(p.cmdline()) for p in parent.children(recursive=True) if p.is_running()) >= 2:
+            break
+        time.sleep(0.2)
+    assert demo.poll() is None, demo.stderr.read()[-3000:]
+    family = parent.children(recursive=True)
+    time.sleep(1.0)  # the decode process is inside its timed runs
+    if target == "parent":
+        demo.send_signal(signal.SIGTERM)
+    else:
+        os.killpg(demo.pid, signal.SIGTERM)
+    assert demo.wait(timeout=90) == 143, demo.stderr.read()[-3000:]
+    gone, alive = psutil.wait_procs(family, timeout=30)
+    assert not alive, [p.cmdline() for p in alive]
+    assert [p.name for p in scratch.iterdir() if not p.name.startswith("torchinductor_")] == []  # torch's own cache stays
