@@ -137,6 +137,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dir", type=existing_folder, default=None, help="folder on the disk to use (default: a temp dir)")
     parser.add_argument("--json", help="write the figures here")
     args = parser.parse_args(argv)
+    few = [s for s in args.scratch if s <= _ABOVE_NVME // LAYOUT.layers]
+    if few:
+        parser.error(f"--scratch {few[0]}: HBM and DRAM hold {_ABOVE_NVME // LAYOUT.layers} blocks a layer, so none "
+                     f"would reach NVMe; give more than {_ABOVE_NVME // LAYOUT.layers}")
     refuse_bad_outputs(parser, {"--json": args.json})
     return args
 
@@ -153,8 +157,8 @@ def main(argv: list[str] | None = None) -> int:
         for persist, figures in row.items():
             print(f"{blocks:>14}  {figures['nvme_blocks']:>7}  {persist[8:]:>7}  {figures['close_ms']:>9.1f}  "
                   f"{figures['us_per_nvme_block']:>13.2f}  {figures['us_per_block']:>8.2f}")
-    print("us/NVMe block: the whole close over the scratch blocks it deleted from NVMe; us/block: over every scratch "
-          "block of the decode (any tier)")
+    print(f"medians of {args.reps} closes each; us/NVMe block: the whole close over the scratch blocks it deleted "
+          "from NVMe; us/block: over every scratch block of the decode (any tier)")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as handle:
             json.dump(result, handle, indent=1)

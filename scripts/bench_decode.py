@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
                "output_rel_err": timing["output_rel_err"], "cpus": cpu_count(),
                "torch_threads": torch.get_num_threads()}
     for name in ("io_only", "compute_only", "pipelined"):
-        print(f"{name:<14} {figures[name]:.4f} s")
+        print(f"{name:<14} {figures[name]:.4f} s  (median of {args.repeats})")
     print(f"{'io/compute':<14} {figures['io_compute_ratio']:.2f} ({balance_verdict(figures['io_compute_ratio'])})")
     print(f"{'overlap':<14} {figures['overlap_efficiency']:.3f}  (q_heads={heads}{', calibrated' if args.q_heads is None else ''}, {on_nvme:,} of {kv.n_blocks:,} blocks on NVMe)")
     problem = overlap_problem(timing)

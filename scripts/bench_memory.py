@@ -280,7 +280,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="also time sieve/arc/lru replays (CPU seconds; one untimed warm-up replay per policy "
                              "first, so kernel load/compile is excluded)")
     parser.add_argument("--repeats", type=positive_int, default=5, help="timed replays per policy with --speed (median)")
-    parser.add_argument("--full-max", type=int, default=2_000_000, help="largest full SlotTable measured")
+    parser.add_argument("--full-max", type=positive_int, default=2_000_000, help="largest full SlotTable measured")
     parser.add_argument("--json", help="write the figures here")
     args = parser.parse_args(argv)
     if args.store_blocks > args.store_slots:

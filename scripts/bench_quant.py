@@ -71,7 +71,7 @@ from tiercache.bench import hf_quant
 from tiercache.bench.decode import ColdReadError, make_cold
 from tiercache.bench.rounds import alternate, paired_ratio, positive_int
 from tiercache.bench.rawio import SYNC_POLICY, RawBlockFiles, host_copy, read_buffers, source_block
-from tiercache.bench.script_args import ScriptParser, existing_folder, refuse_bad_outputs
+from tiercache.bench.script_args import ScriptParser, existing_folder, positive_float, refuse_bad_outputs
 from tiercache.config import Codec
 from tiercache.data.buffers import PAGE
 from tiercache.data.codecs import codec_for
@@ -410,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--blocks", type=positive_int, default=16, help="blocks in the attention sequence (default 16)")
     parser.add_argument("--repeats", type=positive_int, default=25,
                         help="rounds alternating copy_ and every codec operation (medians; default 25)")
-    parser.add_argument("--logit-std", type=float, default=1.0, help="std of the query's logits (default 1.0)")
+    parser.add_argument("--logit-std", type=positive_float, default=1.0, help="std of the query's logits (default 1.0)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-disk", action="store_true", help="skip the disk comparisons")
     parser.add_argument("--disk-rounds", type=positive_int, default=5,

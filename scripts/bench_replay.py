@@ -422,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {problem}", file=sys.stderr)
         print("error: the two sides did not do the same work; no figures written", file=sys.stderr)
         return 1
-    result["hierarchy"] = {"tiers": [list(t) for t in HIERARCHY], "semantics": "prefix",
+    result["hierarchy"] = {"tiers": [list(t) for t in HIERARCHY], "semantics": "prefix", "repeats": args.repeats,
                            "policies": hierarchy_rates(args.trace, args.repeats)}
     result["scaling"] = scaling(args.trace)
     sweep_s, runs = time_sweep(args.trace)
@@ -464,7 +464,7 @@ def write_json(path: str | None, result: dict) -> int:
 def print_table(result: dict) -> None:
     print_policies(result)
     h = result["hierarchy"]
-    print(f"3 tiers {h['tiers']} prefix semantics, prepared trace: " +
+    print(f"3 tiers {h['tiers']} prefix semantics, prepared trace (wall time, median of {h['repeats']}): " +
           ", ".join(f"{p} {r['accesses_per_s'] / 1e6:.1f}M/s" for p, r in h["policies"].items()))
     s = result["scaling"]
     for key in (f"{copies}x" for copies in SCALES):
@@ -479,7 +479,7 @@ def print_table(result: dict) -> None:
               f"peak RSS growth {s[f'rss_growth_ratio_{large}x_to_{small}x']:.1f}x")
     sweep = result["sweep"]
     print(f"sweep {len(sweep['policies'])} policies x {len(sweep['capacities'])} capacities = {sweep['runs']} runs: "
-          f"{sweep['wall_s']:.2f} s wall with {sweep['workers']} workers")
+          f"{sweep['wall_s']:.2f} s wall with {sweep['workers']} workers (one run)")
 
 
 

@@ -200,10 +200,13 @@ def test_bench_decode_exits_1_on_a_tmpfs_path(shm_folder, tmp_path, capsys):
 # ----- 4 and 5. bench_close: blocks on NVMe, per NVMe block, the reopened index -------------
 
 
-def test_bench_close_exits_1_when_nothing_reaches_nvme(tmp_path, capsys):
+def test_bench_close_refuses_a_case_where_nothing_reaches_nvme_before_any_work(tmp_path, capsys):
+    """Probe Q55: the refusal came after the earlier cases' runs (11 s for --scratch 2000,16)."""
     out = tmp_path / "close.json"
-    assert _script("bench_close").main(["--scratch", "4,16", "--reps", "1", "--dir", str(tmp_path), "--json", str(out)]) == 1
-    assert "--scratch 4: only 0 of 8 scratch blocks reached NVMe" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stopped:
+        _script("bench_close").main(["--scratch", "2000,4,16", "--reps", "1", "--dir", str(tmp_path), "--json", str(out)])
+    assert stopped.value.code == 2
+    assert "--scratch 4: HBM and DRAM hold 16 blocks a layer, so none would reach NVMe" in capsys.readouterr().err
     assert not out.exists()
 
 

@@ -16,6 +16,7 @@ list of them; ``non_negative_int`` a count that may be 0; ``seed_int`` a random 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from typing import Any, Callable, Mapping, NoReturn
 
@@ -23,7 +24,8 @@ from ..errors import UserError
 from ..results.outfile import check_output_file
 from .rounds import checked_int, positive_int
 
-__all__ = ["ScriptParser", "add_trace_capacities", "existing_folder", "non_negative_int", "open_share", "positive_ints",
+__all__ = ["ScriptParser", "add_trace_capacities", "existing_folder", "non_negative_int", "open_share", "positive_float",
+           "positive_ints",
            "refuse_bad_outputs", "request_traces", "seed_int", "trace_of", "trace_pairs"]
 
 #: The largest seed ``seed_int`` takes: numpy's and torch's generators take any 32-bit seed,
@@ -57,6 +59,22 @@ def positive_ints(text: str) -> list[int]:
     if not any(items):
         raise argparse.ArgumentTypeError(f"expected a comma list of positive integers, got {text!r}")
     return [positive_int(item) for item in items]
+
+
+def positive_float(text: str) -> float:
+    """argparse type of a scale or spread: a finite number > 0.
+
+    Raises:
+        argparse.ArgumentTypeError: not a number, not finite, or not above 0 (argparse names
+            the option and exits 2).
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}")
+    return value
 
 
 def non_negative_int(text: str) -> int:
