@@ -106,6 +106,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor
     return torch.einsum("lht,lhtd->lhd", torch.softmax(logits(q, k), dim=-1), v.double())
 
 
+#: The ``--logit-std`` taken: a query scaled past these in float32 underflows to 0 or overflows
+#: (NaN attention errors).
+LOGIT_STD_RANGE = (1e-3, 1e3)
+
+
 def query(k: torch.Tensor, logit_std: float | None, seed: int) -> torch.Tensor:
     """A unit-normal query ``[layers, HEADS, DIM]``, rescaled per (layer, head) so that its
     logits over ``k`` have standard deviation ``logit_std`` (None: as drawn)."""
@@ -422,6 +427,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--torch-threads", type=positive_int, help="torch's intra-op threads (default: torch's own); 1 keeps "
                                                                    "torch's ops steady on a machine shared with other work")
     args = parser.parse_args(argv)
+    if not LOGIT_STD_RANGE[0] <= args.logit_std <= LOGIT_STD_RANGE[1]:  # float32 logits: past these, 0 or inf
+        parser.error(f"--logit-std: expected a number from {LOGIT_STD_RANGE[0]:g} to {LOGIT_STD_RANGE[1]:g}, "
+                     f"got {args.logit_std!r}")
     refuse_bad_outputs(parser, {"--json": args.json})  # before the run, not after it
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)

@@ -20,6 +20,15 @@ def test_bench_quant_refuses_a_logit_std_that_is_not_a_finite_positive_number(va
     assert f"--logit-std: expected a finite number > 0, got {value!r}" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("value", ["1e39", "1e-46"])
+def test_bench_quant_refuses_a_logit_std_float32_cannot_hold(value, capsys):
+    """Review R32: 1e39 wrote NaN errors into the JSON; 1e-46 made every query logit 0."""
+    with pytest.raises(SystemExit) as stopped:
+        _script("bench_quant").main(["--logit-std", value, "--no-disk"])
+    assert stopped.value.code == 2
+    assert "--logit-std: expected a number from 0.001 to 1000" in capsys.readouterr().err
+
+
 def test_bench_memory_refuses_a_negative_full_max(capsys):
     with pytest.raises(SystemExit) as stopped:
         _script("bench_memory").main(["--full-max", "-7"])

@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -269,3 +270,23 @@ def test_a_store_dropped_without_close_ends_its_threads_and_client(master):
     while ours() > before and time.monotonic() < deadline:
         time.sleep(0.05)
     assert ours() == before
+
+
+def test_a_process_exits_with_a_remote_store_still_open(master, tmp_path):
+    """Review R32: a store still referenced at exit (a module global never closed) ran its
+    finalizer during interpreter shutdown, whose thread start waits forever on Python 3.11:
+    the process hung. The finalizer now leaves the client to Mooncake's exit handler then."""
+    child = tmp_path / "child.py"
+    child.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})\n"
+        "from remote_helpers import open_store, remote_config\n"
+        "from store_helpers import blocks\n"
+        "from types import SimpleNamespace\n"
+        "store = open_store(remote_config(SimpleNamespace(master=sys.argv[1], metadata=sys.argv[2])))\n"
+        "store.put([bytes([7]) * 16], blocks(1, 3))\n"
+        "store.wait()\n"
+        "print('exiting', flush=True)\n", encoding="utf-8")
+    done = subprocess.run([sys.executable, str(child), master.master, master.metadata], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0 and "exiting" in done.stdout, done.stderr[-2000:]

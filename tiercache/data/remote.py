@@ -41,6 +41,7 @@ good one. Otherwise leaving this process's view never deletes a value
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 import warnings
@@ -411,14 +412,21 @@ class RemoteStore(RemoteReads):
         """A store dropped without ``close`` (a caller's bug) is closed as ``close`` closes it
         (its transfers finish, its worker threads end, the client is closed or, with a master
         that does not answer, abandoned), on a daemon thread: the master's probe may wait up
-        to ``timeout_s``, which a finalizer must not. Warns (ResourceWarning). In a forked
-        child it does nothing: the client is the parent's."""
+        to ``timeout_s``, which a finalizer must not. Warns (ResourceWarning; closed even when
+        that warning is made an error). In a forked child, or once the interpreter is
+        finalizing (a store still referenced at exit), it does nothing: the client is the
+        parent's, or Mooncake's exit handler tears it down."""
         if getattr(self, "_closed", True) or not hasattr(self, "_connector") or self._pid != os.getpid():
             return  # closed, __init__ failed before there was anything to close, or a forked child
-        warnings.warn(f"{self!r} dropped without close(); closing it now", ResourceWarning, stacklevel=2)
+        if sys.is_finalizing():
+            return  # a thread started now never runs (3.11: its start waits forever); Mooncake's exit handler closes
+        try:
+            warnings.warn(f"{self!r} dropped without close(); closing it now", ResourceWarning, stacklevel=2)
+        except Exception:  # noqa: BLE001 - ResourceWarning made an error (-W error): close all the same
+            pass
         try:
             threading.Thread(target=self.close, name="tiercache-remote-dropped", daemon=True).start()
-        except RuntimeError:  # interpreter shutdown: no new threads; Mooncake's exit handler tears the client down
+        except RuntimeError:  # no new threads at interpreter shutdown (3.12+)
             pass
 
     def _drain(self) -> bool:
