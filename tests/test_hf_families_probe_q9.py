@@ -222,3 +222,17 @@ def test_kv_of_another_shape_than_the_layout_is_refused_at_the_update_naming_the
     with tiered(model, tmp_path) as kv:  # before: "Sequence.append: k must be [kv_heads=12, ...]"
         refused_twice_storing_nothing(model, kv, r"layer 0 gives K of shape \(1, 4, 40, 16\) .*kv_heads=12, "
                                                  r"tokens, head_dim=16\].*num_key_value_heads")
+
+
+# -- probe Q56: Dory copies a layer's cache per loop -----------------------------------------------
+def test_a_looped_model_copying_a_layers_cache_is_refused_storing_nothing(tmp_path):
+    """Dory (per-loop KV) deep-copies its recurrent layers' cache entries once per loop; the
+    copy staged into the same TieredCache layer, so the second loop attended over the first
+    loop's KV as its own: wrong logits with no error, layers of unequal lengths stored."""
+    model = tiny_model("dory", num_hidden_layers=3, n_input_layers=1, n_recurrent_layers=1, n_output_layers=1,
+                       n_recurrent_loops=2, recurrent_kv_cache_mode="per_loop", max_position_embeddings=None,
+                       pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    use_tiercache(model)
+    kv = tiered(model, tmp_path)
+    refused_twice_storing_nothing(model, kv, "copied layer 1 of its cache on its own")
+    kv.close()

@@ -69,6 +69,24 @@ class TieredLayer(CacheLayerMixin):
             raise UserError("TieredCache: this layer's cache was garbage-collected (keep the cache, not its layers)")
         return owner
 
+    def __deepcopy__(self, memo: dict) -> "TieredLayer":
+        """Refused: a layer is a view of its cache's rows, so a copy would stage into the same
+        layer again (a looped model such as Dory copies a layer's cache once per loop: its
+        second loop then attended over the first loop's KV as its own). ``copy.deepcopy``
+        of the whole ``TieredCache`` makes a second cache.
+
+        Raises:
+            UserError: always; nothing is staged or stored.
+        """
+        raise UserError(f"TieredCache: the model copied layer {self.index} of its cache on its own (a looped model, "
+                        "such as Dory, giving each loop a copy of a layer's cache); a TieredCache layer is a view of "
+                        "its TieredKVCache's rows and cannot be copied alone, so this model is not supported; "
+                        "nothing was stored")
+
+    def __copy__(self) -> "TieredLayer":
+        """Refused as ``__deepcopy__`` (a shallow copy stages into the same layer too)."""
+        return self.__deepcopy__({})
+
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.device = key_states.device
         self.is_initialized = True
