@@ -49,3 +49,12 @@ def test_a_store_written_before_the_model_was_recorded_opens_under_any_name(tmp_
     meta.write_text(json.dumps(doc))
     with TieredKVStore(_layout("model-b"), TIERS, path=tmp_path, device="cpu") as store:
         assert torch.equal(store.get([b"a" * 16, b"b" * 16]), kv)
+
+
+def test_a_path_without_an_nvme_tier_warns_that_nothing_is_stored_there(tmp_path):
+    """Probe Q53: ``path=`` given with no NVMe tier was ignored silently (a user expecting the
+    blocks to persist lost them at close)."""
+    with pytest.warns(UserWarning, match="no tier is nvme: nothing is stored there"):
+        store = TieredKVStore(_layout("model-a"), [TierConfig("hbm", 2), TierConfig("dram", 2)], path=tmp_path,
+                              device="cpu")
+    store.close()

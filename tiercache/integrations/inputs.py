@@ -324,8 +324,8 @@ def check_supported(config) -> None:
         raise UserError(f"use_tiercache: {text.model_type} shares KV between layers (num_kv_shared_layers): not supported")
     others = sorted(set(_field(text, "layer_types", None) or ()) - _ATTENTION_LAYERS)
     if others:
-        raise UserError(f"use_tiercache: {text.model_type} has layers without attention KV ({', '.join(others)}): "
-                        "not supported")
+        raise UserError(f"use_tiercache: {text.model_type} has layers other than full or sliding-window attention "
+                        f"({', '.join(others)}: layers without attention KV, or attention over chunks): not supported")
     if text.model_type in _KV_AFTER_UPDATE:
         raise UserError(f"use_tiercache: {text.model_type} {_KV_AFTER_UPDATE[text.model_type]}, so its attention "
                         "does not read the K and V the cache stores: not supported")

@@ -197,7 +197,8 @@ def _staged_layer(module: torch.nn.Module, key: torch.Tensor, value: torch.Tenso
                         "TieredCache staged this layer's KV in this forward pass (generate(..., "
                         "cache=TieredCache(kv, model)); an extra pass of generate's own, such as guidance_scale's, "
                         "cannot use it, nor can an assistant_model readied with use_tiercache: transformers makes "
-                        "its cache, so give it a plain model)")
+                        "its cache, so give it a plain model; a model that reads its cache's K and V without the "
+                        "cache's update, as Dory's last_loop mode does, is not supported)")
     cache, layer = stage
     staged = cache.layers[layer].staged()
     if staged is None:

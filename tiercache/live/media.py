@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import warnings
 from pathlib import Path
 from typing import Sequence
 
@@ -66,6 +67,9 @@ def check_tiers(tiers: Sequence[TierConfig], path, layout: KVLayout) -> None:
     for tier in tiers:
         tier.codec.check_layout(layout, f"TieredKVStore: tier {tier.name}")
     check_codec_mix(tiers)
+    if path is not None and "nvme" not in names:  # once the hierarchy is known good
+        warnings.warn(f"TieredKVStore: path={str(path)!r} is given but no tier is nvme: nothing is stored there "
+                      "(blocks live in memory only and are gone at close)", UserWarning, stacklevel=3)
 
 
 def check_codec_mix(tiers: Sequence[TierConfig]) -> None:
