@@ -410,7 +410,7 @@ def test_the_live_store_with_a_consuming_policy_stays_consistent(pol, tmp_path):
     from tiercache.config import KVLayout
 
     layout = KVLayout(layers=1, kv_heads=1, head_dim=8, dtype="float16", block_tokens=16)
-    with TieredKVStore(layout, [TierConfig("hbm", 4)], eviction=f"{MODULE}:Consumes", path=str(tmp_path / "s")) as store:
+    with TieredKVStore(layout, [TierConfig("hbm", 4)], eviction=f"{MODULE}:Consumes") as store:
         for i in range(12):
             store.put([i.to_bytes(16, "little")], torch.full((1, *layout.block_shape), float(i), dtype=torch.float16))
             store.check_invariants()
