@@ -12,7 +12,7 @@ from typing import Sequence
 
 from tiercache.policies.base import Hints
 
-__all__ = ["Guard", "HeldWithoutCopy", "slice_hints", "distinct_prefix", "pick_hints"]
+__all__ = ["Either", "Guard", "HeldWithoutCopy", "slice_hints", "distinct_prefix", "pick_hints"]
 
 _NOTHING: frozenset = frozenset()
 
@@ -42,6 +42,29 @@ class Guard:
 
     def __len__(self) -> int:
         return len(self._union())
+
+
+class Either:
+    """Ids in ``first`` or ``second`` (a call's kept ids or held ones), without building their
+    union for a membership test: a decode's held blocks may number millions."""
+
+    __slots__ = ("first", "second")
+
+    def __init__(self, first, second) -> None:
+        self.first, self.second = first, second
+
+    def __contains__(self, block_id: int) -> bool:
+        return block_id in self.first or block_id in self.second
+
+    def __bool__(self) -> bool:
+        return bool(self.first or self.second)
+
+    def __iter__(self):
+        yield from self.first
+        yield from (b for b in self.second if b not in self.first)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
 
 
 class HeldWithoutCopy:

@@ -62,7 +62,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Callable, Iterator, Sequence
 
-from .guards import _NOTHING, Guard, HeldWithoutCopy
+from .guards import _NOTHING, Either, Guard, HeldWithoutCopy
 from .plans import Ev, Room
 
 __all__ = ["RoomMixin"]
@@ -248,7 +248,7 @@ class RoomMixin:
     def _held_guard(self, tier: int):
         """Blocks ``tier`` may not drop, held or read by a ``keep_all`` access: all in the last
         tier, else those without a lower copy."""
-        staying = self._kept.union(self.held) if self._kept else self.held
+        staying = Either(self._kept, self.held) if self._kept else self.held
         if tier + 1 == len(self.dirs):
             return staying
         return HeldWithoutCopy(staying, [d.slot_of for d in self.dirs[tier + 1 :]])
