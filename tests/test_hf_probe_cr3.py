@@ -137,12 +137,33 @@ def test_a_window_outgrown_at_a_later_layer_is_refused_before_any_layer_stores(t
     use_tiercache(model)
     with store_of(model, tmp_path / "nvme", hbm=8, dram=8, nvme=64) as kv:
         cache = TieredCache(kv, model)
-        with pytest.raises(UserError, match=r"sliding_window=16 .* \(17 positions\)"):
-            model.generate(ids, cache=cache, max_new_tokens=12, do_sample=False, pad_token_id=0)
+        generate(model, ids, cache, new=7)  # 16 positions fed: the window's length
+        step = torch.tensor([[5]])
+        with torch.no_grad(), pytest.raises(UserError, match=r"sliding_window=16 .* \(17 positions\)"):
+            model(step, cache=cache, position_ids=torch.tensor([[16]]))
         assert lengths(cache) == [[16, 16]]  # was [[17, 16]]: layer 0 had stored the step
         cache.crop(-8)  # was refused: the cache could only be freed
         got, _ = generate(model, ids, cache, new=6)  # 15 positions: inside the window
         assert lengths(cache) == [[15, 15]]
+    assert torch.equal(got, want)
+
+
+def test_a_generate_that_would_outgrow_a_window_is_refused_before_it_runs(tmp_path):
+    """Probe finding: a generate whose ``prompt + max_new_tokens`` outgrew a window ran until
+    the pass that outgrew it, then was refused, losing every token it had computed."""
+    model = hybrid_qwen2(seed=72)
+    ids = ids_of(10, 73)
+    want, _ = reference(model, ids, new=7)
+    use_tiercache(model)
+    with store_of(model, tmp_path / "nvme", hbm=8, dram=8, nvme=64) as kv:
+        cache = TieredCache(kv, model)
+        for asked in (dict(max_new_tokens=8), dict(max_length=18), dict(generation_config=GenerationConfig(
+                max_new_tokens=12, do_sample=False))):
+            with pytest.raises(UserError, match=r"sliding_window=16 .*nothing was run.* at most 7 new tokens"):
+                model.generate(ids, cache=cache, do_sample=False, pad_token_id=0, **asked)
+            assert lengths(cache) == [] and not kv.manager.held
+        got, _ = generate(model, ids, cache, new=7)  # 16 positions: the window's length
+        assert lengths(cache) == [[16, 16]]
     assert torch.equal(got, want)
 
 

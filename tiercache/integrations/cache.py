@@ -29,8 +29,8 @@ from tiercache.live.cache import TieredKVCache
 from tiercache.live.sequence import Sequence
 
 from .causal import causal_partial, expected_mask
-from .checks import (ATTENTION, FINGERPRINT, check_decoding, current_fingerprint, fingerprint_of_pass, check_mode, check_model, first_position, kept_columns,
-                     pass_tokens)
+from .checks import (ATTENTION, FINGERPRINT, check_decoding, check_mode, check_model, check_windows_fit,
+                     current_fingerprint, fingerprint_of_pass, first_position, kept_columns, pass_tokens)
 from .copying import crop_rows, deep_copy, reorder_rows
 from .hooks import TIERED_CACHE, decoder_of
 from .layer import TieredLayer
@@ -254,6 +254,7 @@ class TieredCache(Cache):
         check_ids(self, ids, attention_mask)
         prompt = ids if ids is not None else kwargs.get("inputs_embeds")
         self._prompt_end = prompt.shape[1] if isinstance(prompt, torch.Tensor) and prompt.dim() >= 2 else 0
+        check_windows_fit(kwargs, self._model(), self._prompt_end, ids is not None, self._windows)
         self._freed_rows = False  # a new generate: a free() before it was not during generation
 
     def attend(self, layer: int, query: torch.Tensor, scaling: float) -> torch.Tensor:

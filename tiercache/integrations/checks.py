@@ -196,6 +196,32 @@ def check_decoding(kwargs: dict, model: Any | None, holds_rows: bool) -> int:
     return max(int(option("num_beams") or 1), int(option("num_return_sequences") or 1))
 
 
+def check_windows_fit(kwargs: dict, model: Any | None, prompt: int, of_ids: bool,
+                      windows: tuple[int | None, ...]) -> None:
+    """Raises UserError before ``generate`` runs when its longest sequence would outgrow a
+    layer's sliding window (the refusal at the pass that outgrows it would come after
+    every token before it had been computed, and lose them).
+
+    The longest sequence generate feeds through the model is ``prompt + max_new_tokens - 1``
+    positions (its last token is never fed), or ``max_length - 1`` when only ``max_length``
+    sets it (unchecked here for a prompt of embeddings, ``of_ids`` False: transformers
+    counts that one apart).
+    """
+    option = _generate_option(kwargs, model)
+    new, longest = option("max_new_tokens"), option("max_length")
+    if new is not None:
+        fed, told = prompt + int(new) - 1, f"the prompt's {prompt} positions and max_new_tokens={int(new)}"
+    elif longest is not None and of_ids:
+        fed, told = int(longest) - 1, f"max_length={int(longest)}"
+    else:
+        return
+    for layer, window in enumerate(windows):
+        if window is not None and fed > window:
+            raise UserError(f"TieredCache: layer {layer}'s sliding_window={window} is not supported once the sequence "
+                            f"outgrows it, and {told} would feed {fed} positions; nothing was run and the cache is "
+                            f"unchanged: ask for at most {window + 1 - prompt} new tokens")
+
+
 def _generate_option(kwargs: dict, model: Any | None) -> Callable[[str], Any]:
     """How ``generate`` reads an option: a reader of ``name`` that gives its keyword argument
     when given (not None), else the ``generation_config`` passed, else the model's (None
