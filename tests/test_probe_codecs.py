@@ -155,3 +155,24 @@ def test_a_tier_capacity_that_is_not_an_integer_says_so(capacity):
 def test_a_tier_capacity_below_one_block_says_so(capacity):
     with pytest.raises(ConfigError, match=f"tier hbm: capacity must be at least one block, got {capacity}"):
         TierConfig("hbm", capacity)
+
+
+@pytest.mark.filterwarnings("error")
+@pytest.mark.parametrize("codec", [Codec.INT8, Codec.INT4])
+def test_a_block_spanning_float32s_range_is_refused_without_an_overflow_warning(codec):
+    """Probe Q52 nit: INT4's group range ``max - min`` of a bf16 block holding about
+    +-3.3e38 overflowed float32 with a numpy RuntimeWarning before the refusal (an error,
+    not UnencodableError, where warnings are errors); the message states a bound every
+    block under it meets."""
+    from tiercache.data.codec_base import UnencodableError
+
+    block = torch.full((2, 2, 16, 64), 3.3e38, dtype=torch.bfloat16)
+    block[0, 0, 0, 0] = -3.3e38
+    for encode in (codec_for(codec).encode, codec_for(codec).encode_reference):
+        with pytest.raises(UnencodableError, match=r"INT8 takes every block of \|x\| < 8319008"):
+            encode(block)
+    under = torch.full((2, 2, 16, 64), 8319007.0 if codec is Codec.INT8 else 458527.0)
+    under[0, 0, 0, 0] *= -1
+    out = torch.empty_like(under)
+    codec_for(codec).decode(codec_for(codec).encode(under), out)
+    assert rel_err(out, under) <= ROUND_TRIP_BOUND[codec]

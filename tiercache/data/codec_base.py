@@ -183,7 +183,8 @@ def _require_scales(*scales: np.ndarray | torch.Tensor) -> None:
     for the codec (one inf scale would decode its whole group as NaN)."""
     if not _all_finite(*scales):
         raise UnencodableError(f"encode: the block holds values too large for the codec's fp16 scales (INT8 takes "
-                        f"|x| < {65504 * 127}, INT4 |x| < {SCALED_LIMIT:g}; every fp16 block fits)")
+                               f"every block of |x| < {65504 * 127}, INT4 every block of |x| < {SCALED_LIMIT:g}; "
+                               "every fp16 block fits)")
 
 
 def _scale16_into(amax: np.ndarray, qmax: int, part: torch.Tensor) -> np.ndarray:
@@ -205,7 +206,9 @@ def _asym_into(lo: np.ndarray, hi: np.ndarray, scale_part: torch.Tensor,
     returns both as float32 arrays of ``lo``'s shape."""
     lo, top = np.minimum(lo, np.float32(0.0)).reshape(-1), np.maximum(hi, np.float32(0.0)).reshape(-1)
     scale, zero = np.empty(lo.shape, np.float32), np.empty(lo.shape, np.float32)
-    kernels.half_scales(top - lo, np.float32(15.0), _bits(scale_part), scale)  # the fallback
+    with np.errstate(over="ignore"):  # a range past float32's max is inf: its scale is refused below
+        spread = top - lo
+    kernels.half_scales(spread, np.float32(15.0), _bits(scale_part), scale)  # the fallback
     kernels.int4_scales(lo, top, _bits(scale_part), scale)
     _require_scales(scale)
     kernels.zero_points(lo, scale, zero_part.numpy().reshape(-1), zero)
