@@ -14,8 +14,8 @@ In one run, on the same sequence, a layer's exact attention is timed three ways
 * ``pipelined``: the real ``Sequence.attend``, reads of chunk ``i+1..`` overlapping the
   compute of chunk ``i``.
 
-``overlap_efficiency = max(io_only, compute_only) / pipelined`` (1.0: the shorter side is
-completely hidden). Every pipelined output must match the same attention computed serially
+``overlap_efficiency = max(io_only, compute_only) / pipelined``, the median of each repeat's
+own ratio (1.0: the shorter side is completely hidden). Every pipelined output must match the same attention computed serially
 (untimed), and an efficiency above ``OVERLAP_LIMIT`` (1.1: the pipelined step cannot beat
 the longer side of the same work, and 10% covers the timing noise) is refused: the script
 exits 1 and writes no JSON. The figure only says something about overlap when both sides are of similar size, so the query

@@ -34,3 +34,34 @@ def test_bench_memory_refuses_a_negative_full_max(capsys):
         _script("bench_memory").main(["--full-max", "-7"])
     assert stopped.value.code == 2
     assert "--full-max: expected a positive integer, got -7" in capsys.readouterr().err
+
+
+def _stopwatch_of(durations: list[float]):
+    """A stopwatch whose successive regions (two reads each) last ``durations`` in turn."""
+    def stopwatch(device):
+        reads = iter(range(10**6))
+
+        def now() -> float:
+            region, end = divmod(next(reads), 2)
+            return sum(durations[:region]) + end * durations[region]
+        return now
+    return stopwatch
+
+
+def test_step_timings_ratios_are_medians_of_each_repeats_own_ratio(tmp_path, monkeypatch):
+    """Probe Q55 minor: the overlap efficiency was max(median io, median compute) / median
+    pipelined, pairing sides from different repeats; each repeat's sides are timed side by
+    side, so the figure is the median of the repeats' own ratios (1/3, 2, 1.5 here: 1.5, where
+    the ratio of medians gave 1.0)."""
+    from tiercache.bench import decode as bdecode
+    from test_script_bench_honesty import _small_sequence
+
+    repeats = [(1.0, 0.1, 3.0), (2.0, 0.4, 1.0), (3.0, 0.2, 2.0)]  # io, compute, pipelined
+    monkeypatch.setattr(bdecode, "_stopwatch", _stopwatch_of([d for repeat in repeats for d in repeat]))
+    cache, seq, kv = _small_sequence(tmp_path)
+    with cache:
+        q, _ = kv.query(0, 4)
+        timing = bdecode.step_timings(seq, 0, q, repeats=3)
+    assert timing["overlap_efficiency"] == pytest.approx(1.5)
+    assert timing["io_compute_ratio"] == pytest.approx(10.0)  # 10, 5 and 15
+    assert (timing["io_only_seconds"], timing["pipelined_seconds"]) == pytest.approx((2.0, 2.0))
