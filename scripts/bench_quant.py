@@ -70,7 +70,7 @@ import torch
 from tiercache.bench import hf_quant
 from tiercache.bench.decode import ColdReadError, make_cold
 from tiercache.bench.rounds import alternate, paired_ratio, positive_int
-from tiercache.bench.rawio import SYNC_POLICY, RawBlockFiles, host_copy, read_buffers, source_block
+from tiercache.bench.rawio import SOURCE, SYNC_POLICY, RawBlockFiles, host_copy, read_buffers, source_block
 from tiercache.bench.script_args import ScriptParser, existing_folder, positive_float, refuse_bad_outputs
 from tiercache.config import Codec
 from tiercache.data.buffers import PAGE
@@ -248,8 +248,10 @@ def disk_rounds(codec: Codec, block: torch.Tensor, directory: str, rounds: int, 
     encoded size (rounded up to a page, as O_DIRECT needs), ``DISK_THREADS`` threads, each
     alternated round by round with as many encodes (writes) or decodes (reads), each block's
     from and into its own memory as each disk block's is (``codec_ops``), whose outputs are
-    checked after each round (``checked_all``; raises ``OutputMismatch``). Before each read
-    run the files are evicted and checked out of the page cache (``make_cold``).
+    checked after each round (``checked_all``; raises ``OutputMismatch``), as is every block
+    each read run read, off the clock, against what the writes left in its slot
+    (``check_raw_reads``). Before each read run the files are evicted and checked out of
+    the page cache (``make_cold``).
 
     Returns:
         ``({"disk_write"|"encode"|"disk_read"|"decode": [seconds per round]}, bytes per
@@ -269,9 +271,11 @@ def disk_rounds(codec: Codec, block: torch.Tensor, directory: str, rounds: int, 
 
         def cold_read(_: int) -> float:
             make_cold(files.paths, f"bench_quant: {codec.value} cold reads", f"raw block files in {directory}")
-            return files.read(order, dests, DISK_THREADS)
+            seconds = files.read(order, dests, DISK_THREADS)
+            check_raw_reads(files, order, dests, sources, f"{codec.value} disk reads")  # after the clock stopped
+            return seconds
 
-        writes = alternate({"disk_write": lambda _: files.write(sources), "encode": encodes}, rounds)
+        writes = alternate({"disk_write": lambda _: files.write(sources, list(range(blocks))), "encode": encodes}, rounds)
         reads = alternate({"disk_read": cold_read, "decode": decodes}, rounds)
     finally:
         files.close()
@@ -279,6 +283,18 @@ def disk_rounds(codec: Codec, block: torch.Tensor, directory: str, rounds: int, 
     for source in encoded:
         check_output(f"{codec.value} decode input", source, want_bytes)
     return writes | reads, size, files.direct
+
+
+def check_raw_reads(files: RawBlockFiles, slots: np.ndarray, dests: list, sources: list, what: str) -> None:
+    """Raises ``OutputMismatch`` unless each ``dests[i]`` holds the bytes slot ``slots[i]``
+    was last written with: ``sources[label]`` where ``files.holds`` gives a source's index,
+    the files' own block where it gives ``SOURCE`` (laid out, never overwritten)."""
+    for slot, dest in zip(slots.tolist(), dests):
+        label = files.holds[slot]
+        want = sources[label] if isinstance(label, int) else files.source if label == SOURCE else None
+        if want is None or memoryview(dest) != memoryview(want):
+            raise OutputMismatch(f"{what}: slot {slot} read back other bytes than were written there "
+                                 "(the raw disk baseline measured something else); no figure is reported")
 
 
 def codec_ops(codec: Codec, block: torch.Tensor, blocks: int) -> tuple[Callable, Callable, list[torch.Tensor], torch.Tensor]:

@@ -65,3 +65,35 @@ def test_step_timings_ratios_are_medians_of_each_repeats_own_ratio(tmp_path, mon
     assert timing["overlap_efficiency"] == pytest.approx(1.5)
     assert timing["io_compute_ratio"] == pytest.approx(10.0)  # 10, 5 and 15
     assert (timing["io_only_seconds"], timing["pipelined_seconds"]) == pytest.approx((2.0, 2.0))
+
+
+def test_bench_quant_checks_what_its_raw_disk_reads_read(tmp_path, monkeypatch):
+    """Probe Q55 minor: the raw disk baseline's reads were never compared with what was
+    written, so a read that delivered other bytes (a wrong offset, a short slot) would have
+    been timed as the disk's rate. A run checks every read block; a corrupted one stops it."""
+    import torch
+
+    from tiercache.bench.rawio import RawBlockFiles
+    from tiercache.config import Codec
+
+    quant = _script("bench_quant")
+    block = torch.randn(1, 2, 8, quant.TOKENS, quant.DIM, generator=torch.Generator().manual_seed(3)).half()
+    checked = []
+    real_check = quant.check_raw_reads
+
+    def spy(files, slots, dests, sources, what):
+        real_check(files, slots, dests, sources, what)
+        checked.append(len(slots))
+
+    monkeypatch.setattr(quant, "check_raw_reads", spy)
+    (tmp_path / "ok").mkdir(), (tmp_path / "off").mkdir()
+    quant.disk_rounds(Codec.INT8, block, str(tmp_path / "ok"), rounds=2, blocks=6)
+    assert checked == [6, 6, 6]  # the warm-up read run and both rounds, every block
+    real_read = RawBlockFiles.read
+
+    def misplaced(self, slots, dests, threads):  # every read one slot off
+        return real_read(self, (slots + 1) % self.capacity, dests, threads)
+
+    monkeypatch.setattr(RawBlockFiles, "read", misplaced)
+    with pytest.raises(quant.OutputMismatch, match="read back other bytes than were written there"):
+        quant.disk_rounds(Codec.INT8, block, str(tmp_path / "off"), rounds=1, blocks=6)
