@@ -252,3 +252,22 @@ def test_a_config_that_holds_its_windows_per_layer_leaves_the_check_to_each_laye
     with pytest.raises(Exception, match="per-layer attribute"):
         config.sliding_window  # noqa: B018 - the access transformers refuses
     assert sliding_windows(config) == ()
+
+
+def test_a_crop_into_a_rows_left_padding_says_the_padding_is_why(tmp_path):
+    """Probe Q58 (minor): DynamicCache crops into a row's left padding; TieredCache cannot
+    (the padding is not stored) and its refusal named only the row's token count."""
+    model = use_tiercache(tiny_llama(seed=80))
+    ids = ids_of(9, 81, batch=2)
+    mask = torch.ones_like(ids)
+    mask[1, :5] = 0
+    with store_of(model, tmp_path / "nvme", hbm=8, dram=8, nvme=64) as kv:
+        cache = TieredCache(kv, model)
+        with torch.no_grad():
+            model(ids, attention_mask=mask, cache=cache)
+        with pytest.raises(UserError, match="7 tokens to remove, but row 1 holds 4 after 5 positions of left "
+                                            "padding, which crop cannot remove"):
+            cache.crop(-7)
+        assert lengths(cache) == [[9, 9], [4, 4]]
+        cache.crop(-4)
+        assert lengths(cache) == [[5, 5], [0, 0]]

@@ -195,8 +195,11 @@ def crop_rows(cache: "TieredCache", tokens_to_remove) -> None:
         raise UserError(f"TieredCache.crop: give the tokens to remove as a negative integer, got {tokens_to_remove!r}")
     _between_passes(cache, "rows are cropped")
     lengths = [seq.length(0) for seq in cache.sequences]
-    if any(length < -count for length in lengths):
-        raise UserError(f"TieredCache.crop: {-count} tokens to remove, but a row holds {min(lengths)}")
+    short = next((row for row, length in enumerate(lengths) if length < -count), None)
+    if short is not None:
+        pads = int(cache._pads[0][short]) if cache.sequences else 0
+        padded = f" after {pads} positions of left padding, which crop cannot remove" if pads else ""
+        raise UserError(f"TieredCache.crop: {-count} tokens to remove, but row {short} holds {lengths[short]}{padded}")
     if count:
         for seq, length in zip(cache.sequences, lengths):
             seq.crop(length + count)
