@@ -141,5 +141,5 @@ def test_invariant_check_catches_a_corrupt_free_stack(corrupt):
         directory._spill[-1] = 9
     else:
         directory._spill.pop()
-    with pytest.raises(AssertionError):
+    with pytest.raises(AssertionError, match="hbm: "):  # the directory's own check, naming the tier
         directory.check_invariants()

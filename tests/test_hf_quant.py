@@ -21,7 +21,12 @@ def test_comparison_runs_or_says_why_not():
     if importlib.util.find_spec("transformers") is None:
         assert result["layers"] == [] and "not installed" in result["note"]
         return
-    assert result["layers"] or result["note"]
+    from transformers import cache_utils
+
+    if not hasattr(cache_utils, "Fp8QuantizedLayer"):
+        assert result["layers"] or result["note"]
+    else:  # needs no backend (probe Q57: a comparison that ran nothing passed)
+        assert "Fp8QuantizedLayer" in [entry["name"] for entry in result["layers"]], result["note"]
     for entry in result["layers"]:
         assert entry["k_hat"].shape == block[:, 0].shape and 0 <= entry["k_rel_err"] < 1 and 0 <= entry["v_rel_err"] < 1
         if entry["name"] == "Fp8QuantizedLayer":  # e4m3, one scale per tensor: the same relative rounding as ours

@@ -13,7 +13,7 @@ of size 1 (121,877 accesses), one tier of 1000, 4000 or 16000 objects, replayed 
   pinned numbers are still libCacheSim's. Regenerate them with
   ``python tests/test_policy_libcachesim.py`` (needs libCacheSim).
 * Belady, the offline optimum, must miss no more than any registered policy (on the trace's
-  first 40,000 accesses).
+  first 20,000 accesses, ``BOUND_ACCESSES``).
 """
 
 from __future__ import annotations
