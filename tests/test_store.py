@@ -18,7 +18,9 @@ from tiercache.config import KVLayout, TierConfig
 from tiercache.live.store import TieredKVStore
 from tiercache.core.counts import CountError
 from tiercache.errors import UserError
+from tiercache.policies import EVICTION, get_eviction
 from tiercache.sim.sweep import run_sweep
+
 
 def test_round_trip_from_every_tier_is_bit_identical(tmp_path):
     data = blocks(12, 0)
@@ -195,15 +197,22 @@ def test_failed_nvme_write_keeps_the_victim_and_refuses_the_put(tmp_path, monkey
         store.check_invariants()
 
 
-def test_live_store_and_replay_agree_on_per_tier_hits(tmp_path):
+ONLINE = sorted(name for name in EVICTION if not get_eviction(name).needs_future)
+
+
+@pytest.mark.parametrize("policy", ONLINE)
+def test_live_store_and_replay_agree_on_per_tier_hits(tmp_path, policy):
+    """Probe Q60: the live store gave a request's ids no parents, so the prefix-tree
+    policies (leaf_lru, session, cost) ranked every block as a root there and counted other
+    hits than the replay (only lru was compared)."""
     requests = sample_requests(DATA / "mooncake_head.jsonl")
-    caps = {"hbm": 40, "dram": 120, "nvme": 400}
+    caps = {"hbm": 40, "dram": 120, "nvme": 400} if policy == "lru" else {"hbm": 40, "dram": 120}  # NVMe: 10 s a run
     spec = ",".join(f"{k}={v}" for k, v in caps.items())
-    replayed = run_sweep(str(DATA / "mooncake_head.jsonl"), ["lru"], [], ["object"], tiers=spec, workers=1, progress=False)
+    replayed = run_sweep(str(DATA / "mooncake_head.jsonl"), [policy], [], ["object"], tiers=spec, workers=1, progress=False)
     run = replayed["runs"][0]
-    live_tiers = [TierConfig(name, cap, eviction="lru") for name, cap in caps.items()]
+    live_tiers = [TierConfig(name, cap, eviction=policy) for name, cap in caps.items()]
     tiny = KVLayout(layers=1, kv_heads=1, head_dim=4, dtype="float16", block_tokens=2)
-    with TieredKVStore(tiny, live_tiers, path=tmp_path / "nvme") as store:
+    with TieredKVStore(tiny, live_tiers, path=tmp_path / "nvme" if "nvme" in caps else None) as store:
         for request in requests:
             keys = [key(i) for i in request]
             store.access(keys, torch.zeros((len(keys), *tiny.block_shape), dtype=torch.float16))
@@ -211,6 +220,29 @@ def test_live_store_and_replay_agree_on_per_tier_hits(tmp_path):
         store.check_invariants()
     assert [t["hits"] for t in stats["tiers"]] == [t["hits"] for t in run["tiers"]]
     assert stats["misses"] == run["misses"]
+
+
+def test_a_get_gives_the_ids_it_touches_their_parents_in_the_request(monkeypatch):
+    """A get reads its keys as a request (``request_hints``): each id's parent is the key
+    before it, as a replay gives it; a policy that reads no parents is given none."""
+    from tiercache.core.manager import TierManager
+    from tiercache.keys import key_to_int
+
+    seen = []
+    real = TierManager.access
+
+    def spy(self, ids, hints=None, *args, **kwargs):
+        seen.append((list(ids), None if hints is None else list(hints.parents)))
+        return real(self, ids, hints, *args, **kwargs)
+
+    monkeypatch.setattr(TierManager, "access", spy)
+    one, two, three = (key_to_int(key(i)) for i in (1, 2, 3))
+    for policy, parents in (("leaf_lru", [None, three, one]), ("session", [None, three, one]), ("lru", None)):
+        with TieredKVStore(LAYOUT, [TierConfig("hbm", 8, eviction=policy)]) as store:
+            store.put([key(1), key(2), key(3)], blocks(3, 3))
+            seen.clear()
+            store.get([key(3), key(1), key(2)])
+            assert seen == [([three, one, two], parents)], policy
 
 
 def test_threads_putting_prefetching_and_getting_for_a_soak_period(tmp_path):

@@ -3,16 +3,20 @@
 ``Guard`` and ``HeldWithoutCopy`` are the read-only sets ``_make_room`` passes to an
 eviction policy as ``protected`` (pinned, referenced, held blocks); they test membership
 without building a union. The hint helpers cut a request's ``Hints`` down to the ids a
-plan carries (hints are aligned with the ids they came with).
+plan carries (hints are aligned with the ids they came with); ``chain_parents`` and
+``request_hints`` give a request's ids their prefix-tree parents, one rule for the replay and
+the live store alike.
 """
 
 from __future__ import annotations
 
+import operator
 from typing import Sequence
 
 from tiercache.policies.base import Hints
 
-__all__ = ["Either", "Guard", "HeldWithoutCopy", "slice_hints", "distinct_prefix", "pick_hints"]
+__all__ = ["Either", "Guard", "HeldWithoutCopy", "slice_hints", "distinct_prefix", "pick_hints", "chain_parents",
+           "request_hints"]
 
 _NOTHING: frozenset = frozenset()
 
@@ -120,3 +124,25 @@ def pick_hints(hints: Hints, positions: list[int]) -> Hints:
     next_use = None if hints.next_use is None else [hints.next_use[p] for p in positions]
     parents = None if hints.parents is None else [hints.parents[p] for p in positions]
     return Hints(hints.time, next_use, parents)
+
+
+def chain_parents(ids: Sequence[int], first: int | None = None) -> list[int | None]:
+    """Each id's parent when ``ids`` are blocks of one prefix in order: the id before it
+    (``first`` for the first: the block the chain continues, None at a root), and None for an
+    id equal to the one before it (traces whose ids do not chain the prefix repeat a block:
+    a block is never its own parent)."""
+    if not len(ids):
+        return []
+    parents = [first, *ids[:-1]]
+    if any(map(operator.eq, parents, ids)):  # C-level check; the fix is rare
+        parents = [None if p == i else p for p, i in zip(parents, ids)]
+    return parents
+
+
+def request_hints(policies: Sequence, ids: Sequence[int]) -> Hints | None:
+    """The hints of one request's ids read in order (``TierManager.access``), as a replay in
+    object semantics gives them: each id's parent (``chain_parents``) when a tier's eviction
+    policy reads parents (``needs_parents``), else None (nothing to build)."""
+    if not any(policy.needs_parents for policy in policies):
+        return None
+    return Hints(parents=chain_parents(ids))

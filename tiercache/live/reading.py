@@ -16,6 +16,7 @@ from typing import Sequence
 
 import torch
 
+from tiercache.core.guards import pick_hints, request_hints
 from tiercache.core.plans import Ev
 from tiercache.data.buffers import check_out
 from tiercache.data.pools import BlockPool
@@ -174,7 +175,10 @@ class StoreReads:
             once it knows how many blocks it served. Else ``([], [])``: counted.
         """
         self._settle()
-        accessed = [i for i in ids if self.manager.locate(i) is not None]
+        kept = [k for k, i in enumerate(ids) if self.manager.locate(i) is not None]
+        accessed = [ids[k] for k in kept]
+        hints = request_hints(self.manager.policies, ids)  # each id's parent in the request, as a replay's
+        hints = None if hints is None else pick_hints(hints, kept)
         found_in = [self.manager.locate(i) for i in accessed] if hold else []
         distinct = list(dict.fromkeys(accessed))
         self.manager.ref(distinct)
@@ -183,9 +187,9 @@ class StoreReads:
         try:
             if to_hbm:  # served from HBM only: a run read in place would serve nothing
                 with self.manager.passing_full_tiers():
-                    self.manager.access(accessed, store_misses=False)
+                    self.manager.access(accessed, hints, store_misses=False)
             else:
-                self.manager.access(accessed, store_misses=False)
+                self.manager.access(accessed, hints, store_misses=False)
             accessed_all = True
         finally:
             self.manager.unref(distinct)

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from tiercache.config import Codec, KVLayout, TierConfig
+from tiercache.core.guards import request_hints
 from tiercache.core.manager import TierManager
 from tiercache.core.plans import EventLog, TransferPlan
 from tiercache.data.buffers import check_blocks, shares_memory
@@ -210,7 +211,8 @@ class TieredKVStore(StoreReads, NoCopies):
                 raise UserError("TieredKVStore.access: a key collides with another key's id")
             plans: list[TransferPlan] = []
             try:
-                self._store_new(ids, kv_blocks, lambda: plans.extend(self.manager.access(ids, wait=wait)))
+                hints = request_hints(self.manager.policies, ids)  # each id's parent, as a replay gives it
+                self._store_new(ids, kv_blocks, lambda: plans.extend(self.manager.access(ids, hints, wait=wait)))
             finally:  # interrupted too: the keys of blocks evicted to make room are forgotten
                 self._consume()
             return self._pending(plans)

@@ -16,7 +16,6 @@ an id still cached refreshes it to the write's own.
 
 from __future__ import annotations
 
-import operator
 import time
 from dataclasses import dataclass
 from functools import cached_property
@@ -26,6 +25,7 @@ import numpy as np
 import psutil
 
 from tiercache.config import TIER_NAMES, Codec, KVLayout, TierConfig
+from tiercache.core.guards import chain_parents
 from tiercache.core.manager import TierManager
 from tiercache.core.stats import HierarchyStats, TierCounters
 from tiercache.errors import UserError
@@ -350,15 +350,9 @@ def _consume(manager: TierManager, stats: HierarchyStats, meter: HitMeter) -> No
 
 
 def _hints(data: ReplayData, a: int, b: int, needs_future: bool, needs_parents: bool) -> Hints:
-    """Hints of batch ``ids[a:b]``: next uses, and each id's parent (the id before it in the
-    request; None for the first, and for an id repeated right after itself, which traces whose
-    ids do not chain the prefix hold: a block is never its own parent)."""
-    parents = None
-    if needs_parents and b > a:
-        ids = data.id_list
-        parents = [None, *ids[a : b - 1]]
-        if any(map(operator.eq, parents[1:], ids[a + 1 : b])):  # C-level check; the fix is rare
-            parents = [None if p == i else p for p, i in zip(parents, ids[a:b])]
+    """Hints of batch ``ids[a:b]``: next uses, and each id's parent (``chain_parents``: the id
+    before it in the request; the live store gives a request's ids the same, ``request_hints``)."""
+    parents = chain_parents(data.id_list[a:b]) if needs_parents and b > a else None
     return Hints(a, data.next_use_list[a:b] if needs_future else None, parents)
 
 
