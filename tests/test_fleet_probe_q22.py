@@ -29,7 +29,7 @@ def _short_reads(monkeypatch, spec: FleetSpec, trace) -> list[tuple[int, int]]:
     """Replays ``spec``; returns ``(held, read)`` for each request that read a shorter prefix
     than the local tiers and the store held when it arrived, its view permitting: the blocks
     of that prefix in the view or held by no tier (to adopt) number at most the view's
-    capacity (as the live store's ``RemoteLink._head`` counts them)."""
+    capacity (as ``core.remoteview.view_head`` counts them for both)."""
     short = []
 
     def watched(instance, store, run, input_length, block_tokens):

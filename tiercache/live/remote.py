@@ -22,6 +22,7 @@ from typing import Sequence
 
 from tiercache.config import Codec, RemoteConfig, RemoteWrite, TierConfig
 from tiercache.core.manager import TierManager
+from tiercache.core.remoteview import HotOnly, adopt, drop_stale, view_head
 from tiercache.data.remote import RemoteStore
 from tiercache.keys import key_to_int
 from tiercache.policies.base import AdmissionPolicy
@@ -36,19 +37,6 @@ _UNPUBLISHED_LIMIT = 1 << 16  # local blocks kept for a retry of their publicati
 VERIFY_EVERY_S = 1.0
 
 
-class _PublishedOnly(AdmissionPolicy):
-    """Selective writes: the remote tier admits a local victim only once it was hot enough
-    to be published (a cold victim just leaves; a hot one is already there, or retried)."""
-
-    name = "remote_selective"
-
-    def __init__(self, hits: dict[int, int], threshold: int) -> None:
-        self._hits, self._threshold = hits, threshold
-
-    def admit(self, ids: Sequence[int]) -> list[bool]:
-        return [self._hits.get(b, 0) >= self._threshold for b in ids]
-
-
 class _Always(AdmissionPolicy):
     name = "always"
 
@@ -59,7 +47,7 @@ class _Always(AdmissionPolicy):
 def remote_admission(config: RemoteConfig, hits: dict[int, int]) -> AdmissionPolicy:
     """The remote tier's admission of local victims, as the write policy says."""
     if config.write is RemoteWrite.SELECTIVE:
-        return _PublishedOnly(hits, config.write_hits)
+        return HotOnly(hits, config.write_hits)
     return _Always()
 
 
@@ -148,20 +136,10 @@ class RemoteLink:
             if block_id is None or not present.get(n, True):
                 break  # a collision, or the first block neither here nor in the store
             run.append(n)
-        head = self._head([ids[n] for n in run])
+        head = view_head(self.manager, self.tier, [ids[n] for n in run])
         fresh = [keys[n] for n in run[: len(head)] if where[n] is None]
         if fresh:
             self._adopt(fresh, head)
-
-    def _head(self, prefix: list[int]) -> list[int]:
-        """The longest leading part of ``prefix`` whose blocks in the view, or held by no
-        tier (to adopt), number at most the view's capacity."""
-        view, used = self.manager.dirs[self.tier], 0
-        for n, block_id in enumerate(prefix):
-            used += block_id in view.slot_of or self.manager.locate(block_id) is None
-            if used > view.capacity:
-                return prefix[:n]
-        return prefix
 
     def _adopt(self, keys: list[bytes], protect: Sequence[int] = ()) -> None:
         """Adds blocks the store holds to the view, the first ones first: room is made by
@@ -172,15 +150,9 @@ class RemoteLink:
         if not fresh:
             self.keymap.forget_absent([b for b in ids if b is not None], self.manager.locate)
             return
-        directory = self.manager.dirs[self.tier]
-        kept = frozenset(protect) | frozenset(fresh)
-        room = directory.capacity - sum(1 for b in kept if b in directory.slot_of)
-        self.manager.make_room(self.tier, min(len(fresh), room), kept)
-        taken, rest = fresh[: directory.n_free], fresh[directory.n_free :]
-        if taken:
-            self.manager.restore(self.tier, taken)
-            self.stats["adopted"] += len(taken)
-        self.keymap.forget_absent(rest, self.manager.locate)
+        taken = adopt(self.manager, self.tier, fresh, frozenset(protect) | frozenset(fresh))
+        self.stats["adopted"] += len(taken)
+        self.keymap.forget_absent(fresh[len(taken):], self.manager.locate)
 
     def drop_unreadable(self, block_id: int) -> None:
         """A view entry whose value proved unreadable in place leaves the view."""
@@ -188,11 +160,7 @@ class RemoteLink:
 
     def _drop_stale(self, ids: list[int]) -> None:
         """Drops view entries the store no longer holds (its eviction, a client that left)."""
-        directory = self.manager.dirs[self.tier]
-        stale = [b for b in dict.fromkeys(ids) if b in directory.slot_of and b not in directory.pins and b not in self.manager.refs]
-        if stale:
-            self.manager.evict(stale)
-            self.stats["stale"] += len(stale)
+        self.stats["stale"] += len(drop_stale(self.manager, self.tier, ids))
 
     # -- writes --------------------------------------------------------------------------
     def stored(self, ids: Sequence[int]) -> list:

@@ -75,6 +75,7 @@ import psutil
 import tiercache
 from tiercache.config import Codec, KVLayout, Mode, RemoteWrite, Route, Semantics, TierConfig
 from tiercache.core.manager import TierManager
+from tiercache.core.remoteview import adopt, drop_stale, view_head
 from tiercache.core.plans import Ev, TransferPlan
 from tiercache.core.stats import HierarchyStats, TierCounters
 from tiercache.errors import UserError
@@ -230,21 +231,20 @@ class _Instance:
 def _refresh_view(instance: _Instance, store: _Store, run: list[int]) -> None:
     """Step 1: the view agrees with the store for the part of ``run`` not held locally, as the
     live store's ``RemoteLink.refresh_prefix``: view entries the store evicted leave it, and
-    the prefix's head (``_view_head``) not held by any tier is adopted.
+    the prefix's head (``view_head``) not held by any tier is adopted (``core.remoteview``, the
+    rules the live store follows).
 
     Invariant: the head's own view entries stay (room is made from other entries only), so
     the request reads the whole prefix the local tiers and the store hold whenever that
     prefix's blocks in the view or held by no tier number at most the view's capacity; a
     longer prefix keeps its head."""
     m, remote = instance.manager, instance.remote
-    stale = [b for b in run if m.locate(b) == remote and not store.holds(b)]
-    if stale:
-        m.evict(stale)
-    head = _view_head(m, remote, _held_prefix(m, remote, store, run))
-    adopt = list(dict.fromkeys(b for b in head if m.locate(b) is None))
-    if adopt:
+    drop_stale(m, remote, [b for b in run if m.locate(b) == remote and not store.holds(b)])
+    head = view_head(m, remote, _held_prefix(m, remote, store, run))
+    fresh = list(dict.fromkeys(b for b in head if m.locate(b) is None))
+    if fresh:
         instance.consume()  # count what came before; the adoption below is not traffic
-        _adopt(m, remote, adopt, frozenset(head))
+        adopt(m, remote, fresh, frozenset(head))
         m.events.drain()  # adoption is a lookup, not traffic
 
 
@@ -255,29 +255,6 @@ def _held_prefix(m: TierManager, remote: int, store: _Store, run: list[int]) -> 
         if (tier is None or tier == remote) and not store.holds(block_id):
             return run[:n]
     return run
-
-
-def _view_head(m: TierManager, remote: int, prefix: list[int]) -> list[int]:
-    """The longest leading part of ``prefix`` whose blocks in the view, or held by no tier (to
-    adopt), number at most the view's capacity (``RemoteLink._head``)."""
-    view, used = m.dirs[remote], 0
-    for n, block_id in enumerate(prefix):
-        used += block_id in view.slot_of or m.locate(block_id) is None
-        if used > view.capacity:
-            return prefix[:n]
-    return prefix
-
-
-def _adopt(m: TierManager, remote: int, adopt: list[int], kept: frozenset) -> None:
-    """Adds ``adopt`` (blocks the store holds, no tier here) to the view, first ones first:
-    room is made from view entries outside ``kept`` (the head, ``adopt`` included), as
-    ``RemoteLink._adopt``; those beyond the room are left out."""
-    view = m.dirs[remote]
-    room = view.capacity - sum(1 for b in kept if b in view.slot_of)
-    m.make_room(remote, min(len(adopt), room), kept)
-    taken = adopt[: view.n_free]
-    if taken:
-        m.restore(remote, taken)
 
 
 def _request(instance: _Instance, store: _Store | None, run: list[int], input_length: int, block_tokens: int) -> int:

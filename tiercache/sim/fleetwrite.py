@@ -10,7 +10,7 @@
 * ``selective``: each block of a request's hit prefix held in a private tier when the request
   reads it counts one local hit (``RemoteLink.read``); a block reaching ``write_hits`` is
   published (``TierManager.publish(hot)``), once, and the view admits a victim only once it
-  has that many (``_HotOnly``, as the live ``_PublishedOnly``: a colder one just leaves). A
+  has that many (``core.remoteview.HotOnly``, as the live store: a colder one just leaves). A
   block's count is forgotten once no tier of the instance holds it after the request's read or
   its writes (``RemoteLink.departed``, which the live store calls after each read and each put).
   The live store starts that publication at the read, before the promotion; here it runs
@@ -24,28 +24,15 @@ instance holds, pruned after every request), and only it records departures, so
 
 from __future__ import annotations
 
-from typing import Sequence
 
 from tiercache.config import RemoteWrite
 from tiercache.core.manager import TierManager
 from tiercache.core.plans import EventLog
+from tiercache.core.remoteview import HotOnly
 from tiercache.policies import make_admission
 from tiercache.policies.base import AdmissionPolicy
 
 __all__ = ["Writer"]
-
-
-class _HotOnly(AdmissionPolicy):
-    """Selective writes: the view admits a private tier's victim only once it was hit
-    ``threshold`` times locally (the live ``_PublishedOnly``)."""
-
-    name = "remote_selective"
-
-    def __init__(self, hits: dict[int, int], threshold: int) -> None:
-        self._hits, self._threshold = hits, threshold
-
-    def admit(self, ids: Sequence[int]) -> list[bool]:
-        return [self._hits.get(b, 0) >= self._threshold for b in ids]
 
 
 class Writer:
@@ -67,7 +54,7 @@ class Writer:
 
     def admission(self) -> AdmissionPolicy:
         """The view's admission of the private tiers' victims."""
-        return _HotOnly(self.hits, self.threshold) if self.counts else make_admission("always")
+        return HotOnly(self.hits, self.threshold) if self.counts else make_admission("always")
 
     def read(self, m: TierManager, remote: int, prefix: list[int]) -> list[int]:
         """Counts the local hits of a request's hit ``prefix`` (before it is read: the blocks
