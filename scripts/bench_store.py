@@ -1,6 +1,6 @@
 """End-to-end cold NVMe reads through the live store vs raw O_DIRECT reads of the same files.
 
-Usage: python scripts/bench_store.py [--blocks 256] [--batch 32] [--reps 5] [--dir DIR] [--json out.json]
+Usage: python scripts/bench_store.py [--blocks 256] [--batch 32] [--reps 6] [--dir DIR] [--json out.json]
 
 ``scripts/bench_tiers.py`` times the tiers themselves (pools, the NVMe store). This one times
 the whole live path a serving engine uses: ``TieredKVStore.get`` of blocks resident on NVMe,
