@@ -229,3 +229,17 @@ def test_belady_kernel_equals_python_when_a_request_pushes_its_own_blocks_down(t
     for semantics in (Semantics.OBJECT, Semantics.PREFIX):
         spec = RunSpec("belady", semantics, tiers)
         assert comparable(replay(spec, data)) == comparable(python_record(spec, data, monkeypatch)), (case, semantics)
+
+
+@pytest.mark.parametrize("policy", sorted(set(KERNELS) - {"belady"}))
+def test_every_kernel_equals_python_on_tiny_random_hierarchies(tmp_path, monkeypatch, policy):
+    """Review Q60: the kernels were compared with the Python manager on tiny hierarchies
+    (1-3 tiers of 1-4 blocks, where a request outgrows the hierarchy, pushes its own blocks
+    down and out, and repeats ids) for Belady only; every kernel policy, both semantics."""
+    for seed in range(100):
+        requests, caps = _small_random_requests(1000 + seed)
+        tiers = tuple(TierConfig(name, cap) for name, cap in zip(("hbm", "dram", "nvme"), caps))
+        data = ReplayData.prepare(load_trace(_write_ids(tmp_path / "t.jsonl", requests)), None, None)
+        for semantics in (Semantics.OBJECT, Semantics.PREFIX):
+            spec = RunSpec(policy, semantics, tiers)
+            assert comparable(replay(spec, data)) == comparable(python_record(spec, data, monkeypatch)), (seed, semantics)
