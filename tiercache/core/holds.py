@@ -16,7 +16,14 @@ from typing import Sequence
 
 from .counts import decrement, increment
 
-__all__ = ["HoldMixin", "orphans_first"]
+__all__ = ["HoldMixin", "held_capacity", "orphans_first"]
+
+
+def held_capacity(capacities: Sequence[int], write_through: bool) -> int:
+    """The blocks a hierarchy of tiers of ``capacities`` can hold for live sequences (held
+    blocks never leave it): every tier's, or under write-through the last tier's (every block
+    has a copy there). The live cache and the step-trace replay both check holds against it."""
+    return capacities[-1] if write_through else sum(capacities)
 
 
 def orphans_first(ids: Sequence[int], orphans: dict[int, int]) -> tuple[list[int], list[int]]:

@@ -49,6 +49,7 @@ import torch
 from tiercache.attention import compute_dtype
 from tiercache.config import AttentionMode, KVLayout, TierConfig
 from tiercache.core.decode import StepDriver
+from tiercache.core.holds import held_capacity
 from tiercache.data.buffers import normal_tensors, torch_dtype
 from tiercache.data.pools import BlockPool
 from tiercache.errors import UserError
@@ -399,9 +400,7 @@ class TieredKVCache(NoCopies):
     def capacity_blocks(self) -> int:
         """Blocks the hierarchy holds in all: the sum of the tiers when exclusive, the last
         tier's capacity when write-through (every block has a copy there)."""
-        if self.manager.write_through:
-            return self.manager.dirs[-1].capacity
-        return sum(d.capacity for d in self.manager.dirs)
+        return held_capacity([d.capacity for d in self.manager.dirs], self.manager.write_through)
 
     def _list(self, ids: Seq[int], listed: bool = True) -> None:
         """Counts one more (``listed``) or one fewer listing of each of ``ids`` by a sequence:

@@ -20,7 +20,7 @@ import numpy as np
 from .loader import Trace
 from .tracelines import record_line
 
-__all__ = ["HeldPeak", "HeldPeaks", "run_capacity"]
+__all__ = ["HeldPeak", "HeldPeaks"]
 
 
 @dataclass(frozen=True)
@@ -74,12 +74,6 @@ class HeldPeaks:
                 f"fit: live sequences hold {before} of the tiers' {capacity} blocks; {peak.held - capacity} more "
                 "block(s) are needed (the live cache refuses such an append: a live sequence's blocks never leave "
                 "the tiers)")
-
-
-def run_capacity(capacities: list[int], write_through: bool) -> int:
-    """The blocks a hierarchy of tiers of ``capacities`` can hold for live sequences: every
-    tier's, or under write-through the last tier's (every block has a copy there)."""
-    return capacities[-1] if write_through else sum(capacities)
 
 
 def _peaks(decode: dict, offsets: np.ndarray, is_write: np.ndarray) -> list[HeldPeak]:

@@ -23,6 +23,7 @@ from tqdm import tqdm
 
 import tiercache
 from tiercache.config import CacheConfig, Codec, KVLayout, TierConfig, parse_tiers
+from tiercache.core.holds import held_capacity
 from tiercache.core.interrupts import counting_sigints, raise_on_sigterm
 from tiercache.errors import UserError
 from tiercache.policies import (
@@ -32,7 +33,7 @@ from tiercache.results import LayoutInfo, ResultsDocument, RunRecord, Semantics,
 from tiercache.results.hwinfo import HardwareInfo
 
 from .hardware import HardwareProfile
-from .held import HeldPeaks, run_capacity
+from .held import HeldPeaks
 from .loader import Trace, load_trace
 from .oracle import trace_layout
 from .replay import ReplayData, RunSpec, check_run, load_kernels, replay
@@ -200,7 +201,7 @@ def fitting_runs(runs: list[RunSpec], trace: Trace, note: Callable[[str], None])
     why: dict[tuple, str | None] = {}
     for run in runs:
         if (run.tiers, run.write_through) not in why:
-            capacity = run_capacity([t.capacity_blocks for t in run.tiers], run.write_through)
+            capacity = held_capacity([t.capacity_blocks for t in run.tiers], run.write_through)
             why[(run.tiers, run.write_through)] = peaks.refusal(capacity, _where(run))
     left = Counter((run.tiers, run.write_through) for run in runs if why[(run.tiers, run.write_through)] is not None)
     kept = [run for run in runs if (run.tiers, run.write_through) not in left]
