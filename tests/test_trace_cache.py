@@ -137,7 +137,7 @@ def test_cache_entry_is_written_once_and_read_back(tmp_path):
     cache = tmp_path / "cache"
     first = load_trace_cached(SAMPLE, cache)
     entries = sorted(p.name for p in cache.iterdir())
-    assert entries == [f"{first.fingerprint}-v{tracecache.VERSION}"]
+    assert entries == [tracecache._entry_name(first.fingerprint)]
     again = load_trace_cached(SAMPLE, cache)
     assert_same_arrays(again, SAMPLE)
     dense, next_use, _ = dense_and_next_use_sorted(again.ids)

@@ -74,7 +74,7 @@ def test_a_request_trace_hit_carries_load_traces_fingerprint(tmp_path, monkeypat
     path, cache = _requests(tmp_path / "t.jsonl", [[1, 2, 3], [1, 2, 4]]), tmp_path / "cache"
     want = load_trace(path)
     load_trace_cached(path, cache)
-    assert _entries(cache) == [f"{want.fingerprint}-v{tracecache.VERSION}"]
+    assert _entries(cache) == [tracecache._entry_name(want.fingerprint)]
 
     def no_parse(*args, **kwargs):
         raise AssertionError("the entry should have been read")

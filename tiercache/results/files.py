@@ -20,7 +20,8 @@ def read_results(path: str | Path) -> ResultsDocument:
     """Reads and checks one results.json.
 
     Raises:
-        UserError: missing, empty or non-JSON file, or as ``ResultsDocument.from_json``.
+        UserError: missing, empty or non-JSON file, a key repeated in one object (which of
+            its values a reader keeps is not defined), or as ``ResultsDocument.from_json``.
     """
     file = Path(path)
     if file.is_dir():
@@ -32,7 +33,10 @@ def read_results(path: str | Path) -> ResultsDocument:
     if not text.strip():
         raise UserError(f"{path}: the results file is empty (no runs)")
     try:
-        data = json.loads(text)
+        data = json.loads(text, object_pairs_hook=_refuse_repeats)
+    except _RepeatedKey as exc:
+        raise UserError(f"{path}: not a results file: the key {exc.args[0]!r} appears twice in one object "
+                        "(a JSON reader would keep either; a file tiercache wrote never repeats one)") from None
     except json.JSONDecodeError as exc:
         raise UserError(f"{path}: not a JSON results file ({exc.msg}: line {exc.lineno} column {exc.colno})") from None
     except ValueError:  # an integer literal of more digits than Python converts
@@ -40,6 +44,19 @@ def read_results(path: str | Path) -> ResultsDocument:
     except RecursionError:
         raise UserError(f"{path}: not a results file (JSON nested too deeply)") from None
     return ResultsDocument.from_json(data, str(path))
+
+
+class _RepeatedKey(ValueError):
+    """A JSON object of a results file names one key twice (its name, ``args[0]``)."""
+
+
+def _refuse_repeats(pairs: list[tuple[str, object]]) -> dict:
+    """``json.loads``'s object hook: the object, unless a key appears twice in it."""
+    data = dict(pairs)
+    if len(data) != len(pairs):
+        seen: set[str] = set()
+        raise _RepeatedKey(next(key for key, _ in pairs if key in seen or seen.add(key)))
+    return data
 
 
 def write_results(path: str | Path, document: ResultsDocument, option: str) -> None:

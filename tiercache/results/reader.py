@@ -254,6 +254,7 @@ def read_document(data: Any, source: str) -> ResultsDocument:
     trace = _read_trace(_Object(data["trace"], source, "trace", version))
     records = tuple(_read_run(entry, source, f"run {i}", version) for i, entry in enumerate(runs, start=1))
     _check_semantics_of_kind(records, trace.kind, source)
+    _check_accesses_of_trace(records, trace, source)
     return ResultsDocument(
         tiercache_version=top.take("tiercache_version", _text),
         command=top.take("command", _text),
@@ -275,6 +276,19 @@ def _check_semantics_of_kind(runs: tuple[RunRecord, ...], kind: TraceKind, sourc
         if run.semantics is Semantics.DECODE and kind is TraceKind.REQUESTS:
             raise UserError(f"{source}: run {i}: semantics 'decode' is how step traces replay, but the trace is a "
                             "request trace (object or prefix semantics)")
+
+
+def _check_accesses_of_trace(runs: tuple[RunRecord, ...], trace: TraceInfo, source: str) -> None:
+    """A replay of a request trace counts every access of it, once; one of a step trace at
+    most every access (a write of a block still cached counts none).
+
+    Raises:
+        UserError: a run that counted other accesses than its trace holds (names file and run).
+    """
+    for i, run in enumerate(runs, start=1):
+        if run.accesses != trace.accesses if trace.kind is TraceKind.REQUESTS else run.accesses > trace.accesses:
+            raise UserError(f"{source}: run {i}: {run.accesses:,} accesses counted, but the {trace.kind.value} trace "
+                            f"it replayed holds {trace.accesses:,}: the run is not this trace's")
 
 
 def _read_trace(obj: _Object) -> TraceInfo:

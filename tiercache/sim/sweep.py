@@ -12,6 +12,7 @@ import multiprocessing
 import os
 import signal
 import sys
+import warnings
 from collections import Counter
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
@@ -366,11 +367,20 @@ def _execute(runs: list[RunSpec], data: ReplayData, workers: int, progress: bool
             return [_replay(runs[0], data, on_progress=bar.update)]
     bar = tqdm(total=len(runs), desc="replays", unit="run", disable=not progress, delay=2)
     try:
-        if workers <= 1:
-            return [_with_bar(bar, _replay(spec, data)) for spec in runs]
-        return _in_workers(runs, data, min(workers, len(runs)), bar)
+        if workers > 1:
+            try:
+                return _in_workers(runs, data, min(workers, len(runs)), bar)
+            except _NoWorkers as exc:  # nothing ran yet: the runs go on in this process
+                warnings.warn(f"tiercache: worker processes could not start ({exc.__cause__}); the {len(runs)} "
+                              "replays run one after another in this process", RuntimeWarning, stacklevel=2)
+        return [_with_bar(bar, _replay(spec, data)) for spec in runs]
     finally:
         bar.close()
+
+
+class _NoWorkers(Exception):
+    """The worker pool could not be made (its shared memory, ``/dev/shm``, full or limited);
+    raised before any run started, from the ``OSError`` as its cause."""
 
 
 def _with_bar(bar: tqdm, record: RunRecord) -> RunRecord:
@@ -391,14 +401,18 @@ def _in_workers(runs: list[RunSpec], data: ReplayData, workers: int, bar: tqdm) 
     Raises:
         UserError: a worker process died (the OOM killer's SIGKILL, say); names the run it was
             replaying and how it died.
+        _NoWorkers: the pool could not be made (no shared memory); nothing ran.
     """
     global _WORKER_DATA, _STARTED
     load_kernels(runs, data)  # before the fork: the workers inherit the compiled kernels
     if data.profile is not None:
         data.mean_read_index  # noqa: B018 (cached, before the fork: one computation per trace)
     context = multiprocessing.get_context("fork")
-    _WORKER_DATA, _STARTED = data, context.RawArray("q", len(runs))
-    executor = ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker)
+    try:  # shared memory for the run counter and the pool's queues: a full /dev/shm refuses it
+        _WORKER_DATA, _STARTED = data, context.RawArray("q", len(runs))
+        executor = ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker)
+    except OSError as exc:
+        raise _NoWorkers() from exc
     futures: list[Future] = []  # futures[i] replays runs[i]
     previous_term = raise_on_sigterm()  # workers are killed on the way out instead of outliving it
     try:

@@ -1,7 +1,8 @@
 """A binary cache of parsed request traces, keyed by the trace's fingerprint.
 
 ``load_trace_cached(path)`` hashes the file (xxh3-128, ``trace_fingerprint``), and when
-``<cache>/<fingerprint>-v4/`` holds the parsed arrays it loads them (``.npy`` files, no JSON
+``<cache>/<fingerprint>-v5-<parser>/`` holds the parsed arrays (``<parser>``: a digest of the
+parser's source, so a changed parser never reads an older one's entries) it loads them (``.npy`` files, no JSON
 parsing at all); otherwise it parses the trace (``load_trace``), computes the replay's dense
 ids and next uses once, and writes them there (to a temporary folder renamed into place, so
 a reader never sees half a cache entry). A changed file has another fingerprint, so a stale
@@ -30,19 +31,25 @@ check is a cache miss: the trace is parsed again and the entry replaced (so is a
 before the digest covered the fingerprint).
 
 The cache folder is ``$TIERCACHE_TRACE_CACHE``, or ``~/.cache/tiercache/traces``. Step traces
-are not cached (they are read as before).
+are not cached (they are read as before). Each write tidies the folder: temporary folders a
+killed writer left (older than ``ABANDONED_S``) and the trace's entries of other versions or
+parsers go, then the least recently used entries (a hit renews an entry) while the entries
+take more than ``$TIERCACHE_TRACE_CACHE_BYTES`` (default 16 GiB).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
 import xxhash
 
+import tiercache
 from tiercache.errors import TraceError
 from tiercache.policies.base import NO_NEXT_USE
 from tiercache.results import TraceKind
@@ -56,8 +63,19 @@ __all__ = ["load_trace_cached", "default_cache_dir", "VERSION"]
 # 2: the trace's block size is kept (version 1 entries are ignored: the loader wrote 512 back);
 # 3: a digest of the arrays is kept and checked (version 2 entries are ignored);
 # 4: named by the parse's own fingerprint (a version 3 entry may hold a kv-cache-tester parse
-#    under its file's digest, or the parse of other bytes than those it is named by).
-VERSION = 4
+#    under its file's digest, or the parse of other bytes than those it is named by);
+# 5: the name also carries a digest of the parser's source (``_parser_tag``).
+VERSION = 5
+#: The modules whose code decides what a request trace parses to: an entry's name carries a
+#: digest of their source, so a parser changed in any way (a fix that refuses what it used to
+#: accept, say) never reads an entry an older parser wrote, with or without a VERSION bump.
+_PARSER_MODULES = ("traces", "tracelines", "bulkparse", "fastscan", "loader", "prep", "tracecache")
+#: Seconds after which a temporary folder (``.partial-*``, ``.stale-*``) counts as abandoned
+#: (its writer was killed) and the next write removes it; a live writer's is younger.
+ABANDONED_S = 3600
+#: Bytes the cache's entries may take before a write removes the least recently used ones
+#: (``$TIERCACHE_TRACE_CACHE_BYTES`` overrides it; the entry just written always stays).
+DEFAULT_BUDGET_BYTES = 16 << 30
 #: Each array of an entry and its dtype.
 _DTYPES = {"ids": np.int64, "offsets": np.int64, "timestamps": np.int64, "input_lengths": np.int64,
            "output_lengths": np.int64, "dense": np.int32, "next_use": np.int64, "block_tokens": np.int64}
@@ -116,8 +134,25 @@ def _file_fingerprint(name: str) -> str | None:
 
 
 def _entry(folder: Path, fingerprint: str) -> Path:
-    """The entry folder of the trace whose fingerprint is ``fingerprint``."""
-    return folder / f"{fingerprint}-v{VERSION}"
+    """The entry folder of the trace whose fingerprint is ``fingerprint``, for this parser."""
+    return folder / _entry_name(fingerprint)
+
+
+def _entry_name(fingerprint: str) -> str:
+    return f"{fingerprint}-v{VERSION}-{_parser_tag()}"
+
+
+@functools.cache
+def _parser_tag() -> str:
+    """A digest of the parser modules' source (``_PARSER_MODULES``): 16 hex digits."""
+    digest = xxhash.xxh3_64()
+    package = Path(__file__).parent
+    for module in _PARSER_MODULES:
+        try:
+            digest.update((package / f"{module}.py").read_bytes())
+        except OSError:  # installed without sources: the version alone
+            digest.update(f"{module}: no source, tiercache {tiercache.__version__}".encode())
+    return digest.hexdigest()
 
 
 def _read(name: str, entry: Path, fingerprint: str) -> Trace | None:
@@ -137,6 +172,10 @@ def _read(name: str, entry: Path, fingerprint: str) -> Trace | None:
         return None
     if not _consistent(arrays) or arrays[_DIGEST].tobytes() != _digest(fingerprint, arrays):
         return None
+    try:
+        os.utime(entry)  # used now: the last the budget removes (``_tidy``)
+    except OSError:
+        pass
     requests = FlatTrace(arrays["ids"], arrays["offsets"][:-1], arrays["timestamps"], arrays["input_lengths"],
                          arrays["output_lengths"])
     return Trace(name, TraceKind.REQUESTS, fingerprint, arrays["ids"], arrays["offsets"], requests=requests,
@@ -163,10 +202,11 @@ def _consistent(arrays: dict[str, np.ndarray]) -> bool:
 
 
 def _digest(fingerprint: str, arrays: dict[str, np.ndarray]) -> bytes:
-    """The xxh3-128 digest of an entry: the fingerprint it is filed under and ``VERSION``
-    first (binding the entry to its name), then each array's name, dtype, length and bytes."""
+    """The xxh3-128 digest of an entry: the name it is filed under (fingerprint, ``VERSION``
+    and parser tag: binding the entry to its name) first, then each array's name, dtype,
+    length and bytes."""
     digest = xxhash.xxh3_128()
-    digest.update(f"{fingerprint}-v{VERSION}\0".encode())
+    digest.update(f"{_entry_name(fingerprint)}\0".encode())
     for key in _ARRAYS:
         value = np.ascontiguousarray(arrays[key])
         digest.update(f"{key}:{value.dtype.str}:{value.shape}".encode())
@@ -178,8 +218,9 @@ def _write(trace: Trace, folder: Path, entry: Path) -> None:
     """Writes the entry into a temporary folder and renames it into place (atomic); an entry
     already there (one that failed its checks) is moved aside and removed first.
 
-    An OSError (a read-only or full disk) skips the cache. The temporary folder never
-    outlives the call: it is the entry after the rename, and removed on any failure.
+    An OSError (a read-only or full disk) skips the cache. The temporary folder is the
+    entry after the rename, and removed on any failure; one a killed writer left behind is
+    removed by a later write (``_tidy``), which also keeps the cache within its budget.
     """
     req = trace.requests
     arrays = {"ids": trace.ids, "offsets": trace.offsets, "timestamps": req.timestamps,
@@ -204,6 +245,63 @@ def _write(trace: Trace, folder: Path, entry: Path) -> None:
     finally:
         if not renamed:
             shutil.rmtree(tmp, ignore_errors=True)
+    if renamed:
+        _tidy(folder, entry, trace.fingerprint)
+
+
+def _tidy(folder: Path, kept: Path, fingerprint: str) -> None:
+    """After a write: removes temporary folders abandoned by killed writers (older than
+    ``ABANDONED_S``), the trace's entries of other versions or parsers (never read again),
+    then the least recently used entries while the cache is over its budget (``_budget``),
+    never ``kept``. Best effort: an entry another process removes or uses meanwhile is
+    skipped (a reader that loses its entry parses the trace again)."""
+    now, entries = time.time(), []
+    for path in _listing(folder):
+        age = now - _mtime(path)
+        if path.name.startswith((".partial-", ".stale-")):
+            if age > ABANDONED_S:
+                shutil.rmtree(path, ignore_errors=True)
+        elif path != kept and path.name.startswith(f"{fingerprint}-v"):
+            _discard(path, folder)
+        elif path != kept and path.is_dir() and not path.is_symlink():
+            entries.append((_mtime(path), path))
+    total = _size(kept) + sum(_size(path) for _, path in entries)
+    for _, path in sorted(entries):
+        if total <= _budget():
+            break
+        total -= _size(path)
+        _discard(path, folder)
+
+
+def _listing(folder: Path) -> list[Path]:
+    try:
+        return list(folder.iterdir())
+    except OSError:
+        return []
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.lstat().st_mtime
+    except OSError:
+        return time.time()
+
+
+def _size(entry: Path) -> int:
+    """Bytes of an entry's files (0 for what cannot be read)."""
+    total = 0
+    for file in _listing(entry):
+        try:
+            total += file.lstat().st_size
+        except OSError:
+            pass
+    return total
+
+
+def _budget() -> int:
+    """``$TIERCACHE_TRACE_CACHE_BYTES`` when it is a whole number of bytes, else ``DEFAULT_BUDGET_BYTES``."""
+    value = os.environ.get("TIERCACHE_TRACE_CACHE_BYTES", "")
+    return int(value) if value.isdigit() else DEFAULT_BUDGET_BYTES
 
 
 def _discard(entry: Path, folder: Path) -> None:

@@ -1,0 +1,126 @@
+"""Probe Q61: results files and the trace cache.
+
+1. A results file that repeats a key in one object (``"policy": "lru", "policy": "fifo"``,
+   or two ``runs`` lists) was read with the last value winning: LRU's counts reported as
+   FIFO's, or a whole list of runs dropped, exit 0.
+2. A run whose accesses differ from its trace's (a spliced or hand-edited file) was
+   reported beside the others: LRU appeared to beat Belady.
+3. A multi-worker replay whose shared memory (``/dev/shm``) was full crashed with a traceback.
+4. Killed writers' temporary folders stayed in the trace cache for ever, nothing bounded it,
+   and an entry written by an older parser was served by a newer one that refuses its trace.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+
+from conftest import DATA
+from tiercache.cli import main
+from tiercache.errors import UserError
+from tiercache.results import read_results
+from tiercache.sim import tracecache
+from tiercache.sim.sweep import run_sweep
+from tiercache.sim.tracecache import load_trace_cached
+
+TRACE = DATA / "mooncake_head.jsonl"
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    path = tmp_path_factory.mktemp("q61") / "r.json"
+    assert main(["replay", str(TRACE), "--policy", "lru,belady", "--capacity", "100", "--out", str(path),
+                 "--no-progress"]) == 0
+    return json.loads(path.read_text())
+
+
+def test_a_key_repeated_in_a_results_object_is_refused(results, tmp_path):
+    run = json.dumps(results["runs"][0]).replace('"policy": "lru"', '"policy": "lru", "policy": "fifo"', 1)
+    head = json.dumps({k: v for k, v in results.items() if k != "runs"})[:-1]
+    for name, text in (("policy", f'{head}, "runs": [{run}]}}'),
+                       ("runs", f'{head}, "runs": {json.dumps(results["runs"])}, "runs": {json.dumps(results["runs"][:1])}}}')):
+        path = tmp_path / f"{name}.json"
+        path.write_text(text)
+        with pytest.raises(UserError, match=f"{name}.json: not a results file: the key '{name}' appears twice"):
+            read_results(path)
+
+
+def test_a_run_that_counted_other_accesses_than_its_trace_is_refused(results, tmp_path):
+    edited = json.loads(json.dumps(results))
+    edited["runs"][0].update(accesses=100, hits=28, misses=72, miss_ratio=0.72, hit_ratio=0.28)
+    for tier in edited["runs"][0]["tiers"]:
+        tier["hits"] = min(tier["hits"], 28)
+    path = tmp_path / "edited.json"
+    path.write_text(json.dumps(edited))
+    with pytest.raises(UserError, match="edited.json: run 1: 100 accesses counted, but the requests trace it "
+                                        "replayed holds 7,721"):
+        read_results(path)
+    (tmp_path / "same.json").write_text(json.dumps(results))
+    assert len(read_results(tmp_path / "same.json").runs) == 2
+
+
+def test_a_replay_without_shared_memory_for_workers_runs_in_one_process(monkeypatch):
+    import tiercache.sim.sweep as sweep
+
+    def no_room(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    want = run_sweep(str(TRACE), ["lru", "fifo"], [100], ["object"], workers=1, progress=False)["runs"]
+    monkeypatch.setattr(sweep, "ProcessPoolExecutor", no_room)
+    with pytest.warns(RuntimeWarning, match=r"worker processes could not start \(\[Errno 28\] No space left"):
+        got = run_sweep(str(TRACE), ["lru", "fifo"], [100], ["object"], workers=2, progress=False)["runs"]
+    assert [(r["policy"], r["hits"], r["misses"]) for r in got] == [(r["policy"], r["hits"], r["misses"]) for r in want]
+
+
+def _trace(tmp_path, name: str, lines: int):
+    path = tmp_path / name
+    path.write_text("".join(TRACE.read_text().splitlines(keepends=True)[:lines]))
+    return path
+
+
+def test_a_write_removes_abandoned_temporary_folders_and_older_entries_of_the_trace(tmp_path):
+    cache = tmp_path / "cache"
+    trace = _trace(tmp_path, "t.jsonl", 50)
+    fingerprint = load_trace_cached(trace, cache).fingerprint
+    entry = cache / tracecache._entry_name(fingerprint)
+    old, young = cache / ".partial-killed", cache / ".stale-live"
+    older_parser = cache / f"{fingerprint}-v5-0000000000000000"
+    for folder in (old, young, older_parser):
+        folder.mkdir()
+        (folder / "ids.npy").write_bytes(b"x" * 100)
+    hour_ago = time.time() - tracecache.ABANDONED_S - 60
+    os.utime(old, (hour_ago, hour_ago))
+    tracecache._discard(entry, cache)  # the next load writes the entry again
+    assert load_trace_cached(trace, cache).fingerprint == fingerprint
+    assert sorted(p.name for p in cache.iterdir()) == sorted([entry.name, young.name])
+
+
+def test_a_write_keeps_the_cache_within_its_budget_least_recently_used_first(tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    traces = [_trace(tmp_path, f"t{n}.jsonl", 40 + 10 * n) for n in range(3)]
+    names = []
+    for n, trace in enumerate(traces[:2]):
+        names.append(tracecache._entry_name(load_trace_cached(trace, cache).fingerprint))
+        stamp = time.time() - 100 + n
+        os.utime(cache / names[-1], (stamp, stamp))
+    sizes = {name: tracecache._size(cache / name) for name in names}
+    assert load_trace_cached(traces[0], cache)  # a hit: t0 is now the most recently used
+    monkeypatch.setenv("TIERCACHE_TRACE_CACHE_BYTES", str(sizes[names[0]] * 3))
+    names.append(tracecache._entry_name(load_trace_cached(traces[2], cache).fingerprint))
+    assert sorted(p.name for p in cache.iterdir()) == sorted([names[0], names[2]])  # t1 went, not t0
+
+
+def test_an_entry_of_another_parser_is_never_read(tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    trace = _trace(tmp_path, "t.jsonl", 30)
+    first = load_trace_cached(trace, cache)
+    monkeypatch.setattr(tracecache, "_parser_tag", lambda: "feedfacefeedface")  # a changed parser
+    parsed = []
+    real = tracecache.load_trace
+    monkeypatch.setattr(tracecache, "load_trace", lambda name: parsed.append(name) or real(name))
+    again = load_trace_cached(trace, cache)
+    assert parsed == [str(trace)] and again.fingerprint == first.fingerprint
+    assert [p.name for p in cache.iterdir()] == [f"{first.fingerprint}-v{tracecache.VERSION}-feedfacefeedface"]
