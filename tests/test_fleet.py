@@ -191,3 +191,16 @@ def test_a_fleet_without_private_hits_states_no_infinite_gain(tmp_path, capsys):
                  "--no-progress"]) == 0
     printed = capsys.readouterr().out
     assert "inf%" not in printed and "no private hits to compare with" in printed
+
+
+@pytest.mark.parametrize("policy", ["lru", "leaf_lru", "session", "cost"])
+def test_one_private_instance_replays_as_tiercache_replay_does(policy):
+    """Review R33: the fleet gave a request's blocks no parents, so leaf_lru, session and
+    cost ranked every block as a root there: one private instance counted other hits than
+    the same replay without a fleet."""
+    from tiercache.sim.sweep import run_sweep
+
+    spec = FleetSpec(1, (TierConfig("hbm", 40), TierConfig("dram", 120)), 0, Route.ROUND_ROBIN, policy=policy)
+    fleet = replay_fleet(spec, load_trace(HEAD), shared=False)
+    alone = run_sweep(str(HEAD), [policy], [], ["prefix"], tiers="hbm=40,dram=120", workers=1, progress=False)["runs"][0]
+    assert ([t.hits for t in fleet.tiers], fleet.misses) == ([t["hits"] for t in alone["tiers"]], alone["misses"])

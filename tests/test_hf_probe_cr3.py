@@ -158,10 +158,26 @@ def test_a_generate_that_would_outgrow_a_window_is_refused_before_it_runs(tmp_pa
     with store_of(model, tmp_path / "nvme", hbm=8, dram=8, nvme=64) as kv:
         cache = TieredCache(kv, model)
         for asked in (dict(max_new_tokens=8), dict(max_length=18), dict(generation_config=GenerationConfig(
-                max_new_tokens=12, do_sample=False))):
+                max_new_tokens=12, do_sample=False)), {}, dict(generation_config=GenerationConfig(do_sample=False)),
+                dict(inputs_embeds=model.get_input_embeddings()(ids).detach(), max_length=18)):
+            # review R33: no length anywhere (generate's default of 20 new tokens) ran 7 passes first
             with pytest.raises(UserError, match=r"sliding_window=16 .*nothing was run.* at most 7 new tokens"):
-                model.generate(ids, cache=cache, do_sample=False, pad_token_id=0, **asked)
+                model.generate(None if "inputs_embeds" in asked else ids, cache=cache, do_sample=False, pad_token_id=0,
+                               **asked)
             assert lengths(cache) == [] and not kv.manager.held
+        with pytest.raises(UserError, match=r"max_new_tokens=7 with prompt_lookup_num_tokens=3 would feed 18 positions"
+                                            r".* at most 5 new tokens"):  # its last verification feeds 2 past the end
+            model.generate(ids, cache=cache, do_sample=False, pad_token_id=0, max_new_tokens=7, prompt_lookup_num_tokens=3)
+        with pytest.raises(UserError, match="max_length=30 would feed 29 positions.*no room for a new token"):
+            model.generate(ids_of(17, 74), cache=cache, do_sample=False, pad_token_id=0, max_length=30)
+        model.generation_config.max_new_tokens = 7  # a passed config's unset options come from the model's
+        try:  # max_new_tokens=7 (the model's) takes precedence over the passed max_length=30: it fits
+            got = model.generate(ids, generation_config=GenerationConfig(max_length=30, do_sample=False), cache=cache,
+                                 pad_token_id=0)
+        finally:
+            model.generation_config.max_new_tokens = None
+        assert got.shape[1] == 17 and lengths(cache) == [[16, 16]]
+        cache.free()
         got, _ = generate(model, ids, cache, new=7)  # 16 positions: the window's length
         assert lengths(cache) == [[16, 16]]
     assert torch.equal(got, want)

@@ -245,6 +245,24 @@ def test_a_get_gives_the_ids_it_touches_their_parents_in_the_request(monkeypatch
             assert seen == [([three, one, two], parents)], policy
 
 
+def test_a_put_and_a_prefetch_give_their_blocks_their_parents_in_the_call():
+    """Review R33: a put and a prefetch gave a leaf policy no parents (every block a root),
+    so a serving loop (put, prefetch the next request, get) still ranked blocks as roots."""
+    from tiercache.keys import key_to_int
+
+    chain = [key_to_int(key(i)) for i in range(4)]
+    want = dict(zip(chain, [None, *chain[:-1]]))
+    with TieredKVStore(LAYOUT, [TierConfig("hbm", 4, eviction="leaf_lru"), TierConfig("dram", 8, eviction="leaf_lru")],
+                       device="cpu") as store:
+        store.put([key(i) for i in range(4)], blocks(4, 3))
+        assert store.manager.policies[0]._parent == want
+        store.put([key(i) for i in range(10, 14)], blocks(4, 4))  # pushes the chain down to DRAM (a demotion
+        # carries no parents, in a replay too: below the top tier a policy sees moves, never a request)
+        store.wait(store.prefetch([key(i) for i in range(4)]))
+        assert store.lookup([key(i) for i in range(4)])[1] == ["hbm"] * 4
+        assert store.manager.policies[0]._parent == want  # was {id: None} for each
+
+
 def test_threads_putting_prefetching_and_getting_for_a_soak_period(tmp_path):
     """Four threads of a serving loop (put, prefetch the next request, read stats, get,
     flush) for 5 s (``TIERCACHE_SOAK_SECONDS`` sets a longer soak): no errors, invariants

@@ -16,7 +16,7 @@ from typing import Sequence
 from tiercache.policies.base import Hints
 
 __all__ = ["Either", "Guard", "HeldWithoutCopy", "slice_hints", "distinct_prefix", "pick_hints", "chain_parents",
-           "request_hints"]
+           "request_hints", "parent_map"]
 
 _NOTHING: frozenset = frozenset()
 
@@ -146,3 +146,10 @@ def request_hints(policies: Sequence, ids: Sequence[int]) -> Hints | None:
     if not any(policy.needs_parents for policy in policies):
         return None
     return Hints(parents=chain_parents(ids))
+
+
+def parent_map(policies: Sequence, ids: Sequence[int | None]) -> dict[int, int | None] | None:
+    """Each id's parent when ``ids`` are one request (``request_hints``), by id (a None id,
+    a key that collided, names no block); None when no tier's policy reads parents."""
+    hints = request_hints(policies, ids)
+    return None if hints is None else {b: p for b, p in zip(ids, hints.parents) if b is not None}

@@ -18,7 +18,7 @@ recomputed block of a prefix read moves up (``_renew_at_top``), never read from 
 from __future__ import annotations
 
 from functools import partial
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 from tiercache.policies.base import Hints
 
@@ -42,7 +42,7 @@ class InsertMixin:
     ``wait`` (``TransferMixin``).
     """
 
-    def store_fresh(self, ids: Sequence[int]) -> list[int]:
+    def store_fresh(self, ids: Sequence[int], parents: Mapping[int, int | None] | None = None) -> list[int]:
         """Stores blocks whose bytes a writer just computed (staged in the engine: a live store's
         ``put``), in call order, in runs of one tier, at the top tier and with no load:
 
@@ -55,8 +55,10 @@ class InsertMixin:
         - held in the top tier: touched there (a refresh: nothing moves or is read).
 
         A move in flight taking one of them out of its tier (a prefetch) is completed first,
-        so the block is found where it landed, or, lost on the way, stored anew. Returns the
-        ids whose view entries left the view (stored locally from the writer's bytes)."""
+        so the block is found where it landed, or, lost on the way, stored anew. ``parents``
+        (optional) gives each id its prefix-tree parent, handed to the policies with it
+        (``request_hints``: a put's keys, as a read gives them). Returns the ids whose view
+        entries left the view (stored locally from the writer's bytes)."""
         self._settle_moves_of(ids)
         local_tiers = self.shared if self.shared is not None else len(self.dirs)
         position, left_view = 0, []
@@ -65,22 +67,24 @@ class InsertMixin:
             end = position + 1
             while end < len(ids) and _local_tier(self.locate(ids[end]), local_tiers) == tier:
                 end += 1
-            left_view += self._store_fresh_run(ids[position:end], tier)
+            run = ids[position:end]
+            left_view += self._store_fresh_run(run, tier, None if parents is None else Hints(
+                parents=[parents.get(b) for b in run]))
             position = end
         return left_view
 
-    def _store_fresh_run(self, run: Sequence[int], tier: int | None) -> list[int]:
-        """``store_fresh`` of a run held in local ``tier`` (None: in no local tier); returns the
-        ids whose view entries left the view."""
+    def _store_fresh_run(self, run: Sequence[int], tier: int | None, hints: Hints | None) -> list[int]:
+        """``store_fresh`` of a run held in local ``tier`` (None: in no local tier), with its
+        ``hints``; returns the ids whose view entries left the view."""
         if tier is None:
             # The view entries leave first: the call's bytes replace them, and an insert cascading
             # out of the local tiers must write its block to the shared tier (a value a view entry
             # names may be gone), never drop the local copy on the strength of that entry.
             left = self._leave_view(run, unconditionally=True)
-            self._insert_new(run, None)
+            self._insert_new(run, hints)
             return left + self._leave_view(run)
-        if tier == 0 or not self._renew_at_top(run, tier, None):
-            self._hooks[tier].on_access(run, None)
+        if tier == 0 or not self._renew_at_top(run, tier, hints):
+            self._hooks[tier].on_access(run, hints)
         return []
 
     def _settle_moves_of(self, ids: Sequence[int]) -> None:

@@ -18,7 +18,7 @@ replay, so a prefetch measured in simulated time is the prefetch that runs live.
 from __future__ import annotations
 
 from functools import partial
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -121,8 +121,11 @@ class TransferMixin:
             return None
         return plan
 
-    def prefetch(self, ids: Sequence[int], dst: int = 0) -> list[TransferPlan]:
+    def prefetch(self, ids: Sequence[int], dst: int = 0,
+                 parents: Mapping[int, int | None] | None = None) -> list[TransferPlan]:
         """Starts bringing resident ids from lower tiers up to ``dst``; returns the plans.
+        ``parents`` (optional) gives each id its prefix-tree parent, handed to ``dst``'s policy
+        with the block when it lands (``request_hints``: a request's ids, as a read gives them).
 
         Room in ``dst`` is made at once (victims demoted as usual, never one of a run's own
         ids; the ids asked for are kept while it runs, as ``access``'s ``keep_all``: they may
@@ -140,11 +143,11 @@ class TransferMixin:
         kept = self._kept
         self._kept = kept.union(wanted)  # asked ids may move down, never out (as ``access``'s keep_all)
         try:
-            return self._prefetch_runs(wanted, dst)
+            return self._prefetch_runs(wanted, dst, parents)
         finally:
             self._kept = kept
 
-    def _prefetch_runs(self, wanted: list[int], dst: int) -> list[TransferPlan]:
+    def _prefetch_runs(self, wanted: list[int], dst: int, parents: Mapping[int, int | None] | None) -> list[TransferPlan]:
         """``prefetch``'s runs, one per lower tier, while ``wanted`` are kept."""
         plans: list[TransferPlan] = []
         for tier in range(dst + 1, len(self.dirs)):
@@ -153,19 +156,21 @@ class TransferMixin:
             if not below:
                 continue
             guard = frozenset(below)  # the whole run, through every piece: no piece pushes down another
-            place = partial(self._prefetch_piece, below, tier, dst, guard, plans)
+            place = partial(self._prefetch_piece, below, tier, dst, guard, plans, parents)
             fit = partial(self._prefetch_fit, dst, guard)
             for a, b in self._place_in_pieces([(0, len(below))], place, fit):
                 self.events.emit(Ev.PROMOTE_SKIPPED, tier, b - a)
         return plans
 
-    def _prefetch_piece(self, below: Sequence[int], tier: int, dst: int, guard: frozenset, plans: list, a: int, b: int) -> bool:
+    def _prefetch_piece(self, below: Sequence[int], tier: int, dst: int, guard: frozenset, plans: list,
+                        parents: Mapping[int, int | None] | None, a: int, b: int) -> bool:
         """Starts moving ``below[a:b]`` from ``tier`` up to ``dst`` (its plan appended to
         ``plans``); False when no room could be made now. Never waits: a prefetch that finds
         no room (slots held by moves in flight, or everything pinned) goes without."""
         if not self._room_without_waiting(dst, b - a, guard):
             return False
-        plan = self.start_move(below[a:b], tier, dst, keep_source=self.write_through)
+        plan = self.start_move(below[a:b], tier, dst, keep_source=self.write_through,
+                               hints=self._move_hints(below[a:b], parents))
         if plan is not None:
             plans.append(plan)
         return True
@@ -457,6 +462,14 @@ class TransferMixin:
             if self.locate(block_id) is None:
                 self._future.pop(block_id, None)
         self._departed.clear()
+
+    def _move_hints(self, ids: Sequence[int], parents: Mapping[int, int | None] | None) -> Hints | None:
+        """Hints for blocks moved between tiers: their known next use (``_future_hints``),
+        and their parents where ``parents`` gives them."""
+        future = self._future_hints(ids)
+        if parents is None:
+            return future
+        return Hints(0, None if future is None else future.next_use, [parents.get(b) for b in ids])
 
     def _future_hints(self, ids: Sequence[int]) -> Hints | None:
         """Hints for blocks moved between tiers: their known next use, when tracked."""

@@ -196,41 +196,65 @@ def check_decoding(kwargs: dict, model: Any | None, holds_rows: bool) -> int:
     return max(int(option("num_beams") or 1), int(option("num_return_sequences") or 1))
 
 
+#: New tokens ``generate`` makes when nothing sets a length (transformers' default ``max_length``,
+#: counted past the prompt).
+DEFAULT_NEW_TOKENS = 20
+
+
 def check_windows_fit(kwargs: dict, model: Any | None, prompt: int, of_ids: bool,
                       windows: tuple[int | None, ...]) -> None:
     """Raises UserError before ``generate`` runs when its longest sequence would outgrow a
     layer's sliding window (the refusal at the pass that outgrows it would come after
-    every token before it had been computed, and lose them).
+    every token before it had been computed, and lose them). ``prompt`` is the prompt's
+    positions (ids or embeddings, padding included); ``of_ids``: the prompt is ids.
 
-    The longest sequence generate feeds through the model is ``prompt + max_new_tokens - 1``
-    positions (its last token is never fed), or ``max_length - 1`` when only ``max_length``
-    sets it (unchecked here for a prompt of embeddings, ``of_ids`` False: transformers
-    counts that one apart).
+    The longest sequence generate feeds is one position short of its final length
+    (``_final_length``; the last token is never fed), plus, with prompt lookup, the
+    ``prompt_lookup_num_tokens - 1`` candidates its last verification pass may feed past it.
     """
+    final, told = _final_length(kwargs, model, prompt, of_ids)
+    lookup = _generate_option(kwargs, model)("prompt_lookup_num_tokens")
+    extra = max(int(lookup) - 1, 0) if lookup else 0  # its last verification's candidates past the end
+    if lookup:
+        told += f" with prompt_lookup_num_tokens={int(lookup)}"
+    fed = final - 1 + extra
+    for layer, window in enumerate(windows):
+        if window is not None and fed > window:
+            room = window + 1 - prompt - extra
+            ask = f"ask for at most {room} new tokens" if room > 0 else "the prompt alone leaves no room for a new token"
+            raise UserError(f"TieredCache: layer {layer}'s sliding_window={window} is not supported once the sequence "
+                            f"outgrows it, and {told} would feed {fed} positions; nothing was run and the cache is "
+                            f"unchanged: {ask}")
+
+
+def _final_length(kwargs: dict, model: Any | None, prompt: int, of_ids: bool) -> tuple[int, str]:
+    """(positions, what sets them): the length a ``generate`` may reach, as transformers 5
+    sizes it (``_prepare_generated_length``): ``prompt + max_new_tokens`` where any of its
+    options sets ``max_new_tokens``, else ``max_length`` where one sets that, else the
+    default of ``DEFAULT_NEW_TOKENS`` new tokens, capped (for a prompt of ids) at the model's
+    ``max_position_embeddings``."""
     option = _generate_option(kwargs, model)
     new, longest = option("max_new_tokens"), option("max_length")
     if new is not None:
-        fed, told = prompt + int(new) - 1, f"the prompt's {prompt} positions and max_new_tokens={int(new)}"
-    elif longest is not None and of_ids:
-        fed, told = int(longest) - 1, f"max_length={int(longest)}"
-    else:
-        return
-    for layer, window in enumerate(windows):
-        if window is not None and fed > window:
-            raise UserError(f"TieredCache: layer {layer}'s sliding_window={window} is not supported once the sequence "
-                            f"outgrows it, and {told} would feed {fed} positions; nothing was run and the cache is "
-                            f"unchanged: ask for at most {window + 1 - prompt} new tokens")
+        return prompt + int(new), f"the prompt's {prompt} positions and max_new_tokens={int(new)}"
+    if longest is not None:
+        return int(longest), f"max_length={int(longest)}"
+    limit = getattr(getattr(model, "config", None), "max_position_embeddings", None) if of_ids else None
+    final = prompt + DEFAULT_NEW_TOKENS if limit is None else min(prompt + DEFAULT_NEW_TOKENS, int(limit))
+    return final, f"the prompt's {prompt} positions and generate's default of {DEFAULT_NEW_TOKENS} new tokens"
 
 
 def _generate_option(kwargs: dict, model: Any | None) -> Callable[[str], Any]:
-    """How ``generate`` reads an option: a reader of ``name`` that gives its keyword argument
-    when given (not None), else the ``generation_config`` passed, else the model's (None
-    where none sets it)."""
-    config = kwargs.get("generation_config")
-    config = getattr(model, "generation_config", None) if config is None else config
+    """How ``generate`` (transformers 5) reads an option: a reader of ``name`` that gives its
+    keyword argument when given (not None), else the ``generation_config`` passed where it
+    sets it, else the model's (None where none sets it): transformers fills a passed
+    config's unset options from the model's."""
+    configs = [kwargs.get("generation_config"), getattr(model, "generation_config", None)]
 
     def option(name: str):
-        return kwargs[name] if kwargs.get(name) is not None else getattr(config, name, None)
+        if kwargs.get(name) is not None:
+            return kwargs[name]
+        return next((getattr(c, name) for c in configs if getattr(c, name, None) is not None), None)
 
     return option
 

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from tiercache.config import Codec, KVLayout, TierConfig
-from tiercache.core.guards import request_hints
+from tiercache.core.guards import parent_map, request_hints
 from tiercache.core.manager import TierManager
 from tiercache.core.plans import EventLog, TransferPlan
 from tiercache.data.buffers import check_blocks, shares_memory
@@ -162,12 +162,14 @@ class TieredKVStore(StoreReads, NoCopies):
             unchecked = {block_id for block_id in new_ids if self.manager.locate(block_id) is not None}  # view entries
             checked: list[int] = []
 
+            parents = parent_map(self.manager.policies, ids)  # the call's keys as one request, as a read gives them
+
             def insert_then_refresh() -> None:
-                checked.extend(self.manager.store_fresh(new_ids))  # view entries replaced by local copies
+                checked.extend(self.manager.store_fresh(new_ids, parents))  # view entries replaced by local copies
                 # Then the old ones: refreshed in HBM, or stored there from these bytes (all are staged, none is
                 # read from a tier), one the new ones pushed out of the hierarchy too; that may push out some of
                 # the new ones again (counted only if they stay).
-                self.manager.store_fresh(old)
+                self.manager.store_fresh(old, parents)
                 self.refreshes += len(old)
 
             try:
@@ -300,7 +302,7 @@ class TieredKVStore(StoreReads, NoCopies):
             self._check_open()
             ids = [i for i in self._reachable_ids(keys, settle=False) if i is not None]
             with self.manager.passing_full_tiers():  # the blocks are wanted in HBM: no read in place
-                plans = self.manager.prefetch(ids)
+                plans = self.manager.prefetch(ids, parents=parent_map(self.manager.policies, ids))
             self._stats.consume(self.events.drain())
             self._forget_departed()
             return self._pending(plans)

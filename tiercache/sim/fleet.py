@@ -74,6 +74,7 @@ import psutil
 
 import tiercache
 from tiercache.config import Codec, KVLayout, Mode, RemoteWrite, Route, Semantics, TierConfig
+from tiercache.core.guards import request_hints, slice_hints
 from tiercache.core.manager import TierManager
 from tiercache.core.remoteview import adopt, drop_stale, view_head
 from tiercache.core.plans import Ev, TransferPlan
@@ -268,16 +269,17 @@ def _request(instance: _Instance, store: _Store | None, run: list[int], input_le
     if store is not None:
         _refresh_view(instance, store, run)
     hit = m.prefix_length(run[: reusable_blocks(block_tokens, input_length)])
+    hints = request_hints(m.policies, run)  # each block's parent, as the replay and the live store give it
     if store is None:
-        m.access(run[:hit], keep_all=True)  # pinned: every block counted as reused below is a hit
+        m.access(run[:hit], slice_hints(hints, 0, hit), keep_all=True)  # pinned: every block reused is a hit
     else:
         hot = instance.writer.read(m, instance.remote, run[:hit])  # selective: local hits counted as it reads
         from_store = [b for b in run[:hit] if m.locate(b) == instance.remote]
         store.touch(from_store)
         with store.reading(from_store):  # pinned in the store too: a remote hit is a block it holds
-            m.access(run[:hit], keep_all=True)
+            m.access(run[:hit], slice_hints(hints, 0, hit), keep_all=True)
         instance.writer.forget_departed(m)
-    m.access(run[hit:], count_hits=False)
+    m.access(run[hit:], slice_hints(hints, hit, len(run)), count_hits=False)
     if store is not None:
         instance.writer.served(m, run, hot)  # through: the blocks the store lacks, from the start, are put into it
     saved = saved_prompt_tokens(hit, block_tokens, input_length)  # the last token is computed
