@@ -86,7 +86,7 @@ def test_a_write_removes_abandoned_temporary_folders_and_older_entries_of_the_tr
     trace = _trace(tmp_path, "t.jsonl", 50)
     fingerprint = load_trace_cached(trace, cache).fingerprint
     entry = cache / tracecache._entry_name(fingerprint)
-    old, young = cache / ".partial-killed", cache / ".stale-live"
+    old, young = cache / ".partial-k1lled_x", cache / ".stale-live1234"
     older_parser = cache / f"{fingerprint}-v5-0000000000000000"
     for folder in (old, young, older_parser):
         folder.mkdir()
@@ -124,3 +124,21 @@ def test_an_entry_of_another_parser_is_never_read(tmp_path, monkeypatch):
     again = load_trace_cached(trace, cache)
     assert parsed == [str(trace)] and again.fingerprint == first.fingerprint
     assert [p.name for p in cache.iterdir()] == [f"{first.fingerprint}-v{tracecache.VERSION}-feedfacefeedface"]
+
+
+def test_the_cache_never_touches_what_it_did_not_write(tmp_path, monkeypatch):
+    """Review R34: the budget and the abandoned-folder pass took every folder in the cache
+    folder for theirs: a cache pointed at a home folder deleted Documents/ and .partial-notes/."""
+    home = tmp_path / "home"
+    for name in ("Documents", ".partial-notes", ".stale-x", "xxh3-128:not-an-entry"):
+        (home / name).mkdir(parents=True)
+        (home / name / "file").write_bytes(b"x" * 100_000)
+        hours_ago = time.time() - 3 * tracecache.ABANDONED_S
+        os.utime(home / name, (hours_ago, hours_ago))
+    monkeypatch.setenv("TIERCACHE_TRACE_CACHE_BYTES", "1")
+    load_trace_cached(_trace(tmp_path, "t.jsonl", 20), home)
+    load_trace_cached(_trace(tmp_path, "u.jsonl", 30), home)  # over budget: only t's entry may go
+    theirs = ["Documents", ".partial-notes", ".stale-x", "xxh3-128:not-an-entry"]
+    left = {p.name for p in home.iterdir()}
+    assert set(theirs) <= left and len(left) == 5  # theirs, and u's entry (t's went for the budget)
+    assert all((home / name / "file").exists() for name in theirs)

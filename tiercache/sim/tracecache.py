@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -253,12 +254,15 @@ def _tidy(folder: Path, kept: Path, fingerprint: str) -> None:
     """After a write: removes temporary folders abandoned by killed writers (older than
     ``ABANDONED_S``), the trace's entries of other versions or parsers (never read again),
     then the least recently used entries while the cache is over its budget (``_budget``),
-    never ``kept``. Best effort: an entry another process removes or uses meanwhile is
+    never ``kept``; nothing else is touched (``_TEMPORARY``, ``_ENTRY``: the cache folder may
+    hold unrelated files). Best effort: an entry another process removes or uses meanwhile is
     skipped (a reader that loses its entry parses the trace again)."""
     now, entries = time.time(), []
-    for path in _listing(folder):
+    for path in _listing(folder):  # only what this module names: the folder may hold other things
+        if not (_TEMPORARY.fullmatch(path.name) or _ENTRY.fullmatch(path.name)):
+            continue
         age = now - _mtime(path)
-        if path.name.startswith((".partial-", ".stale-")):
+        if _TEMPORARY.fullmatch(path.name):
             if age > ABANDONED_S:
                 shutil.rmtree(path, ignore_errors=True)
         elif path != kept and path.name.startswith(f"{fingerprint}-v"):
@@ -271,6 +275,12 @@ def _tidy(folder: Path, kept: Path, fingerprint: str) -> None:
             break
         total -= _size(path)
         _discard(path, folder)
+
+
+#: Names this module gives: temporary folders (``tempfile.mkdtemp``'s 8 characters after the
+#: prefix) and entries (``_entry_name``; older versions without the parser tag too).
+_TEMPORARY = re.compile(r"\.(partial|stale)-[a-z0-9_]{8}")
+_ENTRY = re.compile(r"xxh3-128:[0-9a-f]{32}-v[0-9]+(-[0-9a-f]{16})?")
 
 
 def _listing(folder: Path) -> list[Path]:
