@@ -161,14 +161,12 @@ class TieredKVStore(StoreReads, NoCopies):
             old = [ids[n] for n in valid if ids[n] not in placed]
             unchecked = {block_id for block_id in new_ids if self.manager.locate(block_id) is not None}  # view entries
             checked: list[int] = []
-
             parents = parent_map(self.manager.policies, ids)  # the call's keys as one request, as a read gives them
 
             def insert_then_refresh() -> None:
                 checked.extend(self.manager.store_fresh(new_ids, parents))  # view entries replaced by local copies
-                # Then the old ones: refreshed in HBM, or stored there from these bytes (all are staged, none is
-                # read from a tier), one the new ones pushed out of the hierarchy too; that may push out some of
-                # the new ones again (counted only if they stay).
+                # Then the old ones: refreshed in HBM, or stored there from these staged bytes, one the new ones
+                # pushed out too; that may push out some of the new ones again (counted only if they stay).
                 self.manager.store_fresh(old, parents)
                 self.refreshes += len(old)
 
