@@ -290,7 +290,28 @@ class ArrayTierManager:
             assert used == held[t], f"{self.names[t]}: used {used}, holds {held[t]}"
             assert 0 <= used <= self.capacities[t], f"{self.names[t]}: used {used} over capacity"
             assert _tracked(self.kind, self.M, t) == used, f"{self.names[t]}: policy tracks {_tracked(self.kind, self.M, t)}, tier holds {used}"
+            if self.kind == lfu.CODE:
+                _check_lfu_counts(self.P, self.M, t, np.flatnonzero(tier_of == t))
         assert not self.G[PROT].any(), "a protection mark outlived its promotion"
+
+
+def _check_lfu_counts(P: np.ndarray, M: np.ndarray, t: int, held: np.ndarray) -> None:
+    """Asserts tier ``t``'s LFU count list is the ascending list of the counts its ``held``
+    ids have, each bucket holding exactly the ids of its count, linked both ways."""
+    counts, filed, f, before = [], 0, int(M[t, lfu.LOW]), lfu.NIL
+    while f != lfu.NIL:
+        assert int(P[t, f, lfu.CPREV]) == before, f"count {f}: back link {P[t, f, lfu.CPREV]}, not {before}"
+        assert not counts or f > counts[-1], f"count list out of order: {counts[-1]} then {f}"
+        members, x = [], int(P[t, f, lfu.BHEAD])
+        while x != lfu.NIL:
+            members.append(x)
+            x = int(P[t, x, lfu.NXT])
+        assert members and all(P[t, m, lfu.FREQ] == f for m in members), f"bucket {f} empty or holds other counts"
+        counts.append(f)
+        filed += len(members)
+        before, f = f, int(P[t, f, lfu.CNEXT])
+    assert filed == len(held), f"buckets hold {filed} ids, the tier {len(held)}"
+    assert counts == sorted(set(P[t, held, lfu.FREQ].tolist())), f"count list {counts} is not the held ids' counts"
 
 
 def _tracked(kind: int, M: np.ndarray, t: int) -> int:
