@@ -36,6 +36,9 @@ fi
 echo "== summary =="
 tail -n 1 "$out/gpu_tests.txt"
 [ -f "$out/bench_hf_cache.txt" ] && grep -E "^(tiered|dynamic|logits)" "$out/bench_hf_cache.txt"
+if [ ! -s "$out/bench_tiers.json" ]; then
+    echo "bench_tiers.py wrote no JSON (its output: $out/bench_tiers.txt)"; exit 1
+fi
 python3 - "$out/bench_tiers.json" <<'PY'
 import json, sys
 doc = json.load(open(sys.argv[1]))

@@ -21,6 +21,7 @@ import torch
 from ..config import KVLayout
 from ..errors import UserError
 from .buffers import aligned_tensor, check_blocks, check_capacity_blocks, check_out, normal_tensors, torch_dtype
+from .pinning import registered_tensor
 
 __all__ = ["BlockPool", "dram_pool", "hbm_pool", "copy_runs", "cuda_available", "HEADER_ROOM", "HEADER_BYTES"]
 
@@ -59,7 +60,8 @@ def _allocate(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, 
     """Allocates the pool tensor; returns ``(tensor, owner, pinned)``.
 
     CPU memory comes from an anonymous mmap (page aligned, so O_DIRECT reads can land in a
-    slot directly) unless it is pinned, in which case CUDA's host allocator owns it. The
+    slot directly); pinned, that mmap is registered with CUDA (``pinning``: exactly the
+    pool's bytes, where torch's pinned allocator would lock the next power of two). The
     tensor is a normal tensor even under ``torch.inference_mode()`` (``normal_tensors``): the
     pool's slots are written in place by every later call, in inference mode or not.
     """
@@ -67,14 +69,11 @@ def _allocate(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, 
     if device.type != "cpu":
         with normal_tensors():
             return torch.zeros(shape, dtype=dtype, device=device), None, False
-    if pin:
-        try:
-            with normal_tensors():
-                return torch.zeros(shape, dtype=dtype, pin_memory=True), None, True
-        except RuntimeError as exc:  # no CUDA driver: pinning is impossible, not an error
-            if not _pin_fallback_logged:
-                log.info("pinned host memory unavailable (%s); DRAM pools use ordinary memory", str(exc).splitlines()[0])
-                _pin_fallback_logged = True
+    if pin and cuda_available():
+        return registered_tensor(shape, dtype)
+    if pin and not _pin_fallback_logged:  # no CUDA: pinning is impossible, not an error
+        log.info("pinned host memory unavailable (no CUDA device); DRAM pools use ordinary memory")
+        _pin_fallback_logged = True
     tensor, owner = aligned_tensor(shape, dtype)
     return tensor, owner, False
 

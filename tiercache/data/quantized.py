@@ -79,6 +79,7 @@ class QuantizedPool:
         self.dtype = self._dtype = torch_dtype(layout.dtype)  # of the blocks it encodes and decodes
         pin = cuda_available() if pin_memory is None else pin_memory
         self.encoded, self._owner, self.pinned = _allocate((capacity_blocks, self.block_bytes), torch.uint8, self.device, pin)
+        self.device = self.encoded.device  # with its index, as a tensor on it reports it (cuda:0, not cuda)
 
     def view(self, slot: int) -> torch.Tensor:
         """The encoded bytes of ``slot`` (a view)."""

@@ -114,14 +114,15 @@ def _check_store_path(path: Path) -> None:
 
 
 def resolve_device(device: object) -> torch.device:
-    """The HBM tier's device: CUDA when available by default, else the CPU.
+    """The HBM tier's device: CUDA when available by default, else the CPU; CUDA always with
+    its index (``cuda`` is the current device), as the tensors on it report their device.
 
     Raises:
         UserError: an unparsable device, a device other than ``cpu``/``cuda`` (``meta``
             tensors hold no data), or CUDA asked for where there is none.
     """
     if device is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     try:
         parsed = torch.device(device)
     except (RuntimeError, TypeError) as exc:
@@ -132,6 +133,8 @@ def resolve_device(device: object) -> torch.device:
         raise UserError(f"TieredKVStore: device {device!r} asked for, but CUDA is not available here")
     if parsed.type == "cuda" and parsed.index is not None and parsed.index >= torch.cuda.device_count():
         raise UserError(f"TieredKVStore: device {device!r}: only {torch.cuda.device_count()} CUDA device(s)")
+    if parsed.type == "cuda" and parsed.index is None:  # as a tensor reports it: cuda != cuda:0
+        parsed = torch.device("cuda", torch.cuda.current_device())
     return parsed
 
 

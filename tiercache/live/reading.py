@@ -41,7 +41,7 @@ class StoreReads:
         flight (prefetches) are completed first, so the read sees the final placement.
 
         Raises:
-            UserError: ``out`` of the wrong dtype or shape, an inference tensor outside inference mode,
+            UserError: ``out`` of the wrong dtype, shape or device, an inference tensor outside inference mode,
                 one whose elements share memory (``expand``), or one lying in a pool of this store
                 (a slice of ``hbm_tensor``): refused before anything is looked up or read.
             KeyError: a key is not stored (each such key counted as a miss, the others counted
@@ -128,6 +128,9 @@ class StoreReads:
         pools: no result may be written over the slots of stored blocks."""
         if out is not None:
             check_out(out, self.layout, count, what, self._pool_memory())
+            if out.device != self.hbm_device:
+                raise UserError(f"{what}: on {out.device}, but this store returns blocks on its hbm tier's device, "
+                                f"{self.hbm_device}; pass a tensor on {self.hbm_device}")
 
     def _pool_memory(self) -> list[tuple[str, torch.Tensor]]:
         """The memory of every pool of this store (a plain pool's, header room included; a
