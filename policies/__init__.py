@@ -112,6 +112,15 @@ def canonical_name(name: str, table: dict[str, str]) -> str:
     return key.lower() if key.lower() in table else key
 
 
+def _path_hint(exc: BaseException, module_name: str) -> str:
+    """For a policy module that is nowhere on ``sys.path``: where Python looked for it (the
+    ``tiercache`` console script's path starts at its own bin folder, not the current one)."""
+    if not isinstance(exc, ModuleNotFoundError) or exc.name != module_name.partition(".")[0]:
+        return ""
+    return ("; Python imports it from sys.path, which the tiercache command does not start at the current folder: "
+            "install its package, set PYTHONPATH to the folder holding it, or run python -m tiercache")
+
+
 def _load(name: str, table: dict[str, str], kind: str, base: type) -> type:
     """The class ``name`` maps to, checked to be a concrete subclass of ``base``.
 
@@ -136,7 +145,7 @@ def _load(name: str, table: dict[str, str], kind: str, base: type) -> type:
     try:
         loaded = getattr(importlib.import_module(module_name), class_name)
     except (Exception, SystemExit) as exc:  # noqa: BLE001 - the module is the user's: whatever its import raises is reported (a script's sys.exit too)
-        raise PolicyError(f"cannot load {kind} policy {name!r} from {target!r}: {type(exc).__name__}: {exc}") from None
+        raise PolicyError(f"cannot load {kind} policy {name!r}: {type(exc).__name__}: {exc}{_path_hint(exc, module_name)}") from None
     if not isinstance(loaded, type) or not issubclass(loaded, base):
         raise PolicyError(f"{kind} policy {name!r}: {target!r} is not a subclass of {base.__name__}")
     missing = [method for method in _REQUIRED[base] if getattr(loaded, method) is getattr(base, method)]

@@ -7,7 +7,7 @@ layer (the first name under ``tiercache``), each layer to a level, and imports o
     level 0  cli  integrations
     level 1  report  live  bench  sim
     level 2  core  data  policies  attention  cuda_ext
-    level 3  config  keys  errors  results
+    level 3  config  keys  errors  extras  results
 
 A layer may import itself and any lower level; within one level only what
 ``SAME_LEVEL_ALLOWED`` lists. Nothing imports ``cli`` (but ``tiercache/__main__.py``). The
@@ -29,7 +29,7 @@ LEVELS = {
     "cli": 0, "integrations": 0,
     "report": 1, "live": 1, "bench": 1, "sim": 1,
     "core": 2, "data": 2, "policies": 2, "attention": 2, "cuda_ext": 2,
-    "config": 3, "remote_config": 3, "sizes": 3, "keys": 3, "errors": 3, "results": 3,
+    "config": 3, "remote_config": 3, "sizes": 3, "keys": 3, "errors": 3, "extras": 3, "results": 3,
 }
 BOTTOM = max(LEVELS.values())
 PACKAGE_ROOT = "tiercache"  # tiercache/__init__.py: lazy facade, counts as the bottom level
@@ -53,7 +53,7 @@ SAME_LEVEL_ALLOWED: dict[str, tuple[str, ...]] = {
     "results": ("errors", "config"),
 }
 
-METADATA_PLANE = frozenset({"core", "policies", "sim", "config", "remote_config", "sizes", "keys", "errors", "results"})
+METADATA_PLANE = frozenset({"core", "policies", "sim", "config", "remote_config", "sizes", "keys", "errors", "extras", "results"})
 DATA_PLANE = frozenset({"data", "attention", "cuda_ext", "live", "bench", "integrations"})
 GPU_MODULES = frozenset({"torch", "cupy"})
 

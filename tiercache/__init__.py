@@ -28,4 +28,13 @@ def __getattr__(name: str):
     module_name = _LAZY.get(name)
     if module_name is None:
         raise AttributeError(f"module 'tiercache' has no attribute {name!r}")
-    return getattr(importlib.import_module(module_name), name)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        from .extras import missing_extra
+
+        message = missing_extra(exc)
+        if message is None:
+            raise
+        raise ModuleNotFoundError(f"tiercache.{name} {message}", name=exc.name) from exc
+    return getattr(module, name)

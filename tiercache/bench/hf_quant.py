@@ -1,6 +1,6 @@
 """What users have today: ``transformers``' quantised KV cache layers on the same KV.
 
-``transformers`` is not a tiercache dependency (``pip install -e ".[hf]"`` brings it; its
+``transformers`` is not a tiercache dependency (``pip install 'tiercache[hf]'`` brings it; its
 quantised caches need a backend too: ``optimum-quanto`` or ``hqq``). Where it is installed,
 ``compare`` puts the benchmark's K and V through every quantised cache layer class transformers
 ships (``Fp8QuantizedLayer``: e4m3, one scale per tensor; ``QuantoQuantizedLayer``,
@@ -38,7 +38,7 @@ def compare(k: torch.Tensor, v: torch.Tensor) -> dict:
     except ImportError as exc:
         why = "is not installed" if getattr(exc, "name", "") == "transformers" else f"does not import ({exc})"
         return {"note": f"transformers {why}: comparison skipped (not a tiercache dependency; "
-                        "pip install -e '.[hf]' plus optimum-quanto or hqq to run it)", "layers": []}
+                        "pip install 'tiercache[hf]' plus optimum-quanto or hqq to run it)", "layers": []}
     classes = {name: getattr(cache_utils, name) for name in dir(cache_utils)
                if name.endswith("QuantizedLayer") and not inspect.isabstract(getattr(cache_utils, name))
                and name != "QuantizedLayer"}

@@ -20,6 +20,7 @@ import tiercache
 from ..bench.script_args import ScriptParser
 from ..core.interrupts import raise_on_sigterm
 from ..errors import UserError
+from ..extras import missing_extra
 from . import bench, remote_serve, replay, report, trace
 
 __all__ = ["main", "build_parser"]
@@ -59,6 +60,12 @@ def main(argv: list[str] | None = None) -> int:
         return code
     except UserError as exc:
         print(f"tiercache {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as exc:  # an optional package (torch for bench): name its extra
+        message = missing_extra(exc)
+        if message is None:
+            raise
+        print(f"tiercache {args.command}: error: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("tiercache: interrupted", file=sys.stderr)

@@ -55,6 +55,7 @@ import torch
 
 from tiercache.config import Codec, KVLayout, RemoteConfig
 from tiercache.errors import UserError
+from tiercache.extras import install_hint
 
 from .buffers import normal_tensors
 from .pools import HEADER_BYTES  # a pool's header room ends with exactly one header
@@ -80,8 +81,7 @@ def load_client():
     try:
         from mooncake.store import MooncakeDistributedStore
     except ImportError as exc:
-        raise UserError("the remote tier needs Mooncake Store: pip install -e '.[remote]' "
-                        f"(and the Debian packages libibverbs1 libnuma1): {exc}") from None
+        raise UserError(f"the remote tier needs Mooncake Store: {install_hint('mooncake')}: {exc}") from None
     return MooncakeDistributedStore()
 
 

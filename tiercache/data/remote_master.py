@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from tiercache.errors import UserError
+from tiercache.extras import install_hint
 
 if TYPE_CHECKING:
     from tiercache.config import RemoteConfig
@@ -63,8 +64,7 @@ def find_master() -> str:
     beside = os.path.join(os.path.dirname(sys.executable), "mooncake_master")
     found = beside if os.access(beside, os.X_OK) else shutil.which("mooncake_master")
     if found is None:
-        raise UserError("mooncake_master not found: pip install -e '.[remote]' (Mooncake Store; "
-                        "needs the Debian packages libibverbs1 libnuma1)")
+        raise UserError(f"mooncake_master (Mooncake Store's master) not found: {install_hint('mooncake')}")
     return found
 
 
