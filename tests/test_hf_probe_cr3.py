@@ -183,6 +183,25 @@ def test_a_generate_that_would_outgrow_a_window_is_refused_before_it_runs(tmp_pa
     assert torch.equal(got, want)
 
 
+def test_a_keyword_given_as_none_overrides_the_model_config_as_in_transformers(tmp_path):
+    """Review R34: ``max_new_tokens=None`` sets None over the model's config in transformers
+    (``GenerationConfig.update``); the check took the model's 50 and refused a generate
+    whose ``max_length=17`` fits the 16-token window."""
+    model = hybrid_qwen2(seed=72)
+    ids = ids_of(10, 73)
+    want, _ = reference(model, ids, new=7)
+    use_tiercache(model)
+    model.generation_config.max_new_tokens = 50
+    with store_of(model, tmp_path / "nvme", hbm=8, dram=8, nvme=64) as kv:
+        cache = TieredCache(kv, model)
+        got = model.generate(ids, cache=cache, do_sample=False, pad_token_id=0, max_new_tokens=None, max_length=17)
+        assert lengths(cache) == [[16, 16]]
+        cache.free()
+        with pytest.raises(UserError, match=r"max_new_tokens=50 would feed"):
+            model.generate(ids, cache=cache, do_sample=False, pad_token_id=0, max_length=17)  # the model's 50 counts
+    assert torch.equal(got, want)
+
+
 def test_a_first_pass_longer_than_a_later_layers_window_stores_nothing(tmp_path):
     model = hybrid_qwen2(seed=74)
     ids = ids_of(20, 75)

@@ -246,13 +246,14 @@ def _final_length(kwargs: dict, model: Any | None, prompt: int, of_ids: bool) ->
 
 def _generate_option(kwargs: dict, model: Any | None) -> Callable[[str], Any]:
     """How ``generate`` (transformers 5) reads an option: a reader of ``name`` that gives its
-    keyword argument when given (not None), else the ``generation_config`` passed where it
+    keyword argument when given (None too: transformers sets a given keyword over both
+    configs, ``GenerationConfig.update``), else the ``generation_config`` passed where it
     sets it, else the model's (None where none sets it): transformers fills a passed
     config's unset options from the model's."""
     configs = [kwargs.get("generation_config"), getattr(model, "generation_config", None)]
 
     def option(name: str):
-        if kwargs.get(name) is not None:
+        if name in kwargs:
             return kwargs[name]
         return next((getattr(c, name) for c in configs if getattr(c, name, None) is not None), None)
 

@@ -298,9 +298,11 @@ class TieredKVStore(StoreReads, NoCopies):
         keys = self._map.check_keys(keys, "TieredKVStore.prefetch")
         with self._lock:
             self._check_open()
-            ids = [i for i in self._reachable_ids(keys, settle=False) if i is not None]
+            found = self._reachable_ids(keys, settle=False)
+            parents = parent_map(self.manager.policies, found)  # a key not found breaks the chain, as in put
+            ids = [i for i in found if i is not None]
             with self.manager.passing_full_tiers():  # the blocks are wanted in HBM: no read in place
-                plans = self.manager.prefetch(ids, parents=parent_map(self.manager.policies, ids))
+                plans = self.manager.prefetch(ids, parents=parents)
             self._stats.consume(self.events.drain())
             self._forget_departed()
             return self._pending(plans)
