@@ -5,6 +5,8 @@ without an id were dropped before the parents were read); a put gives it none.
 
 from __future__ import annotations
 
+import pytest
+
 from store_helpers import LAYOUT, blocks, key, tiers
 from tiercache.live import keymap
 from tiercache.live.store import TieredKVStore
@@ -38,3 +40,35 @@ def test_every_sim_module_the_loader_imports_tags_the_trace_cache():
     imported = {node.module for node in ast.walk(ast.parse((sim / "loader.py").read_text()))
                 if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module}
     assert imported and imported <= set(tracecache._PARSER_MODULES), imported - set(tracecache._PARSER_MODULES)
+
+
+@pytest.mark.parametrize("refusal", ["fork", "thread", "sem_open"])
+def test_a_replay_whose_workers_cannot_start_runs_in_one_process(monkeypatch, refusal):
+    """Review R34: only a full /dev/shm fell back to one process; a fork refused at the
+    process limit (EAGAIN, in the first submit), a manager thread that cannot start, or a
+    Python without sem_open (the pool's constructor) printed a traceback."""
+    import multiprocessing.context
+    from concurrent.futures import ProcessPoolExecutor
+
+    from conftest import DATA
+    from tiercache.sim import sweep
+    from tiercache.sim.sweep import run_sweep
+
+    trace = str(DATA / "mooncake_head.jsonl")
+    want = run_sweep(trace, ["lru", "fifo"], [100], ["object"], workers=1, progress=False)["runs"]
+    errors = {"fork": OSError(11, "Resource temporarily unavailable"), "thread": RuntimeError("can't start new thread"),
+              "sem_open": NotImplementedError("This Python build lacks multiprocessing.synchronize")}
+
+    def refuse(*args, **kwargs):
+        raise errors[refusal]
+
+    if refusal == "fork":
+        monkeypatch.setattr(multiprocessing.context.ForkProcess, "start", refuse)
+    elif refusal == "thread":
+        monkeypatch.setattr(ProcessPoolExecutor, "_start_executor_manager_thread", refuse)
+    else:
+        monkeypatch.setattr(sweep, "ProcessPoolExecutor", refuse)
+    with pytest.warns(RuntimeWarning, match=r"worker processes could not start \(.*\); the 2 replays run one after"):
+        got = run_sweep(trace, ["lru", "fifo"], [100], ["object"], workers=2, progress=False)["runs"]
+    assert [(r["policy"], r["hits"], r["misses"]) for r in got] == [(r["policy"], r["hits"], r["misses"]) for r in want]
+    assert sweep._WORKER_DATA is None and sweep._STARTED is None  # nothing of the replay's data kept

@@ -379,8 +379,25 @@ def _execute(runs: list[RunSpec], data: ReplayData, workers: int, progress: bool
 
 
 class _NoWorkers(Exception):
-    """The worker pool could not be made (its shared memory, ``/dev/shm``, full or limited);
-    raised before any run started, from the ``OSError`` as its cause."""
+    """The worker pool could not be made (its shared memory, ``/dev/shm``, full or limited; no
+    ``sem_open``; a fork or its manager thread refused); raised before any run started, from
+    the refusal as its cause."""
+
+
+#: What making the pool raises when the machine cannot give it workers (not a defect of ours).
+_POOL_REFUSALS = (OSError, NotImplementedError, ImportError)
+
+
+def _submit(executor: ProcessPoolExecutor, index: int, spec: RunSpec) -> Future:
+    """``executor.submit`` of run ``index``. The first submit forks every worker and starts the
+    pool's manager thread before any run is handed out, so where it cannot (``EAGAIN`` at the
+    process limit, ``ENOMEM``, "can't start new thread") nothing ran: ``_NoWorkers``."""
+    try:
+        return executor.submit(_run_in_worker, index, spec)
+    except (OSError, RuntimeError) as exc:
+        if index:
+            raise
+        raise _NoWorkers() from exc
 
 
 def _with_bar(bar: tqdm, record: RunRecord) -> RunRecord:
@@ -411,13 +428,14 @@ def _in_workers(runs: list[RunSpec], data: ReplayData, workers: int, bar: tqdm) 
     try:  # shared memory for the run counter and the pool's queues: a full /dev/shm refuses it
         _WORKER_DATA, _STARTED = data, context.RawArray("q", len(runs))
         executor = ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker)
-    except OSError as exc:
+    except _POOL_REFUSALS as exc:  # no shared memory; no sem_open (NotImplementedError); no _multiprocessing
+        _WORKER_DATA = _STARTED = None
         raise _NoWorkers() from exc
     futures: list[Future] = []  # futures[i] replays runs[i]
     previous_term = raise_on_sigterm()  # workers are killed on the way out instead of outliving it
     try:
         for index, spec in enumerate(runs):
-            futures.append(executor.submit(_run_in_worker, index, spec))
+            futures.append(_submit(executor, index, spec))
         for future in as_completed(futures):
             future.result()
             bar.update(1)
