@@ -348,6 +348,8 @@ class TierConfig:
                               f"{self.capacity_blocks!r} ({type(self.capacity_blocks).__name__})")
         if self.capacity_blocks < 1:
             raise ConfigError(f"tier {self.name}: capacity must be at least one block, got {self.capacity_blocks!r}")
+        if self.codec is None:  # no codec, as "none" says it
+            object.__setattr__(self, "codec", Codec.NONE)
         if isinstance(self.codec, str):
             object.__setattr__(self, "codec", Codec.parse(self.codec, f"tier {self.name} codec"))
         if not isinstance(self.codec, Codec):

@@ -314,6 +314,20 @@ class TieredKVCache(NoCopies):
             self.driver.settle()
             return self.store.stats()
 
+    def flush(self) -> None:
+        """Makes the NVMe blocks written so far durable, once every move in flight has landed.
+
+        A decode writes to NVMe as the tiers spill (a prompt's blocks pushed down by later
+        ones), but the NVMe index is durable only at a flush or ``close``: after a crash (a
+        SIGKILL, a power loss) a cache reopened on the same path reuses the content-keyed
+        blocks of the last flush, whole and checked, and nothing written after it. Call it
+        after a prefill, or every few steps, where a crash must not cost the prompts.
+        """
+        with self.store._lock:
+            self._check_open()
+            self.driver.settle()
+            self.store.flush()
+
     def close(self, persist: bool = True) -> int:
         """Finishes moves, closes the record file and the store; idempotent. Returns how many
         content-keyed blocks it persisted (0 with ``persist=False``, closed, or in a child).
