@@ -176,3 +176,41 @@ def test_a_pool_with_header_room_copies_like_a_plain_one_and_keeps_slots_page_al
     assert torch.equal(bits(padded.tensor[:n]), bits(data))
     with pytest.raises(UserError, match="no header room"):
         plain.header(0)
+
+
+def _slots_contiguous_reference(tensor: torch.Tensor) -> bool:
+    """The definition: each slot a contiguous tensor, and slots no closer than a slot's bytes."""
+    return tensor.shape[0] == 0 or (tensor[0].is_contiguous()
+                                    and tensor.stride(0) * tensor.element_size() >= tensor[0].numel() * tensor.element_size())
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_slot_contiguity_from_strides_matches_the_definition(seed):
+    """``_slots_contiguous`` reads shape and strides (no view per copy); checked against
+    torch's own ``is_contiguous`` of a slot on views of every kind."""
+    rng, outcomes = np.random.default_rng(seed), set()
+    for _ in range(300):
+        shape = [int(x) for x in rng.integers(0, 4, size=int(rng.integers(2, 5)))]
+        base = torch.zeros(*[max(s, 1) * 2 for s in shape])
+        view = base[tuple(slice(0, s, int(rng.integers(1, 3))) for s in shape)]
+        if rng.random() < 0.3:
+            dims = list(range(1, view.dim()))
+            rng.shuffle(dims)
+            view = view.permute(0, *dims)
+        if rng.random() < 0.2 and view.dim() > 1 and view.shape[1] == 1:
+            view = view.expand(view.shape[0], 3, *view.shape[2:])
+        want = _slots_contiguous_reference(view)
+        assert pools._slots_contiguous(view) == want, (tuple(view.shape), view.stride())
+        outcomes.add(want)
+    assert outcomes == {True, False}
+
+
+def test_one_slot_copies_take_the_short_path_and_still_check_bounds():
+    assert copy_runs(np.array([7]), np.array([3])) == [(7, 3, 1)]
+    pool = BlockPool(LAYOUT, 4)
+    block = torch.randn(1, *LAYOUT.block_shape).to(torch.bfloat16)
+    pool.write([3], block)
+    assert torch.equal(pool.read([3]), block)
+    for bad in ([4], [-1], np.array([9])):
+        with pytest.raises(UserError, match=r"slots must lie in \[0, 4\), got min"):
+            pool.write(bad, block)

@@ -299,7 +299,10 @@ class LocalEngine:
         """Writes staged bytes of ``ids`` into reserved ``slots`` of ``tier``."""
         # Read, not pop: an id can be placed twice in one access (evicted, then missed again);
         # the caller's unstage clears the bytes once the access is over.
-        blocks = torch.stack([self._staged[block_id] for block_id in ids])
+        if len(ids) == 1:  # one block (a policy that places one at a time): a view, no copy
+            blocks = self._staged[ids[0]].unsqueeze(0)
+        else:
+            blocks = torch.stack([self._staged[block_id] for block_id in ids])
         self.retained.bound(tier)
         self.tiers[tier].write(np.asarray(slots, dtype=np.int64), blocks)
         self.retained.returned(tier, ids)

@@ -90,8 +90,15 @@ def _as_slots(slots: Sequence[int] | np.ndarray | torch.Tensor, capacity: int, w
     if array.ndim != 1 or (array.size and array.dtype.kind not in "iu"):
         raise UserError(f"{what}: expected a 1-D sequence of integer slots, got {array.dtype} of shape {array.shape}")
     array = array.astype(np.int64, copy=False)
-    if array.size and (array.min() < 0 or array.max() >= capacity):
-        raise UserError(f"{what}: slots must lie in [0, {capacity}), got min {array.min()} max {array.max()}")
+    if array.size > 8:
+        low, high = array.min(), array.max()
+    elif array.size:  # a few slots (one at a time, often): Python's min and max beat two numpy passes
+        values = array.tolist()
+        low, high = min(values), max(values)
+    else:
+        return array
+    if low < 0 or high >= capacity:
+        raise UserError(f"{what}: slots must lie in [0, {capacity}), got min {low} max {high}")
     return array
 
 
@@ -103,6 +110,8 @@ def copy_runs(src_slots: np.ndarray, dst_slots: np.ndarray) -> list[tuple[int, i
     """
     if src_slots.size == 0:
         return []
+    if src_slots.size == 1:  # one block (a policy that places one at a time): no numpy pass
+        return [(int(src_slots[0]), int(dst_slots[0]), 1)]
     breaks = np.flatnonzero((np.diff(src_slots) != 1) | (np.diff(dst_slots) != 1)) + 1
     starts = np.concatenate(([0], breaks))
     ends = np.concatenate((breaks, [src_slots.size]))
@@ -158,8 +167,17 @@ def _pitch(tensor: torch.Tensor) -> int:
 
 
 def _slots_contiguous(tensor: torch.Tensor) -> bool:
-    """Whether each slot of a ``[slots, ...]`` tensor is contiguous and slots do not overlap."""
-    return tensor.shape[0] == 0 or (tensor[0].is_contiguous() and _pitch(tensor) >= tensor[0].numel() * tensor.element_size())
+    """Whether each slot of a ``[slots, ...]`` tensor is contiguous and slots do not overlap
+    (from its shape and strides: no view is made, this runs for every copy)."""
+    shape, strides = tensor.shape, tensor.stride()
+    if shape[0] == 0 or 0 in shape[1:]:  # no bytes in a slot: contiguous, as torch says it
+        return True
+    expected = 1
+    for size, stride in zip(reversed(shape[1:]), reversed(strides[1:])):
+        if size != 1 and stride != expected:
+            return False
+        expected *= size
+    return strides[0] >= expected
 
 
 def _copy(dst: torch.Tensor, src: torch.Tensor, runs: list[tuple[int, int, int]], block_bytes: int, non_blocking: bool) -> None:
