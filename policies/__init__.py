@@ -145,7 +145,9 @@ def _load(name: str, table: dict[str, str], kind: str, base: type) -> type:
     try:
         loaded = getattr(importlib.import_module(module_name), class_name)
     except (Exception, SystemExit) as exc:  # noqa: BLE001 - the module is the user's: whatever its import raises is reported (a script's sys.exit too)
-        raise PolicyError(f"cannot load {kind} policy {name!r}: {type(exc).__name__}: {exc}{_path_hint(exc, module_name)}") from None
+        source = "" if target == key else f" from {target!r}"  # a registered name: the module it maps to
+        raise PolicyError(f"cannot load {kind} policy {name!r}{source}: {type(exc).__name__}: {exc}"
+                          f"{_path_hint(exc, module_name)}") from None
     if not isinstance(loaded, type) or not issubclass(loaded, base):
         raise PolicyError(f"{kind} policy {name!r}: {target!r} is not a subclass of {base.__name__}")
     missing = [method for method in _REQUIRED[base] if getattr(loaded, method) is getattr(base, method)]

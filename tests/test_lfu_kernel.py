@@ -16,9 +16,11 @@ import numpy as np
 import pytest
 
 from tiercache.policies.lfu import LFU
-from tiercache.sim.array_manager import ArrayTierManager
+from tiercache.sim.array_manager import HAVE_NUMBA, ArrayTierManager
 
 pytest.importorskip("numba", reason="the kernel is compiled with numba")
+if not HAVE_NUMBA:  # TIERCACHE_NO_NUMBA=1: the kernels are plain Python, too slow for the timing
+    pytest.skip("the kernels run uncompiled (TIERCACHE_NO_NUMBA)", allow_module_level=True)
 
 
 def reference_hits(capacity: int, ids: list[int]) -> int:

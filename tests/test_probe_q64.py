@@ -58,9 +58,12 @@ class FakeCudart:
 @pytest.fixture
 def fake_cuda(monkeypatch):
     cudart = FakeCudart()
+    cudart.capturing = False
     monkeypatch.setattr(pools, "cuda_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "cudart", lambda: cudart)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: cudart.calls.append(("synchronize",)))
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: cudart.calls.append(("synchronize", device)))
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: cudart.capturing)
     return cudart
 
 
@@ -77,7 +80,35 @@ def test_a_pinned_pool_registers_exactly_its_pages_and_unregisters_when_dropped(
     assert torch.equal(pool.read([0, 3]), data)
     del pool
     gc.collect()
-    assert fake_cuda.calls[1:] == [("synchronize",), ("unregister", pointer)]  # after the device's copies
+    # after every device's copies (a store's copy streams may be on cuda:1)
+    assert fake_cuda.calls[1:] == [("synchronize", 0), ("synchronize", 1), ("unregister", pointer)]
+
+
+def test_a_pool_dropped_during_a_graph_capture_is_unregistered_after_it(fake_cuda):
+    """Review R35: a synchronise inside a CUDA graph capture breaks the capture."""
+    fake_cuda.capturing = True
+    pool = pools.dram_pool(POOL_LAYOUT, 2)
+    pointer = pool.host_buffer.data_ptr()
+    del pool
+    gc.collect()
+    assert [c[0] for c in fake_cuda.calls] == ["register"]  # nothing synchronised or unregistered yet
+    fake_cuda.capturing = False
+    later = pools.dram_pool(POOL_LAYOUT, 2)  # the next registration ends the deferred one first
+    assert fake_cuda.calls[1:4] == [("synchronize", 0), ("synchronize", 1), ("unregister", pointer)]
+    assert fake_cuda.calls[4][0] == "register" and later.pinned
+
+
+def test_a_cuda_that_cannot_start_leaves_ordinary_memory(fake_cuda, monkeypatch, caplog):
+    """Review R35: torch's pinned allocator's RuntimeError fell back to ordinary memory; the
+    registration must too (a forked child of a CUDA process, a broken driver)."""
+    def broken():
+        raise RuntimeError("CUDA error: initialization error\nmore")
+
+    monkeypatch.setattr(torch.cuda, "cudart", broken)
+    with caplog.at_level(logging.WARNING, logger="tiercache.data.pinning"):
+        pool = pools.dram_pool(POOL_LAYOUT, 2)
+    assert not pool.pinned
+    assert any("pinning a pool's host memory failed (CUDA error: initialization error)" in r.message for r in caplog.records)
 
 
 def test_a_failed_registration_leaves_a_working_ordinary_pool_and_says_so(fake_cuda, caplog):
@@ -127,3 +158,17 @@ def test_a_cache_with_a_quantised_hbm_tier_takes_tensors_on_the_gpu():
             seq.append(layer, kv, kv)  # refused before: "must be on cuda, got cuda:0"
         out = seq.attend(0, torch.randn(4, 1, 64, device="cuda").half())
         assert out.device == cache.device and torch.isfinite(out).all()
+
+
+@pytest.mark.gpu
+@cuda
+def test_a_registered_pool_is_pinned_and_round_trips_asynchronously():
+    dram, hbm = pools.dram_pool(POOL_LAYOUT, 6), pools.hbm_pool(POOL_LAYOUT, 6)
+    assert dram.pinned and dram.host_buffer.is_pinned()
+    data = torch.randn(6, *POOL_LAYOUT.block_shape).to(torch.bfloat16)
+    dram.write(range(6), data)
+    dram.copy_to(hbm, [0, 1, 2, 3, 4, 5], [5, 4, 3, 2, 1, 0], non_blocking=True)
+    back = pools.dram_pool(POOL_LAYOUT, 6)
+    hbm.copy_to(back, list(range(6)), list(range(6)), non_blocking=True)
+    torch.cuda.synchronize()
+    assert torch.equal(back.read(range(6)), data.flip(0))

@@ -37,9 +37,23 @@ def test_every_sim_module_the_loader_imports_tags_the_trace_cache():
     from tiercache.sim import tracecache
 
     sim = Path(tracecache.__file__).parent
-    imported = {node.module for node in ast.walk(ast.parse((sim / "loader.py").read_text()))
-                if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module}
-    assert imported and imported <= set(tracecache._PARSER_MODULES), imported - set(tracecache._PARSER_MODULES)
+
+    def sim_imports(module: str) -> set[str]:
+        """The ``tiercache.sim`` modules ``module`` imports (``from .x import``, ``from . import x``)."""
+        found = set()
+        for node in ast.walk(ast.parse((sim / f"{module}.py").read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                found |= {node.module} if node.module else {alias.name for alias in node.names}
+        return {m.partition(".")[0] for m in found if (sim / f"{m.partition('.')[0]}.py").exists()}
+
+    reached, todo = set(), ["loader", "tracecache"]
+    while todo:  # what the loader and the cache import, and what those import, within the package
+        module = todo.pop()
+        if module not in reached:
+            reached.add(module)
+            todo.extend(sim_imports(module))
+    missing = reached - set(tracecache._PARSER_MODULES)
+    assert "kvfolder" in reached and not missing, missing
 
 
 @pytest.mark.parametrize("refusal", ["fork", "thread", "sem_open"])

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 
-__all__ = ["EXTRAS", "missing_extra", "require"]
+__all__ = ["EXTRAS", "installed", "install_hint", "missing_extra", "require"]
 
 #: Top-level module -> the extra of ``pyproject.toml`` that installs it.
 EXTRAS = {"torch": "cpu", "transformers": "hf", "mooncake": "remote", "cupy": "gpu", "libcachesim": "test"}
@@ -26,10 +26,20 @@ def install_hint(module: str) -> str:
     return hint
 
 
+def installed(module: str) -> bool:
+    """Whether top-level ``module`` can be imported here (found on ``sys.path``)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a broken entry in sys.modules
+        return False
+
+
 def missing_extra(exc: ModuleNotFoundError) -> str | None:
-    """The sentence for ``exc`` when the missing module is one an extra brings, else None."""
+    """The sentence for ``exc`` when the missing module is one an extra brings and is not
+    installed, else None: an installed package that lacks a submodule (another version than
+    tiercache's) is not "not installed", and its traceback says which module."""
     root = (exc.name or "").split(".")[0]
-    if root not in EXTRAS:
+    if root not in EXTRAS or installed(root):
         return None
     return f"needs {root}, which is not installed here: {install_hint(root)}"
 
@@ -42,6 +52,6 @@ def require(*modules: str, what: str) -> None:
         what: the feature that needs them, as the message starts.
     """
     for module in modules:
-        if importlib.util.find_spec(module) is None:
+        if not installed(module):
             raise ModuleNotFoundError(f"{what} needs {module}, which is not installed here: {install_hint(module)}",
                                       name=module)

@@ -1,6 +1,4 @@
 """Adapters that plug tiercache into other libraries: ``transformers`` (a drop-in cache and
-its attention implementation, ``tiercache.integrations.transformers``)."""
-
-from ..extras import require
-
-require("torch", "transformers", what="tiercache.integrations (the transformers cache)")
+its attention implementation, ``tiercache.integrations.transformers``). The modules that
+import transformers check for it first (``extras.require``: the message names the ``hf``
+extra); the others (``causal``) need torch only."""

@@ -14,6 +14,10 @@ refused at ``begin_pass``.
 
 from __future__ import annotations
 
+from tiercache.extras import require
+
+require("torch", "transformers", what="tiercache.integrations (the transformers cache)")
+
 import math
 import weakref
 from typing import Any

@@ -11,6 +11,10 @@ last, while no attention has read it."""
 
 from __future__ import annotations
 
+from tiercache.extras import require
+
+require("torch", "transformers", what="tiercache.integrations (the transformers cache)")
+
 import threading
 import weakref
 from typing import TYPE_CHECKING

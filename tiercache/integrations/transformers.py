@@ -54,6 +54,10 @@ raises (the KV is stored without gradients).
 
 from __future__ import annotations
 
+from tiercache.extras import require
+
+require("torch", "transformers", what="tiercache.integrations (the transformers cache)")
+
 from typing import Any
 
 import torch

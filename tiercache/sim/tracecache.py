@@ -70,7 +70,7 @@ VERSION = 5
 #: The modules whose code decides what a request trace parses to: an entry's name carries a
 #: digest of their source, so a parser changed in any way (a fix that refuses what it used to
 #: accept, say) never reads an entry an older parser wrote, with or without a VERSION bump.
-_PARSER_MODULES = ("traces", "tracelines", "bulkparse", "fastscan", "loader", "prep", "tracecache", "kvtester", "steptrace")
+_PARSER_MODULES = ("traces", "tracelines", "bulkparse", "fastscan", "loader", "prep", "tracecache", "kvtester", "kvfolder", "steptrace")
 #: Seconds after which a temporary folder (``.partial-*``, ``.stale-*``) counts as abandoned
 #: (its writer was killed) and the next write removes it; a live writer's is younger.
 ABANDONED_S = 3600
