@@ -261,7 +261,7 @@ def test_ids_other_than_the_prompt_are_refused_before_anything_is_stored(tmp_pat
     other = prompt.clone()
     other[0, 5] = (other[0, 5] % (VOCAB - 1)) + 1
     with tiered(model, tmp_path) as kv:
-        with pytest.raises(UserError, match="differ from the prompt"):
+        with pytest.raises(UserError, match="differ from the ids"):
             generate(model, other, TieredCache(kv, model, prompt=prompt))
         assert match_prefix(kv, model, other) == 0 and match_prefix(kv, model, prompt) == 0
 

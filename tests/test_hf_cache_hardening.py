@@ -61,7 +61,7 @@ def test_generate_checks_its_ids_however_they_are_given(tmp_path, keyword):
         store(model, kv, prompt)
         cache = TieredCache(kv, model, prompt=prompt)
         args, kwargs = ((other,), {}) if keyword is None else ((), {keyword: other})
-        with pytest.raises(UserError, match="differ from the prompt"):
+        with pytest.raises(UserError, match="differ from the ids"):
             model.generate(*args, cache=cache, max_new_tokens=3, do_sample=False, pad_token_id=0, **kwargs)
 
 

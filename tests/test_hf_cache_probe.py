@@ -41,7 +41,7 @@ def test_generate_refuses_ids_that_differ_from_the_prompt_inside_the_reused_pref
         store(model, kv, first)
         cache = TieredCache(kv, model, prompt=first)
         assert cache.cached_tokens == 32
-        with pytest.raises(UserError, match="differ from the prompt"):
+        with pytest.raises(UserError, match="differ from the ids"):
             generate(model, other, cache)
 
 
@@ -244,3 +244,42 @@ def test_numpy_and_list_prompts_are_read(tmp_path):
             cache = TieredCache(kv, model, prompt=prompt)
             assert cache.cached_tokens == 16
             cache.free()
+
+
+def test_a_refused_continuation_says_what_the_cache_holds(tmp_path):
+    """Probe Q68: a cache made without prompt= that refused a generate's ids told the user to
+    give "the same ids as prompt=", which they never gave."""
+    model = use_tiercache(tiny_llama(seed=68))
+    prompt = ids_of(6, 69)
+    with tiered(model, tmp_path, hbm=8, dram=8) as kv:
+        cache = TieredCache(kv, model)
+        out = model.generate(prompt, cache=cache, do_sample=False, max_new_tokens=6, pad_token_id=0)
+        other = torch.cat([prompt, ids_of(14, 70)], dim=1)  # shares only the first 6 ids
+        with pytest.raises(UserError, match=r"differ from the ids the cache holds \(its prompt and what generate "
+                                            r"returned\) \(continue from the ids generate returned, or free"):
+            model.generate(other, cache=cache, do_sample=False, max_new_tokens=2, pad_token_id=0)
+        cache.free()
+        made = TieredCache(kv, model, prompt=out)
+        with pytest.raises(UserError, match=r"differ from the ids of the prompt the cache was made for \(prompt=\) "
+                                            r"\(give generate the same ids as prompt="):
+            model.generate(other, cache=made, do_sample=False, max_new_tokens=2, pad_token_id=0)
+        made.free()
+
+
+def test_a_readied_model_given_another_cache_is_refused_by_name_before_it_runs(tmp_path):
+    """Probe Q68: ``past_key_values=DynamicCache()`` or ``cache_implementation="static"`` on a
+    readied model was refused 32 frames deep, by a message that could not name either."""
+    from transformers import DynamicCache, GenerationConfig
+
+    model = use_tiercache(tiny_llama(seed=71))
+    prompt = ids_of(6, 72)
+    for given, named in ((dict(past_key_values=DynamicCache()), "past_key_values=DynamicCache"),
+                         (dict(cache_implementation="static"), "cache_implementation='static'"),
+                         (dict(generation_config=GenerationConfig(cache_implementation="dynamic", max_new_tokens=2)),
+                          "cache_implementation='dynamic'")):
+        with pytest.raises(UserError, match=rf"pass cache=TieredCache\(kv, model\) instead of {named}.*nothing was run"):
+            model.generate(prompt, do_sample=False, pad_token_id=0, max_new_tokens=2, **given)
+    with tiered(model, tmp_path, hbm=8, dram=8) as kv:  # the readied model still generates with its cache
+        cache = TieredCache(kv, model)
+        assert model.generate(prompt, cache=cache, do_sample=False, max_new_tokens=2, pad_token_id=0).shape[1] == 8
+        cache.free()

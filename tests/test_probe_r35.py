@@ -86,3 +86,14 @@ def test_a_replay_whose_workers_cannot_start_runs_in_one_process(monkeypatch, re
         got = run_sweep(trace, ["lru", "fifo"], [100], ["object"], workers=2, progress=False)["runs"]
     assert [(r["policy"], r["hits"], r["misses"]) for r in got] == [(r["policy"], r["hits"], r["misses"]) for r in want]
     assert sweep._WORKER_DATA is None and sweep._STARTED is None  # nothing of the replay's data kept
+
+
+def test_slicing_hints_gives_the_slice_its_own_time_even_without_next_uses_or_parents():
+    """The replay's own copy of the slicing rule (``_cut``) is gone; the shared one kept a
+    batch's time for a slice when the hints held nothing else (an out-of-tree policy reads it)."""
+    from tiercache.core.guards import slice_hints
+    from tiercache.policies.base import Hints
+
+    assert slice_hints(Hints(5), 2, 4) == Hints(7)
+    assert slice_hints(Hints(5, (1, 2, 3, 4), (None, 1, 2, 3)), 1, 3) == Hints(6, (2, 3), (1, 2))
+    assert slice_hints(None, 0, 3) is None

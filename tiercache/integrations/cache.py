@@ -116,6 +116,7 @@ class TieredCache(Cache):
         self._expand = 1  # rows generate makes of each held row (check_prompt), done at its first pass
         self._expanded = 1  # rows the running pass made of each (undone if it fails having stored nothing)
         self._beam_rows = False  # the rows are a beam search's beams (reorder_cache), not generate's returns
+        self._prompted = prompt is not None  # the rows hold prompt='s ids, no generate has passed them yet
         if prompt is not None:
             start_rows(self, prompt, attention_mask)
         elif attention_mask is not None:

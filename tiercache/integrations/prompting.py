@@ -91,6 +91,7 @@ def check_ids(cache: "TieredCache", ids: torch.Tensor | None, attention_mask) ->
         return
     try:
         _check_rows(cache, ids, attention_mask)
+        cache._prompted = False  # from here on the rows hold what this generate returns
     except UserError as refused:
         if cache._beam_rows:  # the rows are a beam search's last beams, not what generate returned
             raise UserError(f"TieredCache: its {len(cache.sequences)} rows are the last beams of a beam search, not "
@@ -113,10 +114,25 @@ def _check_rows(cache: "TieredCache", ids: torch.Tensor, attention_mask) -> None
         rows = [row[pad:] for row, pad in zip(rows, cache._prompt_pads)]
     for index, (row, seq) in enumerate(zip(rows, cache.sequences)):
         known = seq.token_ids
+        held = _held_ids(cache)
         if len(row) < len(known):
-            raise UserError(f"TieredCache: row {index}: generate's {len(row)} ids are fewer than the "
-                            f"{len(known)} of the prompt the cache was made for (give generate the same ids)")
+            raise UserError(f"TieredCache: row {index}: generate's {len(row)} ids are fewer than the {len(known)} "
+                            f"{held} ({_continue_hint(cache)})")
         overlap = len(known)
         if not np.array_equal(known, row[:overlap]):
-            raise UserError(f"TieredCache: row {index}: generate's ids differ from the prompt the cache was made "
-                            "for (give generate the same ids as prompt=)")
+            raise UserError(f"TieredCache: row {index}: generate's ids differ from the {held} "
+                            f"({_continue_hint(cache)})")
+
+
+def _held_ids(cache: "TieredCache") -> str:
+    """What a row's known ids are, as the refusals name them."""
+    if cache._prompted:
+        return "ids of the prompt the cache was made for (prompt=)"
+    return "ids the cache holds (its prompt and what generate returned)"
+
+
+def _continue_hint(cache: "TieredCache") -> str:
+    """How to continue, as the refusals say it."""
+    if cache._prompted:
+        return "give generate the same ids as prompt=, or free() the cache to start over"
+    return "continue from the ids generate returned, or free() the cache to start over"

@@ -25,7 +25,7 @@ import numpy as np
 import psutil
 
 from tiercache.config import TIER_NAMES, Codec, KVLayout, TierConfig
-from tiercache.core.guards import chain_parents
+from tiercache.core.guards import chain_parents, slice_hints
 from tiercache.core.manager import TierManager
 from tiercache.core.stats import HierarchyStats, TierCounters
 from tiercache.errors import UserError
@@ -371,19 +371,13 @@ def _step_function(spec: RunSpec, data: ReplayData, manager: TierManager, needs_
         hit = manager.prefix_length(run[: reusable_blocks(data.block_tokens, int(input_lengths[batch]))])
         # The engine pins the matched prefix while it serves it: its own promotions push none
         # of it out of the hierarchy, so every block counted as reused below is a hit.
-        manager.access(run[:hit], _cut(hints, 0, hit), keep_all=True)
-        manager.access(run[hit:], _cut(hints, hit, b - a), count_hits=False)
+        manager.access(run[:hit], slice_hints(hints, 0, hit), keep_all=True)
+        manager.access(run[hit:], slice_hints(hints, hit, b - a), count_hits=False)
         return saved_prompt_tokens(hit, data.block_tokens, int(input_lengths[batch]))
 
     if spec.semantics is Semantics.DECODE:  # one protocol for every --prefetch (decode_replay)
         return DecodeReplay(spec.policy, spec.prefetch, data, manager)
     return prefix_step if spec.semantics is Semantics.PREFIX else object_step
-
-
-def _cut(hints: Hints, a: int, b: int) -> Hints:
-    next_use = None if hints.next_use is None else hints.next_use[a:b]
-    parents = None if hints.parents is None else hints.parents[a:b]
-    return Hints(hints.time + a, next_use, parents)
 
 
 def run_record(spec: RunSpec, data: ReplayData, stats: HierarchyStats, meter: HitMeter, saved_tokens: np.ndarray,
