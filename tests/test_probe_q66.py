@@ -4,7 +4,6 @@ blocks had long been written to NVMe. ``TieredKVCache.flush`` makes them durable
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
