@@ -71,6 +71,7 @@ class Sequence(NoCopies):
         self.last_positions = np.zeros(0, dtype=np.int64)
         if len(self._tokens):
             with cache.store._lock:
+                cache._check_open()  # again, under the lock: a close may have come since sequence()'s check
                 self._reuse_prefix(namespace)
 
     # -- public API ---------------------------------------------------------------------
