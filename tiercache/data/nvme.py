@@ -51,7 +51,7 @@ from .nvme_read import NVMeReads
 from .nvme_index import record_cost
 from .nvme_open import check_arguments, check_encoded, check_key, check_keys, check_slots, mark_clean, open_store
 from .nvme_results import FailedWrite, PutResult, StoreFullError
-from .nvme_write import NVMeWrites
+from .nvme_write import NVMeWrites, folder_identity
 
 __all__ = ["NVMeStore", "PutResult", "StoreFullError"]
 
@@ -149,6 +149,7 @@ class NVMeStore(NVMeReads, NVMeWrites):
         """Creates or reopens the store under its lock; makes any recovery durable."""
         opened = open_store(self.path, self.layout, self.compression, capacity_blocks, create, self.codec)
         self._table, self._files, self._dir_lock = opened.table, opened.files, opened.lock
+        self._folder = folder_identity(self.path)  # the folder the lock holds (``check_folder``)
         self.stats.update(opened.counts)
         if opened.needs_flush:
             try:
@@ -318,7 +319,9 @@ class NVMeStore(NVMeReads, NVMeWrites):
         snapshot when the journal has grown past it, ``IndexFiles.wants_snapshot``, and the
         disk has room for it, if need be once the dead chunk files of free slots are
         removed), then retired slots are freed. On OSError nothing is lost: the batch stays
-        pending for the next flush, the error is counted (``failed_flushes``) and re-raised.
+        pending for the next flush, the error is counted (``failed_flushes``) and re-raised;
+        a folder removed or replaced since open (``check_folder``) is such an error, even
+        with nothing pending.
         ``final`` (``close``) snapshots whenever the journal is longer than the snapshot
         (``IndexFiles.wants_snapshot``), so a reopen replays the live entries only.
         """
@@ -329,9 +332,10 @@ class NVMeStore(NVMeReads, NVMeWrites):
                 compact = self._files.wants_snapshot(final)
                 snapshot = self._table.live_ops() if compact else None
                 dir_dirty, self._dir_dirty = self._dir_dirty, False
-            if not ops and not retired and not compact:
-                return
             try:
+                self.check_folder()  # a folder removed or replaced: what was written there is not durable
+                if not ops and not retired and not compact:
+                    return
                 if dir_dirty:  # in-place overwrites change no directory entry
                     chunkio.fsync_dir(self.path)
                 if compact:

@@ -164,6 +164,9 @@ def open_store(path: str, layout: KVLayout, compression: str | None,
         check_table_fits(wanted, path)  # before anything on disk is created
     if not os.path.lexists(meta):
         _check_creatable(path, wanted, create)
+    if os.path.islink(path) and not os.path.exists(path):
+        raise UserError(f"{path}: is a symbolic link to {os.readlink(path)!r}, which does not exist; make that "
+                        "folder, or give another path")
     try:
         os.makedirs(path, exist_ok=True)
     except OSError as exc:

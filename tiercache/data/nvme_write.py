@@ -28,6 +28,7 @@ the disk must hold for the store to fill anyway, and reopen removes them.
 
 from __future__ import annotations
 
+import errno
 import os
 from typing import Callable, TypeVar
 
@@ -45,8 +46,34 @@ __all__ = ["NVMeWrites"]
 T = TypeVar("T")
 
 
+def folder_identity(path: str) -> tuple[int, int]:
+    """The folder's device and inode: what its name must still lead to for a write there to
+    be this store's (``NVMeWrites.check_folder``)."""
+    found = os.stat(path)
+    return found.st_dev, found.st_ino
+
+
 class NVMeWrites:
     """Chunk writes of ``NVMeStore`` (see that class for the invariants they keep)."""
+
+    def check_folder(self) -> None:
+        """Raises OSError when the store's path no longer names the folder it opened (removed,
+        or removed and made anew: by a clean-up script, say), before anything is written by
+        that name: files written there would land beside another store's (whose lock is in
+        the new folder) or in no store at all, and a flush would say they were durable.
+
+        Raises:
+            OSError: ``ENOENT`` (or what ``stat`` raised) when the path is gone, ``ESTALE``
+                when it names another folder.
+        """
+        try:
+            identity = folder_identity(self.path)
+        except OSError as exc:
+            raise OSError(exc.errno, f"{self.path}: the store's folder is gone ({exc.strerror}); nothing can be "
+                                     "written or made durable there", self.path) from None
+        if identity != self._folder:
+            raise OSError(errno.ESTALE, f"{self.path}: the store's folder was replaced since it was opened (the path "
+                                        "names another folder now); nothing is written there", self.path)
 
     def _write_one(self, key: bytes, slot: int, gen: int, block: torch.Tensor, named: bool = True,
                    encoded: bool = False) -> PutResult:
@@ -55,6 +82,7 @@ class NVMeWrites:
         ``encoded``: ``block`` holds the codec's bytes already."""
         promised = 0
         try:
+            self.check_folder()
             # a full disk refuses the block before its data
             self._when_full(lambda: self._files.promise(put_cost(key)))
             promised = put_cost(key)

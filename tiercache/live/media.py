@@ -219,7 +219,9 @@ def open_medium(tier: TierConfig, layout: KVLayout, path, device,
             return RemoteStore(tier.remote, layout, codec=remote_codec)
         return _open_nvme(tier, layout, path)
     except OSError as exc:
-        raise UserError(f"TieredKVStore: cannot open the {tier.name} tier at {os.fspath(path)!r}: {exc.strerror or exc}") from None
+        where = f" ({exc.filename})" if exc.filename and os.fspath(exc.filename) != os.fspath(path) else ""
+        raise UserError(f"TieredKVStore: cannot open the {tier.name} tier at {os.fspath(path)!r}: "
+                        f"{exc.strerror or exc}{where}") from None
     except (MemoryError, torch.cuda.OutOfMemoryError) as exc:
         need = tier.capacity_blocks * tier.codec.block_bytes(layout) / 2**30
         raise UserError(f"TieredKVStore: cannot allocate the {tier.name} tier ({need:.1f} GiB): {type(exc).__name__}") from None
