@@ -257,6 +257,18 @@ class Fp8Codec(BlockCodec):
                             dim, block.dtype).numpy()
         _on_heads(kernels.fp8_encode, heads, x, bf16, keep, scale, bound, q.payload.view(torch.uint8).numpy().reshape(x.shape))
 
+    def decode(self, q, out):
+        """``BlockCodec.decode``; into fp16, values past its range clamp to 65504 as INT8's and
+        INT4's do (a bf16 or fp32 block may hold them), instead of becoming infinities."""
+        super().decode(q, out)
+        _clamp_to_fp16(q, out)
+        return out
+
+    def decode_reference(self, q, out):
+        super().decode_reference(q, out)
+        _clamp_to_fp16(q, out)
+        return out
+
     def _decode(self, q, out):
         torch.mul(fp8_as_fp16(q.payload), q.scales[0] * 256, out=out)
         self._finish(q, out)
@@ -282,6 +294,17 @@ class Fp8Codec(BlockCodec):
         _, outliers, channels = q.scales
         k = out.select(-4, 0)
         k.scatter_(-1, channels.long().expand(*k.shape[:-1], channels.shape[-1]), outliers.to(out.dtype))
+
+
+def _clamp_to_fp16(q, out: torch.Tensor) -> None:
+    """Clamps an fp16 ``out`` of an FP8 decode to fp16's range where the block's scales or
+    exact channels could pass it (a check of the small scale tensors; no pass otherwise)."""
+    if out.dtype != torch.float16:
+        return
+    limit = torch.finfo(torch.float16).max
+    scale, outliers, _ = q.scales
+    if float(scale.abs().max()) * 448 > limit or (outliers.numel() and float(outliers.float().abs().max()) > limit):
+        out.clamp_(-limit, limit)
 
 
 def _quantise4(grouped: torch.Tensor, out: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> None:
