@@ -276,9 +276,12 @@ def test_a_readied_model_given_another_cache_is_refused_by_name_before_it_runs(t
     for given, named in ((dict(past_key_values=DynamicCache()), "past_key_values=DynamicCache"),
                          (dict(cache_implementation="static"), "cache_implementation='static'"),
                          (dict(generation_config=GenerationConfig(cache_implementation="dynamic", max_new_tokens=2)),
-                          "cache_implementation='dynamic'")):
-        with pytest.raises(UserError, match=rf"pass cache=TieredCache\(kv, model\) instead of {named}.*nothing was run"):
+                          "cache_implementation='dynamic'"), (dict(use_cache=False), "use_cache=False"),
+                         ({}, "no cache")):
+        with pytest.raises(UserError, match=rf"pass cache=TieredCache\(kv, model\) \(the call gave {named}.*nothing was run"):
             model.generate(prompt, do_sample=False, pad_token_id=0, max_new_tokens=2, **given)
+    with pytest.raises(UserError, match=r"the call gave cache_implementation='static'"):  # a config given second
+        model.generate(prompt, GenerationConfig(cache_implementation="static", max_new_tokens=2, pad_token_id=0))
     with tiered(model, tmp_path, hbm=8, dram=8) as kv:  # the readied model still generates with its cache
         cache = TieredCache(kv, model)
         assert model.generate(prompt, cache=cache, do_sample=False, max_new_tokens=2, pad_token_id=0).shape[1] == 8

@@ -104,6 +104,9 @@ def test_a_k_other_than_the_staged_one_is_named_not_taken_for_a_missing_cache(tm
     with tiered(model, tmp_path) as kv:  # before: "this forward pass was given none (no TieredCache)"
         refused_twice_storing_nothing(model, kv, r"JetMoeAttention \(layer 0\) gave the attention another K")
     with pytest.raises(UserError, match=r"no TieredCache staged this layer's KV"):  # a pass truly without one
+        with torch.no_grad():
+            model(ids_of(20, 2))
+    with pytest.raises(UserError, match=r"the call gave no cache"):  # a generate without one: refused before it runs
         greedy(model, ids_of(20, 2))
 
 

@@ -37,10 +37,20 @@ def test_a_sequence_started_as_another_thread_closes_the_cache_is_refused(tmp_pa
         except Exception as exc:  # noqa: BLE001 - what it raised is the finding
             outcome["raised"] = f"{type(exc).__name__}: {exc}"
 
+    checked = threading.Event()
+    check_open = cache._check_open
+
+    def check_then_signal():  # sequence()'s own check, outside the lock
+        check_open()
+        if threading.current_thread() is opener:
+            checked.set()
+
+    cache._check_open = check_then_signal
     cache.store._lock.__enter__()  # another thread's call in progress: the new sequence waits for the lock
     opener = threading.Thread(target=start)
     opener.start()
-    time.sleep(0.3)  # it has passed sequence()'s own check and waits
+    assert checked.wait(10)  # it passed sequence()'s check
+    time.sleep(0.1)  # and reached the lock
     try:
         cache.close()  # the close that wins the lock first (reentrant here: the same thread)
     finally:

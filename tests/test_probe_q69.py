@@ -29,7 +29,8 @@ def test_a_replaced_folder_takes_no_write_of_the_old_store_and_its_flush_fails(t
     second = NVMeStore(path, LAYOUT, capacity_blocks=32)  # its lock is in the new folder: it opens
     data = blocks(12, 2)
     assert all(r.ok for r in second.put([key(100 + i) for i in range(12)], data))
-    results = first.put([key(10 + i) for i in range(12)], blocks(12, 3))
+    with pytest.warns(RuntimeWarning, match="the store's folder was replaced since it was opened"):  # once
+        results = first.put([key(10 + i) for i in range(12)], blocks(12, 3))
     assert not any(r.ok for r in results)  # refused: they would have landed on the second's slots
     assert results[0].error.errno == errno.ESTALE and "was replaced since it was opened" in str(results[0].error)
     with pytest.raises(OSError, match="was replaced since it was opened"):
@@ -52,7 +53,8 @@ def test_a_removed_folder_makes_a_flush_fail_even_with_nothing_pending(tmp_path)
     store.put([key(0)], blocks(1, 4))
     store.flush()
     shutil.rmtree(path)
-    assert not store.put([key(1)], blocks(1, 5))[0].ok
+    with pytest.warns(RuntimeWarning, match="the store's folder is gone"):
+        assert not store.put([key(1)], blocks(1, 5))[0].ok
     with pytest.raises(OSError, match="the store's folder is gone"):
         store.flush()  # it said the blocks were durable
     with pytest.raises((OSError, UserError)):
@@ -66,6 +68,13 @@ def test_a_dangling_symlink_is_named_as_one(tmp_path):
         NVMeStore(link, LAYOUT, capacity_blocks=8)
 
 
+def test_a_symlink_loop_is_named_as_one(tmp_path):
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    with pytest.raises(UserError, match=r"a: is a symbolic link to '.*b', a loop of symbolic links"):
+        NVMeStore(tmp_path / "a", LAYOUT, capacity_blocks=8)
+
+
 def test_a_tier_that_cannot_open_names_the_file_that_failed(tmp_path, monkeypatch):
     from store_helpers import tiers
     from tiercache.data import nvme
@@ -77,3 +86,34 @@ def test_a_tier_that_cannot_open_names_the_file_that_failed(tmp_path, monkeypatc
     monkeypatch.setattr(nvme.NVMeStore, "__init__", too_long)
     with pytest.raises(UserError, match=r"cannot open the nvme tier at .*: File name too long \(.*zarr\.json\)"):
         TieredKVStore(LAYOUT, tiers(), path=tmp_path / "nvme", device="cpu")
+
+
+@pytest.mark.filterwarnings("ignore:NVMeStore:RuntimeWarning")  # the first cache's persisting writes, refused
+def test_a_cache_whose_folder_was_replaced_leaves_the_new_stores_order_file_alone(tmp_path):
+    """Review R36: the order file was written by path at close, over the second cache's."""
+    from tiercache import TieredKVCache
+    from tiercache.config import KVLayout, TierConfig
+
+    layout = KVLayout(layers=2, kv_heads=2, head_dim=16, dtype="float32", block_tokens=4)
+    tiers = [TierConfig("hbm", 2), TierConfig("dram", 3), TierConfig("nvme", 400)]
+    path = tmp_path / "nvme"
+
+    def prefill(cache, start):
+        seq = cache.sequence(tokens=list(range(start, start + 41)), namespace="ns")
+        for layer in range(2):
+            seq.append(layer, torch.randn(2, 41, 16), torch.randn(2, 41, 16))
+
+    first = TieredKVCache(layout, tiers, path=path, device="cpu")
+    prefill(first, 0)
+    first.flush()
+    shutil.rmtree(path)
+    path.mkdir()
+    with TieredKVCache(layout, tiers, path=path, device="cpu") as second:
+        prefill(second, 500)
+    order = (path / "tiercache.order").read_bytes()
+    with pytest.warns(UserWarning, match="the order a smaller reopen keeps blocks in is not written"):
+        with pytest.raises(OSError, match="replaced since it was opened"):
+            first.close()
+    assert (path / "tiercache.order").read_bytes() == order
+    with TieredKVCache(layout, tiers, path=path, device="cpu") as reopened:
+        assert reopened.match_prefix(list(range(500, 541)), namespace="ns") == 40

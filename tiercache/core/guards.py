@@ -96,8 +96,8 @@ class HeldWithoutCopy:
 def slice_hints(hints: Hints | None, a: int, b: int) -> Hints | None:
     """The hints of ids[a:b] (hints are aligned with the ids they came with; ``time`` is that
     of ids[a], as an out-of-tree policy may read it)."""
-    if hints is None:
-        return None
+    if hints is None or (a == 0 and hints.next_use is None and hints.parents is None):
+        return hints  # nothing to cut, and the slice starts at the batch's time: as it is
     next_use = None if hints.next_use is None else hints.next_use[a:b]
     parents = None if hints.parents is None else hints.parents[a:b]
     return Hints(hints.time + a, next_use, parents)

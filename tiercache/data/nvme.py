@@ -150,6 +150,7 @@ class NVMeStore(NVMeReads, NVMeWrites):
         opened = open_store(self.path, self.layout, self.compression, capacity_blocks, create, self.codec)
         self._table, self._files, self._dir_lock = opened.table, opened.files, opened.lock
         self._folder = folder_identity(self.path)  # the folder the lock holds (``check_folder``)
+        self._folder_warned = False
         self.stats.update(opened.counts)
         if opened.needs_flush:
             try:

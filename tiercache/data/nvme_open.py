@@ -28,6 +28,7 @@ Ordering (each step relies on the ones before it):
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import stat
@@ -165,8 +166,7 @@ def open_store(path: str, layout: KVLayout, compression: str | None,
     if not os.path.lexists(meta):
         _check_creatable(path, wanted, create)
     if os.path.islink(path) and not os.path.exists(path):
-        raise UserError(f"{path}: is a symbolic link to {os.readlink(path)!r}, which does not exist; make that "
-                        "folder, or give another path")
+        _refuse_broken_link(path)
     try:
         os.makedirs(path, exist_ok=True)
     except OSError as exc:
@@ -182,6 +182,19 @@ def open_store(path: str, layout: KVLayout, compression: str | None,
     except BaseException:
         lock.release()
         raise
+
+
+def _refuse_broken_link(path: str) -> None:
+    """Raises the UserError for a symbolic link that leads to no folder, by why: a loop, a
+    target that does not exist, or one that cannot be reached."""
+    try:
+        os.stat(path)
+        return
+    except OSError as exc:
+        why = {errno.ELOOP: "a loop of symbolic links", errno.ENOENT: "which does not exist"}.get(
+            exc.errno, f"which cannot be reached ({exc.strerror})")
+    raise UserError(f"{path}: is a symbolic link to {os.readlink(path)!r}, {why}; make that folder, or give "
+                    "another path")
 
 
 def _check_creatable(path: str, capacity: int | None, create: bool) -> None:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import errno
 import os
+import warnings
 from typing import Callable, TypeVar
 
 import numpy as np
@@ -69,11 +70,17 @@ class NVMeWrites:
         try:
             identity = folder_identity(self.path)
         except OSError as exc:
-            raise OSError(exc.errno, f"{self.path}: the store's folder is gone ({exc.strerror}); nothing can be "
-                                     "written or made durable there", self.path) from None
-        if identity != self._folder:
-            raise OSError(errno.ESTALE, f"{self.path}: the store's folder was replaced since it was opened (the path "
-                                        "names another folder now); nothing is written there", self.path)
+            error = OSError(exc.errno, f"{self.path}: the store's folder is gone ({exc.strerror}); nothing can be "
+                                       "written or made durable there", self.path)
+        else:
+            if identity == self._folder:
+                return
+            error = OSError(errno.ESTALE, f"{self.path}: the store's folder was replaced since it was opened (the "
+                                          "path names another folder now); nothing is written there", self.path)
+        if not self._folder_warned:  # once: every later write fails the same way, each counted
+            self._folder_warned = True
+            warnings.warn(f"NVMeStore: {error}", RuntimeWarning, stacklevel=2)
+        raise error
 
     def _write_one(self, key: bytes, slot: int, gen: int, block: torch.Tensor, named: bool = True,
                    encoded: bool = False) -> PutResult:

@@ -213,6 +213,7 @@ class TieredCache(Cache):
     def end_pass(self) -> None:
         """The model's forward hook: the pass finished."""
         self._open_pass, self._expanded = None, 1
+        self._prompted = False  # the rows now hold what a generate computed past prompt='s ids
 
     def crop(self, tokens_to_remove: int) -> None:
         """Drops every row's last ``-tokens_to_remove`` positions (rejected drafts; ``crop_rows``)."""

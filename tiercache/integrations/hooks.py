@@ -150,27 +150,31 @@ def _checked_generate(self, *args, **kwargs):
         ids = _ids_of(unnamed, named, ("input_ids", "inputs"))
         cache.check_prompt(ids, named.get("attention_mask"), named)
     else:
-        _refuse_other_caches(self, kwargs)
+        _refuse_other_caches(self, args, kwargs)
     return type(self).generate(self, *args, **kwargs)
 
 
-def _refuse_other_caches(model: Any, kwargs: dict) -> None:
-    """Refuses, before anything runs, a generate of a model that attends with tiercache but
-    was given another cache (``past_key_values=DynamicCache()``) or asked transformers for
-    its own (``cache_implementation``): its first pass would be refused, deep in the model,
-    by a message that cannot name what the call gave."""
+def _refuse_other_caches(model: Any, args: tuple, kwargs: dict) -> None:
+    """Refuses, before anything runs, a generate without a ``TieredCache`` of a model that
+    attends with tiercache: its first pass would be refused deep in the model, by a message
+    that cannot name what the call gave instead (another cache, ``cache_implementation``,
+    ``use_cache=False``, or nothing)."""
     from .checks import ATTENTION  # checks imports this module
 
     if getattr(text_config(model.config), "_attn_implementation", None) != ATTENTION:
         return  # the user switched the attention back: transformers' caches are theirs to use
-    given = next((f"{name}={type(kwargs[name]).__name__}" for name in _CACHE_KWARGS if kwargs.get(name) is not None), None)
-    config = kwargs.get("generation_config")
-    implementation = kwargs.get("cache_implementation", getattr(config, "cache_implementation", None))
+    _, named = _bind(_generate_signature(model), args, kwargs)  # generation_config given second, say
+    config = named.get("generation_config") or getattr(model, "generation_config", None)
+    implementation = named.get("cache_implementation", getattr(config, "cache_implementation", None))
+    given = next((f"{name}={type(named[name]).__name__}" for name in _CACHE_KWARGS if named.get(name) is not None), None)
     if given is None and implementation is not None:
         given = f"cache_implementation={implementation!r} (a cache transformers makes)"
-    if given is not None:
-        raise UserError(f"generate: a model readied with use_tiercache attends with {ATTENTION!r}, which reads its "
-                        f"KV from a TieredCache: pass cache=TieredCache(kv, model) instead of {given}; nothing was run")
+    if given is None:
+        given = "use_cache=False" if named.get("use_cache", getattr(config, "use_cache", True)) is False else "no cache"
+    raise UserError(f"generate: a model readied with use_tiercache attends with {ATTENTION!r}, which reads its KV from "
+                    f"a TieredCache: pass cache=TieredCache(kv, model) (the call gave {given}; an assistant_model "
+                    "readied with use_tiercache cannot be given one, as transformers makes its cache: give it a plain "
+                    "model); nothing was run")
 
 
 def _generate_signature(model: Any) -> inspect.Signature | None:

@@ -91,7 +91,6 @@ def check_ids(cache: "TieredCache", ids: torch.Tensor | None, attention_mask) ->
         return
     try:
         _check_rows(cache, ids, attention_mask)
-        cache._prompted = False  # from here on the rows hold what this generate returns
     except UserError as refused:
         if cache._beam_rows:  # the rows are a beam search's last beams, not what generate returned
             raise UserError(f"TieredCache: its {len(cache.sequences)} rows are the last beams of a beam search, not "

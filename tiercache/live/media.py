@@ -219,7 +219,7 @@ def open_medium(tier: TierConfig, layout: KVLayout, path, device,
             return RemoteStore(tier.remote, layout, codec=remote_codec)
         return _open_nvme(tier, layout, path)
     except OSError as exc:
-        where = f" ({exc.filename})" if exc.filename and os.fspath(exc.filename) != os.fspath(path) else ""
+        where = f" ({exc.filename})" if exc.filename is not None and str(exc.filename) != os.fspath(path) else ""
         raise UserError(f"TieredKVStore: cannot open the {tier.name} tier at {os.fspath(path)!r}: "
                         f"{exc.strerror or exc}{where}") from None
     except (MemoryError, torch.cuda.OutOfMemoryError) as exc:

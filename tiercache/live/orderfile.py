@@ -47,6 +47,12 @@ def write_order(medium: object, keys: Sequence[bytes]) -> None:
     path = getattr(medium, "path", None)
     if not isinstance(path, str):
         return
+    try:  # a folder removed or replaced since the store opened: its order file (another store's) is left alone
+        getattr(medium, "check_folder", lambda: None)()
+    except OSError as exc:
+        warnings.warn(f"{path}: the order a smaller reopen keeps blocks in is not written ({exc})", UserWarning,
+                      stacklevel=2)
+        return
     body = b"".join(keys)
     final, temp = os.path.join(path, ORDER_FILE), os.path.join(path, ORDER_FILE + ".tmp")
     try:
