@@ -238,9 +238,14 @@ def check_quantisable(blocks: torch.Tensor, what: str, limit: float, unit: str =
     if math.isfinite(limit) and blocks.dtype != torch.float16:  # fp16 never passes the limit
         bad |= blocks.abs() > limit
     if bool(bad.any()):
-        first = int(bad.movedim(dim, 0).reshape(blocks.shape[dim], -1).any(dim=1).nonzero()[0, 0])
-        held = f"inf, NaN or a value beyond |x| <= {limit:g}" if math.isfinite(limit) else "a non-finite value (inf or NaN)"
-        raise UserError(f"{what}: {unit} {first} holds {held}, which a quantised tier cannot store")
+        units, flags = blocks.movedim(dim, 0), bad.movedim(dim, 0)
+        first = int(flags.reshape(blocks.shape[dim], -1).any(dim=1).nonzero()[0, 0])
+        where = tuple(int(i) for i in flags[first].nonzero()[0])
+        value = float(units[first][where])
+        held = ("NaN" if math.isnan(value) else f"{value:g}" if math.isinf(value)
+                else f"{value:g}, beyond the |x| <= {limit:g} its codecs' scales reach")
+        raise UserError(f"{what}: {unit} {first} holds {held} (at {list(where)} within it, its first such value), "
+                        "which a quantised tier cannot store")
 
 
 def block_list(
