@@ -214,3 +214,23 @@ def test_one_slot_copies_take_the_short_path_and_still_check_bounds():
     for bad in ([4], [-1], np.array([9])):
         with pytest.raises(UserError, match=r"slots must lie in \[0, 4\), got min"):
             pool.write(bad, block)
+
+
+def test_runs_between_a_pool_with_header_room_and_a_packed_one_copy_slot_by_slot(monkeypatch):
+    """Review Q64: a run of slots with header room between them is no contiguous span, and
+    torch copies such a host side to the GPU synchronously; each slot is copied alone (its
+    own span), and what lands is the same."""
+    from tiercache.data.pools import _copy_runs
+
+    roomy = torch.zeros(6, 4096 + 64, dtype=torch.uint8)[:, 4096:]  # slots of 64 bytes, 4 KiB apart
+    packed = torch.arange(6 * 64, dtype=torch.int64).to(torch.uint8).reshape(6, 64)
+    shapes = []
+    real_copy = torch.Tensor.copy_
+    monkeypatch.setattr(torch.Tensor, "copy_", lambda self, other, **kw: shapes.append(tuple(self.shape)) or
+                        real_copy(self, other, **kw))
+    _copy_runs(roomy, packed, [(0, 1, 3), (4, 5, 1)], non_blocking=False)
+    assert shapes == [(64,), (64,), (64,), (1, 64)]  # the run of 3 slot by slot; contiguous each
+    assert torch.equal(roomy[1:4], packed[0:3]) and torch.equal(roomy[5], packed[4])
+    shapes.clear()
+    _copy_runs(packed, packed.clone(), [(0, 2, 3)], non_blocking=False)
+    assert shapes == [(3, 64)]  # packed on both sides: one copy of the run

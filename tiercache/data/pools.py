@@ -185,8 +185,21 @@ def _copy(dst: torch.Tensor, src: torch.Tensor, runs: list[tuple[int, int, int]]
     if dst.device.type == src.device.type == "cpu" and _slots_contiguous(dst) and _slots_contiguous(src):
         _host_copy(dst, src, runs, block_bytes)
         return
+    _copy_runs(dst, src, runs, non_blocking)
+
+
+def _copy_runs(dst: torch.Tensor, src: torch.Tensor, runs: list[tuple[int, int, int]], non_blocking: bool) -> None:
+    """``copy_`` of each run; slot by slot where a side's slots are not packed (a host pool
+    with header room between them): a run of such slots is no contiguous span, and torch
+    stages a non-contiguous host side through pageable memory, which makes a copy between
+    pinned memory and the GPU synchronous; each slot alone is contiguous."""
+    packed = all(t.shape[0] < 2 or t[:2].is_contiguous() for t in (dst, src))
     for src0, dst0, n in runs:
-        dst[dst0 : dst0 + n].copy_(src[src0 : src0 + n], non_blocking=non_blocking)
+        if packed or n == 1:
+            dst[dst0 : dst0 + n].copy_(src[src0 : src0 + n], non_blocking=non_blocking)
+            continue
+        for i in range(n):
+            dst[dst0 + i].copy_(src[src0 + i], non_blocking=non_blocking)
 
 
 class BlockPool:
