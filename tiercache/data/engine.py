@@ -23,6 +23,7 @@ In-flight work is bounded: ``submit`` settles the oldest job once ``max_inflight
 
 from __future__ import annotations
 
+import weakref
 from collections import OrderedDict
 from dataclasses import replace
 from typing import Callable, Sequence
@@ -266,7 +267,8 @@ class LocalEngine:
         self._done: dict[int, JobResult] = {}  # settled early (to bound work), not yet returned
         self._staged: dict[int, torch.Tensor] = {}
         self._handlers: dict[tuple[int, int], CopyHandler] = {}
-        self._ctx = _copy_context(self.tiers, key_of, staging_blocks, self._settle_all)
+        settle_all = weakref.WeakMethod(self._settle_all)  # the context is the engine's: no cycle back to it
+        self._ctx = _copy_context(self.tiers, key_of, staging_blocks, lambda: settle_all()())
         self.retained = RetainedCopies(self.tiers, self._ctx.keys)
         #: Per (source, destination) tier: blocks whose move settled by taking up the copy the
         #: destination retained (``RetainedCopies``), so nothing crossed the link; only grows.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import weakref
 import warnings
 from pathlib import Path
 from typing import Sequence
@@ -26,7 +27,7 @@ from tiercache.policies.base import AdmissionPolicy, EvictionPolicy
 
 from .remote import lossy_codec, remote_admission
 
-__all__ = ["check_layout", "check_tiers", "check_codec_mix", "check_remote_write", "check_online", "make_policies", "resolve_device",
+__all__ = ["manager_readers", "check_layout", "check_tiers", "check_codec_mix", "check_remote_write", "check_online", "make_policies", "resolve_device",
            "check_host_memory", "open_medium", "open_media", "close_quietly", "value_limit"]
 
 _ORDER = ("hbm", "dram", "nvme", "remote")
@@ -264,3 +265,14 @@ def value_limit(tiers: Sequence[TierConfig]) -> float | None:
 
 
 _CODEC_LIMITS = {Codec.INT4: SCALED_LIMIT, Codec.INT8: INT8_LIMIT}
+
+
+def manager_readers(manager) -> tuple:
+    """``(locate, free)`` for ``LocalEngine.retain_moved_up``: where a block is held and a
+    tier's free slots, reading ``manager`` through a weak reference. The engine is the
+    manager's and the store's: strong references back would make a cycle, and a store
+    dropped without ``close`` would keep its lock, journal and I/O threads until the cycle
+    collector ran (a reopen of its path refused until then), where it should release them
+    as soon as it is dropped."""
+    ref = weakref.ref(manager)
+    return (lambda block_id: ref().locate(block_id)), (lambda tier: ref().dirs[tier].n_free)

@@ -45,7 +45,7 @@ from .pending import Pending
 from .reading import StoreReads
 from .ownership import NoCopies, OwnerGuard
 from .media import (check_host_memory, check_layout, check_online, check_remote_write, check_tiers, close_quietly, make_policies,
-                    open_media, resolve_device, value_limit)
+                    manager_readers, open_media, resolve_device, value_limit)
 from .remote import RemoteLink
 from .traffic import Traffic
 
@@ -100,7 +100,7 @@ class TieredKVStore(StoreReads, NoCopies):
             self.manager = TierManager([(t.name, t.capacity_blocks) for t in tiers], evictions, admissions, engine=self.engine,
                                        events=self.events, write_through=write_through, shared_last=remote is not None)
             if not write_through:  # a block read up out of NVMe keeps its durable copy there (LocalEngine)
-                self.engine.retain_moved_up(self.manager.locate, lambda tier: self.manager.dirs[tier].n_free)
+                self.engine.retain_moved_up(*manager_readers(self.manager))
             self._remote = None if remote is None else RemoteLink(self.manager, self._map, self._media[-1], remote, hits)
             self._stats = Traffic.for_store(tiers, self.tier_block_bytes, self.engine, self.manager)
             self.token_mismatches, self.refreshes, self._closed = 0, 0, False
