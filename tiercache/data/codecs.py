@@ -304,7 +304,7 @@ def _clamp_to_fp16(q, out: torch.Tensor) -> None:
     limit = torch.finfo(torch.float16).max
     scale, outliers, _ = q.scales
     if float(scale.abs().max()) * 448 > limit or (outliers.numel() and float(outliers.float().abs().max()) > limit):
-        out.clamp_(-limit, limit)
+        _finite(out, out.dtype)  # the clamp INT8's and INT4's decodes apply
 
 
 def _quantise4(grouped: torch.Tensor, out: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> None:
