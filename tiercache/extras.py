@@ -41,7 +41,12 @@ def missing_extra(exc: ModuleNotFoundError) -> str | None:
     root = (exc.name or "").split(".")[0]
     if root not in EXTRAS or installed(root):
         return None
-    return f"needs {root}, which is not installed here: {install_hint(root)}"
+    return _needs(root)
+
+
+def _needs(module: str) -> str:
+    """The sentence every refusal for a missing ``module`` says."""
+    return f"needs {module}, which is not installed here: {install_hint(module)}"
 
 
 def require(*modules: str, what: str) -> None:
@@ -53,5 +58,4 @@ def require(*modules: str, what: str) -> None:
     """
     for module in modules:
         if not installed(module):
-            raise ModuleNotFoundError(f"{what} needs {module}, which is not installed here: {install_hint(module)}",
-                                      name=module)
+            raise ModuleNotFoundError(f"{what} {_needs(module)}", name=module)
