@@ -164,6 +164,10 @@ class IndexFiles:
         try:
             seq, ops = _parse_snapshot(data)
         except (struct.error, ValueError) as exc:
+            if _unsealed_format(data):
+                raise UserError(f"{self.snapshot_path}: index snapshot written by an older tiercache (before its "
+                                "headers were sealed by their crc); open the store with the tiercache that wrote "
+                                "it, or give the tier another directory") from None
             repaired = _repair_snapshot(data)
             if repaired is None:
                 raise UserError(f"{self.snapshot_path}: index snapshot damaged ({exc})") from None
@@ -419,6 +423,15 @@ def _parse_snapshot(data: bytes) -> tuple[int, list[Op]]:
     if len(ops) != count:
         raise ValueError("entry count mismatch")
     return seq, ops
+
+
+def _unsealed_format(data: bytes) -> bool:
+    """True when ``data`` is a snapshot of the first format, whose crc covered the body alone
+    (the header fields were sealed in later): a store an older tiercache wrote, not damage."""
+    if len(data) < _SNAPSHOT_HEADER.size:
+        return False
+    magic, _, _, crc = _SNAPSHOT_HEADER.unpack_from(data, 0)
+    return magic == _SNAPSHOT_MAGIC and sealed_crc(b"", data[_SNAPSHOT_HEADER.size :]) == crc
 
 
 def _repair_snapshot(data: bytes) -> tuple[int, list[Op]] | None:

@@ -253,19 +253,20 @@ def _write(trace: Trace, folder: Path, entry: Path) -> None:
 def _tidy(folder: Path, kept: Path, fingerprint: str) -> None:
     """After a write: removes temporary folders abandoned by killed writers (older than
     ``ABANDONED_S``), the trace's entries of other versions or parsers (never read again),
-    then the least recently used entries while the cache is over its budget (``_budget``),
-    never ``kept``; nothing else is touched (``_TEMPORARY``, ``_ENTRY``: the cache folder may
-    hold unrelated files). Best effort: an entry another process removes or uses meanwhile is
+    entries of the first version (``_FIRST_ENTRY``: no reader reads them), then the least
+    recently used entries while the cache is over its budget (``_budget``), never ``kept``;
+    nothing else is touched (``_TEMPORARY``, ``_ENTRY``: the cache folder may hold unrelated
+    files). Best effort: an entry another process removes or uses meanwhile is
     skipped (a reader that loses its entry parses the trace again)."""
     now, entries = time.time(), []
     for path in _listing(folder):  # only what this module names: the folder may hold other things
-        if not (_TEMPORARY.fullmatch(path.name) or _ENTRY.fullmatch(path.name)):
+        if not any(pattern.fullmatch(path.name) for pattern in (_TEMPORARY, _ENTRY, _FIRST_ENTRY)):
             continue
         age = now - _mtime(path)
         if _TEMPORARY.fullmatch(path.name):
             if age > ABANDONED_S:
                 shutil.rmtree(path, ignore_errors=True)
-        elif path != kept and path.name.startswith(f"{fingerprint}-v"):
+        elif _FIRST_ENTRY.fullmatch(path.name) or (path != kept and path.name.startswith(f"{fingerprint}-v")):
             _discard(path, folder)
         elif path != kept and path.is_dir() and not path.is_symlink():
             entries.append((_mtime(path), path))
@@ -281,6 +282,8 @@ def _tidy(folder: Path, kept: Path, fingerprint: str) -> None:
 #: prefix) and entries (``_entry_name``; older versions without the parser tag too).
 _TEMPORARY = re.compile(r"\.(partial|stale)-[a-z0-9_]{8}")
 _ENTRY = re.compile(r"xxh3-128:[0-9a-f]{32}-v[0-9]+(-[0-9a-f]{16})?")
+#: Entries of the first version (blake2b fingerprints, with no scheme prefix): never read again.
+_FIRST_ENTRY = re.compile(r"[0-9a-f]{32}-v1")
 
 
 def _listing(folder: Path) -> list[Path]:
