@@ -8,18 +8,19 @@ name to distribution name, and checked against ``[project].dependencies`` and th
   brings its own) and cupy (``gpu`` extra);
 - scripts and tests may also use the extras (``test``: pytest, hypothesis, libcachesim);
 - every declared distribution is imported somewhere (``DECLARED_AHEAD`` and
-  ``LOADED_NOT_IMPORTED``, a pytest plugin, list the exceptions).
+  ``LOADED_NOT_IMPORTED``, a pytest plugin, list the exceptions);
+- no floor is below the oldest release the suite is known to pass with (``FLOORS``: an older
+  one installs, then fails or hangs), and the README names the Python that pyproject requires.
 """
 
 from __future__ import annotations
 
 import re
+import tomllib
 
 import pytest
 
 from import_graph import ROOT, Import, discover, graph, stdlib_names
-
-tomllib = pytest.importorskip("tomllib", reason="tomllib is in the standard library from Python 3.11")
 
 # Import name -> distribution name, where they differ or are not obvious.
 IMPORT_TO_DIST = {
@@ -46,6 +47,16 @@ PACKAGE_EXTRAS = {"torch": "cpu", "cupy": "gpu", "mooncake": "remote", "transfor
 # Declared but not imported yet, with the reason.
 DECLARED_AHEAD = {
     "cupy-cuda12x": "the gpu extra is for cuda_ext's cupy RawModule kernels (DESIGN.md section 2), not landed yet",
+}
+# Distribution -> (the oldest release known to work, why an older one does not). Probe Q72
+# installed each floor pyproject.toml declared and ran the suite.
+FLOORS = {
+    "python": ("3.11", "zarr 3, numcodecs 0.14 and transformers 5 require it; tests read pyproject with tomllib"),
+    "zarr": ("3.0.8", "3.0.0-3.0.7 are yanked; 3.0.0-3.0.2 hang forked readers (test_fork_probe_z4)"),
+    "numcodecs": ("0.14", "zarr 3.0.8 requires it"),
+    "google-crc32c": ("1.6", "1.5 imports pkg_resources, whose deprecation warning breaks one-line CLI errors"),
+    "orjson": ("3.9.15", "older releases parse any depth of nesting (test_cli_errors' deep-nesting trace)"),
+    "pytest": ("9.1", "--max-warnings (test_review_probe_r13) is new in 9.1; libcachesim needs 8.4.1"),
 }
 # Declared, and loaded by a tool rather than imported, with the reason.
 LOADED_NOT_IMPORTED = {
@@ -151,3 +162,34 @@ def test_device_check_installs_from_pyproject():
     assert installs, "scripts/device_check.sh installs nothing"
     assert all(".[" in line for line in installs), f"install from pyproject extras, not a hand-kept list: {installs}"
     assert any(".[test]" in line for line in installs) and any(".[gpu]" in line for line in installs)
+
+
+def _version(text: str) -> tuple[int, ...]:
+    """``"3.0.8"`` -> ``(3, 0, 8)``; numeric release segments only."""
+    return tuple(int(part) for part in re.findall(r"\d+", text))
+
+
+def _floors() -> dict[str, str]:
+    """Distribution (and ``python``) -> the version its ``>=`` floor names, wherever declared."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    requirements = project["dependencies"] + [r for reqs in project["optional-dependencies"].values() for r in reqs]
+    floors = {"python": project["requires-python"].removeprefix(">=")}
+    for requirement in requirements:
+        match = re.match(r"([A-Za-z0-9._-]+)\s*(?:>=|==)\s*([0-9][0-9.]*)", requirement)
+        if match:
+            floors[_normalize(match.group(1))] = match.group(2)
+    return floors
+
+
+def test_no_floor_is_below_the_oldest_known_to_work():
+    declared = _floors()
+    low = [f"{dist}: declared {declared.get(dist)}, needs {oldest} ({why})"
+           for dist, (oldest, why) in FLOORS.items() if _version(declared.get(dist, "0")) < _version(oldest)]
+    assert not low, "floors below the oldest release known to work:\n  " + "\n  ".join(low)
+
+
+def test_readme_names_the_python_pyproject_requires():
+    python = _floors()["python"]
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    named = set(re.findall(r"Python (3\.\d+)\+", readme))
+    assert named == {python}, f"README names Python {sorted(named)}+, pyproject requires >={python}"

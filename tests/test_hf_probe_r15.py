@@ -33,7 +33,7 @@ def test_a_bool_among_the_ints_of_a_row_order_list_is_refused_naming_its_positio
             model(torch.randint(1, 128, (2, 9), generator=torch.Generator().manual_seed(2)), cache=cache)
         rows = list(cache.sequences)
         for order, position, shown in (([1, True], 1, "True"), ([True, 0], 0, "True"), ((0, False), 1, "False"),
-                                       ([np.True_, 0], 0, "np.True_"), ([1, torch.tensor(False)], 1, "tensor(False)")):
+                                       ([np.True_, 0], 0, repr(np.True_)), ([1, torch.tensor(False)], 1, "tensor(False)")):
             with pytest.raises(UserError, match=rf"^TieredCache: row order must hold integer row indices, got a bool "
                                                 rf"\({re.escape(shown)}\) at position {position}$"):
                 cache.reorder_cache(order)
