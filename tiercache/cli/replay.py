@@ -22,6 +22,7 @@ from ..policies import ADMISSION, EVICTION, PLACEMENT, PREFETCH, canonical_name,
 from ..sim.hardware import PRESETS, REFERENCE_MODEL, HardwareProfile, load_profile
 from ..sim.loader import Trace, load_trace
 from ..sim.oracle import trace_layout
+from ..sim.replay import check_placement
 from ..sim.steptrace import MAX_BLOCK_TOKENS
 from ..sim.sweep import SweepSpec, check_policy_names, sweep
 
@@ -182,6 +183,8 @@ def spec_from_args(args: argparse.Namespace) -> tuple[Trace, SweepSpec]:
     _check_trace_options(args, trace)
     layout = _layout(args, trace)
     cache = _cache(args, layout)
+    if args.placement is not None:  # given, even as the default top: refused where it places nothing
+        check_placement(placement, cache)
     blocks = tuple(dict.fromkeys(c.to_blocks(layout, f"--capacity {c.text!r}") for c in capacities))  # each once
     return trace, SweepSpec(policies, semantics, blocks, cache, admission, layout, hardware, prefetch, placement)
 

@@ -25,14 +25,14 @@ from ..report.halves import FIRST_HALF_FILE, Halves, offered_labels, pair_halves
 from ..report.document import Paragraph, Section
 from ..report.lru_curve import same_trace
 from ..report.model import ReportData, from_documents, load_results
-from ..report.summary import BASELINE, BELADY
+from ..report.summary import BASELINE, BELADY, is_offline
 from ..report.tables import results_csv
 from ..report.writer import check_output_dir, write_folder, write_report
 from ..results import ResultsDocument
 from ..sim.loader import Trace
 from ..sim.split import HALVES, split_halves
 from ..sim.sweep import sweep
-from .replay import (Once, OnceFlag, add_common_options, capacity_text, print_layout_notes, spec_from_args,
+from .replay import (Once, OnceFlag, add_common_options, capacity_text, policy_names, print_layout_notes, spec_from_args,
                      sweep_from_args)
 
 __all__ = ["add_parser"]
@@ -134,6 +134,7 @@ def _run_split(args: argparse.Namespace, command: str, started: float) -> int:
     """
     if not args.policy:
         raise UserError("--split: give the policies to choose among with --policy")
+    _check_online_policy(args)
     trace, spec = spec_from_args(args)
     try:
         halves = split_halves(trace)
@@ -162,6 +163,20 @@ def _run_split(args: argparse.Namespace, command: str, started: float) -> int:
     _layout_notes(args, test)
     print(f"{len(tune.runs) + len(test.runs)} runs in {time.perf_counter() - started:.1f} s")
     return 0
+
+
+def _check_online_policy(args: argparse.Namespace) -> None:
+    """Refuses a ``--split`` whose ``--policy`` list is offline policies alone (Belady's,
+    which read the future): there is nothing to tune on the first half, as a tuned policy
+    must run without the future. Before the trace is read; an unknown name passes here
+    (it is no offline policy) and is refused with the other options.
+
+    Raises:
+        UserError: names ``--policy`` as given.
+    """
+    if all(is_offline(name) for name in policy_names(args)):
+        raise UserError(f"--split: --policy {args.policy} names no online policy to tune (an offline policy reads the "
+                        "future, which a policy tuned on the first half cannot); add one, e.g. --policy lru")
 
 
 def _layout_notes(args: argparse.Namespace, results: ResultsDocument) -> None:

@@ -18,6 +18,7 @@ from typing import Mapping
 
 from ..errors import UserError
 from ..results import ResultsDocument
+from ..results.outfile import creation_refused
 from .document import Document
 from .html import render_html
 from .markdown import render_markdown
@@ -35,7 +36,8 @@ def check_output_dir(out: str) -> Path:
 
     Raises:
         UserError: ``out`` is a file, a non-empty folder that is not a previous report, or
-            cannot be created (its nearest existing ancestor is a file or not writable).
+            cannot be created (its nearest existing ancestor is a file, not writable, or
+            refuses a new file: ``creation_refused``).
     """
     target = Path(out)
     if target.is_symlink() or (target.exists() and not target.is_dir()):
@@ -45,6 +47,9 @@ def check_output_dir(out: str) -> Path:
         ancestor = ancestor.parent
     if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
         raise UserError(f"-o {out}: cannot create a folder under {ancestor} (not a writable folder)")
+    refused = creation_refused(ancestor)  # what the permission bits miss: root in /proc
+    if refused:
+        raise UserError(f"-o {out}: cannot create a folder under {ancestor} ({refused})")
     if target.is_dir() and not (target / MARKER).is_file() and any(target.iterdir()):
         raise UserError(
             f"-o {out}: the folder exists and is not a tiercache report (no {MARKER} file); "

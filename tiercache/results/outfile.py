@@ -13,11 +13,12 @@ import errno
 import os
 import secrets
 import stat
+import tempfile
 from typing import Callable, TypeVar
 
 from ..errors import UserError
 
-__all__ = ["check_output_file", "replace_file", "replace_file_with"]
+__all__ = ["check_output_file", "creation_refused", "replace_file", "replace_file_with"]
 
 T = TypeVar("T")
 
@@ -135,10 +136,12 @@ def _sync_folder(folder: str) -> None:
 
 
 def check_output_file(path: str, option: str) -> None:
-    """Checks, before any work, that ``path`` can receive a file.
+    """Checks, before any work, that ``path`` can receive a file: for a regular or new file,
+    that a file can be created beside it (``creation_refused``), as writing it will.
 
     Raises:
-        UserError: ``path`` is empty or a folder, its folder is missing or not writable (named).
+        UserError: ``path`` is empty or a folder, its folder is missing or not writable, or
+            refuses a new file (named, with the system's reason).
     """
     if not path.strip():
         raise UserError(f"{option}: empty file name")
@@ -149,3 +152,25 @@ def check_output_file(path: str, option: str) -> None:
         raise UserError(f"{option} {path}: folder {folder} does not exist")
     if not os.access(folder, os.W_OK | os.X_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
         raise UserError(f"{option} {path}: not writable")
+    if os.path.exists(path) and not os.path.isfile(path):
+        return  # a device or a pipe is written in place (``replace_file_with``), no file created beside it
+    beside = os.path.dirname(os.path.realpath(path))  # where ``replace_file_with`` creates its temporary file
+    refused = creation_refused(beside)
+    if refused:
+        raise UserError(f"{option} {path}: cannot create a file in {beside}: {refused}")
+
+
+def creation_refused(folder: str | os.PathLike) -> str | None:
+    """Why no file can be created in ``folder`` (the system's reason), or None if one can.
+
+    Creates an empty hidden file there and removes it at once: permission bits do not tell
+    (root passes every ``os.access`` check, yet ``/proc`` refuses every new file).
+    """
+    try:
+        fd, name = tempfile.mkstemp(prefix=".tiercache-probe-", suffix=".partial", dir=folder)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    os.close(fd)
+    with contextlib.suppress(OSError):
+        os.unlink(name)
+    return None

@@ -24,7 +24,7 @@ from typing import Callable, Iterable
 import numpy as np
 import psutil
 
-from tiercache.config import TIER_NAMES, Codec, KVLayout, TierConfig
+from tiercache.config import TIER_NAMES, CacheConfig, Codec, KVLayout, TierConfig
 from tiercache.core.guards import chain_parents, slice_hints
 from tiercache.core.manager import TierManager
 from tiercache.core.stats import HierarchyStats, TierCounters
@@ -45,8 +45,8 @@ from .prep import dense_and_next_use, step_next_use
 from .reuse import reusable_blocks, reusable_caps, saved_prompt_tokens
 from .traces import MOONCAKE_BLOCK_TOKENS
 
-__all__ = ["RunSpec", "ReplayData", "replay", "check_run", "use_kernels", "load_kernels", "tier_record", "block_tokens_of",
-           "modeled_seconds", "Semantics"]
+__all__ = ["RunSpec", "ReplayData", "replay", "check_run", "check_placement", "use_kernels", "load_kernels", "tier_record",
+           "block_tokens_of", "modeled_seconds", "Semantics"]
 
 
 @dataclass(frozen=True)
@@ -89,6 +89,19 @@ class RunSpec:
         if len(self.tiers) == 1:
             return Mode.SINGLE
         return Mode.WRITE_THROUGH if self.write_through else Mode.EXCLUSIVE
+
+
+def check_placement(placement: str, cache: CacheConfig | None) -> None:
+    """Refuses a placement policy (``top`` too, where the caller knows it was asked for)
+    unless ``cache`` is an exclusive hierarchy of two tiers or more: elsewhere there are no
+    tiers to place blocks among.
+
+    Raises:
+        UserError: names ``placement`` and the hierarchy it needs.
+    """
+    if cache is None or len(cache.tiers) < 2 or cache.write_through:
+        raise UserError(f"--placement {placement}: places blocks among the tiers of an exclusive hierarchy; "
+                        "give --tiers with two tiers or more (not --write-through)")
 
 
 @dataclass(frozen=True)

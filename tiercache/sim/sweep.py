@@ -37,7 +37,7 @@ from .hardware import HardwareProfile
 from .held import HeldPeaks
 from .loader import Trace, load_trace
 from .oracle import trace_layout
-from .replay import ReplayData, RunSpec, check_run, load_kernels, replay
+from .replay import ReplayData, RunSpec, check_placement, check_run, load_kernels, replay
 
 __all__ = ["SweepSpec", "check_policy_names", "plan_runs", "sweep", "fitting_runs", "run_sweep", "check_memory", "SLOT_BYTES"]
 
@@ -108,9 +108,8 @@ class SweepSpec:
         if self.prefetch != "none" and offline:
             raise UserError(f"--policy {offline[0]}: an offline policy needs the future (next uses), which a replay "
                             f"with --prefetch {self.prefetch} does not give; drop one of them")
-        if self.placement != "top" and (self.cache is None or len(self.cache.tiers) < 2 or self.cache.write_through):
-            raise UserError(f"--placement {self.placement}: places blocks among the tiers of an exclusive hierarchy; "
-                            "give --tiers with two tiers or more (not --write-through)")
+        if self.placement != "top":  # the default: an explicit top is refused by the caller that knows (the CLI)
+            check_placement(self.placement, self.cache)
         if not self.semantics or any(s not in (Semantics.OBJECT, Semantics.PREFIX) for s in self.semantics):
             raise UserError(f"--semantics: object and/or prefix, got {[getattr(s, 'value', s) for s in self.semantics]}")
         if self.cache is not None and self.capacities:
