@@ -81,8 +81,17 @@ class Trace:
         """The ``trace`` record of results.json."""
         return TraceInfo(
             path=os.path.abspath(self.path), name=os.path.basename(self.path), fingerprint=self.fingerprint,
-            kind=self.kind, requests=self.records, accesses=len(self.ids), unique_blocks=int(len(np.unique(self.ids))),
+            kind=self.kind, requests=self.records, accesses=len(self.ids), unique_blocks=distinct_count(self.ids),
         )
+
+
+def distinct_count(ids: np.ndarray) -> int:
+    """How many distinct values ``ids`` holds: a sort and a count of changes (``np.unique``'s
+    hashing path took 9 s on 10M ids against 0.9 s for the sort, probe Q76)."""
+    if len(ids) == 0:
+        return 0
+    ordered = np.sort(ids)
+    return int(np.count_nonzero(ordered[1:] != ordered[:-1])) + 1
 
 
 def load_request_trace(path: str | os.PathLike) -> Trace:
