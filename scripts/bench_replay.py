@@ -168,9 +168,14 @@ def compare_policies(trace: str, capacity: int, repeats: int) -> dict:
         import libcachesim as lcs
     except ImportError:
         lcs = None
-    from tiercache.sim.oracle import export_oracle_general
+    from tiercache.sim.oracle import LIBCACHESIM_MIN_CAPACITY, export_oracle_general, libcachesim_runs_at
 
     out = {}
+    skipped = [policy for policy, name in LIBCACHESIM.items() if not libcachesim_runs_at(name, capacity)]
+    if lcs is not None and skipped:
+        print(f"not run on libCacheSim's side at {capacity} blocks: {', '.join(skipped)} (its sizing needs "
+              f"{', '.join(f'{LIBCACHESIM[p]} {LIBCACHESIM_MIN_CAPACITY[LIBCACHESIM[p]]}' for p in skipped)} blocks or more; "
+              "below that it misses every access or aborts); their rows are not compared")
     with tempfile.TemporaryDirectory() as tmp:
         oracle = os.path.join(tmp, "trace.oracleGeneral")
         export_oracle_general(trace, oracle)
@@ -190,10 +195,13 @@ def compare_policies(trace: str, capacity: int, repeats: int) -> dict:
 
 def _sides(lcs, trace: str, oracle: str, cache_dir: str, policy: str, capacity: int, hashpower: int) -> dict:
     """One whole run of each side of ``policy`` as an op of ``alternate``: tiercache cold, tiercache
-    from the trace cache, and libCacheSim where it is installed."""
+    from the trace cache, and libCacheSim where it is installed and runs at ``capacity``
+    (``LIBCACHESIM_MIN_CAPACITY``: its S3-FIFO aborts the process below 10 blocks)."""
+    from tiercache.sim.oracle import libcachesim_runs_at
+
     sides = {"cold": lambda _: tiercache_run(trace, policy, capacity, None),
              "cached": lambda _: tiercache_run(trace, policy, capacity, cache_dir)}
-    if lcs is not None:
+    if lcs is not None and libcachesim_runs_at(LIBCACHESIM[policy], capacity):
         sides["libcachesim"] = lambda _: libcachesim_run(lcs, oracle, policy, capacity, hashpower)
     return sides
 

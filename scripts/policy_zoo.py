@@ -40,7 +40,7 @@ from tiercache.policies import EVICTION, get_eviction
 from tiercache.results import Semantics
 from tiercache.results.outfile import replace_file
 from tiercache.sim.loader import Trace, load_request_trace
-from tiercache.sim.oracle import export_trace
+from tiercache.sim.oracle import LIBCACHESIM_MIN_CAPACITY, export_trace, libcachesim_runs_at
 from tiercache.sim.sweep import SweepSpec, sweep
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -51,16 +51,9 @@ LIBCACHESIM_ONLINE = ("FIFO", "Clock", "Sieve", "LFU", "LFUDA", "LRUK", "TwoQ", 
                       "Clock2QPlus", "MQ", "S3FIFO", "WTinyLFU", "LeCaR", "Cacheus", "LHD", "Hyperbolic")
 #: The two sides of the common ground, checked count for count.
 CHECKED = {"lru": "LRU", "belady": "Belady"}
-#: The smallest cache each libCacheSim policy with fixed shares of the cache is run at: below
-#: it a share rounds to fewer blocks than the policy works with (S3-FIFO's and Clock2Q+'s 10%
-#: small queue under 2 blocks, W-TinyLFU's 1% window under 1) and it missed every access of
-#: the bundled traces (measured; S3-FIFO aborts the process below 10 blocks).
-LIBCACHESIM_MIN_CAPACITY = {"S3FIFO": 20, "Clock2QPlus": 20, "WTinyLFU": 100}
-
-
-def runs_at(name: str, capacity: int) -> bool:
-    """Whether libCacheSim's ``name`` is run at ``capacity`` (``LIBCACHESIM_MIN_CAPACITY``)."""
-    return capacity >= LIBCACHESIM_MIN_CAPACITY.get(name, 1)
+#: libCacheSim's policies with fixed shares of the cache run only from a size up
+#: (``tiercache.sim.oracle.LIBCACHESIM_MIN_CAPACITY``).
+runs_at = libcachesim_runs_at
 
 
 def online_policies() -> tuple[str, ...]:

@@ -26,6 +26,7 @@ __all__ = [
     "KVLayout",
     "TierConfig",
     "CacheConfig",
+    "check_tier_names",
     "MODEL_PRESETS",
     "layout_preset",
     "parse_size",
@@ -359,6 +360,26 @@ class TierConfig:
                               f"codec {self.codec.value} is not supported there")
 
 
+def check_tier_names(tiers: tuple["TierConfig", ...], where: str) -> None:
+    """Refuses a hierarchy that is empty, repeats a tier or is not ordered fastest first.
+
+    Args:
+        tiers: the hierarchy, fastest first; names in ``TIER_NAMES`` (``TierConfig`` checks that).
+        where: what holds the tiers (``"CacheConfig"``, ``"RunSpec.tiers"``), for the message.
+
+    Raises:
+        ConfigError: names ``where`` and the tier names as given.
+    """
+    if not tiers:
+        raise ConfigError(f"{where}: at least one tier is needed")
+    names = [t.name for t in tiers]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"{where}: tier names repeat: {names}")
+    order = [TIER_NAMES.index(n) if n in TIER_NAMES else len(TIER_NAMES) for n in names]
+    if order != sorted(order):
+        raise ConfigError(f"{where}: tiers must be ordered fastest first (hbm, dram, nvme), got {names}")
+
+
 @dataclass(frozen=True)
 class CacheConfig:
     """A whole hierarchy: tiers ordered fastest first, and the inclusion mode.
@@ -373,14 +394,7 @@ class CacheConfig:
     layout: KVLayout | None = None
 
     def __post_init__(self) -> None:
-        if not self.tiers:
-            raise ConfigError("CacheConfig: at least one tier is needed")
-        names = [t.name for t in self.tiers]
-        if len(set(names)) != len(names):
-            raise ConfigError(f"CacheConfig: tier names repeat: {names}")
-        order = [TIER_NAMES.index(n) for n in names]
-        if order != sorted(order):
-            raise ConfigError(f"CacheConfig: tiers must be ordered fastest first (hbm, dram, nvme), got {names}")
+        check_tier_names(self.tiers, "CacheConfig")
 
     @property
     def capacity_blocks(self) -> int:

@@ -24,7 +24,7 @@ from typing import Callable, Iterable
 import numpy as np
 import psutil
 
-from tiercache.config import TIER_NAMES, CacheConfig, Codec, KVLayout, TierConfig
+from tiercache.config import TIER_NAMES, CacheConfig, Codec, KVLayout, TierConfig, check_tier_names
 from tiercache.core.guards import chain_parents, slice_hints
 from tiercache.core.manager import TierManager
 from tiercache.core.stats import HierarchyStats, TierCounters
@@ -54,7 +54,8 @@ class RunSpec:
     """One replay: a policy on a hierarchy under a semantics.
 
     Invariants: ``semantics`` is a ``Semantics`` (``DECODE`` exactly for step traces, which
-    ``replay`` checks); ``tiers`` non-empty, fastest first.
+    ``replay`` checks); ``tiers`` non-empty, names unique and fastest first (hbm, dram, nvme;
+    ``check_tier_names``), as ``CacheConfig`` has them.
     """
 
     policy: str
@@ -68,8 +69,7 @@ class RunSpec:
     def __post_init__(self) -> None:
         if not isinstance(self.semantics, Semantics):
             raise TypeError(f"RunSpec.semantics: a Semantics member, got {self.semantics!r}")
-        if not self.tiers:
-            raise ValueError("RunSpec.tiers: at least one tier")
+        check_tier_names(self.tiers, "RunSpec.tiers")
         self._canonicalise_names()
 
     def _canonicalise_names(self) -> None:
