@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 from contextlib import contextmanager
 from pathlib import Path
@@ -16,6 +18,11 @@ DATA = Path(__file__).parent / "data"
 SAMPLE_TRACE = DATA / "mooncake_synthetic_trace.jsonl"
 #: The test session, kept for ``pytest_unconfigure`` to read its final exit status.
 SESSION = pytest.StashKey[pytest.Session]()
+#: The binary trace cache the commands under test read through (``tiercache.cli.tracefile``):
+#: a folder of this test process, removed at its end, never the user's ``~/.cache``. Set in
+#: the environment, so commands run as subprocesses use it too.
+TRACE_CACHE = tempfile.mkdtemp(prefix="tiercache-test-traces-")
+os.environ["TIERCACHE_TRACE_CACHE"] = TRACE_CACHE
 
 
 #: Most test worker processes (``-n auto`` in pyproject.toml): each imports torch and
@@ -43,6 +50,7 @@ def pytest_unconfigure(config) -> None:
     pytest changes it after the status those hooks receive (``--max-warnings`` sets 6, a
     ``pytest.exit`` in a ``sessionfinish`` hook its own code), and the process must exit with
     the status pytest itself would have returned."""
+    shutil.rmtree(TRACE_CACHE, ignore_errors=True)
     guard = sys.modules.get("tiercache.data.remote_guard")
     if guard is not None and guard.abandoned_count() and SESSION in config.stash:
         sys.stdout.flush()

@@ -88,7 +88,7 @@ def test_output_folder_is_checked_before_the_sweep(tmp_path, capsys, monkeypatch
     out = tmp_path / "src"
     out.mkdir()
     (out / "main.py").write_text("print('keep me')")
-    monkeypatch.setattr("tiercache.cli.report.sweep_from_args", lambda args: pytest.fail("the sweep ran"))
+    monkeypatch.setattr("tiercache.cli.report.traced_sweep_from_args", lambda args: pytest.fail("the sweep ran"))
     assert main(["compare", TRACE, "--no-progress", "-o", str(out)]) == 2
     assert "not a tiercache report" in capsys.readouterr().err
     assert [p.name for p in out.iterdir()] == ["main.py"]

@@ -214,7 +214,7 @@ def test_replay_out_is_checked_before_the_sweep(tmp_path, where, capsys, monkeyp
 def test_compare_out_under_a_file_is_checked_before_the_sweep(tmp_path, capsys, monkeypatch):
     (tmp_path / "file").write_text("x")
     out = tmp_path / "file" / "report"
-    monkeypatch.setattr("tiercache.cli.report.sweep_from_args", lambda args: pytest.fail("the sweep ran"))
+    monkeypatch.setattr("tiercache.cli.report.traced_sweep_from_args", lambda args: pytest.fail("the sweep ran"))
     err = _error(["compare", str(DATA / "mooncake_head.jsonl"), "--no-progress", "-o", str(out)], capsys)
     assert f"-o {out}" in err
 

@@ -25,8 +25,9 @@ from ..results import ResultsDocument
 from ..sim.fleet import FleetSpec, check_fleet_policy, sweep_fleet
 from ..sim.hardware import NETWORK_PRESETS, HardwareProfile, with_network
 from ..sim.kvtester import skipped_entries_warning
-from ..sim.loader import Trace, load_trace
+from ..sim.loader import Trace
 from ..sim.tracestats import block_fit_warning
+from .tracefile import read_trace
 
 __all__ = ["add_fleet_options", "is_fleet", "fleet_from_args", "format_fleet", "warn_trace"]
 
@@ -181,7 +182,7 @@ def fleet_from_args(args: argparse.Namespace, policies: tuple[str, ...], hardwar
     private, remote = split_remote(args.tiers)
     _check_options(args, remote)
     profile = _network(args, hardware)
-    trace = load_trace(args.trace)
+    trace = read_trace(args.trace, not args.no_trace_cache, not args.no_progress)
     warn_trace(trace)
     if trace.kind is not TraceKind.REQUESTS:
         raise UserError(f"{trace.path} is a step trace; a fleet replay (--instances, remote=CAP in --tiers) "

@@ -20,13 +20,14 @@ from ..results import LayoutInfo, ResultsDocument, Semantics, TraceKind, write_r
 from ..results.outfile import check_output_file
 from ..policies import ADMISSION, EVICTION, PLACEMENT, PREFETCH, canonical_name, get_prefetch
 from ..sim.hardware import PRESETS, REFERENCE_MODEL, HardwareProfile, load_profile
-from ..sim.loader import Trace, load_trace
+from ..sim.loader import Trace
 from ..sim.oracle import trace_layout
 from ..sim.replay import check_placement
 from ..sim.steptrace import MAX_BLOCK_TOKENS
 from ..sim.sweep import SweepSpec, check_policy_names, sweep
+from .tracefile import read_trace
 
-__all__ = ["add_parser", "add_common_options", "sweep_from_args", "spec_from_args", "format_table", "DEFAULT_CAPACITY",
+__all__ = ["add_parser", "add_common_options", "sweep_from_args", "traced_sweep_from_args", "spec_from_args", "format_table", "DEFAULT_CAPACITY",
            "Once", "OnceFlag", "policy_names", "check_not_the_trace"]
 
 #: ``--capacity`` when neither it nor ``--tiers`` is given.
@@ -139,6 +140,8 @@ def add_common_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hardware", action=Once, help="hardware preset or profile JSON for modeled seconds, e.g. h200-pcie5-nvme4")
     parser.add_argument("--workers", type=int, action=Once, help="worker processes, >= 1 (default: one per core)")
     parser.add_argument("--no-progress", action=OnceFlag, help="no progress bar")
+    parser.add_argument("--no-trace-cache", action=OnceFlag, help="read the trace without the binary trace cache "
+                                                                  "($TIERCACHE_TRACE_CACHE, default ~/.cache/tiercache/traces)")
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -178,7 +181,7 @@ def spec_from_args(args: argparse.Namespace) -> tuple[Trace, SweepSpec]:
     _check_block_tokens(args.block_tokens)
     capacities = _capacities(capacity_text(args))
     hardware = _hardware(args)
-    trace = load_trace(args.trace)
+    trace = read_trace(args.trace, not args.no_trace_cache, not args.no_progress)
     warn_trace(trace)
     _check_trace_options(args, trace)
     layout = _layout(args, trace)
@@ -326,11 +329,16 @@ def _block_tokens(args: argparse.Namespace, trace: Trace) -> int:
 
 def sweep_from_args(args: argparse.Namespace) -> ResultsDocument:
     """Runs the sweep the options describe; the command recorded is the argv given to ``main``."""
+    return traced_sweep_from_args(args)[1]
+
+
+def traced_sweep_from_args(args: argparse.Namespace) -> tuple[Trace, ResultsDocument]:
+    """``sweep_from_args``, with the trace it read (for a report that draws from it too)."""
     if args.workers is not None and args.workers < 1:
         raise UserError(f"--workers: must be at least 1, got {args.workers} (leave it out for one per core)")
     trace, spec = spec_from_args(args)
     workers = args.workers or os.cpu_count() or 1
-    return sweep(trace, spec, workers, not args.no_progress, shlex.join(["tiercache", *args.argv]))
+    return trace, sweep(trace, spec, workers, not args.no_progress, shlex.join(["tiercache", *args.argv]))
 
 
 def check_not_the_trace(path: str, trace: str, option: str) -> None:

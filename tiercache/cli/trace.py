@@ -25,12 +25,13 @@ from ..errors import UserError
 from ..results import TraceKind
 from ..sim import synth
 from ..sim.kvtester import skipped_entries_warning
-from ..sim.loader import Trace, load_trace
+from ..sim.loader import Trace
 from ..sim.oracle import export_trace, trace_layout
 from ..sim.steptrace import write_steps
 from ..sim.traces import MAX_LINE_BYTES, write_requests
 from ..sim.tracestats import TraceStats, trace_stats
 from .replay import Once, _block_tokens as replay_block_tokens
+from .tracefile import read_trace
 
 __all__ = ["add_parser", "format_stats"]
 
@@ -151,7 +152,7 @@ def _refuse_input_as_output(trace: str, output: str) -> None:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    trace = load_trace(args.trace)  # a bad input is reported first
+    trace = read_trace(args.trace, not args.no_trace_cache)  # a bad input is reported first
     _refuse_input_as_output(args.trace, args.output)
     _warn_skipped(args.trace)
     result = export_trace(trace, args.output, _export_layout(args, trace))
@@ -346,4 +347,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     export.add_argument("--per-layer", action="store_true",
                         help="blocks hold one layer: what a step trace's blocks always are (its ids are per layer), "
                              "so it changes nothing there; refused on request traces, whose blocks hold every layer")
+    export.add_argument("--no-trace-cache", action="store_true",
+                        help="read the trace without the binary trace cache ($TIERCACHE_TRACE_CACHE)")
     export.set_defaults(func=_cmd_export)

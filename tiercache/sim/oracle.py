@@ -36,7 +36,7 @@ from tiercache.config import KVLayout
 from tiercache.errors import UserError
 from tiercache.policies.base import NO_NEXT_USE
 from tiercache.results.outfile import replace_file_with
-from tiercache.sim.loader import Trace, load_trace
+from tiercache.sim.loader import Trace, distinct_count, load_trace
 from tiercache.sim.prep import step_next_use
 from tiercache.sim.tracelines import record_line
 from tiercache.sim.tracestats import request_source
@@ -215,9 +215,13 @@ def export_trace(trace: Trace, out_path: str | os.PathLike, layout: KVLayout | N
     _check_times(trace, stamps, per_record)
     times = np.repeat(stamps, per_record)
     size = layout.block_bytes if layout else 1
-    following = None if trace.is_write is None else step_next_use(next_use(trace.ids), trace.is_write)
+    if trace.is_write is not None:
+        following = step_next_use(next_use(trace.ids), trace.is_write)
+    else:  # a request trace: from the trace cache, the next uses it already holds
+        following = trace.next_use
     records = write_oracle_general(out_path, trace.ids, times, size, following)
-    return ExportResult(records, int(len(np.unique(trace.ids))), size)
+    distinct = int(trace.dense.max()) + 1 if trace.dense is not None and len(trace.dense) else distinct_count(trace.ids)
+    return ExportResult(records, distinct, size)
 
 
 def _check_times(trace: Trace, stamps: np.ndarray, per_record: np.ndarray) -> None:

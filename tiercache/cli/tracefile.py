@@ -1,0 +1,76 @@
+"""Reading the trace a command works on: through the binary trace cache, saying so when it is large.
+
+Every command that reads a whole trace (``replay``, ``compare``, ``trace export``, a fleet
+replay) reads it with ``read_trace``: a request trace file goes through the binary cache
+(``tiercache.sim.tracecache``: its parsed arrays, dense ids and next uses, filed under the
+digest of its bytes), so a second command on the same file skips the JSON parse and the
+replay's preparation. ``--no-trace-cache`` (``replay``, ``compare``, ``trace export``) reads
+it without the cache, writing nothing; step traces and kv-cache-tester workloads are never
+cached. The cache's folder is ``$TIERCACHE_TRACE_CACHE`` (default
+``~/.cache/tiercache/traces``) and it keeps within ``$TIERCACHE_TRACE_CACHE_BYTES``
+(default 16 GiB), least recently used entries going first.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+from ..sim.loader import Trace, load_trace
+from ..sim.tracecache import default_cache_dir, load_trace_cached
+
+__all__ = ["read_trace", "LARGE_TRACE_BYTES"]
+
+#: A trace file at least this large is announced on stderr while it is read (with progress on):
+#: parsing it takes seconds, during which no bar moves.
+LARGE_TRACE_BYTES = 256 << 20
+
+
+def read_trace(path: str, cached: bool = True, progress: bool = False) -> Trace:
+    """The trace at ``path``, as ``load_trace`` gives it (fingerprint included).
+
+    Args:
+        path: a trace file, or a kv-cache-tester folder.
+        cached: read through the binary trace cache (``load_trace_cached``); False, or no
+            cache folder (``_cache_folder``), reads the file alone and writes nothing.
+        progress: say on stderr when a trace of ``LARGE_TRACE_BYTES`` or more is being read,
+            and how long it took.
+
+    Raises:
+        TraceError: as ``load_trace`` (unreadable or invalid trace; file and line named).
+    """
+    size = _file_size(path)
+    announce = progress and size >= LARGE_TRACE_BYTES
+    if announce:
+        print(f"tiercache: reading {path} ({size / 2**30:.2f} GiB)...", file=sys.stderr, flush=True)
+    started = time.perf_counter()
+    folder = _cache_folder() if cached else None
+    if folder is not None:
+        trace = load_trace_cached(path, folder)
+    else:
+        trace = load_trace(path)
+    if announce:
+        print(f"tiercache: read {len(trace.ids):,} block accesses in {time.perf_counter() - started:.1f} s",
+              file=sys.stderr, flush=True)
+    return trace
+
+
+def _cache_folder() -> Path | None:
+    """``$TIERCACHE_TRACE_CACHE`` as given, else ``~/.cache/tiercache/traces`` where the home
+    directory is known (an absolute path); None where it is not, rather than a folder ``~``
+    made in the working directory, or an error."""
+    try:
+        folder = default_cache_dir()
+    except RuntimeError:  # Path.home(): "Could not determine home directory"
+        return None
+    return folder if os.environ.get("TIERCACHE_TRACE_CACHE") or folder.is_absolute() else None
+
+
+def _file_size(path: str) -> int:
+    """The size of a regular file at ``path``; 0 for anything else (``load_trace`` reports it)."""
+    try:
+        return os.path.getsize(path) if os.path.isfile(path) else 0
+    except OSError:
+        return 0
