@@ -13,6 +13,9 @@ distinct blocks without ``np.unique``'s slow path and writes the same bytes eith
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -145,3 +148,60 @@ def test_without_a_home_directory_the_trace_is_read_without_the_cache(monkeypatc
     monkeypatch.setattr(Path, "home", staticmethod(no_home))
     assert len(tracefile.read_trace(HEAD).ids) == len(loader.load_trace(HEAD).ids)
     assert parses == [HEAD] and not any(tmp_path.iterdir())
+
+
+# ----------------------------------------------------------------------------- the cache's temporary folders
+
+
+def _small_trace(tmp_path: Path, name: str, requests: int) -> Path:
+    path = tmp_path / name
+    path.write_text("".join(f'{{"timestamp": {i}, "input_length": 1024, "output_length": 1, "hash_ids": [{i}, {i + 1}]}}\n'
+                            for i in range(requests)))
+    return path
+
+
+def _dead_pid() -> int:
+    """The pid of a process that has exited (and been reaped)."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_a_killed_writers_folder_goes_at_the_next_write_not_an_hour_later(tmp_path):
+    """Probe Q76: a killed writer's ``.partial-*`` folder (up to the trace's whole entry) stayed
+    outside the size budget for an hour. Named with its writer's pid now, it goes as soon as
+    that process is gone; a live process's stays, an old-style name keeps the hour."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    dead, live, old_style = (cache / f".partial-{_dead_pid()}-k1lled_x", cache / f".partial-{os.getppid()}-wr1ting_",
+                             cache / ".partial-0ldstyle")
+    for folder in (dead, live, old_style):
+        folder.mkdir()
+        (folder / "ids.npy").write_bytes(b"x" * 1000)
+    tracecache.load_trace_cached(_small_trace(tmp_path, "t.jsonl", 30), cache)
+    left = {p.name for p in cache.iterdir() if p.name.startswith(".")}
+    assert left == {live.name, old_style.name}
+
+
+def test_a_live_writers_folder_counts_against_the_budget(tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    first = tracecache.load_trace_cached(_small_trace(tmp_path, "t.jsonl", 30), cache)
+    entry = cache / tracecache._entry_name(first.fingerprint)
+    live = cache / f".partial-{os.getppid()}-wr1ting_"
+    live.mkdir()
+    (live / "ids.npy").write_bytes(b"x" * 10_000)
+    second = _small_trace(tmp_path, "u.jsonl", 40)
+    # room for both entries, not for both and the live writer's bytes: the older entry goes
+    monkeypatch.setenv("TIERCACHE_TRACE_CACHE_BYTES", str(2 * tracecache._size(entry) + 5_000))
+    tracecache.load_trace_cached(second, cache)
+    assert not entry.exists() and live.exists()
+
+
+def test_new_temporary_folders_carry_the_writers_pid(tmp_path):
+    made = tracecache._temporary(tmp_path, "partial")
+    match = tracecache._TEMPORARY.fullmatch(made.name)
+    assert match and int(match["pid"]) == os.getpid()
+    assert not tracecache._abandoned(match, 0.0)
+    assert tracecache._abandoned(match, tracecache.ABANDONED_S + 1)
+    for foreign in (".partial-notes", ".partial-12345678-abcdefgh", ".partial-12-abc"):
+        assert tracecache._TEMPORARY.fullmatch(foreign) is None

@@ -32,9 +32,10 @@ before the digest covered the fingerprint).
 
 The cache folder is ``$TIERCACHE_TRACE_CACHE``, or ``~/.cache/tiercache/traces``. Step traces
 are not cached (they are read as before). Each write tidies the folder: temporary folders a
-killed writer left (older than ``ABANDONED_S``) and the trace's entries of other versions or
-parsers go, then the least recently used entries (a hit renews an entry) while the entries
-take more than ``$TIERCACHE_TRACE_CACHE_BYTES`` (default 16 GiB).
+killed writer left (its pid, in the folder's name, gone; or older than ``ABANDONED_S``) and
+the trace's entries of other versions or parsers go, then the least recently used entries (a
+hit renews an entry) while the entries and live writers' temporary folders take more than
+``$TIERCACHE_TRACE_CACHE_BYTES`` (default 16 GiB).
 """
 
 from __future__ import annotations
@@ -72,7 +73,8 @@ VERSION = 5
 #: accept, say) never reads an entry an older parser wrote, with or without a VERSION bump.
 _PARSER_MODULES = ("traces", "tracelines", "bulkparse", "fastscan", "loader", "prep", "tracecache", "kvtester", "kvfolder", "steptrace")
 #: Seconds after which a temporary folder (``.partial-*``, ``.stale-*``) counts as abandoned
-#: (its writer was killed) and the next write removes it; a live writer's is younger.
+#: (its writer was killed) and the next write removes it, whatever process made it; one named
+#: with its writer's pid (``_temporary``) goes as soon as no process has that pid.
 ABANDONED_S = 3600
 #: Bytes the cache's entries may take before a write removes the least recently used ones
 #: (``$TIERCACHE_TRACE_CACHE_BYTES`` overrides it; the entry just written always stays).
@@ -231,7 +233,7 @@ def _write(trace: Trace, folder: Path, entry: Path) -> None:
     arrays[_DIGEST] = np.frombuffer(_digest(trace.fingerprint, arrays), dtype=np.uint8)
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=folder, prefix=".partial-"))
+        tmp = _temporary(folder, "partial")
     except OSError:
         return
     renamed = False
@@ -258,19 +260,20 @@ def _tidy(folder: Path, kept: Path, fingerprint: str) -> None:
     nothing else is touched (``_TEMPORARY``, ``_ENTRY``: the cache folder may hold unrelated
     files). Best effort: an entry another process removes or uses meanwhile is
     skipped (a reader that loses its entry parses the trace again)."""
-    now, entries = time.time(), []
+    now, entries, busy = time.time(), [], 0
     for path in _listing(folder):  # only what this module names: the folder may hold other things
         if not any(pattern.fullmatch(path.name) for pattern in (_TEMPORARY, _ENTRY, _FIRST_ENTRY)):
             continue
-        age = now - _mtime(path)
-        if _TEMPORARY.fullmatch(path.name):
-            if age > ABANDONED_S:
+        if temporary := _TEMPORARY.fullmatch(path.name):
+            if _abandoned(temporary, now - _mtime(path)):
                 shutil.rmtree(path, ignore_errors=True)
+            else:  # a live writer's: its bytes count against the budget too
+                busy += _size(path)
         elif _FIRST_ENTRY.fullmatch(path.name) or (path != kept and path.name.startswith(f"{fingerprint}-v")):
             _discard(path, folder)
         elif path != kept and path.is_dir() and not path.is_symlink():
             entries.append((_mtime(path), path))
-    total = _size(kept) + sum(_size(path) for _, path in entries)
+    total = busy + _size(kept) + sum(_size(path) for _, path in entries)
     for _, path in sorted(entries):
         if total <= _budget():
             break
@@ -278,9 +281,34 @@ def _tidy(folder: Path, kept: Path, fingerprint: str) -> None:
         _discard(path, folder)
 
 
-#: Names this module gives: temporary folders (``tempfile.mkdtemp``'s 8 characters after the
-#: prefix) and entries (``_entry_name``; older versions without the parser tag too).
-_TEMPORARY = re.compile(r"\.(partial|stale)-[a-z0-9_]{8}")
+#: Names this module gives: temporary folders (``_temporary``: the writer's pid, then
+#: ``tempfile.mkdtemp``'s 8 characters; earlier versions' without the pid) and entries
+#: (``_entry_name``; older versions without the parser tag too).
+_TEMPORARY = re.compile(r"\.(partial|stale)-(?:(?P<pid>[0-9]{1,7})-)?[a-z0-9_]{8}")
+
+
+def _temporary(folder: Path, kind: str) -> Path:
+    """A new temporary folder in ``folder``, ``.<kind>-<pid>-XXXXXXXX``: named with this
+    process's pid, so that a later write knows it abandoned once the pid is gone."""
+    return Path(tempfile.mkdtemp(dir=folder, prefix=f".{kind}-{os.getpid()}-"))
+
+
+def _abandoned(name: re.Match, age: float) -> bool:
+    """Whether the temporary folder named ``name`` (a ``_TEMPORARY`` match) ``age`` seconds
+    old was left by a killed writer: its pid names no process (a pid reused since still
+    keeps it, until ``ABANDONED_S``), or it is older than ``ABANDONED_S``."""
+    if age > ABANDONED_S:
+        return True
+    pid = name["pid"]
+    if pid is None or int(pid) == os.getpid():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # PermissionError: another user's live process
+        return False
+    return False
 _ENTRY = re.compile(r"xxh3-128:[0-9a-f]{32}-v[0-9]+(-[0-9a-f]{16})?")
 #: Entries of the first version (blake2b fingerprints, with no scheme prefix): never read again.
 _FIRST_ENTRY = re.compile(r"[0-9a-f]{32}-v1")
@@ -322,7 +350,7 @@ def _discard(entry: Path, folder: Path) -> None:
     deleted), then deleted. ``os.replace`` cannot replace a folder that holds files."""
     if not entry.exists() and not entry.is_symlink():
         return
-    stale = Path(tempfile.mkdtemp(dir=folder, prefix=".stale-"))
+    stale = _temporary(folder, "stale")
     try:
         os.replace(entry, stale / "entry")
     except OSError:
