@@ -16,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -107,11 +108,12 @@ def test_compare_parses_its_trace_once_and_times_the_replays_and_the_report_apar
     assert "computed in one pass from reuse (stack) distances" in (out / "report.md").read_text()
 
 
-def test_export_through_the_cache_writes_the_same_bytes(tmp_path, cache, capsys):
+def test_export_through_the_cache_writes_the_same_bytes(tmp_path, cache, parses, capsys):
     outs = []
     for i, extra in enumerate(([], [], ["--no-trace-cache"])):  # writes the entry, reads it, reads the file
         outs.append(tmp_path / f"out{i}.bin")
         assert main(["trace", "export", HEAD, "-o", str(outs[-1]), *extra]) == 0
+    assert parses == [HEAD, HEAD]  # the second export read the cache
     lines = [line.rpartition(" to ")[0] for line in capsys.readouterr().out.splitlines()]
     assert len(lines) == 3 and len(set(lines)) == 1  # the same records and unique blocks each way
     assert outs[0].read_bytes() == outs[1].read_bytes() == outs[2].read_bytes()
@@ -128,14 +130,41 @@ def test_export_counts_distinct_blocks_from_a_cached_trace(tmp_path, cache):
     assert got.unique_blocks == len(np.unique(plain.ids))
 
 
-def test_a_large_trace_is_announced_while_it_is_read(monkeypatch, capsys, cache):
+def test_a_large_trace_is_announced_on_a_terminal_while_it_is_read(monkeypatch, capsys, cache):
     monkeypatch.setattr(tracefile, "LARGE_TRACE_BYTES", 1)
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
     trace = tracefile.read_trace(HEAD, progress=True)
-    err = capsys.readouterr().err.splitlines()
-    assert err[0].startswith(f"tiercache: reading {HEAD} (") and err[0].endswith(" GiB)...")
-    assert err[1].startswith(f"tiercache: read {len(trace.ids):,} block accesses in ")
+    status, _, done = capsys.readouterr().err.partition(tracefile._CLEAR_LINE)
+    assert status.startswith(f"tiercache: reading {HEAD} (") and status.endswith(" GiB)...")
+    assert done.startswith(f"tiercache: read {len(trace.ids):,} block accesses in ") and done.endswith(" s\n")
     tracefile.read_trace(HEAD, progress=False)
     assert capsys.readouterr().err == ""
+
+
+def test_no_announcement_off_a_terminal(monkeypatch, capsys, cache):
+    monkeypatch.setattr(tracefile, "LARGE_TRACE_BYTES", 1)
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: False)
+    tracefile.read_trace(HEAD, progress=True)
+    assert capsys.readouterr().err == ""
+
+
+def test_a_bad_large_trace_still_gets_a_one_line_error(monkeypatch, capsys, cache, tmp_path):
+    """Review R37: the announcement stayed above the error, two lines where one is the rule."""
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(Path(HEAD).read_text().splitlines(keepends=True)[0] + '{"timestamp": 1, "hash_ids": [1]}\n')
+    monkeypatch.setattr(tracefile, "LARGE_TRACE_BYTES", 1)
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    assert main(["replay", str(bad), "--workers", "1"]) == 2
+    shown = capsys.readouterr().err.rpartition(tracefile._CLEAR_LINE)[2]  # what the terminal keeps
+    assert len(shown.strip().splitlines()) == 1 and f"{bad}:2" in shown
+
+
+def test_an_empty_home_is_no_home(monkeypatch, tmp_path, parses):
+    monkeypatch.delenv("TIERCACHE_TRACE_CACHE")
+    monkeypatch.setenv("HOME", "")
+    assert tracefile._cache_folder() is None
+    tracefile.read_trace(HEAD)
+    assert parses == [HEAD]
 
 
 def test_without_a_home_directory_the_trace_is_read_without_the_cache(monkeypatch, tmp_path, parses):
@@ -160,48 +189,87 @@ def _small_trace(tmp_path: Path, name: str, requests: int) -> Path:
     return path
 
 
-def _dead_pid() -> int:
-    """The pid of a process that has exited (and been reaped)."""
-    child = subprocess.Popen([sys.executable, "-c", "pass"])
-    child.wait()
-    return child.pid
+#: A writer of a temporary folder that holds its lock until stdin closes (``_hold``).
+_WRITER = """
+import sys
+from pathlib import Path
+from tiercache.sim import tracecache
+assert tracecache._hold(Path(sys.argv[1])) is not None
+print("held", flush=True)
+sys.stdin.read()
+"""
+
+
+def _writer(folder: Path) -> subprocess.Popen:
+    """A process that made ``folder`` its temporary folder and holds its lock, as ``_write`` does."""
+    folder.mkdir()
+    (folder / "ids.npy").write_bytes(b"x" * 1000)
+    child = subprocess.Popen([sys.executable, "-c", _WRITER, str(folder)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True)
+    assert child.stdout.readline() == "held\n"
+    return child
 
 
 def test_a_killed_writers_folder_goes_at_the_next_write_not_an_hour_later(tmp_path):
     """Probe Q76: a killed writer's ``.partial-*`` folder (up to the trace's whole entry) stayed
-    outside the size budget for an hour. Named with its writer's pid now, it goes as soon as
-    that process is gone; a live process's stays, an old-style name keeps the hour."""
+    for an hour. A writer holds an ``flock`` in its folder now (what a pid would not tell across
+    pid namespaces, review R37), so a killed one's goes at the next write; a live writer's
+    stays, however old; a folder without the lock keeps the hour."""
     cache = tmp_path / "cache"
     cache.mkdir()
-    dead, live, old_style = (cache / f".partial-{_dead_pid()}-k1lled_x", cache / f".partial-{os.getppid()}-wr1ting_",
-                             cache / ".partial-0ldstyle")
-    for folder in (dead, live, old_style):
-        folder.mkdir()
-        (folder / "ids.npy").write_bytes(b"x" * 1000)
-    tracecache.load_trace_cached(_small_trace(tmp_path, "t.jsonl", 30), cache)
-    left = {p.name for p in cache.iterdir() if p.name.startswith(".")}
-    assert left == {live.name, old_style.name}
+    killed, live = _writer(cache / ".partial-k1lled_x"), _writer(cache / ".partial-wr1ting_")
+    killed.kill()
+    killed.wait()
+    old_style = cache / ".partial-0ldstyle"
+    old_style.mkdir()
+    hours_ago = time.time() - 3 * tracecache.ABANDONED_S
+    os.utime(cache / ".partial-wr1ting_", (hours_ago, hours_ago))
+    try:
+        tracecache.load_trace_cached(_small_trace(tmp_path, "t.jsonl", 30), cache)
+        left = {p.name for p in cache.iterdir() if p.name.startswith(".")}
+        assert left == {".partial-wr1ting_", old_style.name}
+    finally:
+        live.stdin.close()
+        live.wait()
+    tracecache.load_trace_cached(_small_trace(tmp_path, "u.jsonl", 40), cache)  # its writer is gone now
+    assert {p.name for p in cache.iterdir() if p.name.startswith(".")} == {old_style.name}
 
 
-def test_a_live_writers_folder_counts_against_the_budget(tmp_path, monkeypatch):
+def test_a_live_writers_folder_does_not_evict_entries(tmp_path, monkeypatch):
+    """Review R37: counting live writers' folders against the budget evicted entries the
+    budget holds (two commands caching one new trace at once)."""
     cache = tmp_path / "cache"
     first = tracecache.load_trace_cached(_small_trace(tmp_path, "t.jsonl", 30), cache)
     entry = cache / tracecache._entry_name(first.fingerprint)
-    live = cache / f".partial-{os.getppid()}-wr1ting_"
-    live.mkdir()
-    (live / "ids.npy").write_bytes(b"x" * 10_000)
-    second = _small_trace(tmp_path, "u.jsonl", 40)
-    # room for both entries, not for both and the live writer's bytes: the older entry goes
-    monkeypatch.setenv("TIERCACHE_TRACE_CACHE_BYTES", str(2 * tracecache._size(entry) + 5_000))
-    tracecache.load_trace_cached(second, cache)
-    assert not entry.exists() and live.exists()
+    live = _writer(cache / ".partial-wr1ting_")
+    (cache / ".partial-wr1ting_" / "next_use.npy").write_bytes(b"x" * 100_000)
+    try:
+        monkeypatch.setenv("TIERCACHE_TRACE_CACHE_BYTES", str(3 * tracecache._size(entry)))
+        tracecache.load_trace_cached(_small_trace(tmp_path, "u.jsonl", 40), cache)
+        assert entry.exists()
+    finally:
+        live.stdin.close()
+        live.wait()
 
 
-def test_new_temporary_folders_carry_the_writers_pid(tmp_path):
-    made = tracecache._temporary(tmp_path, "partial")
-    match = tracecache._TEMPORARY.fullmatch(made.name)
-    assert match and int(match["pid"]) == os.getpid()
-    assert not tracecache._abandoned(match, 0.0)
-    assert tracecache._abandoned(match, tracecache.ABANDONED_S + 1)
-    for foreign in (".partial-notes", ".partial-12345678-abcdefgh", ".partial-12-abc"):
-        assert tracecache._TEMPORARY.fullmatch(foreign) is None
+def test_an_entry_holds_no_writer_lock(tmp_path):
+    cache = tmp_path / "cache"
+    trace = tracecache.load_trace_cached(_small_trace(tmp_path, "t.jsonl", 30), cache)
+    entry = cache / tracecache._entry_name(trace.fingerprint)
+    assert sorted(p.name for p in entry.iterdir()) == sorted(f"{key}.npy" for key in (*tracecache._ARRAYS, tracecache._DIGEST))
+    assert not [p for p in cache.iterdir() if p.name.startswith(".")]
+
+
+def test_a_step_trace_is_not_hashed_for_a_cache_lookup(tmp_path, monkeypatch):
+    """Review R37: step traces are never cached, yet were hashed whole before their parse."""
+    steps = tmp_path / "steps.jsonl"
+    assert main(["trace", "synth", "scan", "-o", str(steps), "--steps", "3", "--blocks", "4"]) == 0
+    monkeypatch.setattr(tracecache, "_file_fingerprint", lambda name: pytest.fail("hashed for a lookup"))
+    trace = tracecache.load_trace_cached(steps, tmp_path / "cache")
+    assert trace.steps is not None and trace.fingerprint == loader.load_trace(steps).fingerprint
+
+
+def test_export_refuses_no_trace_cache_twice(tmp_path, capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["trace", "export", HEAD, "-o", str(tmp_path / "o.bin"), "--no-trace-cache", "--no-trace-cache"])
+    assert stop.value.code == 2 and "--no-trace-cache" in capsys.readouterr().err

@@ -363,21 +363,15 @@ class TierConfig:
 def check_tier_names(tiers: tuple["TierConfig", ...], where: str) -> None:
     """Refuses a hierarchy that is empty, repeats a tier or is not ordered fastest first.
 
-    Args:
-        tiers: the hierarchy, fastest first; names in ``TIER_NAMES`` (``TierConfig`` checks that).
-        where: what holds the tiers (``"CacheConfig"``, ``"RunSpec.tiers"``), for the message.
-
     Raises:
-        ConfigError: names ``where`` and the tier names as given.
+        ConfigError: names ``where`` (``"CacheConfig"``, ``"RunSpec.tiers"``) and the tiers.
     """
-    if not tiers:
-        raise ConfigError(f"{where}: at least one tier is needed")
     names = [t.name for t in tiers]
-    if len(set(names)) != len(names):
-        raise ConfigError(f"{where}: tier names repeat: {names}")
     order = [TIER_NAMES.index(n) if n in TIER_NAMES else len(TIER_NAMES) for n in names]
-    if order != sorted(order):
-        raise ConfigError(f"{where}: tiers must be ordered fastest first (hbm, dram, nvme), got {names}")
+    if not tiers or len(set(names)) != len(names) or order != sorted(order):
+        why = ("at least one tier is needed" if not tiers else f"tier names repeat: {names}" if len(set(names)) != len(names)
+               else f"tiers must be ordered fastest first (hbm, dram, nvme), got {names}")
+        raise ConfigError(f"{where}: {why}")
 
 
 @dataclass(frozen=True)

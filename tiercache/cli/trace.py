@@ -30,7 +30,7 @@ from ..sim.oracle import export_trace, trace_layout
 from ..sim.steptrace import write_steps
 from ..sim.traces import MAX_LINE_BYTES, write_requests
 from ..sim.tracestats import TraceStats, trace_stats
-from .replay import Once, _block_tokens as replay_block_tokens
+from .replay import Once, OnceFlag, _block_tokens as replay_block_tokens
 from .tracefile import read_trace
 
 __all__ = ["add_parser", "format_stats"]
@@ -347,6 +347,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     export.add_argument("--per-layer", action="store_true",
                         help="blocks hold one layer: what a step trace's blocks always are (its ids are per layer), "
                              "so it changes nothing there; refused on request traces, whose blocks hold every layer")
-    export.add_argument("--no-trace-cache", action="store_true",
+    export.add_argument("--no-trace-cache", action=OnceFlag,
                         help="read the trace without the binary trace cache ($TIERCACHE_TRACE_CACHE)")
     export.set_defaults(func=_cmd_export)

@@ -32,14 +32,15 @@ before the digest covered the fingerprint).
 
 The cache folder is ``$TIERCACHE_TRACE_CACHE``, or ``~/.cache/tiercache/traces``. Step traces
 are not cached (they are read as before). Each write tidies the folder: temporary folders a
-killed writer left (its pid, in the folder's name, gone; or older than ``ABANDONED_S``) and
-the trace's entries of other versions or parsers go, then the least recently used entries (a
-hit renews an entry) while the entries and live writers' temporary folders take more than
-``$TIERCACHE_TRACE_CACHE_BYTES`` (default 16 GiB).
+killed writer left (no live writer holds the lock a writer keeps in its folder; a folder
+without one: older than ``ABANDONED_S``) and the trace's entries of other versions or parsers
+go, then the least recently used entries (a hit renews an entry) while the entries take more
+than ``$TIERCACHE_TRACE_CACHE_BYTES`` (default 16 GiB); live writers' folders are not counted.
 """
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import os
 import re
@@ -49,6 +50,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import orjson
 import xxhash
 
 import tiercache
@@ -58,7 +60,7 @@ from tiercache.results import TraceKind
 
 from .loader import Trace, is_kvtester_workload, load_trace
 from .prep import dense_and_next_use
-from .traces import MAX_TOKENS, FlatTrace, refuse_special_file, trace_fingerprint
+from .traces import MAX_LINE_BYTES, MAX_TOKENS, FlatTrace, refuse_special_file, trace_fingerprint
 
 __all__ = ["load_trace_cached", "default_cache_dir", "VERSION"]
 
@@ -72,9 +74,9 @@ VERSION = 5
 #: digest of their source, so a parser changed in any way (a fix that refuses what it used to
 #: accept, say) never reads an entry an older parser wrote, with or without a VERSION bump.
 _PARSER_MODULES = ("traces", "tracelines", "bulkparse", "fastscan", "loader", "prep", "tracecache", "kvtester", "kvfolder", "steptrace")
-#: Seconds after which a temporary folder (``.partial-*``, ``.stale-*``) counts as abandoned
-#: (its writer was killed) and the next write removes it, whatever process made it; one named
-#: with its writer's pid (``_temporary``) goes as soon as no process has that pid.
+#: Seconds after which a temporary folder (``.partial-*``, ``.stale-*``) without a writer's
+#: lock (``_hold``) counts as abandoned (its writer was killed) and the next write removes it;
+#: one with the lock goes as soon as no live writer holds it.
 ABANDONED_S = 3600
 #: Bytes the cache's entries may take before a write removes the least recently used ones
 #: (``$TIERCACHE_TRACE_CACHE_BYTES`` overrides it; the entry just written always stays).
@@ -108,7 +110,7 @@ def load_trace_cached(path: str | os.PathLike, cache_dir: str | os.PathLike | No
     """
     name = os.fspath(path)
     refuse_special_file(name)
-    if is_kvtester_workload(name):  # fingerprinted with names, seed and gap: see the module docstring
+    if is_kvtester_workload(name) or _step_trace(name):  # kv-cache-tester: fingerprinted with names, seed and gap
         return load_trace(name)
     folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     looked_up = _file_fingerprint(name)
@@ -125,6 +127,19 @@ def load_trace_cached(path: str | os.PathLike, cache_dir: str | os.PathLike | No
     if trace.fingerprint == looked_up:  # else the file changed during the parse: not cached (module docstring)
         _write(trace, folder, _entry(folder, trace.fingerprint))
     return trace
+
+
+def _step_trace(name: str) -> bool:
+    """Whether the file's first line is a JSON object without ``hash_ids``: a step trace (its
+    header or first record), never cached, so not hashed for a lookup either. Anything else
+    (a request, a line that is not JSON, an unreadable file) goes the cached way, where
+    ``load_trace`` names any error."""
+    try:
+        with open(name, "rb") as handle:
+            record = orjson.loads(handle.readline(MAX_LINE_BYTES + 1))
+    except (OSError, orjson.JSONDecodeError):
+        return False
+    return isinstance(record, dict) and "hash_ids" not in record
 
 
 def _file_fingerprint(name: str) -> str | None:
@@ -222,8 +237,9 @@ def _write(trace: Trace, folder: Path, entry: Path) -> None:
     already there (one that failed its checks) is moved aside and removed first.
 
     An OSError (a read-only or full disk) skips the cache. The temporary folder is the
-    entry after the rename, and removed on any failure; one a killed writer left behind is
-    removed by a later write (``_tidy``), which also keeps the cache within its budget.
+    entry after the rename, and removed on any failure; while it is written its writer holds
+    a lock in it (``_hold``), so one a killed writer left behind is removed by the next write
+    (``_tidy``), which also keeps the cache within its budget.
     """
     req = trace.requests
     arrays = {"ids": trace.ids, "offsets": trace.offsets, "timestamps": req.timestamps,
@@ -233,19 +249,22 @@ def _write(trace: Trace, folder: Path, entry: Path) -> None:
     arrays[_DIGEST] = np.frombuffer(_digest(trace.fingerprint, arrays), dtype=np.uint8)
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        tmp = _temporary(folder, "partial")
+        tmp = Path(tempfile.mkdtemp(dir=folder, prefix=".partial-"))
     except OSError:
         return
-    renamed = False
+    renamed, lock = False, _hold(tmp)
     try:
         for key, value in arrays.items():
             np.save(tmp / f"{key}.npy", value, allow_pickle=False)
         _discard(entry, folder)
+        _release(tmp, lock)
+        lock = None
         os.replace(tmp, entry)
         renamed = True
     except OSError:  # a full disk; or another process wrote the entry first: theirs is the same
         pass
     finally:
+        _release(tmp, lock)
         if not renamed:
             shutil.rmtree(tmp, ignore_errors=True)
     if renamed:
@@ -253,27 +272,25 @@ def _write(trace: Trace, folder: Path, entry: Path) -> None:
 
 
 def _tidy(folder: Path, kept: Path, fingerprint: str) -> None:
-    """After a write: removes temporary folders abandoned by killed writers (older than
-    ``ABANDONED_S``), the trace's entries of other versions or parsers (never read again),
+    """After a write: removes temporary folders abandoned by killed writers (``_abandoned``:
+    no live writer holds their lock, or older than ``ABANDONED_S``), the trace's entries of other versions or parsers (never read again),
     entries of the first version (``_FIRST_ENTRY``: no reader reads them), then the least
     recently used entries while the cache is over its budget (``_budget``), never ``kept``;
     nothing else is touched (``_TEMPORARY``, ``_ENTRY``: the cache folder may hold unrelated
     files). Best effort: an entry another process removes or uses meanwhile is
     skipped (a reader that loses its entry parses the trace again)."""
-    now, entries, busy = time.time(), [], 0
+    now, entries = time.time(), []
     for path in _listing(folder):  # only what this module names: the folder may hold other things
         if not any(pattern.fullmatch(path.name) for pattern in (_TEMPORARY, _ENTRY, _FIRST_ENTRY)):
             continue
-        if temporary := _TEMPORARY.fullmatch(path.name):
-            if _abandoned(temporary, now - _mtime(path)):
+        if _TEMPORARY.fullmatch(path.name):
+            if _abandoned(path, now - _mtime(path)):
                 shutil.rmtree(path, ignore_errors=True)
-            else:  # a live writer's: its bytes count against the budget too
-                busy += _size(path)
         elif _FIRST_ENTRY.fullmatch(path.name) or (path != kept and path.name.startswith(f"{fingerprint}-v")):
             _discard(path, folder)
         elif path != kept and path.is_dir() and not path.is_symlink():
             entries.append((_mtime(path), path))
-    total = busy + _size(kept) + sum(_size(path) for _, path in entries)
+    total = _size(kept) + sum(_size(path) for _, path in entries)
     for _, path in sorted(entries):
         if total <= _budget():
             break
@@ -281,37 +298,66 @@ def _tidy(folder: Path, kept: Path, fingerprint: str) -> None:
         _discard(path, folder)
 
 
-#: Names this module gives: temporary folders (``_temporary``: the writer's pid, then
-#: ``tempfile.mkdtemp``'s 8 characters; earlier versions' without the pid) and entries
-#: (``_entry_name``; older versions without the parser tag too).
-_TEMPORARY = re.compile(r"\.(partial|stale)-(?:(?P<pid>[0-9]{1,7})-)?[a-z0-9_]{8}")
-
-
-def _temporary(folder: Path, kind: str) -> Path:
-    """A new temporary folder in ``folder``, ``.<kind>-<pid>-XXXXXXXX``: named with this
-    process's pid, so that a later write knows it abandoned once the pid is gone."""
-    return Path(tempfile.mkdtemp(dir=folder, prefix=f".{kind}-{os.getpid()}-"))
-
-
-def _abandoned(name: re.Match, age: float) -> bool:
-    """Whether the temporary folder named ``name`` (a ``_TEMPORARY`` match) ``age`` seconds
-    old was left by a killed writer: its pid names no process (a pid reused since still
-    keeps it, until ``ABANDONED_S``), or it is older than ``ABANDONED_S``."""
-    if age > ABANDONED_S:
-        return True
-    pid = name["pid"]
-    if pid is None or int(pid) == os.getpid():
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except OSError:  # PermissionError: another user's live process
-        return False
-    return False
+#: Names this module gives: temporary folders (``tempfile.mkdtemp``'s 8 characters after the
+#: prefix; a pid before them in some written in December 2026) and entries (``_entry_name``;
+#: older versions without the parser tag too).
+_TEMPORARY = re.compile(r"\.(partial|stale)-(?:[0-9]{1,7}-)?[a-z0-9_]{8}")
 _ENTRY = re.compile(r"xxh3-128:[0-9a-f]{32}-v[0-9]+(-[0-9a-f]{16})?")
 #: Entries of the first version (blake2b fingerprints, with no scheme prefix): never read again.
 _FIRST_ENTRY = re.compile(r"[0-9a-f]{32}-v1")
+
+
+#: The file in a temporary folder its writer holds an ``flock`` on while it writes there.
+_WRITER = ".writer"
+
+
+def _hold(tmp: Path) -> int | None:
+    """Marks ``tmp`` as being written: an ``flock`` held on ``tmp/.writer`` (the kernel drops
+    it when the writer dies, whatever pid namespace or host it ran in); the open descriptor,
+    or None where no lock can be taken (the folder then keeps the hour, ``_abandoned``). The
+    file is locked under another name first, so ``.writer`` is never there unlocked."""
+    fresh = tmp / f"{_WRITER}-new"
+    try:
+        fd = os.open(fresh, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.rename(fresh, tmp / _WRITER)
+    except OSError:
+        os.close(fd)
+        fresh.unlink(missing_ok=True)
+        return None
+    return fd
+
+
+def _release(tmp: Path, fd: int | None) -> None:
+    """Takes the writer's lock file out of ``tmp`` (before it becomes an entry) and closes it."""
+    if fd is None:
+        return
+    try:
+        os.unlink(tmp / _WRITER)
+    except OSError:
+        pass
+    os.close(fd)
+
+
+def _abandoned(path: Path, age: float) -> bool:
+    """Whether the temporary folder ``path``, ``age`` seconds old, was left by a killed writer:
+    its ``.writer`` can be locked (no live writer holds it: ``_hold``), or, without one (an
+    older version's folder, a writer between its last write and the rename, a ``.stale-*``
+    folder), it is older than ``ABANDONED_S``."""
+    try:
+        fd = os.open(path / _WRITER, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:
+        return age > ABANDONED_S
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:  # BlockingIOError: a live writer holds it
+        return False
+    finally:
+        os.close(fd)
+    return True
 
 
 def _listing(folder: Path) -> list[Path]:
@@ -350,7 +396,7 @@ def _discard(entry: Path, folder: Path) -> None:
     deleted), then deleted. ``os.replace`` cannot replace a folder that holds files."""
     if not entry.exists() and not entry.is_symlink():
         return
-    stale = _temporary(folder, "stale")
+    stale = Path(tempfile.mkdtemp(dir=folder, prefix=".stale-"))
     try:
         os.replace(entry, stale / "entry")
     except OSError:
