@@ -1,90 +1,214 @@
-"""A fast path for reading a whole Mooncake request trace: one orjson call per chunk of lines.
+"""A fast path for reading a Mooncake request trace: windows of lines, one orjson call per chunk.
 
-``bulk_requests(data)`` parses the file's bytes as one JSON array per ~1 MiB chunk, pulls the
-fields out with C-level list operations and checks every type and range in bulk (one pass
-over all ids). It returns None as soon as anything is unusual (a non-object line, a missing
-field, a non-integer, a negative or too large value, a token count over ``MAX_TOKENS``, a
-line over ``MAX_LINE_BYTES``, a record whose format is not the first one's, malformed
-JSON, a line that is not exactly one record, a record that may repeat a key): the caller
-then reads the file with the validating line-by-line reader, which names the file, line
-and field of the error. So both paths accept exactly the same traces and build the same
+``load_requests`` reads a request trace one window of whole lines at a time (``WINDOW_BYTES``,
+cut at a line break), parses each with the compiled scanner (``fastscan``, the plain form)
+or else with orjson, and appends the records to growing arrays (``fastscan.FlatColumns``):
+memory holds the arrays and one window, whatever the file's size; the fingerprint digest is
+updated as the bytes are read. ``bulk_requests(data)`` parses bytes held whole the same way.
+The orjson path parses one JSON array per ~1 MiB chunk, pulls the fields out with C-level
+list operations and checks every type and range in bulk (one pass over all ids). Both give
+up (False, None) as soon as anything is unusual (a non-object line, a missing field, a
+non-integer, a negative or too large value, a token count over ``MAX_TOKENS``, a line over
+``MAX_LINE_BYTES``, a record whose format is not the first one's, malformed JSON, a line
+that is not exactly one record, a record that may repeat a key): the caller then reads the
+file with the validating line-by-line reader, which names the file, line and field of the
+error. Every check concerns one line (counts over a chunk only decide whether to look
+closer), so cutting windows and chunks at line breaks changes no verdict; the one thing a
+record is checked against, the first record's format, ``load_requests`` reads first and
+applies to every window. So both paths accept exactly the same traces and build the same
 arrays (tested).
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import itertools
 import re
 from operator import itemgetter
+from typing import BinaryIO, Iterator
 
 import numpy as np
 import orjson
 
+from . import tracelines
+from .fastscan import FlatColumns, capacities, scan_into
 from .tracelines import keys_spelled_once
 from .traces import MAX_TOKENS, FlatTrace, first_long_line, request_format
 
-__all__ = ["bulk_requests", "MAX_BULK_BYTES"]
+__all__ = ["bulk_requests", "load_requests", "WINDOW_BYTES"]
 
-#: Larger files are read by the streaming reader (bounded memory).
-MAX_BULK_BYTES = 1 << 30
+#: The bytes ``load_requests`` reads and parses at a time (a window grows only to hold a
+#: line longer than it, up to ``MAX_LINE_BYTES``).
+WINDOW_BYTES = 64 << 20
 _CHUNK_BYTES = 1 << 20
+#: The bytes of the first window whose ids and lines per byte size the arrays.
+_SAMPLE_BYTES = 4 << 20
 _META = itemgetter("timestamp", "input_length", "output_length")
-_INT64_MAX = (1 << 63) - 1
 #: A comma right after an object's ``}`` (JSON whitespace between, no line break): where two
 #: records could sit on one line.
 _COMMA_AFTER_OBJECT = re.compile(rb"\}[ \t\r]*,")
 
 
+def load_requests(handle: BinaryIO, size: int, digest) -> tuple[FlatTrace, bool] | None:
+    """The flat arrays of the request trace open in ``handle`` (read from its start; ``size``,
+    its length in bytes, sizes the arrays and need not be exact), and whether it is a Bailian
+    trace (``traces.request_format`` of its first line: seconds, 16-token blocks); or None
+    to defer to the line reader: a first line that is not a request record (a step trace,
+    among others), anything the parsers give up on, no records at all.
+
+    ``digest`` (a ``fingerprint_digest``) is updated with every byte of the file, in order,
+    when the arrays are returned. Peak memory is the arrays plus about one window: they grow
+    in place, by half when an estimate from the first window falls short, and are trimmed at
+    the end without a copy.
+
+    Raises:
+        OSError: the file could not be read.
+    """
+    with _gc_paused():
+        parsed = _parse_windows(_line_windows(handle, size, digest), size)
+    if parsed is None:
+        return None
+    columns, bailian = parsed
+    return columns.finish(), bailian
+
+
+def _parse_windows(windows: Iterator[tuple[bytearray, int] | None], size: int) -> tuple[FlatColumns, bool] | None:
+    """The records of every window appended to new columns sized by the start of the first
+    window (``_SAMPLE_BYTES`` of it), and the trace's format (``_first_line_format``); None as
+    ``load_requests``."""
+    columns = None
+    bailian = False
+    for window in windows:
+        if window is None:
+            return None  # a line over MAX_LINE_BYTES
+        if columns is None:
+            first = _first_line_format(*window)
+            if first is None:
+                return None
+            columns, bailian = FlatColumns(*capacities(window[0], min(window[1], _SAMPLE_BYTES), size)), first
+        scanned = not bailian and scan_into(columns, *window)  # the compiled scanner reads no Bailian record
+        if not scanned and not bulk_into(columns, *window, seconds=bailian):
+            return None
+    if columns is None or not columns.records:
+        return None  # no records: the line reader says the trace is empty
+    return columns, bailian
+
+
+def _first_line_format(data: bytearray, end: int) -> bool | None:
+    """Whether the trace whose first window is ``data[:end]`` is a Bailian trace, from its
+    first line; None when that line is not a JSON object spelling ``"hash_ids"`` (the line
+    reader then reads the trace, or names its error)."""
+    cut = data.find(b"\n", 0, end)
+    line = bytes(memoryview(data)[: end if cut < 0 else cut])
+    if not line.lstrip().startswith(b"{") or b'"hash_ids"' not in line:
+        return None
+    try:
+        record = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return None
+    return request_format(record) == "bailian" if isinstance(record, dict) else None
+
+
+def _line_windows(handle: BinaryIO, size: int, digest) -> Iterator[tuple[bytearray, int] | None]:
+    """Windows of the file open in ``handle``: ``(buffer, end)``, where ``buffer[:end]`` holds
+    the next whole lines, line breaks included (the last line of the file may have none).
+
+    One buffer of ``WINDOW_BYTES`` (at most the file's ``size`` plus one) is reused: a window
+    must be used before the next is asked for. The partial line after a window's last line
+    break moves to the buffer's start and the read goes on behind it; a buffer holding no
+    line break grows to twice its size, or, when its bytes are already more than
+    ``MAX_LINE_BYTES`` (the line reader refuses that line), None is yielded and nothing
+    more. Each byte updates ``digest`` once, in file order, as it is read.
+    """
+    buf = bytearray(max(1, min(WINDOW_BYTES, size + 1)))
+    fill = 0
+    while True:
+        end = fill + _read_into(handle, buf, fill)
+        digest.update(memoryview(buf)[fill:end])
+        if end < len(buf):  # the end of the file
+            if end:
+                yield buf, end
+            return
+        cut = buf.rfind(b"\n", 0, end) + 1
+        if cut == 0:  # one line fills the buffer
+            if end > tracelines.MAX_LINE_BYTES:
+                yield None
+                return
+            grown = bytearray(2 * len(buf))
+            grown[:end] = buf
+            buf, fill = grown, end
+            continue
+        yield buf, cut
+        buf[: end - cut] = buf[cut:end]
+        fill = end - cut
+
+
+def _read_into(handle: BinaryIO, buf: bytearray, start: int) -> int:
+    """Reads into ``buf[start:]`` until it is full or the file ends; the bytes read."""
+    total = start
+    with memoryview(buf) as view:
+        while total < len(buf):
+            read = handle.readinto(view[total:])
+            if not read:
+                break
+            total += read
+    return total - start
+
+
 def bulk_requests(data: bytes, seconds: bool = False) -> FlatTrace | None:
-    """The flat arrays of a request trace's bytes, or None to defer to the line reader.
+    """The flat arrays of a whole request trace's bytes, or None to defer to the line reader.
 
     With ``seconds`` (a Bailian trace, ``traces.request_format``) timestamps may be floats, in
     seconds, and become milliseconds rounded to nearest, as the line reader converts them.
-
-    The cyclic garbage collector is paused meanwhile: the parse makes one dict and one list
-    per request and no cycles, and collections triggered by those allocations made a 10x
-    larger trace take 16x longer to load.
     """
-    if first_long_line(data) is not None:
-        return None  # the line reader names the line that is too long
+    with _gc_paused():
+        columns = FlatColumns(*capacities(data, len(data), len(data)))
+        if not bulk_into(columns, data, len(data), seconds) or not columns.records:
+            return None
+    return columns.finish()
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Pauses the cyclic garbage collector: the parse makes one dict and one list per request
+    and no cycles, and collections triggered by those allocations made a 10x larger trace
+    take 16x longer to load."""
     paused = gc.isenabled()
     gc.disable()
     try:
-        return _bulk_requests(data, seconds)
+        yield
     finally:
         if paused:
             gc.enable()
 
 
-def _bulk_requests(data: bytes, seconds: bool) -> FlatTrace | None:
-    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+def bulk_into(columns: FlatColumns, data, end: int, seconds: bool = False) -> bool:
+    """Appends the records of ``data[:end]`` (bytes or a bytearray; whole lines) to ``columns``,
+    parsed a chunk of about ``_CHUNK_BYTES`` of lines at a time, so the Python objects of only
+    one chunk exist at once; False when a chunk is unusual (``_chunk``) or holds a line over
+    ``MAX_LINE_BYTES`` (then ``columns`` may hold part of the records: the caller defers)."""
     start = 0
-    while start < len(data):
-        cut = data.find(b"\n", start + _CHUNK_BYTES)
-        end = len(data) if cut < 0 else cut + 1
-        part = _chunk(data[start:end], seconds)
-        start = end
-        if part is None:
-            return None
-        if len(part[1]):
-            parts.append(part)
-    if not parts:
-        return None  # no records: the line reader says the trace is empty
-    ids = np.concatenate([p[0] for p in parts])
-    lengths = np.concatenate([p[1] for p in parts])
-    cols = np.concatenate([p[2] for p in parts])
-    offsets = np.zeros(len(lengths), dtype=np.int64)
-    np.cumsum(lengths[:-1], out=offsets[1:])
-    return FlatTrace(ids, offsets, cols[:, 0].copy(), cols[:, 1].copy(), cols[:, 2].copy())
+    with memoryview(data) as view:
+        while start < end:
+            cut = data.find(b"\n", start + _CHUNK_BYTES, end)
+            stop = end if cut < 0 else cut + 1
+            text = bytes(view[start:stop])
+            start = stop
+            if text.isspace():
+                continue  # blank lines only: no records (the line reader skips them too)
+            part = None if first_long_line(text) is not None else _chunk(text, seconds)
+            if part is None:
+                return False
+            ids, lengths, cols = part
+            columns.append(ids, lengths, cols[:, 0], cols[:, 1], cols[:, 2])
+    return True
 
 
 def _chunk(text: bytes, seconds: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """(ids, ids per request, [timestamp, input, output] per request) of whole lines, or None.
 
-    Chunks are converted to arrays one at a time, so the Python objects of only one chunk
-    (about 1 MiB of text) exist at once: memory stays near the arrays' 8 B per id. The
-    lines must hold one record each (``_one_record_per_line``) and no record may repeat a
+    The lines must hold one record each (``_one_record_per_line``) and no record may repeat a
     key (``keys_spelled_once``), as the line reader requires.
     """
     parsed = _parse_lines(text)

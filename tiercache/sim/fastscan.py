@@ -11,6 +11,10 @@ string value, a float, a sign, a leading zero, a value of 2**63 or more, a token
 validating line reader, which names the file, line and field of any error. So the three
 paths accept the same traces and build the same arrays; the tests compare them on random
 traces with random whitespace and key order.
+
+``scan_into`` scans one window of a file's lines into ``FlatColumns``, arrays that grow as
+windows are appended (``bulkparse.load_requests``: memory holds the arrays and one window);
+nothing the scanner checks spans two lines, so where a window is cut changes no verdict.
 """
 
 from __future__ import annotations
@@ -19,9 +23,10 @@ import numpy as np
 
 from tiercache.policies.kernels import HAVE_NUMBA, njit
 
-from .traces import MAX_TOKENS, FlatTrace, first_long_line
+from . import tracelines
+from .traces import MAX_TOKENS, FlatTrace
 
-__all__ = ["scan_requests"]
+__all__ = ["scan_requests", "scan_into", "capacities", "FlatColumns"]
 
 _INT64_MAX = (1 << 63) - 1
 # The four keys, as byte codes, and their column (3: hash_ids).
@@ -102,7 +107,8 @@ def _key(buf, pos, k0, k1, k2, k3):
 @njit
 def _id_list(buf, pos, ids, count):
     """Parses the JSON list of integers at ``pos`` into ``ids[count:]``; (the position after
-    its ``]``, the new count), or (-1, count) when it is not a plain list that fits."""
+    its ``]``, the new count), (-1, count) when it is not a plain list, (-2, count) when
+    ``ids`` is full."""
     n = len(buf)
     if pos >= n or buf[pos] != _LBRACKET:
         return -1, count
@@ -111,7 +117,7 @@ def _id_list(buf, pos, ids, count):
         return pos + 1, count
     while True:
         if count >= len(ids):
-            return -1, count
+            return -2, count
         pos = _uint(buf, pos, ids, count)
         if pos < 0:
             return -1, count
@@ -126,50 +132,70 @@ def _id_list(buf, pos, ids, count):
 
 
 @njit
-def _scan(buf, k0, k1, k2, k3, ids, lengths, meta):
-    """(records, ids) written, or (-1, 0) when the bytes are not in the plain form."""
+def _record(buf, pos, k0, k1, k2, k3, ids, count, stamps, inputs, outputs, r):
+    """Parses the object whose ``{`` is at ``pos`` as record ``r`` (its ids from ``ids[count]``
+    on); (the position after its ``}``, the new count), or (-1, count) when it is not a plain
+    record, (-2, count) when ``ids`` is full."""
+    n = len(buf)
+    pos += 1
+    seen = 0
+    while True:
+        pos = _skip_inline(buf, pos)
+        if pos >= n or buf[pos] != _QUOTE:
+            return -1, count
+        column, pos = _key(buf, pos + 1, k0, k1, k2, k3)
+        if column < 0 or seen & (1 << column):
+            return -1, count
+        seen |= 1 << column
+        pos = _skip_inline(buf, pos)
+        if pos >= n or buf[pos] != _COLON:
+            return -1, count
+        pos = _skip_inline(buf, pos + 1)
+        if column < 3:
+            pos = _uint(buf, pos, stamps if column == 0 else (inputs if column == 1 else outputs), r)
+        else:
+            pos, count = _id_list(buf, pos, ids, count)
+        if pos < 0:
+            return pos, count
+        pos = _skip_inline(buf, pos)
+        if pos < n and buf[pos] == _COMMA:
+            pos += 1
+        elif pos < n and buf[pos] == _RBRACE:
+            return (pos + 1, count) if seen == 15 else (-1, count)
+        else:
+            return -1, count
+
+
+@njit
+def _scan(buf, limit, k0, k1, k2, k3, ids, lengths, stamps, inputs, outputs):
+    """(records, ids) written, (-1, 0) when the bytes are not in the plain form (a line over
+    ``limit`` bytes, its break included, among them: the line reader refuses it), or (-2, 0)
+    when ``ids`` or the per-record arrays are full.
+
+    Record ``r`` gets ``lengths[r]`` (its id count) and its three fields; its ids follow the
+    previous record's in ``ids``."""
     n = len(buf)
     pos = 0
     r = 0
     count = 0
+    line_start = 0
     while True:
         while pos < n and (buf[pos] == _SPACE or buf[pos] == _TAB or buf[pos] == _CR or buf[pos] == _LF):
+            if buf[pos] == _LF:
+                if pos + 1 - line_start > limit:
+                    return -1, 0
+                line_start = pos + 1
             pos += 1
         if pos >= n:
-            return r, count
-        if buf[pos] != _LBRACE or r >= len(lengths):
+            return (r, count) if n - line_start <= limit else (-1, 0)
+        if buf[pos] != _LBRACE:
             return -1, 0
-        pos += 1
-        seen = 0
+        if r >= len(lengths):
+            return -2, 0
         first = count
-        while True:
-            pos = _skip_inline(buf, pos)
-            if pos >= n or buf[pos] != _QUOTE:
-                return -1, 0
-            column, pos = _key(buf, pos + 1, k0, k1, k2, k3)
-            if column < 0 or seen & (1 << column):
-                return -1, 0
-            seen |= 1 << column
-            pos = _skip_inline(buf, pos)
-            if pos >= n or buf[pos] != _COLON:
-                return -1, 0
-            pos = _skip_inline(buf, pos + 1)
-            if column < 3:
-                pos = _uint(buf, pos, meta[r], column)
-            else:
-                pos, count = _id_list(buf, pos, ids, count)
-            if pos < 0:
-                return -1, 0
-            pos = _skip_inline(buf, pos)
-            if pos < n and buf[pos] == _COMMA:
-                pos += 1
-                continue
-            if pos < n and buf[pos] == _RBRACE:
-                pos += 1
-                break
-            return -1, 0
-        if seen != 15:
-            return -1, 0
+        pos, count = _record(buf, pos, k0, k1, k2, k3, ids, count, stamps, inputs, outputs, r)
+        if pos < 0:
+            return pos, 0
         lengths[r] = count - first
         r += 1
         pos = _skip_inline(buf, pos)
@@ -178,34 +204,122 @@ def _scan(buf, k0, k1, k2, k3, ids, lengths, meta):
 
 
 def scan_requests(data: bytes) -> FlatTrace | None:
-    """The flat arrays of a trace in the plain form (see the module docstring), or None."""
-    if not HAVE_NUMBA or not data or first_long_line(data) is not None:
+    """The flat arrays of a whole trace's bytes in the plain form (see the module docstring),
+    or None."""
+    if not HAVE_NUMBA or not data:
         return None
-    buf = np.frombuffer(data, dtype=np.uint8)
-    records_cap, ids_cap = _capacities(data)
-    ids = np.empty(ids_cap, dtype=np.int64)
-    lengths = np.empty(records_cap, dtype=np.int64)
-    meta = np.empty((records_cap, 3), dtype=np.int64)
-    records, count = _scan(buf, _KEY0, _KEY1, _KEY2, _KEY3, ids, lengths, meta)
-    if records <= 0 or int(meta[:records, 1:].max()) > MAX_TOKENS:
-        return None  # not the plain form, or a token count the line reader refuses
-    offsets = np.zeros(records, dtype=np.int64)
-    np.cumsum(lengths[: records - 1], out=offsets[1:])
-    return FlatTrace(ids[:count].copy(), offsets, meta[:records, 0].copy(), meta[:records, 1].copy(),
-                     meta[:records, 2].copy())
+    columns = FlatColumns(*capacities(data, len(data), len(data)))
+    if not scan_into(columns, data, len(data)) or not columns.records:
+        return None
+    return columns.finish()
 
 
-#: Up to this size the output arrays are sized from the byte count alone (untouched pages
-#: cost no memory); beyond it the bytes are counted, so the reservation stays near the need.
-_SIZE_BOUND_BYTES = 256 << 20
+def scan_into(columns: FlatColumns, data, end: int) -> bool:
+    """Appends the records of ``data[:end]`` (bytes or a bytearray; whole lines) to ``columns``
+    when all of it is in the plain form; False, ``columns`` unchanged, when not (or without
+    numba): then the orjson parser (``bulkparse``) reads them, or defers.
+
+    The scan writes straight into the columns' free room; when that runs out the columns
+    grow by the most this many bytes can hold (an id takes at least two bytes, a digit and a
+    separator; a plain record far more than 16) and the scan starts over, so each call
+    grows them at most once.
+    """
+    if not HAVE_NUMBA:
+        return False
+    if end == 0:
+        return True
+    buf = np.frombuffer(data, dtype=np.uint8, count=end)
+    while True:
+        ids, lengths, stamps, inputs, outputs = columns.free()
+        records, count = _scan(buf, tracelines.MAX_LINE_BYTES, _KEY0, _KEY1, _KEY2, _KEY3, ids, lengths, stamps,
+                               inputs, outputs)
+        if records != -2:
+            break
+        columns.reserve(end // 2 + 1, end // 16 + 1)
+    if records < 0 or (records and max(int(inputs[:records].max()), int(outputs[:records].max())) > MAX_TOKENS):
+        return False  # not the plain form, or a token count the line reader refuses
+    columns.commit(records, count)
+    return True
 
 
-def _capacities(data: bytes) -> tuple[int, int]:
-    """Upper bounds of (records, ids) in ``data``: an id takes at least two bytes (a digit and
-    a separator) and a record at least 16 (``{"hash_ids":[]}`` plus its line break; a plain
-    record has four keys); a scan that would pass either falls back to the parsers, it never
-    writes past them."""
-    if len(data) <= _SIZE_BOUND_BYTES:
-        return len(data) // 16 + 1, len(data) // 2 + 1
-    records = data.count(b"{") + 1
-    return records, data.count(b",") + records
+def capacities(data, end: int, size: int) -> tuple[int, int]:
+    """Estimates of the (ids, records) of a trace of ``size`` bytes whose first ``end`` bytes
+    are ``data[:end]``: whole lines hold at most one record per line and one id per comma or
+    line (a record's ``k`` ids have ``k - 1`` commas between them). Upper bounds when
+    ``end == size``; else those counts scaled by ``size / end``, an eighth to spare: a guess
+    (``FlatColumns`` grows when it falls short)."""
+    lines = data.count(b"\n", 0, end) + 1
+    scale = 1.0 if end >= size else size / max(end, 1) * 1.125
+    return int((data.count(b",", 0, end) + lines) * scale) + 1, int(lines * scale) + 1
+
+
+class FlatColumns:
+    """The arrays of a request trace being read, grown as records are appended in file order.
+
+    Invariants: ``ids[:count]`` holds the ids of the ``records`` records appended so far;
+    ``bounds[0] == 0`` and ``bounds[1 + r]`` is record ``r``'s id count; ``stamps``,
+    ``inputs`` and ``outputs`` hold their fields in ``[:records]``. Past that each array has
+    uninitialised room, allocated by ``np.empty`` and so taking no memory until written. A
+    full array grows by half (or to what is asked): one copy of what it holds. No view of
+    the arrays outlives the call that takes it (``free``'s are written and dropped), since
+    ``finish`` trims them in place.
+    """
+
+    def __init__(self, ids: int, records: int) -> None:
+        self.ids = np.empty(max(ids, 1), dtype=np.int64)
+        self.bounds = np.empty(max(records, 1) + 1, dtype=np.int64)
+        self.bounds[0] = 0
+        self.stamps, self.inputs, self.outputs = (np.empty(max(records, 1), dtype=np.int64) for _ in range(3))
+        self.count = 0
+        self.records = 0
+
+    def reserve(self, ids: int, records: int) -> None:
+        """Makes room for ``ids`` more ids and ``records`` more records."""
+        if self.count + ids > len(self.ids):
+            self.ids = _grown(self.ids, self.count, self.count + ids)
+        need = self.records + records
+        if need > len(self.stamps):
+            self.bounds = _grown(self.bounds, self.records + 1, need + 1)
+            self.stamps, self.inputs, self.outputs = (_grown(a, self.records, need)
+                                                      for a in (self.stamps, self.inputs, self.outputs))
+
+    def free(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Views of the room past what is held: (ids, id counts, timestamps, input lengths,
+        output lengths), for the next records; ``commit`` then counts what was written."""
+        r = self.records
+        return self.ids[self.count:], self.bounds[r + 1:], self.stamps[r:], self.inputs[r:], self.outputs[r:]
+
+    def commit(self, records: int, ids: int) -> None:
+        """Counts ``records`` records and their ``ids`` ids written into ``free()``'s views."""
+        self.records += records
+        self.count += ids
+
+    def append(self, ids: np.ndarray, lengths: np.ndarray, stamps: np.ndarray, inputs: np.ndarray,
+               outputs: np.ndarray) -> None:
+        """Appends records: their ids, and per record its id count and three fields."""
+        self.reserve(len(ids), len(lengths))
+        for room, values in zip(self.free(), (ids, lengths, stamps, inputs, outputs)):
+            room[: len(values)] = values
+        self.commit(len(lengths), len(ids))
+
+    def finish(self) -> FlatTrace:
+        """The flat trace of what was appended. The arrays are trimmed in place
+        (``ndarray.resize``: a ``realloc``, which shrinks a large block where it lies) and
+        the counts become offsets in place: no copy of the ids. The columns are spent."""
+        n = self.records
+        self.ids.resize(self.count, refcheck=False)
+        offsets = self.bounds
+        offsets.resize(n + 1, refcheck=False)
+        np.cumsum(offsets, out=offsets)
+        offsets.resize(n, refcheck=False)
+        for column in (self.stamps, self.inputs, self.outputs):
+            column.resize(n, refcheck=False)
+        return FlatTrace(self.ids, offsets, self.stamps, self.inputs, self.outputs)
+
+
+def _grown(array: np.ndarray, used: int, need: int) -> np.ndarray:
+    """A larger copy of ``array`` (its first ``used`` entries; the rest uninitialised): room
+    for ``need`` entries, and at least half again its length (amortised growth)."""
+    grown = np.empty(max(need, len(array) + len(array) // 2), dtype=array.dtype)
+    grown[:used] = array[:used]
+    return grown

@@ -17,8 +17,7 @@ import orjson
 from tiercache.errors import TraceError, UserError
 from tiercache.results import TraceInfo, TraceKind
 
-from .bulkparse import MAX_BULK_BYTES, bulk_requests
-from .fastscan import scan_requests
+from .bulkparse import load_requests
 from .kvtester import DEFAULT_MEAN_GAP_S, is_conversation_name, is_kvtester, load_kvtester_flat
 from .steptrace import FlatSteps, flat_steps, header_block_tokens, is_header
 from .traces import (MAX_LINE_BYTES, MOONCAKE_BLOCK_TOKENS, FlatTrace, check_token_counts, fingerprint_digest, refuse_special_file,
@@ -177,35 +176,22 @@ def _load(name: str, arrival_seed: int, mean_gap_s: float) -> Trace:
 
 
 def _load_requests_bulk(name: str) -> Trace | None:
-    """A request trace read whole and parsed in bulk (``fastscan`` for the plain form, else
-    ``bulkparse``); None defers to the streaming reader (a step trace, a large file, anything
-    it would report as an error)."""
+    """A request trace parsed in bulk, one window of lines at a time (``bulkparse.load_requests``:
+    ``fastscan`` for the plain form, else orjson), its fingerprint hashed as it is read; None
+    defers to the streaming reader (a step trace, anything it would report as an error)."""
+    digest = fingerprint_digest()
     try:
-        if not os.path.isfile(name) or os.path.getsize(name) > MAX_BULK_BYTES:
+        if not os.path.isfile(name):
             return None
         with open(name, "rb") as handle:
-            data = handle.read()
+            loaded = load_requests(handle, os.fstat(handle.fileno()).st_size, digest)
     except OSError:
         return None  # the streaming reader reports it
-    head = data.lstrip()[:4096]
-    first_line = data[: data.find(b"\n") if b"\n" in data else len(data)]
-    if not head.startswith(b"{") or b'"hash_ids"' not in first_line:
+    if loaded is None:
         return None
-    try:
-        record = orjson.loads(first_line)
-    except orjson.JSONDecodeError:
-        return None  # the streaming reader names the line
-    bailian = isinstance(record, dict) and request_format(record) == "bailian"
-    digest = fingerprint_digest()
-    digest.update(data)
-    fingerprint = fingerprint_of(digest)
-    requests = None if bailian else scan_requests(data)
-    if requests is None:
-        requests = bulk_requests(data, seconds=bailian)
-    if requests is None:
-        return None
+    requests, bailian = loaded
     check_token_counts(name, requests)
-    return Trace(name, TraceKind.REQUESTS, fingerprint, requests.ids, _with_end(requests.offsets, requests.ids),
+    return Trace(name, TraceKind.REQUESTS, fingerprint_of(digest), requests.ids, _with_end(requests.offsets, requests.ids),
                  requests=requests, block_tokens=format_block_tokens("bailian" if bailian else "mooncake"))
 
 

@@ -141,7 +141,9 @@ class ReplayData:
             dense, nu, n_ids = dense_and_next_use(trace.ids)
         if trace.is_write is not None:  # a step trace: a read is a use, a write a new block (step_next_use)
             nu = step_next_use(nu, trace.is_write)
-        max_count = int(np.bincount(dense, minlength=1).max()) if len(dense) else 0
+        counts = np.zeros(max(n_ids, 1), dtype=np.int64)  # add.at reads int32 ids in place (bincount made an int64 copy)
+        np.add.at(counts, dense, 1)
+        max_count = int(counts.max())
         return cls(trace, trace.ids, trace.offsets, nu, layout, profile, block_tokens, dense, n_ids, max_count)
 
     @property
