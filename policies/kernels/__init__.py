@@ -76,8 +76,9 @@ def numba_disabled() -> bool:
 #: kernels read constants of their Python classes, ``session.py``, ``cost_aware.py``, ``base.py``).
 #: numba freezes what a compiled function inlines (``dispatch.py``'s functions) and the module
 #: constants it reads (``traces.MAX_TOKENS``) into its cache: they are stamped with it.
-#: ``tests/test_kernel_cache_stamp.py`` checks that every module a compiled module imports is here.
-STAMPED_SIM_MODULES = ("chain", "dispatch", "prep", "fastscan", "traces")
+#: ``tests/test_kernel_cache_stamp.py`` checks that every module a compiled module imports is here
+#: (``fastscan`` reads ``tracelines.MAX_LINE_BYTES`` through the package: ``__init__`` too).
+STAMPED_SIM_MODULES = ("chain", "dispatch", "prep", "fastscan", "traces", "tracelines", "__init__", "stackdist")
 
 
 def stamped_sources() -> list:

@@ -12,9 +12,11 @@ every ``j < i`` with ``prev[j] > p`` lies inside ``(p, i)``, which gives::
 
     distinct(p, i) = (i - p - 1) - #{j < i : prev[j] > prev[i]}
 
-The count on the right ("earlier elements greater than me") is computed for all accesses at
-once with numpy, one stable partition per bit of ``prev`` (a wavelet matrix): O(N log N)
-work, no Python loop over accesses. Metadata plane: numpy only.
+With numba (``HAVE_NUMBA``) the distances come from ``stackdist``'s compiled Fenwick-tree
+walk instead (the same numbers; ~10x less memory, ~20x less time). Without it, the count on
+the right ("earlier elements greater than me") is computed for all accesses at once with
+numpy, one stable partition per bit of ``prev`` (a wavelet matrix): O(N log N) work, no
+Python loop over accesses.
 """
 
 from __future__ import annotations
@@ -24,10 +26,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from tiercache.policies.base import NO_NEXT_USE
+from tiercache.policies.kernels import HAVE_NUMBA
 
+from . import stackdist
 from .traces import next_use
 
-__all__ = ["ReuseHistogram", "previous_access", "stack_distances", "reuse_histogram", "lru_miss_ratio_curve"]
+__all__ = ["ReuseHistogram", "previous_access", "stack_distances", "distance_counts", "reuse_histogram",
+           "lru_miss_ratio_curve"]
 
 
 @dataclass(frozen=True)
@@ -78,10 +83,13 @@ def previous_access(ids: np.ndarray) -> np.ndarray:
     Shifted by one so the "none" case is 0 rather than a ``-1`` sentinel, which also keeps
     every value a non-negative integer for the bitwise counting below.
     """
-    ids = np.asarray(ids, dtype=np.int64)
-    following = next_use(ids)
+    return _previous_from_next(next_use(np.asarray(ids, dtype=np.int64)))
+
+
+def _previous_from_next(following: np.ndarray) -> np.ndarray:
+    """``previous_access`` from the next-use array ``following`` (``traces.next_use``)."""
     reused = np.flatnonzero(following != NO_NEXT_USE)
-    prev_plus_one = np.zeros(ids.size, dtype=np.int64)
+    prev_plus_one = np.zeros(following.size, dtype=np.int64)
     prev_plus_one[following[reused]] = reused + 1  # i is the previous access of next_use[i]
     return prev_plus_one
 
@@ -95,28 +103,49 @@ def _earlier_greater(values: np.ndarray) -> np.ndarray:
     element is greater than ``i`` at this bit exactly when its bit ``b`` is 1 and ``i``'s is 0;
     pairs that differ at a higher bit were counted at that bit. A stable partition on bit
     ``b`` then keeps the invariant for the next bit. Each bit costs O(N) numpy work.
+
+    Memory: the arrays are int32 while ``N`` and the values fit (about 30 B per element at
+    the peak), and the ones before each group's start come from a running maximum (the
+    exclusive count of ones never decreases), not from an index array and a gather.
     """
     n = values.size
     counts = np.zeros(n, dtype=np.int64)
     if n < 2:
         return counts
-    order = np.arange(n)
-    current = values.astype(np.int64, copy=True)
-    index = np.arange(n)
-    for bit in reversed(range(int(current.max()).bit_length())):
-        ones = (current >> bit) & 1
+    top = int(values.max())
+    narrow = np.int32 if max(n, top) < np.iinfo(np.int32).max else np.int64
+    order = np.arange(n, dtype=narrow)
+    current = values.astype(narrow)
+    for bit in reversed(range(top.bit_length())):
         prefix = current >> (bit + 1)
-        group_start = np.zeros(n, dtype=bool)
+        group_start = np.empty(n, dtype=bool)
         group_start[0] = True
-        group_start[1:] = prefix[1:] != prefix[:-1]
-        ones_before = np.cumsum(ones) - ones
-        first_of_group = np.maximum.accumulate(np.where(group_start, index, 0))
-        ones_before_in_group = ones_before - ones_before[first_of_group]
+        np.not_equal(prefix[1:], prefix[:-1], out=group_start[1:])
+        del prefix
+        ones = (current >> bit) & 1
+        in_group = np.cumsum(ones, dtype=narrow)
+        in_group -= ones  # ones strictly before, in the whole array
+        at_start = np.where(group_start, in_group, 0)
+        del group_start
+        in_group -= np.maximum.accumulate(at_start, out=at_start)  # ... and in the group only
+        del at_start
         zero = ones == 0
-        counts[order[zero]] += ones_before_in_group[zero]
+        del ones
+        counts[order[zero]] += in_group[zero]
+        del in_group
         order = np.concatenate((order[zero], order[~zero]))
         current = np.concatenate((current[zero], current[~zero]))
     return counts
+
+
+def _wavelet_distances(prev_plus_one: np.ndarray) -> np.ndarray:
+    """``stack_distances`` from ``previous_access``'s array, with numpy (no numba)."""
+    distances = np.arange(1, prev_plus_one.size + 1, dtype=np.int64)
+    # i + 1 - prev_plus_one - greater = distinct(p, i) + 1, with p = prev_plus_one - 1 (module docstring).
+    distances -= prev_plus_one
+    distances -= _earlier_greater(prev_plus_one)
+    distances[prev_plus_one == 0] = 0
+    return distances
 
 
 def stack_distances(ids: np.ndarray) -> np.ndarray:
@@ -127,22 +156,39 @@ def stack_distances(ids: np.ndarray) -> np.ndarray:
     Args:
         ids: int64 array of block ids in access order.
     """
-    prev_plus_one = previous_access(ids)
-    greater = _earlier_greater(prev_plus_one)
-    positions = np.arange(prev_plus_one.size, dtype=np.int64)
-    # distinct(p, i) + 1, with p = prev_plus_one - 1; see the module docstring.
-    distances = positions - prev_plus_one - greater + 1
-    distances[prev_plus_one == 0] = 0
-    return distances
+    ids = np.asarray(ids, dtype=np.int64)
+    if HAVE_NUMBA:
+        return stackdist.walk_distances(stackdist.next_positions(ids))
+    return _wavelet_distances(previous_access(ids))
+
+
+def distance_counts(ids: np.ndarray, touched: np.ndarray | None = None,
+                    following: np.ndarray | None = None) -> np.ndarray:
+    """Histogram of the stack distances of the accesses where ``touched`` (all when None).
+
+    Equal to ``np.bincount(stack_distances(ids)[touched], minlength=1)`` (int64; ``counts[0]``
+    counts first accesses, and the last entry is nonzero unless the histogram is ``[0]``),
+    but with numba no per-access distance is kept: the walk adds each one up as it goes.
+
+    Args:
+        ids: int64 array of block ids in access order.
+        touched: bool mask of the accesses to count (one per access), or None for all of them.
+        following: ``traces.next_use(ids)`` when the caller has it already (saves a sort).
+    """
+    ids = np.asarray(ids, dtype=np.int64)
+    if HAVE_NUMBA:
+        return stackdist.walk_counts(stackdist.next_positions(ids) if following is None else following, touched)
+    distances = _wavelet_distances(previous_access(ids) if following is None else _previous_from_next(following))
+    return np.bincount(distances if touched is None else distances[np.asarray(touched, dtype=bool)],
+                       minlength=1).astype(np.int64)
 
 
 def reuse_histogram(ids: np.ndarray) -> ReuseHistogram:
     """Histogram of the stack distances of ``ids`` (int64 array, access order)."""
-    distances = stack_distances(ids)
-    counts = np.bincount(distances, minlength=1).astype(np.int64)
+    counts = distance_counts(ids)
     cold = int(counts[0])
     counts[0] = 0
-    return ReuseHistogram(counts=counts, cold=cold, accesses=int(distances.size))
+    return ReuseHistogram(counts=counts, cold=cold, accesses=int(np.asarray(ids).size))
 
 
 def lru_miss_ratio_curve(ids: np.ndarray, capacities: np.ndarray | list[int]) -> tuple[np.ndarray, ReuseHistogram]:

@@ -14,7 +14,7 @@ from .blockfit import WARN_SHARE, BlockFit, block_fit
 from .kvtester import request_origin
 from .loader import Trace, is_kvtester_workload, load_trace
 from .steptrace import FlatSteps
-from .mrc import stack_distances
+from .mrc import distance_counts, stack_distances
 from .tracelines import record_line
 from .traces import next_use
 
@@ -103,6 +103,29 @@ def _pct(values: np.ndarray) -> dict[str, float]:
     return out
 
 
+def _pct_of_counts(counts: np.ndarray) -> dict[str, float]:
+    """``_pct`` of the values ``v`` repeated ``counts[v]`` times, without making them.
+
+    ``np.percentile`` ('linear') interpolates, at virtual index ``(n - 1) * q``, between the
+    order statistics of ranks ``floor`` and ``floor + 1`` (the last one past the end); here
+    they are read off the cumulative counts and interpolated by numpy itself, as a pair at
+    the same fraction, so every float operation, and the result, is the same.
+    """
+    cumulative = np.cumsum(counts)
+    n = int(cumulative[-1]) if cumulative.size else 0
+    if n == 0:
+        return {}
+    virtual = (n - 1) * np.true_divide(_PERCENTILES, 100)
+    below = np.floor(virtual)
+    ranks = below.astype(np.int64)
+    lower = np.searchsorted(cumulative, ranks, side="right")  # the value of rank r: cumulative[v] > r first
+    upper = np.searchsorted(cumulative, np.minimum(ranks + 1, n - 1), side="right")
+    points = [np.quantile(np.array([a, b]), [t])[0] for a, b, t in zip(lower, upper, virtual - below)]
+    out = {f"p{p}": float(v) for p, v in zip(_PERCENTILES, points)}
+    out["max"] = float(np.flatnonzero(counts)[-1])
+    return out
+
+
 def _prefix_hits(ids: np.ndarray, offsets: np.ndarray) -> int:
     """Accesses that hit an infinite prefix cache: per request, the blocks before its first new block."""
     _, first = np.unique(ids, return_index=True)
@@ -135,18 +158,14 @@ def _reuse_stats(ids: np.ndarray, is_read: np.ndarray, nu: np.ndarray) -> dict[s
     }
 
 
-def _read_reuse_distances(ids: np.ndarray, is_read: np.ndarray) -> np.ndarray:
-    """``reuse_distances`` of the re-touches that are accesses (reads), not writes (a write is
-    a touch: the blocks written in between count, and a write may be the previous touch)."""
-    distances = stack_distances(ids)  # distinct blocks in between + 1; 0 for a first touch
-    return distances[(distances > 0) & is_read] - 1
-
-
 def reuse_distances(ids: np.ndarray) -> np.ndarray:
     """LRU reuse distance of every re-access, in access order: the distinct ids touched
     since the id's previous access (0 for back-to-back accesses of one id). One pass over the
-    whole of ``ids`` (``mrc.stack_distances``, O(N log N) numpy work)."""
-    return _read_reuse_distances(ids, np.ones(len(ids), dtype=bool))
+    whole of ``ids`` (``mrc.stack_distances``, O(N log N) work)."""
+    distances = stack_distances(ids)  # distinct ids in between + 1; 0 for a first access
+    reused = distances[distances > 0]
+    reused -= 1
+    return reused
 
 
 def _tree_shape(ids: np.ndarray, offsets: np.ndarray) -> tuple[dict[str, float], int]:
@@ -208,7 +227,9 @@ def trace_stats(path: str | os.PathLike) -> TraceStats:
         ids, is_read = np.concatenate((resident, ids)), np.concatenate((np.zeros(len(resident), dtype=bool), is_read))
     nu = next_use(ids)
     reuse = _reuse_stats(ids, is_read, nu)
-    distances = _pct(_read_reuse_distances(ids, is_read))
+    # Reuse distances of the re-touches that are reads: a write is a touch (the blocks written in
+    # between count, and a write may be the previous touch). [1:]: counts[d] = reads at distance d.
+    distances = _pct_of_counts(distance_counts(ids, is_read, nu)[1:])
     depth, roots, repeats, first_repeat = None, None, None, None
     if trace.requests is not None:
         depth, roots = _tree_shape(ids, trace.offsets)
