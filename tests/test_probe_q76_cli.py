@@ -273,3 +273,19 @@ def test_export_refuses_no_trace_cache_twice(tmp_path, capsys):
     with pytest.raises(SystemExit) as stop:
         main(["trace", "export", HEAD, "-o", str(tmp_path / "o.bin"), "--no-trace-cache", "--no-trace-cache"])
     assert stop.value.code == 2 and "--no-trace-cache" in capsys.readouterr().err
+
+
+def test_trace_inspect_reads_the_cache_and_prints_the_same(tmp_path, cache, parses, capsys):
+    outputs = []
+    for extra in ([], [], ["--no-trace-cache"]):  # writes the entry, reads it, reads the file
+        assert main(["trace", "inspect", HEAD, "--json", *extra]) == 0
+        outputs.append(capsys.readouterr().out)
+    assert parses == [HEAD, HEAD]  # the second inspect read the cache
+    assert outputs[0] == outputs[1] == outputs[2]
+
+
+def test_cached_next_uses_are_the_parsers(cache):
+    from tiercache.sim.traces import next_use
+
+    cached = tracecache.load_trace_cached(HEAD, cache)
+    assert np.array_equal(cached.next_use, next_use(loader.load_trace(HEAD).ids))

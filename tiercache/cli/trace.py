@@ -105,7 +105,7 @@ def _warn_skipped(trace: str) -> None:
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    stats = trace_stats(args.trace)
+    stats = trace_stats(read_trace(args.trace, not args.no_trace_cache))
     _warn_skipped(args.trace)
     print(json.dumps(asdict(stats) | {"kind": stats.kind.value}, indent=2) if args.json else format_stats(stats))
     return 0
@@ -335,6 +335,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     inspect = actions.add_parser("inspect", help="summarize a Mooncake request trace or a step trace")
     inspect.add_argument("trace", help="trace file (JSONL; the kind is detected)")
     inspect.add_argument("--json", action="store_true", help="print the statistics as JSON")
+    inspect.add_argument("--no-trace-cache", action=OnceFlag,
+                         help="read the trace without the binary trace cache ($TIERCACHE_TRACE_CACHE)")
     inspect.set_defaults(func=_cmd_inspect)
     export = actions.add_parser("export", help="convert a trace for other simulators")
     export.add_argument("trace", help="trace file (JSONL; the kind is detected)")

@@ -203,14 +203,18 @@ def request_source(path: str, index: int) -> str | None:
         return None
 
 
-def trace_stats(path: str | os.PathLike) -> TraceStats:
+def trace_stats(path: str | os.PathLike | Trace) -> TraceStats:
     """Statistics of a request trace or a step trace (the kind is detected; one read).
+
+    Args:
+        path: the trace file or kv-cache-tester folder, or the trace as read already (from
+            the trace cache, whose next uses are then used as they are).
 
     Raises:
         TraceError: the trace is malformed, or has records but no block access (a step
             trace: no read), as ``load_trace`` refuses it.
     """
-    trace = load_trace(path)
+    trace = path if isinstance(path, Trace) else load_trace(path)
     ids, starts = trace.ids, trace.offsets[:-1]
     if trace.requests is not None:
         flat, writes, is_read = trace.requests, 0, np.ones(len(ids), dtype=bool)
@@ -225,7 +229,7 @@ def trace_stats(path: str | os.PathLike) -> TraceStats:
         span = f"steps {steps.steps[0]}..{steps.steps[-1]} ({len(np.unique(steps.steps))} distinct; layers: {layers})"
         resident = _resident_ids(steps)  # stored before the run: touched (written) before the first record
         ids, is_read = np.concatenate((resident, ids)), np.concatenate((np.zeros(len(resident), dtype=bool), is_read))
-    nu = next_use(ids)
+    nu = trace.next_use if trace.requests is not None and trace.next_use is not None else next_use(ids)
     reuse = _reuse_stats(ids, is_read, nu)
     # Reuse distances of the re-touches that are reads: a write is a touch (the blocks written in
     # between count, and a write may be the previous touch). [1:]: counts[d] = reads at distance d.
