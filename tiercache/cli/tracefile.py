@@ -1,11 +1,11 @@
 """Reading the trace a command works on: through the binary trace cache, saying so when it is large.
 
 Every command that reads a whole trace (``replay``, ``compare``, ``trace inspect``, ``trace
-export``, a fleet reads it with ``read_trace``: a request trace file goes through the binary cache
-(``tiercache.sim.tracecache``: its parsed arrays, dense ids and next uses, filed under the
-digest of its bytes), so a second command on the same file skips the JSON parse and the
-replay's preparation. ``--no-trace-cache`` (each of those commands) reads
-it without the cache, writing nothing; step traces and kv-cache-tester workloads are never
+export``, a fleet replay) reads it with ``read_trace``: a request trace file goes through the
+binary cache (``tiercache.sim.tracecache``: its parsed arrays, dense ids and next uses, filed
+under the digest of its bytes), so a second command on the same file skips the JSON parse and
+the replay's preparation. ``--no-trace-cache`` (each of those commands) reads it without the
+cache, writing nothing; step traces and kv-cache-tester workloads are never
 cached. The cache's folder is ``$TIERCACHE_TRACE_CACHE`` (default
 ``~/.cache/tiercache/traces``) and it keeps within ``$TIERCACHE_TRACE_CACHE_BYTES``
 (default 16 GiB), least recently used entries going first.
