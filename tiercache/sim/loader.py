@@ -215,18 +215,20 @@ def is_kvtester_workload(name: str) -> bool:
             raise TraceError(name, None, "cannot open trace: a folder with no conversation files (*.json) nor gzipped "
                                          "ones (*.json.gz), in any case")
         return True
-    return is_kvtester(name) and not _first_line_is_request(name)
+    return is_kvtester(name) and not first_line_has_hash_ids(name)
 
 
-def _first_line_is_request(name: str) -> bool:
+def first_line_has_hash_ids(name: str) -> bool | None:
     """Whether the file's first line alone is a JSON object with ``hash_ids`` (JSON Lines of
-    requests; a conversation file's requests sit inside its ``requests`` list)."""
+    requests; a conversation file's requests sit inside its ``requests`` list; False: an
+    object without, a step trace's header or record). None when it is no JSON object or the
+    file cannot be read."""
     try:
         with open(name, "rb") as handle:
             record = orjson.loads(handle.readline(MAX_LINE_BYTES + 1))
     except (OSError, orjson.JSONDecodeError):
-        return False
-    return isinstance(record, dict) and "hash_ids" in record
+        return None
+    return "hash_ids" in record if isinstance(record, dict) else None
 
 
 def _with_end(offsets: np.ndarray, ids: np.ndarray) -> np.ndarray:

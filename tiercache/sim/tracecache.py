@@ -50,7 +50,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import orjson
 import xxhash
 
 import tiercache
@@ -58,9 +57,9 @@ from tiercache.errors import TraceError
 from tiercache.policies.base import NO_NEXT_USE
 from tiercache.results import TraceKind
 
-from .loader import Trace, is_kvtester_workload, load_trace
+from .loader import Trace, first_line_has_hash_ids, is_kvtester_workload, load_trace
 from .prep import dense_and_next_use
-from .traces import MAX_LINE_BYTES, MAX_TOKENS, FlatTrace, refuse_special_file, trace_fingerprint
+from .traces import MAX_TOKENS, FlatTrace, refuse_special_file, trace_fingerprint
 
 __all__ = ["load_trace_cached", "default_cache_dir", "VERSION"]
 
@@ -110,7 +109,9 @@ def load_trace_cached(path: str | os.PathLike, cache_dir: str | os.PathLike | No
     """
     name = os.fspath(path)
     refuse_special_file(name)
-    if is_kvtester_workload(name) or _step_trace(name):  # kv-cache-tester: fingerprinted with names, seed and gap
+    # kv-cache-tester: fingerprinted with names, seed and gap; a step trace (a first line without
+    # hash_ids) is never cached, so not hashed for a lookup either
+    if is_kvtester_workload(name) or first_line_has_hash_ids(name) is False:
         return load_trace(name)
     folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     looked_up = _file_fingerprint(name)
@@ -127,19 +128,6 @@ def load_trace_cached(path: str | os.PathLike, cache_dir: str | os.PathLike | No
     if trace.fingerprint == looked_up:  # else the file changed during the parse: not cached (module docstring)
         _write(trace, folder, _entry(folder, trace.fingerprint))
     return trace
-
-
-def _step_trace(name: str) -> bool:
-    """Whether the file's first line is a JSON object without ``hash_ids``: a step trace (its
-    header or first record), never cached, so not hashed for a lookup either. Anything else
-    (a request, a line that is not JSON, an unreadable file) goes the cached way, where
-    ``load_trace`` names any error."""
-    try:
-        with open(name, "rb") as handle:
-            record = orjson.loads(handle.readline(MAX_LINE_BYTES + 1))
-    except (OSError, orjson.JSONDecodeError):
-        return False
-    return isinstance(record, dict) and "hash_ids" not in record
 
 
 def _file_fingerprint(name: str) -> str | None:
