@@ -18,9 +18,16 @@ DATA = Path(__file__).parent / "data"
 SAMPLE_TRACE = DATA / "mooncake_synthetic_trace.jsonl"
 #: The test session, kept for ``pytest_unconfigure`` to read its final exit status.
 SESSION = pytest.StashKey[pytest.Session]()
+#: This test process's temporary folder: every ``tempfile`` folder and file a test or the code
+#: under test makes (stores, scratch folders, pytest's ``tmp_path``) lands inside it, and
+#: ``pytest_unconfigure`` removes it, so a run leaves nothing in the system's temporary folder
+#: however a test ends. Set as ``TMPDIR`` too, so commands run as subprocesses use it.
+SCRATCH = tempfile.mkdtemp(prefix="tiercache-tests-")
+tempfile.tempdir = SCRATCH
+os.environ["TMPDIR"] = SCRATCH
 #: The binary trace cache the commands under test read through (``tiercache.cli.tracefile``):
-#: a folder of this test process, removed at its end, never the user's ``~/.cache``. Set in
-#: the environment, so commands run as subprocesses use it too.
+#: a folder of this test process, never the user's ``~/.cache``. Set in the environment, so
+#: commands run as subprocesses use it too.
 TRACE_CACHE = tempfile.mkdtemp(prefix="tiercache-test-traces-")
 os.environ["TIERCACHE_TRACE_CACHE"] = TRACE_CACHE
 
@@ -50,7 +57,7 @@ def pytest_unconfigure(config) -> None:
     pytest changes it after the status those hooks receive (``--max-warnings`` sets 6, a
     ``pytest.exit`` in a ``sessionfinish`` hook its own code), and the process must exit with
     the status pytest itself would have returned."""
-    shutil.rmtree(TRACE_CACHE, ignore_errors=True)
+    shutil.rmtree(SCRATCH, ignore_errors=True)
     guard = sys.modules.get("tiercache.data.remote_guard")
     if guard is not None and guard.abandoned_count() and SESSION in config.stash:
         sys.stdout.flush()

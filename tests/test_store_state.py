@@ -8,6 +8,7 @@ after a reopen, every block it held on NVMe at close is still there.
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 
 import hypothesis.strategies as st
@@ -104,6 +105,7 @@ class StoreMachine(RuleBasedStateMachine):
 
     def teardown(self):
         self.store.close()
+        shutil.rmtree(self.path, ignore_errors=True)
 
 
 TestStoreMachine = StoreMachine.TestCase
