@@ -101,7 +101,7 @@ def test_hash_probing_wraps_around_a_crowded_table():
     table = np.full(16, -1, dtype=np.int32)
     nxt = np.empty(ids.size, dtype=np.int32)
     with np.errstate(over="ignore"):
-        stackdist._next_by_hash(ids, table, np.uint64(60), nxt)
+        assert stackdist._next_by_hash(ids, table, np.uint64(60), nxt, np.int64(10**6))
     assert nxt.tolist() == _next_use_or_minus_one(ids)
     assert np.sort(table).tolist() == [-1] + sorted(np.unique(ids, return_index=True)[1].tolist())
 

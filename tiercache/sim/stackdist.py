@@ -17,7 +17,8 @@ the positions: O(N log N) compiled work. Memory: the next-access array (int32 wh
 access) or a histogram (8 B per distinct id at most). The next-access array comes from a
 table indexed by id when the ids span at most ``2 N`` values (the usual dense ``hash_ids``:
 8 B per access at most while it lives), else from a hash set of the ids (6-12 B per access
-while it lives; expected O(1) per access).
+while it lives; expected O(1) per access; ids that collide beyond a probe budget are
+sorted instead, as without numba).
 
 The kernels allocate nothing (the callers pass every array): the project's ``njit`` compiles
 without numba's reference counting. Without numba (``HAVE_NUMBA`` False) they would run as
@@ -28,12 +29,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from tiercache.policies.kernels import njit
+from tiercache.policies.kernels import HAVE_NUMBA, njit
 
 __all__ = ["next_positions", "walk_distances", "walk_counts"]
 
 #: Ids spanning fewer values than this many per access get a direct table (4 B per value).
 _TABLE_SPAN_PER_ACCESS = 2
+#: Probes past the home slots the hash set may make per access (about 2 on average at its
+#: fill of 2/3 at most) before ``next_positions`` gives up on it and sorts the ids instead.
+_PROBES_PER_ACCESS = 16
 
 
 def _index_dtype(n: int) -> type:
@@ -59,12 +63,14 @@ _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
 @njit
-def _next_by_hash(ids, table, shift, nxt):
+def _next_by_hash(ids, table, shift, nxt, budget):
     """``nxt[i]`` as ``_next_by_table``, for ids spread too wide for a table per value.
 
     ``table`` (all -1, a power of two of slots, ``shift = 64 - log2(slots)``) is an open-
     addressing hash set of ids with linear probing: a slot holds the earliest position after
-    ``i`` of its id, and the id itself is read back as ``ids[slot's position]``.
+    ``i`` of its id, and the id itself is read back as ``ids[slot's position]``. Returns
+    False, with ``nxt`` incomplete, once the probes past the home slots exceed ``budget``:
+    ids built to collide would make the walk quadratic (the caller sorts instead).
     """
     mask = table.size - 1
     for i in range(ids.size - 1, -1, -1):
@@ -72,8 +78,12 @@ def _next_by_hash(ids, table, shift, nxt):
         slot = np.int64((np.uint64(key) * _GOLDEN) >> shift)
         while table[slot] >= 0 and ids[table[slot]] != key:
             slot = (slot + 1) & mask
+            budget -= 1
+            if budget < 0:
+                return False
         nxt[i] = table[slot]
         table[slot] = i
+    return True
 
 
 def next_positions(ids: np.ndarray) -> np.ndarray:
@@ -90,15 +100,28 @@ def next_positions(ids: np.ndarray) -> np.ndarray:
     nxt = np.empty(n, dtype=_index_dtype(n))
     if n == 0:
         return nxt
+    if not HAVE_NUMBA:
+        return _next_by_sort(ids, nxt)
     low, high = int(ids.min()), int(ids.max())
     if high - low < _TABLE_SPAN_PER_ACCESS * n:
         table = np.full(high - low + 1, -1, dtype=nxt.dtype)
         _next_by_table(ids, np.int64(low), table, nxt)
-    else:
-        bits = max(int(1.5 * n).bit_length(), 4)  # at least 1.5 slots per access: 2/3 full at most
-        table = np.full(1 << bits, -1, dtype=nxt.dtype)
-        with np.errstate(over="ignore"):  # the hash wraps on purpose (numpy warns when uncompiled)
-            _next_by_hash(ids, table, np.uint64(64 - bits), nxt)
+        return nxt
+    bits = max(int(1.5 * n).bit_length(), 4)  # at least 1.5 slots per access: 2/3 full at most
+    table = np.full(1 << bits, -1, dtype=nxt.dtype)
+    with np.errstate(over="ignore"):  # the hash wraps on purpose (numpy warns when uncompiled)
+        done = _next_by_hash(ids, table, np.uint64(64 - bits), nxt, np.int64(_PROBES_PER_ACCESS * n + 1024))
+    del table
+    return nxt if done else _next_by_sort(ids, nxt)
+
+
+def _next_by_sort(ids: np.ndarray, nxt: np.ndarray) -> np.ndarray:
+    """``nxt`` filled as ``next_positions`` promises, from one stable argsort of the ids
+    (O(n log n) whatever the ids: the path without numba, and for ids that collide)."""
+    order = np.argsort(ids, kind="stable")
+    same = ids[order[1:]] == ids[order[:-1]]
+    nxt.fill(-1)
+    nxt[order[:-1][same]] = order[1:][same]
     return nxt
 
 
