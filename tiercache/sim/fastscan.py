@@ -258,7 +258,8 @@ class FlatColumns:
 
     Invariants: ``ids[:count]`` holds the ids of the ``records`` records appended so far;
     ``bounds[0] == 0`` and ``bounds[1 + r]`` is record ``r``'s id count; ``stamps``,
-    ``inputs`` and ``outputs`` hold their fields in ``[:records]``. Past that each array has
+    ``inputs`` and ``outputs`` hold their fields in ``[:records]``; ``len(bounds)`` is always
+    ``len(stamps) + 1``, so the record views ``free`` gives are of one length. Past that each array has
     uninitialised room, allocated by ``np.empty`` and so taking no memory until written. A
     full array grows by half (or to what is asked): one copy of what it holds. No view of
     the arrays outlives the call that takes it (``free``'s are written and dropped), since
@@ -279,15 +280,20 @@ class FlatColumns:
             self.ids = _grown(self.ids, self.count, self.count + ids)
         need = self.records + records
         if need > len(self.stamps):
-            self.bounds = _grown(self.bounds, self.records + 1, need + 1)
             self.stamps, self.inputs, self.outputs = (_grown(a, self.records, need)
                                                       for a in (self.stamps, self.inputs, self.outputs))
+            # Exactly one more slot than the record arrays (the id counts start at bounds[1]):
+            # the compiled scanner bounds-checks the id-count view only, and writes the other
+            # three at the same record index unchecked.
+            self.bounds = _resized(self.bounds, self.records + 1, len(self.stamps) + 1)
 
     def free(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Views of the room past what is held: (ids, id counts, timestamps, input lengths,
         output lengths), for the next records; ``commit`` then counts what was written."""
         r = self.records
-        return self.ids[self.count:], self.bounds[r + 1:], self.stamps[r:], self.inputs[r:], self.outputs[r:]
+        rows = len(self.stamps)  # every record view ends here, the id counts' too
+        return (self.ids[self.count:], self.bounds[r + 1:rows + 1], self.stamps[r:rows], self.inputs[r:rows],
+                self.outputs[r:rows])
 
     def commit(self, records: int, ids: int) -> None:
         """Counts ``records`` records and their ``ids`` ids written into ``free()``'s views."""
@@ -320,6 +326,11 @@ class FlatColumns:
 def _grown(array: np.ndarray, used: int, need: int) -> np.ndarray:
     """A larger copy of ``array`` (its first ``used`` entries; the rest uninitialised): room
     for ``need`` entries, and at least half again its length (amortised growth)."""
-    grown = np.empty(max(need, len(array) + len(array) // 2), dtype=array.dtype)
+    return _resized(array, used, max(need, len(array) + len(array) // 2))
+
+
+def _resized(array: np.ndarray, used: int, size: int) -> np.ndarray:
+    """A copy of ``array``'s first ``used`` entries in an array of ``size`` (the rest uninitialised)."""
+    grown = np.empty(size, dtype=array.dtype)
     grown[:used] = array[:used]
     return grown
