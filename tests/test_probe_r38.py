@@ -81,3 +81,42 @@ def test_a_trace_whose_first_window_underestimates_its_records_loads_as_the_line
     assert flat.timestamps.tolist() == [r["timestamp"] for r in records]
     assert flat.input_lengths.tolist() == [r["input_length"] for r in records]
     assert flat.output_lengths.tolist() == [r["output_length"] for r in records]
+
+
+# Finding 3: the compiled and numpy paths of the stack distances refuse bad input alike, and a
+# ``following`` that is no next-access array cannot make the compiled walk write past its counts.
+
+import pytest  # noqa: E402
+
+from tiercache.sim import mrc, stackdist  # noqa: E402
+
+
+@pytest.fixture(params=["compiled", "numpy"])
+def path(request, monkeypatch):
+    if request.param == "numpy":
+        monkeypatch.setattr(mrc, "HAVE_NUMBA", False)
+    elif not mrc.HAVE_NUMBA:
+        pytest.skip("numba is not installed")
+    return request.param
+
+
+def test_two_dimensional_ids_are_refused_on_both_paths(path):
+    ids = np.arange(6).reshape(2, 3)
+    for call in (mrc.stack_distances, mrc.distance_counts, mrc.reuse_histogram):
+        with pytest.raises(ValueError, match="1-D"):
+            call(ids)
+
+
+def test_a_mask_or_next_uses_of_another_length_are_refused_on_both_paths(path):
+    ids = np.array([1, 2, 1, 2])
+    with pytest.raises(ValueError, match="touched has shape"):
+        mrc.distance_counts(ids, np.ones(3, dtype=bool))
+    with pytest.raises(ValueError, match="following has shape"):
+        mrc.distance_counts(ids, None, np.array([2, 3, -1]))
+
+
+def test_next_uses_that_name_one_access_twice_are_refused_not_written_past_the_counts():
+    if not mrc.HAVE_NUMBA:
+        pytest.skip("numba is not installed")
+    with pytest.raises(ValueError, match="not the next accesses"):
+        stackdist.walk_counts(np.array([2, 2, -1], dtype=np.int32))

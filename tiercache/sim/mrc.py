@@ -148,6 +148,15 @@ def _wavelet_distances(prev_plus_one: np.ndarray) -> np.ndarray:
     return distances
 
 
+def _flat_ids(ids) -> np.ndarray:
+    """``ids`` as an int64 array, which must be 1-D (ValueError otherwise): the compiled and
+    the numpy paths then refuse the same input the same way."""
+    ids = np.asarray(ids, dtype=np.int64)
+    if ids.ndim != 1:
+        raise ValueError(f"ids must be 1-D, got shape {ids.shape}")
+    return ids
+
+
 def stack_distances(ids: np.ndarray) -> np.ndarray:
     """LRU stack distance of every access (0 for a first access, which never hits).
 
@@ -156,7 +165,7 @@ def stack_distances(ids: np.ndarray) -> np.ndarray:
     Args:
         ids: int64 array of block ids in access order.
     """
-    ids = np.asarray(ids, dtype=np.int64)
+    ids = _flat_ids(ids)
     if HAVE_NUMBA:
         return stackdist.walk_distances(stackdist.next_positions(ids))
     return _wavelet_distances(previous_access(ids))
@@ -175,7 +184,10 @@ def distance_counts(ids: np.ndarray, touched: np.ndarray | None = None,
         touched: bool mask of the accesses to count (one per access), or None for all of them.
         following: ``traces.next_use(ids)`` when the caller has it already (saves a sort).
     """
-    ids = np.asarray(ids, dtype=np.int64)
+    ids = _flat_ids(ids)
+    for name, given in (("touched", touched), ("following", following)):
+        if given is not None and np.shape(given) != ids.shape:
+            raise ValueError(f"distance_counts: {name} has shape {np.shape(given)}, the ids {ids.shape}")
     if HAVE_NUMBA:
         return stackdist.walk_counts(stackdist.next_positions(ids) if following is None else following, touched)
     distances = _wavelet_distances(previous_access(ids) if following is None else _previous_from_next(following))

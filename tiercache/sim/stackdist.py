@@ -134,7 +134,9 @@ def _walk(nxt, tree, out, counts, touched):
     the marks of positions ``k - (k & -k) .. k - 1``. When ``out`` is not empty it gets
     every re-access's distance (its other entries are left as they are); when ``counts``
     is not empty, ``counts[d]`` grows by each re-access ``q`` of distance ``d`` for which
-    ``touched[q]`` (every one when ``touched`` is empty).
+    ``touched[q]`` (every one when ``touched`` is empty). Returns False, the walk cut short,
+    at a distance outside ``counts``: ``nxt`` is no next-access array (two accesses name
+    the same next one, say), and the kernel writes nothing outside its arrays.
     """
     n = nxt.size
     for p in range(n - 1, -1, -1):
@@ -153,6 +155,8 @@ def _walk(nxt, tree, out, counts, touched):
         if out.size:
             out[q] = marked + 1
         if counts.size and (touched.size == 0 or touched[q]):
+            if marked + 1 >= counts.size or marked < 0:
+                return False
             counts[marked + 1] += 1
         a, b = p + 1, q + 1  # mark p, unmark q: the two paths merge, and cancel, at a common node
         while a != b and min(a, b) <= n:
@@ -162,6 +166,7 @@ def _walk(nxt, tree, out, counts, touched):
             else:
                 tree[b] -= 1
                 b += b & -b
+    return True
 
 
 @njit
@@ -204,7 +209,9 @@ def walk_counts(nxt: np.ndarray, touched: np.ndarray | None = None) -> np.ndarra
     if touched is not _ALL and touched.shape != nxt.shape:  # the kernel reads touched[q] unchecked
         raise ValueError(f"touched has shape {touched.shape}, the trace {nxt.shape}")
     counts = np.zeros(n - _reaccesses(nxt) + 1, dtype=np.int64)  # distinct ids + 1
-    _walk(nxt, _tree(n), _NONE, counts, touched)
+    if not _walk(nxt, _tree(n), _NONE, counts, touched):
+        raise ValueError("walk_counts: nxt is not the next accesses of a trace (an access named as the next "
+                         "of two, or a distance past the distinct ids)")
     counts[0] = (n if touched.size == 0 else int(np.count_nonzero(touched))) - int(counts.sum())
     used = np.flatnonzero(counts)
     return counts[: int(used[-1]) + 1 if used.size else 1].copy()
