@@ -120,3 +120,34 @@ def test_next_uses_that_name_one_access_twice_are_refused_not_written_past_the_c
         pytest.skip("numba is not installed")
     with pytest.raises(ValueError, match="not the next accesses"):
         stackdist.walk_counts(np.array([2, 2, -1], dtype=np.int32))
+
+
+# Finding 5: a first window whose strings hold many commas sized the arrays for ids the file
+# cannot hold; and a command that runs out of memory ends in one line, not a traceback.
+
+from tiercache.cli import main  # noqa: E402
+from tiercache.sim import fastscan  # noqa: E402
+
+
+def test_the_first_estimate_never_asks_for_more_than_the_file_can_hold():
+    sample = b'{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [1], "note": "' + b"," * 4000 + b'"}\n'
+    size = 100 * len(sample)
+    ids, records = fastscan.capacities(sample, len(sample) // 2, size)
+    assert ids <= size // 2 + 1 and records <= size // fastscan.MIN_RECORD_BYTES + 1
+    plain = b'{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [1, 2, 3]}\n' * 3
+    assert fastscan.capacities(plain, len(plain), len(plain)) == (plain.count(b",") + 4 + 1, 4 + 1)  # as before
+
+
+def test_out_of_memory_ends_in_one_line(monkeypatch, capsys, tmp_path):
+    from tiercache.cli import tracefile
+
+    def exhausted(*args, **kwargs):
+        raise MemoryError
+
+    monkeypatch.setattr(tracefile, "load_trace_cached", exhausted, raising=False)
+    monkeypatch.setattr(tracefile, "load_trace", exhausted, raising=False)
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [1]}\n')
+    assert main(["trace", "inspect", str(trace)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("tiercache trace: error: out of memory"), err

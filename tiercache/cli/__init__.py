@@ -67,6 +67,10 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"tiercache {args.command}: error: {message}", file=sys.stderr)
         return 2
+    except MemoryError:  # files being written are replaced whole or not at all (results.outfile)
+        print(f"tiercache {args.command}: error: out of memory: this needs more than the machine or the "
+              "process's memory limit allows", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("tiercache: interrupted", file=sys.stderr)
         return 130

@@ -242,15 +242,22 @@ def scan_into(columns: FlatColumns, data, end: int) -> bool:
     return True
 
 
+#: The shortest line a record can be (``{"hash_ids":[]}`` and a line break).
+MIN_RECORD_BYTES = 16
+
+
 def capacities(data, end: int, size: int) -> tuple[int, int]:
     """Estimates of the (ids, records) of a trace of ``size`` bytes whose first ``end`` bytes
     are ``data[:end]``: whole lines hold at most one record per line and one id per comma or
     line (a record's ``k`` ids have ``k - 1`` commas between them). Upper bounds when
     ``end == size``; else those counts scaled by ``size / end``, an eighth to spare: a guess
-    (``FlatColumns`` grows when it falls short)."""
+    (``FlatColumns`` grows when it falls short), at most what ``size`` bytes can hold: an
+    id takes a digit and a separator, a record line at least ``{"hash_ids":[]}`` and its
+    line break (a sample whose strings hold many commas would ask for far more)."""
     lines = data.count(b"\n", 0, end) + 1
     scale = 1.0 if end >= size else size / max(end, 1) * 1.125
-    return int((data.count(b",", 0, end) + lines) * scale) + 1, int(lines * scale) + 1
+    ids = int((data.count(b",", 0, end) + lines) * scale) + 1
+    return min(ids, size // 2 + 1), min(int(lines * scale) + 1, size // MIN_RECORD_BYTES + 1)
 
 
 class FlatColumns:
