@@ -2,7 +2,7 @@
 
 ``load_requests`` reads a request trace one window of whole lines at a time (``WINDOW_BYTES``,
 cut at a line break), parses each with the compiled scanner (``fastscan``, the plain form)
-or else with orjson, and appends the records to growing arrays (``fastscan.FlatColumns``):
+or else a ~1 MiB chunk of lines at a time, each with the scanner or else with orjson, and appends the records to growing arrays (``fastscan.FlatColumns``):
 memory holds the arrays and one window, whatever the file's size; the fingerprint digest is
 updated as the bytes are read. ``bulk_requests(data)`` parses bytes held whole the same way.
 The orjson path parses one JSON array per ~1 MiB chunk, pulls the fields out with C-level
@@ -87,12 +87,33 @@ def _parse_windows(windows: Iterator[tuple[bytearray, int] | None], size: int) -
             if first is None:
                 return None
             columns, bailian = FlatColumns(*capacities(window[0], min(window[1], _SAMPLE_BYTES), size)), first
-        scanned = not bailian and scan_into(columns, *window)  # the compiled scanner reads no Bailian record
-        if not scanned and not bulk_into(columns, *window, seconds=bailian):
+        if not _append_window(columns, *window, bailian):
             return None
     if columns is None or not columns.records:
         return None  # no records: the line reader says the trace is empty
     return columns, bailian
+
+
+def _append_window(columns: FlatColumns, data: bytearray, end: int, bailian: bool) -> bool:
+    """Appends the records of the window ``data[:end]`` (whole lines): the compiled scanner
+    reads a plain window at once; a window it refuses is read a chunk of about
+    ``_CHUNK_BYTES`` of lines at a time, each by the scanner when it can and by orjson when
+    not, so one unusual record costs orjson one chunk, not the window. Bailian records go to
+    orjson. False as ``bulk_into`` (``columns`` may then hold part of the records)."""
+    if bailian:
+        return bulk_into(columns, data, end, seconds=True)  # the compiled scanner reads no Bailian record
+    if scan_into(columns, data, end):
+        return True
+    start = 0
+    with memoryview(data) as view:
+        while start < end:
+            cut = data.find(b"\n", start + _CHUNK_BYTES, end)
+            stop = end if cut < 0 else cut + 1
+            chunk = bytes(view[start:stop])
+            start = stop
+            if not scan_into(columns, chunk, len(chunk)) and not bulk_into(columns, chunk, len(chunk)):
+                return False
+    return True
 
 
 def _first_line_format(data: bytearray, end: int) -> bool | None:
