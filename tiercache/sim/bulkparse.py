@@ -104,16 +104,20 @@ def _append_window(columns: FlatColumns, data: bytearray, end: int, bailian: boo
         return bulk_into(columns, data, end, seconds=True)  # the compiled scanner reads no Bailian record
     if scan_into(columns, data, end):
         return True
+    return all(scan_into(columns, chunk, len(chunk)) or bulk_into(columns, chunk, len(chunk))
+               for chunk in _line_chunks(data, end))
+
+
+def _line_chunks(data, end: int) -> Iterator[bytes]:
+    """Copies of ``data[:end]`` (whole lines) in chunks of whole lines: each the first line
+    break at or past ``_CHUNK_BYTES`` into it, or the rest."""
     start = 0
     with memoryview(data) as view:
         while start < end:
             cut = data.find(b"\n", start + _CHUNK_BYTES, end)
             stop = end if cut < 0 else cut + 1
-            chunk = bytes(view[start:stop])
+            yield bytes(view[start:stop])
             start = stop
-            if not scan_into(columns, chunk, len(chunk)) and not bulk_into(columns, chunk, len(chunk)):
-                return False
-    return True
 
 
 def _first_line_format(data: bytearray, end: int) -> bool | None:
@@ -209,20 +213,14 @@ def bulk_into(columns: FlatColumns, data, end: int, seconds: bool = False) -> bo
     parsed a chunk of about ``_CHUNK_BYTES`` of lines at a time, so the Python objects of only
     one chunk exist at once; False when a chunk is unusual (``_chunk``) or holds a line over
     ``MAX_LINE_BYTES`` (then ``columns`` may hold part of the records: the caller defers)."""
-    start = 0
-    with memoryview(data) as view:
-        while start < end:
-            cut = data.find(b"\n", start + _CHUNK_BYTES, end)
-            stop = end if cut < 0 else cut + 1
-            text = bytes(view[start:stop])
-            start = stop
-            if text.isspace():
-                continue  # blank lines only: no records (the line reader skips them too)
-            part = None if first_long_line(text) is not None else _chunk(text, seconds)
-            if part is None:
-                return False
-            ids, lengths, cols = part
-            columns.append(ids, lengths, cols[:, 0], cols[:, 1], cols[:, 2])
+    for text in _line_chunks(data, end):
+        if text.isspace():
+            continue  # blank lines only: no records (the line reader skips them too)
+        part = None if first_long_line(text) is not None else _chunk(text, seconds)
+        if part is None:
+            return False
+        ids, lengths, cols = part
+        columns.append(ids, lengths, cols[:, 0], cols[:, 1], cols[:, 2])
     return True
 
 
