@@ -21,7 +21,8 @@ SESSION = pytest.StashKey[pytest.Session]()
 #: This test process's temporary folder: every ``tempfile`` folder and file a test or the code
 #: under test makes (stores, scratch folders, pytest's ``tmp_path``) lands inside it, and
 #: ``pytest_unconfigure`` removes it, so a run leaves nothing in the system's temporary folder
-#: however a test ends. Set as ``TMPDIR`` too, so commands run as subprocesses use it.
+#: however a test ends. Set as ``TMPDIR`` too, so commands run as subprocesses use it. To
+#: keep a failed test's ``tmp_path`` files for a look, run with ``--basetemp DIR``.
 SCRATCH = tempfile.mkdtemp(prefix="tiercache-tests-")
 tempfile.tempdir = SCRATCH
 os.environ["TMPDIR"] = SCRATCH

@@ -67,7 +67,9 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"tiercache {args.command}: error: {message}", file=sys.stderr)
         return 2
-    except MemoryError:  # files being written are replaced whole or not at all (results.outfile)
+    except (MemoryError, SystemError) as exc:  # files being written are replaced whole or not at all (results.outfile)
+        if not _out_of_memory(exc):
+            raise
         print(f"tiercache {args.command}: error: out of memory: this needs more than the machine or the "
               "process's memory limit allows", file=sys.stderr)
         return 1
@@ -81,6 +83,12 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if previous_term is not None:
             signal.signal(signal.SIGTERM, previous_term)
+
+
+def _out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` is a MemoryError, or a SystemError raised while one was handled (numba,
+    out of memory while it loads a cached kernel, can end that way)."""
+    return isinstance(exc, MemoryError) or isinstance(exc.__context__, MemoryError)
 
 
 def _printable_file_names() -> None:

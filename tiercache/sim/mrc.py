@@ -87,8 +87,10 @@ def previous_access(ids: np.ndarray) -> np.ndarray:
 
 
 def _previous_from_next(following: np.ndarray) -> np.ndarray:
-    """``previous_access`` from the next-use array ``following`` (``traces.next_use``)."""
-    reused = np.flatnonzero(following != NO_NEXT_USE)
+    """``previous_access`` from the next-use array ``following`` (``traces.next_use``; a
+    negative entry, as ``stackdist.next_positions`` writes, also means none)."""
+    following = np.asarray(following, dtype=np.int64)
+    reused = np.flatnonzero((following != NO_NEXT_USE) & (following >= 0))
     prev_plus_one = np.zeros(following.size, dtype=np.int64)
     prev_plus_one[following[reused]] = reused + 1  # i is the previous access of next_use[i]
     return prev_plus_one
@@ -182,7 +184,10 @@ def distance_counts(ids: np.ndarray, touched: np.ndarray | None = None,
     Args:
         ids: int64 array of block ids in access order.
         touched: bool mask of the accesses to count (one per access), or None for all of them.
-        following: ``traces.next_use(ids)`` when the caller has it already (saves a sort).
+        following: ``traces.next_use(ids)`` when the caller has it already (saves a sort);
+            -1 also means "no next access", as ``stackdist.next_positions`` writes it. It is
+            trusted, not checked: only its shape is, and the compiled walk refuses one that
+            would make it count past its array (a guard for memory, not a validation).
     """
     ids = _flat_ids(ids)
     for name, given in (("touched", touched), ("following", following)):
