@@ -48,9 +48,10 @@ def _store_after_each(spec: FleetSpec, trace) -> tuple[list[set[int]], list[int]
     instances = [fleet._Instance(spec, store, None, None) for _ in range(spec.instances)]
     ids, offsets = trace.ids.tolist(), trace.offsets.tolist()
     held = []
+    router = fleet.router_of(spec.route, instances)
     for request in range(trace.records):
         run = ids[offsets[request] : offsets[request + 1]]
-        instance = instances[fleet._route(spec.route, request, run, spec.instances)]
+        instance = instances[router.pick(request, run)]
         fleet._request(instance, store, run, 512 * len(run), 512)
         held.append(set(store.slot_of))
     for instance in instances:

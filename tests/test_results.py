@@ -241,7 +241,7 @@ def _mutated(change) -> dict:
         (lambda d: d["runs"][2]["instances"][0]["tier_hits"].update(hbm=-1), "r.json: run 3: instance 1: field 'tier_hits'"),
         (lambda d: d["runs"][2].update(route=None), "r.json: run 3: inconsistent counts: a fleet run has at least one"),
         (lambda d: d["runs"][0].update(route="round_robin"), "r.json: run 1: inconsistent counts: route and shared_writes"),
-        (lambda d: d["runs"][2].update(route="random"), "r.json: run 3: field 'route' must be null or round_robin/prefix_affinity"),
+        (lambda d: d["runs"][2].update(route="random"), "r.json: run 3: field 'route' must be null or round_robin/prefix_affinity/kv_aware"),
         (lambda d: d["runs"][2]["instances"][1].update(misses=0, accesses=350), "run 3: inconsistent counts: the instances'"),
         (lambda d: d["runs"][0]["tiers"][0].update(codec="int3"), "r.json: run 1: tier 1: field 'codec' must be one of none"),
         (lambda d: d["runs"][0]["tiers"][1].pop("codec"), "r.json: run 1: tier 2: missing field(s) codec"),

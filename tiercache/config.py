@@ -12,7 +12,6 @@ from __future__ import annotations
 import enum
 import functools
 import math
-
 from dataclasses import dataclass, replace
 
 from .errors import ConfigError
@@ -220,6 +219,7 @@ class Route(enum.Enum):
 
     ROUND_ROBIN = "round_robin"  # request i to instance i % N
     PREFIX_AFFINITY = "prefix_affinity"  # by a stable hash of the first block: shared prefixes meet
+    KV_AWARE = "kv_aware"  # to the longest cached prefix, load permitting (tiercache.sim.router)
 
 
 class TraceKind(enum.Enum):

@@ -38,8 +38,8 @@ it at its next lookup, step 1).
 So the store holds exactly what was written into it, and ``shared_writes`` (the blocks
 written) equals the blocks charged on the links into ``remote``.
 
-Routing: ``round_robin`` (request ``i`` to instance ``i % N``) or ``prefix_affinity`` (by a
-stable hash of the request's first block, so requests sharing a prefix meet). The result
+Routing (``tiercache.sim.router``): ``round_robin``, ``prefix_affinity`` (by the first block)
+or ``kv_aware`` (to the longest cached prefix, load permitting). The result
 is one ``RunRecord`` of results.json (``tiercache replay --instances``): its ``instances``
 carry each instance's per-tier hits (``remote`` = shared-tier hits), its tiers the counters
 summed over the instances (the ``remote`` tier being the shared one), ``shared_writes`` the
@@ -67,6 +67,7 @@ from __future__ import annotations
 import heapq
 import time
 from contextlib import contextmanager
+from functools import partial
 from dataclasses import dataclass
 
 import numpy as np
@@ -93,6 +94,7 @@ from .loader import Trace
 from .prefill import PrefillCost, causal_pairs
 from .replay import block_tokens_of, modeled_seconds, tier_record
 from .reuse import reusable_blocks, saved_prompt_tokens
+from .router import Router
 from .sweep import SLOT_BYTES, _gb
 
 __all__ = ["Route", "FleetSpec", "replay_fleet", "sweep_fleet", "check_fleet_policy", "check_fleet_memory",
@@ -287,12 +289,19 @@ def _request(instance: _Instance, store: _Store | None, run: list[int], input_le
     return saved
 
 
-def _route(route: Route, request: int, run: list[int], n: int) -> int:
-    """The instance of request number ``request`` (blocks ``run``); affinity sends a request
-    without blocks round-robin (it has no prefix to meet)."""
-    if route is Route.ROUND_ROBIN or not run:
-        return request % n
-    return (run[0] * 0x9E3779B97F4A7C15 >> 17) % n  # a stable mix of the first block's id
+def router_of(route: Route, instances: list[_Instance]) -> Router:
+    """The fleet's router (``tiercache.sim.router``), seeing each instance's local tiers."""
+    return Router(route, [partial(_local_run, each.manager, each.remote) for each in instances])
+
+
+def _local_run(m: TierManager, remote: int | None, run: list[int]) -> int:
+    """How many leading blocks of ``run`` the local tiers of ``m`` hold (the view of the
+    shared tier, ``remote``, not counted: every instance reads the store alike)."""
+    for n, block_id in enumerate(run):
+        tier = m.locate(block_id)
+        if tier is None or tier == remote:
+            return n
+    return len(run)
 
 
 def replay_fleet(spec: FleetSpec, trace: Trace, layout: KVLayout | None = None, shared: bool = True,
@@ -315,10 +324,11 @@ def replay_fleet(spec: FleetSpec, trace: Trace, layout: KVLayout | None = None, 
     ids, offsets, lengths = trace.ids.tolist(), trace.offsets.tolist(), trace.input_lengths
     block_tokens = block_tokens_of(trace, layout)
     saved = np.zeros(trace.records, dtype=np.int64)
+    router = router_of(spec.route, instances)
     started = time.perf_counter()
     for request in range(trace.records):
         run = ids[offsets[request] : offsets[request + 1]]
-        instance = instances[_route(spec.route, request, run, spec.instances)]
+        instance = instances[router.pick(request, run)]
         saved[request] = _request(instance, store, run, int(lengths[request]), block_tokens)
         if request % 256 == 255:
             for each in instances:
