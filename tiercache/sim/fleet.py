@@ -67,8 +67,8 @@ from __future__ import annotations
 import heapq
 import time
 from contextlib import contextmanager
-from functools import partial
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import psutil

@@ -13,8 +13,8 @@
   a trace can tell of it without a queue model: the requests routed to each instance among
   the last ``LOAD_WINDOW``. The load counts as out of balance once the most loaded instance
   has more than ``BALANCE_GAP`` requests over the least. Ties go to the less loaded instance,
-  then to the lower index. A request without blocks goes round-robin under either affinity
-  (it has no prefix to meet).
+  then to the lower index. A request without blocks goes round-robin under every route (it
+  has no prefix to meet).
 """
 
 from __future__ import annotations
