@@ -52,8 +52,8 @@ import tempfile
 import torch
 
 from tiercache import TieredKVCache
-from tiercache.bench.decode import (ColdReadError, NeedleKV, StepCheckError, balance_verdict, cpu_count, overlap_problem,
-                                    step_timings)
+from tiercache.bench.decode import (ColdReadError, NeedleKV, StepCheckError, balance_verdict, check_cold_possible, cpu_count,
+                                    overlap_problem, step_timings)
 from tiercache.bench.rounds import positive_int
 from tiercache.bench.script_args import ScriptParser, existing_folder, refuse_bad_outputs
 from tiercache.config import KVLayout, TierConfig
@@ -159,6 +159,11 @@ def main(argv: list[str] | None = None) -> int:
     kv = NeedleKV(blocks * args.block_tokens, args.kv_heads, args.head_dim, args.block_tokens, 4, 0)
     folder = tempfile.mkdtemp(prefix="tiercache-bench-decode-", dir=args.path)
     try:
+        try:
+            check_cold_possible(folder)  # before a GiB of KV is written there
+        except ColdReadError as error:
+            print(f"error: --path {args.path or tempfile.gettempdir()}: {error}; no figures reported", file=sys.stderr)
+            return 1
         with TieredKVCache(layout, tiers, prefetch="none", path=folder, window_blocks=args.window_blocks, depth=args.depth,
                            write_through=True) as cache:
             seq = cache.sequence()

@@ -184,8 +184,11 @@ _DECODE_ARGS = ["--tokens", "4096", "--block-tokens", "256", "--kv-heads", "2", 
                 "--window-blocks", "2", "--depth", "2", "--repeats", "1", "--threads", "1"]
 
 
-def test_bench_decode_exits_1_on_a_tmpfs_path(shm_folder, tmp_path, capsys):
+def test_bench_decode_exits_1_on_a_tmpfs_path(shm_folder, tmp_path, capsys, monkeypatch):
+    """Refused before the store is built: a probe file is made cold first (docs check D7: the
+    refusal came after about 1 GiB of KV was written there and the I/O-only region began)."""
     bench_decode = _script("bench_decode")
+    monkeypatch.setattr(bench_decode, "TieredKVCache", None)  # the refusal must come before any store
     threads = torch.get_num_threads()
     out = tmp_path / "d.json"
     try:
@@ -193,7 +196,7 @@ def test_bench_decode_exits_1_on_a_tmpfs_path(shm_folder, tmp_path, capsys):
     finally:
         torch.set_num_threads(threads)
     err = capsys.readouterr().err
-    assert f"--path {shm_folder}: I/O only:" in err and "stayed in the page cache" in err and "no figures" in err
+    assert f"--path {shm_folder}: a probe written there:" in err and "stayed in the page cache" in err and "no figures" in err
     assert not out.exists() and not list(shm_folder.iterdir())
 
 

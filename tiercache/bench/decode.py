@@ -33,6 +33,7 @@ refused (``ColdReadError``) instead of timing RAM as NVMe.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import resource
@@ -367,6 +368,20 @@ def make_cold(paths: list[str], region: str, what: str = "NVMe chunk files") -> 
         raise ColdReadError(f"{region}: {left} bytes of the {len(paths)} {what} stayed in the page cache after "
                             "POSIX_FADV_DONTNEED (a memory filesystem such as tmpfs?): the reads would come from RAM, "
                             "not the disk; put the files on a disk")
+
+
+def check_cold_possible(folder: str, probe_bytes: int = 1 << 20) -> None:
+    """Raises ``ColdReadError`` at once where files in ``folder`` cannot be read cold (a
+    memory filesystem such as tmpfs, or no ``mincore``), before a run writes its own: a probe
+    file of ``probe_bytes`` is written there, made cold (``make_cold``) and removed."""
+    path = os.path.join(folder, ".tiercache-cold-probe")
+    try:
+        with open(path, "wb") as probe:
+            probe.write(os.urandom(probe_bytes))
+        make_cold([path], "a probe written there", "probe file")
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
 
 
 def overlap_problem(timing: dict) -> str | None:
