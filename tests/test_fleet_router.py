@@ -93,3 +93,10 @@ def test_kv_aware_from_the_command_line_is_recorded(tmp_path):
                  "--tiers", "hbm=64,remote=128", "--no-progress", "--out", str(out)]) == 0
     runs = read_results(out).runs  # the fleet with its shared tier, and on private tiers alone
     assert runs and all(run.route is Route.KV_AWARE and sum(i.requests for i in run.instances) == 48 for run in runs)
+
+
+def test_a_fleet_spec_refuses_a_route_given_by_name():
+    """A name is no ``Route``: it fell through to the rule of the last branch (kv_aware here,
+    prefix_affinity before), whatever it named."""
+    with pytest.raises(ValueError, match="FleetSpec.route must be a Route, got 'round_robin'"):
+        FleetSpec(2, (TierConfig("hbm", 8),), 16, "round_robin")

@@ -131,6 +131,8 @@ class FleetSpec:
             raise ValueError(f"FleetSpec.remote_blocks must be non-negative, got {self.remote_blocks}")
         if not isinstance(self.write, RemoteWrite):
             raise ValueError(f"FleetSpec.write must be a RemoteWrite, got {self.write!r}")
+        if not isinstance(self.route, Route):  # a name would fall through to some rule's branch
+            raise ValueError(f"FleetSpec.route must be a Route, got {self.route!r}")
         if type(self.write_hits) is not int or self.write_hits < 1:
             raise ValueError(f"FleetSpec.write_hits must be an integer of at least 1, got {self.write_hits!r}")
 
