@@ -31,7 +31,7 @@ import numpy as np
 
 from tiercache.policies.kernels import HAVE_NUMBA, njit
 
-__all__ = ["next_positions", "walk_distances", "walk_counts"]
+__all__ = ["next_positions", "sorted_next_positions", "walk_distances", "walk_counts"]
 
 #: Ids spanning fewer values than this many per access get a direct table (4 B per value).
 _TABLE_SPAN_PER_ACCESS = 2
@@ -113,6 +113,11 @@ def next_positions(ids: np.ndarray) -> np.ndarray:
         done = _next_by_hash(ids, table, np.uint64(64 - bits), nxt, np.int64(_PROBES_PER_ACCESS * n + 1024))
     del table
     return nxt if done else _next_by_sort(ids, nxt)
+
+
+def sorted_next_positions(ids: np.ndarray) -> np.ndarray:
+    """``next_positions`` of ids of any type numpy sorts (strings, floats), by one argsort."""
+    return _next_by_sort(ids, np.empty(ids.size, dtype=_index_dtype(ids.size)))
 
 
 def _next_by_sort(ids: np.ndarray, nxt: np.ndarray) -> np.ndarray:

@@ -37,7 +37,7 @@ from tiercache.policies.base import NO_NEXT_USE
 from tiercache.results import TraceKind
 from tiercache.results.outfile import replace_file_with
 from tiercache.results.records import FINGERPRINT_PREFIX, legacy_fingerprint
-from tiercache.sim.stackdist import next_positions
+from tiercache.sim.stackdist import next_positions, sorted_next_positions
 
 from .tracelines import (MAX_LINE_BYTES, MAX_TOKENS, MAX_TOTAL_TOKENS, _TOKEN_FIELDS, check_token_counts,
                          first_long_line, id_list_field, int_field, iter_json_objects, seconds_field_ms, token_field)
@@ -226,8 +226,7 @@ def next_use(ids: np.ndarray) -> np.ndarray:
     """Index of each access's next access to the same id, ``NO_NEXT_USE`` where none.
 
     Integer ids take ``stackdist.next_positions`` (one compiled O(n) pass with numba, one
-    stable argsort without); other ids one stable argsort, which groups equal ids with their
-    accesses in time order, so each access's successor within its group is its next use.
+    stable argsort without); other ids its argsort (``sorted_next_positions``).
 
     Invariants of the result ``nu`` (int64): ``nu[i] > i``; ``ids[nu[i]] == ids[i]`` where
     ``nu[i] != NO_NEXT_USE``; no access of ``ids[i]`` lies strictly between ``i`` and ``nu[i]``.
@@ -237,15 +236,10 @@ def next_use(ids: np.ndarray) -> np.ndarray:
         raise ValueError(f"next_use: ids must be 1-D, got shape {ids.shape}")
     if ids.dtype.kind in "iu":  # uint64 ids wrap to int64 one to one: equal stays equal
         following = next_positions(ids.astype(np.int64, copy=False))
-        result = following.astype(np.int64)
-        result[following < 0] = NO_NEXT_USE
-        return result
-    result = np.full(len(ids), NO_NEXT_USE, dtype=np.int64)
-    if len(ids) < 2:
-        return result
-    order = np.argsort(ids, kind="stable")
-    same = ids[order[1:]] == ids[order[:-1]]
-    result[order[:-1][same]] = order[1:][same]
+    else:
+        following = sorted_next_positions(ids)
+    result = following.astype(np.int64)
+    result[following < 0] = NO_NEXT_USE
     return result
 
 
