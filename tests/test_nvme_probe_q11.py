@@ -264,9 +264,14 @@ def crash_after_first_chunk_removal(monkeypatch, path, image) -> None:
     ``os.unlink`` removes from it, then raises ``Crashed``."""
     real_unlink = os.unlink
 
+    def in_store(name, dir_fd=None) -> bool:  # by path, or by name in the folder the store holds open
+        if dir_fd is not None:
+            return os.path.samestat(os.fstat(dir_fd), os.stat(path))
+        return os.path.dirname(os.fspath(name)) == os.fspath(path)
+
     def unlink(name, *args, **kwargs):
         real_unlink(name, *args, **kwargs)
-        if os.path.dirname(os.fspath(name)) == os.fspath(path) and os.path.basename(name).startswith("c."):
+        if in_store(name, kwargs.get("dir_fd")) and os.path.basename(name).startswith("c."):
             monkeypatch.setattr(os, "unlink", real_unlink)
             shutil.copytree(path, image)
             raise Crashed()

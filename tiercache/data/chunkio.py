@@ -21,21 +21,25 @@ import ctypes
 import ctypes.util
 import errno
 import glob
-import json
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import google_crc32c
 import numcodecs
 import numpy as np
 
-from ..config import CODEC_FORMATS, Codec, KVLayout
-from ..errors import UserError
+from .chunkmeta import (  # noqa: F401 (re-exported: the format's names live in one module for callers)
+    ATTR_KEY, COMPRESSIONS, FORMAT_VERSION, STORAGE_DTYPES, check_store, chunk_geometry, create_array,
+    layout_attributes, read_attributes)
 from .libc import libc_function
 
 __all__ = [
     "FORMAT_VERSION",
+    "ATTR_KEY",
+    "COMPRESSIONS",
     "STORAGE_DTYPES",
+    "layout_attributes",
     "ChunkCodec",
     "create_array",
     "chunk_geometry",
@@ -44,6 +48,8 @@ __all__ = [
     "chunk_name",
     "parse_chunk_slot",
     "write_chunk_file",
+    "replace_file",
+    "unlink",
     "unlink_quietly",
     "read_chunk_file",
     "open_for_read",
@@ -53,20 +59,6 @@ __all__ = [
     "drop_file_cache",
     "crc32c",
 ]
-
-FORMAT_VERSION = 1
-ATTR_KEY = "tiercache"
-COMPRESSIONS = (None, "lz4")
-STORAGE_DTYPES = {
-    "float16": "float16",
-    "float32": "float32",
-    "float64": "float64",
-    "int8": "int8",
-    "uint8": "uint8",
-    "bfloat16": "uint16",
-    "float8_e4m3fn": "uint8",
-    "float8_e5m2": "uint8",
-}
 
 
 def _load_crc32c_library():
@@ -100,151 +92,6 @@ def crc32c(data: np.ndarray) -> int:
         return _crc32c_value(data.__array_interface__["data"][0], data.size)
     return google_crc32c.value(data)
 
-
-def chunk_geometry(layout: KVLayout, codec: Codec = Codec.NONE) -> tuple[tuple[int, ...], str, int]:
-    """``(chunk shape, zarr data type, bytes)`` of one block stored with ``codec``."""
-    if codec is Codec.NONE:
-        return tuple(layout.block_shape), STORAGE_DTYPES[layout.dtype], layout.block_bytes
-    nbytes = codec.block_bytes(layout)
-    return (nbytes,), "uint8", nbytes
-
-
-def layout_attributes(layout: KVLayout, compression: str | None, codec: Codec = Codec.NONE) -> dict:
-    """What the store records about itself in the zarr attributes (compared on reopen)."""
-    return {
-        "format_version": FORMAT_VERSION,
-        "layout": {
-            "layers": layout.layers,
-            "kv_heads": layout.kv_heads,
-            "head_dim": layout.head_dim,
-            "dtype": layout.dtype,
-            "block_tokens": layout.block_tokens,
-            "per_layer": layout.per_layer,
-        },
-        "compression": compression,
-        "codec": codec.value,
-        "codec_format": CODEC_FORMATS[codec.value],
-        "model": layout.name,  # two models of one shape must not read each other's KV
-    }
-
-
-def create_array(path: str, layout: KVLayout, capacity: int, compression: str | None, codec: Codec = Codec.NONE) -> None:
-    """Creates the zarr v3 array (its ``zarr.json``) at ``path``; writes no chunk.
-
-    Called once per store, off the hot path, so importing zarr here costs nothing later.
-    """
-    import zarr
-    from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec
-
-    block, dtype, _ = chunk_geometry(layout, codec)
-    compressors = [Crc32cCodec()]
-    if compression == "lz4":
-        typesize = np.dtype(dtype).itemsize
-        compressors.insert(0, BloscCodec(cname="lz4", clevel=5, shuffle="shuffle", typesize=typesize))
-    zarr.create_array(
-        store=path,
-        shape=(capacity, *block),
-        chunks=(1, *block),
-        dtype=dtype,
-        fill_value=0,
-        serializer=BytesCodec(endian="little"),
-        compressors=compressors,
-        filters=None,
-        chunk_key_encoding={"name": "default", "separator": "."},
-        attributes={ATTR_KEY: layout_attributes(layout, compression, codec)},
-    )
-
-
-def read_attributes(path: str) -> tuple[tuple[int, ...], dict, dict]:
-    """Reads an existing store's array shape, tiercache attributes and whole metadata.
-
-    Raises:
-        UserError: ``zarr.json`` unreadable, not a JSON object, not an array written by
-            tiercache, or with a shape that is not a list of integers (names the file).
-    """
-    meta_path = os.path.join(path, "zarr.json")
-    try:
-        with open(meta_path, encoding="utf-8") as f:
-            meta = json.load(f)
-    except (OSError, ValueError) as exc:
-        raise UserError(f"{meta_path}: not a readable zarr store ({exc})") from None
-    if not isinstance(meta, dict):
-        raise UserError(f"{meta_path}: not a zarr store: the metadata is a JSON {type(meta).__name__}, not an object")
-    attrs = meta.get("attributes")
-    attrs = attrs.get(ATTR_KEY) if isinstance(attrs, dict) else None
-    if meta.get("node_type") != "array" or not isinstance(attrs, dict):
-        raise UserError(f"{meta_path}: a zarr store, but not one written by tiercache (no '{ATTR_KEY}' attributes)")
-    return _int_list(meta_path, meta.get("shape"), "shape"), attrs, meta
-
-
-def _int_list(meta_path: str, value: object, what: str) -> tuple[int, ...]:
-    """``value`` as a tuple of ints; UserError naming the file unless it is a JSON list of
-    integers (``true`` is not an integer here)."""
-    if not isinstance(value, list) or not all(type(v) is int for v in value):
-        raise UserError(f"{meta_path}: {what} must be a list of integers, got {value!r}")
-    return tuple(value)
-
-
-def _chunk_shape(meta: dict) -> object:
-    """``chunk_grid.configuration.chunk_shape`` of zarr metadata, or None if absent."""
-    grid = meta.get("chunk_grid")
-    config = grid.get("configuration") if isinstance(grid, dict) else None
-    return config.get("chunk_shape") if isinstance(config, dict) else None
-
-
-def check_store(path: str, layout: KVLayout, compression: str | None, capacity: int | None,
-                codec: Codec = Codec.NONE) -> int:
-    """Checks an existing store against what the caller asks for; returns its capacity.
-
-    A store written before codecs were recorded holds plain blocks (codec ``none``); one
-    written before models were recorded (``model``, ``KVLayout.name``) opens under any name.
-
-    Raises:
-        UserError: another format version, layout, model name, compression, codec, capacity, array
-            shape, chunk shape or data type (the message names ``zarr.json`` and gives
-            stored and asked values).
-    """
-    shape, attrs, meta = read_attributes(path)
-    meta_path = os.path.join(path, "zarr.json")
-    wanted = layout_attributes(layout, compression, codec)
-    if attrs.get("format_version") != FORMAT_VERSION:
-        raise UserError(f"{meta_path}: store format {attrs.get('format_version')!r}, this tiercache reads {FORMAT_VERSION}")
-    if attrs.get("layout") != wanted["layout"]:
-        raise UserError(f"{meta_path}: store holds layout {attrs.get('layout')}, asked for {wanted['layout']}")
-    stored_model = attrs.get("model")  # stores from before the attribute name no model
-    if stored_model is not None and stored_model != layout.name:
-        raise UserError(f"{meta_path}: store holds KV of model {stored_model!r}, asked for model {layout.name!r} (same "
-                        "shape, but another model's KV is not this one's); open it with that model's layout, or give "
-                        "this model another directory")
-    if attrs.get("compression") != compression:
-        raise UserError(f"{meta_path}: store compression is {attrs.get('compression')!r}, asked for {compression!r}")
-    stored_codec = attrs.get("codec", Codec.NONE.value)
-    if stored_codec != codec.value:
-        raise UserError(f"{meta_path}: store holds blocks encoded with codec {stored_codec!r}, asked for codec "
-                        f"{codec.value!r}; open it with codec {stored_codec!r} (its blocks cannot be re-encoded in "
-                        "place) or give the tier another directory")
-    stored_format = attrs.get("codec_format", 1)  # stores from before the attribute hold format 1
-    if stored_format != CODEC_FORMATS[codec.value]:
-        raise UserError(f"{meta_path}: store holds {codec.value} blocks in format {stored_format}, this tiercache "
-                        f"reads format {CODEC_FORMATS[codec.value]} ({codec.value}'s block layout changed); open it with "
-                        "the tiercache that wrote it, or give the tier another directory")
-    _check_geometry(meta_path, meta, shape, chunk_geometry(layout, codec))
-    if capacity is not None and capacity != shape[0]:
-        raise UserError(f"{meta_path}: store capacity is {shape[0]} blocks, asked for {capacity}")
-    return shape[0]
-
-
-def _check_geometry(meta_path: str, meta: dict, shape: tuple[int, ...], geometry: tuple[tuple[int, ...], str, int]) -> None:
-    """The array must be ``[capacity >= 1, *block]`` in one-block chunks of the block's
-    storage dtype (``chunk_geometry``), else the chunk files are not what the hot path reads."""
-    block, dtype, _ = geometry
-    if len(shape) != 1 + len(block) or shape[1:] != block or shape[0] < 1:
-        raise UserError(f"{meta_path}: array shape {list(shape)} is not [capacity >= 1, *{list(block)}]")
-    chunks = _chunk_shape(meta)
-    if chunks != [1, *block]:
-        raise UserError(f"{meta_path}: chunk shape {chunks!r} is not one block {[1, *block]}")
-    if meta.get("data_type") != dtype:
-        raise UserError(f"{meta_path}: data type {meta.get('data_type')!r}, the layout stores {dtype!r}")
 
 
 def chunk_name(slot: int, ndim: int) -> str:
@@ -347,32 +194,62 @@ def _drop_written(fd: int) -> None:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
 
 
-def write_chunk_file(tmp_path: str, final_path: str, payload: np.ndarray) -> int:
+def _at(path: str, dir_fd: int | None) -> str:
+    """What an ``os`` call given ``dir_fd`` opens: the file's name in the folder that
+    descriptor holds open (every store file lies directly in its folder), so the call
+    reaches the folder the store opened whatever its path names now; ``path`` without one."""
+    return path if dir_fd is None else os.path.basename(path)
+
+
+@contextmanager
+def _naming(dir_fd: int | None, *paths: str):
+    """An OSError of a call made relative to ``dir_fd`` names its files by their paths (as
+    one made by path would): callers report ``exc.filename``."""
+    try:
+        yield
+    except OSError as exc:
+        if dir_fd is not None:
+            by_name = {os.path.basename(p): p for p in paths}
+            exc.filename = by_name.get(exc.filename, exc.filename)
+            exc.filename2 = by_name.get(exc.filename2, exc.filename2)
+        raise
+
+
+def write_chunk_file(tmp_path: str, final_path: str, payload: np.ndarray, dir_fd: int | None = None) -> int:
     """Writes a chunk durably and atomically: temp file, fdatasync, rename over the chunk.
 
     The rename itself is made durable later by ``fsync_dir`` (batched at index flush).
     On any OSError the temp file is removed and the error re-raised; the chunk path then
-    still holds whatever it held before.
+    still holds whatever it held before. With ``dir_fd`` (the store's folder, held open),
+    both files are that folder's, whatever their paths name meanwhile.
 
     Returns:
         The crc32c of ``payload`` (the chunk is ``payload.size + 4`` bytes).
     """
-    fd = os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-    try:
+    tmp = _at(tmp_path, dir_fd)
+    with _naming(dir_fd, tmp_path, final_path):
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644, dir_fd=dir_fd)
         try:
-            crc = _write_sealed(fd, payload)
-            os.fdatasync(fd)
-            _drop_written(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp_path, final_path)
-    except OSError:
-        unlink_quietly(tmp_path)
-        raise
+            try:
+                crc = _write_sealed(fd, payload)
+                os.fdatasync(fd)
+                _drop_written(fd)
+            finally:
+                os.close(fd)
+            replace_file(tmp_path, final_path, dir_fd)
+        except OSError:
+            unlink_quietly(tmp_path, dir_fd)
+            raise
     return crc
 
 
-def overwrite_chunk_file(path: str, payload: np.ndarray, crc_first: bool = True) -> int | None:
+def replace_file(src_path: str, dst_path: str, dir_fd: int | None = None) -> None:
+    """``os.replace`` (``dir_fd``: as ``write_chunk_file``; both files lie in that folder)."""
+    with _naming(dir_fd, src_path, dst_path):
+        os.replace(_at(src_path, dir_fd), _at(dst_path, dir_fd), src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+
+
+def overwrite_chunk_file(path: str, payload: np.ndarray, crc_first: bool = True, dir_fd: int | None = None) -> int | None:
     """Overwrites an existing chunk file of the same length in place, durably.
 
     Same-size overwrite needs no block allocation or size change, so fdatasync flushes
@@ -389,16 +266,17 @@ def overwrite_chunk_file(path: str, payload: np.ndarray, crc_first: bool = True)
     may reorder page writeback; reads still verify the whole chunk.) That costs one more
     pass over the payload. A slot the store chose itself is free only once the deletion
     that freed it is durable, so no durable entry names it: the payload goes first, its
-    writeback overlapping the crc (``_write_sealed``).
+    writeback overlapping the crc (``_write_sealed``). ``dir_fd``: as ``write_chunk_file``.
 
     Returns:
         The crc32c of ``payload``, or None (nothing written) when the file is absent or
         has another length.
     """
-    try:  # O_NOFOLLOW: never write through a symlink to a file outside the store
-        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-    except FileNotFoundError:
-        return None
+    with _naming(dir_fd, path):
+        try:  # O_NOFOLLOW: never write through a symlink to a file outside the store
+            fd = os.open(_at(path, dir_fd), os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW, dir_fd=dir_fd)
+        except FileNotFoundError:
+            return None
     try:
         if os.fstat(fd).st_size != payload.size + 4:
             return None
@@ -415,27 +293,35 @@ def overwrite_chunk_file(path: str, payload: np.ndarray, crc_first: bool = True)
     return crc
 
 
-def unlink_quietly(path: str) -> None:
+def unlink(path: str, dir_fd: int | None = None) -> None:
+    """``os.unlink`` (``dir_fd``: as ``write_chunk_file``)."""
+    with _naming(dir_fd, path):
+        os.unlink(_at(path, dir_fd), dir_fd=dir_fd)
+
+
+def unlink_quietly(path: str, dir_fd: int | None = None) -> None:
     """Removes a file, if it is there (best effort)."""
     try:
-        os.unlink(path)
+        unlink(path, dir_fd)
     except OSError:
         pass  # already gone, or the disk is failing: reopen sweeps leftovers
 
 
-def open_for_read(path: str, direct: bool) -> tuple[int, bool]:
+def open_for_read(path: str, direct: bool, dir_fd: int | None = None) -> tuple[int, bool]:
     """Opens a file for reading, with O_DIRECT when asked and the filesystem allows it.
 
     Returns:
         ``(fd, direct)`` where ``direct`` says whether O_DIRECT is in effect.
     """
-    if direct and hasattr(os, "O_DIRECT"):
-        try:
-            return os.open(path, os.O_RDONLY | os.O_DIRECT | os.O_CLOEXEC), True
-        except OSError as exc:
-            if exc.errno != errno.EINVAL:  # EINVAL: the filesystem refuses O_DIRECT (tmpfs)
-                raise
-    return os.open(path, os.O_RDONLY | os.O_CLOEXEC), False
+    name = _at(path, dir_fd)
+    with _naming(dir_fd, path):
+        if direct and hasattr(os, "O_DIRECT"):
+            try:
+                return os.open(name, os.O_RDONLY | os.O_DIRECT | os.O_CLOEXEC, dir_fd=dir_fd), True
+            except OSError as exc:
+                if exc.errno != errno.EINVAL:  # EINVAL: the filesystem refuses O_DIRECT (tmpfs)
+                    raise
+        return os.open(name, os.O_RDONLY | os.O_CLOEXEC, dir_fd=dir_fd), False
 
 
 def supports_direct(path: str) -> bool:
@@ -445,8 +331,9 @@ def supports_direct(path: str) -> bool:
     return direct
 
 
-def read_chunk_file(path: str, buffers: list, direct: bool) -> tuple[int, bool]:
-    """Reads a chunk file into ``buffers`` with one preadv from offset 0.
+def read_chunk_file(path: str, buffers: list, direct: bool, dir_fd: int | None = None) -> tuple[int, bool]:
+    """Reads a chunk file into ``buffers`` with one preadv from offset 0 (``dir_fd``: as
+    ``write_chunk_file``).
 
     With O_DIRECT every buffer must be page aligned in address and length; a chunk file is
     shorter than the buffers, and the read simply stops at end of file.
@@ -454,16 +341,20 @@ def read_chunk_file(path: str, buffers: list, direct: bool) -> tuple[int, bool]:
     Returns:
         ``(bytes read, whether O_DIRECT was used)``.
     """
-    fd, used_direct = open_for_read(path, direct)
+    fd, used_direct = open_for_read(path, direct, dir_fd)
     try:
         return os.preadv(fd, buffers, 0), used_direct
     finally:
         os.close(fd)
 
 
-def fsync_dir(path: str) -> None:
-    """Makes renames and unlinks inside directory ``path`` durable."""
-    fsync_path(path, os.O_DIRECTORY)
+def fsync_dir(path: str, dir_fd: int | None = None) -> None:
+    """Makes renames and unlinks inside directory ``path`` durable (the folder ``dir_fd``
+    holds open, when given)."""
+    if dir_fd is not None:
+        os.fsync(dir_fd)
+    else:
+        fsync_path(path, os.O_DIRECTORY)
 
 
 def fsync_path(path: str, flags: int = os.O_NOFOLLOW) -> None:
@@ -475,9 +366,12 @@ def fsync_path(path: str, flags: int = os.O_NOFOLLOW) -> None:
         os.close(fd)
 
 
-def write_file_durably(path: str, data: bytes) -> None:
-    """Writes a small file and fsyncs it (the caller fsyncs the directory)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+def write_file_durably(path: str, data: bytes, dir_fd: int | None = None) -> None:
+    """Writes a small file and fsyncs it (the caller fsyncs the directory; ``dir_fd``: as
+    ``write_chunk_file``)."""
+    with _naming(dir_fd, path):
+        fd = os.open(_at(path, dir_fd), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644,
+                     dir_fd=dir_fd)
     try:
         view = memoryview(data)
         while view:
@@ -487,10 +381,10 @@ def write_file_durably(path: str, data: bytes) -> None:
         os.close(fd)
 
 
-def drop_file_cache(path: str) -> None:
+def drop_file_cache(path: str, dir_fd: int | None = None) -> None:
     """Evicts one file's clean pages from the page cache (never the system-wide cache)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(_at(path, dir_fd), os.O_RDONLY | os.O_CLOEXEC, dir_fd=dir_fd)
     except FileNotFoundError:
         return
     try:

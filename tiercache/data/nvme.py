@@ -149,7 +149,7 @@ class NVMeStore(NVMeReads, NVMeWrites):
         """Creates or reopens the store under its lock; makes any recovery durable."""
         opened = open_store(self.path, self.layout, self.compression, capacity_blocks, create, self.codec)
         self._table, self._files, self._dir_lock = opened.table, opened.files, opened.lock
-        self._folder = folder_identity(self.path)  # the folder the lock holds (``check_folder``)
+        self._folder = folder_identity(self.folder_fd)  # the folder the lock holds (``check_folder``)
         self._folder_warned = False
         self.stats.update(opened.counts)
         if opened.needs_flush:
@@ -267,6 +267,14 @@ class NVMeStore(NVMeReads, NVMeWrites):
 
     # ----- index -----------------------------------------------------------------------
 
+    @property
+    def folder_fd(self) -> int | None:
+        """The store's folder, held open by its lock (None once released): every file the
+        store writes after opening is made relative to it, so it lands in the folder the
+        store opened, or nowhere (``ENOENT`` once that folder is removed), never in a folder
+        made anew under its path."""
+        return self._dir_lock.dir_fd
+
     def chunk_path(self, slot: int) -> str:
         """The chunk file of ``slot`` (for tools and benchmarks; the index says if it is live)."""
         return self._chunk_prefix + str(slot) + self._chunk_suffix
@@ -338,7 +346,7 @@ class NVMeStore(NVMeReads, NVMeWrites):
                 if not ops and not retired and not compact:
                     return
                 if dir_dirty:  # in-place overwrites change no directory entry
-                    chunkio.fsync_dir(self.path)
+                    chunkio.fsync_dir(self.path, self.folder_fd)
                 if compact:
                     self._files.compact(snapshot, ops, self._reclaim_space)
                 else:
@@ -381,7 +389,7 @@ class NVMeStore(NVMeReads, NVMeWrites):
         with self._lock:
             slots = list(self._table.live_slots())
         for slot in slots:
-            chunkio.drop_file_cache(os.path.join(self.path, chunkio.chunk_name(slot, self._ndim)))
+            chunkio.drop_file_cache(self.chunk_path(slot), self.folder_fd)
 
     def close(self) -> None:
         """Waits for I/O in flight, flushes, and releases threads, files and the lock.
@@ -406,7 +414,7 @@ class NVMeStore(NVMeReads, NVMeWrites):
                           " blocks put or deleted since the last successful flush are not durable") from exc
         else:
             if finished:
-                mark_clean(self.path, self._files.seq)  # the next open may skip the trailer checks
+                mark_clean(self.path, self._files.seq, self.folder_fd)  # the next open may skip the trailer checks
         finally:
             self._release_files()
         if not finished:

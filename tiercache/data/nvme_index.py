@@ -40,7 +40,7 @@ from typing import Callable
 
 from ..errors import UserError
 from .buffers import PAGE, round_up
-from .chunkio import fsync_dir, unlink_quietly
+from .chunkio import fsync_dir, replace_file, unlink_quietly
 from .chunkio import write_file_durably as _write_file_durably
 from .libc import libc_function
 from .nvme_journal import HEADER as _JOURNAL_HEADER
@@ -110,8 +110,9 @@ class IndexFiles:
     refusal for lack of space (``disk_full``) until a snapshot empties the journal.
     """
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, dir_fd: int | None = None) -> None:
         self.root = root
+        self.dir_fd = dir_fd  # the store's folder, held open: the files written are its, whatever root names later
         self.snapshot_path = os.path.join(root, SNAPSHOT_NAME)
         self.journal_path = os.path.join(root, JOURNAL_NAME)
         self.seq = 0
@@ -145,7 +146,7 @@ class IndexFiles:
             end = self._replay_journal(table)
         except ValueError as exc:  # a checksummed record names an impossible slot
             raise UserError(f"{self.root}: index damaged ({exc})") from None
-        self._journal_fd = _open_journal(self.journal_path)
+        self._journal_fd = _open_journal(self.journal_path, self.dir_fd)
         if end != os.fstat(self._journal_fd).st_size:
             os.ftruncate(self._journal_fd, end)  # drop the torn tail so new batches follow valid ones
             os.fsync(self._journal_fd)
@@ -331,12 +332,12 @@ class IndexFiles:
         header = _seal(_SNAPSHOT_HEADER, _SNAPSHOT_MAGIC, self.seq + 1, len(ops), body)
         tmp = os.path.join(self.root, SNAPSHOT_TMP_NAME)
         try:
-            _write_file_durably(tmp, header + body)
-            os.replace(tmp, self.snapshot_path)
-            fsync_dir(self.root)
+            _write_file_durably(tmp, header + body, self.dir_fd)
+            replace_file(tmp, self.snapshot_path, self.dir_fd)
+            fsync_dir(self.root, self.dir_fd)
         except OSError:
             self.need_snapshot = True
-            unlink_quietly(tmp)  # reopen never reads it
+            unlink_quietly(tmp, self.dir_fd)  # reopen never reads it
             raise
         self.seq += 1
         self.snapshot_bytes = len(header) + len(body)
@@ -344,7 +345,7 @@ class IndexFiles:
 
     def _reset_journal(self) -> None:
         if self._journal_fd is None:
-            self._journal_fd = _open_journal(self.journal_path)
+            self._journal_fd = _open_journal(self.journal_path, self.dir_fd)
         try:
             with self._room_lock:
                 os.ftruncate(self._journal_fd, 0)
@@ -395,10 +396,12 @@ def _read_file(path: str, what: str, missing_ok: bool = False) -> bytes:
         raise UserError(f"{path}: {what} unreadable ({exc.strerror or exc})") from None
 
 
-def _open_journal(path: str) -> int:
-    """Opens the journal for appending; UserError naming it if that is impossible."""
+def _open_journal(path: str, dir_fd: int | None) -> int:
+    """Opens the journal for appending (in the folder ``dir_fd`` holds, when given);
+    UserError naming it if that is impossible."""
     try:
-        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+        return os.open(path if dir_fd is None else JOURNAL_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW,
+                       0o644, dir_fd=dir_fd)
     except OSError as exc:
         raise UserError(f"{path}: journal cannot be opened for writing ({exc.strerror or exc})") from None
 

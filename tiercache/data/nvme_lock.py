@@ -36,12 +36,15 @@ class StoreLock:
 
     Invariant: while the object holds a file descriptor, this open file description holds
     ``LOCK_EX`` on ``<root>/tiercache.lock``, the file names the pid of the process that
-    acquired it, and the object is in ``_HELD``. In a child forked meanwhile the object
-    holds no descriptor (``held`` is False there).
+    acquired it, ``dir_fd`` holds open the folder that lock file is in (the store's: what
+    its writes are made relative to, whatever ``root`` names later), and the object is in
+    ``_HELD``. In a child forked meanwhile the object holds no descriptor (``held`` is
+    False there, ``dir_fd`` None).
     """
 
-    def __init__(self, fd: int, path: str) -> None:
+    def __init__(self, fd: int, dir_fd: int, path: str) -> None:
         self._fd: int | None = fd
+        self.dir_fd: int | None = dir_fd
         self.path = path
 
     @classmethod
@@ -53,21 +56,17 @@ class StoreLock:
                 the lock file cannot be opened (a directory, a symlink, no permission).
         """
         path = os.path.join(root, LOCK_NAME)
-        try:  # O_NOFOLLOW: a symlink here would make us lock (and write) some other file
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
-        except OSError as exc:
-            raise UserError(f"{path}: cannot open the store's lock file ({exc.strerror})") from None
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            dir_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError as exc:
-            holder = _read_holder(fd)
-            os.close(fd)
-            if isinstance(exc, BlockingIOError):
-                raise UserError(f"{root}: store in use by {holder} (lock file {path}); "
-                                "close that store first, or use another path") from None
-            raise UserError(f"{path}: cannot lock the store ({exc.strerror})") from None
+            raise UserError(f"{root}: cannot open the store's folder ({exc.strerror})") from None
+        try:
+            fd = _lock_file(root, dir_fd)
+        except BaseException:
+            os.close(dir_fd)
+            raise
         _write_holder(fd)
-        lock = cls(fd, path)
+        lock = cls(fd, dir_fd, path)
         _HELD.add(lock)
         return lock
 
@@ -77,11 +76,37 @@ class StoreLock:
         return self._fd is not None
 
     def release(self) -> None:
-        """Drops the lock (closing the descriptor releases the flock); idempotent."""
+        """Drops the lock (closing the descriptor releases the flock) and the folder's
+        descriptor; idempotent."""
         if self._fd is not None:
             fd, self._fd = self._fd, None
+            dir_fd, self.dir_fd = self.dir_fd, None
             _HELD.discard(self)
             os.close(fd)
+            os.close(dir_fd)
+
+
+def _lock_file(root: str, dir_fd: int) -> int:
+    """Opens ``tiercache.lock`` in the folder ``dir_fd`` holds and locks it without waiting.
+
+    Raises:
+        UserError: as ``StoreLock.acquire``.
+    """
+    path = os.path.join(root, LOCK_NAME)
+    try:  # O_NOFOLLOW: a symlink here would make us lock (and write) some other file
+        fd = os.open(LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644, dir_fd=dir_fd)
+    except OSError as exc:
+        raise UserError(f"{path}: cannot open the store's lock file ({exc.strerror})") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        holder = _read_holder(fd)
+        os.close(fd)
+        if isinstance(exc, BlockingIOError):
+            raise UserError(f"{root}: store in use by {holder} (lock file {path}); "
+                            "close that store first, or use another path") from None
+        raise UserError(f"{path}: cannot lock the store ({exc.strerror})") from None
+    return fd
 
 
 def _drop_inherited_locks() -> None:

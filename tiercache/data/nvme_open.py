@@ -250,7 +250,7 @@ def _create(path: str, layout: KVLayout, compression: str | None, capacity: int,
     _remove_leftovers(path)
     chunkio.create_array(path, layout, capacity, compression, codec)
     chunkio.fsync_path(os.path.join(path, META_NAME))
-    table, files = SlotTable(capacity), IndexFiles(path)
+    table, files = SlotTable(capacity), IndexFiles(path, lock.dir_fd)
     files.create()
     table.finish_load()
     return Opened(capacity, table, files, lock)
@@ -267,7 +267,7 @@ def _reopen(path: str, layout: KVLayout, compression: str | None, wanted: int | 
             codec: Codec) -> Opened:
     """Checks the stored format, loads the index, reconciles the directory with it."""
     capacity = chunkio.check_store(path, layout, compression, wanted, codec)
-    table, files = SlotTable(capacity), IndexFiles(path)
+    table, files = SlotTable(capacity), IndexFiles(path, lock.dir_fd)
     files.load(table)
     try:
         clean = _check_clean_mark(path, files)
@@ -283,14 +283,14 @@ def _reopen(path: str, layout: KVLayout, compression: str | None, wanted: int | 
     return Opened(capacity, table, files, lock, counts, bool(removed or dropped or files.need_snapshot))
 
 
-def mark_clean(root: str, seq: int) -> None:
+def mark_clean(root: str, seq: int, dir_fd: int | None = None) -> None:
     """Records that the store closed cleanly at index sequence ``seq``: no write in
     flight, every chunk matches the durable index, every batch up to ``seq`` durable.
     Best effort (a full disk may refuse it: the next open then checks every chunk's
     trailer)."""
     try:
-        chunkio.write_file_durably(os.path.join(root, CLEAN_NAME), _clean_mark(seq))
-        chunkio.fsync_dir(root)
+        chunkio.write_file_durably(os.path.join(root, CLEAN_NAME), _clean_mark(seq), dir_fd)
+        chunkio.fsync_dir(root, dir_fd)
     except OSError:
         pass
 

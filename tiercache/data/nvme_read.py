@@ -123,10 +123,10 @@ class NVMeReads:
         local = self._local
         if self._can_read_in_place(dest):
             data = self._host_bytes(dest)
-            n, _ = chunkio.read_chunk_file(path, [data, local.trailer], self.direct_io)
+            n, _ = chunkio.read_chunk_file(path, [data, local.trailer], self.direct_io, self.folder_fd)
             stored = int(local.trailer[:4].view("<u4")[0])
             return n == entry.length and stored == entry.crc and chunkio.crc32c(data) == entry.crc
-        n, _ = chunkio.read_chunk_file(path, [local.chunk], self.direct_io)
+        n, _ = chunkio.read_chunk_file(path, [local.chunk], self.direct_io, self.folder_fd)
         chunk = local.chunk[:n]
         if n != entry.length or self._codec.check(chunk) != entry.crc:
             return False

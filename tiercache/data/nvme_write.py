@@ -47,9 +47,10 @@ __all__ = ["NVMeWrites"]
 T = TypeVar("T")
 
 
-def folder_identity(path: str) -> tuple[int, int]:
-    """The folder's device and inode: what its name must still lead to for a write there to
-    be this store's (``NVMeWrites.check_folder``)."""
+def folder_identity(path: str | int) -> tuple[int, int]:
+    """The folder's device and inode (of its path, or of a descriptor holding it open):
+    what its name must still lead to for a write there to be this store's
+    (``NVMeWrites.check_folder``)."""
     found = os.stat(path)
     return found.st_dev, found.st_ino
 
@@ -60,8 +61,11 @@ class NVMeWrites:
     def check_folder(self) -> None:
         """Raises OSError when the store's path no longer names the folder it opened (removed,
         or removed and made anew: by a clean-up script, say), before anything is written by
-        that name: files written there would land beside another store's (whose lock is in
-        the new folder) or in no store at all, and a flush would say they were durable.
+        that name: a flush would say blocks were durable that no reopen of the path finds.
+        The check names the problem; the writes do not rely on it: every file is written
+        relative to the folder the lock holds open (``folder_fd``), so one made after a
+        replacement that races past this check still lands in the store's own folder (or
+        fails, ``ENOENT``, once that folder is removed), never beside another store's.
 
         Raises:
             OSError: ``ENOENT`` (or what ``stat`` raised) when the path is gone, ``ESTALE``
@@ -125,11 +129,12 @@ class NVMeWrites:
         first in a slot the caller named), else temp file + rename. Returns (crc32c,
         whether a rename happened)."""
         final = self.chunk_path(slot)
-        crc = chunkio.overwrite_chunk_file(final, payload, crc_first=named) if self.overwrite_in_place else None
+        dir_fd = self.folder_fd
+        crc = chunkio.overwrite_chunk_file(final, payload, named, dir_fd) if self.overwrite_in_place else None
         if crc is not None:
             return crc, False
         tmp = os.path.join(self.path, f"{TMP_PREFIX}{slot}.{gen}")
-        return chunkio.write_chunk_file(tmp, final, payload), True
+        return chunkio.write_chunk_file(tmp, final, payload, dir_fd), True
 
     def _chunk_payload(self, block: torch.Tensor, encoded: bool) -> np.ndarray:
         """The bytes of one chunk: the block's own, or the block encoded with the codec
@@ -190,7 +195,7 @@ class NVMeWrites:
         gone, removed = [], 0
         for slot in slots:
             try:
-                os.unlink(self.chunk_path(slot))
+                chunkio.unlink(self.chunk_path(slot), self.folder_fd)
                 removed += 1
             except FileNotFoundError:
                 pass

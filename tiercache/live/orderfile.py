@@ -13,7 +13,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from tiercache.core.manager import TierManager
-from tiercache.data.chunkio import fsync_dir, unlink_quietly, write_file_durably
+from tiercache.data.chunkio import fsync_dir, replace_file, unlink, unlink_quietly, write_file_durably
 from tiercache.keys import KEY_BYTES, key_to_int
 
 from .keymap import KeyMap
@@ -55,19 +55,20 @@ def write_order(medium: object, keys: Sequence[bytes]) -> None:
         return
     body = b"".join(keys)
     final, temp = os.path.join(path, ORDER_FILE), os.path.join(path, ORDER_FILE + ".tmp")
+    dir_fd = getattr(medium, "folder_fd", None)  # the folder the store opened, whatever its path names now
     try:
-        write_file_durably(temp, _ORDER_HEADER.pack(_ORDER_MAGIC, len(keys), zlib.crc32(body)) + body)
-        os.replace(temp, final)
-        fsync_dir(path)
+        write_file_durably(temp, _ORDER_HEADER.pack(_ORDER_MAGIC, len(keys), zlib.crc32(body)) + body, dir_fd)
+        replace_file(temp, final, dir_fd)
+        fsync_dir(path, dir_fd)
     except OSError as exc:
-        unlink_quietly(temp)
-        _drop_stale_order(final, exc)
+        unlink_quietly(temp, dir_fd)
+        _drop_stale_order(final, exc, dir_fd)
 
 
-def _drop_stale_order(final: str, exc: OSError) -> None:
+def _drop_stale_order(final: str, exc: OSError, dir_fd: int | None) -> None:
     """A new order list could not be written (``exc``): deletes the old one and warns."""
     try:
-        os.unlink(final)
+        unlink(final, dir_fd)
         fate = "the previous list was deleted"
     except FileNotFoundError:
         fate = "there was no previous list"
