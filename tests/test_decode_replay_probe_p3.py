@@ -104,7 +104,7 @@ def test_prefetch_counts_reach_the_results_file_the_reader_and_the_report(tmp_pa
                      cache=CacheConfig((TierConfig("hbm", 2), TierConfig("dram", 10))), prefetch="topk_speculative")
     document = sweep(trace, spec)
     data = document.to_json()
-    assert data["schema_version"] == 9
+    assert data["schema_version"] == 10
     assert (data["runs"][0]["prefetched"], data["runs"][0]["prefetch_used"], data["runs"][0]["prefetch_wasted"]) == (2, 1, 1)
     back = ResultsDocument.from_json(json.loads(json.dumps(data)), "r.json")
     assert back.runs[0].prefetched == 2

@@ -135,7 +135,7 @@ def test_results_record_the_write_mode_of_the_shared_run_and_read_it_back(tmp_pa
     assert (shared.remote_write, shared.write_hits) == (RemoteWrite.SELECTIVE, 3)
     assert (private.remote_write, private.write_hits) == (None, None)  # no shared tier: no write mode
     data = document.to_json()
-    assert data["schema_version"] == SCHEMA_VERSION == 9
+    assert data["schema_version"] == SCHEMA_VERSION == 10
     assert (data["runs"][0]["remote_write"], data["runs"][0]["write_hits"]) == ("selective", 3)
     assert ResultsDocument.from_json(json.loads(json.dumps(data)), "again.json") == document
 

@@ -51,10 +51,35 @@ def test_kv_aware_routes_by_load_alone_once_out_of_balance():
 
 def test_the_load_counts_only_the_last_window_of_requests():
     router = Router(Route.ROUND_ROBIN, _fixed([0, 0, 0]))
-    for request in range(3 * routing.LOAD_WINDOW + 2):
+    assert router.window == 3 * routing.LOAD_PER_INSTANCE
+    for request in range(3 * router.window + 2):
         router.pick(request, [request])
-        assert sum(router.loads) == len(router.recent) <= routing.LOAD_WINDOW
+        assert sum(router.loads) == len(router.recent) <= router.window
         assert router.loads == [list(router.recent).count(i) for i in range(3)]
+
+
+@pytest.mark.parametrize("instances", [3, 64, 65, 100, 300])
+def test_kv_aware_gives_every_instance_its_turn_when_no_cache_matches(instances):
+    """Review R40-1: the window was 64 requests whatever N, and ties went to the lowest index,
+    so past about 65 instances the rest were never picked (100 instances: 65 used)."""
+    router = Router(Route.KV_AWARE, _fixed([0] * instances))
+    picks = [router.pick(r, [r + 1]) for r in range(20 * instances)]
+    counts = [picks.count(i) for i in range(instances)]
+    assert min(counts) == max(counts) == 20
+
+
+def test_kv_aware_breaks_equal_loads_by_the_instance_picked_least_recently():
+    router = Router(Route.KV_AWARE, _fixed([0, 0, 0]))
+    router.loads, router.last = [1, 1, 1], [5, 3, 4]  # as if picked in the order 1, 2, 0
+    assert router.pick(9, [7]) == 1
+
+
+def test_a_router_refuses_a_route_given_by_name():
+    """Review R40-3: ``Router`` is public and took a name, which fell through to kv_aware."""
+    with pytest.raises(ValueError, match="route must be a Route, got 'round_robin'"):
+        Router("round_robin", _fixed([0, 0]))
+    with pytest.raises(ValueError, match="at least one instance"):
+        Router(Route.ROUND_ROBIN, [])
 
 
 @pytest.mark.parametrize("route", list(Route))
@@ -100,3 +125,10 @@ def test_a_fleet_spec_refuses_a_route_given_by_name():
     prefix_affinity before), whatever it named."""
     with pytest.raises(ValueError, match="FleetSpec.route must be a Route, got 'round_robin'"):
         FleetSpec(2, (TierConfig("hbm", 8),), 16, "round_robin")
+
+
+@pytest.mark.parametrize("instances", [2.5, True, "4"])
+def test_a_fleet_spec_refuses_instances_that_are_not_an_integer(instances):
+    """Review R40-3: 2.5 was accepted and failed in the replay with a TypeError."""
+    with pytest.raises(ValueError, match="FleetSpec.instances must be an integer of at least 1"):
+        FleetSpec(instances, (TierConfig("hbm", 8),), 16)

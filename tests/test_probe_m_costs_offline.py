@@ -130,7 +130,7 @@ def test_compiled_and_python_replays_cost_a_top_tier_without_hbm_alike(trace, mo
 # -- finding 3: whether a run is offline is recorded ----------------------------------------------------------------
 def test_results_record_whether_each_runs_policy_is_offline(trace, tmp_path):
     doc = _replay(trace, "hbm=6,dram=20", tmp_path / "r.json", "--policy", "lru,belady")
-    assert doc["schema_version"] == 9
+    assert doc["schema_version"] == 10
     assert {r["policy"]: r["offline"] for r in doc["runs"]} == {"lru": False, "belady": True}
 
 

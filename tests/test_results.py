@@ -233,7 +233,7 @@ def _mutated(change) -> dict:
 @pytest.mark.parametrize(
     "change, needle",
     [
-        (lambda d: d.update(schema_version=10), "r.json: results schema_version 10 is not one"),
+        (lambda d: d.update(schema_version=11), "r.json: results schema_version 11 is not one"),
         (lambda d: d["runs"][0].pop("instances"), "r.json: run 1: missing field(s) instances"),
         (lambda d: d["runs"][2].update(instances=[]), "r.json: run 3: field 'instances' must be null or a non-empty list"),
         (lambda d: d["runs"][2]["instances"][1].pop("tier_hits"), "r.json: run 3: instance 2: missing field(s) tier_hits"),

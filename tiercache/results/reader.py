@@ -70,7 +70,7 @@ _V5_ABSENT = _V6_ABSENT | {"placement": "top"}
 _V4_ABSENT = _V5_ABSENT | {"instances": None, "route": None, "shared_writes": None}
 _V3_ABSENT = _V4_ABSENT | {"codec": "none", "block_bytes": None}
 _V2_ABSENT = _V3_ABSENT | dict.fromkeys(_HIT_SPLIT) | {"prefetch": "none"}
-_ABSENT = {9: {}, 8: _V8_ABSENT, 7: _V7_ABSENT, 6: _V6_ABSENT, 5: _V5_ABSENT, 4: _V4_ABSENT, 3: _V3_ABSENT, 2: _V2_ABSENT, 1: _V2_ABSENT | {
+_ABSENT = {10: {}, 9: {}, 8: _V8_ABSENT, 7: _V7_ABSENT, 6: _V6_ABSENT, 5: _V5_ABSENT, 4: _V4_ABSENT, 3: _V3_ABSENT, 2: _V2_ABSENT, 1: _V2_ABSENT | {
     "recomputed": None, "failed_transfers": None, "promote_skipped": None, "lost": None,
     "bytes_moved": {}, "modeled_seconds": {}, "prefill_tokens": None, "prefill_tokens_saved": None, "ttft_saved_s": None,
 }}

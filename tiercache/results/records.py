@@ -7,7 +7,12 @@ manager keeps. Metadata plane: no torch, no numpy.
 
 Versions:
 
-* **9** (written now): ``"schema_version": 9``, every key below present. New against version 8:
+* **10** (written now): ``"schema_version": 10``, every key below present. New against version 9:
+  a fleet run's ``route`` may be ``kv_aware`` (``tiercache.config.Route``). A version too: a
+  reader that predates it would refuse the route field rather than say the file is newer.
+  Files written as version 9 between the route's arrival and this version may carry it too,
+  and read as they are.
+* **9**: read with every field version 9 wrote required. New against version 8:
   each run's ``remote_write``, when a fleet run's instances wrote to the shared tier
   (``through``, ``back`` or ``selective``: ``tiercache.config.RemoteWrite``; null for a run
   without a shared tier), and ``write_hits``, the local hits after which ``selective`` writes a
@@ -97,9 +102,9 @@ SPLIT_HALVES = ("first-half", "second-half")
 _CODEC_NAMES = tuple(c.value for c in Codec)
 
 #: The version ``ResultsDocument.to_json`` writes.
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 #: Versions ``ResultsDocument.from_json`` reads (older ones upgraded on reading).
-READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9)
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10)
 
 
 #: Prefix of a trace fingerprint (xxh3-128 of the file's bytes); a fingerprint without it is

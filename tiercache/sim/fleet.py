@@ -121,8 +121,8 @@ class FleetSpec:
     write_hits: int = DEFAULT_WRITE_HITS
 
     def __post_init__(self) -> None:
-        if self.instances < 1:
-            raise ValueError(f"FleetSpec.instances must be at least 1, got {self.instances}")
+        if type(self.instances) is not int or self.instances < 1:
+            raise ValueError(f"FleetSpec.instances must be an integer of at least 1, got {self.instances!r}")
         if not self.tiers or any(t.name == "remote" for t in self.tiers):
             raise ValueError("FleetSpec.tiers: the private tiers (hbm[, dram][, nvme]); the shared one is remote_blocks")
         if any(t.codec is not Codec.NONE for t in self.tiers):
