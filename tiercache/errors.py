@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["UserError", "TraceError", "ConfigError"]
+__all__ = ["UserError", "TraceError", "ConfigError", "out_of_memory"]
 
 
 class UserError(ValueError):
@@ -21,3 +21,9 @@ class TraceError(UserError):
         super().__init__(f"{where}: {message}")
         self.path = path
         self.line = line
+
+
+def out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` is a MemoryError, or a SystemError raised while one was handled (numba,
+    out of memory while it loads a cached kernel, can end that way)."""
+    return isinstance(exc, MemoryError) or (isinstance(exc, SystemError) and isinstance(exc.__context__, MemoryError))

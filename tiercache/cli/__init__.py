@@ -19,7 +19,7 @@ import tiercache
 
 from ..bench.script_args import ScriptParser
 from ..core.interrupts import raise_on_sigterm
-from ..errors import UserError
+from ..errors import UserError, out_of_memory
 from ..extras import missing_extra
 from . import bench, remote_serve, replay, report, trace
 
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tiercache {args.command}: error: {message}", file=sys.stderr)
         return 2
     except (MemoryError, SystemError) as exc:  # files being written are replaced whole or not at all (results.outfile)
-        if not _out_of_memory(exc):
+        if not out_of_memory(exc):
             raise
         print(f"tiercache {args.command}: error: out of memory: this needs more than the machine or the "
               "process's memory limit allows", file=sys.stderr)
@@ -83,12 +83,6 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if previous_term is not None:
             signal.signal(signal.SIGTERM, previous_term)
-
-
-def _out_of_memory(exc: BaseException) -> bool:
-    """Whether ``exc`` is a MemoryError, or a SystemError raised while one was handled (numba,
-    out of memory while it loads a cached kernel, can end that way)."""
-    return isinstance(exc, MemoryError) or isinstance(exc.__context__, MemoryError)
 
 
 def _printable_file_names() -> None:

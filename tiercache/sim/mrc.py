@@ -150,13 +150,17 @@ def _wavelet_distances(prev_plus_one: np.ndarray) -> np.ndarray:
     return distances
 
 
-def _flat_ids(ids) -> np.ndarray:
-    """``ids`` as an int64 array, which must be 1-D (ValueError otherwise): the compiled and
-    the numpy paths then refuse the same input the same way."""
-    ids = np.asarray(ids, dtype=np.int64)
-    if ids.ndim != 1:
-        raise ValueError(f"ids must be 1-D, got shape {ids.shape}")
-    return ids
+def _flat_ids(ids, name: str = "ids") -> np.ndarray:
+    """``ids`` as an int64 array, which must be 1-D and of integers (bool included; uint64
+    ids at or above 2**63 wrap, one to one), ValueError otherwise: the compiled and the numpy
+    paths then refuse the same input the same way, and a float id is never truncated into
+    another one."""
+    given = np.asarray(ids)
+    if given.dtype.kind not in "iub" and given.size:
+        raise ValueError(f"{name} must be integers, got dtype {given.dtype}")
+    if given.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {given.shape}")
+    return given.astype(np.int64, copy=False)
 
 
 def stack_distances(ids: np.ndarray) -> np.ndarray:
@@ -193,10 +197,12 @@ def distance_counts(ids: np.ndarray, touched: np.ndarray | None = None,
     for name, given in (("touched", touched), ("following", following)):
         if given is not None and np.shape(given) != ids.shape:
             raise ValueError(f"distance_counts: {name} has shape {np.shape(given)}, the ids {ids.shape}")
+    touched = None if touched is None else np.asarray(touched, dtype=bool)
+    following = None if following is None else _flat_ids(following, "distance_counts: following")
     if HAVE_NUMBA:
         return stackdist.walk_counts(stackdist.next_positions(ids) if following is None else following, touched)
     distances = _wavelet_distances(previous_access(ids) if following is None else _previous_from_next(following))
-    return np.bincount(distances if touched is None else distances[np.asarray(touched, dtype=bool)],
+    return np.bincount(distances if touched is None else distances[touched],
                        minlength=1).astype(np.int64)
 
 
