@@ -12,6 +12,7 @@ from __future__ import annotations
 import enum
 import functools
 import math
+import numbers
 from dataclasses import dataclass, replace
 
 from .errors import ConfigError
@@ -19,31 +20,10 @@ from .remote_config import RemoteConfig, RemoteWrite
 from .sizes import SPELLINGS, Capacity, parse_capacity, parse_size
 
 __all__ = [
-    "ConfigError",
-    "Route",
-    "DTYPE_BYTES",
-    "KVLayout",
-    "TierConfig",
-    "CacheConfig",
-    "check_tier_names",
-    "MODEL_PRESETS",
-    "layout_preset",
-    "parse_size",
-    "parse_capacity",
-    "Capacity",
-    "SPELLINGS",
-    "parse_tiers",
-    "parse_layout",
-    "split_items",
-    "TIER_NAMES",
-    "Semantics", "Mode", "TraceKind",
-    "REQUEST_SEMANTICS_NAMES",
-    "Codec",
-    "RemoteWrite",
-    "RemoteConfig",
-    "REMOTE_TIER",
-    "codec_group",
-    "AttentionMode",
+    "ConfigError", "Route", "DTYPE_BYTES", "KVLayout", "TierConfig", "CacheConfig", "check_tier_names",
+    "MODEL_PRESETS", "layout_preset", "parse_size", "parse_capacity", "Capacity", "SPELLINGS", "parse_tiers",
+    "parse_layout", "split_items", "TIER_NAMES", "Semantics", "Mode", "TraceKind", "REQUEST_SEMANTICS_NAMES",
+    "Codec", "RemoteWrite", "RemoteConfig", "REMOTE_TIER", "codec_group", "AttentionMode"
 ]
 
 TIER_NAMES = ("hbm", "dram", "nvme")
@@ -255,10 +235,14 @@ class KVLayout:
             value = getattr(self, attr)
             if attr in ("params", "heads") and value is None:
                 continue
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
                 raise ConfigError(f"KVLayout.{attr}: must be a positive integer, got {value!r}")
-        if self.dtype not in DTYPE_BYTES:
-            raise ConfigError(f"KVLayout.dtype: unknown dtype {self.dtype!r}; known: {', '.join(DTYPE_BYTES)}")
+            object.__setattr__(self, attr, int(value))  # a numpy integer is kept as Python's (JSON, equality)
+        if type(self.dtype).__module__ == "torch":  # torch.float16 names "float16", as kv_layout takes it
+            object.__setattr__(self, "dtype", str(self.dtype).removeprefix("torch."))
+        if not isinstance(self.dtype, str) or self.dtype not in DTYPE_BYTES:
+            raise ConfigError(f"KVLayout.dtype: unknown dtype {self.dtype!r} (a name, or a torch dtype); known: "
+                              f"{', '.join(DTYPE_BYTES)}")
         if not isinstance(self.per_layer, bool):
             raise ConfigError(f"KVLayout.per_layer: must be True or False, got {self.per_layer!r}")
         if not isinstance(self.name, str):

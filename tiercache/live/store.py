@@ -36,7 +36,7 @@ from tiercache.data.engine import LocalEngine
 from tiercache.errors import UserError
 from tiercache.keys import prefix_keys
 
-from .arguments import check_flag
+from .arguments import check_flag, flat_token_ids
 from .keymap import KeyMap
 from .lookups import LookupCounts
 from .lifecycle import (PersistError, Persisted, PersistWarning, Rank, adopt_stored_blocks, check_release, check_store,
@@ -230,9 +230,11 @@ class TieredKVStore(StoreReads, NoCopies):
     def put_tokens(self, token_ids: Sequence[int], kv_blocks: torch.Tensor, namespace: bytes | str = b"") -> int:
         """Stores the KV of a prompt's full blocks under their chained keys; returns how many
         were new. The blocks' token ids are kept, so ``match_prefix`` confirms hits by
-        comparing tokens, not by trusting the hash alone."""
-        keys = prefix_keys(token_ids, block_tokens := self.layout.block_tokens, namespace)
-        tokens = np.asarray(token_ids, dtype=np.int64)
+        comparing tokens, not by trusting the hash alone. ``token_ids`` as the decode cache
+        takes them (``arguments.flat_token_ids``): ``[n]``, or an ``input_ids`` tensor of one
+        row ``[1, n]``; a batch is refused (``UserError``)."""
+        tokens = flat_token_ids(token_ids, "TieredKVStore.put_tokens token_ids")
+        keys = prefix_keys(tokens, block_tokens := self.layout.block_tokens, namespace)
         with self._lock:
             new = self.put(keys, kv_blocks)
             for index, block_id in enumerate(self._map.ids(keys, register=False)):
@@ -273,8 +275,8 @@ class TieredKVStore(StoreReads, NoCopies):
         16-byte key. Counted in ``stats()["lookups"]`` once, in blocks: the prompt's full blocks
         asked about, the confirmed ones as hits (a serving engine's prefix-cache hit ratio).
         """
-        keys = prefix_keys(token_ids, block_tokens := self.layout.block_tokens, namespace)
-        tokens = np.asarray(token_ids, dtype=np.int64)
+        tokens = flat_token_ids(token_ids, "TieredKVStore.match_prefix token_ids")
+        keys = prefix_keys(tokens, block_tokens := self.layout.block_tokens, namespace)
         with self._lock:
             found, _ = self._find(keys)
             for index, block_id in enumerate(self._map.ids(keys[:found], register=False)):
