@@ -13,7 +13,7 @@ import torch
 
 from tiercache.data.nvme import NVMeStore
 
-from store_helpers import LAYOUT, blocks, key
+from store_helpers import LAYOUT, blocks, cache_with_a_replaced_folder, key
 
 
 def _race_past_the_check(monkeypatch) -> None:
@@ -72,25 +72,7 @@ def test_a_store_whose_folder_was_moved_away_keeps_writing_and_reading_its_own_f
 
 
 def test_a_cache_racing_a_replaced_folder_at_close_leaves_the_new_stores_order_file_alone(tmp_path, monkeypatch):
-    from tiercache import TieredKVCache
-    from tiercache.config import KVLayout, TierConfig
-
-    layout = KVLayout(layers=2, kv_heads=2, head_dim=16, dtype="float32", block_tokens=4)
-    tiers = [TierConfig("hbm", 2), TierConfig("dram", 3), TierConfig("nvme", 400)]
-    path = tmp_path / "nvme"
-
-    def prefill(cache, start):
-        seq = cache.sequence(tokens=list(range(start, start + 41)), namespace="ns")
-        for layer in range(2):
-            seq.append(layer, torch.randn(2, 41, 16), torch.randn(2, 41, 16))
-
-    first = TieredKVCache(layout, tiers, path=path, device="cpu")
-    prefill(first, 0)
-    first.flush()
-    shutil.rmtree(path)
-    path.mkdir()
-    with TieredKVCache(layout, tiers, path=path, device="cpu") as second:
-        prefill(second, 500)
+    first, path, reopen = cache_with_a_replaced_folder(tmp_path)
     before = _files(path)
     _race_past_the_check(monkeypatch)
     with pytest.warns(UserWarning, match="could not be written"):  # its order list: the old folder is gone
@@ -99,5 +81,5 @@ def test_a_cache_racing_a_replaced_folder_at_close_leaves_the_new_stores_order_f
         except OSError:
             pass  # its persist found its folder gone: what it says is another test's
     assert _files(path) == before
-    with TieredKVCache(layout, tiers, path=path, device="cpu") as reopened:
+    with reopen() as reopened:
         assert reopened.match_prefix(list(range(500, 541)), namespace="ns") == 40

@@ -16,7 +16,7 @@ import torch
 from tiercache.data.nvme import NVMeStore
 from tiercache.errors import UserError
 
-from store_helpers import LAYOUT, blocks, key
+from store_helpers import LAYOUT, blocks, cache_with_a_replaced_folder, key
 
 
 def test_a_replaced_folder_takes_no_write_of_the_old_store_and_its_flush_fails(tmp_path):
@@ -91,29 +91,11 @@ def test_a_tier_that_cannot_open_names_the_file_that_failed(tmp_path, monkeypatc
 @pytest.mark.filterwarnings("ignore:NVMeStore:RuntimeWarning")  # the first cache's persisting writes, refused
 def test_a_cache_whose_folder_was_replaced_leaves_the_new_stores_order_file_alone(tmp_path):
     """Review R36: the order file was written by path at close, over the second cache's."""
-    from tiercache import TieredKVCache
-    from tiercache.config import KVLayout, TierConfig
-
-    layout = KVLayout(layers=2, kv_heads=2, head_dim=16, dtype="float32", block_tokens=4)
-    tiers = [TierConfig("hbm", 2), TierConfig("dram", 3), TierConfig("nvme", 400)]
-    path = tmp_path / "nvme"
-
-    def prefill(cache, start):
-        seq = cache.sequence(tokens=list(range(start, start + 41)), namespace="ns")
-        for layer in range(2):
-            seq.append(layer, torch.randn(2, 41, 16), torch.randn(2, 41, 16))
-
-    first = TieredKVCache(layout, tiers, path=path, device="cpu")
-    prefill(first, 0)
-    first.flush()
-    shutil.rmtree(path)
-    path.mkdir()
-    with TieredKVCache(layout, tiers, path=path, device="cpu") as second:
-        prefill(second, 500)
+    first, path, reopen = cache_with_a_replaced_folder(tmp_path)
     order = (path / "tiercache.order").read_bytes()
     with pytest.warns(UserWarning, match="the order a smaller reopen keeps blocks in is not written"):
         with pytest.raises(OSError, match="replaced since it was opened"):
             first.close()
     assert (path / "tiercache.order").read_bytes() == order
-    with TieredKVCache(layout, tiers, path=path, device="cpu") as reopened:
+    with reopen() as reopened:
         assert reopened.match_prefix(list(range(500, 541)), namespace="ns") == 40
