@@ -15,7 +15,7 @@ from typing import Callable
 
 from tiercache.core.interrupts import deferred_interrupts
 
-__all__ = ["run_batch", "gather", "shutdown_within"]
+__all__ = ["run_batch", "gather", "shutdown_within", "after_threads"]
 
 
 def gather(futures: list[Future], finish: Callable[[list], object]) -> Future:
@@ -81,3 +81,23 @@ def shutdown_within(executor: ThreadPoolExecutor, timeout: float) -> bool:
     for thread in threads:
         thread.join(max(0.0, deadline - time.monotonic()))
     return not any(thread.is_alive() for thread in threads)
+
+
+def after_threads(executor: ThreadPoolExecutor | None, action: Callable[[], object]) -> None:
+    """Runs ``action`` once every thread of ``executor`` (shut down) has finished: at once
+    when none is alive (or there is no executor), else on a daemon thread that waits for
+    them. The calling thread is never waited for (a store's collector may run in one of
+    its own workers, between tasks)."""
+    current = threading.current_thread()
+    workers = list(getattr(executor, "_threads", ()))
+    waiting = [t for t in workers if t.is_alive() and t is not current]
+    if not waiting and current not in workers:
+        action()
+        return
+
+    def wait_then_act() -> None:
+        for thread in waiting:
+            thread.join()
+        action()
+
+    threading.Thread(target=wait_then_act, name="tiercache-after-io", daemon=True).start()

@@ -46,7 +46,7 @@ from ..errors import UserError
 from . import chunkio
 from .codecs import codec_for
 from .buffers import PAGE, HostBytes, aligned_tensor, block_list, round_up, torch_dtype
-from .iojobs import run_batch, shutdown_within
+from .iojobs import after_threads, run_batch, shutdown_within
 from .nvme_read import NVMeReads
 from .nvme_index import record_cost
 from .nvme_open import check_arguments, check_encoded, check_key, check_keys, check_slots, mark_clean, open_store
@@ -422,11 +422,15 @@ class NVMeStore(NVMeReads, NVMeWrites):
                           f"{self.close_timeout_s:g} s: the blocks they were writing are not durable")
 
     def _release_files(self) -> None:
-        """Closes the journal, then drops the directory lock (even if closing failed)."""
+        """Closes the journal, then drops the directory lock (even if closing failed). The
+        folder's descriptor is closed once the I/O threads have finished (``after_threads``:
+        a close that timed out, or a dropped store, leaves writes in flight, which go on
+        writing into the store's own folder)."""
         try:
             self._files.close()
         finally:
-            self._dir_lock.release()
+            self._dir_lock.release(keep_folder=True)
+            after_threads(getattr(self, "_executor", None), self._dir_lock.close_folder)
 
     def __del__(self) -> None:
         """A store dropped without ``close`` (a caller's bug): its I/O threads stop and its

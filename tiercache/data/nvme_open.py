@@ -173,15 +173,44 @@ def open_store(path: str, layout: KVLayout, compression: str | None,
         raise UserError(f"{path}: cannot create the store directory ({exc.strerror or exc})") from None
     lock = StoreLock.acquire(path)
     try:  # again under the lock: a racing creator may have won, or have been killed
+        _check_locked_folder(path, lock)
         if os.path.lexists(meta) and not _unfinished_creation(path):
-            return _reopen(path, layout, compression, wanted, lock, codec)
-        if wanted is None and create and os.path.lexists(meta):
-            wanted = _recorded_capacity(path, layout, compression, codec)
-        _check_creatable(path, wanted, create)
-        return _create(path, layout, compression, wanted, lock, codec)
+            opened = _reopen(path, layout, compression, wanted, lock, codec)
+        else:
+            if wanted is None and create and os.path.lexists(meta):
+                wanted = _recorded_capacity(path, layout, compression, codec)
+            _check_creatable(path, wanted, create)
+            opened = _create(path, layout, compression, wanted, lock, codec)
     except BaseException:
         lock.release()
         raise
+    return _held_open(path, opened)
+
+
+def _check_locked_folder(path: str, lock: StoreLock) -> None:
+    """Raises UserError unless ``path`` still names the folder ``lock`` holds (its lock file
+    was taken there): a folder replaced meanwhile (a clean-up script) is refused, not opened
+    half by its path and half by the folder held open."""
+    try:
+        here = os.stat(path)
+    except OSError as exc:
+        raise UserError(f"{path}: the store's folder went away while it opened ({exc.strerror}); open it again") from None
+    if not os.path.samestat(here, os.fstat(lock.dir_fd)):
+        raise UserError(f"{path}: the store's folder was replaced while it opened; open it again")
+
+
+def _held_open(path: str, opened: Opened) -> Opened:
+    """``opened`` with its index files writing through the folder its lock holds, once the
+    path is checked to name it still (the open read and wrote by path); else its files are
+    closed, its lock released, and the UserError of ``_check_locked_folder`` raised."""
+    try:
+        _check_locked_folder(path, opened.lock)
+    except BaseException:
+        opened.files.close()
+        opened.lock.release()
+        raise
+    opened.files.dir_fd = opened.lock.dir_fd
+    return opened
 
 
 def _refuse_broken_link(path: str) -> None:
@@ -250,7 +279,7 @@ def _create(path: str, layout: KVLayout, compression: str | None, capacity: int,
     _remove_leftovers(path)
     chunkio.create_array(path, layout, capacity, compression, codec)
     chunkio.fsync_path(os.path.join(path, META_NAME))
-    table, files = SlotTable(capacity), IndexFiles(path, lock.dir_fd)
+    table, files = SlotTable(capacity), IndexFiles(path)
     files.create()
     table.finish_load()
     return Opened(capacity, table, files, lock)
@@ -267,7 +296,7 @@ def _reopen(path: str, layout: KVLayout, compression: str | None, wanted: int | 
             codec: Codec) -> Opened:
     """Checks the stored format, loads the index, reconciles the directory with it."""
     capacity = chunkio.check_store(path, layout, compression, wanted, codec)
-    table, files = SlotTable(capacity), IndexFiles(path, lock.dir_fd)
+    table, files = SlotTable(capacity), IndexFiles(path)
     files.load(table)
     try:
         clean = _check_clean_mark(path, files)

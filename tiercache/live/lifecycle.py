@@ -122,9 +122,10 @@ def mark_tagged(medium: object, entries: int) -> None:
             f"{path}: written before scratch keys were tagged; its {entries} blocks are adopted as content "
             "blocks, a decode's scratch blocks from then among them (they cannot be told apart) and leave "
             "only by eviction: clear the directory to start afresh"), stacklevel=4)
+    dir_fd = getattr(medium, "folder_fd", None)  # the folder the store opened, whatever its path names now
     try:
-        with open(marker, "x"):
-            pass
+        os.close(os.open(FORMAT_MARKER if dir_fd is not None else marker,
+                         os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644, dir_fd=dir_fd))
     except OSError:
         pass
 
