@@ -17,6 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tiercache.policies.base import NO_NEXT_USE
 from tiercache.policies.kernels import HAVE_NUMBA
 from tiercache.sim import mrc, stackdist, tracestats
 from tiercache.sim.traces import next_use
@@ -78,7 +79,7 @@ def test_histograms_equal_bincount_of_the_reference(ids, seed):
 
 def _next_use_or_minus_one(ids: np.ndarray) -> list[int]:
     expected = next_use(ids)
-    expected[expected == mrc.NO_NEXT_USE] = -1
+    expected[expected == NO_NEXT_USE] = -1
     return expected.tolist()
 
 

@@ -38,9 +38,9 @@ def test_the_store_takes_token_ids_as_one_row_of_input_ids(store):
 
 
 def test_the_store_refuses_a_batch_of_token_ids_naming_the_method(store):
-    with pytest.raises(UserError, match=r"TieredKVStore.match_prefix token_ids: one sequence's ids .* shape \(2, 8\)"):
+    with pytest.raises(UserError, match=r"TieredKVStore.match_prefix: one sequence's ids .* shape \(2, 8\)"):
         store.match_prefix(torch.zeros(2, 8, dtype=torch.long))
-    with pytest.raises(UserError, match="TieredKVStore.put_tokens token_ids"):
+    with pytest.raises(UserError, match="TieredKVStore.put_tokens: one sequence"):
         store.put_tokens(torch.zeros(2, 8, dtype=torch.long), torch.randn(2, *LAYOUT.block_shape))
     assert store.match_prefix([0] * 8) == 0  # the refused put stored nothing
 

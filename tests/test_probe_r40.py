@@ -80,7 +80,14 @@ def _unmapped() -> OSError:
             return outer
 
 
-@pytest.mark.parametrize("error", [MemoryError(), _unmapped()], ids=["MemoryError", "unmapped library"])
+def _unmapped_numpy() -> ImportError:
+    """numpy's form (review R41-4): an ImportError whose long text quotes the loader's."""
+    return ImportError("Error importing numpy ...\n\nOriginal error was: libscipy_openblas64_.so: failed to map "
+                       "segment from shared object\n")
+
+
+@pytest.mark.parametrize("error", [MemoryError(), _unmapped(), _unmapped_numpy()],
+                         ids=["MemoryError", "unmapped library", "unmapped numpy library"])
 def test_out_of_memory_while_the_cli_loads_ends_in_one_line(monkeypatch, capsys, error):
     _failing_import(monkeypatch, error)
     assert entry.run() == 1

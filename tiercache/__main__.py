@@ -19,7 +19,7 @@ def run() -> int:
 
     try:
         from tiercache.cli import main
-    except (MemoryError, SystemError, OSError) as exc:
+    except (MemoryError, SystemError, OSError, ImportError) as exc:
         unmapped = _unmapped_library(exc)
         if not (out_of_memory(exc) or unmapped):
             raise
@@ -32,10 +32,12 @@ def run() -> int:
 
 def _unmapped_library(exc: BaseException) -> str | None:
     """The loader's message when ``exc`` (or an error it was raised while handling) is a shared
-    library that could not be mapped into memory (llvmlite's, under ``ulimit -v``), else None."""
+    library that could not be mapped into memory (llvmlite's as an OSError, numpy's OpenBLAS
+    as an ImportError, under ``ulimit -v``), else None."""
     while exc is not None:
-        if isinstance(exc, OSError) and "failed to map segment" in str(exc):
-            return str(exc)
+        lines = [line for line in str(exc).splitlines() if "failed to map segment" in line]
+        if isinstance(exc, (OSError, ImportError)) and lines:
+            return lines[0].removeprefix("Original error was: ").strip()
         exc = exc.__context__
     return None
 

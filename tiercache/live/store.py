@@ -233,7 +233,7 @@ class TieredKVStore(StoreReads, NoCopies):
         comparing tokens, not by trusting the hash alone. ``token_ids`` as the decode cache
         takes them (``arguments.flat_token_ids``): ``[n]``, or an ``input_ids`` tensor of one
         row ``[1, n]``; a batch is refused (``UserError``)."""
-        tokens = flat_token_ids(token_ids, "TieredKVStore.put_tokens token_ids")
+        tokens = flat_token_ids(token_ids, "TieredKVStore.put_tokens")
         keys = prefix_keys(tokens, block_tokens := self.layout.block_tokens, namespace)
         with self._lock:
             new = self.put(keys, kv_blocks)
@@ -275,7 +275,7 @@ class TieredKVStore(StoreReads, NoCopies):
         16-byte key. Counted in ``stats()["lookups"]`` once, in blocks: the prompt's full blocks
         asked about, the confirmed ones as hits (a serving engine's prefix-cache hit ratio).
         """
-        tokens = flat_token_ids(token_ids, "TieredKVStore.match_prefix token_ids")
+        tokens = flat_token_ids(token_ids, "TieredKVStore.match_prefix")
         keys = prefix_keys(tokens, block_tokens := self.layout.block_tokens, namespace)
         with self._lock:
             found, _ = self._find(keys)

@@ -354,7 +354,7 @@ def _read_run(value: Any, source: str, label: str, version: int) -> RunRecord:
         "prefill_tokens_saved": obj.take("prefill_tokens_saved", _nullable(_count), "null or a non-negative integer"),
         "ttft_saved_s": obj.take("ttft_saved_s", _nullable(_number), "null or a number"),
         "instances": _read_instances(obj),
-        "route": obj.take("route", _nullable(_member(Route)), "null or " + "/".join(r.value for r in Route)),
+        "route": _read_route(obj),
         "shared_writes": obj.take("shared_writes", _nullable(_count), "null or a non-negative integer"),
         "prefetch": _read_prefetch(obj, semantics),
         "offline": obj.take("offline", _nullable(_flag), "null or a boolean (whether the policy reads the future)"),
@@ -366,6 +366,20 @@ def _read_run(value: Any, source: str, label: str, version: int) -> RunRecord:
         return RunRecord(**fields)
     except ValueError as exc:  # the record's own invariants (counts that do not add up)
         raise UserError(f"{obj.where}: inconsistent counts: {exc}") from None
+
+
+def _read_route(run: _Object) -> Route | None:
+    """A run's ``route``: a ``Route`` value, or null; ``kv_aware`` only from version 9 on (it
+    came with the files of version 9's last days; version 10 is the first to promise it).
+
+    Raises:
+        UserError: not null or a route, or ``kv_aware`` in a file older than version 9.
+    """
+    route = run.take("route", _nullable(_member(Route)), "null or " + "/".join(r.value for r in Route))
+    if route is Route.KV_AWARE and run.version < 9:
+        raise UserError(f"{run.where}: field 'route' kv_aware is not one schema version {run.version} could record "
+                        "(it came with version 9); the file was not written by tiercache as it says")
+    return route
 
 
 def _read_remote_write(run: _Object, tiers: tuple[TierRecord, ...]) -> RemoteWrite | None:

@@ -25,7 +25,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tiercache.policies.base import NO_NEXT_USE
 from tiercache.policies.kernels import HAVE_NUMBA
 
 from . import stackdist
@@ -83,14 +82,15 @@ def previous_access(ids: np.ndarray) -> np.ndarray:
     Shifted by one so the "none" case is 0 rather than a ``-1`` sentinel, which also keeps
     every value a non-negative integer for the bitwise counting below.
     """
-    return _previous_from_next(next_use(np.asarray(ids, dtype=np.int64)))
+    return _previous_from_next(next_use(_flat_ids(ids)))
 
 
 def _previous_from_next(following: np.ndarray) -> np.ndarray:
-    """``previous_access`` from the next-use array ``following`` (``traces.next_use``; a
-    negative entry, as ``stackdist.next_positions`` writes, also means none)."""
+    """``previous_access`` from the next-use array ``following`` (``traces.next_use``): an
+    entry outside ``[0, N)`` means none, as the compiled walk reads it (``NO_NEXT_USE``, the
+    -1 ``stackdist.next_positions`` writes, or that -1 seen through an unsigned type)."""
     following = np.asarray(following, dtype=np.int64)
-    reused = np.flatnonzero((following != NO_NEXT_USE) & (following >= 0))
+    reused = np.flatnonzero((following >= 0) & (following < following.size))
     prev_plus_one = np.zeros(following.size, dtype=np.int64)
     prev_plus_one[following[reused]] = reused + 1  # i is the previous access of next_use[i]
     return prev_plus_one
