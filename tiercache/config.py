@@ -481,4 +481,7 @@ def parse_layout(spec: str, block_tokens: int | None = None) -> KVLayout:
         if values.setdefault("block_tokens", block_tokens) != block_tokens:
             raise ConfigError(f"--layout: block_tokens={values['block_tokens']}, but the trace's blocks are {block_tokens} "
                               f"tokens; leave block_tokens out (the trace sets it) or give {block_tokens}")
-    return KVLayout(**values)
+    try:
+        return KVLayout(**values)
+    except ConfigError as exc:  # "KVLayout.layers: ..." is the option's key here
+        raise ConfigError(f"--layout: {str(exc).removeprefix('KVLayout.')}") from None
