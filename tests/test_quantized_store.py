@@ -335,7 +335,7 @@ def test_non_finite_kv_is_refused_before_a_quantised_hierarchy_stores_it(tmp_pat
         seq = cache.sequence()
         k = torch.randn(2, 70, 64).half()
         k[1, 3, 2] = float("inf")  # head 1, token 3: the error names the token
-        with pytest.raises(UserError, match=r"append: k: token 3 holds inf \(at \[1, 2\] within it"):
+        with pytest.raises(UserError, match=r"append: k: appended token 3 holds inf \(at \[1, 2\] within it"):
             seq.append(0, k, torch.randn(2, 70, 64).half())
 
 

@@ -42,6 +42,8 @@ DTYPE_BYTES = {
 }
 #: Layout dtypes a quantised tier stores (``data.codec_base.FLOAT_DTYPES`` by name; a test keeps them equal).
 CODEC_DTYPES = ("float16", "bfloat16", "float32")
+#: The widest head a codec stores: it records the key channels it keeps exact or refines as int16.
+CODEC_MAX_HEAD_DIM = 32767
 
 class Semantics(enum.Enum):
     """How a trace is replayed.
@@ -121,6 +123,9 @@ class Codec(enum.Enum):
         its own scale (``codec_group``), and such a "quantised" tier would hold fewer blocks."""
         if layout is None or self is Codec.NONE:
             return
+        if layout.head_dim > CODEC_MAX_HEAD_DIM:  # the codecs record key channel ids as int16
+            raise ConfigError(f"{where}: codec {self.value} cannot store head_dim {layout.head_dim}: the codecs take "
+                              f"heads of at most {CODEC_MAX_HEAD_DIM} channels; keep the tier plain")
         if layout.dtype not in CODEC_DTYPES:
             raise ConfigError(f"{where}: codec {self.value} cannot store layout dtype {layout.dtype!r}: the codecs take "
                               "float16, bfloat16 or float32 blocks; keep the tier plain or use one of those dtypes")

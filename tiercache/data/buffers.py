@@ -242,8 +242,8 @@ def check_quantisable(blocks: torch.Tensor, what: str, limit: float, unit: str =
         first = int(flags.reshape(blocks.shape[dim], -1).any(dim=1).nonzero()[0, 0])
         where = tuple(int(i) for i in flags[first].nonzero()[0])
         value = float(units[first][where])
-        held = ("NaN" if math.isnan(value) else f"{value:g}" if math.isinf(value)
-                else f"{value:g}, beyond the |x| <= {limit:g} its codecs' scales reach")
+        held = ("NaN" if math.isnan(value) else f"{value:g}" if math.isinf(value)  # all digits: 458528.03 > 458528
+                else f"{value:.9g}, beyond the |x| <= {limit:.9g} its codecs' scales reach")
         raise UserError(f"{what}: {unit} {first} holds {held} (at {list(where)} within it, its first such value), "
                         "which a quantised tier cannot store")
 

@@ -138,7 +138,7 @@ def check_kv(cache, x: torch.Tensor, name: str) -> None:
     if x.device != cache.device:
         raise UserError(f"Sequence.append: {name} must be on {cache.device} (the HBM tier's device), got {x.device}")
     if cache.store.value_limit is not None:
-        check_quantisable(x, f"Sequence.append: {name}", cache.store.value_limit, unit="token", dim=1)
+        check_quantisable(x, f"Sequence.append: {name}", cache.store.value_limit, unit="appended token", dim=1)
 
 
 def check_query(cache, q: torch.Tensor, what: str, one_token: bool) -> None:
