@@ -79,7 +79,8 @@ def shutdown_within(executor: ThreadPoolExecutor, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     threads = list(getattr(executor, "_threads", ()))  # ThreadPoolExecutor's workers (CPython 3.8+)
     for thread in threads:
-        thread.join(max(0.0, deadline - time.monotonic()))
+        if thread is not threading.current_thread():  # a collector running in a worker: never joined
+            thread.join(max(0.0, deadline - time.monotonic()))
     return not any(thread.is_alive() for thread in threads)
 
 

@@ -32,6 +32,7 @@ flush, no longer matches the rewritten chunk.
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import threading
 import warnings
@@ -48,12 +49,16 @@ from .codecs import codec_for
 from .buffers import PAGE, HostBytes, aligned_tensor, block_list, round_up, torch_dtype
 from .iojobs import after_threads, run_batch, shutdown_within
 from .nvme_read import NVMeReads
-from .nvme_index import record_cost
+from .nvme_index import IndexFiles, record_cost
+from .nvme_lock import StoreLock
 from .nvme_open import check_arguments, check_encoded, check_key, check_keys, check_slots, mark_clean, open_store
 from .nvme_results import FailedWrite, PutResult, StoreFullError
 from .nvme_write import NVMeWrites, folder_identity
 
 __all__ = ["NVMeStore", "PutResult", "StoreFullError"]
+
+#: How long a dropped store waits for its I/O threads before leaving its files to the last of them.
+_DROP_WAIT_S = 0.1
 
 _STAT_NAMES = (
     "puts", "failed_writes", "gets", "hits", "misses", "corrupt_reads", "read_errors", "deletes",
@@ -131,9 +136,15 @@ class NVMeStore(NVMeReads, NVMeWrites):
         self._lock, self._flush_lock = threading.Lock(), threading.Lock()
         self._closed, self._pid = False, os.getpid()  # only this process may use or close it (_check_owner)
         self.capacity = self._open(capacity_blocks, create)  # takes the directory lock
-        self._codec = chunkio.ChunkCodec(self.chunk_bytes, compression, layout.dtype_bytes if self._block_codec is None else 1)
-        self.direct_io = direct_io and chunkio.supports_direct(os.path.join(self.path, "zarr.json"))
-        self._start_io(io_threads)
+        try:  # anything failing from here (out of file descriptors, say) releases what the open holds
+            self._codec = chunkio.ChunkCodec(self.chunk_bytes, compression,
+                                             layout.dtype_bytes if self._block_codec is None else 1)
+            self.direct_io = direct_io and chunkio.supports_direct(os.path.join(self.path, "zarr.json"))
+            self._start_io(io_threads)
+        except BaseException:
+            self._closed = True
+            self._release_files()
+            raise
 
     def _start_io(self, io_threads: int) -> None:
         """The I/O pool. Its thread initializer holds the store weakly: an idle worker must
@@ -416,21 +427,23 @@ class NVMeStore(NVMeReads, NVMeWrites):
             if finished:
                 mark_clean(self.path, self._files.seq, self.folder_fd)  # the next open may skip the trailer checks
         finally:
-            self._release_files()
+            self._release_files(finished)
         if not finished:
             raise OSError(errno.ETIMEDOUT, f"{self.path}: closed, but I/O threads did not finish within "
-                          f"{self.close_timeout_s:g} s: the blocks they were writing are not durable")
+                          f"{self.close_timeout_s:g} s: the blocks they were writing are not durable; the path "
+                          "stays locked until they have finished")
 
-    def _release_files(self) -> None:
-        """Closes the journal, then drops the directory lock (even if closing failed). The
-        folder's descriptor is closed once the I/O threads have finished (``after_threads``:
-        a close that timed out, or a dropped store, leaves writes in flight, which go on
-        writing into the store's own folder)."""
-        try:
-            self._files.close()
-        finally:
-            self._dir_lock.release(keep_folder=True)
-            after_threads(getattr(self, "_executor", None), self._dir_lock.close_folder)
+    def _release_files(self, now: bool = True) -> None:
+        """Closes the journal, then drops the directory lock and the folder's descriptor
+        (even if closing failed): at once when no I/O thread runs (``now``), else once they
+        have finished (``after_threads``). Until then the path stays locked, so no store opened
+        on it, in this process or another, takes a slot a late write still writes (review
+        R42-1), and the late writes keep their journal room and their folder (R41-1)."""
+        release = functools.partial(_release, self._files, self._dir_lock)  # no reference to the store
+        if now:
+            release()
+        else:
+            after_threads(self._executor, release)
 
     def __del__(self) -> None:
         """A store dropped without ``close`` (a caller's bug): its I/O threads stop and its
@@ -445,10 +458,11 @@ class NVMeStore(NVMeReads, NVMeWrites):
                           stacklevel=2)
         except Exception:  # noqa: BLE001  (interpreter shutdown: the warnings machinery may be gone)
             pass
-        try:
-            self._executor.shutdown(wait=False)  # the collector may run in a worker: never join it
+        finished = False
+        try:  # idle workers end at once; one still writing keeps the path locked until it is done
+            finished = shutdown_within(self._executor, _DROP_WAIT_S)
         finally:
-            self._release_files()
+            self._release_files(finished)
 
     def __enter__(self) -> "NVMeStore":
         return self
@@ -458,6 +472,15 @@ class NVMeStore(NVMeReads, NVMeWrites):
 
     def __repr__(self) -> str:
         return f"NVMeStore({self.path!r}, {len(self)}/{self.capacity} blocks, compression={self.compression!r})"
+
+
+def _release(files: IndexFiles, lock: StoreLock) -> None:
+    """``NVMeStore._release_files``' work: the journal closed, then the lock and the folder
+    released (even if closing failed)."""
+    try:
+        files.close()
+    finally:
+        lock.release()
 
 
 def _init_io_thread(store_ref: "weakref.ref[NVMeStore]") -> None:

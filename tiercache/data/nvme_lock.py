@@ -75,23 +75,16 @@ class StoreLock:
         """True until ``release``."""
         return self._fd is not None
 
-    def release(self, keep_folder: bool = False) -> None:
-        """Drops the lock (closing the descriptor releases the flock) and, unless
-        ``keep_folder``, the folder's descriptor; idempotent. With ``keep_folder`` the folder
-        stays open for writes still in flight, until ``close_folder``: closed under them, its
-        number could be reused by the next folder this process opens, and they would land
-        there."""
+    def release(self) -> None:
+        """Drops the lock (closing the descriptor releases the flock) and the folder's
+        descriptor; idempotent. A store releases it only once no write of its own is in
+        flight: closed under one, the folder's number could be reused by the next folder this
+        process opens, and the write would land there."""
         if self._fd is not None:
             fd, self._fd = self._fd, None
+            dir_fd, self.dir_fd = self.dir_fd, None
             _HELD.discard(self)
             os.close(fd)
-        if not keep_folder:
-            self.close_folder()
-
-    def close_folder(self) -> None:
-        """Closes the folder's descriptor (idempotent; ``dir_fd`` is None after)."""
-        dir_fd, self.dir_fd = self.dir_fd, None
-        if dir_fd is not None:
             os.close(dir_fd)
 
 
