@@ -43,7 +43,7 @@ DTYPE_BYTES = {
 #: Layout dtypes a quantised tier stores (``data.codec_base.FLOAT_DTYPES`` by name; a test keeps them equal).
 CODEC_DTYPES = ("float16", "bfloat16", "float32")
 #: The widest head a codec stores: it records the key channels it keeps exact or refines as int16.
-CODEC_MAX_HEAD_DIM = 32767
+CODEC_MAX_HEAD_DIM = 32768
 
 class Semantics(enum.Enum):
     """How a trace is replayed.
@@ -123,9 +123,7 @@ class Codec(enum.Enum):
         its own scale (``codec_group``), and such a "quantised" tier would hold fewer blocks."""
         if layout is None or self is Codec.NONE:
             return
-        if layout.head_dim > CODEC_MAX_HEAD_DIM:  # the codecs record key channel ids as int16
-            raise ConfigError(f"{where}: codec {self.value} cannot store head_dim {layout.head_dim}: the codecs take "
-                              f"heads of at most {CODEC_MAX_HEAD_DIM} channels; keep the tier plain")
+        self.check_head_dim(layout.head_dim, where)
         if layout.dtype not in CODEC_DTYPES:
             raise ConfigError(f"{where}: codec {self.value} cannot store layout dtype {layout.dtype!r}: the codecs take "
                               "float16, bfloat16 or float32 blocks; keep the tier plain or use one of those dtypes")
@@ -136,6 +134,13 @@ class Codec(enum.Enum):
                               f"{layout.block_tokens}, head_dim={layout.head_dim}, {layout.dtype}) in {encoded:,} bytes, not "
                               f"fewer than its {plain:,} plain bytes ({why}): the tier would hold fewer blocks than a plain "
                               f"one; keep it plain, or use {fix}")
+
+    def check_head_dim(self, head_dim: int, where: str) -> None:
+        """Raises ConfigError naming ``where`` for heads wider than ``CODEC_MAX_HEAD_DIM``
+        (the codecs record key channel ids as int16); plain: any."""
+        if self is not Codec.NONE and head_dim > CODEC_MAX_HEAD_DIM:
+            raise ConfigError(f"{where}: codec {self.value} cannot store head_dim {head_dim}: the codecs take heads of "
+                              f"at most {CODEC_MAX_HEAD_DIM} channels; keep the tier plain")
 
     def _overhead(self, layout: "KVLayout") -> tuple[str, str]:
         """What makes this codec's blocks of ``layout`` large, and the layout that avoids it

@@ -78,21 +78,20 @@ def shutdown_within(executor: ThreadPoolExecutor, timeout: float) -> bool:
     executor.shutdown(wait=False)
     deadline = time.monotonic() + timeout
     threads = list(getattr(executor, "_threads", ()))  # ThreadPoolExecutor's workers (CPython 3.8+)
-    for thread in threads:
-        if thread is not threading.current_thread():  # a collector running in a worker: never joined
-            thread.join(max(0.0, deadline - time.monotonic()))
-    return not any(thread.is_alive() for thread in threads)
+    others = [t for t in threads if t is not threading.current_thread()]  # the caller, a worker between
+    for thread in others:  # tasks (a collector, a done-callback), is neither joined nor waited for
+        thread.join(max(0.0, deadline - time.monotonic()))
+    return not any(thread.is_alive() for thread in others)
 
 
 def after_threads(executor: ThreadPoolExecutor | None, action: Callable[[], object]) -> None:
     """Runs ``action`` once every thread of ``executor`` (shut down) has finished: at once
     when none is alive (or there is no executor), else on a daemon thread that waits for
-    them. The calling thread is never waited for (a store's collector may run in one of
-    its own workers, between tasks)."""
+    them. The calling thread is never waited for: a worker calling this is between tasks (a
+    store's collector, a future's done-callback), so nothing of it is in flight."""
     current = threading.current_thread()
-    workers = list(getattr(executor, "_threads", ()))
-    waiting = [t for t in workers if t.is_alive() and t is not current]
-    if not waiting and current not in workers:
+    waiting = [t for t in getattr(executor, "_threads", ()) if t.is_alive() and t is not current]
+    if not waiting:
         action()
         return
 

@@ -120,6 +120,7 @@ class NVMeStore(NVMeReads, NVMeWrites):
         self.path = check_arguments(path, layout, compression, io_threads)
         self.layout = layout
         self.codec = codec if isinstance(codec, Codec) else Codec.parse(str(codec), "NVMeStore codec")
+        self.codec.check_head_dim(layout.head_dim, "NVMeStore")
         self.compression = compression
         self.overwrite_in_place = bool(overwrite_in_place)
         self.stats = dict.fromkeys(_STAT_NAMES, 0)
@@ -328,7 +329,13 @@ class NVMeStore(NVMeReads, NVMeWrites):
     durable_items = items  # what a reopened store adopts
 
     def flush(self) -> None:
-        """Makes every completed put and delete durable (``_flush``)."""
+        """Makes every completed put and delete durable (``_flush``).
+
+        Raises:
+            UserError: the store is closed (its index files may belong to another store by
+                now: review R43-1).
+        """
+        self._check_open()
         self._flush()
 
     def _flush(self, final: bool = False) -> None:
@@ -480,6 +487,7 @@ def _release(files: IndexFiles, lock: StoreLock) -> None:
     try:
         files.close()
     finally:
+        files.dir_fd = None  # the lock's descriptor: its number is another folder's once released
         lock.release()
 
 

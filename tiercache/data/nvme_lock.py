@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import threading
 
 from ..errors import UserError
 
@@ -29,6 +30,9 @@ LOCK_NAME = "tiercache.lock"
 #: Every ``StoreLock`` of this process that holds its descriptor (strong references: a
 #: lock is only ever dropped by ``release``).
 _HELD: set["StoreLock"] = set()
+#: Held while a lock is released and across a fork: a release is never half done in a child
+#: (its descriptors copied, yet the lock out of ``_HELD``, so the child would keep the flock).
+_RELEASING = threading.Lock()
 
 
 class StoreLock:
@@ -80,12 +84,13 @@ class StoreLock:
         descriptor; idempotent. A store releases it only once no write of its own is in
         flight: closed under one, the folder's number could be reused by the next folder this
         process opens, and the write would land there."""
-        if self._fd is not None:
-            fd, self._fd = self._fd, None
-            dir_fd, self.dir_fd = self.dir_fd, None
-            _HELD.discard(self)
-            os.close(fd)
-            os.close(dir_fd)
+        with _RELEASING:
+            if self._fd is not None:
+                fd, self._fd = self._fd, None
+                dir_fd, self.dir_fd = self.dir_fd, None
+                _HELD.discard(self)
+                os.close(fd)
+                os.close(dir_fd)
 
 
 def _lock_file(root: str, dir_fd: int) -> int:
@@ -113,12 +118,14 @@ def _lock_file(root: str, dir_fd: int) -> int:
 
 def _drop_inherited_locks() -> None:
     """``os.register_at_fork`` child handler: the child holds no store lock. ``release``
-    closes only the child's copy of each descriptor; the parent's keeps its flock."""
+    closes only the child's copy of each descriptor; the parent's keeps its flock. The
+    fork happened with ``_RELEASING`` taken (``before``), so no release was half done."""
+    _RELEASING.release()
     for lock in list(_HELD):
         lock.release()
 
 
-os.register_at_fork(after_in_child=_drop_inherited_locks)
+os.register_at_fork(before=_RELEASING.acquire, after_in_parent=_RELEASING.release, after_in_child=_drop_inherited_locks)
 
 
 def _write_holder(fd: int) -> None:
