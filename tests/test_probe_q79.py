@@ -3,7 +3,8 @@ hierarchies, 42 decode and 15 generate configurations held):
 
 - Q79-1: the codecs record the key channels they keep exact or refine as int16, and nothing
   bounded head_dim: from channel 32768 on FP8 lost a channel silently, INT8/INT4 failed with
-  torch's raw index error. A quantised tier of such heads is now refused when it is built.
+  torch's raw index error. A quantised tier of heads wider than 32768 channels is now refused
+  when it is built.
 - Q79-3: a value just past a codec's range was printed with 6 digits, like the limit.
 (Q79-2, a README figure for INT8 with FP8 round trips, is re-measured there; Q79-4, the
 append's "token 3", now says "appended token 3".)
