@@ -354,6 +354,8 @@ class NVMeStore(NVMeReads, NVMeWrites):
         """
         self._check_owner()
         with self._flush_lock:
+            if self._closed and not final:  # checked again here: a close may have run since flush() checked
+                raise UserError(f"{self.path}: store is closed")
             with self._lock:
                 ops, retired = self._table.take_pending()
                 compact = self._files.wants_snapshot(final)

@@ -30,9 +30,11 @@ LOCK_NAME = "tiercache.lock"
 #: Every ``StoreLock`` of this process that holds its descriptor (strong references: a
 #: lock is only ever dropped by ``release``).
 _HELD: set["StoreLock"] = set()
-#: Held while a lock is released and across a fork: a release is never half done in a child
-#: (its descriptors copied, yet the lock out of ``_HELD``, so the child would keep the flock).
-_RELEASING = threading.Lock()
+#: Held while a lock is taken or released and across a fork: neither is ever half done in a
+#: child (a flock's descriptor copied while the lock is out of ``_HELD``, so the child would
+#: keep it). Reentrant: a signal handler, or another library's at-fork handler, that closes a
+#: store or forks while it is held must not wait for itself (review R44-2/3).
+_RELEASING = threading.RLock()
 
 
 class StoreLock:
@@ -64,14 +66,15 @@ class StoreLock:
             dir_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError as exc:
             raise UserError(f"{root}: cannot open the store's folder ({exc.strerror})") from None
-        try:
-            fd = _lock_file(root, dir_fd)
-        except BaseException:
-            os.close(dir_fd)
-            raise
+        with _RELEASING:  # no fork between the flock and _HELD: a child would keep it (review R44-1)
+            try:
+                fd = _lock_file(root, dir_fd)
+            except BaseException:
+                os.close(dir_fd)
+                raise
+            lock = cls(fd, dir_fd, path)
+            _HELD.add(lock)
         _write_holder(fd)
-        lock = cls(fd, dir_fd, path)
-        _HELD.add(lock)
         return lock
 
     @property
