@@ -57,9 +57,7 @@ from .nvme_write import NVMeWrites, folder_identity
 
 __all__ = ["NVMeStore", "PutResult", "StoreFullError"]
 
-#: How long a dropped store waits for its I/O threads before leaving its files to the last of them.
-_DROP_WAIT_S = 0.1
-
+_DROP_WAIT_S = 0.1  # how long a dropped store waits for its I/O threads before leaving its files to them
 _STAT_NAMES = (
     "puts", "failed_writes", "gets", "hits", "misses", "corrupt_reads", "read_errors", "deletes",
     "flushes", "failed_flushes", "bytes_written", "bytes_read", "garbage_removed", "recovered_dropped",
@@ -137,9 +135,13 @@ class NVMeStore(NVMeReads, NVMeWrites):
         self._lock, self._flush_lock = threading.Lock(), threading.Lock()
         self._closed, self._pid = False, os.getpid()  # only this process may use or close it (_check_owner)
         self.capacity = self._open(capacity_blocks, create)  # takes the directory lock
-        try:  # anything failing from here (out of file descriptors, say) releases what the open holds
-            self._codec = chunkio.ChunkCodec(self.chunk_bytes, compression,
-                                             layout.dtype_bytes if self._block_codec is None else 1)
+        self._start(direct_io, io_threads)
+
+    def _start(self, direct_io: bool, io_threads: int) -> None:
+        """Codec, O_DIRECT probe and I/O pool; a failure here releases what the open holds (R42-2)."""
+        try:
+            self._codec = chunkio.ChunkCodec(self.chunk_bytes, self.compression,
+                                             self.layout.dtype_bytes if self._block_codec is None else 1)
             self.direct_io = direct_io and chunkio.supports_direct(os.path.join(self.path, "zarr.json"))
             self._start_io(io_threads)
         except BaseException:
@@ -281,10 +283,8 @@ class NVMeStore(NVMeReads, NVMeWrites):
 
     @property
     def folder_fd(self) -> int | None:
-        """The store's folder, held open by its lock (None once released): every file the
-        store writes after opening is made relative to it, so it lands in the folder the
-        store opened, or nowhere (``ENOENT`` once that folder is removed), never in a folder
-        made anew under its path."""
+        """The store's folder, held open by its lock (None once released): the files it writes
+        after opening land there or nowhere, never in a folder made anew under its path."""
         return self._dir_lock.dir_fd
 
     def chunk_path(self, slot: int) -> str:
@@ -443,11 +443,10 @@ class NVMeStore(NVMeReads, NVMeWrites):
                           "stays locked until they have finished")
 
     def _release_files(self, now: bool = True) -> None:
-        """Closes the journal, then drops the directory lock and the folder's descriptor
-        (even if closing failed): at once when no I/O thread runs (``now``), else once they
-        have finished (``after_threads``). Until then the path stays locked, so no store opened
-        on it, in this process or another, takes a slot a late write still writes (review
-        R42-1), and the late writes keep their journal room and their folder (R41-1)."""
+        """Closes the journal, then drops the lock and the folder (``_release``): at once when
+        no I/O thread runs (``now``), else once they have finished. Until then no store opened
+        on the path takes a slot a late write still writes (review R42-1), and the late writes
+        keep their journal room and their folder (R41-1)."""
         release = functools.partial(_release, self._files, self._dir_lock)  # no reference to the store
         if now:
             release()
