@@ -72,10 +72,16 @@ def test_a_close_in_a_done_callback_is_clean_and_the_path_reopens_at_once(tmp_pa
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_a_fork_waits_for_a_release_in_progress():
-    holder = threading.Thread(target=lambda: (nvme_lock._RELEASING.acquire(), time.sleep(0.3),
-                                              nvme_lock._RELEASING.release()))
+    held = threading.Event()
+
+    def hold():
+        with nvme_lock._RELEASING:
+            held.set()
+            time.sleep(0.3)
+
+    holder = threading.Thread(target=hold)
     holder.start()
-    time.sleep(0.05)
+    assert held.wait(10)
     began = time.monotonic()
     pid = os.fork()
     if pid == 0:
@@ -83,7 +89,7 @@ def test_a_fork_waits_for_a_release_in_progress():
     waited = time.monotonic() - began
     os.waitpid(pid, 0)
     holder.join()
-    assert waited >= 0.15  # the before-fork hook took _RELEASING after the release
+    assert waited >= 0.1  # the before-fork hook took _RELEASING after the release (held for 0.3 s)
 
 
 def test_nvme_store_itself_refuses_a_codec_for_heads_too_wide(tmp_path):
