@@ -48,6 +48,7 @@ __all__ = [
     "chunk_name",
     "parse_chunk_slot",
     "write_chunk_file",
+    "open_file",
     "replace_file",
     "unlink",
     "unlink_quietly",
@@ -215,6 +216,13 @@ def _naming(dir_fd: int | None, *paths: str):
         raise
 
 
+def open_file(path: str, flags: int, dir_fd: int | None = None, mode: int = 0o644) -> int:
+    """``os.open`` of ``path``, or of its name in the folder ``dir_fd`` holds open (every store
+    file lies directly in its folder); an OSError names ``path`` either way."""
+    with _naming(dir_fd, path):
+        return os.open(_at(path, dir_fd), flags, mode, dir_fd=dir_fd)
+
+
 def write_chunk_file(tmp_path: str, final_path: str, payload: np.ndarray, dir_fd: int | None = None) -> int:
     """Writes a chunk durably and atomically: temp file, fdatasync, rename over the chunk.
 
@@ -226,20 +234,18 @@ def write_chunk_file(tmp_path: str, final_path: str, payload: np.ndarray, dir_fd
     Returns:
         The crc32c of ``payload`` (the chunk is ``payload.size + 4`` bytes).
     """
-    tmp = _at(tmp_path, dir_fd)
-    with _naming(dir_fd, tmp_path, final_path):
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644, dir_fd=dir_fd)
+    fd = open_file(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, dir_fd)
+    try:
         try:
-            try:
-                crc = _write_sealed(fd, payload)
-                os.fdatasync(fd)
-                _drop_written(fd)
-            finally:
-                os.close(fd)
-            replace_file(tmp_path, final_path, dir_fd)
-        except OSError:
-            unlink_quietly(tmp_path, dir_fd)
-            raise
+            crc = _write_sealed(fd, payload)
+            os.fdatasync(fd)
+            _drop_written(fd)
+        finally:
+            os.close(fd)
+        replace_file(tmp_path, final_path, dir_fd)
+    except OSError:
+        unlink_quietly(tmp_path, dir_fd)
+        raise
     return crc
 
 
@@ -272,11 +278,10 @@ def overwrite_chunk_file(path: str, payload: np.ndarray, crc_first: bool = True,
         The crc32c of ``payload``, or None (nothing written) when the file is absent or
         has another length.
     """
-    with _naming(dir_fd, path):
-        try:  # O_NOFOLLOW: never write through a symlink to a file outside the store
-            fd = os.open(_at(path, dir_fd), os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW, dir_fd=dir_fd)
-        except FileNotFoundError:
-            return None
+    try:  # O_NOFOLLOW: never write through a symlink to a file outside the store
+        fd = open_file(path, os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW, dir_fd)
+    except FileNotFoundError:
+        return None
     try:
         if os.fstat(fd).st_size != payload.size + 4:
             return None
@@ -313,15 +318,13 @@ def open_for_read(path: str, direct: bool, dir_fd: int | None = None) -> tuple[i
     Returns:
         ``(fd, direct)`` where ``direct`` says whether O_DIRECT is in effect.
     """
-    name = _at(path, dir_fd)
-    with _naming(dir_fd, path):
-        if direct and hasattr(os, "O_DIRECT"):
-            try:
-                return os.open(name, os.O_RDONLY | os.O_DIRECT | os.O_CLOEXEC, dir_fd=dir_fd), True
-            except OSError as exc:
-                if exc.errno != errno.EINVAL:  # EINVAL: the filesystem refuses O_DIRECT (tmpfs)
-                    raise
-        return os.open(name, os.O_RDONLY | os.O_CLOEXEC, dir_fd=dir_fd), False
+    if direct and hasattr(os, "O_DIRECT"):
+        try:
+            return open_file(path, os.O_RDONLY | os.O_DIRECT | os.O_CLOEXEC, dir_fd), True
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:  # EINVAL: the filesystem refuses O_DIRECT (tmpfs)
+                raise
+    return open_file(path, os.O_RDONLY | os.O_CLOEXEC, dir_fd), False
 
 
 def supports_direct(path: str) -> bool:
@@ -369,9 +372,7 @@ def fsync_path(path: str, flags: int = os.O_NOFOLLOW) -> None:
 def write_file_durably(path: str, data: bytes, dir_fd: int | None = None) -> None:
     """Writes a small file and fsyncs it (the caller fsyncs the directory; ``dir_fd``: as
     ``write_chunk_file``)."""
-    with _naming(dir_fd, path):
-        fd = os.open(_at(path, dir_fd), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644,
-                     dir_fd=dir_fd)
+    fd = open_file(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, dir_fd)
     try:
         view = memoryview(data)
         while view:
@@ -384,7 +385,7 @@ def write_file_durably(path: str, data: bytes, dir_fd: int | None = None) -> Non
 def drop_file_cache(path: str, dir_fd: int | None = None) -> None:
     """Evicts one file's clean pages from the page cache (never the system-wide cache)."""
     try:
-        fd = os.open(_at(path, dir_fd), os.O_RDONLY | os.O_CLOEXEC, dir_fd=dir_fd)
+        fd = open_file(path, os.O_RDONLY | os.O_CLOEXEC, dir_fd)
     except FileNotFoundError:
         return
     try:

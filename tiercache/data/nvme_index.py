@@ -40,7 +40,7 @@ from typing import Callable
 
 from ..errors import UserError
 from .buffers import PAGE, round_up
-from .chunkio import fsync_dir, replace_file, unlink_quietly
+from .chunkio import fsync_dir, open_file, replace_file, unlink_quietly
 from .chunkio import write_file_durably as _write_file_durably
 from .libc import libc_function
 from .nvme_journal import HEADER as _JOURNAL_HEADER
@@ -400,8 +400,7 @@ def _open_journal(path: str, dir_fd: int | None) -> int:
     """Opens the journal for appending (in the folder ``dir_fd`` holds, when given);
     UserError naming it if that is impossible."""
     try:
-        return os.open(path if dir_fd is None else JOURNAL_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW,
-                       0o644, dir_fd=dir_fd)
+        return open_file(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, dir_fd)
     except OSError as exc:
         raise UserError(f"{path}: journal cannot be opened for writing ({exc.strerror or exc})") from None
 

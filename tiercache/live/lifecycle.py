@@ -14,6 +14,7 @@ import numpy as np
 from tiercache.core.counts import CountError
 from tiercache.core.manager import TierManager
 from tiercache.core.plans import EventLog
+from tiercache.data.chunkio import open_file
 from tiercache.data.engine import LocalEngine
 from tiercache.keys import key_to_int
 
@@ -124,8 +125,7 @@ def mark_tagged(medium: object, entries: int) -> None:
             "only by eviction: clear the directory to start afresh"), stacklevel=4)
     dir_fd = getattr(medium, "folder_fd", None)  # the folder the store opened, whatever its path names now
     try:
-        os.close(os.open(FORMAT_MARKER if dir_fd is not None else marker,
-                         os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644, dir_fd=dir_fd))
+        os.close(open_file(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, dir_fd))
     except OSError:
         pass
 
