@@ -168,9 +168,9 @@ def test_the_clean_marker_still_skips_the_trailer_checks(tmp_path, monkeypatch):
     store_with_batches(tmp_path / "s")
     verified, real = [], nvme_open.sweep_directory
 
-    def sweep(*args, verify):
+    def sweep(*args, verify, **kwargs):
         verified.append(verify)
-        return real(*args, verify=verify)
+        return real(*args, verify=verify, **kwargs)
 
     monkeypatch.setattr(nvme_open, "sweep_directory", sweep)
     NVMeStore(tmp_path / "s", LAYOUT).close()

@@ -5,6 +5,10 @@
   new store's flushed blocks (90 of 100 lost). The lock is now held until they finish.
 - R42-2: an open failing after the lock was taken (out of file descriptors at the O_DIRECT
   probe) kept the path locked and leaked its descriptors until the process exited.
+- R42-3: an open read its index and swept its folder by path between its two folder checks:
+  another store's folder renamed onto the path meanwhile lost its unflushed chunks (swept as
+  garbage) and its clean mark before the open was refused. The open now reads, sweeps and
+  writes through the folder it locked.
 - R42-4: a write still queued after such a close failed with ctypes' ArgumentError (the
   journal it reserves room in was closed under it).
 """
@@ -18,7 +22,7 @@ import time
 import pytest
 import torch
 
-from tiercache.data import chunkio
+from tiercache.data import chunkio, nvme_open
 from tiercache.data.nvme import NVMeStore
 from tiercache.errors import UserError
 
@@ -91,3 +95,71 @@ def test_an_open_failing_after_the_lock_releases_it_and_its_descriptors(tmp_path
     assert _open_fds() == before
     with NVMeStore(path, LAYOUT) as store:  # not left locked
         assert store.capacity == 8
+
+
+def _files(path) -> dict[str, bytes]:
+    return {name: (path / name).read_bytes() for name in sorted(os.listdir(path))}
+
+
+@pytest.mark.parametrize("clean", [True, False])
+def test_an_open_racing_a_folder_swap_never_touches_the_folder_swapped_in(tmp_path, monkeypatch, clean):
+    path, archived, other = tmp_path / "s", tmp_path / "archived", tmp_path / "other"
+    first = NVMeStore(path, LAYOUT, capacity_blocks=16)
+    first.put([key(i) for i in range(4)], blocks(4, 3))
+    if clean:
+        first.close()
+    else:
+        first.flush()
+        with pytest.warns(ResourceWarning):
+            first.__del__()  # dropped unclosed: no clean mark, every trailer checked at the next open
+    second = NVMeStore(other, LAYOUT, capacity_blocks=16)
+    second.put([key(10 + i) for i in range(6)], blocks(6, 4))
+    second.flush()
+    data = blocks(5, 5)
+    assert all(r.ok for r in second.put([key(20 + i) for i in range(5)], data))  # chunks, not yet indexed
+    real, swapped = nvme_open._check_locked_folder, []
+
+    def check_then_swap(root, lock):
+        real(root, lock)
+        if not swapped:
+            swapped.append(True)
+            os.rename(path, archived)
+            os.rename(other, path)
+
+    monkeypatch.setattr(nvme_open, "_check_locked_folder", check_then_swap)
+    before = _files(other)
+    with pytest.raises(UserError, match="the store's folder was replaced while it opened; open it again"):
+        NVMeStore(path, LAYOUT)
+    assert _files(path) == before  # the swapped-in folder: no chunk swept, no index or mark written
+    os.rename(path, other)  # back where the second store checks it is
+    second.flush()
+    out = torch.empty_like(data)
+    assert all(second.get([key(20 + i) for i in range(5)], out)) and torch.equal(out, data)
+    second.close()
+    monkeypatch.undo()
+    with NVMeStore(archived, LAYOUT) as reopened:
+        assert len(reopened) == 4 and reopened.stats["recovered_dropped"] == 0
+
+
+def test_a_creation_racing_a_folder_swap_creates_in_the_folder_it_locked(tmp_path, monkeypatch):
+    path, archived, other = tmp_path / "s", tmp_path / "archived", tmp_path / "other"
+    with NVMeStore(other, LAYOUT, capacity_blocks=16) as second:
+        second.put([key(i) for i in range(3)], blocks(3, 6))
+    real = nvme_open._check_locked_folder
+
+    def check_then_swap(root, lock):
+        real(root, lock)
+        if not archived.exists():
+            os.rename(path, archived)
+            os.rename(other, path)
+
+    monkeypatch.setattr(nvme_open, "_check_locked_folder", check_then_swap)
+    before = _files(other)
+    with pytest.raises(UserError, match="the store's folder was replaced while it opened; open it again"):
+        NVMeStore(path, LAYOUT, capacity_blocks=8)
+    assert _files(path) == before  # the other store's zarr.json, index and chunks as they were
+    monkeypatch.undo()
+    with NVMeStore(path, LAYOUT) as reopened:
+        assert len(reopened) == 3
+    with NVMeStore(archived, LAYOUT) as created:  # the creation finished where it was locked
+        assert len(created) == 0 and created.capacity == 8

@@ -44,6 +44,7 @@ __all__ = [
     "create_array",
     "chunk_geometry",
     "read_attributes",
+    "scan_folder",
     "check_store",
     "chunk_name",
     "parse_chunk_slot",
@@ -221,6 +222,23 @@ def open_file(path: str, flags: int, dir_fd: int | None = None, mode: int = 0o64
     file lies directly in its folder); an OSError names ``path`` either way."""
     with _naming(dir_fd, path):
         return os.open(_at(path, dir_fd), flags, mode, dir_fd=dir_fd)
+
+
+@contextmanager
+def scan_folder(path: str, dir_fd: int | None = None):
+    """``os.scandir`` of the folder ``path``, or of the folder ``dir_fd`` holds open (through
+    a descriptor of its own, so that the held one's read position is never moved): its
+    entries' ``name`` and ``stat`` are that folder's; their ``path`` is the name alone then."""
+    if dir_fd is None:
+        with os.scandir(path) as entries:
+            yield entries
+        return
+    fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dir_fd)
+    try:
+        with os.scandir(fd) as entries:
+            yield entries
+    finally:
+        os.close(fd)
 
 
 def write_chunk_file(tmp_path: str, final_path: str, payload: np.ndarray, dir_fd: int | None = None) -> int:

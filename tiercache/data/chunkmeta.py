@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import uuid
 
 import numpy as np
 
@@ -16,9 +17,10 @@ from ..config import CODEC_FORMATS, Codec, KVLayout
 from ..errors import UserError
 
 __all__ = ["FORMAT_VERSION", "ATTR_KEY", "COMPRESSIONS", "STORAGE_DTYPES", "chunk_geometry", "layout_attributes",
-           "create_array", "read_attributes", "check_store"]
+           "array_metadata", "create_array", "read_attributes", "check_store"]
 
 FORMAT_VERSION = 1
+META_NAME = "zarr.json"
 ATTR_KEY = "tiercache"
 COMPRESSIONS = (None, "lz4")
 STORAGE_DTYPES = {
@@ -60,8 +62,8 @@ def layout_attributes(layout: KVLayout, compression: str | None, codec: Codec = 
     }
 
 
-def create_array(path: str, layout: KVLayout, capacity: int, compression: str | None, codec: Codec = Codec.NONE) -> None:
-    """Creates the zarr v3 array (its ``zarr.json``) at ``path``; writes no chunk.
+def array_metadata(layout: KVLayout, capacity: int, compression: str | None, codec: Codec = Codec.NONE) -> bytes:
+    """The ``zarr.json`` of a store's zarr v3 array, as zarr writes it (built in memory).
 
     Called once per store, off the hot path, so importing zarr here costs nothing later.
     """
@@ -73,8 +75,9 @@ def create_array(path: str, layout: KVLayout, capacity: int, compression: str | 
     if compression == "lz4":
         typesize = np.dtype(dtype).itemsize
         compressors.insert(0, BloscCodec(cname="lz4", clevel=5, shuffle="shuffle", typesize=typesize))
+    files: dict = {}
     zarr.create_array(
-        store=path,
+        store=zarr.storage.MemoryStore(files),
         shape=(capacity, *block),
         chunks=(1, *block),
         dtype=dtype,
@@ -85,18 +88,43 @@ def create_array(path: str, layout: KVLayout, capacity: int, compression: str | 
         chunk_key_encoding={"name": "default", "separator": "."},
         attributes={ATTR_KEY: layout_attributes(layout, compression, codec)},
     )
+    return files[META_NAME].to_bytes()
 
 
-def read_attributes(path: str) -> tuple[tuple[int, ...], dict, dict]:
-    """Reads an existing store's array shape, tiercache attributes and whole metadata.
+def create_array(path: str, layout: KVLayout, capacity: int, compression: str | None, codec: Codec = Codec.NONE,
+                 dir_fd: int | None = None) -> None:
+    """Creates the zarr v3 array (its ``zarr.json``) in the folder ``path`` durably and
+    atomically (a temp file named as zarr names its own, fsynced, renamed, the folder
+    fsynced); writes no chunk. With ``dir_fd`` (the folder held open) the file is that
+    folder's, whatever ``path`` names meanwhile; without, the folder is made if missing.
+    """
+    from .chunkio import fsync_dir, replace_file, unlink_quietly, write_file_durably
+
+    if dir_fd is None:
+        os.makedirs(path, exist_ok=True)
+    meta, tmp = os.path.join(path, META_NAME), os.path.join(path, f"zarr.{uuid.uuid4().hex}.partial")
+    try:
+        write_file_durably(tmp, array_metadata(layout, capacity, compression, codec), dir_fd)
+        replace_file(tmp, meta, dir_fd)
+    except BaseException:
+        unlink_quietly(tmp, dir_fd)
+        raise
+    fsync_dir(path, dir_fd)
+
+
+def read_attributes(path: str, dir_fd: int | None = None) -> tuple[tuple[int, ...], dict, dict]:
+    """Reads an existing store's array shape, tiercache attributes and whole metadata (from
+    the folder ``dir_fd`` holds open, when given).
 
     Raises:
         UserError: ``zarr.json`` unreadable, not a JSON object, not an array written by
             tiercache, or with a shape that is not a list of integers (names the file).
     """
-    meta_path = os.path.join(path, "zarr.json")
+    from .chunkio import open_file
+
+    meta_path = os.path.join(path, META_NAME)
     try:
-        with open(meta_path, encoding="utf-8") as f:
+        with open(open_file(meta_path, os.O_RDONLY | os.O_CLOEXEC, dir_fd), encoding="utf-8") as f:
             meta = json.load(f)
     except (OSError, ValueError) as exc:
         raise UserError(f"{meta_path}: not a readable zarr store ({exc})") from None
@@ -125,7 +153,7 @@ def _chunk_shape(meta: dict) -> object:
 
 
 def check_store(path: str, layout: KVLayout, compression: str | None, capacity: int | None,
-                codec: Codec = Codec.NONE) -> int:
+                codec: Codec = Codec.NONE, dir_fd: int | None = None) -> int:
     """Checks an existing store against what the caller asks for; returns its capacity.
 
     A store written before codecs were recorded holds plain blocks (codec ``none``); one
@@ -134,10 +162,10 @@ def check_store(path: str, layout: KVLayout, compression: str | None, capacity: 
     Raises:
         UserError: another format version, layout, model name, compression, codec, capacity, array
             shape, chunk shape or data type (the message names ``zarr.json`` and gives
-            stored and asked values).
+            stored and asked values); ``dir_fd``: as ``read_attributes``.
     """
-    shape, attrs, meta = read_attributes(path)
-    meta_path = os.path.join(path, "zarr.json")
+    shape, attrs, meta = read_attributes(path, dir_fd)
+    meta_path = os.path.join(path, META_NAME)
     wanted = layout_attributes(layout, compression, codec)
     if attrs.get("format_version") != FORMAT_VERSION:
         raise UserError(f"{meta_path}: store format {attrs.get('format_version')!r}, this tiercache reads {FORMAT_VERSION}")

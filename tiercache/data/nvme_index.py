@@ -161,7 +161,7 @@ class IndexFiles:
         Raises:
             UserError: damaged beyond one bit (or too large to search): naming the file.
         """
-        data = _read_file(self.snapshot_path, "index snapshot")
+        data = _read_file(self.snapshot_path, "index snapshot", self.dir_fd)
         try:
             seq, ops = _parse_snapshot(data)
         except (struct.error, ValueError) as exc:
@@ -185,7 +185,7 @@ class IndexFiles:
         damaged batch that could not be repaired: counted in ``lost_batches``. Any repair
         or loss sets ``need_snapshot`` so the next flush rewrites a clean index.
         """
-        data = _read_file(self.journal_path, "journal", missing_ok=True)
+        data = _read_file(self.journal_path, "journal", self.dir_fd, missing_ok=True)
         scan = scan_journal(data, _decodes)
         for seq, body in scan.batches:
             if seq > self.seq:
@@ -379,14 +379,15 @@ def _decodes(body: bytes) -> bool:
     return True
 
 
-def _read_file(path: str, what: str, missing_ok: bool = False) -> bytes:
-    """The bytes of an index file (b"" if missing and ``missing_ok``).
+def _read_file(path: str, what: str, dir_fd: int | None, missing_ok: bool = False) -> bytes:
+    """The bytes of an index file (b"" if missing and ``missing_ok``), in the folder
+    ``dir_fd`` holds open when given.
 
     Raises:
         UserError: unreadable (a directory, no permission, I/O error), naming the file.
     """
     try:
-        with open(path, "rb") as f:
+        with open(open_file(path, os.O_RDONLY | os.O_CLOEXEC, dir_fd), "rb") as f:
             return f.read()
     except FileNotFoundError:
         if missing_ok:

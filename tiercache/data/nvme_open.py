@@ -5,7 +5,10 @@ Ordering (each step relies on the ones before it):
 1. Refusals that need no lock (a file in the way, nothing to open with ``create=False``,
    a capacity that cannot be parsed) touch nothing on disk.
 2. The directory lock (``nvme_lock``) is taken before anything is read for recovery or
-   changed: a second opener must never sweep the first one's unflushed chunks.
+   changed: a second opener must never sweep the first one's unflushed chunks. From then on
+   every read, sweep and write goes through the folder the lock holds open, checked right
+   after locking and again at the end to be what the path names: a folder swapped onto the
+   path meanwhile (another store's) is refused, never read, swept or written.
    Creation happens under the lock too, ``zarr.json`` first and the empty index snapshot
    last: the snapshot's atomic rename is what makes a store exist. A directory holding
    only what a creation killed before that leaves (``_unfinished_creation``: no snapshot,
@@ -172,19 +175,29 @@ def open_store(path: str, layout: KVLayout, compression: str | None,
     except OSError as exc:
         raise UserError(f"{path}: cannot create the store directory ({exc.strerror or exc})") from None
     lock = StoreLock.acquire(path)
-    try:  # again under the lock: a racing creator may have won, or have been killed
+    try:  # again under the lock, in the locked folder: a racing creator may have won, or have been killed
         _check_locked_folder(path, lock)
-        if os.path.lexists(meta) and not _unfinished_creation(path):
+        has_meta = _has_entry(META_NAME, lock.dir_fd)
+        if has_meta and not _unfinished_creation(path, lock.dir_fd):
             opened = _reopen(path, layout, compression, wanted, lock, codec)
         else:
-            if wanted is None and create and os.path.lexists(meta):
-                wanted = _recorded_capacity(path, layout, compression, codec)
-            _check_creatable(path, wanted, create)
+            if wanted is None and create and has_meta:
+                wanted = _recorded_capacity(path, layout, compression, codec, lock.dir_fd)
+            _check_creatable(path, wanted, create, lock.dir_fd)
             opened = _create(path, layout, compression, wanted, lock, codec)
     except BaseException:
         lock.release()
         raise
     return _held_open(path, opened)
+
+
+def _has_entry(name: str, dir_fd: int) -> bool:
+    """True if the folder ``dir_fd`` holds open has an entry ``name`` (a link counts)."""
+    try:
+        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def _check_locked_folder(path: str, lock: StoreLock) -> None:
@@ -200,16 +213,16 @@ def _check_locked_folder(path: str, lock: StoreLock) -> None:
 
 
 def _held_open(path: str, opened: Opened) -> Opened:
-    """``opened`` with its index files writing through the folder its lock holds, once the
-    path is checked to name it still (the open read and wrote by path); else its files are
-    closed, its lock released, and the UserError of ``_check_locked_folder`` raised."""
+    """``opened``, once the path is checked to name its locked folder still; else its files
+    are closed, its lock released, and the UserError of ``_check_locked_folder`` raised.
+    Everything the open read, swept and wrote went through that folder's descriptor, so a
+    folder swapped onto the path meanwhile was never touched: it is refused, not adopted."""
     try:
         _check_locked_folder(path, opened.lock)
     except BaseException:
         opened.files.close()
         opened.lock.release()
         raise
-    opened.files.dir_fd = opened.lock.dir_fd
     return opened
 
 
@@ -226,11 +239,12 @@ def _refuse_broken_link(path: str) -> None:
                     "another path")
 
 
-def _check_creatable(path: str, capacity: int | None, create: bool) -> None:
-    """Refuses to create a store where none may be created; changes nothing."""
+def _check_creatable(path: str, capacity: int | None, create: bool, dir_fd: int | None = None) -> None:
+    """Refuses to create a store where none may be created (in the folder ``dir_fd`` holds
+    open, when given); changes nothing."""
     if not create:
         raise UserError(f"{path}: no store there (create=False)")
-    if os.path.isdir(path) and not _unfinished_creation(path):
+    if (dir_fd is not None or os.path.isdir(path)) and not _unfinished_creation(path, dir_fd):
         raise UserError(f"{path}: directory is not empty and holds no tiercache store")
     if capacity is None:
         raise UserError(f"{path}: capacity_blocks is needed to create a store")
@@ -243,17 +257,17 @@ def _is_creation_leftover(name: str) -> bool:
     return name in (LOCK_NAME, META_NAME, SNAPSHOT_TMP_NAME) or _ZARR_PARTIAL.fullmatch(name) is not None
 
 
-def _unfinished_creation(path: str) -> bool:
-    """True if the directory ``path`` holds nothing but creation leftovers (an empty one
-    included). A store exists once its index snapshot does, and its blocks need chunk
-    files and index entries: such a directory never held a block, so creating a store
-    there discards nothing. Stops at the first other file (a store's directory may hold
-    millions of chunks)."""
-    with os.scandir(path) as entries:
+def _unfinished_creation(path: str, dir_fd: int | None = None) -> bool:
+    """True if the directory ``path`` (the folder ``dir_fd`` holds open, when given) holds
+    nothing but creation leftovers (an empty one included). A store exists once its index
+    snapshot does, and its blocks need chunk files and index entries: such a directory
+    never held a block, so creating a store there discards nothing. Stops at the first
+    other file (a store's directory may hold millions of chunks)."""
+    with chunkio.scan_folder(path, dir_fd) as entries:
         return all(_is_creation_leftover(entry.name) for entry in entries)
 
 
-def _recorded_capacity(path: str, layout: KVLayout, compression: str | None, codec: Codec) -> int:
+def _recorded_capacity(path: str, layout: KVLayout, compression: str | None, codec: Codec, dir_fd: int) -> int:
     """The capacity an unfinished creation recorded in its ``zarr.json``, so that a reopen
     without ``capacity_blocks`` finishes it.
 
@@ -262,46 +276,51 @@ def _recorded_capacity(path: str, layout: KVLayout, compression: str | None, cod
             or codec (the caller's capacity_blocks would create the store anew).
     """
     try:
-        return chunkio.check_store(path, layout, compression, None, codec)
+        return chunkio.check_store(path, layout, compression, None, codec, dir_fd)
     except UserError as exc:
         raise UserError(f"{path}: holds a store whose creation was interrupted (no index yet), and it cannot be "
                         f"finished: {exc}; pass capacity_blocks to create the store again") from None
 
 
 def _create(path: str, layout: KVLayout, compression: str | None, capacity: int, lock: StoreLock, codec: Codec) -> Opened:
-    """Creates the store in the locked directory, which is empty or holds an unfinished
-    creation (whose leftovers are removed first).
+    """Creates the store in the locked directory (through its descriptor), which is empty
+    or holds an unfinished creation (whose leftovers are removed first).
 
-    ``zarr.json`` is written (atomically, by zarr) and fsynced before the empty snapshot,
+    ``zarr.json`` is written atomically and made durable before the empty snapshot,
     whose rename and directory fsync are the commit point: a kill before it leaves an
     unfinished creation, never a ``zarr.json`` without an index behind a complete one.
     """
-    _remove_leftovers(path)
-    chunkio.create_array(path, layout, capacity, compression, codec)
-    chunkio.fsync_path(os.path.join(path, META_NAME))
-    table, files = SlotTable(capacity), IndexFiles(path)
+    _remove_leftovers(path, lock.dir_fd)
+    chunkio.create_array(path, layout, capacity, compression, codec, lock.dir_fd)
+    table, files = SlotTable(capacity), IndexFiles(path, lock.dir_fd)
     files.create()
     table.finish_load()
     return Opened(capacity, table, files, lock)
 
 
-def _remove_leftovers(path: str) -> None:
-    """Deletes an unfinished creation's files (never the lock, never another file)."""
-    for name in os.listdir(path):
+def _remove_leftovers(path: str, dir_fd: int) -> None:
+    """Deletes an unfinished creation's files from the folder ``dir_fd`` holds open (never
+    the lock, never another file)."""
+    with chunkio.scan_folder(path, dir_fd) as entries:
+        names = [entry.name for entry in entries]
+    for name in names:
         if name != LOCK_NAME and _is_creation_leftover(name):
-            os.unlink(os.path.join(path, name))
+            chunkio.unlink(os.path.join(path, name), dir_fd)
 
 
 def _reopen(path: str, layout: KVLayout, compression: str | None, wanted: int | None, lock: StoreLock,
             codec: Codec) -> Opened:
-    """Checks the stored format, loads the index, reconciles the directory with it."""
-    capacity = chunkio.check_store(path, layout, compression, wanted, codec)
-    table, files = SlotTable(capacity), IndexFiles(path)
+    """Checks the stored format, loads the index, reconciles the directory with it, all in
+    the locked folder (through its descriptor)."""
+    dir_fd = lock.dir_fd
+    capacity = chunkio.check_store(path, layout, compression, wanted, codec, dir_fd)
+    table, files = SlotTable(capacity), IndexFiles(path, dir_fd)
     files.load(table)
     try:
-        clean = _check_clean_mark(path, files)
-        removed, dropped = sweep_directory(path, 1 + len(chunkio.chunk_geometry(layout, codec)[0]), table, verify=not clean)
-        _remove_clean_mark(path)  # before the store can write: a crash from here on is unclean
+        clean = _check_clean_mark(path, files, dir_fd)
+        ndim = 1 + len(chunkio.chunk_geometry(layout, codec)[0])
+        removed, dropped = sweep_directory(path, ndim, table, verify=not clean, dir_fd=dir_fd)
+        _remove_clean_mark(path, dir_fd)  # before the store can write: a crash from here on is unclean
         files.owe(record_cost(table.unwritten_keys()))  # what flushes may still write for these entries
     except BaseException:
         files.close()
@@ -331,11 +350,11 @@ def _clean_mark(seq: int) -> bytes:
     return text + b" %08x\n" % sealed_crc(text, b"")
 
 
-def _read_clean_mark(root: str) -> int | None:
+def _read_clean_mark(root: str, dir_fd: int | None) -> int | None:
     """The index sequence number the last clean close reached, or None (no marker, or one
     that is unreadable or fails its crc, such as one from an older tiercache)."""
     try:
-        with open(os.path.join(root, CLEAN_NAME), "rb") as f:
+        with open(chunkio.open_file(os.path.join(root, CLEAN_NAME), os.O_RDONLY | os.O_CLOEXEC, dir_fd), "rb") as f:
             data = f.read(64)
     except OSError:
         return None
@@ -346,12 +365,12 @@ def _read_clean_mark(root: str) -> int | None:
     return seq if data == _clean_mark(seq) else None
 
 
-def _check_clean_mark(root: str, files: IndexFiles) -> bool:
+def _check_clean_mark(root: str, files: IndexFiles, dir_fd: int | None) -> bool:
     """True if the last close was clean at the sequence number the replay of ``files``
     reached. A marker naming a later one proves the batches between were acknowledged
     and then lost from the journal's tail: counted (``IndexFiles.lose_tail``), and the
     close counts as unclean (every chunk's trailer is checked)."""
-    marked = _read_clean_mark(root)
+    marked = _read_clean_mark(root, dir_fd)
     if marked is None or marked < files.seq:
         return False
     if marked > files.seq:
@@ -360,7 +379,7 @@ def _check_clean_mark(root: str, files: IndexFiles) -> bool:
     return True
 
 
-def _remove_clean_mark(root: str) -> None:
+def _remove_clean_mark(root: str, dir_fd: int | None) -> None:
     """Removes the clean-shutdown marker durably (nothing to do when absent).
 
     Raises:
@@ -368,19 +387,21 @@ def _remove_clean_mark(root: str) -> None:
     """
     path = os.path.join(root, CLEAN_NAME)
     try:
-        os.unlink(path)
+        chunkio.unlink(path, dir_fd)
     except FileNotFoundError:
         return
     except OSError as exc:
         raise UserError(f"{path}: cannot remove the clean-shutdown marker ({exc.strerror or exc})") from None
     try:
-        chunkio.fsync_dir(root)
+        chunkio.fsync_dir(root, dir_fd)
     except OSError as exc:
         raise UserError(f"{root}: cannot make the store directory durable ({exc.strerror or exc})") from None
 
 
-def sweep_directory(root: str, ndim: int, table: SlotTable, verify: bool = True) -> tuple[int, int]:
-    """Reconciles a store directory with its freshly loaded index (at open, before any I/O).
+def sweep_directory(root: str, ndim: int, table: SlotTable, verify: bool = True,
+                    dir_fd: int | None = None) -> tuple[int, int]:
+    """Reconciles a store directory with its freshly loaded index (at open, before any I/O),
+    in the folder ``dir_fd`` holds open when given (files named by their paths under ``root``).
 
     Keeps a live entry only if its chunk file has the entry's length and, when ``verify``
     is set (after an unclean shutdown), its crc trailer (4-byte read, no full read: reads
@@ -397,24 +418,25 @@ def sweep_directory(root: str, ndim: int, table: SlotTable, verify: bool = True)
             directory, a symlink): tiercache never makes one, so it is not garbage to
             delete; checked for every entry before anything is removed.
     """
-    chunks, temps = _scan(root, ndim)
+    chunks, temps = _scan(root, ndim, dir_fd)
     live = table.live_slots()
     candidates = [(slot, path) for slot, (path, size) in chunks.items() if live.get(slot, (None,))[0] == size]
-    kept = _trailers_match(candidates, live) if verify else {slot for slot, _ in candidates}
+    kept = _trailers_match(candidates, live, dir_fd) if verify else {slot for slot, _ in candidates}
     garbage = temps + [path for slot, (path, _) in chunks.items() if slot not in kept]
     for path in garbage:
-        os.unlink(path)
+        chunkio.unlink(path, dir_fd)
     dropped = live.keys() - kept
     for slot in dropped:
         table.drop_slot(slot)
     return len(garbage), len(dropped)
 
 
-def _scan(root: str, ndim: int) -> tuple[dict[int, tuple[str, int]], list[str]]:
-    """Chunk files (``slot -> (path, size)``) and temp files of ``root``; refuses any
-    such name that is not a regular file."""
+def _scan(root: str, ndim: int, dir_fd: int | None) -> tuple[dict[int, tuple[str, int]], list[str]]:
+    """Chunk files (``slot -> (path, size)``, paths under ``root``) and temp files of the
+    folder (``dir_fd``: as ``sweep_directory``); refuses any such name that is not a
+    regular file."""
     chunks, temps = {}, []
-    with os.scandir(root) as entries:
+    with chunkio.scan_folder(root, dir_fd) as entries:
         for entry in entries:
             slot = chunkio.parse_chunk_slot(entry.name, ndim)
             if slot is None and not entry.name.startswith(TMP_PREFIX):
@@ -422,25 +444,26 @@ def _scan(root: str, ndim: int) -> tuple[dict[int, tuple[str, int]], list[str]]:
             mode = entry.stat(follow_symlinks=False).st_mode
             if not stat.S_ISREG(mode):
                 kind = "symlink" if stat.S_ISLNK(mode) else "directory" if stat.S_ISDIR(mode) else "special file"
-                raise UserError(f"{entry.path}: named like a chunk of this store but is a {kind}; tiercache "
+                raise UserError(f"{os.path.join(root, entry.name)}: named like a chunk of this store but is a {kind}; tiercache "
                                 "writes only regular files there: move it away, then reopen")
             if slot is None:
-                temps.append(entry.path)
+                temps.append(os.path.join(root, entry.name))
             else:
-                chunks[slot] = (entry.path, entry.stat(follow_symlinks=False).st_size)
+                chunks[slot] = (os.path.join(root, entry.name), entry.stat(follow_symlinks=False).st_size)
     return chunks, temps
 
 
-def _trailers_match(candidates: list[tuple[int, str]], live: dict[int, tuple[int, int]]) -> set[int]:
+def _trailers_match(candidates: list[tuple[int, str]], live: dict[int, tuple[int, int]],
+                    dir_fd: int | None) -> set[int]:
     """Slots whose chunk's last 4 bytes equal their entry's crc. One thread: with the
     page cache warm, a pool of threads contending for the GIL took 3x longer."""
-    return {slot for slot, path in candidates if _read_trailer(path, live[slot][0]) == live[slot][1]}
+    return {slot for slot, path in candidates if _read_trailer(path, live[slot][0], dir_fd) == live[slot][1]}
 
 
-def _read_trailer(path: str, length: int) -> int | None:
+def _read_trailer(path: str, length: int, dir_fd: int | None) -> int | None:
     """The crc trailer of a chunk file of ``length`` bytes, or None if unreadable."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        fd = chunkio.open_file(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW, dir_fd)
     except OSError:
         return None
     try:
