@@ -12,7 +12,10 @@ A ``fork`` would share the locked open file description with the child, which wo
 keep the store locked after the parent closes it (for as long as the child lives). So every
 held lock is registered, and an at-fork handler closes the child's copies of their
 descriptors (closing, never ``LOCK_UN``: unlocking would release the parent's lock too).
-``O_CLOEXEC`` does the same across ``exec``.
+``O_CLOEXEC`` does the same across ``exec``. Until the child has run that handler (or
+exec'd), its copy still holds the flock that the parent may have released meanwhile: an
+acquire refused while the lock file names this process and no lock of this process holds it
+is tried again for ``FORK_GRACE_S`` before it is refused.
 """
 
 from __future__ import annotations
@@ -20,12 +23,16 @@ from __future__ import annotations
 import fcntl
 import os
 import threading
+import time
 
 from ..errors import UserError
 
 __all__ = ["LOCK_NAME", "StoreLock"]
 
 LOCK_NAME = "tiercache.lock"
+#: How long an acquire waits for a child forked while this process held the lock to drop its
+#: copy (its at-fork handler, or exec, closes it within milliseconds).
+FORK_GRACE_S = 1.0
 
 #: Every ``StoreLock`` of this process that holds its descriptor (strong references: a
 #: lock is only ever dropped by ``release``).
@@ -66,14 +73,21 @@ class StoreLock:
             dir_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError as exc:
             raise UserError(f"{root}: cannot open the store's folder ({exc.strerror})") from None
-        with _RELEASING:  # no fork between the flock and _HELD: a child would keep it (review R44-1)
-            try:
-                fd = _lock_file(root, dir_fd)
-            except BaseException:
-                os.close(dir_fd)
-                raise
-            lock = cls(fd, dir_fd, path)
-            _HELD.add(lock)
+        deadline = time.monotonic() + FORK_GRACE_S
+        while True:
+            with _RELEASING:  # no fork between the flock and _HELD: a child would keep it (review R44-1)
+                try:
+                    fd = _lock_file(root, dir_fd, patient=time.monotonic() < deadline)
+                except _ForkedCopy:
+                    fd = None
+                except BaseException:
+                    os.close(dir_fd)
+                    raise
+                if fd is not None:
+                    lock = cls(fd, dir_fd, path)
+                    _HELD.add(lock)
+                    break
+            time.sleep(0.002)  # with _RELEASING free: the child may be forked, a lock released
         _write_holder(fd)
         return lock
 
@@ -96,10 +110,17 @@ class StoreLock:
                 os.close(dir_fd)
 
 
-def _lock_file(root: str, dir_fd: int) -> int:
+class _ForkedCopy(Exception):
+    """The lock is held through a copy of a descriptor this process held: a child forked
+    meanwhile, maybe not yet past its at-fork handler."""
+
+
+def _lock_file(root: str, dir_fd: int, patient: bool = False) -> int:
     """Opens ``tiercache.lock`` in the folder ``dir_fd`` holds and locks it without waiting.
 
     Raises:
+        _ForkedCopy: ``patient``, and the lock is held by a child forked from this process
+            (the lock file names this pid, no lock of this process holds it).
         UserError: as ``StoreLock.acquire``.
     """
     path = os.path.join(root, LOCK_NAME)
@@ -110,8 +131,10 @@ def _lock_file(root: str, dir_fd: int) -> int:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
-        holder = _read_holder(fd)
+        forked, holder = _held_by_a_fork(fd), _read_holder(fd)
         os.close(fd)
+        if isinstance(exc, BlockingIOError) and forked and patient:
+            raise _ForkedCopy() from None
         if isinstance(exc, BlockingIOError):
             raise UserError(f"{root}: store in use by {holder} (lock file {path}); "
                             "close that store first, or use another path") from None
@@ -139,6 +162,14 @@ def _write_holder(fd: int) -> None:
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     except OSError:
         pass
+
+
+def _held_by_a_fork(fd: int) -> bool:
+    """True if the lock file names this process but no lock of this process holds it."""
+    try:
+        return os.pread(fd, 32, 0).strip() == str(os.getpid()).encode() and not _held_here(fd)
+    except OSError:
+        return False
 
 
 def _read_holder(fd: int) -> str:
