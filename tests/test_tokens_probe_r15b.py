@@ -23,3 +23,10 @@ def test_integer_lists_rows_and_per_step_tensors_are_still_taken():
     assert flat_token_ids([np.int64(3), 4], "t").tolist() == [3, 4]
     assert flat_token_ids([torch.tensor([3]), torch.tensor([4])], "t").tolist() == [3, 4]
     assert _token_array(np.array([7, 8])).tolist() == [7, 8]
+
+
+@pytest.mark.parametrize("ids", [np.ones((1, 3)), torch.ones(1, 3), [[1.0, 2.0, 3.0]]])
+def test_a_float_input_ids_row_is_refused_naming_the_shape_given(ids):
+    """Review R42-5: the message named the row's shape (3,), not the [1, n] given."""
+    with pytest.raises(TypeError, match=r"^t: token_ids must be a 1-D sequence of integers, got dtype float\d+ shape \(1, 3\)$"):
+        flat_token_ids(ids, "t")

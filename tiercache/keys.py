@@ -56,10 +56,11 @@ def _parent_bytes(parent: bytes | None) -> bytes:
     return _HAS_PARENT + bytes(parent)
 
 
-def _token_array(token_ids: Sequence[int] | np.ndarray) -> np.ndarray:
+def _token_array(token_ids: Sequence[int] | np.ndarray, shown_shape: tuple[int, ...] | None = None) -> np.ndarray:
     """Token ids as a contiguous little-endian int64 array. An object array of integers
     (Python's or numpy's, no bools: a pandas column's ``.values``, or ids numpy could not fit in
-    one integer dtype) is taken id by id.
+    one integer dtype) is taken id by id. ``shown_shape``: the shape an error names, when the
+    ids are one row of what the caller was given (an ``[1, n]`` ``input_ids``).
 
     Raises:
         TypeError: the ids are not integers (floats would hash a silently rounded value).
@@ -72,7 +73,8 @@ def _token_array(token_ids: Sequence[int] | np.ndarray) -> np.ndarray:
     if arr.dtype == object and arr.ndim == 1 and all(_is_integer(t) for t in arr):
         return _object_ids(arr)
     if arr.ndim != 1 or arr.dtype.kind not in "iu":
-        raise TypeError(f"token_ids must be a 1-D sequence of integers, got dtype {arr.dtype} shape {arr.shape}")
+        shape = arr.shape if shown_shape is None else shown_shape
+        raise TypeError(f"token_ids must be a 1-D sequence of integers, got dtype {arr.dtype} shape {shape}")
     if arr.dtype == np.uint64 and arr.max() > np.iinfo(np.int64).max:
         raise ValueError("token_ids: a token id does not fit in int64")
     return np.ascontiguousarray(arr, dtype="<i8")

@@ -39,7 +39,9 @@ def flat_token_ids(tokens, what: str) -> np.ndarray:
         array = np.asarray(tokens) if array is None else array
         if array.ndim > 2 or (array.ndim == 2 and array.shape[0] != 1):
             raise UserError(_not_one_sequence(what, array.shape))
-        return _token_array(array[0] if array.ndim == 2 else array)  # a 0-d array keeps its shape in the error
+        if array.ndim == 2:
+            return _token_array(array[0], array.shape)  # an error names the shape given
+        return _token_array(array)  # a 0-d array keeps its shape in the error
     except UserError:
         raise
     except (TypeError, ValueError) as exc:
