@@ -10,7 +10,6 @@ without a traceback, and exits 2. Nothing in the library imports this package.
 from __future__ import annotations
 
 import argparse
-import os
 import select
 import signal
 import sys
@@ -22,6 +21,7 @@ from ..core.interrupts import raise_on_sigterm
 from ..errors import UserError, out_of_memory
 from ..extras import missing_extra
 from . import bench, remote_serve, replay, report, trace
+from .stdout import StdoutRefused, guarded_stdout, silence_stdout
 
 __all__ = ["main", "build_parser"]
 
@@ -55,8 +55,10 @@ def main(argv: list[str] | None = None) -> int:
     # keeps its own handler.
     previous_term = raise_on_sigterm() if args.command in ("replay", "trace", "compare", "report", "bench") else None
     try:
-        code = int(args.func(args) or 0)
-        sys.stdout.flush()  # a reader that went away is reported here, not at exit
+        with guarded_stdout():
+            code = int(args.func(args) or 0)
+            if sys.stdout is not None:  # None: started with standard output closed (print writes nothing)
+                sys.stdout.flush()  # a reader that went away, or a full disk, is reported here, not at exit
         return code
     except UserError as exc:
         print(f"tiercache {args.command}: error: {exc}", file=sys.stderr)
@@ -80,6 +82,11 @@ def main(argv: list[str] | None = None) -> int:
         if not _stdout_closed_by_reader():
             raise
         return 128 + signal.SIGPIPE  # as a shell reports a command that a closed pipe stopped
+    except StdoutRefused as exc:
+        silence_stdout()
+        print(f"tiercache {args.command}: error: cannot write to standard output ({exc.strerror or exc}); "
+              "what it printed is incomplete; a results file or report folder it writes was written before it printed", file=sys.stderr)
+        return 1
     finally:
         if previous_term is not None:
             signal.signal(signal.SIGTERM, previous_term)
@@ -105,9 +112,7 @@ def _stdout_closed_by_reader() -> bool:
     except (OSError, ValueError, AttributeError):  # no real stdout, or no poll() on this platform
         return False
     if closed:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, fd)
-        os.close(devnull)
+        silence_stdout()
     return closed
 
 

@@ -387,24 +387,27 @@ def fleet_from_options(args: argparse.Namespace) -> ResultsDocument:
 
 def run(args: argparse.Namespace) -> int:
     """``tiercache replay`` body. The output path is checked before the sweep (it must be
-    neither the trace nor the ``--hardware`` profile JSON)."""
+    neither the trace nor the ``--hardware`` profile JSON), and the results file written
+    before the tables are printed (a closed pipe or a full disk under standard output then
+    never loses it)."""
     if args.out is not None:
         check_output_file(args.out, "--out")
         check_not_the_trace(args.out, args.trace, "--out")
         _check_not_the_profile(args.out, args.hardware)
+    if not is_fleet(args):
+        refuse_fleet_only_options(args)
+    results = fleet_from_options(args) if is_fleet(args) else sweep_from_args(args)
+    if args.out is not None:  # before anything is printed: a reader that goes away cannot lose it
+        write_results(args.out, results, "--out")
     if is_fleet(args):
-        results = fleet_from_options(args)
         print(format_fleet(results))
     else:
-        refuse_fleet_only_options(args)
-        results = sweep_from_args(args)
         print(format_table(results))
         if results.layout is not None:
             print("\n".join(modeled_lines(results)))
     if args.hardware and args.layout:
         print_layout_notes(parse_layout(args.layout), results.hardware)
     if args.out is not None:
-        write_results(args.out, results, "--out")
         print(f"results written to {args.out}")
     return 0
 

@@ -1,0 +1,75 @@
+"""Standard output of the ``tiercache`` command: a write it refuses is told apart from every
+other ``OSError``, so that a full disk under ``> file`` ends in one line, not a traceback.
+
+A results file (``replay --out``) or report folder is written before the tables are
+printed, so a refused write never loses one.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from contextlib import contextmanager
+
+__all__ = ["StdoutRefused", "guarded_stdout", "silence_stdout"]
+
+
+class StdoutRefused(OSError):
+    """Standard output refused a write or a flush (``ENOSPC``, ``EIO``, ...; a reader that went
+    away stays a ``BrokenPipeError``)."""
+
+
+class _Guarded:
+    """``stream`` whose ``write`` and ``flush`` raise ``StdoutRefused`` for an ``OSError``
+    other than a broken pipe; everything else is the stream's own."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise StdoutRefused(exc.errno, exc.strerror) from None
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise StdoutRefused(exc.errno, exc.strerror) from None
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+@contextmanager
+def guarded_stdout():
+    """``sys.stdout`` guarded (``_Guarded``) inside the block; as it was after. Nothing is
+    guarded when standard output was closed at start (``sys.stdout`` None: print writes
+    nothing)."""
+    stream = sys.stdout
+    if stream is None:
+        yield
+        return
+    sys.stdout = _Guarded(stream)
+    try:
+        yield
+    finally:
+        if isinstance(sys.stdout, _Guarded):
+            sys.stdout = stream
+
+
+def silence_stdout() -> None:
+    """Points file descriptor 1 at ``/dev/null``, so that the interpreter's last flush of
+    what is still buffered does not fail again (after a refused write or a closed pipe)."""
+    try:
+        fd = sys.stdout.fileno()
+    except (OSError, ValueError, AttributeError):
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
