@@ -277,7 +277,9 @@ def test_previous_report_is_replaced(tmp_path):
     results = write_json(tmp_path / "results.json", make_document())
     out = tmp_path / "report"
     assert main(["report", results, "-o", str(out)]) == 0
-    (out / "stale.png").write_bytes(PNG_SIGNATURE)
+    (out / "stale.png").write_bytes(PNG_SIGNATURE)  # a plot the previous report wrote (its marker lists it)
+    marker = json.loads((out / MARKER).read_text())
+    (out / MARKER).write_text(json.dumps({**marker, "files": [*marker["files"], "stale.png"]}))
     assert main(["report", results, "-o", str(out)]) == 0
     assert not (out / "stale.png").exists() and (out / "index.html").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report", "results.json"]

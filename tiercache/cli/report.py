@@ -70,10 +70,10 @@ def add_parser(subparsers) -> None:
 
 def run_compare(args: argparse.Namespace) -> int:
     """``tiercache compare``: sweep, then report. The output folder is checked before the sweep."""
+    profile = [args.hardware] if args.hardware and os.path.exists(args.hardware) else []  # a preset names no file
+    _check_inputs_outside(args.out, [args.trace, *profile])  # first: the more telling refusal of the two
     check_output_dir(args.out)
     _require_plotting("compare")
-    profile = [args.hardware] if args.hardware and os.path.exists(args.hardware) else []  # a preset names no file
-    _check_inputs_outside(args.out, [args.trace, *profile])
     started = time.perf_counter()
     command = _compare_command(args)
     if args.split:
@@ -110,8 +110,8 @@ def run_report(args: argparse.Namespace) -> int:
     if args.across and args.trace:
         raise UserError("--trace and --across are exclusive: gaps.md reads no trace (--trace only locates the trace of "
                         "a one-trace report, for its one-pass LRU curve)")
-    check_output_dir(args.out)
     _check_inputs_outside(args.out, [*args.results, *([args.trace] if args.trace else [])])
+    check_output_dir(args.out)
     if args.across:
         return _run_across(args)
     _require_plotting("report")

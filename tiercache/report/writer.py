@@ -1,9 +1,10 @@
 """Writing a report folder all at once, or not at all.
 
 Files are written into a temporary folder beside the target and renamed into place, so an
-error (or Ctrl-C) never leaves half a report behind. A report folder carries a marker file;
-only a folder with the marker (or an empty one) is ever replaced, so ``-o`` pointed at the
-wrong folder cannot delete someone's files.
+error (or Ctrl-C) never leaves half a report behind. A report folder carries a marker file
+naming the files the report wrote; only an empty folder, or one with the marker that holds
+nothing else (no file added since, no folder), is ever replaced, so ``-o`` pointed at the
+wrong folder, or at a report someone kept notes in, cannot delete their files.
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ __all__ = ["MARKER", "check_output_dir", "visible_text", "write_folder", "write_
 
 #: Marks a folder as written by ``tiercache compare/report`` (safe to replace).
 MARKER = ".tiercache-report"
+#: What a report writes, by suffix: a marker from before the marker listed its files vouches
+#: for these alone.
+_REPORT_SUFFIXES = (".html", ".md", ".csv", ".json", ".png")
 # A lone surrogate: what Python makes of a file name's bytes that are not UTF-8.
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -55,7 +59,37 @@ def check_output_dir(out: str) -> Path:
             f"-o {out}: the folder exists and is not a tiercache report (no {MARKER} file); "
             "give a new or empty folder, or a previous report's folder to replace it"
         )
+    foreign = _not_the_reports(target) if target.is_dir() else []
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        raise UserError(f"-o {out}: a previous report, but it holds what the report did not write ({shown}), which "
+                        "replacing it would delete; move that away, or give another folder")
     return target
+
+
+def _not_the_reports(folder: Path) -> list[str]:
+    """The entries of a report folder that its report did not write, sorted: any not named
+    in its marker's ``files`` (for a marker without that list, any not named like a report's
+    file), and any that is not a regular file."""
+    listed = _listed_files(folder / MARKER)
+    foreign = []
+    for entry in os.scandir(folder):
+        if entry.name == MARKER:
+            continue
+        written = entry.name in listed if listed is not None else entry.name.endswith(_REPORT_SUFFIXES)
+        if not written or not entry.is_file(follow_symlinks=False):
+            foreign.append(entry.name)
+    return sorted(foreign)
+
+
+def _listed_files(marker: Path) -> set[str] | None:
+    """The file names a report's marker lists, or None (a marker from before it listed them,
+    or unreadable)."""
+    try:
+        files = json.loads(marker.read_text(encoding="utf-8")).get("files")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return set(files) if isinstance(files, list) and all(isinstance(f, str) for f in files) else None
 
 
 def write_report(out: str, document: Document, csv_text: str, results: ResultsDocument | None, version: str,
@@ -126,7 +160,9 @@ def write_folder(out: str, files: Mapping[str, str | bytes], version: str | None
 
 
 def _write_files(folder: Path, files: Mapping[str, str | bytes], version: str | None) -> None:
-    marker = {"tiercache_report": 1} if version is None else {"tiercache_report": 1, "version": version}
+    marker = {"tiercache_report": 1, "files": sorted(files)}
+    if version is not None:
+        marker["version"] = version
     for name, data in {**files, MARKER: json.dumps(marker) + "\n"}.items():
         if isinstance(data, bytes):
             (folder / name).write_bytes(data)
