@@ -175,7 +175,7 @@ def test_object_payoff_says_what_modeled_time_counts(tmp_path):
 def test_a_fleet_run_is_not_paired_with_hbm_alone():
     alone, tiered = runs_of(make_document(runs=[make_run("lru", 100, 0.9, "prefix"),
                                                 tiered_run("lru", [("hbm", 100), ("remote", 400)], 0.5, "prefix")]))
-    instance = InstanceRecord(0, 1, tiered.accesses, tiered.hits, tiered.misses, {"hbm": tiered.hits}, {}, {}, 0)
+    instance = InstanceRecord(0, 1, tiered.accesses, tiered.hits, tiered.misses, {"hbm": tiered.hits}, {}, {}, 0, tiered.ttft_saved_s)
     fleet = replace(tiered, instances=(instance,), route=Route.ROUND_ROBIN)
     assert len(hierarchy_payoffs([alone, tiered])) == 1
     assert hierarchy_payoffs([alone, fleet]) == []

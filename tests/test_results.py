@@ -263,6 +263,17 @@ def _mutated(change) -> dict:
         (lambda d: d.pop("command"), "r.json: missing field 'command'"),
         (lambda d: d.update(runs=[]), "r.json: the results file has no runs"),
         (lambda d: d.update(runs=[3]), "r.json: malformed 'run 1'"),
+        # probe Q80-4/6: figures only a damaged or hand-edited file holds
+        (lambda d: d["runs"][2]["instances"][0].update(ttft_saved_s=None),
+         "r.json: run 3: inconsistent figures: instance 0: ttft_saved_s None beside the run's -0.75"),
+        (lambda d: d["runs"][0]["modeled_seconds"].update(recompute=-2.0, total=-1.5),
+         "r.json: run 1: inconsistent figures: modeled_seconds 'recompute' is -2.0; modeled seconds are finite"),
+        (lambda d: d["runs"][0]["modeled_seconds"].update(total=9.0),
+         "r.json: run 1: inconsistent figures: modeled_seconds total 9.0 is not the sum of its parts (2.5)"),
+        (lambda d: d["runs"][2]["instances"][1]["modeled_seconds"].update({"remote->hbm": -0.5}),
+         "r.json: run 3: inconsistent figures: instance 1: modeled_seconds 'remote->hbm' is -0.5"),
+        (lambda d: d["runs"][0].update(prefill_tokens=0),
+         "r.json: run 1: inconsistent figures: prefill_tokens_saved 300000 > prefill_tokens 0"),
     ],
 )
 def test_strict_reading_names_file_run_and_field(change, needle):

@@ -22,6 +22,7 @@ from typing import Any, Callable, Mapping
 
 from ..config import REMOTE_TIER, TIER_NAMES, Codec
 from ..errors import UserError
+from .consistency import check_run_figures
 from .hwinfo import read_hardware_info
 from .records import (
     FINGERPRINT_PREFIX, READABLE_VERSIONS, InstanceRecord, LayoutInfo, Mode, RemoteWrite, Route, ResultsDocument, RunRecord,
@@ -363,9 +364,14 @@ def _read_run(value: Any, source: str, label: str, version: int) -> RunRecord:
         "write_hits": obj.take("write_hits", _nullable(_positive), "null or a positive integer"),
     }
     try:
-        return RunRecord(**fields)
+        run = RunRecord(**fields)
     except ValueError as exc:  # the record's own invariants (counts that do not add up)
         raise UserError(f"{obj.where}: inconsistent counts: {exc}") from None
+    try:
+        check_run_figures(run)
+    except ValueError as exc:
+        raise UserError(f"{obj.where}: inconsistent figures: {exc}") from None
+    return run
 
 
 def _read_route(run: _Object) -> Route | None:
