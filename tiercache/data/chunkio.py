@@ -22,6 +22,7 @@ import ctypes.util
 import errno
 import glob
 import os
+import stat
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -31,7 +32,7 @@ import numpy as np
 
 from .chunkmeta import (  # noqa: F401 (re-exported: the format's names live in one module for callers)
     ATTR_KEY, COMPRESSIONS, FORMAT_VERSION, STORAGE_DTYPES, check_store, chunk_geometry, create_array,
-    layout_attributes, read_attributes)
+    has_entry, layout_attributes, read_attributes)
 from .libc import libc_function
 
 __all__ = [
@@ -45,6 +46,7 @@ __all__ = [
     "chunk_geometry",
     "read_attributes",
     "scan_folder",
+    "has_entry",
     "check_store",
     "chunk_name",
     "parse_chunk_slot",
@@ -56,6 +58,7 @@ __all__ = [
     "read_chunk_file",
     "open_for_read",
     "supports_direct",
+    "read_small_file",
     "fsync_dir",
     "write_file_durably",
     "drop_file_cache",
@@ -212,8 +215,10 @@ def _naming(dir_fd: int | None, *paths: str):
     except OSError as exc:
         if dir_fd is not None:
             by_name = {os.path.basename(p): p for p in paths}
-            exc.filename = by_name.get(exc.filename, exc.filename)
-            exc.filename2 = by_name.get(exc.filename2, exc.filename2)
+            if exc.filename is not None:
+                exc.filename = by_name.get(exc.filename, exc.filename)
+            if exc.filename2 is not None:  # set to None, it would print as "-> None"
+                exc.filename2 = by_name.get(exc.filename2, exc.filename2)
         raise
 
 
@@ -233,7 +238,11 @@ def scan_folder(path: str, dir_fd: int | None = None):
         with os.scandir(path) as entries:
             yield entries
         return
-    fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dir_fd)
+    try:
+        fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError as exc:
+        exc.filename = path  # not ".": the folder the descriptor holds, by its path
+        raise
     try:
         with os.scandir(fd) as entries:
             yield entries
@@ -345,11 +354,28 @@ def open_for_read(path: str, direct: bool, dir_fd: int | None = None) -> tuple[i
     return open_file(path, os.O_RDONLY | os.O_CLOEXEC, dir_fd), False
 
 
-def supports_direct(path: str) -> bool:
-    """True when the filesystem holding ``path`` (an existing file) accepts O_DIRECT."""
-    fd, direct = open_for_read(path, True)
+def supports_direct(path: str, dir_fd: int | None = None) -> bool:
+    """True when the filesystem holding ``path`` (an existing file; ``dir_fd``: as
+    ``write_chunk_file``) accepts O_DIRECT."""
+    fd, direct = open_for_read(path, True, dir_fd)
     os.close(fd)
     return direct
+
+
+def read_small_file(path: str, dir_fd: int | None = None) -> bytes:
+    """The whole of a small file (``dir_fd``: as ``write_chunk_file``); its descriptor is
+    closed whatever happens (a directory by that name raises ``IsADirectoryError`` naming
+    ``path``, and leaks nothing)."""
+    fd = open_file(path, os.O_RDONLY | os.O_CLOEXEC, dir_fd)
+    try:
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+        parts = []
+        while chunk := os.read(fd, 1 << 20):
+            parts.append(chunk)
+        return b"".join(parts)
+    finally:
+        os.close(fd)
 
 
 def read_chunk_file(path: str, buffers: list, direct: bool, dir_fd: int | None = None) -> tuple[int, bool]:

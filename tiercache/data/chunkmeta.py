@@ -7,6 +7,7 @@ the format as a whole.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import uuid
@@ -17,7 +18,7 @@ from ..config import CODEC_FORMATS, Codec, KVLayout
 from ..errors import UserError
 
 __all__ = ["FORMAT_VERSION", "ATTR_KEY", "COMPRESSIONS", "STORAGE_DTYPES", "chunk_geometry", "layout_attributes",
-           "array_metadata", "create_array", "read_attributes", "check_store"]
+           "array_metadata", "create_array", "has_entry", "read_attributes", "check_store"]
 
 FORMAT_VERSION = 1
 META_NAME = "zarr.json"
@@ -103,6 +104,8 @@ def create_array(path: str, layout: KVLayout, capacity: int, compression: str | 
     if dir_fd is None:
         os.makedirs(path, exist_ok=True)
     meta, tmp = os.path.join(path, META_NAME), os.path.join(path, f"zarr.{uuid.uuid4().hex}.partial")
+    if os.path.lexists(meta) if dir_fd is None else has_entry(meta, dir_fd):
+        raise FileExistsError(errno.EEXIST, "an array is there already (never replaced)", meta)
     try:
         write_file_durably(tmp, array_metadata(layout, capacity, compression, codec), dir_fd)
         replace_file(tmp, meta, dir_fd)
@@ -110,6 +113,19 @@ def create_array(path: str, layout: KVLayout, capacity: int, compression: str | 
         unlink_quietly(tmp, dir_fd)
         raise
     fsync_dir(path, dir_fd)
+
+
+def has_entry(path: str, dir_fd: int) -> bool:
+    """True if the folder ``dir_fd`` holds open has an entry named as ``path``'s last part (a
+    link counts); an OSError names ``path``."""
+    try:
+        os.stat(os.path.basename(path), dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        exc.filename = path
+        raise
+    return True
 
 
 def read_attributes(path: str, dir_fd: int | None = None) -> tuple[tuple[int, ...], dict, dict]:
@@ -120,12 +136,11 @@ def read_attributes(path: str, dir_fd: int | None = None) -> tuple[tuple[int, ..
         UserError: ``zarr.json`` unreadable, not a JSON object, not an array written by
             tiercache, or with a shape that is not a list of integers (names the file).
     """
-    from .chunkio import open_file
+    from .chunkio import read_small_file
 
     meta_path = os.path.join(path, META_NAME)
     try:
-        with open(open_file(meta_path, os.O_RDONLY | os.O_CLOEXEC, dir_fd), encoding="utf-8") as f:
-            meta = json.load(f)
+        meta = json.loads(read_small_file(meta_path, dir_fd).decode("utf-8"))
     except (OSError, ValueError) as exc:
         raise UserError(f"{meta_path}: not a readable zarr store ({exc})") from None
     if not isinstance(meta, dict):

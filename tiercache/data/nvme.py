@@ -142,7 +142,7 @@ class NVMeStore(NVMeReads, NVMeWrites):
         try:
             self._codec = chunkio.ChunkCodec(self.chunk_bytes, self.compression,
                                              self.layout.dtype_bytes if self._block_codec is None else 1)
-            self.direct_io = direct_io and chunkio.supports_direct(os.path.join(self.path, "zarr.json"))
+            self.direct_io = direct_io and chunkio.supports_direct(os.path.join(self.path, "zarr.json"), self.folder_fd)
             self._start_io(io_threads)
         except BaseException:
             self._closed = True

@@ -40,7 +40,7 @@ from typing import Callable
 
 from ..errors import UserError
 from .buffers import PAGE, round_up
-from .chunkio import fsync_dir, open_file, replace_file, unlink_quietly
+from .chunkio import fsync_dir, open_file, read_small_file, replace_file, unlink_quietly
 from .chunkio import write_file_durably as _write_file_durably
 from .libc import libc_function
 from .nvme_journal import HEADER as _JOURNAL_HEADER
@@ -147,10 +147,13 @@ class IndexFiles:
         except ValueError as exc:  # a checksummed record names an impossible slot
             raise UserError(f"{self.root}: index damaged ({exc})") from None
         self._journal_fd = _open_journal(self.journal_path, self.dir_fd)
+        self.journal_bytes = self.allocated = end  # first: ``close`` cuts the journal to this, never below
         if end != os.fstat(self._journal_fd).st_size:
-            os.ftruncate(self._journal_fd, end)  # drop the torn tail so new batches follow valid ones
-            os.fsync(self._journal_fd)
-        self.journal_bytes = self.allocated = end
+            try:  # drop the torn tail so new batches follow valid ones
+                os.ftruncate(self._journal_fd, end)
+                os.fsync(self._journal_fd)
+            except OSError as exc:  # the caller closes the journal
+                raise UserError(f"{self.journal_path}: cannot cut the journal's torn tail ({exc.strerror or exc})") from None
         table.finish_load()
 
     def _read_snapshot(self) -> list[Op]:
@@ -387,8 +390,7 @@ def _read_file(path: str, what: str, dir_fd: int | None, missing_ok: bool = Fals
         UserError: unreadable (a directory, no permission, I/O error), naming the file.
     """
     try:
-        with open(open_file(path, os.O_RDONLY | os.O_CLOEXEC, dir_fd), "rb") as f:
-            return f.read()
+        return read_small_file(path, dir_fd)
     except FileNotFoundError:
         if missing_ok:
             return b""

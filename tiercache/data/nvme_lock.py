@@ -73,23 +73,37 @@ class StoreLock:
             dir_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError as exc:
             raise UserError(f"{root}: cannot open the store's folder ({exc.strerror})") from None
+        try:
+            lock = cls._take(root, dir_fd, path)
+        except BaseException:  # Ctrl-C while it waits included
+            os.close(dir_fd)
+            raise
+        _write_holder(lock._fd)
+        return lock
+
+    @classmethod
+    def _take(cls, root: str, dir_fd: int, path: str) -> "StoreLock":
+        """Locks and registers under ``_RELEASING``, so that no fork falls between the flock
+        and ``_HELD`` (a child would keep it: review R44-1). Held by a child forked a moment
+        ago, it tries again for ``FORK_GRACE_S``, sleeping with ``_RELEASING`` free (never
+        when the caller already holds it: a signal handler's acquire would block forks)."""
         deadline = time.monotonic() + FORK_GRACE_S
+        reentered = _RELEASING._is_owned()
         while True:
-            with _RELEASING:  # no fork between the flock and _HELD: a child would keep it (review R44-1)
+            with _RELEASING:
+                fd = None
                 try:
-                    fd = _lock_file(root, dir_fd, patient=time.monotonic() < deadline)
-                except _ForkedCopy:
-                    fd = None
-                except BaseException:
-                    os.close(dir_fd)
-                    raise
-                if fd is not None:
+                    fd = _lock_file(root, dir_fd, patient=not reentered and time.monotonic() < deadline)
                     lock = cls(fd, dir_fd, path)
                     _HELD.add(lock)
-                    break
-            time.sleep(0.002)  # with _RELEASING free: the child may be forked, a lock released
-        _write_holder(fd)
-        return lock
+                    return lock
+                except _ForkedCopy:
+                    pass
+                except BaseException:
+                    if fd is not None and not any(held._fd == fd for held in _HELD):
+                        os.close(fd)
+                    raise
+            time.sleep(0.002)
 
     @property
     def held(self) -> bool:
@@ -130,7 +144,10 @@ def _lock_file(root: str, dir_fd: int, patient: bool = False) -> int:
         raise UserError(f"{path}: cannot open the store's lock file ({exc.strerror})") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
+    except BaseException as exc:
+        if not isinstance(exc, OSError):  # Ctrl-C
+            os.close(fd)
+            raise
         forked, holder = _held_by_a_fork(fd), _read_holder(fd)
         os.close(fd)
         if isinstance(exc, BlockingIOError) and forked and patient:
@@ -151,8 +168,6 @@ def _drop_inherited_locks() -> None:
         lock.release()
 
 
-os.register_at_fork(before=_RELEASING.acquire, after_in_parent=_RELEASING.release, after_in_child=_drop_inherited_locks)
-
 
 def _write_holder(fd: int) -> None:
     """Records this pid for the error message of the next opener (best effort: a full
@@ -165,7 +180,10 @@ def _write_holder(fd: int) -> None:
 
 
 def _held_by_a_fork(fd: int) -> bool:
-    """True if the lock file names this process but no lock of this process holds it."""
+    """True if the lock file names this process but no lock of this process holds it: a
+    child's copy (``os.fork``'s before its at-fork handler ran, or a subprocess's before its
+    exec, which runs no handler). Another program locking the lock file of a store this
+    process closed would pass too: it is refused after ``FORK_GRACE_S``, not at once."""
     try:
         return os.pread(fd, 32, 0).strip() == str(os.getpid()).encode() and not _held_here(fd)
     except OSError:
@@ -207,3 +225,6 @@ def _held_here(fd: int) -> bool:
         if (other.st_dev, other.st_ino) == (mine.st_dev, mine.st_ino):
             return True
     return False
+
+
+os.register_at_fork(before=_RELEASING.acquire, after_in_parent=_RELEASING.release, after_in_child=_drop_inherited_locks)

@@ -177,7 +177,7 @@ def open_store(path: str, layout: KVLayout, compression: str | None,
     lock = StoreLock.acquire(path)
     try:  # again under the lock, in the locked folder: a racing creator may have won, or have been killed
         _check_locked_folder(path, lock)
-        has_meta = _has_entry(META_NAME, lock.dir_fd)
+        has_meta = chunkio.has_entry(meta, lock.dir_fd)
         if has_meta and not _unfinished_creation(path, lock.dir_fd):
             opened = _reopen(path, layout, compression, wanted, lock, codec)
         else:
@@ -185,19 +185,13 @@ def open_store(path: str, layout: KVLayout, compression: str | None,
                 wanted = _recorded_capacity(path, layout, compression, codec, lock.dir_fd)
             _check_creatable(path, wanted, create, lock.dir_fd)
             opened = _create(path, layout, compression, wanted, lock, codec)
+    except OSError as exc:  # what no check above words (out of descriptors, a leftover that is a folder)
+        lock.release()
+        raise UserError(f"{path}: cannot open the store: {exc}") from None
     except BaseException:
         lock.release()
         raise
     return _held_open(path, opened)
-
-
-def _has_entry(name: str, dir_fd: int) -> bool:
-    """True if the folder ``dir_fd`` holds open has an entry ``name`` (a link counts)."""
-    try:
-        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-    except FileNotFoundError:
-        return False
-    return True
 
 
 def _check_locked_folder(path: str, lock: StoreLock) -> None:
@@ -315,8 +309,8 @@ def _reopen(path: str, layout: KVLayout, compression: str | None, wanted: int | 
     dir_fd = lock.dir_fd
     capacity = chunkio.check_store(path, layout, compression, wanted, codec, dir_fd)
     table, files = SlotTable(capacity), IndexFiles(path, dir_fd)
-    files.load(table)
     try:
+        files.load(table)
         clean = _check_clean_mark(path, files, dir_fd)
         ndim = 1 + len(chunkio.chunk_geometry(layout, codec)[0])
         removed, dropped = sweep_directory(path, ndim, table, verify=not clean, dir_fd=dir_fd)
@@ -354,8 +348,7 @@ def _read_clean_mark(root: str, dir_fd: int | None) -> int | None:
     """The index sequence number the last clean close reached, or None (no marker, or one
     that is unreadable or fails its crc, such as one from an older tiercache)."""
     try:
-        with open(chunkio.open_file(os.path.join(root, CLEAN_NAME), os.O_RDONLY | os.O_CLOEXEC, dir_fd), "rb") as f:
-            data = f.read(64)
+        data = chunkio.read_small_file(os.path.join(root, CLEAN_NAME), dir_fd)[:64]
     except OSError:
         return None
     try:
