@@ -20,7 +20,7 @@ import pytest
 
 from conftest import DATA
 from tiercache.cli import main
-from tiercache.errors import UserError
+from tiercache.errors import ConfigError, UserError
 from tiercache.results import read_results
 from tiercache.sim import tracecache
 from tiercache.sim.sweep import run_sweep
@@ -142,3 +142,19 @@ def test_the_cache_never_touches_what_it_did_not_write(tmp_path, monkeypatch):
     left = {p.name for p in home.iterdir()}
     assert set(theirs) <= left and len(left) == 5  # theirs, and u's entry (t's went for the budget)
     assert all((home / name / "file").exists() for name in theirs)
+
+
+@pytest.mark.parametrize("value", ["abc", "0x10", "\u00b2", "-5"])
+def test_a_budget_that_is_no_byte_size_is_refused_before_anything_is_written(tmp_path, monkeypatch, value):
+    """Probe Q80-5: anything but digits was read as the 16 GiB default without a word ('²'
+    passed ``isdigit`` and failed ``int``: a traceback)."""
+    monkeypatch.setenv("TIERCACHE_TRACE_CACHE_BYTES", value)
+    with pytest.raises(ConfigError, match=r"^\$TIERCACHE_TRACE_CACHE_BYTES: "):
+        load_trace_cached(_trace(tmp_path, "t.jsonl", 30), tmp_path / "cache")
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
+
+
+@pytest.mark.parametrize("value, budget", [("1GiB", 1 << 30), ("500000", 500000), ("0", 0), ("", tracecache.DEFAULT_BUDGET_BYTES)])
+def test_a_budget_is_a_byte_size_as_capacities_spell_one(monkeypatch, value, budget):
+    monkeypatch.setenv("TIERCACHE_TRACE_CACHE_BYTES", value)
+    assert tracecache._budget() == budget

@@ -56,6 +56,7 @@ import tiercache
 from tiercache.errors import TraceError
 from tiercache.policies.base import NO_NEXT_USE
 from tiercache.results import TraceKind
+from tiercache.sizes import parse_size
 
 from .loader import Trace, first_line_has_hash_ids, is_kvtester_workload, load_trace
 from .prep import dense_and_next_use
@@ -229,6 +230,7 @@ def _write(trace: Trace, folder: Path, entry: Path) -> None:
     a lock in it (``_hold``), so one a killed writer left behind is removed by the next write
     (``_tidy``), which also keeps the cache within its budget.
     """
+    _budget()  # a bad $TIERCACHE_TRACE_CACHE_BYTES is refused before anything is written
     req = trace.requests
     arrays = {"ids": trace.ids, "offsets": trace.offsets, "timestamps": req.timestamps,
               "input_lengths": req.input_lengths, "output_lengths": req.output_lengths, "dense": trace.dense,
@@ -278,9 +280,9 @@ def _tidy(folder: Path, kept: Path, fingerprint: str) -> None:
             _discard(path, folder)
         elif path != kept and path.is_dir() and not path.is_symlink():
             entries.append((_mtime(path), path))
-    total = _size(kept) + sum(_size(path) for _, path in entries)
+    total, budget = _size(kept) + sum(_size(path) for _, path in entries), _budget()
     for _, path in sorted(entries):
-        if total <= _budget():
+        if total <= budget:
             break
         total -= _size(path)
         _discard(path, folder)
@@ -374,9 +376,17 @@ def _size(entry: Path) -> int:
 
 
 def _budget() -> int:
-    """``$TIERCACHE_TRACE_CACHE_BYTES`` when it is a whole number of bytes, else ``DEFAULT_BUDGET_BYTES``."""
-    value = os.environ.get("TIERCACHE_TRACE_CACHE_BYTES", "")
-    return int(value) if value.isdigit() else DEFAULT_BUDGET_BYTES
+    """``$TIERCACHE_TRACE_CACHE_BYTES`` (a byte size as ``--capacity`` spells one: ``1GiB``,
+    ``500000000``; ``0`` keeps only the entry just written), ``DEFAULT_BUDGET_BYTES`` when
+    unset or empty.
+
+    Raises:
+        ConfigError: any other value, naming the variable (never read as the default).
+    """
+    value = os.environ.get("TIERCACHE_TRACE_CACHE_BYTES", "").strip()
+    if not value:
+        return DEFAULT_BUDGET_BYTES
+    return 0 if value == "0" else parse_size(value, "$TIERCACHE_TRACE_CACHE_BYTES")
 
 
 def _discard(entry: Path, folder: Path) -> None:
