@@ -248,6 +248,9 @@ class KVLayout:
             if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
                 raise ConfigError(f"KVLayout.{attr}: must be a positive integer, got {value!r}")
             object.__setattr__(self, attr, int(value))  # a numpy integer is kept as Python's (JSON, equality)
+        if self.heads is not None and self.heads % self.kv_heads:  # each KV head serves heads / kv_heads query heads
+            raise ConfigError(f"KVLayout.heads: query heads must be a multiple of kv_heads, got heads={self.heads} "
+                              f"with kv_heads={self.kv_heads}")
         if type(self.dtype).__module__ == "torch":  # torch.float16 names "float16", as kv_layout takes it
             object.__setattr__(self, "dtype", str(self.dtype).removeprefix("torch."))
         if not isinstance(self.dtype, str) or self.dtype not in DTYPE_BYTES:
