@@ -331,3 +331,12 @@ def test_number_formats():
     assert [fmt.size(b) for b in (512, 1536, 64 << 20, 1000 * (64 << 20))] == ["512 B", "1.5 KiB", "64 MiB", "62.5 GiB"]
     assert [fmt.seconds(s) for s in (1234.5, 12.345, 0.04531)] == ["1,234 s", "12.35 s", "0.0453 s"]
     assert (fmt.integer(121877), fmt.ratio(0.5), fmt.percent(0.4213), fmt.tier("nvme")) == ("121,877", "0.500000", "42.1%", "NVMe")
+
+
+def test_one_run_of_one_policy_at_one_block_reads_in_the_singular(tmp_path):
+    """Probe Q80 nit: "1 replay runs of 1 policies", "At 1 blocks"."""
+    results = write_json(tmp_path / "r.json", make_document(runs=[make_run("lru", 1, 0.9)]))
+    assert main(["report", results, "-o", str(tmp_path / "rep")]) == 0
+    markdown = (tmp_path / "rep" / "report.md").read_text()
+    assert "1 replay run of 1 policy (lru) on one trace" in markdown
+    assert "1 replay runs" not in markdown and "At 1 blocks" not in markdown

@@ -222,7 +222,7 @@ def format_fleet(results: ResultsDocument) -> str:
                          + ", ".join(f"{k} {v / 2**30:.1f} GiB" for k, v in sorted(run.bytes_moved.items())))
         if run.ttft_saved_s is not None and not many:
             lines.append(f"modeled TTFT saved ({results.hardware}) per instance: "
-                         + ", ".join(f"{r.ttft_saved_s:.1f} s" for r in run.instances))
+                         + ", ".join(f"{r.ttft_saved_s:.1f} s".replace("-0.0 s", "0.0 s") for r in run.instances))
     return "\n".join(lines)
 
 

@@ -74,7 +74,9 @@ def build_document(data: ReportData, trace: str | Trace | None, command: str,
         sections = [Section("Summary", (Paragraph("The trace and the presets:"), trace_table(data)))]
     sections += [fleet_section(data.runs), Section("All runs", (runs_table(data),)), _reproduce(data, command)]
     labels = policy_labels(data.runs)
-    subtitle = f"{len(data.runs)} replay runs of {len(labels)} policies ({', '.join(labels)}) on one trace"
+    runs, policies = len(data.runs), len(labels)
+    subtitle = (f"{runs} replay run{'s' * (runs != 1)} of {policies} polic{'ies' if policies != 1 else 'y'} "
+                f"({', '.join(labels)}) on one trace")
     return Document(f"Cache policy comparison: {data.trace.name}", subtitle, tuple(s for s in sections if s.blocks))
 
 
@@ -232,7 +234,8 @@ def _hindsight(best: CapacityBest) -> str:
 def _where(best: CapacityBest, named: bool) -> str:
     """The cache a finding is about: ``At 1,000 blocks (object semantics, one tier)``."""
     cache = f"In {tiers_text(best.best)}" if named else f"At {fmt.integer(best.capacity_blocks)}"
-    return f"{cache} blocks ({_group_title(best.semantics, best.mode)})"
+    blocks = "block" if best.capacity_blocks == 1 else "blocks"
+    return f"{cache} {blocks} ({_group_title(best.semantics, best.mode)})"
 
 
 def _versus(best: CapacityBest, run: Run) -> str:
