@@ -341,13 +341,13 @@ class TierConfig:
             raise ConfigError(f"tier {self.name}: remote=RemoteConfig(...) is given with the remote tier, and only with it")
         if self.remote is not None and not isinstance(self.remote, RemoteConfig):
             raise ConfigError(f"tier {self.name}: remote must be a RemoteConfig, got {type(self.remote).__name__}")
-        if isinstance(self.capacity_blocks, bool) or not isinstance(self.capacity_blocks, int):
+        if isinstance(self.capacity_blocks, bool) or not isinstance(self.capacity_blocks, numbers.Integral):
             raise ConfigError(f"tier {self.name}: capacity must be an integer number of blocks, got "
                               f"{self.capacity_blocks!r} ({type(self.capacity_blocks).__name__})")
+        object.__setattr__(self, "capacity_blocks", int(self.capacity_blocks))  # a numpy integer as Python's
         if self.capacity_blocks < 1:
             raise ConfigError(f"tier {self.name}: capacity must be at least one block, got {self.capacity_blocks!r}")
-        if self.codec is None:  # no codec, as "none" says it
-            object.__setattr__(self, "codec", Codec.NONE)
+        object.__setattr__(self, "codec", Codec.NONE if self.codec is None else self.codec)  # None: no codec, as "none"
         if isinstance(self.codec, str):
             object.__setattr__(self, "codec", Codec.parse(self.codec, f"tier {self.name} codec"))
         if not isinstance(self.codec, Codec):

@@ -48,7 +48,7 @@ from .nvme_index import SNAPSHOT_TMP_NAME, IndexFiles, SlotTable, check_table_fi
 from .nvme_journal import sealed_crc
 from .nvme_lock import LOCK_NAME, StoreLock
 
-__all__ = ["TMP_PREFIX", "CLEAN_NAME", "Opened", "open_store", "mark_clean", "sweep_directory", "check_path",
+__all__ = ["TMP_PREFIX", "CLEAN_NAME", "Opened", "open_store", "store_exists", "mark_clean", "sweep_directory", "check_path",
            "check_arguments", "check_key", "check_keys", "check_slots", "check_encoded"]
 
 TMP_PREFIX = ".tc-tmp."
@@ -183,6 +183,7 @@ def open_store(path: str, layout: KVLayout, compression: str | None,
         else:
             if wanted is None and create and has_meta:
                 wanted = _recorded_capacity(path, layout, compression, codec, lock.dir_fd)
+                check_table_fits(wanted, path)
             _check_creatable(path, wanted, create, lock.dir_fd)
             opened = _create(path, layout, compression, wanted, lock, codec)
     except OSError as exc:  # what no check above words (out of descriptors, a leftover that is a folder)
@@ -192,6 +193,17 @@ def open_store(path: str, layout: KVLayout, compression: str | None,
         lock.release()
         raise
     return _held_open(path, opened)
+
+
+def store_exists(path: str) -> bool:
+    """True if ``path`` holds a store (its ``zarr.json``, beside more than what an unfinished
+    creation leaves): an open with ``capacity_blocks`` then checks it against the store's,
+    where an unfinished creation is created anew at that capacity. A check by path, before
+    any lock: an open may still find it otherwise."""
+    try:
+        return os.path.lexists(os.path.join(path, META_NAME)) and not _unfinished_creation(path)
+    except OSError:
+        return False
 
 
 def _check_locked_folder(path: str, lock: StoreLock) -> None:
@@ -284,9 +296,10 @@ def _create(path: str, layout: KVLayout, compression: str | None, capacity: int,
     whose rename and directory fsync are the commit point: a kill before it leaves an
     unfinished creation, never a ``zarr.json`` without an index behind a complete one.
     """
+    table = SlotTable(capacity)  # first: out of memory here leaves the folder as it was
     _remove_leftovers(path, lock.dir_fd)
     chunkio.create_array(path, layout, capacity, compression, codec, lock.dir_fd)
-    table, files = SlotTable(capacity), IndexFiles(path, lock.dir_fd)
+    files = IndexFiles(path, lock.dir_fd)
     files.create()
     table.finish_load()
     return Opened(capacity, table, files, lock)

@@ -164,6 +164,18 @@ def check_query(cache, q: torch.Tensor, what: str, one_token: bool) -> None:
         raise UserError(f"{what}: q must be on {cache.device} (the HBM tier's device), got {q.device}")
 
 
+def prompt_tokens(token_ids, namespace, what: str) -> np.ndarray:
+    """``flat_token_ids`` of ``token_ids``, once ``namespace`` is checked to be bytes or str
+    as the prompt-key functions take it (``keys.prefix_keys``).
+
+    Raises:
+        TypeError: naming ``what`` (the call), for another namespace; as ``flat_token_ids``.
+    """
+    if not isinstance(namespace, (bytes, bytearray, str)):
+        raise TypeError(f"{what}: namespace must be bytes or str, got {type(namespace).__name__}")
+    return flat_token_ids(token_ids, what)
+
+
 def check_flag(value, what: str) -> None:
     """Raises UserError naming ``what`` unless ``value`` is a bool (numpy's too): a flag such
     as ``wait="no"`` would otherwise be taken as true."""

@@ -17,7 +17,8 @@ from tiercache.config import Codec, KVLayout, RemoteWrite, TierConfig
 from tiercache.data.buffers import normal_tensors
 from tiercache.data.codec_base import INT8_LIMIT, SCALED_LIMIT
 from tiercache.data.nvme import NVMeStore
-from tiercache.data.nvme_open import check_path
+from tiercache.data.nvme_open import check_path, store_exists
+from tiercache.data.nvme_table import TABLE_SLOT_BYTES
 from tiercache.data.pools import HEADER_ROOM, BlockPool, cuda_available, dram_pool, hbm_pool
 from tiercache.data.quantized import QuantizedPool  # registers its copy handlers
 from tiercache.data.remote import RemoteStore
@@ -224,6 +225,10 @@ def open_medium(tier: TierConfig, layout: KVLayout, path, device,
         raise UserError(f"TieredKVStore: cannot open the {tier.name} tier at {os.fspath(path)!r}: "
                         f"{exc.strerror or exc}{where}") from None
     except (MemoryError, torch.cuda.OutOfMemoryError) as exc:
+        if tier.name == "nvme":  # its blocks are on disk: what failed is its index in memory
+            slots = tier.capacity_blocks + spare_slots(tier.capacity_blocks)
+            raise UserError(f"TieredKVStore: cannot allocate the nvme tier's index of {slots:,} slots "
+                            f"({slots * TABLE_SLOT_BYTES / 2**30:.1f} GiB of memory): {type(exc).__name__}") from None
         need = tier.capacity_blocks * tier.codec.block_bytes(layout) / 2**30
         raise UserError(f"TieredKVStore: cannot allocate the {tier.name} tier ({need:.1f} GiB): {type(exc).__name__}") from None
 
@@ -245,7 +250,7 @@ def _open_nvme(tier: TierConfig, layout: KVLayout, path) -> NVMeStore:
     Raises:
         UserError: an existing store with fewer slots than the tier's capacity.
     """
-    exists = os.path.exists(os.path.join(os.fspath(path), "zarr.json"))
+    exists = store_exists(os.fspath(path))  # an unfinished creation is created anew at the tier's capacity
     store = NVMeStore(path, layout, None if exists else tier.capacity_blocks + spare_slots(tier.capacity_blocks), codec=tier.codec)
     if store.capacity < tier.capacity_blocks:
         store.close()

@@ -36,7 +36,7 @@ from tiercache.data.engine import LocalEngine
 from tiercache.errors import UserError
 from tiercache.keys import prefix_keys
 
-from .arguments import check_flag, flat_token_ids
+from .arguments import check_flag, prompt_tokens
 from .keymap import KeyMap
 from .lookups import LookupCounts
 from .lifecycle import (PersistError, Persisted, PersistWarning, Rank, adopt_stored_blocks, check_release, check_store,
@@ -233,7 +233,7 @@ class TieredKVStore(StoreReads, NoCopies):
         comparing tokens, not by trusting the hash alone. ``token_ids`` as the decode cache
         takes them (``arguments.flat_token_ids``): ``[n]``, or an ``input_ids`` tensor of one
         row ``[1, n]``; a batch is refused (``UserError``)."""
-        tokens = flat_token_ids(token_ids, "TieredKVStore.put_tokens")
+        tokens = prompt_tokens(token_ids, namespace, "TieredKVStore.put_tokens")
         keys = prefix_keys(tokens, block_tokens := self.layout.block_tokens, namespace)
         with self._lock:
             new = self.put(keys, kv_blocks)
@@ -275,7 +275,7 @@ class TieredKVStore(StoreReads, NoCopies):
         16-byte key. Counted in ``stats()["lookups"]`` once, in blocks: the prompt's full blocks
         asked about, the confirmed ones as hits (a serving engine's prefix-cache hit ratio).
         """
-        tokens = flat_token_ids(token_ids, "TieredKVStore.match_prefix")
+        tokens = prompt_tokens(token_ids, namespace, "TieredKVStore.match_prefix")
         keys = prefix_keys(tokens, block_tokens := self.layout.block_tokens, namespace)
         with self._lock:
             found, _ = self._find(keys)
@@ -434,6 +434,7 @@ class TieredKVStore(StoreReads, NoCopies):
         (``persist_to_nvme``), and after it the NVMe tier's order file is written
         (``save_order``, with ``persist`` or not), before the final flush; without it the
         persist goes by directory order and the order file, if any, is left as it is."""
+        check_flag(persist, "TieredKVStore.close: persist")  # None or "no" would read as a choice
         if not self._lock.owned:
             return Persisted()
         with self._lock.closing():
