@@ -4,6 +4,7 @@ under ``>`` lost the file; a full or closed standard output ended in a traceback
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shlex
@@ -12,6 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from tiercache.errors import UserError
 
 TRACE = Path(__file__).parent / "data" / "mooncake_head.jsonl"
 REPLAY = [sys.executable, "-m", "tiercache", "replay", str(TRACE), "--policy", "lru,fifo", "--capacity", "50,100",
@@ -48,7 +51,7 @@ def test_a_full_disk_under_standard_output_is_one_line_and_the_results_file_is_w
     assert done.returncode == 1
     assert done.stderr.splitlines() == [
         "tiercache replay: error: cannot write to standard output (No space left on device); what it printed is "
-        "incomplete; a results file or report folder it writes was written before it printed"]
+        "incomplete"]
     assert len(json.loads(out.read_text())["runs"]) == 4
 
 
@@ -58,3 +61,41 @@ def test_a_closed_standard_output_is_no_traceback(tmp_path):
     done = subprocess.run(f"{command} >&-", shell=True, stderr=subprocess.PIPE, timeout=120, text=True)
     assert done.returncode == 0 and done.stderr == ""
     assert len(json.loads(out.read_text())["runs"]) == 4
+
+
+class _FullDisk:
+    """A standard output every write of which fails as a full disk does."""
+
+    def write(self, text):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def flush(self):
+        pass
+
+
+def test_replay_prints_its_tables_when_the_results_file_cannot_be_written(tmp_path, capsys, monkeypatch):
+    """Review R46-1: with --out written first, a file that could not be written lost the
+    printed figures too."""
+    from tiercache.cli import main, replay
+
+    def refused(path, results, option):
+        raise UserError(f"{option} {path}: cannot write (File too large)")
+
+    monkeypatch.setattr(replay, "write_results", refused)
+    assert main(["replay", str(TRACE), "--capacity", "50", "--no-progress", "--out", str(tmp_path / "r.json")]) == 2
+    captured = capsys.readouterr()
+    assert "lru" in captured.out and captured.err.endswith("cannot write (File too large)\n")
+
+
+def test_bench_writes_its_files_before_it_prints(tmp_path, monkeypatch, capsys):
+    """Review R46-2: bench printed its table first, so a full disk under standard output lost
+    --json and --save-profile."""
+    from tiercache.cli import main
+
+    out, profile = tmp_path / "b.json", tmp_path / "p.json"
+    monkeypatch.setattr(sys, "stdout", _FullDisk())
+    code = main(["bench", "--quick", "--dir", str(tmp_path), "--json", str(out), "--save-profile", str(profile)])
+    err = capsys.readouterr().err
+    assert code == 1 and err.endswith("tiercache bench: error: cannot write to standard output (No space left on device); "
+                                      "what it printed is incomplete\n")
+    assert out.is_file() and (profile.is_file() or "--save-profile" in err)

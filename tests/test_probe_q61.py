@@ -154,7 +154,17 @@ def test_a_budget_that_is_no_byte_size_is_refused_before_anything_is_written(tmp
     assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
 
 
-@pytest.mark.parametrize("value, budget", [("1GiB", 1 << 30), ("500000", 500000), ("0", 0), ("", tracecache.DEFAULT_BUDGET_BYTES)])
+@pytest.mark.parametrize("value, budget", [("1GiB", 1 << 30), ("500000", 500000), ("0", 0), ("00", 0), ("0B", 0),
+                                           ("", tracecache.DEFAULT_BUDGET_BYTES)])
 def test_a_budget_is_a_byte_size_as_capacities_spell_one(monkeypatch, value, budget):
     monkeypatch.setenv("TIERCACHE_TRACE_CACHE_BYTES", value)
     assert tracecache._budget() == budget
+
+
+def test_a_bad_budget_is_refused_on_a_cache_hit_too(tmp_path, monkeypatch):
+    """Review R46-4: it was read only when an entry was written, after the whole parse."""
+    trace, cache = _trace(tmp_path, "t.jsonl", 30), tmp_path / "cache"
+    load_trace_cached(trace, cache)
+    monkeypatch.setenv("TIERCACHE_TRACE_CACHE_BYTES", "bogus")
+    with pytest.raises(ConfigError, match=r"^\$TIERCACHE_TRACE_CACHE_BYTES: 'bogus' is not a byte size"):
+        load_trace_cached(trace, cache)

@@ -340,3 +340,10 @@ def test_one_run_of_one_policy_at_one_block_reads_in_the_singular(tmp_path):
     markdown = (tmp_path / "rep" / "report.md").read_text()
     assert "1 replay run of 1 policy (lru) on one trace" in markdown
     assert "1 replay runs" not in markdown and "At 1 blocks" not in markdown
+
+
+def test_a_time_that_rounds_to_zero_never_reads_minus_zero():
+    """Review R46-5: a fleet report showed "-0.0" per instance and in its sentence."""
+    from tiercache.report.fleet import tenths
+
+    assert [tenths(v) for v in (-0.04, -0.0, 0.04, -0.06, 1.25)] == ["0.0", "0.0", "0.0", "-0.1", "1.2"]

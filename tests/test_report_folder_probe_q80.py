@@ -40,10 +40,24 @@ def test_a_marker_from_before_the_list_vouches_for_report_files_alone(tmp_path):
     out = tmp_path / "r"
     out.mkdir()
     (out / MARKER).write_text(json.dumps({"tiercache_report": 1, "version": "0.9"}) + "\n")
-    for name in ("index.html", "report.md", "results.csv", "results.json", "hit.png"):
+    for name in ("index.html", "report.md", "results.csv", "results.json", "miss_ratio_object_write-through.png",
+                 "fleet_3.png", ".DS_Store"):
         (out / name).write_text("old")
     write_folder(str(out), {"report.md": "new"}, "1.0")  # an old report of its own files: replaced
     (out / MARKER).write_text(json.dumps({"tiercache_report": 1}) + "\n")
     (out / "sub").mkdir()
     with pytest.raises(UserError, match=r"did not write \(sub\)"):
         write_folder(str(out), {"report.md": "newer"}, "1.0")
+
+
+@pytest.mark.parametrize("added", ["notes.md", "my_run.json", "plot.png"])
+def test_a_marker_from_before_the_list_vouches_for_no_file_a_report_never_wrote(tmp_path, added):
+    """Review R46-3: any .md, .json or .png passed for a report's own under an old marker."""
+    out = tmp_path / "r"
+    out.mkdir()
+    (out / MARKER).write_text(json.dumps({"tiercache_report": 1, "version": "0.1.0"}) + "\n")
+    (out / "report.md").write_text("old")
+    (out / added).write_text("mine")
+    with pytest.raises(UserError, match=rf"did not write \({added}\)"):
+        write_folder(str(out), {"report.md": "new"}, "1.0")
+    assert (out / added).read_text() == "mine"

@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     except StdoutRefused as exc:
         silence_stdout()
         print(f"tiercache {args.command}: error: cannot write to standard output ({exc.strerror or exc}); "
-              "what it printed is incomplete; a results file or report folder it writes was written before it printed", file=sys.stderr)
+              "what it printed is incomplete", file=sys.stderr)
         return 1
     finally:
         if previous_term is not None:

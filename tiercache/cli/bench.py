@@ -123,9 +123,19 @@ def main(args: argparse.Namespace) -> int:
         return 1
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+    try:  # the files first: a reader gone from standard output cannot lose them
+        _write_json(args.json, result)
+    except UserError:  # it cannot be written: the figures are printed still, then the error
+        print(format_table(result))
+        raise
+    code = _save_profile(result, args.save_profile) if args.save_profile else 0
     print(format_table(result))
-    _write_json(args.json, result)
-    return _save_profile(result, args.save_profile) if args.save_profile else 0
+    print(f"results written to {args.json}")
+    if args.save_profile and code == 0:
+        print(f"hardware profile written to {args.save_profile} (links only: set its prefill_tokens_per_s to "
+              "llama-3-8b's prefill tokens/s on short prompts (~512 tokens) on your GPU before modeling recompute "
+              "time or TTFT with it)")
+    return code
 
 
 def disk_needed(config: BenchConfig) -> int:
@@ -179,8 +189,6 @@ def _save_profile(result: dict, path: str) -> int:
     except ValueError as exc:
         print(f"tiercache bench: error: --save-profile {path}: not written: {exc}", file=sys.stderr)
         return 1
-    print(f"hardware profile written to {path} (links only: set its prefill_tokens_per_s to llama-3-8b's "
-          "prefill tokens/s on short prompts (~512 tokens) on your GPU before modeling recompute time or TTFT with it)")
     if result["machine"]["device"] == "cpu (no CUDA)":
         print(f"note: {path}: no CUDA here, so its dram->hbm and hbm->dram links are host-memory copies, not a GPU's link",
               file=sys.stderr)
@@ -190,7 +198,6 @@ def _save_profile(result: dict, path: str) -> int:
 def _write_json(path: str, data: dict) -> None:
     """Writes ``--json`` whole or not at all (an earlier file stays as it was on an error)."""
     replace_file(path, json.dumps(data, indent=2) + "\n", f"--json {path}")
-    print(f"results written to {path}")
 
 
 def format_table(result: dict) -> str:

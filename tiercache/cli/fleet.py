@@ -19,7 +19,7 @@ from ..config import REMOTE_TIER, Codec, KVLayout, RemoteWrite, Route, TraceKind
 from ..policies import ADMISSION, PLACEMENT, PREFETCH, canonical_name
 from ..errors import UserError
 from ..remote_config import DEFAULT_WRITE_HITS
-from ..report.fleet import (LISTED_INSTANCES, fleet_pairs, fleet_summary_table, fleet_table, gain_sentence, summary_note,
+from ..report.fleet import (LISTED_INSTANCES, tenths, fleet_pairs, fleet_summary_table, fleet_table, gain_sentence, summary_note,
                             write_text)
 from ..results import ResultsDocument
 from ..sim.fleet import FleetSpec, check_fleet_policy, sweep_fleet
@@ -222,7 +222,7 @@ def format_fleet(results: ResultsDocument) -> str:
                          + ", ".join(f"{k} {v / 2**30:.1f} GiB" for k, v in sorted(run.bytes_moved.items())))
         if run.ttft_saved_s is not None and not many:
             lines.append(f"modeled TTFT saved ({results.hardware}) per instance: "
-                         + ", ".join(f"{r.ttft_saved_s:.1f} s".replace("-0.0 s", "0.0 s") for r in run.instances))
+                         + ", ".join(f"{tenths(r.ttft_saved_s)} s" for r in run.instances))
     return "\n".join(lines)
 
 

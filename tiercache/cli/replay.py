@@ -398,7 +398,19 @@ def run(args: argparse.Namespace) -> int:
         refuse_fleet_only_options(args)
     results = fleet_from_options(args) if is_fleet(args) else sweep_from_args(args)
     if args.out is not None:  # before anything is printed: a reader that goes away cannot lose it
-        write_results(args.out, results, "--out")
+        try:
+            write_results(args.out, results, "--out")
+        except UserError:  # the file cannot be written: the figures are printed still, then the error
+            _print_results(args, results)
+            raise
+    _print_results(args, results)
+    if args.out is not None:
+        print(f"results written to {args.out}")
+    return 0
+
+
+def _print_results(args: argparse.Namespace, results) -> None:
+    """The tables (fleet or sweep), modeled seconds and layout notes of a replay."""
     if is_fleet(args):
         print(format_fleet(results))
     else:
@@ -407,9 +419,6 @@ def run(args: argparse.Namespace) -> int:
             print("\n".join(modeled_lines(results)))
     if args.hardware and args.layout:
         print_layout_notes(parse_layout(args.layout), results.hardware)
-    if args.out is not None:
-        print(f"results written to {args.out}")
-    return 0
 
 
 def print_layout_notes(layout: KVLayout, hardware: str) -> None:

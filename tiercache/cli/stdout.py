@@ -34,6 +34,10 @@ class _Guarded:
         except OSError as exc:
             raise StdoutRefused(exc.errno, exc.strerror) from None
 
+    def writelines(self, lines) -> None:
+        for line in lines:
+            self.write(line)
+
     def flush(self) -> None:
         try:
             self._stream.flush()

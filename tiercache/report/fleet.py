@@ -27,7 +27,7 @@ from ..results import InstanceRecord, RunRecord
 from . import fmt
 from .document import Image, Paragraph, Section, Table
 
-__all__ = ["fleet_pairs", "fleet_table", "link_table", "gain_sentence", "fleet_plot", "fleet_section",
+__all__ = ["fleet_pairs", "tenths", "fleet_table", "link_table", "gain_sentence", "fleet_plot", "fleet_section",
            "fleet_summary_table", "summary_note", "link_summary_table", "fleet_distribution_plot", "write_text",
            "LISTED_INSTANCES", "EXTREMES"]
 
@@ -90,6 +90,12 @@ _Column = tuple[str, Callable[[InstanceRecord], float], Callable[[float], str]]
 _STATISTICS = (("min", min), ("median", statistics.median), ("max", max))
 
 
+def tenths(value: float) -> str:
+    """``value`` to one decimal, a value that rounds to zero as ``0.0`` (never ``-0.0``)."""
+    text = f"{value:.1f}"
+    return "0.0" if text == "-0.0" else text
+
+
 def _number(value: float) -> str:
     """An integer column's figure (a median of an even count may end in .5)."""
     return str(int(value)) if float(value).is_integer() else f"{value:.1f}"
@@ -104,7 +110,7 @@ def _columns(run: RunRecord) -> list[_Column]:
     if "remote" in tiers and run.tiers[0].block_bytes is not None:
         columns.append(("remote GiB in", lambda r: _remote_in(r.bytes_moved) / 2**30, "{:.1f}".format))
     if run.ttft_saved_s is not None:
-        columns.append(("TTFT saved s", lambda r: r.ttft_saved_s, "{:.1f}".format))
+        columns.append(("TTFT saved s", lambda r: r.ttft_saved_s, tenths))
     return columns
 
 
@@ -169,7 +175,7 @@ def gain_sentence(shared: RunRecord, private: RunRecord) -> str:
                 f"({private.hit_ratio:.4f}) on private tiers alone: {extra:+d} blocks ({relative}), "
                 f"{tokens:+,d} prefill tokens saved.")
     if shared.ttft_saved_s is not None and private.ttft_saved_s is not None:
-        sentence += f" Modeled TTFT saved: {shared.ttft_saved_s:.1f} s against {private.ttft_saved_s:.1f} s."
+        sentence += f" Modeled TTFT saved: {tenths(shared.ttft_saved_s)} s against {tenths(private.ttft_saved_s)} s."
     return sentence
 
 

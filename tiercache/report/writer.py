@@ -28,9 +28,12 @@ __all__ = ["MARKER", "check_output_dir", "visible_text", "write_folder", "write_
 
 #: Marks a folder as written by ``tiercache compare/report`` (safe to replace).
 MARKER = ".tiercache-report"
-#: What a report writes, by suffix: a marker from before the marker listed its files vouches
-#: for these alone.
-_REPORT_SUFFIXES = (".html", ".md", ".csv", ".json", ".png")
+#: Every name a report wrote before its marker listed its files: such a marker vouches for
+#: these alone (a user's ``notes.md`` or ``my_run.json`` is not one of them).
+_LEGACY_FILES = re.compile(r"index\.html|report\.md|split\.md|gaps\.md|results\.csv|results(_first_half)?\.json"
+                           r"|(miss_ratio|tiers|movement|prefix_savings)(_[a-z0-9_-]+)?\.png|fleet(_[0-9]+)?\.png")
+#: Files an operating system's file browser drops into folders it shows: replaced with the report.
+_SYSTEM_FILES = frozenset({".DS_Store", "Thumbs.db", "desktop.ini"})
 # A lone surrogate: what Python makes of a file name's bytes that are not UTF-8.
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -69,14 +72,14 @@ def check_output_dir(out: str) -> Path:
 
 def _not_the_reports(folder: Path) -> list[str]:
     """The entries of a report folder that its report did not write, sorted: any not named
-    in its marker's ``files`` (for a marker without that list, any not named like a report's
-    file), and any that is not a regular file."""
+    in its marker's ``files`` (for a marker without that list, any name no report wrote:
+    ``_LEGACY_FILES``), and any that is not a regular file. ``_SYSTEM_FILES`` are not counted."""
     listed = _listed_files(folder / MARKER)
     foreign = []
     for entry in os.scandir(folder):
-        if entry.name == MARKER:
+        if entry.name == MARKER or (entry.name in _SYSTEM_FILES and entry.is_file(follow_symlinks=False)):
             continue
-        written = entry.name in listed if listed is not None else entry.name.endswith(_REPORT_SUFFIXES)
+        written = entry.name in listed if listed is not None else _LEGACY_FILES.fullmatch(entry.name) is not None
         if not written or not entry.is_file(follow_symlinks=False):
             foreign.append(entry.name)
     return sorted(foreign)

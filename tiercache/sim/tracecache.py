@@ -53,7 +53,7 @@ import numpy as np
 import xxhash
 
 import tiercache
-from tiercache.errors import TraceError
+from tiercache.errors import ConfigError, TraceError
 from tiercache.policies.base import NO_NEXT_USE
 from tiercache.results import TraceKind
 from tiercache.sizes import parse_size
@@ -110,6 +110,7 @@ def load_trace_cached(path: str | os.PathLike, cache_dir: str | os.PathLike | No
     """
     name = os.fspath(path)
     refuse_special_file(name)
+    _budget()  # a bad $TIERCACHE_TRACE_CACHE_BYTES is refused first, hit or miss, before the parse
     # kv-cache-tester: fingerprinted with names, seed and gap; a step trace (a first line without
     # hash_ids) is never cached, so not hashed for a lookup either
     if is_kvtester_workload(name) or first_line_has_hash_ids(name) is False:
@@ -230,7 +231,6 @@ def _write(trace: Trace, folder: Path, entry: Path) -> None:
     a lock in it (``_hold``), so one a killed writer left behind is removed by the next write
     (``_tidy``), which also keeps the cache within its budget.
     """
-    _budget()  # a bad $TIERCACHE_TRACE_CACHE_BYTES is refused before anything is written
     req = trace.requests
     arrays = {"ids": trace.ids, "offsets": trace.offsets, "timestamps": req.timestamps,
               "input_lengths": req.input_lengths, "output_lengths": req.output_lengths, "dense": trace.dense,
@@ -375,6 +375,9 @@ def _size(entry: Path) -> int:
     return total
 
 
+_ZERO_BYTES = re.compile(r"0+(\.0*)?\s*([kmgtp]i?)?b?", re.IGNORECASE)
+
+
 def _budget() -> int:
     """``$TIERCACHE_TRACE_CACHE_BYTES`` (a byte size as ``--capacity`` spells one: ``1GiB``,
     ``500000000``; ``0`` keeps only the entry just written), ``DEFAULT_BUDGET_BYTES`` when
@@ -386,7 +389,13 @@ def _budget() -> int:
     value = os.environ.get("TIERCACHE_TRACE_CACHE_BYTES", "").strip()
     if not value:
         return DEFAULT_BUDGET_BYTES
-    return 0 if value == "0" else parse_size(value, "$TIERCACHE_TRACE_CACHE_BYTES")
+    if _ZERO_BYTES.fullmatch(value):
+        return 0
+    try:
+        return parse_size(value, "$TIERCACHE_TRACE_CACHE_BYTES")
+    except ConfigError:
+        raise ConfigError(f"$TIERCACHE_TRACE_CACHE_BYTES: {value!r} is not a byte size (write a number of bytes, or "
+                          "one with a unit: 500MB, 16GiB)") from None
 
 
 def _discard(entry: Path, folder: Path) -> None:
