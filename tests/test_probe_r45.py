@@ -134,3 +134,18 @@ def test_the_direct_io_probe_goes_through_the_locked_folder(tmp_path, monkeypatc
     monkeypatch.setattr(chunkio, "supports_direct", probe)
     with NVMeStore(path, LAYOUT, direct_io=True) as store:
         assert probed == [store.folder_fd] and probed[0] is not None
+
+
+def test_ctrl_c_right_after_the_lock_is_taken_releases_it(tmp_path, monkeypatch):
+    class Interrupted(set):
+        def add(self, lock):
+            super().add(lock)
+            raise KeyboardInterrupt  # as a signal landing just after the registration
+
+    monkeypatch.setattr(nvme_lock, "_HELD", Interrupted())
+    before = _descriptors()
+    with pytest.raises(KeyboardInterrupt):
+        nvme_lock.StoreLock.acquire(str(tmp_path))
+    assert _descriptors() == before and not nvme_lock._HELD
+    monkeypatch.undo()
+    nvme_lock.StoreLock.acquire(str(tmp_path)).release()  # nothing kept it locked

@@ -73,11 +73,7 @@ class StoreLock:
             dir_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError as exc:
             raise UserError(f"{root}: cannot open the store's folder ({exc.strerror})") from None
-        try:
-            lock = cls._take(root, dir_fd, path)
-        except BaseException:  # Ctrl-C while it waits included
-            os.close(dir_fd)
-            raise
+        lock = cls._take(root, dir_fd, path)  # closes dir_fd itself when it fails
         _write_holder(lock._fd)
         return lock
 
@@ -86,24 +82,33 @@ class StoreLock:
         """Locks and registers under ``_RELEASING``, so that no fork falls between the flock
         and ``_HELD`` (a child would keep it: review R44-1). Held by a child forked a moment
         ago, it tries again for ``FORK_GRACE_S``, sleeping with ``_RELEASING`` free (never
-        when the caller already holds it: a signal handler's acquire would block forks)."""
+        when the caller already holds it: a signal handler's acquire would block forks).
+        On any failure (Ctrl-C while it waits included) it closes what it opened, ``dir_fd``
+        too, and releases a lock it had taken."""
         deadline = time.monotonic() + FORK_GRACE_S
         reentered = _RELEASING._is_owned()
-        while True:
+        fd = lock = None
+        try:
+            while True:
+                with _RELEASING:
+                    try:
+                        fd = _lock_file(root, dir_fd, patient=not reentered and time.monotonic() < deadline)
+                    except _ForkedCopy:
+                        fd = None
+                    else:
+                        lock = cls(fd, dir_fd, path)
+                        _HELD.add(lock)
+                        return lock
+                time.sleep(0.002)
+        except BaseException:
             with _RELEASING:
-                fd = None
-                try:
-                    fd = _lock_file(root, dir_fd, patient=not reentered and time.monotonic() < deadline)
-                    lock = cls(fd, dir_fd, path)
-                    _HELD.add(lock)
-                    return lock
-                except _ForkedCopy:
-                    pass
-                except BaseException:
-                    if fd is not None and not any(held._fd == fd for held in _HELD):
-                        os.close(fd)
-                    raise
-            time.sleep(0.002)
+                if lock is not None:
+                    lock.release()  # both descriptors
+                else:
+                    for opened in (fd, dir_fd):
+                        if opened is not None:
+                            os.close(opened)
+            raise
 
     @property
     def held(self) -> bool:
