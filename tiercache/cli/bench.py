@@ -16,6 +16,7 @@ import tempfile
 from ..bench.tiers import QUICK_LAYOUT, BenchConfig, run_bench, save_measured_profile
 from ..config import KVLayout, layout_preset
 from ..errors import UserError
+from .stdout import print_unless_refused
 from ..results.outfile import replace_file
 from .replay import check_output_file
 
@@ -126,7 +127,7 @@ def main(args: argparse.Namespace) -> int:
     try:  # the files first: a reader gone from standard output cannot lose them
         _write_json(args.json, result)
     except UserError:  # it cannot be written: the figures are printed still, then the error
-        print(format_table(result))
+        print_unless_refused(lambda: print(format_table(result)))
         raise
     code = _save_profile(result, args.save_profile) if args.save_profile else 0
     print(format_table(result))

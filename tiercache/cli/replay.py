@@ -14,6 +14,7 @@ from ..config import (
     MODEL_PRESETS, SPELLINGS, CacheConfig, Capacity, KVLayout, layout_preset, parse_layout, parse_tiers, split_items,
 )
 from ..errors import UserError
+from .stdout import print_unless_refused
 from .fleet import (add_fleet_options, fleet_from_args, format_fleet, is_fleet, refuse_fleet_only_options, split_remote,
                     warn_trace)
 from ..results import LayoutInfo, ResultsDocument, Semantics, TraceKind, write_results
@@ -401,7 +402,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             write_results(args.out, results, "--out")
         except UserError:  # the file cannot be written: the figures are printed still, then the error
-            _print_results(args, results)
+            print_unless_refused(lambda: _print_results(args, results))
             raise
     _print_results(args, results)
     if args.out is not None:

@@ -11,7 +11,7 @@ import os
 import sys
 from contextlib import contextmanager
 
-__all__ = ["StdoutRefused", "guarded_stdout", "silence_stdout"]
+__all__ = ["StdoutRefused", "guarded_stdout", "silence_stdout", "print_unless_refused"]
 
 
 class StdoutRefused(OSError):
@@ -65,6 +65,17 @@ def guarded_stdout():
     finally:
         if isinstance(sys.stdout, _Guarded):
             sys.stdout = stream
+
+
+def print_unless_refused(show) -> None:
+    """Calls ``show`` (which prints); a standard output that refuses it (a closed pipe, a
+    full disk) is silenced instead of raising, so that the error the caller is about to
+    raise (a results file not written) is the one reported."""
+    try:
+        show()
+        sys.stdout.flush()
+    except (StdoutRefused, BrokenPipeError):
+        silence_stdout()
 
 
 def silence_stdout() -> None:

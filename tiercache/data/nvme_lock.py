@@ -74,7 +74,11 @@ class StoreLock:
         except OSError as exc:
             raise UserError(f"{root}: cannot open the store's folder ({exc.strerror})") from None
         lock = cls._take(root, dir_fd, path)  # closes dir_fd itself when it fails
-        _write_holder(lock._fd)
+        try:
+            _write_holder(lock._fd)
+        except BaseException:  # Ctrl-C: not left locked for the process's life
+            lock.release()
+            raise
         return lock
 
     @classmethod

@@ -174,8 +174,9 @@ def open_store(path: str, layout: KVLayout, compression: str | None,
         os.makedirs(path, exist_ok=True)
     except OSError as exc:
         raise UserError(f"{path}: cannot create the store directory ({exc.strerror or exc})") from None
-    lock = StoreLock.acquire(path)
+    lock = None
     try:  # again under the lock, in the locked folder: a racing creator may have won, or have been killed
+        lock = StoreLock.acquire(path)
         _check_locked_folder(path, lock)
         has_meta = chunkio.has_entry(meta, lock.dir_fd)
         if has_meta and not _unfinished_creation(path, lock.dir_fd):
@@ -186,11 +187,9 @@ def open_store(path: str, layout: KVLayout, compression: str | None,
                 check_table_fits(wanted, path)
             _check_creatable(path, wanted, create, lock.dir_fd)
             opened = _create(path, layout, compression, wanted, lock, codec)
-    except OSError as exc:  # what no check above words (out of descriptors, a leftover that is a folder)
-        lock.release()
-        raise UserError(f"{path}: cannot open the store: {exc}") from None
-    except BaseException:
-        lock.release()
+    except BaseException:  # an OSError stays one (a full disk, out of descriptors): callers tell it apart
+        if lock is not None:
+            lock.release()
         raise
     return _held_open(path, opened)
 
@@ -202,8 +201,8 @@ def store_exists(path: str) -> bool:
     any lock: an open may still find it otherwise."""
     try:
         return os.path.lexists(os.path.join(path, META_NAME)) and not _unfinished_creation(path)
-    except OSError:
-        return False
+    except OSError:  # cannot tell: a store, as far as the caller goes (the open then says what is wrong)
+        return True
 
 
 def _check_locked_folder(path: str, lock: StoreLock) -> None:
@@ -300,7 +299,11 @@ def _create(path: str, layout: KVLayout, compression: str | None, capacity: int,
     _remove_leftovers(path, lock.dir_fd)
     chunkio.create_array(path, layout, capacity, compression, codec, lock.dir_fd)
     files = IndexFiles(path, lock.dir_fd)
-    files.create()
+    try:
+        files.create()
+    except BaseException:  # its journal may be open (a failed fsync after it was made)
+        files.close()
+        raise
     table.finish_load()
     return Opened(capacity, table, files, lock)
 

@@ -65,7 +65,7 @@ from .cachechecks import check_options, refuse_gated_copies, refuse_remote
 from .chunks import split_kv
 from .lifecycle import UNRANKED, ordered_ids
 from .ownership import NoCopies
-from .arguments import flat_token_ids
+from .arguments import check_flag, flat_token_ids
 from .sequence import Sequence, StepReport
 from .store import PersistWarning, TieredKVStore
 
@@ -359,6 +359,7 @@ class TieredKVCache(NoCopies):
         Raises:
             PersistError: some blocks' writes failed (a full disk), as ``TieredKVStore.close``.
         """
+        check_flag(persist, "TieredKVCache.close: persist")  # before anything is closed: a retry works
         if not self.store.guard.owned:
             return 0
         with self.store._lock.closing():  # whole, even under Ctrl-C (``guard.CallGuard``)

@@ -251,7 +251,13 @@ def _open_nvme(tier: TierConfig, layout: KVLayout, path) -> NVMeStore:
         UserError: an existing store with fewer slots than the tier's capacity.
     """
     exists = store_exists(os.fspath(path))  # an unfinished creation is created anew at the tier's capacity
-    store = NVMeStore(path, layout, None if exists else tier.capacity_blocks + spare_slots(tier.capacity_blocks), codec=tier.codec)
+    try:
+        store = NVMeStore(path, layout, None if exists else tier.capacity_blocks + spare_slots(tier.capacity_blocks),
+                          codec=tier.codec)
+    except UserError:
+        if exists or not store_exists(os.fspath(path)):
+            raise
+        store = NVMeStore(path, layout, None, codec=tier.codec)  # another process created it meanwhile
     if store.capacity < tier.capacity_blocks:
         store.close()
         raise UserError(f"TieredKVStore: the NVMe store at {os.fspath(path)!r} has {store.capacity} slots, "

@@ -107,14 +107,16 @@ def load_trace_cached(path: str | os.PathLike, cache_dir: str | os.PathLike | No
 
     Raises:
         TraceError: as ``load_trace`` (unreadable or invalid trace).
+        ConfigError: ``$TIERCACHE_TRACE_CACHE_BYTES`` is no byte size (a trace the cache
+            would hold only).
     """
     name = os.fspath(path)
     refuse_special_file(name)
-    _budget()  # a bad $TIERCACHE_TRACE_CACHE_BYTES is refused first, hit or miss, before the parse
     # kv-cache-tester: fingerprinted with names, seed and gap; a step trace (a first line without
     # hash_ids) is never cached, so not hashed for a lookup either
     if is_kvtester_workload(name) or first_line_has_hash_ids(name) is False:
         return load_trace(name)
+    _budget()  # a bad $TIERCACHE_TRACE_CACHE_BYTES is refused first, hit or miss, before the parse
     folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     looked_up = _file_fingerprint(name)
     if looked_up is not None:
