@@ -42,6 +42,7 @@ import numpy as np
 from tiercache.bench.script_args import ScriptParser, positive_ints, refuse_bad_outputs
 from tiercache.config import TraceKind
 from tiercache.errors import UserError
+from tiercache.results.outfile import replace_file
 from tiercache.sim.loader import load_trace
 
 #: Never used again (sorts after every position).
@@ -258,7 +259,7 @@ def parse_checked(parser: argparse.ArgumentParser, argv: list[str] | None) -> ar
     steps ends in one line (exit 2). A capacity given twice is replayed once (in the order given)."""
     args = parser.parse_args(argv)
     args.capacity = list(dict.fromkeys(args.capacity))
-    refuse_bad_outputs(parser, {"--json": args.json})
+    refuse_bad_outputs(parser, {"--json": args.json}, inputs=[args.trace])
     args.ids, args.offsets = checked_requests(parser, args.trace)
     return args
 
@@ -276,9 +277,8 @@ def main(argv: list[str] | None = None) -> None:
               f"{row['belady_hits_lru_also']:6.2f} "
               f"{row['belady_only_share']:7.4f} {str(row['gap_capacities_q10_50_90']):>24} {row['beyond_2_capacities']:7.2f} "
               f"{str(row['prior_uses_q10_50_90']):>21} {str(row['depth_q10_50_90']):>18}")
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump(rows, fh, indent=2, allow_nan=False)
+    if args.json:  # whole or not at all
+        replace_file(args.json, json.dumps(rows, indent=2, allow_nan=False), f"--json {args.json}")
 
 
 if __name__ == "__main__":

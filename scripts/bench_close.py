@@ -38,7 +38,7 @@ import torch
 
 from tiercache import TieredKVCache
 from tiercache.bench.rounds import positive_int
-from tiercache.bench.script_args import ScriptParser, existing_folder, positive_ints, refuse_bad_outputs
+from tiercache.bench.script_args import ScriptParser, run_script, existing_folder, positive_ints, refuse_bad_outputs
 from tiercache.config import KVLayout, TierConfig
 from tiercache.data.nvme import NVMeStore
 from tiercache.live.keymap import is_scratch
@@ -166,4 +166,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script(main))

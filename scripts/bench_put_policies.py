@@ -27,7 +27,8 @@ import time
 import torch
 
 from tiercache.bench.rounds import alternate, positive_int
-from tiercache.bench.script_args import ScriptParser, refuse_bad_outputs
+from tiercache.bench.script_args import ScriptParser, refuse_bad_outputs, run_script
+from tiercache.results.outfile import replace_file
 from tiercache.config import KVLayout, TierConfig
 from tiercache.live.store import TieredKVStore
 from tiercache.policies import EVICTION, get_eviction
@@ -48,6 +49,9 @@ def parse(argv: list[str]):
     unknown = [p for p in args.policies if p not in EVICTION or get_eviction(p).needs_future]
     if unknown or not args.policies or args.policies[0] != "lru":
         parser.error(f"--policy: online registered policies, lru first; got {args.policy!r}")
+    if args.batch > args.slots:  # the timed puts are whole batches of the --slots new keys
+        parser.error(f"--batch {args.batch}: at most --slots {args.slots} (each timed put is one batch of the "
+                     f"{args.slots} new keys)")
     refuse_bad_outputs(parser, {"--json": args.json})
     return args
 
@@ -91,11 +95,11 @@ def main(argv: list[str] | None = None) -> int:
         safe = get_eviction(policy).batch_insert_safe
         figures[policy] = {"ms_per_put": ms, "ratio_to_lru": ratios[policy], "batch_insert_safe": safe}
         print(f"{policy:<10} {ms:8.2f} {ratios[policy]:7.2f}  {'the batch at once' if safe else 'one at a time'}")
-    if args.json:
-        with open(args.json, "w") as out:
-            json.dump({"slots": args.slots, "batch": args.batch, "reps": args.reps, "policies": figures}, out, indent=1)
+    if args.json:  # whole or not at all
+        replace_file(args.json, json.dumps({"slots": args.slots, "batch": args.batch, "reps": args.reps,
+                                            "policies": figures}, indent=1), f"--json {args.json}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script(main))

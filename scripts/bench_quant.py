@@ -391,7 +391,8 @@ def table(result: dict) -> str:
         rows += disk_table(result)
     hf = result["transformers"]
     for entry in hf.get("layers", []):
-        rows.append(f"hf {entry['name']:<24} bytes {entry['bytes_ratio'] if entry['bytes_ratio'] is not None else '-'} "
+        nominal = "-" if entry["bytes_ratio"] is None else f"{entry['bytes_ratio']:.3f} (nominal, not measured)"
+        rows.append(f"hf {entry['name']:<24} bytes {nominal} "
                     f"k_err {entry['k_rel_err']:.4f} v_err {entry['v_rel_err']:.4f} attn_err {entry['attn_rel_err']:.4f}")
     if hf.get("note"):
         rows.append(f"transformers: {hf['note']}")

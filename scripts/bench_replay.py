@@ -397,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not os.path.isfile(args.trace):  # its copies and its oracleGeneral export need a request trace file
         parser.error(f"--trace {args.trace}: not a trace file (missing, a folder, a device or a FIFO)")
-    refuse_bad_outputs(parser, {"--json": args.json})  # before the run (minutes), not after it
+    refuse_bad_outputs(parser, {"--json": args.json}, inputs=[args.trace])  # before the run (minutes), not after it
     if args.scale_case is not None:
         print(json.dumps(scale_case(args.trace, args.scale_case)))
         return 0

@@ -36,7 +36,7 @@ import torch
 from tiercache.bench.decode import evict_from_page_cache
 from tiercache.bench.rawio import read_files
 from tiercache.bench.rounds import positive_int
-from tiercache.bench.script_args import ScriptParser, existing_folder, refuse_bad_outputs
+from tiercache.bench.script_args import ScriptParser, run_script, existing_folder, refuse_bad_outputs
 from tiercache.bench.verify import POISON, BenchError, block_digests, reference_digests
 from tiercache.config import KVLayout, TierConfig
 from tiercache.live.store import TieredKVStore
@@ -234,4 +234,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script(main))

@@ -44,6 +44,7 @@ import sys
 import numpy as np
 
 from tiercache.report.fmt import percent_or_na
+from tiercache.results.outfile import replace_file
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from belady_gap import NEVER, analysis_parser, belady_hits, lru_hits, next_uses, parse_checked, requests_of  # noqa: E402
@@ -250,9 +251,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{row['capacity']:>8} {row['lru_miss']:7.4f} {row['belady_miss']:7.4f} {row['coarse_miss']:7.4f} "
               f"{percent_or_na(row['coarse_gap_closed']):>7} {row['rich_miss']:7.4f} "
               f"{percent_or_na(row['rich_gap_closed']):>7}")
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump(rows, fh, indent=2, allow_nan=False)  # strict JSON: no gap is null
+    if args.json:  # whole or not at all; strict JSON: no gap is null
+        replace_file(args.json, json.dumps(rows, indent=2, allow_nan=False), f"--json {args.json}")
 
 
 if __name__ == "__main__":

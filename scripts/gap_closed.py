@@ -118,7 +118,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             parser.error(f"--capacity {','.join(map(str, capacities))}: {exc}")
     if not args.policies:
         parser.error(f"--policy {args.policy}: no policy to compare (lru and belady are the gap's ends)")
-    refuse_bad_outputs(parser, {"--json": args.json})
+    refuse_bad_outputs(parser, {"--json": args.json}, inputs=[path for path, _ in args.pairs])
     args.traces = request_traces(parser, [path for path, _ in args.pairs], load_request_trace)
     return args
 

@@ -155,7 +155,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--json", help="write every row here")
     args = parser.parse_args(argv)
     args.pairs = trace_pairs(parser, args, DEFAULTS)
-    refuse_bad_outputs(parser, {"--json": args.json})
+    refuse_bad_outputs(parser, {"--json": args.json}, inputs=[path for path, _ in args.pairs])
     args.traces = request_traces(parser, [path for path, _ in args.pairs], load_request_trace)
     return args
 

@@ -18,10 +18,11 @@ from __future__ import annotations
 import argparse
 import math
 import os
-from typing import Any, Callable, Mapping, NoReturn
+import sys
+from typing import Any, Callable, Mapping, NoReturn, Sequence
 
 from ..errors import UserError
-from ..results.outfile import check_output_file
+from ..results.outfile import check_not_the_trace, check_output_file
 from .rounds import checked_int, positive_int
 
 __all__ = ["ScriptParser", "add_trace_capacities", "existing_folder", "non_negative_int", "open_share", "positive_float",
@@ -130,10 +131,13 @@ def existing_folder(text: str) -> str:
 
 
 def refuse_bad_outputs(parser: argparse.ArgumentParser, outputs: Mapping[str, str | os.PathLike | None],
-                       check_file: Callable[[str, str], None] = check_output_file) -> None:
+                       check_file: Callable[[str, str], None] = check_output_file,
+                       inputs: Sequence[str | os.PathLike] = ()) -> None:
     """Checks, before any work, every output file given (``{option: path}``; None: not
-    given) with ``check_file(path, option)``; the ``UserError`` it raises becomes
-    ``parser.error`` (one line with a ``ScriptParser``, exit 2).
+    given) with ``check_file(path, option)``, and that it is none of ``inputs`` (the traces
+    read: by resolved path or inode, or a file inside a trace folder,
+    ``outfile.check_not_the_trace``); the ``UserError`` raised becomes ``parser.error`` (one
+    line with a ``ScriptParser``, exit 2).
 
     By default the check is ``tiercache.results.outfile.check_output_file``, the one the CLI's
     own ``--out``/``--json`` go through.
@@ -143,8 +147,28 @@ def refuse_bad_outputs(parser: argparse.ArgumentParser, outputs: Mapping[str, st
             continue
         try:
             check_file(os.fspath(path), option)
+            for source in inputs:
+                check_not_the_trace(os.fspath(path), os.fspath(source), option)
         except UserError as error:
             parser.error(str(error))
+
+
+def run_script(main: Callable[[], int]) -> int:
+    """Runs a script's ``main`` and returns its exit code; bad input found past the option
+    checks (a ``UserError``: a size the machine cannot hold) is one line naming the script,
+    exit 2, and running out of memory (torch's CPU allocator included) one line, exit 1."""
+    prog = os.path.basename(sys.argv[0]) or "script"
+    try:
+        return main()
+    except UserError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+    except (MemoryError, RuntimeError) as exc:
+        if not (isinstance(exc, MemoryError) or "can't allocate memory" in str(exc)):
+            raise
+        print(f"{prog}: error: out of memory: the sizes asked for need more than this machine has; lower them",
+              file=sys.stderr)
+        return 1
 
 
 def add_trace_capacities(parser: argparse.ArgumentParser) -> None:

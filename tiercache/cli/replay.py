@@ -18,7 +18,8 @@ from .stdout import print_unless_refused
 from .fleet import (add_fleet_options, fleet_from_args, format_fleet, is_fleet, refuse_fleet_only_options, split_remote,
                     warn_trace)
 from ..results import LayoutInfo, ResultsDocument, Semantics, TraceKind, write_results
-from ..results.outfile import check_output_file
+from ..results.outfile import check_not_the_trace, check_output_file
+from ..results.outfile import same_file as _same_file
 from ..policies import ADMISSION, EVICTION, PLACEMENT, PREFETCH, canonical_name, get_prefetch
 from ..sim.hardware import PRESETS, REFERENCE_MODEL, HardwareProfile, load_profile
 from ..sim.loader import Trace
@@ -342,22 +343,6 @@ def traced_sweep_from_args(args: argparse.Namespace) -> tuple[Trace, ResultsDocu
     return trace, sweep(trace, spec, workers, not args.no_progress, shlex.join(["tiercache", *args.argv]))
 
 
-def check_not_the_trace(path: str, trace: str, option: str) -> None:
-    """Refuses an output file that is the trace itself, or lies in a trace folder (whose
-    ``*.json`` files are its kv-cache-tester conversations), before any work.
-
-    Raises:
-        UserError: writing ``path`` would overwrite or change the trace; names ``option``.
-    """
-    out, source = os.path.realpath(path), os.path.realpath(trace)
-    if _same_file(path, trace):
-        raise UserError(f"{option} {path}: is the trace being replayed; writing results there would overwrite it "
-                        "(give another file)")
-    if os.path.isdir(source) and os.path.dirname(out) == source:
-        raise UserError(f"{option} {path}: lies in the trace folder {trace}, whose files make up the trace; "
-                        "give a file outside it")
-
-
 def _check_not_the_profile(path: str, hardware: str | None) -> None:
     """Refuses an output file that is the ``--hardware`` profile JSON (a preset names no
     file), before any work.
@@ -368,13 +353,6 @@ def _check_not_the_profile(path: str, hardware: str | None) -> None:
     if hardware is not None and hardware not in PRESETS and _same_file(path, hardware):
         raise UserError(f"--out {path}: is the --hardware profile {hardware}; writing results there would overwrite it "
                         "(give another file)")
-
-
-def _same_file(first: str, second: str) -> bool:
-    """Whether two paths name one file: the same resolved path (through symlinks), or, both
-    existing, the same inode (a hard link)."""
-    a, b = os.path.realpath(first), os.path.realpath(second)
-    return a == b or (os.path.exists(a) and os.path.exists(b) and os.path.samefile(a, b))
 
 
 def fleet_from_options(args: argparse.Namespace) -> ResultsDocument:

@@ -18,7 +18,7 @@ from typing import Callable, TypeVar
 
 from ..errors import UserError
 
-__all__ = ["check_output_file", "creation_refused", "replace_file", "replace_file_with"]
+__all__ = ["check_output_file", "check_not_the_trace", "creation_refused", "replace_file", "replace_file_with"]
 
 T = TypeVar("T")
 
@@ -174,3 +174,26 @@ def creation_refused(folder: str | os.PathLike) -> str | None:
     with contextlib.suppress(OSError):
         os.unlink(name)
     return None
+
+
+def check_not_the_trace(path: str, trace: str, option: str) -> None:
+    """Refuses an output file that is the trace itself, or lies in a trace folder (whose
+    ``*.json`` files are its kv-cache-tester conversations), before any work.
+
+    Raises:
+        UserError: writing ``path`` would overwrite or change the trace; names ``option``.
+    """
+    out, source = os.path.realpath(path), os.path.realpath(trace)
+    if same_file(path, trace):
+        raise UserError(f"{option} {path}: is the trace being replayed; writing results there would overwrite it "
+                        "(give another file)")
+    if os.path.isdir(source) and os.path.dirname(out) == source:
+        raise UserError(f"{option} {path}: lies in the trace folder {trace}, whose files make up the trace; "
+                        "give a file outside it")
+
+
+def same_file(first: str, second: str) -> bool:
+    """Whether two paths name one file: the same resolved path (through symlinks), or, both
+    existing, the same inode (a hard link)."""
+    a, b = os.path.realpath(first), os.path.realpath(second)
+    return a == b or (os.path.exists(a) and os.path.exists(b) and os.path.samefile(a, b))
