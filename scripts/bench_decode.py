@@ -92,7 +92,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.q_heads is not None and args.q_heads % args.kv_heads:
         parser.error(f"--q-heads: a multiple of --kv-heads {args.kv_heads}, got {args.q_heads}")
     refuse_bad_outputs(parser, {"--json": args.json_out})
+    check_disk(parser, args)
     return args
+
+
+def check_disk(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuses, before anything is written, a run whose NVMe store (every block of the
+    sequence) would not fit the free space of the disk under ``--path`` (probe Q82-4: it
+    wrote until the disk filled)."""
+    layout = KVLayout(1, args.kv_heads, args.head_dim, "float16", args.block_tokens, per_layer=True, name="bench-decode")
+    needed = -(-args.tokens // args.block_tokens) * layout.block_bytes
+    folder = args.path or tempfile.gettempdir()
+    free = shutil.disk_usage(folder).free
+    if needed > free:
+        parser.error(f"--tokens {args.tokens}: the NVMe store needs {needed / 2**30:.2f} GiB under {folder}, which has "
+                     f"{free / 2**30:.2f} GiB free; lower --tokens, or give a --path on a larger disk")
 
 
 def head_counts(kv_heads: int) -> list[int]:

@@ -68,3 +68,12 @@ def test_run_script_leaves_other_errors_alone():
 
     with pytest.raises(RuntimeError, match="a bug"):
         run_script(main)
+
+
+def test_bench_decode_refuses_a_sequence_its_disk_cannot_hold(tmp_path, capsys):
+    """Probe Q82-4: --tokens 1e11 started writing (4.1 GB in 60 s) until the disk filled."""
+    with pytest.raises(SystemExit) as info:
+        _script("bench_decode").parse_args(["--tokens", "100000000000", "--path", str(tmp_path)])
+    assert info.value.code == 2
+    assert "--tokens 100000000000: the NVMe store needs" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
