@@ -32,6 +32,7 @@ from tiercache.live.cache import TieredKVCache
 from tiercache.sim.tracecache import load_trace_cached
 
 from store_helpers import LAYOUT, blocks, key
+from test_cli_stdout_probe_q80 import _FullDisk
 
 DATA = Path(__file__).parent / "data"
 
@@ -114,14 +115,6 @@ def test_ctrl_c_while_the_holder_is_recorded_releases_the_lock(tmp_path, monkeyp
     assert _descriptors() == before
     monkeypatch.undo()
     nvme_lock.StoreLock.acquire(str(tmp_path)).release()
-
-
-class _FullDisk:
-    def write(self, text):
-        raise OSError(errno.ENOSPC, "No space left on device")
-
-    def flush(self):
-        pass
 
 
 def test_a_results_file_not_written_is_reported_when_stdout_refuses_the_tables_too(tmp_path, monkeypatch, capsys):
