@@ -5,6 +5,8 @@
 - R47-2: a creation whose journal reset failed (EIO on its fsync) leaked the journal's descriptor.
 - R47-3: ``store_exists`` took a folder it could not list for no store; and a creation another
   process finished between that check and the open was refused a capacity it had room for.
+  (R48-1: answering True for a folder it cannot list finished an unfinished creation at its
+  recorded capacity; it answers None, and the tier's capacity is tried first.)
 - R47-4: an open's OSErrors (a full disk, out of descriptors) had become UserErrors, which
   callers telling a failing disk from bad input no longer caught.
 - R47-5: Ctrl-C while the lock recorded its holder left the path locked.
@@ -66,14 +68,37 @@ def test_a_creation_whose_journal_fails_leaks_no_descriptor(tmp_path, monkeypatc
     assert _descriptors() == before
 
 
-def test_a_folder_that_cannot_be_listed_counts_as_a_store(tmp_path, monkeypatch):
-    NVMeStore(tmp_path / "s", LAYOUT, capacity_blocks=10).close()
+def _unlistable_once(monkeypatch) -> None:
+    """The first listing of a folder by ``store_exists`` fails (EMFILE, or no permission)."""
+    real, failed = nvme_open._unfinished_creation, []
 
-    def unreadable(path, dir_fd=None):
-        raise PermissionError(errno.EACCES, "Permission denied", path)
+    def unlistable(path, dir_fd=None):
+        if dir_fd is None and not failed:
+            failed.append(path)
+            raise PermissionError(errno.EACCES, "Permission denied", path)
+        return real(path, dir_fd)
 
-    monkeypatch.setattr(nvme_open, "_unfinished_creation", unreadable)
-    assert nvme_open.store_exists(str(tmp_path / "s"))
+    monkeypatch.setattr(nvme_open, "_unfinished_creation", unlistable)
+
+
+def test_a_store_whose_folder_could_not_be_listed_opens_at_its_own_capacity(tmp_path, monkeypatch):
+    NVMeStore(tmp_path / "s", LAYOUT, capacity_blocks=2000).close()
+    _unlistable_once(monkeypatch)
+    with TieredKVStore(LAYOUT, [TierConfig("hbm", 2), TierConfig("nvme", 1000)], path=tmp_path / "s", device="cpu") as store:
+        assert store.put([key(0)], blocks(1, 1)) == 1
+
+
+def test_an_unfinished_creation_whose_folder_could_not_be_listed_is_created_at_the_tiers_capacity(tmp_path, monkeypatch):
+    """Review R48-1: taken for a store, it was finished at its recorded 16 slots, and every
+    later open of the 100-block tier was refused."""
+    NVMeStore(tmp_path / "done", LAYOUT, capacity_blocks=16).close()
+    (tmp_path / "s").mkdir()
+    (tmp_path / "s" / "zarr.json").write_bytes((tmp_path / "done" / "zarr.json").read_bytes())
+    _unlistable_once(monkeypatch)
+    with TieredKVStore(LAYOUT, [TierConfig("hbm", 2), TierConfig("nvme", 100)], path=tmp_path / "s", device="cpu"):
+        pass
+    with NVMeStore(tmp_path / "s", LAYOUT) as nvme:
+        assert nvme.capacity == 112
 
 
 def test_a_store_created_meanwhile_by_another_process_opens_at_its_own_capacity(tmp_path, monkeypatch):

@@ -194,15 +194,16 @@ def open_store(path: str, layout: KVLayout, compression: str | None,
     return _held_open(path, opened)
 
 
-def store_exists(path: str) -> bool:
+def store_exists(path: str) -> bool | None:
     """True if ``path`` holds a store (its ``zarr.json``, beside more than what an unfinished
-    creation leaves): an open with ``capacity_blocks`` then checks it against the store's,
-    where an unfinished creation is created anew at that capacity. A check by path, before
-    any lock: an open may still find it otherwise."""
+    creation leaves), None if that cannot be told (the folder cannot be listed): an open with
+    ``capacity_blocks`` checks it against a store's, where an unfinished creation is created
+    anew at that capacity. A check by path, before any lock: an open may still find it
+    otherwise."""
     try:
         return os.path.lexists(os.path.join(path, META_NAME)) and not _unfinished_creation(path)
-    except OSError:  # cannot tell: a store, as far as the caller goes (the open then says what is wrong)
-        return True
+    except OSError:
+        return None
 
 
 def _check_locked_folder(path: str, lock: StoreLock) -> None:

@@ -255,9 +255,10 @@ def _open_nvme(tier: TierConfig, layout: KVLayout, path) -> NVMeStore:
         store = NVMeStore(path, layout, None if exists else tier.capacity_blocks + spare_slots(tier.capacity_blocks),
                           codec=tier.codec)
     except UserError:
-        if exists or not store_exists(os.fspath(path)):
+        if exists or store_exists(os.fspath(path)) is False:
             raise
-        store = NVMeStore(path, layout, None, codec=tier.codec)  # another process created it meanwhile
+        # a store after all (another process created it meanwhile, or its folder could not be listed): its capacity
+        store = NVMeStore(path, layout, None, codec=tier.codec)
     if store.capacity < tier.capacity_blocks:
         store.close()
         raise UserError(f"TieredKVStore: the NVMe store at {os.fspath(path)!r} has {store.capacity} slots, "
