@@ -19,7 +19,7 @@ from ..config import REMOTE_TIER, Codec, KVLayout, RemoteWrite, Route, TraceKind
 from ..policies import ADMISSION, PLACEMENT, PREFETCH, canonical_name
 from ..errors import UserError
 from ..remote_config import DEFAULT_WRITE_HITS
-from ..report.fleet import (LISTED_INSTANCES, tenths, fleet_pairs, fleet_summary_table, fleet_table, gain_sentence, summary_note,
+from ..report.fleet import (LISTED_INSTANCES, fleet_pairs, fleet_summary_table, fleet_table, gain_sentence, summary_note, tenths,
                             write_text)
 from ..results import ResultsDocument
 from ..sim.fleet import FleetSpec, check_fleet_policy, sweep_fleet

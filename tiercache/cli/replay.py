@@ -18,8 +18,7 @@ from .stdout import print_unless_refused
 from .fleet import (add_fleet_options, fleet_from_args, format_fleet, is_fleet, refuse_fleet_only_options, split_remote,
                     warn_trace)
 from ..results import LayoutInfo, ResultsDocument, Semantics, TraceKind, write_results
-from ..results.outfile import check_not_the_trace, check_output_file
-from ..results.outfile import same_file as _same_file
+from ..results.outfile import check_not_the_trace, check_output_file, same_file
 from ..policies import ADMISSION, EVICTION, PLACEMENT, PREFETCH, canonical_name, get_prefetch
 from ..sim.hardware import PRESETS, REFERENCE_MODEL, HardwareProfile, load_profile
 from ..sim.loader import Trace
@@ -350,7 +349,7 @@ def _check_not_the_profile(path: str, hardware: str | None) -> None:
     Raises:
         UserError: writing ``path`` would overwrite the profile (named).
     """
-    if hardware is not None and hardware not in PRESETS and _same_file(path, hardware):
+    if hardware is not None and hardware not in PRESETS and same_file(path, hardware):
         raise UserError(f"--out {path}: is the --hardware profile {hardware}; writing results there would overwrite it "
                         "(give another file)")
 

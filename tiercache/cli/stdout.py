@@ -27,27 +27,27 @@ class _Guarded:
         self._stream = stream
 
     def write(self, text: str) -> int:
-        try:
-            return self._stream.write(text)
-        except BrokenPipeError:
-            raise
-        except OSError as exc:
-            raise StdoutRefused(exc.errno, exc.strerror) from None
+        return _refused_as_such(self._stream.write, text)
 
     def writelines(self, lines) -> None:
         for line in lines:
             self.write(line)
 
     def flush(self) -> None:
-        try:
-            self._stream.flush()
-        except BrokenPipeError:
-            raise
-        except OSError as exc:
-            raise StdoutRefused(exc.errno, exc.strerror) from None
+        _refused_as_such(self._stream.flush)
 
     def __getattr__(self, name: str):
         return getattr(self._stream, name)
+
+
+def _refused_as_such(call, *args):
+    """``call(*args)``, an OSError other than a broken pipe raised as ``StdoutRefused``."""
+    try:
+        return call(*args)
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        raise StdoutRefused(exc.errno, exc.strerror) from None
 
 
 @contextmanager

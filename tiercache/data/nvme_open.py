@@ -44,6 +44,7 @@ import torch
 from ..config import Codec, KVLayout, parse_capacity
 from ..errors import UserError
 from . import chunkio
+from .chunkmeta import META_NAME
 from .nvme_index import SNAPSHOT_TMP_NAME, IndexFiles, SlotTable, check_table_fits, record_cost
 from .nvme_journal import sealed_crc
 from .nvme_lock import LOCK_NAME, StoreLock
@@ -53,7 +54,6 @@ __all__ = ["TMP_PREFIX", "CLEAN_NAME", "Opened", "open_store", "store_exists", "
 
 TMP_PREFIX = ".tc-tmp."
 CLEAN_NAME = "tiercache.clean"
-META_NAME = "zarr.json"
 _ZARR_PARTIAL = re.compile(r"zarr\.[0-9a-f]+\.partial")  # zarr's temp file while it writes zarr.json
 
 
